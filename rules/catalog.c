@@ -1,0 +1,238 @@
+/*
+ * The packed catalog: validation, views and fingerprints. The layout is in
+ * catalog.h and docs/catalog.md; the writer is in compile.c.
+ */
+#include "catalog.h"
+
+#include <errno.h>
+#include <sodium.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct catalog {
+    uint32_t *words;
+    size_t n_words;
+    uint8_t fp[CATALOG_FP_LEN];
+};
+
+/* Host byte order must be little-endian: the words are used in place. */
+static int check_host_endian(struct vks_error *err)
+{
+    const uint32_t probe = 1;
+    uint8_t first;
+    memcpy(&first, &probe, 1);
+    if (first != 1)
+        return vks_error_set(err, -ENOTSUP, "catalogs are little-endian; this host is not");
+    return 0;
+}
+
+/* [off, off + len) within [lo, n) */
+static bool in_range(uint64_t off, uint64_t len, uint64_t lo, uint64_t n)
+{
+    return off >= lo && off <= n && len <= n - off;
+}
+
+static int bad(struct vks_error *err, const char *what, uint64_t i)
+{
+    return vks_error_set(err, -EINVAL,
+                         "corrupt catalog: %s (item %llu); recompile the rules instead of "
+                         "trusting this file",
+                         what, (unsigned long long)i);
+}
+
+static int validate_group(const uint32_t *w, size_t n, uint32_t g, uint32_t n_rules, uint32_t body,
+                          struct vks_error *err)
+{
+    const uint32_t *e = w + w[CAT_H_GROUPS] + (size_t)g * CAT_GROUP_WORDS;
+    uint64_t ns = e[CAT_G_NSTATES], nc = e[CAT_G_NCLASSES], fa = e[CAT_G_FIRST_ACCEPT];
+    if (ns == 0 || nc == 0 || nc > 256 || fa > ns)
+        return bad(err, "group has bad state or class counts", g);
+    for (int k = CAT_G_START_BOS; k <= CAT_G_START_OTHER; k++)
+        if (e[k] >= ns)
+            return bad(err, "group start state out of range", g);
+    if (!in_range(e[CAT_G_CLASSMAP], 256, body, n) || !in_range(e[CAT_G_TRANS], ns * nc, body, n) ||
+        !in_range(e[CAT_G_ACCIDX], ns - fa + 1, body, n))
+        return bad(err, "group table points outside the catalog", g);
+    const uint32_t *cm = w + e[CAT_G_CLASSMAP];
+    for (int c = 0; c < 256; c++)
+        if (cm[c] >= nc)
+            return bad(err, "class map entry out of range", g);
+    const uint32_t *tr = w + e[CAT_G_TRANS];
+    for (uint64_t i = 0; i < ns * nc; i++)
+        if (tr[i] >= ns)
+            return bad(err, "transition to a state that does not exist", g);
+    const uint32_t *ai = w + e[CAT_G_ACCIDX];
+    uint64_t n_acc = ai[ns - fa];
+    if (!in_range(e[CAT_G_ACCEPTS], n_acc, body, n))
+        return bad(err, "accept list outside the catalog", g);
+    for (uint64_t s = 0; s < ns - fa; s++)
+        if (ai[s] > ai[s + 1] || (s == 0 && ai[0] != 0) || ai[s + 1] == ai[s])
+            return bad(err, "accept index not increasing, or an accepting state accepts nothing",
+                       g);
+    const uint32_t *acc = w + e[CAT_G_ACCEPTS];
+    for (uint64_t i = 0; i < n_acc; i++)
+        if (CAT_ACCEPT_RULE(acc[i]) >= n_rules || CAT_ACCEPT_MASK(acc[i]) == 0)
+            return bad(err, "accept entry names a rule that does not exist", g);
+    if (e[CAT_G_FLAGS] & ~CAT_GF_ASSERTS)
+        return bad(err, "unknown group flags", g);
+    return 0;
+}
+
+static int validate(const uint32_t *w, size_t n, struct vks_error *err)
+{
+    if (n < CAT_HEADER_WORDS)
+        return vks_error_set(err, -EINVAL, "catalog truncated: %zu bytes, a header alone is %u",
+                             n * 4, CAT_HEADER_WORDS * 4);
+    if (w[CAT_H_MAGIC] != CATALOG_MAGIC)
+        return vks_error_set(err, -EINVAL, "not a vkscan catalog (bad magic 0x%08x)",
+                             w[CAT_H_MAGIC]);
+    if (w[CAT_H_VERSION] != CATALOG_VERSION)
+        return vks_error_set(err, -EINVAL,
+                             "catalog format version %u, this build reads version %u: recompile "
+                             "the rules",
+                             w[CAT_H_VERSION], CATALOG_VERSION);
+    if (w[CAT_H_WORDS] != n)
+        return vks_error_set(err, -EINVAL,
+                             "catalog size mismatch: header says %u words, got %zu (truncated?)",
+                             w[CAT_H_WORDS], n);
+    uint64_t ng = w[CAT_H_NGROUPS], nr = w[CAT_H_NRULES];
+    uint32_t body = CAT_HEADER_WORDS;
+    if (!in_range(w[CAT_H_GROUPS], ng * CAT_GROUP_WORDS, body, n) ||
+        !in_range(w[CAT_H_RULES], nr * CAT_RULE_WORDS, body, n) ||
+        !in_range(w[CAT_H_STRINGS], ((uint64_t)w[CAT_H_STRBYTES] + 3) / 4, body, n))
+        return bad(err, "header points outside the catalog", 0);
+    for (uint32_t g = 0; g < ng; g++) {
+        int rc = validate_group(w, n, g, (uint32_t)nr, body, err);
+        if (rc != 0)
+            return rc;
+    }
+    uint64_t sb = w[CAT_H_STRBYTES];
+    for (uint32_t r = 0; r < nr; r++) {
+        const uint32_t *e = w + w[CAT_H_RULES] + (size_t)r * CAT_RULE_WORDS;
+        if (!in_range(e[CAT_R_ID], e[CAT_R_IDLEN], 0, sb) ||
+            !in_range(e[CAT_R_SRC], e[CAT_R_SRCLEN], 0, sb) || e[CAT_R_IDLEN] == 0)
+            return bad(err, "rule strings outside the string area", r);
+        if (e[CAT_R_GROUP] >= ng || e[CAT_R_KIND] > 2 || (e[CAT_R_FLAGS] & ~RULE_F_ALL))
+            return bad(err, "rule has a bad group, kind or flags", r);
+    }
+    return 0;
+}
+
+int catalog_adopt(uint32_t *words, size_t n, struct catalog **out, struct vks_error *err)
+{
+    *out = NULL;
+    int rc = check_host_endian(err);
+    if (rc == 0)
+        rc = validate(words, n, err);
+    struct catalog *cat = rc == 0 ? calloc(1, sizeof(*cat)) : NULL;
+    if (rc == 0 && cat == NULL)
+        rc = vks_error_set(err, -ENOMEM, "out of memory for a catalog of %zu bytes", n * 4);
+    if (rc != 0) {
+        free(words);
+        return rc;
+    }
+    cat->words = words;
+    cat->n_words = n;
+    crypto_generichash(cat->fp, sizeof(cat->fp), (const unsigned char *)words, n * 4, NULL, 0);
+    *out = cat;
+    return 0;
+}
+
+int catalog_from_bytes(const void *bytes, size_t len, struct catalog **out, struct vks_error *err)
+{
+    *out = NULL;
+    if (len % 4 != 0)
+        return vks_error_set(err, -EINVAL,
+                             "catalog truncated: %zu bytes is not a whole number of words", len);
+    uint32_t *w = malloc(len ? len : 4);
+    if (w == NULL)
+        return vks_error_set(err, -ENOMEM, "out of memory for a catalog of %zu bytes", len);
+    memcpy(w, bytes, len);
+    return catalog_adopt(w, len / 4, out, err);
+}
+
+void catalog_destroy(struct catalog *cat)
+{
+    if (cat == NULL)
+        return;
+    free(cat->words);
+    free(cat);
+}
+
+const uint32_t *catalog_words(const struct catalog *cat, size_t *n_words)
+{
+    if (n_words != NULL)
+        *n_words = cat->n_words;
+    return cat->words;
+}
+
+const uint8_t *catalog_fingerprint(const struct catalog *cat)
+{
+    return cat->fp;
+}
+
+void catalog_fingerprint_hex(const uint8_t fp[CATALOG_FP_LEN], char hex[2 * CATALOG_FP_LEN + 1])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (unsigned i = 0; i < CATALOG_FP_LEN; i++) {
+        hex[2 * i] = digits[fp[i] >> 4];
+        hex[2 * i + 1] = digits[fp[i] & 15];
+    }
+    hex[2 * CATALOG_FP_LEN] = '\0';
+}
+
+uint32_t catalog_group_count(const struct catalog *cat)
+{
+    return cat->words[CAT_H_NGROUPS];
+}
+
+uint32_t catalog_rule_count(const struct catalog *cat)
+{
+    return cat->words[CAT_H_NRULES];
+}
+
+void catalog_group(const struct catalog *cat, uint32_t i, struct catalog_group *out)
+{
+    const uint32_t *w = cat->words;
+    const uint32_t *e = w + w[CAT_H_GROUPS] + (size_t)i * CAT_GROUP_WORDS;
+    out->n_states = e[CAT_G_NSTATES];
+    out->n_classes = e[CAT_G_NCLASSES];
+    out->first_accept = e[CAT_G_FIRST_ACCEPT];
+    for (int k = 0; k < 4; k++)
+        out->start[k] = e[CAT_G_START_BOS + k];
+    out->maxlen = e[CAT_G_MAXLEN];
+    out->n_rules = e[CAT_G_NRULES];
+    out->flags = e[CAT_G_FLAGS];
+    out->classmap = w + e[CAT_G_CLASSMAP];
+    out->trans = w + e[CAT_G_TRANS];
+    out->accept_index = w + e[CAT_G_ACCIDX];
+    out->accepts = w + e[CAT_G_ACCEPTS];
+}
+
+void catalog_rule(const struct catalog *cat, uint32_t i, struct catalog_rule *out)
+{
+    const uint32_t *w = cat->words;
+    const uint32_t *e = w + w[CAT_H_RULES] + (size_t)i * CAT_RULE_WORDS;
+    const char *str = (const char *)(w + w[CAT_H_STRINGS]);
+    out->id = str + e[CAT_R_ID];
+    out->id_len = e[CAT_R_IDLEN];
+    out->src = str + e[CAT_R_SRC];
+    out->src_len = e[CAT_R_SRCLEN];
+    out->kind = e[CAT_R_KIND];
+    out->flags = e[CAT_R_FLAGS];
+    out->group = e[CAT_R_GROUP];
+    out->maxlen = e[CAT_R_MAXLEN];
+    out->fingerprint = (const uint8_t *)(e + CAT_R_FP);
+}
+
+uint64_t catalog_total_states(const struct catalog *cat)
+{
+    uint64_t t = 0;
+    for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
+        struct catalog_group grp;
+        catalog_group(cat, g, &grp);
+        t += grp.n_states;
+    }
+    return t;
+}

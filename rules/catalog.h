@@ -1,0 +1,185 @@
+/*
+ * The packed catalog: the compiled form of a rule set that every engine
+ * (CPU reference scanner, GPU megakernel) consumes, that the daemon caches on
+ * disk and keeps resident on the device. docs/catalog.md documents the layout
+ * field by field; the constants below are the single source of truth for it.
+ *
+ * A catalog is one flat array of little-endian u32 words: a header, a group
+ * table, per-group class maps, transition tables, accept indexes, a flat
+ * accept list, a rule table and a string area. All offsets are absolute word
+ * offsets from the start of the catalog, so a device can bind the whole
+ * catalog as one storage buffer and index it directly.
+ */
+#ifndef VKS_RULES_CATALOG_H
+#define VKS_RULES_CATALOG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+#define CATALOG_MAGIC   0x43534b56u /* "VKSC" read as a little-endian u32 */
+#define CATALOG_VERSION 1u
+#define CATALOG_FP_LEN  32u /* BLAKE2b-256 */
+
+/* Header words. */
+enum {
+    CAT_H_MAGIC = 0,
+    CAT_H_VERSION,
+    CAT_H_COMPILER, /* compiler version that produced it */
+    CAT_H_WORDS,    /* total size in u32 words, header included */
+    CAT_H_NGROUPS,
+    CAT_H_NRULES,
+    CAT_H_GROUPS,  /* word offset of the group table */
+    CAT_H_RULES,   /* word offset of the rule table */
+    CAT_H_STRINGS, /* word offset of the string area */
+    CAT_H_STRBYTES,
+    CAT_H_NACCEPTS,  /* total accept entries, all groups */
+    CAT_H_MAXSTATES, /* largest n_states of any group */
+    CAT_H_RESERVED0,
+    CAT_H_RESERVED1,
+    CAT_H_RESERVED2,
+    CAT_H_RESERVED3,
+    CAT_HEADER_WORDS
+};
+
+/* Group table entry words (CAT_GROUP_WORDS per group). */
+enum {
+    CAT_G_NSTATES = 0,
+    CAT_G_NCLASSES,
+    CAT_G_FIRST_ACCEPT, /* states >= this have accept entries */
+    CAT_G_START_BOS,    /* start state at the beginning of a buffer */
+    CAT_G_START_WORD,   /* start mid-buffer after a word byte [A-Za-z0-9_] */
+    CAT_G_START_NL,     /* start mid-buffer after '\n' */
+    CAT_G_START_OTHER,  /* start mid-buffer after any other byte */
+    CAT_G_MAXLEN,       /* longest match in bytes, or CATALOG_UNBOUNDED */
+    CAT_G_CLASSMAP,     /* word offset: 256 words, byte -> class */
+    CAT_G_TRANS,        /* word offset: n_states * n_classes words */
+    CAT_G_ACCIDX,       /* word offset: n_states - first_accept + 1 words */
+    CAT_G_ACCEPTS,      /* word offset of this group's accept entries */
+    CAT_G_NRULES,       /* rules compiled into this group */
+    CAT_G_FLAGS,        /* CAT_GF_* */
+    CAT_G_RESERVED0,
+    CAT_G_RESERVED1,
+    CAT_GROUP_WORDS
+};
+
+#define CATALOG_UNBOUNDED 0xffffffffu
+
+/* Group flags. */
+#define CAT_GF_ASSERTS (1u << 0) /* some rule uses ^ $ \b \B: start context matters */
+
+/* Rule table entry words (CAT_RULE_WORDS per rule). */
+enum {
+    CAT_R_ID = 0, /* byte offset into the string area */
+    CAT_R_IDLEN,
+    CAT_R_SRC, /* canonical pattern source, byte offset */
+    CAT_R_SRCLEN,
+    CAT_R_KIND,  /* enum rule_kind */
+    CAT_R_FLAGS, /* RULE_F_* */
+    CAT_R_GROUP,
+    CAT_R_MAXLEN, /* this rule's longest match, or CATALOG_UNBOUNDED */
+    CAT_R_FP,     /* 8 words: BLAKE2b-256 of the rule */
+    CAT_RULE_WORDS = CAT_R_FP + 8
+};
+
+/*
+ * Lookahead kinds. A DFA state's accept entry says for which kind of *next*
+ * byte the match that ends here is real (this is how \b, \B and $ are
+ * decided). The scanner checks accepts before consuming byte i, classifying
+ * buf[i]; at the end of the buffer it checks with CAT_K_EOD.
+ */
+enum {
+    CAT_K_WORD = 0,   /* [A-Za-z0-9_] */
+    CAT_K_NL = 1,     /* '\n' that is not the last byte */
+    CAT_K_OTHER = 2,  /* any other byte */
+    CAT_K_EOD = 3,    /* end of buffer */
+    CAT_K_NL_LAST = 4 /* '\n' that is the buffer's last byte */
+};
+#define CAT_ACCEPT_RULE(e) ((e) >> 5)
+#define CAT_ACCEPT_MASK(e) ((e)&31u)
+#define CAT_ACCEPT_ALWAYS  31u
+
+/* Rule flags, stored in CAT_R_FLAGS and taken by the compiler. */
+#define RULE_F_CASELESS    (1u << 0) /* i */
+#define RULE_F_DOTALL      (1u << 1) /* s */
+#define RULE_F_MULTILINE   (1u << 2) /* m */
+#define RULE_F_SINGLEMATCH (1u << 3) /* H: report only the first match per buffer */
+#define RULE_F_ALL         0xfu
+
+/* Classifies a byte for start-state choice and lookahead (CAT_K_WORD,
+ * CAT_K_NL or CAT_K_OTHER). */
+static inline uint32_t catalog_byte_kind(uint8_t c)
+{
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_')
+        return CAT_K_WORD;
+    return c == '\n' ? CAT_K_NL : CAT_K_OTHER;
+}
+
+/* A read-only view of one group, pointing into the catalog's words. */
+struct catalog_group {
+    uint32_t n_states;
+    uint32_t n_classes;
+    uint32_t first_accept;
+    uint32_t start[4]; /* indexed by CAT_G_START_* - CAT_G_START_BOS */
+    uint32_t maxlen;
+    uint32_t n_rules;
+    uint32_t flags;
+    const uint32_t *classmap;     /* 256 entries */
+    const uint32_t *trans;        /* n_states * n_classes */
+    const uint32_t *accept_index; /* n_states - first_accept + 1 */
+    const uint32_t *accepts;      /* entries, indexed by accept_index */
+};
+
+/* A read-only view of one rule. Strings are not NUL-terminated. */
+struct catalog_rule {
+    const char *id;
+    uint32_t id_len;
+    const char *src;
+    uint32_t src_len;
+    uint32_t kind;
+    uint32_t flags;
+    uint32_t group;
+    uint32_t maxlen;
+    const uint8_t *fingerprint; /* CATALOG_FP_LEN bytes */
+};
+
+struct catalog;
+
+/*
+ * Validates `len` bytes as a packed catalog and returns a new catalog that
+ * owns a copy. Every offset, count, state index, class index and rule index
+ * is checked, so a corrupt or truncated catalog is rejected (-EINVAL, -ENOMEM)
+ * with a message naming the first bad field; it is never trusted.
+ */
+int catalog_from_bytes(const void *bytes, size_t len, struct catalog **out, struct vks_error *err);
+
+/* Like catalog_from_bytes, but takes ownership of `words` (malloc'd, `n`
+ * words), also on failure. Used by the compiler. */
+int catalog_adopt(uint32_t *words, size_t n, struct catalog **out, struct vks_error *err);
+
+/* Frees the catalog; NULL is allowed. */
+void catalog_destroy(struct catalog *cat);
+
+/* The packed bytes (borrowed, valid until catalog_destroy) and their size. */
+const uint32_t *catalog_words(const struct catalog *cat, size_t *n_words);
+
+/* BLAKE2b-256 of the packed bytes (CATALOG_FP_LEN bytes, borrowed). */
+const uint8_t *catalog_fingerprint(const struct catalog *cat);
+
+/* Writes the fingerprint as 64 lowercase hex digits plus NUL into `hex`. */
+void catalog_fingerprint_hex(const uint8_t fp[CATALOG_FP_LEN], char hex[2 * CATALOG_FP_LEN + 1]);
+
+uint32_t catalog_group_count(const struct catalog *cat);
+uint32_t catalog_rule_count(const struct catalog *cat);
+
+/* Fills `out` with a view of group `i` (< catalog_group_count). */
+void catalog_group(const struct catalog *cat, uint32_t i, struct catalog_group *out);
+
+/* Fills `out` with a view of rule `i` (< catalog_rule_count). */
+void catalog_rule(const struct catalog *cat, uint32_t i, struct catalog_rule *out);
+
+/* Sum of n_states over all groups. */
+uint64_t catalog_total_states(const struct catalog *cat);
+
+#endif

@@ -1,0 +1,590 @@
+/*
+ * rules_compile: parse every rule, group the good ones under the state
+ * budget, build and minimise one DFA per group, and pack the catalog.
+ */
+#include "rules.h"
+
+#include <errno.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dfa.h"
+#include "nfa.h"
+#include "parse.h"
+
+#ifndef VKS_COMPILER_VERSION
+#error "VKS_COMPILER_VERSION must be defined by the build"
+#endif
+
+/* Largest NFA a single rule may expand to. */
+#define MAX_RULE_POSITIONS 200000u
+
+/* One accepted rule on its way into a group. */
+struct prepared {
+    uint32_t input;  /* index into the caller's array */
+    uint32_t maxlen; /* CATALOG_UNBOUNDED when unbounded */
+    uint64_t positions;
+    struct parse_result tree;
+    struct node *root; /* after prefix stripping */
+    char *canon;       /* canonical source */
+    size_t canon_len;
+    uint32_t group;
+};
+
+struct group_out {
+    struct dfa dfa;
+    uint32_t *rules; /* indexes into the prepared array, group-local order */
+    uint32_t n_rules;
+    uint32_t maxlen;
+    bool asserts;
+};
+
+struct ctx {
+    const struct rule_src *src;
+    const struct rules_options *opt;
+    struct prepared *prep;
+    uint32_t n_prep;
+    struct group_out *groups;
+    uint32_t n_groups, cap_groups;
+    struct rule_reject *rejects;
+    size_t n_rejects, cap_rejects;
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int add_reject(struct ctx *c, uint32_t input, uint32_t pos, const char *msg)
+{
+    if (c->n_rejects == c->cap_rejects) {
+        size_t cap = c->cap_rejects ? c->cap_rejects * 2 : 16;
+        struct rule_reject *n = realloc(c->rejects, cap * sizeof(*n));
+        if (n == NULL)
+            return -ENOMEM;
+        c->rejects = n;
+        c->cap_rejects = cap;
+    }
+    struct rule_reject *r = &c->rejects[c->n_rejects++];
+    memset(r, 0, sizeof(*r));
+    r->index = input;
+    r->line = c->src[input].line;
+    r->pos = pos;
+    snprintf(r->id, sizeof(r->id), "%s", c->src[input].id ? c->src[input].id : "");
+    snprintf(r->msg, sizeof(r->msg), "%s", msg);
+    return 0;
+}
+
+/* ---- canonical form and fingerprints ---- */
+
+/* Hex strings are normalised to lowercase pairs separated by one space;
+ * literals and regexes are kept byte for byte. */
+static char *canonical(const struct rule_src *r, size_t *len)
+{
+    char *out = malloc(r->len * 2 + 1);
+    if (out == NULL)
+        return NULL;
+    size_t n = 0;
+    if (r->kind != RULE_HEX) {
+        memcpy(out, r->pattern, r->len);
+        n = r->len;
+    } else {
+        for (size_t i = 0; i < r->len; i++) {
+            char ch = r->pattern[i];
+            if (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r')
+                continue;
+            if (n % 3 == 2)
+                out[n++] = ' ';
+            out[n++] = (char)(ch >= 'A' && ch <= 'F' ? ch + 32 : ch);
+        }
+    }
+    out[n] = '\0';
+    *len = n;
+    return out;
+}
+
+static void fingerprint_canon(uint32_t kind, uint32_t flags, const char *canon, size_t len,
+                              uint8_t fp[CATALOG_FP_LEN])
+{
+    crypto_generichash_state st;
+    uint32_t head[4] = {VKS_COMPILER_VERSION, kind, flags, (uint32_t)len};
+    crypto_generichash_init(&st, NULL, 0, CATALOG_FP_LEN);
+    crypto_generichash_update(&st, (const unsigned char *)"vkscan-rule", 12);
+    crypto_generichash_update(&st, (const unsigned char *)head, sizeof(head));
+    crypto_generichash_update(&st, (const unsigned char *)canon, len);
+    crypto_generichash_final(&st, fp, CATALOG_FP_LEN);
+}
+
+void rules_fingerprint(const struct rule_src *r, uint8_t fp[CATALOG_FP_LEN])
+{
+    size_t len;
+    char *canon = canonical(r, &len);
+    if (canon == NULL) { /* hash the raw bytes: still stable, never a crash */
+        fingerprint_canon(r->kind, r->flags, r->pattern, r->len, fp);
+        return;
+    }
+    fingerprint_canon(r->kind, r->flags, canon, len, fp);
+    free(canon);
+}
+
+int rules_parse_flags(const char *s, size_t len, uint32_t *flags, struct vks_error *err)
+{
+    uint32_t f = 0;
+    for (size_t i = 0; i < len; i++) {
+        switch (s[i]) {
+        case 'i':
+            f |= RULE_F_CASELESS;
+            break;
+        case 's':
+            f |= RULE_F_DOTALL;
+            break;
+        case 'm':
+            f |= RULE_F_MULTILINE;
+            break;
+        case 'H':
+            f |= RULE_F_SINGLEMATCH;
+            break;
+        default:
+            return vks_error_set(err, -EINVAL,
+                                 "unknown flag '%c': supported flags are i (caseless), s (dot "
+                                 "matches newline), m (multi-line) and H (single match)",
+                                 s[i]);
+        }
+    }
+    *flags = f;
+    return 0;
+}
+
+/* ---- per rule ---- */
+
+static bool bad_id(const char *id)
+{
+    if (id == NULL || id[0] == '\0')
+        return true;
+    size_t n = strlen(id);
+    if (n > RULES_MAX_ID)
+        return true;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)id[i] < 0x20 || id[i] == 0x7f)
+            return true;
+    return false;
+}
+
+static int prepare_rule(struct ctx *c, uint32_t i)
+{
+    const struct rule_src *r = &c->src[i];
+    struct prepared *p = &c->prep[c->n_prep];
+    char msg[200];
+    uint32_t pos = 0;
+    memset(p, 0, sizeof(*p));
+    if (bad_id(r->id))
+        return add_reject(c, i, 0, "rule id must be 1 to 255 printable bytes");
+    int rc = parse_rule(r, &p->tree, &pos, msg, sizeof(msg));
+    if (rc == 0)
+        rc = parse_check(p->tree.root, MAX_RULE_POSITIONS, &pos, msg, sizeof(msg));
+    if (rc == -ENOMEM) {
+        parse_result_finish(&p->tree);
+        return rc;
+    }
+    if (rc != 0) {
+        parse_result_finish(&p->tree);
+        return add_reject(c, i, pos, msg);
+    }
+    p->input = i;
+    p->root = parse_strip_prefix(p->tree.root);
+    uint32_t ml = parse_maxlen(p->root);
+    p->maxlen = ml == REPEAT_INF ? CATALOG_UNBOUNDED : ml;
+    p->positions = parse_positions(p->root);
+    p->canon = canonical(r, &p->canon_len);
+    if (p->canon == NULL) {
+        parse_result_finish(&p->tree);
+        return -ENOMEM;
+    }
+    c->n_prep++;
+    return 0;
+}
+
+static int cmp_id(const void *a, const void *b, void *arg)
+{
+    const struct ctx *c = arg;
+    const struct prepared *x = &c->prep[*(const uint32_t *)a], *y = &c->prep[*(const uint32_t *)b];
+    int d = strcmp(c->src[x->input].id, c->src[y->input].id);
+    if (d != 0)
+        return d;
+    return x->input < y->input ? -1 : x->input > y->input;
+}
+
+/* Rejects later rules that reuse an id: hits are reported by id. */
+static int reject_duplicate_ids(struct ctx *c)
+{
+    uint32_t *order = malloc((c->n_prep ? c->n_prep : 1) * sizeof(*order));
+    uint8_t *drop = calloc(c->n_prep ? c->n_prep : 1, 1);
+    int rc = order && drop ? 0 : -ENOMEM;
+    for (uint32_t i = 0; i < c->n_prep && rc == 0; i++)
+        order[i] = i;
+    if (rc == 0)
+        qsort_r(order, c->n_prep, sizeof(*order), cmp_id, c);
+    uint32_t first = 0; /* first rule of the current run of equal ids */
+    for (uint32_t i = 1; i < c->n_prep && rc == 0; i++) {
+        const struct prepared *a = &c->prep[order[first]], *b = &c->prep[order[i]];
+        if (strcmp(c->src[a->input].id, c->src[b->input].id) != 0) {
+            first = i;
+            continue;
+        }
+        char msg[200];
+        const struct rule_src *fr = &c->src[a->input];
+        if (fr->line)
+            snprintf(msg, sizeof(msg),
+                     "duplicate rule id, first used on line %u: give each rule "
+                     "a unique id",
+                     fr->line);
+        else
+            snprintf(msg, sizeof(msg),
+                     "duplicate rule id, first used by rule #%u: give each rule "
+                     "a unique id",
+                     a->input);
+        drop[order[i]] = 1;
+        rc = add_reject(c, b->input, 0, msg);
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < c->n_prep && rc == 0; i++) {
+        if (drop[i]) {
+            parse_result_finish(&c->prep[i].tree);
+            free(c->prep[i].canon);
+            continue;
+        }
+        c->prep[k++] = c->prep[i];
+    }
+    if (rc == 0)
+        c->n_prep = k;
+    free(order);
+    free(drop);
+    return rc;
+}
+
+/* ---- grouping ---- */
+
+static int build_group(struct ctx *c, const uint32_t *idx, uint32_t n, struct group_out *g)
+{
+    memset(g, 0, sizeof(*g));
+    struct nfa_builder *b = nfa_builder_create();
+    if (b == NULL)
+        return -ENOMEM;
+    int rc = 0;
+    for (uint32_t k = 0; k < n && rc == 0; k++)
+        rc = nfa_builder_add(b, c->prep[idx[k]].root, k);
+    struct nfa nfa;
+    if (rc == 0)
+        rc = nfa_builder_finish(b, &nfa);
+    nfa_builder_destroy(b);
+    if (rc != 0)
+        return rc;
+    uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
+    rc = dfa_build(&nfa, budget, &g->dfa);
+    g->asserts = nfa.has_cond;
+    nfa_finish(&nfa);
+    if (rc == 0 && !c->opt->no_minimise)
+        rc = dfa_minimise(&g->dfa);
+    if (rc != 0) {
+        dfa_finish(&g->dfa);
+        return rc;
+    }
+    g->rules = malloc(n * sizeof(*g->rules));
+    if (g->rules == NULL) {
+        dfa_finish(&g->dfa);
+        return -ENOMEM;
+    }
+    memcpy(g->rules, idx, n * sizeof(*idx));
+    g->n_rules = n;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t ml = c->prep[idx[k]].maxlen;
+        g->maxlen = ml > g->maxlen ? ml : g->maxlen;
+    }
+    return 0;
+}
+
+static int push_group(struct ctx *c, struct group_out *g)
+{
+    if (c->n_groups == c->cap_groups) {
+        uint32_t cap = c->cap_groups ? c->cap_groups * 2 : 8;
+        struct group_out *n = realloc(c->groups, cap * sizeof(*n));
+        if (n == NULL)
+            return -ENOMEM;
+        c->groups = n;
+        c->cap_groups = cap;
+    }
+    c->groups[c->n_groups++] = *g;
+    return 0;
+}
+
+/* Builds rules idx[0..n) as one group, splitting in halves while the DFA
+ * is over budget. A single rule over budget is rejected. */
+static int place(struct ctx *c, uint32_t *idx, uint32_t n)
+{
+    struct group_out g;
+    int rc = build_group(c, idx, n, &g);
+    if (rc == 0) {
+        rc = push_group(c, &g);
+        if (rc != 0) {
+            dfa_finish(&g.dfa);
+            free(g.rules);
+        }
+        return rc;
+    }
+    if (rc != -E2BIG)
+        return rc;
+    if (n == 1) {
+        char msg[200];
+        uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
+        snprintf(msg, sizeof(msg),
+                 "rule alone needs more than %u DFA states (the group budget): "
+                 "narrow its classes or bounded repeats, or raise max_states",
+                 budget);
+        c->prep[idx[0]].group = UINT32_MAX;
+        return add_reject(c, c->prep[idx[0]].input, 0, msg);
+    }
+    rc = place(c, idx, n / 2);
+    return rc != 0 ? rc : place(c, idx + n / 2, n - n / 2);
+}
+
+/* Bounded rules before unbounded ones, each by maxlen, so a group's segment
+ * overlap is set by rules of similar length; input order breaks ties. */
+static int cmp_prep(const void *a, const void *b, void *arg)
+{
+    const struct prepared *p = arg;
+    const struct prepared *x = &p[*(const uint32_t *)a], *y = &p[*(const uint32_t *)b];
+    if (x->maxlen != y->maxlen)
+        return x->maxlen < y->maxlen ? -1 : 1;
+    return x->input < y->input ? -1 : x->input > y->input;
+}
+
+static int group_rules(struct ctx *c)
+{
+    uint32_t *order = malloc((c->n_prep ? c->n_prep : 1) * sizeof(*order));
+    if (order == NULL)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < c->n_prep; i++)
+        order[i] = i;
+    qsort_r(order, c->n_prep, sizeof(*order), cmp_prep, c->prep);
+    uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
+    int rc = 0;
+    uint32_t begin = 0;
+    uint64_t fill = 0;
+    for (uint32_t i = 0; i <= c->n_prep && rc == 0; i++) {
+        bool end = i == c->n_prep;
+        bool kind_change = !end && i > begin &&
+                           (c->prep[order[i]].maxlen == CATALOG_UNBOUNDED) !=
+                               (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED);
+        uint64_t add = end ? 0 : c->prep[order[i]].positions;
+        if (i > begin && (end || kind_change || fill + add > budget)) {
+            rc = place(c, order + begin, i - begin);
+            begin = i;
+            fill = 0;
+        }
+        fill += add;
+    }
+    free(order);
+    return rc;
+}
+
+/* ---- packing ---- */
+
+static void put_fp(uint32_t *w, const uint8_t fp[CATALOG_FP_LEN])
+{
+    memcpy(w, fp, CATALOG_FP_LEN);
+}
+
+static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct vks_error *err)
+{
+    /* catalog rule order = input order of the rules that made it into a group */
+    uint32_t nr = 0;
+    uint64_t strbytes = 0;
+    for (uint32_t i = 0; i < c->n_prep; i++) {
+        if (c->prep[i].group == UINT32_MAX)
+            continue;
+        cat_index[i] = nr++;
+        strbytes += strlen(c->src[c->prep[i].input].id) + c->prep[i].canon_len;
+    }
+    uint64_t words = CAT_HEADER_WORDS + (uint64_t)c->n_groups * CAT_GROUP_WORDS +
+                     (uint64_t)nr * CAT_RULE_WORDS + (strbytes + 3) / 4;
+    for (uint32_t g = 0; g < c->n_groups; g++) {
+        const struct dfa *d = &c->groups[g].dfa;
+        words += 256 + (uint64_t)d->n_states * d->n_classes + (d->n_states - d->first_accept + 1) +
+                 d->n_acc;
+    }
+    if (words > UINT32_MAX)
+        return vks_error_set(err, -E2BIG,
+                             "catalog would be %llu bytes, over the 16 GiB format "
+                             "limit: split the rule set",
+                             (unsigned long long)words * 4);
+    uint32_t *w = calloc(words, sizeof(*w));
+    if (w == NULL)
+        return vks_error_set(err, -ENOMEM, "out of memory packing a %llu-byte catalog",
+                             (unsigned long long)words * 4);
+    uint32_t maxstates = 0, nacc = 0;
+    w[CAT_H_MAGIC] = CATALOG_MAGIC;
+    w[CAT_H_VERSION] = CATALOG_VERSION;
+    w[CAT_H_COMPILER] = VKS_COMPILER_VERSION;
+    w[CAT_H_WORDS] = (uint32_t)words;
+    w[CAT_H_NGROUPS] = c->n_groups;
+    w[CAT_H_NRULES] = nr;
+    w[CAT_H_GROUPS] = CAT_HEADER_WORDS;
+    w[CAT_H_RULES] = CAT_HEADER_WORDS + c->n_groups * CAT_GROUP_WORDS;
+    uint32_t at = w[CAT_H_RULES] + nr * CAT_RULE_WORDS;
+    for (uint32_t g = 0; g < c->n_groups; g++) {
+        const struct group_out *go = &c->groups[g];
+        const struct dfa *d = &go->dfa;
+        uint32_t *e = w + CAT_HEADER_WORDS + g * CAT_GROUP_WORDS;
+        e[CAT_G_NSTATES] = d->n_states;
+        e[CAT_G_NCLASSES] = d->n_classes;
+        e[CAT_G_FIRST_ACCEPT] = d->first_accept;
+        for (int p = 0; p < 4; p++)
+            e[CAT_G_START_BOS + p] = d->start[p];
+        e[CAT_G_MAXLEN] = go->maxlen;
+        e[CAT_G_NRULES] = go->n_rules;
+        e[CAT_G_FLAGS] = go->asserts ? CAT_GF_ASSERTS : 0;
+        e[CAT_G_CLASSMAP] = at;
+        memcpy(w + at, d->classmap, 256 * sizeof(uint32_t));
+        at += 256;
+        e[CAT_G_TRANS] = at;
+        memcpy(w + at, d->trans, (size_t)d->n_states * d->n_classes * sizeof(uint32_t));
+        at += d->n_states * d->n_classes;
+        e[CAT_G_ACCIDX] = at;
+        for (uint32_t s = d->first_accept; s <= d->n_states; s++)
+            w[at++] = d->acc_first[s] - d->acc_first[d->first_accept];
+        e[CAT_G_ACCEPTS] = at;
+        for (uint32_t j = d->acc_first[d->first_accept]; j < d->n_acc; j++) {
+            uint32_t local = CAT_ACCEPT_RULE(d->acc[j]);
+            w[at++] = cat_index[go->rules[local]] << 5 | CAT_ACCEPT_MASK(d->acc[j]);
+        }
+        maxstates = d->n_states > maxstates ? d->n_states : maxstates;
+        nacc += d->n_acc;
+    }
+    w[CAT_H_STRINGS] = at;
+    w[CAT_H_STRBYTES] = (uint32_t)strbytes;
+    w[CAT_H_NACCEPTS] = nacc;
+    w[CAT_H_MAXSTATES] = maxstates;
+    char *str = (char *)(w + at);
+    uint32_t so = 0;
+    for (uint32_t i = 0; i < c->n_prep; i++) {
+        const struct prepared *p = &c->prep[i];
+        if (p->group == UINT32_MAX)
+            continue;
+        const struct rule_src *r = &c->src[p->input];
+        uint32_t *e = w + w[CAT_H_RULES] + cat_index[i] * CAT_RULE_WORDS;
+        size_t idlen = strlen(r->id);
+        e[CAT_R_ID] = so;
+        e[CAT_R_IDLEN] = (uint32_t)idlen;
+        memcpy(str + so, r->id, idlen);
+        so += (uint32_t)idlen;
+        e[CAT_R_SRC] = so;
+        e[CAT_R_SRCLEN] = (uint32_t)p->canon_len;
+        memcpy(str + so, p->canon, p->canon_len);
+        so += (uint32_t)p->canon_len;
+        e[CAT_R_KIND] = r->kind;
+        e[CAT_R_FLAGS] = r->flags;
+        e[CAT_R_GROUP] = p->group;
+        e[CAT_R_MAXLEN] = p->maxlen;
+        uint8_t fp[CATALOG_FP_LEN];
+        fingerprint_canon(r->kind, r->flags, p->canon, p->canon_len, fp);
+        put_fp(e + CAT_R_FP, fp);
+    }
+    return catalog_adopt(w, words, out, err);
+}
+
+/* ---- the front door ---- */
+
+static void ctx_free(struct ctx *c)
+{
+    for (uint32_t i = 0; i < c->n_prep; i++) {
+        parse_result_finish(&c->prep[i].tree);
+        free(c->prep[i].canon);
+    }
+    free(c->prep);
+    for (uint32_t g = 0; g < c->n_groups; g++) {
+        dfa_finish(&c->groups[g].dfa);
+        free(c->groups[g].rules);
+    }
+    free(c->groups);
+    free(c->rejects);
+}
+
+static int cmp_reject(const void *a, const void *b)
+{
+    const struct rule_reject *x = a, *y = b;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+int rules_compile(const struct rule_src *rules, size_t n, const struct rules_options *opt,
+                  struct rules_result *res, struct vks_error *err)
+{
+    static const struct rules_options defaults = {0};
+    uint64_t t0 = now_ns();
+    memset(res, 0, sizeof(*res));
+    if (opt == NULL)
+        opt = &defaults;
+    uint32_t max_rules = opt->max_rules ? opt->max_rules : RULES_DEFAULT_MAXRULE;
+    if (n > max_rules)
+        return vks_error_set(err, -E2BIG,
+                             "%zu rules, over the limit of %u: split the rule set "
+                             "or raise max_rules",
+                             n, max_rules);
+    if (opt->max_states != 0 && opt->max_states < 16)
+        return vks_error_set(err, -EINVAL, "max_states %u is too small: use at least 16",
+                             opt->max_states);
+    if (sodium_init() < 0)
+        return vks_error_set(err, -EIO, "libsodium failed to initialise");
+    struct ctx c = {.src = rules, .opt = opt};
+    c.prep = calloc(n ? n : 1, sizeof(*c.prep));
+    uint32_t *cat_index = malloc((n ? n : 1) * sizeof(*cat_index));
+    res->rule_index = malloc((n ? n : 1) * sizeof(*res->rule_index));
+    int rc = c.prep && cat_index && res->rule_index ? 0 : -ENOMEM;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = prepare_rule(&c, (uint32_t)i);
+    if (rc == 0)
+        rc = reject_duplicate_ids(&c);
+    if (rc == 0)
+        rc = group_rules(&c);
+    /* group numbers, now that groups are final */
+    for (uint32_t g = 0; g < c.n_groups && rc == 0; g++)
+        for (uint32_t k = 0; k < c.groups[g].n_rules; k++)
+            c.prep[c.groups[g].rules[k]].group = g;
+    if (rc == 0)
+        rc = pack(&c, cat_index, &res->catalog, err);
+    else if (rc == -ENOMEM)
+        vks_error_set(err, rc, "out of memory compiling %zu rules", n);
+    if (rc == 0) {
+        for (size_t i = 0; i < n; i++)
+            res->rule_index[i] = UINT32_MAX;
+        for (uint32_t i = 0; i < c.n_prep; i++)
+            if (c.prep[i].group != UINT32_MAX)
+                res->rule_index[c.prep[i].input] = cat_index[i];
+        qsort(c.rejects, c.n_rejects, sizeof(*c.rejects), cmp_reject);
+        res->rejects = c.rejects;
+        res->n_rejects = c.n_rejects;
+        c.rejects = NULL;
+    }
+    free(cat_index);
+    ctx_free(&c);
+    if (rc != 0) {
+        free(res->rule_index);
+        memset(res, 0, sizeof(*res));
+        return rc;
+    }
+    res->compile_ns = now_ns() - t0;
+    return 0;
+}
+
+void rules_result_finish(struct rules_result *res)
+{
+    if (res == NULL)
+        return;
+    catalog_destroy(res->catalog);
+    free(res->rejects);
+    free(res->rule_index);
+    memset(res, 0, sizeof(*res));
+}

@@ -1,0 +1,870 @@
+/*
+ * Subset construction and minimisation. See dfa.h for the model.
+ *
+ * Every DFA state contains R0, the closure of the NFA start (a match may
+ * begin at any byte), so states are stored and hashed as E = S \ R0 plus the
+ * previous-byte kind. When the states of E contribute nothing on a byte
+ * class, the transition equals the start state's: that is the Aho-Corasick
+ * "failure" shortcut, and it is what keeps literal groups fast to build.
+ */
+#include "dfa.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "catalog.h"
+
+#define N_NEXT   5 /* CAT_K_* */
+#define PK(p, k) (1u << ((p)*N_NEXT + (k)))
+
+struct u32vec {
+    uint32_t *v;
+    size_t n, cap;
+};
+
+static int vec_push(struct u32vec *v, uint32_t x)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 16;
+        uint32_t *n = realloc(v->v, cap * sizeof(*n));
+        if (n == NULL)
+            return -ENOMEM;
+        v->v = n;
+        v->cap = cap;
+    }
+    v->v[v->n++] = x;
+    return 0;
+}
+
+struct builder {
+    const struct nfa *nfa;
+    uint32_t max_states;
+    bool cond; /* the NFA has conditional edges */
+
+    uint32_t n_classes;
+    uint32_t classmap[256];
+    uint8_t class_kind[256];           /* CAT_K_WORD / NL / OTHER of each class */
+    uint32_t *set_cls_first, *set_cls; /* classes inside each byte set */
+
+    uint8_t *in_r0;
+    uint32_t *r0pk;     /* per NFA state: PK(p,k) bits of closure(R0, p, k) */
+    uint16_t *reach_pm; /* per NFA state: prev masks of conditional edges reachable */
+    uint16_t r0_pm;
+    struct u32vec r0step[4]; /* per p: (class, target) pairs sorted by class */
+    uint32_t *r0step_first[4];
+
+    /* DFA states */
+    uint32_t n_states, cap_states;
+    uint32_t *set_off, *set_len, *hash;
+    uint8_t *prev;
+    struct u32vec pool;
+    uint32_t *ht;
+    size_t ht_cap;
+    uint32_t *trans;
+    struct u32vec acc;
+    uint32_t *acc_first;
+    uint32_t start[4];
+
+    /* scratch */
+    uint32_t *stamp, gen;
+    struct u32vec work, list;
+    struct u32vec *bkt; /* per class */
+    struct u32vec touched;
+    uint32_t *rule_mask;
+    struct u32vec rules_touched;
+};
+
+/* ---- byte classes ---- */
+
+static void compute_classes(struct builder *b)
+{
+    const struct nfa *nfa = b->nfa;
+    uint32_t n = 1;
+    memset(b->classmap, 0, sizeof(b->classmap));
+    struct byteset kinds[2] = {{{0}}, {{0}}};
+    for (unsigned c = 0; c < 256; c++) {
+        uint32_t k = catalog_byte_kind((uint8_t)c);
+        if (k == CAT_K_WORD)
+            byteset_add(&kinds[0], c);
+        else if (k == CAT_K_NL)
+            byteset_add(&kinds[1], c);
+    }
+    uint32_t n_sets = nfa->n_sets + (b->cond ? 2 : 0);
+    for (uint32_t i = 0; i < n_sets; i++) {
+        const struct byteset *s = i < nfa->n_sets ? &nfa->sets[i] : &kinds[i - nfa->n_sets];
+        int32_t split[256][2];
+        for (uint32_t c = 0; c < n; c++)
+            split[c][0] = split[c][1] = -1;
+        uint32_t m = 0;
+        for (unsigned c = 0; c < 256; c++) {
+            int in = byteset_has(s, c);
+            int32_t *slot = &split[b->classmap[c]][in];
+            if (*slot < 0)
+                *slot = (int32_t)m++;
+            b->classmap[c] = (uint32_t)*slot;
+        }
+        n = m;
+    }
+    b->n_classes = n;
+    for (unsigned c = 0; c < 256; c++)
+        b->class_kind[b->classmap[c]] = (uint8_t)catalog_byte_kind((uint8_t)c);
+}
+
+static int classes_of_sets(struct builder *b)
+{
+    const struct nfa *nfa = b->nfa;
+    int rep[256];
+    for (uint32_t c = 0; c < b->n_classes; c++)
+        rep[c] = -1;
+    for (int c = 255; c >= 0; c--)
+        rep[b->classmap[c]] = c;
+    b->set_cls_first = calloc((size_t)nfa->n_sets + 1, sizeof(uint32_t));
+    struct u32vec v = {0};
+    if (b->set_cls_first == NULL)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < nfa->n_sets; i++) {
+        for (uint32_t c = 0; c < b->n_classes; c++)
+            if (byteset_has(&nfa->sets[i], (unsigned)rep[c]) && vec_push(&v, c) != 0)
+                return -ENOMEM;
+        b->set_cls_first[i + 1] = (uint32_t)v.n;
+    }
+    b->set_cls = v.v;
+    return 0;
+}
+
+/* ---- closures ---- */
+
+static bool cond_allows(uint32_t cond, uint32_t p, uint32_t k)
+{
+    return (cond & COND_PREV(p)) && (cond & COND_NEXT(k));
+}
+
+/* Unconditional closure of R0 from the start state, marking in_r0. */
+static int close_r0(struct builder *b)
+{
+    const struct nfa *nfa = b->nfa;
+    b->work.n = 0;
+    if (vec_push(&b->work, nfa->start) != 0)
+        return -ENOMEM;
+    b->in_r0[nfa->start] = 1;
+    for (size_t i = 0; i < b->work.n; i++) {
+        uint32_t s = b->work.v[i];
+        for (uint32_t e = nfa->eps_first[s]; e < nfa->eps_first[s + 1]; e++) {
+            uint32_t t = nfa->eps_edges[e].to;
+            if (nfa->eps_edges[e].cond == COND_ALWAYS && !b->in_r0[t]) {
+                b->in_r0[t] = 1;
+                if (vec_push(&b->work, t) != 0)
+                    return -ENOMEM;
+            }
+        }
+    }
+    return 0;
+}
+
+/* For every NFA state: which prev masks of conditional edges can be reached
+ * through epsilon edges. Fixpoint over the (possibly cyclic) epsilon graph. */
+static void compute_reach_pm(struct builder *b)
+{
+    const struct nfa *nfa = b->nfa;
+    for (uint32_t s = 0; s < nfa->n_states; s++) {
+        uint16_t m = 0;
+        for (uint32_t e = nfa->eps_first[s]; e < nfa->eps_first[s + 1]; e++)
+            if (nfa->eps_edges[e].cond != COND_ALWAYS)
+                m |= (uint16_t)(1u << (nfa->eps_edges[e].cond & COND_PREVMASK));
+        b->reach_pm[s] = m;
+    }
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (uint32_t s = nfa->n_states; s-- > 0;) {
+            uint16_t m = b->reach_pm[s];
+            for (uint32_t e = nfa->eps_first[s]; e < nfa->eps_first[s + 1]; e++)
+                m |= b->reach_pm[nfa->eps_edges[e].to];
+            if (m != b->reach_pm[s]) {
+                b->reach_pm[s] = m;
+                changed = true;
+            }
+        }
+    }
+}
+
+/* The canonical previous kind: the smallest kind that no reachable
+ * conditional edge can tell apart from `p`. */
+static uint32_t canon_prev(uint32_t p, uint16_t pm)
+{
+    uint32_t sig[4] = {0};
+    for (uint32_t m = 0; m < 16; m++)
+        if (pm & (1u << m))
+            for (uint32_t q = 0; q < 4; q++)
+                sig[q] = sig[q] << 1 | ((m >> q) & 1u);
+    for (uint32_t q = 0; q < 4; q++)
+        if (sig[q] == sig[p])
+            return q;
+    return p;
+}
+
+/*
+ * Closure of `from` (a list of NFA states) under the epsilon edges that
+ * (p, k) allows, leaving out states of closure(R0, p, k). The result goes to
+ * b->list. With p == UINT32_MAX only unconditional edges are followed, and
+ * states of R0 are left out.
+ */
+static int closure(struct builder *b, const uint32_t *from, size_t n, uint32_t p, uint32_t k)
+{
+    const struct nfa *nfa = b->nfa;
+    uint32_t gen = ++b->gen;
+    b->list.n = 0;
+    uint32_t bit = p == UINT32_MAX ? 0 : PK(p, k);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = from[i];
+        bool skip = p == UINT32_MAX ? b->in_r0[s] : (b->r0pk[s] & bit) != 0;
+        if (!skip && b->stamp[s] != gen) {
+            b->stamp[s] = gen;
+            if (vec_push(&b->list, s) != 0)
+                return -ENOMEM;
+        }
+    }
+    for (size_t i = 0; i < b->list.n; i++) {
+        uint32_t s = b->list.v[i];
+        for (uint32_t e = nfa->eps_first[s]; e < nfa->eps_first[s + 1]; e++) {
+            uint32_t t = nfa->eps_edges[e].to, c = nfa->eps_edges[e].cond;
+            bool ok = p == UINT32_MAX ? c == COND_ALWAYS : cond_allows(c, p, k);
+            bool skip = p == UINT32_MAX ? b->in_r0[t] : (b->r0pk[t] & bit) != 0;
+            if (ok && !skip && b->stamp[t] != gen) {
+                b->stamp[t] = gen;
+                if (vec_push(&b->list, t) != 0)
+                    return -ENOMEM;
+            }
+        }
+    }
+    return 0;
+}
+
+/* closure(R0, p, k) for every (p, k), as bits in r0pk; and per p the step of
+ * that closure on each class whose kind is k, as lists sorted by class. */
+static int prepare_r0(struct builder *b)
+{
+    const struct nfa *nfa = b->nfa;
+    struct u32vec pairs = {0};
+    uint32_t *count = calloc((size_t)b->n_classes + 1, sizeof(uint32_t));
+    int rc = count == NULL ? -ENOMEM : 0;
+    for (uint32_t p = 0; p < 4 && rc == 0; p++) {
+        pairs.n = 0;
+        for (uint32_t k = 0; k < N_NEXT && rc == 0; k++) {
+            uint32_t gen = ++b->gen;
+            b->work.n = 0;
+            for (uint32_t s = 0; s < nfa->n_states && rc == 0; s++)
+                if (b->in_r0[s]) {
+                    b->stamp[s] = gen;
+                    rc = vec_push(&b->work, s);
+                }
+            for (size_t i = 0; i < b->work.n && rc == 0; i++) {
+                uint32_t s = b->work.v[i];
+                b->r0pk[s] |= PK(p, k);
+                for (uint32_t e = nfa->eps_first[s]; e < nfa->eps_first[s + 1] && rc == 0; e++) {
+                    uint32_t t = nfa->eps_edges[e].to;
+                    if (cond_allows(nfa->eps_edges[e].cond, p, k) && b->stamp[t] != gen) {
+                        b->stamp[t] = gen;
+                        rc = vec_push(&b->work, t);
+                    }
+                }
+            }
+            if (k >= 3 || (!b->cond && k > 0))
+                continue; /* EOD and NL_LAST never label a consumed byte */
+            for (size_t i = 0; i < b->work.n && rc == 0; i++) {
+                uint32_t s = b->work.v[i];
+                for (uint32_t e = nfa->byte_first[s]; e < nfa->byte_first[s + 1]; e++) {
+                    uint32_t set = nfa->byte_edges[e].set;
+                    for (uint32_t j = b->set_cls_first[set];
+                         j < b->set_cls_first[set + 1] && rc == 0; j++) {
+                        uint32_t c = b->set_cls[j];
+                        if (b->cond && b->class_kind[c] != k)
+                            continue;
+                        rc = vec_push(&pairs, c);
+                        if (rc == 0)
+                            rc = vec_push(&pairs, nfa->byte_edges[e].to);
+                    }
+                }
+            }
+        }
+        if (rc != 0)
+            break;
+        /* counting sort of the (class, target) pairs by class */
+        b->r0step_first[p] = calloc((size_t)b->n_classes + 1, sizeof(uint32_t));
+        b->r0step[p].v = malloc((pairs.n / 2 + 1) * sizeof(uint32_t));
+        if (b->r0step_first[p] == NULL || b->r0step[p].v == NULL) {
+            rc = -ENOMEM;
+            break;
+        }
+        for (size_t i = 0; i < pairs.n; i += 2)
+            b->r0step_first[p][pairs.v[i] + 1]++;
+        for (uint32_t c = 0; c < b->n_classes; c++)
+            b->r0step_first[p][c + 1] += b->r0step_first[p][c];
+        memcpy(count, b->r0step_first[p], ((size_t)b->n_classes + 1) * sizeof(uint32_t));
+        for (size_t i = 0; i < pairs.n; i += 2)
+            b->r0step[p].v[count[pairs.v[i]]++] = pairs.v[i + 1];
+        b->r0step[p].n = pairs.n / 2;
+    }
+    free(pairs.v);
+    free(count);
+    return rc;
+}
+
+/* ---- the state table ---- */
+
+static uint32_t hash_state(const uint32_t *v, size_t n, uint32_t prev)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ prev;
+    for (size_t i = 0; i < n; i++) {
+        h ^= v[i];
+        h *= 0x100000001b3ULL;
+        h ^= h >> 29;
+    }
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+static int grow_states(struct builder *b)
+{
+    uint32_t cap = b->cap_states ? b->cap_states * 2 : 1024;
+    uint32_t *off = realloc(b->set_off, cap * sizeof(*off));
+    if (off)
+        b->set_off = off;
+    uint32_t *len = realloc(b->set_len, cap * sizeof(*len));
+    if (len)
+        b->set_len = len;
+    uint32_t *hash = realloc(b->hash, cap * sizeof(*hash));
+    if (hash)
+        b->hash = hash;
+    uint8_t *prev = realloc(b->prev, cap);
+    if (prev)
+        b->prev = prev;
+    uint32_t *trans = realloc(b->trans, (size_t)cap * b->n_classes * sizeof(*trans));
+    if (trans)
+        b->trans = trans;
+    uint32_t *af = realloc(b->acc_first, ((size_t)cap + 1) * sizeof(*af));
+    if (af)
+        b->acc_first = af;
+    if (!off || !len || !hash || !prev || !trans || !af)
+        return -ENOMEM;
+    b->cap_states = cap;
+    /* rehash into a table at least twice the state capacity */
+    size_t ht_cap = (size_t)cap * 2;
+    uint32_t *ht = calloc(ht_cap, sizeof(*ht));
+    if (ht == NULL)
+        return -ENOMEM;
+    for (uint32_t s = 0; s < b->n_states; s++) {
+        size_t j = b->hash[s] & (ht_cap - 1);
+        while (ht[j] != 0)
+            j = (j + 1) & (ht_cap - 1);
+        ht[j] = s + 1;
+    }
+    free(b->ht);
+    b->ht = ht;
+    b->ht_cap = ht_cap;
+    return 0;
+}
+
+/* Finds or adds the state (b->list sorted, prev). Returns its id in *id;
+ * -E2BIG past the budget. */
+static int intern(struct builder *b, uint32_t prev, uint32_t *id)
+{
+    uint32_t *v = b->list.v;
+    size_t n = b->list.n;
+    uint32_t h = hash_state(v, n, prev);
+    if (b->ht_cap != 0) {
+        size_t j = h & (b->ht_cap - 1);
+        for (; b->ht[j] != 0; j = (j + 1) & (b->ht_cap - 1)) {
+            uint32_t s = b->ht[j] - 1;
+            if (b->hash[s] == h && b->prev[s] == prev && b->set_len[s] == n &&
+                memcmp(b->pool.v + b->set_off[s], v, n * sizeof(*v)) == 0) {
+                *id = s;
+                return 0;
+            }
+        }
+    }
+    if (b->n_states >= b->max_states)
+        return -E2BIG;
+    if (b->n_states == b->cap_states && grow_states(b) != 0)
+        return -ENOMEM;
+    uint32_t s = b->n_states++;
+    b->set_off[s] = (uint32_t)b->pool.n;
+    b->set_len[s] = (uint32_t)n;
+    b->hash[s] = h;
+    b->prev[s] = (uint8_t)prev;
+    for (size_t i = 0; i < n; i++)
+        if (vec_push(&b->pool, v[i]) != 0)
+            return -ENOMEM;
+    size_t j = h & (b->ht_cap - 1);
+    while (b->ht[j] != 0)
+        j = (j + 1) & (b->ht_cap - 1);
+    b->ht[j] = s + 1;
+    *id = s;
+    return 0;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* prev masks reachable from R0 and the states in b->list */
+static uint16_t list_pm(const struct builder *b)
+{
+    uint16_t pm = b->r0_pm;
+    for (size_t i = 0; i < b->list.n; i++)
+        pm |= b->reach_pm[b->list.v[i]];
+    return pm;
+}
+
+/* Turns the stepped targets in b->work into a state (closing, sorting,
+ * canonicalising the previous kind). */
+static int step_to_state(struct builder *b, uint32_t next_prev, uint32_t *id)
+{
+    int rc = closure(b, b->work.v, b->work.n, UINT32_MAX, 0);
+    if (rc != 0)
+        return rc;
+    qsort(b->list.v, b->list.n, sizeof(uint32_t), cmp_u32);
+    return intern(b, canon_prev(next_prev, list_pm(b)), id);
+}
+
+static uint32_t prev_of_kind(uint32_t k)
+{
+    return k == CAT_K_WORD ? P_WORD : k == CAT_K_NL ? P_NL : P_OTHER;
+}
+
+/* ---- expanding one state ---- */
+
+static int add_accepts(struct builder *b, uint32_t s, const uint32_t *e, size_t n, uint16_t pm)
+{
+    const struct nfa *nfa = b->nfa;
+    uint32_t p = b->prev[s];
+    b->rules_touched.n = 0;
+    for (uint32_t k = 0; k < N_NEXT; k++) {
+        const uint32_t *from = e;
+        size_t cnt = n;
+        if (pm != 0) {
+            int rc = closure(b, e, n, p, k);
+            if (rc != 0)
+                return rc;
+            from = b->list.v;
+            cnt = b->list.n;
+        }
+        for (size_t i = 0; i < cnt; i++) {
+            int32_t r = nfa->accept[from[i]];
+            if (r < 0)
+                continue;
+            if (b->rule_mask[r] == 0 && vec_push(&b->rules_touched, (uint32_t)r) != 0)
+                return -ENOMEM;
+            b->rule_mask[r] |= pm != 0 ? 1u << k : CAT_ACCEPT_ALWAYS;
+        }
+        if (pm == 0)
+            break;
+    }
+    qsort(b->rules_touched.v, b->rules_touched.n, sizeof(uint32_t), cmp_u32);
+    for (size_t i = 0; i < b->rules_touched.n; i++) {
+        uint32_t r = b->rules_touched.v[i];
+        if (vec_push(&b->acc, r << 5 | b->rule_mask[r]) != 0)
+            return -ENOMEM;
+        b->rule_mask[r] = 0;
+    }
+    return 0;
+}
+
+static int fill_buckets(struct builder *b, const uint32_t *x, size_t n, uint32_t k, bool any_k)
+{
+    const struct nfa *nfa = b->nfa;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = x[i];
+        for (uint32_t e = nfa->byte_first[s]; e < nfa->byte_first[s + 1]; e++) {
+            uint32_t set = nfa->byte_edges[e].set;
+            for (uint32_t j = b->set_cls_first[set]; j < b->set_cls_first[set + 1]; j++) {
+                uint32_t c = b->set_cls[j];
+                if (!any_k && b->class_kind[c] != k)
+                    continue;
+                if (b->bkt[c].n == 0 && vec_push(&b->touched, c) != 0)
+                    return -ENOMEM;
+                if (vec_push(&b->bkt[c], nfa->byte_edges[e].to) != 0)
+                    return -ENOMEM;
+            }
+        }
+    }
+    return 0;
+}
+
+static int expand(struct builder *b, uint32_t s)
+{
+    uint32_t p = b->prev[s];
+    /* copy E: the pool may move while states are added */
+    struct u32vec e = {0};
+    for (uint32_t i = 0; i < b->set_len[s]; i++)
+        if (vec_push(&e, b->pool.v[b->set_off[s] + i]) != 0)
+            return -ENOMEM;
+    uint16_t pm = b->r0_pm;
+    for (size_t i = 0; i < e.n; i++)
+        pm |= b->reach_pm[e.v[i]];
+    int rc = add_accepts(b, s, e.v, e.n, pm);
+    b->acc_first[s + 1] = (uint32_t)b->acc.n;
+    b->touched.n = 0;
+    if (rc == 0 && pm == 0) {
+        rc = fill_buckets(b, e.v, e.n, 0, true);
+    } else {
+        for (uint32_t k = 0; k < 3 && rc == 0; k++) {
+            rc = closure(b, e.v, e.n, p, k);
+            /* fill_buckets does not touch b->list */
+            if (rc == 0)
+                rc = fill_buckets(b, b->list.v, b->list.n, k, false);
+        }
+    }
+    uint32_t *row = NULL;
+    for (uint32_t c = 0; c < b->n_classes && rc == 0; c++) {
+        uint32_t id;
+        bool start = e.n == 0;
+        if (b->bkt[c].n == 0 && !start) {
+            id = b->trans[(size_t)b->start[p] * b->n_classes + c];
+        } else {
+            b->work.n = 0;
+            for (uint32_t j = b->r0step_first[p][c]; j < b->r0step_first[p][c + 1] && rc == 0; j++)
+                rc = vec_push(&b->work, b->r0step[p].v[j]);
+            for (size_t j = 0; j < b->bkt[c].n && rc == 0; j++)
+                rc = vec_push(&b->work, b->bkt[c].v[j]);
+            if (rc == 0)
+                rc = step_to_state(b, prev_of_kind(b->class_kind[c]), &id);
+            if (rc != 0)
+                break;
+        }
+        row = b->trans + (size_t)s * b->n_classes; /* trans may have moved */
+        row[c] = id;
+    }
+    for (size_t i = 0; i < b->touched.n; i++)
+        b->bkt[b->touched.v[i]].n = 0;
+    free(e.v);
+    return rc;
+}
+
+/* ---- building ---- */
+
+static void builder_free(struct builder *b)
+{
+    free(b->set_cls_first);
+    free(b->set_cls);
+    free(b->in_r0);
+    free(b->r0pk);
+    free(b->reach_pm);
+    for (int p = 0; p < 4; p++) {
+        free(b->r0step[p].v);
+        free(b->r0step_first[p]);
+    }
+    free(b->set_off);
+    free(b->set_len);
+    free(b->hash);
+    free(b->prev);
+    free(b->pool.v);
+    free(b->ht);
+    free(b->trans);
+    free(b->acc.v);
+    free(b->acc_first);
+    free(b->stamp);
+    free(b->work.v);
+    free(b->list.v);
+    if (b->bkt != NULL)
+        for (uint32_t c = 0; c < b->n_classes; c++)
+            free(b->bkt[c].v);
+    free(b->bkt);
+    free(b->touched.v);
+    free(b->rule_mask);
+    free(b->rules_touched.v);
+}
+
+static int builder_init(struct builder *b, const struct nfa *nfa, uint32_t max_states)
+{
+    memset(b, 0, sizeof(*b));
+    b->nfa = nfa;
+    b->max_states = max_states;
+    b->cond = nfa->has_cond;
+    compute_classes(b);
+    size_t n = nfa->n_states;
+    b->in_r0 = calloc(n, 1);
+    b->r0pk = calloc(n, sizeof(uint32_t));
+    b->reach_pm = calloc(n, sizeof(uint16_t));
+    b->stamp = calloc(n, sizeof(uint32_t));
+    b->bkt = calloc(b->n_classes, sizeof(*b->bkt));
+    b->rule_mask = calloc(nfa->n_rules ? nfa->n_rules : 1, sizeof(uint32_t));
+    if (!b->in_r0 || !b->r0pk || !b->reach_pm || !b->stamp || !b->bkt || !b->rule_mask)
+        return -ENOMEM;
+    int rc = classes_of_sets(b);
+    if (rc == 0)
+        rc = close_r0(b);
+    if (rc != 0)
+        return rc;
+    compute_reach_pm(b);
+    for (uint32_t s = 0; s < n; s++)
+        if (b->in_r0[s])
+            b->r0_pm |= b->reach_pm[s];
+    return prepare_r0(b);
+}
+
+/* Renumbers so accepting states come last, keeping the order otherwise. */
+static int renumber_accepting_last(struct dfa *d)
+{
+    uint32_t n = d->n_states, k = d->n_classes;
+    uint32_t *map = malloc(n * sizeof(*map));
+    uint32_t *trans = malloc((size_t)n * k * sizeof(*trans));
+    uint32_t *af = malloc(((size_t)n + 1) * sizeof(*af));
+    uint32_t *acc = malloc((d->n_acc ? d->n_acc : 1) * sizeof(*acc));
+    if (!map || !trans || !af || !acc) {
+        free(map);
+        free(trans);
+        free(af);
+        free(acc);
+        return -ENOMEM;
+    }
+    uint32_t next = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t s = 0; s < n; s++) {
+            bool accepting = d->acc_first[s + 1] > d->acc_first[s];
+            if (accepting == (pass == 1))
+                map[s] = next++;
+        }
+    d->first_accept = n;
+    for (uint32_t s = 0; s < n; s++)
+        if (d->acc_first[s + 1] > d->acc_first[s] && map[s] < d->first_accept)
+            d->first_accept = map[s];
+    uint32_t *inv = af; /* reuse: inverse map first */
+    for (uint32_t s = 0; s < n; s++)
+        inv[map[s]] = s;
+    uint32_t *first = malloc(((size_t)n + 1) * sizeof(*first));
+    if (first == NULL) {
+        free(map);
+        free(trans);
+        free(af);
+        free(acc);
+        return -ENOMEM;
+    }
+    first[0] = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t s = inv[t];
+        for (uint32_t c = 0; c < k; c++)
+            trans[(size_t)t * k + c] = map[d->trans[(size_t)s * k + c]];
+        uint32_t cnt = d->acc_first[s + 1] - d->acc_first[s];
+        memcpy(acc + first[t], d->acc + d->acc_first[s], cnt * sizeof(*acc));
+        first[t + 1] = first[t] + cnt;
+    }
+    for (int p = 0; p < 4; p++)
+        d->start[p] = map[d->start[p]];
+    free(d->trans);
+    free(d->acc);
+    free(d->acc_first);
+    free(af);
+    free(map);
+    d->trans = trans;
+    d->acc = acc;
+    d->acc_first = first;
+    return 0;
+}
+
+int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out)
+{
+    struct builder b;
+    memset(out, 0, sizeof(*out));
+    int rc = builder_init(&b, nfa, max_states);
+    if (rc == 0 && grow_states(&b) != 0)
+        rc = -ENOMEM;
+    for (uint32_t p = 0; p < 4 && rc == 0; p++) {
+        b.list.n = 0;
+        rc = intern(&b, canon_prev(p, b.r0_pm), &b.start[p]);
+    }
+    if (rc == 0)
+        b.acc_first[0] = 0;
+    for (uint32_t s = 0; s < b.n_states && rc == 0; s++)
+        rc = expand(&b, s);
+    if (rc == 0) {
+        out->n_states = b.n_states;
+        out->n_classes = b.n_classes;
+        memcpy(out->classmap, b.classmap, sizeof(out->classmap));
+        memcpy(out->start, b.start, sizeof(out->start));
+        out->trans = b.trans;
+        out->acc = b.acc.v;
+        out->acc_first = b.acc_first;
+        out->n_acc = (uint32_t)b.acc.n;
+        b.trans = NULL;
+        b.acc.v = NULL;
+        b.acc_first = NULL;
+        rc = renumber_accepting_last(out);
+    }
+    builder_free(&b);
+    if (rc != 0)
+        dfa_finish(out);
+    return rc;
+}
+
+void dfa_finish(struct dfa *d)
+{
+    if (d == NULL)
+        return;
+    free(d->trans);
+    free(d->acc_first);
+    free(d->acc);
+    memset(d, 0, sizeof(*d));
+}
+
+/* ---- minimisation ---- */
+
+struct part {
+    uint32_t *block, *next_block;
+    uint32_t *ht;
+    size_t ht_cap;
+};
+
+static bool same_accepts(const struct dfa *d, uint32_t a, uint32_t b)
+{
+    uint32_t na = d->acc_first[a + 1] - d->acc_first[a];
+    uint32_t nb = d->acc_first[b + 1] - d->acc_first[b];
+    return na == nb &&
+           memcmp(d->acc + d->acc_first[a], d->acc + d->acc_first[b], na * sizeof(uint32_t)) == 0;
+}
+
+static uint64_t row_hash(const struct dfa *d, const uint32_t *block, uint32_t s, int round)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    if (round == 0) {
+        for (uint32_t i = d->acc_first[s]; i < d->acc_first[s + 1]; i++)
+            h = (h ^ d->acc[i]) * 0x100000001b3ULL;
+        return h;
+    }
+    h ^= block[s];
+    const uint32_t *row = d->trans + (size_t)s * d->n_classes;
+    for (uint32_t c = 0; c < d->n_classes; c++)
+        h = (h ^ block[row[c]]) * 0x100000001b3ULL;
+    return h ^ (h >> 31);
+}
+
+static bool row_equal(const struct dfa *d, const uint32_t *block, uint32_t a, uint32_t b, int round)
+{
+    if (round == 0)
+        return same_accepts(d, a, b);
+    if (block[a] != block[b])
+        return false;
+    const uint32_t *ra = d->trans + (size_t)a * d->n_classes;
+    const uint32_t *rb = d->trans + (size_t)b * d->n_classes;
+    for (uint32_t c = 0; c < d->n_classes; c++)
+        if (block[ra[c]] != block[rb[c]])
+            return false;
+    return true;
+}
+
+/* One refinement round; returns the number of blocks. */
+static uint32_t refine(const struct dfa *d, struct part *pt, int round)
+{
+    memset(pt->ht, 0, pt->ht_cap * sizeof(*pt->ht));
+    uint32_t nb = 0;
+    for (uint32_t s = 0; s < d->n_states; s++) {
+        uint64_t h = row_hash(d, pt->block, s, round);
+        size_t j = h & (pt->ht_cap - 1);
+        for (;; j = (j + 1) & (pt->ht_cap - 1)) {
+            if (pt->ht[j] == 0) {
+                pt->ht[j] = s + 1;
+                pt->next_block[s] = nb++;
+                break;
+            }
+            uint32_t r = pt->ht[j] - 1;
+            if (row_equal(d, pt->block, s, r, round)) {
+                pt->next_block[s] = pt->next_block[r];
+                break;
+            }
+        }
+    }
+    uint32_t *t = pt->block;
+    pt->block = pt->next_block;
+    pt->next_block = t;
+    return nb;
+}
+
+int dfa_minimise(struct dfa *d)
+{
+    struct part pt = {0};
+    uint32_t n = d->n_states;
+    pt.block = calloc(n, sizeof(uint32_t));
+    pt.next_block = calloc(n, sizeof(uint32_t));
+    pt.ht_cap = 16;
+    while (pt.ht_cap < (size_t)n * 2)
+        pt.ht_cap *= 2;
+    pt.ht = calloc(pt.ht_cap, sizeof(uint32_t));
+    uint32_t *rep = malloc(n * sizeof(uint32_t));
+    int rc = -ENOMEM;
+    if (!pt.block || !pt.next_block || !pt.ht || !rep)
+        goto out;
+    uint32_t nb = refine(d, &pt, 0);
+    for (;;) {
+        uint32_t nb2 = refine(d, &pt, 1);
+        if (nb2 == nb)
+            break;
+        nb = nb2;
+    }
+    rc = 0;
+    if (nb == n)
+        goto out;
+    /* blocks are numbered by first member, so the old order carries over */
+    for (uint32_t s = n; s-- > 0;)
+        rep[pt.block[s]] = s;
+    uint32_t k = d->n_classes;
+    uint32_t *trans = malloc((size_t)nb * k * sizeof(*trans));
+    uint32_t *first = malloc(((size_t)nb + 1) * sizeof(*first));
+    uint32_t *acc = malloc((d->n_acc ? d->n_acc : 1) * sizeof(*acc));
+    if (!trans || !first || !acc) {
+        free(trans);
+        free(first);
+        free(acc);
+        rc = -ENOMEM;
+        goto out;
+    }
+    first[0] = 0;
+    for (uint32_t bl = 0; bl < nb; bl++) {
+        uint32_t s = rep[bl];
+        for (uint32_t c = 0; c < k; c++)
+            trans[(size_t)bl * k + c] = pt.block[d->trans[(size_t)s * k + c]];
+        uint32_t cnt = d->acc_first[s + 1] - d->acc_first[s];
+        memcpy(acc + first[bl], d->acc + d->acc_first[s], cnt * sizeof(*acc));
+        first[bl + 1] = first[bl] + cnt;
+    }
+    for (int p = 0; p < 4; p++)
+        d->start[p] = pt.block[d->start[p]];
+    free(d->trans);
+    free(d->acc_first);
+    free(d->acc);
+    d->trans = trans;
+    d->acc_first = first;
+    d->acc = acc;
+    d->n_acc = first[nb];
+    d->n_states = nb;
+    rc = renumber_accepting_last(d);
+out:
+    free(pt.block);
+    free(pt.next_block);
+    free(pt.ht);
+    free(rep);
+    return rc;
+}
+
+/* ---- scanning (tests) ---- */
+
+int dfa_scan(const struct dfa *d, const uint8_t *buf, size_t len,
+             int (*fn)(void *ctx, uint32_t rule, uint64_t end), void *ctx)
+{
+    uint32_t s = d->start[P_BOS];
+    for (size_t i = 0;; i++) {
+        if (s >= d->first_accept) {
+            uint32_t k = nfa_next_kind(buf, len, i);
+            for (uint32_t j = d->acc_first[s]; j < d->acc_first[s + 1]; j++)
+                if (CAT_ACCEPT_MASK(d->acc[j]) & (1u << k)) {
+                    int rc = fn(ctx, CAT_ACCEPT_RULE(d->acc[j]), i);
+                    if (rc != 0)
+                        return rc;
+                }
+        }
+        if (i == len)
+            return 0;
+        s = d->trans[(size_t)s * d->n_classes + d->classmap[buf[i]]];
+    }
+}

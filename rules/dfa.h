@@ -1,0 +1,45 @@
+/*
+ * Subset construction over byte classes, and Moore minimisation.
+ *
+ * A DFA state is a set of NFA states plus the kind of the previous byte
+ * (only where some assertion can still look at it). Acceptance is decided
+ * before the next byte is consumed, knowing its kind: every accept entry
+ * carries a mask of CAT_K_* lookahead kinds for which it holds.
+ */
+#ifndef VKS_RULES_DFA_H
+#define VKS_RULES_DFA_H
+
+#include <stdint.h>
+
+#include "nfa.h"
+
+struct dfa {
+    uint32_t n_states;
+    uint32_t n_classes;
+    uint32_t first_accept; /* states >= first_accept accept something */
+    uint32_t start[4];     /* by P_* */
+    uint32_t classmap[256];
+    uint32_t *trans;     /* n_states * n_classes */
+    uint32_t *acc_first; /* n_states + 1, into acc */
+    uint32_t *acc;       /* entries: group-local rule << 5 | CAT_K_* mask */
+    uint32_t n_acc;
+};
+
+/*
+ * Builds the DFA of `nfa`. Fails with -E2BIG when it would have more than
+ * `max_states` states (the caller splits the group or rejects the rule),
+ * or -ENOMEM. States are numbered accepting-last.
+ */
+int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out);
+
+/* Minimises in place (Moore's partition refinement); keeps accepting-last
+ * numbering. Returns 0 or -ENOMEM. */
+int dfa_minimise(struct dfa *d);
+
+void dfa_finish(struct dfa *d);
+
+/* Runs the DFA over buf[0..len) exactly as the catalog scanner does; for tests. */
+int dfa_scan(const struct dfa *d, const uint8_t *buf, size_t len,
+             int (*fn)(void *ctx, uint32_t rule, uint64_t end), void *ctx);
+
+#endif

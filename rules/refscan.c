@@ -1,0 +1,145 @@
+/*
+ * The CPU reference scanner over a packed catalog. Deliberately plain: it
+ * is the definition the GPU kernel is checked against.
+ */
+#include "refscan.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t lookahead(const uint8_t *buf, size_t len, size_t i)
+{
+    if (i >= len)
+        return CAT_K_EOD;
+    uint32_t k = catalog_byte_kind(buf[i]);
+    return k == CAT_K_NL && i + 1 == len ? CAT_K_NL_LAST : k;
+}
+
+static uint32_t start_state(const struct catalog_group *g, const uint8_t *buf, size_t begin)
+{
+    if (begin == 0)
+        return g->start[0];
+    switch (catalog_byte_kind(buf[begin - 1])) {
+    case CAT_K_WORD:
+        return g->start[1];
+    case CAT_K_NL:
+        return g->start[2];
+    default:
+        return g->start[3];
+    }
+}
+
+int refscan_group_range(const struct catalog *cat, uint32_t group, const uint8_t *buf, size_t len,
+                        size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx)
+{
+    struct catalog_group g;
+    catalog_group(cat, group, &g);
+    if (hi > len)
+        hi = len;
+    uint32_t s = start_state(&g, buf, begin);
+    for (size_t i = begin;; i++) {
+        if (s >= g.first_accept && i > lo) {
+            uint32_t bit = 1u << lookahead(buf, len, i);
+            const uint32_t *a = g.accepts + g.accept_index[s - g.first_accept];
+            const uint32_t *end = g.accepts + g.accept_index[s - g.first_accept + 1];
+            for (; a < end; a++)
+                if (CAT_ACCEPT_MASK(*a) & bit) {
+                    int rc = fn(ctx, CAT_ACCEPT_RULE(*a), i);
+                    if (rc != 0)
+                        return rc;
+                }
+        }
+        if (i >= hi)
+            return 0;
+        s = g.trans[(size_t)s * g.n_classes + g.classmap[buf[i]]];
+    }
+}
+
+int scan_hits_push(struct scan_hits *h, uint32_t rule, uint64_t end, uint32_t count)
+{
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 64;
+        struct scan_hit *n = realloc(h->v, cap * sizeof(*n));
+        if (n == NULL)
+            return -ENOMEM;
+        h->v = n;
+        h->cap = cap;
+    }
+    h->v[h->n++] = (struct scan_hit){.rule = rule, .count = count, .end = end};
+    return 0;
+}
+
+static int push_cb(void *ctx, uint32_t rule, uint64_t end)
+{
+    return scan_hits_push(ctx, rule, end, 1);
+}
+
+static int cmp_end_rule(const void *a, const void *b)
+{
+    const struct scan_hit *x = a, *y = b;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return x->rule < y->rule ? -1 : x->rule > y->rule;
+}
+
+static int cmp_rule_end(const void *a, const void *b)
+{
+    const struct scan_hit *x = a, *y = b;
+    if (x->rule != y->rule)
+        return x->rule < y->rule ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+void scan_hits_finalize(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode)
+{
+    if (h->n == 0)
+        return;
+    /* by rule, then end: each rule's matches are one run, first match first */
+    qsort(h->v, h->n, sizeof(*h->v), cmp_rule_end);
+    size_t k = 0;
+    for (size_t i = 0; i < h->n; i++) {
+        struct scan_hit *x = &h->v[i];
+        bool same_rule = k > 0 && h->v[k - 1].rule == x->rule;
+        if (same_rule && h->v[k - 1].end == x->end)
+            continue; /* one report per (rule, end) */
+        struct catalog_rule r;
+        catalog_rule(cat, x->rule, &r);
+        bool single = (r.flags & RULE_F_SINGLEMATCH) || mode == SCAN_FIRST;
+        if (same_rule && single)
+            continue;
+        if (same_rule && mode == SCAN_COUNT) {
+            h->v[k - 1].count++;
+            continue;
+        }
+        h->v[k] = *x;
+        h->v[k].count = 1;
+        k++;
+    }
+    h->n = k;
+    qsort(h->v, h->n, sizeof(*h->v), cmp_end_rule);
+}
+
+int refscan_buffer(const struct catalog *cat, const uint8_t *buf, size_t len, enum scan_mode mode,
+                   struct scan_hits *out)
+{
+    struct scan_hits raw = {0};
+    int rc = 0;
+    for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++)
+        rc = refscan_group_range(cat, g, buf, len, 0, 0, len, push_cb, &raw);
+    if (rc == 0)
+        scan_hits_finalize(&raw, cat, mode);
+    for (size_t i = 0; i < raw.n && rc == 0; i++)
+        rc = scan_hits_push(out, raw.v[i].rule, raw.v[i].end, raw.v[i].count);
+    scan_hits_finish(&raw);
+    return rc;
+}
+
+void scan_hits_finish(struct scan_hits *h)
+{
+    if (h == NULL)
+        return;
+    free(h->v);
+    memset(h, 0, sizeof(*h));
+}
