@@ -13,10 +13,15 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+/* The installed client header defines the same struct under the same guard,
+ * so the two can be included in either order. */
+#ifndef VKS_ERROR_STRUCT_DEFINED
+#define VKS_ERROR_STRUCT_DEFINED
 struct vks_error {
     int code;
     char msg[256];
 };
+#endif
 
 #if defined(__GNUC__)
 #define VKS_PRINTF(a, b) __attribute__((format(printf, a, b)))

@@ -119,10 +119,41 @@ static int validate(const uint32_t *w, size_t n, struct vks_error *err)
     return 0;
 }
 
-int catalog_adopt(uint32_t *words, size_t n, struct catalog **out, struct vks_error *err)
+/* The fingerprint hashes the catalog with its check word zeroed, and the
+ * check word is the fingerprint's first four bytes: one pass both seals and
+ * verifies, and any flipped bit is caught. */
+static void fingerprint_words(uint32_t *w, size_t n, uint8_t fp[CATALOG_FP_LEN])
+{
+    uint32_t check = w[CAT_H_CHECK];
+    w[CAT_H_CHECK] = 0;
+    crypto_generichash(fp, CATALOG_FP_LEN, (const unsigned char *)w, n * 4, NULL, 0);
+    w[CAT_H_CHECK] = check;
+}
+
+static uint32_t check_word(const uint8_t fp[CATALOG_FP_LEN])
+{
+    uint32_t c;
+    memcpy(&c, fp, sizeof(c));
+    return c;
+}
+
+static int wrap(uint32_t *words, size_t n, bool seal, struct catalog **out, struct vks_error *err)
 {
     *out = NULL;
+    uint8_t fp[CATALOG_FP_LEN];
     int rc = check_host_endian(err);
+    if (rc == 0 && sodium_init() < 0)
+        rc = vks_error_set(err, -EIO, "libsodium failed to initialise");
+    if (rc == 0 && n >= CAT_HEADER_WORDS) {
+        fingerprint_words(words, n, fp);
+        if (seal)
+            words[CAT_H_CHECK] = check_word(fp);
+        else if (words[CAT_H_MAGIC] == CATALOG_MAGIC && words[CAT_H_WORDS] == n &&
+                 words[CAT_H_CHECK] != check_word(fp))
+            rc = vks_error_set(err, -EINVAL,
+                               "corrupt catalog: the check word does not match "
+                               "its contents; recompile the rules");
+    }
     if (rc == 0)
         rc = validate(words, n, err);
     struct catalog *cat = rc == 0 ? calloc(1, sizeof(*cat)) : NULL;
@@ -134,9 +165,14 @@ int catalog_adopt(uint32_t *words, size_t n, struct catalog **out, struct vks_er
     }
     cat->words = words;
     cat->n_words = n;
-    crypto_generichash(cat->fp, sizeof(cat->fp), (const unsigned char *)words, n * 4, NULL, 0);
+    memcpy(cat->fp, fp, sizeof(fp));
     *out = cat;
     return 0;
+}
+
+int catalog_adopt(uint32_t *words, size_t n, struct catalog **out, struct vks_error *err)
+{
+    return wrap(words, n, true, out, err);
 }
 
 int catalog_from_bytes(const void *bytes, size_t len, struct catalog **out, struct vks_error *err)
@@ -149,7 +185,7 @@ int catalog_from_bytes(const void *bytes, size_t len, struct catalog **out, stru
     if (w == NULL)
         return vks_error_set(err, -ENOMEM, "out of memory for a catalog of %zu bytes", len);
     memcpy(w, bytes, len);
-    return catalog_adopt(w, len / 4, out, err);
+    return wrap(w, len / 4, false, out, err);
 }
 
 void catalog_destroy(struct catalog *cat)

@@ -36,7 +36,7 @@ enum {
     CAT_H_STRBYTES,
     CAT_H_NACCEPTS,  /* total accept entries, all groups */
     CAT_H_MAXSTATES, /* largest n_states of any group */
-    CAT_H_RESERVED0,
+    CAT_H_CHECK,     /* first 4 bytes of the fingerprint (integrity check) */
     CAT_H_RESERVED1,
     CAT_H_RESERVED2,
     CAT_H_RESERVED3,
@@ -154,8 +154,9 @@ struct catalog;
  */
 int catalog_from_bytes(const void *bytes, size_t len, struct catalog **out, struct vks_error *err);
 
-/* Like catalog_from_bytes, but takes ownership of `words` (malloc'd, `n`
- * words), also on failure. Used by the compiler. */
+/* Takes ownership of freshly packed `words` (malloc'd, `n` words), also on
+ * failure: fills in the check word, validates and wraps them. Used by the
+ * compiler. */
 int catalog_adopt(uint32_t *words, size_t n, struct catalog **out, struct vks_error *err);
 
 /* Frees the catalog; NULL is allowed. */
@@ -164,7 +165,8 @@ void catalog_destroy(struct catalog *cat);
 /* The packed bytes (borrowed, valid until catalog_destroy) and their size. */
 const uint32_t *catalog_words(const struct catalog *cat, size_t *n_words);
 
-/* BLAKE2b-256 of the packed bytes (CATALOG_FP_LEN bytes, borrowed). */
+/* BLAKE2b-256 of the packed bytes with the check word taken as zero
+ * (CATALOG_FP_LEN bytes, borrowed). */
 const uint8_t *catalog_fingerprint(const struct catalog *cat);
 
 /* Writes the fingerprint as 64 lowercase hex digits plus NUL into `hex`. */

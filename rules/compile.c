@@ -218,57 +218,34 @@ static int cmp_id(const void *a, const void *b, void *arg)
     return x->input < y->input ? -1 : x->input > y->input;
 }
 
-/* Rejects later rules that reuse an id: hits are reported by id. */
-static int reject_duplicate_ids(struct ctx *c)
+/*
+ * Rules may share an id, as in Hyperscan and in keyword lists that give one
+ * rule several keywords: such rules report as one, under the catalog index
+ * of the first of them, so each (id, end offset) is reported once.
+ */
+static int report_indexes(struct ctx *c, const uint32_t *cat_index, uint32_t *report)
 {
     uint32_t *order = malloc((c->n_prep ? c->n_prep : 1) * sizeof(*order));
-    uint8_t *drop = calloc(c->n_prep ? c->n_prep : 1, 1);
-    int rc = order && drop ? 0 : -ENOMEM;
-    for (uint32_t i = 0; i < c->n_prep && rc == 0; i++)
-        order[i] = i;
-    if (rc == 0)
-        qsort_r(order, c->n_prep, sizeof(*order), cmp_id, c);
-    uint32_t first = 0; /* first rule of the current run of equal ids */
-    for (uint32_t i = 1; i < c->n_prep && rc == 0; i++) {
-        const struct prepared *a = &c->prep[order[first]], *b = &c->prep[order[i]];
-        if (strcmp(c->src[a->input].id, c->src[b->input].id) != 0) {
+    if (order == NULL)
+        return -ENOMEM;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < c->n_prep; i++)
+        if (c->prep[i].group != UINT32_MAX)
+            order[n++] = i;
+    qsort_r(order, n, sizeof(*order), cmp_id, c);
+    for (uint32_t i = 0, first = 0; i < n; i++) {
+        if (strcmp(c->src[c->prep[order[i]].input].id, c->src[c->prep[order[first]].input].id))
             first = i;
-            continue;
-        }
-        char msg[200];
-        const struct rule_src *fr = &c->src[a->input];
-        if (fr->line)
-            snprintf(msg, sizeof(msg),
-                     "duplicate rule id, first used on line %u: give each rule "
-                     "a unique id",
-                     fr->line);
-        else
-            snprintf(msg, sizeof(msg),
-                     "duplicate rule id, first used by rule #%u: give each rule "
-                     "a unique id",
-                     a->input);
-        drop[order[i]] = 1;
-        rc = add_reject(c, b->input, 0, msg);
+        report[order[i]] = cat_index[order[first]];
     }
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < c->n_prep && rc == 0; i++) {
-        if (drop[i]) {
-            parse_result_finish(&c->prep[i].tree);
-            free(c->prep[i].canon);
-            continue;
-        }
-        c->prep[k++] = c->prep[i];
-    }
-    if (rc == 0)
-        c->n_prep = k;
     free(order);
-    free(drop);
-    return rc;
+    return 0;
 }
 
 /* ---- grouping ---- */
 
-static int build_group(struct ctx *c, const uint32_t *idx, uint32_t n, struct group_out *g)
+static int build_group(struct ctx *c, const uint32_t *idx, uint32_t n, bool minimise,
+                       struct group_out *g)
 {
     memset(g, 0, sizeof(*g));
     struct nfa_builder *b = nfa_builder_create();
@@ -287,7 +264,7 @@ static int build_group(struct ctx *c, const uint32_t *idx, uint32_t n, struct gr
     rc = dfa_build(&nfa, budget, &g->dfa);
     g->asserts = nfa.has_cond;
     nfa_finish(&nfa);
-    if (rc == 0 && !c->opt->no_minimise)
+    if (rc == 0 && minimise && !c->opt->no_minimise)
         rc = dfa_minimise(&g->dfa);
     if (rc != 0) {
         dfa_finish(&g->dfa);
@@ -321,12 +298,63 @@ static int push_group(struct ctx *c, struct group_out *g)
     return 0;
 }
 
+static int reject_too_big(struct ctx *c, uint32_t i)
+{
+    char msg[200];
+    uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
+    snprintf(msg, sizeof(msg),
+             "rule alone needs more than %u DFA states (the group budget): "
+             "narrow its classes or bounded repeats, or raise max_states",
+             budget);
+    c->prep[i].group = UINT32_MAX;
+    return add_reject(c, c->prep[i].input, 0, msg);
+}
+
+/* A plain sequence of byte sets (a literal, a hex string, a regex without
+ * repeats or alternation) has a DFA no larger than its positions. */
+static bool is_sequence(const struct node *n)
+{
+    if (n->type == N_SET)
+        return true;
+    if (n->type != N_CAT)
+        return false;
+    for (uint32_t k = 0; k < n->u.list.n; k++)
+        if (n->u.list.kids[k]->type != N_SET)
+            return false;
+    return true;
+}
+
+/*
+ * Builds every other rule alone first: a rule over the budget is then
+ * rejected for the cost of one build instead of one per split while
+ * grouping, and its state count is a truer estimate of its share of a group.
+ */
+static int prebuild(struct ctx *c)
+{
+    for (uint32_t i = 0; i < c->n_prep; i++) {
+        if (is_sequence(c->prep[i].root))
+            continue;
+        struct group_out g;
+        int rc = build_group(c, &i, 1, false, &g);
+        if (rc == -E2BIG)
+            rc = reject_too_big(c, i);
+        else if (rc == 0) {
+            c->prep[i].positions = g.dfa.n_states;
+            dfa_finish(&g.dfa);
+            free(g.rules);
+        }
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* Builds rules idx[0..n) as one group, splitting in halves while the DFA
  * is over budget. A single rule over budget is rejected. */
 static int place(struct ctx *c, uint32_t *idx, uint32_t n)
 {
     struct group_out g;
-    int rc = build_group(c, idx, n, &g);
+    int rc = build_group(c, idx, n, true, &g);
     if (rc == 0) {
         rc = push_group(c, &g);
         if (rc != 0) {
@@ -337,16 +365,8 @@ static int place(struct ctx *c, uint32_t *idx, uint32_t n)
     }
     if (rc != -E2BIG)
         return rc;
-    if (n == 1) {
-        char msg[200];
-        uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
-        snprintf(msg, sizeof(msg),
-                 "rule alone needs more than %u DFA states (the group budget): "
-                 "narrow its classes or bounded repeats, or raise max_states",
-                 budget);
-        c->prep[idx[0]].group = UINT32_MAX;
-        return add_reject(c, c->prep[idx[0]].input, 0, msg);
-    }
+    if (n == 1)
+        return reject_too_big(c, idx[0]);
     rc = place(c, idx, n / 2);
     return rc != 0 ? rc : place(c, idx + n / 2, n - n / 2);
 }
@@ -367,15 +387,17 @@ static int group_rules(struct ctx *c)
     uint32_t *order = malloc((c->n_prep ? c->n_prep : 1) * sizeof(*order));
     if (order == NULL)
         return -ENOMEM;
+    uint32_t n = 0;
     for (uint32_t i = 0; i < c->n_prep; i++)
-        order[i] = i;
-    qsort_r(order, c->n_prep, sizeof(*order), cmp_prep, c->prep);
+        if (c->prep[i].group != UINT32_MAX)
+            order[n++] = i;
+    qsort_r(order, n, sizeof(*order), cmp_prep, c->prep);
     uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
     int rc = 0;
     uint32_t begin = 0;
     uint64_t fill = 0;
-    for (uint32_t i = 0; i <= c->n_prep && rc == 0; i++) {
-        bool end = i == c->n_prep;
+    for (uint32_t i = 0; i <= n && rc == 0; i++) {
+        bool end = i == n;
         bool kind_change = !end && i > begin &&
                            (c->prep[order[i]].maxlen == CATALOG_UNBOUNDED) !=
                                (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED);
@@ -398,6 +420,19 @@ static void put_fp(uint32_t *w, const uint8_t fp[CATALOG_FP_LEN])
     memcpy(w, fp, CATALOG_FP_LEN);
 }
 
+/* Appends an accept entry to the list w[begin..at), merging it with an
+ * entry of the same report index (rules sharing an id); returns the new end. */
+static uint32_t add_accept(uint32_t *w, uint32_t begin, uint32_t at, uint32_t report, uint32_t mask)
+{
+    for (uint32_t k = begin; k < at; k++)
+        if (CAT_ACCEPT_RULE(w[k]) == report) {
+            w[k] |= mask;
+            return at;
+        }
+    w[at] = report << 5 | mask;
+    return at + 1;
+}
+
 static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct vks_error *err)
 {
     /* catalog rule order = input order of the rules that made it into a group */
@@ -409,6 +444,11 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
         cat_index[i] = nr++;
         strbytes += strlen(c->src[c->prep[i].input].id) + c->prep[i].canon_len;
     }
+    uint32_t *report = malloc((c->n_prep ? c->n_prep : 1) * sizeof(*report));
+    if (report == NULL || report_indexes(c, cat_index, report) != 0) {
+        free(report);
+        return vks_error_set(err, -ENOMEM, "out of memory packing the catalog");
+    }
     uint64_t words = CAT_HEADER_WORDS + (uint64_t)c->n_groups * CAT_GROUP_WORDS +
                      (uint64_t)nr * CAT_RULE_WORDS + (strbytes + 3) / 4;
     for (uint32_t g = 0; g < c->n_groups; g++) {
@@ -416,15 +456,19 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
         words += 256 + (uint64_t)d->n_states * d->n_classes + (d->n_states - d->first_accept + 1) +
                  d->n_acc;
     }
-    if (words > UINT32_MAX)
+    if (words > UINT32_MAX) {
+        free(report);
         return vks_error_set(err, -E2BIG,
                              "catalog would be %llu bytes, over the 16 GiB format "
                              "limit: split the rule set",
                              (unsigned long long)words * 4);
+    }
     uint32_t *w = calloc(words, sizeof(*w));
-    if (w == NULL)
+    if (w == NULL) {
+        free(report);
         return vks_error_set(err, -ENOMEM, "out of memory packing a %llu-byte catalog",
                              (unsigned long long)words * 4);
+    }
     uint32_t maxstates = 0, nacc = 0;
     w[CAT_H_MAGIC] = CATALOG_MAGIC;
     w[CAT_H_VERSION] = CATALOG_VERSION;
@@ -454,15 +498,19 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
         memcpy(w + at, d->trans, (size_t)d->n_states * d->n_classes * sizeof(uint32_t));
         at += d->n_states * d->n_classes;
         e[CAT_G_ACCIDX] = at;
-        for (uint32_t s = d->first_accept; s <= d->n_states; s++)
-            w[at++] = d->acc_first[s] - d->acc_first[d->first_accept];
+        at += d->n_states - d->first_accept + 1;
         e[CAT_G_ACCEPTS] = at;
-        for (uint32_t j = d->acc_first[d->first_accept]; j < d->n_acc; j++) {
-            uint32_t local = CAT_ACCEPT_RULE(d->acc[j]);
-            w[at++] = cat_index[go->rules[local]] << 5 | CAT_ACCEPT_MASK(d->acc[j]);
+        uint32_t *idx = w + e[CAT_G_ACCIDX];
+        for (uint32_t s = d->first_accept; s < d->n_states; s++) {
+            uint32_t begin = at;
+            idx[s - d->first_accept] = at - e[CAT_G_ACCEPTS];
+            for (uint32_t j = d->acc_first[s]; j < d->acc_first[s + 1]; j++)
+                at = add_accept(w, begin, at, report[go->rules[CAT_ACCEPT_RULE(d->acc[j])]],
+                                CAT_ACCEPT_MASK(d->acc[j]));
         }
+        idx[d->n_states - d->first_accept] = at - e[CAT_G_ACCEPTS];
         maxstates = d->n_states > maxstates ? d->n_states : maxstates;
-        nacc += d->n_acc;
+        nacc += at - e[CAT_G_ACCEPTS];
     }
     w[CAT_H_STRINGS] = at;
     w[CAT_H_STRBYTES] = (uint32_t)strbytes;
@@ -493,7 +541,11 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
         fingerprint_canon(r->kind, r->flags, p->canon, p->canon_len, fp);
         put_fp(e + CAT_R_FP, fp);
     }
-    return catalog_adopt(w, words, out, err);
+    free(report);
+    /* merged accept entries leave the tail unused: trim it */
+    uint32_t used = w[CAT_H_STRINGS] + (uint32_t)((strbytes + 3) / 4);
+    w[CAT_H_WORDS] = used;
+    return catalog_adopt(w, used, out, err);
 }
 
 /* ---- the front door ---- */
@@ -546,7 +598,7 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
     for (size_t i = 0; i < n && rc == 0; i++)
         rc = prepare_rule(&c, (uint32_t)i);
     if (rc == 0)
-        rc = reject_duplicate_ids(&c);
+        rc = prebuild(&c);
     if (rc == 0)
         rc = group_rules(&c);
     /* group numbers, now that groups are final */

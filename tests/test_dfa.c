@@ -1,0 +1,349 @@
+/*
+ * The automata agree: for seeded random patterns and haystacks, a direct
+ * NFA simulation, the unminimised DFA, the minimised DFA and the packed
+ * catalog scanned by the reference scanner report the same (rule, end)
+ * pairs. Segment scans (the GPU's walk) give the same hits as whole scans.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfa.h"
+#include "nfa.h"
+#include "parse.h"
+#include "refscan.h"
+#include "rules.h"
+
+static uint64_t rng_state;
+
+static uint32_t rnd(uint32_t n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state % n);
+}
+
+struct sbuf {
+    char s[512];
+    size_t n;
+};
+
+static void put(struct sbuf *b, const char *t)
+{
+    size_t l = strlen(t);
+    if (b->n + l < sizeof(b->s)) {
+        memcpy(b->s + b->n, t, l);
+        b->n += l;
+        b->s[b->n] = '\0';
+    }
+}
+
+static void gen(struct sbuf *b, int depth);
+
+static void gen_atom(struct sbuf *b, int depth)
+{
+    static const char *atoms[] = {"a",   "b",   "c",   "ab",          "[ab]",   "[^a]",
+                                  "\\d", "\\w", "\\s", ".",           "[a-c1]", "\\x61",
+                                  "\\n", "_",   "1",   "[[:alpha:]]", "A"};
+    static const char *asserts[] = {"^", "$", "\\b", "\\B"};
+    uint32_t r = rnd(20);
+    if (r < 14 || depth > 2) {
+        put(b, atoms[rnd(sizeof(atoms) / sizeof(atoms[0]))]);
+    } else if (r < 16) {
+        put(b, asserts[rnd(4)]);
+    } else if (r < 17) {
+        put(b, rnd(2) ? "(?i:" : "(?:");
+        gen(b, depth + 1);
+        put(b, ")");
+        return;
+    } else {
+        put(b, "(");
+        gen(b, depth + 1);
+        put(b, "|");
+        gen(b, depth + 1);
+        put(b, ")");
+    }
+    static const char *quant[] = {"?", "*", "+", "{2}", "{1,3}", "{2,}", "*?", "{0,2}"};
+    if (rnd(4) == 0 && b->s[b->n - 1] != '^' && b->s[b->n - 1] != '$' &&
+        !(b->n >= 2 && b->s[b->n - 2] == '\\' && (b->s[b->n - 1] == 'b' || b->s[b->n - 1] == 'B')))
+        put(b, quant[rnd(8)]);
+}
+
+static void gen(struct sbuf *b, int depth)
+{
+    uint32_t n = 1 + rnd(4);
+    for (uint32_t i = 0; i < n; i++)
+        gen_atom(b, depth);
+}
+
+static void gen_hay(uint8_t *h, size_t n)
+{
+    static const char alpha[] = "aabbcc1_ \nA.";
+    for (size_t i = 0; i < n; i++)
+        h[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+}
+
+struct hitset {
+    uint64_t v[4096];
+    size_t n;
+};
+
+static int collect(void *ctx, uint32_t rule, uint64_t end)
+{
+    struct hitset *h = ctx;
+    if (h->n < 4096)
+        h->v[h->n++] = end << 16 | rule;
+    return 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void sort_hits(struct hitset *h)
+{
+    qsort(h->v, h->n, sizeof(h->v[0]), cmp_u64);
+}
+
+static void expect_same(const char *what, struct hitset *a, struct hitset *b, const char **pats,
+                        size_t np, const uint8_t *hay, size_t len)
+{
+    sort_hits(a);
+    sort_hits(b);
+    bool same = a->n == b->n && memcmp(a->v, b->v, a->n * sizeof(a->v[0])) == 0;
+    if (!same) {
+        fprintf(stderr, "MISMATCH (%s): seed state %llu\n", what, (unsigned long long)rng_state);
+        for (size_t i = 0; i < np; i++)
+            fprintf(stderr, "  pattern %zu: /%s/\n", i, pats[i]);
+        fprintf(stderr, "  haystack: \"");
+        for (size_t i = 0; i < len; i++)
+            fprintf(stderr, hay[i] == '\n' ? "\\n" : "%c", hay[i]);
+        fprintf(stderr, "\"\n  got %zu vs %zu hits\n", a->n, b->n);
+    }
+    ck_assert_msg(same, "%s disagree (%zu vs %zu hits)", what, a->n, b->n);
+}
+
+/* Parses and checks; returns false when the pattern is rejected. */
+static bool parse_ok(const char *pat, struct parse_result *pr)
+{
+    struct rule_src r = {.id = "r", .kind = RULE_REGEX, .pattern = pat, .len = strlen(pat)};
+    char msg[200];
+    uint32_t pos;
+    if (parse_rule(&r, pr, &pos, msg, sizeof(msg)) != 0 ||
+        parse_check(pr->root, 100000, &pos, msg, sizeof(msg)) != 0) {
+        parse_result_finish(pr);
+        return false;
+    }
+    return true;
+}
+
+static void check_group(const char **pats, size_t np, int rounds)
+{
+    struct parse_result pr[8];
+    struct nfa_builder *b = nfa_builder_create();
+    ck_assert_ptr_nonnull(b);
+    for (size_t i = 0; i < np; i++) {
+        ck_assert(parse_ok(pats[i], &pr[i]));
+        ck_assert_int_eq(nfa_builder_add(b, pr[i].root, (uint32_t)i), 0);
+    }
+    struct nfa nfa;
+    ck_assert_int_eq(nfa_builder_finish(b, &nfa), 0);
+    nfa_builder_destroy(b);
+    struct dfa raw, min;
+    ck_assert_int_eq(dfa_build(&nfa, 1u << 20, &raw), 0);
+    ck_assert_int_eq(dfa_build(&nfa, 1u << 20, &min), 0);
+    ck_assert_int_eq(dfa_minimise(&min), 0);
+    ck_assert_uint_le(min.n_states, raw.n_states);
+
+    struct rule_src src[8];
+    char ids[8][4];
+    for (size_t i = 0; i < np; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "r%zu", i);
+        src[i] = (struct rule_src){
+            .id = ids[i], .kind = RULE_REGEX, .pattern = pats[i], .len = strlen(pats[i])};
+    }
+    struct rules_result res;
+    struct vks_error err;
+    ck_assert_int_eq(rules_compile(src, np, NULL, &res, &err), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+
+    static struct hitset h_nfa, h_raw, h_min, h_cat, h_seg;
+    uint8_t hay[300];
+    for (int round = 0; round < rounds; round++) {
+        size_t len = rnd(sizeof(hay));
+        gen_hay(hay, len);
+        h_nfa.n = h_raw.n = h_min.n = h_cat.n = h_seg.n = 0;
+        ck_assert_int_eq(nfa_simulate(&nfa, hay, len, collect, &h_nfa), 0);
+        ck_assert_int_eq(dfa_scan(&raw, hay, len, collect, &h_raw), 0);
+        ck_assert_int_eq(dfa_scan(&min, hay, len, collect, &h_min), 0);
+        expect_same("NFA simulation vs DFA", &h_nfa, &h_raw, pats, np, hay, len);
+        expect_same("DFA vs minimised DFA", &h_raw, &h_min, pats, np, hay, len);
+        /* the catalog reports catalog rule indexes: same as input order here */
+        for (uint32_t g = 0; g < catalog_group_count(res.catalog); g++)
+            refscan_group_range(res.catalog, g, hay, len, 0, 0, len, collect, &h_cat);
+        expect_same("NFA vs packed catalog", &h_nfa, &h_cat, pats, np, hay, len);
+        /* segments of 7 bytes starting maxlen-1 early, as the GPU scans them */
+        for (uint32_t g = 0; g < catalog_group_count(res.catalog); g++) {
+            struct catalog_group grp;
+            catalog_group(res.catalog, g, &grp);
+            if (grp.maxlen == CATALOG_UNBOUNDED) {
+                refscan_group_range(res.catalog, g, hay, len, 0, 0, len, collect, &h_seg);
+                continue;
+            }
+            for (size_t s = 0; s < len; s += 7) {
+                size_t t = s + 7 < len ? s + 7 : len;
+                size_t begin = s + 1 > grp.maxlen ? s + 1 - grp.maxlen : 0;
+                refscan_group_range(res.catalog, g, hay, len, begin, s, t, collect, &h_seg);
+            }
+        }
+        expect_same("whole scan vs segment scans", &h_cat, &h_seg, pats, np, hay, len);
+    }
+    rules_result_finish(&res);
+    dfa_finish(&raw);
+    dfa_finish(&min);
+    nfa_finish(&nfa);
+    for (size_t i = 0; i < np; i++)
+        parse_result_finish(&pr[i]);
+}
+
+START_TEST(random_single_patterns)
+{
+    rng_state = 0x9e3779b97f4a7c15ULL;
+    int tested = 0;
+    for (int i = 0; i < 600; i++) {
+        struct sbuf b = {.n = 0};
+        gen(&b, 0);
+        struct parse_result pr;
+        if (!parse_ok(b.s, &pr))
+            continue;
+        parse_result_finish(&pr);
+        const char *p = b.s;
+        check_group(&p, 1, 8);
+        tested++;
+    }
+    ck_assert_int_gt(tested, 300);
+}
+END_TEST
+
+START_TEST(random_groups)
+{
+    rng_state = 0x2545f4914f6cdd1dULL;
+    for (int i = 0; i < 150; i++) {
+        struct sbuf b[5];
+        const char *p[5];
+        size_t n = 0;
+        while (n < 5) {
+            b[n].n = 0;
+            gen(&b[n], 0);
+            struct parse_result pr;
+            if (!parse_ok(b[n].s, &pr))
+                continue;
+            parse_result_finish(&pr);
+            p[n] = b[n].s;
+            n++;
+        }
+        check_group(p, n, 6);
+    }
+}
+END_TEST
+
+START_TEST(fixed_cases)
+{
+    rng_state = 77;
+    static const char *cases[][3] = {
+        {"foo$", "\\bbar\\b", "(?m)^baz$"},
+        {"a\\Bb", "\\ba+", "c\\b"},
+        {"(?i)abc", "ABC", "[[:digit:]]{2,3}"},
+        {"a.c", "(?s)a.c", "a\\nc"},
+        {"x{3,}", "(x|y)+z", "^x"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        check_group(cases[i], 3, 40);
+}
+END_TEST
+
+/* The literal shortcut: 2,000 literals sharing prefixes build a DFA no
+ * larger than their trie, and scan like a direct simulation. */
+START_TEST(literal_trie_size)
+{
+    rng_state = 12345;
+    static char lits[2000][17];
+    struct parse_result pr[2000];
+    struct nfa_builder *b = nfa_builder_create();
+    uint64_t total = 0;
+    for (int i = 0; i < 2000; i++) {
+        size_t n = 8 + rnd(9);
+        for (size_t k = 0; k < n; k++)
+            lits[i][k] = (char)('a' + rnd(4));
+        lits[i][n] = '\0';
+        total += n;
+        struct rule_src r = {.id = "x", .kind = RULE_LITERAL, .pattern = lits[i], .len = n};
+        char msg[200];
+        uint32_t pos;
+        ck_assert_int_eq(parse_rule(&r, &pr[i], &pos, msg, sizeof(msg)), 0);
+        ck_assert_int_eq(nfa_builder_add(b, pr[i].root, (uint32_t)i), 0);
+    }
+    struct nfa nfa;
+    ck_assert_int_eq(nfa_builder_finish(b, &nfa), 0);
+    nfa_builder_destroy(b);
+    struct dfa d;
+    ck_assert_int_eq(dfa_build(&nfa, 1u << 20, &d), 0);
+    /* trie nodes + one final state per rule bound the NFA; the DFA is below */
+    ck_assert_uint_le(d.n_states, total + 1);
+    ck_assert_uint_eq(d.n_classes, 5); /* a b c d, everything else */
+    static struct hitset h1, h2;
+    uint8_t hay[2000];
+    for (size_t i = 0; i < sizeof(hay); i++)
+        hay[i] = (uint8_t)('a' + rnd(4));
+    h1.n = h2.n = 0;
+    nfa_simulate(&nfa, hay, sizeof(hay), collect, &h1);
+    dfa_scan(&d, hay, sizeof(hay), collect, &h2);
+    const char *p[1] = {"<2000 literals>"};
+    expect_same("literal NFA vs DFA", &h1, &h2, p, 1, hay, sizeof(hay));
+    ck_assert_uint_gt(h1.n, 0);
+    dfa_finish(&d);
+    nfa_finish(&nfa);
+    for (int i = 0; i < 2000; i++)
+        parse_result_finish(&pr[i]);
+}
+END_TEST
+
+START_TEST(state_budget_enforced)
+{
+    /* (a|b)*a(a|b){12} needs 2^13 states: over a budget of 4096 */
+    const char *pat = "[ab]*a[ab]{12}";
+    struct parse_result pr;
+    ck_assert(parse_ok(pat, &pr));
+    struct nfa_builder *b = nfa_builder_create();
+    ck_assert_int_eq(nfa_builder_add(b, pr.root, 0), 0);
+    struct nfa nfa;
+    ck_assert_int_eq(nfa_builder_finish(b, &nfa), 0);
+    nfa_builder_destroy(b);
+    struct dfa d;
+    ck_assert_int_eq(dfa_build(&nfa, 4096, &d), -E2BIG);
+    ck_assert_int_eq(dfa_build(&nfa, 1u << 16, &d), 0);
+    ck_assert_uint_ge(d.n_states, 8192);
+    dfa_finish(&d);
+    nfa_finish(&nfa);
+    parse_result_finish(&pr);
+}
+END_TEST
+
+Suite *dfa_suite(void)
+{
+    Suite *s = suite_create("dfa");
+    TCase *tc = tcase_create("equivalence");
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, random_single_patterns);
+    tcase_add_test(tc, random_groups);
+    tcase_add_test(tc, fixed_cases);
+    tcase_add_test(tc, literal_trie_size);
+    tcase_add_test(tc, state_budget_enforced);
+    suite_add_tcase(s, tc);
+    return s;
+}
