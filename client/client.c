@@ -1,0 +1,747 @@
+/*
+ * libvkscan: one synchronous connection to vkscand (vkscan/vkscan.h).
+ *
+ * Every call goes through call(): encode, send, wait for the reply with the
+ * same id (older replies, left over from a call that timed out, are
+ * dropped), decode. A broken connection is closed at once; idempotent calls
+ * reconnect and retry with a doubling backoff.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto.h"
+#include "vkscan/vkscan.h"
+
+#define DEFAULT_CONNECT_MS 5000u
+#define DEFAULT_IO_MS      30000u
+#define DEFAULT_RETRIES    3u
+#define DEFAULT_BACKOFF_MS 50u
+#define MAX_BACKOFF_MS     2000u
+
+struct vks_client {
+    char *path;
+    struct vks_client_options opt;
+    char name[64];
+    int fd;
+    uint32_t next_id;
+    struct proto_limits lim;
+    struct proto_reader *reader;
+    struct proto_buf out;
+    struct vks_server_info info;
+};
+
+struct vks_catalog {
+    struct proto_reply *rep;
+    bool sent;
+};
+
+const char *vks_strerror(int code)
+{
+    return proto_strerror(code);
+}
+
+const char *vks_version(void)
+{
+    return VKS_VERSION;
+}
+
+void vks_client_options_init(struct vks_client_options *opt)
+{
+    memset(opt, 0, sizeof(*opt));
+    opt->connect_timeout_ms = DEFAULT_CONNECT_MS;
+    opt->io_timeout_ms = DEFAULT_IO_MS;
+    opt->retries = DEFAULT_RETRIES;
+    opt->backoff_ms = DEFAULT_BACKOFF_MS;
+    opt->max_frame = PROTO_DEFAULT_MAX_FRAME;
+    opt->client_name = "libvkscan";
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(uint32_t ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* ---- the socket ---------------------------------------------------------------- */
+
+static void drop_connection(struct vks_client *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    proto_reader_destroy(c->reader);
+    c->reader = NULL;
+}
+
+/* A non-blocking connect: Unix sockets answer at once, except EAGAIN when the
+ * daemon's backlog is full, which is retried until the deadline. */
+static int open_socket(struct vks_client *c, struct vks_error *err)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(c->path) >= sizeof(sa.sun_path))
+        return vks_error_set(err, -ENAMETOOLONG,
+                             "socket path `%s` is longer than %zu bytes: use a shorter path",
+                             c->path, sizeof(sa.sun_path) - 1);
+    memcpy(sa.sun_path, c->path, strlen(c->path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return vks_error_set(err, -errno, "socket(): %s", strerror(errno));
+    int64_t deadline = now_ms() + c->opt.connect_timeout_ms;
+    while (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        int e = errno;
+        if (e == EINTR)
+            continue;
+        if (e == EAGAIN && now_ms() < deadline) {
+            sleep_ms(5);
+            continue;
+        }
+        close(fd);
+        if (e == EAGAIN)
+            e = ETIMEDOUT;
+        return vks_error_set(err, -e,
+                             "cannot connect to vkscand at %s: %s (is vkscand running, and may "
+                             "this user open its socket?)",
+                             c->path, strerror(e));
+    }
+    c->fd = fd;
+    return proto_reader_create(&c->lim, &c->reader) < 0
+               ? vks_error_set(err, -ENOMEM, "out of memory for a frame reader")
+               : 0;
+}
+
+/* Reads until the frame with `id` has arrived or the deadline passes. */
+static int read_reply(struct vks_client *c, uint32_t id, int64_t deadline, struct proto_reply **out,
+                      struct vks_error *err)
+{
+    for (;;) {
+        int rc = proto_reader_recv(c->reader, c->fd, err);
+        if (rc == PROTO_RECV_EOF)
+            return vks_error_set(err, -ECONNRESET, "vkscand closed the connection");
+        if (rc == -EAGAIN) {
+            int64_t left = deadline - now_ms();
+            if (left <= 0)
+                return vks_error_set(err, -ETIMEDOUT,
+                                     "no reply from vkscand within the timeout: raise "
+                                     "io_timeout_ms or check the daemon");
+            struct pollfd p = {.fd = c->fd, .events = POLLIN};
+            if (poll(&p, 1, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR)
+                return vks_error_set(err, -errno, "poll(): %s", strerror(errno));
+            continue;
+        }
+        if (rc < 0)
+            return rc;
+        if (rc != PROTO_RECV_FRAME)
+            continue;
+        struct proto_frame f;
+        proto_reader_take(c->reader, &f);
+        rc = proto_reply_decode(&f, &c->lim, out, err);
+        if (rc < 0)
+            return vks_error_set(err, -VKS_E_PROTOCOL, "vkscand sent a malformed reply (%s): %s",
+                                 proto_strerror(rc), err != NULL ? err->msg : "");
+        if ((*out)->id == id)
+            return 0;
+        proto_reply_destroy(*out); /* a late reply to an abandoned request */
+        *out = NULL;
+    }
+}
+
+/* Whether an error means "the connection is gone", which a retry can heal. */
+static bool is_lost(int rc)
+{
+    return rc == -ECONNRESET || rc == -EPIPE || rc == -ENOTCONN || rc == -ECONNREFUSED ||
+           rc == -ENOENT || rc == -ECONNABORTED || rc == -VKS_E_SHUTDOWN;
+}
+
+/* One attempt: send `req` (with `fds`) and wait for its reply. */
+static int exchange(struct vks_client *c, struct proto_request *req, const int *fds, size_t n_fds,
+                    uint32_t extra_ms, struct proto_reply **out, struct vks_error *err)
+{
+    req->id = c->next_id++;
+    if (c->next_id == 0)
+        c->next_id = 1;
+    proto_buf_reset(&c->out);
+    int rc = proto_request_encode(&c->out, req, err);
+    if (rc < 0)
+        return rc;
+    int64_t deadline = now_ms() + c->opt.io_timeout_ms + extra_ms;
+    rc = proto_send(c->fd, c->out.data, c->out.len, fds, n_fds, (int)c->opt.io_timeout_ms, err);
+    if (rc < 0)
+        return rc;
+    rc = read_reply(c, req->id, deadline, out, err);
+    if (rc == 0 && (*out)->error.code != 0) {
+        rc = (*out)->error.code;
+        vks_error_set(err, rc, "vkscand: %s", (*out)->error.msg);
+        proto_reply_destroy(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+static int do_hello(struct vks_client *c, struct vks_error *err);
+
+static int reconnect(struct vks_client *c, struct vks_error *err)
+{
+    drop_connection(c);
+    int rc = open_socket(c, err);
+    return rc < 0 ? rc : do_hello(c, err);
+}
+
+/*
+ * Runs one request to completion. Idempotent requests survive a lost
+ * connection: reconnect, hello, resend, up to opt.retries times.
+ */
+static int call(struct vks_client *c, struct proto_request *req, const int *fds, size_t n_fds,
+                bool idempotent, uint32_t extra_ms, struct proto_reply **out, struct vks_error *err)
+{
+    uint32_t backoff = c->opt.backoff_ms;
+    for (uint32_t attempt = 0;; attempt++) {
+        int rc = c->fd >= 0 ? 0 : reconnect(c, err);
+        if (rc == 0)
+            rc = exchange(c, req, fds, n_fds, extra_ms, out, err);
+        if (rc == 0)
+            return 0;
+        if (!is_lost(rc)) {
+            /* After a timeout or a garbled reply the stream position is unknown. */
+            if (rc == -ETIMEDOUT || rc == -VKS_E_PROTOCOL)
+                drop_connection(c);
+            return rc;
+        }
+        drop_connection(c);
+        if (!idempotent || attempt >= c->opt.retries)
+            return vks_error_set(err, idempotent ? -VKS_E_CLOSED : rc,
+                                 "connection to vkscand at %s lost%s: %s", c->path,
+                                 idempotent ? " and the retries ran out" : "",
+                                 err != NULL ? err->msg : proto_strerror(rc));
+        sleep_ms(backoff);
+        backoff = backoff * 2 > MAX_BACKOFF_MS ? MAX_BACKOFF_MS : backoff * 2;
+    }
+}
+
+/* ---- hello ----------------------------------------------------------------------- */
+
+static void copy_str(char *dst, size_t cap, const char *src)
+{
+    snprintf(dst, cap, "%s", src != NULL ? src : "");
+}
+
+static void fill_info(struct vks_server_info *info, const struct proto_hello_reply *h)
+{
+    memset(info, 0, sizeof(*info));
+    info->protocol = h->version;
+    copy_str(info->server, sizeof(info->server), h->server);
+    info->max_frame = h->limits.max_frame;
+    info->max_buffers = h->limits.max_buffers;
+    info->max_rules = h->limits.max_rules;
+    info->max_fds = h->limits.max_fds;
+    info->max_hits = h->limits.max_hits;
+    info->n_devices = h->n_devices < VKS_MAX_DEVICES ? h->n_devices : VKS_MAX_DEVICES;
+    for (uint32_t i = 0; i < info->n_devices; i++) {
+        struct vks_device *d = &info->devices[i];
+        d->index = h->devices[i].index;
+        copy_str(d->name, sizeof(d->name), h->devices[i].name);
+        copy_str(d->type, sizeof(d->type), h->devices[i].type);
+        d->memory = h->devices[i].memory;
+        d->active = h->devices[i].active;
+    }
+}
+
+/* hello on the current connection, without retries (call() retries around it). */
+static int do_hello(struct vks_client *c, struct vks_error *err)
+{
+    struct proto_request req = {.op = PROTO_OP_HELLO};
+    struct proto_reply *rep = NULL;
+    req.u.hello.version = PROTO_VERSION;
+    req.u.hello.min_version = PROTO_VERSION_MIN;
+    req.u.hello.client = c->name;
+    int rc = exchange(c, &req, NULL, 0, 0, &rep, err);
+    if (rc < 0)
+        return rc;
+    uint32_t v = rep->u.hello.version;
+    if (v < PROTO_VERSION_MIN || v > PROTO_VERSION) {
+        proto_reply_destroy(rep);
+        return vks_error_set(err, -VKS_E_VERSION,
+                             "vkscand chose protocol version %u, this libvkscan speaks %u..%u: "
+                             "install matching versions",
+                             v, PROTO_VERSION_MIN, PROTO_VERSION);
+    }
+    fill_info(&c->info, &rep->u.hello);
+    proto_reply_destroy(rep);
+    return 0;
+}
+
+int vks_client_connect(const char *socket_path, const struct vks_client_options *opt,
+                       struct vks_client **out, struct vks_error *err)
+{
+    if (socket_path == NULL || out == NULL)
+        return vks_error_set(err, -EINVAL, "vks_client_connect needs a socket path and `out`");
+    struct vks_client *c = calloc(1, sizeof(*c));
+    if (c == NULL || (c->path = strdup(socket_path)) == NULL) {
+        free(c);
+        return vks_error_set(err, -ENOMEM, "out of memory for a client");
+    }
+    vks_client_options_init(&c->opt);
+    if (opt != NULL)
+        c->opt = *opt;
+    copy_str(c->name, sizeof(c->name), c->opt.client_name ? c->opt.client_name : "libvkscan");
+    c->opt.client_name = NULL;
+    if (c->opt.connect_timeout_ms == 0)
+        c->opt.connect_timeout_ms = DEFAULT_CONNECT_MS;
+    if (c->opt.io_timeout_ms == 0)
+        c->opt.io_timeout_ms = DEFAULT_IO_MS;
+    if (c->opt.backoff_ms == 0)
+        c->opt.backoff_ms = 1;
+    c->fd = -1;
+    c->next_id = 1;
+    proto_buf_init(&c->out);
+    c->lim = (struct proto_limits){.max_frame = c->opt.max_frame};
+    proto_limits_normalize(&c->lim);
+    c->lim.max_array = UINT32_MAX; /* replies are bounded by the frame size */
+    c->lim.max_rules = UINT32_MAX;
+    c->lim.max_hits = UINT32_MAX;
+    c->lim.max_buffers = UINT32_MAX;
+    int rc = reconnect(c, err);
+    if (rc < 0) {
+        vks_client_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void vks_client_close(struct vks_client *c)
+{
+    if (c == NULL)
+        return;
+    drop_connection(c);
+    proto_buf_finish(&c->out);
+    free(c->path);
+    free(c);
+}
+
+int vks_client_hello(struct vks_client *c, struct vks_server_info *info, struct vks_error *err)
+{
+    struct proto_request req = {.op = PROTO_OP_HELLO};
+    struct proto_reply *rep = NULL;
+    req.u.hello.version = PROTO_VERSION;
+    req.u.hello.min_version = PROTO_VERSION_MIN;
+    req.u.hello.client = c->name;
+    int rc = call(c, &req, NULL, 0, true, 0, &rep, err);
+    if (rc < 0)
+        return rc;
+    fill_info(&c->info, &rep->u.hello);
+    proto_reply_destroy(rep);
+    if (info != NULL)
+        *info = c->info;
+    return 0;
+}
+
+int vks_client_ping(struct vks_client *c, struct vks_error *err)
+{
+    struct proto_request req = {.op = PROTO_OP_PING};
+    struct proto_reply *rep = NULL;
+    int rc = call(c, &req, NULL, 0, true, 0, &rep, err);
+    proto_reply_destroy(rep);
+    return rc;
+}
+
+/* ---- catalogs -------------------------------------------------------------------- */
+
+static void hash_sink(void *ctx, const void *data, size_t len)
+{
+    crypto_generichash_update(ctx, data, len);
+}
+
+static int source_fp(const struct proto_catalog_load *load, uint8_t out[VKS_FP_LEN],
+                     struct vks_error *err)
+{
+    crypto_generichash_state st;
+    if (sodium_init() < 0)
+        return vks_error_set(err, -ENOSYS, "libsodium failed to initialise");
+    crypto_generichash_init(&st, NULL, 0, VKS_FP_LEN);
+    proto_source_canon(load, hash_sink, &st);
+    crypto_generichash_final(&st, out, VKS_FP_LEN);
+    return 0;
+}
+
+/* Builds the wire form of a rules array; `rules` points into `out`'s array. */
+static int make_load(const struct vks_rule *in, size_t n, const struct vks_load_options *opt,
+                     struct proto_catalog_load *load, struct vks_error *err)
+{
+    memset(load, 0, sizeof(*load));
+    load->max_states = opt != NULL ? opt->max_states : 0;
+    if (n > UINT32_MAX)
+        return vks_error_set(err, -EINVAL, "%zu rules do not fit one catalog", n);
+    load->rules = calloc(n ? n : 1, sizeof(*load->rules));
+    if (load->rules == NULL)
+        return vks_error_set(err, -ENOMEM, "out of memory for %zu rules", n);
+    load->n_rules = (uint32_t)n;
+    for (size_t i = 0; i < n; i++) {
+        struct proto_rule *r = &load->rules[i];
+        size_t len = in[i].pattern_len;
+        if (in[i].id == NULL || in[i].pattern == NULL || (unsigned)in[i].kind > 2) {
+            free(load->rules);
+            return vks_error_set(err, -EINVAL,
+                                 "rule %zu needs an id, a pattern and a kind (literal, hex or "
+                                 "regex)",
+                                 i);
+        }
+        if (len == 0)
+            len = strlen(in[i].pattern);
+        r->id = in[i].id;
+        r->kind = (enum proto_rule_kind)in[i].kind;
+        r->pattern = in[i].pattern;
+        r->pattern_len = (uint32_t)len;
+        r->flags = in[i].flags != NULL ? in[i].flags : "";
+    }
+    return 0;
+}
+
+int vks_source_fingerprint(const struct vks_rule *rules, size_t n,
+                           const struct vks_load_options *opt, uint8_t out[VKS_FP_LEN],
+                           struct vks_error *err)
+{
+    struct proto_catalog_load load;
+    int rc = make_load(rules, n, opt, &load, err);
+    if (rc < 0)
+        return rc;
+    rc = source_fp(&load, out, err);
+    free(load.rules);
+    return rc;
+}
+
+static int make_text_load(const char *text, size_t len, const struct vks_load_options *opt,
+                          struct proto_catalog_load *load, struct vks_error *err)
+{
+    memset(load, 0, sizeof(*load));
+    if (text == NULL || len > UINT32_MAX)
+        return vks_error_set(err, -EINVAL, "pattern text is NULL or over 4 GiB");
+    load->has_text = true;
+    load->text = text;
+    load->text_len = (uint32_t)len;
+    load->max_states = opt != NULL ? opt->max_states : 0;
+    return 0;
+}
+
+int vks_source_fingerprint_text(const char *text, size_t len, const struct vks_load_options *opt,
+                                uint8_t out[VKS_FP_LEN], struct vks_error *err)
+{
+    struct proto_catalog_load load;
+    int rc = make_text_load(text, len, opt, &load, err);
+    return rc < 0 ? rc : source_fp(&load, out, err);
+}
+
+static int new_catalog(struct proto_reply *rep, bool sent, struct vks_catalog **out,
+                       struct vks_error *err)
+{
+    struct vks_catalog *cat = calloc(1, sizeof(*cat));
+    if (cat == NULL) {
+        proto_reply_destroy(rep);
+        return vks_error_set(err, -ENOMEM, "out of memory for a catalog");
+    }
+    cat->rep = rep;
+    cat->sent = sent;
+    *out = cat;
+    return 0;
+}
+
+/* catalog.has by source fingerprint, then catalog.load when unknown. */
+static int load_catalog(struct vks_client *c, struct proto_catalog_load *load, bool always_send,
+                        struct vks_catalog **out, struct vks_error *err)
+{
+    struct proto_request req = {.op = PROTO_OP_CATALOG_HAS};
+    struct proto_reply *rep = NULL;
+    req.u.ref.by_source = true;
+    int rc = source_fp(load, req.u.ref.fp, err);
+    if (rc == 0 && !always_send) {
+        rc = call(c, &req, NULL, 0, true, 0, &rep, err);
+        if (rc == 0 && rep->u.catalog.known)
+            return new_catalog(rep, false, out, err);
+        proto_reply_destroy(rep);
+        rep = NULL;
+    }
+    if (rc < 0)
+        return rc;
+    req = (struct proto_request){.op = PROTO_OP_CATALOG_LOAD};
+    req.u.load = *load;
+    rc = call(c, &req, NULL, 0, true, 0, &rep, err);
+    return rc < 0 ? rc : new_catalog(rep, true, out, err);
+}
+
+int vks_client_catalog_load(struct vks_client *c, const struct vks_rule *rules, size_t n,
+                            const struct vks_load_options *opt, struct vks_catalog **out,
+                            struct vks_error *err)
+{
+    struct proto_catalog_load load;
+    int rc = make_load(rules, n, opt, &load, err);
+    if (rc < 0)
+        return rc;
+    rc = load_catalog(c, &load, opt != NULL && opt->always_send, out, err);
+    free(load.rules);
+    return rc;
+}
+
+int vks_client_catalog_load_text(struct vks_client *c, const char *text, size_t len,
+                                 const struct vks_load_options *opt, struct vks_catalog **out,
+                                 struct vks_error *err)
+{
+    struct proto_catalog_load load;
+    int rc = make_text_load(text, len, opt, &load, err);
+    return rc < 0 ? rc : load_catalog(c, &load, opt != NULL && opt->always_send, out, err);
+}
+
+int vks_client_catalog_has(struct vks_client *c, const uint8_t fp[VKS_FP_LEN], bool *known,
+                           struct vks_error *err)
+{
+    struct proto_request req = {.op = PROTO_OP_CATALOG_HAS};
+    struct proto_reply *rep = NULL;
+    memcpy(req.u.ref.fp, fp, VKS_FP_LEN);
+    int rc = call(c, &req, NULL, 0, true, 0, &rep, err);
+    if (rc == 0)
+        *known = rep->u.catalog.known;
+    proto_reply_destroy(rep);
+    return rc;
+}
+
+int vks_client_catalog_drop(struct vks_client *c, const uint8_t fp[VKS_FP_LEN], bool *dropped,
+                            struct vks_error *err)
+{
+    struct proto_request req = {.op = PROTO_OP_CATALOG_DROP};
+    struct proto_reply *rep = NULL;
+    memcpy(req.u.ref.fp, fp, VKS_FP_LEN);
+    int rc = call(c, &req, NULL, 0, false, 0, &rep, err);
+    if (rc == 0 && dropped != NULL)
+        *dropped = rep->u.dropped;
+    proto_reply_destroy(rep);
+    return rc;
+}
+
+void vks_catalog_destroy(struct vks_catalog *cat)
+{
+    if (cat == NULL)
+        return;
+    proto_reply_destroy(cat->rep);
+    free(cat);
+}
+
+const uint8_t *vks_catalog_fingerprint(const struct vks_catalog *cat)
+{
+    return cat->rep->u.catalog.fingerprint;
+}
+
+const uint8_t *vks_catalog_source(const struct vks_catalog *cat)
+{
+    return cat->rep->u.catalog.source;
+}
+
+bool vks_catalog_rules_sent(const struct vks_catalog *cat)
+{
+    return cat->sent;
+}
+
+bool vks_catalog_cached(const struct vks_catalog *cat)
+{
+    return cat->rep->u.catalog.cached;
+}
+
+size_t vks_catalog_rule_count(const struct vks_catalog *cat)
+{
+    return cat->rep->u.catalog.n_rules;
+}
+
+const char *vks_catalog_rule_id(const struct vks_catalog *cat, size_t i)
+{
+    return i < cat->rep->u.catalog.n_rules ? cat->rep->u.catalog.rules[i].id : NULL;
+}
+
+const uint8_t *vks_catalog_rule_fingerprint(const struct vks_catalog *cat, size_t i)
+{
+    return i < cat->rep->u.catalog.n_rules ? cat->rep->u.catalog.rules[i].fp : NULL;
+}
+
+size_t vks_catalog_reject_count(const struct vks_catalog *cat)
+{
+    return cat->rep->u.catalog.n_rejects;
+}
+
+int vks_catalog_reject(const struct vks_catalog *cat, size_t i, struct vks_reject *out)
+{
+    if (i >= cat->rep->u.catalog.n_rejects)
+        return -EINVAL;
+    const struct proto_reject *r = &cat->rep->u.catalog.rejects[i];
+    *out = (struct vks_reject){
+        .index = r->index, .line = r->line, .pos = r->pos, .id = r->id, .message = r->message};
+    return 0;
+}
+
+/* ---- scans ------------------------------------------------------------------------ */
+
+/* Translates the caller's buffers; fd buffers get consecutive descriptor
+ * indexes in `fds`. */
+static int make_scan(const struct vks_buffer *in, size_t n, struct proto_scan *s, int *fds,
+                     size_t *n_fds, struct vks_error *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct proto_buffer *b = &s->buffers[i];
+        if (in[i].kind == VKS_BUFFER_INLINE) {
+            if (in[i].data == NULL && in[i].len > 0)
+                return vks_error_set(err, -EINVAL, "buffer %zu has no data", i);
+            b->data = in[i].data;
+            b->len = in[i].len;
+            continue;
+        }
+        if (in[i].kind != VKS_BUFFER_FD || in[i].fd < 0)
+            return vks_error_set(err, -EINVAL, "buffer %zu: kind or descriptor is invalid", i);
+        if (*n_fds >= PROTO_MAX_FDS_CEILING)
+            return vks_error_set(err, -VKS_E_TOO_MANY_FDS,
+                                 "more than %u fd buffers in one scan: split the scan",
+                                 PROTO_MAX_FDS_CEILING);
+        b->is_fd = true;
+        b->fd_index = (uint32_t)*n_fds;
+        b->offset = in[i].offset;
+        b->has_length = in[i].length != 0;
+        b->length = in[i].length;
+        fds[(*n_fds)++] = in[i].fd;
+    }
+    return 0;
+}
+
+static int fill_scan_result(struct proto_reply *rep, struct vks_scan_result *res,
+                            struct vks_error *err)
+{
+    const struct proto_scan_reply *s = &rep->u.scan;
+    memset(res, 0, sizeof(*res));
+    res->hits = calloc(s->n_hits ? s->n_hits : 1, sizeof(*res->hits));
+    res->buffers = calloc(s->n_buffers ? s->n_buffers : 1, sizeof(*res->buffers));
+    res->telemetry = calloc(s->n_telemetry ? s->n_telemetry : 1, sizeof(*res->telemetry));
+    res->priv = rep;
+    if (res->hits == NULL || res->buffers == NULL || res->telemetry == NULL) {
+        vks_scan_result_finish(res);
+        return vks_error_set(err, -ENOMEM, "out of memory for %u hits", s->n_hits);
+    }
+    for (uint32_t i = 0; i < s->n_hits; i++) {
+        const struct proto_hit *h = &s->hits[i];
+        res->hits[i] = (struct vks_hit){.buffer = h->buffer,
+                                        .rule = h->rule,
+                                        .end = h->end,
+                                        .count = h->count,
+                                        .rule_id = h->rule_id};
+    }
+    for (uint32_t i = 0; i < s->n_buffers; i++) {
+        const struct proto_buffer_status *b = &s->buffers[i];
+        res->buffers[i] = (struct vks_buffer_result){.code = b->code,
+                                                     .message = b->message,
+                                                     .bytes = b->bytes,
+                                                     .hits = b->hits,
+                                                     .truncated = b->truncated};
+    }
+    for (uint32_t i = 0; i < s->n_telemetry; i++) {
+        const struct proto_stat *t = &s->telemetry[i];
+        res->telemetry[i] =
+            (struct vks_stat){.key = t->key, .is_float = t->is_float, .u = t->u, .f = t->f};
+    }
+    res->n_hits = s->n_hits;
+    res->n_buffers = s->n_buffers;
+    res->n_telemetry = s->n_telemetry;
+    return 0;
+}
+
+int vks_client_scan(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
+                    const struct vks_buffer *buffers, size_t n, const struct vks_scan_options *opt,
+                    struct vks_scan_result *res, struct vks_error *err)
+{
+    int fds[PROTO_MAX_FDS_CEILING];
+    size_t n_fds = 0;
+    struct proto_request req = {.op = PROTO_OP_SCAN};
+    struct proto_reply *rep = NULL;
+    struct proto_scan *s = &req.u.scan;
+    memset(res, 0, sizeof(*res));
+    if (n > UINT32_MAX || (n > 0 && buffers == NULL))
+        return vks_error_set(err, -EINVAL, "scan needs 0..2^32-1 buffers, got %zu", n);
+    memcpy(s->catalog, catalog, VKS_FP_LEN);
+    if (opt != NULL) {
+        s->mode = (enum proto_report)opt->mode;
+        s->max_hits = opt->max_hits;
+        s->timeout_ms = opt->timeout_ms;
+        s->rule_ids = opt->rule_ids;
+    }
+    s->buffers = calloc(n ? n : 1, sizeof(*s->buffers));
+    if (s->buffers == NULL)
+        return vks_error_set(err, -ENOMEM, "out of memory for %zu buffers", n);
+    s->n_buffers = (uint32_t)n;
+    int rc = make_scan(buffers, n, s, fds, &n_fds, err);
+    if (rc == 0)
+        rc = call(c, &req, fds, n_fds, true, s->timeout_ms, &rep, err);
+    free(s->buffers);
+    return rc < 0 ? rc : fill_scan_result(rep, res, err);
+}
+
+void vks_scan_result_finish(struct vks_scan_result *res)
+{
+    if (res == NULL)
+        return;
+    free(res->hits);
+    free(res->buffers);
+    free(res->telemetry);
+    proto_reply_destroy(res->priv);
+    memset(res, 0, sizeof(*res));
+}
+
+/* ---- stats ------------------------------------------------------------------------ */
+
+int vks_client_stats(struct vks_client *c, struct vks_stats *out, struct vks_error *err)
+{
+    struct proto_request req = {.op = PROTO_OP_STATS};
+    struct proto_reply *rep = NULL;
+    memset(out, 0, sizeof(*out));
+    int rc = call(c, &req, NULL, 0, true, 0, &rep, err);
+    if (rc < 0)
+        return rc;
+    const struct proto_stats_reply *s = &rep->u.stats;
+    out->stats = calloc(s->n_stats ? s->n_stats : 1, sizeof(*out->stats));
+    out->priv = rep;
+    if (out->stats == NULL) {
+        vks_stats_finish(out);
+        return vks_error_set(err, -ENOMEM, "out of memory for %u counters", s->n_stats);
+    }
+    for (uint32_t i = 0; i < s->n_stats; i++)
+        out->stats[i] = (struct vks_stat){.key = s->stats[i].key,
+                                          .is_float = s->stats[i].is_float,
+                                          .u = s->stats[i].u,
+                                          .f = s->stats[i].f};
+    out->n_stats = s->n_stats;
+    return 0;
+}
+
+void vks_stats_finish(struct vks_stats *s)
+{
+    if (s == NULL)
+        return;
+    free(s->stats);
+    proto_reply_destroy(s->priv);
+    memset(s, 0, sizeof(*s));
+}
+
+const struct vks_stat *vks_stat_find(const struct vks_stat *stats, size_t n, const char *key)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(stats[i].key, key) == 0)
+            return &stats[i];
+    }
+    return NULL;
+}

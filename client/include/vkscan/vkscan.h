@@ -1,0 +1,298 @@
+/*
+ * libvkscan: the client library of the vkscand GPU scanning service.
+ *
+ * A `struct vks_client` is one connection to vkscand's Unix socket. Calls are
+ * synchronous: each sends one request and waits for its reply. A client is
+ * used by one thread at a time; open one client per thread for parallelism.
+ *
+ * Errors: every call returns 0 or a negative code, either -VKS_E_* (see
+ * errors.h; the daemon's verdict, or -VKS_E_PROTOCOL / -VKS_E_CLOSED from the
+ * library) or a negative errno (-ECONNREFUSED, -ENOENT, -ETIMEDOUT, -ENOMEM,
+ * -EINVAL...). When `err` is not NULL it receives the same code and a message
+ * that says what happened and what to do.
+ *
+ * Reconnects: hello, ping, stats, catalog.has, catalog.load and scan are
+ * idempotent; when the connection breaks during one of them the library
+ * reconnects (with the same options, repeating hello) and retries up to
+ * `retries` times, sleeping `backoff_ms`, then twice that, and so on.
+ * catalog.drop is never retried.
+ *
+ * Ownership: inputs are borrowed for the duration of the call (descriptors
+ * too: the caller closes them). Outputs are owned by the caller and released
+ * with the matching *_destroy / *_finish function.
+ *
+ * The wire protocol is specified in docs/protocol.md.
+ */
+#ifndef VKSCAN_VKSCAN_H
+#define VKSCAN_VKSCAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "errors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VKS_PROTOCOL_VERSION 1u
+#define VKS_FP_LEN           32u /* BLAKE2b-256 fingerprints */
+#define VKS_MAX_DEVICES      16u
+
+/* The same record vkscan's internal modules use (common/error.h). */
+#if !defined(VKS_COMMON_ERROR_H) && !defined(VKS_ERROR_STRUCT_DEFINED)
+#define VKS_ERROR_STRUCT_DEFINED
+struct vks_error {
+    int code;
+    char msg[256];
+};
+#endif
+
+/* A short English name of any code these functions return. Never NULL. */
+const char *vks_strerror(int code);
+
+/* The library's version, such as "0.1.0". */
+const char *vks_version(void);
+
+/* ---- connection ------------------------------------------------------- */
+
+struct vks_client;
+
+struct vks_client_options {
+    uint32_t connect_timeout_ms; /* per connection attempt; default 5000 */
+    uint32_t io_timeout_ms;      /* wait for one reply, added to a scan's own timeout;
+                                    default 30000 */
+    uint32_t retries;            /* reconnect attempts of an idempotent call; default 3 */
+    uint32_t backoff_ms;         /* first pause before a retry, doubled each time;
+                                    default 50, capped at 2000 */
+    uint32_t max_frame;          /* largest reply frame accepted; default 64 MiB */
+    const char *client_name;     /* shown in the daemon's logs; default "libvkscan" */
+};
+
+/* Fills `opt` with the defaults above. */
+void vks_client_options_init(struct vks_client_options *opt);
+
+/*
+ * Connects to the vkscand socket at `socket_path` and exchanges hello, so a
+ * protocol mismatch (-VKS_E_VERSION) or a daemon that is not there
+ * (-ENOENT, -ECONNREFUSED) is reported here. `opt` may be NULL (defaults);
+ * it is copied. On success *out is the new client; close it with
+ * vks_client_close.
+ */
+int vks_client_connect(const char *socket_path, const struct vks_client_options *opt,
+                       struct vks_client **out, struct vks_error *err);
+
+/* Closes the connection and frees the client; NULL is allowed. */
+void vks_client_close(struct vks_client *c);
+
+struct vks_device {
+    uint32_t index;
+    char name[128];
+    char type[16]; /* "discrete", "integrated", "cpu", "virtual", "other" */
+    uint64_t memory;
+    bool active;
+};
+
+struct vks_server_info {
+    uint32_t protocol;  /* the version chosen for this connection */
+    char server[64];    /* "vkscand 0.1.0" */
+    uint32_t max_frame; /* the daemon's limits (docs/protocol.md) */
+    uint32_t max_buffers;
+    uint32_t max_rules;
+    uint32_t max_fds;
+    uint32_t max_hits;
+    uint32_t n_devices; /* at most VKS_MAX_DEVICES are listed */
+    struct vks_device devices[VKS_MAX_DEVICES];
+};
+
+/* Sends hello again and fills `info` with the daemon's answer. */
+int vks_client_hello(struct vks_client *c, struct vks_server_info *info, struct vks_error *err);
+
+/* A round trip that does no work. */
+int vks_client_ping(struct vks_client *c, struct vks_error *err);
+
+/* ---- catalogs --------------------------------------------------------- */
+
+enum vks_rule_kind {
+    VKS_RULE_LITERAL = 0,
+    VKS_RULE_HEX = 1,
+    VKS_RULE_REGEX = 2,
+};
+
+struct vks_rule {
+    const char *id; /* NUL-terminated, 1..255 bytes */
+    enum vks_rule_kind kind;
+    const char *pattern;
+    size_t pattern_len; /* 0: strlen(pattern) */
+    const char *flags;  /* letters such as "iH", or NULL */
+};
+
+struct vks_load_options {
+    uint32_t max_states; /* per-group DFA state budget; 0: the daemon's default */
+    bool always_send;    /* skip catalog.has and send the rules */
+};
+
+/* A loaded catalog as the daemon reported it. Opaque; read it with the
+ * vks_catalog_* accessors. */
+struct vks_catalog;
+
+/*
+ * Loads a rule set: first asks catalog.has with the set's source fingerprint
+ * and sends the rules (catalog.load) only when the daemon does not hold the
+ * set yet. Rules the compiler rejects do not fail the call: they are listed
+ * by vks_catalog_reject. `opt` may be NULL. On success *out is owned by the
+ * caller (vks_catalog_destroy).
+ */
+int vks_client_catalog_load(struct vks_client *c, const struct vks_rule *rules, size_t n,
+                            const struct vks_load_options *opt, struct vks_catalog **out,
+                            struct vks_error *err);
+
+/* Like vks_client_catalog_load for a pattern file's text (`ID:/regex/flags`
+ * lines, docs/rules.md), `len` bytes. */
+int vks_client_catalog_load_text(struct vks_client *c, const char *text, size_t len,
+                                 const struct vks_load_options *opt, struct vks_catalog **out,
+                                 struct vks_error *err);
+
+/* Whether this tenant holds the catalog with fingerprint `fp`. */
+int vks_client_catalog_has(struct vks_client *c, const uint8_t fp[VKS_FP_LEN], bool *known,
+                           struct vks_error *err);
+
+/* Releases this tenant's hold on a catalog; *dropped (may be NULL) says
+ * whether it held one. Not retried on a lost connection. */
+int vks_client_catalog_drop(struct vks_client *c, const uint8_t fp[VKS_FP_LEN], bool *dropped,
+                            struct vks_error *err);
+
+/* The source fingerprints catalog.has is asked with (docs/protocol.md). */
+int vks_source_fingerprint(const struct vks_rule *rules, size_t n,
+                           const struct vks_load_options *opt, uint8_t out[VKS_FP_LEN],
+                           struct vks_error *err);
+int vks_source_fingerprint_text(const char *text, size_t len, const struct vks_load_options *opt,
+                                uint8_t out[VKS_FP_LEN], struct vks_error *err);
+
+void vks_catalog_destroy(struct vks_catalog *cat);
+
+/* Borrowed, VKS_FP_LEN bytes, valid until vks_catalog_destroy. */
+const uint8_t *vks_catalog_fingerprint(const struct vks_catalog *cat);
+const uint8_t *vks_catalog_source(const struct vks_catalog *cat);
+
+/* True when this load sent the rules; false when catalog.has found them. */
+bool vks_catalog_rules_sent(const struct vks_catalog *cat);
+
+/* True when the daemon compiled nothing (memory or disk cache). */
+bool vks_catalog_cached(const struct vks_catalog *cat);
+
+/* Accepted rules, in catalog order: a hit's `rule` indexes this list. */
+size_t vks_catalog_rule_count(const struct vks_catalog *cat);
+const char *vks_catalog_rule_id(const struct vks_catalog *cat, size_t i);
+const uint8_t *vks_catalog_rule_fingerprint(const struct vks_catalog *cat, size_t i);
+
+struct vks_reject {
+    uint32_t index; /* position in the input (rules array, or rule order in the file) */
+    uint32_t line;  /* pattern file line, 0 for a rules array */
+    uint32_t pos;   /* byte offset of the problem in the pattern */
+    const char *id;
+    const char *message; /* borrowed from the catalog */
+};
+
+size_t vks_catalog_reject_count(const struct vks_catalog *cat);
+/* Returns 0, or -EINVAL when `i` is out of range. */
+int vks_catalog_reject(const struct vks_catalog *cat, size_t i, struct vks_reject *out);
+
+/* ---- scans ------------------------------------------------------------ */
+
+enum vks_report {
+    VKS_REPORT_ALL = 0,   /* every (rule, end offset) */
+    VKS_REPORT_FIRST = 1, /* the first match per (buffer, rule) */
+    VKS_REPORT_COUNT = 2, /* one hit per (buffer, rule): first end and count */
+};
+
+enum vks_buffer_kind {
+    VKS_BUFFER_INLINE = 0, /* `data`, `len`: copied through the socket */
+    VKS_BUFFER_FD = 1,     /* `fd` (a memfd or a file open for reading), passed with
+                              SCM_RIGHTS: `offset`, and `length` bytes (0: to the end) */
+};
+
+struct vks_buffer {
+    enum vks_buffer_kind kind;
+    const void *data;
+    size_t len;
+    int fd;
+    uint64_t offset;
+    uint64_t length;
+};
+
+struct vks_scan_options {
+    enum vks_report mode;
+    uint32_t max_hits;   /* 0: the daemon's limit */
+    uint32_t timeout_ms; /* 0: none */
+    bool rule_ids;       /* fill vks_hit.rule_id */
+};
+
+struct vks_hit {
+    uint32_t buffer;
+    uint32_t rule; /* index into the catalog's rules */
+    uint64_t end;  /* end offset, relative to the buffer (or its fd range) */
+    uint32_t count;
+    const char *rule_id; /* when rule_ids was asked, else NULL */
+};
+
+struct vks_buffer_result {
+    int code;            /* 0, or -VKS_E_* for this buffer (others still scanned) */
+    const char *message; /* NULL when code is 0 */
+    uint64_t bytes;
+    uint32_t hits;
+    bool truncated; /* max_hits cut the report short */
+};
+
+struct vks_stat {
+    const char *key;
+    bool is_float;
+    uint64_t u; /* also set for floats (truncated) */
+    double f;   /* also set for integers */
+};
+
+struct vks_scan_result {
+    struct vks_hit *hits;
+    size_t n_hits;
+    struct vks_buffer_result *buffers;
+    size_t n_buffers;
+    struct vks_stat *telemetry;
+    size_t n_telemetry;
+    void *priv;
+};
+
+/*
+ * Scans `n` buffers against the catalog with fingerprint `catalog` (from
+ * vks_catalog_fingerprint). Inline and fd buffers may be mixed. `opt` may be
+ * NULL (all hits, no timeout). On success `res` is filled; release it with
+ * vks_scan_result_finish. A buffer that could not be read fails only its own
+ * entry in res->buffers.
+ */
+int vks_client_scan(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
+                    const struct vks_buffer *buffers, size_t n, const struct vks_scan_options *opt,
+                    struct vks_scan_result *res, struct vks_error *err);
+
+void vks_scan_result_finish(struct vks_scan_result *res);
+
+/* ---- statistics ------------------------------------------------------- */
+
+struct vks_stats {
+    struct vks_stat *stats;
+    size_t n_stats;
+    void *priv;
+};
+
+/* The daemon's counters (docs/protocol.md lists the keys). */
+int vks_client_stats(struct vks_client *c, struct vks_stats *out, struct vks_error *err);
+
+void vks_stats_finish(struct vks_stats *s);
+
+/* The entry named `key`, or NULL. */
+const struct vks_stat *vks_stat_find(const struct vks_stat *stats, size_t n, const char *key);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

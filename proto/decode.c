@@ -1,0 +1,1109 @@
+/*
+ * proto: request and reply decoding on top of the cursor (cursor.c).
+ *
+ * A frame is walked twice. The first walk is lenient and only looks for `id`
+ * and `op`, so that even a malformed request gets an error reply that names
+ * it; the second is the strict decode, which knows the op before it meets the
+ * op's fields because map keys may come in any order. Unknown keys are
+ * skipped (bounded) for forward compatibility; a known key twice is an error.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "proto.h"
+
+struct dec {
+    struct mp m;
+    struct proto_mem *mem;
+    char what[80];
+};
+
+static bool key_is(const uint8_t *k, uint32_t n, const char *name)
+{
+    return strlen(name) == n && memcmp(k, name, n) == 0;
+}
+
+/* Records that a known key was seen; a repeat is BAD_VALUE. */
+static int once(struct dec *d, uint32_t *seen, unsigned bit, const char *what)
+{
+    if (*seen & (1u << bit))
+        return vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                             "field `%s` appears twice in one map: send it once", what);
+    *seen |= 1u << bit;
+    return 0;
+}
+
+static const char *name_at(struct dec *d, const char *array, uint32_t i, const char *field)
+{
+    snprintf(d->what, sizeof(d->what), "%s[%u].%s", array, i, field);
+    return d->what;
+}
+
+static int missing(struct dec *d, const char *what, const char *op)
+{
+    return vks_error_set(d->m.err, -VKS_E_MISSING_FIELD,
+                         "required field `%s` of `%s` is missing: see docs/protocol.md", what, op);
+}
+
+static int read_key(struct dec *d, const uint8_t **k, uint32_t *kn)
+{
+    return mp_read_raw(&d->m, false, true, d->m.lim->max_str, k, kn, "(map key)");
+}
+
+static int lookup(const char *const *names, size_t n, const uint8_t *s, uint32_t len)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (names[i] != NULL && key_is(s, len, names[i]))
+            return (int)i;
+    }
+    return -1;
+}
+
+static enum proto_op op_lookup(const uint8_t *s, uint32_t len)
+{
+    for (int op = PROTO_OP_HELLO; op < PROTO_OP_COUNT; op++) {
+        if (key_is(s, len, proto_op_name((enum proto_op)op)))
+            return (enum proto_op)op;
+    }
+    return PROTO_OP_NONE;
+}
+
+/* ---- the lenient head walk -------------------------------------------------- */
+
+struct head {
+    bool has_id;
+    uint32_t id;
+    bool has_op;
+    bool op_is_str;
+    const uint8_t *op;
+    uint32_t op_len;
+};
+
+static void scan_head(const struct proto_frame *f, const struct proto_limits *lim, struct head *h)
+{
+    struct mp m = {.p = f->data, .end = f->data + f->len, .lim = lim, .err = NULL};
+    uint32_t n;
+    memset(h, 0, sizeof(*h));
+    if (mp_read_map(&m, lim->max_array, &n, "") < 0)
+        return;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *k;
+        uint32_t kn;
+        if (mp_read_raw(&m, false, true, lim->max_str, &k, &kn, "") < 0)
+            return;
+        if (key_is(k, kn, "id") && mp_peek(&m) == MP_UINT) {
+            uint64_t v;
+            if (mp_read_uint(&m, UINT32_MAX, &v, "") == 0) {
+                h->has_id = true;
+                h->id = (uint32_t)v;
+                continue;
+            }
+            return;
+        }
+        if (key_is(k, kn, "op")) {
+            h->has_op = true;
+            h->op_is_str = mp_peek(&m) == MP_STR;
+            if (h->op_is_str) {
+                if (mp_read_raw(&m, false, true, lim->max_str, &h->op, &h->op_len, "") < 0)
+                    return;
+                continue;
+            }
+        }
+        if (mp_skip(&m, "") < 0)
+            return;
+    }
+}
+
+/* ---- request fields, one function per op ------------------------------------ */
+
+static int field_hello(struct dec *d, struct proto_request *req, const uint8_t *k, uint32_t kn,
+                       uint32_t *seen)
+{
+    static const char *const names[] = {"version", "min_version", "client"};
+    struct proto_hello *h = &req->u.hello;
+    int f = lookup(names, 3, k, kn);
+    if (f < 0)
+        return 0;
+    int rc = once(d, seen, (unsigned)f, names[f]);
+    if (rc < 0)
+        return rc;
+    if (f == 0)
+        rc = mp_read_u32(&d->m, &h->version, "version");
+    else if (f == 1)
+        rc = mp_read_u32(&d->m, &h->min_version, "min_version");
+    else
+        rc = mp_read_cstr(&d->m, d->mem, d->m.lim->max_str, &h->client, "client");
+    return rc < 0 ? rc : 1;
+}
+
+static int check_hello(struct dec *d, struct proto_request *req, uint32_t seen)
+{
+    struct proto_hello *h = &req->u.hello;
+    if (!(seen & 1u))
+        return missing(d, "version", "hello");
+    if (!(seen & 2u))
+        h->min_version = h->version;
+    if (h->min_version > h->version || h->version == 0)
+        return vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                             "hello: min_version %u and version %u do not form a range of "
+                             "versions from 1 up",
+                             h->min_version, h->version);
+    return 0;
+}
+
+static int read_kind(struct dec *d, enum proto_rule_kind *kind, const char *what)
+{
+    static const char *const kinds[] = {"literal", "hex", "regex"};
+    const uint8_t *s;
+    uint32_t n;
+    int rc = mp_read_raw(&d->m, false, true, d->m.lim->max_str, &s, &n, what);
+    if (rc < 0)
+        return rc;
+    int k = lookup(kinds, 3, s, n);
+    if (k < 0)
+        return vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                             "field `%s`: `%.*s` is not a rule kind: use literal, hex or regex",
+                             what, (int)(n > 32 ? 32 : n), (const char *)s);
+    *kind = (enum proto_rule_kind)k;
+    return 0;
+}
+
+static int rule_field(struct dec *d, struct proto_rule *r, uint32_t i, const uint8_t *k,
+                      uint32_t kn, uint32_t *seen)
+{
+    static const char *const names[] = {"id", "kind", "pattern", "flags"};
+    int f = lookup(names, 4, k, kn);
+    if (f < 0)
+        return mp_skip(&d->m, name_at(d, "rules", i, "?"));
+    const char *what = name_at(d, "rules", i, names[f]);
+    int rc = once(d, seen, (unsigned)f, what);
+    if (rc < 0)
+        return rc;
+    uint32_t lim = d->m.lim->max_str;
+    const uint8_t *p;
+    switch (f) {
+    case 0:
+        return mp_read_cstr(&d->m, d->mem, lim, &r->id, what);
+    case 1:
+        return read_kind(d, &r->kind, what);
+    case 2:
+        rc = mp_read_raw(&d->m, true, true, lim, &p, &r->pattern_len, what);
+        r->pattern = (const char *)p;
+        return rc;
+    default:
+        return mp_read_cstr(&d->m, d->mem, lim, &r->flags, what);
+    }
+}
+
+static int read_rule(struct dec *d, struct proto_rule *r, uint32_t i)
+{
+    uint32_t n, seen = 0;
+    int rc = mp_read_map(&d->m, d->m.lim->max_array, &n, name_at(d, "rules", i, ""));
+    for (uint32_t j = 0; rc == 0 && j < n; j++) {
+        const uint8_t *k;
+        uint32_t kn;
+        rc = read_key(d, &k, &kn);
+        if (rc == 0)
+            rc = rule_field(d, r, i, k, kn, &seen);
+    }
+    if (rc < 0)
+        return rc;
+    mp_leave(&d->m);
+    if ((seen & 7u) != 7u) {
+        const char *which = !(seen & 1u) ? "id" : !(seen & 2u) ? "kind" : "pattern";
+        return missing(d, name_at(d, "rules", i, which), "catalog.load");
+    }
+    if (r->id[0] == '\0')
+        return vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                             "field `rules[%u].id` is empty: every rule needs an id", i);
+    if (r->flags == NULL)
+        r->flags = "";
+    return 0;
+}
+
+static int read_rules(struct dec *d, struct proto_catalog_load *l)
+{
+    uint32_t n;
+    int rc = mp_read_array_code(&d->m, d->m.lim->max_rules, -VKS_E_TOO_MANY_RULES, &n, "rules");
+    if (rc < 0)
+        return rc;
+    l->rules = proto_mem_alloc(d->mem, n, sizeof(*l->rules));
+    if (l->rules == NULL)
+        return vks_error_set(d->m.err, -ENOMEM, "out of memory for %u rules", n);
+    l->n_rules = n;
+    for (uint32_t i = 0; i < n; i++) {
+        rc = read_rule(d, &l->rules[i], i);
+        if (rc < 0)
+            return rc;
+    }
+    mp_leave(&d->m);
+    return 0;
+}
+
+static int field_load(struct dec *d, struct proto_request *req, const uint8_t *k, uint32_t kn,
+                      uint32_t *seen)
+{
+    static const char *const names[] = {"rules", "text", "max_states"};
+    struct proto_catalog_load *l = &req->u.load;
+    int f = lookup(names, 3, k, kn);
+    if (f < 0)
+        return 0;
+    int rc = once(d, seen, (unsigned)f, names[f]);
+    if (rc < 0)
+        return rc;
+    if (f == 0) {
+        rc = read_rules(d, l);
+    } else if (f == 1) {
+        const uint8_t *p;
+        rc = mp_read_raw(&d->m, true, true, UINT32_MAX, &p, &l->text_len, "text");
+        l->text = (const char *)p;
+        l->has_text = true;
+    } else {
+        rc = mp_read_u32(&d->m, &l->max_states, "max_states");
+    }
+    return rc < 0 ? rc : 1;
+}
+
+static int check_load(struct dec *d, struct proto_request *req, uint32_t seen)
+{
+    (void)req;
+    if ((seen & 3u) == 3u)
+        return vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                             "catalog.load has both `rules` and `text`: send one of them");
+    if ((seen & 3u) == 0)
+        return missing(d, "rules` or `text", "catalog.load");
+    return 0;
+}
+
+static int field_ref(struct dec *d, struct proto_request *req, const uint8_t *k, uint32_t kn,
+                     uint32_t *seen)
+{
+    static const char *const names[] = {"fingerprint", "source"};
+    int f = lookup(names, req->op == PROTO_OP_CATALOG_HAS ? 2 : 1, k, kn);
+    if (f < 0)
+        return 0;
+    int rc = once(d, seen, (unsigned)f, names[f]);
+    if (rc == 0)
+        rc = mp_read_fp(&d->m, req->u.ref.fp, names[f]);
+    req->u.ref.by_source = f == 1;
+    return rc < 0 ? rc : 1;
+}
+
+static int check_ref(struct dec *d, struct proto_request *req, uint32_t seen)
+{
+    if (seen == 3u)
+        return vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                             "catalog.has has both `fingerprint` and `source`: send one of them");
+    if (seen == 0)
+        return missing(d,
+                       req->op == PROTO_OP_CATALOG_HAS ? "fingerprint` or `source" : "fingerprint",
+                       proto_op_name(req->op));
+    return 0;
+}
+
+static int buffer_field(struct dec *d, struct proto_buffer *b, uint32_t i, const uint8_t *k,
+                        uint32_t kn, uint32_t *seen)
+{
+    static const char *const names[] = {"data", "fd", "offset", "length"};
+    int f = lookup(names, 4, k, kn);
+    if (f < 0)
+        return mp_skip(&d->m, name_at(d, "buffers", i, "?"));
+    const char *what = name_at(d, "buffers", i, names[f]);
+    int rc = once(d, seen, (unsigned)f, what);
+    if (rc < 0)
+        return rc;
+    uint32_t len = 0;
+    switch (f) {
+    case 0:
+        rc = mp_read_raw(&d->m, true, true, UINT32_MAX, &b->data, &len, what);
+        b->len = len;
+        return rc;
+    case 1:
+        b->is_fd = true;
+        return mp_read_u32(&d->m, &b->fd_index, what);
+    case 2:
+        return mp_read_uint(&d->m, INT64_MAX, &b->offset, what);
+    default:
+        b->has_length = true;
+        return mp_read_uint(&d->m, INT64_MAX, &b->length, what);
+    }
+}
+
+static int check_buffer(struct dec *d, struct proto_buffer *b, uint32_t i, uint32_t seen,
+                        const struct proto_frame *f)
+{
+    if ((seen & 3u) == 3u || (seen & 3u) == 0)
+        return vks_error_set(d->m.err, (seen & 3u) ? -VKS_E_BAD_VALUE : -VKS_E_MISSING_FIELD,
+                             "buffers[%u] needs exactly one of `data` (inline bytes) and `fd` "
+                             "(descriptor index)",
+                             i);
+    if (!b->is_fd) {
+        b->fd = -1;
+        if (seen & 12u)
+            return vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                                 "buffers[%u]: `offset` and `length` apply to `fd` buffers only; "
+                                 "slice inline data before sending it",
+                                 i);
+        return 0;
+    }
+    if (b->fd_index >= f->n_fds)
+        return vks_error_set(d->m.err, -VKS_E_BAD_FD,
+                             "buffers[%u].fd is index %u, but the frame came with %zu "
+                             "descriptors: send them with the frame's first byte (SCM_RIGHTS)",
+                             i, b->fd_index, f->n_fds);
+    b->fd = f->fds[b->fd_index];
+    return 0;
+}
+
+static int read_buffer(struct dec *d, struct proto_buffer *b, uint32_t i,
+                       const struct proto_frame *f)
+{
+    uint32_t n, seen = 0;
+    int rc = mp_read_map(&d->m, d->m.lim->max_array, &n, name_at(d, "buffers", i, ""));
+    for (uint32_t j = 0; rc == 0 && j < n; j++) {
+        const uint8_t *k;
+        uint32_t kn;
+        rc = read_key(d, &k, &kn);
+        if (rc == 0)
+            rc = buffer_field(d, b, i, k, kn, &seen);
+    }
+    if (rc < 0)
+        return rc;
+    mp_leave(&d->m);
+    return check_buffer(d, b, i, seen, f);
+}
+
+static int read_buffers(struct dec *d, struct proto_scan *s, const struct proto_frame *f)
+{
+    uint32_t n;
+    int rc =
+        mp_read_array_code(&d->m, d->m.lim->max_buffers, -VKS_E_TOO_MANY_BUFFERS, &n, "buffers");
+    if (rc < 0)
+        return rc;
+    s->buffers = proto_mem_alloc(d->mem, n, sizeof(*s->buffers));
+    if (s->buffers == NULL)
+        return vks_error_set(d->m.err, -ENOMEM, "out of memory for %u buffers", n);
+    s->n_buffers = n;
+    for (uint32_t i = 0; i < n; i++) {
+        rc = read_buffer(d, &s->buffers[i], i, f);
+        if (rc < 0)
+            return rc;
+    }
+    mp_leave(&d->m);
+    return 0;
+}
+
+static int read_mode(struct dec *d, enum proto_report *mode)
+{
+    static const char *const modes[] = {"all", "first", "count"};
+    const uint8_t *s;
+    uint32_t n;
+    int rc = mp_read_raw(&d->m, false, true, d->m.lim->max_str, &s, &n, "mode");
+    if (rc < 0)
+        return rc;
+    int k = lookup(modes, 3, s, n);
+    if (k < 0)
+        return vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                             "field `mode`: `%.*s` is not a report mode: use all, first or count",
+                             (int)(n > 32 ? 32 : n), (const char *)s);
+    *mode = (enum proto_report)k;
+    return 0;
+}
+
+static int field_scan(struct dec *d, struct proto_request *req, const uint8_t *k, uint32_t kn,
+                      uint32_t *seen, const struct proto_frame *fr)
+{
+    static const char *const names[] = {"catalog",  "buffers",    "mode",
+                                        "max_hits", "timeout_ms", "ids"};
+    struct proto_scan *s = &req->u.scan;
+    int f = lookup(names, 6, k, kn);
+    if (f < 0)
+        return 0;
+    int rc = once(d, seen, (unsigned)f, names[f]);
+    if (rc < 0)
+        return rc;
+    switch (f) {
+    case 0:
+        rc = mp_read_fp(&d->m, s->catalog, "catalog");
+        break;
+    case 1:
+        rc = read_buffers(d, s, fr);
+        break;
+    case 2:
+        rc = read_mode(d, &s->mode);
+        break;
+    case 3:
+        rc = mp_read_u32(&d->m, &s->max_hits, "max_hits");
+        break;
+    case 4:
+        rc = mp_read_u32(&d->m, &s->timeout_ms, "timeout_ms");
+        break;
+    default:
+        rc = mp_read_bool(&d->m, &s->rule_ids, "ids");
+        break;
+    }
+    return rc < 0 ? rc : 1;
+}
+
+static int check_scan(struct dec *d, struct proto_request *req, uint32_t seen)
+{
+    (void)req;
+    if (!(seen & 1u))
+        return missing(d, "catalog", "scan");
+    if (!(seen & 2u))
+        return missing(d, "buffers", "scan");
+    return 0;
+}
+
+/* ---- request ------------------------------------------------------------------ */
+
+static int op_field(struct dec *d, struct proto_request *req, const uint8_t *k, uint32_t kn,
+                    uint32_t *seen, const struct proto_frame *f)
+{
+    switch (req->op) {
+    case PROTO_OP_HELLO:
+        return field_hello(d, req, k, kn, seen);
+    case PROTO_OP_CATALOG_LOAD:
+        return field_load(d, req, k, kn, seen);
+    case PROTO_OP_CATALOG_HAS:
+    case PROTO_OP_CATALOG_DROP:
+        return field_ref(d, req, k, kn, seen);
+    case PROTO_OP_SCAN:
+        return field_scan(d, req, k, kn, seen, f);
+    default:
+        return 0;
+    }
+}
+
+static int op_check(struct dec *d, struct proto_request *req, uint32_t seen)
+{
+    switch (req->op) {
+    case PROTO_OP_HELLO:
+        return check_hello(d, req, seen);
+    case PROTO_OP_CATALOG_LOAD:
+        return check_load(d, req, seen);
+    case PROTO_OP_CATALOG_HAS:
+    case PROTO_OP_CATALOG_DROP:
+        return check_ref(d, req, seen);
+    case PROTO_OP_SCAN:
+        return check_scan(d, req, seen);
+    default:
+        return 0;
+    }
+}
+
+/* `op` from the head walk decides which fields the strict walk knows. */
+static int resolve_op(struct dec *d, const struct head *h, enum proto_op *op)
+{
+    if (!h->has_op)
+        return 0;
+    if (!h->op_is_str)
+        return vks_error_set(d->m.err, -VKS_E_BAD_TYPE, "field `op`: expected str");
+    *op = op_lookup(h->op, h->op_len);
+    if (*op == PROTO_OP_NONE)
+        return vks_error_set(d->m.err, -VKS_E_UNKNOWN_OP,
+                             "operation `%.*s` is not part of protocol version %u: check the "
+                             "name, or the server's version in the hello reply",
+                             (int)(h->op_len > 40 ? 40 : h->op_len), (const char *)h->op,
+                             PROTO_VERSION);
+    return 0;
+}
+
+static int finish_frame(struct dec *d)
+{
+    if (d->m.p != d->m.end)
+        return vks_error_set(d->m.err, -VKS_E_BAD_FRAME,
+                             "%zu bytes follow the frame's map: a frame holds exactly one map",
+                             (size_t)(d->m.end - d->m.p));
+    return 0;
+}
+
+static int decode_request(struct dec *d, struct proto_request *req, const struct proto_frame *f)
+{
+    uint32_t n, seen = 0, base = 0;
+    int rc = mp_read_map(&d->m, d->m.lim->max_array, &n, "(frame)");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        const uint8_t *k;
+        uint32_t kn;
+        rc = read_key(d, &k, &kn);
+        if (rc < 0)
+            break;
+        if (key_is(k, kn, "id")) {
+            rc = once(d, &base, 0, "id");
+            if (rc == 0)
+                rc = mp_read_u32(&d->m, &req->id, "id");
+        } else if (key_is(k, kn, "op")) {
+            rc = once(d, &base, 1, "op");
+            if (rc == 0)
+                rc = mp_skip(&d->m, "op"); /* resolved by the head walk */
+        } else {
+            rc = op_field(d, req, k, kn, &seen, f);
+            rc = rc == 0 ? mp_skip(&d->m, "(unknown field)") : rc < 0 ? rc : 0;
+        }
+    }
+    if (rc < 0)
+        return rc;
+    mp_leave(&d->m);
+    if (!(base & 1u))
+        return missing(d, "id", req->op ? proto_op_name(req->op) : "request");
+    if (!(base & 2u))
+        return missing(d, "op", "request");
+    rc = op_check(d, req, seen);
+    return rc < 0 ? rc : finish_frame(d);
+}
+
+static int request_fail(struct proto_request *req, struct proto_mem *mem, struct proto_frame *f,
+                        int rc)
+{
+    free(req);
+    proto_mem_destroy(mem);
+    proto_frame_finish(f);
+    return rc;
+}
+
+int proto_request_decode(struct proto_frame *frame, const struct proto_limits *lim,
+                         struct proto_request **out, struct proto_head *head, struct vks_error *err)
+{
+    struct proto_limits l = lim != NULL ? *lim : (struct proto_limits){0};
+    struct head h;
+    struct dec d = {
+        .m = {.p = frame->data, .end = frame->data + frame->len, .lim = &l, .err = err}};
+    proto_limits_normalize(&l);
+    *out = NULL;
+    scan_head(frame, &l, &h);
+    struct proto_request *req = calloc(1, sizeof(*req));
+    d.mem = proto_mem_create();
+    if (head != NULL)
+        *head = (struct proto_head){.id = h.has_id ? h.id : 0, .op = PROTO_OP_NONE};
+    if (req == NULL || d.mem == NULL)
+        return request_fail(req, d.mem, frame,
+                            vks_error_set(err, -ENOMEM, "out of memory decoding a request"));
+    int rc = resolve_op(&d, &h, &req->op);
+    if (head != NULL)
+        head->op = req->op;
+    if (rc == 0 && frame->fd_error != 0)
+        rc = vks_error_set(err, frame->fd_error,
+                           "more than %u descriptors came with one frame: send fewer per scan",
+                           l.max_fds);
+    if (rc == 0)
+        rc = decode_request(&d, req, frame);
+    if (rc == 0 && frame->n_fds > 0 && req->op != PROTO_OP_SCAN)
+        rc = vks_error_set(err, -VKS_E_BAD_FD,
+                           "%zu descriptors came with a `%s` request: only scan takes them",
+                           frame->n_fds, proto_op_name(req->op));
+    if (rc < 0)
+        return request_fail(req, d.mem, frame, rc);
+    req->frame = *frame;
+    memset(frame, 0, sizeof(*frame));
+    req->mem = d.mem;
+    *out = req;
+    return 0;
+}
+
+void proto_request_destroy(struct proto_request *req)
+{
+    if (req == NULL)
+        return;
+    proto_frame_finish(&req->frame);
+    proto_mem_destroy(req->mem);
+    free(req);
+}
+
+/* ---- replies ------------------------------------------------------------------ */
+
+static int read_stats(struct dec *d, struct proto_stat **out, uint32_t *n_out, const char *what)
+{
+    uint32_t n;
+    int rc = mp_read_map(&d->m, d->m.lim->max_array, &n, what);
+    if (rc < 0)
+        return rc;
+    struct proto_stat *s = proto_mem_alloc(d->mem, n, sizeof(*s));
+    if (s == NULL)
+        return vks_error_set(d->m.err, -ENOMEM, "out of memory for %u counters", n);
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        rc = mp_read_cstr(&d->m, d->mem, d->m.lim->max_str, &s[i].key, what);
+        if (rc == 0)
+            rc = mp_read_number(&d->m, &s[i].is_float, &s[i].u, &s[i].f, what);
+    }
+    if (rc < 0)
+        return rc;
+    mp_leave(&d->m);
+    *out = s;
+    *n_out = n;
+    return 0;
+}
+
+static int read_limits(struct dec *d, struct proto_limits *l)
+{
+    static const char *const names[] = {"max_frame",   "max_depth", "max_str", "max_array",
+                                        "max_buffers", "max_rules", "max_fds", "max_hits"};
+    uint32_t *fields[] = {&l->max_frame,   &l->max_depth, &l->max_str, &l->max_array,
+                          &l->max_buffers, &l->max_rules, &l->max_fds, &l->max_hits};
+    uint32_t n;
+    int rc = mp_read_map(&d->m, d->m.lim->max_array, &n, "limits");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        const uint8_t *k;
+        uint32_t kn;
+        rc = read_key(d, &k, &kn);
+        int f = rc == 0 ? lookup(names, 8, k, kn) : -1;
+        if (rc == 0)
+            rc = f < 0 ? mp_skip(&d->m, "limits") : mp_read_u32(&d->m, fields[f], names[f]);
+    }
+    if (rc == 0)
+        mp_leave(&d->m);
+    return rc;
+}
+
+static int read_device(struct dec *d, struct proto_device *dev)
+{
+    static const char *const names[] = {"index", "name", "type", "memory", "active"};
+    uint32_t n;
+    int rc = mp_read_map(&d->m, d->m.lim->max_array, &n, "devices[]");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        const uint8_t *k;
+        uint32_t kn;
+        rc = read_key(d, &k, &kn);
+        if (rc < 0)
+            break;
+        uint32_t lim = d->m.lim->max_str;
+        switch (lookup(names, 5, k, kn)) {
+        case 0:
+            rc = mp_read_u32(&d->m, &dev->index, "devices[].index");
+            break;
+        case 1:
+            rc = mp_read_cstr(&d->m, d->mem, lim, &dev->name, "devices[].name");
+            break;
+        case 2:
+            rc = mp_read_cstr(&d->m, d->mem, lim, &dev->type, "devices[].type");
+            break;
+        case 3:
+            rc = mp_read_uint(&d->m, UINT64_MAX, &dev->memory, "devices[].memory");
+            break;
+        case 4:
+            rc = mp_read_bool(&d->m, &dev->active, "devices[].active");
+            break;
+        default:
+            rc = mp_skip(&d->m, "devices[]");
+        }
+    }
+    if (rc == 0)
+        mp_leave(&d->m);
+    if (rc == 0 && (dev->name == NULL || dev->type == NULL))
+        rc = missing(d, "devices[].name` and `type", "hello");
+    return rc;
+}
+
+static int read_devices(struct dec *d, struct proto_hello_reply *h)
+{
+    uint32_t n;
+    int rc = mp_read_array(&d->m, d->m.lim->max_array, &n, "devices");
+    if (rc < 0)
+        return rc;
+    h->devices = proto_mem_alloc(d->mem, n, sizeof(*h->devices));
+    if (h->devices == NULL)
+        return vks_error_set(d->m.err, -ENOMEM, "out of memory for %u devices", n);
+    h->n_devices = n;
+    for (uint32_t i = 0; rc == 0 && i < n; i++)
+        rc = read_device(d, &h->devices[i]);
+    if (rc == 0)
+        mp_leave(&d->m);
+    return rc;
+}
+
+static int result_hello(struct dec *d, struct proto_reply *rep, const uint8_t *k, uint32_t kn)
+{
+    static const char *const names[] = {"version", "min_version", "server", "limits", "devices"};
+    struct proto_hello_reply *h = &rep->u.hello;
+    switch (lookup(names, 5, k, kn)) {
+    case 0:
+        return mp_read_u32(&d->m, &h->version, "version");
+    case 1:
+        return mp_read_u32(&d->m, &h->min_version, "min_version");
+    case 2:
+        return mp_read_cstr(&d->m, d->mem, d->m.lim->max_str, &h->server, "server");
+    case 3:
+        return read_limits(d, &h->limits);
+    case 4:
+        return read_devices(d, h);
+    default:
+        return mp_skip(&d->m, "(unknown field)");
+    }
+}
+
+static int read_rule_infos(struct dec *d, struct proto_catalog_result *c)
+{
+    uint32_t n;
+    int rc = mp_read_array(&d->m, d->m.lim->max_rules, &n, "rules");
+    if (rc < 0)
+        return rc;
+    c->rules = proto_mem_alloc(d->mem, n, sizeof(*c->rules));
+    if (c->rules == NULL)
+        return vks_error_set(d->m.err, -ENOMEM, "out of memory for %u rules", n);
+    c->n_rules = n;
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        uint32_t two;
+        rc = mp_read_array(&d->m, 2, &two, "rules[]");
+        if (rc == 0 && two != 2)
+            rc = vks_error_set(d->m.err, -VKS_E_BAD_VALUE, "rules[%u] is not [id, fingerprint]", i);
+        if (rc == 0)
+            rc = mp_read_cstr(&d->m, d->mem, d->m.lim->max_str, &c->rules[i].id, "rules[].id");
+        if (rc == 0)
+            rc = mp_read_fp(&d->m, c->rules[i].fp, "rules[].fingerprint");
+        if (rc == 0)
+            mp_leave(&d->m);
+    }
+    if (rc == 0)
+        mp_leave(&d->m);
+    return rc;
+}
+
+static int read_reject(struct dec *d, struct proto_reject *r)
+{
+    static const char *const names[] = {"index", "line", "pos", "id", "message"};
+    uint32_t n;
+    int rc = mp_read_map(&d->m, d->m.lim->max_array, &n, "rejected[]");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        const uint8_t *k;
+        uint32_t kn;
+        rc = read_key(d, &k, &kn);
+        if (rc < 0)
+            break;
+        uint32_t lim = d->m.lim->max_str;
+        switch (lookup(names, 5, k, kn)) {
+        case 0:
+            rc = mp_read_u32(&d->m, &r->index, "rejected[].index");
+            break;
+        case 1:
+            rc = mp_read_u32(&d->m, &r->line, "rejected[].line");
+            break;
+        case 2:
+            rc = mp_read_u32(&d->m, &r->pos, "rejected[].pos");
+            break;
+        case 3:
+            rc = mp_read_cstr(&d->m, d->mem, lim, &r->id, "rejected[].id");
+            break;
+        case 4:
+            rc = mp_read_cstr(&d->m, d->mem, lim, &r->message, "rejected[].message");
+            break;
+        default:
+            rc = mp_skip(&d->m, "rejected[]");
+        }
+    }
+    if (rc == 0)
+        mp_leave(&d->m);
+    if (rc == 0 && r->id == NULL)
+        r->id = "";
+    if (rc == 0 && r->message == NULL)
+        r->message = "";
+    return rc;
+}
+
+static int read_rejects(struct dec *d, struct proto_catalog_result *c)
+{
+    uint32_t n;
+    int rc = mp_read_array(&d->m, d->m.lim->max_rules, &n, "rejected");
+    if (rc < 0)
+        return rc;
+    c->rejects = proto_mem_alloc(d->mem, n, sizeof(*c->rejects));
+    if (c->rejects == NULL)
+        return vks_error_set(d->m.err, -ENOMEM, "out of memory for %u rejects", n);
+    c->n_rejects = n;
+    for (uint32_t i = 0; rc == 0 && i < n; i++)
+        rc = read_reject(d, &c->rejects[i]);
+    if (rc == 0)
+        mp_leave(&d->m);
+    return rc;
+}
+
+static int result_catalog(struct dec *d, struct proto_reply *rep, const uint8_t *k, uint32_t kn)
+{
+    static const char *const names[] = {"known",      "fingerprint", "source",  "cached",
+                                        "compile_ns", "rules",       "rejected"};
+    struct proto_catalog_result *c = &rep->u.catalog;
+    switch (lookup(names, 7, k, kn)) {
+    case 0:
+        return mp_read_bool(&d->m, &c->known, "known");
+    case 1:
+        return mp_read_fp(&d->m, c->fingerprint, "fingerprint");
+    case 2:
+        return mp_read_fp(&d->m, c->source, "source");
+    case 3:
+        return mp_read_bool(&d->m, &c->cached, "cached");
+    case 4:
+        return mp_read_uint(&d->m, UINT64_MAX, &c->compile_ns, "compile_ns");
+    case 5:
+        return read_rule_infos(d, c);
+    case 6:
+        return read_rejects(d, c);
+    default:
+        return mp_skip(&d->m, "(unknown field)");
+    }
+}
+
+static int read_hit(struct dec *d, struct proto_hit *h)
+{
+    uint32_t n;
+    int rc = mp_read_array(&d->m, 5, &n, "hits[]");
+    if (rc == 0 && n < 4)
+        rc = vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                           "hits[] has %u elements, expected [buffer, rule, end, count(, id)]", n);
+    if (rc == 0)
+        rc = mp_read_u32(&d->m, &h->buffer, "hits[].buffer");
+    if (rc == 0)
+        rc = mp_read_u32(&d->m, &h->rule, "hits[].rule");
+    if (rc == 0)
+        rc = mp_read_uint(&d->m, UINT64_MAX, &h->end, "hits[].end");
+    if (rc == 0)
+        rc = mp_read_u32(&d->m, &h->count, "hits[].count");
+    if (rc == 0 && n == 5)
+        rc = mp_read_cstr(&d->m, d->mem, d->m.lim->max_str, &h->rule_id, "hits[].id");
+    if (rc == 0)
+        mp_leave(&d->m);
+    return rc;
+}
+
+static int read_hits(struct dec *d, struct proto_scan_reply *s)
+{
+    uint32_t n;
+    int rc = mp_read_array(&d->m, d->m.lim->max_hits, &n, "hits");
+    if (rc < 0)
+        return rc;
+    s->hits = proto_mem_alloc(d->mem, n, sizeof(*s->hits));
+    if (s->hits == NULL)
+        return vks_error_set(d->m.err, -ENOMEM, "out of memory for %u hits", n);
+    s->n_hits = n;
+    for (uint32_t i = 0; rc == 0 && i < n; i++)
+        rc = read_hit(d, &s->hits[i]);
+    if (rc == 0)
+        mp_leave(&d->m);
+    return rc;
+}
+
+static int read_status(struct dec *d, struct proto_buffer_status *b)
+{
+    static const char *const names[] = {"code", "message", "bytes", "hits", "truncated"};
+    uint32_t n, code = 0;
+    int rc = mp_read_map(&d->m, d->m.lim->max_array, &n, "buffers[]");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        const uint8_t *k;
+        uint32_t kn;
+        rc = read_key(d, &k, &kn);
+        if (rc < 0)
+            break;
+        switch (lookup(names, 5, k, kn)) {
+        case 0:
+            rc = mp_read_u32(&d->m, &code, "buffers[].code");
+            break;
+        case 1:
+            rc = mp_read_cstr(&d->m, d->mem, d->m.lim->max_str, &b->message, "buffers[].message");
+            break;
+        case 2:
+            rc = mp_read_uint(&d->m, UINT64_MAX, &b->bytes, "buffers[].bytes");
+            break;
+        case 3:
+            rc = mp_read_u32(&d->m, &b->hits, "buffers[].hits");
+            break;
+        case 4:
+            rc = mp_read_bool(&d->m, &b->truncated, "buffers[].truncated");
+            break;
+        default:
+            rc = mp_skip(&d->m, "buffers[]");
+        }
+    }
+    if (rc == 0)
+        mp_leave(&d->m);
+    b->code = code > INT32_MAX ? -VKS_E_INTERNAL : -(int)code;
+    return rc;
+}
+
+static int read_statuses(struct dec *d, struct proto_scan_reply *s)
+{
+    uint32_t n;
+    int rc = mp_read_array(&d->m, d->m.lim->max_buffers, &n, "buffers");
+    if (rc < 0)
+        return rc;
+    s->buffers = proto_mem_alloc(d->mem, n, sizeof(*s->buffers));
+    if (s->buffers == NULL)
+        return vks_error_set(d->m.err, -ENOMEM, "out of memory for %u buffer statuses", n);
+    s->n_buffers = n;
+    for (uint32_t i = 0; rc == 0 && i < n; i++)
+        rc = read_status(d, &s->buffers[i]);
+    if (rc == 0)
+        mp_leave(&d->m);
+    return rc;
+}
+
+static int result_scan(struct dec *d, struct proto_reply *rep, const uint8_t *k, uint32_t kn)
+{
+    static const char *const names[] = {"hits", "buffers", "telemetry"};
+    struct proto_scan_reply *s = &rep->u.scan;
+    switch (lookup(names, 3, k, kn)) {
+    case 0:
+        return read_hits(d, s);
+    case 1:
+        return read_statuses(d, s);
+    case 2:
+        return read_stats(d, &s->telemetry, &s->n_telemetry, "telemetry");
+    default:
+        return mp_skip(&d->m, "(unknown field)");
+    }
+}
+
+static int read_result(struct dec *d, struct proto_reply *rep)
+{
+    if (rep->op == PROTO_OP_STATS)
+        return read_stats(d, &rep->u.stats.stats, &rep->u.stats.n_stats, "result");
+    uint32_t n;
+    int rc = mp_read_map(&d->m, d->m.lim->max_array, &n, "result");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        const uint8_t *k;
+        uint32_t kn;
+        rc = read_key(d, &k, &kn);
+        if (rc < 0)
+            break;
+        switch (rep->op) {
+        case PROTO_OP_HELLO:
+            rc = result_hello(d, rep, k, kn);
+            break;
+        case PROTO_OP_CATALOG_LOAD:
+        case PROTO_OP_CATALOG_HAS:
+            rc = result_catalog(d, rep, k, kn);
+            break;
+        case PROTO_OP_CATALOG_DROP:
+            rc = key_is(k, kn, "dropped") ? mp_read_bool(&d->m, &rep->u.dropped, "dropped")
+                                          : mp_skip(&d->m, "(unknown field)");
+            break;
+        case PROTO_OP_SCAN:
+            rc = result_scan(d, rep, k, kn);
+            break;
+        default:
+            rc = mp_skip(&d->m, "(unknown field)");
+        }
+    }
+    if (rc == 0)
+        mp_leave(&d->m);
+    return rc;
+}
+
+static int read_error(struct dec *d, struct proto_reply *rep)
+{
+    uint32_t n, code = 0;
+    const char *msg = "";
+    int rc = mp_read_map(&d->m, d->m.lim->max_array, &n, "error");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        const uint8_t *k;
+        uint32_t kn;
+        rc = read_key(d, &k, &kn);
+        if (rc < 0)
+            break;
+        if (key_is(k, kn, "code"))
+            rc = mp_read_u32(&d->m, &code, "error.code");
+        else if (key_is(k, kn, "message"))
+            rc = mp_read_cstr(&d->m, d->mem, d->m.lim->max_str, &msg, "error.message");
+        else
+            rc = mp_skip(&d->m, "error");
+    }
+    if (rc < 0)
+        return rc;
+    mp_leave(&d->m);
+    if (code == 0 || code > INT32_MAX)
+        return vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                             "field `error.code`: %u is not an error code", code);
+    rep->error.code = -(int)code;
+    snprintf(rep->error.msg, sizeof(rep->error.msg), "%s", msg);
+    return 0;
+}
+
+/* The op must be known before `result` is read, as in requests. */
+static int reply_op(struct dec *d, const struct head *h, struct proto_reply *rep)
+{
+    if (!h->has_op)
+        return 0;
+    if (!h->op_is_str)
+        return vks_error_set(d->m.err, -VKS_E_BAD_TYPE, "reply field `op`: expected str");
+    rep->op = op_lookup(h->op, h->op_len);
+    if (rep->op == PROTO_OP_NONE)
+        return vks_error_set(d->m.err, -VKS_E_UNKNOWN_OP, "reply names an unknown op `%.*s`",
+                             (int)(h->op_len > 40 ? 40 : h->op_len), (const char *)h->op);
+    return 0;
+}
+
+static int decode_reply(struct dec *d, struct proto_reply *rep)
+{
+    uint32_t n, seen = 0;
+    int rc = mp_read_map(&d->m, d->m.lim->max_array, &n, "(frame)");
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        const uint8_t *k;
+        uint32_t kn;
+        rc = read_key(d, &k, &kn);
+        if (rc < 0)
+            break;
+        if (key_is(k, kn, "id")) {
+            rc = once(d, &seen, 0, "id");
+            rc = rc < 0 ? rc : mp_read_u32(&d->m, &rep->id, "id");
+        } else if (key_is(k, kn, "result")) {
+            rc = once(d, &seen, 1, "result");
+            rc = rc < 0 ? rc : read_result(d, rep);
+        } else if (key_is(k, kn, "error")) {
+            rc = once(d, &seen, 2, "error");
+            rc = rc < 0 ? rc : read_error(d, rep);
+        } else {
+            rc = mp_skip(&d->m, key_is(k, kn, "op") ? "op" : "(unknown field)");
+        }
+    }
+    if (rc < 0)
+        return rc;
+    mp_leave(&d->m);
+    if (!(seen & 1u))
+        return missing(d, "id", "reply");
+    if ((seen & 6u) == 0 || (seen & 6u) == 6u)
+        return vks_error_set(d->m.err, (seen & 6u) ? -VKS_E_BAD_VALUE : -VKS_E_MISSING_FIELD,
+                             "a reply carries exactly one of `result` and `error`");
+    if ((seen & 2u) && rep->op == PROTO_OP_NONE)
+        return missing(d, "op", "reply with a result");
+    return finish_frame(d);
+}
+
+int proto_reply_decode(struct proto_frame *frame, const struct proto_limits *lim,
+                       struct proto_reply **out, struct vks_error *err)
+{
+    struct proto_limits l = lim != NULL ? *lim : (struct proto_limits){0};
+    struct head h;
+    struct dec d = {
+        .m = {.p = frame->data, .end = frame->data + frame->len, .lim = &l, .err = err}};
+    proto_limits_normalize(&l);
+    *out = NULL;
+    scan_head(frame, &l, &h);
+    struct proto_reply *rep = calloc(1, sizeof(*rep));
+    d.mem = proto_mem_create();
+    int rc = rep == NULL || d.mem == NULL
+                 ? vks_error_set(err, -ENOMEM, "out of memory decoding a reply")
+                 : reply_op(&d, &h, rep);
+    if (rc == 0 && frame->n_fds > 0)
+        rc = vks_error_set(err, -VKS_E_BAD_FD, "a reply came with descriptors; replies carry none");
+    if (rc == 0)
+        rc = decode_reply(&d, rep);
+    if (rc < 0) {
+        free(rep);
+        proto_mem_destroy(d.mem);
+        proto_frame_finish(frame);
+        return rc;
+    }
+    rep->frame = *frame;
+    memset(frame, 0, sizeof(*frame));
+    rep->mem = d.mem;
+    *out = rep;
+    return 0;
+}
+
+void proto_reply_destroy(struct proto_reply *rep)
+{
+    if (rep == NULL)
+        return;
+    proto_frame_finish(&rep->frame);
+    proto_mem_destroy(rep->mem);
+    free(rep);
+}

@@ -1,0 +1,324 @@
+/*
+ * proto: the frame accumulator and the socket helpers (SCM_RIGHTS).
+ *
+ * The reader is a two-state machine: HEADER collects the 4-byte big-endian
+ * length, BODY collects exactly that many bytes, then the frame waits in
+ * `cur` until proto_reader_take. A bad length is fatal because nothing after
+ * it can be trusted to be a frame boundary; the reader then stays failed.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "proto.h"
+
+#define BODY_MIN_ALLOC (64u << 10)
+
+struct proto_reader {
+    struct proto_limits lim;
+    uint8_t hdr[PROTO_HEADER_LEN];
+    size_t hdr_len;
+    bool in_body;
+    bool complete;
+    uint32_t body_len;
+    size_t got;
+    size_t cap;
+    struct proto_frame cur;
+    int failed; /* 0, or the fatal code it reports forever */
+};
+
+int proto_reader_create(const struct proto_limits *lim, struct proto_reader **out)
+{
+    struct proto_reader *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return -ENOMEM;
+    if (lim != NULL)
+        r->lim = *lim;
+    proto_limits_normalize(&r->lim);
+    *out = r;
+    return 0;
+}
+
+void proto_reader_destroy(struct proto_reader *r)
+{
+    if (r == NULL)
+        return;
+    proto_frame_finish(&r->cur);
+    free(r);
+}
+
+bool proto_reader_idle(const struct proto_reader *r)
+{
+    return r->hdr_len == 0 && !r->in_body && !r->complete;
+}
+
+static int fail(struct proto_reader *r, int code, struct vks_error *err, const char *what)
+{
+    r->failed = code;
+    return vks_error_set(err, code, "%s: the stream cannot be resynchronised; close the connection",
+                         what);
+}
+
+static int header_done(struct proto_reader *r, struct vks_error *err)
+{
+    uint32_t len = (uint32_t)r->hdr[0] << 24 | (uint32_t)r->hdr[1] << 16 |
+                   (uint32_t)r->hdr[2] << 8 | r->hdr[3];
+    if (len == 0) {
+        r->failed = -VKS_E_BAD_FRAME;
+        return vks_error_set(err, -VKS_E_BAD_FRAME,
+                             "frame length is 0 (a frame holds one msgpack map): the stream "
+                             "cannot be resynchronised; close the connection");
+    }
+    if (len > r->lim.max_frame) {
+        r->failed = -VKS_E_FRAME_TOO_LARGE;
+        return vks_error_set(err, -VKS_E_FRAME_TOO_LARGE,
+                             "frame of %u bytes is over the limit of %u bytes: send smaller "
+                             "requests (pass large inputs as file descriptors) or raise "
+                             "max_frame; the connection will be closed",
+                             len, r->lim.max_frame);
+    }
+    r->body_len = len;
+    r->in_body = true;
+    r->got = 0;
+    return 0;
+}
+
+/* Makes room for more body bytes: the buffer doubles from BODY_MIN_ALLOC up
+ * to the frame length, so memory follows the bytes that really arrived.
+ * Returns the bytes that may be written at data + got. */
+static int body_room(struct proto_reader *r, size_t *room, struct vks_error *err)
+{
+    if (r->got == r->cap) {
+        size_t cap = r->cap == 0 ? BODY_MIN_ALLOC : r->cap * 2;
+        if (cap > r->body_len)
+            cap = r->body_len;
+        uint8_t *p = realloc(r->cur.data, cap);
+        if (p == NULL)
+            return fail(r, -ENOMEM, err, "out of memory for a frame body");
+        r->cur.data = p;
+        r->cap = cap;
+    }
+    *room = r->cap - r->got;
+    return 0;
+}
+
+/* Accounts `n` body bytes just written at data + got. */
+static int body_add(struct proto_reader *r, size_t n)
+{
+    r->got += n;
+    if (r->got < r->body_len)
+        return 0;
+    r->cur.len = r->body_len;
+    r->complete = true;
+    r->in_body = false;
+    r->hdr_len = 0;
+    return 1;
+}
+
+int proto_reader_feed(struct proto_reader *r, const void *data, size_t n, size_t *used,
+                      struct vks_error *err)
+{
+    const uint8_t *p = data;
+    size_t off = 0;
+    *used = 0;
+    if (r->failed != 0)
+        return vks_error_set(err, r->failed, "the stream already failed; close the connection");
+    if (r->complete)
+        return 1;
+    while (off < n) {
+        if (!r->in_body) {
+            size_t k = PROTO_HEADER_LEN - r->hdr_len;
+            k = k < n - off ? k : n - off;
+            memcpy(r->hdr + r->hdr_len, p + off, k);
+            r->hdr_len += k;
+            off += k;
+            *used = off;
+            if (r->hdr_len < PROTO_HEADER_LEN)
+                return 0;
+            int rc = header_done(r, err);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
+        size_t room;
+        int rc = body_room(r, &room, err);
+        if (rc < 0)
+            return rc;
+        size_t k = room < n - off ? room : n - off;
+        memcpy(r->cur.data + r->got, p + off, k);
+        off += k;
+        *used = off;
+        if (body_add(r, k) == 1)
+            return 1;
+    }
+    return 0;
+}
+
+/* Appends the descriptors of every SCM_RIGHTS message to the current frame,
+ * closing (and flagging) those over the limit. */
+static void take_fds(struct proto_reader *r, struct msghdr *msg)
+{
+    if (msg->msg_flags & MSG_CTRUNC)
+        r->cur.fd_error = -VKS_E_TOO_MANY_FDS;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const unsigned char *src = CMSG_DATA(c);
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+            memcpy(&fd, src + i * sizeof(int), sizeof(int));
+            if (r->cur.fds == NULL)
+                r->cur.fds = malloc(r->lim.max_fds * sizeof(int));
+            if (r->cur.fds == NULL || r->cur.n_fds >= r->lim.max_fds) {
+                close(fd);
+                r->cur.fd_error = -VKS_E_TOO_MANY_FDS;
+                continue;
+            }
+            r->cur.fds[r->cur.n_fds++] = fd;
+        }
+    }
+}
+
+int proto_reader_recv(struct proto_reader *r, int sock, struct vks_error *err)
+{
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int) * PROTO_MAX_FDS_CEILING)];
+    } ctl;
+    struct iovec iov;
+    if (r->failed != 0)
+        return vks_error_set(err, r->failed, "the stream already failed; close the connection");
+    if (r->complete)
+        return PROTO_RECV_FRAME;
+    if (!r->in_body) {
+        iov.iov_base = r->hdr + r->hdr_len;
+        iov.iov_len = PROTO_HEADER_LEN - r->hdr_len;
+    } else {
+        size_t room;
+        int rc = body_room(r, &room, err);
+        if (rc < 0)
+            return rc;
+        iov.iov_base = r->cur.data + r->got;
+        iov.iov_len = room;
+    }
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = sizeof(ctl.buf);
+    ssize_t n;
+    do {
+        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        int e = errno;
+        if (e == EAGAIN || e == EWOULDBLOCK)
+            return -EAGAIN;
+        return vks_error_set(err, -e, "reading from the socket failed: %s", strerror(e));
+    }
+    take_fds(r, &msg);
+    if (n == 0) {
+        if (proto_reader_idle(r))
+            return PROTO_RECV_EOF;
+        return vks_error_set(err, -ECONNRESET,
+                             "the peer closed the connection in the middle of a frame");
+    }
+    if (!r->in_body) {
+        r->hdr_len += (size_t)n;
+        if (r->hdr_len < PROTO_HEADER_LEN)
+            return PROTO_RECV_MORE;
+        return header_done(r, err);
+    }
+    return body_add(r, (size_t)n) == 1 ? PROTO_RECV_FRAME : PROTO_RECV_MORE;
+}
+
+int proto_reader_take(struct proto_reader *r, struct proto_frame *out)
+{
+    if (!r->complete)
+        return -EAGAIN;
+    *out = r->cur;
+    memset(&r->cur, 0, sizeof(r->cur));
+    r->complete = false;
+    r->got = 0;
+    r->cap = 0;
+    r->body_len = 0;
+    return 0;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Waits until `sock` is writable or the deadline (-1: none) passes. */
+static int wait_writable(int sock, int64_t deadline, struct vks_error *err)
+{
+    for (;;) {
+        int t = -1;
+        if (deadline >= 0) {
+            int64_t left = deadline - now_ms();
+            if (left <= 0)
+                return vks_error_set(err, -ETIMEDOUT,
+                                     "sending a frame timed out: the peer stopped reading");
+            t = left > 60000 ? 60000 : (int)left;
+        }
+        struct pollfd pfd = {.fd = sock, .events = POLLOUT};
+        int rc = poll(&pfd, 1, t);
+        if (rc > 0)
+            return 0;
+        if (rc < 0 && errno != EINTR)
+            return vks_error_set(err, -errno, "poll on the socket failed: %s", strerror(errno));
+    }
+}
+
+int proto_send(int sock, const void *data, size_t len, const int *fds, size_t n_fds, int timeout_ms,
+               struct vks_error *err)
+{
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int) * PROTO_MAX_FDS_CEILING)];
+    } ctl;
+    if (n_fds > PROTO_MAX_FDS_CEILING || (n_fds > 0 && len == 0))
+        return vks_error_set(err, -EINVAL,
+                             "%zu descriptors with %zu bytes: at most %u, and "
+                             "descriptors need at least one byte to travel with",
+                             n_fds, len, PROTO_MAX_FDS_CEILING);
+    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    const uint8_t *p = data;
+    size_t off = 0;
+    bool fds_sent = n_fds == 0;
+    while (off < len) {
+        struct iovec iov = {.iov_base = (void *)(p + off), .iov_len = len - off};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        if (!fds_sent) {
+            memset(ctl.buf, 0, sizeof(ctl.buf));
+            msg.msg_control = ctl.buf;
+            msg.msg_controllen = CMSG_SPACE(sizeof(int) * n_fds);
+            struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int) * n_fds);
+            memcpy(CMSG_DATA(c), fds, sizeof(int) * n_fds);
+        }
+        ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n >= 0) {
+            off += (size_t)n;
+            fds_sent = true;
+            continue;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return vks_error_set(err, -errno, "sending a frame failed: %s", strerror(errno));
+        int rc = wait_writable(sock, deadline, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
