@@ -810,10 +810,6 @@ static struct node *parse_quantified(struct parser *p, struct node *atom)
             fail(p, at, "repeat {0} matches nothing: remove it");
             return NULL;
         }
-        if (atom->type == N_ASSERT) {
-            fail(p, at, "an assertion cannot be repeated: remove the quantifier");
-            return NULL;
-        }
         p->i = end;
         if (peek(p, 0) == '?') {
             p->i++; /* lazy: same end offsets as greedy */

@@ -39,7 +39,6 @@ static const struct bad_case bad_cases[] = {
     {RULE_REGEX, "[[:foo:]]", 1, "unknown POSIX class [:foo:]"},
     {RULE_REGEX, "\\xZZ", 0, "bad \\x escape: write a byte as two hex digits"},
     {RULE_REGEX, "a++", 2, "possessive quantifiers are not supported"},
-    {RULE_REGEX, "\\b+", 2, "an assertion cannot be repeated"},
     {RULE_HEX, "4d 5a ?", 6, "bad hex string: write bytes as pairs of hex digits"},
     {RULE_HEX, "4g", 0, "bad hex string"},
     {RULE_LITERAL, "ab\\q", 2, "unknown escape in literal"},
