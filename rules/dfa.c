@@ -24,16 +24,21 @@ struct u32vec {
     size_t n, cap;
 };
 
-static int vec_push(struct u32vec *v, uint32_t x)
+static int vec_grow(struct u32vec *v)
 {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 16;
-        uint32_t *n = realloc(v->v, cap * sizeof(*n));
-        if (n == NULL)
-            return -ENOMEM;
-        v->v = n;
-        v->cap = cap;
-    }
+    size_t cap = v->cap ? v->cap * 2 : 16;
+    uint32_t *n = realloc(v->v, cap * sizeof(*n));
+    if (n == NULL)
+        return -ENOMEM;
+    v->v = n;
+    v->cap = cap;
+    return 0;
+}
+
+static inline int vec_push(struct u32vec *v, uint32_t x)
+{
+    if (v->n == v->cap && vec_grow(v) != 0)
+        return -ENOMEM;
     v->v[v->n++] = x;
     return 0;
 }
@@ -409,6 +414,23 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* State sets are short and often almost sorted: insertion sort beats qsort
+ * there; long ones go to qsort. */
+static void sort_u32(uint32_t *v, size_t n)
+{
+    if (n > 48) {
+        qsort(v, n, sizeof(*v), cmp_u32);
+        return;
+    }
+    for (size_t i = 1; i < n; i++) {
+        uint32_t x = v[i];
+        size_t j = i;
+        for (; j > 0 && v[j - 1] > x; j--)
+            v[j] = v[j - 1];
+        v[j] = x;
+    }
+}
+
 /* prev masks reachable from R0 and the states in b->list */
 static uint16_t list_pm(const struct builder *b)
 {
@@ -425,7 +447,7 @@ static int step_to_state(struct builder *b, uint32_t next_prev, uint32_t *id)
     int rc = closure(b, b->work.v, b->work.n, UINT32_MAX, 0);
     if (rc != 0)
         return rc;
-    qsort(b->list.v, b->list.n, sizeof(uint32_t), cmp_u32);
+    sort_u32(b->list.v, b->list.n);
     return intern(b, canon_prev(next_prev, list_pm(b)), id);
 }
 
