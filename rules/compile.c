@@ -232,7 +232,8 @@ static int report_indexes(struct ctx *c, const uint32_t *cat_index, uint32_t *re
     for (uint32_t i = 0; i < c->n_prep; i++)
         if (c->prep[i].group != UINT32_MAX)
             order[n++] = i;
-    qsort_r(order, n, sizeof(*order), cmp_id, c);
+    if (n > 1)
+        qsort_r(order, n, sizeof(*order), cmp_id, c);
     for (uint32_t i = 0, first = 0; i < n; i++) {
         if (strcmp(c->src[c->prep[order[i]].input].id, c->src[c->prep[order[first]].input].id))
             first = i;
@@ -391,7 +392,8 @@ static int group_rules(struct ctx *c)
     for (uint32_t i = 0; i < c->n_prep; i++)
         if (c->prep[i].group != UINT32_MAX)
             order[n++] = i;
-    qsort_r(order, n, sizeof(*order), cmp_prep, c->prep);
+    if (n > 1)
+        qsort_r(order, n, sizeof(*order), cmp_prep, c->prep);
     uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
     int rc = 0;
     uint32_t begin = 0;
@@ -615,7 +617,8 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
         for (uint32_t i = 0; i < c.n_prep; i++)
             if (c.prep[i].group != UINT32_MAX)
                 res->rule_index[c.prep[i].input] = cat_index[i];
-        qsort(c.rejects, c.n_rejects, sizeof(*c.rejects), cmp_reject);
+        if (c.n_rejects > 1)
+            qsort(c.rejects, c.n_rejects, sizeof(*c.rejects), cmp_reject);
         res->rejects = c.rejects;
         res->n_rejects = c.n_rejects;
         c.rejects = NULL;

@@ -382,7 +382,7 @@ static int intern(struct builder *b, uint32_t prev, uint32_t *id)
         for (; b->ht[j] != 0; j = (j + 1) & (b->ht_cap - 1)) {
             uint32_t s = b->ht[j] - 1;
             if (b->hash[s] == h && b->prev[s] == prev && b->set_len[s] == n &&
-                memcmp(b->pool.v + b->set_off[s], v, n * sizeof(*v)) == 0) {
+                (n == 0 || memcmp(b->pool.v + b->set_off[s], v, n * sizeof(*v)) == 0)) {
                 *id = s;
                 return 0;
             }
@@ -484,7 +484,8 @@ static int add_accepts(struct builder *b, uint32_t s, const uint32_t *e, size_t 
         if (pm == 0)
             break;
     }
-    qsort(b->rules_touched.v, b->rules_touched.n, sizeof(uint32_t), cmp_u32);
+    if (b->rules_touched.n > 1)
+        qsort(b->rules_touched.v, b->rules_touched.n, sizeof(uint32_t), cmp_u32);
     for (size_t i = 0; i < b->rules_touched.n; i++) {
         uint32_t r = b->rules_touched.v[i];
         if (vec_push(&b->acc, r << 5 | b->rule_mask[r]) != 0)
@@ -670,7 +671,8 @@ static int renumber_accepting_last(struct dfa *d)
         for (uint32_t c = 0; c < k; c++)
             trans[(size_t)t * k + c] = map[d->trans[(size_t)s * k + c]];
         uint32_t cnt = d->acc_first[s + 1] - d->acc_first[s];
-        memcpy(acc + first[t], d->acc + d->acc_first[s], cnt * sizeof(*acc));
+        if (cnt != 0)
+            memcpy(acc + first[t], d->acc + d->acc_first[s], cnt * sizeof(*acc));
         first[t + 1] = first[t] + cnt;
     }
     for (int p = 0; p < 4; p++)
@@ -743,8 +745,8 @@ static bool same_accepts(const struct dfa *d, uint32_t a, uint32_t b)
 {
     uint32_t na = d->acc_first[a + 1] - d->acc_first[a];
     uint32_t nb = d->acc_first[b + 1] - d->acc_first[b];
-    return na == nb &&
-           memcmp(d->acc + d->acc_first[a], d->acc + d->acc_first[b], na * sizeof(uint32_t)) == 0;
+    return na == nb && (na == 0 || memcmp(d->acc + d->acc_first[a], d->acc + d->acc_first[b],
+                                          na * sizeof(uint32_t)) == 0);
 }
 
 static uint64_t row_hash(const struct dfa *d, const uint32_t *block, uint32_t s, int round)
@@ -847,7 +849,8 @@ int dfa_minimise(struct dfa *d)
         for (uint32_t c = 0; c < k; c++)
             trans[(size_t)bl * k + c] = pt.block[d->trans[(size_t)s * k + c]];
         uint32_t cnt = d->acc_first[s + 1] - d->acc_first[s];
-        memcpy(acc + first[bl], d->acc + d->acc_first[s], cnt * sizeof(*acc));
+        if (cnt != 0)
+            memcpy(acc + first[bl], d->acc + d->acc_first[s], cnt * sizeof(*acc));
         first[bl + 1] = first[bl] + cnt;
     }
     for (int p = 0; p < 4; p++)

@@ -1,0 +1,800 @@
+/*
+ * scan_bench: the GPU engine against Hyperscan on the same data.
+ *
+ * Workloads: N random literals of 8-16 bytes planted in random text, a set
+ * of bounded regexes with planted instances, and the real rule sets of
+ * ../shared/data on their haystacks repeated to --size. Every corpus is a
+ * batch of --buffer-byte buffers; Hyperscan scans the same buffers (block
+ * mode) on --threads threads. Per workload it prints kernel GB/s (GPU
+ * timestamps), end-to-end GB/s (upload + device + readback of a batch that
+ * starts in host memory), Hyperscan GB/s, the two ratios and both hit
+ * counts, which must be equal. Deterministic: fixed seeds.
+ *
+ *   scan_bench [--size BYTES] [--literals N,N..] [--regexes N] [--threads T]
+ *              [--device NAME|INDEX] [--buffer BYTES] [--real-buffer BYTES]
+ *              [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]
+ *              [--upload-threads N] [--only NAME,NAME..] [--data DIR] [--no-hs]
+ *              [--json] [--json-out FILE]
+ */
+#include <errno.h>
+#include <hs/hs.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpu.h"
+#include "patfile.h"
+#include "rules.h"
+
+struct opts {
+    uint64_t size;
+    uint32_t literals[8];
+    uint32_t n_literal_sets;
+    uint32_t regexes;
+    uint32_t threads;
+    const char *device;
+    uint64_t buffer;
+    uint64_t real_buffer;
+    uint32_t iters;
+    uint32_t segment;
+    uint32_t wg;
+    uint32_t upload_threads;
+    uint32_t max_wgs;
+    bool no_hs;
+    const char *only;
+    const char *data;
+    const char *json_out;
+    bool json;
+};
+
+struct result {
+    char name[64];
+    uint32_t rules;
+    uint32_t rejected;
+    uint64_t bytes;
+    uint32_t buffers;
+    double kernel_gbs, e2e_gbs, hs_gbs; /* best of --iters */
+    double kernel_med_gbs, e2e_med_gbs; /* median of --iters */
+    uint64_t gpu_hits, hs_hits;
+    double compile_s, hs_compile_s;
+    struct gpu_telemetry tel;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what, const char *msg)
+{
+    fprintf(stderr, "scan_bench: %s: %s\n", what, msg);
+    exit(1);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (p == NULL)
+        die("out of memory", "lower --size");
+    return p;
+}
+
+static uint64_t next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* ---- rule sets and corpora -------------------------------------------- */
+
+struct ruleset {
+    struct rule_src *v;
+    size_t n;
+    size_t cap;
+    char **owned;
+    size_t n_owned;
+};
+
+static void rs_add(struct ruleset *rs, enum rule_kind kind, char *pat, size_t len, uint32_t flags)
+{
+    if (rs->n == rs->cap) {
+        rs->cap = rs->cap ? rs->cap * 2 : 256;
+        rs->v = realloc(rs->v, rs->cap * sizeof(*rs->v));
+        rs->owned = realloc(rs->owned, rs->cap * sizeof(*rs->owned));
+        if (rs->v == NULL || rs->owned == NULL)
+            die("out of memory", "fewer rules");
+    }
+    char *id = xmalloc(16);
+    snprintf(id, 16, "r%zu", rs->n);
+    rs->owned[rs->n_owned++] = pat;
+    rs->v[rs->n++] = (struct rule_src){id, kind, pat, len, flags, (uint32_t)rs->n + 1};
+}
+
+static void rs_free(struct ruleset *rs)
+{
+    for (size_t i = 0; i < rs->n; i++)
+        free((void *)rs->v[i].id);
+    for (size_t i = 0; i < rs->n_owned; i++)
+        free(rs->owned[i]);
+    free(rs->v);
+    free(rs->owned);
+    memset(rs, 0, sizeof(*rs));
+}
+
+struct corpus {
+    uint8_t *p;
+    uint64_t size;
+};
+
+struct gen_job {
+    uint8_t *p;
+    uint64_t lo, hi;
+    uint64_t seed;
+};
+
+static void *gen_text(void *arg)
+{
+    struct gen_job *j = arg;
+    uint64_t s = j->seed | 1;
+    for (uint64_t i = j->lo; i < j->hi; i += 8) {
+        uint64_t r = next(&s);
+        for (uint32_t k = 0; k < 8 && i + k < j->hi; k++, r >>= 8)
+            j->p[i + k] = (uint8_t)((r & 0xff) % 27 == 26 ? ' ' : 'a' + (r & 0xff) % 27);
+    }
+    return NULL;
+}
+
+/* Random lowercase text with spaces, generated on `threads` threads with
+ * per-slice seeds, so the corpus does not depend on the thread count. */
+static void random_text(struct corpus *c, uint64_t size, uint32_t threads)
+{
+    c->p = xmalloc(size);
+    c->size = size;
+    enum { SLICES = 64 };
+    struct gen_job jobs[SLICES];
+    pthread_t th[SLICES];
+    for (uint32_t base = 0; base < SLICES; base += threads) {
+        uint32_t n = 0;
+        for (uint32_t k = base; k < SLICES && k < base + threads; k++, n++) {
+            jobs[k] = (struct gen_job){c->p, size * k / SLICES, size * (k + 1) / SLICES,
+                                       0x9e3779b97f4a7c15ull * (k + 1)};
+            pthread_create(&th[k], NULL, gen_text, &jobs[k]);
+        }
+        for (uint32_t k = base; k < base + n; k++)
+            pthread_join(th[k], NULL);
+    }
+}
+
+static char *random_word(uint64_t *s, uint32_t min, uint32_t max, size_t *len)
+{
+    *len = min + next(s) % (max - min + 1);
+    char *w = xmalloc(*len + 1);
+    for (size_t i = 0; i < *len; i++)
+        w[i] = (char)('a' + next(s) % 26);
+    w[*len] = '\0';
+    return w;
+}
+
+/* N literals of 8-16 letters, one planted every ~4 KiB. */
+static void literal_workload(uint32_t n, struct ruleset *rs, struct corpus *c, const struct opts *o)
+{
+    uint64_t s = 0x1234567ull + n;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t len;
+        char *w = random_word(&s, 8, 16, &len);
+        rs_add(rs, RULE_LITERAL, w, len, 0);
+    }
+    random_text(c, o->size, o->threads);
+    for (uint64_t at = 0; at + 4096 <= c->size; at += 4096) {
+        const struct rule_src *r = &rs->v[next(&s) % rs->n];
+        memcpy(c->p + at + next(&s) % (4096 - r->len), r->pattern, r->len);
+    }
+}
+
+/* Bounded regexes (counted repetitions, classes, alternations, case
+ * folding), with an instance of one planted every ~4 KiB. */
+static void regex_workload(uint32_t n, struct ruleset *rs, struct corpus *c, const struct opts *o)
+{
+    uint64_t s = 0x7654321ull + n;
+    char **inst = xmalloc(n * sizeof(*inst));
+    for (uint32_t i = 0; i < n; i++) {
+        size_t pl, sl, ml;
+        char *pre = random_word(&s, 3, 5, &pl), *suf = random_word(&s, 3, 4, &sl);
+        char *mid = random_word(&s, 2, 5, &ml);
+        char *pat = xmalloc(96), *in = xmalloc(64);
+        switch (i % 5) {
+        case 0:
+            snprintf(pat, 96, "%s[0-9]{2,4}%s", pre, suf);
+            snprintf(in, 64, "%s%.*s%s", pre, (int)(2 + ml % 3), "1234", suf);
+            break;
+        case 1:
+            snprintf(pat, 96, "%s[a-z]{0,6}%s", pre, suf);
+            snprintf(in, 64, "%s%s%s", pre, mid, suf);
+            break;
+        case 2:
+            snprintf(pat, 96, "%s(%s|zq%s|%sx)%s", pre, mid, mid, mid, suf);
+            snprintf(in, 64, "%szq%s%s", pre, mid, suf);
+            break;
+        case 3:
+            snprintf(pat, 96, "%s\\s[a-z]{2,5}%s", pre, suf);
+            snprintf(in, 64, "%s %s%s", pre, mid, suf);
+            break;
+        default:
+            snprintf(pat, 96, "(?i)%s[0-9a-f]{4}%s", pre, suf);
+            snprintf(in, 64, "%sBEEF%s", pre, suf);
+            break;
+        }
+        free(pre);
+        free(suf);
+        free(mid);
+        rs_add(rs, RULE_REGEX, pat, strlen(pat), 0);
+        inst[i] = in;
+    }
+    random_text(c, o->size, o->threads);
+    for (uint64_t at = 0; at + 4096 <= c->size; at += 4096) {
+        const char *in = inst[next(&s) % n];
+        size_t len = strlen(in);
+        memcpy(c->p + at + next(&s) % (4096 - len), in, len);
+    }
+    for (uint32_t i = 0; i < n; i++)
+        free(inst[i]);
+    free(inst);
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *p = xmalloc((size_t)n + 1);
+    *len = fread(p, 1, (size_t)n, f);
+    p[*len] = '\0';
+    fclose(f);
+    return p;
+}
+
+/* A real rule set from ../shared/data on its haystack, repeated to size. */
+static bool real_workload(const char *rules, const char *hay, struct ruleset *rs, struct corpus *c,
+                          const struct opts *o)
+{
+    char path[1024];
+    size_t len, hlen;
+    snprintf(path, sizeof(path), "%s/%s", o->data, rules);
+    char *text = read_file(path, &len);
+    snprintf(path, sizeof(path), "%s/%s", o->data, hay);
+    char *h = read_file(path, &hlen);
+    if (text == NULL || h == NULL || hlen == 0) {
+        fprintf(stderr, "scan_bench: %s or %s not found under %s: skipped\n", rules, hay, o->data);
+        free(text);
+        free(h);
+        return false;
+    }
+    struct patfile pf;
+    struct vks_error err;
+    if (patfile_parse(text, len, &pf, &err) < 0)
+        die(rules, err.msg);
+    for (size_t i = 0; i < pf.n; i++) {
+        char *pat = xmalloc(pf.rules[i].len + 1);
+        memcpy(pat, pf.rules[i].pattern, pf.rules[i].len);
+        pat[pf.rules[i].len] = '\0';
+        rs_add(rs, pf.rules[i].kind, pat, pf.rules[i].len, pf.rules[i].flags);
+    }
+    patfile_finish(&pf);
+    free(text);
+    c->size = o->size;
+    c->p = xmalloc(c->size);
+    for (uint64_t at = 0; at < c->size; at += hlen)
+        memcpy(c->p + at, h, c->size - at < hlen ? c->size - at : hlen);
+    free(h);
+    return true;
+}
+
+/* ---- Hyperscan ---------------------------------------------------------- */
+
+static unsigned hs_flags(uint32_t f)
+{
+    unsigned h = 0;
+    if (f & RULE_F_CASELESS)
+        h |= HS_FLAG_CASELESS;
+    if (f & RULE_F_DOTALL)
+        h |= HS_FLAG_DOTALL;
+    if (f & RULE_F_MULTILINE)
+        h |= HS_FLAG_MULTILINE;
+    if (f & RULE_F_SINGLEMATCH)
+        h |= HS_FLAG_SINGLEMATCH;
+    return h;
+}
+
+/* The rule as a Hyperscan expression: regexes as written, literals and
+ * hex strings byte by byte as \xHH. */
+static char *hs_expr(const struct rule_src *r)
+{
+    if (r->kind == RULE_REGEX) {
+        char *e = xmalloc(r->len + 1);
+        memcpy(e, r->pattern, r->len);
+        e[r->len] = '\0';
+        return e;
+    }
+    char *e = xmalloc(r->len * 4 + 1);
+    for (size_t i = 0; i < r->len; i++)
+        snprintf(e + i * 4, 5, "\\x%02x", (unsigned char)r->pattern[i]);
+    return e;
+}
+
+/* Compiles the rules Hyperscan accepts; `keep[i]` says which. */
+static hs_database_t *hs_build(const struct ruleset *rs, bool *keep)
+{
+    size_t n = rs->n;
+    char **expr = xmalloc(n * sizeof(*expr));
+    unsigned *flags = xmalloc(n * sizeof(*flags)), *ids = xmalloc(n * sizeof(*ids));
+    const char **live = xmalloc(n * sizeof(*live));
+    for (size_t i = 0; i < n; i++)
+        expr[i] = hs_expr(&rs->v[i]);
+    hs_database_t *db = NULL;
+    for (;;) {
+        unsigned m = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!keep[i])
+                continue;
+            live[m] = expr[i];
+            flags[m] = hs_flags(rs->v[i].flags);
+            ids[m] = (unsigned)i;
+            m++;
+        }
+        if (m == 0)
+            break;
+        hs_compile_error_t *ce = NULL;
+        if (hs_compile_multi(live, flags, ids, m, HS_MODE_BLOCK, NULL, &db, &ce) == HS_SUCCESS)
+            break;
+        if (ce->expression < 0)
+            die("hs_compile_multi", ce->message);
+        keep[ids[ce->expression]] = false;
+        hs_free_compile_error(ce);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(expr[i]);
+    free(expr);
+    free(flags);
+    free(ids);
+    free(live);
+    return db;
+}
+
+struct hs_job {
+    const hs_database_t *db;
+    hs_scratch_t *proto;
+    const struct gpu_buffer *bufs;
+    uint32_t n;
+    atomic_uint next;
+    atomic_uint_fast64_t hits;
+};
+
+static int on_match(unsigned id, unsigned long long from, unsigned long long to, unsigned flags,
+                    void *ctx)
+{
+    (void)id;
+    (void)from;
+    (void)to;
+    (void)flags;
+    (*(uint64_t *)ctx)++;
+    return 0;
+}
+
+static void *hs_worker(void *arg)
+{
+    struct hs_job *j = arg;
+    hs_scratch_t *scratch = NULL;
+    if (hs_clone_scratch(j->proto, &scratch) != HS_SUCCESS)
+        die("hs_clone_scratch", "failed");
+    uint64_t hits = 0;
+    for (;;) {
+        uint32_t i = atomic_fetch_add(&j->next, 64);
+        if (i >= j->n)
+            break;
+        for (uint32_t k = i; k < i + 64 && k < j->n; k++)
+            hs_scan(j->db, (const char *)j->bufs[k].data, (unsigned)j->bufs[k].len, 0, scratch,
+                    on_match, &hits);
+    }
+    atomic_fetch_add(&j->hits, hits);
+    hs_free_scratch(scratch);
+    return NULL;
+}
+
+static double hs_run(const hs_database_t *db, const struct gpu_buffer *bufs, uint32_t n,
+                     uint32_t threads, uint64_t *hits)
+{
+    struct hs_job j = {.db = db, .bufs = bufs, .n = n};
+    if (hs_alloc_scratch(db, &j.proto) != HS_SUCCESS)
+        die("hs_alloc_scratch", "failed");
+    atomic_init(&j.next, 0);
+    atomic_init(&j.hits, 0);
+    pthread_t *th = xmalloc(threads * sizeof(*th));
+    double t0 = now_s();
+    for (uint32_t t = 0; t < threads; t++)
+        pthread_create(&th[t], NULL, hs_worker, &j);
+    for (uint32_t t = 0; t < threads; t++)
+        pthread_join(th[t], NULL);
+    double dt = now_s() - t0;
+    free(th);
+    hs_free_scratch(j.proto);
+    *hits = atomic_load(&j.hits);
+    return dt;
+}
+
+/* ---- one workload ------------------------------------------------------- */
+
+static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32_t *rejected,
+                                    double *secs)
+{
+    struct rule_src *v = xmalloc(rs->n * sizeof(*v));
+    size_t m = 0;
+    for (size_t i = 0; i < rs->n; i++) {
+        if (keep[i])
+            v[m++] = rs->v[i];
+    }
+    struct rules_result res = {0};
+    struct vks_error err;
+    double t0 = now_s();
+    if (rules_compile(v, m, NULL, &res, &err) < 0)
+        die("rules_compile", err.msg);
+    *secs = now_s() - t0;
+    /* Rules we reject are dropped from Hyperscan's set too. */
+    size_t k = 0;
+    for (size_t i = 0; i < rs->n; i++) {
+        if (!keep[i])
+            continue;
+        if (res.rule_index[k++] == UINT32_MAX)
+            keep[i] = false;
+    }
+    *rejected = (uint32_t)res.n_rejects;
+    struct catalog *cat = res.catalog;
+    res.catalog = NULL;
+    rules_result_finish(&res);
+    free(v);
+    return cat;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void run_workload(struct gpu_engine *eng, const char *name, struct ruleset *rs,
+                         struct corpus *c, uint64_t buffer, const struct opts *o,
+                         struct result *out)
+{
+    memset(out, 0, sizeof(*out));
+    snprintf(out->name, sizeof(out->name), "%s", name);
+    bool *keep = xmalloc(rs->n * sizeof(bool));
+    for (size_t i = 0; i < rs->n; i++)
+        keep[i] = true;
+    uint32_t rejected;
+    struct catalog *cat = compile_ours(rs, keep, &rejected, &out->compile_s);
+    double t0 = now_s();
+    hs_database_t *db = hs_build(rs, keep);
+    out->hs_compile_s = now_s() - t0;
+    size_t both = 0;
+    for (size_t i = 0; i < rs->n; i++)
+        both += keep[i];
+    if (both != catalog_rule_count(cat)) { /* Hyperscan dropped some: same set for both */
+        catalog_destroy(cat);
+        cat = compile_ours(rs, keep, &rejected, &out->compile_s);
+    }
+    out->rules = catalog_rule_count(cat);
+    out->rejected = (uint32_t)(rs->n - out->rules);
+    uint32_t n = (uint32_t)((c->size + buffer - 1) / buffer);
+    struct gpu_buffer *bufs = xmalloc(n * sizeof(*bufs));
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t lo = (uint64_t)i * buffer;
+        bufs[i] = (struct gpu_buffer){.data = c->p + lo,
+                                      .len = c->size - lo < buffer ? c->size - lo : buffer};
+    }
+    out->bytes = c->size;
+    out->buffers = n;
+    const struct catalog *cats[] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, n};
+    struct gpu_result res = {0};
+    struct vks_error err;
+    double best_k = 1e30, best_e = 1e30, best_h = 1e30;
+    double *ks = xmalloc(o->iters * sizeof(double)), *es = xmalloc(o->iters * sizeof(double));
+    for (uint32_t it = 0; it <= o->iters; it++) {
+        if (gpu_batch_dispatch(eng, &b, &res, &err) < 0)
+            die(name, err.msg);
+        if (it == 0)
+            continue; /* warm-up: pipelines, catalog upload, buffer growth */
+        const struct gpu_telemetry *t = &res.tel;
+        double k = (double)t->kernel_ns * 1e-9;
+        double e = (double)(t->upload_ns + t->device_ns + t->readback_ns) * 1e-9;
+        ks[it - 1] = k;
+        es[it - 1] = e;
+        if (k < best_k)
+            best_k = k;
+        if (e < best_e) {
+            best_e = e;
+            out->tel = *t;
+        }
+    }
+    out->gpu_hits = res.n_hits;
+    for (uint32_t it = 0; !o->no_hs && it < (o->iters > 3 ? 3 : o->iters); it++) {
+        double h = db ? hs_run(db, bufs, n, o->threads, &out->hs_hits) : 1e30;
+        if (h < best_h)
+            best_h = h;
+    }
+    double gb = (double)c->size / 1e9;
+    out->kernel_gbs = gb / best_k;
+    out->e2e_gbs = gb / best_e;
+    out->hs_gbs = db && !o->no_hs ? gb / best_h : 0;
+    qsort(ks, o->iters, sizeof(double), cmp_double);
+    qsort(es, o->iters, sizeof(double), cmp_double);
+    out->kernel_med_gbs = gb / ks[o->iters / 2];
+    out->e2e_med_gbs = gb / es[o->iters / 2];
+    free(ks);
+    free(es);
+    gpu_result_finish(&res);
+    hs_free_database(db);
+    catalog_destroy(cat);
+    free(bufs);
+    free(keep);
+}
+
+/* ---- output ------------------------------------------------------------- */
+
+static void print_text(const struct result *r, size_t n, const struct gpu_device_info *d,
+                       const struct opts *o)
+{
+    printf("device: %s (%s), subgroup %u, hit writer %s; Hyperscan %s on %u threads\n", d->name,
+           d->driver, d->subgroup_size,
+           r[0].tel.hit_writer == GPU_HITS_SUBGROUP ? "subgroup" : "scalar", hs_version(),
+           o->threads);
+    printf("%-22s %6s %6s %8s %9s %9s %8s %7s %7s %10s %10s %s\n", "workload", "rules", "rej",
+           "MiB", "kernGB/s", "e2eGB/s", "hsGB/s", "k/hs", "e2e/hs", "gpu hits", "hs hits",
+           "equal");
+    for (size_t i = 0; i < n; i++) {
+        const struct result *x = &r[i];
+        printf("%-22s %6u %6u %8.0f %9.1f %9.1f %8.2f %7.1f %7.1f %10" PRIu64 " %10" PRIu64 " %s\n",
+               x->name, x->rules, x->rejected, (double)x->bytes / 1048576.0, x->kernel_gbs,
+               x->e2e_gbs, x->hs_gbs, x->hs_gbs > 0 ? x->kernel_gbs / x->hs_gbs : 0,
+               x->hs_gbs > 0 ? x->e2e_gbs / x->hs_gbs : 0, x->gpu_hits, x->hs_hits,
+               x->hs_gbs == 0              ? "-"
+               : x->gpu_hits == x->hs_hits ? "yes"
+                                           : "NO");
+    }
+    printf("\n%-22s %9s %9s\n", "median of iters", "kernGB/s", "e2eGB/s");
+    for (size_t i = 0; i < n; i++)
+        printf("%-22s %9.1f %9.1f\n", r[i].name, r[i].kernel_med_gbs, r[i].e2e_med_gbs);
+    printf("\n%-22s %8s %8s %8s %8s %8s %6s %6s %8s %6s %8s %8s\n", "telemetry", "plan ms", "up ms",
+           "dev ms", "kern ms", "read ms", "seg", "wg", "wgroups", "occ", "launch", "compile s");
+    for (size_t i = 0; i < n; i++) {
+        const struct gpu_telemetry *t = &r[i].tel;
+        printf("%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %6u %6u %8u %6.2f %8u %8.2f\n", r[i].name,
+               t->plan_ns / 1e6, t->upload_ns / 1e6, t->device_ns / 1e6, t->kernel_ns / 1e6,
+               t->readback_ns / 1e6, t->segment_bytes, t->workgroup_size, t->workgroups,
+               t->occupancy, t->kernel_launches, r[i].compile_s);
+    }
+}
+
+static void print_json(FILE *f, const struct result *r, size_t n, const struct gpu_device_info *d,
+                       const struct opts *o)
+{
+    fprintf(f,
+            "{\"device\":\"%s\",\"driver\":\"%s\",\"threads\":%u,\"hyperscan\":\"%s\","
+            "\"workloads\":[",
+            d->name, d->driver, o->threads, hs_version());
+    for (size_t i = 0; i < n; i++) {
+        const struct result *x = &r[i];
+        const struct gpu_telemetry *t = &x->tel;
+        fprintf(f,
+                "%s{\"name\":\"%s\",\"rules\":%u,\"rejected\":%u,\"bytes\":%" PRIu64
+                ",\"buffers\":%u,\"kernel_gbs\":%.3f,\"e2e_gbs\":%.3f,\"kernel_med_gbs\":%.3f,"
+                "\"e2e_med_gbs\":%.3f,\"hs_gbs\":%.3f,"
+                "\"gpu_hits\":%" PRIu64 ",\"hs_hits\":%" PRIu64 ",\"compile_s\":%.3f,"
+                "\"hs_compile_s\":%.3f,\"plan_ns\":%" PRIu64 ",\"upload_ns\":%" PRIu64
+                ",\"device_ns\":%" PRIu64 ",\"kernel_ns\":%" PRIu64 ",\"readback_ns\":%" PRIu64
+                ",\"finalize_ns\":%" PRIu64 ",\"segment\":%u,\"wg\":%u,\"workgroups\":%u,"
+                "\"launches\":%u,\"occupancy\":%.3f,\"items\":%" PRIu64 ",\"rounds\":%u}",
+                i ? "," : "", x->name, x->rules, x->rejected, x->bytes, x->buffers, x->kernel_gbs,
+                x->e2e_gbs, x->kernel_med_gbs, x->e2e_med_gbs, x->hs_gbs, x->gpu_hits, x->hs_hits,
+                x->compile_s, x->hs_compile_s, t->plan_ns, t->upload_ns, t->device_ns, t->kernel_ns,
+                t->readback_ns, t->finalize_ns, t->segment_bytes, t->workgroup_size, t->workgroups,
+                t->kernel_launches, t->occupancy, t->items_total, t->rounds);
+    }
+    fprintf(f, "]}\n");
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+static uint64_t parse_size(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    switch (*end) {
+    case 'k':
+    case 'K':
+        v *= 1024;
+        break;
+    case 'm':
+    case 'M':
+        v *= 1048576;
+        break;
+    case 'g':
+    case 'G':
+        v *= 1073741824;
+        break;
+    default:
+        break;
+    }
+    return (uint64_t)v;
+}
+
+static bool wanted(const struct opts *o, const char *name)
+{
+    if (o->only == NULL)
+        return true;
+    size_t n = strlen(name);
+    for (const char *p = o->only; *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (l == n && strncmp(p, name, n) == 0)
+            return true;
+        p += l + (e != NULL);
+    }
+    return false;
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: scan_bench [--size BYTES] [--literals N,N..] [--regexes N] [--threads T]\n"
+            "                  [--device NAME|INDEX] [--buffer BYTES] [--real-buffer BYTES]\n"
+            "                  [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]\n"
+            "                  [--upload-threads N] [--only NAME,..] [--data DIR] [--no-hs]\n"
+            "                  [--json] [--json-out FILE]\n");
+    exit(2);
+}
+
+static void parse_opts(int argc, char **argv, struct opts *o)
+{
+    *o = (struct opts){.size = 1ull << 30,
+                       .literals = {1000, 10000},
+                       .n_literal_sets = 2,
+                       .regexes = 500,
+                       .threads = 16,
+                       .buffer = 1u << 20,
+                       .real_buffer = 64u << 10,
+                       .iters = 5,
+                       .data = "../shared/data"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--json") == 0 || strcmp(a, "--no-hs") == 0) {
+            o->json |= a[2] == 'j';
+            o->no_hs |= a[2] == 'n';
+            continue;
+        }
+        if (v == NULL)
+            usage();
+        i++;
+        if (strcmp(a, "--size") == 0) {
+            o->size = parse_size(v);
+        } else if (strcmp(a, "--literals") == 0) {
+            o->n_literal_sets = 0;
+            for (char *p = (char *)v; *p && o->n_literal_sets < 8;) {
+                o->literals[o->n_literal_sets++] = (uint32_t)strtoul(p, &p, 10);
+                if (*p == ',')
+                    p++;
+            }
+        } else if (strcmp(a, "--regexes") == 0) {
+            o->regexes = (uint32_t)strtoul(v, NULL, 10);
+        } else if (strcmp(a, "--threads") == 0) {
+            o->threads = (uint32_t)strtoul(v, NULL, 10);
+        } else if (strcmp(a, "--device") == 0) {
+            o->device = v;
+        } else if (strcmp(a, "--buffer") == 0) {
+            o->buffer = parse_size(v);
+        } else if (strcmp(a, "--real-buffer") == 0) {
+            o->real_buffer = parse_size(v);
+        } else if (strcmp(a, "--iters") == 0) {
+            o->iters = (uint32_t)strtoul(v, NULL, 10);
+        } else if (strcmp(a, "--segment") == 0) {
+            o->segment = (uint32_t)parse_size(v);
+        } else if (strcmp(a, "--wg") == 0) {
+            o->wg = (uint32_t)strtoul(v, NULL, 10);
+        } else if (strcmp(a, "--max-workgroups") == 0) {
+            o->max_wgs = (uint32_t)strtoul(v, NULL, 10);
+        } else if (strcmp(a, "--upload-threads") == 0) {
+            o->upload_threads = (uint32_t)strtoul(v, NULL, 10);
+        } else if (strcmp(a, "--only") == 0) {
+            o->only = v;
+        } else if (strcmp(a, "--data") == 0) {
+            o->data = v;
+        } else if (strcmp(a, "--json-out") == 0) {
+            o->json_out = v;
+        } else {
+            usage();
+        }
+    }
+    if (o->threads == 0 || o->iters == 0 || o->size < 4096 || o->buffer == 0)
+        usage();
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o;
+    parse_opts(argc, argv, &o);
+    struct gpu_options go = {.device = o.device,
+                             .segment_bytes = o.segment,
+                             .workgroup_size = o.wg,
+                             .upload_threads = o.upload_threads,
+                             .max_workgroups = o.max_wgs};
+    struct gpu_engine *eng;
+    struct vks_error err;
+    if (gpu_engine_create(&go, &eng, &err) < 0)
+        die("gpu_engine_create", err.msg);
+    struct result res[16];
+    size_t n = 0;
+    char name[64];
+    for (uint32_t i = 0; i < o.n_literal_sets; i++) {
+        snprintf(name, sizeof(name), "literals-%u", o.literals[i]);
+        if (!wanted(&o, name))
+            continue;
+        struct ruleset rs = {0};
+        struct corpus c;
+        literal_workload(o.literals[i], &rs, &c, &o);
+        run_workload(eng, name, &rs, &c, o.buffer, &o, &res[n++]);
+        rs_free(&rs);
+        free(c.p);
+    }
+    snprintf(name, sizeof(name), "regex-%u", o.regexes);
+    if (o.regexes > 0 && wanted(&o, name)) {
+        struct ruleset rs = {0};
+        struct corpus c;
+        regex_workload(o.regexes, &rs, &c, &o);
+        run_workload(eng, name, &rs, &c, o.buffer, &o, &res[n++]);
+        rs_free(&rs);
+        free(c.p);
+    }
+    static const char *const real[][3] = {
+        {"dict-15", "rebar/dict-15.rules", "rebar/haystacks/sherlock.txt"},
+        {"dict-10", "rebar/dict-10.rules", "rebar/haystacks/opensubtitles/en-sampled.txt"},
+        {"gitleaks-keywords", "gitleaks/gitleaks-keywords.rules", "rebar/haystacks/sherlock.txt"},
+        {"gitleaks-regex", "gitleaks/gitleaks-regex.rules", "rebar/haystacks/sherlock.txt"},
+    };
+    for (size_t i = 0; i < sizeof(real) / sizeof(real[0]); i++) {
+        if (!wanted(&o, real[i][0]))
+            continue;
+        struct ruleset rs = {0};
+        struct corpus c = {0};
+        if (real_workload(real[i][1], real[i][2], &rs, &c, &o))
+            run_workload(eng, real[i][0], &rs, &c, o.real_buffer, &o, &res[n++]);
+        rs_free(&rs);
+        free(c.p);
+    }
+    bool equal = true;
+    for (size_t i = 0; i < n && !o.no_hs; i++)
+        equal &= res[i].gpu_hits == res[i].hs_hits;
+    if (n > 0) {
+        if (o.json)
+            print_json(stdout, res, n, gpu_engine_device(eng), &o);
+        else
+            print_text(res, n, gpu_engine_device(eng), &o);
+        FILE *f = o.json_out ? fopen(o.json_out, "w") : NULL;
+        if (f != NULL) {
+            print_json(f, res, n, gpu_engine_device(eng), &o);
+            fclose(f);
+        }
+    }
+    gpu_engine_destroy(eng);
+    return equal ? 0 : 1;
+}

@@ -1,0 +1,822 @@
+/*
+ * One batch: plan (launch policy, segments, work items), check limits, make
+ * catalogs resident, upload, dispatch, read back, finish hits. docs/gpu.md
+ * walks through it; the kernel is shaders/scan.comp.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* The kernel indexes the catalog with these offsets (scan.comp gets them as
+ * push constants from here); the layout must not move under it. */
+_Static_assert(CAT_GROUP_WORDS == 16, "catalog group entry changed size");
+_Static_assert(CAT_G_TRANS == 9 && CAT_G_ACCEPTS == 11, "catalog group layout changed");
+
+#define ALIGN16(x) (((x) + 15u) & ~(uint64_t)15u)
+#define MIB        (1u << 20)
+
+static const VkBufferUsageFlags USE_STORAGE_DST =
+    VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+
+/* ---- validation and planning ------------------------------------------ */
+
+static int validate(const struct gpu_engine *eng, const struct gpu_batch *b, struct vks_error *err)
+{
+    if (eng->broken)
+        return vks_error_set(err, -ENODEV,
+                             "the engine's last batch timed out or lost the device: destroy "
+                             "and re-create the engine");
+    if (b->n_buffers > 0 && b->buffers == NULL)
+        return vks_error_set(err, -EINVAL, "batch has %u buffers but no buffer array",
+                             b->n_buffers);
+    if (b->n_catalogs == 0 || b->n_catalogs > GPU_MAX_BATCH_CATALOGS || b->catalogs == NULL)
+        return vks_error_set(err, -EINVAL,
+                             "batch names %u catalogs: a batch needs 1 to %u; split it",
+                             b->n_catalogs, GPU_MAX_BATCH_CATALOGS);
+    for (uint32_t c = 0; c < b->n_catalogs; c++) {
+        if (b->catalogs[c] == NULL)
+            return vks_error_set(err, -EINVAL, "batch catalog %u is NULL", c);
+    }
+    if (b->n_buffers >= (1u << 28))
+        return vks_error_set(err, -E2BIG, "batch has %u buffers, over the limit of %u: split it",
+                             b->n_buffers, 1u << 28);
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        const struct gpu_buffer *gb = &b->buffers[i];
+        if (gb->catalog >= b->n_catalogs)
+            return vks_error_set(err, -EINVAL, "buffer %u names catalog %u of %u", i, gb->catalog,
+                                 b->n_catalogs);
+        if ((unsigned)gb->mode > SCAN_COUNT)
+            return vks_error_set(err, -EINVAL, "buffer %u has unknown report mode %d", i,
+                                 (int)gb->mode);
+        if (gb->len > 0 && gb->data == NULL)
+            return vks_error_set(err, -EINVAL, "buffer %u has %zu bytes but no data", i, gb->len);
+    }
+    return 0;
+}
+
+/* ---- limits, residency ------------------------------------------------- */
+
+static int find_resident(const struct gpu_engine *eng, const struct catalog *cat)
+{
+    const uint8_t *fp = catalog_fingerprint(cat);
+    for (uint32_t i = 0; i < eng->n_cats; i++) {
+        if (memcmp(eng->cats[i].fp, fp, CATALOG_FP_LEN) == 0)
+            return (int)i;
+    }
+    return -1;
+}
+
+static bool slot_in_batch(const struct batch_ctx *bc, int slot)
+{
+    for (uint32_t c = 0; c < bc->batch->n_catalogs; c++) {
+        if (bc->cat_slot[c] == slot)
+            return true;
+    }
+    return false;
+}
+
+static void evict(struct gpu_engine *eng, uint32_t slot)
+{
+    gbuf_destroy(eng, &eng->cats[slot].buf);
+    eng->cats[slot] = eng->cats[--eng->n_cats];
+}
+
+/* Evicts the least recently used catalog this batch does not use. */
+static bool evict_one(struct batch_ctx *bc)
+{
+    struct gpu_engine *eng = bc->eng;
+    int victim = -1;
+    for (uint32_t i = 0; i < eng->n_cats; i++) {
+        if (slot_in_batch(bc, (int)i))
+            continue;
+        if (victim < 0 || eng->cats[i].last_use < eng->cats[victim].last_use)
+            victim = (int)i;
+    }
+    if (victim < 0)
+        return false;
+    uint32_t last = eng->n_cats - 1;
+    evict(eng, (uint32_t)victim);
+    /* The moved entry keeps its batch index. */
+    for (uint32_t c = 0; c < bc->batch->n_catalogs; c++) {
+        if (bc->cat_slot[c] == (int)last)
+            bc->cat_slot[c] = victim;
+    }
+    bc->tel->catalog_evictions++;
+    return true;
+}
+
+/* Device bytes a device-local buffer grows by to hold `size`. */
+static uint64_t need_size(const struct gbuf *b, uint64_t size)
+{
+    return (uint64_t)gbuf_grow_size(b->size, size) - b->size;
+}
+
+/* Checks the device limits and the memory budget before any device work,
+ * evicting unused catalogs when that makes the batch fit. */
+static int check_limits(struct batch_ctx *bc, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    const struct gpu_batch *b = bc->batch;
+    uint64_t range = eng->info.max_storage_range;
+    uint64_t meta_bytes = (uint64_t)bc->n_meta * 16;
+    uint64_t cat_bytes = 0;
+    for (uint32_t c = 0; c < b->n_catalogs; c++) {
+        size_t words;
+        catalog_words(b->catalogs[c], &words);
+        bc->cat_slot[c] = find_resident(eng, b->catalogs[c]);
+        bc->alias[c] = -1;
+        for (uint32_t d = 0; d < c && bc->alias[c] < 0; d++) {
+            if (memcmp(catalog_fingerprint(b->catalogs[d]), catalog_fingerprint(b->catalogs[c]),
+                       CATALOG_FP_LEN) == 0)
+                bc->alias[c] = (int)d;
+        }
+        bc->cat_new[c] = bc->cat_slot[c] == -1 && bc->alias[c] < 0;
+        if (bc->cat_new[c])
+            cat_bytes += (uint64_t)gbuf_grow_size(0, words * 4);
+        if (words * 4 > range)
+            return vks_error_set(err, -E2BIG,
+                                 "catalog %u is %zu bytes, over the device's storage buffer "
+                                 "range of %llu: split the rule set",
+                                 c, words * 4, (unsigned long long)range);
+    }
+    bc->new_cat_bytes = cat_bytes;
+    if (bc->hay_bytes > range || meta_bytes > range)
+        return vks_error_set(err, -E2BIG,
+                             "batch needs a %llu-byte haystack and %llu bytes of work items, "
+                             "over the device's storage buffer range of %llu: split the batch",
+                             (unsigned long long)bc->hay_bytes, (unsigned long long)meta_bytes,
+                             (unsigned long long)range);
+    uint64_t grow_bytes = need_size(&eng->hay, bc->hay_bytes) + need_size(&eng->meta, meta_bytes) +
+                          need_size(&eng->carry, (uint64_t)bc->n_carry * 4) +
+                          need_size(&eng->qs, (QS_HEADS + bc->n_ranges) * 4) + cat_bytes;
+    uint64_t evictable = 0;
+    for (uint32_t i = 0; i < eng->n_cats; i++) {
+        if (!slot_in_batch(bc, (int)i))
+            evictable += eng->cats[i].buf.alloc;
+    }
+    uint64_t held = eng->device_bytes - evictable;
+    if (held + grow_bytes > eng->budget)
+        return vks_error_set(err, -E2BIG,
+                             "batch of %u buffers needs %llu bytes of device memory (haystack "
+                             "%llu, work items %llu, catalogs and engine buffers the rest) but "
+                             "only %llu are available under the budget: split the batch or "
+                             "raise the memory budget",
+                             b->n_buffers, (unsigned long long)(held + grow_bytes),
+                             (unsigned long long)bc->hay_bytes, (unsigned long long)meta_bytes,
+                             (unsigned long long)eng->budget);
+    while (eng->device_bytes + grow_bytes > eng->budget && evict_one(bc))
+        ;
+    uint32_t n_new = 0;
+    for (uint32_t c = 0; c < b->n_catalogs; c++)
+        n_new += bc->cat_new[c];
+    while (eng->n_cats + n_new > GPU_MAX_RESIDENT_CATALOGS && evict_one(bc))
+        ;
+    return 0;
+}
+
+static int make_resident(struct batch_ctx *bc, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    const struct gpu_batch *b = bc->batch;
+    for (uint32_t c = 0; c < b->n_catalogs; c++) {
+        if (bc->alias[c] >= 0) {
+            bc->cat_slot[c] = bc->cat_slot[bc->alias[c]];
+            continue;
+        }
+        if (!bc->cat_new[c]) {
+            bc->tel->catalog_cache_hits++;
+            eng->cats[bc->cat_slot[c]].last_use = ++eng->tick;
+            continue;
+        }
+        size_t words;
+        catalog_words(b->catalogs[c], &words);
+        struct resident_catalog *rc = &eng->cats[eng->n_cats];
+        memset(rc, 0, sizeof(*rc));
+        int r = gbuf_create(eng, &rc->buf, words * 4, USE_STORAGE_DST, GBUF_DEVICE, err);
+        if (r < 0)
+            return r;
+        memcpy(rc->fp, catalog_fingerprint(b->catalogs[c]), CATALOG_FP_LEN);
+        rc->words = (uint32_t)words;
+        rc->last_use = ++eng->tick;
+        bc->cat_slot[c] = (int)eng->n_cats++;
+        bc->tel->catalog_uploads++;
+    }
+    return 0;
+}
+
+static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    const VkBufferUsageFlags src = VK_BUFFER_USAGE_TRANSFER_SRC_BIT;
+    int rc = gbuf_reserve(eng, &eng->hay, bc->hay_bytes, USE_STORAGE_DST, GBUF_DEVICE, err);
+    if (rc == 0)
+        rc = gbuf_reserve(eng, &eng->meta, bc->n_meta * 16, USE_STORAGE_DST, GBUF_DEVICE, err);
+    if (rc == 0)
+        rc = gbuf_reserve(eng, &eng->carry, (uint64_t)bc->n_carry * 4, USE_STORAGE_DST, GBUF_DEVICE,
+                          err);
+    if (rc == 0)
+        rc = gbuf_reserve(eng, &eng->qs, (QS_HEADS + bc->n_ranges) * 4, USE_STORAGE_DST | src,
+                          GBUF_DEVICE, err);
+    if (rc == 0)
+        rc = gbuf_reserve(eng, &eng->qs_host, (QS_HEADS + bc->n_ranges) * 4,
+                          VK_BUFFER_USAGE_TRANSFER_DST_BIT, GBUF_READBACK, err);
+    bool direct = eng->direct && eng->hay.map != NULL && eng->meta.map != NULL;
+    if (rc == 0 && !direct)
+        rc = gbuf_reserve(eng, &eng->staging, bc->hay_bytes + bc->n_meta * 16 + bc->new_cat_bytes,
+                          src, GBUF_STAGING, err);
+    return rc;
+}
+
+/* ---- upload ------------------------------------------------------------ */
+
+struct fill_job {
+    uint8_t *dst; /* haystack byte 0 */
+    const struct gpu_batch *batch;
+    const uint64_t *offs;
+    uint64_t lo, hi; /* haystack bytes to fill */
+    uint32_t pieces;
+};
+
+/* Copies haystack bytes [lo, hi) of the batch into dst, zeroing padding. */
+static void fill_range(const struct fill_job *j, uint64_t lo, uint64_t hi)
+{
+    uint32_t a = 0, z = j->batch->n_buffers;
+    while (a < z) { /* first buffer whose padded end is past lo */
+        uint32_t m = a + (z - a) / 2;
+        if (j->offs[m + 1] <= lo)
+            a = m + 1;
+        else
+            z = m;
+    }
+    for (uint32_t i = a; i < j->batch->n_buffers && j->offs[i] < hi; i++) {
+        const struct gpu_buffer *gb = &j->batch->buffers[i];
+        uint64_t s = j->offs[i] > lo ? j->offs[i] : lo;
+        uint64_t e = j->offs[i + 1] < hi ? j->offs[i + 1] : hi;
+        uint64_t data_end = j->offs[i] + gb->len;
+        if (s < data_end) {
+            uint64_t ce = e < data_end ? e : data_end;
+            memcpy(j->dst + s, gb->data + (s - j->offs[i]), ce - s);
+            s = ce;
+        }
+        if (s < e)
+            memset(j->dst + s, 0, e - s);
+    }
+}
+
+static void fill_piece(void *ctx, uint32_t i)
+{
+    const struct fill_job *j = ctx;
+    uint64_t span = j->hi - j->lo;
+    uint64_t lo = j->lo + span * i / j->pieces;
+    uint64_t hi = j->lo + span * (i + 1) / j->pieces;
+    fill_range(j, lo, hi);
+}
+
+static void fill_parallel(struct batch_ctx *bc, uint8_t *dst, uint64_t lo, uint64_t hi)
+{
+    struct fill_job j = {
+        .dst = dst, .batch = bc->batch, .offs = bc->eng->scratch.offs, .lo = lo, .hi = hi};
+    uint64_t pieces = (hi - lo) / MIB;
+    uint32_t t = upload_pool_threads(bc->eng->pool);
+    j.pieces = pieces < 1 ? 1 : (pieces > t ? t : (uint32_t)pieces);
+    if (j.pieces == 1)
+        fill_range(&j, lo, hi);
+    else
+        upload_pool_run(bc->eng->pool, fill_piece, &j, j.pieces);
+}
+
+static int submit(struct gpu_engine *eng, VkCommandBuffer cb, VkFence fence,
+                  struct gpu_telemetry *tel, struct vks_error *err)
+{
+    VkSubmitInfo si = {
+        .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+        .commandBufferCount = 1,
+        .pCommandBuffers = &cb,
+    };
+    VkResult r = vkQueueSubmit(eng->queue, 1, &si, fence);
+    tel->submits++;
+    if (r != VK_SUCCESS) {
+        if (r == VK_ERROR_DEVICE_LOST)
+            eng->broken = true;
+        return gpu_vk_error(r, "vkQueueSubmit", err);
+    }
+    return 0;
+}
+
+/* Discrete devices: the haystack goes through staging in chunks; the copy
+ * of chunk k runs on the device while the threads fill chunk k+1. */
+static int upload_haystack(struct batch_ctx *bc, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    uint64_t total = bc->hay_bytes;
+    if (total == 0)
+        return 0;
+    if (eng->direct && eng->hay.map != NULL) {
+        fill_parallel(bc, eng->hay.map, 0, total);
+        return 0;
+    }
+    uint64_t chunk = (total / MAX_UPLOAD_CHUNKS + MIB - 1) & ~(uint64_t)(MIB - 1);
+    if (chunk < 16 * MIB)
+        chunk = 16 * MIB;
+    uint32_t k = 0;
+    for (uint64_t lo = 0; lo < total; lo += chunk, k++) {
+        uint64_t hi = lo + chunk < total ? lo + chunk : total;
+        fill_parallel(bc, eng->staging.map, lo, hi);
+        VkCommandBuffer cb = eng->upcmd[k];
+        VkCommandBufferBeginInfo bi = {
+            .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+            .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT,
+        };
+        VkBufferCopy region = {.srcOffset = lo, .dstOffset = lo, .size = hi - lo};
+        VkResult r = vkBeginCommandBuffer(cb, &bi);
+        if (r == VK_SUCCESS) {
+            vkCmdCopyBuffer(cb, eng->staging.buf, eng->hay.buf, 1, &region);
+            r = vkEndCommandBuffer(cb);
+        }
+        if (r != VK_SUCCESS)
+            return gpu_vk_error(r, "recording a haystack upload", err);
+        int rc = submit(eng, cb, VK_NULL_HANDLE, bc->tel, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Writes the work items and new catalogs: straight into mapped device
+ * memory, or into staging behind the haystack (copied by record()). */
+static void upload_small(struct batch_ctx *bc)
+{
+    struct gpu_engine *eng = bc->eng;
+    bool direct = eng->staging.map == NULL || (eng->direct && eng->meta.map != NULL);
+    uint8_t *meta_dst = direct ? eng->meta.map : (uint8_t *)eng->staging.map + bc->hay_bytes;
+    memcpy(meta_dst, eng->scratch.meta, bc->n_meta * 16);
+    uint64_t off = bc->hay_bytes + bc->n_meta * 16;
+    for (uint32_t c = 0; c < bc->batch->n_catalogs; c++) {
+        if (!bc->cat_new[c])
+            continue;
+        size_t words;
+        const uint32_t *w = catalog_words(bc->batch->catalogs[c], &words);
+        struct gbuf *cb = &eng->cats[bc->cat_slot[c]].buf;
+        if (cb->map != NULL) {
+            memcpy(cb->map, w, words * 4);
+        } else {
+            memcpy((uint8_t *)eng->staging.map + off, w, words * 4);
+            off += ALIGN16(words * 4);
+        }
+        bc->tel->catalog_bytes_uploaded += words * 4;
+    }
+    bc->tel->meta_bytes_uploaded = bc->n_meta * 16;
+    bc->tel->haystack_bytes_uploaded = bc->hay_bytes;
+}
+
+/* ---- record, run, read back ------------------------------------------- */
+
+static void update_sets(struct batch_ctx *bc)
+{
+    struct gpu_engine *eng = bc->eng;
+    for (uint32_t c = 0; c < bc->batch->n_catalogs; c++) {
+        const struct gbuf *cat = &eng->cats[bc->cat_slot[c]].buf;
+        VkDescriptorBufferInfo bi[6] = {
+            {eng->hay.buf, 0, VK_WHOLE_SIZE},  {cat->buf, 0, VK_WHOLE_SIZE},
+            {eng->meta.buf, 0, VK_WHOLE_SIZE}, {eng->qs.buf, 0, VK_WHOLE_SIZE},
+            {eng->hits.buf, 0, VK_WHOLE_SIZE}, {eng->carry.buf, 0, VK_WHOLE_SIZE},
+        };
+        VkWriteDescriptorSet w[6];
+        for (uint32_t i = 0; i < 6; i++) {
+            w[i] = (VkWriteDescriptorSet){
+                .sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                .dstSet = eng->sets[c],
+                .dstBinding = i,
+                .descriptorCount = 1,
+                .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                .pBufferInfo = &bi[i],
+            };
+        }
+        vkUpdateDescriptorSets(eng->dev, 6, w, 0, NULL);
+    }
+}
+
+static void barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags src_access,
+                    VkPipelineStageFlags dst, VkAccessFlags dst_access)
+{
+    VkMemoryBarrier mb = {
+        .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+        .srcAccessMask = src_access,
+        .dstAccessMask = dst_access,
+    };
+    vkCmdPipelineBarrier(cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+static void record_copies(struct batch_ctx *bc, VkCommandBuffer cb)
+{
+    struct gpu_engine *eng = bc->eng;
+    if (eng->staging.map == NULL || (eng->direct && eng->meta.map != NULL))
+        return;
+    VkBufferCopy meta = {.srcOffset = bc->hay_bytes, .size = bc->n_meta * 16};
+    vkCmdCopyBuffer(cb, eng->staging.buf, eng->meta.buf, 1, &meta);
+    uint64_t off = bc->hay_bytes + bc->n_meta * 16;
+    for (uint32_t c = 0; c < bc->batch->n_catalogs; c++) {
+        const struct gbuf *dst = &eng->cats[bc->cat_slot[c]].buf;
+        if (!bc->cat_new[c] || dst->map != NULL)
+            continue;
+        size_t words;
+        catalog_words(bc->batch->catalogs[c], &words);
+        VkBufferCopy r = {.srcOffset = off, .size = words * 4};
+        vkCmdCopyBuffer(cb, eng->staging.buf, dst->buf, 1, &r);
+        off += ALIGN16(words * 4);
+    }
+}
+
+static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
+{
+    struct gpu_engine *eng = bc->eng;
+    const struct scan_range *sr = &eng->scratch.ranges[r];
+    struct catalog_group g;
+    catalog_group(bc->batch->catalogs[sr->cat], sr->group, &g);
+    size_t words;
+    const uint32_t *base = catalog_words(bc->batch->catalogs[sr->cat], &words);
+    struct scan_push pc = {
+        .items = sr->items,
+        .n_items = sr->n_items,
+        .head = QS_HEADS + r,
+        .bufs = 0,
+        .carry_base = sr->carry_base,
+        .max_cost = sr->max_cost,
+        .hit_cap = (uint32_t)(eng->hits.size / 16),
+        .layer = sr->group,
+        .n_classes = g.n_classes,
+        .acc_row = g.first_accept * g.n_classes,
+        .first_accept = g.first_accept,
+        .maxlen = g.maxlen,
+        .classmap = (uint32_t)(g.classmap - base),
+        .trans = (uint32_t)(g.trans - base),
+        .accidx = (uint32_t)(g.accept_index - base),
+        .accepts = (uint32_t)(g.accepts - base),
+        .trans_words = g.n_states * g.n_classes,
+        .start_bos = g.start[0],
+        .start_word = g.start[1],
+        .start_nl = g.start[2],
+        .start_other = g.start[3],
+        .packed = g.n_states <= 65536,
+    };
+    vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, sr->pipe);
+    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, eng->layout, 0, 1,
+                            &eng->sets[sr->cat], 0, NULL);
+    vkCmdPushConstants(cb, eng->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(pc), &pc);
+    vkCmdDispatch(cb, sr->workgroups, 1, 1);
+    bc->tel->kernel_launches++;
+}
+
+/* Records the pass: (uploads of items and catalogs,) queue reset, the
+ * dispatches round by round, and the queue-state readback. */
+static int record(struct batch_ctx *bc, bool copies, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    VkCommandBuffer cb = eng->cmd;
+    VkCommandBufferBeginInfo bi = {
+        .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+        .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT,
+    };
+    VkResult r = vkBeginCommandBuffer(cb, &bi);
+    if (r != VK_SUCCESS)
+        return gpu_vk_error(r, "vkBeginCommandBuffer", err);
+    if (copies)
+        record_copies(bc, cb);
+    vkCmdFillBuffer(cb, eng->qs.buf, 0, (QS_HEADS + bc->n_ranges) * 4, 0);
+    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+            VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_HOST_WRITE_BIT,
+            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+            VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    if (eng->qpool != VK_NULL_HANDLE) {
+        vkCmdResetQueryPool(cb, eng->qpool, 0, 2);
+        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, eng->qpool, 0);
+    }
+    for (uint32_t round = 0; round < bc->rounds; round++) {
+        if (round > 0)
+            barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                    VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                    VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+        for (uint32_t k = 0; k < bc->n_ranges; k++) {
+            if (eng->scratch.ranges[k].round == round)
+                push_range(bc, cb, k);
+        }
+    }
+    if (eng->qpool != VK_NULL_HANDLE)
+        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, eng->qpool, 1);
+    barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+            VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+            VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_HOST_READ_BIT);
+    VkBufferCopy qc = {.size = (QS_HEADS + bc->n_ranges) * 4};
+    vkCmdCopyBuffer(cb, eng->qs.buf, eng->qs_host.buf, 1, &qc);
+    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+            VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    r = vkEndCommandBuffer(cb);
+    if (r != VK_SUCCESS)
+        return gpu_vk_error(r, "vkEndCommandBuffer", err);
+    return 0;
+}
+
+static void invalidate(struct gpu_engine *eng, const struct gbuf *b)
+{
+    if (b->coherent)
+        return;
+    VkMappedMemoryRange mr = {
+        .sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE,
+        .memory = b->mem,
+        .size = VK_WHOLE_SIZE,
+    };
+    vkInvalidateMappedMemoryRanges(eng->dev, 1, &mr);
+}
+
+static void flush(struct gpu_engine *eng, const struct gbuf *b)
+{
+    if (b->coherent || b->map == NULL)
+        return;
+    VkMappedMemoryRange mr = {
+        .sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE,
+        .memory = b->mem,
+        .size = VK_WHOLE_SIZE,
+    };
+    vkFlushMappedMemoryRanges(eng->dev, 1, &mr);
+}
+
+/* Submits the recorded pass and waits for it within the timeout. */
+static int run_pass(struct batch_ctx *bc, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    vkResetFences(eng->dev, 1, &eng->fence);
+    uint64_t t0 = gpu_now_ns();
+    int rc = submit(eng, eng->cmd, eng->fence, bc->tel, err);
+    if (rc < 0)
+        return rc;
+    VkResult r = vkWaitForFences(eng->dev, 1, &eng->fence, VK_TRUE, eng->timeout_ns);
+    bc->tel->sync_points++;
+    bc->tel->device_ns += gpu_now_ns() - t0;
+    if (r != VK_SUCCESS) {
+        eng->broken = true;
+        return gpu_vk_error(r, "waiting for the scan batch", err);
+    }
+    uint64_t ts[2];
+    bool have_ts = eng->qpool != VK_NULL_HANDLE &&
+                   vkGetQueryPoolResults(eng->dev, eng->qpool, 0, 2, sizeof(ts), ts, 8,
+                                         VK_QUERY_RESULT_64_BIT) == VK_SUCCESS;
+    if (have_ts && eng->ts_valid_bits < 64) {
+        uint64_t mask = (1ull << eng->ts_valid_bits) - 1;
+        ts[0] &= mask;
+        ts[1] &= mask;
+    }
+    bc->tel->kernel_ns += have_ts && ts[1] >= ts[0]
+                              ? (uint64_t)((double)(ts[1] - ts[0]) * eng->ts_period)
+                              : gpu_now_ns() - t0;
+    return 0;
+}
+
+/* Makes the hit ring hold `hits` and re-runs the pass: no hit is lost. */
+static int grow_ring(struct batch_ctx *bc, uint64_t hits, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    uint64_t bytes = hits * 16;
+    if (bytes > eng->info.max_storage_range)
+        return vks_error_set(err, -E2BIG,
+                             "batch produced %llu hits, %llu bytes, over the device's storage "
+                             "buffer range of %llu: split the batch",
+                             (unsigned long long)hits, (unsigned long long)bytes,
+                             (unsigned long long)eng->info.max_storage_range);
+    return gbuf_reserve(eng, &eng->hits, bytes,
+                        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
+                        eng->direct ? GBUF_READBACK : GBUF_DEVICE, err);
+}
+
+/* Discrete devices: copies the used prefix of the device-local ring to
+ * host memory (one more submit and wait, only when there are hits). */
+static int copy_hits(struct batch_ctx *bc, uint64_t n, const uint32_t **out, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    if (eng->hits.map != NULL || n == 0) {
+        invalidate(eng, &eng->hits);
+        *out = eng->hits.map;
+        return 0;
+    }
+    int rc = gbuf_reserve(eng, &eng->hits_host, n * 16, VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                          GBUF_READBACK, err);
+    if (rc < 0)
+        return rc;
+    VkCommandBufferBeginInfo bi = {
+        .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+        .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT,
+    };
+    VkResult r = vkBeginCommandBuffer(eng->cmd, &bi);
+    if (r == VK_SUCCESS) {
+        VkBufferCopy c = {.size = n * 16};
+        vkCmdCopyBuffer(eng->cmd, eng->hits.buf, eng->hits_host.buf, 1, &c);
+        barrier(eng->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        r = vkEndCommandBuffer(eng->cmd);
+    }
+    if (r != VK_SUCCESS)
+        return gpu_vk_error(r, "recording the hit readback", err);
+    vkResetFences(eng->dev, 1, &eng->fence);
+    rc = submit(eng, eng->cmd, eng->fence, bc->tel, err);
+    if (rc < 0)
+        return rc;
+    r = vkWaitForFences(eng->dev, 1, &eng->fence, VK_TRUE, eng->timeout_ns);
+    bc->tel->sync_points++;
+    if (r != VK_SUCCESS) {
+        eng->broken = true;
+        return gpu_vk_error(r, "waiting for the hit readback", err);
+    }
+    invalidate(eng, &eng->hits_host);
+    *out = eng->hits_host.map;
+    return 0;
+}
+
+static int append_hit(struct gpu_result *res, uint32_t buf, const struct scan_hit *h)
+{
+    if (res->n_hits == res->cap) {
+        size_t n = res->cap ? res->cap * 2 : 256;
+        struct gpu_hit *p = realloc(res->hits, n * sizeof(*p));
+        if (p == NULL)
+            return -ENOMEM;
+        res->hits = p;
+        res->cap = n;
+    }
+    res->hits[res->n_hits++] = (struct gpu_hit){buf, h->rule, h->count, h->end};
+    return 0;
+}
+
+/* Groups the raw hits by buffer (counting sort) and gives each buffer's
+ * hits the report mode through scan_hits_finalize, as refscan does. */
+static int finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
+                       struct gpu_result *res, struct vks_error *err)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    const struct gpu_batch *b = bc->batch;
+    if (gpu_grow_array((void **)&s->counts, &s->counts_cap, (size_t)b->n_buffers + 1, 4) < 0 ||
+        gpu_grow_array((void **)&s->pairs, &s->pairs_cap, n, 8) < 0)
+        return vks_error_set(err, -ENOMEM, "out of memory sorting %llu hits",
+                             (unsigned long long)n);
+    memset(s->counts, 0, ((size_t)b->n_buffers + 1) * 4);
+    for (uint64_t i = 0; i < n; i++)
+        s->counts[raw[i * 4] + 1]++;
+    for (uint32_t i = 0; i < b->n_buffers; i++)
+        s->counts[i + 1] += s->counts[i];
+    for (uint64_t i = 0; i < n; i++) {
+        const uint32_t *h = &raw[i * 4];
+        s->pairs[s->counts[h[0]]++] = (uint64_t)h[3] << 32 | h[1];
+    }
+    uint64_t t = gpu_now_ns();
+    bc->tel->readback_ns = t - bc->t_read;
+    size_t start = 0;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        size_t end = s->counts[i];
+        if (end == start)
+            continue;
+        s->one.n = 0;
+        for (size_t k = start; k < end; k++) {
+            if (scan_hits_push(&s->one, (uint32_t)s->pairs[k], s->pairs[k] >> 32, 1) < 0)
+                return vks_error_set(err, -ENOMEM, "out of memory collecting hits");
+        }
+        scan_hits_finalize(&s->one, b->catalogs[b->buffers[i].catalog], b->buffers[i].mode);
+        for (size_t k = 0; k < s->one.n; k++) {
+            if (append_hit(res, i, &s->one.v[k]) < 0)
+                return vks_error_set(err, -ENOMEM, "out of memory returning hits");
+        }
+        start = end;
+    }
+    bc->tel->finalize_ns = gpu_now_ns() - t;
+    return 0;
+}
+
+/* Runs passes until the ring held every hit, then reads the hits back. */
+static int run_and_read(struct batch_ctx *bc, struct gpu_result *res, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    struct gpu_telemetry *tel = bc->tel;
+    int rc = run_pass(bc, err);
+    const uint32_t *qs = eng->qs_host.map;
+    bc->t_read = gpu_now_ns();
+    while (rc == 0) {
+        invalidate(eng, &eng->qs_host);
+        tel->bytes_read_back += (QS_HEADS + bc->n_ranges) * 4;
+        if (qs[QS_ERROR] & QS_ERR_CUT)
+            return vks_error_set(err, -EIO,
+                                 "the driver cut a scan loop short (device %s): lower "
+                                 "segment_bytes or chain_bytes so items fit its loop budget",
+                                 eng->info.name);
+        tel->items_processed = qs[QS_DONE];
+        tel->items_remaining = bc->items_total - qs[QS_DONE];
+        tel->occupancy = bc->workers ? (double)qs[QS_ACTIVE] / (double)bc->workers : 0;
+        if (qs[QS_DONE] != bc->items_total)
+            return vks_error_set(err, -EIO,
+                                 "%llu of %llu work items were left unprocessed: this is a "
+                                 "bug in the launch policy, please report it",
+                                 (unsigned long long)tel->items_remaining,
+                                 (unsigned long long)bc->items_total);
+        tel->hits_raw = qs[QS_HIT_HEAD];
+        if (qs[QS_HIT_HEAD] <= eng->hits.size / 16)
+            break;
+        tel->hit_reruns++;
+        rc = grow_ring(bc, qs[QS_HIT_HEAD], err);
+        if (rc == 0) {
+            update_sets(bc);
+            rc = record(bc, false, err);
+        }
+        if (rc == 0)
+            rc = run_pass(bc, err);
+        bc->t_read = gpu_now_ns();
+    }
+    tel->hit_capacity = eng->hits.size / 16;
+    if (rc < 0)
+        return rc;
+    uint64_t n = tel->hits_raw;
+    tel->bytes_read_back += n * 16;
+    const uint32_t *raw = NULL;
+    rc = copy_hits(bc, n, &raw, err);
+    if (rc < 0)
+        return rc;
+    return finish_hits(bc, raw, n, res, err);
+}
+
+static int dispatch(struct batch_ctx *bc, struct gpu_result *res, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    struct gpu_telemetry *tel = bc->tel;
+    uint64_t t0 = gpu_now_ns();
+    int rc = gpu_plan_batch(bc, err);
+    if (rc == 0)
+        rc = check_limits(bc, err);
+    if (rc == 0)
+        rc = gpu_pick_pipelines(bc, err);
+    tel->plan_ns = gpu_now_ns() - t0;
+    tel->items_total = bc->items_total;
+    tel->rounds = bc->rounds;
+    tel->workgroup_size = bc->plan.wg;
+    tel->segment_bytes = bc->plan.seg_bytes;
+    tel->hit_writer = eng->writer;
+    if (rc < 0 || bc->items_total == 0)
+        return rc;
+    rc = make_resident(bc, err);
+    if (rc == 0)
+        rc = reserve_buffers(bc, err);
+    if (rc < 0)
+        return rc;
+    uint64_t t1 = gpu_now_ns();
+    upload_small(bc);
+    rc = upload_haystack(bc, err);
+    flush(eng, &eng->staging);
+    flush(eng, &eng->hay);
+    flush(eng, &eng->meta);
+    tel->upload_ns = gpu_now_ns() - t1;
+    if (rc < 0)
+        return rc;
+    update_sets(bc);
+    rc = record(bc, true, err);
+    if (rc == 0)
+        rc = run_and_read(bc, res, err);
+    return rc;
+}
+
+int gpu_batch_dispatch(struct gpu_engine *eng, const struct gpu_batch *batch,
+                       struct gpu_result *res, struct vks_error *err)
+{
+    uint64_t t0 = gpu_now_ns();
+    res->n_hits = 0;
+    memset(&res->tel, 0, sizeof(res->tel));
+    vks_error_clear(err);
+    int rc = validate(eng, batch, err);
+    if (rc < 0)
+        return rc;
+    struct batch_ctx bc = {.eng = eng, .batch = batch, .tel = &res->tel};
+    rc = dispatch(&bc, res, err);
+    struct gpu_telemetry *tel = &res->tel;
+    tel->bytes_uploaded =
+        tel->haystack_bytes_uploaded + tel->catalog_bytes_uploaded + tel->meta_bytes_uploaded;
+    tel->bytes_moved = tel->bytes_uploaded + tel->bytes_read_back;
+    tel->resident_allocations = eng->n_allocs;
+    tel->resident_bytes = eng->alloc_bytes;
+    tel->device_bytes = eng->device_bytes;
+    tel->resident_catalogs = eng->n_cats;
+    tel->total_ns = gpu_now_ns() - t0;
+    if (rc < 0)
+        res->n_hits = 0;
+    return rc;
+}
+
+void gpu_result_finish(struct gpu_result *res)
+{
+    free(res->hits);
+    memset(res, 0, sizeof(*res));
+}
+
+void gpu_batch_scratch_finish(struct batch_scratch *s)
+{
+    free(s->meta);
+    free(s->offs);
+    free(s->ranges);
+    free(s->counts);
+    free(s->pairs);
+    scan_hits_finish(&s->one);
+    memset(s, 0, sizeof(*s));
+}

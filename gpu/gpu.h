@@ -1,0 +1,215 @@
+/*
+ * The GPU engine: scans batches of buffers against packed catalogs
+ * (rules/catalog.h) with one Vulkan compute megakernel (shaders/scan.comp).
+ *
+ * This header is the whole interface of gpu/: nothing outside gpu/ includes
+ * vulkan.h. docs/gpu.md describes the design (batch layout, segments, the hit
+ * ring, telemetry, limits).
+ *
+ * Threads: an engine is used by one thread at a time (the daemon's GPU
+ * worker). Different engines are independent. gpu_device_list may be called
+ * from any thread.
+ *
+ * Results are exact: for every buffer, the hits equal what refscan_buffer
+ * returns for the same catalog, buffer and report mode.
+ */
+#ifndef VKS_GPU_GPU_H
+#define VKS_GPU_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "catalog.h"
+#include "error.h"
+#include "refscan.h"
+
+enum gpu_device_type {
+    GPU_DEVICE_OTHER = 0,
+    GPU_DEVICE_INTEGRATED = 1,
+    GPU_DEVICE_DISCRETE = 2,
+    GPU_DEVICE_VIRTUAL = 3,
+    GPU_DEVICE_CPU = 4,
+};
+
+enum gpu_hit_writer {
+    GPU_HITS_AUTO = 0,     /* subgroup when the device has ballot + arithmetic */
+    GPU_HITS_SCALAR = 1,   /* one atomic per hit */
+    GPU_HITS_SUBGROUP = 2, /* one atomic per subgroup and accepting step */
+};
+
+#define GPU_MAX_HEAPS             16u
+#define GPU_MAX_BATCH_CATALOGS    8u
+#define GPU_PIPELINE_LRU          32u
+#define GPU_DEFAULT_TIMEOUT_MS    30000u
+#define GPU_MAX_RESIDENT_CATALOGS 64u
+
+struct gpu_heap_info {
+    uint64_t size;
+    uint64_t budget; /* VK_EXT_memory_budget, or size when the device lacks it */
+    uint64_t usage;  /* likewise, 0 without the extension */
+    bool device_local;
+};
+
+struct gpu_device_info {
+    uint32_t index; /* in Vulkan's enumeration order */
+    char name[256];
+    enum gpu_device_type type;
+    char driver[256]; /* driver name and info, e.g. "llvmpipe Mesa 22.3.6" */
+    uint32_t vendor_id;
+    uint32_t device_id;
+    uint32_t api_version;
+    uint32_t subgroup_size;
+    uint32_t subgroup_ops; /* VkSubgroupFeatureFlags in the compute stage */
+    bool subgroup_hits;    /* ballot + arithmetic: the subgroup hit writer works */
+    bool memory_budget;    /* VK_EXT_memory_budget present */
+    bool timestamps;       /* compute queue has timestamps */
+    uint32_t n_heaps;
+    struct gpu_heap_info heaps[GPU_MAX_HEAPS];
+    uint32_t max_workgroup_size;
+    uint32_t max_shared_bytes;
+    uint64_t max_storage_range;
+    uint32_t sm_count;     /* VK_NV_shader_sm_builtins, else 0 */
+    uint32_t warps_per_sm; /* likewise */
+    uint32_t loop_budget;  /* loop iterations per invocation the driver runs; ~0u if unbounded */
+};
+
+/*
+ * Lists the Vulkan devices of this host into `out` (at most `cap`) and sets
+ * `*n` to how many exist. Returns 0, -ENODEV when Vulkan has no device (or
+ * no loader/driver), -ENOMEM; fills `err`.
+ */
+int gpu_device_list(struct gpu_device_info *out, uint32_t cap, uint32_t *n, struct vks_error *err);
+
+struct gpu_options {
+    /* NULL or "": the best device (discrete > integrated > virtual > CPU).
+     * Decimal digits: that index. Otherwise a case-insensitive substring of
+     * the device name. */
+    const char *device;
+    /* Device-memory budget in bytes; 0: 90% of the device-local heap's
+     * budget. Everything the engine allocates on the device counts. */
+    uint64_t memory_budget;
+    /* VkPipelineCache file: loaded at create, saved at destroy. NULL: none. */
+    const char *pipeline_cache_path;
+    uint32_t timeout_ms; /* per-batch fence wait; 0: GPU_DEFAULT_TIMEOUT_MS */
+    uint32_t timeout_us; /* when non-zero, overrides timeout_ms (tests) */
+    enum gpu_hit_writer hit_writer;
+    uint32_t hit_capacity;   /* initial hit ring size in hits; 0: 65536 */
+    uint32_t segment_bytes;  /* 0: chosen per batch by the launch policy */
+    uint32_t chain_bytes;    /* bytes of an unbounded walk per round; 0: the device's */
+    uint32_t workgroup_size; /* 0: chosen by the launch policy */
+    uint32_t max_workgroups; /* per launch; 0: chosen by the launch policy */
+    uint32_t upload_threads; /* host threads copying into staging; 0: up to 8 */
+};
+
+/* One buffer of a batch. `data` is borrowed for the call. */
+struct gpu_buffer {
+    const uint8_t *data;
+    size_t len;
+    uint64_t id;         /* the caller's, echoed in no result: results index buffers */
+    enum scan_mode mode; /* SCAN_ALL, SCAN_FIRST or SCAN_COUNT */
+    uint32_t catalog;    /* index into gpu_batch.catalogs */
+};
+
+struct gpu_batch {
+    const struct catalog *const *catalogs; /* borrowed, at most GPU_MAX_BATCH_CATALOGS */
+    uint32_t n_catalogs;
+    const struct gpu_buffer *buffers; /* borrowed */
+    uint32_t n_buffers;
+};
+
+/* A final hit: as refscan's struct scan_hit, plus the buffer's batch index. */
+struct gpu_hit {
+    uint32_t buffer;
+    uint32_t rule;
+    uint32_t count;
+    uint64_t end;
+};
+
+struct gpu_telemetry {
+    uint64_t bytes_uploaded;          /* everything host -> device */
+    uint64_t haystack_bytes_uploaded; /* buffer bytes (with alignment padding) */
+    uint64_t catalog_bytes_uploaded;
+    uint64_t meta_bytes_uploaded;  /* buffer table + work items */
+    uint64_t bytes_read_back;      /* queue state + the used prefix of the hit ring */
+    uint64_t bytes_moved;          /* uploaded + read back */
+    uint32_t resident_allocations; /* live memory allocations after the call */
+    uint64_t resident_bytes;       /* their size, host-visible staging included */
+    uint64_t device_bytes;         /* of which device-local: what the budget limits */
+    uint32_t resident_catalogs;
+    uint32_t kernel_launches;
+    uint32_t submits;
+    uint32_t sync_points;         /* host waits on the device */
+    uint32_t pipeline_cache_hits; /* pipelines found in the LRU */
+    uint32_t pipeline_compiles;
+    uint32_t catalog_cache_hits; /* batch catalogs already resident */
+    uint32_t catalog_uploads;
+    uint32_t catalog_evictions;
+    bool plan_cache_hit;
+    enum gpu_hit_writer hit_writer;
+    uint32_t workgroup_size;
+    uint32_t workgroups;    /* per launch, largest */
+    uint32_t segment_bytes; /* chosen segment size */
+    uint32_t rounds;        /* chained rounds for unbounded groups */
+    uint64_t items_total;
+    uint64_t items_processed;
+    uint64_t items_remaining; /* after the first pass; re-launched until 0 */
+    double occupancy;         /* workers that claimed an item / workers launched */
+    uint64_t hits_raw;        /* raw matches found (hit head) */
+    uint64_t hit_capacity;    /* ring size of the final pass */
+    uint32_t hit_reruns;      /* passes re-run because the ring overflowed */
+    uint64_t plan_ns;         /* checks, launch policy, work items, pipelines */
+    uint64_t upload_ns;       /* host side: staging filled and every chunk submitted */
+    uint64_t kernel_ns;       /* GPU timestamps around the dispatches, all passes */
+    uint64_t device_ns;       /* host wall time from the last submit to its fence, all passes */
+    uint64_t readback_ns;     /* queue state and the hit prefix read, hits grouped by buffer */
+    uint64_t finalize_ns;     /* report modes applied per buffer */
+    uint64_t total_ns;        /* the whole call */
+};
+
+struct gpu_result {
+    struct gpu_hit *hits; /* sorted by (buffer, end, rule) */
+    size_t n_hits;
+    size_t cap;
+    struct gpu_telemetry tel;
+};
+
+struct gpu_engine;
+
+/*
+ * Opens the device `opt` names (NULL: defaults), creates the pipeline cache
+ * and the buffers every batch reuses. Returns 0, -ENODEV (no such device),
+ * -ENOMEM, -EIO (a Vulkan call failed); fills `err`. On success `*out` is
+ * owned by the caller (gpu_engine_destroy).
+ */
+int gpu_engine_create(const struct gpu_options *opt, struct gpu_engine **out,
+                      struct vks_error *err);
+
+/* Waits for the device, saves the pipeline cache, frees everything. NULL and
+ * engines whose last batch failed (timeout, device lost) are allowed. */
+void gpu_engine_destroy(struct gpu_engine *eng);
+
+/* The engine's device (borrowed, valid until destroy). */
+const struct gpu_device_info *gpu_engine_device(const struct gpu_engine *eng);
+
+/*
+ * Scans `batch` and fills `res` (its hits array is reused and grown; zero it
+ * before the first call, gpu_result_finish frees it). Catalogs are borrowed
+ * for the call and kept resident on the device by fingerprint afterwards.
+ * Checks every limit (device-memory budget, buffer sizes, u32 ranges) before
+ * any device work. Errors: -EINVAL (bad batch), -E2BIG (batch over a device
+ * limit or the memory budget; the message has requested and available
+ * bytes), -ENOMEM, -ETIMEDOUT (the fence wait passed the timeout),
+ * -ENODEV (device lost), -EIO (other Vulkan failures, or a shader loop cut
+ * short by the driver). After -ETIMEDOUT or -ENODEV the engine only accepts
+ * gpu_engine_destroy.
+ */
+int gpu_batch_dispatch(struct gpu_engine *eng, const struct gpu_batch *batch,
+                       struct gpu_result *res, struct vks_error *err);
+
+void gpu_result_finish(struct gpu_result *res);
+
+/* Number of catalogs resident on the device now. */
+uint32_t gpu_engine_resident_catalogs(const struct gpu_engine *eng);
+
+#endif

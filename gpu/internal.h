@@ -1,0 +1,250 @@
+/*
+ * gpu/ internals shared by its .c files: the engine struct, buffers, the
+ * pipeline LRU, the upload thread pool. Nothing outside gpu/ includes this.
+ */
+#ifndef VKS_GPU_INTERNAL_H
+#define VKS_GPU_INTERNAL_H
+
+#include <pthread.h>
+#include <vulkan/vulkan.h>
+
+#include "gpu.h"
+
+/* Queue-state words (shaders/scan.comp mirrors them). Per-range claim heads
+ * follow QS_HEADS. */
+enum {
+    QS_HIT_HEAD = 0,
+    QS_DONE = 1,
+    QS_ACTIVE = 2,
+    QS_ERROR = 3,
+    QS_HEADS = 8,
+};
+#define QS_ERR_CUT 1u
+
+/* Push constants, in the order of scan.comp's Push block. */
+struct scan_push {
+    uint32_t items, n_items, head, bufs, carry_base, max_cost, hit_cap, layer;
+    uint32_t n_classes, acc_row, first_accept, maxlen, classmap, trans, accidx, accepts;
+    uint32_t trans_words, start_bos, start_word, start_nl, start_other, packed;
+};
+
+#define NO_CARRY            0xffffffffu
+#define NO_BUDGET           0xffffffffu
+#define LAVAPIPE_LOOP_LIMIT 65535u
+#define MAX_UPLOAD_CHUNKS   64u
+
+/* One VkBuffer with its own memory. `map` is set for host-visible memory. */
+struct gbuf {
+    VkBuffer buf;
+    VkDeviceMemory mem;
+    VkDeviceSize size;
+    VkDeviceSize alloc; /* bytes of the memory allocation */
+    void *map;
+    bool device; /* counted against the device-memory budget */
+    bool coherent;
+};
+
+enum gbuf_kind {
+    GBUF_DEVICE,   /* device-local, written by copies or (direct) mapped */
+    GBUF_STAGING,  /* host-visible, write-combined is fine */
+    GBUF_READBACK, /* host-visible, cached when the device has it */
+};
+
+struct resident_catalog {
+    uint8_t fp[CATALOG_FP_LEN];
+    struct gbuf buf;
+    uint64_t last_use;
+    uint32_t words;
+};
+
+struct pipe_key {
+    uint32_t writer; /* GPU_HITS_SCALAR or GPU_HITS_SUBGROUP */
+    uint32_t wg;
+    uint32_t smem_words;
+    uint32_t step_budget;
+};
+
+struct pipe_entry {
+    struct pipe_key key;
+    VkPipeline pipe;
+    uint64_t last_use;
+};
+
+struct plan_key {
+    uint64_t catalogs; /* hash of the batch's fingerprints */
+    uint32_t n_buffers;
+    uint32_t size_log2;
+    uint32_t max_len_log2;
+    uint32_t pad; /* zero: keys are compared with memcmp */
+};
+
+struct launch_plan {
+    uint32_t wg;
+    uint32_t seg_bytes;
+    uint32_t chain_bytes;
+    uint32_t max_workgroups;
+    uint32_t step_budget;
+    uint32_t smem_cap; /* most shared transition words a pipeline may hold */
+};
+
+struct plan_entry {
+    struct plan_key key;
+    struct launch_plan plan;
+    uint64_t last_use;
+    bool used;
+};
+#define PLAN_CACHE 16u
+
+struct upload_pool;
+
+/* One dispatch: a range of work items of one (catalog, group, round). */
+struct scan_range {
+    uint32_t cat; /* index into the batch's catalogs */
+    uint32_t group;
+    uint32_t round;
+    uint32_t items; /* meta index (uvec4) of the first item */
+    uint32_t n_items;
+    uint32_t carry_base; /* NO_CARRY for bounded groups */
+    uint32_t max_cost;   /* loop iterations of the costliest item */
+    uint32_t smem_words;
+    uint32_t workgroups;
+    VkPipeline pipe;
+};
+
+/* Host-side scratch reused between batches (grown, never shrunk). */
+struct batch_scratch {
+    uint32_t *meta;  /* uvec4 words: buffer table then items */
+    size_t meta_cap; /* in uvec4 */
+    uint64_t *offs;  /* haystack byte offset of each buffer, plus the end */
+    size_t offs_cap;
+    struct scan_range *ranges;
+    size_t ranges_cap;
+    uint32_t *counts; /* per-buffer hit counts while sorting */
+    size_t counts_cap;
+    uint64_t *pairs; /* (rule << 32 | end) sorted by buffer */
+    size_t pairs_cap;
+    struct scan_hits one; /* one buffer's hits through scan_hits_finalize */
+};
+
+struct gpu_engine {
+    VkInstance inst;
+    VkPhysicalDevice phys;
+    VkDevice dev;
+    VkQueue queue;
+    uint32_t qfam;
+    struct gpu_device_info info;
+    VkPhysicalDeviceMemoryProperties mem;
+    uint32_t ts_valid_bits;
+    float ts_period;
+
+    uint64_t budget;
+    uint64_t device_bytes; /* live device-local allocations */
+    uint32_t n_allocs;
+    uint64_t alloc_bytes;
+    bool direct; /* device-local memory is host-visible on a CPU/integrated device */
+    bool broken; /* a batch timed out or the device was lost */
+    uint64_t timeout_ns;
+    enum gpu_hit_writer writer;
+    struct gpu_options opt;
+    char *cache_path;
+
+    VkDescriptorSetLayout dsl;
+    VkPipelineLayout layout;
+    VkPipelineCache pcache;
+    VkShaderModule modules[3]; /* indexed by enum gpu_hit_writer */
+    struct pipe_entry pipes[GPU_PIPELINE_LRU];
+    uint32_t n_pipes;
+    VkDescriptorPool dpool;
+    VkDescriptorSet sets[GPU_MAX_BATCH_CATALOGS];
+
+    VkCommandPool cpool;
+    VkCommandBuffer cmd;
+    VkCommandBuffer upcmd[MAX_UPLOAD_CHUNKS];
+    VkFence fence;
+    VkQueryPool qpool;
+
+    /* hits: the ring, device-local on discrete devices, whose used prefix
+     * is copied to hits_host after the pass; mapped directly elsewhere. */
+    struct gbuf hay, staging, meta, qs, qs_host, hits, hits_host, carry;
+
+    struct resident_catalog cats[GPU_MAX_RESIDENT_CATALOGS];
+    uint32_t n_cats;
+    uint64_t tick;
+
+    struct plan_entry plans[PLAN_CACHE];
+    struct upload_pool *pool;
+    struct batch_scratch scratch;
+};
+
+/* One gpu_batch_dispatch call in flight. */
+struct batch_ctx {
+    struct gpu_engine *eng;
+    const struct gpu_batch *batch;
+    struct gpu_telemetry *tel;
+    struct launch_plan plan;
+    int cat_slot[GPU_MAX_BATCH_CATALOGS]; /* index into eng->cats, -1 until resident */
+    bool cat_new[GPU_MAX_BATCH_CATALOGS];
+    int alias[GPU_MAX_BATCH_CATALOGS];      /* earlier batch catalog with the same fingerprint */
+    uint32_t seg[GPU_MAX_BATCH_CATALOGS];   /* segment bytes per catalog */
+    uint32_t chain[GPU_MAX_BATCH_CATALOGS]; /* chained walk bytes per round */
+    uint32_t acc_iters[GPU_MAX_BATCH_CATALOGS]; /* accept-loop iterations per byte, worst */
+    uint64_t hay_bytes;
+    size_t n_meta; /* uvec4 */
+    size_t n_ranges;
+    uint32_t rounds;
+    uint32_t n_carry; /* words */
+    uint64_t items_total;
+    uint64_t workers;
+    uint64_t new_cat_bytes;
+    uint64_t t_read; /* when the last pass's fence signalled */
+};
+
+/* plan.c: lays out the haystack, writes the work items and ranges into the
+ * engine's scratch, picks the launch plan (through the plan cache) and each
+ * range's pipeline. Both return 0 or a negative errno with `err` filled. */
+int gpu_plan_batch(struct batch_ctx *bc, struct vks_error *err);
+int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err);
+
+/* Grows `*p` (elements of `elem` bytes, capacity `*cap`) to hold `need`,
+ * doubling; returns 0 or -ENOMEM, leaving `*p` intact on failure. */
+int gpu_grow_array(void **p, size_t *cap, size_t need, size_t elem);
+
+/* Frees the batch scratch (engine destroy). */
+void gpu_batch_scratch_finish(struct batch_scratch *s);
+
+/* Turns a failed VkResult into our error: -ENOMEM for out-of-memory results,
+ * -ENODEV for VK_ERROR_DEVICE_LOST, -ETIMEDOUT for VK_TIMEOUT, else -EIO. */
+int gpu_vk_error(VkResult r, const char *what, struct vks_error *err);
+
+/* Allocates `size` bytes (at least 16) of `kind` memory into `b`; returns 0
+ * or a negative errno with `err` filled. `b` must be zeroed or destroyed. */
+int gbuf_create(struct gpu_engine *eng, struct gbuf *b, VkDeviceSize size, VkBufferUsageFlags usage,
+                enum gbuf_kind kind, struct vks_error *err);
+void gbuf_destroy(struct gpu_engine *eng, struct gbuf *b);
+
+/* Makes `b` at least `size` bytes, reallocating (contents lost) when it is
+ * smaller; the new size is gbuf_grow_size's. */
+int gbuf_reserve(struct gpu_engine *eng, struct gbuf *b, VkDeviceSize size,
+                 VkBufferUsageFlags usage, enum gbuf_kind kind, struct vks_error *err);
+
+/* Size gbuf_reserve would allocate for `size` given the current `have`. */
+VkDeviceSize gbuf_grow_size(VkDeviceSize have, VkDeviceSize size);
+
+/* Finds or compiles the pipeline of `key` (LRU of GPU_PIPELINE_LRU);
+ * `*hit` says whether it was cached. */
+int gpu_pipeline_get(struct gpu_engine *eng, const struct pipe_key *key, VkPipeline *out, bool *hit,
+                     struct vks_error *err);
+int gpu_pipeline_init(struct gpu_engine *eng, struct vks_error *err);
+void gpu_pipeline_finish(struct gpu_engine *eng);
+
+/* Thread pool that runs `fn(ctx, i)` for i in [0, n) and returns when all
+ * are done; the calling thread takes part. */
+typedef void (*pool_fn)(void *ctx, uint32_t i);
+int upload_pool_create(uint32_t threads, struct upload_pool **out);
+void upload_pool_run(struct upload_pool *p, pool_fn fn, void *ctx, uint32_t n);
+uint32_t upload_pool_threads(const struct upload_pool *p);
+void upload_pool_destroy(struct upload_pool *p);
+
+uint64_t gpu_now_ns(void);
+
+#endif

@@ -1,0 +1,392 @@
+/*
+ * Batch planning: the launch policy (workgroup size, segment size, worker
+ * cap, loop budget) with its plan cache, the haystack layout, the work items
+ * (segments of bounded groups, chained rounds of unbounded ones) and each
+ * dispatch's pipeline shape. docs/gpu.md describes the layout.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define ALIGN16(x) (((x) + 15u) & ~(uint64_t)15u)
+
+static uint32_t log2_u64(uint64_t v)
+{
+    uint32_t r = 0;
+    while (v >>= 1)
+        r++;
+    return r;
+}
+
+static uint64_t catalogs_hash(const struct gpu_batch *b)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (uint32_t c = 0; c < b->n_catalogs; c++) {
+        const uint8_t *fp = catalog_fingerprint(b->catalogs[c]);
+        for (uint32_t k = 0; k < 8; k++)
+            h = (h ^ fp[k]) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* The launch policy: workgroup size, segment size, worker cap and loop
+ * budget from the device's limits and the batch's size. */
+static void make_plan(const struct gpu_engine *eng, uint64_t total, struct launch_plan *p)
+{
+    const struct gpu_device_info *d = &eng->info;
+    bool cpu = d->type == GPU_DEVICE_CPU;
+    uint32_t smem = (d->max_shared_bytes - 256 * 4 - 256) / 4;
+    p->smem_cap = smem & ~1023u;
+    if (p->smem_cap < 1024)
+        p->smem_cap = smem;
+    p->wg = eng->opt.workgroup_size;
+    if (p->wg == 0)
+        p->wg = cpu ? 64 : 1024;
+    if (p->wg > d->max_workgroup_size)
+        p->wg = d->max_workgroup_size;
+    /* Threads the device keeps busy at once. A 1024-wide workgroup caps the
+     * kernel at 64 registers, one such workgroup per multiprocessor (H200:
+     * measured best, docs/PERFORMANCE.md). */
+    uint64_t resident = cpu ? 1024 : 65536;
+    if (d->sm_count)
+        resident = (uint64_t)d->sm_count * p->wg;
+    uint64_t seg = 32768;
+    while (seg > 2048 && seg * resident > total)
+        seg /= 2;
+    p->seg_bytes = eng->opt.segment_bytes ? eng->opt.segment_bytes : (uint32_t)seg;
+    p->step_budget = d->loop_budget == 0xffffffffu ? NO_BUDGET : d->loop_budget - 4096;
+    if (eng->opt.chain_bytes)
+        p->chain_bytes = eng->opt.chain_bytes;
+    else
+        p->chain_bytes = p->step_budget == NO_BUDGET ? 0xfffffff0u : 512u * 1024u;
+    p->max_workgroups = cpu ? 0xffffffffu : (uint32_t)((resident + p->wg - 1) / p->wg);
+    if (eng->opt.max_workgroups)
+        p->max_workgroups = eng->opt.max_workgroups;
+}
+
+static void get_plan(struct gpu_engine *eng, const struct gpu_batch *b, uint64_t total,
+                     uint64_t max_len, struct batch_ctx *bc)
+{
+    struct plan_key key = {
+        .catalogs = catalogs_hash(b),
+        .n_buffers = b->n_buffers,
+        .size_log2 = log2_u64(total),
+        .max_len_log2 = log2_u64(max_len),
+    };
+    eng->tick++;
+    struct plan_entry *slot = &eng->plans[0];
+    for (uint32_t i = 0; i < PLAN_CACHE; i++) {
+        struct plan_entry *e = &eng->plans[i];
+        if (e->used && memcmp(&e->key, &key, sizeof(key)) == 0) {
+            e->last_use = eng->tick;
+            bc->plan = e->plan;
+            bc->tel->plan_cache_hit = true;
+            return;
+        }
+        if (!e->used || e->last_use < slot->last_use)
+            slot = e;
+    }
+    make_plan(eng, total, &bc->plan);
+    *slot = (struct plan_entry){.key = key, .plan = bc->plan, .last_use = eng->tick, .used = true};
+}
+
+int gpu_grow_array(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    size_t n = *cap ? *cap : 64;
+    while (n < need)
+        n *= 2;
+    void *q = realloc(*p, n * elem);
+    if (q == NULL)
+        return -ENOMEM;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+static int push_item(struct batch_scratch *s, size_t *n, uint32_t buf, uint32_t lo, uint32_t hi,
+                     uint32_t chain)
+{
+    if (gpu_grow_array((void **)&s->meta, &s->meta_cap, *n + 1, 16) < 0)
+        return -ENOMEM;
+    uint32_t *w = &s->meta[*n * 4];
+    w[0] = buf;
+    w[1] = lo;
+    w[2] = hi;
+    w[3] = chain;
+    (*n)++;
+    return 0;
+}
+
+static bool group_bounded(const struct batch_ctx *bc, uint32_t c, const struct catalog_group *g)
+{
+    if (g->maxlen == CATALOG_UNBOUNDED || g->maxlen == 0)
+        return false;
+    if (bc->plan.step_budget == NO_BUDGET)
+        return true;
+    return (uint64_t)bc->seg[c] + g->maxlen - 1 <= bc->chain[c];
+}
+
+static int add_range(struct batch_ctx *bc, uint32_t c, uint32_t g, uint32_t round, uint32_t items,
+                     uint32_t n, uint32_t carry, uint32_t max_cost)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    if (n == 0)
+        return 0;
+    if (gpu_grow_array((void **)&s->ranges, &s->ranges_cap, bc->n_ranges + 1, sizeof(*s->ranges)) <
+        0)
+        return -ENOMEM;
+    s->ranges[bc->n_ranges++] = (struct scan_range){
+        .cat = c,
+        .group = g,
+        .round = round,
+        .items = items,
+        .n_items = n,
+        .carry_base = carry,
+        .max_cost = max_cost,
+    };
+    bc->items_total += n;
+    if (round + 1 > bc->rounds)
+        bc->rounds = round + 1;
+    return 0;
+}
+
+/* Loop iterations the kernel may run for an item of `walk` bytes of
+ * catalog c: 16 bytes per iteration, up to 15 + 15 unaligned ends, and the
+ * accept loops of a match at every position. */
+static uint32_t walk_cost(const struct batch_ctx *bc, uint32_t c, uint64_t walk)
+{
+    uint64_t cost = (walk + 15) / 16 + 34 + (walk + 1) * bc->acc_iters[c];
+    return cost > 0xfffffff0u ? 0xfffffff0u : (uint32_t)cost;
+}
+
+/* Worst accept-loop iterations per byte of catalog c: the most accept
+ * entries of any state, twice with the subgroup writer (count, then
+ * write). */
+static uint32_t accept_iters(const struct gpu_engine *eng, const struct catalog *cat)
+{
+    uint32_t most = 0;
+    struct catalog_group g;
+    for (uint32_t k = 0; k < catalog_group_count(cat); k++) {
+        catalog_group(cat, k, &g);
+        for (uint32_t a = 0; a + g.first_accept < g.n_states; a++) {
+            uint32_t n = g.accept_index[a + 1] - g.accept_index[a];
+            if (n > most)
+                most = n;
+        }
+    }
+    return most * (eng->writer == GPU_HITS_SUBGROUP ? 2 : 1);
+}
+
+/* Fits catalog c's segments and chained walks to the device's loop budget
+ * (lavapipe); elsewhere they are the plan's. */
+static void fit_budget(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded)
+{
+    const struct launch_plan *p = &bc->plan;
+    bc->seg[c] = p->seg_bytes;
+    bc->chain[c] = p->chain_bytes;
+    bc->acc_iters[c] = 0;
+    if (p->step_budget == NO_BUDGET)
+        return;
+    bc->acc_iters[c] = accept_iters(bc->eng, bc->batch->catalogs[c]);
+    uint64_t fill = (256 + p->smem_cap) / p->wg + 8;
+    uint64_t usable = p->step_budget - fill - 64 - bc->acc_iters[c];
+    uint64_t bytes = usable * 16 / (16 * (uint64_t)bc->acc_iters[c] + 1);
+    bytes &= ~(uint64_t)15;
+    if (bytes < bc->chain[c])
+        bc->chain[c] = (uint32_t)bytes;
+    if (max_bounded > 0 && bc->seg[c] + (uint64_t)max_bounded - 1 > bytes)
+        bc->seg[c] = bytes > max_bounded + 16u ? (uint32_t)(bytes - max_bounded + 1) : 16u;
+}
+
+/* Bounded groups of catalog c share one segment list: segments own end
+ * offsets (s, t]; the kernel starts each maxlen-1 bytes early. */
+static int plan_bounded(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded)
+{
+    const struct gpu_batch *b = bc->batch;
+    struct batch_scratch *s = &bc->eng->scratch;
+    uint32_t seg = bc->seg[c];
+    uint32_t first = (uint32_t)bc->n_meta;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        if (b->buffers[i].catalog != c)
+            continue;
+        uint64_t len = b->buffers[i].len;
+        for (uint64_t lo = 0; lo < len; lo += seg) {
+            uint64_t hi = lo + seg < len ? lo + seg : len;
+            if (push_item(s, &bc->n_meta, i, (uint32_t)lo, (uint32_t)hi, 0) < 0)
+                return -ENOMEM;
+        }
+    }
+    uint32_t n = (uint32_t)bc->n_meta - first;
+    uint32_t cost = walk_cost(bc, c, (uint64_t)seg + max_bounded);
+    struct catalog_group g;
+    for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
+        catalog_group(b->catalogs[c], k, &g);
+        if (group_bounded(bc, c, &g) && add_range(bc, c, k, 0, first, n, NO_CARRY, cost) < 0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+/* Unbounded groups walk each buffer from its start; a walk longer than
+ * chain_bytes is cut into rounds that hand the DFA state over in carry[]. */
+static int plan_chained(struct batch_ctx *bc, uint32_t c, uint64_t longest)
+{
+    const struct gpu_batch *b = bc->batch;
+    struct batch_scratch *s = &bc->eng->scratch;
+    uint64_t chain = bc->chain[c];
+    uint32_t rounds = (uint32_t)((longest + chain - 1) / chain);
+    uint32_t cost = walk_cost(bc, c, chain);
+    struct catalog_group g;
+    uint32_t n_groups = catalog_group_count(b->catalogs[c]);
+    for (uint32_t r = 0; r < rounds; r++) {
+        uint32_t first = (uint32_t)bc->n_meta;
+        for (uint32_t i = 0; i < b->n_buffers; i++) {
+            uint64_t len = b->buffers[i].len, lo = r * chain;
+            if (b->buffers[i].catalog != c || lo >= len)
+                continue;
+            uint64_t hi = lo + chain < len ? lo + chain : len;
+            if (push_item(s, &bc->n_meta, i, (uint32_t)lo, (uint32_t)hi, i) < 0)
+                return -ENOMEM;
+        }
+        uint32_t n = (uint32_t)bc->n_meta - first, ug = 0;
+        for (uint32_t k = 0; k < n_groups; k++) {
+            catalog_group(b->catalogs[c], k, &g);
+            if (group_bounded(bc, c, &g))
+                continue;
+            uint32_t carry = (bc->n_carry / b->n_buffers + ug++) * b->n_buffers;
+            if (add_range(bc, c, k, r, first, n, carry, cost) < 0)
+                return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
+static int plan_catalog(struct batch_ctx *bc, uint32_t c)
+{
+    const struct gpu_batch *b = bc->batch;
+    uint64_t longest = 0;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        if (b->buffers[i].catalog == c && b->buffers[i].len > longest)
+            longest = b->buffers[i].len;
+    }
+    if (longest == 0)
+        return 0;
+    uint32_t max_bounded = 0, n_chained = 0;
+    struct catalog_group g;
+    for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
+        catalog_group(b->catalogs[c], k, &g);
+        if (g.maxlen != CATALOG_UNBOUNDED && g.maxlen > max_bounded)
+            max_bounded = g.maxlen;
+    }
+    fit_budget(bc, c, max_bounded);
+    max_bounded = 0;
+    for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
+        catalog_group(b->catalogs[c], k, &g);
+        if (!group_bounded(bc, c, &g))
+            n_chained++;
+        else if (g.maxlen > max_bounded)
+            max_bounded = g.maxlen;
+    }
+    int rc = 0;
+    if (max_bounded > 0)
+        rc = plan_bounded(bc, c, max_bounded);
+    if (rc == 0 && n_chained > 0) {
+        rc = plan_chained(bc, c, longest);
+        bc->n_carry += n_chained * b->n_buffers;
+    }
+    return rc;
+}
+
+/* Lays the buffers out in the haystack (16-byte aligned), writes the buffer
+ * table and the work items, and picks each range's pipeline shape. */
+int gpu_plan_batch(struct batch_ctx *bc, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    const struct gpu_batch *b = bc->batch;
+    struct batch_scratch *s = &eng->scratch;
+    if (gpu_grow_array((void **)&s->offs, &s->offs_cap, (size_t)b->n_buffers + 1, 8) < 0 ||
+        gpu_grow_array((void **)&s->meta, &s->meta_cap, b->n_buffers, 16) < 0)
+        return vks_error_set(err, -ENOMEM, "out of memory planning a batch of %u buffers",
+                             b->n_buffers);
+    uint64_t off = 0, max_len = 0;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        uint64_t len = b->buffers[i].len;
+        s->offs[i] = off;
+        uint32_t *w = &s->meta[i * 4];
+        w[0] = (uint32_t)off;
+        w[1] = (uint32_t)len;
+        w[2] = 0;
+        w[3] = 0;
+        if (len > max_len)
+            max_len = len;
+        if (len > 0xfffffff0u || off + ALIGN16(len) > 0xfffffff0u)
+            return vks_error_set(err, -E2BIG,
+                                 "batch holds %llu bytes by buffer %u, over the 4 GiB a batch "
+                                 "can index: split the batch",
+                                 (unsigned long long)(off + len), i);
+        off += ALIGN16(len);
+    }
+    s->offs[b->n_buffers] = off;
+    bc->hay_bytes = off;
+    bc->n_meta = b->n_buffers;
+    get_plan(eng, b, off, max_len, bc);
+    for (uint32_t c = 0; c < b->n_catalogs; c++) {
+        if (plan_catalog(bc, c) < 0)
+            return vks_error_set(err, -ENOMEM, "out of memory planning work items");
+    }
+    return 0;
+}
+
+/* Shared-memory words for a group's hot transition rows: u16 entries
+ * (two per word) when its states fit in 16 bits, rounded up to 1024 words
+ * so that few pipeline shapes exist. */
+static uint32_t smem_words_for(const struct launch_plan *p, const struct catalog_group *g)
+{
+    uint64_t entries = (uint64_t)g->n_states * g->n_classes;
+    uint64_t words = g->n_states <= 65536 ? (entries + 1) / 2 : entries;
+    words = (words + 1023u) & ~(uint64_t)1023u;
+    return words < p->smem_cap ? (uint32_t)words : p->smem_cap;
+}
+
+/* Chooses each range's pipeline and worker count. */
+int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    const struct launch_plan *p = &bc->plan;
+    for (size_t r = 0; r < bc->n_ranges; r++) {
+        struct scan_range *sr = &eng->scratch.ranges[r];
+        struct catalog_group g;
+        catalog_group(bc->batch->catalogs[sr->cat], sr->group, &g);
+        sr->smem_words = smem_words_for(p, &g);
+        uint32_t fill = (256 + sr->smem_words) / p->wg + 4;
+        if (p->step_budget != NO_BUDGET && fill + sr->max_cost + 8 > p->step_budget)
+            return vks_error_set(err, -E2BIG,
+                                 "a work item needs %u loop iterations, over the device's "
+                                 "budget of %u: lower segment_bytes or chain_bytes",
+                                 sr->max_cost, p->step_budget);
+        uint64_t wgs = (sr->n_items + p->wg - 1) / p->wg;
+        if (wgs > p->max_workgroups)
+            wgs = p->max_workgroups;
+        sr->workgroups = (uint32_t)wgs;
+        if (sr->workgroups > bc->tel->workgroups)
+            bc->tel->workgroups = sr->workgroups;
+        bc->workers += wgs * p->wg;
+        struct pipe_key key = {.writer = eng->writer,
+                               .wg = p->wg,
+                               .smem_words = sr->smem_words,
+                               .step_budget = p->step_budget};
+        bool hit;
+        int rc = gpu_pipeline_get(eng, &key, &sr->pipe, &hit, err);
+        if (rc < 0)
+            return rc;
+        if (hit)
+            bc->tel->pipeline_cache_hits++;
+        else
+            bc->tel->pipeline_compiles++;
+    }
+    return 0;
+}

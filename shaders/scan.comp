@@ -1,0 +1,264 @@
+/*
+ * The scan megakernel: walks one catalog group's DFA over work items of a
+ * batch and appends every match to the hit ring. docs/gpu.md describes the
+ * design; rules/refscan.c is the CPU walk this must equal, byte for byte.
+ *
+ * One dispatch covers one (catalog, group, round) range of work items.
+ * Persistent workers claim items with an atomic head (qs[pc.head]) until the
+ * range is empty or their loop budget is spent. An item is one segment of a
+ * buffer: uvec4(buffer, lo, hi, chain). Bounded groups start maxlen-1 bytes
+ * before lo + 1 and report ends in (lo, hi]; chained (unbounded) ranges start
+ * at lo from the state the previous round left in carry[].
+ *
+ * Built twice by glslc: HIT_SUBGROUP=0 (one atomic per hit) and
+ * HIT_SUBGROUP=1 (one atomic per subgroup and accepting step).
+ */
+#version 450
+#if HIT_SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_ballot : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
+
+layout(local_size_x_id = 0) in;
+/* Transition words of the group kept in shared memory (its first rows). */
+layout(constant_id = 1) const uint SMEM_WORDS = 1024u;
+/* Loop iterations one invocation may run. lavapipe cuts every loop of an
+ * invocation short once their iterations add up to 65535, so there a worker
+ * stops claiming before it could cross the budget; elsewhere it is ~0u. */
+layout(constant_id = 2) const uint STEP_BUDGET = 0xffffffffu;
+
+/* Queue-state words; gpu/batch.c mirrors them (QS_*). */
+const uint QS_HIT_HEAD = 0u;
+const uint QS_DONE = 1u;
+const uint QS_ACTIVE = 2u;
+const uint QS_ERROR = 3u;
+const uint QS_ERR_CUT = 1u;
+
+const uint K_WORD = 0u;
+const uint K_NL = 1u;
+const uint K_OTHER = 2u;
+const uint K_EOD = 3u;
+const uint K_NL_LAST = 4u;
+const uint NONE = 0xffffffffu;
+
+layout(std430, set = 0, binding = 0) readonly buffer Hay { uvec4 hay[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Cat { uint cat[]; };
+layout(std430, set = 0, binding = 2) readonly buffer Meta { uvec4 meta[]; };
+layout(std430, set = 0, binding = 3) buffer Queue { uint qs[]; };
+layout(std430, set = 0, binding = 4) writeonly buffer Hits { uvec4 hits[]; };
+layout(std430, set = 0, binding = 5) buffer Carry { uint carry[]; };
+
+layout(push_constant) uniform Push {
+    uint items;       /* meta index of the range's first item */
+    uint n_items;
+    uint head;        /* qs word the workers claim from */
+    uint bufs;        /* meta index of the buffer table: uvec4(offset, len, 0, 0) */
+    uint carry_base;  /* NONE for bounded ranges */
+    uint max_cost;    /* loop iterations of the costliest item */
+    uint hit_cap;
+    uint layer;       /* group index, reported in hit word 2 */
+    uint n_classes;
+    uint acc_row;     /* first_accept * n_classes */
+    uint first_accept;
+    uint maxlen;
+    uint classmap;    /* word offsets into cat[] */
+    uint trans;
+    uint accidx;
+    uint accepts;
+    uint trans_words;
+    uint start_bos;
+    uint start_word;
+    uint start_nl;
+    uint start_other;
+    uint packed;      /* 1: s_tr holds two u16 transitions per word */
+} pc;
+
+shared uint s_cls[256];
+shared uint s_tr[SMEM_WORDS];
+
+uint g_iters; /* loop iterations run so far by this invocation */
+uint g_hot;   /* transition words present in s_tr */
+
+uint byte_at(uint p)
+{
+    return (hay[p >> 4u][(p >> 2u) & 3u] >> ((p & 3u) * 8u)) & 0xffu;
+}
+
+uint kind_of(uint c)
+{
+    bool word = (c >= 0x61u && c <= 0x7au) || (c >= 0x41u && c <= 0x5au) ||
+                (c >= 0x30u && c <= 0x39u) || c == 0x5fu;
+    return word ? K_WORD : (c == 10u ? K_NL : K_OTHER);
+}
+
+/* Reports the accept entries of state row/n_classes whose lookahead mask
+ * admits kind k, as matches of buffer `buf` ending at `end`. */
+void report(uint row, uint buf, uint end, uint k)
+{
+    uint a = row / pc.n_classes - pc.first_accept;
+    uint e0 = cat[pc.accidx + a];
+    uint e1 = cat[pc.accidx + a + 1u];
+    uint bit = 1u << k;
+#if HIT_SUBGROUP
+    uint n = 0u;
+    for (uint e = e0; e < e1; e++)
+        n += (cat[pc.accepts + e] & bit) != 0u ? 1u : 0u;
+    uint total = subgroupAdd(n);
+    uint before = subgroupExclusiveAdd(n);
+    uint base = 0u;
+    if (total != 0u && subgroupElect())
+        base = atomicAdd(qs[QS_HIT_HEAD], total);
+    uint slot = subgroupBroadcastFirst(base) + before;
+    for (uint e = e0; e < e1; e++) {
+        uint ent = cat[pc.accepts + e];
+        if ((ent & bit) == 0u)
+            continue;
+        if (slot < pc.hit_cap)
+            hits[slot] = uvec4(buf, ent >> 5u, pc.layer, end);
+        slot++;
+    }
+#else
+    for (uint e = e0; e < e1; e++) {
+        uint ent = cat[pc.accepts + e];
+        if ((ent & bit) == 0u)
+            continue;
+        uint slot = atomicAdd(qs[QS_HIT_HEAD], 1u);
+        if (slot < pc.hit_cap)
+            hits[slot] = uvec4(buf, ent >> 5u, pc.layer, end);
+    }
+#endif
+}
+
+/* One DFA step over byte c at position i: accepts of the current state are
+ * checked first, with c as lookahead, then c is consumed. */
+uint step(uint row, uint c, uint i, uint lo, uint len, uint buf)
+{
+    if (row >= pc.acc_row && i > lo) {
+        uint k = kind_of(c);
+        if (k == K_NL && i + 1u == len)
+            k = K_NL_LAST;
+        report(row, buf, i, k);
+    }
+    uint idx = row + s_cls[c];
+    uint next;
+    if (idx < g_hot) {
+        next = pc.packed != 0u ? (s_tr[idx >> 1u] >> ((idx & 1u) * 16u)) & 0xffffu : s_tr[idx];
+    } else {
+        next = cat[pc.trans + idx];
+    }
+    return next * pc.n_classes;
+}
+
+uint step4(uint row, uint w, uint i, uint lo, uint len, uint buf)
+{
+    row = step(row, w & 0xffu, i, lo, len, buf);
+    row = step(row, (w >> 8u) & 0xffu, i + 1u, lo, len, buf);
+    row = step(row, (w >> 16u) & 0xffu, i + 2u, lo, len, buf);
+    return step(row, w >> 24u, i + 3u, lo, len, buf);
+}
+
+void scan_item(uvec4 it)
+{
+    uint buf = it.x;
+    uint lo = it.y;
+    uint hi = it.z;
+    uvec4 b = meta[pc.bufs + buf];
+    uint off = b.x;
+    uint len = b.y;
+    bool chained = pc.carry_base != NONE;
+    uint begin = chained ? lo : (lo + 1u > pc.maxlen ? lo + 1u - pc.maxlen : 0u);
+
+    uint state;
+    if (begin == 0u) {
+        state = pc.start_bos;
+    } else if (chained) {
+        state = carry[pc.carry_base + it.w];
+    } else {
+        uint k = kind_of(byte_at(off + begin - 1u));
+        state = k == K_WORD ? pc.start_word : (k == K_NL ? pc.start_nl : pc.start_other);
+    }
+    uint row = state * pc.n_classes;
+
+    uint i = begin;
+    while (i < hi && (i & 15u) != 0u) {
+        row = step(row, byte_at(off + i), i, lo, len, buf);
+        i++;
+    }
+    while (i + 16u <= hi) {
+        uvec4 v = hay[(off + i) >> 4u];
+        row = step4(row, v.x, i, lo, len, buf);
+        row = step4(row, v.y, i + 4u, lo, len, buf);
+        row = step4(row, v.z, i + 8u, lo, len, buf);
+        row = step4(row, v.w, i + 12u, lo, len, buf);
+        i += 16u;
+    }
+    while (i < hi) {
+        row = step(row, byte_at(off + i), i, lo, len, buf);
+        i++;
+    }
+    if (i != hi)
+        atomicOr(qs[QS_ERROR], QS_ERR_CUT);
+
+    if (row >= pc.acc_row && hi > lo) {
+        uint k = K_EOD;
+        if (hi < len) {
+            k = kind_of(byte_at(off + hi));
+            if (k == K_NL && hi + 1u == len)
+                k = K_NL_LAST;
+        }
+        report(row, buf, hi, k);
+    }
+    if (chained && hi < len)
+        carry[pc.carry_base + it.w] = row / pc.n_classes;
+}
+
+void main()
+{
+    uint wg = gl_WorkGroupSize.x;
+    uint lid = gl_LocalInvocationIndex;
+    g_iters = 0u;
+    for (uint k = lid; k < 256u; k += wg) {
+        s_cls[k] = cat[pc.classmap + k];
+        g_iters++;
+    }
+    /* The first rows of the transition table: with states numbered from
+     * the start state outwards, they are the states a scan spends most of
+     * its time in. Two u16 entries per word when states fit in 16 bits. */
+    if (pc.packed != 0u) {
+        g_hot = min(2u * SMEM_WORDS, pc.trans_words);
+        uint words = (g_hot + 1u) / 2u;
+        for (uint k = lid; k < words; k += wg) {
+            uint lo16 = cat[pc.trans + 2u * k];
+            uint hi16 = 2u * k + 1u < g_hot ? cat[pc.trans + 2u * k + 1u] : 0u;
+            s_tr[k] = lo16 | (hi16 << 16u);
+            g_iters++;
+        }
+    } else {
+        g_hot = min(SMEM_WORDS, pc.trans_words);
+        for (uint k = lid; k < g_hot; k += wg) {
+            s_tr[k] = cat[pc.trans + k];
+            g_iters++;
+        }
+    }
+    barrier();
+
+    /* The host bounds the iterations of every item (walk, unaligned ends,
+     * accept loops) by max_cost; counting that worst case per claim keeps
+     * the subgroup's total, which is what lavapipe limits, in budget. */
+    uint done = 0u;
+    for (;;) {
+        if (STEP_BUDGET != 0xffffffffu && g_iters + pc.max_cost + 1u > STEP_BUDGET)
+            break;
+        g_iters += pc.max_cost + 1u;
+        uint idx = atomicAdd(qs[pc.head], 1u);
+        if (idx >= pc.n_items)
+            break;
+        scan_item(meta[pc.items + idx]);
+        done++;
+    }
+    if (done != 0u) {
+        atomicAdd(qs[QS_DONE], done);
+        atomicAdd(qs[QS_ACTIVE], 1u);
+    }
+}
