@@ -1,0 +1,996 @@
+/*
+ * The vkscan CLI end to end: the binary meson built ($VKSCAN) runs against a
+ * real vkscand ($VKSCAND) started on a temporary socket, over a small tree of
+ * files with known matches. Checked: the text, --json, --count, --first and
+ * -l outputs and grep's exit codes (match, no match, unreadable entry, rule
+ * rejected), standard input, batching of many files, the message for a
+ * missing daemon, `status` and its Prometheus text, `rules check`, and that
+ * the example configuration documents every daemon key and loads.
+ *
+ * One daemon serves the scan cases (an unchecked fixture: it starts once, in
+ * the runner, before the forked tests). Data stays tiny: CI scans on lavapipe.
+ */
+#include <check.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* A NULL-terminated argument list. */
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* ---- fixture: a tree of files and a daemon ------------------------------ */
+
+static char base[64];    /* temporary directory; the CLI runs with it as cwd */
+static char sock[128];   /* the daemon's socket */
+static pid_t daemon_pid; /* 0 when none runs */
+static int notify_fd = -1;
+
+static const char rules_txt[] = "# test rules\n"
+                                "lit:\"needle\"\n"
+                                "mz:{4d 5a 90 00}\n"
+                                "re:/ab[0-9]+c/\n";
+
+static void write_file(const char *rel, const void *data, size_t len)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", base, rel);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    ck_assert_msg(fd >= 0, "create %s: %s", path, strerror(errno));
+    ck_assert_int_eq(write(fd, data, len), (ssize_t)len);
+    close(fd);
+}
+
+static void make_dir(const char *rel)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", base, rel);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+}
+
+/*
+ * tree/a.txt      "needle" twice (ends 9 and 22), "ab12c" (ends 15)
+ * tree/empty      no bytes
+ * tree/sub/b.bin  MZ header (ends 6)
+ * tree/sub/c.txt  nothing to find
+ * bad/            like tree/, plus a dangling symbolic link
+ * clean/          a file without matches
+ * many/           150 files, one match each
+ */
+static void make_tree(void)
+{
+    write_file("rules.txt", rules_txt, strlen(rules_txt));
+    make_dir("tree");
+    make_dir("tree/sub");
+    write_file("tree/a.txt", "xx needle ab12c needle\n", 23);
+    write_file("tree/empty", "", 0);
+    write_file("tree/sub/b.bin", "\x01\x02MZ\x90\x00\x03", 7);
+    write_file("tree/sub/c.txt", "nothing here\n", 13);
+    make_dir("bad");
+    write_file("bad/a.txt", "needle\n", 7);
+    char link[256];
+    snprintf(link, sizeof(link), "%s/bad/dangling", base);
+    ck_assert_int_eq(symlink("/nonexistent/vkscan-test-target", link), 0);
+    make_dir("clean");
+    write_file("clean/x.txt", "no matches in this file\n", 24);
+    make_dir("many");
+    for (int i = 0; i < 150; i++) {
+        char rel[64], data[32];
+        snprintf(rel, sizeof(rel), "many/f%03d.txt", i);
+        int n = snprintf(data, sizeof(data), "%03d needle\n", i);
+        write_file(rel, data, (size_t)n);
+    }
+}
+
+static bool wait_ready(int timeout_ms)
+{
+    struct pollfd p = {.fd = notify_fd, .events = POLLIN};
+    for (int waited = 0; waited < timeout_ms; waited += 100) {
+        if (poll(&p, 1, 100) == 1) {
+            char buf[512] = {0};
+            ssize_t n = recv(notify_fd, buf, sizeof(buf) - 1, 0);
+            if (n > 0 && strstr(buf, "READY=1") != NULL)
+                return true;
+        }
+        int st;
+        if (waitpid(daemon_pid, &st, WNOHANG) == daemon_pid) {
+            daemon_pid = 0;
+            return false;
+        }
+    }
+    return false;
+}
+
+/* Starts vkscand on `sock` with extra flags (NULL-terminated, may be NULL)
+ * and waits for READY=1 on a notify socket of our own. */
+static void daemon_start(const char *const *extra)
+{
+    char notify[128], state[128];
+    snprintf(sock, sizeof(sock), "%s/vkscand.sock", base);
+    snprintf(state, sizeof(state), "%s/state", base);
+    snprintf(notify, sizeof(notify), "%s/notify", base);
+    unlink(notify);
+    notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    ck_assert_int_lt(strlen(notify), sizeof(sa.sun_path));
+    memcpy(sa.sun_path, notify, strlen(notify) + 1);
+    ck_assert_int_eq(bind(notify_fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    const char *bin = getenv("VKSCAND");
+    ck_assert_msg(bin != NULL, "VKSCAND is not set: run through meson test");
+    daemon_pid = fork();
+    ck_assert_int_ge(daemon_pid, 0);
+    if (daemon_pid == 0) {
+        const char *argv[24] = {bin,   "--socket",    sock,     "--state-dir",
+                                state, "--log-level", "warning"};
+        int n = 7;
+        for (int i = 0; extra != NULL && extra[i] != NULL && n < 23; i++)
+            argv[n++] = extra[i];
+        argv[n] = NULL;
+        setenv("NOTIFY_SOCKET", notify, 1);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    ck_assert_msg(wait_ready(120000), "vkscand did not become ready");
+}
+
+static void daemon_stop(void)
+{
+    if (daemon_pid > 0) {
+        kill(daemon_pid, SIGTERM);
+        int st;
+        for (int i = 0; i < 300 && waitpid(daemon_pid, &st, WNOHANG) != daemon_pid; i++)
+            usleep(100000);
+        kill(daemon_pid, SIGKILL);
+        waitpid(daemon_pid, &st, 0);
+        daemon_pid = 0;
+    }
+    if (notify_fd >= 0)
+        close(notify_fd);
+    notify_fd = -1;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void base_create(void)
+{
+    snprintf(base, sizeof(base), "/tmp/vkcli-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(base));
+}
+
+static void base_remove(void)
+{
+    if (base[0] != '\0')
+        nftw(base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void setup_daemon(void)
+{
+    base_create();
+    make_tree();
+    daemon_start(ARGS("--engine", "gpu"));
+}
+
+static void teardown_daemon(void)
+{
+    daemon_stop();
+    base_remove();
+}
+
+/* ---- running the CLI ----------------------------------------------------- */
+
+struct run {
+    int status;
+    char out[65536];
+    char err[16384];
+};
+
+static void slurp(int fd, char *buf, size_t cap)
+{
+    lseek(fd, 0, SEEK_SET);
+    size_t n = 0;
+    ssize_t got;
+    while (n + 1 < cap && (got = read(fd, buf + n, cap - 1 - n)) > 0)
+        n += (size_t)got;
+    buf[n] = '\0';
+    close(fd);
+}
+
+static int temp_fd(const char *name)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", base, name);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ck_assert_int_ge(fd, 0);
+    unlink(path);
+    return fd;
+}
+
+/*
+ * Runs $VKSCAN with `args` (NULL-terminated) in `base`. Standard input is
+ * `in` written through a pipe (NULL: /dev/null); VKSCAN_SOCKET is `env_sock`
+ * (NULL: unset). Fills r->status with the exit status.
+ */
+static void run_cli(struct run *r, const char *in, const char *env_sock, const char *const *args)
+{
+    const char *bin = getenv("VKSCAN");
+    ck_assert_msg(bin != NULL, "VKSCAN is not set: run through meson test");
+    int out = temp_fd("out"), err = temp_fd("err");
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        const char *argv[64] = {bin};
+        int n = 1;
+        for (int i = 0; args[i] != NULL && n < 63; i++)
+            argv[n++] = args[i];
+        argv[n] = NULL;
+        if (in == NULL) {
+            int dn = open("/dev/null", O_RDONLY);
+            dup2(dn, 0);
+        } else {
+            dup2(p[0], 0);
+        }
+        dup2(out, 1);
+        dup2(err, 2);
+        close(p[1]);
+        if (env_sock != NULL)
+            setenv("VKSCAN_SOCKET", env_sock, 1);
+        else
+            unsetenv("VKSCAN_SOCKET");
+        if (chdir(base) != 0)
+            _exit(126);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    close(p[0]);
+    if (in != NULL)
+        ck_assert_int_eq(write(p[1], in, strlen(in)), (ssize_t)strlen(in));
+    close(p[1]);
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st), "vkscan died with signal %d", WTERMSIG(st));
+    r->status = WEXITSTATUS(st);
+    slurp(out, r->out, sizeof(r->out));
+    slurp(err, r->err, sizeof(r->err));
+}
+
+/* `vkscan --socket SOCK scan -r rules.txt ARGS...` */
+static void scan(struct run *r, const char *in, const char *const *args)
+{
+    const char *argv[48] = {"--socket", sock, "scan", "-r", "rules.txt"};
+    int n = 5;
+    for (int i = 0; args[i] != NULL && n < 47; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    run_cli(r, in, NULL, argv);
+}
+
+static size_t count_lines(const char *s)
+{
+    size_t n = 0;
+    for (; *s != '\0'; s++)
+        n += *s == '\n';
+    return n;
+}
+
+/* ---- a small JSON reader: validates a line and keeps its top-level fields */
+
+struct jfield {
+    char key[32];
+    char val[256]; /* strings decoded (ASCII only here), numbers and literals as text */
+    bool is_str;
+};
+
+struct jobj {
+    struct jfield f[16];
+    int n;
+};
+
+struct jp {
+    const char *s;
+    bool ok;
+};
+
+static void jws(struct jp *p)
+{
+    while (*p->s == ' ' || *p->s == '\t' || *p->s == '\n' || *p->s == '\r')
+        p->s++;
+}
+
+/* A JSON string; decoded into out (cap bytes) when out is not NULL. */
+static void jstring(struct jp *p, char *out, size_t cap)
+{
+    size_t n = 0;
+    if (*p->s++ != '"') {
+        p->ok = false;
+        return;
+    }
+    while (p->ok && *p->s != '"') {
+        unsigned char c = (unsigned char)*p->s++;
+        if (c < 0x20 || c == '\0') {
+            p->ok = false;
+        } else if (c == '\\') {
+            char e = *p->s++;
+            if (e == 'u') {
+                for (int i = 0; i < 4; i++)
+                    p->ok &= isxdigit((unsigned char)*p->s++) != 0;
+                c = '?';
+            } else if (strchr("\"\\/bfnrt", e) != NULL && e != '\0') {
+                c = e == 'n' ? '\n' : e == 't' ? '\t' : (unsigned char)e;
+            } else {
+                p->ok = false;
+            }
+        }
+        if (out != NULL && n + 1 < cap)
+            out[n++] = (char)c;
+    }
+    if (out != NULL)
+        out[n] = '\0';
+    if (p->ok)
+        p->s++;
+}
+
+static void jvalue(struct jp *p, char *out, size_t cap, bool *is_str, int depth);
+
+static void jcontainer(struct jp *p, char close, int depth)
+{
+    p->s++;
+    jws(p);
+    if (*p->s == close) {
+        p->s++;
+        return;
+    }
+    while (p->ok) {
+        jws(p);
+        if (close == '}') {
+            jstring(p, NULL, 0);
+            jws(p);
+            if (*p->s++ != ':')
+                p->ok = false;
+        }
+        jvalue(p, NULL, 0, NULL, depth + 1);
+        jws(p);
+        if (*p->s == ',') {
+            p->s++;
+            continue;
+        }
+        if (*p->s++ != close)
+            p->ok = false;
+        return;
+    }
+}
+
+static void jvalue(struct jp *p, char *out, size_t cap, bool *is_str, int depth)
+{
+    jws(p);
+    const char *start = p->s;
+    if (depth > 16) {
+        p->ok = false;
+    } else if (*p->s == '"') {
+        jstring(p, out, cap);
+        if (is_str != NULL)
+            *is_str = true;
+        return;
+    } else if (*p->s == '{' || *p->s == '[') {
+        jcontainer(p, *p->s == '{' ? '}' : ']', depth);
+    } else if (strncmp(p->s, "true", 4) == 0 || strncmp(p->s, "null", 4) == 0) {
+        p->s += 4;
+    } else if (strncmp(p->s, "false", 5) == 0) {
+        p->s += 5;
+    } else {
+        char *end;
+        strtod(p->s, &end);
+        p->ok &= end != p->s && (*p->s == '-' || isdigit((unsigned char)*p->s));
+        p->s = end;
+    }
+    if (out != NULL && p->ok)
+        snprintf(out, cap, "%.*s", (int)(p->s - start), start);
+}
+
+/* Parses one line that must be exactly one JSON object. */
+static bool json_object(const char *line, size_t len, struct jobj *o)
+{
+    static char buf[16384];
+    if (len >= sizeof(buf))
+        return false;
+    memcpy(buf, line, len);
+    buf[len] = '\0';
+    struct jp p = {.s = buf, .ok = true};
+    o->n = 0;
+    jws(&p);
+    if (*p.s++ != '{')
+        return false;
+    jws(&p);
+    while (p.ok && *p.s != '}') {
+        struct jfield *f = &o->f[o->n < 15 ? o->n++ : 15];
+        jws(&p);
+        jstring(&p, f->key, sizeof(f->key));
+        jws(&p);
+        p.ok &= *p.s++ == ':';
+        f->is_str = false;
+        jvalue(&p, f->val, sizeof(f->val), &f->is_str, 1);
+        jws(&p);
+        if (*p.s == ',')
+            p.s++;
+        else if (*p.s != '}')
+            p.ok = false;
+    }
+    if (p.ok)
+        p.s++;
+    jws(&p);
+    return p.ok && *p.s == '\0';
+}
+
+static const struct jfield *jget(const struct jobj *o, const char *key)
+{
+    for (int i = 0; i < o->n; i++) {
+        if (strcmp(o->f[i].key, key) == 0)
+            return &o->f[i];
+    }
+    return NULL;
+}
+
+/* ---- scan: text output and exit codes ------------------------------------ */
+
+static const char tree_hits[] = "tree/a.txt:9:lit\n"
+                                "tree/a.txt:15:re\n"
+                                "tree/a.txt:22:lit\n"
+                                "tree/sub/b.bin:6:mz\n";
+
+START_TEST(scan_text_matches)
+{
+    struct run r;
+    scan(&r, NULL, ARGS("tree"));
+    ck_assert_msg(r.status == 0, "exit %d, stderr: %s", r.status, r.err);
+    ck_assert_str_eq(r.out, tree_hits);
+    ck_assert_str_eq(r.err, "");
+    /* A trailing slash and files named one by one give the same lines. */
+    scan(&r, NULL, ARGS("tree/a.txt", "tree/sub/b.bin", "tree/sub/c.txt"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.out, tree_hits);
+}
+END_TEST
+
+START_TEST(scan_no_match_exit_1)
+{
+    struct run r;
+    scan(&r, NULL, ARGS("clean"));
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_str_eq(r.out, "");
+    ck_assert_str_eq(r.err, "");
+    scan(&r, NULL, ARGS("tree/empty", "tree/sub/c.txt"));
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_str_eq(r.out, "");
+}
+END_TEST
+
+START_TEST(scan_unreadable_exit_2)
+{
+    struct run r;
+    scan(&r, NULL, ARGS("bad"));
+    ck_assert_int_eq(r.status, 2);
+    /* The other file is still scanned and reported. */
+    ck_assert_str_eq(r.out, "bad/a.txt:6:lit\n");
+    ck_assert_msg(strstr(r.err, "vkscan: bad/dangling: No such file or directory (skipped)\n") !=
+                      NULL,
+                  "stderr: %s", r.err);
+    scan(&r, NULL, ARGS("clean", "no-such-file"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_ptr_nonnull(strstr(r.err, "vkscan: no-such-file: No such file or directory"));
+}
+END_TEST
+
+START_TEST(scan_first_count_list)
+{
+    struct run r;
+    scan(&r, NULL, ARGS("--first", "tree"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.out, "tree/a.txt:9:lit\ntree/a.txt:15:re\ntree/sub/b.bin:6:mz\n");
+    scan(&r, NULL, ARGS("--count", "tree"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.out, "tree/a.txt:2:lit\ntree/a.txt:1:re\ntree/sub/b.bin:1:mz\n");
+    scan(&r, NULL, ARGS("-l", "tree", "clean"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.out, "tree/a.txt\ntree/sub/b.bin\n");
+    scan(&r, NULL, ARGS("-l", "clean"));
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_str_eq(r.out, "");
+}
+END_TEST
+
+START_TEST(scan_stdin)
+{
+    struct run r;
+    scan(&r, "--needle--ab7c\n", ARGS("-"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.out, "(standard input):8:lit\n(standard input):14:re\n");
+    scan(&r, "nothing\n", ARGS("-"));
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_str_eq(r.out, "");
+}
+END_TEST
+
+/* 150 files are more than one request carries (64 descriptors): several
+ * requests, several in flight, and still the files' order on output. */
+START_TEST(scan_many_files_in_order)
+{
+    char expect[150 * 32], *e = expect;
+    for (int i = 0; i < 150; i++)
+        e += sprintf(e, "many/f%03d.txt:10:lit\n", i);
+    struct run r;
+    scan(&r, NULL, ARGS("-j", "4", "many"));
+    ck_assert_msg(r.status == 0, "exit %d, stderr: %s", r.status, r.err);
+    ck_assert_str_eq(r.out, expect);
+    scan(&r, NULL, ARGS("-j", "1", "many"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.out, expect);
+}
+END_TEST
+
+START_TEST(scan_rejected_rule_exit_2)
+{
+    static const char bad_rules[] = "lit:\"needle\"\n"
+                                    "\n"
+                                    "broken:/fo+(/\n";
+    write_file("bad-rules.txt", bad_rules, strlen(bad_rules));
+    struct run r;
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "-r", "bad-rules.txt", "tree/a.txt"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_str_eq(r.out, "tree/a.txt:9:lit\ntree/a.txt:22:lit\n");
+    ck_assert_msg(strstr(r.err, "bad-rules.txt:3: rule 'broken' rejected") != NULL, "stderr: %s",
+                  r.err);
+}
+END_TEST
+
+/* ---- scan --json ---------------------------------------------------------- */
+
+/* Each line parses as one JSON object; returns the objects' count. */
+static int parse_lines(const char *out, struct jobj *objs, int cap)
+{
+    int n = 0;
+    for (const char *line = out; *line != '\0';) {
+        const char *nl = strchr(line, '\n');
+        ck_assert_ptr_nonnull(nl);
+        ck_assert_int_lt(n, cap);
+        ck_assert_msg(json_object(line, (size_t)(nl - line), &objs[n]), "not JSON: %.*s",
+                      (int)(nl - line), line);
+        n++;
+        line = nl + 1;
+    }
+    return n;
+}
+
+START_TEST(scan_json_matches_text)
+{
+    struct run r, t;
+    scan(&r, NULL, ARGS("--json", "tree"));
+    scan(&t, NULL, ARGS("tree"));
+    ck_assert_int_eq(r.status, 0);
+    struct jobj o[8];
+    int n = parse_lines(r.out, o, 8);
+    ck_assert_int_eq(n, (int)count_lines(t.out));
+    /* Rebuild the text form from the JSON fields: it must be identical. */
+    char rebuilt[1024] = "", *w = rebuilt;
+    static const char *const order[] = {"lit", "mz", "re"}; /* the rule file's order */
+    for (int i = 0; i < n; i++) {
+        const struct jfield *path = jget(&o[i], "path"), *off = jget(&o[i], "offset");
+        const struct jfield *rule = jget(&o[i], "rule"), *idx = jget(&o[i], "rule_index");
+        ck_assert_msg(path && off && rule && idx, "fields missing in line %d", i);
+        ck_assert(path->is_str && rule->is_str && !off->is_str && !idx->is_str);
+        ck_assert_ptr_null(jget(&o[i], "count"));
+        ck_assert_str_eq(order[atoi(idx->val)], rule->val);
+        w += sprintf(w, "%s:%s:%s\n", path->val, off->val, rule->val);
+    }
+    ck_assert_str_eq(rebuilt, t.out);
+
+    scan(&r, NULL, ARGS("--json", "--count", "tree/a.txt"));
+    n = parse_lines(r.out, o, 8);
+    ck_assert_int_eq(n, 2);
+    ck_assert_str_eq(jget(&o[0], "rule")->val, "lit");
+    ck_assert_str_eq(jget(&o[0], "count")->val, "2");
+    ck_assert_str_eq(jget(&o[0], "offset")->val, "9");
+    ck_assert_str_eq(jget(&o[1], "rule")->val, "re");
+    ck_assert_str_eq(jget(&o[1], "count")->val, "1");
+
+    scan(&r, NULL, ARGS("--json", "-l", "tree"));
+    n = parse_lines(r.out, o, 8);
+    ck_assert_int_eq(n, 2);
+    ck_assert_str_eq(jget(&o[0], "path")->val, "tree/a.txt");
+    ck_assert_str_eq(jget(&o[0], "rules_matched")->val, "2");
+    ck_assert_str_eq(jget(&o[1], "path")->val, "tree/sub/b.bin");
+}
+END_TEST
+
+/* A file name that is not UTF-8 still gives valid JSON, and its exact bytes. */
+START_TEST(scan_json_odd_names)
+{
+    make_dir("odd");
+    write_file("odd/q\"uote\x01\xff.txt", "needle", 6);
+    struct run r;
+    scan(&r, NULL, ARGS("--json", "odd"));
+    ck_assert_int_eq(r.status, 0);
+    struct jobj o[2];
+    ck_assert_int_eq(parse_lines(r.out, o, 2), 1);
+    ck_assert_ptr_nonnull(jget(&o[0], "path"));
+    const struct jfield *b64 = jget(&o[0], "path_base64");
+    ck_assert_ptr_nonnull(b64);
+    /* base64("odd/q\"uote\x01\xff.txt") */
+    ck_assert_str_eq(b64->val, "b2RkL3EidW90ZQH/LnR4dA==");
+}
+END_TEST
+
+/* ---- the daemon is not there ------------------------------------------------ */
+
+START_TEST(missing_daemon)
+{
+    base_create();
+    char path[128], expect[256];
+    snprintf(path, sizeof(path), "%s/none.sock", base);
+    write_file("rules.txt", rules_txt, strlen(rules_txt));
+    snprintf(expect, sizeof(expect),
+             "vkscan: vkscand is not running at %s: start it with systemctl start vkscand\n", path);
+    struct run r;
+    run_cli(&r, NULL, NULL, ARGS("--socket", path, "scan", "-r", "rules.txt", "."));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_str_eq(r.err, expect);
+    ck_assert_str_eq(r.out, "");
+    /* VKSCAN_SOCKET chooses the socket when --socket is absent. */
+    run_cli(&r, NULL, path, ARGS("status"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_str_eq(r.err, expect);
+    /* A socket file nobody listens on reads the same. */
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    ck_assert_int_lt(strlen(path), sizeof(sa.sun_path));
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    close(fd);
+    run_cli(&r, NULL, NULL, ARGS("--socket", path, "status"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_str_eq(r.err, expect);
+    base_remove();
+}
+END_TEST
+
+/* ---- rules check --------------------------------------------------------------- */
+
+START_TEST(rules_check_good_and_bad)
+{
+    base_create();
+    write_file("rules.txt", rules_txt, strlen(rules_txt));
+    struct run r;
+    run_cli(&r, NULL, NULL, ARGS("rules", "check", "rules.txt"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_ptr_nonnull(strstr(r.out, "rules.txt: 3 rules compiled, 0 rejected"));
+    ck_assert_ptr_nonnull(strstr(r.out, "\nfingerprint "));
+    ck_assert_ptr_nonnull(strstr(r.out, "\ngroup 0: "));
+    ck_assert_str_eq(r.err, "");
+
+    static const char bad[] = "ok:\"fine\"\n"
+                              "# a comment\n"
+                              "paren:/fo+(/\n"
+                              "hex:{4d zz}\n";
+    write_file("bad.txt", bad, strlen(bad));
+    run_cli(&r, NULL, NULL, ARGS("rules", "check", "bad.txt"));
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_msg(strstr(r.err, "bad.txt:3: rule 'paren' rejected at column ") != NULL, "%s",
+                  r.err);
+    ck_assert_msg(strstr(r.err, "bad.txt:4: rule 'hex' rejected at column ") != NULL, "%s", r.err);
+    ck_assert_ptr_nonnull(strstr(r.out, "bad.txt: 1 rules compiled, 2 rejected"));
+
+    run_cli(&r, NULL, NULL, ARGS("rules", "check", "missing.txt"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_ptr_nonnull(strstr(r.err, "cannot read missing.txt"));
+    base_remove();
+}
+END_TEST
+
+/* ---- the manual pages ------------------------------------------------------------ */
+
+/* Appends the text of `path` to buf. */
+static void read_text(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+}
+
+/* Every --flag that `cmd` prints in its help is in the roff page, spelled
+ * \-\-flag (roff's minus signs). Returns how many flags were checked. */
+static int flags_in_page(const char *cmd, const char *page)
+{
+    static char text[65536];
+    read_text(page, text, sizeof(text));
+    FILE *help = popen(cmd, "r");
+    ck_assert_ptr_nonnull(help);
+    char line[256];
+    int n = 0;
+    while (fgets(line, sizeof(line), help) != NULL) {
+        for (char *p = strstr(line, "--"); p != NULL; p = strstr(p + 2, "--")) {
+            char flag[64], roff[160] = "\\-\\-", *w = roff + 4;
+            if (sscanf(p + 2, "%63[a-z-]", flag) != 1 || strcmp(flag, "key") == 0)
+                continue; /* "--key value" is vkscand's usage line */
+            for (const char *c = flag; *c != '\0'; c++) {
+                if (*c == '-')
+                    *w++ = '\\';
+                *w++ = *c;
+            }
+            *w = '\0';
+            ck_assert_msg(strstr(text, roff) != NULL, "%s: %s is not documented (%s)", page, roff,
+                          cmd);
+            n++;
+        }
+    }
+    pclose(help);
+    return n;
+}
+
+START_TEST(man_pages_document_every_flag)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s --help", getenv("VKSCAND"));
+    ck_assert_int_ge(flags_in_page(cmd, VKS_SOURCE_ROOT "/docs/vkscand.8"), 20);
+    snprintf(cmd, sizeof(cmd), "%s scan --help", getenv("VKSCAN"));
+    ck_assert_int_ge(flags_in_page(cmd, VKS_SOURCE_ROOT "/docs/vkscan.1"), 7);
+    snprintf(cmd, sizeof(cmd), "%s status --help", getenv("VKSCAN"));
+    ck_assert_int_ge(flags_in_page(cmd, VKS_SOURCE_ROOT "/docs/vkscan.1"), 3);
+}
+END_TEST
+
+/* ---- status ------------------------------------------------------------------- */
+
+START_TEST(status_text_and_json)
+{
+    struct run r;
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "status"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_msg(strncmp(r.out, "vkscand ", 8) == 0, "%s", r.out);
+    ck_assert_ptr_nonnull(strstr(r.out, sock));
+    ck_assert_ptr_nonnull(strstr(r.out, "\nuptime:"));
+    ck_assert_ptr_nonnull(strstr(r.out, "\ncatalogs:"));
+    ck_assert_ptr_nonnull(strstr(r.out, "\nqueues:"));
+    ck_assert_ptr_null(strstr(r.out, "missing values"));
+
+    run_cli(&r, NULL, NULL, ARGS("status", "--json", "--socket", sock));
+    ck_assert_int_eq(r.status, 0);
+    struct jobj o;
+    ck_assert_int_eq(count_lines(r.out), 1);
+    ck_assert_msg(json_object(r.out, strlen(r.out) - 1, &o), "not JSON: %s", r.out);
+    ck_assert_ptr_nonnull(jget(&o, "devices"));
+    ck_assert_ptr_nonnull(jget(&o, "stats"));
+    ck_assert(strncmp(jget(&o, "server")->val, "vkscand ", 8) == 0);
+}
+END_TEST
+
+/* One parsed Prometheus sample line. */
+struct psample {
+    char name[128];
+    char labels[256];
+    double value;
+};
+
+/*
+ * Checks the text exposition format (0.0.4): `# HELP name text`, `# TYPE
+ * name counter|gauge|histogram|summary|untyped` before the family's samples
+ * and once, samples `name{label="value",...} number`, families contiguous.
+ * Returns the samples.
+ */
+static int parse_prometheus(const char *text, struct psample *out, int cap)
+{
+    char typed[256][128];
+    int n_typed = 0, n = 0;
+    char family[128] = "";
+    for (const char *line = text; *line != '\0';) {
+        const char *nl = strchr(line, '\n');
+        ck_assert_ptr_nonnull(nl);
+        char buf[512];
+        ck_assert_int_lt(nl - line, (long)sizeof(buf));
+        snprintf(buf, sizeof(buf), "%.*s", (int)(nl - line), line);
+        line = nl + 1;
+        char name[128], kind[32];
+        if (strncmp(buf, "# HELP ", 7) == 0)
+            continue;
+        if (sscanf(buf, "# TYPE %127s %31s", name, kind) == 2) {
+            ck_assert_msg(strstr(" counter gauge histogram summary untyped ", kind) != NULL,
+                          "bad type: %s", buf);
+            for (int i = 0; i < n_typed; i++)
+                ck_assert_msg(strcmp(typed[i], name) != 0, "TYPE twice: %s", name);
+            ck_assert_int_lt(n_typed, 256);
+            snprintf(typed[n_typed++], sizeof(typed[0]), "%s", name);
+            snprintf(family, sizeof(family), "%s", name);
+            continue;
+        }
+        ck_assert_msg(buf[0] != '#', "unknown comment: %s", buf);
+        ck_assert_int_lt(n, cap);
+        struct psample *s = &out[n++];
+        size_t k = 0;
+        const char *p = buf;
+        ck_assert_msg(isalpha((unsigned char)*p) || *p == '_' || *p == ':', "name: %s", buf);
+        while (isalnum((unsigned char)*p) || *p == '_' || *p == ':')
+            s->name[k++] = *p++;
+        s->name[k] = '\0';
+        ck_assert_msg(strncmp(s->name, family, strlen(family)) == 0,
+                      "sample %s outside its family %s", s->name, family);
+        s->labels[0] = '\0';
+        if (*p == '{') {
+            const char *end = strchr(p, '}');
+            ck_assert_ptr_nonnull(end);
+            snprintf(s->labels, sizeof(s->labels), "%.*s", (int)(end - p - 1), p + 1);
+            /* label="value" pairs, comma separated */
+            for (const char *q = p + 1; q < end;) {
+                ck_assert_msg(isalpha((unsigned char)*q) || *q == '_', "label: %s", buf);
+                while (isalnum((unsigned char)*q) || *q == '_')
+                    q++;
+                ck_assert_msg(q[0] == '=' && q[1] == '"', "label value: %s", buf);
+                q += 2;
+                while (*q != '"' && q < end)
+                    q += *q == '\\' ? 2 : 1;
+                ck_assert_msg(*q == '"', "label end: %s", buf);
+                q++;
+                if (*q == ',')
+                    q++;
+            }
+            p = end + 1;
+        }
+        ck_assert_msg(*p == ' ', "no value: %s", buf);
+        char *vend;
+        s->value = strtod(p + 1, &vend);
+        ck_assert_msg(vend != p + 1 && *vend == '\0', "value: %s", buf);
+    }
+    return n;
+}
+
+static double psample_get(const struct psample *s, int n, const char *name, const char *labels)
+{
+    for (int i = 0; i < n; i++) {
+        if (strcmp(s[i].name, name) == 0 && strcmp(s[i].labels, labels) == 0)
+            return s[i].value;
+    }
+    ck_abort_msg("no sample %s{%s}", name, labels);
+    return NAN;
+}
+
+START_TEST(status_prometheus_counts_scans)
+{
+    static struct run r;
+    static struct psample before[512], after[512];
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "status", "--prometheus"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    int nb = parse_prometheus(r.out, before, 512);
+    ck_assert_int_gt(nb, 10);
+    ck_assert_double_eq(psample_get(before, nb, "vkscand_info",
+                                    "server=\"vkscand 0.1.0\",protocol=\"1\",engine=\"gpu\""),
+                        1);
+    /* One file: one scan request of 23 bytes with 3 hits. */
+    struct run s;
+    scan(&s, NULL, ARGS("tree/a.txt"));
+    ck_assert_int_eq(s.status, 0);
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "status", "--prometheus"));
+    int na = parse_prometheus(r.out, after, 512);
+    static const struct {
+        const char *name, *labels;
+        double delta;
+    } moved[] = {
+        {"vkscand_scans_total", "", 1},  {"vkscand_scanned_bytes_total", "", 23},
+        {"vkscand_hits_total", "", 3},   {"vkscand_requests_total", "op=\"scan\"", 1},
+        {"vkscand_errors_total", "", 0},
+    };
+    for (size_t i = 0; i < sizeof(moved) / sizeof(moved[0]); i++) {
+        double d = psample_get(after, na, moved[i].name, moved[i].labels) -
+                   psample_get(before, nb, moved[i].name, moved[i].labels);
+        ck_assert_msg(d == moved[i].delta, "%s{%s} moved by %g, not %g", moved[i].name,
+                      moved[i].labels, d, moved[i].delta);
+    }
+    ck_assert_double_gt(psample_get(after, na, "vkscand_uptime_seconds", ""), 0);
+}
+END_TEST
+
+/* ---- the example configuration ------------------------------------------------ */
+
+/* Every key vkscand --help lists appears (commented, with its default) in
+ * systemd/vkscand.conf.example, and the file with every line uncommented
+ * starts a daemon: each documented default is a value vkscand accepts. */
+START_TEST(example_config_complete_and_loads)
+{
+    base_create();
+    const char *bin = getenv("VKSCAND");
+    ck_assert_ptr_nonnull(bin);
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s --help", bin);
+    FILE *help = popen(cmd, "r");
+    ck_assert_ptr_nonnull(help);
+    static char example[16384];
+    FILE *ex = fopen(VKS_SOURCE_ROOT "/systemd/vkscand.conf.example", "r");
+    ck_assert_ptr_nonnull(ex);
+    size_t len = fread(example, 1, sizeof(example) - 1, ex);
+    example[len] = '\0';
+    fclose(ex);
+    char line[256];
+    int keys = 0;
+    while (fgets(line, sizeof(line), help) != NULL) {
+        char key[64], want[80];
+        if (sscanf(line, " --%63[a-z-]", key) != 1 || strcmp(key, "help") == 0 ||
+            strcmp(key, "config") == 0)
+            continue;
+        snprintf(want, sizeof(want), "\n#%s", key);
+        const char *at = strstr(example, want);
+        ck_assert_msg(at != NULL, "key %s is not in vkscand.conf.example", key);
+        char c = at[strlen(want)];
+        ck_assert_msg(c == ' ' || c == '\n', "key %s is not followed by its default", key);
+        keys++;
+    }
+    pclose(help);
+    ck_assert_int_ge(keys, 20);
+    /* Uncomment `#key value` lines (not the prose, which has a space after #). */
+    char conf[256];
+    snprintf(conf, sizeof(conf), "%s/vkscand.conf", base);
+    FILE *out = fopen(conf, "w");
+    ck_assert_ptr_nonnull(out);
+    for (char *l = strtok(example, "\n"); l != NULL; l = strtok(NULL, "\n")) {
+        if (l[0] == '#' && islower((unsigned char)l[1]))
+            fprintf(out, "%s\n", l + 1);
+    }
+    fclose(out);
+    /* Flags win over the file: the socket and state directory stay ours. */
+    daemon_start(ARGS("--config", conf, "--engine", "cpu"));
+    struct run r;
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "status", "--json"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_ptr_nonnull(strstr(r.out, "\"limit.max_hits\":1048576"));
+    ck_assert_ptr_nonnull(strstr(r.out, "\"limit.tenant_max_catalogs\":64"));
+    daemon_stop();
+    base_remove();
+}
+END_TEST
+
+Suite *cli_suite(void)
+{
+    Suite *s = suite_create("cli");
+    TCase *local = tcase_create("local");
+    tcase_add_test(local, missing_daemon);
+    tcase_add_test(local, rules_check_good_and_bad);
+    tcase_add_test(local, man_pages_document_every_flag);
+    tcase_set_timeout(local, 60);
+    suite_add_tcase(s, local);
+
+    TCase *d = tcase_create("daemon");
+    tcase_add_unchecked_fixture(d, setup_daemon, teardown_daemon);
+    tcase_add_test(d, scan_text_matches);
+    tcase_add_test(d, scan_no_match_exit_1);
+    tcase_add_test(d, scan_unreadable_exit_2);
+    tcase_add_test(d, scan_first_count_list);
+    tcase_add_test(d, scan_stdin);
+    tcase_add_test(d, scan_many_files_in_order);
+    tcase_add_test(d, scan_rejected_rule_exit_2);
+    tcase_add_test(d, scan_json_matches_text);
+    tcase_add_test(d, scan_json_odd_names);
+    tcase_add_test(d, status_text_and_json);
+    tcase_add_test(d, status_prometheus_counts_scans);
+    tcase_set_timeout(d, 300);
+    suite_add_tcase(s, d);
+
+    TCase *cfg = tcase_create("config");
+    tcase_add_test(cfg, example_config_complete_and_loads);
+    tcase_set_timeout(cfg, 300);
+    suite_add_tcase(s, cfg);
+    return s;
+}
