@@ -48,6 +48,7 @@ struct opts {
     const char *only;
     const char *data;
     const char *json_out;
+    const char *dump_rules; /* directory: write each workload's rules as a pattern file */
     bool json;
 };
 
@@ -471,12 +472,33 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Writes a workload's rules in the pattern-file form, so the compiler can be
+ * studied on exactly the set the GPU scans (vkscan rules check FILE). */
+static void dump_rules(const char *dir, const char *name, const struct ruleset *rs)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s.rules", dir, name);
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        die("cannot write the rules dump", path);
+    for (size_t i = 0; i < rs->n; i++) {
+        const struct rule_src *r = &rs->v[i];
+        const char *open = r->kind == RULE_REGEX ? "/" : r->kind == RULE_HEX ? "{" : "\"";
+        const char *close = r->kind == RULE_REGEX ? "/" : r->kind == RULE_HEX ? "}" : "\"";
+        fprintf(f, "%s:%s%.*s%s%s%s\n", r->id, open, (int)r->len, r->pattern, close,
+                r->flags & RULE_F_CASELESS ? "i" : "", r->flags & RULE_F_SINGLEMATCH ? "H" : "");
+    }
+    fclose(f);
+}
+
 static void run_workload(struct gpu_engine *eng, const char *name, struct ruleset *rs,
                          struct corpus *c, uint64_t buffer, const struct opts *o,
                          struct result *out)
 {
     memset(out, 0, sizeof(*out));
     snprintf(out->name, sizeof(out->name), "%s", name);
+    if (o->dump_rules != NULL)
+        dump_rules(o->dump_rules, name, rs);
     bool *keep = xmalloc(rs->n * sizeof(bool));
     for (size_t i = 0; i < rs->n; i++)
         keep[i] = true;
@@ -660,7 +682,7 @@ static void usage(void)
             "                  [--device NAME|INDEX] [--buffer BYTES] [--real-buffer BYTES]\n"
             "                  [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]\n"
             "                  [--upload-threads N] [--only NAME,..] [--data DIR] [--no-hs]\n"
-            "                  [--json] [--json-out FILE]\n");
+            "                  [--json] [--json-out FILE] [--dump-rules DIR]\n");
     exit(2);
 }
 
@@ -717,6 +739,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->upload_threads = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(a, "--only") == 0) {
             o->only = v;
+        } else if (strcmp(a, "--dump-rules") == 0) {
+            o->dump_rules = v;
         } else if (strcmp(a, "--data") == 0) {
             o->data = v;
         } else if (strcmp(a, "--json-out") == 0) {
