@@ -99,11 +99,16 @@ void scan_hits_finalize(struct scan_hits *h, const struct catalog *cat, enum sca
     /* by rule, then end: each rule's matches are one run, first match first */
     qsort(h->v, h->n, sizeof(*h->v), cmp_rule_end);
     size_t k = 0;
+    struct scan_hit prev = {.rule = UINT32_MAX};
     for (size_t i = 0; i < h->n; i++) {
         struct scan_hit *x = &h->v[i];
         bool same_rule = k > 0 && h->v[k - 1].rule == x->rule;
-        if (same_rule && h->v[k - 1].end == x->end)
-            continue; /* one report per (rule, end) */
+        /* one report per (rule, end); the kept entry may hold an earlier end
+         * (count mode), so compare with the previous raw hit */
+        bool dup = prev.rule == x->rule && prev.end == x->end;
+        prev = *x;
+        if (dup)
+            continue;
         struct catalog_rule r;
         catalog_rule(cat, x->rule, &r);
         bool single = (r.flags & RULE_F_SINGLEMATCH) || mode == SCAN_FIRST;

@@ -306,6 +306,18 @@ START_TEST(report_modes)
     expect_hits(cat, hay, SCAN_FIRST, "once@2 word@3 lit@7 hex@7 tail@18");
     expect_hits(cat, hay, SCAN_COUNT, "once@2x1 word@3x3 lit@7x2 hex@7x1 tail@18x1");
     expect_hits(cat, "", SCAN_ALL, "");
+    catalog_destroy(cat);
+    /* rules sharing an id count once per end offset, across groups too */
+    const struct rule_src shared[] = {
+        {.id = "1", .kind = RULE_REGEX, .pattern = "b", .len = 1},
+        {.id = "1", .kind = RULE_REGEX, .pattern = "[a-c]+", .len = 6},
+    };
+    cat = compile(shared, 2);
+    expect_hits(cat, "abcb", SCAN_ALL, "1@1 1@2 1@3 1@4");
+    expect_hits(cat, "abcb", SCAN_COUNT, "1@1x4");
+    expect_hits(cat, "abcb", SCAN_FIRST, "1@1");
+    catalog_destroy(cat);
+    cat = compile(sample, N_SAMPLE);
     expect_hits(cat, "z", SCAN_ALL, "tail@1");
     catalog_destroy(cat);
 }

@@ -1,0 +1,248 @@
+/*
+ * rpc_bench: vkscand round trips through libvkscan.
+ *
+ *   rpc_bench --socket PATH [--seconds S] [--clients 1,8,64] [--big-mib 64] [--json]
+ *
+ * For each client count and each transport (inline bytes, memfd passed with
+ * SCM_RIGHTS) it runs two workloads for S seconds each, every client on its
+ * own thread and connection, all on one catalog of 1,000 random literals:
+ *   small: 4 KiB scans, reported as round-trip latency p50 / p99 and requests/s;
+ *   large: 64 MiB scans, reported as aggregate GB/s.
+ * Start the daemon first, with a frame limit that fits a 64 MiB inline buffer:
+ *   build-release/daemon/vkscand --socket /tmp/v.sock --state-dir /tmp/vs --max-frame 80M
+ * Numbers count only from the H200 (docs/PERFORMANCE.md).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "vkscan/vkscan.h"
+
+#define N_LITERALS 1000
+
+struct opts {
+    const char *socket;
+    double seconds;
+    int clients[8];
+    int n_clients;
+    size_t big;
+    int json;
+};
+
+struct job {
+    const struct opts *o;
+    const uint8_t *fp;
+    const uint8_t *data;
+    size_t len;
+    int use_fd;
+    double stop_at;
+    double *lat; /* seconds per request */
+    size_t n_lat, cap_lat;
+    uint64_t bytes;
+    int failed;
+    char err[256];
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static uint32_t rnd(uint32_t n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)((rng >> 11) % n);
+}
+
+static void *client_main(void *arg)
+{
+    struct job *j = arg;
+    struct vks_client *c = NULL;
+    struct vks_error err = {0};
+    if (vks_client_connect(j->o->socket, NULL, &c, &err) != 0) {
+        j->failed = 1;
+        snprintf(j->err, sizeof(j->err), "%s", err.msg);
+        return NULL;
+    }
+    int fd = -1;
+    if (j->use_fd) {
+        fd = memfd_create("rpc_bench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0 || write(fd, j->data, j->len) != (ssize_t)j->len ||
+            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) != 0) {
+            j->failed = 1;
+            snprintf(j->err, sizeof(j->err), "memfd: %s", strerror(errno));
+            vks_client_close(c);
+            return NULL;
+        }
+    }
+    struct vks_buffer b =
+        j->use_fd ? (struct vks_buffer){.kind = VKS_BUFFER_FD, .fd = fd}
+                  : (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = j->data, .len = j->len};
+    struct vks_scan_options so = {.mode = VKS_REPORT_COUNT};
+    while (now() < j->stop_at) {
+        struct vks_scan_result res = {0};
+        double t0 = now();
+        int rc = vks_client_scan(c, j->fp, &b, 1, &so, &res, &err);
+        double t1 = now();
+        if (rc != 0) {
+            j->failed = 1;
+            snprintf(j->err, sizeof(j->err), "%s", err.msg);
+            break;
+        }
+        vks_scan_result_finish(&res);
+        if (j->n_lat == j->cap_lat) {
+            j->cap_lat = j->cap_lat ? 2 * j->cap_lat : 4096;
+            j->lat = realloc(j->lat, j->cap_lat * sizeof(double));
+        }
+        j->lat[j->n_lat++] = t1 - t0;
+        j->bytes += j->len;
+    }
+    if (fd >= 0)
+        close(fd);
+    vks_client_close(c);
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int run(const struct opts *o, const uint8_t *fp, const uint8_t *data, size_t len,
+               int clients, int use_fd, const char *name)
+{
+    struct job *jobs = calloc((size_t)clients, sizeof(*jobs));
+    pthread_t *th = calloc((size_t)clients, sizeof(*th));
+    double t0 = now(), stop = t0 + o->seconds;
+    for (int i = 0; i < clients; i++) {
+        jobs[i] = (struct job){
+            .o = o, .fp = fp, .data = data, .len = len, .use_fd = use_fd, .stop_at = stop};
+        pthread_create(&th[i], NULL, client_main, &jobs[i]);
+    }
+    size_t n = 0;
+    uint64_t bytes = 0;
+    int failed = 0;
+    for (int i = 0; i < clients; i++) {
+        pthread_join(th[i], NULL);
+        n += jobs[i].n_lat;
+        bytes += jobs[i].bytes;
+        if (jobs[i].failed && !failed) {
+            fprintf(stderr, "rpc_bench: client %d: %s\n", i, jobs[i].err);
+            failed = 1;
+        }
+    }
+    double wall = now() - t0;
+    double *all = malloc((n ? n : 1) * sizeof(double));
+    size_t k = 0;
+    for (int i = 0; i < clients; i++) {
+        memcpy(all + k, jobs[i].lat, jobs[i].n_lat * sizeof(double));
+        k += jobs[i].n_lat;
+        free(jobs[i].lat);
+    }
+    qsort(all, n, sizeof(double), cmp_double);
+    double p50 = n ? all[n / 2] * 1e6 : 0, p99 = n ? all[(size_t)((double)n * 0.99)] * 1e6 : 0;
+    double gbs = (double)bytes / wall / 1e9, rps = (double)n / wall;
+    if (o->json)
+        printf("{\"workload\":\"%s\",\"transport\":\"%s\",\"clients\":%d,\"requests\":%zu,"
+               "\"p50_us\":%.1f,\"p99_us\":%.1f,\"req_per_s\":%.1f,\"gb_per_s\":%.3f}\n",
+               name, use_fd ? "memfd" : "inline", clients, n, p50, p99, rps, gbs);
+    else
+        printf("%-6s %-7s %8d %10zu %10.1f %10.1f %12.1f %9.3f\n", name,
+               use_fd ? "memfd" : "inline", clients, n, p50, p99, rps, gbs);
+    free(all);
+    free(jobs);
+    free(th);
+    return failed;
+}
+
+static int parse(int argc, char **argv, struct opts *o)
+{
+    *o = (struct opts){.seconds = 5, .clients = {1, 8, 64}, .n_clients = 3, .big = 64u << 20};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--json") == 0) {
+            o->json = 1;
+        } else if (strcmp(a, "--socket") == 0 && v) {
+            o->socket = v, i++;
+        } else if (strcmp(a, "--seconds") == 0 && v) {
+            o->seconds = atof(v), i++;
+        } else if (strcmp(a, "--big-mib") == 0 && v) {
+            o->big = (size_t)atoi(v) << 20, i++;
+        } else if (strcmp(a, "--clients") == 0 && v) {
+            o->n_clients = 0;
+            for (char *p = argv[++i]; *p && o->n_clients < 8;) {
+                o->clients[o->n_clients++] = (int)strtol(p, &p, 10);
+                p += *p == ',';
+            }
+        } else {
+            fprintf(stderr, "usage: rpc_bench --socket PATH [--seconds S] [--clients 1,8,64] "
+                            "[--big-mib N] [--json]\n");
+            return -1;
+        }
+    }
+    if (o->socket == NULL) {
+        fprintf(stderr, "rpc_bench: --socket PATH is required (start vkscand first)\n");
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o;
+    if (parse(argc, argv, &o) != 0)
+        return 2;
+    /* 1,000 random literals of 8-16 bytes, some planted in the haystack. */
+    static struct vks_rule rules[N_LITERALS];
+    static char pats[N_LITERALS][17], ids[N_LITERALS][8];
+    for (int i = 0; i < N_LITERALS; i++) {
+        int len = 8 + (int)rnd(9);
+        for (int k = 0; k < len; k++)
+            pats[i][k] = (char)('a' + rnd(26));
+        snprintf(ids[i], sizeof(ids[i]), "%d", i);
+        rules[i] = (struct vks_rule){.id = ids[i], .kind = VKS_RULE_LITERAL, .pattern = pats[i]};
+    }
+    uint8_t *big = malloc(o.big);
+    for (size_t i = 0; i < o.big; i++)
+        big[i] = (uint8_t)('a' + rnd(26));
+    for (size_t p = 0; p + 16 < o.big; p += 4096)
+        memcpy(big + p, pats[rnd(N_LITERALS)], 8);
+    struct vks_client *c = NULL;
+    struct vks_catalog *cat = NULL;
+    struct vks_error err = {0};
+    if (vks_client_connect(o.socket, NULL, &c, &err) != 0 ||
+        vks_client_catalog_load(c, rules, N_LITERALS, NULL, &cat, &err) != 0) {
+        fprintf(stderr, "rpc_bench: %s\n", err.msg);
+        return 1;
+    }
+    if (!o.json)
+        printf("%-6s %-7s %8s %10s %10s %10s %12s %9s\n", "load", "input", "clients", "requests",
+               "p50_us", "p99_us", "req/s", "GB/s");
+    int failed = 0;
+    for (int use_fd = 0; use_fd < 2; use_fd++) {
+        for (int i = 0; i < o.n_clients; i++) {
+            failed |=
+                run(&o, vks_catalog_fingerprint(cat), big, 4096, o.clients[i], use_fd, "4KiB");
+            failed |=
+                run(&o, vks_catalog_fingerprint(cat), big, o.big, o.clients[i], use_fd, "large");
+        }
+    }
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    free(big);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,167 @@
+/*
+ * libFuzzer target for the rule parser, the compiler and the reference
+ * scanner. The first input byte b picks what the rest is, from v = b - 0x20
+ * (so printable seeds read naturally):
+ *
+ *   v & 3         0 literal, 1 hex string, 2 regex, 3 a whole pattern file
+ *   (v >> 2) & 15 RULE_F_* flags for kinds 0-2 (' ' none, '&' i, '*' s, '2' m)
+ *   v & 0x40      compile without minimisation as well and compare the scans
+ *
+ * Every compile runs with a budget of 4096 states so an input cannot spend
+ * long in subset construction. Checked on every input: the call returns 0,
+ * every rule is either accepted or rejected with a message, the packed
+ * catalog passes catalog_from_bytes, and the hits of every scan mode are
+ * sorted, in range and consistent with each other.
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "patfile.h"
+#include "refscan.h"
+#include "rules.h"
+
+#define FUZZ_MAX_STATES 4096u
+
+/* A small text with words, line breaks, digits and a high byte. */
+static const uint8_t text[] = "The quick brown fox_42 jumps\nover the lazy dog.\n\tA3-BC "
+                              "key=\"abc123\" \xe9t\xc3\xa9\n";
+
+static void require(bool ok, const char *what)
+{
+    if (!ok) {
+        fprintf(stderr, "fuzz_rules: invariant broken: %s\n", what);
+        abort();
+    }
+}
+
+static void check_hits(const struct catalog *cat, const struct scan_hits *h, size_t len)
+{
+    uint32_t nr = catalog_rule_count(cat);
+    for (size_t i = 0; i < h->n; i++) {
+        require(h->v[i].rule < nr, "hit names a rule the catalog lacks");
+        require(h->v[i].end <= len, "hit ends past the buffer");
+        require(h->v[i].count >= 1, "hit with a zero count");
+        if (i > 0) {
+            const struct scan_hit *a = &h->v[i - 1], *b = &h->v[i];
+            require(a->end < b->end || (a->end == b->end && a->rule < b->rule),
+                    "hits not sorted by (end, rule) or reported twice");
+        }
+    }
+}
+
+/* Scans `buf` in every mode; returns the SCAN_ALL hit count. */
+static size_t scan_all_modes(const struct catalog *cat, const uint8_t *buf, size_t len,
+                             struct scan_hits *all)
+{
+    struct scan_hits first = {0}, count = {0};
+    require(refscan_buffer(cat, buf, len, SCAN_ALL, all) == 0, "scan failed");
+    require(refscan_buffer(cat, buf, len, SCAN_FIRST, &first) == 0, "scan failed");
+    require(refscan_buffer(cat, buf, len, SCAN_COUNT, &count) == 0, "scan failed");
+    check_hits(cat, all, len);
+    check_hits(cat, &first, len);
+    require(first.n == count.n, "first-per-rule and count modes disagree on matching rules");
+    size_t total = 0;
+    for (size_t i = 0; i < count.n; i++)
+        total += count.v[i].count;
+    require(total == all->n, "count mode does not add up to all mode");
+    scan_hits_finish(&first);
+    scan_hits_finish(&count);
+    return all->n;
+}
+
+static void check_result(const struct rules_result *res, size_t n)
+{
+    require(res->catalog != NULL, "no catalog");
+    uint32_t nr = catalog_rule_count(res->catalog);
+    size_t accepted = 0;
+    for (size_t i = 0; i < n; i++)
+        accepted += res->rule_index[i] != UINT32_MAX;
+    require(accepted == nr, "rule_index does not match the catalog's rules");
+    require(accepted + res->n_rejects == n, "a rule neither accepted nor rejected");
+    for (size_t k = 0; k < res->n_rejects; k++) {
+        require(memchr(res->rejects[k].msg, '\0', sizeof(res->rejects[k].msg)) != NULL &&
+                    res->rejects[k].msg[0] != '\0',
+                "reject without a message");
+        require(res->rejects[k].index < n, "reject of a rule that does not exist");
+    }
+    size_t nw = 0;
+    const uint32_t *w = catalog_words(res->catalog, &nw);
+    struct catalog *copy = NULL;
+    struct vks_error err;
+    require(catalog_from_bytes(w, nw * 4, &copy, &err) == 0, "packed catalog fails validation");
+    catalog_destroy(copy);
+}
+
+static void compile_and_scan(const struct rule_src *rules, size_t n, bool compare_unminimised,
+                             const uint8_t *data, size_t size)
+{
+    struct rules_options opt = {.max_states = FUZZ_MAX_STATES};
+    struct rules_result res;
+    struct vks_error err;
+    require(rules_compile(rules, n, &opt, &res, &err) == 0, "rules_compile failed");
+    check_result(&res, n);
+    struct scan_hits a = {0}, b = {0};
+    scan_all_modes(res.catalog, text, sizeof(text) - 1, &a);
+    scan_hits_finish(&a);
+    scan_all_modes(res.catalog, data, size, &a);
+    if (compare_unminimised) {
+        struct rules_result raw;
+        opt.no_minimise = true;
+        require(rules_compile(rules, n, &opt, &raw, &err) == 0, "rules_compile failed");
+        /* The unminimised DFA may hit the state budget where the minimised
+         * one did not, so only compare when both accepted the same rules. */
+        if (raw.n_rejects == res.n_rejects) {
+            scan_all_modes(raw.catalog, data, size, &b);
+            require(a.n == b.n && (a.n == 0 || memcmp(a.v, b.v, a.n * sizeof(*a.v)) == 0),
+                    "minimised and unminimised catalogs give different hits");
+        }
+        rules_result_finish(&raw);
+    }
+    scan_hits_finish(&a);
+    scan_hits_finish(&b);
+    rules_result_finish(&res);
+}
+
+static void fuzz_patfile(const uint8_t *data, size_t size, bool compare)
+{
+    struct patfile pf;
+    struct vks_error err;
+    if (patfile_parse((const char *)data, size, &pf, &err) == 0) {
+        for (size_t k = 0; k < pf.n_rejects; k++)
+            require(pf.rejects[k].msg[0] != '\0' && pf.rejects[k].line >= 1,
+                    "pattern-file reject without a message or line");
+        /* An id may still be bad (a NUL byte in it): rules_compile rejects it. */
+        for (size_t i = 0; i < pf.n; i++)
+            require(pf.rules[i].line >= 1, "pattern-file rule without a line");
+        if (pf.n > 0)
+            compile_and_scan(pf.rules, pf.n, compare, data, size);
+    }
+    patfile_finish(&pf);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size == 0 || size > 4096)
+        return 0;
+    uint8_t v = (uint8_t)(data[0] - 0x20);
+    bool compare = (v & 0x40) != 0;
+    if ((v & 3) == 3) {
+        fuzz_patfile(data + 1, size - 1, compare);
+        return 0;
+    }
+    struct rule_src r = {
+        .id = "fuzz",
+        .kind = (enum rule_kind)(v & 3),
+        .pattern = (const char *)data + 1,
+        .len = size - 1,
+        .flags = (v >> 2) & RULE_F_ALL,
+    };
+    compile_and_scan(&r, 1, compare, data + 1, size - 1);
+    return 0;
+}

@@ -1,0 +1,1809 @@
+/*
+ * Differential test of the rule compiler and the CPU reference scanner
+ * against Hyperscan (block mode, no start of match): for every rule both
+ * engines accept, the set of (rule, end offset) pairs must be the same.
+ *
+ * Three sources of rules:
+ *  - seeded random regexes of the subset in docs/rules.md, built as a small
+ *    syntax tree so that the test can also draw strings that match them and
+ *    plant those in the haystacks (random text alone rarely matches a long
+ *    pattern);
+ *  - multi-rule catalogs of random regexes, literals and hex strings, compiled
+ *    together under several state budgets, which exercises grouping;
+ *  - every pattern file under $VKS_SHARED_DATA against the prose haystacks
+ *    there plus a synthetic "config file" full of secret-like assignments.
+ *
+ * Patterns Hyperscan rejects are skipped and counted. Patterns we reject
+ * while Hyperscan accepts them must be ones that can match the empty string
+ * or that exceed the state budget; anything else fails the test. Every
+ * mismatch prints a reproducer: seed, rules with flags, the haystack as a C
+ * string and the hits that only one engine reported.
+ *
+ * Knobs for longer local runs: VKS_HSDIFF_SEED (base seed, default 1),
+ * VKS_HSDIFF_SCALE (multiplies the number of random cases, default 1; may be
+ * below 1), VKS_HSDIFF_REPORTS (reproducers printed per test, default 12) and
+ * VKS_HSDIFF_DICT10_STRIDE (compare every k-th rule of dict-10, default 1).
+ */
+#include <check.h>
+#include <ctype.h>
+#include <errno.h>
+#include <glob.h>
+#include <hs.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parse.h"
+#include "patfile.h"
+#include "refscan.h"
+#include "rules.h"
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers: deterministic random numbers, growable strings.           */
+
+struct rng {
+    uint64_t s;
+};
+
+/* splitmix64: tiny, fast and good enough for test-case generation. */
+static uint64_t rng_next(struct rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+static uint32_t rng_below(struct rng *r, uint32_t n)
+{
+    return n == 0 ? 0 : (uint32_t)(rng_next(r) % n);
+}
+
+static bool rng_pct(struct rng *r, uint32_t pct)
+{
+    return rng_below(r, 100) < pct;
+}
+
+static void *xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n == 0 ? 1 : n);
+    ck_assert_msg(q != NULL, "out of memory (%zu bytes)", n);
+    return q;
+}
+
+static char *xstrndup(const char *s, size_t n)
+{
+    char *p = xrealloc(NULL, n + 1);
+    memcpy(p, s, n);
+    p[n] = '\0';
+    return p;
+}
+
+/* A byte string that stays NUL-terminated; it may hold NUL bytes. */
+struct str {
+    char *p;
+    size_t n;
+    size_t cap;
+};
+
+static void str_putn(struct str *s, const void *p, size_t n)
+{
+    if (s->n + n + 1 > s->cap) {
+        s->cap = (s->n + n + 1) * 2;
+        s->p = xrealloc(s->p, s->cap);
+    }
+    memcpy(s->p + s->n, p, n);
+    s->n += n;
+    s->p[s->n] = '\0';
+}
+
+static void str_putc(struct str *s, char c)
+{
+    str_putn(s, &c, 1);
+}
+
+static void str_puts(struct str *s, const char *p)
+{
+    str_putn(s, p, strlen(p));
+}
+
+static VKS_PRINTF(2, 3) void str_printf(struct str *s, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    ck_assert(n >= 0 && (size_t)n < sizeof(buf));
+    str_putn(s, buf, (size_t)n);
+}
+
+static void str_free(struct str *s)
+{
+    free(s->p);
+    *s = (struct str){0};
+}
+
+/* Writes `len` bytes as the body of a C string literal. A hex escape is
+ * also used for a hex digit right after one, which C would swallow. */
+static void print_cstr(FILE *f, const void *p, size_t len)
+{
+    const uint8_t *b = p;
+    bool hex = false;
+    for (size_t i = 0; i < len; i++) {
+        uint8_t c = b[i];
+        const char *e = c == '\n'   ? "\\n"
+                        : c == '\t' ? "\\t"
+                        : c == '\r' ? "\\r"
+                        : c == '"'  ? "\\\""
+                        : c == '\\' ? "\\\\"
+                                    : NULL;
+        if (e != NULL) {
+            fputs(e, f);
+            hex = false;
+        } else if (c >= 0x20 && c < 0x7f && !(hex && isxdigit(c))) {
+            fputc(c, f);
+            hex = false;
+        } else {
+            fprintf(f, "\\x%02x", c);
+            hex = true;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Rules, haystacks and hit lists as the comparison sees them.              */
+
+struct trule {
+    char id[64];
+    enum rule_kind kind;
+    char *pat; /* given to rules_compile, `len` bytes; owned */
+    size_t len;
+    char *hs; /* the same rule as a Hyperscan expression; owned */
+    uint32_t flags;
+    uint32_t line;
+    int nullable; /* generated regexes: 1 if it can match "" (assertions as empty) */
+};
+
+struct hay {
+    char name[64];
+    const uint8_t *p;
+    size_t len;
+};
+
+struct pair {
+    uint32_t rule;
+    uint64_t end;
+};
+
+struct pairs {
+    struct pair *v;
+    size_t n;
+    size_t cap;
+};
+
+static void pairs_push(struct pairs *ps, uint32_t rule, uint64_t end)
+{
+    if (ps->n == ps->cap) {
+        ps->cap = ps->cap ? ps->cap * 2 : 64;
+        ps->v = xrealloc(ps->v, ps->cap * sizeof(*ps->v));
+    }
+    ps->v[ps->n++] = (struct pair){rule, end};
+}
+
+static int pair_cmp(const void *a, const void *b)
+{
+    const struct pair *x = a, *y = b;
+    if (x->rule != y->rule)
+        return x->rule < y->rule ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static void trule_free(struct trule *r)
+{
+    free(r->pat);
+    free(r->hs);
+}
+
+static void trules_free(struct trule *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        trule_free(&v[i]);
+    free(v);
+}
+
+static void print_flags(FILE *f, uint32_t flags)
+{
+    if (flags & RULE_F_CASELESS)
+        fputc('i', f);
+    if (flags & RULE_F_DOTALL)
+        fputc('s', f);
+    if (flags & RULE_F_MULTILINE)
+        fputc('m', f);
+    if (flags & RULE_F_SINGLEMATCH)
+        fputc('H', f);
+}
+
+static void print_rule(FILE *f, size_t i, const struct trule *r)
+{
+    static const char *const kinds[] = {"literal", "hex", "regex"};
+    fprintf(f, "  rule %zu (%s, id %s, flags \"", i, kinds[r->kind], r->id);
+    print_flags(f, r->flags);
+    fprintf(f, "\"): \"");
+    print_cstr(f, r->pat, r->len);
+    fprintf(f, "\"\n");
+    if (r->kind != RULE_REGEX) {
+        fprintf(f, "    as Hyperscan expression: \"");
+        print_cstr(f, r->hs, strlen(r->hs));
+        fprintf(f, "\"\n");
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Statistics and failure reports.                                           */
+
+#define MAX_REASONS 48
+
+/* Reproducers printed per test: VKS_HSDIFF_REPORTS, default 12. */
+static unsigned max_reports(void)
+{
+    const char *v = getenv("VKS_HSDIFF_REPORTS");
+    return v != NULL && *v != '\0' ? (unsigned)strtoul(v, NULL, 0) : 12;
+}
+
+struct reasons {
+    char text[MAX_REASONS][96];
+    unsigned count[MAX_REASONS];
+    unsigned n;
+};
+
+struct stats {
+    unsigned cases;         /* rule sets compiled and scanned */
+    unsigned rules;         /* rules generated or loaded */
+    unsigned compared;      /* rules accepted by both engines */
+    unsigned hs_rejects;    /* rules Hyperscan rejected (skipped) */
+    unsigned our_rejects;   /* rules we rejected (empty, budget) while Hyperscan accepted */
+    unsigned both_rejects;  /* rules both rejected */
+    unsigned scans;         /* (rule set, haystack) pairs compared */
+    uint64_t hits;          /* hits both engines agreed on */
+    unsigned mismatches;    /* differing (rule set, haystack) pairs */
+    unsigned bad_rejects;   /* rejects or accepts that break the contract */
+    unsigned reports;       /* reproducers printed */
+    struct reasons hs_why;  /* Hyperscan's reject messages */
+    struct reasons our_why; /* our reject messages, digits stripped */
+};
+
+static void reasons_add(struct reasons *rs, const char *msg)
+{
+    char key[96];
+    size_t k = 0;
+    for (const char *p = msg; *p && k + 1 < sizeof(key); p++) {
+        if (isdigit((unsigned char)*p)) {
+            if (k == 0 || key[k - 1] != '#')
+                key[k++] = '#';
+        } else {
+            key[k++] = *p;
+        }
+    }
+    key[k] = '\0';
+    for (unsigned i = 0; i < rs->n; i++) {
+        if (strcmp(rs->text[i], key) == 0) {
+            rs->count[i]++;
+            return;
+        }
+    }
+    if (rs->n < MAX_REASONS) {
+        memcpy(rs->text[rs->n], key, k + 1);
+        rs->count[rs->n++] = 1;
+    }
+}
+
+static void reasons_print(const struct reasons *rs, const char *who)
+{
+    for (unsigned i = 0; i < rs->n; i++)
+        printf("    %s rejected %u: %s\n", who, rs->count[i], rs->text[i]);
+}
+
+static void stats_print(const struct stats *st, const char *what)
+{
+    printf("hsdiff %s: %u sets, %u rules, %u compared, %u skipped (Hyperscan rejects), "
+           "%u rejected by us only (empty/budget), %u by both, %u scans, %" PRIu64
+           " agreeing hits, %u mismatches, %u bad rejects\n",
+           what, st->cases, st->rules, st->compared, st->hs_rejects, st->our_rejects,
+           st->both_rejects, st->scans, st->hits, st->mismatches, st->bad_rejects);
+    reasons_print(&st->hs_why, "Hyperscan");
+    reasons_print(&st->our_why, "vkscan");
+    fflush(stdout);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Hyperscan side.                                                           */
+
+/*
+ * Hyperscan flags for our RULE_F_*. HS_FLAG_SINGLEMATCH is left out on
+ * purpose: Hyperscan reports the first match it *delivers*, and a match that
+ * waits for its next byte (\b, \B, $) is delivered after the one that ends
+ * one byte later, so /x\b\W?/H over "x  " gives 2, not 1. Our contract is
+ * the lowest end offset; run_scan keeps the first hit per H rule instead.
+ */
+static unsigned hs_flags_of(uint32_t f)
+{
+    unsigned h = 0;
+    if (f & RULE_F_CASELESS)
+        h |= HS_FLAG_CASELESS;
+    if (f & RULE_F_DOTALL)
+        h |= HS_FLAG_DOTALL;
+    if (f & RULE_F_MULTILINE)
+        h |= HS_FLAG_MULTILINE;
+    return h;
+}
+
+/* Why Hyperscan rejected rule i alone (its message), or "" if it accepts. */
+static void hs_probe(const struct trule *r, char *why, size_t cap)
+{
+    hs_database_t *db = NULL;
+    hs_compile_error_t *ce = NULL;
+    why[0] = '\0';
+    if (hs_compile(r->hs, hs_flags_of(r->flags), HS_MODE_BLOCK, NULL, &db, &ce) == HS_SUCCESS) {
+        hs_free_database(db);
+        return;
+    }
+    snprintf(why, cap, "%s", ce->message);
+    hs_free_compile_error(ce);
+}
+
+/*
+ * Compiles every rule Hyperscan accepts into one database (ids are input
+ * indexes) and sets hs_ok[i]. A rejected expression is dropped and the rest
+ * compiled again; after a few retries every rule is probed alone instead.
+ * `why[i]` (may be NULL) receives Hyperscan's message. NULL if none accepted.
+ */
+static hs_database_t *hs_build(const struct trule *rules, size_t n, bool *hs_ok, char (*why)[96],
+                               struct stats *st)
+{
+    const char **expr = xrealloc(NULL, (n + 1) * sizeof(*expr));
+    unsigned *flags = xrealloc(NULL, (n + 1) * sizeof(*flags));
+    unsigned *ids = xrealloc(NULL, (n + 1) * sizeof(*ids));
+    hs_database_t *db = NULL;
+    for (size_t i = 0; i < n; i++) {
+        hs_ok[i] = true;
+        if (why != NULL)
+            why[i][0] = '\0';
+    }
+    for (unsigned retries = 0;; retries++) {
+        if (retries == 4) {
+            char msg[96];
+            for (size_t i = 0; i < n; i++) {
+                if (!hs_ok[i])
+                    continue;
+                hs_probe(&rules[i], msg, sizeof(msg));
+                if (msg[0] != '\0') {
+                    hs_ok[i] = false;
+                    reasons_add(&st->hs_why, msg);
+                    if (why != NULL)
+                        memcpy(why[i], msg, sizeof(msg));
+                }
+            }
+        }
+        unsigned m = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (hs_ok[i]) {
+                expr[m] = rules[i].hs;
+                flags[m] = hs_flags_of(rules[i].flags);
+                ids[m++] = (unsigned)i;
+            }
+        }
+        if (m == 0)
+            break;
+        hs_compile_error_t *ce = NULL;
+        if (hs_compile_multi(expr, flags, ids, m, HS_MODE_BLOCK, NULL, &db, &ce) == HS_SUCCESS)
+            break;
+        ck_assert_msg(ce->expression >= 0, "Hyperscan failed on the whole set: %s", ce->message);
+        unsigned bad = ids[ce->expression];
+        hs_ok[bad] = false;
+        reasons_add(&st->hs_why, ce->message);
+        if (why != NULL)
+            snprintf(why[bad], sizeof(why[bad]), "%s", ce->message);
+        hs_free_compile_error(ce);
+        db = NULL;
+    }
+    free(expr);
+    free(flags);
+    free(ids);
+    return db;
+}
+
+static int on_hs_match(unsigned id, unsigned long long from, unsigned long long to, unsigned flags,
+                       void *ctx)
+{
+    (void)from;
+    (void)flags;
+    pairs_push(ctx, id, to);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The comparison of one rule set over a list of haystacks.                 */
+
+struct run {
+    const struct trule *rules;
+    size_t n;
+    uint32_t max_states;
+    uint64_t seed;
+    const char *what;
+    bool print_all_rules; /* print the whole set in a reproducer, not just the culprits */
+    bool any;             /* some rule is compared */
+    /* filled by run_compile */
+    struct rules_result res;
+    hs_database_t *db;
+    hs_scratch_t *scratch;
+    bool *hs_ok;
+    uint32_t *key;    /* input index -> first input index with the same id */
+    bool *both;       /* by key: compared (every rule of it accepted by both or by neither) */
+    uint32_t *cat2in; /* catalog rule index -> input index */
+};
+
+struct id_index {
+    const char *id;
+    uint32_t i;
+};
+
+static int id_index_cmp(const void *a, const void *b)
+{
+    const struct id_index *x = a, *y = b;
+    int d = strcmp(x->id, y->id);
+    return d != 0 ? d : (x->i > y->i) - (x->i < y->i);
+}
+
+/* Rules that share an id report as one, under the first of them (gitleaks'
+ * keyword list gives one id several keywords): both engines' hits are
+ * compared by key[i], the first input index with rule i's id. */
+static uint32_t *id_keys(const struct trule *rules, size_t n)
+{
+    struct id_index *v = xrealloc(NULL, (n + 1) * sizeof(*v));
+    uint32_t *key = xrealloc(NULL, (n + 1) * sizeof(*key));
+    for (size_t i = 0; i < n; i++)
+        v[i] = (struct id_index){rules[i].id, (uint32_t)i};
+    qsort(v, n, sizeof(*v), id_index_cmp);
+    for (size_t i = 0, first = 0; i < n; i++) {
+        if (strcmp(v[i].id, v[first].id) != 0)
+            first = i;
+        key[v[i].i] = v[first].i;
+    }
+    free(v);
+    return key;
+}
+
+static bool msg_has(const char *msg, const char *word)
+{
+    return strstr(msg, word) != NULL;
+}
+
+/* A reject of a rule Hyperscan accepts is allowed only for "can match the
+ * empty string" (and then only if it can) and for our limits: the state
+ * budget, repeat counts, NFA positions. */
+static bool reject_allowed(const struct trule *r, const char *msg)
+{
+    if (msg_has(msg, "empty string"))
+        return r->nullable != 0;
+    return msg_has(msg, "states") || msg_has(msg, "budget") || msg_has(msg, "over the limit");
+}
+
+static void report_header(struct run *ru, struct stats *st, const char *title)
+{
+    fprintf(stderr, "\n=== hsdiff %s: %s (seed %" PRIu64 ", max_states %u)\n", ru->what, title,
+            ru->seed, ru->max_states);
+    st->reports++;
+}
+
+/* Checks our rejects and accepts against Hyperscan's verdicts. */
+static void check_verdicts(struct run *ru, struct stats *st, char (*hs_why)[96])
+{
+    bool *ours_ok = xrealloc(NULL, ru->n * sizeof(bool));
+    for (size_t i = 0; i < ru->n; i++)
+        ours_ok[i] = ru->res.rule_index[i] != UINT32_MAX;
+    for (size_t k = 0; k < ru->res.n_rejects; k++) {
+        const struct rule_reject *rj = &ru->res.rejects[k];
+        const struct trule *r = &ru->rules[rj->index];
+        reasons_add(&st->our_why, rj->msg);
+        if (!ru->hs_ok[rj->index]) {
+            st->both_rejects++;
+            continue;
+        }
+        if (reject_allowed(r, rj->msg)) {
+            st->our_rejects++;
+            continue;
+        }
+        st->bad_rejects++;
+        if (st->reports < max_reports()) {
+            report_header(ru, st, "we reject a rule Hyperscan accepts");
+            print_rule(stderr, rj->index, r);
+            fprintf(stderr, "  our reason (pos %u): %s\n", rj->pos, rj->msg);
+        }
+    }
+    for (size_t i = 0; i < ru->n; i++) {
+        bool hs_empty = !ru->hs_ok[i] && msg_has(hs_why[i], "empty");
+        if (ours_ok[i] && (ru->rules[i].nullable == 1 || hs_empty)) {
+            st->bad_rejects++;
+            if (st->reports < max_reports()) {
+                report_header(ru, st, "we accept a rule that can match the empty string");
+                print_rule(stderr, i, &ru->rules[i]);
+                fprintf(stderr, "  Hyperscan: %s\n", hs_why[i][0] ? hs_why[i] : "accepted");
+            }
+        }
+        ru->both[i] = true;
+    }
+    for (size_t i = 0; i < ru->n; i++)
+        if (ours_ok[i] != ru->hs_ok[i])
+            ru->both[ru->key[i]] = false;
+    for (size_t i = 0; i < ru->n; i++) {
+        bool cmp = ours_ok[i] && ru->hs_ok[i] && ru->both[ru->key[i]];
+        st->compared += cmp;
+        if (cmp)
+            ru->any = true;
+    }
+    free(ours_ok);
+}
+
+static int run_compile(struct run *ru, struct stats *st)
+{
+    struct rule_src *src = xrealloc(NULL, ru->n * sizeof(*src));
+    for (size_t i = 0; i < ru->n; i++) {
+        const struct trule *r = &ru->rules[i];
+        src[i] = (struct rule_src){r->id, r->kind, r->pat, r->len, r->flags, r->line};
+    }
+    struct rules_options opt = {.max_states = ru->max_states};
+    struct vks_error err = {0};
+    int rc = rules_compile(src, ru->n, &opt, &ru->res, &err);
+    free(src);
+    ck_assert_msg(rc == 0, "rules_compile failed: %d %s", rc, err.msg);
+
+    char(*hs_why)[96] = xrealloc(NULL, ru->n * sizeof(*hs_why));
+    ru->hs_ok = xrealloc(NULL, ru->n * sizeof(bool));
+    ru->both = xrealloc(NULL, ru->n * sizeof(bool));
+    ru->key = id_keys(ru->rules, ru->n);
+    ru->db = hs_build(ru->rules, ru->n, ru->hs_ok, hs_why, st);
+    for (size_t i = 0; i < ru->n; i++)
+        st->hs_rejects += !ru->hs_ok[i];
+    if (ru->db != NULL)
+        ck_assert_int_eq(hs_alloc_scratch(ru->db, &ru->scratch), HS_SUCCESS);
+    check_verdicts(ru, st, hs_why);
+    free(hs_why);
+
+    uint32_t nr = ru->res.catalog ? catalog_rule_count(ru->res.catalog) : 0;
+    ru->cat2in = xrealloc(NULL, (nr + 1) * sizeof(uint32_t));
+    for (size_t i = 0; i < ru->n; i++) {
+        uint32_t c = ru->res.rule_index[i];
+        if (c != UINT32_MAX) {
+            ck_assert_uint_lt(c, nr);
+            ru->cat2in[c] = (uint32_t)i;
+        }
+    }
+    st->cases++;
+    st->rules += (unsigned)ru->n;
+    return 0;
+}
+
+static void run_finish(struct run *ru)
+{
+    rules_result_finish(&ru->res);
+    hs_free_scratch(ru->scratch);
+    hs_free_database(ru->db);
+    free(ru->hs_ok);
+    free(ru->both);
+    free(ru->key);
+    free(ru->cat2in);
+}
+
+static void print_hits(FILE *f, const char *who, const struct pair *v, size_t n)
+{
+    fprintf(f, "  only %s:", who);
+    for (size_t i = 0; i < n && i < 40; i++)
+        fprintf(f, " (%u,%" PRIu64 ")", v[i].rule, v[i].end);
+    if (n > 40)
+        fprintf(f, " ... %zu in all", n);
+    fputc('\n', f);
+}
+
+static void print_hay(FILE *f, const struct hay *h, uint64_t near)
+{
+    if (h->len <= 600) {
+        fprintf(f, "  haystack %s (%zu bytes): \"", h->name, h->len);
+        print_cstr(f, h->p, h->len);
+        fprintf(f, "\"\n");
+        return;
+    }
+    uint64_t lo = near > 80 ? near - 80 : 0;
+    uint64_t hi = near + 20 < h->len ? near + 20 : h->len;
+    fprintf(f, "  haystack %s (%zu bytes), bytes [%" PRIu64 ", %" PRIu64 "): \"", h->name, h->len,
+            lo, hi);
+    print_cstr(f, h->p + lo, (size_t)(hi - lo));
+    fprintf(f, "\"\n");
+}
+
+/* Prints the differing parts of two sorted pair lists, rule by rule. */
+static void report_diff(struct run *ru, struct stats *st, const struct hay *h,
+                        const struct pairs *ours, const struct pairs *theirs)
+{
+    report_header(ru, st, "hit sets differ");
+    struct pairs a = {0}, b = {0};
+    size_t i = 0, j = 0;
+    while (i < ours->n || j < theirs->n) {
+        int c = i == ours->n ? 1 : j == theirs->n ? -1 : pair_cmp(&ours->v[i], &theirs->v[j]);
+        if (c < 0) {
+            pairs_push(&a, ours->v[i].rule, ours->v[i].end);
+            i++;
+        } else if (c > 0) {
+            pairs_push(&b, theirs->v[j].rule, theirs->v[j].end);
+            j++;
+        } else {
+            i++;
+            j++;
+        }
+    }
+    for (size_t k = 0; k < ru->n; k++) {
+        bool culprit = false;
+        for (size_t x = 0; x < a.n && !culprit; x++)
+            culprit = a.v[x].rule == ru->key[k];
+        for (size_t x = 0; x < b.n && !culprit; x++)
+            culprit = b.v[x].rule == ru->key[k];
+        if (culprit || (ru->print_all_rules && ru->both[ru->key[k]]))
+            print_rule(stderr, k, &ru->rules[k]);
+    }
+    uint64_t near = a.n ? a.v[0].end : b.n ? b.v[0].end : 0;
+    print_hay(stderr, h, near);
+    print_hits(stderr, "vkscan", a.v, a.n);
+    print_hits(stderr, "Hyperscan", b.v, b.n);
+    free(a.v);
+    free(b.v);
+}
+
+/* Scans one haystack with both engines and compares. */
+static void run_scan(struct run *ru, struct stats *st, const struct hay *h)
+{
+    struct pairs ours = {0}, theirs = {0};
+    if (ru->res.catalog != NULL) {
+        struct scan_hits hits = {0};
+        ck_assert_int_eq(refscan_buffer(ru->res.catalog, h->p, h->len, SCAN_ALL, &hits), 0);
+        for (size_t i = 0; i < hits.n; i++) {
+            uint32_t k = ru->key[ru->cat2in[hits.v[i].rule]];
+            ck_assert_uint_le(hits.v[i].end, h->len);
+            if (ru->both[k])
+                pairs_push(&ours, k, hits.v[i].end);
+        }
+        scan_hits_finish(&hits);
+    }
+    if (ru->db != NULL) {
+        hs_error_t e = hs_scan(ru->db, (const char *)h->p, (unsigned)h->len, 0, ru->scratch,
+                               on_hs_match, &theirs);
+        ck_assert_int_eq(e, HS_SUCCESS);
+    }
+    for (size_t i = 0; i < theirs.n; i++)
+        theirs.v[i].rule = ru->key[theirs.v[i].rule];
+    if (ours.n > 1)
+        qsort(ours.v, ours.n, sizeof(*ours.v), pair_cmp);
+    if (theirs.n > 1)
+        qsort(theirs.v, theirs.n, sizeof(*theirs.v), pair_cmp);
+    size_t m = 0;
+    for (size_t i = 0; i < theirs.n; i++) {
+        uint32_t rule = theirs.v[i].rule;
+        if (!ru->both[rule])
+            continue;
+        bool single = (ru->rules[rule].flags & RULE_F_SINGLEMATCH) != 0;
+        if (m == 0 || theirs.v[m - 1].rule != rule ||
+            (!single && theirs.v[m - 1].end != theirs.v[i].end))
+            theirs.v[m++] = theirs.v[i];
+    }
+    theirs.n = m;
+    bool same = ours.n == theirs.n;
+    for (size_t i = 0; same && i < ours.n; i++)
+        same = pair_cmp(&ours.v[i], &theirs.v[i]) == 0;
+    st->scans++;
+    if (same) {
+        st->hits += ours.n;
+    } else {
+        st->mismatches++;
+        if (st->reports < max_reports())
+            report_diff(ru, st, h, &ours, &theirs);
+    }
+    free(ours.v);
+    free(theirs.v);
+}
+
+/* Compiles `n` rules with both engines and compares them on every haystack. */
+static void compare_set(const struct trule *rules, size_t n, uint32_t max_states, uint64_t seed,
+                        const char *what, bool print_all, const struct hay *hays, size_t nh,
+                        struct stats *st)
+{
+    struct run ru = {.rules = rules,
+                     .n = n,
+                     .max_states = max_states,
+                     .seed = seed,
+                     .what = what,
+                     .print_all_rules = print_all};
+    run_compile(&ru, st);
+    for (size_t i = 0; ru.any && i < nh; i++)
+        run_scan(&ru, st, &hays[i]);
+    run_finish(&ru);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The random regex generator: a syntax tree, its text, samples from it.    */
+
+enum gnode_kind { G_BYTE, G_ANY, G_CLASS, G_SEQ, G_ALT, G_GROUP, G_REPEAT, G_ASSERT, G_FLAGS };
+
+#define GEN_NODES 400
+#define GEN_SOFT  120
+#define REP_INF   255
+
+struct gnode {
+    enum gnode_kind kind;
+    int child;     /* first child or -1 */
+    int last;      /* last child or -1 */
+    int next;      /* next sibling or -1 */
+    uint8_t byte;  /* G_BYTE: the byte; G_ASSERT: ^ $ b B */
+    uint8_t flags; /* G_GROUP (scoped) and G_FLAGS: RULE_F_* bits turned on */
+    uint8_t group; /* G_GROUP: 0 "(", 1 "(?:", 2 "(?flags:" */
+    uint8_t form;  /* G_BYTE: spelling; G_REPEAT: 0 * 1 + 2 ? 3 {m} 4 {m,} 5 {m,n} */
+    uint8_t min;
+    uint8_t max;
+    bool lazy;
+    char text[64];   /* G_CLASS: spelling */
+    uint8_t set[32]; /* G_CLASS: bytes it matches, case-sensitively */
+};
+
+struct gen {
+    struct rng *rng;
+    struct gnode v[GEN_NODES];
+    int n;
+    int root;
+};
+
+static int gen_node(struct gen *g, enum gnode_kind k)
+{
+    ck_assert_int_lt(g->n, GEN_NODES);
+    struct gnode *nd = &g->v[g->n];
+    memset(nd, 0, sizeof(*nd));
+    nd->kind = k;
+    nd->child = nd->last = nd->next = -1;
+    return g->n++;
+}
+
+static void gen_add(struct gen *g, int parent, int child)
+{
+    struct gnode *p = &g->v[parent];
+    if (p->last < 0)
+        p->child = child;
+    else
+        g->v[p->last].next = child;
+    p->last = child;
+}
+
+static void set_bit(uint8_t *set, int c)
+{
+    set[c >> 3] |= (uint8_t)(1u << (c & 7));
+}
+
+static bool has_bit(const uint8_t *set, int c)
+{
+    return (set[c >> 3] >> (c & 7)) & 1u;
+}
+
+/* Bytes in patterns and haystacks: a small alphabet, so matches are dense. */
+static const char pat_alpha[] = "aaabbbcccAB01_ -.\n\t";
+
+static int gen_byte(struct gen *g)
+{
+    int i = gen_node(g, G_BYTE);
+    g->v[i].byte = (uint8_t)pat_alpha[rng_below(g->rng, sizeof(pat_alpha) - 1)];
+    g->v[i].form = (uint8_t)rng_below(g->rng, 8); /* 0: \xHH, otherwise plain or \n-style */
+    return i;
+}
+
+static void render_byte(struct str *s, uint8_t c, uint8_t form, bool in_class)
+{
+    if (form == 0) {
+        str_printf(s, "\\x%02x", c);
+        return;
+    }
+    switch (c) {
+    case '\n':
+        str_puts(s, "\\n");
+        return;
+    case '\t':
+        str_puts(s, "\\t");
+        return;
+    case '.':
+        str_puts(s, in_class ? "." : "\\.");
+        return;
+    case '-':
+        str_puts(s, in_class ? "\\-" : "-");
+        return;
+    default:
+        str_putc(s, (char)c);
+    }
+}
+
+static bool is_word(int c)
+{
+    return isalnum(c) || c == '_';
+}
+
+/* The escape classes \d \w \s and their negations, into `set`. */
+static void escape_set(char e, uint8_t *set)
+{
+    for (int c = 0; c < 256; c++) {
+        bool in = tolower(e) == 'd' ? isdigit(c) : tolower(e) == 'w' ? is_word(c) : isspace(c);
+        if (in != (bool)isupper(e))
+            set_bit(set, c);
+    }
+}
+
+static const char *const posix_names[] = {"alpha", "digit", "alnum",  "upper",
+                                          "lower", "space", "xdigit", "punct"};
+
+static bool posix_has(unsigned k, int c)
+{
+    switch (k) {
+    case 0:
+        return isalpha(c);
+    case 1:
+        return isdigit(c);
+    case 2:
+        return isalnum(c);
+    case 3:
+        return isupper(c);
+    case 4:
+        return islower(c);
+    case 5:
+        return isspace(c);
+    case 6:
+        return isxdigit(c);
+    default:
+        return ispunct(c);
+    }
+}
+
+/* One item of a bracket class, appended to the node's text and set. */
+static void gen_class_item(struct gen *g, struct gnode *nd, struct str *t)
+{
+    static const char *const ranges[] = {"a-c", "A-C", "0-9", "a-z", "b-c", "0-1", "A-Z"};
+    static const char escs[] = "dwsDWS";
+    uint32_t roll = rng_below(g->rng, 6);
+    if (roll == 0) {
+        const char *r = ranges[rng_below(g->rng, 7)];
+        str_puts(t, r);
+        for (int c = r[0]; c <= r[2]; c++)
+            set_bit(nd->set, c);
+    } else if (roll == 1) {
+        char e = escs[rng_below(g->rng, 6)];
+        str_printf(t, "\\%c", e);
+        escape_set(e, nd->set);
+    } else if (roll == 2) {
+        unsigned k = rng_below(g->rng, 8);
+        str_printf(t, "[:%s:]", posix_names[k]);
+        for (int c = 0; c < 256; c++)
+            if (posix_has(k, c))
+                set_bit(nd->set, c);
+    } else {
+        uint8_t c = (uint8_t)pat_alpha[rng_below(g->rng, sizeof(pat_alpha) - 1)];
+        render_byte(t, c, (uint8_t)rng_below(g->rng, 6), true);
+        set_bit(nd->set, c);
+    }
+}
+
+static int gen_class(struct gen *g)
+{
+    int i = gen_node(g, G_CLASS);
+    struct gnode *nd = &g->v[i];
+    struct str t = {0};
+    if (rng_pct(g->rng, 35)) { /* a bare escape class: \d \D \w \W \s \S */
+        char e = "dwsDWS"[rng_below(g->rng, 6)];
+        str_printf(&t, "\\%c", e);
+        escape_set(e, nd->set);
+    } else {
+        bool neg = rng_pct(g->rng, 25);
+        str_puts(&t, neg ? "[^" : "[");
+        unsigned items = 1 + rng_below(g->rng, 3);
+        for (unsigned k = 0; k < items; k++)
+            gen_class_item(g, nd, &t);
+        str_putc(&t, ']');
+        for (int k = 0; neg && k < 32; k++)
+            nd->set[k] = (uint8_t)~nd->set[k];
+    }
+    ck_assert_uint_lt(t.n, sizeof(nd->text));
+    memcpy(nd->text, t.p, t.n + 1);
+    str_free(&t);
+    return i;
+}
+
+static uint8_t gen_flag_bits(struct rng *r)
+{
+    uint8_t f = 0;
+    while (f == 0) {
+        f |= rng_pct(r, 50) ? RULE_F_CASELESS : 0;
+        f |= rng_pct(r, 35) ? RULE_F_DOTALL : 0;
+        f |= rng_pct(r, 35) ? RULE_F_MULTILINE : 0;
+    }
+    return f;
+}
+
+static int gen_alt(struct gen *g, int depth);
+
+static int gen_group(struct gen *g, int depth)
+{
+    int i = gen_node(g, G_GROUP);
+    g->v[i].group = (uint8_t)rng_below(g->rng, 3);
+    if (g->v[i].group == 2)
+        g->v[i].flags = gen_flag_bits(g->rng);
+    int c = gen_alt(g, depth + 1);
+    gen_add(g, i, c);
+    return i;
+}
+
+static int gen_atom(struct gen *g, int depth)
+{
+    uint32_t roll = g->n > GEN_SOFT ? 0 : rng_below(g->rng, 100);
+    if (roll < 48)
+        return gen_byte(g);
+    if (roll < 56)
+        return gen_node(g, G_ANY);
+    if (roll < 80)
+        return gen_class(g);
+    if (depth < 3)
+        return gen_group(g, depth);
+    return gen_byte(g);
+}
+
+static int gen_repeat(struct gen *g, int atom)
+{
+    int i = gen_node(g, G_REPEAT);
+    struct gnode *nd = &g->v[i];
+    nd->form = (uint8_t)rng_below(g->rng, 6);
+    nd->lazy = rng_pct(g->rng, 25);
+    switch (nd->form) {
+    case 0:
+        nd->min = 0, nd->max = REP_INF;
+        break;
+    case 1:
+        nd->min = 1, nd->max = REP_INF;
+        break;
+    case 2:
+        nd->min = 0, nd->max = 1;
+        break;
+    case 3:
+        nd->min = nd->max = (uint8_t)(1 + rng_below(g->rng, 4));
+        break;
+    case 4:
+        nd->min = (uint8_t)rng_below(g->rng, 4), nd->max = REP_INF;
+        break;
+    default:
+        nd->min = (uint8_t)rng_below(g->rng, 3);
+        nd->max = (uint8_t)(nd->min + 1 + rng_below(g->rng, 3));
+    }
+    gen_add(g, i, atom);
+    return i;
+}
+
+static int gen_item(struct gen *g, int depth)
+{
+    uint32_t roll = g->n > GEN_SOFT ? 99 : rng_below(g->rng, 100);
+    if (roll < 8) {
+        int i = gen_node(g, G_ASSERT);
+        /* ^ and $ inside a pattern mostly make Hyperscan refuse it ("embedded
+         * anchors"), so they are rarer here and common at the ends (gen_seq). */
+        g->v[i].byte = (uint8_t) "^$bBbBbBbB"[rng_below(g->rng, 10)];
+        return i;
+    }
+    if (roll < 12) {
+        int i = gen_node(g, G_FLAGS);
+        g->v[i].flags = gen_flag_bits(g->rng);
+        return i;
+    }
+    int a = gen_atom(g, depth);
+    return rng_pct(g->rng, 30) ? gen_repeat(g, a) : a;
+}
+
+static int gen_seq(struct gen *g, int depth)
+{
+    int i = gen_node(g, G_SEQ);
+    unsigned n = g->n > GEN_SOFT ? 1 : 1 + rng_below(g->rng, depth == 0 ? 6 : 4);
+    bool bol = depth == 0 && rng_pct(g->rng, 12), eol = depth == 0 && rng_pct(g->rng, 12);
+    if (bol) {
+        int a = gen_node(g, G_ASSERT);
+        g->v[a].byte = '^';
+        gen_add(g, i, a);
+    }
+    for (unsigned k = 0; k < n; k++) {
+        int c = gen_item(g, depth);
+        gen_add(g, i, c);
+    }
+    if (eol) {
+        int a = gen_node(g, G_ASSERT);
+        g->v[a].byte = '$';
+        gen_add(g, i, a);
+    }
+    return i;
+}
+
+static int gen_alt(struct gen *g, int depth)
+{
+    int i = gen_node(g, G_ALT);
+    unsigned n = g->n <= GEN_SOFT && rng_pct(g->rng, 25) ? 2 + rng_below(g->rng, 2) : 1;
+    for (unsigned k = 0; k < n; k++) {
+        int c = gen_seq(g, depth);
+        gen_add(g, i, c);
+    }
+    return i;
+}
+
+static void render_flags(struct str *s, uint8_t f)
+{
+    if (f & RULE_F_CASELESS)
+        str_putc(s, 'i');
+    if (f & RULE_F_DOTALL)
+        str_putc(s, 's');
+    if (f & RULE_F_MULTILINE)
+        str_putc(s, 'm');
+}
+
+static void render(const struct gen *g, int i, struct str *s);
+
+static void render_repeat(const struct gen *g, const struct gnode *nd, struct str *s)
+{
+    render(g, nd->child, s);
+    switch (nd->form) {
+    case 0:
+        str_putc(s, '*');
+        break;
+    case 1:
+        str_putc(s, '+');
+        break;
+    case 2:
+        str_putc(s, '?');
+        break;
+    case 3:
+        str_printf(s, "{%u}", nd->min);
+        break;
+    case 4:
+        str_printf(s, "{%u,}", nd->min);
+        break;
+    default:
+        str_printf(s, "{%u,%u}", nd->min, nd->max);
+    }
+    if (nd->lazy)
+        str_putc(s, '?');
+}
+
+static void render(const struct gen *g, int i, struct str *s)
+{
+    const struct gnode *nd = &g->v[i];
+    switch (nd->kind) {
+    case G_BYTE:
+        render_byte(s, nd->byte, nd->form, false);
+        break;
+    case G_ANY:
+        str_putc(s, '.');
+        break;
+    case G_CLASS:
+        str_puts(s, nd->text);
+        break;
+    case G_SEQ:
+        for (int c = nd->child; c >= 0; c = g->v[c].next)
+            render(g, c, s);
+        break;
+    case G_ALT:
+        for (int c = nd->child; c >= 0; c = g->v[c].next) {
+            if (c != nd->child)
+                str_putc(s, '|');
+            render(g, c, s);
+        }
+        break;
+    case G_GROUP:
+        str_puts(s, nd->group == 0 ? "(" : nd->group == 1 ? "(?:" : "(?");
+        if (nd->group == 2) {
+            render_flags(s, nd->flags);
+            str_putc(s, ':');
+        }
+        render(g, nd->child, s);
+        str_putc(s, ')');
+        break;
+    case G_REPEAT:
+        render_repeat(g, nd, s);
+        break;
+    case G_ASSERT:
+        if (nd->byte == 'b' || nd->byte == 'B')
+            str_putc(s, '\\');
+        str_putc(s, (char)nd->byte);
+        break;
+    case G_FLAGS:
+        str_puts(s, "(?");
+        render_flags(s, nd->flags);
+        str_putc(s, ')');
+        break;
+    }
+}
+
+/* Can the node match the empty string, taking assertions and flags as empty? */
+static bool nullable(const struct gen *g, int i)
+{
+    const struct gnode *nd = &g->v[i];
+    switch (nd->kind) {
+    case G_BYTE:
+    case G_ANY:
+    case G_CLASS:
+        return false;
+    case G_ASSERT:
+    case G_FLAGS:
+        return true;
+    case G_SEQ:
+        for (int c = nd->child; c >= 0; c = g->v[c].next)
+            if (!nullable(g, c))
+                return false;
+        return true;
+    case G_ALT:
+        for (int c = nd->child; c >= 0; c = g->v[c].next)
+            if (nullable(g, c))
+                return true;
+        return false;
+    case G_GROUP:
+        return nullable(g, nd->child);
+    case G_REPEAT:
+        return nd->min == 0 || nullable(g, nd->child);
+    }
+    return false;
+}
+
+/* Haystack bytes; the rare ones probe \s (\v \r), caseless (0xe9) and NUL. */
+static const char hay_alpha[] = "aaaabbbbccccAABB0011__  --..\n\n\t";
+static const char hay_rare[] = "\v\r\xe9*\0";
+
+static uint8_t hay_byte(struct rng *r)
+{
+    if (rng_pct(r, 3))
+        return (uint8_t)hay_rare[rng_below(r, sizeof(hay_rare) - 1)];
+    return (uint8_t)hay_alpha[rng_below(r, sizeof(hay_alpha) - 1)];
+}
+
+static uint8_t maybe_flip(struct rng *r, uint8_t c, unsigned flags)
+{
+    if ((flags & RULE_F_CASELESS) && isalpha(c) && rng_pct(r, 50))
+        return (uint8_t)(c ^ 0x20);
+    return c;
+}
+
+static uint8_t sample_class(struct rng *r, const uint8_t *set, unsigned flags)
+{
+    for (int tries = 0; tries < 24; tries++) {
+        uint8_t c = hay_byte(r);
+        if (has_bit(set, c))
+            return maybe_flip(r, c, flags);
+    }
+    for (int c = 0; c < 128; c++)
+        if (has_bit(set, (c + 'a') & 127))
+            return (uint8_t)((c + 'a') & 127);
+    return 'a';
+}
+
+/* Appends a string the node (probably) matches; assertions are ignored. */
+static void sample(const struct gen *g, int i, struct rng *r, unsigned *flags, struct str *out)
+{
+    const struct gnode *nd = &g->v[i];
+    unsigned saved = *flags;
+    switch (nd->kind) {
+    case G_BYTE:
+        str_putc(out, (char)maybe_flip(r, nd->byte, *flags));
+        break;
+    case G_ANY: {
+        uint8_t c = hay_byte(r);
+        str_putc(out, (char)(c == '\n' && !(*flags & RULE_F_DOTALL) ? 'x' : c));
+        break;
+    }
+    case G_CLASS:
+        str_putc(out, (char)sample_class(r, nd->set, *flags));
+        break;
+    case G_SEQ:
+        for (int c = nd->child; c >= 0; c = g->v[c].next)
+            sample(g, c, r, flags, out);
+        break;
+    case G_ALT: {
+        unsigned k = 0, pick;
+        for (int c = nd->child; c >= 0; c = g->v[c].next)
+            k++;
+        pick = rng_below(r, k);
+        int c = nd->child;
+        while (pick-- > 0)
+            c = g->v[c].next;
+        sample(g, c, r, flags, out);
+        break;
+    }
+    case G_GROUP:
+        *flags |= nd->flags;
+        sample(g, nd->child, r, flags, out);
+        *flags = saved;
+        break;
+    case G_REPEAT: {
+        unsigned span = nd->max == REP_INF ? 3 : (unsigned)(nd->max - nd->min);
+        unsigned k = nd->min + rng_below(r, span + 1);
+        for (unsigned x = 0; x < k; x++)
+            sample(g, nd->child, r, flags, out);
+        break;
+    }
+    case G_ASSERT:
+        break;
+    case G_FLAGS:
+        *flags |= nd->flags;
+        break;
+    }
+}
+
+/* Generates one random regex rule into `r` and its tree into `g`. */
+static void gen_rule(struct gen *g, struct rng *rng, struct trule *r, size_t index)
+{
+    memset(g, 0, sizeof(*g));
+    g->rng = rng;
+    g->root = gen_alt(g, 0);
+    struct str s = {0};
+    render(g, g->root, &s);
+    memset(r, 0, sizeof(*r));
+    snprintf(r->id, sizeof(r->id), "r%zu", index);
+    r->kind = RULE_REGEX;
+    r->pat = s.p;
+    r->len = s.n;
+    r->hs = xstrndup(s.p, s.n);
+    r->flags |= rng_pct(rng, 25) ? RULE_F_CASELESS : 0;
+    r->flags |= rng_pct(rng, 25) ? RULE_F_DOTALL : 0;
+    r->flags |= rng_pct(rng, 25) ? RULE_F_MULTILINE : 0;
+    r->flags |= rng_pct(rng, 8) ? RULE_F_SINGLEMATCH : 0;
+    r->nullable = nullable(g, g->root);
+}
+
+static void hay_random(struct rng *r, struct str *h, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        str_putc(h, (char)hay_byte(r));
+}
+
+/* Random filler with strings drawn from the rules' trees planted in it, often
+ * at the very start and end, sometimes followed by a final '\n'. */
+static void hay_planted(struct gen *const *gens, const uint32_t *flags, size_t ng, struct rng *r,
+                        struct str *h)
+{
+    size_t target = 8 + rng_below(r, 160);
+    bool first = rng_pct(r, 40);
+    while (h->n < target) {
+        if (first || rng_pct(r, 50)) {
+            size_t k = rng_below(r, (uint32_t)ng);
+            unsigned f = flags[k];
+            sample(gens[k], gens[k]->root, r, &f, h);
+        } else {
+            hay_random(r, h, rng_below(r, 6));
+        }
+        first = false;
+    }
+    if (rng_pct(r, 30)) {
+        size_t k = rng_below(r, (uint32_t)ng);
+        unsigned f = flags[k];
+        sample(gens[k], gens[k]->root, r, &f, h);
+    }
+    if (rng_pct(r, 25))
+        str_putc(h, '\n');
+}
+
+/* ------------------------------------------------------------------------ */
+/* Random cases.                                                             */
+
+static uint64_t env_u64(const char *name, uint64_t dflt)
+{
+    const char *v = getenv(name);
+    return v != NULL && *v != '\0' ? strtoull(v, NULL, 0) : dflt;
+}
+
+/* The number of random cases: `dflt` times VKS_HSDIFF_SCALE (may be < 1). */
+static uint64_t case_count(uint64_t dflt)
+{
+    const char *v = getenv("VKS_HSDIFF_SCALE");
+    double scale = v != NULL && *v != '\0' ? strtod(v, NULL) : 1.0;
+    return (uint64_t)((double)dflt * (scale > 0 ? scale : 1.0) + 0.5);
+}
+
+#define HAYS_PER_CASE 8
+
+/* Builds HAYS_PER_CASE haystacks: the empty one, random ones, planted ones. */
+static void make_hays(struct gen *const *gens, const uint32_t *flags, size_t ng, struct rng *r,
+                      struct str *bufs, struct hay *hays)
+{
+    for (int k = 0; k < HAYS_PER_CASE; k++) {
+        bufs[k].n = 0;
+        str_putn(&bufs[k], "", 0);
+        if (k == 1)
+            hay_random(r, &bufs[k], 1 + rng_below(r, 4));
+        else if (k == 2 || k == 3)
+            hay_random(r, &bufs[k], 16 + rng_below(r, 300));
+        else if (k > 3)
+            hay_planted(gens, flags, ng, r, &bufs[k]);
+        snprintf(hays[k].name, sizeof(hays[k].name), "#%d", k);
+        hays[k].p = (const uint8_t *)bufs[k].p;
+        hays[k].len = bufs[k].n;
+    }
+}
+
+START_TEST(test_random_single)
+{
+    uint64_t base = env_u64("VKS_HSDIFF_SEED", 1);
+    uint64_t cases = case_count(2500);
+    struct stats st = {0};
+    struct gen *g = xrealloc(NULL, sizeof(*g));
+    struct str bufs[HAYS_PER_CASE] = {{0}};
+    struct hay hays[HAYS_PER_CASE];
+    for (uint64_t c = 0; c < cases; c++) {
+        uint64_t seed = base * 1000003u + c;
+        struct rng rng = {seed};
+        struct trule r;
+        gen_rule(g, &rng, &r, 0);
+        make_hays(&g, &r.flags, 1, &rng, bufs, hays);
+        char what[64];
+        snprintf(what, sizeof(what), "single case %" PRIu64, c);
+        compare_set(&r, 1, 0, seed, what, true, hays, HAYS_PER_CASE, &st);
+        trule_free(&r);
+    }
+    for (int k = 0; k < HAYS_PER_CASE; k++)
+        str_free(&bufs[k]);
+    free(g);
+    stats_print(&st, "random single rules");
+    ck_assert_msg(st.mismatches == 0,
+                  "%u (rule, haystack) pairs differ from Hyperscan; "
+                  "reproducers above",
+                  st.mismatches);
+    ck_assert_msg(st.bad_rejects == 0, "%u rules rejected or accepted against the contract",
+                  st.bad_rejects);
+    /* The test means nothing if most patterns were skipped or never matched. */
+    ck_assert_uint_gt(st.compared, cases / 3);
+    ck_assert_uint_gt(st.hits, 20 * (uint64_t)cases);
+}
+END_TEST
+
+/* A random literal (with escapes) or hex-string rule and its Hyperscan form. */
+static void gen_plain_rule(struct rng *rng, struct trule *r, size_t index, bool hex)
+{
+    static const char lit[] = "abcAB01_ -.*";
+    struct str pat = {0}, hs = {0};
+    size_t n = 1 + rng_below(rng, 6);
+    for (size_t k = 0; k < n; k++) {
+        bool any = hex && rng_pct(rng, 20);
+        uint8_t c = rng_pct(rng, 10) ? '\n' : (uint8_t)lit[rng_below(rng, sizeof(lit) - 1)];
+        if (hex && any)
+            str_puts(&pat, k ? " ??" : "??");
+        else if (hex)
+            str_printf(&pat, k ? " %02x" : "%02x", c);
+        else if (c == '\n')
+            str_puts(&pat, "\\n");
+        else if (rng_pct(rng, 10))
+            str_printf(&pat, "\\x%02x", c);
+        else
+            str_putc(&pat, (char)c);
+        if (any)
+            str_puts(&hs, "[\\x00-\\xff]");
+        else
+            str_printf(&hs, "\\x%02x", c);
+    }
+    memset(r, 0, sizeof(*r));
+    snprintf(r->id, sizeof(r->id), "%s%zu", hex ? "h" : "l", index);
+    r->kind = hex ? RULE_HEX : RULE_LITERAL;
+    r->pat = pat.p;
+    r->len = pat.n;
+    r->hs = hs.p;
+    r->flags = rng_pct(rng, 30) ? RULE_F_CASELESS : 0;
+    r->flags |= rng_pct(rng, 5) ? RULE_F_SINGLEMATCH : 0;
+    r->nullable = 0;
+}
+
+#define MULTI_MAX 16
+
+START_TEST(test_random_multi)
+{
+    static const uint32_t budgets[] = {0, 4096, 600, 150};
+    uint64_t base = env_u64("VKS_HSDIFF_SEED", 1);
+    uint64_t cases = case_count(250);
+    struct stats st = {0};
+    struct gen *g = xrealloc(NULL, MULTI_MAX * sizeof(*g));
+    struct str bufs[HAYS_PER_CASE] = {{0}};
+    struct hay hays[HAYS_PER_CASE];
+    for (uint64_t c = 0; c < cases; c++) {
+        uint64_t seed = base * 7000003u + c;
+        struct rng rng = {seed};
+        size_t n = 2 + rng_below(&rng, MULTI_MAX - 1), ng = 0;
+        struct trule r[MULTI_MAX];
+        struct gen *gens[MULTI_MAX];
+        uint32_t flags[MULTI_MAX];
+        for (size_t k = 0; k < n; k++) {
+            uint32_t kind = rng_below(&rng, 10);
+            if (kind < 7) {
+                gen_rule(&g[ng], &rng, &r[k], k);
+                gens[ng] = &g[ng];
+                flags[ng++] = r[k].flags;
+            } else {
+                gen_plain_rule(&rng, &r[k], k, kind == 9);
+            }
+        }
+        if (ng == 0) { /* no regex drawn: the planted haystacks need one */
+            trule_free(&r[0]);
+            gen_rule(&g[0], &rng, &r[0], 0);
+            gens[0] = &g[0];
+            flags[ng++] = r[0].flags;
+        }
+        make_hays(gens, flags, ng, &rng, bufs, hays);
+        /* Literals land in the haystacks through the random filler only when
+         * short; plant a few outright. */
+        for (size_t k = 0; k < n; k++)
+            if (r[k].kind == RULE_LITERAL && !memchr(r[k].pat, '\\', r[k].len))
+                str_putn(&bufs[HAYS_PER_CASE - 1], r[k].pat, r[k].len);
+        hays[HAYS_PER_CASE - 1].p = (const uint8_t *)bufs[HAYS_PER_CASE - 1].p;
+        hays[HAYS_PER_CASE - 1].len = bufs[HAYS_PER_CASE - 1].n;
+        char what[64];
+        snprintf(what, sizeof(what), "multi case %" PRIu64 " (%zu rules)", c, n);
+        compare_set(r, n, budgets[c % 4], seed, what, true, hays, HAYS_PER_CASE, &st);
+        for (size_t k = 0; k < n; k++)
+            trule_free(&r[k]);
+    }
+    for (int k = 0; k < HAYS_PER_CASE; k++)
+        str_free(&bufs[k]);
+    free(g);
+    stats_print(&st, "random multi-rule catalogs");
+    ck_assert_msg(st.mismatches == 0,
+                  "%u (catalog, haystack) pairs differ from Hyperscan; "
+                  "reproducers above",
+                  st.mismatches);
+    ck_assert_msg(st.bad_rejects == 0, "%u rules rejected or accepted against the contract",
+                  st.bad_rejects);
+    ck_assert_uint_gt(st.compared, st.rules / 3);
+    ck_assert_uint_gt(st.hits, 50 * (uint64_t)cases);
+}
+END_TEST
+
+/* Hand-picked cases for the semantics that are easy to get wrong; each is
+ * compared like the random ones, and each must produce at least one hit. */
+START_TEST(test_known_semantics)
+{
+    static const struct {
+        const char *pat;
+        uint32_t flags;
+        const char *hay;
+    } cases[] = {
+        {"a$", 0, "a\na\n"}, /* $ before a final \n only */
+        {"a$", RULE_F_MULTILINE, "a\na\n"},
+        {"^a", RULE_F_MULTILINE, "a\na\nba"},
+        {"a.b", 0, "a\nb a\vb a\rb"}, /* . excludes only \n */
+        {"a.b", RULE_F_DOTALL, "a\nb"},
+        {"a\\sb", 0, "a\vb a\fb a\rb"}, /* \s includes \v */
+        {"\\ba\\b", 0, "a ab a_a a"},   /* buffer edges are non-word */
+        {"a\\B", 0, "ab a a_"},
+        {"(?i)[[:upper:]]b", 0, "ab AB Ab"},
+        {"[^a]b", RULE_F_CASELESS, "Ab ab cb"},
+        {"a(?i)b|c", 0, "ab aB c C"},    /* (?i) reaches the next alternative */
+        {"(a(?i)b)c", 0, "abc aBc aBC"}, /* but not past its group */
+        {"x(?i:a)b", 0, "xAb xAB"},
+        {"a+?b{2,}?", 0, "aabbb ab"},
+        {"\\x41\\n\\t", 0, "A\n\tA\n"},
+        {"a", RULE_F_SINGLEMATCH, "aaa"},
+        {"\\x61+", RULE_F_CASELESS, "aAa"},
+        {"a(\\B)+b", 0, "ab a b"}, /* a repeated group of an assertion is the assertion */
+        {"a(?:\\b)?b", 0, "ab"},
+        {"\\xc3\\xa9", RULE_F_CASELESS, "\xc3\xa9 \xc3\x89"}, /* ASCII-only caseless */
+    };
+    struct stats st = {0};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct trule r = {.kind = RULE_REGEX, .flags = cases[i].flags};
+        snprintf(r.id, sizeof(r.id), "k%zu", i);
+        r.pat = xstrndup(cases[i].pat, strlen(cases[i].pat));
+        r.len = strlen(cases[i].pat);
+        r.hs = xstrndup(r.pat, r.len);
+        struct hay h = {"fixed", (const uint8_t *)cases[i].hay, strlen(cases[i].hay)};
+        uint64_t before = st.hits;
+        compare_set(&r, 1, 0, i, "known semantics", true, &h, 1, &st);
+        ck_assert_msg(st.hits > before || st.mismatches > 0, "case %zu (%s) had no hits", i,
+                      cases[i].pat);
+        trule_free(&r);
+    }
+    stats_print(&st, "known semantics");
+    ck_assert_uint_eq(st.compared, sizeof(cases) / sizeof(cases[0]));
+    ck_assert_msg(st.mismatches == 0, "%u cases differ from Hyperscan", st.mismatches);
+    ck_assert_uint_eq(st.bad_rejects, 0);
+}
+END_TEST
+
+/* ------------------------------------------------------------------------ */
+/* The shared pattern files and haystacks.                                   */
+
+static const char *data_dir(void)
+{
+    const char *d = getenv("VKS_SHARED_DATA");
+    return d != NULL && *d != '\0' ? d : VKS_SOURCE_ROOT "/../shared/data";
+}
+
+/* Reads a whole file; returns NULL (and fails the test) when it cannot. */
+static uint8_t *slurp(const char *path, size_t *len, size_t limit)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL,
+                  "cannot open %s: %s (set VKS_SHARED_DATA to the shared data "
+                  "folder)",
+                  path, strerror(errno));
+    struct str s = {0};
+    char buf[65536];
+    size_t n;
+    while (s.n < limit && (n = fread(buf, 1, sizeof(buf), f)) > 0)
+        str_putn(&s, buf, n < limit - s.n ? n : limit - s.n);
+    fclose(f);
+    *len = s.n;
+    if (s.p == NULL)
+        s.p = xstrndup("", 0);
+    return (uint8_t *)s.p;
+}
+
+/* Loads an hsbench pattern file through the project's reader (patfile.h);
+ * the regex goes to Hyperscan unchanged. Every line of the shared files must
+ * read as a regex rule. */
+static struct trule *load_patfile(const char *path, size_t *count)
+{
+    size_t len;
+    char *text = (char *)slurp(path, &len, SIZE_MAX);
+    struct patfile pf;
+    struct vks_error err = {0};
+    ck_assert_msg(patfile_parse(text, len, &pf, &err) == 0, "%s: %s", path, err.msg);
+    for (size_t k = 0; k < pf.n_rejects; k++)
+        fprintf(stderr, "%s:%u: %s\n", path, pf.rejects[k].line, pf.rejects[k].msg);
+    ck_assert_msg(pf.n_rejects == 0, "%s: %zu lines are not rules", path, pf.n_rejects);
+    struct trule *v = xrealloc(NULL, (pf.n + 1) * sizeof(*v));
+    for (size_t i = 0; i < pf.n; i++) {
+        const struct rule_src *r = &pf.rules[i];
+        ck_assert_msg(r->kind == RULE_REGEX, "%s:%u: not a regex rule", path, r->line);
+        v[i] = (struct trule){
+            .kind = RULE_REGEX, .flags = r->flags, .line = r->line, .nullable = -1, .len = r->len};
+        snprintf(v[i].id, sizeof(v[i].id), "%s", r->id);
+        v[i].pat = xstrndup(r->pattern, r->len);
+        v[i].hs = xstrndup(r->pattern, r->len);
+    }
+    *count = pf.n;
+    patfile_finish(&pf);
+    free(text);
+    return v;
+}
+
+/* A synthetic config file: secret-looking assignments built around every
+ * gitleaks keyword, so that the gitleaks regexes have something to match. */
+static uint8_t *hay_secrets(const char *dir, size_t *len)
+{
+    static const char *const fmts[] = {"%s_api_key = \"%s\"\n",
+                                       "export %s_TOKEN=%s\n",
+                                       "%s-secret: '%s'\n",
+                                       "  \"%s\": \"%s\",\n",
+                                       "%s%s\n",
+                                       "url = https://%s.example.com/?key=%s&x=1\n"};
+    static const char alnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-";
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/gitleaks/gitleaks-keywords.rules", dir);
+    size_t n;
+    struct trule *kw = load_patfile(path, &n);
+    struct rng rng = {42};
+    struct str s = {0};
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < n; i++) {
+            char secret[160];
+            size_t sl = 8 + rng_below(&rng, 100);
+            uint32_t abc = rng_pct(&rng, 50) ? 16 : rng_pct(&rng, 50) ? 36 : 64;
+            for (size_t k = 0; k < sl; k++)
+                secret[k] = abc == 16 ? "0123456789abcdef"[rng_below(&rng, 16)]
+                                      : alnum[rng_below(&rng, abc)];
+            secret[sl] = '\0';
+            str_printf(&s, fmts[rng_below(&rng, 6)], kw[i].pat, secret);
+        }
+    }
+    trules_free(kw, n);
+    *len = s.n;
+    return (uint8_t *)s.p;
+}
+
+/* A byte of `set`, printable ASCII when the set has one. */
+static uint8_t pick_from_set(const struct byteset *set, struct rng *r)
+{
+    for (int tries = 0; tries < 32; tries++) {
+        uint8_t c = (uint8_t)(0x20 + rng_below(r, 0x5f));
+        if (byteset_has(set, c))
+            return c;
+    }
+    for (unsigned c = 0; c < 256; c++)
+        if (byteset_has(set, (c + 0x20) & 0xff))
+            return (uint8_t)((c + 0x20) & 0xff);
+    return 'x';
+}
+
+/* Appends a string that (assertions aside) matches the parsed tree `n`. */
+static void sample_parsed(const struct node *n, struct rng *r, struct str *out)
+{
+    switch (n->type) {
+    case N_SET:
+        str_putc(out, (char)pick_from_set(&n->u.set, r));
+        break;
+    case N_CAT:
+        for (uint32_t k = 0; k < n->u.list.n; k++)
+            sample_parsed(n->u.list.kids[k], r, out);
+        break;
+    case N_ALT:
+        sample_parsed(n->u.list.kids[rng_below(r, n->u.list.n)], r, out);
+        break;
+    case N_REPEAT: {
+        uint32_t span = n->u.rep.max == REPEAT_INF ? 3 : n->u.rep.max - n->u.rep.min;
+        uint32_t k = n->u.rep.min + rng_below(r, (span < 3 ? span : 3) + 1);
+        for (uint32_t x = 0; x < k; x++)
+            sample_parsed(n->u.rep.kid, r, out);
+        break;
+    }
+    case N_ASSERT:
+        break;
+    }
+}
+
+/* A haystack of strings drawn from every rule of a file (through our own
+ * parser's tree), two each, between separators that suit \b and $. */
+static uint8_t *hay_planted_file(const struct trule *rules, size_t n, size_t *len)
+{
+    static const char *const seps[] = {" ", "\n", " = ", "\"", "'", ": ", "\t"};
+    struct rng rng = {7};
+    struct str s = {0};
+    for (int round = 0; round < 2; round++) {
+        for (size_t i = 0; i < n; i++) {
+            struct rule_src src = {rules[i].id,  rules[i].kind,  rules[i].pat,
+                                   rules[i].len, rules[i].flags, 0};
+            struct parse_result pr = {0};
+            uint32_t pos;
+            char msg[240];
+            if (parse_rule(&src, &pr, &pos, msg, sizeof(msg)) == 0 && pr.root != NULL)
+                sample_parsed(pr.root, &rng, &s);
+            parse_result_finish(&pr);
+            str_puts(&s, seps[rng_below(&rng, 7)]);
+        }
+    }
+    *len = s.n;
+    return (uint8_t *)s.p;
+}
+
+struct corpus {
+    struct hay hays[12];
+    uint8_t *bufs[12];
+    size_t n;
+};
+
+static void corpus_add(struct corpus *c, const char *dir, const char *name, size_t limit)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/rebar/haystacks/%s", dir, name);
+    struct hay *h = &c->hays[c->n];
+    c->bufs[c->n] = slurp(path, &h->len, limit);
+    h->p = c->bufs[c->n];
+    snprintf(h->name, sizeof(h->name), "%s", name);
+    c->n++;
+}
+
+/* About 420 KB: prose (English, Russian, Chinese UTF-8), tiny files for the
+ * edges, and the synthetic secrets. */
+static void corpus_load(struct corpus *c, const char *dir)
+{
+    memset(c, 0, sizeof(*c));
+    corpus_add(c, dir, "sherlock.txt", 192 * 1024);
+    corpus_add(c, dir, "opensubtitles/en-medium.txt", 64 * 1024);
+    corpus_add(c, dir, "opensubtitles/ru-medium.txt", 32 * 1024);
+    corpus_add(c, dir, "opensubtitles/zh-medium.txt", 32 * 1024);
+    corpus_add(c, dir, "opensubtitles/en-teeny.txt", SIZE_MAX);
+    corpus_add(c, dir, "opensubtitles/en-tiny.txt", SIZE_MAX);
+    corpus_add(c, dir, "opensubtitles/en-small.txt", SIZE_MAX);
+    corpus_add(c, dir, "opensubtitles/ru-tiny.txt", SIZE_MAX);
+    struct hay *h = &c->hays[c->n];
+    c->bufs[c->n] = hay_secrets(dir, &h->len);
+    h->p = c->bufs[c->n];
+    snprintf(h->name, sizeof(h->name), "synthetic secrets");
+    c->n++;
+}
+
+static void corpus_free(struct corpus *c)
+{
+    for (size_t i = 0; i < c->n; i++)
+        free(c->bufs[i]);
+}
+
+/* dict-10 has 43k rules; all of them cost about 3 s here, so the default
+ * takes every one. VKS_HSDIFF_DICT10_STRIDE=k compares every k-th only. */
+#define DICT10_STRIDE 1
+
+static void check_file(const char *path, const struct corpus *c)
+{
+    size_t n;
+    struct trule *rules = load_patfile(path, &n);
+    ck_assert_uint_gt(n, 0);
+    size_t stride =
+        strstr(path, "dict-10") ? env_u64("VKS_HSDIFF_DICT10_STRIDE", DICT10_STRIDE) : 1;
+    size_t m = 0;
+    stride = stride ? stride : 1;
+    for (size_t i = 0; i < n; i++) {
+        if (i % stride != 0)
+            trule_free(&rules[i]);
+        else
+            rules[m++] = rules[i];
+    }
+    struct stats st = {0};
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    struct hay hays[16];
+    ck_assert_uint_lt(c->n, 16);
+    memcpy(hays, c->hays, c->n * sizeof(*hays));
+    uint8_t *planted = hay_planted_file(rules, m, &hays[c->n].len);
+    hays[c->n].p = planted;
+    snprintf(hays[c->n].name, sizeof(hays[c->n].name), "samples of %s", base);
+    compare_set(rules, m, 0, 0, base, false, hays, c->n + 1, &st);
+    free(planted);
+    stats_print(&st, base);
+    trules_free(rules, m);
+    ck_assert_msg(st.mismatches == 0, "%s: %u haystacks give different hits; reproducers above",
+                  base, st.mismatches);
+    ck_assert_msg(st.bad_rejects == 0, "%s: %u rules rejected against the contract", base,
+                  st.bad_rejects);
+    /* Every file has most rules compared, and hits for most of them. */
+    ck_assert_uint_gt(st.compared, m / 2);
+    ck_assert_uint_gt(st.hits, st.compared);
+}
+
+static void check_glob(const char *pattern, const struct corpus *c, size_t *files)
+{
+    glob_t gl;
+    int rc = glob(pattern, 0, NULL, &gl);
+    ck_assert_msg(rc == 0, "no pattern files match %s", pattern);
+    for (size_t i = 0; i < gl.gl_pathc; i++)
+        check_file(gl.gl_pathv[i], c);
+    *files += gl.gl_pathc;
+    globfree(&gl);
+}
+
+START_TEST(test_shared_gitleaks)
+{
+    char pat[4096];
+    struct corpus c;
+    size_t files = 0;
+    corpus_load(&c, data_dir());
+    snprintf(pat, sizeof(pat), "%s/gitleaks/*.rules", data_dir());
+    check_glob(pat, &c, &files);
+    corpus_free(&c);
+    ck_assert_uint_ge(files, 2);
+}
+END_TEST
+
+START_TEST(test_shared_rebar)
+{
+    char pat[4096];
+    struct corpus c;
+    size_t files = 0;
+    corpus_load(&c, data_dir());
+    snprintf(pat, sizeof(pat), "%s/rebar/dict-*.rules", data_dir());
+    check_glob(pat, &c, &files);
+    corpus_free(&c);
+    ck_assert_uint_ge(files, 2);
+}
+END_TEST
+
+Suite *hsdiff_suite(void)
+{
+    Suite *s = suite_create("hsdiff");
+    TCase *tc = tcase_create("random");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_known_semantics);
+    tcase_add_test(tc, test_random_single);
+    tcase_add_test(tc, test_random_multi);
+    suite_add_tcase(s, tc);
+    TCase *files = tcase_create("shared-data");
+    tcase_set_timeout(files, 600);
+    tcase_add_test(files, test_shared_gitleaks);
+    tcase_add_test(files, test_shared_rebar);
+    suite_add_tcase(s, files);
+    return s;
+}
