@@ -5,10 +5,13 @@
  *
  *   compile_bench [--json] [--repeat N] [--data DIR] [--only NAME]
  *
- * Workloads: 1,000 and 10,000 random lowercase literals of 8-16 bytes; 500
- * regexes of the subset shaped like real secret-scanning rules (literal
- * prefixes, classes, bounded repeats, some caseless, some \b, some
- * alternations); the gitleaks regexes and keywords and rebar's dict-15
+ * Workloads: 1,000 and 10,000 random lowercase literals of 8-16 bytes;
+ * regex-500, the 500 bounded regexes that scan_bench scans on the GPU
+ * (bench/workloads.c: literal prefixes and suffixes around counted classes,
+ * alternations, case folding); regex-500-secrets, 500 regexes shaped like
+ * secret-scanning rules (counted repeats of broad classes such as
+ * [A-Za-z0-9_-]{20,40} right after a word, which DFAs handle worst); the
+ * gitleaks regexes and keywords and rebar's dict-15
  * (dict-10 too with --only dict-10). Every workload is seeded, so two runs
  * compile the same rules. For each it prints the best wall time of N runs,
  * rules, rejects, groups and total DFA states. Targets on the 2-core
@@ -26,6 +29,7 @@
 #include "catalog.h"
 #include "patfile.h"
 #include "rules.h"
+#include "workloads.h"
 
 struct rng {
     uint64_t s;
@@ -196,6 +200,21 @@ static void gen_regexes(struct ruleset *rs, size_t n, uint64_t seed)
     }
 }
 
+/* The bounded regexes scan_bench scans on the GPU (bench/workloads.c). */
+static void gen_bounded_regexes(struct ruleset *rs, size_t n)
+{
+    uint64_t s = workload_regex_seed((uint32_t)n);
+    char id[32], pat[96], inst[64];
+    for (size_t i = 0; i < n; i++) {
+        if (workload_regex(&s, (uint32_t)i, pat, inst) != 0) {
+            fprintf(stderr, "compile_bench: out of memory\n");
+            exit(2);
+        }
+        snprintf(id, sizeof(id), "r%zu", i);
+        ruleset_add(rs, id, RULE_REGEX, pat, strlen(pat), 0, 0);
+    }
+}
+
 /* ---- the shared rule sets (hsbench files, read by patfile.h) ---- */
 
 static int load_patfile(struct ruleset *rs, const char *path)
@@ -299,6 +318,7 @@ static const struct workload workloads[] = {
     {"literals-1k", 1000, NULL, false},
     {"literals-10k", 10000, NULL, false},
     {"regex-500", 500, NULL, false},
+    {"regex-500-secrets", 500, NULL, false},
     {"gitleaks-regex", 0, "gitleaks/gitleaks-regex.rules", false},
     {"gitleaks-keywords", 0, "gitleaks/gitleaks-keywords.rules", false},
     {"dict-15", 0, "rebar/dict-15.rules", false},
@@ -310,6 +330,8 @@ static int build(const struct workload *w, const char *data, struct ruleset *rs)
     if (w->file == NULL) {
         if (strncmp(w->name, "literals", 8) == 0)
             gen_literals(rs, w->count, 0x5eed0001u + w->count);
+        else if (strcmp(w->name, "regex-500") == 0)
+            gen_bounded_regexes(rs, w->count);
         else
             gen_regexes(rs, w->count, 0x5eed0002u);
         return 0;

@@ -29,6 +29,7 @@
 #include "gpu.h"
 #include "patfile.h"
 #include "rules.h"
+#include "workloads.h"
 
 struct opts {
     uint64_t size;
@@ -88,10 +89,7 @@ static void *xmalloc(size_t n)
 
 static uint64_t next(uint64_t *s)
 {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
+    return workload_next(s);
 }
 
 /* ---- rule sets and corpora -------------------------------------------- */
@@ -176,11 +174,9 @@ static void random_text(struct corpus *c, uint64_t size, uint32_t threads)
 
 static char *random_word(uint64_t *s, uint32_t min, uint32_t max, size_t *len)
 {
-    *len = min + next(s) % (max - min + 1);
-    char *w = xmalloc(*len + 1);
-    for (size_t i = 0; i < *len; i++)
-        w[i] = (char)('a' + next(s) % 26);
-    w[*len] = '\0';
+    char *w = workload_word(s, min, max, len);
+    if (w == NULL)
+        die("out of memory", "fewer rules");
     return w;
 }
 
@@ -200,44 +196,18 @@ static void literal_workload(uint32_t n, struct ruleset *rs, struct corpus *c, c
     }
 }
 
-/* Bounded regexes (counted repetitions, classes, alternations, case
- * folding), with an instance of one planted every ~4 KiB. */
+/* The bounded regexes of bench/workloads.c, with an instance of one planted
+ * every ~4 KiB. */
 static void regex_workload(uint32_t n, struct ruleset *rs, struct corpus *c, const struct opts *o)
 {
-    uint64_t s = 0x7654321ull + n;
+    uint64_t s = workload_regex_seed(n);
     char **inst = xmalloc(n * sizeof(*inst));
     for (uint32_t i = 0; i < n; i++) {
-        size_t pl, sl, ml;
-        char *pre = random_word(&s, 3, 5, &pl), *suf = random_word(&s, 3, 4, &sl);
-        char *mid = random_word(&s, 2, 5, &ml);
-        char *pat = xmalloc(96), *in = xmalloc(64);
-        switch (i % 5) {
-        case 0:
-            snprintf(pat, 96, "%s[0-9]{2,4}%s", pre, suf);
-            snprintf(in, 64, "%s%.*s%s", pre, (int)(2 + ml % 3), "1234", suf);
-            break;
-        case 1:
-            snprintf(pat, 96, "%s[a-z]{0,6}%s", pre, suf);
-            snprintf(in, 64, "%s%s%s", pre, mid, suf);
-            break;
-        case 2:
-            snprintf(pat, 96, "%s(%s|zq%s|%sx)%s", pre, mid, mid, mid, suf);
-            snprintf(in, 64, "%szq%s%s", pre, mid, suf);
-            break;
-        case 3:
-            snprintf(pat, 96, "%s\\s[a-z]{2,5}%s", pre, suf);
-            snprintf(in, 64, "%s %s%s", pre, mid, suf);
-            break;
-        default:
-            snprintf(pat, 96, "(?i)%s[0-9a-f]{4}%s", pre, suf);
-            snprintf(in, 64, "%sBEEF%s", pre, suf);
-            break;
-        }
-        free(pre);
-        free(suf);
-        free(mid);
+        char *pat = xmalloc(96);
+        inst[i] = xmalloc(64);
+        if (workload_regex(&s, i, pat, inst[i]) != 0)
+            die("out of memory", "fewer regexes");
         rs_add(rs, RULE_REGEX, pat, strlen(pat), 0);
-        inst[i] = in;
     }
     random_text(c, o->size, o->threads);
     for (uint64_t at = 0; at + 4096 <= c->size; at += 4096) {

@@ -5,10 +5,12 @@
 #include "rules.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dfa.h"
 #include "nfa.h"
@@ -325,29 +327,76 @@ static bool is_sequence(const struct node *n)
     return true;
 }
 
-/*
- * Builds every other rule alone first: a rule over the budget is then
- * rejected for the cost of one build instead of one per split while
- * grouping, and its state count is a truer estimate of its share of a group.
- */
-static int prebuild(struct ctx *c)
+/* Shared by the prebuild threads: the next rule to take. */
+struct prebuild_work {
+    struct ctx *c;
+    uint32_t next;
+    int rc;
+    pthread_mutex_t lock;
+};
+
+static void *prebuild_thread(void *arg)
 {
-    for (uint32_t i = 0; i < c->n_prep; i++) {
+    struct prebuild_work *w = arg;
+    struct ctx *c = w->c;
+    for (;;) {
+        pthread_mutex_lock(&w->lock);
+        uint32_t i = w->next++;
+        bool stop = w->rc != 0 || i >= c->n_prep;
+        pthread_mutex_unlock(&w->lock);
+        if (stop)
+            return NULL;
         if (is_sequence(c->prep[i].root))
             continue;
         struct group_out g;
         int rc = build_group(c, &i, 1, false, &g);
-        if (rc == -E2BIG)
-            rc = reject_too_big(c, i);
-        else if (rc == 0) {
+        if (rc == 0) {
             c->prep[i].positions = g.dfa.n_states;
             dfa_finish(&g.dfa);
             free(g.rules);
+        } else if (rc == -E2BIG) {
+            c->prep[i].positions = UINT64_MAX; /* rejected below, in order */
+        } else {
+            pthread_mutex_lock(&w->lock);
+            w->rc = rc;
+            pthread_mutex_unlock(&w->lock);
         }
-        if (rc != 0)
-            return rc;
     }
-    return 0;
+}
+
+static uint32_t thread_count(const struct rules_options *opt)
+{
+    if (opt->threads != 0)
+        return opt->threads;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 16 ? 16 : (uint32_t)n;
+}
+
+/*
+ * Builds every other rule alone first, on all cores: a rule over the budget
+ * is then rejected for the cost of one build instead of one per split while
+ * grouping, and its state count is a truer estimate of its share of a group.
+ */
+static int prebuild(struct ctx *c)
+{
+    struct prebuild_work w = {.c = c};
+    pthread_t th[16];
+    uint32_t nt = thread_count(c->opt), started = 0;
+    if (nt > 16)
+        nt = 16;
+    if (pthread_mutex_init(&w.lock, NULL) != 0)
+        return -ENOMEM;
+    for (; started + 1 < nt; started++)
+        if (pthread_create(&th[started], NULL, prebuild_thread, &w) != 0)
+            break;
+    prebuild_thread(&w); /* this thread works too */
+    for (uint32_t t = 0; t < started; t++)
+        pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&w.lock);
+    for (uint32_t i = 0; i < c->n_prep && w.rc == 0; i++)
+        if (c->prep[i].positions == UINT64_MAX)
+            w.rc = reject_too_big(c, i);
+    return w.rc;
 }
 
 /* Builds rules idx[0..n) as one group, splitting in halves while the DFA
@@ -383,6 +432,36 @@ static int cmp_prep(const void *a, const void *b, void *arg)
     return x->input < y->input ? -1 : x->input > y->input;
 }
 
+/*
+ * The estimated size of a group. Small rules add up, but large regexes
+ * (counters over broad classes) multiply: their DFAs run in parallel inside
+ * the group, and the product bounds the combined DFA. Estimating those as a
+ * product keeps such rules apart up front, instead of learning it from a
+ * failed build at full budget (halving) for each of them.
+ */
+#define HEAVY_STATES 2048u
+
+struct fill {
+    uint64_t light; /* sum of the small rules' states */
+    uint64_t heavy; /* product of the large rules' states, 0 when none */
+};
+
+static struct fill fill_add(struct fill f, uint64_t states)
+{
+    if (states < HEAVY_STATES)
+        f.light += states;
+    else
+        f.heavy = f.heavy == 0                    ? states
+                  : f.heavy > ((uint64_t)1 << 40) ? f.heavy
+                                                  : f.heavy * states;
+    return f;
+}
+
+static uint64_t fill_states(struct fill f)
+{
+    return f.light + f.heavy;
+}
+
 static int group_rules(struct ctx *c)
 {
     uint32_t *order = malloc((c->n_prep ? c->n_prep : 1) * sizeof(*order));
@@ -397,19 +476,19 @@ static int group_rules(struct ctx *c)
     uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
     int rc = 0;
     uint32_t begin = 0;
-    uint64_t fill = 0;
+    struct fill f = {0, 0};
     for (uint32_t i = 0; i <= n && rc == 0; i++) {
         bool end = i == n;
         bool kind_change = !end && i > begin &&
                            (c->prep[order[i]].maxlen == CATALOG_UNBOUNDED) !=
                                (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED);
-        uint64_t add = end ? 0 : c->prep[order[i]].positions;
-        if (i > begin && (end || kind_change || fill + add > budget)) {
+        struct fill g = end ? f : fill_add(f, c->prep[order[i]].positions);
+        if (i > begin && (end || kind_change || fill_states(g) > budget)) {
             rc = place(c, order + begin, i - begin);
             begin = i;
-            fill = 0;
+            g = fill_add((struct fill){0, 0}, end ? 0 : c->prep[order[i]].positions);
         }
-        fill += add;
+        f = g;
     }
     free(order);
     return rc;

@@ -43,6 +43,7 @@ struct rules_options {
     uint32_t max_states; /* per group; 0 means RULES_DEFAULT_STATES */
     uint32_t max_rules;  /* 0 means RULES_DEFAULT_MAXRULE */
     bool no_minimise;    /* tests: keep the unminimised DFA */
+    uint32_t threads;    /* compile threads; 0 means one per online CPU (max 16) */
 };
 
 /* Why a rule was left out. `pos` is the 0-based byte offset in the pattern
@@ -67,7 +68,8 @@ struct rules_result {
  * Compiles `n` rules. Bad rules never fail the call: each comes back in
  * res->rejects with its reason, and the rest compile. Returns 0, or -EINVAL
  * (options or n out of range) / -ENOMEM with `err` filled; on failure `res`
- * holds nothing to free. Deterministic: the same input gives the same bytes.
+ * holds nothing to free. Deterministic: the same input gives the same bytes,
+ * whatever the thread count. Thread-safe; uses up to opt->threads threads.
  */
 int rules_compile(const struct rule_src *rules, size_t n, const struct rules_options *opt,
                   struct rules_result *res, struct vks_error *err);
