@@ -221,6 +221,18 @@ START_TEST(fingerprints_stable)
     hex_of(a, ha);
     hex_of(b, hb);
     ck_assert_str_eq(ha, hb);
+    /* and whatever the number of compile threads */
+    for (uint32_t threads = 1; threads <= 4; threads += 3) {
+        struct rules_options opt = {.threads = threads};
+        struct rules_result res;
+        struct vks_error err;
+        ck_assert_int_eq(rules_compile(sample, N_SAMPLE, &opt, &res, &err), 0);
+        size_t k;
+        const uint32_t *wc = catalog_words(res.catalog, &k);
+        ck_assert_uint_eq(k, n);
+        ck_assert(memcmp(wa, wc, n * 4) == 0);
+        rules_result_finish(&res);
+    }
     /* the same on every run and machine: this value changes only with
      * VKS_COMPILER_VERSION or the catalog format */
     uint8_t fp[CATALOG_FP_LEN];
