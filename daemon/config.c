@@ -1,0 +1,354 @@
+/*
+ * Configuration: one table of keys drives defaults, flags, the config file,
+ * --help and reloads, so a new setting is one line here.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+enum opt_type { OPT_STR, OPT_U32, OPT_SIZE, OPT_MODE, OPT_ENGINE, OPT_LOGLEVEL };
+
+struct opt {
+    const char *name;
+    enum opt_type type;
+    size_t off;
+    size_t size;       /* OPT_STR: buffer size */
+    uint64_t min, max; /* numbers: accepted range */
+    bool reloadable;
+    const char *help;
+};
+
+#define OFF(f)    offsetof(struct daemon_config, f)
+#define STR(f)    OPT_STR, OFF(f), sizeof(((struct daemon_config *)0)->f)
+#define NUM(t, f) t, OFF(f), 0
+#define KIB       1024ull
+#define MIB       (1024ull * 1024)
+#define GIB       (1024ull * 1024 * 1024)
+
+static const struct opt opts[] = {
+    {"socket", STR(socket_path), 0, 0, false, "Unix socket to listen on"},
+    {"socket-mode", NUM(OPT_MODE, socket_mode), 0, 0777, false, "octal mode of the socket"},
+    {"state-dir", STR(state_dir), 0, 0, false, "directory for the catalog cache"},
+    {"config", STR(config_file), 0, 0, false, "config file of `key value` lines"},
+    {"device", STR(device), 0, 0, false, "Vulkan device index or name (default: best)"},
+    {"engine", NUM(OPT_ENGINE, engine), 0, 0, false, "auto, gpu or cpu"},
+    {"max-frame", NUM(OPT_SIZE, max_frame), 64, 1 * GIB, true, "largest frame in bytes"},
+    {"max-rules", NUM(OPT_U32, max_rules), 1, 1000000, true, "rules in one catalog.load"},
+    {"max-buffers", NUM(OPT_U32, max_buffers), 1, 1u << 20, true, "buffers in one scan"},
+    {"max-scan-bytes", NUM(OPT_SIZE, max_scan_bytes), 1, 64 * GIB, true,
+     "buffer bytes in one scan"},
+    {"max-hits", NUM(OPT_U32, max_hits), 1, 1u << 26, true, "hits in one scan reply"},
+    {"max-connections", NUM(OPT_U32, max_connections), 1, 1u << 20, true, "open connections"},
+    {"scan-timeout-ms", NUM(OPT_U32, scan_timeout_ms), 1, 3600u * 1000, true,
+     "scan deadline when the request names none"},
+    {"tenant-max-requests", NUM(OPT_U32, tenant_max_requests), 1, 1u << 20, true,
+     "queued scans per tenant before backpressure"},
+    {"tenant-max-bytes", NUM(OPT_SIZE, tenant_max_bytes), 1, 1024 * GIB, true,
+     "queued scan bytes per tenant before backpressure"},
+    {"tenant-max-catalogs", NUM(OPT_U32, tenant_max_catalogs), 1, 1u << 20, true,
+     "catalogs one tenant may hold"},
+    {"quantum", NUM(OPT_SIZE, quantum), 1, 1 * GIB, true, "fair-queueing quantum in bytes"},
+    {"batch-max-bytes", NUM(OPT_SIZE, batch_max_bytes), 1, 64 * GIB, true,
+     "bytes in one engine batch"},
+    {"batch-max-buffers", NUM(OPT_U32, batch_max_buffers), 1, 1u << 24, true,
+     "buffers in one engine batch"},
+    {"inflight-batches", NUM(OPT_U32, inflight_batches), 1, 16, false,
+     "batches handed to the engine at once"},
+    {"device-budget", NUM(OPT_SIZE, device_budget), 0, 1024 * GIB, true,
+     "device bytes for resident catalogs (0: engine default)"},
+    {"host-catalog-budget", NUM(OPT_SIZE, host_catalog_budget), 0, 1024 * GIB, true,
+     "host bytes of idle catalogs kept in memory"},
+    {"drain-timeout-ms", NUM(OPT_U32, drain_timeout_ms), 0, 3600u * 1000, true,
+     "SIGTERM: longest wait for in-flight work"},
+    {"log-level", NUM(OPT_LOGLEVEL, log_level), 0, 0, true, "err, warning, notice, info, debug"},
+};
+#define N_OPTS (sizeof(opts) / sizeof(opts[0]))
+
+void config_defaults(struct daemon_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    snprintf(cfg->socket_path, sizeof(cfg->socket_path), "/run/vkscand/vkscand.sock");
+    cfg->socket_mode = 0660;
+    snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/var/lib/vkscand");
+    cfg->engine = CONFIG_ENGINE_AUTO;
+    cfg->max_frame = 64 * MIB;
+    cfg->max_rules = 100000;
+    cfg->max_buffers = 4096;
+    cfg->max_scan_bytes = 1 * GIB;
+    cfg->max_hits = 1u << 20;
+    cfg->max_connections = 1024;
+    cfg->scan_timeout_ms = 60 * 1000;
+    cfg->tenant_max_requests = 256;
+    cfg->tenant_max_bytes = 2 * GIB;
+    cfg->tenant_max_catalogs = 64;
+    cfg->quantum = 1 * MIB;
+    cfg->batch_max_bytes = 1 * GIB;
+    cfg->batch_max_buffers = 65536;
+    cfg->inflight_batches = 2;
+    cfg->device_budget = 0;
+    cfg->host_catalog_budget = 1 * GIB;
+    cfg->drain_timeout_ms = 30 * 1000;
+    cfg->log_level = LOG_LVL_INFO;
+}
+
+int config_parse_size(const char *s, uint64_t *out)
+{
+    if (s == NULL || !isdigit((unsigned char)s[0]))
+        return -EINVAL;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0)
+        return -EINVAL;
+    uint64_t mul = 1;
+    switch (*end) {
+    case '\0':
+        break;
+    case 'k':
+    case 'K':
+        mul = KIB;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mul = MIB;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mul = GIB;
+        end++;
+        break;
+    default:
+        return -EINVAL;
+    }
+    if (*end == 'i' || *end == 'B')
+        end += (end[0] == 'i' && end[1] == 'B') ? 2 : 1;
+    if (*end != '\0' || v > UINT64_MAX / mul)
+        return -EINVAL;
+    *out = v * mul;
+    return 0;
+}
+
+static const struct opt *opt_find(const char *name, size_t len)
+{
+    for (size_t i = 0; i < N_OPTS; i++) {
+        if (strlen(opts[i].name) == len && memcmp(opts[i].name, name, len) == 0)
+            return &opts[i];
+    }
+    return NULL;
+}
+
+static int parse_number(const struct opt *o, const char *v, uint64_t *out)
+{
+    if (o->type == OPT_SIZE)
+        return config_parse_size(v, out);
+    if (!isdigit((unsigned char)v[0]))
+        return -EINVAL;
+    errno = 0;
+    char *end;
+    unsigned long long n = strtoull(v, &end, o->type == OPT_MODE ? 8 : 10);
+    if (errno != 0 || *end != '\0')
+        return -EINVAL;
+    *out = n;
+    return 0;
+}
+
+/* Sets one key; `where` names the flag or file line for the message. */
+static int opt_set(struct daemon_config *cfg, const struct opt *o, const char *v, const char *where,
+                   struct vks_error *err)
+{
+    char *field = (char *)cfg + o->off;
+    uint64_t n = 0;
+    enum log_level lvl;
+    switch (o->type) {
+    case OPT_STR:
+        if (strlen(v) >= o->size)
+            return vks_error_set(err, -EINVAL,
+                                 "%s: %s is %zu bytes, the limit is %zu: use a "
+                                 "shorter value",
+                                 where, o->name, strlen(v), o->size - 1);
+        memcpy(field, v, strlen(v) + 1);
+        return 0;
+    case OPT_ENGINE:
+        if (strcmp(v, "auto") == 0)
+            cfg->engine = CONFIG_ENGINE_AUTO;
+        else if (strcmp(v, "gpu") == 0)
+            cfg->engine = CONFIG_ENGINE_GPU;
+        else if (strcmp(v, "cpu") == 0)
+            cfg->engine = CONFIG_ENGINE_CPU;
+        else
+            return vks_error_set(err, -EINVAL, "%s: engine '%s' is unknown: use auto, gpu or cpu",
+                                 where, v);
+        return 0;
+    case OPT_LOGLEVEL:
+        if (log_level_parse(v, &lvl) != 0)
+            return vks_error_set(err, -EINVAL,
+                                 "%s: log level '%s' is unknown: use err, "
+                                 "warning, notice, info or debug",
+                                 where, v);
+        cfg->log_level = (int)lvl;
+        return 0;
+    case OPT_U32:
+    case OPT_SIZE:
+    case OPT_MODE:
+        break;
+    }
+    if (parse_number(o, v, &n) != 0 || n < o->min || n > o->max)
+        return vks_error_set(err, -EINVAL, "%s: %s '%s' is not a %s between %llu and %llu", where,
+                             o->name, v, o->type == OPT_MODE ? "octal mode" : "number",
+                             (unsigned long long)o->min, (unsigned long long)o->max);
+    if (o->type == OPT_U32 || o->type == OPT_MODE)
+        *(uint32_t *)(void *)field = (uint32_t)n;
+    else
+        *(uint64_t *)(void *)field = n;
+    return 0;
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n > 0 && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    return s;
+}
+
+static int load_file(struct daemon_config *cfg, const char *path, struct vks_error *err)
+{
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return vks_error_set(err, -errno, "cannot open config file %s: %s: check --config", path,
+                             strerror(errno));
+    char line[CONFIG_PATH_MAX + 128];
+    unsigned lineno = 0;
+    int rc = 0;
+    while (rc == 0 && fgets(line, sizeof(line), f) != NULL) {
+        lineno++;
+        char *s = trim(line);
+        if (*s == '\0' || *s == '#')
+            continue;
+        size_t klen = strcspn(s, " \t=");
+        char *v = trim(s + klen + (s[klen] != '\0'));
+        if (*v == '=')
+            v = trim(v + 1);
+        char where[CONFIG_PATH_MAX + 32];
+        snprintf(where, sizeof(where), "%s:%u", path, lineno);
+        const struct opt *o = opt_find(s, klen);
+        if (o == NULL || strcmp(o->name, "config") == 0)
+            rc = vks_error_set(err, -EINVAL, "%s: unknown key '%.*s': see vkscand --help", where,
+                               (int)klen, s);
+        else
+            rc = opt_set(cfg, o, v, where, err);
+    }
+    fclose(f);
+    return rc;
+}
+
+static void print_help(FILE *out)
+{
+    fprintf(out, "usage: vkscand [--key value]...\n\nEvery key may also be a `key value` "
+                 "line in the --config file; flags win.\n\n");
+    struct daemon_config d;
+    config_defaults(&d);
+    for (size_t i = 0; i < N_OPTS; i++)
+        fprintf(out, "  --%-22s %s\n", opts[i].name, opts[i].help);
+    fprintf(out, "  --help / --version\n\nDefaults: --socket %s --state-dir %s\n", d.socket_path,
+            d.state_dir);
+}
+
+/* Walks argv; with `only_config` set, stops after picking up --config. */
+static int parse_args(struct daemon_config *cfg, int argc, char **argv, bool only_config, FILE *out,
+                      struct vks_error *err)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            print_help(out);
+            return 1;
+        }
+        if (strcmp(a, "--version") == 0) {
+            fprintf(out, "vkscand %s\n", VKS_VERSION);
+            return 1;
+        }
+        if (strncmp(a, "--", 2) != 0)
+            return vks_error_set(err, -EINVAL,
+                                 "unexpected argument '%s': flags are --key value "
+                                 "(see --help)",
+                                 a);
+        const char *eq = strchr(a + 2, '=');
+        size_t klen = eq != NULL ? (size_t)(eq - a - 2) : strlen(a + 2);
+        const struct opt *o = opt_find(a + 2, klen);
+        if (o == NULL)
+            return vks_error_set(err, -EINVAL, "unknown flag '%s': see vkscand --help", a);
+        const char *v = eq != NULL ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (v == NULL)
+            return vks_error_set(err, -EINVAL, "flag --%s needs a value", o->name);
+        if (only_config && strcmp(o->name, "config") != 0)
+            continue;
+        char where[64];
+        snprintf(where, sizeof(where), "flag --%s", o->name);
+        int rc = opt_set(cfg, o, v, where, err);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+int config_load(struct daemon_config *cfg, int argc, char **argv, FILE *out, struct vks_error *err)
+{
+    config_defaults(cfg);
+    int rc = parse_args(cfg, argc, argv, true, out, err);
+    if (rc != 0)
+        return rc;
+    if (cfg->config_file[0] != '\0') {
+        rc = load_file(cfg, cfg->config_file, err);
+        if (rc != 0)
+            return rc;
+    }
+    rc = parse_args(cfg, argc, argv, false, out, err);
+    if (rc != 0)
+        return rc;
+    if (cfg->socket_path[0] == '\0')
+        return vks_error_set(err, -EINVAL, "the socket path is empty: set --socket");
+    if (cfg->quantum > cfg->batch_max_bytes)
+        cfg->quantum = cfg->batch_max_bytes;
+    return 0;
+}
+
+static bool opt_equal(const struct opt *o, const struct daemon_config *a,
+                      const struct daemon_config *b)
+{
+    size_t size = o->type == OPT_STR          ? o->size
+                  : (o->type == OPT_SIZE)     ? sizeof(uint64_t)
+                  : (o->type == OPT_ENGINE)   ? sizeof(enum config_engine)
+                  : (o->type == OPT_LOGLEVEL) ? sizeof(int)
+                                              : sizeof(uint32_t);
+    return memcmp((const char *)a + o->off, (const char *)b + o->off, size) == 0;
+}
+
+void config_apply_reload(struct daemon_config *cur, const struct daemon_config *next)
+{
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        if (opt_equal(o, cur, next))
+            continue;
+        if (!o->reloadable) {
+            log_warn("reload: %s changed but needs a restart: keeping the running value", o->name);
+            continue;
+        }
+        size_t size = o->type == OPT_SIZE       ? sizeof(uint64_t)
+                      : o->type == OPT_LOGLEVEL ? sizeof(int)
+                                                : sizeof(uint32_t);
+        memcpy((char *)cur + o->off, (const char *)next + o->off, size);
+        log_info("reload: %s changed", o->name);
+    }
+    log_set_level((enum log_level)cur->log_level);
+}

@@ -1,0 +1,88 @@
+/*
+ * vkscand's configuration: one struct with every setting and its default,
+ * filled from (lowest to highest precedence) built-in defaults, an optional
+ * config file (`--config FILE`, `key value` lines) and command-line flags.
+ * Every key is both a flag (`--key value` or `--key=value`) and a config
+ * file line (`key value`); docs/daemon.md lists them with their defaults.
+ *
+ * Limits are explicit so that hello and stats can report them and a client
+ * can size its requests before it sends them.
+ */
+#ifndef VKS_DAEMON_CONFIG_H
+#define VKS_DAEMON_CONFIG_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "error.h"
+
+#define CONFIG_PATH_MAX 4096
+
+enum config_engine {
+    CONFIG_ENGINE_AUTO = 0, /* GPU engine if a Vulkan device opens, else the CPU scanner */
+    CONFIG_ENGINE_GPU = 1,  /* GPU engine or fail at start */
+    CONFIG_ENGINE_CPU = 2,  /* CPU reference scanner only (tests, hosts without Vulkan) */
+};
+
+struct daemon_config {
+    /* Where and how to listen; not changed by a reload. */
+    char socket_path[108]; /* sizeof(sun_path) */
+    uint32_t socket_mode;  /* chmod of a socket we bind ourselves */
+    char state_dir[CONFIG_PATH_MAX];
+    char config_file[CONFIG_PATH_MAX]; /* "" when none */
+    char device[128];                  /* "" = automatic choice, else index or name */
+    enum config_engine engine;
+
+    /* Request limits (reloadable). */
+    uint64_t max_frame;       /* bytes of one frame, length prefix excluded */
+    uint32_t max_rules;       /* rules in one catalog.load */
+    uint32_t max_buffers;     /* buffers (inline plus fds) in one scan */
+    uint64_t max_scan_bytes;  /* total buffer bytes of one scan */
+    uint32_t max_hits;        /* hits in one scan reply (a request may ask for fewer) */
+    uint32_t max_connections; /* open connections; more are accepted and closed */
+    uint32_t scan_timeout_ms; /* default queue + run deadline when a scan names none */
+
+    /* Per-tenant quotas (reloadable). */
+    uint32_t tenant_max_requests; /* queued scans before its sockets stop being read */
+    uint64_t tenant_max_bytes;    /* queued scan bytes before its sockets stop being read */
+    uint32_t tenant_max_catalogs; /* catalogs a tenant may hold */
+
+    /* Scheduler and engine (reloadable except inflight). */
+    uint64_t quantum;           /* DRR quantum in bytes */
+    uint64_t batch_max_bytes;   /* bytes in one engine batch */
+    uint32_t batch_max_buffers; /* buffers in one engine batch */
+    uint32_t inflight_batches;  /* batches handed to the engine at once; not reloadable */
+
+    /* Memory (reloadable). */
+    uint64_t device_budget;       /* device bytes for resident catalogs; 0 = the engine's choice */
+    uint64_t host_catalog_budget; /* host bytes of unreferenced catalogs kept in memory */
+
+    uint32_t drain_timeout_ms; /* SIGTERM: longest wait for in-flight work */
+    int log_level;             /* enum log_level */
+};
+
+/* Fills `cfg` with the built-in defaults. */
+void config_defaults(struct daemon_config *cfg);
+
+/*
+ * Builds the configuration from defaults, the file named by --config (if
+ * any) and the flags in argv[1..argc). Returns 0; 1 when --help or
+ * --version was handled (the text went to `out`) and the caller should exit
+ * 0; or -EINVAL with `err` naming the bad flag, or the file and line of the
+ * bad key, and what is accepted there. Main thread only.
+ */
+int config_load(struct daemon_config *cfg, int argc, char **argv, FILE *out, struct vks_error *err);
+
+/*
+ * Copies the reloadable settings of `next` into `cur` (SIGHUP) and logs each
+ * change; settings that need a restart keep their value and their change is
+ * logged as ignored. Loop thread.
+ */
+void config_apply_reload(struct daemon_config *cur, const struct daemon_config *next);
+
+/* Parses a size such as "4096", "64K", "64M" or "2G" (powers of 1024). */
+int config_parse_size(const char *s, uint64_t *out);
+
+#endif

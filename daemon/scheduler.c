@@ -1,0 +1,361 @@
+/*
+ * Deficit round robin over per-tenant queues, with same-catalog batching
+ * (sched.h explains the policy).
+ */
+#include "scheduler.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdlib.h>
+
+struct sched_tenant {
+    struct sched_tenant *next;                /* all tenants */
+    struct sched_tenant *act_next, *act_prev; /* ring of tenants with queued jobs */
+    bool active;
+    uid_t uid;
+    unsigned refs;
+    struct sched_job *head, *tail; /* queue */
+    uint64_t deficit;
+    uint32_t jobs;  /* queued + running */
+    uint64_t bytes; /* queued + running */
+    uint64_t served_bytes, served_jobs;
+};
+
+struct sched {
+    struct sched_limits limits;
+    struct sched_tenant *tenants;
+    struct sched_tenant *cursor; /* next tenant to visit in the active ring */
+    uint32_t queued_jobs, running_jobs, n_tenants, n_active;
+    uint64_t queued_bytes, batches, batched_jobs;
+};
+
+int sched_create(const struct sched_limits *limits, struct sched **out)
+{
+    struct sched *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return -ENOMEM;
+    s->limits = *limits;
+    *out = s;
+    return 0;
+}
+
+void sched_destroy(struct sched *s)
+{
+    if (s == NULL)
+        return;
+    while (s->tenants != NULL) {
+        struct sched_tenant *t = s->tenants;
+        s->tenants = t->next;
+        free(t);
+    }
+    free(s);
+}
+
+void sched_set_limits(struct sched *s, const struct sched_limits *limits)
+{
+    s->limits = *limits;
+}
+
+struct sched_tenant *sched_tenant_get(struct sched *s, uid_t uid)
+{
+    for (struct sched_tenant *t = s->tenants; t != NULL; t = t->next) {
+        if (t->uid == uid) {
+            t->refs++;
+            return t;
+        }
+    }
+    struct sched_tenant *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return NULL;
+    t->uid = uid;
+    t->refs = 1;
+    t->next = s->tenants;
+    s->tenants = t;
+    s->n_tenants++;
+    return t;
+}
+
+static void tenant_free_if_idle(struct sched *s, struct sched_tenant *t)
+{
+    if (t->refs > 0 || t->jobs > 0)
+        return;
+    for (struct sched_tenant **p = &s->tenants; *p != NULL; p = &(*p)->next) {
+        if (*p == t) {
+            *p = t->next;
+            break;
+        }
+    }
+    s->n_tenants--;
+    free(t);
+}
+
+void sched_tenant_put(struct sched *s, struct sched_tenant *t)
+{
+    if (t == NULL)
+        return;
+    assert(t->refs > 0);
+    t->refs--;
+    tenant_free_if_idle(s, t);
+}
+
+uid_t sched_tenant_uid(const struct sched_tenant *t)
+{
+    return t->uid;
+}
+
+bool sched_tenant_over(const struct sched *s, const struct sched_tenant *t)
+{
+    return t->jobs >= s->limits.tenant_max_requests || t->bytes >= s->limits.tenant_max_bytes;
+}
+
+bool sched_job_too_big(const struct sched *s, uint64_t bytes)
+{
+    return bytes > s->limits.tenant_max_bytes;
+}
+
+static void ring_insert(struct sched *s, struct sched_tenant *t)
+{
+    if (s->cursor == NULL) {
+        t->act_next = t->act_prev = t;
+        s->cursor = t;
+    } else {
+        /* Join just before the cursor: last in the current round. */
+        t->act_next = s->cursor;
+        t->act_prev = s->cursor->act_prev;
+        t->act_prev->act_next = t;
+        s->cursor->act_prev = t;
+    }
+    t->active = true;
+    s->n_active++;
+}
+
+static void ring_remove(struct sched *s, struct sched_tenant *t)
+{
+    if (t->act_next == t) {
+        s->cursor = NULL;
+    } else {
+        t->act_prev->act_next = t->act_next;
+        t->act_next->act_prev = t->act_prev;
+        if (s->cursor == t)
+            s->cursor = t->act_next;
+    }
+    t->act_next = t->act_prev = NULL;
+    t->active = false;
+    s->n_active--;
+    t->deficit = 0; /* DRR: an idle tenant keeps no credit */
+}
+
+void sched_push(struct sched *s, struct sched_tenant *t, struct sched_job *job)
+{
+    job->tenant = t;
+    job->next = NULL;
+    job->prev = t->tail;
+    if (t->tail != NULL)
+        t->tail->next = job;
+    else
+        t->head = job;
+    t->tail = job;
+    job->queued = true;
+    job->running = false;
+    t->jobs++;
+    t->bytes += job->bytes;
+    s->queued_jobs++;
+    s->queued_bytes += job->bytes;
+    if (!t->active)
+        ring_insert(s, t);
+}
+
+/* Unlinks a queued job; the tenant's quota counters are left to the caller. */
+static void unlink_job(struct sched *s, struct sched_job *job)
+{
+    struct sched_tenant *t = job->tenant;
+    if (job->prev != NULL)
+        job->prev->next = job->next;
+    else
+        t->head = job->next;
+    if (job->next != NULL)
+        job->next->prev = job->prev;
+    else
+        t->tail = job->prev;
+    job->next = job->prev = NULL;
+    job->queued = false;
+    s->queued_jobs--;
+    s->queued_bytes -= job->bytes;
+    if (t->head == NULL && t->active)
+        ring_remove(s, t);
+}
+
+void sched_remove(struct sched *s, struct sched_job *job)
+{
+    assert(job->queued);
+    struct sched_tenant *t = job->tenant;
+    unlink_job(s, job);
+    t->jobs--;
+    t->bytes -= job->bytes;
+    tenant_free_if_idle(s, t);
+}
+
+void sched_job_done(struct sched *s, struct sched_job *job)
+{
+    assert(job->running);
+    struct sched_tenant *t = job->tenant;
+    job->running = false;
+    s->running_jobs--;
+    t->jobs--;
+    t->bytes -= job->bytes;
+    tenant_free_if_idle(s, t);
+}
+
+struct batch {
+    struct sched_job *first, *last;
+    size_t n;
+    uint64_t bytes;
+    uint32_t buffers;
+    uint64_t max_bytes;
+    uint32_t max_buffers;
+};
+
+static bool batch_fits(const struct batch *b, const struct sched_job *job)
+{
+    if (b->n == 0)
+        return true;
+    return b->bytes + job->bytes <= b->max_bytes && b->buffers + job->n_buffers <= b->max_buffers;
+}
+
+static void batch_add(struct sched *s, struct batch *b, struct sched_job *job)
+{
+    struct sched_tenant *t = job->tenant;
+    t->deficit -= job->bytes < t->deficit ? job->bytes : t->deficit;
+    t->served_bytes += job->bytes;
+    t->served_jobs++;
+    unlink_job(s, job);
+    job->running = true;
+    s->running_jobs++;
+    if (b->last != NULL)
+        b->last->next = job;
+    else
+        b->first = job;
+    b->last = job;
+    b->n++;
+    b->bytes += job->bytes;
+    b->buffers += job->n_buffers;
+}
+
+/* Serves `t`'s head jobs that use `key` while its credit and the batch allow.
+ * The first job of a batch is taken even when larger than the batch. */
+static void serve(struct sched *s, struct batch *b, struct sched_tenant *t, const void *key)
+{
+    while (t->head != NULL && t->head->key == key && t->head->bytes <= t->deficit &&
+           batch_fits(b, t->head))
+        batch_add(s, b, t->head);
+}
+
+size_t sched_next_batch(struct sched *s, uint64_t max_bytes, uint32_t max_buffers,
+                        struct sched_job **first)
+{
+    *first = NULL;
+    if (s->cursor == NULL)
+        return 0;
+    struct batch b = {.max_bytes = max_bytes, .max_buffers = max_buffers};
+    uint64_t quantum = s->limits.quantum > 0 ? s->limits.quantum : 1;
+
+    /* Phase 1: classic DRR visits until some tenant can send its head job. */
+    struct sched_tenant *lead = s->cursor;
+    for (;;) {
+        lead->deficit += quantum;
+        if (lead->head->bytes <= lead->deficit)
+            break;
+        lead = lead->act_next;
+    }
+    const void *key = lead->head->key;
+    /* The next round starts after the lead; capture before it may leave the ring. */
+    struct sched_tenant *after = lead->act_next;
+    serve(s, &b, lead, key);
+
+    /* Phase 2: the other backlogged tenants whose head uses the same catalog
+     * ride along in this batch, each paying from its own credit. */
+    uint32_t others = s->n_active - (lead->active ? 1u : 0u);
+    struct sched_tenant *t = lead->active ? lead->act_next : after;
+    for (uint32_t i = 0; i < others; i++) {
+        struct sched_tenant *next = t->act_next;
+        if (t->head->key == key && batch_fits(&b, t->head)) {
+            t->deficit += quantum;
+            serve(s, &b, t, key);
+        }
+        t = next;
+    }
+    if (lead->active)
+        s->cursor = lead->act_next;
+    else if (after->active)
+        s->cursor = after;
+    for (struct sched_job *j = b.first; j != NULL; j = j->next)
+        j->prev = NULL;
+    s->batches++;
+    s->batched_jobs += b.n;
+    *first = b.first;
+    return b.n;
+}
+
+size_t sched_take_expired(struct sched *s, uint64_t now_ns, struct sched_job **first)
+{
+    struct sched_job *out = NULL, **tail = &out;
+    size_t n = 0;
+    for (struct sched_tenant *t = s->tenants; t != NULL;) {
+        struct sched_tenant *tnext = t->next;
+        t->refs++; /* keep t while its jobs leave */
+        for (struct sched_job *j = t->head; j != NULL;) {
+            struct sched_job *jn = j->next;
+            if (j->deadline_ns != 0 && j->deadline_ns <= now_ns) {
+                unlink_job(s, j);
+                t->jobs--;
+                t->bytes -= j->bytes;
+                *tail = j;
+                tail = &j->next;
+                n++;
+            }
+            j = jn;
+        }
+        t->refs--;
+        tenant_free_if_idle(s, t);
+        t = tnext;
+    }
+    *first = out;
+    return n;
+}
+
+uint64_t sched_next_deadline(const struct sched *s)
+{
+    uint64_t best = 0;
+    for (const struct sched_tenant *t = s->tenants; t != NULL; t = t->next) {
+        for (const struct sched_job *j = t->head; j != NULL; j = j->next) {
+            if (j->deadline_ns != 0 && (best == 0 || j->deadline_ns < best))
+                best = j->deadline_ns;
+        }
+    }
+    return best;
+}
+
+void sched_get_stats(const struct sched *s, struct sched_stats *out)
+{
+    out->tenants = s->n_tenants;
+    out->queued_jobs = s->queued_jobs;
+    out->queued_bytes = s->queued_bytes;
+    out->running_jobs = s->running_jobs;
+    out->batches = s->batches;
+    out->batched_jobs = s->batched_jobs;
+}
+
+bool sched_tenant_stats(const struct sched *s, uid_t uid, struct sched_tenant_stats *out)
+{
+    for (const struct sched_tenant *t = s->tenants; t != NULL; t = t->next) {
+        if (t->uid != uid)
+            continue;
+        out->uid = uid;
+        out->jobs = t->jobs;
+        out->bytes = t->bytes;
+        out->served_bytes = t->served_bytes;
+        out->served_jobs = t->served_jobs;
+        return true;
+    }
+    return false;
+}

@@ -1,0 +1,559 @@
+/*
+ * The server (server.h): listening, accepting, signals, batching scans onto
+ * the engine, deadlines, draining.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "notify.h"
+#include "session.h"
+
+#define ACCEPTS_PER_WAKEUP 64
+
+struct server {
+    uv_loop_t loop;
+    struct daemon_config cfg;
+    int argc;
+    char **argv;
+    int listen_fd;
+    bool bound; /* we created the socket file (unlink it at exit) */
+    uv_poll_t listen_poll;
+    bool listening;
+    uv_signal_t sig_term, sig_int, sig_hup;
+    uv_timer_t deadline_timer, drain_timer;
+    struct sched *sched;
+    struct store *store;
+    struct engine *engine;
+    struct session **sessions;
+    uint32_t n_sessions, cap_sessions;
+    struct server_counters counters;
+    uint64_t start_ns;
+    bool draining, finished;
+    bool handles_open;
+    int exit_code;
+};
+
+/* ---- accessors -------------------------------------------------------- */
+
+uv_loop_t *server_loop(struct server *srv)
+{
+    return &srv->loop;
+}
+
+const struct daemon_config *server_config(const struct server *srv)
+{
+    return &srv->cfg;
+}
+
+struct sched *server_sched(struct server *srv)
+{
+    return srv->sched;
+}
+
+struct store *server_store(struct server *srv)
+{
+    return srv->store;
+}
+
+struct engine *server_engine(struct server *srv)
+{
+    return srv->engine;
+}
+
+struct server_counters *server_counters(struct server *srv)
+{
+    return &srv->counters;
+}
+
+uint64_t server_start_ns(const struct server *srv)
+{
+    return srv->start_ns;
+}
+
+bool server_draining(const struct server *srv)
+{
+    return srv->draining;
+}
+
+void server_proto_limits(const struct server *srv, struct proto_limits *out)
+{
+    const struct daemon_config *c = &srv->cfg;
+    memset(out, 0, sizeof(*out));
+    out->max_frame =
+        c->max_frame > PROTO_MAX_FRAME_CEILING ? PROTO_MAX_FRAME_CEILING : (uint32_t)c->max_frame;
+    out->max_buffers = c->max_buffers;
+    out->max_rules = c->max_rules;
+    out->max_hits = c->max_hits;
+    proto_limits_normalize(out);
+}
+
+static struct sched_limits sched_limits_of(const struct daemon_config *c)
+{
+    return (struct sched_limits){.quantum = c->quantum,
+                                 .tenant_max_requests = c->tenant_max_requests,
+                                 .tenant_max_bytes = c->tenant_max_bytes};
+}
+
+static struct store_options store_options_of(const struct daemon_config *c)
+{
+    return (struct store_options){.state_dir = c->state_dir,
+                                  .host_budget = c->host_catalog_budget,
+                                  .tenant_max_catalogs = c->tenant_max_catalogs};
+}
+
+/* ---- sessions --------------------------------------------------------- */
+
+void server_session_add(struct server *srv, struct session *s)
+{
+    if (srv->n_sessions == srv->cap_sessions) {
+        uint32_t cap = srv->cap_sessions ? 2 * srv->cap_sessions : 16;
+        struct session **v = realloc(srv->sessions, cap * sizeof(*v));
+        if (v == NULL) {
+            session_close(s); /* cannot track it: refuse it */
+            return;
+        }
+        srv->sessions = v;
+        srv->cap_sessions = cap;
+    }
+    srv->sessions[srv->n_sessions++] = s;
+}
+
+void server_session_remove(struct server *srv, struct session *s)
+{
+    for (uint32_t i = 0; i < srv->n_sessions; i++) {
+        if (srv->sessions[i] == s) {
+            srv->sessions[i] = srv->sessions[--srv->n_sessions];
+            return;
+        }
+    }
+}
+
+uint32_t server_session_count(const struct server *srv)
+{
+    return srv->n_sessions;
+}
+
+void server_resume_tenant(struct server *srv, uid_t uid)
+{
+    for (uint32_t i = 0; i < srv->n_sessions; i++) {
+        if (session_uid(srv->sessions[i]) == uid)
+            session_resume(srv->sessions[i]);
+    }
+}
+
+/* ---- batches ---------------------------------------------------------- */
+
+void server_kick(struct server *srv)
+{
+    if (srv->engine == NULL || !engine_ready(srv->engine))
+        return;
+    while (engine_pending(srv->engine) < srv->cfg.inflight_batches) {
+        struct sched_job *first;
+        size_t n = sched_next_batch(srv->sched, srv->cfg.batch_max_bytes,
+                                    srv->cfg.batch_max_buffers, &first);
+        if (n == 0)
+            return;
+        struct engine_batch *b = calloc(1, sizeof(*b));
+        struct engine_job **tail = b != NULL ? &b->jobs : NULL;
+        for (struct sched_job *j = first, *next; j != NULL; j = next) {
+            next = j->next;
+            struct engine_job *ej = session_job_engine(j);
+            ej->next = NULL;
+            if (b == NULL) {
+                ej->status = vks_error_set(&ej->err, -VKS_E_INTERNAL,
+                                           "out of memory "
+                                           "forming a batch: retry");
+                session_scan_done(ej, &(struct engine_telemetry){0});
+                continue;
+            }
+            *tail = ej;
+            tail = &ej->next;
+        }
+        if (b != NULL)
+            engine_submit(srv->engine, b);
+    }
+}
+
+static void resume_all(struct server *srv)
+{
+    for (uint32_t i = 0; i < srv->n_sessions; i++)
+        session_resume(srv->sessions[i]);
+}
+
+static void on_batch_done(struct engine *eng, struct engine_batch *b, void *ctx)
+{
+    (void)eng;
+    struct server *srv = ctx;
+    for (struct engine_job *j = b->jobs, *next; j != NULL; j = next) {
+        next = j->next; /* the job's memory goes with its request */
+        session_scan_done(j, &b->tel);
+    }
+    free(b);
+    resume_all(srv);
+    server_kick(srv);
+    server_check_drained(srv);
+}
+
+static void on_deadline(uv_timer_t *t)
+{
+    struct server *srv = t->data;
+    struct sched_job *first;
+    sched_take_expired(srv->sched, uv_hrtime(), &first);
+    for (struct sched_job *j = first, *next; j != NULL; j = next) {
+        next = j->next;
+        session_scan_expired(j);
+    }
+    resume_all(srv);
+    server_watch_deadlines(srv);
+    server_check_drained(srv);
+}
+
+void server_watch_deadlines(struct server *srv)
+{
+    uint64_t next = sched_next_deadline(srv->sched);
+    if (next == 0) {
+        uv_timer_stop(&srv->deadline_timer);
+        return;
+    }
+    uint64_t now = uv_hrtime();
+    uint64_t ms = next > now ? (next - now) / 1000000u + 1 : 0;
+    uv_timer_start(&srv->deadline_timer, on_deadline, ms, 0);
+}
+
+/* ---- listening -------------------------------------------------------- */
+
+static void on_accept(uv_poll_t *h, int status, int events)
+{
+    struct server *srv = h->data;
+    (void)events;
+    if (status < 0) {
+        log_err("listening socket failed: %s", uv_strerror(status));
+        return;
+    }
+    for (int i = 0; i < ACCEPTS_PER_WAKEUP && !srv->draining; i++) {
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+                log_warn("accept failed: %s", strerror(errno));
+            return;
+        }
+        srv->counters.connections_total++;
+        if (srv->n_sessions >= srv->cfg.max_connections) {
+            srv->counters.connections_refused++;
+            log_warn("refused a connection: %u open, the limit (max-connections) is %u",
+                     srv->n_sessions, srv->cfg.max_connections);
+            close(fd);
+            continue;
+        }
+        struct session *s;
+        int rc = session_create(srv, fd, &s);
+        if (rc != 0)
+            log_warn("cannot serve a new connection: %s", strerror(-rc));
+    }
+}
+
+/* Binds cfg->socket_path, replacing a stale socket file but not a live
+ * daemon's. */
+static int bind_socket(struct server *srv, struct vks_error *err)
+{
+    const char *path = srv->cfg.socket_path;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return vks_error_set(err, -ENAMETOOLONG,
+                             "socket path %s is longer than %zu bytes: "
+                             "choose a shorter --socket",
+                             path, sizeof(sa.sun_path) - 1);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return vks_error_set(err, -errno, "cannot create a socket: %s", strerror(errno));
+    struct stat sb;
+    if (lstat(path, &sb) == 0) {
+        if (!S_ISSOCK(sb.st_mode)) {
+            close(fd);
+            return vks_error_set(err, -EEXIST,
+                                 "%s exists and is not a socket: remove it or "
+                                 "choose another --socket",
+                                 path);
+        }
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        bool live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+        if (probe >= 0)
+            close(probe);
+        if (live) {
+            close(fd);
+            return vks_error_set(err, -EADDRINUSE,
+                                 "another vkscand is listening on %s: stop "
+                                 "it first or choose another --socket",
+                                 path);
+        }
+        unlink(path);
+    }
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+        chmod(path, srv->cfg.socket_mode) != 0 || listen(fd, SOMAXCONN) != 0) {
+        int rc = -errno;
+        close(fd);
+        return vks_error_set(err, rc,
+                             "cannot listen on %s: %s: check that its directory "
+                             "exists and is writable",
+                             path, strerror(-rc));
+    }
+    srv->listen_fd = fd;
+    srv->bound = true;
+    return 0;
+}
+
+static int open_listener(struct server *srv, struct vks_error *err)
+{
+    int fd = notify_listen_fd(err);
+    if (fd >= 0) {
+        srv->listen_fd = fd;
+        log_info("using the socket passed by the service manager (socket activation)");
+    } else if (fd != -ENOENT) {
+        return fd;
+    } else {
+        int rc = bind_socket(srv, err);
+        if (rc != 0)
+            return rc;
+    }
+    int rc = uv_poll_init(&srv->loop, &srv->listen_poll, srv->listen_fd);
+    if (rc != 0) {
+        close(srv->listen_fd);
+        srv->listen_fd = -1;
+        return vks_error_set(err, rc, "cannot watch the socket: %s", uv_strerror(rc));
+    }
+    srv->listen_poll.data = srv;
+    srv->listening = true;
+    return 0;
+}
+
+static void close_listener(struct server *srv)
+{
+    if (!srv->listening)
+        return;
+    srv->listening = false;
+    uv_close((uv_handle_t *)&srv->listen_poll, NULL);
+    close(srv->listen_fd);
+    srv->listen_fd = -1;
+    if (srv->bound)
+        unlink(srv->cfg.socket_path);
+}
+
+/* ---- draining and signals --------------------------------------------- */
+
+static void close_handles(struct server *srv)
+{
+    if (!srv->handles_open)
+        return;
+    srv->handles_open = false;
+    uv_close((uv_handle_t *)&srv->sig_term, NULL);
+    uv_close((uv_handle_t *)&srv->sig_int, NULL);
+    uv_close((uv_handle_t *)&srv->sig_hup, NULL);
+    uv_close((uv_handle_t *)&srv->deadline_timer, NULL);
+    uv_close((uv_handle_t *)&srv->drain_timer, NULL);
+}
+
+void server_check_drained(struct server *srv)
+{
+    if (!srv->draining || srv->finished)
+        return;
+    if (srv->n_sessions > 0 || (srv->engine && engine_pending(srv->engine) > 0) ||
+        store_busy(srv->store))
+        return;
+    srv->finished = true;
+    log_notice("drained: exiting");
+    engine_close(srv->engine);
+    srv->engine = NULL;
+    close_listener(srv);
+    close_handles(srv);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+    struct server *srv = t->data;
+    log_warn("drain timeout (%u ms) passed: closing %u connections with work still pending",
+             srv->cfg.drain_timeout_ms, srv->n_sessions);
+    for (uint32_t i = srv->n_sessions; i > 0; i--)
+        session_close(srv->sessions[i - 1]);
+    server_check_drained(srv);
+}
+
+static void begin_drain(struct server *srv, const char *why)
+{
+    if (srv->draining)
+        return;
+    srv->draining = true;
+    notify_send("STOPPING=1");
+    log_notice("%s: no longer accepting; finishing %u connections' work", why, srv->n_sessions);
+    close_listener(srv);
+    for (uint32_t i = srv->n_sessions; i > 0; i--)
+        session_close_when_done(srv->sessions[i - 1]);
+    uv_timer_start(&srv->drain_timer, on_drain_timeout, srv->cfg.drain_timeout_ms, 0);
+    server_check_drained(srv);
+}
+
+static void reload(struct server *srv)
+{
+    notify_send("RELOADING=1");
+    struct daemon_config next;
+    struct vks_error err = {0};
+    int rc = config_load(&next, srv->argc, srv->argv, stderr, &err);
+    if (rc != 0) {
+        log_err("reload failed, keeping the running configuration: %s", err.msg);
+    } else {
+        config_apply_reload(&srv->cfg, &next);
+        struct sched_limits sl = sched_limits_of(&srv->cfg);
+        sched_set_limits(srv->sched, &sl);
+        struct store_options so = store_options_of(&srv->cfg);
+        store_set_options(srv->store, &so);
+        srv->counters.reloads++;
+        log_notice("configuration reloaded");
+        resume_all(srv);
+        server_kick(srv);
+    }
+    notify_send("READY=1");
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    struct server *srv = h->data;
+    if (signum == SIGHUP)
+        reload(srv);
+    else
+        begin_drain(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void on_engine_ready(struct engine *eng, int status, const struct vks_error *err, void *ctx)
+{
+    (void)eng;
+    struct server *srv = ctx;
+    if (status != 0) {
+        log_err("%s", err->msg);
+        srv->exit_code = 1;
+        begin_drain(srv, "engine failed");
+        return;
+    }
+    if (srv->draining)
+        return;
+    int rc = uv_poll_start(&srv->listen_poll, UV_READABLE, on_accept);
+    if (rc != 0) {
+        log_err("cannot accept connections: %s", uv_strerror(rc));
+        srv->exit_code = 1;
+        begin_drain(srv, "listen failed");
+        return;
+    }
+    const struct engine_info *info = engine_get_info(srv->engine);
+    char state[512];
+    snprintf(state, sizeof(state), "READY=1\nSTATUS=serving on %s (%s)\nMAINPID=%d",
+             srv->cfg.socket_path, info->gpu ? info->device.name : "CPU scanner", (int)getpid());
+    notify_send(state);
+    log_notice("vkscand %s ready on %s, engine %s", VKS_VERSION, srv->cfg.socket_path,
+               info->gpu ? info->device.name : "CPU reference scanner");
+    server_kick(srv);
+}
+
+/* ---- life cycle ------------------------------------------------------- */
+
+static void on_store_idle(void *ctx)
+{
+    server_check_drained(ctx);
+}
+
+static int init_handles(struct server *srv, struct vks_error *err)
+{
+    int rc = uv_signal_init(&srv->loop, &srv->sig_term);
+    rc = rc ? rc : uv_signal_init(&srv->loop, &srv->sig_int);
+    rc = rc ? rc : uv_signal_init(&srv->loop, &srv->sig_hup);
+    rc = rc ? rc : uv_timer_init(&srv->loop, &srv->deadline_timer);
+    rc = rc ? rc : uv_timer_init(&srv->loop, &srv->drain_timer);
+    if (rc != 0)
+        return vks_error_set(err, rc, "cannot set up signal handling: %s", uv_strerror(rc));
+    srv->handles_open = true;
+    srv->sig_term.data = srv->sig_int.data = srv->sig_hup.data = srv;
+    srv->deadline_timer.data = srv->drain_timer.data = srv;
+    rc = uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
+    rc = rc ? rc : uv_signal_start(&srv->sig_int, on_signal, SIGINT);
+    rc = rc ? rc : uv_signal_start(&srv->sig_hup, on_signal, SIGHUP);
+    if (rc != 0)
+        return vks_error_set(err, rc, "cannot watch signals: %s", uv_strerror(rc));
+    return 0;
+}
+
+int server_create(const struct daemon_config *cfg, int argc, char **argv, struct server **out,
+                  struct vks_error *err)
+{
+    struct server *srv = calloc(1, sizeof(*srv));
+    if (srv == NULL)
+        return vks_error_set(err, -ENOMEM, "out of memory starting the server");
+    srv->cfg = *cfg;
+    srv->argc = argc;
+    srv->argv = argv;
+    srv->listen_fd = -1;
+    srv->start_ns = uv_hrtime();
+    int rc = uv_loop_init(&srv->loop);
+    if (rc != 0) {
+        free(srv);
+        return vks_error_set(err, rc, "cannot create the event loop: %s", uv_strerror(rc));
+    }
+    struct sched_limits sl = sched_limits_of(cfg);
+    struct store_options so = store_options_of(cfg);
+    rc = init_handles(srv, err);
+    if (rc == 0 && sched_create(&sl, &srv->sched) != 0)
+        rc = vks_error_set(err, -ENOMEM, "out of memory creating the scheduler");
+    if (rc == 0)
+        rc = store_create(&srv->loop, &so, &srv->store, err);
+    if (rc == 0) {
+        store_set_idle(srv->store, on_store_idle, srv);
+        rc = open_listener(srv, err);
+    }
+    if (rc == 0)
+        rc = engine_create(&srv->loop, cfg, on_engine_ready, on_batch_done, srv, &srv->engine, err);
+    if (rc != 0) {
+        server_destroy(srv);
+        return rc;
+    }
+    *out = srv;
+    return 0;
+}
+
+int server_run(struct server *srv)
+{
+    uv_run(&srv->loop, UV_RUN_DEFAULT);
+    return srv->exit_code;
+}
+
+static void close_any(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+void server_destroy(struct server *srv)
+{
+    if (srv == NULL)
+        return;
+    for (uint32_t i = srv->n_sessions; i > 0; i--)
+        session_close(srv->sessions[i - 1]);
+    engine_close(srv->engine);
+    srv->engine = NULL;
+    close_listener(srv);
+    close_handles(srv);
+    uv_walk(&srv->loop, close_any, NULL);
+    uv_run(&srv->loop, UV_RUN_DEFAULT); /* close callbacks and pending work */
+    if (uv_loop_close(&srv->loop) != 0)
+        log_warn("event loop closed with handles still open");
+    store_destroy(srv->store);
+    sched_destroy(srv->sched);
+    free(srv->sessions);
+    free(srv);
+}

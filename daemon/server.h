@@ -1,0 +1,90 @@
+/*
+ * The vkscand server: the libuv loop and everything that lives on it — the
+ * listening socket (bound here or passed by socket activation), the
+ * sessions, signals (SIGTERM drains, SIGHUP reloads), the scheduler, the
+ * catalog store and the engine worker, plus the counters `stats` reports.
+ *
+ * Loop thread only, except where a function says otherwise.
+ */
+#ifndef VKS_DAEMON_SERVER_H
+#define VKS_DAEMON_SERVER_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "config.h"
+#include "engine.h"
+#include "error.h"
+#include "proto.h"
+#include "scheduler.h"
+#include "store.h"
+
+struct server;
+struct session;
+
+/* Service-wide counters (the stats op). */
+struct server_counters {
+    uint64_t connections_total;
+    uint64_t connections_refused; /* over max-connections */
+    uint64_t requests[PROTO_OP_COUNT];
+    uint64_t errors;       /* error replies */
+    uint64_t frame_errors; /* connections closed for a broken frame */
+    uint64_t scans;        /* scan requests answered with a result */
+    uint64_t scan_bytes;   /* bytes scanned */
+    uint64_t scan_hits;    /* hits reported */
+    uint64_t timeouts;
+    uint64_t cancelled;    /* scans dropped because their client left */
+    uint64_t backpressure; /* times a session stopped being read */
+    uint64_t reloads;
+};
+
+/*
+ * Opens the listening socket (socket activation first, else binds
+ * cfg->socket_path, replacing a stale socket file but refusing to take over
+ * a live daemon's), the store (reading the disk cache) and starts the engine
+ * worker. `argv` is kept for SIGHUP, which re-reads flags and the config
+ * file. Returns 0 or a negative code with `err` filled.
+ */
+int server_create(const struct daemon_config *cfg, int argc, char **argv, struct server **out,
+                  struct vks_error *err);
+
+/* Runs the loop until SIGTERM/SIGINT has drained the server (or the engine
+ * failed to start). Returns the process exit status. */
+int server_run(struct server *srv);
+
+/* Frees what server_run left; NULL is allowed. */
+void server_destroy(struct server *srv);
+
+/* ---- for sessions ---- */
+
+uv_loop_t *server_loop(struct server *srv);
+const struct daemon_config *server_config(const struct server *srv);
+struct sched *server_sched(struct server *srv);
+struct store *server_store(struct server *srv);
+struct engine *server_engine(struct server *srv);
+struct server_counters *server_counters(struct server *srv);
+void server_proto_limits(const struct server *srv, struct proto_limits *out);
+uint64_t server_start_ns(const struct server *srv);
+bool server_draining(const struct server *srv);
+
+/* Hands queued scans to the engine while it has room. */
+void server_kick(struct server *srv);
+
+/* Arms the deadline timer for the earliest queued deadline. */
+void server_watch_deadlines(struct server *srv);
+
+/* Re-enables reading on every session of `uid` that backpressure paused,
+ * where the tenant is now under its quota. */
+void server_resume_tenant(struct server *srv, uid_t uid);
+
+/* Sessions register themselves so the server can resume, count and drain
+ * them; a session unregisters in its close callback. */
+void server_session_add(struct server *srv, struct session *s);
+void server_session_remove(struct server *srv, struct session *s);
+uint32_t server_session_count(const struct server *srv);
+
+/* Called when a session finished something, so a draining server can check
+ * whether it is done. */
+void server_check_drained(struct server *srv);
+
+#endif

@@ -1,0 +1,988 @@
+/*
+ * Client connections (session.h): frame I/O on a raw non-blocking socket
+ * watched by a uv_poll_t (libuv's stream API cannot hand over descriptors
+ * that arrive with SCM_RIGHTS, so proto_reader_recv does the recvmsg), and the
+ * ops of docs/protocol.md.
+ */
+#include "session.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "proto.h"
+#include "server.h"
+#include "store.h"
+
+#define FRAMES_PER_WAKEUP 16u
+#define OUT_HIGH_WATER    (8u << 20) /* unsent reply bytes before we stop reading */
+
+/* One request with work in flight (compile, disk load, queued or running
+ * scan). Holds a session reference; freed when its reply is written. */
+struct request {
+    struct request *next, *prev; /* the session's live requests */
+    struct session *s;
+    struct proto_request *req;
+    uint64_t t_recv;
+    /* scans */
+    struct sched_job sj;
+    struct engine_job ej;
+    struct engine_buf *bufs;
+    struct store_entry *entry;
+    uint64_t t_queued, t_dispatched;
+    uint32_t max_hits;
+};
+
+struct session {
+    struct server *srv;
+    int fd;
+    uv_poll_t poll;
+    int events; /* what the poll handle watches now */
+    unsigned refs;
+    bool closed;     /* session_close ran */
+    bool fatal;      /* a framing error was answered: close once it is written */
+    bool eof;        /* the peer shut down its writing side */
+    bool rdhup_seen; /* stop watching UV_DISCONNECT (level-triggered) */
+    bool paused;     /* backpressure */
+    bool close_when_done;
+    uid_t uid;
+    pid_t pid;
+    struct sched_tenant *tenant;
+    struct proto_reader *reader;
+    struct proto_buf out;
+    size_t out_off;
+    struct request *reqs;
+    uint32_t n_reqs;
+};
+
+#define CONTAINER(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
+static void update_poll(struct session *s);
+static void flush(struct session *s);
+
+static void session_unref(struct session *s)
+{
+    if (--s->refs > 0)
+        return;
+    struct server *srv = s->srv;
+    sched_tenant_put(server_sched(srv), s->tenant);
+    proto_reader_destroy(s->reader);
+    proto_buf_finish(&s->out);
+    server_session_remove(srv, s);
+    free(s);
+    server_check_drained(srv);
+}
+
+uid_t session_uid(const struct session *s)
+{
+    return s->uid;
+}
+
+bool session_idle(const struct session *s)
+{
+    return s->n_reqs == 0 && s->out_off == s->out.len;
+}
+
+/* ---- requests --------------------------------------------------------- */
+
+static struct request *request_new(struct session *s, struct proto_request *req, uint64_t t)
+{
+    struct request *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return NULL;
+    r->s = s;
+    r->req = req;
+    r->t_recv = t;
+    r->next = s->reqs;
+    if (s->reqs != NULL)
+        s->reqs->prev = r;
+    s->reqs = r;
+    s->n_reqs++;
+    s->refs++;
+    return r;
+}
+
+static void request_free(struct request *r)
+{
+    struct session *s = r->s;
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        s->reqs = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+    s->n_reqs--;
+    if (r->entry != NULL)
+        store_entry_unref(server_store(s->srv), r->entry);
+    engine_job_finish(&r->ej);
+    free(r->bufs);
+    proto_request_destroy(r->req);
+    free(r);
+    if (!s->closed) {
+        if (s->close_when_done && session_idle(s))
+            session_close(s);
+        else
+            update_poll(s);
+    }
+    session_unref(s);
+}
+
+/* ---- writing ---------------------------------------------------------- */
+
+static bool peer_gone(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
+}
+
+static void send_reply(struct session *s, const struct proto_reply *rep)
+{
+    if (s->closed)
+        return;
+    struct vks_error err;
+    int rc = proto_reply_encode(&s->out, rep, &err);
+    if (rc != 0) {
+        log_err("uid %u: cannot encode the %s reply to request %u: %s", (unsigned)s->uid,
+                proto_op_name(rep->op) ? proto_op_name(rep->op) : "error", rep->id, err.msg);
+        char msg[300];
+        snprintf(msg, sizeof(msg), "the reply could not be encoded (%.200s)%s", err.msg,
+                 rc == -E2BIG ? ": ask for fewer hits (max_hits)" : "");
+        proto_error_encode(&s->out, rep->id, rep->op, -VKS_E_INTERNAL, msg, NULL);
+        server_counters(s->srv)->errors++;
+    }
+    flush(s);
+}
+
+static void send_error(struct session *s, uint32_t id, enum proto_op op, int code, const char *msg)
+{
+    if (s->closed)
+        return;
+    if (code > -VKS_E_BASE || code < -VKS_E_MAX_CODE) {
+        /* A local failure (-errno): the wire only carries VKS_E_* codes. */
+        char m[300];
+        snprintf(m, sizeof(m), "vkscand failed: %.200s (%s)", msg, strerror(-code));
+        send_error(s, id, op, -VKS_E_INTERNAL, m);
+        return;
+    }
+    server_counters(s->srv)->errors++;
+    struct vks_error err;
+    if (proto_error_encode(&s->out, id, op, code, msg, &err) != 0)
+        log_err("cannot encode an error reply: %s", err.msg);
+    flush(s);
+}
+
+static void flush(struct session *s)
+{
+    while (s->out_off < s->out.len) {
+        ssize_t n = send(s->fd, s->out.data + s->out_off, s->out.len - s->out_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        if (n <= 0) {
+            session_close(s); /* EPIPE, ECONNRESET: the peer is gone */
+            return;
+        }
+        s->out_off += (size_t)n;
+    }
+    if (s->out_off == s->out.len) {
+        proto_buf_reset(&s->out);
+        s->out_off = 0;
+        if (s->fatal || (s->close_when_done && session_idle(s))) {
+            session_close(s);
+            return;
+        }
+    } else if (s->out_off > s->out.len / 2) {
+        memmove(s->out.data, s->out.data + s->out_off, s->out.len - s->out_off);
+        s->out.len -= s->out_off;
+        s->out_off = 0;
+    }
+    update_poll(s);
+}
+
+/* ---- polling and backpressure ----------------------------------------- */
+
+static bool may_read(struct session *s)
+{
+    const struct daemon_config *cfg = server_config(s->srv);
+    if (s->closed || s->fatal || s->eof || s->close_when_done)
+        return false;
+    bool over = sched_tenant_over(server_sched(s->srv), s->tenant) ||
+                s->n_reqs >= cfg->tenant_max_requests || s->out.len - s->out_off >= OUT_HIGH_WATER;
+    if (over && !s->paused)
+        server_counters(s->srv)->backpressure++;
+    s->paused = over;
+    return !over;
+}
+
+static void on_poll(uv_poll_t *h, int status, int events);
+
+static void update_poll(struct session *s)
+{
+    if (s->closed)
+        return;
+    int ev = 0;
+    if (may_read(s))
+        ev |= UV_READABLE;
+    if (s->out_off < s->out.len)
+        ev |= UV_WRITABLE;
+    if (!s->rdhup_seen)
+        ev |= UV_DISCONNECT;
+    if (ev == s->events)
+        return;
+    s->events = ev;
+    int rc = ev ? uv_poll_start(&s->poll, ev, on_poll) : uv_poll_stop(&s->poll);
+    if (rc != 0) {
+        log_err("uid %u: cannot watch the connection: %s", (unsigned)s->uid, uv_strerror(rc));
+        session_close(s);
+    }
+}
+
+void session_resume(struct session *s)
+{
+    if (s->paused)
+        update_poll(s);
+}
+
+/* Reading reached the end of the stream. Peer gone entirely (killed,
+ * closed): drop its work. Only half-closed: it still reads, so answer what
+ * it asked first. */
+static void on_eof(struct session *s)
+{
+    s->rdhup_seen = true;
+    if (peer_gone(s->fd)) {
+        session_close(s);
+        return;
+    }
+    s->eof = true;
+    session_close_when_done(s);
+}
+
+/* The peer hung up while we were not reading (backpressure): a dead client
+ * loses its queued work now; a half-closed one is read to the end later. */
+static void on_disconnect(struct session *s)
+{
+    s->rdhup_seen = true;
+    if (peer_gone(s->fd))
+        session_close(s);
+    else
+        update_poll(s);
+}
+
+/* ---- hello, ping, stats ----------------------------------------------- */
+
+static const char *device_type(enum gpu_device_type t)
+{
+    switch (t) {
+    case GPU_DEVICE_DISCRETE:
+        return "discrete";
+    case GPU_DEVICE_INTEGRATED:
+        return "integrated";
+    case GPU_DEVICE_CPU:
+        return "cpu";
+    case GPU_DEVICE_VIRTUAL:
+        return "virtual";
+    case GPU_DEVICE_OTHER:
+        break;
+    }
+    return "other";
+}
+
+static uint64_t local_memory(const struct gpu_device_info *d)
+{
+    uint64_t m = 0;
+    for (uint32_t i = 0; i < d->n_heaps; i++)
+        m += d->heaps[i].device_local ? d->heaps[i].size : 0;
+    return m;
+}
+
+static void op_hello(struct session *s, const struct proto_request *req)
+{
+    const struct proto_hello *h = &req->u.hello;
+    uint32_t lo = h->min_version ? h->min_version : h->version;
+    uint32_t chosen = h->version < PROTO_VERSION ? h->version : PROTO_VERSION;
+    if (chosen < lo || chosen < PROTO_VERSION_MIN) {
+        char msg[200];
+        snprintf(msg, sizeof(msg),
+                 "the client speaks protocol versions %u..%u, vkscand %u..%u: "
+                 "use a libvkscan of the daemon's version",
+                 lo, h->version, PROTO_VERSION_MIN, PROTO_VERSION);
+        send_error(s, req->id, req->op, -VKS_E_VERSION, msg);
+        return;
+    }
+    const struct engine_info *info = engine_get_info(server_engine(s->srv));
+    struct proto_device devs[16];
+    uint32_t n = info->n_devices < 16 ? info->n_devices : 16;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct gpu_device_info *d = &info->devices[i];
+        devs[i] = (struct proto_device){.index = d->index,
+                                        .name = d->name,
+                                        .type = device_type(d->type),
+                                        .memory = local_memory(d),
+                                        .active = info->gpu && d->index == info->device.index};
+    }
+    struct proto_reply rep = {.id = req->id, .op = req->op};
+    rep.u.hello = (struct proto_hello_reply){.version = chosen,
+                                             .min_version = PROTO_VERSION_MIN,
+                                             .server = "vkscand " VKS_VERSION,
+                                             .devices = devs,
+                                             .n_devices = n};
+    server_proto_limits(s->srv, &rep.u.hello.limits);
+    send_reply(s, &rep);
+}
+
+/* A growable list of named counters for stats and telemetry. */
+struct stat_list {
+    struct proto_stat v[96];
+    uint32_t n;
+};
+
+static void stat_u(struct stat_list *l, const char *key, uint64_t v)
+{
+    if (l->n < sizeof(l->v) / sizeof(l->v[0]))
+        l->v[l->n++] = (struct proto_stat){.key = key, .u = v};
+}
+
+static void stat_f(struct stat_list *l, const char *key, double v)
+{
+    if (l->n < sizeof(l->v) / sizeof(l->v[0]))
+        l->v[l->n++] = (struct proto_stat){.key = key, .is_float = true, .f = v};
+}
+
+static void stats_limits(struct stat_list *l, const struct daemon_config *c)
+{
+    stat_u(l, "limit.max_frame", c->max_frame);
+    stat_u(l, "limit.max_rules", c->max_rules);
+    stat_u(l, "limit.max_buffers", c->max_buffers);
+    stat_u(l, "limit.max_scan_bytes", c->max_scan_bytes);
+    stat_u(l, "limit.max_hits", c->max_hits);
+    stat_u(l, "limit.max_connections", c->max_connections);
+    stat_u(l, "limit.tenant_max_requests", c->tenant_max_requests);
+    stat_u(l, "limit.tenant_max_bytes", c->tenant_max_bytes);
+    stat_u(l, "limit.tenant_max_catalogs", c->tenant_max_catalogs);
+    stat_u(l, "limit.batch_max_bytes", c->batch_max_bytes);
+    stat_u(l, "limit.batch_max_buffers", c->batch_max_buffers);
+    stat_u(l, "limit.device_budget", c->device_budget);
+    stat_u(l, "limit.host_catalog_budget", c->host_catalog_budget);
+}
+
+static void op_stats(struct session *s, const struct proto_request *req)
+{
+    struct server *srv = s->srv;
+    const struct server_counters *c = server_counters(srv);
+    struct store_stats ss;
+    struct sched_stats qs;
+    struct sched_tenant_stats ts = {0};
+    store_get_stats(server_store(srv), &ss);
+    sched_get_stats(server_sched(srv), &qs);
+    sched_tenant_stats(server_sched(srv), s->uid, &ts);
+    const struct engine_info *info = engine_get_info(server_engine(srv));
+    struct stat_list l = {.n = 0};
+    stat_u(&l, "uptime_ns", uv_hrtime() - server_start_ns(srv));
+    stat_u(&l, "engine", info->gpu ? 0 : 1);
+    stat_u(&l, "connections", server_session_count(srv));
+    stat_u(&l, "connections_total", c->connections_total);
+    stat_u(&l, "connections_refused", c->connections_refused);
+    static const char *const req_keys[PROTO_OP_COUNT] = {
+        "requests.invalid",     "requests.hello",        "requests.ping", "requests.catalog_load",
+        "requests.catalog_has", "requests.catalog_drop", "requests.scan", "requests.stats"};
+    uint64_t total = 0;
+    for (int op = 0; op < PROTO_OP_COUNT; op++) {
+        stat_u(&l, req_keys[op], c->requests[op]);
+        total += c->requests[op];
+    }
+    stat_u(&l, "requests", total);
+    stat_u(&l, "errors", c->errors);
+    stat_u(&l, "frame_errors", c->frame_errors);
+    stat_u(&l, "scans", c->scans);
+    stat_u(&l, "bytes_scanned", c->scan_bytes);
+    stat_u(&l, "scan_hits", c->scan_hits);
+    stat_u(&l, "timeouts", c->timeouts);
+    stat_u(&l, "cancelled", c->cancelled);
+    stat_u(&l, "backpressure", c->backpressure);
+    stat_u(&l, "reloads", c->reloads);
+    stat_u(&l, "batches", qs.batches);
+    stat_u(&l, "batched_scans", qs.batched_jobs);
+    stat_u(&l, "queued_scans", qs.queued_jobs);
+    stat_u(&l, "queued_bytes", qs.queued_bytes);
+    stat_u(&l, "running_scans", qs.running_jobs);
+    stat_u(&l, "tenants", qs.tenants);
+    stat_u(&l, "catalogs", ss.catalogs);
+    stat_u(&l, "catalogs_in_memory", ss.in_memory);
+    stat_u(&l, "catalog_host_bytes", ss.host_bytes);
+    stat_u(&l, "catalog_compiles", ss.compiles);
+    stat_u(&l, "catalog_compile_ns", ss.compile_ns);
+    stat_u(&l, "catalog_disk_hits", ss.disk_loads);
+    stat_u(&l, "catalog_memory_hits", ss.memory_hits);
+    stat_u(&l, "catalog_disk_writes", ss.disk_writes);
+    stat_u(&l, "catalog_cache_hits", ss.cache_hits);
+    stat_u(&l, "catalog_host_evictions", ss.host_evictions);
+    stat_u(&l, "catalog_disk_errors", ss.disk_errors);
+    stat_u(&l, "catalogs_resident", info->resident_catalogs);
+    stat_u(&l, "device_memory_used", info->device_memory_used);
+    stat_u(&l, "device_memory_budget", info->device_memory_budget);
+    stat_u(&l, "tenant.uid", s->uid);
+    stat_u(&l, "tenant.catalogs", store_tenant_catalogs(server_store(srv), s->uid));
+    stat_u(&l, "tenant.scans_in_flight", ts.jobs);
+    stat_u(&l, "tenant.bytes_in_flight", ts.bytes);
+    stat_u(&l, "tenant.served_scans", ts.served_jobs);
+    stat_u(&l, "tenant.served_bytes", ts.served_bytes);
+    stats_limits(&l, server_config(srv));
+    struct proto_reply rep = {.id = req->id, .op = req->op};
+    rep.u.stats = (struct proto_stats_reply){.stats = l.v, .n_stats = l.n};
+    send_reply(s, &rep);
+}
+
+/* ---- catalogs --------------------------------------------------------- */
+
+/* Encodes a catalog.load / catalog.has result: the catalog's rules (ids and
+ * fingerprints) and the rejected rules. */
+static void reply_catalog(struct session *s, const struct proto_request *req,
+                          const struct store_result *res)
+{
+    struct proto_reply rep = {.id = req->id, .op = req->op};
+    struct proto_catalog_result *c = &rep.u.catalog;
+    c->known = res->known;
+    struct proto_rule_info *rules = NULL;
+    struct proto_reject *rejects = NULL;
+    char *ids = NULL;
+    if (res->known) {
+        const struct catalog *cat = store_entry_catalog(res->entry);
+        uint32_t n = catalog_rule_count(cat);
+        rules = calloc(n ? n : 1, sizeof(*rules));
+        ids = malloc((size_t)n * (RULES_MAX_ID + 1) + 1);
+        rejects = calloc(res->n_rejects ? res->n_rejects : 1, sizeof(*rejects));
+        if (rules == NULL || ids == NULL || rejects == NULL) {
+            send_error(s, req->id, req->op, -ENOMEM, "out of memory building the reply");
+            goto out;
+        }
+        memcpy(c->fingerprint, store_entry_fp(res->entry), PROTO_FP_LEN);
+        if (res->source != NULL)
+            memcpy(c->source, res->source, PROTO_FP_LEN);
+        c->cached = res->cached || res->compile_ns == 0;
+        c->compile_ns = res->compile_ns;
+        char *p = ids;
+        for (uint32_t i = 0; i < n; i++) {
+            struct catalog_rule r;
+            catalog_rule(cat, i, &r);
+            uint32_t len = r.id_len > RULES_MAX_ID ? RULES_MAX_ID : r.id_len;
+            memcpy(p, r.id, len);
+            p[len] = '\0';
+            rules[i].id = p;
+            p += len + 1;
+            memcpy(rules[i].fp, r.fingerprint, PROTO_FP_LEN);
+        }
+        for (size_t i = 0; i < res->n_rejects; i++) {
+            const struct rule_reject *r = &res->rejects[i];
+            rejects[i] = (struct proto_reject){
+                .index = r->index, .line = r->line, .pos = r->pos, .id = r->id, .message = r->msg};
+        }
+        c->rules = rules;
+        c->n_rules = n;
+        c->rejects = rejects;
+        c->n_rejects = (uint32_t)res->n_rejects;
+    }
+    send_reply(s, &rep);
+out:
+    free(rules);
+    free(rejects);
+    free(ids);
+}
+
+static void on_catalog(void *ctx, int status, const struct store_result *res,
+                       const struct vks_error *err)
+{
+    struct request *r = ctx;
+    if (status != 0)
+        send_error(r->s, r->req->id, r->req->op, status, err->msg);
+    else
+        reply_catalog(r->s, r->req, res);
+    request_free(r);
+}
+
+static void op_catalog(struct session *s, struct proto_request *req, uint64_t t)
+{
+    struct request *r = request_new(s, req, t);
+    if (r == NULL) {
+        send_error(s, req->id, req->op, -ENOMEM, "out of memory queueing the request");
+        proto_request_destroy(req);
+        return;
+    }
+    if (req->op == PROTO_OP_CATALOG_LOAD)
+        store_load(server_store(s->srv), s->uid, &req->u.load, on_catalog, r);
+    else
+        store_has(server_store(s->srv), s->uid, &req->u.ref, on_catalog, r);
+}
+
+static void op_drop(struct session *s, const struct proto_request *req)
+{
+    if (req->u.ref.by_source) {
+        send_error(s, req->id, req->op, -VKS_E_BAD_VALUE,
+                   "catalog.drop takes the catalog `fingerprint`, not a source fingerprint");
+        return;
+    }
+    struct proto_reply rep = {.id = req->id, .op = req->op};
+    rep.u.dropped = store_drop(server_store(s->srv), s->uid, req->u.ref.fp) == 1;
+    send_reply(s, &rep);
+}
+
+/* ---- scans ------------------------------------------------------------ */
+
+/* Checks each buffer and sums the bytes; fd buffers are checked with fstat
+ * (metadata only, no data read on the loop thread). */
+static int scan_inputs(struct request *r, uint64_t *total, struct vks_error *err)
+{
+    const struct proto_scan *sc = &r->req->u.scan;
+    r->bufs = calloc(sc->n_buffers ? sc->n_buffers : 1, sizeof(*r->bufs));
+    if (r->bufs == NULL)
+        return vks_error_set(err, -ENOMEM, "out of memory queueing the scan");
+    *total = 0;
+    for (uint32_t i = 0; i < sc->n_buffers; i++) {
+        const struct proto_buffer *pb = &sc->buffers[i];
+        struct engine_buf *b = &r->bufs[i];
+        b->fd = -1;
+        if (!pb->is_fd) {
+            b->data = pb->data;
+            b->len = pb->len;
+            *total += pb->len;
+            continue;
+        }
+        /* A bad descriptor fails its own buffer only (docs/protocol.md). */
+        struct stat sb;
+        if (fstat(pb->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            b->status = -VKS_E_BAD_FD;
+            snprintf(b->msg, sizeof(b->msg),
+                     "descriptor %u is not a regular file or memfd: "
+                     "pass an open file or a memfd",
+                     pb->fd_index);
+            continue;
+        }
+        uint64_t size = (uint64_t)sb.st_size;
+        uint64_t len = pb->has_length ? pb->length : size - (pb->offset < size ? pb->offset : size);
+        if (pb->offset > size || len > size - pb->offset) {
+            b->status = -VKS_E_BAD_FD;
+            snprintf(b->msg, sizeof(b->msg),
+                     "range %llu+%llu is outside the file of %llu bytes: "
+                     "check offset and length",
+                     (unsigned long long)pb->offset, (unsigned long long)len,
+                     (unsigned long long)size);
+            continue;
+        }
+        *b = (struct engine_buf){
+            .fd = pb->fd, .offset = pb->offset, .length = len, .has_length = true};
+        *total += len;
+    }
+    return 0;
+}
+
+static void scan_queue(struct request *r, struct store_entry *e)
+{
+    struct session *s = r->s;
+    struct server *srv = s->srv;
+    const struct daemon_config *cfg = server_config(srv);
+    const struct proto_scan *sc = &r->req->u.scan;
+    r->entry = e;
+    store_entry_ref(e);
+    r->ej.cat = store_entry_catalog(e);
+    r->ej.mode = (enum scan_mode)sc->mode;
+    r->ej.bufs = r->bufs;
+    r->ej.n_bufs = sc->n_buffers;
+    r->sj.key = e;
+    r->sj.n_buffers = sc->n_buffers;
+    r->t_queued = uv_hrtime();
+    uint32_t ms = sc->timeout_ms ? sc->timeout_ms : cfg->scan_timeout_ms;
+    r->sj.deadline_ns = r->t_queued + (uint64_t)ms * 1000000u;
+    sched_push(server_sched(srv), s->tenant, &r->sj);
+    server_kick(srv);
+    server_watch_deadlines(srv);
+    update_poll(s);
+}
+
+static void on_scan_catalog(void *ctx, int status, const struct store_result *res,
+                            const struct vks_error *err)
+{
+    struct request *r = ctx;
+    if (status != 0 || r->s->closed) {
+        if (status != 0)
+            send_error(r->s, r->req->id, r->req->op, status, err->msg);
+        request_free(r);
+        return;
+    }
+    scan_queue(r, res->entry);
+}
+
+static void op_scan(struct session *s, struct proto_request *req, uint64_t t)
+{
+    const struct daemon_config *cfg = server_config(s->srv);
+    struct vks_error err = {0};
+    struct request *r = request_new(s, req, t);
+    if (r == NULL) {
+        send_error(s, req->id, req->op, -ENOMEM, "out of memory queueing the scan");
+        proto_request_destroy(req);
+        return;
+    }
+    uint64_t total = 0;
+    int rc = scan_inputs(r, &total, &err);
+    r->sj.bytes = total;
+    if (rc == 0 && req->u.scan.n_buffers > cfg->max_buffers)
+        rc = vks_error_set(&err, -VKS_E_TOO_MANY_BUFFERS,
+                           "the scan has %u buffers, the limit "
+                           "(max_buffers) is %u: split it",
+                           req->u.scan.n_buffers, cfg->max_buffers);
+    if (rc == 0 && total > cfg->max_scan_bytes)
+        rc = vks_error_set(&err, -VKS_E_LIMIT,
+                           "the scan has %llu bytes, the limit "
+                           "(max_scan_bytes) is %llu: split it",
+                           (unsigned long long)total, (unsigned long long)cfg->max_scan_bytes);
+    if (rc == 0 && sched_job_too_big(server_sched(s->srv), total))
+        rc = vks_error_set(&err, -VKS_E_BUSY,
+                           "the scan has %llu bytes, more than a tenant may "
+                           "queue (tenant_max_bytes %llu): split it",
+                           (unsigned long long)total, (unsigned long long)cfg->tenant_max_bytes);
+    if (rc != 0) {
+        send_error(s, req->id, req->op, rc, err.msg);
+        request_free(r);
+        return;
+    }
+    uint32_t mh = req->u.scan.max_hits;
+    r->max_hits = mh != 0 && mh < cfg->max_hits ? mh : cfg->max_hits;
+    store_acquire(server_store(s->srv), s->uid, req->u.scan.catalog, on_scan_catalog, r);
+}
+
+struct engine_job *session_job_engine(struct sched_job *job)
+{
+    struct request *r = CONTAINER(job, struct request, sj);
+    r->t_dispatched = uv_hrtime();
+    return &r->ej;
+}
+
+static void telemetry(struct stat_list *l, const struct request *r,
+                      const struct engine_telemetry *t, uint64_t now)
+{
+    const struct gpu_telemetry *g = &t->gpu_tel;
+    stat_u(l, "engine", t->gpu ? 0 : 1);
+    stat_u(l, "batch_id", t->batch_id);
+    stat_u(l, "batch_requests", t->jobs);
+    stat_u(l, "batch_buffers", t->buffers);
+    stat_u(l, "batch_bytes", t->bytes);
+    stat_u(l, "bytes_uploaded", g->bytes_uploaded);
+    stat_u(l, "haystack_bytes_uploaded", g->haystack_bytes_uploaded);
+    stat_u(l, "catalog_bytes_uploaded", g->catalog_bytes_uploaded);
+    stat_u(l, "bytes_read_back", g->bytes_read_back);
+    stat_u(l, "catalog_cache_hits", g->catalog_cache_hits);
+    stat_u(l, "catalog_uploads", g->catalog_uploads);
+    stat_u(l, "resident_catalogs", g->resident_catalogs);
+    stat_u(l, "pipeline_cache_hits", g->pipeline_cache_hits);
+    stat_u(l, "pipeline_compiles", g->pipeline_compiles);
+    stat_u(l, "plan_cache_hit", g->plan_cache_hit);
+    stat_u(l, "kernel_launches", g->kernel_launches);
+    stat_u(l, "sync_points", g->sync_points);
+    stat_u(l, "items_processed", g->items_processed);
+    stat_u(l, "hit_reruns", g->hit_reruns);
+    stat_f(l, "occupancy", g->occupancy);
+    stat_u(l, "queue_ns", r->t_dispatched - r->t_queued);
+    stat_u(l, "fd_read_ns", t->fd_read_ns);
+    stat_u(l, "plan_ns", g->plan_ns);
+    stat_u(l, "upload_ns", g->upload_ns);
+    stat_u(l, "run_ns", t->gpu ? g->kernel_ns : t->scan_ns);
+    stat_u(l, "readback_ns", g->readback_ns);
+    stat_u(l, "scan_ns", t->scan_ns);
+    stat_u(l, "total_ns", now - r->t_recv);
+}
+
+/* Builds and sends the scan reply: hits in (buffer, end, rule) order, cut at
+ * max_hits, with each buffer's status and the batch telemetry. */
+static void reply_scan(struct request *r, const struct engine_telemetry *tel)
+{
+    struct session *s = r->s;
+    struct server_counters *c = server_counters(s->srv);
+    const struct proto_scan *sc = &r->req->u.scan;
+    size_t n = r->ej.n_hits < r->max_hits ? r->ej.n_hits : r->max_hits;
+    struct proto_hit *hits = calloc(n ? n : 1, sizeof(*hits));
+    struct proto_buffer_status *bs = calloc(sc->n_buffers ? sc->n_buffers : 1, sizeof(*bs));
+    char **ids = sc->rule_ids ? calloc(catalog_rule_count(r->ej.cat) + 1u, sizeof(char *)) : NULL;
+    if (hits == NULL || bs == NULL || (sc->rule_ids && ids == NULL)) {
+        send_error(s, r->req->id, r->req->op, -ENOMEM, "out of memory building the reply");
+        goto out;
+    }
+    for (size_t i = 0; i < r->ej.n_hits; i++) {
+        const struct engine_hit *h = &r->ej.hits[i];
+        if (i >= n) {
+            bs[h->buffer].truncated = true;
+            continue;
+        }
+        hits[i] = (struct proto_hit){
+            .buffer = h->buffer, .rule = h->rule, .end = h->end, .count = h->count};
+        bs[h->buffer].hits++;
+        if (ids != NULL && ids[h->rule] == NULL) {
+            struct catalog_rule cr;
+            catalog_rule(r->ej.cat, h->rule, &cr);
+            ids[h->rule] = strndup(cr.id, cr.id_len);
+        }
+        if (ids != NULL)
+            hits[i].rule_id = ids[h->rule] != NULL ? ids[h->rule] : "";
+    }
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < sc->n_buffers; i++) {
+        bs[i].code = r->bufs[i].status;
+        bs[i].message = r->bufs[i].status != 0 ? r->bufs[i].msg : NULL;
+        bs[i].bytes = r->bufs[i].status == 0 ? r->bufs[i].bytes : 0;
+        bytes += bs[i].bytes;
+    }
+    struct stat_list l = {.n = 0};
+    telemetry(&l, r, tel, uv_hrtime());
+    struct proto_reply rep = {.id = r->req->id, .op = r->req->op};
+    rep.u.scan = (struct proto_scan_reply){.hits = hits,
+                                           .n_hits = (uint32_t)n,
+                                           .buffers = bs,
+                                           .n_buffers = sc->n_buffers,
+                                           .telemetry = l.v,
+                                           .n_telemetry = l.n};
+    c->scans++;
+    c->scan_bytes += bytes;
+    c->scan_hits += n;
+    send_reply(s, &rep);
+out:
+    if (ids != NULL) {
+        for (uint32_t i = 0; i < catalog_rule_count(r->ej.cat); i++)
+            free(ids[i]);
+    }
+    free(ids);
+    free(hits);
+    free(bs);
+}
+
+void session_scan_done(struct engine_job *job, const struct engine_telemetry *tel)
+{
+    struct request *r = CONTAINER(job, struct request, ej);
+    struct session *s = r->s;
+    sched_job_done(server_sched(s->srv), &r->sj);
+    if (s->closed)
+        server_counters(s->srv)->cancelled++;
+    else if (job->status != 0)
+        send_error(s, r->req->id, r->req->op, job->status, job->err.msg);
+    else
+        reply_scan(r, tel);
+    request_free(r);
+}
+
+void session_scan_expired(struct sched_job *job)
+{
+    struct request *r = CONTAINER(job, struct request, sj);
+    struct session *s = r->s;
+    server_counters(s->srv)->timeouts++;
+    char msg[160];
+    snprintf(msg, sizeof(msg),
+             "the scan waited %llu ms in the queue, past its timeout: raise "
+             "timeout_ms or send less at once",
+             (unsigned long long)((uv_hrtime() - r->t_queued) / 1000000u));
+    send_error(s, r->req->id, r->req->op, -VKS_E_TIMEOUT, msg);
+    request_free(r);
+}
+
+/* ---- frames ----------------------------------------------------------- */
+
+static void handle_frame(struct session *s, struct proto_frame *f)
+{
+    struct server *srv = s->srv;
+    struct proto_limits lim;
+    server_proto_limits(srv, &lim);
+    struct proto_request *req = NULL;
+    struct proto_head head = {0};
+    struct vks_error err = {0};
+    uint64_t t = uv_hrtime();
+    int rc = proto_request_decode(f, &lim, &req, &head, &err);
+    server_counters(srv)->requests[rc == 0 ? req->op : PROTO_OP_NONE]++;
+    if (rc != 0) {
+        send_error(s, head.id, head.op, rc, err.msg);
+        return;
+    }
+    if (server_draining(srv) && req->op != PROTO_OP_HELLO && req->op != PROTO_OP_PING &&
+        req->op != PROTO_OP_STATS) {
+        send_error(s, req->id, req->op, -VKS_E_SHUTDOWN,
+                   "vkscand is shutting down and takes no new work: retry when it is back");
+        proto_request_destroy(req);
+        return;
+    }
+    switch (req->op) {
+    case PROTO_OP_HELLO:
+        op_hello(s, req);
+        break;
+    case PROTO_OP_PING: {
+        struct proto_reply rep = {.id = req->id, .op = req->op};
+        send_reply(s, &rep);
+        break;
+    }
+    case PROTO_OP_STATS:
+        op_stats(s, req);
+        break;
+    case PROTO_OP_CATALOG_DROP:
+        op_drop(s, req);
+        break;
+    case PROTO_OP_CATALOG_LOAD:
+    case PROTO_OP_CATALOG_HAS:
+        op_catalog(s, req, t); /* takes req */
+        return;
+    case PROTO_OP_SCAN:
+        op_scan(s, req, t); /* takes req */
+        return;
+    case PROTO_OP_NONE:
+    case PROTO_OP_COUNT:
+        send_error(s, req->id, req->op, -VKS_E_UNKNOWN_OP, "unknown operation");
+        break;
+    }
+    proto_request_destroy(req);
+}
+
+static void on_readable(struct session *s)
+{
+    for (unsigned i = 0; i < FRAMES_PER_WAKEUP && may_read(s); i++) {
+        struct vks_error err = {0};
+        int rc = proto_reader_recv(s->reader, s->fd, &err);
+        if (rc == PROTO_RECV_MORE || rc == -EAGAIN)
+            break;
+        if (rc == PROTO_RECV_EOF) {
+            on_eof(s);
+            return;
+        }
+        if (rc == PROTO_RECV_FRAME) {
+            struct proto_frame f;
+            if (proto_reader_take(s->reader, &f) == 0)
+                handle_frame(s, &f);
+            continue;
+        }
+        if (rc <= -VKS_E_BASE) {
+            /* The stream cannot be resynchronised: answer, then close. */
+            server_counters(s->srv)->frame_errors++;
+            send_error(s, 0, PROTO_OP_NONE, rc, err.msg);
+            if (!s->closed) {
+                s->fatal = true;
+                flush(s);
+            }
+            return;
+        }
+        if (rc == -ECONNRESET && !peer_gone(s->fd)) {
+            /* Half-closed in the middle of a frame: it can still read why. */
+            server_counters(s->srv)->frame_errors++;
+            s->rdhup_seen = true;
+            send_error(s, 0, PROTO_OP_NONE, -VKS_E_BAD_FRAME,
+                       "the connection ended in the "
+                       "middle of a frame: send whole frames (4-byte length, then the body)");
+            if (!s->closed) {
+                s->fatal = true;
+                flush(s);
+            }
+            return;
+        }
+        session_close(s); /* the peer is gone, or a socket error */
+        return;
+    }
+    update_poll(s);
+}
+
+static void on_poll(uv_poll_t *h, int status, int events)
+{
+    struct session *s = h->data;
+    s->refs++; /* the handlers below may close the session */
+    if (status < 0) {
+        session_close(s);
+    } else {
+        if ((events & UV_WRITABLE) && !s->closed)
+            flush(s);
+        if ((events & UV_READABLE) && !s->closed)
+            on_readable(s);
+        if ((events & UV_DISCONNECT) && !s->closed && !s->rdhup_seen &&
+            !(events & UV_READABLE && may_read(s)))
+            on_disconnect(s);
+    }
+    session_unref(s);
+}
+
+/* ---- life cycle ------------------------------------------------------- */
+
+static void on_poll_closed(uv_handle_t *h)
+{
+    struct session *s = h->data;
+    close(s->fd);
+    s->fd = -1;
+    session_unref(s);
+}
+
+int session_create(struct server *srv, int fd, struct session **out)
+{
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+        int rc = -errno;
+        close(fd);
+        return rc;
+    }
+    struct session *s = calloc(1, sizeof(*s));
+    struct proto_limits lim;
+    server_proto_limits(srv, &lim);
+    if (s == NULL || proto_reader_create(&lim, &s->reader) != 0) {
+        free(s);
+        close(fd);
+        return -ENOMEM;
+    }
+    s->srv = srv;
+    s->fd = fd;
+    s->uid = cred.uid;
+    s->pid = cred.pid;
+    s->refs = 1; /* the poll handle's */
+    proto_buf_init(&s->out);
+    s->tenant = sched_tenant_get(server_sched(srv), cred.uid);
+    int rc = s->tenant == NULL ? UV_ENOMEM : uv_poll_init(server_loop(srv), &s->poll, fd);
+    if (rc != 0) {
+        sched_tenant_put(server_sched(srv), s->tenant);
+        proto_reader_destroy(s->reader);
+        free(s);
+        close(fd);
+        return rc;
+    }
+    s->poll.data = s;
+    server_session_add(srv, s);
+    log_debug("connection from pid %d uid %u", (int)cred.pid, (unsigned)cred.uid);
+    update_poll(s);
+    *out = s;
+    return 0;
+}
+
+void session_close(struct session *s)
+{
+    if (s->closed)
+        return;
+    s->closed = true;
+    struct server *srv = s->srv;
+    /* Queued scans go now; running ones and pending store work finish
+     * unseen and free their request when they come back. */
+    for (struct request *r = s->reqs, *next; r != NULL; r = next) {
+        next = r->next;
+        if (r->sj.queued) {
+            sched_remove(server_sched(srv), &r->sj);
+            server_counters(srv)->cancelled++;
+            request_free(r);
+        }
+    }
+    uv_close((uv_handle_t *)&s->poll, on_poll_closed);
+    server_resume_tenant(srv, s->uid);
+}
+
+void session_close_when_done(struct session *s)
+{
+    if (s->closed)
+        return;
+    s->close_when_done = true;
+    if (session_idle(s))
+        session_close(s);
+    else
+        update_poll(s);
+}

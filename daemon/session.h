@@ -1,0 +1,57 @@
+/*
+ * One client connection: reads frames with proto_reader_recv (which also
+ * collects descriptors passed with SCM_RIGHTS), decodes and answers requests,
+ * queues scans with the scheduler, and writes replies in any order.
+ *
+ * A session is reference-counted: the socket's poll handle holds one
+ * reference, every request in flight (a compile, a disk load, a queued or
+ * running scan) holds one. Closing stops the poll handle (uv_close), drops
+ * queued scans and lets running ones finish unseen; the memory goes in the
+ * last unref, never inside one of the session's own callbacks.
+ *
+ * Loop thread only.
+ */
+#ifndef VKS_DAEMON_SESSION_H
+#define VKS_DAEMON_SESSION_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "engine.h"
+#include "scheduler.h"
+
+struct server;
+struct session;
+
+/*
+ * Starts serving the accepted socket `fd` (non-blocking; the session takes
+ * ownership, also on failure). The tenant is the peer's uid (SO_PEERCRED).
+ * Returns 0 or -errno.
+ */
+int session_create(struct server *srv, int fd, struct session **out);
+
+/* Closes the connection: queued work dropped, replies not yet written lost. */
+void session_close(struct session *s);
+
+/* Closes the connection once every reply it is owed has been written
+ * (SIGTERM drain). */
+void session_close_when_done(struct session *s);
+
+/* Whether the session has no request in flight and nothing left to write. */
+bool session_idle(const struct session *s);
+
+/* The tenant uid. */
+uid_t session_uid(const struct session *s);
+
+/* Reading was stopped for backpressure: read again if the quota allows. */
+void session_resume(struct session *s);
+
+/* Batch plumbing for the server: the engine job of a scheduled scan, and the
+ * hand-back of a finished one (replies, frees, releases the quota). */
+struct engine_job *session_job_engine(struct sched_job *job);
+void session_scan_done(struct engine_job *job, const struct engine_telemetry *tel);
+
+/* A queued scan the scheduler dropped for passing its deadline. */
+void session_scan_expired(struct sched_job *job);
+
+#endif

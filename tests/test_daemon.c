@@ -1,0 +1,1232 @@
+/*
+ * vkscand end to end: each test starts the real daemon (the binary meson
+ * built, $VKSCAND) on a temporary socket, waits for its READY=1 datagram on a
+ * test-owned $NOTIFY_SOCKET, and drives it through libvkscan; the pipelining
+ * and bad-input cases speak raw frames (proto/, msgpack-c). Every hit list is
+ * checked against the CPU reference scanner on the same rules.
+ *
+ * The daemon runs its GPU engine (--engine gpu): lavapipe in CI, so data
+ * stays small. Also a unit test of the scheduler's fairness.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <msgpack.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto.h"
+#include "refscan.h"
+#include "rules.h"
+#include "scheduler.h"
+#include "vkscan/vkscan.h"
+
+/* ---- the daemon under test -------------------------------------------- */
+
+struct daemon {
+    pid_t pid;
+    char dir[64];
+    char sock[128];
+    char state[128];
+    char notify[128];
+    int notify_fd;
+};
+
+/* A failed assertion ends the test process at once: the daemon it started
+ * must not outlive it. */
+static void die_with_parent(void)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+}
+
+static bool wait_ready(struct daemon *d, int timeout_ms)
+{
+    struct pollfd p = {.fd = d->notify_fd, .events = POLLIN};
+    for (int waited = 0; waited < timeout_ms; waited += 100) {
+        if (poll(&p, 1, 100) == 1) {
+            char buf[512] = {0};
+            ssize_t n = recv(d->notify_fd, buf, sizeof(buf) - 1, 0);
+            if (n > 0 && strstr(buf, "READY=1") != NULL)
+                return true;
+        }
+        int st;
+        if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+            d->pid = 0;
+            return false;
+        }
+    }
+    return false;
+}
+
+/* Starts vkscand in `dir` (a fresh temporary directory when NULL) with the
+ * extra flags `extra` (NULL-terminated) and waits until it is ready. */
+static void daemon_start(struct daemon *d, const char *dir, const char *const *extra)
+{
+    memset(d, 0, sizeof(*d));
+    if (dir != NULL) {
+        snprintf(d->dir, sizeof(d->dir), "%s", dir);
+    } else {
+        snprintf(d->dir, sizeof(d->dir), "/tmp/vkd-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(d->dir));
+        chmod(d->dir, 0755); /* the tenant test connects as another uid */
+    }
+    snprintf(d->sock, sizeof(d->sock), "%s/vkscand.sock", d->dir);
+    snprintf(d->state, sizeof(d->state), "%s/state", d->dir);
+    snprintf(d->notify, sizeof(d->notify), "%s/notify", d->dir);
+    unlink(d->notify);
+    d->notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    ck_assert_int_lt(snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", d->notify),
+                     (int)sizeof(sa.sun_path));
+    ck_assert_int_eq(bind(d->notify_fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    const char *bin = getenv("VKSCAND");
+    ck_assert_msg(bin != NULL, "VKSCAND is not set: run through meson test");
+    d->pid = fork();
+    ck_assert_int_ge(d->pid, 0);
+    if (d->pid == 0) {
+        const char *argv[32] = {bin,      "--socket",    d->sock,  "--state-dir",
+                                d->state, "--engine",    "gpu",    "--socket-mode",
+                                "0666",   "--log-level", "warning"};
+        int n = 11;
+        for (int i = 0; extra != NULL && extra[i] != NULL && n < 31; i++)
+            argv[n++] = extra[i];
+        argv[n] = NULL;
+        setenv("NOTIFY_SOCKET", d->notify, 1);
+        die_with_parent();
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    ck_assert_msg(wait_ready(d, 120000), "vkscand did not become ready");
+}
+
+/* SIGTERM, then the exit status (-1 when it had to be killed). */
+static int daemon_stop(struct daemon *d)
+{
+    int st = 0, rc = -1;
+    if (d->pid > 0) {
+        kill(d->pid, SIGTERM);
+        for (int i = 0; i < 600; i++) {
+            if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+                rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                break;
+            }
+            usleep(100000);
+        }
+        if (rc < 0) {
+            kill(d->pid, SIGKILL);
+            waitpid(d->pid, &st, 0);
+        }
+        d->pid = 0;
+    }
+    if (d->notify_fd > 0)
+        close(d->notify_fd);
+    d->notify_fd = 0;
+    return rc;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void daemon_clean(struct daemon *d)
+{
+    nftw(d->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static struct vks_client *connect_ok(const struct daemon *d)
+{
+    struct vks_client *c = NULL;
+    struct vks_error err = {0};
+    int rc = vks_client_connect(d->sock, NULL, &c, &err);
+    ck_assert_msg(rc == 0, "connect: %d %s", rc, err.msg);
+    return c;
+}
+
+static uint64_t stat_of(struct vks_client *c, const char *key)
+{
+    struct vks_stats st = {0};
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_stats(c, &st, &err), 0);
+    const struct vks_stat *s = vks_stat_find(st.stats, st.n_stats, key);
+    ck_assert_msg(s != NULL, "stats has no %s", key);
+    uint64_t v = s->u;
+    vks_stats_finish(&st);
+    return v;
+}
+
+static uint64_t tel_of(const struct vks_scan_result *r, const char *key)
+{
+    const struct vks_stat *s = vks_stat_find(r->telemetry, r->n_telemetry, key);
+    ck_assert_msg(s != NULL, "telemetry has no %s", key);
+    return s->u;
+}
+
+/* ---- rules and the reference ------------------------------------------ */
+
+static const struct vks_rule rules[] = {
+    {"lit", VKS_RULE_LITERAL, "needle", 0, NULL},  {"re", VKS_RULE_REGEX, "ab[0-9]+c", 0, NULL},
+    {"hex", VKS_RULE_HEX, "de ad ?? ef", 0, NULL}, {"ci", VKS_RULE_REGEX, "hello", 0, "i"},
+    {"bad", VKS_RULE_REGEX, "fo+(", 0, NULL},
+};
+#define N_RULES (sizeof(rules) / sizeof(rules[0]))
+
+static const struct vks_rule other_rules[] = {
+    {"other", VKS_RULE_LITERAL, "zebra", 0, NULL},
+};
+
+/* The same rules compiled here: the catalog the daemon must have built. */
+static struct catalog *local_catalog(const struct vks_rule *r, size_t n)
+{
+    struct rule_src src[8];
+    uint32_t idx[8];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t flags = 0;
+        if (r[i].flags != NULL)
+            ck_assert_int_eq(rules_parse_flags(r[i].flags, strlen(r[i].flags), &flags, NULL), 0);
+        src[k] = (struct rule_src){
+            r[i].id, (enum rule_kind)r[i].kind, r[i].pattern, strlen(r[i].pattern), flags, 0};
+        idx[k++] = (uint32_t)i;
+    }
+    (void)idx;
+    struct rules_result res = {0};
+    struct rules_options ro = {0};
+    ck_assert_int_eq(rules_compile(src, k, &ro, &res, NULL), 0);
+    struct catalog *cat = res.catalog;
+    res.catalog = NULL;
+    rules_result_finish(&res);
+    return cat;
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd(uint32_t n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)((rng >> 11) % n);
+}
+
+/* A small haystack with the rules' matches planted. */
+static size_t make_haystack(uint8_t *buf, size_t len)
+{
+    static const char *const plants[] = {"needle", "ab12c", "\xde\xad\x01\xef", "HeLLo", "ab9c"};
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)('a' + rnd(26));
+    for (size_t p = 0; p + 16 < len; p += 40 + rnd(200)) {
+        const char *s = plants[rnd(5)];
+        memcpy(buf + p, s, strlen(s));
+    }
+    return len;
+}
+
+/* Asserts that the hits of buffer `b` in `res` are exactly refscan's. */
+static void check_hits(const struct catalog *cat, const struct vks_scan_result *res, uint32_t b,
+                       const uint8_t *data, size_t len, enum scan_mode mode)
+{
+    struct scan_hits want = {0};
+    ck_assert_int_eq(refscan_buffer(cat, data, len, mode, &want), 0);
+    size_t k = 0;
+    for (size_t i = 0; i < res->n_hits; i++) {
+        const struct vks_hit *h = &res->hits[i];
+        if (h->buffer != b)
+            continue;
+        ck_assert_msg(k < want.n, "buffer %u: extra hit rule %u end %llu", b, h->rule,
+                      (unsigned long long)h->end);
+        ck_assert_msg(h->rule == want.v[k].rule && h->end == want.v[k].end &&
+                          h->count == want.v[k].count,
+                      "buffer %u hit %zu: got (%u,%llu,%u) want (%u,%llu,%u)", b, k, h->rule,
+                      (unsigned long long)h->end, h->count, want.v[k].rule,
+                      (unsigned long long)want.v[k].end, want.v[k].count);
+        k++;
+    }
+    ck_assert_msg(k == want.n, "buffer %u: %zu hits, refscan %zu", b, k, want.n);
+    ck_assert_uint_eq(res->buffers[b].hits, want.n);
+    scan_hits_finish(&want);
+}
+
+static struct vks_catalog *load_ok(struct vks_client *c, const struct vks_rule *r, size_t n,
+                                   bool always_send)
+{
+    struct vks_catalog *cat = NULL;
+    struct vks_error err = {0};
+    struct vks_load_options lo = {.always_send = always_send};
+    int rc = vks_client_catalog_load(c, r, n, &lo, &cat, &err);
+    ck_assert_msg(rc == 0, "load: %d %s", rc, err.msg);
+    return cat;
+}
+
+/* ---- raw frames ------------------------------------------------------- */
+
+static int raw_connect(const struct daemon *d)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    ck_assert_int_lt(snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", d->sock),
+                     (int)sizeof(sa.sun_path));
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+static void raw_send(int fd, const void *data, size_t len, const int *fds, size_t n_fds)
+{
+    ck_assert_int_eq(proto_send(fd, data, len, fds, n_fds, 10000, NULL), 0);
+}
+
+/* Sends one msgpack body (from a packer's buffer) as a frame. */
+static void raw_frame(int fd, const msgpack_sbuffer *sb, const int *fds, size_t n_fds)
+{
+    uint8_t *f = malloc(sb->size + 4);
+    f[0] = (uint8_t)(sb->size >> 24);
+    f[1] = (uint8_t)(sb->size >> 16);
+    f[2] = (uint8_t)(sb->size >> 8);
+    f[3] = (uint8_t)sb->size;
+    memcpy(f + 4, sb->data, sb->size);
+    raw_send(fd, f, sb->size + 4, fds, n_fds);
+    free(f);
+}
+
+/* Reads one reply; NULL at EOF. */
+static struct proto_reply *raw_reply(int fd)
+{
+    struct proto_reader *r;
+    ck_assert_int_eq(proto_reader_create(NULL, &r), 0);
+    struct proto_reply *rep = NULL;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        ck_assert_msg(poll(&p, 1, 60000) == 1, "no reply within 60 s");
+        int rc = proto_reader_recv(r, fd, NULL);
+        if (rc == PROTO_RECV_EOF || rc == -ECONNRESET)
+            break;
+        ck_assert_int_ge(rc, 0);
+        if (rc == PROTO_RECV_FRAME) {
+            struct proto_frame f;
+            ck_assert_int_eq(proto_reader_take(r, &f), 0);
+            ck_assert_int_eq(proto_reply_decode(&f, NULL, &rep, NULL), 0);
+            break;
+        }
+    }
+    proto_reader_destroy(r);
+    return rep;
+}
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+    msgpack_pack_str(pk, strlen(s));
+    msgpack_pack_str_body(pk, s, strlen(s));
+}
+
+/* {"id": id, "op": op} plus `extra` more pairs the caller packs. */
+static void pack_head(msgpack_packer *pk, uint32_t id, const char *op, uint32_t extra)
+{
+    msgpack_pack_map(pk, 2 + extra);
+    pack_str(pk, "id");
+    msgpack_pack_uint32(pk, id);
+    pack_str(pk, "op");
+    pack_str(pk, op);
+}
+
+static void pack_scan(msgpack_packer *pk, uint32_t id, const uint8_t *fp, const void *data,
+                      size_t len)
+{
+    pack_head(pk, id, "scan", 2);
+    pack_str(pk, "catalog");
+    msgpack_pack_bin(pk, 32);
+    msgpack_pack_bin_body(pk, fp, 32);
+    pack_str(pk, "buffers");
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 1);
+    pack_str(pk, "data");
+    msgpack_pack_bin(pk, len);
+    msgpack_pack_bin_body(pk, data, len);
+}
+
+/* Expects an error reply with `code` (positive) and `id`. */
+static void expect_error(int fd, uint32_t id, int code)
+{
+    struct proto_reply *rep = raw_reply(fd);
+    ck_assert_msg(rep != NULL, "connection closed, expected error %d", code);
+    ck_assert_msg(rep->error.code == -code, "id %u: error %d (%s), expected %d", rep->id,
+                  -rep->error.code, rep->error.msg, code);
+    ck_assert_uint_eq(rep->id, id);
+    ck_assert_msg(rep->error.msg[0] != '\0', "error %d without a message", code);
+    proto_reply_destroy(rep);
+}
+
+static void expect_ping_ok(const struct daemon *d)
+{
+    struct vks_client *c = connect_ok(d);
+    ck_assert_int_eq(vks_client_ping(c, NULL), 0);
+    vks_client_close(c);
+}
+
+/* ---- load and scan ---------------------------------------------------- */
+
+START_TEST(test_load_scan_inline)
+{
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    ck_assert_mem_eq(vks_catalog_fingerprint(cat), catalog_fingerprint(ref), 32);
+    ck_assert_uint_eq(vks_catalog_rule_count(cat), N_RULES - 1);
+    ck_assert_uint_eq(vks_catalog_reject_count(cat), 1);
+    struct vks_reject rj;
+    ck_assert_int_eq(vks_catalog_reject(cat, 0, &rj), 0);
+    ck_assert_uint_eq(rj.index, 4);
+    ck_assert_str_eq(rj.id, "bad");
+
+    static uint8_t bufs[3][3000];
+    struct vks_buffer vb[3];
+    for (int i = 0; i < 3; i++) {
+        make_haystack(bufs[i], sizeof(bufs[i]) - (size_t)i * 1000);
+        vb[i] = (struct vks_buffer){
+            .kind = VKS_BUFFER_INLINE, .data = bufs[i], .len = sizeof(bufs[i]) - (size_t)i * 1000};
+    }
+    for (int mode = 0; mode < 3; mode++) {
+        struct vks_scan_options so = {.mode = (enum vks_report)mode, .rule_ids = true};
+        struct vks_scan_result res = {0};
+        struct vks_error err = {0};
+        int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), vb, 3, &so, &res, &err);
+        ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+        ck_assert_uint_eq(res.n_buffers, 3);
+        for (uint32_t b = 0; b < 3; b++)
+            check_hits(ref, &res, b, bufs[b], vb[b].len, (enum scan_mode)mode);
+        ck_assert_uint_gt(res.n_hits, 0);
+        ck_assert_str_eq(res.hits[0].rule_id, vks_catalog_rule_id(cat, res.hits[0].rule));
+        ck_assert_uint_eq(tel_of(&res, "engine"), 0); /* the GPU path */
+        vks_scan_result_finish(&res);
+    }
+    /* max_hits cuts the report and says so. */
+    struct vks_scan_options so = {.max_hits = 2};
+    struct vks_scan_result res = {0};
+    ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), vb, 1, &so, &res, NULL), 0);
+    ck_assert_uint_eq(res.n_hits, 2);
+    ck_assert(res.buffers[0].truncated);
+    vks_scan_result_finish(&res);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+static int make_memfd(const uint8_t *data, size_t len, bool seal)
+{
+    int fd = memfd_create("vkscan-test", MFD_CLOEXEC | (seal ? MFD_ALLOW_SEALING : 0));
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, data, len), (ssize_t)len);
+    if (seal)
+        ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE), 0);
+    return fd;
+}
+
+START_TEST(test_scan_memfd)
+{
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    static uint8_t data[6000];
+    make_haystack(data, sizeof(data));
+    int plain = make_memfd(data, sizeof(data), false);
+    int sealed = make_memfd(data, sizeof(data), true);
+    int pipefd[2];
+    ck_assert_int_eq(pipe(pipefd), 0);
+    struct vks_buffer vb[5] = {
+        {.kind = VKS_BUFFER_FD, .fd = plain},
+        {.kind = VKS_BUFFER_FD, .fd = sealed, .offset = 1000, .length = 3000},
+        {.kind = VKS_BUFFER_INLINE, .data = data, .len = 500},
+        {.kind = VKS_BUFFER_FD, .fd = pipefd[0]},                             /* not a file */
+        {.kind = VKS_BUFFER_FD, .fd = plain, .offset = 5000, .length = 5000}, /* past the end */
+    };
+    struct vks_scan_result res = {0};
+    struct vks_error err = {0};
+    int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), vb, 5, NULL, &res, &err);
+    ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+    check_hits(ref, &res, 0, data, sizeof(data), SCAN_ALL);
+    check_hits(ref, &res, 1, data + 1000, 3000, SCAN_ALL);
+    check_hits(ref, &res, 2, data, 500, SCAN_ALL);
+    ck_assert_uint_eq(res.buffers[0].bytes, sizeof(data));
+    ck_assert_uint_eq(res.buffers[1].bytes, 3000);
+    /* A bad descriptor fails only its own buffer. */
+    ck_assert_int_eq(res.buffers[3].code, -VKS_E_BAD_FD);
+    ck_assert_int_eq(res.buffers[4].code, -VKS_E_BAD_FD);
+    ck_assert_ptr_nonnull(res.buffers[3].message);
+    vks_scan_result_finish(&res);
+    close(plain);
+    close(sealed);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+START_TEST(test_second_client_shares_catalog)
+{
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    static uint8_t data[2000];
+    make_haystack(data, sizeof(data));
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = data, .len = sizeof(data)};
+
+    struct vks_client *a = connect_ok(&d);
+    struct vks_catalog *ca = load_ok(a, rules, N_RULES, false);
+    ck_assert(vks_catalog_rules_sent(ca));
+    ck_assert(!vks_catalog_cached(ca));
+    struct vks_scan_result ra = {0};
+    ck_assert_int_eq(vks_client_scan(a, vks_catalog_fingerprint(ca), &vb, 1, NULL, &ra, NULL), 0);
+    ck_assert_uint_gt(tel_of(&ra, "catalog_bytes_uploaded"), 0);
+
+    struct vks_client *b = connect_ok(&d);
+    struct vks_catalog *cb = load_ok(b, rules, N_RULES, false);
+    ck_assert(!vks_catalog_rules_sent(cb)); /* catalog.has said known */
+    ck_assert_mem_eq(vks_catalog_fingerprint(ca), vks_catalog_fingerprint(cb), 32);
+    ck_assert_uint_eq(vks_catalog_rule_count(cb), N_RULES - 1);
+    struct vks_scan_result rb = {0};
+    ck_assert_int_eq(vks_client_scan(b, vks_catalog_fingerprint(cb), &vb, 1, NULL, &rb, NULL), 0);
+    ck_assert_uint_eq(tel_of(&rb, "catalog_bytes_uploaded"), 0);
+    ck_assert_uint_ge(tel_of(&rb, "catalog_cache_hits"), 1);
+    ck_assert_uint_eq(rb.n_hits, ra.n_hits);
+    ck_assert_uint_eq(stat_of(b, "catalog_compiles"), 1);
+    vks_scan_result_finish(&ra);
+    vks_scan_result_finish(&rb);
+    vks_catalog_destroy(ca);
+    vks_catalog_destroy(cb);
+    vks_client_close(a);
+    vks_client_close(b);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/* ---- pipelining, batching, backpressure ------------------------------- */
+
+/* Sends `n` scans (ids 1..n) of different buffers back to back on one
+ * connection, then checks every reply against refscan by id. */
+static void pipeline(const struct daemon *d, const uint8_t *fp, const struct catalog *ref, int n)
+{
+    int fd = raw_connect(d);
+    static uint8_t data[64][800];
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    for (int i = 0; i < n; i++) {
+        make_haystack(data[i], 100 + 10 * (size_t)i);
+        pack_scan(&pk, (uint32_t)i + 1, fp, data[i], 100 + 10 * (size_t)i);
+        raw_frame(fd, &sb, NULL, 0);
+        msgpack_sbuffer_clear(&sb);
+    }
+    msgpack_sbuffer_destroy(&sb);
+    bool seen[65] = {false};
+    for (int k = 0; k < n; k++) {
+        struct proto_reply *rep = raw_reply(fd);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_msg(rep->error.code == 0, "scan %u: %s", rep->id, rep->error.msg);
+        ck_assert(rep->id >= 1 && rep->id <= (uint32_t)n && !seen[rep->id]);
+        seen[rep->id] = true;
+        const uint8_t *buf = data[rep->id - 1];
+        size_t len = 100 + 10 * (size_t)(rep->id - 1);
+        struct scan_hits want = {0};
+        ck_assert_int_eq(refscan_buffer(ref, buf, len, SCAN_ALL, &want), 0);
+        ck_assert_uint_eq(rep->u.scan.n_hits, want.n);
+        for (size_t h = 0; h < want.n; h++) {
+            ck_assert_uint_eq(rep->u.scan.hits[h].rule, want.v[h].rule);
+            ck_assert_uint_eq(rep->u.scan.hits[h].end, want.v[h].end);
+        }
+        scan_hits_finish(&want);
+        proto_reply_destroy(rep);
+    }
+    close(fd);
+}
+
+START_TEST(test_pipelined_by_id)
+{
+    struct daemon d;
+    /* A low per-tenant queue limit: the pipeline must pass through
+     * backpressure (the daemon stops reading) and still be answered whole. */
+    const char *extra[] = {"--tenant-max-requests", "3", NULL};
+    daemon_start(&d, NULL, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    pipeline(&d, vks_catalog_fingerprint(cat), ref, 24);
+    ck_assert_uint_gt(stat_of(c, "backpressure"), 0);
+    ck_assert_uint_eq(stat_of(c, "scans"), 24);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+struct batch_seen {
+    uint64_t ids[64];
+    int n;
+};
+
+/* Pipelines `n` scans and records the batch ids of the replies. */
+static void batch_ids(int fd, const uint8_t *fp, int n, struct batch_seen *out)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    uint8_t data[512];
+    make_haystack(data, sizeof(data));
+    for (int i = 0; i < n; i++)
+        pack_scan(&pk, (uint32_t)i + 1, fp, data, sizeof(data));
+    uint8_t *f = malloc(sb.size + 4 * (size_t)n);
+    /* One write of n frames: each frame's own length prefix. */
+    size_t one = sb.size / (size_t)n, off = 0;
+    for (int i = 0; i < n; i++) {
+        f[off] = (uint8_t)(one >> 24), f[off + 1] = (uint8_t)(one >> 16);
+        f[off + 2] = (uint8_t)(one >> 8), f[off + 3] = (uint8_t)one;
+        memcpy(f + off + 4, sb.data + (size_t)i * one, one);
+        off += one + 4;
+    }
+    raw_send(fd, f, off, NULL, 0);
+    free(f);
+    msgpack_sbuffer_destroy(&sb);
+    for (int i = 0; i < n; i++) {
+        struct proto_reply *rep = raw_reply(fd);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_int_eq(rep->error.code, 0);
+        for (uint32_t k = 0; k < rep->u.scan.n_telemetry; k++) {
+            if (strcmp(rep->u.scan.telemetry[k].key, "batch_id") == 0)
+                out->ids[out->n++] = rep->u.scan.telemetry[k].u;
+        }
+        proto_reply_destroy(rep);
+    }
+}
+
+START_TEST(test_clients_share_batches)
+{
+    struct daemon d;
+    /* One batch in flight at a time, and a large scan to keep it busy:
+     * meanwhile both clients' small scans queue up behind it. */
+    const char *extra[] = {"--inflight-batches", "1", NULL};
+    daemon_start(&d, NULL, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    int a = raw_connect(&d), b = raw_connect(&d), blocker = raw_connect(&d);
+    struct batch_seen sa = {.n = 0}, sb = {.n = 0};
+    size_t big_len = 32u << 20;
+    uint8_t *big = malloc(big_len);
+    memset(big, 'q', big_len);
+    msgpack_sbuffer bsb;
+    msgpack_sbuffer_init(&bsb);
+    msgpack_packer bpk;
+    msgpack_packer_init(&bpk, &bsb, msgpack_sbuffer_write);
+    pack_scan(&bpk, 99, vks_catalog_fingerprint(cat), big, big_len);
+    raw_frame(blocker, &bsb, NULL, 0);
+    msgpack_sbuffer_destroy(&bsb);
+    free(big);
+    pid_t child = fork();
+    if (child == 0) {
+        struct batch_seen x = {.n = 0};
+        batch_ids(b, vks_catalog_fingerprint(cat), 16, &x);
+        FILE *f = fopen("/tmp/vkd-batch-ids", "w");
+        fwrite(&x, sizeof(x), 1, f);
+        fclose(f);
+        _exit(0);
+    }
+    batch_ids(a, vks_catalog_fingerprint(cat), 16, &sa);
+    int st;
+    waitpid(child, &st, 0);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    FILE *f = fopen("/tmp/vkd-batch-ids", "r");
+    ck_assert_int_eq(fread(&sb, sizeof(sb), 1, f), 1);
+    fclose(f);
+    unlink("/tmp/vkd-batch-ids");
+    ck_assert_int_eq(sa.n, 16);
+    ck_assert_int_eq(sb.n, 16);
+    bool shared = false;
+    for (int i = 0; i < sa.n && !shared; i++)
+        for (int j = 0; j < sb.n && !shared; j++)
+            shared = sa.ids[i] == sb.ids[j];
+    ck_assert_msg(shared, "no GPU batch carried scans of both clients");
+    struct proto_reply *rep = raw_reply(blocker);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_int_eq(rep->error.code, 0);
+    proto_reply_destroy(rep);
+    close(blocker);
+    ck_assert_uint_lt(stat_of(c, "batches"), stat_of(c, "batched_scans"));
+    close(a);
+    close(b);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/* ---- tenants ---------------------------------------------------------- */
+
+/* In a child running as uid `uid`: what another tenant may and may not do
+ * with root's catalog `fp_root`. Returns a bit mask of failed checks. */
+static int other_tenant(const struct daemon *d, uid_t uid, const uint8_t *fp_root)
+{
+    if (setgid(uid) != 0 || setuid(uid) != 0)
+        return 1;
+    struct vks_client *c = NULL;
+    if (vks_client_connect(d->sock, NULL, &c, NULL) != 0)
+        return 2;
+    int fail = 0;
+    bool known = true;
+    if (vks_client_catalog_has(c, fp_root, &known, NULL) != 0 || known)
+        fail |= 4; /* root's catalog is invisible */
+    uint8_t data[] = "a needle here";
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = data, .len = sizeof(data) - 1};
+    struct vks_scan_result res = {0};
+    if (vks_client_scan(c, fp_root, &vb, 1, NULL, &res, NULL) != -VKS_E_UNKNOWN_CATALOG)
+        fail |= 8; /* and unusable */
+    bool dropped = true;
+    if (vks_client_catalog_drop(c, fp_root, &dropped, NULL) != 0 || dropped)
+        fail |= 16; /* and cannot be dropped by it */
+    struct vks_catalog *mine = NULL;
+    if (vks_client_catalog_load(c, other_rules, 1, NULL, &mine, NULL) != 0)
+        fail |= 32;
+    /* Loading root's rules itself works (shared underneath): it had to send
+     * them, since has() said unknown to this tenant. */
+    struct vks_catalog *same = NULL;
+    if (vks_client_catalog_load(c, rules, N_RULES, NULL, &same, NULL) != 0 ||
+        !vks_catalog_rules_sent(same) || memcmp(vks_catalog_fingerprint(same), fp_root, 32) != 0)
+        fail |= 64;
+    if (same != NULL && vks_client_scan(c, fp_root, &vb, 1, NULL, &res, NULL) == 0) {
+        if (res.n_hits != 1)
+            fail |= 128;
+        vks_scan_result_finish(&res);
+    } else {
+        fail |= 128;
+    }
+    FILE *f = fopen("/tmp/vkd-tenant-fp", "w");
+    if (f != NULL && mine != NULL)
+        fwrite(vks_catalog_fingerprint(mine), 32, 1, f);
+    if (f != NULL)
+        fclose(f);
+    vks_catalog_destroy(mine);
+    vks_catalog_destroy(same);
+    vks_client_close(c);
+    return fail;
+}
+
+START_TEST(test_tenants_isolated)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_tenants_isolated: needs root to switch uid; skipped\n");
+        return;
+    }
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    unlink("/tmp/vkd-tenant-fp");
+    pid_t child = fork();
+    if (child == 0)
+        _exit(other_tenant(&d, 65534, vks_catalog_fingerprint(cat)));
+    int st;
+    waitpid(child, &st, 0);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "other tenant checks failed: mask %d",
+                  WEXITSTATUS(st));
+    uint8_t fp_other[32];
+    FILE *f = fopen("/tmp/vkd-tenant-fp", "r");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fread(fp_other, 32, 1, f), 1);
+    fclose(f);
+    unlink("/tmp/vkd-tenant-fp");
+    bool known = true;
+    ck_assert_int_eq(vks_client_catalog_has(c, fp_other, &known, NULL), 0);
+    ck_assert(!known); /* and the other way round */
+    /* Root still holds and uses its own. */
+    ck_assert_int_eq(vks_client_catalog_has(c, vks_catalog_fingerprint(cat), &known, NULL), 0);
+    ck_assert(known);
+    ck_assert_uint_eq(stat_of(c, "tenant.catalogs"), 1);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/* ---- failures of clients, draining, restarts -------------------------- */
+
+START_TEST(test_killed_client)
+{
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    for (int round = 0; round < 2; round++) {
+        pid_t child = fork();
+        if (child == 0) {
+            int fd = raw_connect(&d);
+            msgpack_sbuffer sb;
+            msgpack_sbuffer_init(&sb);
+            msgpack_packer pk;
+            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+            static uint8_t data[4000];
+            make_haystack(data, sizeof(data));
+            for (uint32_t i = 0; i < 20; i++) {
+                pack_scan(&pk, i + 1, fp, data, sizeof(data));
+                raw_frame(fd, &sb, NULL, 0);
+                msgpack_sbuffer_clear(&sb);
+            }
+            /* Round 1 also leaves half a frame behind. */
+            if (round == 1)
+                raw_send(fd, "\0\0\1\0\x82", 5, NULL, 0);
+            pause(); /* killed here, with its scans queued or running */
+            _exit(0);
+        }
+        usleep(300000);
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
+    /* The daemon is alive and still serves the first client correctly. */
+    ck_assert_int_eq(waitpid(d.pid, NULL, WNOHANG), 0);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    static uint8_t data[1500];
+    make_haystack(data, sizeof(data));
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = data, .len = sizeof(data)};
+    struct vks_scan_result res = {0};
+    ck_assert_int_eq(vks_client_scan(c, fp, &vb, 1, NULL, &res, NULL), 0);
+    check_hits(ref, &res, 0, data, sizeof(data), SCAN_ALL);
+    vks_scan_result_finish(&res);
+    expect_ping_ok(&d);
+    /* The dead clients' queued work was dropped, not kept. */
+    for (int i = 0; i < 100 && stat_of(c, "queued_scans") > 0; i++)
+        usleep(100000);
+    ck_assert_uint_eq(stat_of(c, "queued_scans"), 0);
+    ck_assert_uint_eq(stat_of(c, "connections"), 1);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+START_TEST(test_sigterm_drains)
+{
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    int fd = raw_connect(&d);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    static uint8_t data[8000];
+    make_haystack(data, sizeof(data));
+    for (uint32_t i = 0; i < 8; i++) {
+        pack_scan(&pk, i + 1, vks_catalog_fingerprint(cat), data, sizeof(data));
+        raw_frame(fd, &sb, NULL, 0);
+        msgpack_sbuffer_clear(&sb);
+    }
+    pack_head(&pk, 100, "ping", 0);
+    raw_frame(fd, &sb, NULL, 0);
+    msgpack_sbuffer_destroy(&sb);
+    /* Once the ping is answered every scan before it was read and queued. */
+    int scans = 0;
+    for (;;) {
+        struct proto_reply *rep = raw_reply(fd);
+        ck_assert_ptr_nonnull(rep);
+        bool ping = rep->id == 100;
+        scans += !ping;
+        ck_assert_int_eq(rep->error.code, 0);
+        proto_reply_destroy(rep);
+        if (ping)
+            break;
+    }
+    kill(d.pid, SIGTERM);
+    for (; scans < 8; scans++) {
+        struct proto_reply *rep = raw_reply(fd);
+        ck_assert_msg(rep != NULL, "drain lost scan replies: %d of 8", scans);
+        ck_assert_msg(rep->error.code == 0, "scan %u after SIGTERM: %s", rep->id, rep->error.msg);
+        ck_assert_uint_gt(rep->u.scan.n_hits, 0);
+        proto_reply_destroy(rep);
+    }
+    ck_assert_ptr_null(raw_reply(fd)); /* then the daemon closes */
+    close(fd);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    int st;
+    ck_assert_int_eq(waitpid(d.pid, &st, 0), d.pid);
+    ck_assert(WIFEXITED(st));
+    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    d.pid = 0;
+    ck_assert_int_ne(access(d.sock, F_OK), 0); /* the socket file is gone */
+    daemon_stop(&d);
+    daemon_clean(&d);
+}
+END_TEST
+
+START_TEST(test_restart_uses_disk_cache)
+{
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    uint8_t fp[32];
+    memcpy(fp, vks_catalog_fingerprint(cat), 32);
+    vks_catalog_destroy(cat);
+    ck_assert_uint_eq(stat_of(c, "catalog_compiles"), 1);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+
+    char dir[64];
+    snprintf(dir, sizeof(dir), "%s", d.dir);
+    daemon_start(&d, dir, NULL);
+    c = connect_ok(&d);
+    cat = load_ok(c, rules, N_RULES, false);
+    ck_assert(!vks_catalog_rules_sent(cat)); /* the tenant still holds it */
+    ck_assert_mem_eq(vks_catalog_fingerprint(cat), fp, 32);
+    ck_assert_uint_eq(vks_catalog_reject_count(cat), 1); /* rejects were kept too */
+    static uint8_t data[2000];
+    make_haystack(data, sizeof(data));
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = data, .len = sizeof(data)};
+    struct vks_scan_result res = {0};
+    ck_assert_int_eq(vks_client_scan(c, fp, &vb, 1, NULL, &res, NULL), 0);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    check_hits(ref, &res, 0, data, sizeof(data), SCAN_ALL);
+    vks_scan_result_finish(&res);
+    /* Sending the rules again is answered from the cache as well. */
+    struct vks_catalog *again = load_ok(c, rules, N_RULES, true);
+    ck_assert(vks_catalog_cached(again));
+    ck_assert_uint_eq(stat_of(c, "catalog_compiles"), 0);
+    ck_assert_uint_eq(stat_of(c, "catalog_disk_hits"), 1);
+    vks_catalog_destroy(again);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/* ---- bad input -------------------------------------------------------- */
+
+START_TEST(test_bad_input)
+{
+    struct daemon d;
+    const char *extra[] = {"--max-buffers", "4", "--max-frame", "1M", NULL};
+    daemon_start(&d, NULL, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    int fd = raw_connect(&d);
+
+    /* Unknown op: answered with its id; the same connection goes on. */
+    pack_head(&pk, 7, "frobnicate", 0);
+    raw_frame(fd, &sb, NULL, 0);
+    expect_error(fd, 7, VKS_E_UNKNOWN_OP);
+    /* Wrong msgpack types: id as a string, a catalog that is a number, a
+     * frame that is an array. */
+    msgpack_sbuffer_clear(&sb);
+    msgpack_pack_map(&pk, 2);
+    pack_str(&pk, "id");
+    pack_str(&pk, "x");
+    pack_str(&pk, "op");
+    pack_str(&pk, "ping");
+    raw_frame(fd, &sb, NULL, 0);
+    expect_error(fd, 0, VKS_E_BAD_TYPE);
+    msgpack_sbuffer_clear(&sb);
+    pack_head(&pk, 8, "scan", 2);
+    pack_str(&pk, "catalog");
+    msgpack_pack_uint32(&pk, 5);
+    pack_str(&pk, "buffers");
+    msgpack_pack_array(&pk, 0);
+    raw_frame(fd, &sb, NULL, 0);
+    expect_error(fd, 8, VKS_E_BAD_TYPE);
+    msgpack_sbuffer_clear(&sb);
+    msgpack_pack_array(&pk, 2);
+    msgpack_pack_uint32(&pk, 1);
+    msgpack_pack_uint32(&pk, 2);
+    raw_frame(fd, &sb, NULL, 0);
+    expect_error(fd, 0, VKS_E_BAD_TYPE);
+    /* A body cut short inside its frame. */
+    raw_send(fd, "\0\0\0\3\x82\xa2i", 7, NULL, 0);
+    expect_error(fd, 0, VKS_E_BAD_FRAME);
+    /* A fingerprint nobody loaded. */
+    uint8_t nofp[32];
+    memset(nofp, 0x5a, sizeof(nofp));
+    msgpack_sbuffer_clear(&sb);
+    pack_scan(&pk, 9, nofp, "abc", 3);
+    raw_frame(fd, &sb, NULL, 0);
+    expect_error(fd, 9, VKS_E_UNKNOWN_CATALOG);
+    /* Descriptors: an index past the ones sent, and one with a ping. */
+    int mfd = make_memfd((const uint8_t *)"needle", 6, false);
+    msgpack_sbuffer_clear(&sb);
+    pack_head(&pk, 10, "scan", 2);
+    pack_str(&pk, "catalog");
+    msgpack_pack_bin(&pk, 32);
+    msgpack_pack_bin_body(&pk, fp, 32);
+    pack_str(&pk, "buffers");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 1);
+    pack_str(&pk, "fd");
+    msgpack_pack_uint32(&pk, 1);
+    raw_frame(fd, &sb, &mfd, 1);
+    expect_error(fd, 10, VKS_E_BAD_FD);
+    msgpack_sbuffer_clear(&sb);
+    pack_head(&pk, 11, "ping", 0);
+    raw_frame(fd, &sb, &mfd, 1);
+    expect_error(fd, 11, VKS_E_BAD_FD);
+    close(mfd);
+    /* Too many buffers (the daemon runs with --max-buffers 4). */
+    msgpack_sbuffer_clear(&sb);
+    pack_head(&pk, 12, "scan", 2);
+    pack_str(&pk, "catalog");
+    msgpack_pack_bin(&pk, 32);
+    msgpack_pack_bin_body(&pk, fp, 32);
+    pack_str(&pk, "buffers");
+    msgpack_pack_array(&pk, 5);
+    for (int i = 0; i < 5; i++) {
+        msgpack_pack_map(&pk, 1);
+        pack_str(&pk, "data");
+        msgpack_pack_bin(&pk, 1);
+        msgpack_pack_bin_body(&pk, "x", 1);
+    }
+    raw_frame(fd, &sb, NULL, 0);
+    expect_error(fd, 12, VKS_E_TOO_MANY_BUFFERS);
+    /* After all that, this connection still works. */
+    msgpack_sbuffer_clear(&sb);
+    pack_head(&pk, 13, "ping", 0);
+    raw_frame(fd, &sb, NULL, 0);
+    struct proto_reply *rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_int_eq(rep->error.code, 0);
+    ck_assert_uint_eq(rep->id, 13);
+    proto_reply_destroy(rep);
+    close(fd);
+
+    /* An oversize frame: error with id 0, then the connection is closed. */
+    fd = raw_connect(&d);
+    raw_send(fd, "\0\x20\0\0", 4, NULL, 0);
+    expect_error(fd, 0, VKS_E_FRAME_TOO_LARGE);
+    ck_assert_ptr_null(raw_reply(fd));
+    close(fd);
+    expect_ping_ok(&d);
+    /* A stream that ends inside a frame (the client shut down writing). */
+    fd = raw_connect(&d);
+    raw_send(fd, "\0\0\0\x64\x82\xa2id\x01", 9, NULL, 0);
+    shutdown(fd, SHUT_WR);
+    expect_error(fd, 0, VKS_E_BAD_FRAME);
+    ck_assert_ptr_null(raw_reply(fd));
+    close(fd);
+    expect_ping_ok(&d);
+
+    ck_assert_uint_ge(stat_of(c, "errors"), 10);
+    msgpack_sbuffer_destroy(&sb);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/* ---- operations: reload, socket activation ---------------------------- */
+
+START_TEST(test_sighup_reloads)
+{
+    char dir[] = "/tmp/vkd-XXXXXX", conf[96];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(conf, sizeof(conf), "%s/vkscand.conf", dir);
+    FILE *f = fopen(conf, "w");
+    fprintf(f, "# limits\nmax-buffers 8\n");
+    fclose(f);
+    const char *extra[] = {"--config", conf, NULL};
+    struct daemon d;
+    daemon_start(&d, dir, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_server_info info;
+    ck_assert_int_eq(vks_client_hello(c, &info, NULL), 0);
+    ck_assert_uint_eq(info.max_buffers, 8);
+    f = fopen(conf, "w");
+    fprintf(f, "max-buffers 16\n");
+    fclose(f);
+    kill(d.pid, SIGHUP);
+    ck_assert(wait_ready(&d, 10000)); /* RELOADING=1 ... READY=1 */
+    ck_assert_int_eq(vks_client_hello(c, &info, NULL), 0);
+    ck_assert_uint_eq(info.max_buffers, 16);
+    ck_assert_uint_eq(stat_of(c, "reloads"), 1);
+    /* A bad file keeps the running configuration. */
+    f = fopen(conf, "w");
+    fprintf(f, "max-buffers lots\n");
+    fclose(f);
+    kill(d.pid, SIGHUP);
+    ck_assert(wait_ready(&d, 10000));
+    ck_assert_int_eq(vks_client_hello(c, &info, NULL), 0);
+    ck_assert_uint_eq(info.max_buffers, 16);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+START_TEST(test_socket_activation)
+{
+    char dir[] = "/tmp/vkd-XXXXXX", path[96], notify[96];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/activated.sock", dir);
+    snprintf(notify, sizeof(notify), "%s/notify", dir);
+    int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    ck_assert_int_eq(listen(lfd, 16), 0);
+    struct daemon d = {0};
+    snprintf(d.dir, sizeof(d.dir), "%s", dir);
+    snprintf(d.sock, sizeof(d.sock), "%s", path);
+    d.notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un na = {.sun_family = AF_UNIX};
+    snprintf(na.sun_path, sizeof(na.sun_path), "%s", notify);
+    ck_assert_int_eq(bind(d.notify_fd, (struct sockaddr *)&na, sizeof(na)), 0);
+    d.pid = fork();
+    if (d.pid == 0) {
+        char pid[16], state[96];
+        dup2(lfd, 3);
+        snprintf(pid, sizeof(pid), "%d", (int)getpid());
+        snprintf(state, sizeof(state), "%s/state", dir);
+        setenv("LISTEN_PID", pid, 1);
+        setenv("LISTEN_FDS", "1", 1);
+        setenv("NOTIFY_SOCKET", notify, 1);
+        die_with_parent();
+        /* --socket names a path that is never bound: the passed socket wins. */
+        execl(getenv("VKSCAND"), "vkscand", "--socket", "/nonexistent/x.sock", "--state-dir", state,
+              "--engine", "gpu", "--log-level", "warning", (char *)NULL);
+        _exit(127);
+    }
+    close(lfd);
+    ck_assert(wait_ready(&d, 120000));
+    expect_ping_ok(&d);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/* ---- the scheduler on its own ----------------------------------------- */
+
+START_TEST(test_sched_fair_by_bytes)
+{
+    struct sched *s;
+    struct sched_limits lim = {
+        .quantum = 64 << 10, .tenant_max_requests = 1000, .tenant_max_bytes = 1ull << 40};
+    ck_assert_int_eq(sched_create(&lim, &s), 0);
+    struct sched_tenant *big = sched_tenant_get(s, 1), *small = sched_tenant_get(s, 2);
+    static struct sched_job jb[200], js[16384];
+    int key_a, key_b;
+    for (int i = 0; i < 200; i++) { /* 1 MiB scans, catalog A */
+        jb[i] = (struct sched_job){.key = &key_a, .bytes = 1 << 20, .n_buffers = 1};
+        sched_push(s, big, &jb[i]);
+    }
+    for (int i = 0; i < 16384; i++) { /* 4 KiB scans (64 MiB in all), catalog B */
+        js[i] = (struct sched_job){.key = &key_b, .bytes = 4096, .n_buffers = 1};
+        sched_push(s, small, &js[i]);
+    }
+    ck_assert(sched_tenant_over(s, big) == false);
+    /* Serve 64 MiB worth of batches: each tenant gets about half. */
+    uint64_t served = 0;
+    while (served < (64u << 20)) {
+        struct sched_job *first;
+        size_t n = sched_next_batch(s, 8u << 20, 4096, &first);
+        ck_assert_uint_gt(n, 0);
+        const void *key = first->key;
+        for (struct sched_job *j = first, *next; j != NULL; j = next) {
+            next = j->next;
+            ck_assert_ptr_eq(j->key, key); /* one catalog per batch */
+            served += j->bytes;
+            sched_job_done(s, j);
+        }
+    }
+    struct sched_tenant_stats a, b;
+    ck_assert(sched_tenant_stats(s, 1, &a));
+    ck_assert(sched_tenant_stats(s, 2, &b));
+    double ratio = (double)a.served_bytes / (double)b.served_bytes;
+    ck_assert_msg(ratio > 0.7 && ratio < 1.4, "bytes served %llu vs %llu",
+                  (unsigned long long)a.served_bytes, (unsigned long long)b.served_bytes);
+    /* Quotas: a tenant at its limit reports over. */
+    lim.tenant_max_requests = 10;
+    sched_set_limits(s, &lim);
+    ck_assert(sched_tenant_over(s, small));
+    /* Cancelled jobs leave the queue and the quota. */
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    uint32_t before = st.queued_jobs;
+    sched_remove(s, &js[16383]);
+    sched_get_stats(s, &st);
+    ck_assert_uint_eq(st.queued_jobs, before - 1);
+    /* Drain the rest, then free. */
+    struct sched_job *first;
+    while (sched_next_batch(s, 1ull << 40, 1u << 30, &first) > 0) {
+        for (struct sched_job *j = first, *next; j != NULL; j = next) {
+            next = j->next;
+            sched_job_done(s, j);
+        }
+    }
+    sched_tenant_put(s, big);
+    sched_tenant_put(s, small);
+    sched_get_stats(s, &st);
+    ck_assert_uint_eq(st.tenants, 0);
+    sched_destroy(s);
+}
+END_TEST
+
+Suite *daemon_suite(void)
+{
+    if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0) {
+        fprintf(stderr, "VKSCAND does not name the built vkscand\n");
+        exit(77);
+    }
+    Suite *s = suite_create("daemon");
+    TCase *tc = tcase_create("unit");
+    tcase_add_test(tc, test_sched_fair_by_bytes);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("e2e");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_load_scan_inline);
+    tcase_add_test(tc, test_scan_memfd);
+    tcase_add_test(tc, test_second_client_shares_catalog);
+    tcase_add_test(tc, test_pipelined_by_id);
+    tcase_add_test(tc, test_clients_share_batches);
+    tcase_add_test(tc, test_tenants_isolated);
+    tcase_add_test(tc, test_killed_client);
+    tcase_add_test(tc, test_sigterm_drains);
+    tcase_add_test(tc, test_restart_uses_disk_cache);
+    tcase_add_test(tc, test_bad_input);
+    tcase_add_test(tc, test_sighup_reloads);
+    tcase_add_test(tc, test_socket_activation);
+    suite_add_tcase(s, tc);
+    return s;
+}
