@@ -1,0 +1,178 @@
+/*
+ * Checks and measures on a parsed tree: empty matches, embedded end
+ * anchors, expanded size, prefix stripping and the longest match. See
+ * parse.h for the contracts.
+ */
+#include <errno.h>
+#include <stdio.h>
+
+#include "parse.h"
+
+/* Can `n` match the empty string? `free_only`: without passing an assertion. */
+static bool nullable(const struct node *n, bool free_only)
+{
+    switch (n->type) {
+    case N_SET:
+        return false;
+    case N_ASSERT:
+        return !free_only;
+    case N_REPEAT:
+        return n->u.rep.min == 0 || nullable(n->u.rep.kid, free_only);
+    case N_CAT:
+        for (uint32_t k = 0; k < n->u.list.n; k++)
+            if (!nullable(n->u.list.kids[k], free_only))
+                return false;
+        return true;
+    case N_ALT:
+        for (uint32_t k = 0; k < n->u.list.n; k++)
+            if (nullable(n->u.list.kids[k], free_only))
+                return true;
+        return false;
+    }
+    return false;
+}
+
+static bool is_end_anchor(const struct node *n)
+{
+    return n->type == N_ASSERT && (n->u.as == A_EOD || n->u.as == A_DOLLAR);
+}
+
+/*
+ * Walks the tree with `follow`: whether a byte may be consumed after the
+ * current node before the pattern ends. An end anchor ($ without m, \Z,
+ * \z) with bytes after it could only match text Hyperscan refuses too.
+ */
+static const struct node *embedded_end(const struct node *n, bool follow)
+{
+    switch (n->type) {
+    case N_SET:
+        return NULL;
+    case N_ASSERT:
+        return follow && is_end_anchor(n) ? n : NULL;
+    case N_REPEAT: {
+        /* A repeated node may be followed by itself. */
+        bool self = n->u.rep.max == REPEAT_INF || n->u.rep.max > 1;
+        return embedded_end(n->u.rep.kid, follow || self);
+    }
+    case N_ALT:
+        for (uint32_t k = 0; k < n->u.list.n; k++) {
+            const struct node *e = embedded_end(n->u.list.kids[k], follow);
+            if (e)
+                return e;
+        }
+        return NULL;
+    case N_CAT:
+        for (uint32_t k = 0; k < n->u.list.n; k++) {
+            /* any later element that can consume a byte follows it */
+            bool f = follow;
+            for (uint32_t j = k + 1; j < n->u.list.n && !f; j++)
+                f = parse_maxlen(n->u.list.kids[j]) > 0;
+            const struct node *e = embedded_end(n->u.list.kids[k], f);
+            if (e)
+                return e;
+        }
+        return NULL;
+    }
+    return NULL;
+}
+
+/* Number of NFA positions the tree expands to (saturating). */
+uint64_t parse_positions(const struct node *n)
+{
+    uint64_t t = 0;
+    switch (n->type) {
+    case N_SET:
+    case N_ASSERT:
+        return 1;
+    case N_REPEAT: {
+        uint64_t k = parse_positions(n->u.rep.kid);
+        uint64_t c = n->u.rep.max == REPEAT_INF ? (uint64_t)n->u.rep.min + 1 : n->u.rep.max;
+        return k > ((uint64_t)1 << 40) ? k : k * (c ? c : 1) + 1; /* saturates */
+    }
+    case N_CAT:
+    case N_ALT:
+        for (uint32_t k = 0; k < n->u.list.n; k++)
+            t += parse_positions(n->u.list.kids[k]);
+        return t > ((uint64_t)1 << 40) ? t : t + 1;
+    }
+    return t;
+}
+
+int parse_check(const struct node *root, uint32_t max_positions, uint32_t *pos, char *msg,
+                size_t msgsz)
+{
+    if (nullable(root, false)) {
+        *pos = 0;
+        snprintf(msg, msgsz,
+                 "pattern can match the empty string, which would match at every "
+                 "offset: make some part of it consume at least one byte");
+        return -EINVAL;
+    }
+    const struct node *e = embedded_end(root, false);
+    if (e != NULL) {
+        *pos = e->pos;
+        snprintf(msg, msgsz,
+                 "end anchor ($, \\Z or \\z) is followed by more pattern: move it to "
+                 "the end, or use (?m) for line ends");
+        return -EINVAL;
+    }
+    uint64_t np = parse_positions(root);
+    if (np > max_positions) {
+        *pos = 0;
+        snprintf(msg, msgsz,
+                 "pattern expands to %llu positions, over the limit of %u: lower "
+                 "the repeat counts",
+                 (unsigned long long)np, max_positions);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+struct node *parse_strip_prefix(struct node *root)
+{
+    if (root->type != N_CAT)
+        return root;
+    uint32_t k = 0;
+    while (k + 1 < root->u.list.n && nullable(root->u.list.kids[k], true))
+        k++;
+    root->u.list.kids += k;
+    root->u.list.n -= k;
+    return root->u.list.n == 1 ? root->u.list.kids[0] : root;
+}
+
+static uint32_t sat_add(uint32_t a, uint32_t b)
+{
+    uint64_t s = (uint64_t)a + b;
+    return s >= REPEAT_INF ? REPEAT_INF : (uint32_t)s;
+}
+
+uint32_t parse_maxlen(const struct node *n)
+{
+    uint32_t m = 0;
+    switch (n->type) {
+    case N_SET:
+        return 1;
+    case N_ASSERT:
+        return 0;
+    case N_REPEAT: {
+        uint32_t k = parse_maxlen(n->u.rep.kid);
+        if (k == 0)
+            return 0;
+        if (n->u.rep.max == REPEAT_INF || k == REPEAT_INF)
+            return REPEAT_INF;
+        uint64_t t = (uint64_t)k * n->u.rep.max;
+        return t >= REPEAT_INF ? REPEAT_INF : (uint32_t)t;
+    }
+    case N_CAT:
+        for (uint32_t k = 0; k < n->u.list.n; k++)
+            m = sat_add(m, parse_maxlen(n->u.list.kids[k]));
+        return m;
+    case N_ALT:
+        for (uint32_t k = 0; k < n->u.list.n; k++) {
+            uint32_t x = parse_maxlen(n->u.list.kids[k]);
+            m = x > m ? x : m;
+        }
+        return m;
+    }
+    return m;
+}
