@@ -210,6 +210,24 @@ static int prepare_rule(struct ctx *c, uint32_t i)
     return 0;
 }
 
+/* The indexes of the rules not rejected so far, sorted by `cmp` (malloc'd;
+ * NULL when out of memory). */
+static uint32_t *live_rules(const struct ctx *c, int (*cmp)(const void *, const void *, void *),
+                            void *arg, uint32_t *n_out)
+{
+    uint32_t *order = malloc((c->n_prep ? c->n_prep : 1) * sizeof(*order));
+    if (order == NULL)
+        return NULL;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < c->n_prep; i++)
+        if (c->prep[i].group != UINT32_MAX)
+            order[n++] = i;
+    if (n > 1)
+        qsort_r(order, n, sizeof(*order), cmp, arg);
+    *n_out = n;
+    return order;
+}
+
 static int cmp_id(const void *a, const void *b, void *arg)
 {
     const struct ctx *c = arg;
@@ -227,15 +245,10 @@ static int cmp_id(const void *a, const void *b, void *arg)
  */
 static int report_indexes(struct ctx *c, const uint32_t *cat_index, uint32_t *report)
 {
-    uint32_t *order = malloc((c->n_prep ? c->n_prep : 1) * sizeof(*order));
+    uint32_t n;
+    uint32_t *order = live_rules(c, cmp_id, c, &n);
     if (order == NULL)
         return -ENOMEM;
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < c->n_prep; i++)
-        if (c->prep[i].group != UINT32_MAX)
-            order[n++] = i;
-    if (n > 1)
-        qsort_r(order, n, sizeof(*order), cmp_id, c);
     for (uint32_t i = 0, first = 0; i < n; i++) {
         if (strcmp(c->src[c->prep[order[i]].input].id, c->src[c->prep[order[first]].input].id))
             first = i;
@@ -464,15 +477,10 @@ static uint64_t fill_states(struct fill f)
 
 static int group_rules(struct ctx *c)
 {
-    uint32_t *order = malloc((c->n_prep ? c->n_prep : 1) * sizeof(*order));
+    uint32_t n;
+    uint32_t *order = live_rules(c, cmp_prep, c->prep, &n);
     if (order == NULL)
         return -ENOMEM;
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < c->n_prep; i++)
-        if (c->prep[i].group != UINT32_MAX)
-            order[n++] = i;
-    if (n > 1)
-        qsort_r(order, n, sizeof(*order), cmp_prep, c->prep);
     uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
     int rc = 0;
     uint32_t begin = 0;
