@@ -1,13 +1,18 @@
 /*
  * rpc_bench: vkscand round trips through libvkscan.
  *
- *   rpc_bench --socket PATH [--seconds S] [--clients 1,8,64] [--big-mib 64] [--json]
+ *   rpc_bench --socket PATH [--seconds S] [--clients 1,8,64] [--big-mib 64]
+ *             [--workloads small,large] [--json]
  *
  * For each client count and each transport (inline bytes, memfd passed with
  * SCM_RIGHTS) it runs two workloads for S seconds each, every client on its
  * own thread and connection, all on one catalog of 1,000 random literals:
  *   small: 4 KiB scans, reported as round-trip latency p50 / p99 and requests/s;
  *   large: 64 MiB scans, reported as aggregate GB/s.
+ * Each line also gives the means of the daemon's own telemetry per request
+ * (docs/daemon.md): receipt to reply, queue wait, descriptor mapping, upload,
+ * device run and readback, and how many requests shared a batch, so the
+ * client's round trip can be split into transport and daemon time.
  * Start the daemon first, with a frame limit that fits a 64 MiB inline buffer:
  *   build-release/daemon/vkscand --socket /tmp/v.sock --state-dir /tmp/vs --max-frame 80M
  * Numbers count only from the H200 (docs/PERFORMANCE.md).
@@ -34,7 +39,13 @@ struct opts {
     int n_clients;
     size_t big;
     int json;
+    int small, large; /* workloads to run */
 };
+
+/* Telemetry keys summed per run; their means are reported. */
+static const char *const tel_keys[] = {"total_ns",  "queue_ns", "fd_read_ns",  "plan_ns",
+                                       "upload_ns", "run_ns",   "readback_ns", "batch_requests"};
+#define N_TEL (sizeof(tel_keys) / sizeof(tel_keys[0]))
 
 struct job {
     const struct opts *o;
@@ -46,6 +57,7 @@ struct job {
     double *lat; /* seconds per request */
     size_t n_lat, cap_lat;
     uint64_t bytes;
+    double tel[N_TEL]; /* sums over the requests */
     int failed;
     char err[256];
 };
@@ -102,6 +114,10 @@ static void *client_main(void *arg)
             snprintf(j->err, sizeof(j->err), "%s", err.msg);
             break;
         }
+        for (size_t k = 0; k < N_TEL; k++) {
+            const struct vks_stat *st = vks_stat_find(res.telemetry, res.n_telemetry, tel_keys[k]);
+            j->tel[k] += st != NULL ? (double)st->u : 0;
+        }
         vks_scan_result_finish(&res);
         if (j->n_lat == j->cap_lat) {
             j->cap_lat = j->cap_lat ? 2 * j->cap_lat : 4096;
@@ -114,6 +130,42 @@ static void *client_main(void *arg)
         close(fd);
     vks_client_close(c);
     return NULL;
+}
+
+/*
+ * One untimed scan of each size first: the first scans on a new catalog pay
+ * one-time costs (device upload of the catalog, pipelines for its shape)
+ * that are not what the runs measure. Their times are printed on their own.
+ */
+static int warm_up(struct vks_client *c, const uint8_t *fp, const uint8_t *data, size_t big,
+                   int json)
+{
+    const size_t sizes[2] = {4096, big};
+    struct vks_scan_options so = {.mode = VKS_REPORT_COUNT};
+    for (int i = 0; i < 2; i++) {
+        struct vks_buffer b = {.kind = VKS_BUFFER_INLINE, .data = data, .len = sizes[i]};
+        struct vks_scan_result res = {0};
+        struct vks_error err = {0};
+        double t0 = now();
+        if (vks_client_scan(c, fp, &b, 1, &so, &res, &err) != 0) {
+            fprintf(stderr, "rpc_bench: warm-up scan: %s\n", err.msg);
+            return -1;
+        }
+        double ms = (now() - t0) * 1e3;
+        const struct vks_stat *pc =
+            vks_stat_find(res.telemetry, res.n_telemetry, "pipeline_compiles");
+        const struct vks_stat *pl = vks_stat_find(res.telemetry, res.n_telemetry, "plan_ns");
+        const struct vks_stat *cu =
+            vks_stat_find(res.telemetry, res.n_telemetry, "catalog_bytes_uploaded");
+        printf(json ? "{\"warm_up_bytes\":%zu,\"ms\":%.2f,\"pipeline_compiles\":%llu,"
+                      "\"plan_ms\":%.2f,\"catalog_bytes_uploaded\":%llu}\n"
+                    : "# warm-up scan of %zu bytes: %.2f ms (pipeline compiles %llu, plan %.2f ms, "
+                      "catalog bytes uploaded %llu)\n",
+               sizes[i], ms, pc ? (unsigned long long)pc->u : 0ull, pl ? (double)pl->u / 1e6 : 0.0,
+               cu ? (unsigned long long)cu->u : 0ull);
+        vks_scan_result_finish(&res);
+    }
+    return 0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -135,11 +187,14 @@ static int run(const struct opts *o, const uint8_t *fp, const uint8_t *data, siz
     }
     size_t n = 0;
     uint64_t bytes = 0;
+    double tel[N_TEL] = {0};
     int failed = 0;
     for (int i = 0; i < clients; i++) {
         pthread_join(th[i], NULL);
         n += jobs[i].n_lat;
         bytes += jobs[i].bytes;
+        for (size_t k = 0; k < N_TEL; k++)
+            tel[k] += jobs[i].tel[k];
         if (jobs[i].failed && !failed) {
             fprintf(stderr, "rpc_bench: client %d: %s\n", i, jobs[i].err);
             failed = 1;
@@ -156,13 +211,23 @@ static int run(const struct opts *o, const uint8_t *fp, const uint8_t *data, siz
     qsort(all, n, sizeof(double), cmp_double);
     double p50 = n ? all[n / 2] * 1e6 : 0, p99 = n ? all[(size_t)((double)n * 0.99)] * 1e6 : 0;
     double gbs = (double)bytes / wall / 1e9, rps = (double)n / wall;
-    if (o->json)
+    for (size_t k = 0; k < N_TEL; k++) /* means; durations in us */
+        tel[k] = n ? tel[k] / (double)n / (k + 1 < N_TEL ? 1e3 : 1) : 0;
+    if (o->json) {
         printf("{\"workload\":\"%s\",\"transport\":\"%s\",\"clients\":%d,\"requests\":%zu,"
-               "\"p50_us\":%.1f,\"p99_us\":%.1f,\"req_per_s\":%.1f,\"gb_per_s\":%.3f}\n",
+               "\"p50_us\":%.1f,\"p99_us\":%.1f,\"req_per_s\":%.1f,\"gb_per_s\":%.3f",
                name, use_fd ? "memfd" : "inline", clients, n, p50, p99, rps, gbs);
-    else
-        printf("%-6s %-7s %8d %10zu %10.1f %10.1f %12.1f %9.3f\n", name,
-               use_fd ? "memfd" : "inline", clients, n, p50, p99, rps, gbs);
+        for (size_t k = 0; k < N_TEL; k++)
+            printf(",\"mean_%.*s%s\":%.1f", (int)(strlen(tel_keys[k]) - (k + 1 < N_TEL ? 3 : 0)),
+                   tel_keys[k], k + 1 < N_TEL ? "_us" : "", tel[k]);
+        printf("}\n");
+    } else {
+        printf("%-6s %-7s %8d %10zu %10.1f %10.1f %12.1f %9.3f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f "
+               "%9.1f %6.1f\n",
+               name, use_fd ? "memfd" : "inline", clients, n, p50, p99, rps, gbs, tel[0], tel[1],
+               tel[2], tel[3], tel[4], tel[5], tel[6], tel[7]);
+    }
+    fflush(stdout);
     free(all);
     free(jobs);
     free(th);
@@ -171,7 +236,12 @@ static int run(const struct opts *o, const uint8_t *fp, const uint8_t *data, siz
 
 static int parse(int argc, char **argv, struct opts *o)
 {
-    *o = (struct opts){.seconds = 5, .clients = {1, 8, 64}, .n_clients = 3, .big = 64u << 20};
+    *o = (struct opts){.seconds = 5,
+                       .clients = {1, 8, 64},
+                       .n_clients = 3,
+                       .big = 64u << 20,
+                       .small = 1,
+                       .large = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--json") == 0) {
@@ -182,6 +252,10 @@ static int parse(int argc, char **argv, struct opts *o)
             o->seconds = atof(v), i++;
         } else if (strcmp(a, "--big-mib") == 0 && v) {
             o->big = (size_t)atoi(v) << 20, i++;
+        } else if (strcmp(a, "--workloads") == 0 && v) {
+            o->small = strstr(v, "small") != NULL;
+            o->large = strstr(v, "large") != NULL;
+            i++;
         } else if (strcmp(a, "--clients") == 0 && v) {
             o->n_clients = 0;
             for (char *p = argv[++i]; *p && o->n_clients < 8;) {
@@ -190,7 +264,7 @@ static int parse(int argc, char **argv, struct opts *o)
             }
         } else {
             fprintf(stderr, "usage: rpc_bench --socket PATH [--seconds S] [--clients 1,8,64] "
-                            "[--big-mib N] [--json]\n");
+                            "[--big-mib N] [--workloads small,large] [--json]\n");
             return -1;
         }
     }
@@ -229,16 +303,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "rpc_bench: %s\n", err.msg);
         return 1;
     }
+    if (warm_up(c, vks_catalog_fingerprint(cat), big, o.big, o.json) != 0)
+        return 1;
     if (!o.json)
-        printf("%-6s %-7s %8s %10s %10s %10s %12s %9s\n", "load", "input", "clients", "requests",
-               "p50_us", "p99_us", "req/s", "GB/s");
+        printf("%-6s %-7s %8s %10s %10s %10s %12s %9s %9s %9s %9s %9s %9s %9s %9s %6s\n", "load",
+               "input", "clients", "requests", "p50_us", "p99_us", "req/s", "GB/s", "daemon_us",
+               "queue_us", "fd_us", "plan_us", "upload_us", "run_us", "rdback_us", "batch");
     int failed = 0;
     for (int use_fd = 0; use_fd < 2; use_fd++) {
         for (int i = 0; i < o.n_clients; i++) {
-            failed |=
-                run(&o, vks_catalog_fingerprint(cat), big, 4096, o.clients[i], use_fd, "4KiB");
-            failed |=
-                run(&o, vks_catalog_fingerprint(cat), big, o.big, o.clients[i], use_fd, "large");
+            if (o.small)
+                failed |=
+                    run(&o, vks_catalog_fingerprint(cat), big, 4096, o.clients[i], use_fd, "4KiB");
+            if (o.large)
+                failed |= run(&o, vks_catalog_fingerprint(cat), big, o.big, o.clients[i], use_fd,
+                              "large");
         }
     }
     vks_catalog_destroy(cat);

@@ -45,6 +45,8 @@ struct vks_catalog {
 
 const char *vks_strerror(int code)
 {
+    if (code == -VKS_E_DENIED || code == VKS_E_DENIED)
+        return "not allowed to connect";
     return proto_strerror(code);
 }
 
@@ -348,6 +350,14 @@ int vks_client_hello(struct vks_client *c, struct vks_server_info *info, struct 
     proto_reply_destroy(rep);
     if (info != NULL)
         *info = c->info;
+    return 0;
+}
+
+int vks_client_info(const struct vks_client *c, struct vks_server_info *info)
+{
+    if (c == NULL || info == NULL)
+        return -EINVAL;
+    *info = c->info;
     return 0;
 }
 

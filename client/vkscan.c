@@ -3,6 +3,7 @@
  *
  *   vkscan scan -r RULES PATH...   scan files through vkscand (libvkscan)
  *   vkscan status                  what the daemon runs and holds
+ *                                  (vkscan_status.c)
  *   vkscan rules check FILE        compile a pattern file locally and report
  *   vkscan rules scan FILE PATH..  scan files locally with the CPU reference
  *                                  scanner (no daemon), grep -b style output
@@ -31,20 +32,19 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "catalog.h"
-#include "patfile.h"
-#include "refscan.h"
-#include "rules.h"
+#include "error.h"
 #include "vkscan/vkscan.h"
+#include "vkscan_cli.h"
 
-#define DEFAULT_SOCKET  "/run/vkscand/vkscand.sock"
 #define STDIN_LABEL     "(standard input)"
 #define MAX_JOBS        16u
 #define BATCH_MAX_FILES 64u                 /* descriptors per request, at most */
 #define BATCH_BYTES     (64ull << 20)       /* bytes per request we aim for */
 #define SCAN_IO_MS      (10u * 60u * 1000u) /* wait for one scan reply */
 
-static int read_file(const char *path, char **data, size_t *len)
+/* ---- files ---------------------------------------------------------------- */
+
+int cli_read_file(const char *path, char **data, size_t *len)
 {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     if (f == NULL)
@@ -79,149 +79,25 @@ static int read_file(const char *path, char **data, size_t *len)
     return 0;
 }
 
-static void print_reject(const char *file, uint32_t line, uint32_t pos, const char *id,
-                         const char *msg)
+void cli_print_reject(const char *file, uint32_t line, uint32_t pos, const char *id,
+                      const char *msg)
 {
     fprintf(stderr, "%s:%u: rule '%s' rejected at column %u: %s\n", file, line, id, pos + 1, msg);
 }
 
-/* ---- vkscan rules check / rules scan (local, no daemon) ------------------ */
-
-/* Compiles FILE; prints what `rules check` prints when `verbose`. */
-static int compile_file(const char *file, bool verbose, struct rules_result *res, size_t *n_rejects)
-{
-    char *text;
-    size_t len;
-    int rc = read_file(file, &text, &len);
-    if (rc != 0) {
-        fprintf(stderr, "vkscan: cannot read %s: %s\n", file, strerror(-rc));
-        return 2;
-    }
-    struct patfile pf;
-    struct vks_error err = {0};
-    rc = patfile_parse(text, len, &pf, &err);
-    if (rc == 0)
-        rc = rules_compile(pf.rules, pf.n, NULL, res, &err);
-    if (rc != 0) {
-        fprintf(stderr, "vkscan: %s: %s\n", file, err.msg);
-        patfile_finish(&pf);
-        free(text);
-        return 2;
-    }
-    for (size_t i = 0; i < pf.n_rejects; i++) {
-        const struct rule_reject *r = &pf.rejects[i];
-        print_reject(file, r->line, r->pos, r->id, r->msg);
-    }
-    for (size_t i = 0; i < res->n_rejects; i++) {
-        const struct rule_reject *r = &res->rejects[i];
-        print_reject(file, r->line, r->pos, r->id, r->msg);
-    }
-    *n_rejects = pf.n_rejects + res->n_rejects;
-    if (verbose) {
-        const struct catalog *cat = res->catalog;
-        char hex[2 * CATALOG_FP_LEN + 1];
-        size_t words;
-        catalog_words(cat, &words);
-        catalog_fingerprint_hex(catalog_fingerprint(cat), hex);
-        printf("%s: %u rules compiled, %zu rejected, %u groups, %llu states, %zu bytes, %.1f ms\n",
-               file, catalog_rule_count(cat), *n_rejects, catalog_group_count(cat),
-               (unsigned long long)catalog_total_states(cat), words * 4,
-               (double)res->compile_ns / 1e6);
-        printf("fingerprint %s\n", hex);
-        for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
-            struct catalog_group grp;
-            catalog_group(cat, g, &grp);
-            if (grp.maxlen == CATALOG_UNBOUNDED)
-                printf("group %u: %u rules, %u states, %u classes, max match unbounded\n", g,
-                       grp.n_rules, grp.n_states, grp.n_classes);
-            else
-                printf("group %u: %u rules, %u states, %u classes, max match %u bytes\n", g,
-                       grp.n_rules, grp.n_states, grp.n_classes, grp.maxlen);
-        }
-    }
-    patfile_finish(&pf);
-    free(text);
-    return 0;
-}
-
-static int cmd_check(int argc, char **argv)
-{
-    if (argc != 1) {
-        fprintf(stderr, "usage: vkscan rules check FILE\n");
-        return 2;
-    }
-    struct rules_result res;
-    size_t rejects = 0;
-    int rc = compile_file(argv[0], true, &res, &rejects);
-    if (rc != 0)
-        return rc;
-    rules_result_finish(&res);
-    return rejects ? 1 : 0;
-}
-
-static int local_scan_path(const struct catalog *cat, const char *path, bool *matched)
-{
-    char *data;
-    size_t len;
-    int rc = read_file(path, &data, &len);
-    if (rc != 0) {
-        fprintf(stderr, "vkscan: %s: %s (skipped)\n", path, strerror(-rc));
-        return rc;
-    }
-    struct scan_hits hits = {0};
-    rc = refscan_buffer(cat, (const uint8_t *)data, len, SCAN_ALL, &hits);
-    for (size_t i = 0; i < hits.n && rc == 0; i++) {
-        struct catalog_rule r;
-        catalog_rule(cat, hits.v[i].rule, &r);
-        printf("%s:%llu:%.*s\n", path, (unsigned long long)hits.v[i].end, (int)r.id_len, r.id);
-        *matched = true;
-    }
-    scan_hits_finish(&hits);
-    free(data);
-    return rc;
-}
-
-static int cmd_local_scan(int argc, char **argv)
-{
-    if (argc < 2) {
-        fprintf(stderr, "usage: vkscan rules scan RULES PATH...\n");
-        return 2;
-    }
-    struct rules_result res;
-    size_t rejects = 0;
-    int rc = compile_file(argv[0], false, &res, &rejects);
-    if (rc != 0)
-        return rc;
-    bool matched = false, failed = false;
-    for (int i = 1; i < argc; i++) {
-        struct stat st;
-        if (strcmp(argv[i], "-") != 0 && stat(argv[i], &st) == 0 && S_ISDIR(st.st_mode)) {
-            fprintf(stderr, "vkscan: %s: is a directory (the local scanner takes files)\n",
-                    argv[i]);
-            failed = true;
-            continue;
-        }
-        failed |= local_scan_path(res.catalog, argv[i], &matched) != 0;
-    }
-    rules_result_finish(&res);
-    return failed ? 2 : matched ? 0 : 1;
-}
-
 /* ---- talking to vkscand ------------------------------------------------- */
 
-static const char *socket_path = NULL; /* --socket, else $VKSCAN_SOCKET, else the default */
+const char *cli_socket_path = NULL;
 
-static const char *daemon_socket(void)
+const char *cli_daemon_socket(void)
 {
-    if (socket_path != NULL)
-        return socket_path;
+    if (cli_socket_path != NULL)
+        return cli_socket_path;
     const char *env = getenv("VKSCAN_SOCKET");
-    return env != NULL && env[0] != '\0' ? env : DEFAULT_SOCKET;
+    return env != NULL && env[0] != '\0' ? env : CLI_DEFAULT_SOCKET;
 }
 
-/* Connects; on failure prints what to do (unless `quiet`) and returns the
- * exit status 2. */
-static int daemon_connect(uint32_t io_ms, bool quiet, struct vks_client **out)
+int cli_daemon_connect(uint32_t io_ms, bool quiet, struct vks_client **out)
 {
     struct vks_client_options opt;
     vks_client_options_init(&opt);
@@ -229,7 +105,7 @@ static int daemon_connect(uint32_t io_ms, bool quiet, struct vks_client **out)
     if (io_ms != 0)
         opt.io_timeout_ms = io_ms;
     struct vks_error err = {0};
-    const char *path = daemon_socket();
+    const char *path = cli_daemon_socket();
     int rc = vks_client_connect(path, &opt, out, &err);
     if (rc == 0 || quiet)
         return rc == 0 ? 0 : 2;
@@ -271,9 +147,7 @@ static size_t utf8_len(const unsigned char *s, size_t n)
     return len;
 }
 
-/* Writes `s` as a JSON string; bytes that are not UTF-8 become U+FFFD, and
- * *lossy says so (the caller then adds the exact bytes in base64). */
-static void json_str(FILE *f, const char *s, bool *lossy)
+void cli_json_str(FILE *f, const char *s, bool *lossy)
 {
     const unsigned char *p = (const unsigned char *)s;
     size_t n = strlen(s);
@@ -315,7 +189,7 @@ static void json_path(FILE *f, const char *path)
 {
     bool lossy = false;
     fputs("{\"path\":", f);
-    json_str(f, path, &lossy);
+    cli_json_str(f, path, &lossy);
     if (lossy) {
         fputs(",\"path_base64\":\"", f);
         base64(f, (const unsigned char *)path, strlen(path));
@@ -323,7 +197,7 @@ static void json_path(FILE *f, const char *path)
     }
 }
 
-static void fmt_bytes(uint64_t v, char *buf, size_t cap)
+void cli_fmt_bytes(uint64_t v, char *buf, size_t cap)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     double d = (double)v;
@@ -483,7 +357,7 @@ static void progress_draw(struct scan *s, bool force)
         return;
     double secs = now - s->t0 > 1e-3 ? now - s->t0 : 1e-3;
     char b[32];
-    fmt_bytes(s->bytes, b, sizeof(b));
+    cli_fmt_bytes(s->bytes, b, sizeof(b));
     double rate = (double)s->bytes / secs;
     fprintf(stderr, "\r\033[Kvkscan: %llu files, %s, %.2f %s, %llu hits",
             (unsigned long long)s->files, b, rate >= 1e9 ? rate / 1e9 : rate / 1e6,
@@ -527,7 +401,7 @@ static void print_file(struct scan *s, const struct batch *b, size_t i, size_t *
         } else {
             json_path(stdout, path);
             printf(",\"offset\":%llu,\"rule\":", (unsigned long long)h->end);
-            json_str(stdout, id, NULL);
+            cli_json_str(stdout, id, NULL);
             printf(",\"rule_index\":%u", h->rule);
             if (s->opt.out == OUT_COUNT)
                 printf(",\"count\":%u", h->count);
@@ -600,7 +474,7 @@ static void batch_submit(struct scan *s)
     if (s->n_workers < s->opt.jobs && s->tail > s->n_workers) {
         struct vks_client *c;
         pthread_mutex_unlock(&s->mu);
-        if (daemon_connect(SCAN_IO_MS, true, &c) == 0)
+        if (cli_daemon_connect(SCAN_IO_MS, true, &c) == 0)
             worker_start(s, c);
         pthread_mutex_lock(&s->mu);
     }
@@ -649,8 +523,8 @@ static void add_fd(struct scan *s, char *path, int fd, uint64_t offset, uint64_t
     }
     if (size > s->max_bytes) {
         char b[32], m[32], msg[128];
-        fmt_bytes(size, b, sizeof(b));
-        fmt_bytes(s->max_bytes, m, sizeof(m));
+        cli_fmt_bytes(size, b, sizeof(b));
+        cli_fmt_bytes(s->max_bytes, m, sizeof(m));
         snprintf(msg, sizeof(msg),
                  "%s, more than vkscand scans in one request (%s): raise "
                  "max-scan-bytes",
@@ -812,14 +686,15 @@ static size_t fd_budget(void)
     return rl.rlim_cur > 64 ? (size_t)rl.rlim_cur - 64 : 0;
 }
 
-/* Sizes batches from the daemon's limits (hello, stats). */
+/* Sizes batches from the daemon's limits: those of the hello libvkscan got
+ * at connect, and the byte limits from stats. */
 static void scan_limits(struct scan *s)
 {
     struct vks_server_info info;
     struct vks_error err = {0};
     s->batch_files = BATCH_MAX_FILES;
     s->max_bytes = UINT64_MAX;
-    if (vks_client_hello(s->main, &info, &err) == 0) {
+    if (vks_client_info(s->main, &info) == 0) {
         if (info.max_fds > 0 && info.max_fds < s->batch_files)
             s->batch_files = info.max_fds;
         if (info.max_buffers > 0 && info.max_buffers < s->batch_files)
@@ -848,7 +723,7 @@ static void scan_limits(struct scan *s)
  * stop the scan (the other rules run). Returns 0 or an exit status. */
 static int scan_load(struct scan *s)
 {
-    int rc = read_file(s->opt.rules, &s->rules_text, &s->rules_len);
+    int rc = cli_read_file(s->opt.rules, &s->rules_text, &s->rules_len);
     if (rc != 0) {
         fprintf(stderr, "vkscan: cannot read %s: %s\n", s->opt.rules, strerror(-rc));
         return 2;
@@ -863,7 +738,7 @@ static int scan_load(struct scan *s)
     for (size_t i = 0; i < vks_catalog_reject_count(s->cat); i++) {
         struct vks_reject r;
         if (vks_catalog_reject(s->cat, i, &r) == 0)
-            print_reject(s->opt.rules, r.line, r.pos, r.id, r.message);
+            cli_print_reject(s->opt.rules, r.line, r.pos, r.id, r.message);
         s->failed = true;
     }
     if (vks_catalog_rule_count(s->cat) == 0) {
@@ -918,7 +793,7 @@ static int run_scan(struct scan_opts *opt, int n_paths, char **paths)
     struct scan s = {.opt = *opt};
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
-    int status = daemon_connect(SCAN_IO_MS, false, &s.main);
+    int status = cli_daemon_connect(SCAN_IO_MS, false, &s.main);
     if (status == 0)
         status = scan_load(&s);
     if (status == 0) {
@@ -958,7 +833,7 @@ static void scan_usage(FILE *f)
             "      --socket PATH         vkscand's socket (default $VKSCAN_SOCKET or %s)\n"
             "PATH may be a file, a directory (scanned recursively) or - for standard input.\n"
             "Exit status: 0 a match, 1 no match, 2 an error.\n",
-            DEFAULT_SOCKET);
+            CLI_DEFAULT_SOCKET);
 }
 
 static int cmd_scan(int argc, char **argv)
@@ -992,7 +867,7 @@ static int cmd_scan(int argc, char **argv)
             o.out = OUT_LIST;
             break;
         case 'S':
-            socket_path = optarg;
+            cli_socket_path = optarg;
             break;
         case 'j':
             o.jobs = (unsigned)strtoul(optarg, NULL, 10);
@@ -1020,380 +895,6 @@ static int cmd_scan(int argc, char **argv)
     return run_scan(&o, argc - optind, argv + optind);
 }
 
-/* ---- vkscan status -------------------------------------------------------- */
-
-struct status {
-    struct vks_server_info info;
-    struct vks_stats st;
-};
-
-static uint64_t stat_u(const struct status *s, const char *key, bool *ok)
-{
-    const struct vks_stat *v = vks_stat_find(s->st.stats, s->st.n_stats, key);
-    if (v == NULL && ok != NULL)
-        *ok = false;
-    return v != NULL ? v->u : 0;
-}
-
-static void print_status_text(const struct status *s)
-{
-    bool ok = true;
-    uint64_t up = stat_u(s, "uptime_ns", &ok) / 1000000000u;
-    char b1[32], b2[32], b3[32];
-    printf("%s at %s (protocol %u)\n", s->info.server, daemon_socket(), s->info.protocol);
-    printf("uptime:     %llud %02lluh %02llum %02llus\n", (unsigned long long)up / 86400,
-           (unsigned long long)up / 3600 % 24, (unsigned long long)up / 60 % 60,
-           (unsigned long long)up % 60);
-    printf("engine:     %s\n", stat_u(s, "engine", NULL) == 0 ? "gpu" : "cpu (reference scanner)");
-    for (uint32_t i = 0; i < s->info.n_devices; i++) {
-        const struct vks_device *d = &s->info.devices[i];
-        fmt_bytes(d->memory, b1, sizeof(b1));
-        printf("device %u:   %s (%s, %s)%s\n", d->index, d->name, d->type, b1,
-               d->active ? ", active" : "");
-    }
-    fmt_bytes(stat_u(s, "device_memory_used", &ok), b1, sizeof(b1));
-    fmt_bytes(stat_u(s, "device_memory_budget", &ok), b2, sizeof(b2));
-    printf("catalogs:   %llu known, %llu in host memory, %llu resident on the device "
-           "(%s of %s)\n",
-           (unsigned long long)stat_u(s, "catalogs", &ok),
-           (unsigned long long)stat_u(s, "catalogs_in_memory", &ok),
-           (unsigned long long)stat_u(s, "catalogs_resident", &ok), b1, b2);
-    fmt_bytes(stat_u(s, "queued_bytes", &ok), b1, sizeof(b1));
-    printf("queues:     %llu scans queued (%s), %llu running, %llu tenants\n",
-           (unsigned long long)stat_u(s, "queued_scans", &ok), b1,
-           (unsigned long long)stat_u(s, "running_scans", &ok),
-           (unsigned long long)stat_u(s, "tenants", &ok));
-    fmt_bytes(stat_u(s, "bytes_scanned", &ok), b3, sizeof(b3));
-    printf("served:     %llu requests (%llu errors), %llu scans, %s, %llu hits\n",
-           (unsigned long long)stat_u(s, "requests", &ok),
-           (unsigned long long)stat_u(s, "errors", &ok),
-           (unsigned long long)stat_u(s, "scans", &ok), b3,
-           (unsigned long long)stat_u(s, "scan_hits", &ok));
-    printf("clients:    %llu connected, %llu since start\n",
-           (unsigned long long)stat_u(s, "connections", &ok),
-           (unsigned long long)stat_u(s, "connections_total", &ok));
-    printf("this user:  uid %llu, %llu catalogs, %llu scans in flight\n",
-           (unsigned long long)stat_u(s, "tenant.uid", &ok),
-           (unsigned long long)stat_u(s, "tenant.catalogs", &ok),
-           (unsigned long long)stat_u(s, "tenant.scans_in_flight", &ok));
-    if (!ok)
-        printf("(this vkscand reports fewer statistics: missing values are shown as 0)\n");
-}
-
-static void print_status_json(const struct status *s)
-{
-    fputs("{\"server\":", stdout);
-    json_str(stdout, s->info.server, NULL);
-    fputs(",\"socket\":", stdout);
-    json_str(stdout, daemon_socket(), NULL);
-    printf(",\"protocol\":%u,\"devices\":[", s->info.protocol);
-    for (uint32_t i = 0; i < s->info.n_devices; i++) {
-        const struct vks_device *d = &s->info.devices[i];
-        printf("%s{\"index\":%u,\"name\":", i ? "," : "", d->index);
-        json_str(stdout, d->name, NULL);
-        fputs(",\"type\":", stdout);
-        json_str(stdout, d->type, NULL);
-        printf(",\"memory\":%llu,\"active\":%s}", (unsigned long long)d->memory,
-               d->active ? "true" : "false");
-    }
-    fputs("],\"stats\":{", stdout);
-    for (size_t i = 0; i < s->st.n_stats; i++) {
-        const struct vks_stat *v = &s->st.stats[i];
-        fputs(i ? "," : "", stdout);
-        json_str(stdout, v->key, NULL);
-        if (v->is_float)
-            printf(":%.17g", v->f);
-        else
-            printf(":%llu", (unsigned long long)v->u);
-    }
-    fputs("}}\n", stdout);
-}
-
-/*
- * Prometheus text exposition, rendered from the stats map. Known keys get
- * their metric name, type and help text from the table; prefixes give labels
- * (requests.OP[.RESULT], limit.NAME, tenant.X for the caller's own uid);
- * `NAME.bucket.LE`, `NAME.sum` and `NAME.count` keys form a histogram; a
- * `_ns` unit becomes seconds; any other key is exported untyped, so new
- * daemon counters appear without a client release.
- */
-struct prom_def {
-    const char *key, *name, *type, *help;
-};
-
-static const struct prom_def prom_defs[] = {
-    {"uptime_ns", "uptime_seconds", "gauge", "Seconds since vkscand started."},
-    {"connections", "connections", "gauge", "Open client connections."},
-    {"connections_total", "connections_total", "counter", "Connections accepted."},
-    {"connections_refused", "connections_refused_total", "counter",
-     "Connections closed at once: over max-connections."},
-    {"errors", "errors_total", "counter", "Requests answered with an error."},
-    {"frame_errors", "frame_errors_total", "counter", "Frames that could not be decoded."},
-    {"scans", "scans_total", "counter", "Scan requests answered."},
-    {"bytes_scanned", "scanned_bytes_total", "counter", "Bytes scanned."},
-    {"scan_hits", "hits_total", "counter", "Hits reported."},
-    {"timeouts", "timeouts_total", "counter", "Scans that passed their deadline."},
-    {"cancelled", "cancelled_scans_total", "counter", "Scans dropped: their client left."},
-    {"backpressure", "backpressure_total", "counter",
-     "Times a tenant's socket stopped being read: over its quota."},
-    {"reloads", "reloads_total", "counter", "Configuration reloads (SIGHUP)."},
-    {"batches", "batches_total", "counter", "Engine batches run."},
-    {"batched_scans", "batched_scans_total", "counter", "Scans carried by engine batches."},
-    {"queued_scans", "queued_scans", "gauge", "Scans waiting in the tenant queues."},
-    {"queued_bytes", "queued_bytes", "gauge", "Bytes of the scans waiting."},
-    {"running_scans", "running_scans", "gauge", "Scans on the engine now."},
-    {"tenants", "tenants", "gauge", "Tenants (uids) with queued or running work."},
-    {"catalogs", "catalogs", "gauge", "Catalogs known to the store."},
-    {"catalogs_in_memory", "catalogs_in_memory", "gauge", "Catalogs held in host memory."},
-    {"catalog_host_bytes", "catalog_host_bytes", "gauge", "Host bytes of catalogs."},
-    {"catalog_compiles", "catalog_compiles_total", "counter", "Catalogs compiled (cache misses)."},
-    {"catalog_compile_ns", "catalog_compile_seconds_total", "counter",
-     "Seconds spent compiling catalogs."},
-    {"catalog_disk_hits", "catalog_disk_hits_total", "counter",
-     "Catalogs loaded from the disk cache."},
-    {"catalog_memory_hits", "catalog_memory_hits_total", "counter",
-     "Catalog loads served from host memory."},
-    {"catalog_disk_writes", "catalog_disk_writes_total", "counter",
-     "Catalogs written to the disk cache."},
-    {"catalog_cache_hits", "catalog_cache_hits_total", "counter",
-     "Catalog loads that compiled nothing."},
-    {"catalog_host_evictions", "catalog_host_evictions_total", "counter",
-     "Catalogs evicted from host memory."},
-    {"catalog_disk_errors", "catalog_disk_errors_total", "counter",
-     "Disk cache reads or writes that failed."},
-    {"catalogs_resident", "catalogs_resident", "gauge", "Catalogs resident on the device."},
-    {"device_memory_used", "device_memory_used_bytes", "gauge", "Device bytes in use."},
-    {"device_memory_budget", "device_memory_budget_bytes", "gauge", "Device memory budget."},
-};
-
-struct prom_sample {
-    char family[128];
-    const char *type, *help;
-    char suffix[16]; /* "", "_bucket", "_sum", "_count" */
-    char labels[160];
-    double le; /* bucket bound, for ordering */
-    double value;
-    size_t order;
-};
-
-/* Metric names allow [a-zA-Z0-9_:]: other bytes become '_'. */
-static void prom_name(char *dst, size_t cap, const char *src, size_t len)
-{
-    size_t n = snprintf(dst, cap, "vkscand_");
-    for (size_t i = 0; i < len && n + 1 < cap; i++) {
-        char c = src[i];
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-        dst[n++] = ok ? c : '_';
-    }
-    dst[n] = '\0';
-}
-
-/* Turns a `_ns` name into `_seconds` and says by how much to scale. */
-static double prom_unit(char *name)
-{
-    size_t n = strlen(name);
-    if (n > 3 && strcmp(name + n - 3, "_ns") == 0) {
-        snprintf(name + n - 3, 12, "_seconds");
-        return 1e-9;
-    }
-    return 1.0;
-}
-
-static bool prom_histogram(struct prom_sample *p, const char *key, double v, uint64_t uid)
-{
-    (void)uid;
-    const char *m = strstr(key, ".bucket.");
-    size_t len = m != NULL ? (size_t)(m - key) : 0;
-    const char *suffix = "_bucket";
-    if (m == NULL) {
-        size_t kl = strlen(key);
-        if (kl > 4 && strcmp(key + kl - 4, ".sum") == 0)
-            len = kl - 4, suffix = "_sum";
-        else if (kl > 6 && strcmp(key + kl - 6, ".count") == 0)
-            len = kl - 6, suffix = "_count";
-        else
-            return false;
-    }
-    prom_name(p->family, sizeof(p->family) - 12, key, len);
-    double scale = prom_unit(p->family);
-    p->type = "histogram";
-    p->help = "Histogram.";
-    snprintf(p->suffix, sizeof(p->suffix), "%s", suffix);
-    p->value = strcmp(suffix, "_sum") == 0 ? v * scale : v;
-    if (m != NULL) {
-        const char *le = m + 8;
-        bool inf = strcmp(le, "inf") == 0 || strcmp(le, "+Inf") == 0;
-        p->le = inf ? 1e300 : strtod(le, NULL) * scale;
-        if (inf)
-            snprintf(p->labels, sizeof(p->labels), "le=\"+Inf\"");
-        else
-            snprintf(p->labels, sizeof(p->labels), "le=\"%.9g\"", p->le);
-    }
-    return true;
-}
-
-static void prom_classify(struct prom_sample *p, const char *key, double v, uint64_t uid)
-{
-    p->type = "untyped";
-    p->help = "vkscand statistic.";
-    p->value = v;
-    if (prom_histogram(p, key, v, uid))
-        return;
-    for (size_t i = 0; i < sizeof(prom_defs) / sizeof(prom_defs[0]); i++) {
-        if (strcmp(key, prom_defs[i].key) == 0) {
-            snprintf(p->family, sizeof(p->family), "vkscand_%s", prom_defs[i].name);
-            p->type = prom_defs[i].type;
-            p->help = prom_defs[i].help;
-            p->value = strstr(p->family, "_seconds") != NULL ? v * 1e-9 : v;
-            return;
-        }
-    }
-    if (strncmp(key, "requests.", 9) == 0) {
-        const char *op = key + 9, *dot = strchr(op, '.');
-        snprintf(p->family, sizeof(p->family), "vkscand_requests_total");
-        p->type = "counter";
-        p->help = "Requests by operation (and result).";
-        if (dot != NULL)
-            snprintf(p->labels, sizeof(p->labels), "op=\"%.*s\",result=\"%s\"", (int)(dot - op), op,
-                     dot + 1);
-        else
-            snprintf(p->labels, sizeof(p->labels), "op=\"%s\"", op);
-    } else if (strncmp(key, "limit.", 6) == 0) {
-        snprintf(p->family, sizeof(p->family), "vkscand_limit");
-        p->type = "gauge";
-        p->help = "Configured limits (vkscand.conf).";
-        snprintf(p->labels, sizeof(p->labels), "name=\"%s\"", key + 6);
-    } else if (strncmp(key, "tenant.", 7) == 0) {
-        prom_name(p->family, sizeof(p->family) - 12, key, strlen(key));
-        double scale = prom_unit(p->family);
-        p->value = v * scale;
-        bool served = strstr(key, "served") != NULL;
-        if (served)
-            strcat(p->family, "_total");
-        p->type = served ? "counter" : "gauge";
-        p->help = "The calling tenant's own figures.";
-        snprintf(p->labels, sizeof(p->labels), "uid=\"%llu\"", (unsigned long long)uid);
-    } else {
-        prom_name(p->family, sizeof(p->family) - 12, key, strlen(key));
-        p->value = v * prom_unit(p->family);
-    }
-}
-
-static int prom_cmp(const void *a, const void *b)
-{
-    const struct prom_sample *x = a, *y = b;
-    int c = strcmp(x->family, y->family);
-    if (c != 0)
-        return c;
-    static const char *const order[] = {"", "_bucket", "_sum", "_count"};
-    int ox = 0, oy = 0;
-    for (int i = 0; i < 4; i++) {
-        ox = strcmp(x->suffix, order[i]) == 0 ? i : ox;
-        oy = strcmp(y->suffix, order[i]) == 0 ? i : oy;
-    }
-    if (ox != oy)
-        return ox - oy;
-    if (x->le != y->le)
-        return x->le < y->le ? -1 : 1;
-    return x->order < y->order ? -1 : x->order > y->order;
-}
-
-/* A label value: backslash, double quote and newline escaped. */
-static void prom_label(FILE *f, const char *v)
-{
-    fputc('"', f);
-    for (; *v != '\0'; v++) {
-        if (*v == '\\' || *v == '"')
-            fprintf(f, "\\%c", *v);
-        else if (*v == '\n')
-            fputs("\\n", f);
-        else
-            fputc(*v, f);
-    }
-    fputc('"', f);
-}
-
-static int print_status_prometheus(const struct status *s)
-{
-    size_t n = s->st.n_stats;
-    struct prom_sample *v = calloc(n + 1, sizeof(*v));
-    if (v == NULL)
-        return 2;
-    uint64_t uid = stat_u(s, "tenant.uid", NULL);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        const struct vks_stat *st = &s->st.stats[i];
-        if (strcmp(st->key, "requests") == 0 || strcmp(st->key, "tenant.uid") == 0 ||
-            strcmp(st->key, "engine") == 0)
-            continue; /* a sum of requests.*, a label, and part of vkscand_info */
-        prom_classify(&v[k], st->key, st->is_float ? st->f : (double)st->u, uid);
-        v[k].order = i;
-        k++;
-    }
-    qsort(v, k, sizeof(*v), prom_cmp);
-    printf("# HELP vkscand_info The daemon's version and engine.\n# TYPE vkscand_info gauge\n"
-           "vkscand_info{server=");
-    prom_label(stdout, s->info.server);
-    printf(",protocol=\"%u\",engine=\"%s\"} 1\n", s->info.protocol,
-           stat_u(s, "engine", NULL) == 0 ? "gpu" : "cpu");
-    for (size_t i = 0; i < k; i++) {
-        if (i == 0 || strcmp(v[i].family, v[i - 1].family) != 0)
-            printf("# HELP %s %s\n# TYPE %s %s\n", v[i].family, v[i].help, v[i].family, v[i].type);
-        printf("%s%s%s%s%s %.17g\n", v[i].family, v[i].suffix, v[i].labels[0] ? "{" : "",
-               v[i].labels, v[i].labels[0] ? "}" : "", v[i].value);
-    }
-    free(v);
-    return 0;
-}
-
-static int cmd_status(int argc, char **argv)
-{
-    static const struct option longs[] = {{"json", no_argument, NULL, 'J'},
-                                          {"prometheus", no_argument, NULL, 'P'},
-                                          {"socket", required_argument, NULL, 'S'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
-    int c, format = 0;
-    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
-        if (c == 'J' || c == 'P') {
-            format = c;
-        } else if (c == 'S') {
-            socket_path = optarg;
-        } else {
-            fprintf(c == 'h' ? stdout : stderr,
-                    "usage: vkscan status [--json | --prometheus] [--socket PATH]\n");
-            return c == 'h' ? 0 : 2;
-        }
-    }
-    if (optind != argc) {
-        fprintf(stderr, "usage: vkscan status [--json | --prometheus] [--socket PATH]\n");
-        return 2;
-    }
-    struct status s = {0};
-    struct vks_client *cl;
-    struct vks_error err = {0};
-    int rc = daemon_connect(0, false, &cl);
-    if (rc != 0)
-        return rc;
-    rc = vks_client_hello(cl, &s.info, &err);
-    if (rc == 0)
-        rc = vks_client_stats(cl, &s.st, &err);
-    vks_client_close(cl);
-    if (rc != 0) {
-        fprintf(stderr, "vkscan: %s\n", err.msg);
-        return 2;
-    }
-    int status = 0;
-    if (format == 'J')
-        print_status_json(&s);
-    else if (format == 'P')
-        status = print_status_prometheus(&s);
-    else
-        print_status_text(&s);
-    vks_stats_finish(&s.st);
-    return status;
-}
-
 /* ---- main ----------------------------------------------------------------- */
 
 static void usage(FILE *f)
@@ -1408,7 +909,7 @@ static void usage(FILE *f)
             "  rules scan RULES PATH.. scan files here with the CPU reference scanner\n"
             "The socket is --socket, else $VKSCAN_SOCKET, else %s.\n"
             "See vkscan(1).\n",
-            DEFAULT_SOCKET);
+            CLI_DEFAULT_SOCKET);
 }
 
 int main(int argc, char **argv)
@@ -1416,10 +917,10 @@ int main(int argc, char **argv)
     int i = 1;
     while (i < argc && argv[i][0] == '-') {
         if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc) {
-            socket_path = argv[i + 1];
+            cli_socket_path = argv[i + 1];
             i += 2;
         } else if (strncmp(argv[i], "--socket=", 9) == 0) {
-            socket_path = argv[i++] + 9;
+            cli_socket_path = argv[i++] + 9;
         } else if (strcmp(argv[i], "--version") == 0) {
             printf("vkscan %s (libvkscan %s)\n", VKS_VERSION, vks_version());
             return 0;
@@ -1434,12 +935,12 @@ int main(int argc, char **argv)
     if (i < argc && strcmp(argv[i], "scan") == 0)
         return cmd_scan(argc - i, argv + i);
     if (i < argc && strcmp(argv[i], "status") == 0)
-        return cmd_status(argc - i, argv + i);
+        return cli_status(argc - i, argv + i);
     if (i + 1 < argc && strcmp(argv[i], "rules") == 0) {
         if (strcmp(argv[i + 1], "check") == 0)
-            return cmd_check(argc - i - 2, argv + i + 2);
+            return cli_rules_check(argc - i - 2, argv + i + 2);
         if (strcmp(argv[i + 1], "scan") == 0)
-            return cmd_local_scan(argc - i - 2, argv + i + 2);
+            return cli_rules_scan(argc - i - 2, argv + i + 2);
     }
     usage(stderr);
     return 2;

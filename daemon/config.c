@@ -6,13 +6,31 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <grp.h>
+#include <pwd.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
 
-enum opt_type { OPT_STR, OPT_U32, OPT_SIZE, OPT_MODE, OPT_ENGINE, OPT_LOGLEVEL };
+#ifndef VKSCAND_DEFAULT_CONFIG
+#define VKSCAND_DEFAULT_CONFIG "/etc/vkscand/vkscand.conf"
+#endif
+
+const char config_default_file[] = VKSCAND_DEFAULT_CONFIG;
+
+enum opt_type {
+    OPT_STR,
+    OPT_U32,
+    OPT_SIZE,
+    OPT_MODE,
+    OPT_ENGINE,
+    OPT_LOGLEVEL,
+    OPT_GROUP, /* a group name or gid, stored as written */
+    OPT_UIDS,  /* struct config_ids of users */
+    OPT_GIDS,  /* struct config_ids of groups */
+};
 
 struct opt {
     const char *name;
@@ -24,16 +42,23 @@ struct opt {
     const char *help;
 };
 
-#define OFF(f)    offsetof(struct daemon_config, f)
-#define STR(f)    OPT_STR, OFF(f), sizeof(((struct daemon_config *)0)->f)
-#define NUM(t, f) t, OFF(f), 0
-#define KIB       1024ull
-#define MIB       (1024ull * 1024)
-#define GIB       (1024ull * 1024 * 1024)
+#define OFF(f)      offsetof(struct daemon_config, f)
+#define STR(f)      OPT_STR, OFF(f), sizeof(((struct daemon_config *)0)->f)
+#define NUM(t, f)   t, OFF(f), 0
+#define SIZED(t, f) t, OFF(f), sizeof(((struct daemon_config *)0)->f)
+#define KIB         1024ull
+#define MIB         (1024ull * 1024)
+#define GIB         (1024ull * 1024 * 1024)
 
 static const struct opt opts[] = {
     {"socket", STR(socket_path), 0, 0, false, "Unix socket to listen on"},
     {"socket-mode", NUM(OPT_MODE, socket_mode), 0, 0777, false, "octal mode of the socket"},
+    {"socket-group", SIZED(OPT_GROUP, socket_group), 0, 0, false,
+     "group of a socket vkscand binds itself (default: its own)"},
+    {"allow-uids", SIZED(OPT_UIDS, allow_uids), 0, 0, true,
+     "users (names or uids, comma-separated) allowed to connect"},
+    {"allow-gids", SIZED(OPT_GIDS, allow_gids), 0, 0, true,
+     "groups (names or gids, comma-separated) allowed to connect"},
     {"state-dir", STR(state_dir), 0, 0, false, "directory for the catalog cache"},
     {"config", STR(config_file), 0, 0, false, "config file of `key value` lines"},
     {"device", STR(device), 0, 0, false, "Vulkan device index or name (default: best)"},
@@ -160,6 +185,71 @@ static int parse_number(const struct opt *o, const char *v, uint64_t *out)
     return 0;
 }
 
+/* A user or group named by number or by name; names must exist here. */
+static int parse_id(const char *v, bool group, uint32_t *out)
+{
+    if (isdigit((unsigned char)v[0])) {
+        errno = 0;
+        char *end;
+        unsigned long n = strtoul(v, &end, 10);
+        if (errno != 0 || *end != '\0' || n >= UINT32_MAX)
+            return -EINVAL;
+        *out = (uint32_t)n;
+        return 0;
+    }
+    if (group) {
+        const struct group *g = getgrnam(v);
+        if (g == NULL)
+            return -ENOENT;
+        *out = (uint32_t)g->gr_gid;
+    } else {
+        const struct passwd *pw = getpwnam(v);
+        if (pw == NULL)
+            return -ENOENT;
+        *out = (uint32_t)pw->pw_uid;
+    }
+    return 0;
+}
+
+/* Parses "a,b, 3" into `ids`; an empty value is an empty list. */
+static int parse_ids(const struct opt *o, const char *v, struct config_ids *ids, const char *where,
+                     struct vks_error *err)
+{
+    bool group = o->type == OPT_GIDS;
+    memset(ids, 0, sizeof(*ids));
+    if (strlen(v) >= sizeof(ids->text))
+        return vks_error_set(err, -EINVAL, "%s: %s is %zu bytes, the limit is %zu: use ids", where,
+                             o->name, strlen(v), sizeof(ids->text) - 1);
+    memcpy(ids->text, v, strlen(v) + 1);
+    const char *p = v;
+    while (*p != '\0') {
+        while (*p == ',' || isspace((unsigned char)*p))
+            p++;
+        size_t n = strcspn(p, ", \t");
+        if (n == 0)
+            break;
+        char name[256];
+        if (n >= sizeof(name) || ids->n == CONFIG_MAX_IDS)
+            return vks_error_set(err, -EINVAL,
+                                 "%s: %s lists more than %u entries or a name over 255 bytes: "
+                                 "use a group instead",
+                                 where, o->name, CONFIG_MAX_IDS);
+        memcpy(name, p, n);
+        name[n] = '\0';
+        int rc = parse_id(name, group, &ids->id[ids->n]);
+        if (rc != 0)
+            return vks_error_set(err, -EINVAL, "%s: %s: '%s' is %s: use a %s or the name of one",
+                                 where, o->name, name,
+                                 rc == -ENOENT
+                                     ? (group ? "no group on this host" : "no user on this host")
+                                     : "not a valid number",
+                                 group ? "gid" : "uid");
+        ids->n++;
+        p += n;
+    }
+    return 0;
+}
+
 /* Sets one key; `where` names the flag or file line for the message. */
 static int opt_set(struct daemon_config *cfg, const struct opt *o, const char *v, const char *where,
                    struct vks_error *err)
@@ -195,6 +285,22 @@ static int opt_set(struct daemon_config *cfg, const struct opt *o, const char *v
                                  where, v);
         cfg->log_level = (int)lvl;
         return 0;
+    case OPT_GROUP: {
+        uint32_t gid;
+        if (strlen(v) >= o->size)
+            return vks_error_set(err, -EINVAL, "%s: %s is %zu bytes, the limit is %zu", where,
+                                 o->name, strlen(v), o->size - 1);
+        if (v[0] != '\0' && parse_id(v, true, &gid) != 0)
+            return vks_error_set(err, -EINVAL,
+                                 "%s: %s '%s' is no group on this host: use a gid or the "
+                                 "name of an existing group (getent group)",
+                                 where, o->name, v);
+        memcpy(field, v, strlen(v) + 1);
+        return 0;
+    }
+    case OPT_UIDS:
+    case OPT_GIDS:
+        return parse_ids(o, v, (struct config_ids *)(void *)field, where, err);
     case OPT_U32:
     case OPT_SIZE:
     case OPT_MODE:
@@ -221,12 +327,19 @@ static char *trim(char *s)
     return s;
 }
 
-static int load_file(struct daemon_config *cfg, const char *path, struct vks_error *err)
+/* Reads `path`; with `optional` set, a missing file reads as empty and
+ * cfg->config_file is cleared. */
+static int load_file(struct daemon_config *cfg, const char *path, bool optional,
+                     struct vks_error *err)
 {
     FILE *f = fopen(path, "re");
+    if (f == NULL && optional && errno == ENOENT) {
+        cfg->config_file[0] = '\0';
+        return 0;
+    }
     if (f == NULL)
-        return vks_error_set(err, -errno, "cannot open config file %s: %s: check --config", path,
-                             strerror(errno));
+        return vks_error_set(err, -errno, "cannot open config file %s: %s: check %s", path,
+                             strerror(errno), optional ? "its permissions" : "--config");
     char line[CONFIG_PATH_MAX + 128];
     unsigned lineno = 0;
     int rc = 0;
@@ -260,8 +373,10 @@ static void print_help(FILE *out)
     config_defaults(&d);
     for (size_t i = 0; i < N_OPTS; i++)
         fprintf(out, "  --%-22s %s\n", opts[i].name, opts[i].help);
-    fprintf(out, "  --help / --version\n\nDefaults: --socket %s --state-dir %s\n", d.socket_path,
-            d.state_dir);
+    fprintf(out,
+            "  --help / --version\n\nDefaults: --socket %s --state-dir %s; without --config, "
+            "%s is read when it exists (--config \"\" reads no file).\n",
+            d.socket_path, d.state_dir, config_default_file);
 }
 
 /* Walks argv; with `only_config` set, stops after picking up --config. */
@@ -302,14 +417,28 @@ static int parse_args(struct daemon_config *cfg, int argc, char **argv, bool onl
     return 0;
 }
 
-int config_load(struct daemon_config *cfg, int argc, char **argv, FILE *out, struct vks_error *err)
+/* Whether argv names --config (also as --config=FILE). */
+static bool config_flag_given(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0)
+            return true;
+    }
+    return false;
+}
+
+int config_load_from(struct daemon_config *cfg, int argc, char **argv, const char *default_file,
+                     FILE *out, struct vks_error *err)
 {
     config_defaults(cfg);
+    bool given = config_flag_given(argc, argv);
+    if (!given && default_file != NULL)
+        snprintf(cfg->config_file, sizeof(cfg->config_file), "%s", default_file);
     int rc = parse_args(cfg, argc, argv, true, out, err);
     if (rc != 0)
         return rc;
     if (cfg->config_file[0] != '\0') {
-        rc = load_file(cfg, cfg->config_file, err);
+        rc = load_file(cfg, cfg->config_file, !given, err);
         if (rc != 0)
             return rc;
     }
@@ -323,15 +452,66 @@ int config_load(struct daemon_config *cfg, int argc, char **argv, FILE *out, str
     return 0;
 }
 
+int config_load(struct daemon_config *cfg, int argc, char **argv, FILE *out, struct vks_error *err)
+{
+    return config_load_from(cfg, argc, argv, config_default_file, out, err);
+}
+
+static bool ids_have(const struct config_ids *ids, uint32_t id)
+{
+    for (uint32_t i = 0; i < ids->n; i++) {
+        if (ids->id[i] == id)
+            return true;
+    }
+    return false;
+}
+
+bool config_peer_allowed(const struct daemon_config *cfg, uint32_t uid, uint32_t gid,
+                         const uint32_t *groups, size_t n_groups)
+{
+    if (cfg->allow_uids.n == 0 && cfg->allow_gids.n == 0)
+        return true;
+    if (ids_have(&cfg->allow_uids, uid) || ids_have(&cfg->allow_gids, gid))
+        return true;
+    for (size_t i = 0; i < n_groups; i++) {
+        if (ids_have(&cfg->allow_gids, groups[i]))
+            return true;
+    }
+    return false;
+}
+
+/* Bytes of the field behind `o`. */
+static size_t opt_size(const struct opt *o)
+{
+    switch (o->type) {
+    case OPT_STR:
+    case OPT_GROUP:
+    case OPT_UIDS:
+    case OPT_GIDS:
+        return o->size;
+    case OPT_SIZE:
+        return sizeof(uint64_t);
+    case OPT_ENGINE:
+        return sizeof(enum config_engine);
+    case OPT_LOGLEVEL:
+        return sizeof(int);
+    case OPT_U32:
+    case OPT_MODE:
+        break;
+    }
+    return sizeof(uint32_t);
+}
+
 static bool opt_equal(const struct opt *o, const struct daemon_config *a,
                       const struct daemon_config *b)
 {
-    size_t size = o->type == OPT_STR          ? o->size
-                  : (o->type == OPT_SIZE)     ? sizeof(uint64_t)
-                  : (o->type == OPT_ENGINE)   ? sizeof(enum config_engine)
-                  : (o->type == OPT_LOGLEVEL) ? sizeof(int)
-                                              : sizeof(uint32_t);
-    return memcmp((const char *)a + o->off, (const char *)b + o->off, size) == 0;
+    if (o->type == OPT_UIDS || o->type == OPT_GIDS) {
+        const struct config_ids *x = (const void *)((const char *)a + o->off);
+        const struct config_ids *y = (const void *)((const char *)b + o->off);
+        return x->n == y->n && memcmp(x->id, y->id, x->n * sizeof(x->id[0])) == 0 &&
+               strcmp(x->text, y->text) == 0;
+    }
+    return memcmp((const char *)a + o->off, (const char *)b + o->off, opt_size(o)) == 0;
 }
 
 void config_apply_reload(struct daemon_config *cur, const struct daemon_config *next)
@@ -344,10 +524,7 @@ void config_apply_reload(struct daemon_config *cur, const struct daemon_config *
             log_warn("reload: %s changed but needs a restart: keeping the running value", o->name);
             continue;
         }
-        size_t size = o->type == OPT_SIZE       ? sizeof(uint64_t)
-                      : o->type == OPT_LOGLEVEL ? sizeof(int)
-                                                : sizeof(uint32_t);
-        memcpy((char *)cur + o->off, (const char *)next + o->off, size);
+        memcpy((char *)cur + o->off, (const char *)next + o->off, opt_size(o));
         log_info("reload: %s changed", o->name);
     }
     log_set_level((enum log_level)cur->log_level);

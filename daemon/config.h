@@ -13,12 +13,23 @@
 
 #include <limits.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "error.h"
 
 #define CONFIG_PATH_MAX 4096
+#define CONFIG_MAX_IDS  64 /* entries of allow-uids / allow-gids */
+
+/* A parsed allow-uids or allow-gids value: the text as written (for logs
+ * and reload comparison) and the ids it names, user and group names
+ * resolved when the file is read. */
+struct config_ids {
+    char text[1024];
+    uint32_t n;
+    uint32_t id[CONFIG_MAX_IDS];
+};
 
 enum config_engine {
     CONFIG_ENGINE_AUTO = 0, /* GPU engine if a Vulkan device opens, else the CPU scanner */
@@ -30,6 +41,7 @@ struct daemon_config {
     /* Where and how to listen; not changed by a reload. */
     char socket_path[108]; /* sizeof(sun_path) */
     uint32_t socket_mode;  /* chmod of a socket we bind ourselves */
+    char socket_group[64]; /* chown group of a socket we bind ourselves; "" = ours */
     char state_dir[CONFIG_PATH_MAX];
     char config_file[CONFIG_PATH_MAX]; /* "" when none */
     char device[128];                  /* "" = automatic choice, else index or name */
@@ -59,6 +71,12 @@ struct daemon_config {
     uint64_t device_budget;       /* device bytes for resident catalogs; 0 = the engine's choice */
     uint64_t host_catalog_budget; /* host bytes of unreferenced catalogs kept in memory */
 
+    /* Who may connect, checked with SO_PEERCRED at accept (reloadable): a
+     * peer whose uid is in allow_uids, or whose primary or supplementary
+     * group is in allow_gids. Both empty: anyone who can open the socket. */
+    struct config_ids allow_uids;
+    struct config_ids allow_gids;
+
     uint32_t drain_timeout_ms; /* SIGTERM: longest wait for in-flight work */
     int log_level;             /* enum log_level */
 };
@@ -66,14 +84,31 @@ struct daemon_config {
 /* Fills `cfg` with the built-in defaults. */
 void config_defaults(struct daemon_config *cfg);
 
+/* The config file read when --config is not given (VKSCAND_DEFAULT_CONFIG,
+ * <sysconfdir>/vkscand/vkscand.conf: /etc/vkscand/vkscand.conf for a /usr
+ * install). */
+extern const char config_default_file[];
+
 /*
- * Builds the configuration from defaults, the file named by --config (if
- * any) and the flags in argv[1..argc). Returns 0; 1 when --help or
- * --version was handled (the text went to `out`) and the caller should exit
- * 0; or -EINVAL with `err` naming the bad flag, or the file and line of the
- * bad key, and what is accepted there. Main thread only.
+ * Builds the configuration from defaults, a config file and the flags in
+ * argv[1..argc). The file is the one --config names (an error when it
+ * cannot be read; `--config ""` reads none), else `default_file` when it
+ * exists (a missing default file is not an error; NULL: none). Returns 0; 1
+ * when --help or --version was handled (the text went to `out`) and the
+ * caller should exit 0; or a negative code with `err` naming the bad flag,
+ * or the file and line of the bad key, and what is accepted there. Main
+ * (loop) thread only: user and group names are resolved with getpwnam(3).
  */
+int config_load_from(struct daemon_config *cfg, int argc, char **argv, const char *default_file,
+                     FILE *out, struct vks_error *err);
+
+/* config_load_from with config_default_file. */
 int config_load(struct daemon_config *cfg, int argc, char **argv, FILE *out, struct vks_error *err);
+
+/* Whether a peer with uid `uid`, primary group `gid` and the supplementary
+ * groups `groups[0..n_groups)` may connect under `cfg`'s allow lists. */
+bool config_peer_allowed(const struct daemon_config *cfg, uint32_t uid, uint32_t gid,
+                         const uint32_t *groups, size_t n_groups);
 
 /*
  * Copies the reloadable settings of `next` into `cur` (SIGHUP) and logs each

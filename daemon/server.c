@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -193,6 +194,8 @@ static void on_batch_done(struct engine *eng, struct engine_batch *b, void *ctx)
 {
     (void)eng;
     struct server *srv = ctx;
+    const struct engine_telemetry *t = &b->tel;
+    metrics_hist_observe(&srv->counters.hist_gpu, t->gpu ? t->gpu_tel.kernel_ns : t->scan_ns);
     for (struct engine_job *j = b->jobs, *next; j != NULL; j = next) {
         next = j->next; /* the job's memory goes with its request */
         session_scan_done(j, &b->tel);
@@ -261,6 +264,31 @@ static void on_accept(uv_poll_t *h, int status, int events)
     }
 }
 
+/* Gives the socket file we bound to cfg->socket_group (a name or gid). */
+static int chown_socket(struct server *srv, struct vks_error *err)
+{
+    const char *name = srv->cfg.socket_group;
+    if (name[0] == '\0')
+        return 0;
+    char *end;
+    gid_t gid = (gid_t)strtoul(name, &end, 10);
+    if (*end != '\0') {
+        const struct group *g = getgrnam(name);
+        if (g == NULL)
+            return vks_error_set(err, -ENOENT,
+                                 "socket-group %s is no group on this host: create it or "
+                                 "choose another",
+                                 name);
+        gid = g->gr_gid;
+    }
+    if (chown(srv->cfg.socket_path, (uid_t)-1, gid) != 0)
+        return vks_error_set(err, -errno,
+                             "cannot give %s to group %s: %s: vkscand must be a member of the "
+                             "group (or root)",
+                             srv->cfg.socket_path, name, strerror(errno));
+    return 0;
+}
+
 /* Binds cfg->socket_path, replacing a stale socket file but not a live
  * daemon's. */
 static int bind_socket(struct server *srv, struct vks_error *err)
@@ -306,6 +334,12 @@ static int bind_socket(struct server *srv, struct vks_error *err)
                              "cannot listen on %s: %s: check that its directory "
                              "exists and is writable",
                              path, strerror(-rc));
+    }
+    int rc = chown_socket(srv, err);
+    if (rc != 0) {
+        close(fd);
+        unlink(path);
+        return rc;
     }
     srv->listen_fd = fd;
     srv->bound = true;
@@ -499,6 +533,11 @@ int server_create(const struct daemon_config *cfg, int argc, char **argv, struct
     srv->argv = argv;
     srv->listen_fd = -1;
     srv->start_ns = uv_hrtime();
+    struct server_counters *c = &srv->counters;
+    metrics_hist_init(&c->hist_queue_wait, "queue_wait_ns", metrics_ns_bounds, 6);
+    metrics_hist_init(&c->hist_gpu, "gpu_ns", metrics_ns_bounds, 6);
+    metrics_hist_init(&c->hist_scan_total, "scan_total_ns", metrics_ns_bounds, 6);
+    metrics_hist_init(&c->hist_scan_bytes, "scan_bytes", metrics_byte_bounds, 6);
     int rc = uv_loop_init(&srv->loop);
     if (rc != 0) {
         free(srv);

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "engine.h"
 #include "error.h"
+#include "metrics.h"
 #include "proto.h"
 #include "scheduler.h"
 #include "store.h"
@@ -25,17 +26,24 @@ struct session;
 /* Service-wide counters (the stats op). */
 struct server_counters {
     uint64_t connections_total;
-    uint64_t connections_refused; /* over max-connections */
-    uint64_t requests[PROTO_OP_COUNT];
-    uint64_t errors;       /* error replies */
-    uint64_t frame_errors; /* connections closed for a broken frame */
-    uint64_t scans;        /* scan requests answered with a result */
-    uint64_t scan_bytes;   /* bytes scanned */
-    uint64_t scan_hits;    /* hits reported */
+    uint64_t connections_refused;           /* over max-connections */
+    uint64_t connections_denied;            /* not in allow-uids / allow-gids */
+    uint64_t requests[PROTO_OP_COUNT];      /* decoded (PROTO_OP_NONE: frames that did not) */
+    uint64_t replies_ok[PROTO_OP_COUNT];    /* answered with a result */
+    uint64_t replies_error[PROTO_OP_COUNT]; /* answered with an error */
+    uint64_t errors;                        /* error replies */
+    uint64_t frame_errors;                  /* connections closed for a broken frame */
+    uint64_t scans;                         /* scan requests answered with a result */
+    uint64_t scan_bytes;                    /* bytes scanned */
+    uint64_t scan_hits;                     /* hits reported */
     uint64_t timeouts;
     uint64_t cancelled;    /* scans dropped because their client left */
     uint64_t backpressure; /* times a session stopped being read */
     uint64_t reloads;
+    struct metrics_hist hist_queue_wait; /* per scan answered: enqueue -> dispatch */
+    struct metrics_hist hist_gpu;        /* per batch: run_ns (kernel, or the CPU scan) */
+    struct metrics_hist hist_scan_total; /* per scan answered: receipt -> reply */
+    struct metrics_hist hist_scan_bytes; /* per scan answered: bytes scanned */
 };
 
 /*

@@ -19,6 +19,7 @@
 #include "log.h"
 #include "proto.h"
 #include "server.h"
+#include "stats.h"
 #include "store.h"
 
 #define FRAMES_PER_WAKEUP 16u
@@ -52,6 +53,7 @@ struct session {
     bool rdhup_seen; /* stop watching UV_DISCONNECT (level-triggered) */
     bool paused;     /* backpressure */
     bool close_when_done;
+    bool denied; /* not in allow-uids / allow-gids: the first request gets DENIED */
     uid_t uid;
     pid_t pid;
     struct sched_tenant *tenant;
@@ -142,12 +144,24 @@ static bool peer_gone(int fd)
     return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
 }
 
+/* Counts a reply to `op` by result (stats requests.<op>.ok / .error). */
+static void count_reply(struct session *s, enum proto_op op, bool ok)
+{
+    struct server_counters *c = server_counters(s->srv);
+    unsigned i = (unsigned)op < PROTO_OP_COUNT ? (unsigned)op : PROTO_OP_NONE;
+    if (ok)
+        c->replies_ok[i]++;
+    else
+        c->replies_error[i]++;
+}
+
 static void send_reply(struct session *s, const struct proto_reply *rep)
 {
     if (s->closed)
         return;
     struct vks_error err;
     int rc = proto_reply_encode(&s->out, rep, &err);
+    count_reply(s, rep->op, rc == 0);
     if (rc != 0) {
         log_err("uid %u: cannot encode the %s reply to request %u: %s", (unsigned)s->uid,
                 proto_op_name(rep->op) ? proto_op_name(rep->op) : "error", rep->id, err.msg);
@@ -172,6 +186,7 @@ static void send_error(struct session *s, uint32_t id, enum proto_op op, int cod
         return;
     }
     server_counters(s->srv)->errors++;
+    count_reply(s, op, false);
     struct vks_error err;
     if (proto_error_encode(&s->out, id, op, code, msg, &err) != 0)
         log_err("cannot encode an error reply: %s", err.msg);
@@ -339,103 +354,10 @@ static void op_hello(struct session *s, const struct proto_request *req)
     send_reply(s, &rep);
 }
 
-/* A growable list of named counters for stats and telemetry. */
-struct stat_list {
-    struct proto_stat v[96];
-    uint32_t n;
-};
-
-static void stat_u(struct stat_list *l, const char *key, uint64_t v)
-{
-    if (l->n < sizeof(l->v) / sizeof(l->v[0]))
-        l->v[l->n++] = (struct proto_stat){.key = key, .u = v};
-}
-
-static void stat_f(struct stat_list *l, const char *key, double v)
-{
-    if (l->n < sizeof(l->v) / sizeof(l->v[0]))
-        l->v[l->n++] = (struct proto_stat){.key = key, .is_float = true, .f = v};
-}
-
-static void stats_limits(struct stat_list *l, const struct daemon_config *c)
-{
-    stat_u(l, "limit.max_frame", c->max_frame);
-    stat_u(l, "limit.max_rules", c->max_rules);
-    stat_u(l, "limit.max_buffers", c->max_buffers);
-    stat_u(l, "limit.max_scan_bytes", c->max_scan_bytes);
-    stat_u(l, "limit.max_hits", c->max_hits);
-    stat_u(l, "limit.max_connections", c->max_connections);
-    stat_u(l, "limit.tenant_max_requests", c->tenant_max_requests);
-    stat_u(l, "limit.tenant_max_bytes", c->tenant_max_bytes);
-    stat_u(l, "limit.tenant_max_catalogs", c->tenant_max_catalogs);
-    stat_u(l, "limit.batch_max_bytes", c->batch_max_bytes);
-    stat_u(l, "limit.batch_max_buffers", c->batch_max_buffers);
-    stat_u(l, "limit.device_budget", c->device_budget);
-    stat_u(l, "limit.host_catalog_budget", c->host_catalog_budget);
-}
-
 static void op_stats(struct session *s, const struct proto_request *req)
 {
-    struct server *srv = s->srv;
-    const struct server_counters *c = server_counters(srv);
-    struct store_stats ss;
-    struct sched_stats qs;
-    struct sched_tenant_stats ts = {0};
-    store_get_stats(server_store(srv), &ss);
-    sched_get_stats(server_sched(srv), &qs);
-    sched_tenant_stats(server_sched(srv), s->uid, &ts);
-    const struct engine_info *info = engine_get_info(server_engine(srv));
-    struct stat_list l = {.n = 0};
-    stat_u(&l, "uptime_ns", uv_hrtime() - server_start_ns(srv));
-    stat_u(&l, "engine", info->gpu ? 0 : 1);
-    stat_u(&l, "connections", server_session_count(srv));
-    stat_u(&l, "connections_total", c->connections_total);
-    stat_u(&l, "connections_refused", c->connections_refused);
-    static const char *const req_keys[PROTO_OP_COUNT] = {
-        "requests.invalid",     "requests.hello",        "requests.ping", "requests.catalog_load",
-        "requests.catalog_has", "requests.catalog_drop", "requests.scan", "requests.stats"};
-    uint64_t total = 0;
-    for (int op = 0; op < PROTO_OP_COUNT; op++) {
-        stat_u(&l, req_keys[op], c->requests[op]);
-        total += c->requests[op];
-    }
-    stat_u(&l, "requests", total);
-    stat_u(&l, "errors", c->errors);
-    stat_u(&l, "frame_errors", c->frame_errors);
-    stat_u(&l, "scans", c->scans);
-    stat_u(&l, "bytes_scanned", c->scan_bytes);
-    stat_u(&l, "scan_hits", c->scan_hits);
-    stat_u(&l, "timeouts", c->timeouts);
-    stat_u(&l, "cancelled", c->cancelled);
-    stat_u(&l, "backpressure", c->backpressure);
-    stat_u(&l, "reloads", c->reloads);
-    stat_u(&l, "batches", qs.batches);
-    stat_u(&l, "batched_scans", qs.batched_jobs);
-    stat_u(&l, "queued_scans", qs.queued_jobs);
-    stat_u(&l, "queued_bytes", qs.queued_bytes);
-    stat_u(&l, "running_scans", qs.running_jobs);
-    stat_u(&l, "tenants", qs.tenants);
-    stat_u(&l, "catalogs", ss.catalogs);
-    stat_u(&l, "catalogs_in_memory", ss.in_memory);
-    stat_u(&l, "catalog_host_bytes", ss.host_bytes);
-    stat_u(&l, "catalog_compiles", ss.compiles);
-    stat_u(&l, "catalog_compile_ns", ss.compile_ns);
-    stat_u(&l, "catalog_disk_hits", ss.disk_loads);
-    stat_u(&l, "catalog_memory_hits", ss.memory_hits);
-    stat_u(&l, "catalog_disk_writes", ss.disk_writes);
-    stat_u(&l, "catalog_cache_hits", ss.cache_hits);
-    stat_u(&l, "catalog_host_evictions", ss.host_evictions);
-    stat_u(&l, "catalog_disk_errors", ss.disk_errors);
-    stat_u(&l, "catalogs_resident", info->resident_catalogs);
-    stat_u(&l, "device_memory_used", info->device_memory_used);
-    stat_u(&l, "device_memory_budget", info->device_memory_budget);
-    stat_u(&l, "tenant.uid", s->uid);
-    stat_u(&l, "tenant.catalogs", store_tenant_catalogs(server_store(srv), s->uid));
-    stat_u(&l, "tenant.scans_in_flight", ts.jobs);
-    stat_u(&l, "tenant.bytes_in_flight", ts.bytes);
-    stat_u(&l, "tenant.served_scans", ts.served_jobs);
-    stat_u(&l, "tenant.served_bytes", ts.served_bytes);
-    stats_limits(&l, server_config(srv));
+    struct stats_list l;
+    stats_collect(s->srv, s->uid, &l);
     struct proto_reply rep = {.id = req->id, .op = req->op};
     rep.u.stats = (struct proto_stats_reply){.stats = l.v, .n_stats = l.n};
     send_reply(s, &rep);
@@ -664,38 +586,38 @@ struct engine_job *session_job_engine(struct sched_job *job)
     return &r->ej;
 }
 
-static void telemetry(struct stat_list *l, const struct request *r,
+static void telemetry(struct stats_list *l, const struct request *r,
                       const struct engine_telemetry *t, uint64_t now)
 {
     const struct gpu_telemetry *g = &t->gpu_tel;
-    stat_u(l, "engine", t->gpu ? 0 : 1);
-    stat_u(l, "batch_id", t->batch_id);
-    stat_u(l, "batch_requests", t->jobs);
-    stat_u(l, "batch_buffers", t->buffers);
-    stat_u(l, "batch_bytes", t->bytes);
-    stat_u(l, "bytes_uploaded", g->bytes_uploaded);
-    stat_u(l, "haystack_bytes_uploaded", g->haystack_bytes_uploaded);
-    stat_u(l, "catalog_bytes_uploaded", g->catalog_bytes_uploaded);
-    stat_u(l, "bytes_read_back", g->bytes_read_back);
-    stat_u(l, "catalog_cache_hits", g->catalog_cache_hits);
-    stat_u(l, "catalog_uploads", g->catalog_uploads);
-    stat_u(l, "resident_catalogs", g->resident_catalogs);
-    stat_u(l, "pipeline_cache_hits", g->pipeline_cache_hits);
-    stat_u(l, "pipeline_compiles", g->pipeline_compiles);
-    stat_u(l, "plan_cache_hit", g->plan_cache_hit);
-    stat_u(l, "kernel_launches", g->kernel_launches);
-    stat_u(l, "sync_points", g->sync_points);
-    stat_u(l, "items_processed", g->items_processed);
-    stat_u(l, "hit_reruns", g->hit_reruns);
-    stat_f(l, "occupancy", g->occupancy);
-    stat_u(l, "queue_ns", r->t_dispatched - r->t_queued);
-    stat_u(l, "fd_read_ns", t->fd_read_ns);
-    stat_u(l, "plan_ns", g->plan_ns);
-    stat_u(l, "upload_ns", g->upload_ns);
-    stat_u(l, "run_ns", t->gpu ? g->kernel_ns : t->scan_ns);
-    stat_u(l, "readback_ns", g->readback_ns);
-    stat_u(l, "scan_ns", t->scan_ns);
-    stat_u(l, "total_ns", now - r->t_recv);
+    stats_add_u(l, "engine", t->gpu ? 0 : 1);
+    stats_add_u(l, "batch_id", t->batch_id);
+    stats_add_u(l, "batch_requests", t->jobs);
+    stats_add_u(l, "batch_buffers", t->buffers);
+    stats_add_u(l, "batch_bytes", t->bytes);
+    stats_add_u(l, "bytes_uploaded", g->bytes_uploaded);
+    stats_add_u(l, "haystack_bytes_uploaded", g->haystack_bytes_uploaded);
+    stats_add_u(l, "catalog_bytes_uploaded", g->catalog_bytes_uploaded);
+    stats_add_u(l, "bytes_read_back", g->bytes_read_back);
+    stats_add_u(l, "catalog_cache_hits", g->catalog_cache_hits);
+    stats_add_u(l, "catalog_uploads", g->catalog_uploads);
+    stats_add_u(l, "resident_catalogs", g->resident_catalogs);
+    stats_add_u(l, "pipeline_cache_hits", g->pipeline_cache_hits);
+    stats_add_u(l, "pipeline_compiles", g->pipeline_compiles);
+    stats_add_u(l, "plan_cache_hit", g->plan_cache_hit);
+    stats_add_u(l, "kernel_launches", g->kernel_launches);
+    stats_add_u(l, "sync_points", g->sync_points);
+    stats_add_u(l, "items_processed", g->items_processed);
+    stats_add_u(l, "hit_reruns", g->hit_reruns);
+    stats_add_f(l, "occupancy", g->occupancy);
+    stats_add_u(l, "queue_ns", r->t_dispatched - r->t_queued);
+    stats_add_u(l, "fd_read_ns", t->fd_read_ns);
+    stats_add_u(l, "plan_ns", g->plan_ns);
+    stats_add_u(l, "upload_ns", g->upload_ns);
+    stats_add_u(l, "run_ns", t->gpu ? g->kernel_ns : t->scan_ns);
+    stats_add_u(l, "readback_ns", g->readback_ns);
+    stats_add_u(l, "scan_ns", t->scan_ns);
+    stats_add_u(l, "total_ns", now - r->t_recv);
 }
 
 /* Builds and sends the scan reply: hits in (buffer, end, rule) order, cut at
@@ -737,8 +659,9 @@ static void reply_scan(struct request *r, const struct engine_telemetry *tel)
         bs[i].bytes = r->bufs[i].status == 0 ? r->bufs[i].bytes : 0;
         bytes += bs[i].bytes;
     }
-    struct stat_list l = {.n = 0};
-    telemetry(&l, r, tel, uv_hrtime());
+    struct stats_list l = {.n = 0};
+    uint64_t now = uv_hrtime();
+    telemetry(&l, r, tel, now);
     struct proto_reply rep = {.id = r->req->id, .op = r->req->op};
     rep.u.scan = (struct proto_scan_reply){.hits = hits,
                                            .n_hits = (uint32_t)n,
@@ -749,6 +672,9 @@ static void reply_scan(struct request *r, const struct engine_telemetry *tel)
     c->scans++;
     c->scan_bytes += bytes;
     c->scan_hits += n;
+    metrics_hist_observe(&c->hist_queue_wait, r->t_dispatched - r->t_queued);
+    metrics_hist_observe(&c->hist_scan_total, now - r->t_recv);
+    metrics_hist_observe(&c->hist_scan_bytes, bytes);
     send_reply(s, &rep);
 out:
     if (ids != NULL) {
@@ -790,6 +716,21 @@ void session_scan_expired(struct sched_job *job)
 
 /* ---- frames ----------------------------------------------------------- */
 
+/* Answers a peer the allow lists do not admit, then closes. */
+static void deny(struct session *s, uint32_t id, enum proto_op op)
+{
+    char msg[256];
+    snprintf(msg, sizeof(msg),
+             "uid %u may not use this vkscand: allow-uids / allow-gids in vkscand.conf do not "
+             "list it or its groups: ask the administrator to add it (vkscand(8))",
+             (unsigned)s->uid);
+    send_error(s, id, op, -VKS_E_DENIED, msg);
+    if (!s->closed) {
+        s->fatal = true;
+        flush(s);
+    }
+}
+
 static void handle_frame(struct session *s, struct proto_frame *f)
 {
     struct server *srv = s->srv;
@@ -801,6 +742,11 @@ static void handle_frame(struct session *s, struct proto_frame *f)
     uint64_t t = uv_hrtime();
     int rc = proto_request_decode(f, &lim, &req, &head, &err);
     server_counters(srv)->requests[rc == 0 ? req->op : PROTO_OP_NONE]++;
+    if (s->denied) {
+        deny(s, rc == 0 ? req->id : head.id, rc == 0 ? req->op : head.op);
+        proto_request_destroy(req);
+        return;
+    }
     if (rc != 0) {
         send_error(s, head.id, head.op, rc, err.msg);
         return;
@@ -842,19 +788,26 @@ static void handle_frame(struct session *s, struct proto_frame *f)
     proto_request_destroy(req);
 }
 
+/* Reads until the socket would block (-EAGAIN, proto.h's contract), at
+ * most FRAMES_PER_WAKEUP frames so one busy client cannot starve the others;
+ * PROTO_RECV_MORE only means the current frame is still incomplete. */
 static void on_readable(struct session *s)
 {
-    for (unsigned i = 0; i < FRAMES_PER_WAKEUP && may_read(s); i++) {
+    unsigned frames = 0;
+    while (frames < FRAMES_PER_WAKEUP && may_read(s)) {
         struct vks_error err = {0};
         int rc = proto_reader_recv(s->reader, s->fd, &err);
-        if (rc == PROTO_RECV_MORE || rc == -EAGAIN)
+        if (rc == -EAGAIN)
             break;
+        if (rc == PROTO_RECV_MORE)
+            continue;
         if (rc == PROTO_RECV_EOF) {
             on_eof(s);
             return;
         }
         if (rc == PROTO_RECV_FRAME) {
             struct proto_frame f;
+            frames++;
             if (proto_reader_take(s->reader, &f) == 0)
                 handle_frame(s, &f);
             continue;
@@ -916,6 +869,34 @@ static void on_poll_closed(uv_handle_t *h)
     session_unref(s);
 }
 
+/* Checks the peer against allow-uids / allow-gids: its uid, its primary
+ * group and (SO_PEERGROUPS) its supplementary groups. */
+static bool peer_allowed(struct server *srv, int fd, const struct ucred *cred)
+{
+    const struct daemon_config *cfg = server_config(srv);
+    if (cfg->allow_uids.n == 0 && cfg->allow_gids.n == 0)
+        return true;
+    gid_t groups[256];
+    uint32_t ids[256];
+    size_t n = 0;
+#ifdef SO_PEERGROUPS
+    socklen_t len = sizeof(groups);
+    if (cfg->allow_gids.n > 0 && getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
+        n = len / sizeof(gid_t);
+#else
+    (void)fd;
+#endif
+    for (size_t i = 0; i < n; i++)
+        ids[i] = (uint32_t)groups[i];
+    bool ok = config_peer_allowed(cfg, (uint32_t)cred->uid, (uint32_t)cred->gid, ids, n);
+    if (!ok) {
+        server_counters(srv)->connections_denied++;
+        log_notice("refused pid %d uid %u gid %u: not in allow-uids / allow-gids", (int)cred->pid,
+                   (unsigned)cred->uid, (unsigned)cred->gid);
+    }
+    return ok;
+}
+
 int session_create(struct server *srv, int fd, struct session **out)
 {
     struct ucred cred;
@@ -937,6 +918,7 @@ int session_create(struct server *srv, int fd, struct session **out)
     s->fd = fd;
     s->uid = cred.uid;
     s->pid = cred.pid;
+    s->denied = !peer_allowed(srv, fd, &cred);
     s->refs = 1; /* the poll handle's */
     proto_buf_init(&s->out);
     s->tenant = sched_tenant_get(server_sched(srv), cred.uid);

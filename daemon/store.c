@@ -1,90 +1,22 @@
 /*
  * The catalog store (store.h): entries by catalog fingerprint, rule-set
- * sources by source fingerprint, owners, host LRU, and the disk cache.
- *
- * Disk layout under the state directory:
- *   catalogs/<fp>.cat     the packed catalog bytes (validated when read back)
- *   catalogs/<fp>.owners  one uid per line: who holds it
- *   sources/<src>.src     a rule set's catalog fingerprint and rejected rules
- * Every file is written to a temporary name and renamed, so a crash leaves
- * the old or the new file, never half of one. All disk operations go through
- * one FIFO run in uv_queue_work, one at a time, so a delete never overtakes
- * the write it follows.
+ * sources by source fingerprint, owners, host LRU, compiling, and the
+ * answers to catalog.load / has / drop and scans. The disk cache under the
+ * state directory is diskcache.c's.
  */
 #include "store.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include "log.h"
+#include "diskcache.h"
 #include "patfile.h"
-
-#define HEX_LEN    (2 * CATALOG_FP_LEN)
-#define N_BUCKETS  256u
-#define SRC_MAGIC  0x53534b56u /* "VKSS" */
-#define SRC_FORMAT 1u
-#define SRC_HEADER 48u /* magic, format, compiler version, catalog fp, n_rejects */
-
-struct store_source {
-    struct store_source *next;  /* all sources */
-    struct store_source *enext; /* sources of the same entry */
-    uint8_t src[CATALOG_FP_LEN];
-    struct store_entry *entry;
-    struct rule_reject *rejects;
-    size_t n_rejects;
-};
-
-struct waiter {
-    struct waiter *next;
-    store_cb cb;
-    void *ctx;
-    struct store_result res; /* entry filled in when the body arrives */
-};
-
-struct store_entry {
-    struct store_entry *hnext;
-    struct store_entry *lru_prev, *lru_next; /* idle, loaded, evictable */
-    bool in_lru;
-    uint8_t fp[CATALOG_FP_LEN];
-    struct catalog *cat; /* NULL while only on disk */
-    size_t bytes;
-    unsigned refs;
-    uid_t *owners;
-    size_t n_owners, cap_owners;
-    bool on_disk; /* the .cat file is written */
-    bool loading;
-    bool dead; /* no owner left: out of the table, freed when unreferenced */
-    bool owners_writing, owners_dirty;
-    struct store_source *sources;
-    struct waiter *waiters;
-};
-
-enum disk_kind { DISK_WRITE, DISK_READ_CATALOG, DISK_DELETE };
-
-struct disk_op {
-    uv_work_t work;
-    struct disk_op *next;
-    struct store *st;
-    enum disk_kind kind;
-    struct store_entry *entry; /* referenced while the op runs */
-    char **paths;              /* DISK_WRITE: [0]; DISK_DELETE: all */
-    size_t n_paths;
-    uint8_t *data; /* DISK_WRITE: owned bytes, or NULL to write the catalog */
-    size_t len;
-    void (*done)(struct disk_op *op); /* loop thread */
-    int status;
-    struct catalog *cat; /* DISK_READ_CATALOG result */
-    struct vks_error err;
-};
+#include "store_internal.h"
 
 struct compile_job {
     uv_work_t work;
@@ -101,66 +33,9 @@ struct compile_job {
     size_t n_rejects;
 };
 
-struct store {
-    uv_loop_t *loop;
-    struct store_options opt;
-    char dir_cat[PATH_MAX], dir_src[PATH_MAX];
-    bool disk;
-    uint32_t compiler; /* the rules compiler version of this build */
-    struct store_entry *table[N_BUCKETS];
-    struct store_source *sources;
-    struct store_entry *lru_head, *lru_tail; /* head = least recently used */
-    struct disk_op *disk_head, *disk_tail;
-    bool disk_running;
-    unsigned compiling;
-    store_forget_fn forget;
-    void *forget_ctx;
-    void (*idle)(void *ctx);
-    void *idle_ctx;
-    struct store_stats stats;
-};
-
 static void entry_put_back(struct store *st, struct store_entry *e);
-static void disk_submit(struct store *st, struct disk_op *op);
 
 /* ---- small helpers ---------------------------------------------------- */
-
-static void cat_path(const struct store *st, const uint8_t fp[CATALOG_FP_LEN], const char *ext,
-                     char *out, size_t cap)
-{
-    char hex[HEX_LEN + 1];
-    catalog_fingerprint_hex(fp, hex);
-    /* The directories were checked at create to leave room for the name. */
-    if (snprintf(out, cap, "%s/%s.%s", st->dir_cat, hex, ext) >= (int)cap)
-        out[0] = '\0';
-}
-
-static void src_path(const struct store *st, const uint8_t src[CATALOG_FP_LEN], char *out,
-                     size_t cap)
-{
-    char hex[HEX_LEN + 1];
-    catalog_fingerprint_hex(src, hex);
-    if (snprintf(out, cap, "%s/%s.src", st->dir_src, hex) >= (int)cap)
-        out[0] = '\0';
-}
-
-static int hex_decode(const char *s, size_t n, uint8_t *out)
-{
-    for (size_t i = 0; i < n; i++) {
-        unsigned v = 0;
-        for (int k = 0; k < 2; k++) {
-            char c = s[2 * i + (size_t)k];
-            unsigned d = (c >= '0' && c <= '9')   ? (unsigned)(c - '0')
-                         : (c >= 'a' && c <= 'f') ? (unsigned)(c - 'a' + 10)
-                                                  : 16u;
-            if (d > 15)
-                return -EINVAL;
-            v = v * 16 + d;
-        }
-        out[i] = (uint8_t)v;
-    }
-    return 0;
-}
 
 static bool entry_owned(const struct store_entry *e, uid_t uid)
 {
@@ -171,7 +46,7 @@ static bool entry_owned(const struct store_entry *e, uid_t uid)
     return false;
 }
 
-static int entry_add_owner(struct store_entry *e, uid_t uid)
+int store_entry_add_owner(struct store_entry *e, uid_t uid)
 {
     if (entry_owned(e, uid))
         return 0;
@@ -187,7 +62,7 @@ static int entry_add_owner(struct store_entry *e, uid_t uid)
     return 1;
 }
 
-static struct store_entry *table_find(const struct store *st, const uint8_t fp[CATALOG_FP_LEN])
+struct store_entry *store_table_find(const struct store *st, const uint8_t fp[CATALOG_FP_LEN])
 {
     for (struct store_entry *e = st->table[fp[0]]; e != NULL; e = e->hnext) {
         if (memcmp(e->fp, fp, CATALOG_FP_LEN) == 0)
@@ -196,7 +71,7 @@ static struct store_entry *table_find(const struct store *st, const uint8_t fp[C
     return NULL;
 }
 
-static struct store_source *source_find(const struct store *st, const uint8_t src[CATALOG_FP_LEN])
+struct store_source *store_source_find(const struct store *st, const uint8_t src[CATALOG_FP_LEN])
 {
     for (struct store_source *s = st->sources; s != NULL; s = s->next) {
         if (memcmp(s->src, src, CATALOG_FP_LEN) == 0)
@@ -205,7 +80,7 @@ static struct store_source *source_find(const struct store *st, const uint8_t sr
     return NULL;
 }
 
-static struct store_entry *entry_new(struct store *st, const uint8_t fp[CATALOG_FP_LEN])
+struct store_entry *store_entry_new(struct store *st, const uint8_t fp[CATALOG_FP_LEN])
 {
     struct store_entry *e = calloc(1, sizeof(*e));
     if (e == NULL)
@@ -225,9 +100,9 @@ static void source_free(struct store_source *s)
 
 /* Adds a source record for `e`; takes ownership of `rejects`, also on
  * failure. */
-static struct store_source *source_add(struct store *st, struct store_entry *e,
-                                       const uint8_t src[CATALOG_FP_LEN],
-                                       struct rule_reject *rejects, size_t n_rejects)
+struct store_source *store_source_add(struct store *st, struct store_entry *e,
+                                      const uint8_t src[CATALOG_FP_LEN],
+                                      struct rule_reject *rejects, size_t n_rejects)
 {
     struct store_source *s = calloc(1, sizeof(*s));
     if (s == NULL) {
@@ -309,7 +184,7 @@ static void lru_trim(struct store *st)
     }
 }
 
-static void entry_free(struct store *st, struct store_entry *e)
+void store_entry_free(struct store *st, struct store_entry *e)
 {
     lru_remove(st, e);
     body_drop(st, e);
@@ -322,7 +197,7 @@ static void entry_free(struct store *st, struct store_entry *e)
     free(e);
 }
 
-static void table_remove(struct store *st, struct store_entry *e)
+void store_table_remove(struct store *st, struct store_entry *e)
 {
     for (struct store_entry **p = &st->table[e->fp[0]]; *p != NULL; p = &(*p)->hnext) {
         if (*p == e) {
@@ -344,7 +219,7 @@ static void entry_put_back(struct store *st, struct store_entry *e)
     if (e->refs > 0 || e->waiters != NULL || e->loading)
         return;
     if (e->dead) {
-        entry_free(st, e);
+        store_entry_free(st, e);
         return;
     }
     if (e->cat != NULL && e->on_disk) {
@@ -372,343 +247,6 @@ const uint8_t *store_entry_fp(const struct store_entry *e)
     return e->fp;
 }
 
-/* ---- the disk FIFO ---------------------------------------------------- */
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static int write_file(const char *path, const void *data, size_t len, struct vks_error *err)
-{
-    char tmp[PATH_MAX + 32];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return vks_error_set(err, -errno, "cannot create %s: %s", tmp, strerror(errno));
-    const uint8_t *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t n = write(fd, p, left);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            int rc = n < 0 ? -errno : -EIO;
-            close(fd);
-            unlink(tmp);
-            return vks_error_set(err, rc, "cannot write %s: %s", tmp, strerror(-rc));
-        }
-        p += n;
-        left -= (size_t)n;
-    }
-    if (fdatasync(fd) != 0 || close(fd) != 0 || rename(tmp, path) != 0) {
-        int rc = -errno;
-        unlink(tmp);
-        return vks_error_set(err, rc, "cannot save %s: %s", path, strerror(-rc));
-    }
-    return 0;
-}
-
-static int read_file(const char *path, uint8_t **data, size_t *len, size_t max,
-                     struct vks_error *err)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return vks_error_set(err, -errno, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || sb.st_size < 0 || (uint64_t)sb.st_size > max) {
-        close(fd);
-        return vks_error_set(err, -EINVAL, "%s is not a regular file of at most %zu bytes", path,
-                             max);
-    }
-    uint8_t *buf = malloc(sb.st_size > 0 ? (size_t)sb.st_size : 1);
-    size_t got = 0;
-    while (buf != NULL && got < (size_t)sb.st_size) {
-        ssize_t n = read(fd, buf + got, (size_t)sb.st_size - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        got += (size_t)n;
-    }
-    close(fd);
-    if (buf == NULL || got != (size_t)sb.st_size) {
-        free(buf);
-        return vks_error_set(err, buf == NULL ? -ENOMEM : -EIO, "cannot read %s", path);
-    }
-    *data = buf;
-    *len = got;
-    return 0;
-}
-
-static void disk_work(uv_work_t *w)
-{
-    struct disk_op *op = w->data;
-    switch (op->kind) {
-    case DISK_WRITE:
-        if (op->data != NULL) {
-            op->status = write_file(op->paths[0], op->data, op->len, &op->err);
-        } else {
-            size_t words;
-            const uint32_t *p = catalog_words(op->entry->cat, &words);
-            op->status = write_file(op->paths[0], p, words * 4, &op->err);
-        }
-        break;
-    case DISK_READ_CATALOG: {
-        uint8_t *buf = NULL;
-        size_t len = 0;
-        op->status = read_file(op->paths[0], &buf, &len, (size_t)1 << 32, &op->err);
-        if (op->status == 0)
-            op->status = catalog_from_bytes(buf, len, &op->cat, &op->err);
-        free(buf);
-        if (op->status == 0 &&
-            memcmp(catalog_fingerprint(op->cat), op->entry->fp, CATALOG_FP_LEN) != 0) {
-            catalog_destroy(op->cat);
-            op->cat = NULL;
-            op->status =
-                vks_error_set(&op->err, -EIO, "%s does not hash to its name", op->paths[0]);
-        }
-        break;
-    }
-    case DISK_DELETE:
-        for (size_t i = 0; i < op->n_paths; i++) {
-            if (unlink(op->paths[i]) != 0 && errno != ENOENT && op->status == 0)
-                op->status = vks_error_set(&op->err, -errno, "cannot delete %s: %s", op->paths[i],
-                                           strerror(errno));
-        }
-        break;
-    }
-}
-
-static void disk_op_free(struct disk_op *op)
-{
-    for (size_t i = 0; i < op->n_paths; i++)
-        free(op->paths[i]);
-    free(op->paths);
-    free(op->data);
-    free(op);
-}
-
-static void disk_start(struct store *st);
-
-static void disk_after(uv_work_t *w, int status)
-{
-    struct disk_op *op = w->data;
-    struct store *st = op->st;
-    if (status == UV_ECANCELED && op->status == 0)
-        op->status = vks_error_set(&op->err, -ECANCELED, "disk operation cancelled");
-    if (op->status != 0) {
-        st->stats.disk_errors++;
-        log_warn("catalog cache: %s", op->err.msg);
-    }
-    st->disk_running = false;
-    if (op->done != NULL)
-        op->done(op);
-    if (op->entry != NULL)
-        store_entry_unref(st, op->entry);
-    disk_op_free(op);
-    disk_start(st);
-    if (!store_busy(st) && st->idle != NULL)
-        st->idle(st->idle_ctx);
-}
-
-static void disk_start(struct store *st)
-{
-    if (st->disk_running || st->disk_head == NULL)
-        return;
-    struct disk_op *op = st->disk_head;
-    st->disk_head = op->next;
-    if (st->disk_head == NULL)
-        st->disk_tail = NULL;
-    op->work.data = op;
-    int rc = uv_queue_work(st->loop, &op->work, disk_work, disk_after);
-    if (rc != 0) {
-        op->status = vks_error_set(&op->err, rc, "cannot queue disk work: %s", uv_strerror(rc));
-        st->disk_running = true;
-        disk_after(&op->work, 0);
-        return;
-    }
-    st->disk_running = true;
-}
-
-static struct disk_op *disk_op_new(struct store *st, enum disk_kind kind, struct store_entry *e,
-                                   size_t n_paths)
-{
-    struct disk_op *op = calloc(1, sizeof(*op));
-    if (op == NULL)
-        return NULL;
-    op->paths = calloc(n_paths, sizeof(char *));
-    if (op->paths == NULL) {
-        free(op);
-        return NULL;
-    }
-    for (size_t i = 0; i < n_paths; i++) {
-        op->paths[i] = malloc(PATH_MAX);
-        if (op->paths[i] == NULL) {
-            op->n_paths = i;
-            disk_op_free(op);
-            return NULL;
-        }
-    }
-    op->n_paths = n_paths;
-    op->st = st;
-    op->kind = kind;
-    op->entry = e;
-    if (e != NULL)
-        store_entry_ref(e);
-    return op;
-}
-
-static void disk_submit(struct store *st, struct disk_op *op)
-{
-    op->next = NULL;
-    if (st->disk_tail != NULL)
-        st->disk_tail->next = op;
-    else
-        st->disk_head = op;
-    st->disk_tail = op;
-    disk_start(st);
-}
-
-/* ---- persisting ------------------------------------------------------- */
-
-static void catalog_written(struct disk_op *op)
-{
-    if (op->status == 0) {
-        op->entry->on_disk = true;
-        op->st->stats.disk_writes++;
-    }
-}
-
-static void save_catalog(struct store *st, struct store_entry *e)
-{
-    if (!st->disk)
-        return;
-    struct disk_op *op = disk_op_new(st, DISK_WRITE, e, 1);
-    if (op == NULL)
-        return; /* stays in memory only: still correct, just not cached */
-    cat_path(st, e->fp, "cat", op->paths[0], PATH_MAX);
-    op->done = catalog_written;
-    disk_submit(st, op);
-}
-
-static void owners_save(struct store *st, struct store_entry *e);
-
-static void owners_written(struct disk_op *op)
-{
-    struct store_entry *e = op->entry;
-    e->owners_writing = false;
-    if (e->owners_dirty && !e->dead) {
-        e->owners_dirty = false;
-        owners_save(op->st, e);
-    }
-}
-
-static void owners_save(struct store *st, struct store_entry *e)
-{
-    if (!st->disk || e->dead)
-        return;
-    if (e->owners_writing) {
-        e->owners_dirty = true;
-        return;
-    }
-    struct disk_op *op = disk_op_new(st, DISK_WRITE, e, 1);
-    if (op == NULL)
-        return;
-    op->data = malloc(e->n_owners * 12 + 1);
-    if (op->data == NULL) {
-        store_entry_unref(st, e);
-        disk_op_free(op);
-        return;
-    }
-    for (size_t i = 0; i < e->n_owners; i++)
-        op->len += (size_t)sprintf((char *)op->data + op->len, "%u\n", (unsigned)e->owners[i]);
-    cat_path(st, e->fp, "owners", op->paths[0], PATH_MAX);
-    op->done = owners_written;
-    e->owners_writing = true;
-    disk_submit(st, op);
-}
-
-static void source_save(struct store *st, const struct store_source *s)
-{
-    if (!st->disk)
-        return;
-    size_t len = SRC_HEADER;
-    for (size_t i = 0; i < s->n_rejects; i++)
-        len += 16 + strlen(s->rejects[i].id) + strlen(s->rejects[i].msg);
-    struct disk_op *op = disk_op_new(st, DISK_WRITE, NULL, 1);
-    if (op == NULL || (op->data = malloc(len)) == NULL) {
-        if (op != NULL)
-            disk_op_free(op);
-        return;
-    }
-    uint8_t *p = op->data;
-    put_u32(p, SRC_MAGIC);
-    put_u32(p + 4, SRC_FORMAT);
-    put_u32(p + 8, st->compiler);
-    memcpy(p + 12, s->entry->fp, CATALOG_FP_LEN);
-    put_u32(p + 44, (uint32_t)s->n_rejects);
-    p += SRC_HEADER;
-    for (size_t i = 0; i < s->n_rejects; i++) {
-        const struct rule_reject *r = &s->rejects[i];
-        uint32_t il = (uint32_t)strlen(r->id), ml = (uint32_t)strlen(r->msg);
-        put_u32(p, r->index);
-        put_u32(p + 4, r->line);
-        put_u32(p + 8, r->pos);
-        put_u32(p + 12, il << 16 | ml);
-        memcpy(p + 16, r->id, il);
-        memcpy(p + 16 + il, r->msg, ml);
-        p += 16 + il + ml;
-    }
-    op->len = (size_t)(p - op->data);
-    src_path(st, s->src, op->paths[0], PATH_MAX);
-    disk_submit(st, op);
-}
-
-/* Parses a .src file; returns 0 and the rejects (owned by the caller). */
-static int source_parse(const uint8_t *p, size_t len, uint32_t compiler, uint8_t fp[CATALOG_FP_LEN],
-                        struct rule_reject **out, size_t *n_out)
-{
-    if (len < SRC_HEADER || get_u32(p) != SRC_MAGIC || get_u32(p + 4) != SRC_FORMAT)
-        return -EINVAL;
-    if (get_u32(p + 8) != compiler)
-        return -ESTALE; /* another compiler version: its mapping means nothing now */
-    memcpy(fp, p + 12, CATALOG_FP_LEN);
-    uint32_t n = get_u32(p + 44);
-    if (n > (len - SRC_HEADER) / 16)
-        return -EINVAL;
-    struct rule_reject *v = calloc(n ? n : 1, sizeof(*v));
-    if (v == NULL)
-        return -ENOMEM;
-    size_t off = SRC_HEADER;
-    for (uint32_t i = 0; i < n; i++) {
-        if (len - off < 16)
-            goto bad;
-        uint32_t lens = get_u32(p + off + 12);
-        size_t il = lens >> 16, ml = lens & 0xffff;
-        if (il > RULES_MAX_ID || ml >= sizeof(v[i].msg) || len - off - 16 < il + ml)
-            goto bad;
-        v[i].index = get_u32(p + off);
-        v[i].line = get_u32(p + off + 4);
-        v[i].pos = get_u32(p + off + 8);
-        memcpy(v[i].id, p + off + 16, il);
-        memcpy(v[i].msg, p + off + 16 + il, ml);
-        off += 16 + il + ml;
-    }
-    *out = v;
-    *n_out = n;
-    return 0;
-bad:
-    free(v);
-    return -EINVAL;
-}
-
 /* ---- bodies and waiters ----------------------------------------------- */
 
 static void deliver(struct store *st, struct store_entry *e, struct waiter *w, int status,
@@ -722,30 +260,29 @@ static void deliver(struct store *st, struct store_entry *e, struct waiter *w, i
     store_entry_unref(st, e);
 }
 
-static void body_loaded(struct disk_op *op)
+void store_catalog_read(struct store *st, struct store_entry *e, int status, struct catalog *cat,
+                        const struct vks_error *read_err)
 {
-    struct store *st = op->st;
-    struct store_entry *e = op->entry;
+    struct vks_error err = {0};
     e->loading = false;
-    if (op->status == 0) {
+    if (status == 0) {
         if (e->cat == NULL)
-            body_set(st, e, op->cat);
+            body_set(st, e, cat);
         else
-            catalog_destroy(op->cat);
-        op->cat = NULL;
+            catalog_destroy(cat);
         st->stats.disk_loads++;
     } else {
         e->on_disk = false; /* unreadable: the next load of its rules compiles again */
-        vks_error_set(&op->err, -EIO,
+        vks_error_set(&err, -EIO,
                       "catalog cache entry unreadable (%.180s): load the "
                       "rules again",
-                      op->err.msg);
+                      read_err != NULL ? read_err->msg : "");
     }
     struct waiter *w = e->waiters;
     e->waiters = NULL;
     while (w != NULL) {
         struct waiter *next = w->next;
-        deliver(st, e, w, op->status == 0 ? 0 : -EIO, &op->err);
+        deliver(st, e, w, status == 0 ? 0 : -EIO, &err);
         w = next;
     }
 }
@@ -764,21 +301,17 @@ static void when_ready(struct store *st, struct store_entry *e, struct waiter *w
     e->waiters = w;
     if (e->loading)
         return;
-    struct vks_error err;
-    struct disk_op *op = disk_op_new(st, DISK_READ_CATALOG, e, 1);
-    if (op == NULL) {
-        e->waiters = NULL;
-        vks_error_set(&err, -ENOMEM, "out of memory reading a cached catalog");
-        for (struct waiter *x = w, *next; x != NULL; x = next) {
-            next = x->next;
-            deliver(st, e, x, -ENOMEM, &err);
-        }
-        return;
-    }
-    cat_path(st, e->fp, "cat", op->paths[0], PATH_MAX);
-    op->done = body_loaded;
     e->loading = true;
-    disk_submit(st, op);
+    if (diskcache_read_catalog(st, e) == 0)
+        return; /* store_catalog_read answers the waiters */
+    e->loading = false;
+    e->waiters = NULL;
+    struct vks_error err;
+    vks_error_set(&err, -ENOMEM, "out of memory reading a cached catalog");
+    for (struct waiter *x = w, *next; x != NULL; x = next) {
+        next = x->next;
+        deliver(st, e, x, -ENOMEM, &err);
+    }
 }
 
 static struct waiter *waiter_new(store_cb cb, void *ctx)
@@ -807,7 +340,7 @@ static void fail(store_cb cb, void *ctx, int code, const char *fmt, ...)
 uint32_t store_tenant_catalogs(const struct store *st, uid_t uid)
 {
     uint32_t n = 0;
-    for (unsigned b = 0; b < N_BUCKETS; b++) {
+    for (unsigned b = 0; b < STORE_BUCKETS; b++) {
         for (const struct store_entry *e = st->table[b]; e != NULL; e = e->hnext)
             n += entry_owned(e, uid);
     }
@@ -825,9 +358,9 @@ static int take_ownership(struct store *st, struct store_entry *e, uid_t uid, st
                              "uid %u holds %u catalogs, the limit "
                              "(tenant-max-catalogs) is %u: drop one with catalog.drop first",
                              (unsigned)uid, held, st->opt.tenant_max_catalogs);
-    if (entry_add_owner(e, uid) < 0)
+    if (store_entry_add_owner(e, uid) < 0)
         return vks_error_set(err, -ENOMEM, "out of memory adding a catalog owner");
-    owners_save(st, e);
+    diskcache_save_owners(st, e);
     return 0;
 }
 
@@ -862,22 +395,11 @@ static void answer_source(struct store *st, uid_t uid, struct store_source *s, b
  * (after any pending write, by FIFO order), freed once unreferenced. */
 static void entry_kill(struct store *st, struct store_entry *e)
 {
-    size_t n_src = 0;
-    for (struct store_source *s = e->sources; s != NULL; s = s->enext)
-        n_src++;
     e->dead = true;
-    table_remove(st, e);
+    store_table_remove(st, e);
     if (st->forget != NULL)
         st->forget(st->forget_ctx, e->fp);
-    struct disk_op *op = st->disk ? disk_op_new(st, DISK_DELETE, NULL, 2 + n_src) : NULL;
-    if (op != NULL) {
-        cat_path(st, e->fp, "cat", op->paths[0], PATH_MAX);
-        cat_path(st, e->fp, "owners", op->paths[1], PATH_MAX);
-        size_t i = 2;
-        for (struct store_source *s = e->sources; s != NULL; s = s->enext)
-            src_path(st, s->src, op->paths[i++], PATH_MAX);
-        disk_submit(st, op);
-    }
+    diskcache_delete(st, e);
     /* Unlisted now so no lookup finds them; freed with the entry, since
      * waiting callbacks may still point at their rejects. */
     for (struct store_source **p = &st->sources; *p != NULL;) {
@@ -916,7 +438,7 @@ static int push_reject(struct compile_job *j, uint32_t index, uint32_t line, con
     r->index = index;
     r->line = line;
     snprintf(r->id, sizeof(r->id), "%s", id);
-    snprintf(r->msg, sizeof(r->msg), "%s", msg);
+    snprintf(r->msg, sizeof(r->msg), "%.*s", (int)sizeof(r->msg) - 1, msg); /* cut to fit */
     return 0;
 }
 
@@ -1047,9 +569,9 @@ static void compile_done(uv_work_t *w, int status)
     struct catalog *cat = j->res.catalog;
     j->res.catalog = NULL;
     const uint8_t *fp = catalog_fingerprint(cat);
-    struct store_entry *e = table_find(st, fp);
+    struct store_entry *e = store_table_find(st, fp);
     bool fresh = e == NULL;
-    if (fresh && (e = entry_new(st, fp)) == NULL) {
+    if (fresh && (e = store_entry_new(st, fp)) == NULL) {
         catalog_destroy(cat);
         fail(j->cb, j->ctx, -ENOMEM, "out of memory storing a catalog");
         compile_job_free(j);
@@ -1060,13 +582,13 @@ static void compile_done(uv_work_t *w, int status)
     else
         catalog_destroy(cat);
     if (!e->on_disk)
-        save_catalog(st, e);
-    struct store_source *s = source_find(st, j->src);
+        diskcache_save_catalog(st, e);
+    struct store_source *s = store_source_find(st, j->src);
     if (s == NULL) {
-        s = source_add(st, e, j->src, j->rejects, j->n_rejects);
+        s = store_source_add(st, e, j->src, j->rejects, j->n_rejects);
         j->rejects = NULL;
         if (s != NULL)
-            source_save(st, s);
+            diskcache_save_source(st, s);
     }
     struct vks_error err;
     int rc = s == NULL ? vks_error_set(&err, -ENOMEM, "out of memory recording a rule set")
@@ -1104,7 +626,7 @@ void store_load(struct store *st, uid_t uid, const struct proto_catalog_load *lo
 {
     uint8_t src[CATALOG_FP_LEN];
     source_fingerprint(load, src);
-    struct store_source *s = source_find(st, src);
+    struct store_source *s = store_source_find(st, src);
     if (s != NULL) {
         answer_source(st, uid, s, true, cb, ctx);
         return;
@@ -1144,13 +666,13 @@ void store_has(struct store *st, uid_t uid, const struct proto_catalog_ref *ref,
                void *ctx)
 {
     if (ref->by_source) {
-        struct store_source *s = source_find(st, ref->fp);
+        struct store_source *s = store_source_find(st, ref->fp);
         if (s != NULL && entry_owned(s->entry, uid)) {
             answer_source(st, uid, s, false, cb, ctx);
             return;
         }
     } else {
-        struct store_entry *e = table_find(st, ref->fp);
+        struct store_entry *e = store_table_find(st, ref->fp);
         if (e != NULL && entry_owned(e, uid)) {
             struct waiter *w = waiter_new(cb, ctx);
             if (w == NULL) {
@@ -1176,9 +698,9 @@ void store_has(struct store *st, uid_t uid, const struct proto_catalog_ref *ref,
 void store_acquire(struct store *st, uid_t uid, const uint8_t fp[CATALOG_FP_LEN], store_cb cb,
                    void *ctx)
 {
-    struct store_entry *e = table_find(st, fp);
+    struct store_entry *e = store_table_find(st, fp);
     if (e == NULL || !entry_owned(e, uid)) {
-        char hex[HEX_LEN + 1];
+        char hex[STORE_HEX_LEN + 1];
         catalog_fingerprint_hex(fp, hex);
         fail(cb, ctx, -VKS_E_UNKNOWN_CATALOG,
              "catalog %.16s... is not loaded by uid %u: "
@@ -1197,7 +719,7 @@ void store_acquire(struct store *st, uid_t uid, const uint8_t fp[CATALOG_FP_LEN]
 
 int store_drop(struct store *st, uid_t uid, const uint8_t fp[CATALOG_FP_LEN])
 {
-    struct store_entry *e = table_find(st, fp);
+    struct store_entry *e = store_table_find(st, fp);
     if (e == NULL || !entry_owned(e, uid))
         return 0;
     for (size_t i = 0; i < e->n_owners; i++) {
@@ -1209,135 +731,8 @@ int store_drop(struct store *st, uid_t uid, const uint8_t fp[CATALOG_FP_LEN])
     if (e->n_owners == 0)
         entry_kill(st, e);
     else
-        owners_save(st, e);
+        diskcache_save_owners(st, e);
     return 1;
-}
-
-/* ---- the index at start ----------------------------------------------- */
-
-static int parse_owners(const uint8_t *p, size_t len, struct store_entry *e)
-{
-    size_t i = 0;
-    while (i < len) {
-        unsigned long v = 0;
-        size_t start = i;
-        while (i < len && p[i] >= '0' && p[i] <= '9' && v <= UINT32_MAX)
-            v = v * 10 + (unsigned long)(p[i++] - '0');
-        if (i == start || i >= len || p[i] != '\n' || v > UINT32_MAX)
-            return -EINVAL;
-        i++;
-        if (entry_add_owner(e, (uid_t)v) < 0)
-            return -ENOMEM;
-    }
-    return 0;
-}
-
-/* Returns true when `name` is "<64 hex>.<ext>" and fills `fp`. */
-static bool name_fp(const char *name, const char *ext, uint8_t fp[CATALOG_FP_LEN])
-{
-    size_t n = strlen(name);
-    if (n != HEX_LEN + 1 + strlen(ext) || name[HEX_LEN] != '.' ||
-        strcmp(name + HEX_LEN + 1, ext) != 0)
-        return false;
-    return hex_decode(name, CATALOG_FP_LEN, fp) == 0;
-}
-
-static void index_catalogs(struct store *st)
-{
-    DIR *d = opendir(st->dir_cat);
-    if (d == NULL)
-        return;
-    struct dirent *de;
-    char path[PATH_MAX];
-    while ((de = readdir(d)) != NULL) {
-        uint8_t fp[CATALOG_FP_LEN];
-        if (!name_fp(de->d_name, "owners", fp))
-            continue;
-        uint8_t *data = NULL;
-        size_t len = 0;
-        struct stat sb;
-        cat_path(st, fp, "cat", path, sizeof(path));
-        bool has_cat = stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-        if (snprintf(path, sizeof(path), "%s/%s", st->dir_cat, de->d_name) >= (int)sizeof(path))
-            continue;
-        if (!has_cat || read_file(path, &data, &len, 1 << 24, NULL) != 0) {
-            st->stats.disk_errors++;
-            continue;
-        }
-        struct store_entry *e = table_find(st, fp);
-        if (e == NULL)
-            e = entry_new(st, fp);
-        if (e != NULL) {
-            e->on_disk = true;
-            if (parse_owners(data, len, e) != 0)
-                st->stats.disk_errors++;
-            if (e->n_owners == 0) {
-                table_remove(st, e);
-                entry_free(st, e);
-            }
-        }
-        free(data);
-    }
-    closedir(d);
-}
-
-static void index_sources(struct store *st)
-{
-    DIR *d = opendir(st->dir_src);
-    if (d == NULL)
-        return;
-    struct dirent *de;
-    char path[PATH_MAX];
-    while ((de = readdir(d)) != NULL) {
-        uint8_t src[CATALOG_FP_LEN], fp[CATALOG_FP_LEN];
-        if (!name_fp(de->d_name, "src", src))
-            continue;
-        if (snprintf(path, sizeof(path), "%s/%s", st->dir_src, de->d_name) >= (int)sizeof(path))
-            continue;
-        uint8_t *data = NULL;
-        size_t len = 0;
-        struct rule_reject *rejects = NULL;
-        size_t n = 0;
-        if (read_file(path, &data, &len, 1 << 28, NULL) != 0 ||
-            source_parse(data, len, st->compiler, fp, &rejects, &n) != 0) {
-            unlink(path); /* unreadable or stale: the next load of its rules compiles */
-            free(data);
-            continue;
-        }
-        free(data);
-        struct store_entry *e = table_find(st, fp);
-        if (e == NULL || source_find(st, src) != NULL)
-            free(rejects); /* its catalog is gone: the next load compiles */
-        else
-            source_add(st, e, src, rejects, n);
-    }
-    closedir(d);
-}
-
-/* The compiler version is in every packed catalog's header; compiling one
- * tiny rule is the way to learn it without a rules/ API for it. */
-static int compiler_version(uint32_t *out, struct vks_error *err)
-{
-    struct rule_src r = {.id = "v", .kind = RULE_LITERAL, .pattern = "v", .len = 1};
-    struct rules_options ro = {0};
-    struct rules_result res = {0};
-    int rc = rules_compile(&r, 1, &ro, &res, err);
-    if (rc != 0)
-        return rc;
-    size_t n;
-    *out = catalog_words(res.catalog, &n)[CAT_H_COMPILER];
-    rules_result_finish(&res);
-    return 0;
-}
-
-static int make_dir(const char *path, struct vks_error *err)
-{
-    if (mkdir(path, 0700) != 0 && errno != EEXIST)
-        return vks_error_set(err, -errno,
-                             "cannot create %s: %s: set --state-dir to a writable "
-                             "directory",
-                             path, strerror(errno));
-    return 0;
 }
 
 int store_create(uv_loop_t *loop, const struct store_options *opt, struct store **out,
@@ -1349,28 +744,11 @@ int store_create(uv_loop_t *loop, const struct store_options *opt, struct store 
     st->loop = loop;
     store_set_options(st, opt);
     if (opt->state_dir != NULL && opt->state_dir[0] != '\0') {
-        int n1 = snprintf(st->dir_cat, sizeof(st->dir_cat), "%s/catalogs", opt->state_dir);
-        int n2 = snprintf(st->dir_src, sizeof(st->dir_src), "%s/sources", opt->state_dir);
-        if (n1 >= (int)sizeof(st->dir_cat) - (int)HEX_LEN - 16 ||
-            n2 >= (int)sizeof(st->dir_src) - (int)HEX_LEN - 16) {
-            free(st);
-            return vks_error_set(err, -ENAMETOOLONG, "state directory path too long: %s",
-                                 opt->state_dir);
-        }
-        int rc = compiler_version(&st->compiler, err);
-        if (rc == 0)
-            rc = make_dir(opt->state_dir, err);
-        if (rc == 0)
-            rc = make_dir(st->dir_cat, err);
-        if (rc == 0)
-            rc = make_dir(st->dir_src, err);
+        int rc = diskcache_open(st, opt->state_dir, err);
         if (rc != 0) {
             free(st);
             return rc;
         }
-        st->disk = true;
-        index_catalogs(st);
-        index_sources(st);
     }
     *out = st;
     return 0;
@@ -1378,18 +756,18 @@ int store_create(uv_loop_t *loop, const struct store_options *opt, struct store 
 
 bool store_busy(const struct store *st)
 {
-    return st->compiling > 0 || st->disk_running || st->disk_head != NULL;
+    return st->compiling > 0 || diskcache_busy(st);
 }
 
 void store_destroy(struct store *st)
 {
     if (st == NULL)
         return;
-    for (unsigned b = 0; b < N_BUCKETS; b++) {
+    for (unsigned b = 0; b < STORE_BUCKETS; b++) {
         while (st->table[b] != NULL) {
             struct store_entry *e = st->table[b];
             st->table[b] = e->hnext;
-            entry_free(st, e);
+            store_entry_free(st, e);
         }
     }
     free(st);

@@ -166,8 +166,10 @@ enum {
  * bytes they came with. Returns PROTO_RECV_*, or -ECONNRESET (peer closed
  * mid-frame), -EAGAIN (a non-blocking socket had nothing to read), another
  * -errno from recvmsg, or a fatal error of proto_reader_feed (also returned
- * here as soon as a bad length prefix arrives). The daemon loops on it until
- * -EAGAIN; a blocking client polls first.
+ * here as soon as a bad length prefix arrives). PROTO_RECV_MORE never means
+ * that the socket is drained, only -EAGAIN does: a non-blocking reader (the
+ * daemon) calls it again after PROTO_RECV_MORE and stops at -EAGAIN; a
+ * blocking client polls for input after -EAGAIN.
  */
 int proto_reader_recv(struct proto_reader *r, int sock, struct vks_error *err);
 

@@ -886,13 +886,30 @@ START_TEST(status_prometheus_counts_scans)
     ck_assert_int_eq(s.status, 0);
     run_cli(&r, NULL, NULL, ARGS("--socket", sock, "status", "--prometheus"));
     int na = parse_prometheus(r.out, after, 512);
+    /* The one scan is one 23-byte request in one engine batch: each
+     * histogram counts it once, scan_bytes in its 4 KiB bucket. */
     static const struct {
         const char *name, *labels;
         double delta;
     } moved[] = {
-        {"vkscand_scans_total", "", 1},  {"vkscand_scanned_bytes_total", "", 23},
-        {"vkscand_hits_total", "", 3},   {"vkscand_requests_total", "op=\"scan\"", 1},
+        {"vkscand_scans_total", "", 1},
+        {"vkscand_scanned_bytes_total", "", 23},
+        {"vkscand_hits_total", "", 3},
+        {"vkscand_requests_total", "op=\"scan\",result=\"ok\"", 1},
+        {"vkscand_requests_total", "op=\"scan\",result=\"error\"", 0},
+        {"vkscand_requests_received_total", "op=\"scan\"", 1},
         {"vkscand_errors_total", "", 0},
+        {"vkscand_scan_bytes_count", "", 1},
+        {"vkscand_scan_bytes_sum", "", 23},
+        {"vkscand_scan_bytes_bucket", "le=\"4096\"", 1},
+        {"vkscand_scan_bytes_bucket", "le=\"65536\"", 1},
+        {"vkscand_scan_bytes_bucket", "le=\"+Inf\"", 1},
+        {"vkscand_queue_wait_seconds_count", "", 1},
+        {"vkscand_queue_wait_seconds_bucket", "le=\"+Inf\"", 1},
+        {"vkscand_scan_total_seconds_count", "", 1},
+        {"vkscand_scan_total_seconds_bucket", "le=\"10\"", 1},
+        {"vkscand_gpu_seconds_count", "", 1},
+        {"vkscand_gpu_seconds_bucket", "le=\"+Inf\"", 1},
     };
     for (size_t i = 0; i < sizeof(moved) / sizeof(moved[0]); i++) {
         double d = psample_get(after, na, moved[i].name, moved[i].labels) -
@@ -901,6 +918,37 @@ START_TEST(status_prometheus_counts_scans)
                       moved[i].labels, d, moved[i].delta);
     }
     ck_assert_double_gt(psample_get(after, na, "vkscand_uptime_seconds", ""), 0);
+    /* Each histogram is well formed: TYPE histogram, buckets cumulative in
+     * ascending le, the +Inf bucket equal to _count, a _sum. */
+    static const char *const hists[] = {"vkscand_queue_wait_seconds", "vkscand_gpu_seconds",
+                                        "vkscand_scan_total_seconds", "vkscand_scan_bytes"};
+    for (size_t h = 0; h < sizeof(hists) / sizeof(hists[0]); h++) {
+        char type[160], bucket[160], name[160];
+        snprintf(type, sizeof(type), "# TYPE %s histogram\n", hists[h]);
+        ck_assert_msg(strstr(r.out, type) != NULL, "no %s", type);
+        snprintf(bucket, sizeof(bucket), "%s_bucket", hists[h]);
+        double prev_le = -1, prev = 0;
+        int n_buckets = 0;
+        for (int i = 0; i < na; i++) {
+            if (strcmp(after[i].name, bucket) != 0)
+                continue;
+            const char *le = strstr(after[i].labels, "le=\"");
+            ck_assert_ptr_nonnull(le);
+            double bound = strncmp(le + 4, "+Inf", 4) == 0 ? INFINITY : strtod(le + 4, NULL);
+            ck_assert_msg(bound > prev_le, "%s: le %g after %g", bucket, bound, prev_le);
+            ck_assert_msg(after[i].value >= prev, "%s: not cumulative at le %g", bucket, bound);
+            prev_le = bound;
+            prev = after[i].value;
+            n_buckets++;
+        }
+        ck_assert_int_eq(n_buckets, 7);
+        ck_assert(isinf(prev_le));
+        snprintf(name, sizeof(name), "%s_count", hists[h]);
+        ck_assert_double_eq(prev, psample_get(after, na, name, ""));
+        ck_assert_double_ge(prev, 1);
+        snprintf(name, sizeof(name), "%s_sum", hists[h]);
+        ck_assert_double_gt(psample_get(after, na, name, ""), 0);
+    }
 }
 END_TEST
 

@@ -6,7 +6,8 @@
  * checked against the CPU reference scanner on the same rules.
  *
  * The daemon runs its GPU engine (--engine gpu): lavapipe in CI, so data
- * stays small. Also a unit test of the scheduler's fairness.
+ * stays small. Also unit tests of the scheduler's fairness and of the
+ * configuration parser.
  */
 #include <check.h>
 #include <dirent.h>
@@ -28,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "proto.h"
 #include "refscan.h"
 #include "rules.h"
@@ -1071,6 +1073,15 @@ START_TEST(test_sighup_reloads)
     daemon_start(&d, dir, extra);
     struct vks_client *c = connect_ok(&d);
     struct vks_server_info info;
+    /* vks_client_info: the hello of the connect, without a round trip. */
+    ck_assert_int_eq(vks_client_info(c, &info), 0);
+    ck_assert_uint_eq(info.max_buffers, 8);
+    ck_assert(strncmp(info.server, "vkscand ", 8) == 0);
+    ck_assert_uint_eq(info.protocol, VKS_PROTOCOL_VERSION);
+    ck_assert_int_eq(vks_client_info(NULL, &info), -EINVAL);
+    uint64_t hellos = stat_of(c, "requests.hello");
+    ck_assert_int_eq(vks_client_info(c, &info), 0);
+    ck_assert_uint_eq(stat_of(c, "requests.hello"), hellos); /* nothing was sent */
     ck_assert_int_eq(vks_client_hello(c, &info, NULL), 0);
     ck_assert_uint_eq(info.max_buffers, 8);
     f = fopen(conf, "w");
@@ -1078,7 +1089,11 @@ START_TEST(test_sighup_reloads)
     fclose(f);
     kill(d.pid, SIGHUP);
     ck_assert(wait_ready(&d, 10000)); /* RELOADING=1 ... READY=1 */
+    ck_assert_int_eq(vks_client_info(c, &info), 0);
+    ck_assert_uint_eq(info.max_buffers, 8); /* the connection's hello until asked again */
     ck_assert_int_eq(vks_client_hello(c, &info, NULL), 0);
+    ck_assert_uint_eq(info.max_buffers, 16);
+    ck_assert_int_eq(vks_client_info(c, &info), 0);
     ck_assert_uint_eq(info.max_buffers, 16);
     ck_assert_uint_eq(stat_of(c, "reloads"), 1);
     /* A bad file keeps the running configuration. */
@@ -1133,6 +1148,242 @@ START_TEST(test_socket_activation)
     expect_ping_ok(&d);
     ck_assert_int_eq(daemon_stop(&d), 0);
     daemon_clean(&d);
+}
+END_TEST
+
+/* allow-uids: in a child running as `uid`, connects and reports how it went:
+ * 0 served, 1 refused with DENIED and a message naming the uid, 2 anything
+ * else. */
+static int connect_as(const struct daemon *d, uid_t uid)
+{
+    if (setgid(uid) != 0 || setuid(uid) != 0)
+        return 2;
+    struct vks_client *c = NULL;
+    struct vks_error err = {0};
+    int rc = vks_client_connect(d->sock, NULL, &c, &err);
+    if (rc == 0) {
+        rc = vks_client_ping(c, NULL);
+        vks_client_close(c);
+        return rc == 0 ? 0 : 2;
+    }
+    char want[64];
+    snprintf(want, sizeof(want), "uid %u may not use this vkscand", (unsigned)uid);
+    if (rc == -VKS_E_DENIED && err.code == -VKS_E_DENIED && strstr(err.msg, want) != NULL &&
+        strstr(err.msg, "allow-uids") != NULL)
+        return 1;
+    fprintf(stderr, "connect as uid %u: %d %s\n", (unsigned)uid, rc, err.msg);
+    return 2;
+}
+
+static int child_connect_as(const struct daemon *d, uid_t uid)
+{
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0)
+        _exit(connect_as(d, uid));
+    int st;
+    ck_assert_int_eq(waitpid(child, &st, 0), child);
+    ck_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+START_TEST(test_allow_uids)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_allow_uids: needs root to switch uid; skipped\n");
+        return;
+    }
+    char dir[] = "/tmp/vkd-XXXXXX", conf[96];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    chmod(dir, 0755);
+    snprintf(conf, sizeof(conf), "%s/vkscand.conf", dir);
+    FILE *f = fopen(conf, "w");
+    fprintf(f, "allow-uids root\n");
+    fclose(f);
+    const char *extra[] = {"--config", conf, "--socket-group", "65534", NULL};
+    struct daemon d;
+    daemon_start(&d, dir, extra);
+    /* socket-group: the socket vkscand bound belongs to the group. */
+    struct stat sb;
+    ck_assert_int_eq(stat(d.sock, &sb), 0);
+    ck_assert_uint_eq(sb.st_gid, 65534);
+    /* Not listed: refused with a clear error; the listed root is served. */
+    ck_assert_int_eq(child_connect_as(&d, 65534), 1);
+    expect_ping_ok(&d);
+    struct vks_client *c = connect_ok(&d);
+    ck_assert_uint_eq(stat_of(c, "connections_denied"), 1);
+    ck_assert_uint_ge(stat_of(c, "requests.hello.error"), 1);
+    /* Reloadable: listed after SIGHUP, served on the next connection. */
+    f = fopen(conf, "w");
+    fprintf(f, "allow-uids root, 65534\n");
+    fclose(f);
+    kill(d.pid, SIGHUP);
+    ck_assert(wait_ready(&d, 10000));
+    ck_assert_int_eq(child_connect_as(&d, 65534), 0);
+    ck_assert_uint_eq(stat_of(c, "connections_denied"), 1);
+    /* allow-gids admits by group: 65534 by its gid while allow-uids names
+     * only root. */
+    f = fopen(conf, "w");
+    fprintf(f, "allow-uids 0\nallow-gids 65534\n");
+    fclose(f);
+    kill(d.pid, SIGHUP);
+    ck_assert(wait_ready(&d, 10000));
+    ck_assert_int_eq(child_connect_as(&d, 65534), 0);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/* ---- the configuration on its own ------------------------------------- */
+
+static char conf_dir[64];
+
+/* Writes `text` to a file in a fresh directory; returns its path. */
+static const char *conf_file(const char *text)
+{
+    static char path[128];
+    snprintf(conf_dir, sizeof(conf_dir), "/tmp/vkd-conf-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(conf_dir));
+    snprintf(path, sizeof(path), "%s/vkscand.conf", conf_dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static void conf_clean(void)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "%s/vkscand.conf", conf_dir);
+    unlink(path);
+    rmdir(conf_dir);
+}
+
+/* config_load_from with the flags `flags` (NULL-terminated) and the
+ * default file `def`. */
+static int load_with(struct daemon_config *cfg, const char *const *flags, const char *def,
+                     struct vks_error *err)
+{
+    char *argv[16] = {"vkscand"};
+    int argc = 1;
+    for (int i = 0; flags != NULL && flags[i] != NULL && argc < 15; i++)
+        argv[argc++] = (char *)flags[i];
+    argv[argc] = NULL;
+    return config_load_from(cfg, argc, argv, def, stdout, err);
+}
+
+START_TEST(test_config_access_keys)
+{
+    struct daemon_config cfg;
+    struct vks_error err = {0};
+    /* Defaults: no group change, nobody filtered. */
+    ck_assert_int_eq(load_with(&cfg, NULL, NULL, &err), 0);
+    ck_assert_str_eq(cfg.socket_group, "");
+    ck_assert_uint_eq(cfg.allow_uids.n, 0);
+    ck_assert_uint_eq(cfg.allow_gids.n, 0);
+    ck_assert(config_peer_allowed(&cfg, 1234, 1234, NULL, 0));
+    /* Every new key, by name and by number. */
+    const char *path = conf_file("# access\nsocket-group root\nallow-uids root, 65534\n"
+                                 "allow-gids = 0,4242\n");
+    const char *flags[] = {"--config", path, NULL};
+    ck_assert_msg(load_with(&cfg, flags, NULL, &err) == 0, "%s", err.msg);
+    ck_assert_str_eq(cfg.socket_group, "root");
+    ck_assert_uint_eq(cfg.allow_uids.n, 2);
+    ck_assert_uint_eq(cfg.allow_uids.id[0], 0);
+    ck_assert_uint_eq(cfg.allow_uids.id[1], 65534);
+    ck_assert_uint_eq(cfg.allow_gids.n, 2);
+    ck_assert_uint_eq(cfg.allow_gids.id[1], 4242);
+    /* Who is let in: a listed uid, a listed primary or supplementary group. */
+    const uint32_t groups[] = {7, 4242};
+    ck_assert(config_peer_allowed(&cfg, 65534, 100, NULL, 0));
+    ck_assert(config_peer_allowed(&cfg, 1000, 0, NULL, 0));
+    ck_assert(config_peer_allowed(&cfg, 1000, 100, groups, 2));
+    ck_assert(!config_peer_allowed(&cfg, 1000, 100, groups, 1));
+    /* A reload takes the allow lists but not socket-group (restart). */
+    struct daemon_config next = cfg;
+    snprintf(next.socket_group, sizeof(next.socket_group), "0");
+    next.allow_uids.n = 1;
+    snprintf(next.allow_uids.text, sizeof(next.allow_uids.text), "root");
+    config_apply_reload(&cfg, &next);
+    ck_assert_uint_eq(cfg.allow_uids.n, 1);
+    ck_assert_str_eq(cfg.allow_uids.text, "root");
+    ck_assert_str_eq(cfg.socket_group, "root");
+    conf_clean();
+}
+END_TEST
+
+START_TEST(test_config_bad_access_values)
+{
+    static const struct {
+        const char *line, *says;
+    } bad[] = {
+        {"allow-uids root,no-such-user-vkscan", "'no-such-user-vkscan' is no user on this host"},
+        {"allow-gids 12x", "'12x' is not a valid number"},
+        {"allow-gids no-such-group-vkscan", "is no group on this host"},
+        {"socket-group no-such-group-vkscan", "socket-group 'no-such-group-vkscan' is no group"},
+        {"allow-uids 99999999999", "not a valid number"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char text[256], where[160];
+        snprintf(text, sizeof(text), "# line 1\nmax-hits 10\n%s\n", bad[i].line);
+        const char *path = conf_file(text);
+        const char *flags[] = {"--config", path, NULL};
+        struct daemon_config cfg;
+        struct vks_error err = {0};
+        ck_assert_int_eq(load_with(&cfg, flags, NULL, &err), -EINVAL);
+        snprintf(where, sizeof(where), "%s:3: ", path);
+        ck_assert_msg(strstr(err.msg, where) != NULL, "no line number in: %s", err.msg);
+        ck_assert_msg(strstr(err.msg, bad[i].says) != NULL, "%s: %s", bad[i].line, err.msg);
+        conf_clean();
+    }
+    /* 65 entries: over CONFIG_MAX_IDS. */
+    char many[512] = "allow-uids ";
+    for (int i = 0; i <= CONFIG_MAX_IDS; i++)
+        snprintf(many + strlen(many), sizeof(many) - strlen(many), "%d,", i);
+    const char *path = conf_file(many);
+    const char *flags[] = {"--config", path, NULL};
+    struct daemon_config cfg;
+    struct vks_error err = {0};
+    ck_assert_int_eq(load_with(&cfg, flags, NULL, &err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, ":1: allow-uids lists more than 64"));
+    conf_clean();
+}
+END_TEST
+
+START_TEST(test_config_default_file)
+{
+    struct daemon_config cfg;
+    struct vks_error err = {0};
+    /* A missing default file is no error: every default. */
+    ck_assert_int_eq(load_with(&cfg, NULL, "/nonexistent/vkscand.conf", &err), 0);
+    ck_assert_str_eq(cfg.config_file, "");
+    ck_assert_uint_eq(cfg.max_hits, 1u << 20);
+    /* An existing one is read, and flags still win over it. */
+    const char *path = conf_file("max-hits 77\nmax-rules 5\n");
+    ck_assert_int_eq(load_with(&cfg, NULL, path, &err), 0);
+    ck_assert_str_eq(cfg.config_file, path);
+    ck_assert_uint_eq(cfg.max_hits, 77);
+    const char *flags[] = {"--max-rules", "6", NULL};
+    ck_assert_int_eq(load_with(&cfg, flags, path, &err), 0);
+    ck_assert_uint_eq(cfg.max_hits, 77);
+    ck_assert_uint_eq(cfg.max_rules, 6);
+    /* A bad line in the default file is an error with its line number. */
+    FILE *f = fopen(path, "w");
+    fputs("max-hits 77\nmax-hits lots\n", f);
+    fclose(f);
+    ck_assert_int_eq(load_with(&cfg, NULL, path, &err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, ":2: max-hits 'lots'"));
+    /* --config "" reads no file, not even the default. */
+    const char *none[] = {"--config", "", NULL};
+    ck_assert_int_eq(load_with(&cfg, none, path, &err), 0);
+    ck_assert_uint_eq(cfg.max_hits, 1u << 20);
+    conf_clean();
+    /* A missing --config file still is an error. */
+    const char *missing[] = {"--config", "/nonexistent/vkscand.conf", NULL};
+    ck_assert_int_eq(load_with(&cfg, missing, NULL, &err), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "cannot open config file /nonexistent/vkscand.conf"));
 }
 END_TEST
 
@@ -1212,6 +1463,9 @@ Suite *daemon_suite(void)
     Suite *s = suite_create("daemon");
     TCase *tc = tcase_create("unit");
     tcase_add_test(tc, test_sched_fair_by_bytes);
+    tcase_add_test(tc, test_config_access_keys);
+    tcase_add_test(tc, test_config_bad_access_values);
+    tcase_add_test(tc, test_config_default_file);
     suite_add_tcase(s, tc);
     tc = tcase_create("e2e");
     tcase_set_timeout(tc, 300);
@@ -1227,6 +1481,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_sighup_reloads);
     tcase_add_test(tc, test_socket_activation);
+    tcase_add_test(tc, test_allow_uids);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -47,7 +47,9 @@ enum vks_errc {
     /* Client side only (never on the wire). */
     VKS_E_PROTOCOL = 1021, /* the peer sent a reply that breaks the protocol */
     VKS_E_CLOSED = 1022,   /* connection lost and the retries ran out */
-    VKS_E_MAX_CODE = 1022
+    /* Service state, added after the client-side codes. */
+    VKS_E_DENIED = 1023, /* the daemon's allow-uids / allow-gids do not admit this peer */
+    VKS_E_MAX_CODE = 1023
 };
 
 #ifdef __cplusplus

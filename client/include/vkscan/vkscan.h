@@ -109,6 +109,14 @@ struct vks_server_info {
 /* Sends hello again and fills `info` with the daemon's answer. */
 int vks_client_hello(struct vks_client *c, struct vks_server_info *info, struct vks_error *err);
 
+/*
+ * Copies into `info` the hello reply of the client's current connection (the
+ * one vks_client_connect received, or the latest after a reconnect or
+ * vks_client_hello): no round trip. Returns 0, or -EINVAL when `c` or `info`
+ * is NULL.
+ */
+int vks_client_info(const struct vks_client *c, struct vks_server_info *info);
+
 /* A round trip that does no work. */
 int vks_client_ping(struct vks_client *c, struct vks_error *err);
 

@@ -1,0 +1,107 @@
+/*
+ * The store's internals, shared by store.c (entries, sources, LRU, compile,
+ * requests) and diskcache.c (the state directory). Nothing else includes
+ * this file. Loop thread only, like store.h.
+ */
+#ifndef VKS_DAEMON_STORE_INTERNAL_H
+#define VKS_DAEMON_STORE_INTERNAL_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "catalog.h"
+#include "rules.h"
+#include "store.h"
+
+#define STORE_HEX_LEN (2 * CATALOG_FP_LEN)
+#define STORE_BUCKETS 256u
+
+struct disk_op;
+
+struct store_source {
+    struct store_source *next;  /* all sources */
+    struct store_source *enext; /* sources of the same entry */
+    uint8_t src[CATALOG_FP_LEN];
+    struct store_entry *entry;
+    struct rule_reject *rejects;
+    size_t n_rejects;
+};
+
+struct waiter {
+    struct waiter *next;
+    store_cb cb;
+    void *ctx;
+    struct store_result res; /* entry filled in when the body arrives */
+};
+
+struct store_entry {
+    struct store_entry *hnext;
+    struct store_entry *lru_prev, *lru_next; /* idle, loaded, evictable */
+    bool in_lru;
+    uint8_t fp[CATALOG_FP_LEN];
+    struct catalog *cat; /* NULL while only on disk */
+    size_t bytes;
+    unsigned refs;
+    uid_t *owners;
+    size_t n_owners, cap_owners;
+    bool on_disk; /* the .cat file is written */
+    bool loading;
+    bool dead; /* no owner left: out of the table, freed when unreferenced */
+    bool owners_writing, owners_dirty;
+    struct store_source *sources;
+    struct waiter *waiters;
+};
+
+struct store {
+    uv_loop_t *loop;
+    struct store_options opt;
+    char dir_cat[PATH_MAX], dir_src[PATH_MAX];
+    bool disk;
+    uint32_t compiler; /* the rules compiler version of this build */
+    struct store_entry *table[STORE_BUCKETS];
+    struct store_source *sources;
+    struct store_entry *lru_head, *lru_tail; /* head = least recently used */
+    struct disk_op *disk_head, *disk_tail;
+    bool disk_running;
+    unsigned compiling;
+    store_forget_fn forget;
+    void *forget_ctx;
+    void (*idle)(void *ctx);
+    void *idle_ctx;
+    struct store_stats stats;
+};
+
+/* The entry with catalog fingerprint `fp`, or NULL. */
+struct store_entry *store_table_find(const struct store *st, const uint8_t fp[CATALOG_FP_LEN]);
+
+/* Unlinks `e` from the table (the caller frees or kills it). */
+void store_table_remove(struct store *st, struct store_entry *e);
+
+/* A new entry without a body or owners, in the table; NULL when out of
+ * memory. */
+struct store_entry *store_entry_new(struct store *st, const uint8_t fp[CATALOG_FP_LEN]);
+
+/* Frees `e`, its body and its sources; it must be out of the table. */
+void store_entry_free(struct store *st, struct store_entry *e);
+
+/* Adds `uid` to the owners: 1 when added, 0 when it was one, -ENOMEM. */
+int store_entry_add_owner(struct store_entry *e, uid_t uid);
+
+/* The source record with source fingerprint `src`, or NULL. */
+struct store_source *store_source_find(const struct store *st, const uint8_t src[CATALOG_FP_LEN]);
+
+/* Adds a source record for `e`; takes ownership of `rejects`, also on
+ * failure (NULL when out of memory). */
+struct store_source *store_source_add(struct store *st, struct store_entry *e,
+                                      const uint8_t src[CATALOG_FP_LEN],
+                                      struct rule_reject *rejects, size_t n_rejects);
+
+/* The end of diskcache_read_catalog: `status` 0 with `cat` (ownership
+ * taken), or an error with `err`; answers the entry's waiters. */
+void store_catalog_read(struct store *st, struct store_entry *e, int status, struct catalog *cat,
+                        const struct vks_error *err);
+
+#endif
