@@ -108,6 +108,8 @@ const char *proto_strerror(int code)
         return "protocol violation by the peer";
     case VKS_E_CLOSED:
         return "connection closed";
+    case VKS_E_DENIED:
+        return "connection not allowed";
     default:
         break;
     }

@@ -145,7 +145,7 @@ int proto_reader_feed(struct proto_reader *r, const void *data, size_t n, size_t
                 return rc;
             continue;
         }
-        size_t room;
+        size_t room = 0;
         int rc = body_room(r, &room, err);
         if (rc < 0)
             return rc;
@@ -200,7 +200,7 @@ int proto_reader_recv(struct proto_reader *r, int sock, struct vks_error *err)
         iov.iov_base = r->hdr + r->hdr_len;
         iov.iov_len = PROTO_HEADER_LEN - r->hdr_len;
     } else {
-        size_t room;
+        size_t room = 0;
         int rc = body_room(r, &room, err);
         if (rc < 0)
             return rc;

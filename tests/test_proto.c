@@ -834,6 +834,10 @@ START_TEST(limits_normalize)
     ck_assert_uint_eq(l.max_depth, 3);
     ck_assert_uint_eq(l.max_str, PROTO_DEFAULT_MAX_STR);
     ck_assert_str_eq(proto_strerror(-VKS_E_UNKNOWN_CATALOG), "unknown catalog");
+    ck_assert_str_eq(proto_strerror(-VKS_E_DENIED), "connection not allowed");
+    /* every code has a name of its own */
+    for (int c = VKS_E_BASE + 1; c <= VKS_E_MAX_CODE; c++)
+        ck_assert_msg(strcmp(proto_strerror(-c), "unknown error") != 0, "code %d has no name", c);
     ck_assert_str_eq(proto_op_name(PROTO_OP_CATALOG_LOAD), "catalog.load");
     ck_assert_ptr_null(proto_op_name(PROTO_OP_COUNT));
 }
