@@ -13,7 +13,8 @@
  *   scan_bench [--size BYTES] [--literals N,N..] [--regexes N] [--threads T]
  *              [--device NAME|INDEX] [--buffer BYTES] [--real-buffer BYTES]
  *              [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]
- *              [--upload-threads N] [--only NAME,NAME..] [--data DIR] [--no-hs]
+ *              [--upload-threads N] [--upload-chunk BYTES] [--only NAME,NAME..]
+ *              [--data DIR] [--no-hs]
  *              [--json] [--json-out FILE]
  */
 #include <errno.h>
@@ -45,6 +46,7 @@ struct opts {
     uint32_t wg;
     uint32_t upload_threads;
     uint32_t max_wgs;
+    uint32_t upload_chunk; /* staging chunk bytes; 0: the engine's choice */
     bool no_hs;
     const char *only;
     const char *data;
@@ -651,8 +653,9 @@ static void usage(void)
             "usage: scan_bench [--size BYTES] [--literals N,N..] [--regexes N] [--threads T]\n"
             "                  [--device NAME|INDEX] [--buffer BYTES] [--real-buffer BYTES]\n"
             "                  [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]\n"
-            "                  [--upload-threads N] [--only NAME,..] [--data DIR] [--no-hs]\n"
-            "                  [--json] [--json-out FILE] [--dump-rules DIR]\n");
+            "                  [--upload-threads N] [--upload-chunk BYTES] [--only NAME,..]\n"
+            "                  [--data DIR] [--no-hs] [--json] [--json-out FILE]\n"
+            "                  [--dump-rules DIR]\n");
     exit(2);
 }
 
@@ -707,6 +710,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->max_wgs = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(a, "--upload-threads") == 0) {
             o->upload_threads = (uint32_t)strtoul(v, NULL, 10);
+        } else if (strcmp(a, "--upload-chunk") == 0) {
+            o->upload_chunk = (uint32_t)parse_size(v);
         } else if (strcmp(a, "--only") == 0) {
             o->only = v;
         } else if (strcmp(a, "--dump-rules") == 0) {
@@ -731,7 +736,8 @@ int main(int argc, char **argv)
                              .segment_bytes = o.segment,
                              .workgroup_size = o.wg,
                              .upload_threads = o.upload_threads,
-                             .max_workgroups = o.max_wgs};
+                             .max_workgroups = o.max_wgs,
+                             .upload_chunk = o.upload_chunk};
     struct gpu_engine *eng;
     struct vks_error err;
     if (gpu_engine_create(&go, &eng, &err) < 0)

@@ -4,6 +4,7 @@
  * walks through it; the kernel is shaders/scan.comp.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,7 @@ _Static_assert(CAT_G_TRANS == 9 && CAT_G_ACCEPTS == 11, "catalog group layout ch
 
 #define ALIGN16(x) (((x) + 15u) & ~(uint64_t)15u)
 #define MIB        (1u << 20)
+#define PIECE      (64u << 10) /* least bytes an upload thread fills of a chunk */
 
 static const VkBufferUsageFlags USE_STORAGE_DST =
     VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
@@ -305,8 +307,61 @@ static int submit(struct gpu_engine *eng, VkCommandBuffer cb, VkFence fence,
     return 0;
 }
 
-/* Discrete devices: the haystack goes through staging in chunks; the copy
- * of chunk k runs on the device while the threads fill chunk k+1. */
+/* The staged upload: chunk k's copy is submitted by whichever upload thread
+ * fills its last piece, while the others go on filling chunk k+1; no thread
+ * waits for a chunk to finish. */
+struct chunk_job {
+    struct batch_ctx *bc;
+    struct fill_job fill;
+    uint64_t chunk;
+    uint32_t pieces; /* per chunk */
+    atomic_uint left[MAX_UPLOAD_CHUNKS];
+    pthread_mutex_t queue; /* vkQueueSubmit needs the queue externally synchronized */
+    int rc;                /* first failure, under `queue` */
+    struct vks_error *err;
+};
+
+static void fill_chunk_piece(void *ctx, uint32_t i)
+{
+    struct chunk_job *j = ctx;
+    uint32_t k = i / j->pieces, p = i % j->pieces;
+    uint64_t lo = k * j->chunk;
+    uint64_t hi = lo + j->chunk < j->fill.hi ? lo + j->chunk : j->fill.hi;
+    fill_range(&j->fill, lo + (hi - lo) * p / j->pieces, lo + (hi - lo) * (p + 1) / j->pieces);
+    if (atomic_fetch_sub(&j->left[k], 1) != 1)
+        return;
+    pthread_mutex_lock(&j->queue);
+    if (j->rc == 0)
+        j->rc = submit(j->bc->eng, j->bc->eng->upcmd[k], VK_NULL_HANDLE, j->bc->tel, j->err);
+    pthread_mutex_unlock(&j->queue);
+}
+
+/* Records each chunk's copy from staging into the haystack. */
+static int record_chunks(struct gpu_engine *eng, uint64_t total, uint64_t chunk, uint32_t n,
+                         struct vks_error *err)
+{
+    for (uint32_t k = 0; k < n; k++) {
+        uint64_t lo = k * chunk;
+        uint64_t hi = lo + chunk < total ? lo + chunk : total;
+        VkCommandBufferBeginInfo bi = {
+            .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+            .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT,
+        };
+        VkBufferCopy region = {.srcOffset = lo, .dstOffset = lo, .size = hi - lo};
+        VkResult r = vkBeginCommandBuffer(eng->upcmd[k], &bi);
+        if (r == VK_SUCCESS) {
+            vkCmdCopyBuffer(eng->upcmd[k], eng->staging.buf, eng->hay.buf, 1, &region);
+            r = vkEndCommandBuffer(eng->upcmd[k]);
+        }
+        if (r != VK_SUCCESS)
+            return gpu_vk_error(r, "recording a haystack upload", err);
+    }
+    return 0;
+}
+
+/* Discrete devices: the haystack goes through staging in at most
+ * MAX_UPLOAD_CHUNKS chunks; the device copies chunk k while the upload
+ * threads fill the next ones. */
 static int upload_haystack(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
@@ -317,31 +372,34 @@ static int upload_haystack(struct batch_ctx *bc, struct vks_error *err)
         fill_parallel(bc, eng->hay.map, 0, total);
         return 0;
     }
-    uint64_t chunk = (total / MAX_UPLOAD_CHUNKS + MIB - 1) & ~(uint64_t)(MIB - 1);
-    if (chunk < 16 * MIB)
-        chunk = 16 * MIB;
-    uint32_t k = 0;
-    for (uint64_t lo = 0; lo < total; lo += chunk, k++) {
-        uint64_t hi = lo + chunk < total ? lo + chunk : total;
-        fill_parallel(bc, eng->staging.map, lo, hi);
-        VkCommandBuffer cb = eng->upcmd[k];
-        VkCommandBufferBeginInfo bi = {
-            .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-            .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT,
-        };
-        VkBufferCopy region = {.srcOffset = lo, .dstOffset = lo, .size = hi - lo};
-        VkResult r = vkBeginCommandBuffer(cb, &bi);
-        if (r == VK_SUCCESS) {
-            vkCmdCopyBuffer(cb, eng->staging.buf, eng->hay.buf, 1, &region);
-            r = vkEndCommandBuffer(cb);
-        }
-        if (r != VK_SUCCESS)
-            return gpu_vk_error(r, "recording a haystack upload", err);
-        int rc = submit(eng, cb, VK_NULL_HANDLE, bc->tel, err);
-        if (rc < 0)
-            return rc;
-    }
-    return 0;
+    uint64_t least = eng->opt.upload_chunk ? ALIGN16(eng->opt.upload_chunk) : 16 * MIB;
+    uint64_t chunk = ALIGN16((total + MAX_UPLOAD_CHUNKS - 1) / MAX_UPLOAD_CHUNKS);
+    if (chunk < least)
+        chunk = least;
+    uint32_t n = (uint32_t)((total + chunk - 1) / chunk);
+    int rc = record_chunks(eng, total, chunk, n, err);
+    if (rc < 0)
+        return rc;
+    struct chunk_job j = {
+        .bc = bc,
+        .fill = {.dst = eng->staging.map,
+                 .batch = bc->batch,
+                 .offs = eng->scratch.offs,
+                 .lo = 0,
+                 .hi = total},
+        .chunk = chunk,
+        .err = err,
+    };
+    uint32_t threads = upload_pool_threads(eng->pool);
+    j.pieces = chunk / PIECE < threads ? (uint32_t)(chunk / PIECE) : threads;
+    if (j.pieces == 0)
+        j.pieces = 1;
+    for (uint32_t k = 0; k < n; k++)
+        atomic_init(&j.left[k], j.pieces);
+    pthread_mutex_init(&j.queue, NULL);
+    upload_pool_run(eng->pool, fill_chunk_piece, &j, n * j.pieces);
+    pthread_mutex_destroy(&j.queue);
+    return j.rc;
 }
 
 /* Writes the work items and new catalogs: straight into mapped device

@@ -545,7 +545,8 @@ static int engine_setup(struct gpu_engine *eng, const struct gpu_options *opt,
         rc = create_device(eng, err);
     if (rc < 0)
         return rc;
-    eng->direct = (eng->info.type == GPU_DEVICE_CPU || eng->info.type == GPU_DEVICE_INTEGRATED);
+    eng->direct = (eng->info.type == GPU_DEVICE_CPU || eng->info.type == GPU_DEVICE_INTEGRATED) &&
+                  !opt->staged_upload;
     eng->budget = opt->memory_budget ? opt->memory_budget : default_budget(eng);
     eng->timeout_ns =
         opt->timeout_us

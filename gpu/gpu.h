@@ -100,6 +100,8 @@ struct gpu_options {
     uint32_t workgroup_size; /* 0: chosen by the launch policy */
     uint32_t max_workgroups; /* per launch; 0: chosen by the launch policy */
     uint32_t upload_threads; /* host threads copying into staging; 0: up to 8 */
+    uint32_t upload_chunk;   /* staging bytes per copy submit; 0: max(16 MiB, size / 64) */
+    bool staged_upload;      /* tests: go through staging also where device memory is mapped */
 };
 
 /* One buffer of a batch. `data` is borrowed for the call. */

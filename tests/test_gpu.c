@@ -171,7 +171,9 @@ static void bufset_free(struct bufset *s)
     free(s->v);
 }
 
-static void random_round(struct gpu_engine *eng, uint32_t seed, uint32_t n_bufs, size_t max_len)
+/* One seeded random batch checked against refscan; returns its telemetry. */
+static struct gpu_telemetry random_round(struct gpu_engine *eng, uint32_t seed, uint32_t n_bufs,
+                                         size_t max_len)
 {
     rng = 0x9e3779b97f4a7c15ull ^ seed;
     uint32_t n_cats = 1 + rnd(3);
@@ -183,10 +185,12 @@ static void random_round(struct gpu_engine *eng, uint32_t seed, uint32_t n_bufs,
     struct gpu_batch b = {(const struct catalog *const *)cats, n_cats, s.v, s.n};
     struct gpu_result res = {0};
     check_batch(eng, &b, &res);
+    struct gpu_telemetry tel = res.tel;
     gpu_result_finish(&res);
     bufset_free(&s);
     for (uint32_t c = 0; c < n_cats; c++)
         catalog_destroy(cats[c]);
+    return tel;
 }
 
 /* ---- tests -------------------------------------------------------------- */
@@ -223,6 +227,30 @@ START_TEST(test_random_subgroup)
         return;
     }
     random_with(GPU_HITS_SUBGROUP);
+}
+END_TEST
+
+/* The staged upload of discrete devices, forced here: small chunks, each
+ * filled by several threads and submitted by whichever fills its last
+ * piece. A chunk that never reached the haystack would lose its hits. */
+START_TEST(test_staged_upload)
+{
+    struct gpu_options opt = {
+        .staged_upload = true, .upload_chunk = 256u << 10, .upload_threads = 4};
+    struct gpu_engine *eng = engine(&opt);
+    for (uint32_t seed = 1; seed <= 3; seed++) {
+        struct gpu_telemetry tel = random_round(eng, 310 + seed, 12, 120000);
+        /* Under 16 MiB the chunk is the forced 256 KiB. */
+        uint64_t chunks = (tel.haystack_bytes_uploaded + (256u << 10) - 1) / (256u << 10);
+        ck_assert_uint_gt(chunks, 1);
+        ck_assert_uint_ge(tel.submits, chunks + 1);
+    }
+    opt.upload_chunk = 16;
+    gpu_engine_destroy(eng);
+    eng = engine(&opt);
+    for (uint32_t seed = 4; seed <= 6; seed++)
+        random_round(eng, 300 + seed, 1 + rnd(30), 600);
+    gpu_engine_destroy(eng);
 }
 END_TEST
 
@@ -811,6 +839,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_random_scalar);
     tcase_add_test(tc, test_random_subgroup);
     tcase_add_test(tc, test_many_buffers);
+    tcase_add_test(tc, test_staged_upload);
     tcase_add_test(tc, test_segment_boundaries);
     tcase_add_test(tc, test_long_buffers);
     tcase_add_test(tc, test_loop_budget);
