@@ -85,6 +85,8 @@ static const struct opt opts[] = {
      "buffers in one engine batch"},
     {"inflight-batches", NUM(OPT_U32, inflight_batches), 1, 16, false,
      "batches handed to the engine at once"},
+    {"cpu-max-work", NUM(OPT_SIZE, cpu_max_work), 0, 1 * GIB, false,
+     "engine auto: batches up to this many bytes x DFA groups scan on the CPU (0: never)"},
     {"device-budget", NUM(OPT_SIZE, device_budget), 0, 1024 * GIB, true,
      "device bytes for resident catalogs (0: engine default)"},
     {"host-catalog-budget", NUM(OPT_SIZE, host_catalog_budget), 0, 1024 * GIB, true,
@@ -116,6 +118,7 @@ void config_defaults(struct daemon_config *cfg)
     cfg->batch_max_bytes = 1 * GIB;
     cfg->batch_max_buffers = 65536;
     cfg->inflight_batches = 2;
+    cfg->cpu_max_work = 256 * 1024;
     cfg->device_budget = 0;
     cfg->host_catalog_budget = 1 * GIB;
     cfg->drain_timeout_ms = 30 * 1000;

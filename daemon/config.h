@@ -66,6 +66,8 @@ struct daemon_config {
     uint64_t batch_max_bytes;   /* bytes in one engine batch */
     uint32_t batch_max_buffers; /* buffers in one engine batch */
     uint32_t inflight_batches;  /* batches handed to the engine at once; not reloadable */
+    uint64_t cpu_max_work;      /* engine auto: batches of at most this many buffer bytes
+                                 * times DFA groups run on the CPU scanner; not reloadable */
 
     /* Memory (reloadable). */
     uint64_t device_budget;       /* device bytes for resident catalogs; 0 = the engine's choice */

@@ -431,6 +431,44 @@ START_TEST(test_load_scan_inline)
 }
 END_TEST
 
+/* --engine auto: a batch whose bytes x DFA groups stay under cpu-max-work
+ * goes to the CPU reference scanner (a GPU launch costs more than scanning
+ * a few KiB); a larger one to the GPU. Both give refscan's hits. */
+START_TEST(test_small_batches_on_cpu)
+{
+    struct daemon d;
+    const char *extra[] = {"--engine", "auto", "--cpu-max-work", "64K", NULL};
+    daemon_start(&d, NULL, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    uint32_t groups = catalog_group_count(ref);
+    static uint8_t buf[256 * 1024];
+    size_t sizes[2] = {4096, sizeof(buf)};
+    uint64_t want_engine[2] = {1, 0}; /* 1: CPU scanner, 0: GPU */
+    ck_assert_uint_le(4096 * groups, 64 * 1024);
+    ck_assert_uint_gt(sizeof(buf) * groups, 64 * 1024);
+    for (int k = 0; k < 2; k++) {
+        make_haystack(buf, sizes[k]);
+        struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = buf, .len = sizes[k]};
+        struct vks_scan_options so = {.mode = VKS_REPORT_ALL};
+        struct vks_scan_result res = {0};
+        struct vks_error err = {0};
+        int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, &so, &res, &err);
+        ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+        check_hits(ref, &res, 0, buf, sizes[k], SCAN_ALL);
+        ck_assert_uint_gt(res.n_hits, 0);
+        ck_assert_uint_eq(tel_of(&res, "engine"), want_engine[k]);
+        vks_scan_result_finish(&res);
+    }
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
 static int make_memfd(const uint8_t *data, size_t len, bool seal)
 {
     int fd = memfd_create("vkscan-test", MFD_CLOEXEC | (seal ? MFD_ALLOW_SEALING : 0));
@@ -1470,6 +1508,7 @@ Suite *daemon_suite(void)
     tc = tcase_create("e2e");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_load_scan_inline);
+    tcase_add_test(tc, test_small_batches_on_cpu);
     tcase_add_test(tc, test_scan_memfd);
     tcase_add_test(tc, test_second_client_shares_catalog);
     tcase_add_test(tc, test_pipelined_by_id);
