@@ -747,6 +747,10 @@ static int finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     return 0;
 }
 
+/* How far a batch is re-planned after cut loops: items of 1/64 the modelled
+ * budget at the least. */
+#define CUT_SHIFT_MAX 6u
+
 /* Runs passes until the ring held every hit, then reads the hits back. */
 static int run_and_read(struct batch_ctx *bc, struct gpu_result *res, struct vks_error *err)
 {
@@ -758,7 +762,8 @@ static int run_and_read(struct batch_ctx *bc, struct gpu_result *res, struct vks
     while (rc == 0) {
         invalidate(eng, &eng->qs_host);
         tel->bytes_read_back += (QS_HEADS + bc->n_ranges) * 4;
-        if (qs[QS_ERROR] & QS_ERR_CUT)
+        bc->cut = (qs[QS_ERROR] & QS_ERR_CUT) != 0;
+        if (bc->cut)
             return vks_error_set(err, -EIO,
                                  "the driver cut a scan loop short (device %s): lower "
                                  "segment_bytes or chain_bytes so items fit its loop budget",
@@ -848,6 +853,19 @@ int gpu_batch_dispatch(struct gpu_engine *eng, const struct gpu_batch *batch,
         return rc;
     struct batch_ctx bc = {.eng = eng, .batch = batch, .tel = &res->tel};
     rc = dispatch(&bc, res, err);
+    /* The cost model undercounts some driver's loops (lavapipe, hit-dense
+     * catalogs): nothing was reported from the cut pass, so plan smaller
+     * items, for this batch and the ones after it, and run it again. */
+    for (uint32_t retries = 0; rc == -EIO && bc.cut && eng->cut_shift < CUT_SHIFT_MAX;) {
+        eng->cut_shift++;
+        retries++;
+        res->n_hits = 0;
+        memset(&res->tel, 0, sizeof(res->tel));
+        res->tel.cut_reruns = retries;
+        vks_error_clear(err);
+        bc = (struct batch_ctx){.eng = eng, .batch = batch, .tel = &res->tel};
+        rc = dispatch(&bc, res, err);
+    }
     struct gpu_telemetry *tel = &res->tel;
     tel->bytes_uploaded =
         tel->haystack_bytes_uploaded + tel->catalog_bytes_uploaded + tel->meta_bytes_uploaded;

@@ -160,6 +160,7 @@ struct gpu_telemetry {
     uint64_t hits_raw;        /* raw matches found (hit head) */
     uint64_t hit_capacity;    /* ring size of the final pass */
     uint32_t hit_reruns;      /* passes re-run because the ring overflowed */
+    uint32_t cut_reruns;      /* batches re-planned smaller because the driver cut a loop */
     uint64_t plan_ns;         /* checks, launch policy, work items, pipelines */
     uint64_t upload_ns;       /* host side: staging filled and every chunk submitted */
     uint64_t kernel_ns;       /* GPU timestamps around the dispatches, all passes */

@@ -139,6 +139,9 @@ struct gpu_engine {
 
     uint64_t budget;
     uint64_t device_bytes; /* live device-local allocations */
+    /* Work items are planned 2^-cut_shift of the loop budget the cost model
+     * allows: raised each time the driver still cut a loop (lavapipe). */
+    uint32_t cut_shift;
     uint32_t n_allocs;
     uint64_t alloc_bytes;
     bool direct; /* device-local memory is host-visible on a CPU/integrated device */
@@ -178,6 +181,7 @@ struct gpu_engine {
 
 /* One gpu_batch_dispatch call in flight. */
 struct batch_ctx {
+    bool cut; /* the driver cut a scan loop short: re-plan smaller and re-run */
     struct gpu_engine *eng;
     const struct gpu_batch *batch;
     struct gpu_telemetry *tel;

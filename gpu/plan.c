@@ -193,7 +193,7 @@ static void fit_budget(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded)
         return;
     bc->acc_iters[c] = accept_iters(bc->eng, bc->batch->catalogs[c]);
     uint64_t fill = (256 + p->smem_cap) / p->wg + 8;
-    uint64_t usable = p->step_budget - fill - 64 - bc->acc_iters[c];
+    uint64_t usable = (p->step_budget - fill - 64 - bc->acc_iters[c]) >> bc->eng->cut_shift;
     uint64_t bytes = usable * 16 / (16 * (uint64_t)bc->acc_iters[c] + 1);
     bytes &= ~(uint64_t)15;
     if (bytes < bc->chain[c])

@@ -306,6 +306,22 @@ END_TEST
  * lavapipe a walk past 65535 loop iterations would be cut short: this
  * needs several chained rounds and full-length bounded segments, and
  * would lose the last matches if the loop budget were wrong. */
+/* Long buffers against hit-dense random catalogs with the default plan:
+ * lavapipe cut a loop that the cost model thought fit (seed 303). The
+ * engine re-plans smaller and re-runs; every hit still comes back. */
+START_TEST(test_cut_loops_rerun)
+{
+    struct gpu_engine *eng = engine(NULL);
+    uint32_t reruns = 0;
+    for (uint32_t seed = 301; seed <= 304; seed++)
+        reruns += random_round(eng, seed, 12, 120000).cut_reruns;
+    /* on a device without a loop budget nothing is ever cut */
+    if (gpu_engine_device(eng)->loop_budget == 0xffffffffu)
+        ck_assert_uint_eq(reruns, 0);
+    gpu_engine_destroy(eng);
+}
+END_TEST
+
 START_TEST(test_long_buffers)
 {
     struct trule t[] = {{"lit", RULE_LITERAL, "zzqq", 0},
@@ -842,6 +858,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_staged_upload);
     tcase_add_test(tc, test_segment_boundaries);
     tcase_add_test(tc, test_long_buffers);
+    tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
     tcase_add_test(tc, test_anchored);
     tcase_add_test(tc, test_large_catalogs);
