@@ -23,6 +23,10 @@
 
 #define MAX_DEVICES 16u
 
+/* Dropped catalogs queued for the worker; past this, LRU eviction frees
+ * the rest in time. */
+#define FORGET_MAX 64
+
 struct engine {
     uv_loop_t *loop;
     uv_async_t async;
@@ -33,6 +37,8 @@ struct engine {
     struct engine_batch *queue_head, *queue_tail; /* loop -> worker */
     struct engine_batch *done_head, *done_tail;   /* worker -> loop */
     bool stop;
+    uint8_t forget[FORGET_MAX][CATALOG_FP_LEN]; /* loop -> worker: dropped catalogs */
+    uint32_t n_forget;
     uint32_t pending; /* loop thread: submitted, not handed back */
     uint64_t batches; /* worker: batches run */
 
@@ -547,18 +553,26 @@ static void worker_main(void *arg)
     pthread_mutex_unlock(&e->mu);
     uv_async_send(&e->async);
     for (;;) {
+        uint8_t forget[FORGET_MAX][CATALOG_FP_LEN];
         pthread_mutex_lock(&e->mu);
-        while (e->queue_head == NULL && !e->stop)
+        while (e->queue_head == NULL && e->n_forget == 0 && !e->stop)
             pthread_cond_wait(&e->cond, &e->mu);
+        uint32_t n_forget = e->n_forget;
+        memcpy(forget, e->forget, (size_t)n_forget * CATALOG_FP_LEN);
+        e->n_forget = 0;
         struct engine_batch *b = e->queue_head;
-        if (b == NULL) {
-            pthread_mutex_unlock(&e->mu);
-            break;
+        if (b != NULL) {
+            e->queue_head = b->next;
+            if (e->queue_head == NULL)
+                e->queue_tail = NULL;
         }
-        e->queue_head = b->next;
-        if (e->queue_head == NULL)
-            e->queue_tail = NULL;
         pthread_mutex_unlock(&e->mu);
+        for (uint32_t i = 0; i < n_forget && e->gpu != NULL; i++)
+            gpu_engine_forget(e->gpu, forget[i]);
+        if (b == NULL && n_forget != 0)
+            continue;
+        if (b == NULL)
+            break; /* stop, and nothing left */
 
         if (e->open_status == 0) {
             run_batch(e, b);
@@ -646,6 +660,15 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
     e->thread_started = true;
     *out = e;
     return 0;
+}
+
+void engine_forget(struct engine *e, const uint8_t fp[CATALOG_FP_LEN])
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->n_forget < FORGET_MAX)
+        memcpy(e->forget[e->n_forget++], fp, CATALOG_FP_LEN);
+    pthread_cond_signal(&e->cond);
+    pthread_mutex_unlock(&e->mu);
 }
 
 void engine_submit(struct engine *e, struct engine_batch *batch)

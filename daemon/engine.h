@@ -115,6 +115,13 @@ typedef void (*engine_ready_cb)(struct engine *eng, int status, const struct vks
 int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready_cb ready,
                   engine_done_cb done, void *ctx, struct engine **out, struct vks_error *err);
 
+/*
+ * The store dropped the catalog with fingerprint `fp` for good (its last
+ * tenant let it go): the worker frees its device copy before the next
+ * batch. Loop thread only.
+ */
+void engine_forget(struct engine *e, const uint8_t fp[CATALOG_FP_LEN]);
+
 /* Queues a batch for the worker. The batch and everything it points to are
  * borrowed until `done` hands it back. Loop thread. */
 void engine_submit(struct engine *eng, struct engine_batch *batch);

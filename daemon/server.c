@@ -522,6 +522,13 @@ static int init_handles(struct server *srv, struct vks_error *err)
     return 0;
 }
 
+/* The store let a catalog go for good: free its device copy too. */
+static void on_catalog_forgotten(void *ctx, const uint8_t fp[CATALOG_FP_LEN])
+{
+    struct server *srv = ctx;
+    engine_forget(srv->engine, fp);
+}
+
 int server_create(const struct daemon_config *cfg, int argc, char **argv, struct server **out,
                   struct vks_error *err)
 {
@@ -556,6 +563,8 @@ int server_create(const struct daemon_config *cfg, int argc, char **argv, struct
     }
     if (rc == 0)
         rc = engine_create(&srv->loop, cfg, on_engine_ready, on_batch_done, srv, &srv->engine, err);
+    if (rc == 0)
+        store_set_forget(srv->store, on_catalog_forgotten, srv);
     if (rc != 0) {
         server_destroy(srv);
         return rc;

@@ -85,6 +85,17 @@ static void evict(struct gpu_engine *eng, uint32_t slot)
     eng->cats[slot] = eng->cats[--eng->n_cats];
 }
 
+bool gpu_engine_forget(struct gpu_engine *eng, const uint8_t fp[CATALOG_FP_LEN])
+{
+    for (uint32_t i = 0; i < eng->n_cats; i++) {
+        if (memcmp(eng->cats[i].fp, fp, CATALOG_FP_LEN) == 0) {
+            evict(eng, i);
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Evicts the least recently used catalog this batch does not use. */
 static bool evict_one(struct batch_ctx *bc)
 {

@@ -215,4 +215,12 @@ void gpu_result_finish(struct gpu_result *res);
 /* Number of catalogs resident on the device now. */
 uint32_t gpu_engine_resident_catalogs(const struct gpu_engine *eng);
 
+/*
+ * Frees the device copy of the catalog with fingerprint `fp` when it is
+ * resident (its last user dropped it), instead of leaving it until LRU
+ * eviction. Returns true when one was freed. Same thread rules as
+ * gpu_batch_dispatch; never call it during a dispatch.
+ */
+bool gpu_engine_forget(struct gpu_engine *eng, const uint8_t fp[CATALOG_FP_LEN]);
+
 #endif

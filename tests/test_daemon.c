@@ -469,6 +469,47 @@ START_TEST(test_small_batches_on_cpu)
 }
 END_TEST
 
+/* One inline scan; returns the telemetry value `key` of its reply. */
+static uint64_t scan_tel(struct vks_client *c, const struct vks_catalog *cat, const char *key)
+{
+    static const uint8_t data[] = "a needle and a zebra";
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = data, .len = sizeof(data) - 1};
+    struct vks_scan_options so = {.mode = VKS_REPORT_ALL};
+    struct vks_scan_result res = {0};
+    struct vks_error err = {0};
+    int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, &so, &res, &err);
+    ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+    ck_assert_uint_eq(res.n_hits, 1);
+    uint64_t v = tel_of(&res, key);
+    vks_scan_result_finish(&res);
+    return v;
+}
+
+/* A catalog its last tenant drops leaves the device at once, not when LRU
+ * eviction gets to it. */
+START_TEST(test_drop_frees_device_copy)
+{
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *a = load_ok(c, rules, N_RULES, false);
+    struct vks_catalog *b = load_ok(c, other_rules, 1, false);
+    scan_tel(c, a, "resident_catalogs");
+    uint64_t both = scan_tel(c, b, "resident_catalogs");
+    bool dropped = false;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_catalog_drop(c, vks_catalog_fingerprint(a), &dropped, &err), 0);
+    ck_assert(dropped);
+    ck_assert_uint_eq(scan_tel(c, b, "resident_catalogs"), both - 1);
+    ck_assert_uint_eq(scan_tel(c, b, "catalog_bytes_uploaded"), 0);
+    vks_catalog_destroy(a);
+    vks_catalog_destroy(b);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
 static int make_memfd(const uint8_t *data, size_t len, bool seal)
 {
     int fd = memfd_create("vkscan-test", MFD_CLOEXEC | (seal ? MFD_ALLOW_SEALING : 0));
@@ -1509,6 +1550,7 @@ Suite *daemon_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_load_scan_inline);
     tcase_add_test(tc, test_small_batches_on_cpu);
+    tcase_add_test(tc, test_drop_frees_device_copy);
     tcase_add_test(tc, test_scan_memfd);
     tcase_add_test(tc, test_second_client_shares_catalog);
     tcase_add_test(tc, test_pipelined_by_id);
