@@ -3,7 +3,7 @@
  * deterministic synthetic workloads and on the real rule sets in
  * ../shared/data.
  *
- *   compile_bench [--json] [--repeat N] [--data DIR] [--only NAME]
+ *   compile_bench [--json] [--repeat N] [--data DIR] [--only NAME] [--max-states N]
  *
  * Workloads: 1,000 and 10,000 random lowercase literals of 8-16 bytes;
  * regex-500, the 500 bounded regexes that scan_bench scans on the GPU
@@ -262,14 +262,16 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int measure(const char *name, const struct ruleset *rs, int repeat, struct figures *out)
+static int measure(const char *name, const struct ruleset *rs, int repeat, uint32_t max_states,
+                   struct figures *out)
 {
     *out = (struct figures){.name = name, .rules = rs->n, .wall_s = 1e30};
     for (int k = 0; k < repeat; k++) {
         struct rules_result res;
         struct vks_error err = {0};
         double t0 = now_s();
-        int rc = rules_compile(rs->v, rs->n, NULL, &res, &err);
+        struct rules_options ro = {.max_states = max_states};
+        int rc = rules_compile(rs->v, rs->n, &ro, &res, &err);
         double t = now_s() - t0;
         if (rc != 0) {
             fprintf(stderr, "compile_bench: %s: %s\n", name, err.msg);
@@ -347,7 +349,8 @@ static int build(const struct workload *w, const char *data, struct ruleset *rs)
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: compile_bench [--json] [--repeat N] [--data DIR] [--only NAME]\n");
+    fprintf(stderr, "usage: compile_bench [--json] [--repeat N] [--data DIR] [--only NAME]\n"
+                    "                     [--max-states N]\n");
     return 2;
 }
 
@@ -355,6 +358,7 @@ int main(int argc, char **argv)
 {
     bool json = false;
     int repeat = 1;
+    uint32_t max_states = 0; /* the compiler's default budget */
     const char *only = NULL;
     const char *data = getenv("VKS_SHARED_DATA");
     if (data == NULL || *data == '\0')
@@ -368,6 +372,8 @@ int main(int argc, char **argv)
             data = argv[++i];
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only = argv[++i];
+        else if (strcmp(argv[i], "--max-states") == 0 && i + 1 < argc)
+            max_states = (uint32_t)strtoul(argv[++i], NULL, 10);
         else
             return usage();
     }
@@ -381,7 +387,7 @@ int main(int argc, char **argv)
         if (only ? strcmp(only, w->name) != 0 : w->only_on_request)
             continue;
         struct ruleset rs = {0};
-        if (build(w, data, &rs) == 0 && measure(w->name, &rs, repeat, &figs[nf]) == 0)
+        if (build(w, data, &rs) == 0 && measure(w->name, &rs, repeat, max_states, &figs[nf]) == 0)
             nf++;
         else if (w->file == NULL)
             status = 1;

@@ -52,6 +52,7 @@ struct opts {
     const char *data;
     const char *json_out;
     const char *dump_rules; /* directory: write each workload's rules as a pattern file */
+    uint32_t max_states;    /* the compiler's per-group DFA state budget; 0: default */
     bool json;
 };
 
@@ -408,7 +409,7 @@ static double hs_run(const hs_database_t *db, const struct gpu_buffer *bufs, uin
 /* ---- one workload ------------------------------------------------------- */
 
 static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32_t *rejected,
-                                    double *secs)
+                                    double *secs, uint32_t max_states)
 {
     struct rule_src *v = xmalloc(rs->n * sizeof(*v));
     size_t m = 0;
@@ -419,7 +420,8 @@ static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32
     struct rules_result res = {0};
     struct vks_error err;
     double t0 = now_s();
-    if (rules_compile(v, m, NULL, &res, &err) < 0)
+    struct rules_options ro = {.max_states = max_states};
+    if (rules_compile(v, m, &ro, &res, &err) < 0)
         die("rules_compile", err.msg);
     *secs = now_s() - t0;
     /* Rules we reject are dropped from Hyperscan's set too. */
@@ -475,7 +477,7 @@ static void run_workload(struct gpu_engine *eng, const char *name, struct rulese
     for (size_t i = 0; i < rs->n; i++)
         keep[i] = true;
     uint32_t rejected;
-    struct catalog *cat = compile_ours(rs, keep, &rejected, &out->compile_s);
+    struct catalog *cat = compile_ours(rs, keep, &rejected, &out->compile_s, o->max_states);
     double t0 = now_s();
     hs_database_t *db = hs_build(rs, keep);
     out->hs_compile_s = now_s() - t0;
@@ -484,7 +486,7 @@ static void run_workload(struct gpu_engine *eng, const char *name, struct rulese
         both += keep[i];
     if (both != catalog_rule_count(cat)) { /* Hyperscan dropped some: same set for both */
         catalog_destroy(cat);
-        cat = compile_ours(rs, keep, &rejected, &out->compile_s);
+        cat = compile_ours(rs, keep, &rejected, &out->compile_s, o->max_states);
     }
     out->rules = catalog_rule_count(cat);
     out->rejected = (uint32_t)(rs->n - out->rules);
@@ -716,6 +718,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->only = v;
         } else if (strcmp(a, "--dump-rules") == 0) {
             o->dump_rules = v;
+        } else if (strcmp(a, "--max-states") == 0) {
+            o->max_states = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(a, "--data") == 0) {
             o->data = v;
         } else if (strcmp(a, "--json-out") == 0) {
