@@ -868,14 +868,19 @@ int gpu_batch_dispatch(struct gpu_engine *eng, const struct gpu_batch *batch,
      * catalogs): nothing was reported from the cut pass, so plan smaller
      * items, for this batch and the ones after it, and run it again. */
     for (uint32_t retries = 0; rc == -EIO && bc.cut && eng->cut_shift < CUT_SHIFT_MAX;) {
+        struct gpu_telemetry cut = res->tel; /* what the cut pass moved still counts */
         eng->cut_shift++;
         retries++;
         res->n_hits = 0;
         memset(&res->tel, 0, sizeof(res->tel));
-        res->tel.cut_reruns = retries;
         vks_error_clear(err);
         bc = (struct batch_ctx){.eng = eng, .batch = batch, .tel = &res->tel};
         rc = dispatch(&bc, res, err);
+        res->tel.cut_reruns = retries;
+        res->tel.catalog_bytes_uploaded += cut.catalog_bytes_uploaded;
+        res->tel.haystack_bytes_uploaded += cut.haystack_bytes_uploaded;
+        res->tel.meta_bytes_uploaded += cut.meta_bytes_uploaded;
+        res->tel.bytes_read_back += cut.bytes_read_back;
     }
     struct gpu_telemetry *tel = &res->tel;
     tel->bytes_uploaded =
