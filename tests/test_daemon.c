@@ -1468,6 +1468,53 @@ END_TEST
 
 /* ---- the scheduler on its own ----------------------------------------- */
 
+/* A tenant alone fills a batch with its queued scans on one catalog, up to
+ * the batch's byte limit: no one to be fair to, and each batch costs a fixed
+ * launch. With a second tenant waiting, DRR takes turns again. */
+START_TEST(test_sched_solo_tenant_fills_batches)
+{
+    struct sched *s;
+    struct sched_limits lim = {
+        .quantum = 1 << 20, .tenant_max_requests = 1000, .tenant_max_bytes = 1ull << 40};
+    ck_assert_int_eq(sched_create(&lim, &s), 0);
+    struct sched_tenant *solo = sched_tenant_get(s, 1);
+    static struct sched_job jl[6], jo[2];
+    int key_a, key_b;
+    for (int i = 0; i < 6; i++) {
+        jl[i] = (struct sched_job){.key = &key_a, .bytes = 64u << 20, .n_buffers = 1};
+        sched_push(s, solo, &jl[i]);
+    }
+    size_t sizes[8], n_batches = 0;
+    bool pushed_other = false;
+    for (;;) {
+        struct sched_job *first;
+        size_t n = sched_next_batch(s, 256u << 20, 4096, &first);
+        if (n == 0)
+            break;
+        sizes[n_batches++] = n;
+        for (struct sched_job *j = first, *next; j != NULL; j = next) {
+            next = j->next;
+            sched_job_done(s, j);
+        }
+        if (!pushed_other) { /* a second tenant arrives after the first batch */
+            struct sched_tenant *other = sched_tenant_get(s, 2);
+            for (int i = 0; i < 2; i++) {
+                jo[i] = (struct sched_job){.key = &key_b, .bytes = 64u << 20, .n_buffers = 1};
+                sched_push(s, other, &jo[i]);
+            }
+            pushed_other = true;
+        }
+    }
+    /* 4 x 64 MiB fill the first batch; then the two tenants take turns, one
+     * scan per batch, for the remaining 2 + 2. */
+    ck_assert_uint_eq(sizes[0], 4);
+    ck_assert_uint_eq(n_batches, 5);
+    for (size_t i = 1; i < n_batches; i++)
+        ck_assert_uint_eq(sizes[i], 1);
+    sched_destroy(s);
+}
+END_TEST
+
 START_TEST(test_sched_fair_by_bytes)
 {
     struct sched *s;
@@ -1542,6 +1589,7 @@ Suite *daemon_suite(void)
     Suite *s = suite_create("daemon");
     TCase *tc = tcase_create("unit");
     tcase_add_test(tc, test_sched_fair_by_bytes);
+    tcase_add_test(tc, test_sched_solo_tenant_fills_batches);
     tcase_add_test(tc, test_config_access_keys);
     tcase_add_test(tc, test_config_bad_access_values);
     tcase_add_test(tc, test_config_default_file);
