@@ -83,6 +83,8 @@ struct engine_batch {
     struct engine_telemetry tel;
     void *user;                /* the caller's */
     struct engine_batch *next; /* engine queues */
+    void *loaded;              /* engine: descriptor buffers to release off its thread */
+    size_t n_loaded;
 };
 
 struct engine_info {
