@@ -665,8 +665,12 @@ static void on_async(uv_async_t *h)
         e->info.resident_catalogs = done->tel.gpu_tel.resident_catalogs;
         if (done->tel.gpu)
             e->info.device_memory_used = done->tel.gpu_tel.resident_bytes;
-        release_loaded(e, done);
+        /* The mappings go after the replies: done_cb may still read them,
+         * and may free the batch. */
+        struct engine_batch mapped = {.loaded = done->loaded, .n_loaded = done->n_loaded};
+        done->loaded = NULL;
         e->done_cb(e, done, e->ctx);
+        release_loaded(e, &mapped);
         done = next;
     }
 }
