@@ -334,17 +334,7 @@ static int enter(struct mp *m, const struct mp_val *v, uint32_t limit, int limit
 
 int mp_read_array(struct mp *m, uint32_t limit, uint32_t *n, const char *what)
 {
-    struct mp_val v;
-    int rc = next(m, &v, what);
-    if (rc < 0)
-        return rc;
-    if (v.t != MP_ARRAY)
-        return wrong_type(m, &v, "an array", what);
-    rc = enter(m, &v, limit, -VKS_E_LIMIT, what);
-    if (rc < 0)
-        return rc;
-    *n = v.len;
-    return 0;
+    return mp_read_array_code(m, limit, -VKS_E_LIMIT, n, what);
 }
 
 int mp_read_array_code(struct mp *m, uint32_t limit, int limit_code, uint32_t *n, const char *what)
