@@ -219,18 +219,11 @@ static void gen_bounded_regexes(struct ruleset *rs, size_t n)
 
 static int load_patfile(struct ruleset *rs, const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return -errno;
-    char *text = NULL;
-    size_t len = 0, cap = 0, got;
-    do {
-        if (len + 65536 > cap)
-            text = xrealloc(text, cap = (len + 65536) * 2);
-        got = fread(text + len, 1, 65536, f);
-        len += got;
-    } while (got > 0);
-    fclose(f);
+    char *text;
+    size_t len;
+    int rd = workload_read_file(path, &text, &len);
+    if (rd != 0)
+        return rd;
     struct patfile pf;
     struct vks_error err = {0};
     int rc = patfile_parse(text, len, &pf, &err);

@@ -20,6 +20,7 @@
 
 #include "patfile.h"
 #include "rules.h"
+#include "workloads.h"
 
 struct prule {
     char *id;
@@ -57,18 +58,11 @@ static char *xmemdup(const char *s, size_t n)
  * cannot read stay in `pf->bad`. */
 static int pfile_load(struct pfile *pf, const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return -errno;
-    char *text = NULL;
-    size_t len = 0, cap = 0, got;
-    do {
-        if (len + 65536 > cap)
-            text = xrealloc(text, cap = (len + 65536) * 2);
-        got = fread(text + len, 1, 65536, f);
-        len += got;
-    } while (got > 0);
-    fclose(f);
+    char *text;
+    size_t len;
+    int rd = workload_read_file(path, &text, &len);
+    if (rd != 0)
+        return rd;
     struct vks_error err = {0};
     int rc = patfile_parse(text, len, &pf->bad, &err);
     free(text);

@@ -225,17 +225,8 @@ static void regex_workload(uint32_t n, struct ruleset *rs, struct corpus *c, con
 
 static char *read_file(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = xmalloc((size_t)n + 1);
-    *len = fread(p, 1, (size_t)n, f);
-    p[*len] = '\0';
-    fclose(f);
-    return p;
+    char *text;
+    return workload_read_file(path, &text, len) == 0 ? text : NULL;
 }
 
 /* A real rule set from ../shared/data on its haystack, repeated to size. */

@@ -1,5 +1,6 @@
 #include "workloads.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -62,4 +63,36 @@ int workload_regex(uint64_t *s, uint32_t i, char pat[96], char inst[64])
     free(suf);
     free(mid);
     return rc;
+}
+
+int workload_read_file(const char *path, char **text, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return -errno;
+    char *buf = NULL;
+    size_t n = 0, cap = 0, got;
+    do {
+        if (n + 65536 + 1 > cap) {
+            char *nb = realloc(buf, cap = (n + 65536 + 1) * 2);
+            if (nb == NULL) {
+                free(buf);
+                fclose(f);
+                return -ENOMEM;
+            }
+            buf = nb;
+        }
+        got = fread(buf + n, 1, 65536, f);
+        n += got;
+    } while (got > 0);
+    int rc = ferror(f) ? -EIO : 0;
+    fclose(f);
+    if (rc != 0) {
+        free(buf);
+        return rc;
+    }
+    buf[n] = '\0';
+    *text = buf;
+    *len = n;
+    return 0;
 }

@@ -8,6 +8,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Reads a whole file into a malloc'd, NUL-terminated buffer; returns 0 or
+ * a negative errno. */
+int workload_read_file(const char *path, char **text, size_t *len);
+
 /* xorshift64: deterministic on every machine. */
 uint64_t workload_next(uint64_t *s);
 
