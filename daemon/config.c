@@ -91,6 +91,28 @@ static const struct opt opts[] = {
      "device bytes for resident catalogs (0: engine default)"},
     {"host-catalog-budget", NUM(OPT_SIZE, host_catalog_budget), 0, 1024 * GIB, true,
      "host bytes of idle catalogs kept in memory"},
+    {"max-unsent-bytes", NUM(OPT_SIZE, max_unsent_bytes), 64 * KIB, 16 * GIB, true,
+     "unsent reply bytes of one connection before it is closed"},
+    {"frame-budget", NUM(OPT_SIZE, frame_budget), 64 * KIB, 1024 * GIB, true,
+     "bytes of partly received frames over all connections"},
+    {"frame-timeout-ms", NUM(OPT_U32, frame_timeout_ms), 0, 3600u * 1000, true,
+     "a started frame must arrive whole within this (0: none)"},
+    {"idle-timeout-ms", NUM(OPT_U32, idle_timeout_ms), 0, 7 * 24 * 3600u * 1000, true,
+     "close connections idle this long (0: never)"},
+    {"tenant-max-connections", NUM(OPT_U32, tenant_max_connections), 1, 1u << 20, true,
+     "open connections of one uid"},
+    {"compile-threads", NUM(OPT_U32, compile_threads), 1, 64, false,
+     "threads compiling rule sets"},
+    {"tenant-max-compiles", NUM(OPT_U32, tenant_max_compiles), 1, 64, true,
+     "compiles of one uid running at once"},
+    {"max-states", NUM(OPT_U32, max_states), 256, 1u << 24, true,
+     "largest max_states a catalog.load may ask for"},
+    {"compile-timeout-ms", NUM(OPT_U32, compile_timeout_ms), 0, 3600u * 1000, true,
+     "longest compile of one rule set (0: none)"},
+    {"batch-max-ms", NUM(OPT_U32, batch_max_ms), 1, 60u * 1000, true,
+     "estimated run time of one engine batch"},
+    {"admin-gids", SIZED(OPT_GIDS, admin_gids), 0, 0, true,
+     "groups (names or gids) whose members see every tenant's stats"},
     {"drain-timeout-ms", NUM(OPT_U32, drain_timeout_ms), 0, 3600u * 1000, true,
      "SIGTERM: longest wait for in-flight work"},
     {"log-level", NUM(OPT_LOGLEVEL, log_level), 0, 0, true, "err, warning, notice, info, debug"},
@@ -121,6 +143,16 @@ void config_defaults(struct daemon_config *cfg)
     cfg->cpu_max_work = 256 * 1024;
     cfg->device_budget = 0;
     cfg->host_catalog_budget = 1 * GIB;
+    cfg->max_unsent_bytes = 64 * MIB;
+    cfg->frame_budget = 256 * MIB;
+    cfg->frame_timeout_ms = 30 * 1000;
+    cfg->idle_timeout_ms = 600 * 1000;
+    cfg->tenant_max_connections = 64;
+    cfg->compile_threads = 2;
+    cfg->tenant_max_compiles = 1;
+    cfg->max_states = 1u << 20;
+    cfg->compile_timeout_ms = 60 * 1000;
+    cfg->batch_max_ms = 50;
     cfg->drain_timeout_ms = 30 * 1000;
     cfg->log_level = LOG_LVL_INFO;
 }

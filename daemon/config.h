@@ -79,6 +79,21 @@ struct daemon_config {
     struct config_ids allow_uids;
     struct config_ids allow_gids;
 
+    /* Hostile tenants (reloadable except compile_threads). Every
+     * per-connection and service-wide buffer has a cap; docs/daemon.md,
+     * "Memory bound", adds them up. */
+    uint64_t max_unsent_bytes;       /* unsent reply bytes of one connection: past it, closed */
+    uint64_t frame_budget;           /* bytes of partly received frames over all connections */
+    uint32_t frame_timeout_ms;       /* a started frame must be complete within this; 0 = none */
+    uint32_t idle_timeout_ms;        /* a connection with nothing in flight is closed; 0 = none */
+    uint32_t tenant_max_connections; /* open connections of one uid */
+    uint32_t compile_threads;        /* threads of the compile pool; not reloadable */
+    uint32_t tenant_max_compiles;    /* compiles of one uid running at once */
+    uint32_t max_states;             /* ceiling of a catalog.load's max_states */
+    uint32_t compile_timeout_ms;     /* longest compile; 0 = none */
+    uint32_t batch_max_ms;           /* estimated run time of one engine batch */
+    struct config_ids admin_gids;    /* groups whose members see service-wide stats */
+
     uint32_t drain_timeout_ms; /* SIGTERM: longest wait for in-flight work */
     int log_level;             /* enum log_level */
 };
