@@ -193,6 +193,7 @@ static int make_resident(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     const struct gpu_batch *b = bc->batch;
+    bc->cats_before = eng->n_cats;
     for (uint32_t c = 0; c < b->n_catalogs; c++) {
         if (bc->alias[c] >= 0) {
             bc->cat_slot[c] = bc->cat_slot[bc->alias[c]];
@@ -217,6 +218,19 @@ static int make_resident(struct batch_ctx *bc, struct vks_error *err)
         bc->tel->catalog_uploads++;
     }
     return 0;
+}
+
+/* A batch that failed after make_resident may not have uploaded (or may
+ * have only half uploaded) the catalogs it created: drop them, so that the
+ * next batch uploads them again instead of scanning an empty buffer. New
+ * slots are the last ones, so evicting from the top keeps the others. */
+static void drop_unfinished(struct batch_ctx *bc)
+{
+    struct gpu_engine *eng = bc->eng;
+    if (bc->cats_valid)
+        return;
+    while (eng->n_cats > bc->cats_before)
+        evict(eng, eng->n_cats - 1);
 }
 
 static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
@@ -804,6 +818,7 @@ static int run_and_read(struct batch_ctx *bc, struct gpu_result *res, struct vks
     tel->hit_capacity = eng->hits.size / 16;
     if (rc < 0)
         return rc;
+    bc->cats_valid = true; /* a pass completed: the catalogs' copies ran */
     uint64_t n = tel->hits_raw;
     tel->bytes_read_back += n * 16;
     const uint32_t *raw = NULL;
@@ -834,8 +849,10 @@ static int dispatch(struct batch_ctx *bc, struct gpu_result *res, struct vks_err
     rc = make_resident(bc, err);
     if (rc == 0)
         rc = reserve_buffers(bc, err);
-    if (rc < 0)
+    if (rc < 0) {
+        drop_unfinished(bc);
         return rc;
+    }
     uint64_t t1 = gpu_now_ns();
     upload_small(bc);
     rc = upload_haystack(bc, err);
@@ -843,12 +860,14 @@ static int dispatch(struct batch_ctx *bc, struct gpu_result *res, struct vks_err
     flush(eng, &eng->hay);
     flush(eng, &eng->meta);
     tel->upload_ns = gpu_now_ns() - t1;
-    if (rc < 0)
-        return rc;
-    update_sets(bc);
-    rc = record(bc, true, err);
+    if (rc == 0) {
+        update_sets(bc);
+        rc = record(bc, true, err);
+    }
     if (rc == 0)
         rc = run_and_read(bc, res, err);
+    if (rc < 0)
+        drop_unfinished(bc);
     return rc;
 }
 

@@ -434,7 +434,12 @@ int gbuf_create(struct gpu_engine *eng, struct gbuf *b, VkDeviceSize size, VkBuf
     if (b->device)
         eng->device_bytes += req.size;
     r = vkBindBufferMemory(eng->dev, b->buf, b->mem, 0);
-    if (r == VK_SUCCESS && (f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT))
+    /* staged_upload (tests) leaves device buffers unmapped, so that every
+     * byte reaches them through staging and a recorded copy, as on a
+     * discrete GPU without host-visible device memory. */
+    bool map = (f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
+               !(kind == GBUF_DEVICE && eng->opt.staged_upload);
+    if (r == VK_SUCCESS && map)
         r = vkMapMemory(eng->dev, b->mem, 0, VK_WHOLE_SIZE, 0, &b->map);
     if (r != VK_SUCCESS) {
         gbuf_destroy(eng, b);
@@ -463,8 +468,27 @@ int gbuf_reserve(struct gpu_engine *eng, struct gbuf *b, VkDeviceSize size,
     if (b->buf != VK_NULL_HANDLE && b->size >= size)
         return 0;
     VkDeviceSize want = gbuf_grow_size(b->size, size);
+    /* Create before destroying: a failed grow keeps the old buffer, which
+     * stays bound in the descriptor sets. Only when both do not fit at once
+     * is the old one freed first, and then re-created if the new one still
+     * fails, so the engine never holds a null buffer. */
+    struct gbuf grown;
+    int rc = gbuf_create(eng, &grown, want, usage, kind, err);
+    if (rc == 0) {
+        gbuf_destroy(eng, b);
+        *b = grown;
+        return 0;
+    }
+    if (b->buf == VK_NULL_HANDLE)
+        return rc;
+    VkDeviceSize had = b->size;
     gbuf_destroy(eng, b);
-    return gbuf_create(eng, b, want, usage, kind, err);
+    rc = gbuf_create(eng, b, want, usage, kind, err);
+    if (rc < 0) {
+        struct vks_error ignored;
+        (void)gbuf_create(eng, b, had, usage, kind, &ignored);
+    }
+    return rc;
 }
 
 static uint64_t default_budget(const struct gpu_engine *eng)

@@ -188,6 +188,10 @@ struct batch_ctx {
     struct launch_plan plan;
     int cat_slot[GPU_MAX_BATCH_CATALOGS]; /* index into eng->cats, -1 until resident */
     bool cat_new[GPU_MAX_BATCH_CATALOGS];
+    /* eng->n_cats before make_resident: slots at and past it were created
+     * by this batch and hold valid contents only once a pass completed. */
+    uint32_t cats_before;
+    bool cats_valid;
     int alias[GPU_MAX_BATCH_CATALOGS];      /* earlier batch catalog with the same fingerprint */
     uint32_t seg[GPU_MAX_BATCH_CATALOGS];   /* segment bytes per catalog */
     uint32_t chain[GPU_MAX_BATCH_CATALOGS]; /* chained walk bytes per round */

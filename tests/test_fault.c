@@ -1,0 +1,222 @@
+/*
+ * Fault injection into the GPU engine through the vkfault interposer
+ * (tests/fault/vkfault.h): Vulkan allocations, submits and fence waits fail
+ * on command, at every position a batch reaches. After each failure the
+ * engine must either report it (never rc 0 with missing hits) and give exact
+ * results on the next batch, or, after a timeout or a lost device, refuse
+ * with -ENODEV until re-created. The bug this guards against: a catalog
+ * recorded as resident before its upload ran stayed "resident" with no
+ * contents after a failed batch, and the next batch returned 0 hits.
+ */
+#include <check.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu.h"
+#include "refscan.h"
+#include "rules.h"
+#include "vkfault.h"
+
+static struct catalog *compile_one(const char *id, enum rule_kind kind, const char *pat)
+{
+    struct rule_src src = {id, kind, pat, strlen(pat), 0, 1};
+    struct rules_result res = {0};
+    struct vks_error err = {0};
+    ck_assert_int_eq(rules_compile(&src, 1, NULL, &res, &err), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    struct catalog *cat = res.catalog;
+    res.catalog = NULL;
+    rules_result_finish(&res);
+    return cat;
+}
+
+/* Staged: catalogs and haystacks go through staging and a device copy, as
+ * on a discrete GPU, also where lavapipe could map device memory; then a
+ * batch that fails before its copies ran has uploaded nothing. */
+static bool staged;
+
+static struct gpu_engine *engine(void)
+{
+    struct gpu_options opt = {.timeout_ms = 20000, .hit_capacity = 4, .staged_upload = staged};
+    struct gpu_engine *eng = NULL;
+    struct vks_error err = {0};
+    int rc = gpu_engine_create(&opt, &eng, &err);
+    ck_assert_msg(rc == 0, "gpu_engine_create: %d %s", rc, err.msg);
+    return eng;
+}
+
+/* Hits of `cat` over `buf` on the CPU reference scanner. */
+static size_t cpu_hits(const struct catalog *cat, const char *buf)
+{
+    struct scan_hits want = {0};
+    ck_assert_int_eq(refscan_buffer(cat, (const uint8_t *)buf, strlen(buf), SCAN_ALL, &want), 0);
+    size_t n = want.n;
+    scan_hits_finish(&want);
+    return n;
+}
+
+/* Dispatches one buffer; returns rc and the number of hits in *n. */
+static int scan(struct gpu_engine *eng, const struct catalog *cat, const char *buf, size_t *n,
+                struct vks_error *err)
+{
+    const struct catalog *cats[1] = {cat};
+    struct gpu_buffer gb = {(const uint8_t *)buf, strlen(buf), 1, SCAN_ALL, 0};
+    struct gpu_batch b = {cats, 1, &gb, 1};
+    struct gpu_result res = {0};
+    int rc = gpu_batch_dispatch(eng, &b, &res, err);
+    *n = res.n_hits;
+    gpu_result_finish(&res);
+    return rc;
+}
+
+/* A haystack with more hits than the initial ring (4) holds, so the ring
+ * grows (one more allocation and pass) inside the batch. */
+static const char hay[] = "xx needle yy needle zz needle .. needle -- needle ++ needle";
+
+/* Arms `op` to fail at its nth call from now, for n = 1, 2, ... until a
+ * batch runs without reaching the armed call. Each time: the failed batch
+ * reports an error (or, if the failure was absorbed, exact hits), and the
+ * next batch, unarmed, gives exact hits. */
+static void every_position(enum vkfault_op op, bool fatal)
+{
+    struct catalog *cat = compile_one("n", RULE_LITERAL, "needle");
+    size_t want = cpu_hits(cat, hay);
+    ck_assert_uint_eq(want, 6);
+    struct gpu_engine *eng = engine();
+    int failures = 0;
+    for (int nth = 1; nth < 64; nth++) {
+        /* A fresh catalog each time (one more rule changes the
+         * fingerprint), so the failing batch is the one that uploads it. */
+        char id[16], pat[32];
+        snprintf(id, sizeof(id), "r%d", nth);
+        snprintf(pat, sizeof(pat), "needle|zz%dq", nth);
+        struct catalog *fresh = compile_one(id, RULE_REGEX, pat);
+        size_t fresh_want = cpu_hits(fresh, hay);
+        int fired = vkfault_fired(op);
+        vkfault_arm(op, nth);
+        struct vks_error err = {0};
+        size_t n = 0;
+        int rc = scan(eng, fresh, hay, &n, &err);
+        vkfault_arm(op, 0);
+        bool hit = vkfault_fired(op) > fired;
+        if (!hit) {
+            /* Past the last call of this kind a batch makes: done. */
+            ck_assert_msg(rc == 0, "unarmed batch failed: %d %s", rc, err.msg);
+            ck_assert_uint_eq(n, fresh_want);
+            catalog_destroy(fresh);
+            break;
+        }
+        failures++;
+        if (rc == 0)
+            ck_assert_msg(n == fresh_want, "failure at call %d absorbed but %zu hits, want %zu",
+                          nth, n, fresh_want);
+        else
+            ck_assert_msg(err.msg[0] != '\0', "rc %d without a message", rc);
+        if (fatal && rc < 0) {
+            ck_assert_int_eq(scan(eng, fresh, hay, &n, &err), -ENODEV);
+            gpu_engine_destroy(eng);
+            eng = engine();
+        }
+        /* The same catalog again, and the long-lived one: both exact. */
+        rc = scan(eng, fresh, hay, &n, &err);
+        ck_assert_msg(rc == 0, "batch after a failure at call %d: %d %s", nth, rc, err.msg);
+        ck_assert_msg(n == fresh_want, "after a failure at call %d: %zu hits, CPU %zu", nth, n,
+                      fresh_want);
+        rc = scan(eng, cat, hay, &n, &err);
+        ck_assert_msg(rc == 0 && n == want, "other catalog after a failure at call %d: rc %d, "
+                      "%zu hits, CPU %zu", nth, rc, n, want);
+        catalog_destroy(fresh);
+    }
+    ck_assert_msg(failures > 0, "the armed call was never reached: interposer not in effect");
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+
+/* _i: 0 mapped (direct) uploads, 1 staged uploads. */
+START_TEST(alloc_failures)
+{
+    staged = _i;
+    every_position(VKFAULT_ALLOC, false);
+}
+END_TEST
+
+START_TEST(submit_failures)
+{
+    staged = _i;
+    every_position(VKFAULT_SUBMIT, false);
+}
+END_TEST
+
+START_TEST(wait_timeouts)
+{
+    staged = _i;
+    every_position(VKFAULT_WAIT, true);
+}
+END_TEST
+
+START_TEST(device_lost)
+{
+    staged = _i;
+    every_position(VKFAULT_LOST, true);
+}
+END_TEST
+
+/* A failed grow keeps the old buffer: after the hit ring failed to grow
+ * (both the grow and the retry after freeing the old ring), a batch that
+ * fits the old ring still runs, and a later grow works. */
+START_TEST(failed_grow_keeps_buffer)
+{
+    struct catalog *cat = compile_one("n", RULE_LITERAL, "needle");
+    struct gpu_engine *eng = engine();
+    size_t n = 0;
+    struct vks_error err = {0};
+    ck_assert_int_eq(scan(eng, cat, "a needle", &n, &err), 0);
+    ck_assert_uint_eq(n, 1);
+    /* Six hits need a bigger ring than 4: its allocation is the first one
+     * this batch makes (everything else is resident). */
+    vkfault_arm_n(VKFAULT_ALLOC, 1, 2);
+    int rc = scan(eng, cat, hay, &n, &err);
+    vkfault_arm(VKFAULT_ALLOC, 0);
+    ck_assert_int_eq(vkfault_fired(VKFAULT_ALLOC), 2);
+    ck_assert_int_eq(rc, -ENOMEM);
+    ck_assert_int_eq(scan(eng, cat, "needle needle", &n, &err), 0);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_int_eq(scan(eng, cat, hay, &n, &err), 0);
+    ck_assert_uint_eq(n, 6);
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+END_TEST
+
+static void pin_vulkan_modules(void)
+{
+    static const char *const libs[] = {"libvulkan_lvp.so", "libVkLayer_MESA_device_select.so",
+                                       "libvulkan_intel.so", "libvulkan_radeon.so",
+                                       "libvulkan_intel_hasvk.so"};
+    for (size_t i = 0; i < sizeof(libs) / sizeof(libs[0]); i++)
+        dlopen(libs[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+}
+
+Suite *fault_suite(void)
+{
+    pin_vulkan_modules();
+    struct gpu_device_info info;
+    uint32_t n = 0;
+    if (gpu_device_list(&info, 1, &n, NULL) < 0 || n == 0) {
+        fprintf(stderr, "no Vulkan device: fault suite skipped\n");
+        exit(77);
+    }
+    Suite *s = suite_create("fault");
+    TCase *tc = tcase_create("gpu");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, alloc_failures, 0, 2);
+    tcase_add_loop_test(tc, submit_failures, 0, 2);
+    tcase_add_loop_test(tc, wait_timeouts, 0, 2);
+    tcase_add_loop_test(tc, device_lost, 0, 2);
+    tcase_add_test(tc, failed_grow_keeps_buffer);
+    suite_add_tcase(s, tc);
+    return s;
+}
