@@ -60,21 +60,66 @@ static void stats_limits(struct stats_list *l, const struct daemon_config *c)
     stats_add_u(l, "limit.batch_max_buffers", c->batch_max_buffers);
     stats_add_u(l, "limit.device_budget", c->device_budget);
     stats_add_u(l, "limit.host_catalog_budget", c->host_catalog_budget);
+    stats_add_u(l, "limit.max_unsent_bytes", c->max_unsent_bytes);
+    stats_add_u(l, "limit.frame_budget", c->frame_budget);
+    stats_add_u(l, "limit.frame_timeout_ms", c->frame_timeout_ms);
+    stats_add_u(l, "limit.idle_timeout_ms", c->idle_timeout_ms);
+    stats_add_u(l, "limit.tenant_max_connections", c->tenant_max_connections);
+    stats_add_u(l, "limit.compile_threads", c->compile_threads);
+    stats_add_u(l, "limit.tenant_max_compiles", c->tenant_max_compiles);
+    stats_add_u(l, "limit.max_states", c->max_states);
+    stats_add_u(l, "limit.compile_timeout_ms", c->compile_timeout_ms);
+    stats_add_u(l, "limit.batch_max_ms", c->batch_max_ms);
 }
 
-void stats_collect(struct server *srv, uid_t uid, struct stats_list *l)
+/* The tenant's own figures, the limits and what is no one's secret. */
+static void stats_tenant(struct server *srv, uid_t uid, struct stats_list *l)
+{
+    struct sched_tenant_stats ts = {0};
+    sched_tenant_stats(server_sched(srv), uid, &ts);
+    stats_add_u(l, "tenant.uid", uid);
+    stats_add_u(l, "tenant.catalogs", store_tenant_catalogs(server_store(srv), uid));
+    stats_add_u(l, "tenant.connections", server_uid_sessions(srv, uid));
+    stats_add_u(l, "tenant.scans_in_flight", ts.jobs);
+    stats_add_u(l, "tenant.bytes_in_flight", ts.bytes);
+    stats_add_u(l, "tenant.served_scans", ts.served_jobs);
+    stats_add_u(l, "tenant.served_bytes", ts.served_bytes);
+    stats_limits(l, server_config(srv));
+}
+
+/* Counters of the hostile-tenant limits (docs/daemon.md). */
+static void stats_guards(struct server *srv, struct stats_list *l)
+{
+    const struct server_counters *c = server_counters(srv);
+    stats_add_u(l, "output_limit_closes", c->output_limit_closes);
+    stats_add_u(l, "frame_timeouts", c->frame_timeouts);
+    stats_add_u(l, "idle_closes", c->idle_closes);
+    stats_add_u(l, "frame_budget_waits", c->frame_budget_waits);
+    stats_add_u(l, "frame_budget_used", server_frame_reserved(srv));
+    stats_add_u(l, "connections_refused_tenant", c->tenant_refused);
+    stats_add_u(l, "accept_fd_limit", c->accept_fd_limit);
+}
+
+void stats_collect_as(struct server *srv, uid_t uid, bool admin, struct stats_list *l)
 {
     l->n = 0;
+    if (!admin) {
+        const struct engine_info *info = engine_get_info(server_engine(srv));
+        stats_add_u(l, "uptime_ns", uv_hrtime() - server_start_ns(srv));
+        stats_add_u(l, "engine", info->gpu ? 0 : 1);
+        stats_add_u(l, "admin", 0);
+        stats_tenant(srv, uid, l);
+        return;
+    }
     const struct server_counters *c = server_counters(srv);
     struct store_stats ss;
     struct sched_stats qs;
-    struct sched_tenant_stats ts = {0};
     store_get_stats(server_store(srv), &ss);
     sched_get_stats(server_sched(srv), &qs);
-    sched_tenant_stats(server_sched(srv), uid, &ts);
     const struct engine_info *info = engine_get_info(server_engine(srv));
     stats_add_u(l, "uptime_ns", uv_hrtime() - server_start_ns(srv));
     stats_add_u(l, "engine", info->gpu ? 0 : 1);
+    stats_add_u(l, "admin", 1);
     stats_add_u(l, "connections", server_session_count(srv));
     stats_add_u(l, "connections_total", c->connections_total);
     stats_add_u(l, "connections_refused", c->connections_refused);
@@ -101,6 +146,7 @@ void stats_collect(struct server *srv, uid_t uid, struct stats_list *l)
     stats_add_u(l, "catalog_compiles", ss.compiles);
     stats_add_u(l, "catalog_compile_ns", ss.compile_ns);
     stats_add_u(l, "catalog_disk_hits", ss.disk_loads);
+    stats_add_u(l, "catalog_disk_read_failures", ss.disk_read_failures);
     stats_add_u(l, "catalog_memory_hits", ss.memory_hits);
     stats_add_u(l, "catalog_disk_writes", ss.disk_writes);
     stats_add_u(l, "catalog_cache_hits", ss.cache_hits);
@@ -109,15 +155,15 @@ void stats_collect(struct server *srv, uid_t uid, struct stats_list *l)
     stats_add_u(l, "catalogs_resident", info->resident_catalogs);
     stats_add_u(l, "device_memory_used", info->device_memory_used);
     stats_add_u(l, "device_memory_budget", info->device_memory_budget);
-    stats_add_u(l, "tenant.uid", uid);
-    stats_add_u(l, "tenant.catalogs", store_tenant_catalogs(server_store(srv), uid));
-    stats_add_u(l, "tenant.scans_in_flight", ts.jobs);
-    stats_add_u(l, "tenant.bytes_in_flight", ts.bytes);
-    stats_add_u(l, "tenant.served_scans", ts.served_jobs);
-    stats_add_u(l, "tenant.served_bytes", ts.served_bytes);
+    stats_guards(srv, l);
     stats_add_hist(l, &c->hist_queue_wait);
     stats_add_hist(l, &c->hist_gpu);
     stats_add_hist(l, &c->hist_scan_total);
     stats_add_hist(l, &c->hist_scan_bytes);
-    stats_limits(l, server_config(srv));
+    stats_tenant(srv, uid, l);
+}
+
+void stats_collect(struct server *srv, uid_t uid, struct stats_list *l)
+{
+    stats_collect_as(srv, uid, true, l);
 }

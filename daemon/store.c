@@ -260,10 +260,14 @@ static void deliver(struct store *st, struct store_entry *e, struct waiter *w, i
     store_entry_unref(st, e);
 }
 
+static void entry_kill(struct store *st, struct store_entry *e);
+
 void store_catalog_read(struct store *st, struct store_entry *e, int status, struct catalog *cat,
                         const struct vks_error *read_err)
 {
     struct vks_error err = {0};
+    struct waiter *w = e->waiters;
+    e->waiters = NULL;
     e->loading = false;
     if (status == 0) {
         if (e->cat == NULL)
@@ -272,17 +276,32 @@ void store_catalog_read(struct store *st, struct store_entry *e, int status, str
             catalog_destroy(cat);
         st->stats.disk_loads++;
     } else {
-        e->on_disk = false; /* unreadable: the next load of its rules compiles again */
+        /* Unreadable (corrupt, truncated, gone): forget the entry, its
+         * source records and its files, so that no later request reads
+         * them again. Loads waiting on it compile their rules instead;
+         * other requests learn that the catalog must be loaded again. */
+        e->on_disk = false;
+        st->stats.disk_read_failures++;
+        if (!e->dead)
+            entry_kill(st, e);
         vks_error_set(&err, -EIO,
-                      "catalog cache entry unreadable (%.180s): load the "
+                      "catalog cache entry unreadable (%.160s), now deleted: load the "
                       "rules again",
                       read_err != NULL ? read_err->msg : "");
     }
-    struct waiter *w = e->waiters;
-    e->waiters = NULL;
     while (w != NULL) {
         struct waiter *next = w->next;
-        deliver(st, e, w, status == 0 ? 0 : -EIO, &err);
+        if (status != 0 && w->load != NULL) {
+            store_load(st, w->uid, w->load, w->cb, w->ctx);
+            free(w);
+            store_entry_unref(st, e);
+        } else if (status != 0 && w->has) {
+            w->cb(w->ctx, 0, &(struct store_result){.known = false}, NULL);
+            free(w);
+            store_entry_unref(st, e);
+        } else {
+            deliver(st, e, w, status == 0 ? 0 : -EIO, &err);
+        }
         w = next;
     }
 }
@@ -365,9 +384,10 @@ static int take_ownership(struct store *st, struct store_entry *e, uid_t uid, st
 }
 
 /* Answers a load or has from a known source record. */
-static void answer_source(struct store *st, uid_t uid, struct store_source *s, bool is_load,
-                          store_cb cb, void *ctx)
+static void answer_source(struct store *st, uid_t uid, struct store_source *s,
+                          const struct proto_catalog_load *load, store_cb cb, void *ctx)
 {
+    bool is_load = load != NULL;
     struct store_entry *e = s->entry;
     if (is_load) {
         struct vks_error err;
@@ -388,6 +408,9 @@ static void answer_source(struct store *st, uid_t uid, struct store_source *s, b
     w->res.rejects = s->rejects;
     w->res.n_rejects = s->n_rejects;
     w->res.cached = is_load;
+    w->load = load;
+    w->uid = uid;
+    w->has = !is_load;
     when_ready(st, e, w);
 }
 
@@ -628,7 +651,7 @@ void store_load(struct store *st, uid_t uid, const struct proto_catalog_load *lo
     source_fingerprint(load, src);
     struct store_source *s = store_source_find(st, src);
     if (s != NULL) {
-        answer_source(st, uid, s, true, cb, ctx);
+        answer_source(st, uid, s, load, cb, ctx);
         return;
     }
     uint32_t held = store_tenant_catalogs(st, uid);
@@ -668,7 +691,7 @@ void store_has(struct store *st, uid_t uid, const struct proto_catalog_ref *ref,
     if (ref->by_source) {
         struct store_source *s = store_source_find(st, ref->fp);
         if (s != NULL && entry_owned(s->entry, uid)) {
-            answer_source(st, uid, s, false, cb, ctx);
+            answer_source(st, uid, s, NULL, cb, ctx);
             return;
         }
     } else {
@@ -680,6 +703,7 @@ void store_has(struct store *st, uid_t uid, const struct proto_catalog_ref *ref,
                 return;
             }
             w->res.known = true;
+            w->has = true;
             if (e->sources != NULL) {
                 w->res.source = e->sources->src;
                 w->res.rejects = e->sources->rejects;

@@ -35,6 +35,11 @@ struct waiter {
     store_cb cb;
     void *ctx;
     struct store_result res; /* entry filled in when the body arrives */
+    /* A catalog.load waiting on a disk read (NULL otherwise): when the
+     * cached file turns out unreadable, the load compiles instead. */
+    const struct proto_catalog_load *load;
+    uid_t uid;
+    bool has; /* a catalog.has: an unreadable entry is answered as unknown */
 };
 
 struct store_entry {
