@@ -969,6 +969,81 @@ START_TEST(test_sigterm_drains)
 }
 END_TEST
 
+/* Flips a byte in the middle of every cached catalog file under `dir`. */
+static int corrupt_cached_catalogs(const char *dir)
+{
+    char cdir[128];
+    snprintf(cdir, sizeof(cdir), "%s/state/catalogs", dir);
+    DIR *dp = opendir(cdir);
+    ck_assert_ptr_nonnull(dp);
+    int n = 0;
+    for (struct dirent *de; (de = readdir(dp)) != NULL;) {
+        size_t len = strlen(de->d_name);
+        if (len < 4 || strcmp(de->d_name + len - 4, ".cat") != 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s", cdir, de->d_name);
+        int fd = open(path, O_RDWR);
+        ck_assert_int_ge(fd, 0);
+        struct stat sb;
+        ck_assert_int_eq(fstat(fd, &sb), 0);
+        uint8_t b;
+        ck_assert_int_eq(pread(fd, &b, 1, sb.st_size / 2), 1);
+        b ^= 0x5a;
+        ck_assert_int_eq(pwrite(fd, &b, 1, sb.st_size / 2), 1);
+        close(fd);
+        n++;
+    }
+    closedir(dp);
+    return n;
+}
+
+/* A corrupt disk-cache file is healed: the next load compiles the rules
+ * again (no error), scans are exact, the bad file is replaced, and a later
+ * restart reads the good one. Before the fix every load failed with 1020
+ * until someone deleted the file by hand. */
+START_TEST(test_corrupt_disk_cache_heals)
+{
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    uint8_t fp[32];
+    memcpy(fp, vks_catalog_fingerprint(cat), 32);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    char dir[64];
+    snprintf(dir, sizeof(dir), "%s", d.dir);
+    ck_assert_int_eq(corrupt_cached_catalogs(dir), 1);
+
+    static uint8_t data[2000];
+    make_haystack(data, sizeof(data));
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = data, .len = sizeof(data)};
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    for (int round = 0; round < 2; round++) {
+        daemon_start(&d, dir, NULL);
+        c = connect_ok(&d);
+        cat = load_ok(c, rules, N_RULES, false);
+        ck_assert_mem_eq(vks_catalog_fingerprint(cat), fp, 32);
+        /* Round 0 finds the bad file and compiles; round 1 reads the file
+         * that compile wrote. */
+        ck_assert_uint_eq(stat_of(c, "catalog_compiles"), round == 0 ? 1 : 0);
+        ck_assert_uint_eq(stat_of(c, "catalog_disk_read_failures"), round == 0 ? 1 : 0);
+        struct vks_scan_result res = {0};
+        ck_assert_int_eq(vks_client_scan(c, fp, &vb, 1, NULL, &res, NULL), 0);
+        check_hits(ref, &res, 0, data, sizeof(data), SCAN_ALL);
+        ck_assert_uint_gt(res.n_hits, 0);
+        vks_scan_result_finish(&res);
+        vks_catalog_destroy(cat);
+        vks_client_close(c);
+        ck_assert_int_eq(daemon_stop(&d), 0);
+    }
+    catalog_destroy(ref);
+    daemon_clean(&d);
+}
+END_TEST
+
 START_TEST(test_restart_uses_disk_cache)
 {
     struct daemon d;
@@ -1607,6 +1682,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_killed_client);
     tcase_add_test(tc, test_sigterm_drains);
     tcase_add_test(tc, test_restart_uses_disk_cache);
+    tcase_add_test(tc, test_corrupt_disk_cache_heals);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_sighup_reloads);
     tcase_add_test(tc, test_socket_activation);
