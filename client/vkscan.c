@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <linux/magic.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -29,12 +30,15 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "error.h"
 #include "vkscan/vkscan.h"
 #include "vkscan_cli.h"
+#include "vkscan_ruleset.h"
+#include "vkscan_walk.h"
 
 #define STDIN_LABEL     "(standard input)"
 #define MAX_JOBS        16u
@@ -97,6 +101,17 @@ const char *cli_daemon_socket(void)
     return env != NULL && env[0] != '\0' ? env : CLI_DEFAULT_SOCKET;
 }
 
+/* "a directory", "a regular file", ... for messages. */
+static const char *file_kind(mode_t m)
+{
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISREG(m)  ? "a regular file"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+                         : "a file of another kind";
+}
+
 int cli_daemon_connect(uint32_t io_ms, bool quiet, struct vks_client **out)
 {
     struct vks_client_options opt;
@@ -109,7 +124,13 @@ int cli_daemon_connect(uint32_t io_ms, bool quiet, struct vks_client **out)
     int rc = vks_client_connect(path, &opt, out, &err);
     if (rc == 0 || quiet)
         return rc == 0 ? 0 : 2;
-    if (rc == -ENOENT || rc == -ECONNREFUSED || rc == -ENOTDIR)
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+        fprintf(stderr,
+                "vkscan: %s is %s, not a socket: point --socket or $VKSCAN_SOCKET at "
+                "vkscand's socket (its --socket; default %s)\n",
+                path, file_kind(st.st_mode), CLI_DEFAULT_SOCKET);
+    else if (rc == -ENOENT || rc == -ECONNREFUSED || rc == -ENOTDIR)
         fprintf(stderr,
                 "vkscan: vkscand is not running at %s: start it with systemctl start "
                 "vkscand\n",
@@ -184,11 +205,12 @@ static void base64(FILE *f, const unsigned char *s, size_t n)
     }
 }
 
-/* `"path":"...",` with "path_base64" when the name is not UTF-8. */
-static void json_path(FILE *f, const char *path)
+/* `{"type":"TYPE","path":"..."` with "path_base64" when the name is not
+ * UTF-8: the start of every --json record about a file. */
+static void json_path(FILE *f, const char *type, const char *path)
 {
     bool lossy = false;
-    fputs("{\"path\":", f);
+    fprintf(f, "{\"type\":\"%s\",\"path\":", type);
     cli_json_str(f, path, &lossy);
     if (lossy) {
         fputs(",\"path_base64\":\"", f);
@@ -223,18 +245,28 @@ static double now_s(void)
 
 enum out_mode { OUT_MATCHES, OUT_COUNT, OUT_LIST };
 
+enum color_mode { COLOR_AUTO, COLOR_ALWAYS, COLOR_NEVER };
+
 struct scan_opts {
-    const char *rules;
+    const char **rules; /* -r, in order (argv, borrowed) */
+    size_t n_rules;
+    const char **exprs; /* -e */
+    size_t n_exprs;
+    const char **globs; /* --glob, and --exclude as "!GLOB" */
+    size_t n_globs;
     enum vks_report report;
     enum out_mode out;
-    bool json;
+    enum color_mode color_mode;
+    bool json, quiet, line_numbers, stats, strict;
+    struct walk_opts walk;
+    uint64_t max_filesize; /* 0: no limit */
     unsigned jobs;
 };
 
 struct file_ent {
     char *path; /* as printed */
     int fd;
-    uint64_t size;
+    uint64_t offset, size;
 };
 
 enum slot_state { SLOT_FREE, SLOT_READY, SLOT_RUNNING, SLOT_DONE };
@@ -262,8 +294,9 @@ struct scan {
     struct scan_opts opt;
     struct vks_client *main;
     struct vks_catalog *cat;
-    char *rules_text;
-    size_t rules_len;
+    struct ruleset rs;
+    struct walk *walk;
+    bool color;
     uint8_t fp[VKS_FP_LEN];
     size_t batch_files; /* files per request */
     uint64_t batch_bytes;
@@ -281,9 +314,10 @@ struct scan {
     unsigned n_workers;
 
     bool matched, failed;
-    uint64_t files, bytes, hits;
+    uint64_t files, bytes, hits, rejected, errors;
     double t0, drawn_at;
     bool progress, progress_shown;
+    bool printing; /* batch_print runs */
 };
 
 /* Scans one batch on a worker's connection. BUSY is retried with backoff;
@@ -303,8 +337,7 @@ static int scan_batch(struct worker *w, struct batch *b)
         if (rc != -VKS_E_UNKNOWN_CATALOG || reloaded)
             return rc;
         struct vks_catalog *cat = NULL;
-        rc = vks_client_catalog_load_text(w->client, s->rules_text, s->rules_len, NULL, &cat,
-                                          &b->err);
+        rc = vks_client_catalog_load_text(w->client, s->rs.text, s->rs.len, NULL, &cat, &b->err);
         if (rc != 0)
             return rc;
         bool same = memcmp(vks_catalog_fingerprint(cat), s->fp, VKS_FP_LEN) == 0;
@@ -366,63 +399,140 @@ static void progress_draw(struct scan *s, bool force)
     s->progress_shown = true;
 }
 
+/* A file that could not be scanned (`error`: exit status 2) or only a
+ * warning, on stderr and, with --json, as a record. */
+static void batch_drain(struct scan *s);
+
+static void problem(struct scan *s, const char *path, const char *msg, bool error)
+{
+    /* What was found before this file prints before its message, as in grep:
+     * errors are rare, so the pipeline may drain for them. */
+    if (!s->printing && s->slots != NULL)
+        batch_drain(s);
+    progress_clear(s);
+    fprintf(stderr, "vkscan: %s: %s\n", path, msg);
+    if (s->opt.json && !s->opt.quiet) {
+        json_path(stdout, error ? "error" : "warning", path);
+        fputs(",\"message\":", stdout);
+        cli_json_str(stdout, msg, NULL);
+        fputs("}\n", stdout);
+    }
+    if (error) {
+        s->failed = true;
+        s->errors++;
+    }
+}
+
 static void warn_path(struct scan *s, const char *path, const char *fmt, const char *what)
 {
-    progress_clear(s);
-    fprintf(stderr, "vkscan: %s: ", path);
-    fprintf(stderr, fmt, what);
-    fputc('\n', stderr);
-    s->failed = true;
+    char msg[512];
+    snprintf(msg, sizeof(msg), fmt, what);
+    problem(s, path, msg, true);
+}
+
+/* Where -n counts lines in one file: `line` newlines before byte `pos`. */
+struct line_cursor {
+    uint64_t pos, line;
+};
+
+/* The line (from 1) of the last byte of a match that ends at `end`, read from
+ * the file's own descriptor; hits come in end order, so the cursor only
+ * moves forward but for a rare step back. */
+static uint64_t line_of(const struct file_ent *fe, struct line_cursor *c, uint64_t end)
+{
+    uint64_t target = end > 0 ? end - 1 : 0;
+    target = target < fe->size ? target : fe->size;
+    if (target < c->pos)
+        *c = (struct line_cursor){0};
+    char buf[1 << 16];
+    while (c->pos < target) {
+        size_t want = target - c->pos < sizeof(buf) ? (size_t)(target - c->pos) : sizeof(buf);
+        ssize_t got = pread(fe->fd, buf, want, (off_t)(fe->offset + c->pos));
+        if (got <= 0)
+            break;
+        for (const char *p = buf; (p = memchr(p, '\n', (size_t)(buf + got - p))) != NULL; p++)
+            c->line++;
+        c->pos += (uint64_t)got;
+    }
+    return c->line + 1;
+}
+
+/* One match (or, with -c, one rule's count) as text. */
+static void print_text_hit(const struct scan *s, const char *path, const struct vks_hit *h,
+                           const char *id, uint64_t line)
+{
+    const char *mag = s->color ? "\033[35m" : "", *grn = s->color ? "\033[32m" : "";
+    const char *red = s->color ? "\033[1;31m" : "", *off = s->color ? "\033[0m" : "";
+    printf("%s%s%s:", mag, path, off);
+    if (s->opt.out == OUT_COUNT) {
+        printf("%s%s%s:%u\n", red, id, off, h->count);
+        return;
+    }
+    if (line > 0)
+        printf("%s%llu%s:", grn, (unsigned long long)line, off);
+    printf("%llu:%s%s%s\n", (unsigned long long)h->end, red, id, off);
+}
+
+static void print_json_hit(const struct scan *s, const char *path, const struct vks_hit *h,
+                           const char *id, uint64_t line)
+{
+    json_path(stdout, "match", path);
+    printf(",\"offset\":%llu", (unsigned long long)h->end);
+    if (line > 0)
+        printf(",\"line_number\":%llu", (unsigned long long)line);
+    fputs(",\"rule\":", stdout);
+    cli_json_str(stdout, id, NULL);
+    printf(",\"rule_index\":%u", h->rule);
+    if (s->opt.out == OUT_COUNT)
+        printf(",\"count\":%u", h->count);
+    fputs("}\n", stdout);
 }
 
 /* Prints one file's hits (res->hits[*k..] for buffer `i`), advancing *k. */
 static void print_file(struct scan *s, const struct batch *b, size_t i, size_t *k)
 {
     const struct vks_scan_result *r = &b->res;
-    const char *path = b->files[i].path;
+    const struct file_ent *fe = &b->files[i];
     const struct vks_buffer_result *br = i < r->n_buffers ? &r->buffers[i] : NULL;
     if (br == NULL || br->code != 0)
-        warn_path(s, path, "%s (skipped)", br != NULL && br->message ? br->message : "no result");
+        warn_path(s, fe->path, "%s (skipped)",
+                  br != NULL && br->message ? br->message : "no result");
     else if (br->truncated)
-        warn_path(s, path, "%s",
+        warn_path(s, fe->path, "%s",
                   "the daemon reported only the first max-hits matches: raise "
                   "max-hits in vkscand.conf or use --count");
+    bool print = !s->opt.quiet && s->opt.out != OUT_LIST;
+    bool lines = s->opt.line_numbers && s->opt.out == OUT_MATCHES;
+    struct line_cursor lc = {0};
     size_t n = 0;
     for (; *k < r->n_hits && r->hits[*k].buffer == i; (*k)++, n++) {
         const struct vks_hit *h = &r->hits[*k];
+        s->hits += s->opt.out == OUT_COUNT ? h->count : 1;
+        if (!print)
+            continue;
         const char *id = vks_catalog_rule_id(s->cat, h->rule);
         id = id != NULL ? id : "?";
-        if (s->opt.out == OUT_LIST)
-            continue;
-        if (!s->opt.json && s->opt.out == OUT_COUNT) {
-            printf("%s:%u:%s\n", path, h->count, id);
-        } else if (!s->opt.json) {
-            printf("%s:%llu:%s\n", path, (unsigned long long)h->end, id);
-        } else {
-            json_path(stdout, path);
-            printf(",\"offset\":%llu,\"rule\":", (unsigned long long)h->end);
-            cli_json_str(stdout, id, NULL);
-            printf(",\"rule_index\":%u", h->rule);
-            if (s->opt.out == OUT_COUNT)
-                printf(",\"count\":%u", h->count);
-            fputs("}\n", stdout);
-        }
+        uint64_t line = lines ? line_of(fe, &lc, h->end) : 0;
+        if (s->opt.json)
+            print_json_hit(s, fe->path, h, id, line);
+        else
+            print_text_hit(s, fe->path, h, id, line);
     }
-    if (n > 0 && s->opt.out == OUT_LIST) {
+    if (n > 0 && s->opt.out == OUT_LIST && !s->opt.quiet) {
         if (s->opt.json) {
-            json_path(stdout, path);
+            json_path(stdout, "match", fe->path);
             printf(",\"rules_matched\":%zu}\n", n);
         } else {
-            printf("%s\n", path);
+            printf("%s%s%s\n", s->color ? "\033[35m" : "", fe->path, s->color ? "\033[0m" : "");
         }
     }
-    s->hits += n;
     s->matched |= n > 0;
 }
 
 /* Prints a finished batch in file order and releases its files. */
 static void batch_print(struct scan *s, struct batch *b)
 {
+    s->printing = true;
     progress_clear(s);
     size_t k = 0;
     for (size_t i = 0; i < b->n; i++) {
@@ -442,6 +552,7 @@ static void batch_print(struct scan *s, struct batch *b)
     b->bytes = 0;
     b->state = SLOT_FREE;
     progress_draw(s, false);
+    s->printing = false;
 }
 
 /* Starts one more worker thread on `c`; takes ownership of `c`, also on
@@ -522,7 +633,7 @@ static void add_fd(struct scan *s, char *path, int fd, uint64_t offset, uint64_t
         return;
     }
     if (size > s->max_bytes) {
-        char b[32], m[32], msg[128];
+        char b[32], m[32], msg[160];
         cli_fmt_bytes(size, b, sizeof(b));
         cli_fmt_bytes(s->max_bytes, m, sizeof(m));
         snprintf(msg, sizeof(msg),
@@ -539,7 +650,7 @@ static void add_fd(struct scan *s, char *path, int fd, uint64_t offset, uint64_t
         batch_submit(s);
         b = &s->slots[s->tail % s->n_slots];
     }
-    b->files[b->n] = (struct file_ent){.path = path, .fd = fd, .size = size};
+    b->files[b->n] = (struct file_ent){.path = path, .fd = fd, .offset = offset, .size = size};
     b->bufs[b->n] =
         (struct vks_buffer){.kind = VKS_BUFFER_FD, .fd = fd, .offset = offset, .length = size};
     b->n++;
@@ -549,7 +660,11 @@ static void add_fd(struct scan *s, char *path, int fd, uint64_t offset, uint64_t
         b->bufs[b->n - 1] = (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = "", .len = 0};
 }
 
-/* Copies a pipe, a terminal or a device into a memfd the daemon can read. */
+/*
+ * Copies a pipe, a terminal, a device or a file whose size cannot be trusted
+ * (procfs, sysfs: st_size is 0 or a page) into a memfd the daemon can read,
+ * up to the daemon's max-scan-bytes. Borrows `in`.
+ */
 static void add_stream(struct scan *s, const char *label, int in)
 {
     int fd = memfd_create("vkscan-input", MFD_CLOEXEC);
@@ -571,6 +686,17 @@ static void add_stream(struct scan *s, const char *label, int in)
         if (n == 0)
             break;
         total += (uint64_t)n;
+        if (total > s->max_bytes) {
+            char m[32], msg[200];
+            cli_fmt_bytes(s->max_bytes, m, sizeof(m));
+            snprintf(msg, sizeof(msg),
+                     "more than vkscand scans in one request (%s) read from it: raise "
+                     "max-scan-bytes (skipped)",
+                     m);
+            problem(s, label, msg, true);
+            close(fd);
+            return;
+        }
     }
     add_fd(s, strdup(label), fd, 0, total);
 }
@@ -578,7 +704,7 @@ static void add_stream(struct scan *s, const char *label, int in)
 static void add_stdin(struct scan *s)
 {
     struct stat st;
-    if (fstat(STDIN_FILENO, &st) == 0 && S_ISREG(st.st_mode)) {
+    if (fstat(STDIN_FILENO, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
         off_t pos = lseek(STDIN_FILENO, 0, SEEK_CUR);
         int fd = dup(STDIN_FILENO);
         uint64_t size = (uint64_t)st.st_size;
@@ -591,7 +717,31 @@ static void add_stdin(struct scan *s)
     add_stream(s, STDIN_LABEL, STDIN_FILENO);
 }
 
-/* Opens a regular file (or, named on the command line, any readable file). */
+/* Whether a regular file's st_size may be wrong: a file system whose files
+ * are made up when read. */
+static bool size_untrusted(int fd, const struct stat *st)
+{
+    struct statfs fs;
+    if (st->st_size == 0)
+        return true;
+    if (fstatfs(fd, &fs) != 0)
+        return false;
+    switch ((unsigned long)fs.f_type) {
+    case PROC_SUPER_MAGIC:
+    case SYSFS_MAGIC:
+    case DEBUGFS_MAGIC:
+    case TRACEFS_MAGIC:
+    case SECURITYFS_MAGIC:
+    case CGROUP_SUPER_MAGIC:
+    case CGROUP2_SUPER_MAGIC:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Opens a regular file (or, named on the command line, any readable file
+ * but a directory). A file already scanned (two links to it) is not again. */
 static void add_path(struct scan *s, const char *path, bool named)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
@@ -602,74 +752,49 @@ static void add_path(struct scan *s, const char *path, bool named)
             close(fd);
         return;
     }
-    if (S_ISREG(st.st_mode)) {
+    bool regular = S_ISREG(st.st_mode);
+    if ((!regular && (!named || S_ISDIR(st.st_mode))) ||
+        walk_seen_file(s->walk, st.st_dev, st.st_ino) ||
+        (regular && s->opt.max_filesize > 0 && (uint64_t)st.st_size > s->opt.max_filesize)) {
+        close(fd);
+        return;
+    }
+    if (regular && !size_untrusted(fd, &st)) {
         add_fd(s, strdup(path), fd, 0, (uint64_t)st.st_size);
         return;
     }
-    if (named && !S_ISDIR(st.st_mode)) {
-        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-        add_stream(s, path, fd);
-    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    add_stream(s, path, fd);
     close(fd);
 }
 
-static int skip_dots(const struct dirent *d)
+static void walk_file(void *ctx, const char *path)
 {
-    return strcmp(d->d_name, ".") != 0 && strcmp(d->d_name, "..") != 0;
+    add_path(ctx, path, false);
 }
 
-/*
- * Walks a directory in name order. Symbolic links found on the way are
- * followed to files but not to directories (no loops), and a dangling one is
- * reported like any file that cannot be opened. Sockets, FIFOs and devices
- * met on the way are skipped.
- */
-static void add_dir(struct scan *s, const char *dir)
+static void walk_problem(void *ctx, const char *path, const char *msg, bool error)
 {
-    struct dirent **names;
-    int n = scandir(dir, &names, skip_dots, alphasort);
-    if (n < 0) {
-        warn_path(s, dir, "%s (skipped)", strerror(errno));
-        return;
-    }
-    size_t dlen = strlen(dir);
-    bool slash = dlen > 0 && dir[dlen - 1] == '/';
-    for (int i = 0; i < n; i++) {
-        char *child = NULL;
-        struct stat st;
-        if (asprintf(&child, "%s%s%s", dir, slash ? "" : "/", names[i]->d_name) < 0)
-            child = NULL;
-        if (child == NULL) {
-            warn_path(s, dir, "%s", "out of memory");
-        } else if (lstat(child, &st) != 0) {
-            warn_path(s, child, "%s (skipped)", strerror(errno));
-        } else if (S_ISDIR(st.st_mode)) {
-            add_dir(s, child);
-        } else if (S_ISLNK(st.st_mode)) {
-            if (stat(child, &st) != 0)
-                warn_path(s, child, "%s (skipped)", strerror(errno));
-            else if (S_ISREG(st.st_mode))
-                add_path(s, child, false);
-        } else if (S_ISREG(st.st_mode)) {
-            add_path(s, child, false);
-        }
-        free(child);
-        free(names[i]);
-    }
-    free(names);
+    problem(ctx, path, msg, error);
 }
 
 static void add_arg(struct scan *s, const char *arg)
 {
     struct stat st;
-    if (strcmp(arg, "-") == 0)
+    if (strcmp(arg, "-") == 0) {
         add_stdin(s);
-    else if (stat(arg, &st) != 0)
-        warn_path(s, arg, "%s (skipped)", strerror(errno));
-    else if (S_ISDIR(st.st_mode))
-        add_dir(s, arg);
-    else
+    } else if (stat(arg, &st) != 0) {
+        int e = errno;
+        if (lstat(arg, &st) == 0 && S_ISLNK(st.st_mode))
+            problem(s, arg, "dangling symbolic link (skipped)", false);
+        else
+            warn_path(s, arg, "%s (skipped)", strerror(e));
+    } else if (S_ISDIR(st.st_mode)) {
+        const struct walk_visitor v = {.ctx = s, .file = walk_file, .problem = walk_problem};
+        walk_dir(s->walk, arg, &v);
+    } else {
         add_path(s, arg, true);
+    }
 }
 
 /* Descriptors held at once: every slot's files, plus a margin. */
@@ -719,31 +844,49 @@ static void scan_limits(struct scan *s)
         s->batch_files /= 2;
 }
 
-/* Loads the rule file into the daemon; rejected rules are errors that do not
- * stop the scan (the other rules run). Returns 0 or an exit status. */
+/* A rejected rule, once, on stderr (and as a --json record). */
+static void print_reject(struct scan *s, const struct vks_reject *r)
+{
+    const char *file;
+    uint32_t line;
+    ruleset_where(&s->rs, r->line, &file, &line);
+    fputs("vkscan: warning: ", stderr);
+    cli_print_reject(file, line, r->pos, r->id, r->message);
+    if (s->opt.json && !s->opt.quiet) {
+        fputs("{\"type\":\"reject\",\"file\":", stdout);
+        cli_json_str(stdout, file, NULL);
+        printf(",\"line\":%u,\"column\":%u,\"rule\":", line, r->pos + 1);
+        cli_json_str(stdout, r->id, NULL);
+        fputs(",\"message\":", stdout);
+        cli_json_str(stdout, r->message, NULL);
+        fputs("}\n", stdout);
+    }
+    s->rejected++;
+}
+
+/* Loads every -r file and -e pattern into the daemon as one catalog;
+ * rejected rules are warnings (the other rules run). Returns 0 or an exit
+ * status. */
 static int scan_load(struct scan *s)
 {
-    int rc = cli_read_file(s->opt.rules, &s->rules_text, &s->rules_len);
-    if (rc != 0) {
-        fprintf(stderr, "vkscan: cannot read %s: %s\n", s->opt.rules, strerror(-rc));
-        return 2;
-    }
+    int rc = ruleset_gather(&s->rs, s->opt.rules, s->opt.n_rules, s->opt.exprs, s->opt.n_exprs);
+    if (rc != 0)
+        return rc;
+    const char *what = s->opt.n_rules == 1 && s->opt.n_exprs == 0 ? s->opt.rules[0] : "the rules";
     struct vks_error err = {0};
-    rc = vks_client_catalog_load_text(s->main, s->rules_text, s->rules_len, NULL, &s->cat, &err);
+    rc = vks_client_catalog_load_text(s->main, s->rs.text, s->rs.len, NULL, &s->cat, &err);
     if (rc != 0) {
-        fprintf(stderr, "vkscan: %s: %s\n", s->opt.rules, err.msg);
+        fprintf(stderr, "vkscan: %s: %s\n", what, err.msg);
         return 2;
     }
     memcpy(s->fp, vks_catalog_fingerprint(s->cat), VKS_FP_LEN);
     for (size_t i = 0; i < vks_catalog_reject_count(s->cat); i++) {
         struct vks_reject r;
         if (vks_catalog_reject(s->cat, i, &r) == 0)
-            cli_print_reject(s->opt.rules, r.line, r.pos, r.id, r.message);
-        s->failed = true;
+            print_reject(s, &r);
     }
     if (vks_catalog_rule_count(s->cat) == 0) {
-        fprintf(stderr, "vkscan: %s: no rule could be compiled: fix the rules above\n",
-                s->opt.rules);
+        fprintf(stderr, "vkscan: %s: no rule could be compiled: fix the rules above\n", what);
         return 2;
     }
     return 0;
@@ -783,9 +926,50 @@ static void scan_finish(struct scan *s)
     free(s->slots);
     vks_catalog_destroy(s->cat);
     vks_client_close(s->main);
-    free(s->rules_text);
+    ruleset_finish(&s->rs);
+    walk_destroy(s->walk);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+}
+
+
+/* --stats (text) and the --json summary record. */
+static void print_summary(const struct scan *s, double secs)
+{
+    double gbps = secs > 0 ? (double)s->bytes / secs / 1e9 : 0;
+    if (s->opt.json) {
+        printf("{\"type\":\"summary\",\"files\":%llu,\"bytes\":%llu,\"matches\":%llu,"
+               "\"rejected_rules\":%llu,\"errors\":%llu,\"elapsed_s\":%.6f,\"gbps\":%.3f}\n",
+               (unsigned long long)s->files, (unsigned long long)s->bytes,
+               (unsigned long long)s->hits, (unsigned long long)s->rejected,
+               (unsigned long long)s->errors, secs, gbps);
+        return;
+    }
+    printf("\n%llu matches\n%llu files scanned\n%llu bytes scanned\n%llu rules rejected\n"
+           "%llu errors\n%.6f seconds elapsed\n%.3f GB/s\n",
+           (unsigned long long)s->hits, (unsigned long long)s->files,
+           (unsigned long long)s->bytes, (unsigned long long)s->rejected,
+           (unsigned long long)s->errors, secs, gbps);
+}
+
+/* grep's exit status: a match 0, none 1, a file not scanned 2 (-q: a match
+ * is 0 all the same); --strict: a rejected rule is 2 as well. */
+static int scan_status(const struct scan *s)
+{
+    if (s->opt.strict && s->rejected > 0)
+        return 2;
+    if (s->opt.quiet && s->matched)
+        return 0;
+    return s->failed ? 2 : s->matched ? 0 : 1;
+}
+
+static bool color_wanted(enum color_mode m)
+{
+    if (m != COLOR_AUTO)
+        return m == COLOR_ALWAYS;
+    const char *term = getenv("TERM");
+    return isatty(STDOUT_FILENO) && getenv("NO_COLOR") == NULL && term != NULL &&
+           strcmp(term, "dumb") != 0;
 }
 
 static int run_scan(struct scan_opts *opt, int n_paths, char **paths)
@@ -793,7 +977,11 @@ static int run_scan(struct scan_opts *opt, int n_paths, char **paths)
     struct scan s = {.opt = *opt};
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
-    int status = cli_daemon_connect(SCAN_IO_MS, false, &s.main);
+    s.color = color_wanted(opt->color_mode) && !opt->json;
+    s.t0 = now_s();
+    int status = walk_create(&opt->walk, &s.walk) != 0 ? 2 : 0;
+    if (status == 0)
+        status = cli_daemon_connect(SCAN_IO_MS, false, &s.main);
     if (status == 0)
         status = scan_load(&s);
     if (status == 0) {
@@ -804,8 +992,7 @@ static int run_scan(struct scan_opts *opt, int n_paths, char **paths)
         }
     }
     if (status == 0) {
-        s.progress = isatty(STDERR_FILENO);
-        s.t0 = now_s();
+        s.progress = isatty(STDERR_FILENO) && !opt->quiet;
         for (int i = 0; i < n_paths; i++)
             add_arg(&s, paths[i]);
         batch_drain(&s);
@@ -814,7 +1001,9 @@ static int run_scan(struct scan_opts *opt, int n_paths, char **paths)
             fputc('\n', stderr);
             s.progress_shown = false;
         }
-        status = s.failed ? 2 : s.matched ? 0 : 1;
+        if ((opt->stats || opt->json) && !opt->quiet)
+            print_summary(&s, now_s() - s.t0);
+        status = scan_status(&s);
     }
     scan_finish(&s);
     return status;
@@ -823,76 +1012,221 @@ static int run_scan(struct scan_opts *opt, int n_paths, char **paths)
 static void scan_usage(FILE *f)
 {
     fprintf(f,
-            "usage: vkscan scan -r RULES [options] PATH...\n"
-            "  -r, --rules FILE          pattern file (ID:/regex/flags lines)\n"
-            "      --json                JSON lines with every field\n"
-            "  -c, --count               per file and rule: the number of matches\n"
+            "usage: vkscan scan (-r RULES | -e PATTERN)... [options] PATH...\n"
+            "Rules:\n"
+            "  -r, --rules FILE          pattern file (ID:/regex/flags lines); repeat for more\n"
+            "  -e, --regexp PATTERN      a rule on the command line: ID:/regex/flags, or a\n"
+            "                            regex that gets the id eN; repeatable\n"
+            "      --strict              a rejected rule is an error (exit status 2)\n"
+            "Output:\n"
+            "  -n, --line-number         the line of each match's last byte, before its offset\n"
+            "  -c, --count               per file and rule: path:rule:count\n"
             "      --first               only the first match per rule in each file\n"
             "  -l, --files-with-matches  only the names of files with a match\n"
+            "  -q, --quiet               print nothing: the exit status says it\n"
+            "      --json                one JSON record a line (match, error, reject, summary)\n"
+            "      --color WHEN          auto (default), always or never\n"
+            "      --stats               a summary at the end: files, bytes, matches, GB/s\n"
+            "Walking directories:\n"
+            "      --no-ignore           do not read .gitignore and .ignore files\n"
+            "      --hidden              walk files and directories whose name starts with '.'\n"
+            "  -L, --follow              follow links to directories\n"
+            "  -g, --glob GLOB           scan only files matching GLOB; !GLOB excludes\n"
+            "      --exclude GLOB        leave out files and directories matching GLOB\n"
+            "      --max-filesize SIZE   skip files larger than SIZE (bytes, or K, M, G)\n"
+            "Daemon:\n"
             "  -j, --jobs N              scan requests in flight (default 4, 1..16)\n"
             "      --socket PATH         vkscand's socket (default $VKSCAN_SOCKET or %s)\n"
-            "PATH may be a file, a directory (scanned recursively) or - for standard input.\n"
-            "Exit status: 0 a match, 1 no match, 2 an error.\n",
+            "  -h, --help                this text\n"
+            "PATH may be a file, a directory (walked recursively) or - for standard input.\n"
+            "Each match prints as path:end offset:rule id; the end offset is exclusive.\n"
+            "Exit status: 0 a match, 1 no match, 2 an error (a file not scanned).\n",
             CLI_DEFAULT_SOCKET);
+}
+
+/* "123", "4K", "10M", "2G" (powers of 1024). Returns 0 or -EINVAL. */
+static int parse_size(const char *arg, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(arg, &end, 10);
+    unsigned shift = 0;
+    if (*end == 'K' || *end == 'k')
+        shift = 10;
+    else if (*end == 'M' || *end == 'm')
+        shift = 20;
+    else if (*end == 'G' || *end == 'g')
+        shift = 30;
+    if (shift != 0)
+        end++;
+    if (errno != 0 || end == arg || *end != '\0' || arg[0] == '-' || v > (UINT64_MAX >> shift))
+        return -EINVAL;
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+static int scan_usage_error(const char *fmt, const char *what)
+{
+    fputs("vkscan scan: ", stderr);
+    fprintf(stderr, fmt, what);
+    fputs(" (vkscan scan --help lists the options)\n", stderr);
+    return 2;
+}
+
+enum {
+    OPT_JSON = 256,
+    OPT_FIRST,
+    OPT_SOCKET,
+    OPT_COLOR,
+    OPT_STATS,
+    OPT_STRICT,
+    OPT_NO_IGNORE,
+    OPT_HIDDEN,
+    OPT_EXCLUDE,
+    OPT_MAX_FILESIZE,
+};
+
+/* One option of `scan`; returns -1 to go on, else the exit status. */
+static int scan_option(struct scan_opts *o, int c, char *arg, char **argv)
+{
+    switch (c) {
+    case 'r':
+        o->rules[o->n_rules++] = arg;
+        return -1;
+    case 'e':
+        o->exprs[o->n_exprs++] = arg;
+        return -1;
+    case 'g':
+        o->globs[o->n_globs++] = arg;
+        return -1;
+    case OPT_EXCLUDE: {
+        char *g = NULL;
+        if (asprintf(&g, "!%s", arg) < 0)
+            return scan_usage_error("%s", "out of memory");
+        o->globs[o->n_globs++] = g; /* lives as long as the process */
+        return -1;
+    }
+    case OPT_JSON:
+        o->json = true;
+        return -1;
+    case 'c':
+        o->out = o->out == OUT_LIST ? OUT_LIST : OUT_COUNT;
+        return -1;
+    case OPT_FIRST:
+        o->report = VKS_REPORT_FIRST;
+        return -1;
+    case 'l':
+        o->out = OUT_LIST;
+        return -1;
+    case 'n':
+        o->line_numbers = true;
+        return -1;
+    case 'q':
+        o->quiet = true;
+        return -1;
+    case OPT_STATS:
+        o->stats = true;
+        return -1;
+    case OPT_STRICT:
+        o->strict = true;
+        return -1;
+    case OPT_NO_IGNORE:
+        o->walk.no_ignore = true;
+        return -1;
+    case OPT_HIDDEN:
+        o->walk.hidden = true;
+        return -1;
+    case 'L':
+        o->walk.follow = true;
+        return -1;
+    case OPT_COLOR:
+        if (strcmp(arg, "auto") == 0)
+            o->color_mode = COLOR_AUTO;
+        else if (strcmp(arg, "always") == 0)
+            o->color_mode = COLOR_ALWAYS;
+        else if (strcmp(arg, "never") == 0)
+            o->color_mode = COLOR_NEVER;
+        else
+            return scan_usage_error("--color takes auto, always or never, not '%s'", arg);
+        return -1;
+    case OPT_MAX_FILESIZE:
+        if (parse_size(arg, &o->max_filesize) != 0)
+            return scan_usage_error("--max-filesize takes a size such as 4096, 512K or 10M, "
+                                    "not '%s'",
+                                    arg);
+        return -1;
+    case OPT_SOCKET:
+        cli_socket_path = arg;
+        return -1;
+    case 'j':
+        o->jobs = (unsigned)strtoul(arg, NULL, 10);
+        if (o->jobs < 1 || o->jobs > MAX_JOBS)
+            return scan_usage_error("--jobs takes 1..16, not '%s'", arg);
+        return -1;
+    case 'h':
+        scan_usage(stdout);
+        return 0;
+    case ':':
+        return scan_usage_error("option '%s' needs a value", argv[optind - 1]);
+    default:
+        return scan_usage_error("unknown option '%s'", argv[optind - 1]);
+    }
 }
 
 static int cmd_scan(int argc, char **argv)
 {
     static const struct option longs[] = {{"rules", required_argument, NULL, 'r'},
-                                          {"json", no_argument, NULL, 'J'},
+                                          {"regexp", required_argument, NULL, 'e'},
+                                          {"json", no_argument, NULL, OPT_JSON},
                                           {"count", no_argument, NULL, 'c'},
-                                          {"first", no_argument, NULL, 'F'},
+                                          {"first", no_argument, NULL, OPT_FIRST},
                                           {"files-with-matches", no_argument, NULL, 'l'},
+                                          {"line-number", no_argument, NULL, 'n'},
+                                          {"quiet", no_argument, NULL, 'q'},
+                                          {"color", required_argument, NULL, OPT_COLOR},
+                                          {"stats", no_argument, NULL, OPT_STATS},
+                                          {"strict", no_argument, NULL, OPT_STRICT},
+                                          {"no-ignore", no_argument, NULL, OPT_NO_IGNORE},
+                                          {"hidden", no_argument, NULL, OPT_HIDDEN},
+                                          {"follow", no_argument, NULL, 'L'},
+                                          {"glob", required_argument, NULL, 'g'},
+                                          {"exclude", required_argument, NULL, OPT_EXCLUDE},
+                                          {"max-filesize", required_argument, NULL,
+                                           OPT_MAX_FILESIZE},
                                           {"jobs", required_argument, NULL, 'j'},
-                                          {"socket", required_argument, NULL, 'S'},
+                                          {"socket", required_argument, NULL, OPT_SOCKET},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     struct scan_opts o = {.report = VKS_REPORT_ALL, .out = OUT_MATCHES, .jobs = 4};
-    int c;
-    while ((c = getopt_long(argc, argv, "r:clj:h", longs, NULL)) != -1) {
-        switch (c) {
-        case 'r':
-            o.rules = optarg;
-            break;
-        case 'J':
-            o.json = true;
-            break;
-        case 'c':
-            o.out = o.out == OUT_LIST ? OUT_LIST : OUT_COUNT;
-            break;
-        case 'F':
+    /* no option appears more often than there are arguments */
+    o.rules = calloc((size_t)argc, sizeof(char *));
+    o.exprs = calloc((size_t)argc, sizeof(char *));
+    o.globs = calloc((size_t)argc, sizeof(char *));
+    int status = -1, c;
+    if (o.rules == NULL || o.exprs == NULL || o.globs == NULL)
+        status = scan_usage_error("%s", "out of memory");
+    opterr = 0;
+    while (status < 0 && (c = getopt_long(argc, argv, ":r:e:g:clnqLj:h", longs, NULL)) != -1)
+        status = scan_option(&o, c, optarg, argv);
+    if (status < 0 && o.n_rules == 0 && o.n_exprs == 0)
+        status = scan_usage_error("%s", "no rules: give a pattern file with -r FILE or a "
+                                        "pattern with -e PATTERN");
+    if (status < 0 && optind >= argc)
+        status = scan_usage_error("%s", "no PATH to scan: name files, directories, or - "
+                                        "for standard input");
+    if (status < 0) {
+        if (o.out == OUT_COUNT)
+            o.report = VKS_REPORT_COUNT;
+        else if (o.out == OUT_LIST)
             o.report = VKS_REPORT_FIRST;
-            break;
-        case 'l':
-            o.out = OUT_LIST;
-            break;
-        case 'S':
-            cli_socket_path = optarg;
-            break;
-        case 'j':
-            o.jobs = (unsigned)strtoul(optarg, NULL, 10);
-            if (o.jobs < 1 || o.jobs > MAX_JOBS) {
-                fprintf(stderr, "vkscan: --jobs takes 1..%u\n", MAX_JOBS);
-                return 2;
-            }
-            break;
-        case 'h':
-            scan_usage(stdout);
-            return 0;
-        default:
-            scan_usage(stderr);
-            return 2;
-        }
+        o.walk.globs = o.globs;
+        o.walk.n_globs = o.n_globs;
+        status = run_scan(&o, argc - optind, argv + optind);
     }
-    if (o.rules == NULL || optind >= argc) {
-        scan_usage(stderr);
-        return 2;
-    }
-    if (o.out == OUT_COUNT)
-        o.report = VKS_REPORT_COUNT;
-    else if (o.out == OUT_LIST)
-        o.report = VKS_REPORT_FIRST;
-    return run_scan(&o, argc - optind, argv + optind);
+    free(o.rules);
+    free(o.exprs);
+    free(o.globs);
+    return status;
 }
 
 /* ---- main ----------------------------------------------------------------- */
@@ -901,15 +1235,70 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: vkscan [--socket PATH] COMMAND [ARGS]\n"
-            "  scan -r RULES [--json] [--count] [--first] [-l] PATH...\n"
+            "  scan -r RULES [options] PATH...\n"
             "                          scan files and directories through vkscand\n"
             "  status [--json | --prometheus]\n"
             "                          the daemon's version, devices, catalogs, queues\n"
             "  rules check FILE        compile a pattern file here and report\n"
             "  rules scan RULES PATH.. scan files here with the CPU reference scanner\n"
-            "The socket is --socket, else $VKSCAN_SOCKET, else %s.\n"
-            "See vkscan(1).\n",
+            "Every command takes --help. The socket is --socket, else $VKSCAN_SOCKET, else\n"
+            "%s. See vkscan(1).\n",
             CLI_DEFAULT_SOCKET);
+}
+
+static int usage_error(const char *fmt, const char *what)
+{
+    fputs("vkscan: ", stderr);
+    fprintf(stderr, fmt, what);
+    fputc('\n', stderr);
+    usage(stderr);
+    return 2;
+}
+
+/* Whether argv[0..argc) asks for help (before a "--"). */
+static bool wants_help(int argc, char **argv)
+{
+    for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return true;
+    }
+    return false;
+}
+
+/* `vkscan rules ...`: argv[0] is "rules". */
+static int cmd_rules(int argc, char **argv)
+{
+    static const char check[] = "usage: vkscan rules check FILE\n"
+                                "Compiles the pattern file here (no daemon) and prints its "
+                                "groups, states,\nfingerprint and every rejected rule. Exit "
+                                "status: 0 all rules compiled, 1 a rule\nrejected, 2 an error.\n";
+    static const char scan[] = "usage: vkscan rules scan RULES PATH...\n"
+                               "Scans files here with the CPU reference scanner (no daemon); "
+                               "prints\npath:end offset:rule id. Exit status: 0 a match, 1 none, "
+                               "2 an error.\n";
+    const char *sub = argc > 1 ? argv[1] : NULL;
+    if (sub != NULL && strcmp(sub, "check") == 0) {
+        if (wants_help(argc - 2, argv + 2)) {
+            fputs(check, stdout);
+            return 0;
+        }
+        return cli_rules_check(argc - 2, argv + 2);
+    }
+    if (sub != NULL && strcmp(sub, "scan") == 0) {
+        if (wants_help(argc - 2, argv + 2)) {
+            fputs(scan, stdout);
+            return 0;
+        }
+        return cli_rules_scan(argc - 2, argv + 2);
+    }
+    if (sub != NULL && (strcmp(sub, "--help") == 0 || strcmp(sub, "-h") == 0)) {
+        printf("%s%s", check, scan);
+        return 0;
+    }
+    fprintf(stderr, "vkscan rules: %s%s%s: use rules check FILE or rules scan RULES PATH...\n",
+            sub != NULL ? "unknown subcommand '" : "no subcommand given", sub != NULL ? sub : "",
+            sub != NULL ? "'" : "");
+    return 2;
 }
 
 int main(int argc, char **argv)
@@ -919,6 +1308,8 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc) {
             cli_socket_path = argv[i + 1];
             i += 2;
+        } else if (strcmp(argv[i], "--socket") == 0) {
+            return usage_error("%s", "--socket needs a path");
         } else if (strncmp(argv[i], "--socket=", 9) == 0) {
             cli_socket_path = argv[i++] + 9;
         } else if (strcmp(argv[i], "--version") == 0) {
@@ -928,20 +1319,20 @@ int main(int argc, char **argv)
             usage(stdout);
             return 0;
         } else {
-            usage(stderr);
-            return 2;
+            return usage_error("unknown option '%s' before the command", argv[i]);
         }
     }
-    if (i < argc && strcmp(argv[i], "scan") == 0)
+    if (i >= argc)
+        return usage_error("%s", "no command given");
+    if (strcmp(argv[i], "scan") == 0)
         return cmd_scan(argc - i, argv + i);
-    if (i < argc && strcmp(argv[i], "status") == 0)
+    if (strcmp(argv[i], "status") == 0)
         return cli_status(argc - i, argv + i);
-    if (i + 1 < argc && strcmp(argv[i], "rules") == 0) {
-        if (strcmp(argv[i + 1], "check") == 0)
-            return cli_rules_check(argc - i - 2, argv + i + 2);
-        if (strcmp(argv[i + 1], "scan") == 0)
-            return cli_rules_scan(argc - i - 2, argv + i + 2);
+    if (strcmp(argv[i], "rules") == 0)
+        return cmd_rules(argc - i, argv + i);
+    if (strcmp(argv[i], "help") == 0) {
+        usage(stdout);
+        return 0;
     }
-    usage(stderr);
-    return 2;
+    return usage_error("unknown command '%s'", argv[i]);
 }

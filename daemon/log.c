@@ -5,7 +5,9 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -38,8 +40,14 @@ void log_msg(enum log_level level, const char *fmt, ...)
 {
     if ((int)level > max_level)
         return;
+    /* journald parses "<N>" prefixes; on a terminal or in a file they are
+     * noise, so they are written only when stderr is the journal's stream
+     * (systemd sets JOURNAL_STREAM for it). */
+    static atomic_int journal = -1;
+    if (atomic_load(&journal) < 0)
+        atomic_store(&journal, getenv("JOURNAL_STREAM") != NULL);
     char line[1024];
-    int n = snprintf(line, sizeof(line), "<%d>", (int)level);
+    int n = journal ? snprintf(line, sizeof(line), "<%d>", (int)level) : 0;
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);

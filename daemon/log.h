@@ -1,7 +1,8 @@
 /*
- * vkscand's log: one line per event on stderr, prefixed with the syslog
- * priority in the form journald parses ("<3>...", sd-daemon(3)), so the
- * journal keeps the level without libsystemd.
+ * vkscand's log: one line per event on stderr. Under journald
+ * (JOURNAL_STREAM set) each line is prefixed with the syslog priority in the
+ * form journald parses ("<3>...", sd-daemon(3)), so the journal keeps the
+ * level without libsystemd; elsewhere (a terminal, a file) lines are plain.
  */
 #ifndef VKS_DAEMON_LOG_H
 #define VKS_DAEMON_LOG_H

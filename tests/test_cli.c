@@ -183,7 +183,8 @@ static void setup_daemon(void)
 {
     base_create();
     make_tree();
-    daemon_start(ARGS("--engine", "gpu"));
+    /* max-scan-bytes is small so that reading past it is quick to test */
+    daemon_start(ARGS("--engine", "gpu", "--max-scan-bytes", "1048576"));
 }
 
 static void teardown_daemon(void)
@@ -481,16 +482,23 @@ START_TEST(scan_no_match_exit_1)
 }
 END_TEST
 
-START_TEST(scan_unreadable_exit_2)
+START_TEST(scan_unreadable_exit_2_dangling_warns)
 {
     struct run r;
+    /* A dangling link is a warning, not an error: the exit status follows
+     * the matches. */
     scan(&r, NULL, ARGS("bad"));
-    ck_assert_int_eq(r.status, 2);
-    /* The other file is still scanned and reported. */
+    ck_assert_int_eq(r.status, 0);
     ck_assert_str_eq(r.out, "bad/a.txt:6:lit\n");
-    ck_assert_msg(strstr(r.err, "vkscan: bad/dangling: No such file or directory (skipped)\n") !=
-                      NULL,
-                  "stderr: %s", r.err);
+    ck_assert_str_eq(r.err, "vkscan: bad/dangling: dangling symbolic link (skipped)\n");
+    scan(&r, NULL, ARGS("bad/dangling"));
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_str_eq(r.err, "vkscan: bad/dangling: dangling symbolic link (skipped)\n");
+    /* A file that cannot be scanned is exit status 2, as in grep, also
+     * when another file matched. */
+    scan(&r, NULL, ARGS("bad", "no-such-file"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_str_eq(r.out, "bad/a.txt:6:lit\n");
     scan(&r, NULL, ARGS("clean", "no-such-file"));
     ck_assert_int_eq(r.status, 2);
     ck_assert_ptr_nonnull(strstr(r.err, "vkscan: no-such-file: No such file or directory"));
@@ -505,7 +513,7 @@ START_TEST(scan_first_count_list)
     ck_assert_str_eq(r.out, "tree/a.txt:9:lit\ntree/a.txt:15:re\ntree/sub/b.bin:6:mz\n");
     scan(&r, NULL, ARGS("--count", "tree"));
     ck_assert_int_eq(r.status, 0);
-    ck_assert_str_eq(r.out, "tree/a.txt:2:lit\ntree/a.txt:1:re\ntree/sub/b.bin:1:mz\n");
+    ck_assert_str_eq(r.out, "tree/a.txt:lit:2\ntree/a.txt:re:1\ntree/sub/b.bin:mz:1\n");
     scan(&r, NULL, ARGS("-l", "tree", "clean"));
     ck_assert_int_eq(r.status, 0);
     ck_assert_str_eq(r.out, "tree/a.txt\ntree/sub/b.bin\n");
@@ -544,18 +552,38 @@ START_TEST(scan_many_files_in_order)
 }
 END_TEST
 
-START_TEST(scan_rejected_rule_exit_2)
+static size_t count_str(const char *s, const char *what)
+{
+    size_t n = 0;
+    for (const char *p = s; (p = strstr(p, what)) != NULL; p += strlen(what))
+        n++;
+    return n;
+}
+
+/* A rejected rule is a warning, printed once; the exit status follows the
+ * matches, unless --strict makes it 2. */
+START_TEST(scan_rejected_rule_warns_strict_fails)
 {
     static const char bad_rules[] = "lit:\"needle\"\n"
                                     "\n"
                                     "broken:/fo+(/\n";
     write_file("bad-rules.txt", bad_rules, strlen(bad_rules));
     struct run r;
-    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "-r", "bad-rules.txt", "tree/a.txt"));
-    ck_assert_int_eq(r.status, 2);
-    ck_assert_str_eq(r.out, "tree/a.txt:9:lit\ntree/a.txt:22:lit\n");
+    run_cli(&r, NULL, NULL,
+            ARGS("--socket", sock, "scan", "-j", "2", "-r", "bad-rules.txt", "tree/a.txt",
+                 "many"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_int_eq(count_lines(r.out), 152);
     ck_assert_msg(strstr(r.err, "bad-rules.txt:3: rule 'broken' rejected") != NULL, "stderr: %s",
                   r.err);
+    ck_assert_int_eq(count_str(r.err, "rejected"), 1);
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "-r", "bad-rules.txt", "clean"));
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_int_eq(count_str(r.err, "rejected"), 1);
+    run_cli(&r, NULL, NULL,
+            ARGS("--socket", sock, "scan", "--strict", "-r", "bad-rules.txt", "tree/a.txt"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_str_eq(r.out, "tree/a.txt:9:lit\ntree/a.txt:22:lit\n");
 }
 END_TEST
 
@@ -584,8 +612,11 @@ START_TEST(scan_json_matches_text)
     scan(&t, NULL, ARGS("tree"));
     ck_assert_int_eq(r.status, 0);
     struct jobj o[8];
-    int n = parse_lines(r.out, o, 8);
+    int n = parse_lines(r.out, o, 8) - 1; /* the last record is the summary */
     ck_assert_int_eq(n, (int)count_lines(t.out));
+    ck_assert_str_eq(jget(&o[n], "type")->val, "summary");
+    ck_assert_str_eq(jget(&o[n], "matches")->val, "4");
+    ck_assert_str_eq(jget(&o[n], "files")->val, "4");
     /* Rebuild the text form from the JSON fields: it must be identical. */
     char rebuilt[1024] = "", *w = rebuilt;
     static const char *const order[] = {"lit", "mz", "re"}; /* the rule file's order */
@@ -593,6 +624,7 @@ START_TEST(scan_json_matches_text)
         const struct jfield *path = jget(&o[i], "path"), *off = jget(&o[i], "offset");
         const struct jfield *rule = jget(&o[i], "rule"), *idx = jget(&o[i], "rule_index");
         ck_assert_msg(path && off && rule && idx, "fields missing in line %d", i);
+        ck_assert_str_eq(jget(&o[i], "type")->val, "match");
         ck_assert(path->is_str && rule->is_str && !off->is_str && !idx->is_str);
         ck_assert_ptr_null(jget(&o[i], "count"));
         ck_assert_str_eq(order[atoi(idx->val)], rule->val);
@@ -602,7 +634,7 @@ START_TEST(scan_json_matches_text)
 
     scan(&r, NULL, ARGS("--json", "--count", "tree/a.txt"));
     n = parse_lines(r.out, o, 8);
-    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(n, 3);
     ck_assert_str_eq(jget(&o[0], "rule")->val, "lit");
     ck_assert_str_eq(jget(&o[0], "count")->val, "2");
     ck_assert_str_eq(jget(&o[0], "offset")->val, "9");
@@ -611,7 +643,7 @@ START_TEST(scan_json_matches_text)
 
     scan(&r, NULL, ARGS("--json", "-l", "tree"));
     n = parse_lines(r.out, o, 8);
-    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(n, 3);
     ck_assert_str_eq(jget(&o[0], "path")->val, "tree/a.txt");
     ck_assert_str_eq(jget(&o[0], "rules_matched")->val, "2");
     ck_assert_str_eq(jget(&o[1], "path")->val, "tree/sub/b.bin");
@@ -627,12 +659,321 @@ START_TEST(scan_json_odd_names)
     scan(&r, NULL, ARGS("--json", "odd"));
     ck_assert_int_eq(r.status, 0);
     struct jobj o[2];
-    ck_assert_int_eq(parse_lines(r.out, o, 2), 1);
+    ck_assert_int_eq(parse_lines(r.out, o, 2), 2);
     ck_assert_ptr_nonnull(jget(&o[0], "path"));
     const struct jfield *b64 = jget(&o[0], "path_base64");
     ck_assert_ptr_nonnull(b64);
     /* base64("odd/q\"uote\x01\xff.txt") */
     ck_assert_str_eq(b64->val, "b2RkL3EidW90ZQH/LnR4dA==");
+}
+END_TEST
+
+/* ---- inputs: procfs, sysfs, devices; several rule files; -e -------------- */
+
+/* procfs files say size 0 and sysfs files a page: both are read as streams,
+ * and a device named by the user is read up to the daemon's max-scan-bytes
+ * (1 MiB here), with an error past it. */
+START_TEST(scan_proc_sys_and_devices)
+{
+    struct run r;
+    run_cli(&r, NULL, NULL,
+            ARGS("--socket", sock, "scan", "-e", "name:/Name:\\s+vkscan/", "/proc/self/status"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_msg(strncmp(r.out, "/proc/self/status:", 18) == 0 && strstr(r.out, ":name\n"),
+                  "out: %s", r.out);
+    ck_assert_str_eq(r.err, "");
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", R_OK) == 0) {
+        run_cli(&r, NULL, NULL,
+                ARGS("--socket", sock, "scan", "-e", "never", "-c",
+                     "/sys/kernel/mm/transparent_hugepage/enabled"));
+        ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+        ck_assert_str_eq(r.out, "/sys/kernel/mm/transparent_hugepage/enabled:e1:1\n");
+    }
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "-e", "x", "/dev/zero", "tree"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_msg(strstr(r.err, "vkscan: /dev/zero: more than vkscand scans in one request "
+                                "(1.0 MiB)") != NULL,
+                  "stderr: %s", r.err);
+}
+END_TEST
+
+START_TEST(scan_several_rule_files_and_e)
+{
+    write_file("r-lit.txt", "lit:\"needle\"\n", 13);
+    write_file("r-re.txt", "# regexes\nre:/ab[0-9]+c/\n", 25);
+    write_file("r-dup.txt", "x:\"q\"\nlit:/nee+dle/\n", 20);
+    write_file("r-bad.txt", "ok:\"xx\"\nbroken:/fo+(/\n", 22);
+    struct run r;
+    run_cli(&r, NULL, NULL,
+            ARGS("--socket", sock, "scan", "-r", "r-lit.txt", "-r", "r-re.txt", "tree/a.txt"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_str_eq(r.out, "tree/a.txt:9:lit\ntree/a.txt:15:re\ntree/a.txt:22:lit\n");
+    /* The same id in two files: an error naming both places. */
+    run_cli(&r, NULL, NULL,
+            ARGS("--socket", sock, "scan", "-r", "r-lit.txt", "-r", "r-dup.txt", "tree/a.txt"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_str_eq(r.out, "");
+    ck_assert_msg(strstr(r.err, "rule id 'lit' is defined twice: r-lit.txt:1 and r-dup.txt:2") !=
+                      NULL,
+                  "stderr: %s", r.err);
+    /* A rejected rule is reported at its own file and line. */
+    run_cli(&r, NULL, NULL,
+            ARGS("--socket", sock, "scan", "-r", "r-re.txt", "-r", "r-bad.txt", "tree/a.txt"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_msg(strstr(r.err, "r-bad.txt:2: rule 'broken' rejected") != NULL, "stderr: %s",
+                  r.err);
+    /* -e: a regex named eN, or a whole rule line; with -r as well. */
+    run_cli(&r, NULL, NULL,
+            ARGS("--socket", sock, "scan", "-e", "ne+dle", "-e", "id7:\"ab12c\"", "tree/a.txt"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_str_eq(r.out, "tree/a.txt:9:e1\ntree/a.txt:15:id7\ntree/a.txt:22:e1\n");
+    run_cli(&r, NULL, NULL,
+            ARGS("--socket", sock, "scan", "-r", "r-re.txt", "-e", "MZ", "tree"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.out, "tree/a.txt:15:re\ntree/sub/b.bin:4:e1\n");
+}
+END_TEST
+
+/* ---- output: -n, -q, --color, -c, --stats, --json records ------------------ */
+
+START_TEST(scan_output_forms)
+{
+    static const char lines[] = "one\nneedle two\n\nx needle\nab1c";
+    write_file("lines.txt", lines, strlen(lines));
+    struct run r;
+    scan(&r, NULL, ARGS("-n", "lines.txt"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.out, "lines.txt:2:10:lit\nlines.txt:4:24:lit\nlines.txt:5:29:re\n");
+    scan(&r, NULL, ARGS("-n", "-"));
+    scan(&r, "a\nb\nneedle\n", ARGS("-n", "-"));
+    ck_assert_str_eq(r.out, "(standard input):3:10:lit\n");
+    scan(&r, NULL, ARGS("-q", "tree"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.out, "");
+    scan(&r, NULL, ARGS("-q", "clean"));
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_str_eq(r.out, "");
+    /* -q: a match is exit 0 even when another file could not be scanned */
+    scan(&r, NULL, ARGS("-q", "tree", "no-such-file"));
+    ck_assert_int_eq(r.status, 0);
+    scan(&r, NULL, ARGS("--color=always", "tree/a.txt"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(count_lines(r.out) == 3 ? "" : r.out, "");
+    ck_assert_msg(strstr(r.out, "\033[35mtree/a.txt\033[0m:9:\033[1;31mlit\033[0m\n") != NULL,
+                  "out: %s", r.out);
+    scan(&r, NULL, ARGS("--color", "never", "tree/a.txt"));
+    ck_assert_ptr_null(strchr(r.out, '\033'));
+    scan(&r, NULL, ARGS("--color", "auto", "tree/a.txt")); /* not a terminal */
+    ck_assert_ptr_null(strchr(r.out, '\033'));
+    scan(&r, NULL, ARGS("--color", "sometimes", "tree/a.txt"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_ptr_nonnull(strstr(r.err, "--color takes auto, always or never, not 'sometimes'"));
+    scan(&r, NULL, ARGS("--stats", "tree"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_msg(strncmp(r.out, tree_hits, strlen(tree_hits)) == 0, "out: %s", r.out);
+    ck_assert_msg(strstr(r.out, "\n4 matches\n4 files scanned\n43 bytes scanned\n"
+                                "0 rules rejected\n0 errors\n") != NULL,
+                  "out: %s", r.out);
+    ck_assert_ptr_nonnull(strstr(r.out, " GB/s\n"));
+}
+END_TEST
+
+START_TEST(scan_json_records)
+{
+    write_file("jrules.txt", "lit:\"needle\"\nbroken:/fo+(/\n", 27);
+    struct run r;
+    run_cli(&r, NULL, NULL,
+            ARGS("--socket", sock, "scan", "--json", "-n", "-r", "jrules.txt", "tree/a.txt",
+                 "no-such-file", "bad/dangling"));
+    ck_assert_int_eq(r.status, 2);
+    struct jobj o[8];
+    int n = parse_lines(r.out, o, 8);
+    ck_assert_int_eq(n, 6);
+    ck_assert_str_eq(jget(&o[0], "type")->val, "reject");
+    ck_assert_str_eq(jget(&o[0], "file")->val, "jrules.txt");
+    ck_assert_str_eq(jget(&o[0], "line")->val, "2");
+    ck_assert_str_eq(jget(&o[0], "rule")->val, "broken");
+    ck_assert_str_eq(jget(&o[1], "type")->val, "match");
+    ck_assert_str_eq(jget(&o[1], "line_number")->val, "1");
+    ck_assert_str_eq(jget(&o[2], "offset")->val, "22");
+    ck_assert_str_eq(jget(&o[3], "type")->val, "error");
+    ck_assert_str_eq(jget(&o[3], "path")->val, "no-such-file");
+    ck_assert_ptr_nonnull(jget(&o[3], "message"));
+    ck_assert_str_eq(jget(&o[4], "type")->val, "warning");
+    ck_assert_str_eq(jget(&o[5], "type")->val, "summary");
+    ck_assert_str_eq(jget(&o[5], "rejected_rules")->val, "1");
+    ck_assert_str_eq(jget(&o[5], "errors")->val, "1");
+    ck_assert_str_eq(jget(&o[5], "matches")->val, "2");
+}
+END_TEST
+
+/* ---- walks: ignore files, hidden files, globs, links, sizes ----------------- */
+
+static void make_link(const char *target, const char *rel)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", base, rel);
+    ck_assert_int_eq(symlink(target, path), 0);
+}
+
+/*
+ * walk/.gitignore    *.log, !keep.log, /build/, sub/deep.txt, doc/(two stars)/gen.txt
+ * walk/sub/.ignore   ok2.txt
+ * Every file below holds "needle"; `-l` prints the ones scanned.
+ */
+static void make_walk_tree(void)
+{
+    static const char gi[] = "# build output\n*.log\n!keep.log\n/build/\nsub/deep.txt\n"
+                             "doc/**/gen.txt\n\\#hash.txt\n";
+    static const char *const files[] = {
+        "walk/a.txt",         "walk/x.log",        "walk/keep.log",         "walk/build/b.txt",
+        "walk/src/build/c.txt", "walk/sub/deep.txt", "walk/sub/ok.txt",     "walk/sub/ok2.txt",
+        "walk/.hidden.txt",   "walk/.git/config",  "walk/doc/a/b/gen.txt", "walk/doc/gen.txt",
+        "walk/#hash.txt",     "linked/l.txt"};
+    static const char *const dirs[] = {"walk",     "walk/build", "walk/src", "walk/src/build",
+                                       "walk/sub", "walk/.git",  "walk/doc", "walk/doc/a",
+                                       "walk/doc/a/b", "linked"};
+    for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++)
+        make_dir(dirs[i]);
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
+        write_file(files[i], "needle\n", 7);
+    char big[2048];
+    memset(big, 'x', sizeof(big));
+    memcpy(big, "needle", 6);
+    write_file("walk/big.txt", big, sizeof(big));
+    write_file("walk/.gitignore", gi, strlen(gi));
+    write_file("walk/sub/.ignore", "ok2.txt\n", 8);
+    make_link("a.txt", "walk/link-a.txt");
+    make_link("../linked", "walk/zlink");
+    make_link("sub", "walk/zz-sub");
+}
+
+START_TEST(scan_walk_ignore_hidden_globs_links)
+{
+    make_walk_tree();
+    static const char deflt[] = "walk/a.txt\nwalk/big.txt\nwalk/keep.log\nwalk/src/build/c.txt\n"
+                                "walk/sub/ok.txt\n";
+    struct run r;
+    scan(&r, NULL, ARGS("-l", "walk"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_str_eq(r.out, deflt);
+    ck_assert_str_eq(r.err, "");
+    scan(&r, NULL, ARGS("-l", "--no-ignore", "walk"));
+    ck_assert_str_eq(r.out, "walk/#hash.txt\nwalk/a.txt\nwalk/big.txt\nwalk/build/b.txt\n"
+                            "walk/doc/a/b/gen.txt\nwalk/doc/gen.txt\nwalk/keep.log\n"
+                            "walk/src/build/c.txt\nwalk/sub/deep.txt\nwalk/sub/ok.txt\n"
+                            "walk/sub/ok2.txt\nwalk/x.log\n");
+    scan(&r, NULL, ARGS("-l", "--hidden", "walk"));
+    ck_assert_str_eq(r.out, "walk/.hidden.txt\nwalk/a.txt\nwalk/big.txt\nwalk/keep.log\n"
+                            "walk/src/build/c.txt\nwalk/sub/ok.txt\n");
+    scan(&r, NULL, ARGS("-l", "-g", "*.log", "walk"));
+    ck_assert_str_eq(r.out, "walk/keep.log\n");
+    scan(&r, NULL, ARGS("-l", "--glob", "!*.txt", "walk"));
+    ck_assert_str_eq(r.out, "walk/keep.log\n");
+    scan(&r, NULL, ARGS("-l", "--exclude", "sub", "--exclude", "src/**", "walk"));
+    ck_assert_str_eq(r.out, "walk/a.txt\nwalk/big.txt\nwalk/keep.log\n");
+    scan(&r, NULL, ARGS("-l", "--max-filesize", "1K", "walk"));
+    ck_assert_str_eq(r.out, "walk/a.txt\nwalk/keep.log\nwalk/src/build/c.txt\nwalk/sub/ok.txt\n");
+    scan(&r, NULL, ARGS("-l", "--max-filesize", "lots", "walk"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_ptr_nonnull(strstr(r.err, "--max-filesize takes a size"));
+    /* -L follows links to directories; a directory two links reach (zz-sub
+     * and sub) and a file two names reach (link-a.txt) are scanned once. */
+    scan(&r, NULL, ARGS("-l", "-L", "walk"));
+    ck_assert_str_eq(r.out, "walk/a.txt\nwalk/big.txt\nwalk/keep.log\nwalk/src/build/c.txt\n"
+                            "walk/sub/ok.txt\nwalk/zlink/l.txt\n");
+    /* A named file is scanned whatever the ignore files say. */
+    scan(&r, NULL, ARGS("-l", "walk/x.log"));
+    ck_assert_str_eq(r.out, "walk/x.log\n");
+}
+END_TEST
+
+/* ---- usage errors, --help everywhere, the socket path ------------------------ */
+
+START_TEST(usage_messages_and_help)
+{
+    base_create();
+    struct run r;
+    static const char *const helps[][5] = {
+        {"scan", "--help", NULL},          {"status", "--help", NULL},
+        {"rules", "check", "--help", NULL}, {"rules", "scan", "--help", NULL},
+        {"rules", "--help", NULL},         {"--help", NULL}};
+    for (size_t i = 0; i < sizeof(helps) / sizeof(helps[0]); i++) {
+        run_cli(&r, NULL, NULL, helps[i]);
+        ck_assert_msg(r.status == 0, "%s %s: exit %d: %s", helps[i][0], helps[i][1], r.status,
+                      r.err);
+        ck_assert_msg(strncmp(r.out, "usage: vkscan", 13) == 0, "%s: %s", helps[i][0], r.out);
+        ck_assert_str_eq(r.err, "");
+    }
+    static const struct {
+        const char *args[8];
+        const char *msg;
+    } bad[] = {
+        {{"frobnicate", NULL}, "vkscan: unknown command 'frobnicate'\n"},
+        {{"--bogus", "scan", NULL}, "vkscan: unknown option '--bogus' before the command\n"},
+        {{NULL}, "vkscan: no command given\n"},
+        {{"rules", "lint", NULL}, "vkscan rules: unknown subcommand 'lint'"},
+        {{"scan", "tree", NULL}, "vkscan scan: no rules: give a pattern file with -r FILE"},
+        {{"scan", "-e", "x", NULL}, "vkscan scan: no PATH to scan"},
+        {{"scan", "--frob", "-e", "x", ".", NULL}, "vkscan scan: unknown option '--frob'"},
+        {{"scan", "-e", "x", ".", "-r", NULL}, "vkscan scan: option '-r' needs a value"},
+        {{"scan", "-j", "99", "-e", "x", ".", NULL}, "vkscan scan: --jobs takes 1..16, not '99'"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        run_cli(&r, NULL, NULL, bad[i].args[0] != NULL ? bad[i].args : ARGS("--socket=x"));
+        ck_assert_int_eq(r.status, 2);
+        ck_assert_msg(strstr(r.err, bad[i].msg) != NULL, "want %s, stderr: %s", bad[i].msg,
+                      r.err);
+    }
+    /* --socket at a directory or a regular file says what the path is. */
+    write_file("plain", "x", 1);
+    run_cli(&r, NULL, NULL, ARGS("--socket", base, "status"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_msg(strstr(r.err, " is a directory, not a socket: point --socket") != NULL,
+                  "stderr: %s", r.err);
+    run_cli(&r, NULL, NULL, ARGS("--socket", "plain", "scan", "-e", "x", "plain"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_msg(strstr(r.err, "vkscan: plain is a regular file, not a socket") != NULL,
+                  "stderr: %s", r.err);
+    base_remove();
+}
+END_TEST
+
+/* vkscand writes "<N>" syslog prefixes only for journald (JOURNAL_STREAM):
+ * a failing start logs one error either way. */
+static void daemon_log(const char *journal, char *out, size_t cap)
+{
+    int fd = temp_fd("daemon-log");
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fd, 2);
+        if (journal != NULL)
+            setenv("JOURNAL_STREAM", journal, 1);
+        else
+            unsetenv("JOURNAL_STREAM");
+        unsetenv("NOTIFY_SOCKET");
+        execl(getenv("VKSCAND"), "vkscand", "--socket", "/nonexistent-dir/x.sock", "--engine",
+              "cpu", "--state-dir", base, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0 && WEXITSTATUS(st) != 127);
+    slurp(fd, out, cap);
+}
+
+START_TEST(daemon_log_prefix_only_for_journald)
+{
+    base_create();
+    char plain[4096], journal[4096];
+    daemon_log(NULL, plain, sizeof(plain));
+    daemon_log("8:1234", journal, sizeof(journal));
+    ck_assert_msg(strstr(plain, "/nonexistent-dir/x.sock") != NULL, "log: %s", plain);
+    ck_assert_msg(strchr(plain, '<') == NULL, "log: %s", plain);
+    ck_assert_msg(journal[0] == '<' && isdigit((unsigned char)journal[1]) && journal[2] == '>',
+                  "log: %s", journal);
+    base_remove();
 }
 END_TEST
 
@@ -1017,6 +1358,8 @@ Suite *cli_suite(void)
     tcase_add_test(local, missing_daemon);
     tcase_add_test(local, rules_check_good_and_bad);
     tcase_add_test(local, man_pages_document_every_flag);
+    tcase_add_test(local, usage_messages_and_help);
+    tcase_add_test(local, daemon_log_prefix_only_for_journald);
     tcase_set_timeout(local, 60);
     suite_add_tcase(s, local);
 
@@ -1024,13 +1367,18 @@ Suite *cli_suite(void)
     tcase_add_unchecked_fixture(d, setup_daemon, teardown_daemon);
     tcase_add_test(d, scan_text_matches);
     tcase_add_test(d, scan_no_match_exit_1);
-    tcase_add_test(d, scan_unreadable_exit_2);
+    tcase_add_test(d, scan_unreadable_exit_2_dangling_warns);
     tcase_add_test(d, scan_first_count_list);
     tcase_add_test(d, scan_stdin);
     tcase_add_test(d, scan_many_files_in_order);
-    tcase_add_test(d, scan_rejected_rule_exit_2);
+    tcase_add_test(d, scan_rejected_rule_warns_strict_fails);
     tcase_add_test(d, scan_json_matches_text);
     tcase_add_test(d, scan_json_odd_names);
+    tcase_add_test(d, scan_proc_sys_and_devices);
+    tcase_add_test(d, scan_several_rule_files_and_e);
+    tcase_add_test(d, scan_output_forms);
+    tcase_add_test(d, scan_json_records);
+    tcase_add_test(d, scan_walk_ignore_hidden_globs_links);
     tcase_add_test(d, status_text_and_json);
     tcase_add_test(d, status_prometheus_counts_scans);
     tcase_set_timeout(d, 300);
