@@ -7,11 +7,13 @@
  * reconnect and retry with a doubling backoff.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -55,9 +57,49 @@ const char *vks_version(void)
     return VKS_VERSION;
 }
 
+/* The 0.2 layouts: what a struct_size of 0 stands for (vkscan.h, ABI). */
+#define CLIENT_OPTIONS_BASE offsetof(struct vks_client_options, memfd_threshold)
+#define LOAD_OPTIONS_BASE   offsetof(struct vks_load_options, reserved)
+#define SCAN_OPTIONS_BASE   offsetof(struct vks_scan_options, reserved)
+
+/*
+ * Copies the caller's option struct `src` over `dst` (already holding the
+ * defaults, `cur` bytes): only the bytes the caller's layout has, as its
+ * struct_size says, so an older, smaller struct leaves the newer fields at
+ * their defaults. The copy's struct_size is ours.
+ */
+static void read_options(void *dst, size_t cur, const void *src, size_t base)
+{
+    size_t n;
+    memcpy(&n, src, sizeof(n));
+    if (n == 0)
+        n = base;
+    if (n > cur)
+        n = cur; /* a newer caller: the fields this library does not know are ignored */
+    if (n > sizeof(size_t))
+        memcpy((char *)dst + sizeof(size_t), (const char *)src + sizeof(size_t),
+               n - sizeof(size_t));
+    memcpy(dst, &cur, sizeof(cur));
+}
+
+void vks_load_options_init(struct vks_load_options *opt)
+{
+    memset(opt, 0, sizeof(*opt));
+    opt->struct_size = sizeof(*opt);
+}
+
+void vks_scan_options_init(struct vks_scan_options *opt)
+{
+    memset(opt, 0, sizeof(*opt));
+    opt->struct_size = sizeof(*opt);
+}
+
 void vks_client_options_init(struct vks_client_options *opt)
 {
     memset(opt, 0, sizeof(*opt));
+    opt->struct_size = sizeof(*opt);
+    opt->memfd_threshold = VKS_MEMFD_THRESHOLD_DEFAULT;
+    opt->socket_buffer = VKS_SOCKET_BUFFER_DEFAULT;
     opt->connect_timeout_ms = DEFAULT_CONNECT_MS;
     opt->io_timeout_ms = DEFAULT_IO_MS;
     opt->retries = DEFAULT_RETRIES;
@@ -104,6 +146,11 @@ static int open_socket(struct vks_client *c, struct vks_error *err)
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return vks_error_set(err, -errno, "socket(): %s", strerror(errno));
+    /* Larger socket buffers for the scans that stay inline (best effort: the
+     * kernel caps them at net.core.wmem_max / rmem_max). */
+    int sz = (int)(c->opt.socket_buffer > INT32_MAX / 2 ? INT32_MAX / 2 : c->opt.socket_buffer);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
     int64_t deadline = now_ms() + c->opt.connect_timeout_ms;
     while (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
         int e = errno;
@@ -225,11 +272,14 @@ static int call(struct vks_client *c, struct proto_request *req, const int *fds,
             return rc;
         }
         drop_connection(c);
-        if (!idempotent || attempt >= c->opt.retries)
+        if (!idempotent || attempt >= c->opt.retries) {
+            char why[sizeof(err->msg)]; /* err->msg cannot be both source and target */
+            snprintf(why, sizeof(why), "%s",
+                     err != NULL && err->msg[0] != '\0' ? err->msg : proto_strerror(rc));
             return vks_error_set(err, idempotent ? -VKS_E_CLOSED : rc,
                                  "connection to vkscand at %s lost%s: %s", c->path,
-                                 idempotent ? " and the retries ran out" : "",
-                                 err != NULL ? err->msg : proto_strerror(rc));
+                                 idempotent ? " and the retries ran out" : "", why);
+        }
         sleep_ms(backoff);
         backoff = backoff * 2 > MAX_BACKOFF_MS ? MAX_BACKOFF_MS : backoff * 2;
     }
@@ -299,7 +349,11 @@ int vks_client_connect(const char *socket_path, const struct vks_client_options 
     }
     vks_client_options_init(&c->opt);
     if (opt != NULL)
-        c->opt = *opt;
+        read_options(&c->opt, sizeof(c->opt), opt, CLIENT_OPTIONS_BASE);
+    if (c->opt.memfd_threshold == 0)
+        c->opt.memfd_threshold = VKS_MEMFD_THRESHOLD_DEFAULT;
+    if (c->opt.socket_buffer == 0)
+        c->opt.socket_buffer = VKS_SOCKET_BUFFER_DEFAULT;
     copy_str(c->name, sizeof(c->name), c->opt.client_name ? c->opt.client_name : "libvkscan");
     c->opt.client_name = NULL;
     if (c->opt.connect_timeout_ms == 0)
@@ -422,11 +476,23 @@ static int make_load(const struct vks_rule *in, size_t n, const struct vks_load_
     return 0;
 }
 
+/* The caller's load options in this library's layout (NULL: defaults). */
+static const struct vks_load_options *load_options(const struct vks_load_options *in,
+                                                   struct vks_load_options *buf)
+{
+    vks_load_options_init(buf);
+    if (in != NULL)
+        read_options(buf, sizeof(*buf), in, LOAD_OPTIONS_BASE);
+    return buf;
+}
+
 int vks_source_fingerprint(const struct vks_rule *rules, size_t n,
                            const struct vks_load_options *opt, uint8_t out[VKS_FP_LEN],
                            struct vks_error *err)
 {
     struct proto_catalog_load load;
+    struct vks_load_options lo;
+    opt = load_options(opt, &lo);
     int rc = make_load(rules, n, opt, &load, err);
     if (rc < 0)
         return rc;
@@ -452,6 +518,8 @@ int vks_source_fingerprint_text(const char *text, size_t len, const struct vks_l
                                 uint8_t out[VKS_FP_LEN], struct vks_error *err)
 {
     struct proto_catalog_load load;
+    struct vks_load_options lo;
+    opt = load_options(opt, &lo);
     int rc = make_text_load(text, len, opt, &load, err);
     return rc < 0 ? rc : source_fp(&load, out, err);
 }
@@ -498,6 +566,8 @@ int vks_client_catalog_load(struct vks_client *c, const struct vks_rule *rules, 
                             struct vks_error *err)
 {
     struct proto_catalog_load load;
+    struct vks_load_options lo;
+    opt = load_options(opt, &lo);
     int rc = make_load(rules, n, opt, &load, err);
     if (rc < 0)
         return rc;
@@ -511,6 +581,8 @@ int vks_client_catalog_load_text(struct vks_client *c, const char *text, size_t 
                                  struct vks_error *err)
 {
     struct proto_catalog_load load;
+    struct vks_load_options lo;
+    opt = load_options(opt, &lo);
     int rc = make_text_load(text, len, opt, &load, err);
     return rc < 0 ? rc : load_catalog(c, &load, opt != NULL && opt->always_send, out, err);
 }
@@ -601,16 +673,68 @@ int vks_catalog_reject(const struct vks_catalog *cat, size_t i, struct vks_rejec
 
 /* ---- scans ------------------------------------------------------------------------ */
 
-/* Translates the caller's buffers; fd buffers get consecutive descriptor
- * indexes in `fds`. */
-static int make_scan(const struct vks_buffer *in, size_t n, struct proto_scan *s, int *fds,
-                     size_t *n_fds, struct vks_error *err)
+/*
+ * A sealed memfd holding `len` bytes of `data`: the daemon maps it instead
+ * of reading the bytes through the socket. Returns the descriptor, or -1
+ * (the buffer then stays inline).
+ */
+static int make_memfd(const void *data, size_t len)
 {
+    int fd = memfd_create("vkscan-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -1;
+    const char *p = data;
+    size_t off = 0;
+    while (off < len) {
+        ssize_t k = write(fd, p + off, len - off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            close(fd);
+            return -1;
+        }
+        off += (size_t)k;
+    }
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Translates the caller's buffers; fd buffers get consecutive descriptor
+ * indexes in `fds`. Inline buffers of c->opt.memfd_threshold bytes or more
+ * become sealed memfds while descriptors are left (the daemon's max_fds);
+ * their descriptors are also listed in `own` (*n_own), for the caller to
+ * close. */
+static int make_scan(struct vks_client *c, const struct vks_buffer *in, size_t n,
+                     struct proto_scan *s, int *fds, size_t *n_fds, int *own, size_t *n_own,
+                     struct vks_error *err)
+{
+    size_t max_fds = c->info.max_fds != 0 && c->info.max_fds < PROTO_MAX_FDS_CEILING
+                         ? c->info.max_fds
+                         : PROTO_MAX_FDS_CEILING;
+    size_t explicit_fds = 0;
+    for (size_t i = 0; i < n; i++)
+        explicit_fds += in[i].kind == VKS_BUFFER_FD;
     for (size_t i = 0; i < n; i++) {
         struct proto_buffer *b = &s->buffers[i];
         if (in[i].kind == VKS_BUFFER_INLINE) {
             if (in[i].data == NULL && in[i].len > 0)
                 return vks_error_set(err, -EINVAL, "buffer %zu has no data", i);
+            if (in[i].len > 0 && (uint64_t)in[i].len >= c->opt.memfd_threshold &&
+                explicit_fds + *n_own < max_fds) {
+                int fd = make_memfd(in[i].data, in[i].len);
+                if (fd >= 0) {
+                    own[(*n_own)++] = fd;
+                    b->is_fd = true;
+                    b->fd_index = (uint32_t)*n_fds;
+                    b->has_length = true;
+                    b->length = in[i].len;
+                    fds[(*n_fds)++] = fd;
+                    continue;
+                }
+            }
             b->data = in[i].data;
             b->len = in[i].len;
             continue;
@@ -676,15 +800,20 @@ int vks_client_scan(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
                     struct vks_scan_result *res, struct vks_error *err)
 {
     int fds[PROTO_MAX_FDS_CEILING];
-    size_t n_fds = 0;
+    int own[PROTO_MAX_FDS_CEILING];
+    size_t n_fds = 0, n_own = 0;
     struct proto_request req = {.op = PROTO_OP_SCAN};
     struct proto_reply *rep = NULL;
     struct proto_scan *s = &req.u.scan;
+    struct vks_scan_options so;
     memset(res, 0, sizeof(*res));
     if (n > UINT32_MAX || (n > 0 && buffers == NULL))
         return vks_error_set(err, -EINVAL, "scan needs 0..2^32-1 buffers, got %zu", n);
     memcpy(s->catalog, catalog, VKS_FP_LEN);
     if (opt != NULL) {
+        vks_scan_options_init(&so);
+        read_options(&so, sizeof(so), opt, SCAN_OPTIONS_BASE);
+        opt = &so;
         s->mode = (enum proto_report)opt->mode;
         s->max_hits = opt->max_hits;
         s->timeout_ms = opt->timeout_ms;
@@ -694,9 +823,11 @@ int vks_client_scan(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
     if (s->buffers == NULL)
         return vks_error_set(err, -ENOMEM, "out of memory for %zu buffers", n);
     s->n_buffers = (uint32_t)n;
-    int rc = make_scan(buffers, n, s, fds, &n_fds, err);
+    int rc = make_scan(c, buffers, n, s, fds, &n_fds, own, &n_own, err);
     if (rc == 0)
         rc = call(c, &req, fds, n_fds, true, s->timeout_ms, &rep, err);
+    for (size_t i = 0; i < n_own; i++)
+        close(own[i]);
     free(s->buffers);
     return rc < 0 ? rc : fill_scan_result(rep, res, err);
 }

@@ -30,6 +30,7 @@ enum opt_type {
     OPT_GROUP, /* a group name or gid, stored as written */
     OPT_UIDS,  /* struct config_ids of users */
     OPT_GIDS,  /* struct config_ids of groups */
+    OPT_BOOL,  /* yes/no, true/false, on/off, 1/0 */
 };
 
 struct opt {
@@ -126,6 +127,10 @@ void config_defaults(struct daemon_config *cfg)
     cfg->socket_mode = 0660;
     snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/var/lib/vkscand");
     cfg->engine = CONFIG_ENGINE_AUTO;
+    {"metrics-listen", STR(metrics_listen), 0, 0, false,
+     "HOST:PORT serving GET /metrics (Prometheus); empty: off"},
+    {"metrics-tenants", NUM(OPT_BOOL, metrics_tenants), 0, 0, true,
+     "yes: per-tenant series on the metrics endpoint"},
     cfg->max_frame = 64 * MIB;
     cfg->max_rules = 100000;
     cfg->max_buffers = 4096;
@@ -348,6 +353,16 @@ static int opt_set(struct daemon_config *cfg, const struct opt *o, const char *v
     if (o->type == OPT_U32 || o->type == OPT_MODE)
         *(uint32_t *)(void *)field = (uint32_t)n;
     else
+    case OPT_BOOL:
+        if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0 || strcmp(v, "on") == 0 ||
+            strcmp(v, "1") == 0)
+            *(bool *)(void *)field = true;
+        else if (strcmp(v, "no") == 0 || strcmp(v, "false") == 0 || strcmp(v, "off") == 0 ||
+                 strcmp(v, "0") == 0)
+            *(bool *)(void *)field = false;
+        else
+            return vks_error_set(err, -EINVAL, "%s: %s '%s' is not yes or no", where, o->name, v);
+        return 0;
         *(uint64_t *)(void *)field = n;
     return 0;
 }
@@ -409,7 +424,8 @@ static void print_help(FILE *out)
     for (size_t i = 0; i < N_OPTS; i++)
         fprintf(out, "  --%-22s %s\n", opts[i].name, opts[i].help);
     fprintf(out,
-            "  --help / --version\n\nDefaults: --socket %s --state-dir %s; without --config, "
+            "  --help / --version / --check-config [FILE] (print the effective configuration)"
+            "\n\nDefaults: --socket %s --state-dir %s; without --config, "
             "%s is read when it exists (--config \"\" reads no file).\n",
             d.socket_path, d.state_dir, config_default_file);
 }
@@ -542,6 +558,8 @@ static bool opt_equal(const struct opt *o, const struct daemon_config *a,
 {
     if (o->type == OPT_UIDS || o->type == OPT_GIDS) {
         const struct config_ids *x = (const void *)((const char *)a + o->off);
+    case OPT_BOOL:
+        return sizeof(bool);
         const struct config_ids *y = (const void *)((const char *)b + o->off);
         return x->n == y->n && memcmp(x->id, y->id, x->n * sizeof(x->id[0])) == 0 &&
                strcmp(x->text, y->text) == 0;
@@ -563,4 +581,48 @@ void config_apply_reload(struct daemon_config *cur, const struct daemon_config *
         log_info("reload: %s changed", o->name);
     }
     log_set_level((enum log_level)cur->log_level);
+}
+
+void config_print(const struct daemon_config *cfg, FILE *out)
+{
+    static const char *const engines[] = {"auto", "gpu", "cpu"};
+    static const char *const levels[] = {"err", "warning", "notice", "info", "debug"};
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        const char *field = (const char *)cfg + o->off;
+        if (strcmp(o->name, "config") == 0)
+            continue;
+        fprintf(out, "%s ", o->name);
+        switch (o->type) {
+        case OPT_STR:
+        case OPT_GROUP:
+            fprintf(out, "%s\n", field);
+            break;
+        case OPT_UIDS:
+        case OPT_GIDS:
+            fprintf(out, "%s\n", ((const struct config_ids *)(const void *)field)->text);
+            break;
+        case OPT_MODE:
+            fprintf(out, "%04o\n", *(const uint32_t *)(const void *)field);
+            break;
+        case OPT_U32:
+            fprintf(out, "%u\n", *(const uint32_t *)(const void *)field);
+            break;
+        case OPT_SIZE:
+            fprintf(out, "%llu\n", (unsigned long long)*(const uint64_t *)(const void *)field);
+            break;
+        case OPT_ENGINE:
+            fprintf(out, "%s\n", (unsigned)cfg->engine < 3 ? engines[cfg->engine] : "?");
+            break;
+        case OPT_LOGLEVEL:
+            fprintf(out, "%s\n",
+                    cfg->log_level >= LOG_LVL_ERR && cfg->log_level <= LOG_LVL_DEBUG
+                        ? levels[cfg->log_level - LOG_LVL_ERR]
+                        : "?");
+            break;
+        case OPT_BOOL:
+            fprintf(out, "%s\n", *(const bool *)(const void *)field ? "yes" : "no");
+            break;
+        }
+    }
 }

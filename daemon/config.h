@@ -100,6 +100,12 @@ struct daemon_config {
 
 /* Fills `cfg` with the built-in defaults. */
 void config_defaults(struct daemon_config *cfg);
+    /* Prometheus endpoint (daemon/metrics_http.c): "" = off, else
+     * HOST:PORT (an IPv4 or IPv6 literal) serving GET /metrics; not
+     * reloadable. Per-tenant series only with metrics_tenants (reloadable). */
+    char metrics_listen[64];
+    bool metrics_tenants;
+
 
 /* The config file read when --config is not given (VKSCAND_DEFAULT_CONFIG,
  * <sysconfdir>/vkscand/vkscand.conf: /etc/vkscand/vkscand.conf for a /usr
@@ -138,3 +144,7 @@ void config_apply_reload(struct daemon_config *cur, const struct daemon_config *
 int config_parse_size(const char *s, uint64_t *out);
 
 #endif
+/* Prints every key with its effective value, one `key value` line each in
+ * the config file's syntax (vkscand --check-config). */
+void config_print(const struct daemon_config *cfg, FILE *out);
+

@@ -21,6 +21,17 @@
  * too: the caller closes them). Outputs are owned by the caller and released
  * with the matching *_destroy / *_finish function.
  *
+ * ABI: libvkscan.so.0 exports the vks_* symbols of this header under the
+ * version node VKSCAN_0. The option structs (vks_client_options,
+ * vks_load_options, vks_scan_options) begin with `size_t struct_size`: the
+ * caller's sizeof, which the *_init functions set. The library reads only the
+ * first struct_size bytes and takes the defaults for the fields after them,
+ * so a program built against an older, smaller layout keeps working with a
+ * newer library. A struct_size of 0 (a struct written with a designated
+ * initializer and no *_init call) means the 0.2 layout: the fields above the
+ * "added after 0.2" line. New fields are only ever added at the end, taken
+ * from the `reserved` room, which must be zero.
+ *
  * The wire protocol is specified in docs/protocol.md.
  */
 #ifndef VKSCAN_VKSCAN_H
@@ -60,6 +71,7 @@ const char *vks_version(void);
 struct vks_client;
 
 struct vks_client_options {
+    size_t struct_size;          /* sizeof(struct vks_client_options); see ABI above */
     uint32_t connect_timeout_ms; /* per connection attempt; default 5000 */
     uint32_t io_timeout_ms;      /* wait for one reply, added to a scan's own timeout;
                                     default 30000 */
@@ -68,9 +80,27 @@ struct vks_client_options {
                                     default 50, capped at 2000 */
     uint32_t max_frame;          /* largest reply frame accepted; default 64 MiB */
     const char *client_name;     /* shown in the daemon's logs; default "libvkscan" */
+    /* ---- added after 0.2 ---- */
+    /*
+     * Inline scan buffers of at least this many bytes are copied by the
+     * library into a sealed memfd (F_SEAL_SHRINK|GROW|WRITE|SEAL) and passed
+     * by descriptor, so the daemon maps them instead of reading them through
+     * the socket. 0: the default, 1 MiB (VKS_MEMFD_THRESHOLD_DEFAULT);
+     * UINT64_MAX: never. A scan keeps a buffer inline when the daemon's
+     * max_fds descriptors are already used by the request.
+     */
+    uint64_t memfd_threshold;
+    /* SO_SNDBUF and SO_RCVBUF asked of the socket (the kernel caps them at
+     * net.core.wmem_max / rmem_max). 0: the default, 4 MiB. */
+    uint32_t socket_buffer;
+    uint32_t reserved32;   /* must be 0 */
+    uint64_t reserved[6];  /* room to grow: must be 0 */
 };
 
-/* Fills `opt` with the defaults above. */
+#define VKS_MEMFD_THRESHOLD_DEFAULT (1u << 20)
+#define VKS_SOCKET_BUFFER_DEFAULT   (4u << 20)
+
+/* Fills `opt` with the defaults above, struct_size included. */
 void vks_client_options_init(struct vks_client_options *opt);
 
 /*
@@ -137,9 +167,15 @@ struct vks_rule {
 };
 
 struct vks_load_options {
+    size_t struct_size;  /* sizeof(struct vks_load_options); see ABI above */
     uint32_t max_states; /* per-group DFA state budget; 0: the daemon's default */
     bool always_send;    /* skip catalog.has and send the rules */
+    /* ---- added after 0.2 ---- */
+    uint64_t reserved[4]; /* room to grow: must be 0 */
 };
+
+/* Fills `opt` with the defaults (all zero), struct_size included. */
+void vks_load_options_init(struct vks_load_options *opt);
 
 /* A loaded catalog as the daemon reported it. Opaque; read it with the
  * vks_catalog_* accessors. */
@@ -231,11 +267,17 @@ struct vks_buffer {
 };
 
 struct vks_scan_options {
+    size_t struct_size; /* sizeof(struct vks_scan_options); see ABI above */
     enum vks_report mode;
     uint32_t max_hits;   /* 0: the daemon's limit */
     uint32_t timeout_ms; /* 0: none */
     bool rule_ids;       /* fill vks_hit.rule_id */
+    /* ---- added after 0.2 ---- */
+    uint64_t reserved[4]; /* room to grow: must be 0 */
 };
+
+/* Fills `opt` with the defaults (all hits, no timeout), struct_size included. */
+void vks_scan_options_init(struct vks_scan_options *opt);
 
 struct vks_hit {
     uint32_t buffer;
@@ -272,7 +314,9 @@ struct vks_scan_result {
 
 /*
  * Scans `n` buffers against the catalog with fingerprint `catalog` (from
- * vks_catalog_fingerprint). Inline and fd buffers may be mixed. `opt` may be
+ * vks_catalog_fingerprint). Inline and fd buffers may be mixed. Inline
+ * buffers of memfd_threshold bytes or more travel as sealed memfds (see
+ * vks_client_options); offsets and results are the same either way. `opt` may be
  * NULL (all hits, no timeout). On success `res` is filled; release it with
  * vks_scan_result_finish. A buffer that could not be read fails only its own
  * entry in res->buffers.

@@ -1,0 +1,17 @@
+#!/bin/sh
+# libvkscan-symbols.sh LIB LIST
+#
+# The ABI check: the dynamic symbols libvkscan.so defines (type, name and
+# version node, from `nm -D --defined-only`) must equal the checked-in LIST
+# (tests/libvkscan.symbols). A symbol added, removed or moved to another
+# version node fails here: update the list on purpose, in the same commit as
+# the header, and say so in the change log.
+set -eu
+lib=$1 list=$2
+command -v nm >/dev/null 2>&1 || { echo "nm not found: skipped"; exit 77; }
+got=$(LC_ALL=C nm -D --defined-only "$lib" | awk '{print $2, $3}' | LC_ALL=C sort -k2)
+if ! printf '%s\n' "$got" | diff -u "$list" -; then
+    echo "FAIL: the symbols $lib exports differ from $list (- expected, + built)"
+    exit 1
+fi
+echo "libvkscan exports the $(wc -l <"$list") symbols of $list"

@@ -1,0 +1,248 @@
+/*
+ * libvkscan against a real vkscand ($VKSCAND, started on a temporary socket,
+ * ready on its $NOTIFY_SOCKET): the large-buffer memfd path, the option
+ * structs' struct_size handling, and a program built against the 0.2 option
+ * layout ($VKSCAN_ABI_V02, tests/abi_v02.c) running against this library.
+ *
+ * The daemon runs with --max-frame 256K: a 1 MiB inline buffer does not fit
+ * one frame, so a scan of it succeeds only when the library sent it as a
+ * memfd. Results do not depend on the engine the daemon picks.
+ */
+#include <check.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "vkscan/vkscan.h"
+
+struct daemon {
+    pid_t pid;
+    char dir[64];
+    char sock[128];
+    int notify_fd;
+};
+
+static void daemon_start(struct daemon *d)
+{
+    memset(d, 0, sizeof(*d));
+    snprintf(d->dir, sizeof(d->dir), "/tmp/vkl-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(d->dir));
+    snprintf(d->sock, sizeof(d->sock), "%s/vkscand.sock", d->dir);
+    char notify[96], state[128];
+    snprintf(notify, sizeof(notify), "%s/notify", d->dir);
+    snprintf(state, sizeof(state), "%s/state", d->dir);
+    d->notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", notify);
+    ck_assert_int_eq(bind(d->notify_fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    const char *bin = getenv("VKSCAND");
+    ck_assert_msg(bin != NULL, "VKSCAND is not set: run through meson test");
+    d->pid = fork();
+    ck_assert_int_ge(d->pid, 0);
+    if (d->pid == 0) {
+        setenv("NOTIFY_SOCKET", notify, 1);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl(bin, bin, "--config", "", "--socket", d->sock, "--state-dir", state, "--max-frame",
+              "256K", "--log-level", "warning", (char *)NULL);
+        _exit(127);
+    }
+    struct pollfd p = {.fd = d->notify_fd, .events = POLLIN};
+    for (int waited = 0; waited < 120000; waited += 100) {
+        char buf[512] = {0};
+        if (poll(&p, 1, 100) == 1 && recv(d->notify_fd, buf, sizeof(buf) - 1, 0) > 0 &&
+            strstr(buf, "READY=1") != NULL)
+            return;
+        int st;
+        ck_assert_msg(waitpid(d->pid, &st, WNOHANG) != d->pid, "vkscand exited at start");
+    }
+    ck_abort_msg("vkscand did not become ready");
+}
+
+static void daemon_stop(struct daemon *d)
+{
+    int st;
+    kill(d->pid, SIGTERM);
+    waitpid(d->pid, &st, 0);
+    close(d->notify_fd);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", d->dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* 1 MiB of filler with "needle" ending at byte 1000000 and at the end. */
+#define BIG (1u << 20)
+static char *big_buffer(void)
+{
+    char *b = malloc(BIG);
+    ck_assert_ptr_nonnull(b);
+    memset(b, 'x', BIG);
+    memcpy(b + 1000000 - 6, "needle", 6);
+    memcpy(b + BIG - 6, "needle", 6);
+    return b;
+}
+
+static struct vks_catalog *load(struct vks_client *c)
+{
+    struct vks_catalog *cat = NULL;
+    struct vks_error err = {0};
+    const char text[] = "needle:/needle/\n";
+    ck_assert_msg(vks_client_catalog_load_text(c, text, strlen(text), NULL, &cat, &err) == 0,
+                  "load: %s", err.msg);
+    return cat;
+}
+
+static uint64_t stat_of(struct vks_client *c, const char *key)
+{
+    struct vks_stats st;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_stats(c, &st, &err), 0);
+    const struct vks_stat *v = vks_stat_find(st.stats, st.n_stats, key);
+    ck_assert_ptr_nonnull(v);
+    uint64_t u = v->u;
+    vks_stats_finish(&st);
+    return u;
+}
+
+START_TEST(large_inline_buffer_goes_by_memfd)
+{
+    struct daemon d;
+    daemon_start(&d);
+    struct vks_client *c;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_connect(d.sock, NULL, &c, &err), 0);
+    struct vks_catalog *cat = load(c);
+    char *b = big_buffer();
+    struct vks_buffer bufs[2] = {{.kind = VKS_BUFFER_INLINE, .data = "a needle", .len = 8},
+                                 {.kind = VKS_BUFFER_INLINE, .data = b, .len = BIG}};
+    struct vks_scan_result res;
+    uint64_t before = stat_of(c, "bytes_scanned");
+    /* The frame limit is 256 KiB: 1 MiB inline would be refused. */
+    int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), bufs, 2, NULL, &res, &err);
+    ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+    ck_assert_uint_eq(res.n_buffers, 2);
+    ck_assert_int_eq(res.buffers[1].code, 0);
+    ck_assert_uint_eq(res.buffers[1].bytes, BIG);
+    ck_assert_uint_eq(res.n_hits, 3);
+    ck_assert_uint_eq(res.hits[0].buffer, 0);
+    ck_assert_uint_eq(res.hits[0].end, 8);
+    ck_assert_uint_eq(res.hits[1].buffer, 1);
+    ck_assert_uint_eq(res.hits[1].end, 1000000);
+    ck_assert_uint_eq(res.hits[2].end, BIG);
+    vks_scan_result_finish(&res);
+    ck_assert_uint_eq(stat_of(c, "bytes_scanned") - before, BIG + 8);
+    vks_client_close(c);
+
+    /* The control: with the memfd path off the same scan cannot be sent. */
+    struct vks_client_options o;
+    vks_client_options_init(&o);
+    ck_assert_uint_eq(o.struct_size, sizeof(o));
+    ck_assert_uint_eq(o.memfd_threshold, VKS_MEMFD_THRESHOLD_DEFAULT);
+    o.memfd_threshold = UINT64_MAX;
+    o.retries = 0;
+    ck_assert_int_eq(vks_client_connect(d.sock, &o, &c, &err), 0);
+    rc = vks_client_scan(c, vks_catalog_fingerprint(cat), bufs, 2, NULL, &res, &err);
+    ck_assert_int_ne(rc, 0);
+    vks_client_close(c);
+
+    /* A threshold above the buffer keeps it inline: refused again. */
+    o.memfd_threshold = 2u << 20;
+    ck_assert_int_eq(vks_client_connect(d.sock, &o, &c, &err), 0);
+    rc = vks_client_scan(c, vks_catalog_fingerprint(cat), bufs, 2, NULL, &res, &err);
+    ck_assert_int_ne(rc, 0);
+    vks_client_close(c);
+    free(b);
+    vks_catalog_destroy(cat);
+    daemon_stop(&d);
+}
+END_TEST
+
+/* Option structs: struct_size 0 reads the 0.2 fields only; an explicit
+ * small struct_size leaves the later fields at their defaults. */
+START_TEST(option_structs_carry_their_size)
+{
+    struct daemon d;
+    daemon_start(&d);
+    struct vks_client *c;
+    struct vks_error err = {0};
+    struct vks_client_options o;
+    memset(&o, 0xff, sizeof(o)); /* garbage past the 0.2 fields */
+    o.struct_size = 0;
+    o.connect_timeout_ms = 5000;
+    o.io_timeout_ms = 30000;
+    o.retries = 1;
+    o.backoff_ms = 10;
+    o.max_frame = 1u << 20;
+    o.client_name = "sized";
+    ck_assert_int_eq(vks_client_connect(d.sock, &o, &c, &err), 0);
+    struct vks_catalog *cat = load(c);
+    char *b = big_buffer();
+    struct vks_buffer buf = {.kind = VKS_BUFFER_INLINE, .data = b, .len = BIG};
+    struct vks_scan_options so;
+    memset(&so, 0xff, sizeof(so));
+    so.struct_size = offsetof(struct vks_scan_options, reserved);
+    so.mode = VKS_REPORT_COUNT;
+    so.max_hits = 0;
+    so.timeout_ms = 0;
+    so.rule_ids = true;
+    struct vks_scan_result res;
+    int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), &buf, 1, &so, &res, &err);
+    ck_assert_msg(rc == 0, "scan: %s", err.msg); /* memfd by default: the garbage was not read */
+    ck_assert_uint_eq(res.n_hits, 1);
+    ck_assert_uint_eq(res.hits[0].count, 2);
+    ck_assert_str_eq(res.hits[0].rule_id, "needle");
+    vks_scan_result_finish(&res);
+
+    struct vks_load_options lo;
+    vks_load_options_init(&lo);
+    ck_assert_uint_eq(lo.struct_size, sizeof(lo));
+    lo.always_send = true;
+    struct vks_catalog *cat2 = NULL;
+    ck_assert_int_eq(vks_client_catalog_load_text(c, "a:/b/\n", 6, &lo, &cat2, &err), 0);
+    ck_assert(vks_catalog_rules_sent(cat2));
+    vks_catalog_destroy(cat2);
+    free(b);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
+/* tests/abi_v02.c declares the 0.2 structs itself and runs against this
+ * library: connect, load, a 1 MiB scan (by memfd) and stats. */
+START_TEST(program_built_against_v02_layout_runs)
+{
+    const char *prog = getenv("VKSCAN_ABI_V02");
+    ck_assert_msg(prog != NULL, "VKSCAN_ABI_V02 is not set: run through meson test");
+    struct daemon d;
+    daemon_start(&d);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(prog, prog, d.sock, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "abi_v02 failed (status %d)", st);
+    daemon_stop(&d);
+}
+END_TEST
+
+Suite *libvkscan_suite(void)
+{
+    Suite *s = suite_create("libvkscan");
+    TCase *t = tcase_create("daemon");
+    tcase_set_timeout(t, 300);
+    tcase_add_test(t, large_inline_buffer_goes_by_memfd);
+    tcase_add_test(t, option_structs_carry_their_size);
+    tcase_add_test(t, program_built_against_v02_layout_runs);
+    suite_add_tcase(s, t);
+    return s;
+}
