@@ -117,6 +117,10 @@ static const struct opt opts[] = {
     {"drain-timeout-ms", NUM(OPT_U32, drain_timeout_ms), 0, 3600u * 1000, true,
      "SIGTERM: longest wait for in-flight work"},
     {"log-level", NUM(OPT_LOGLEVEL, log_level), 0, 0, true, "err, warning, notice, info, debug"},
+    {"metrics-listen", STR(metrics_listen), 0, 0, false,
+     "HOST:PORT serving GET /metrics (Prometheus); empty: off"},
+    {"metrics-tenants", NUM(OPT_BOOL, metrics_tenants), 0, 0, true,
+     "yes: per-tenant series on the metrics endpoint"},
 };
 #define N_OPTS (sizeof(opts) / sizeof(opts[0]))
 
@@ -127,10 +131,6 @@ void config_defaults(struct daemon_config *cfg)
     cfg->socket_mode = 0660;
     snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/var/lib/vkscand");
     cfg->engine = CONFIG_ENGINE_AUTO;
-    {"metrics-listen", STR(metrics_listen), 0, 0, false,
-     "HOST:PORT serving GET /metrics (Prometheus); empty: off"},
-    {"metrics-tenants", NUM(OPT_BOOL, metrics_tenants), 0, 0, true,
-     "yes: per-tenant series on the metrics endpoint"},
     cfg->max_frame = 64 * MIB;
     cfg->max_rules = 100000;
     cfg->max_buffers = 4096;
@@ -341,6 +341,16 @@ static int opt_set(struct daemon_config *cfg, const struct opt *o, const char *v
     case OPT_UIDS:
     case OPT_GIDS:
         return parse_ids(o, v, (struct config_ids *)(void *)field, where, err);
+    case OPT_BOOL:
+        if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0 || strcmp(v, "on") == 0 ||
+            strcmp(v, "1") == 0)
+            *(bool *)(void *)field = true;
+        else if (strcmp(v, "no") == 0 || strcmp(v, "false") == 0 || strcmp(v, "off") == 0 ||
+                 strcmp(v, "0") == 0)
+            *(bool *)(void *)field = false;
+        else
+            return vks_error_set(err, -EINVAL, "%s: %s '%s' is not yes or no", where, o->name, v);
+        return 0;
     case OPT_U32:
     case OPT_SIZE:
     case OPT_MODE:
@@ -353,16 +363,6 @@ static int opt_set(struct daemon_config *cfg, const struct opt *o, const char *v
     if (o->type == OPT_U32 || o->type == OPT_MODE)
         *(uint32_t *)(void *)field = (uint32_t)n;
     else
-    case OPT_BOOL:
-        if (strcmp(v, "yes") == 0 || strcmp(v, "true") == 0 || strcmp(v, "on") == 0 ||
-            strcmp(v, "1") == 0)
-            *(bool *)(void *)field = true;
-        else if (strcmp(v, "no") == 0 || strcmp(v, "false") == 0 || strcmp(v, "off") == 0 ||
-                 strcmp(v, "0") == 0)
-            *(bool *)(void *)field = false;
-        else
-            return vks_error_set(err, -EINVAL, "%s: %s '%s' is not yes or no", where, o->name, v);
-        return 0;
         *(uint64_t *)(void *)field = n;
     return 0;
 }
@@ -546,6 +546,8 @@ static size_t opt_size(const struct opt *o)
         return sizeof(enum config_engine);
     case OPT_LOGLEVEL:
         return sizeof(int);
+    case OPT_BOOL:
+        return sizeof(bool);
     case OPT_U32:
     case OPT_MODE:
         break;
@@ -558,8 +560,6 @@ static bool opt_equal(const struct opt *o, const struct daemon_config *a,
 {
     if (o->type == OPT_UIDS || o->type == OPT_GIDS) {
         const struct config_ids *x = (const void *)((const char *)a + o->off);
-    case OPT_BOOL:
-        return sizeof(bool);
         const struct config_ids *y = (const void *)((const char *)b + o->off);
         return x->n == y->n && memcmp(x->id, y->id, x->n * sizeof(x->id[0])) == 0 &&
                strcmp(x->text, y->text) == 0;

@@ -94,18 +94,18 @@ struct daemon_config {
     uint32_t batch_max_ms;           /* estimated run time of one engine batch */
     struct config_ids admin_gids;    /* groups whose members see service-wide stats */
 
-    uint32_t drain_timeout_ms; /* SIGTERM: longest wait for in-flight work */
-    int log_level;             /* enum log_level */
-};
-
-/* Fills `cfg` with the built-in defaults. */
-void config_defaults(struct daemon_config *cfg);
     /* Prometheus endpoint (daemon/metrics_http.c): "" = off, else
      * HOST:PORT (an IPv4 or IPv6 literal) serving GET /metrics; not
      * reloadable. Per-tenant series only with metrics_tenants (reloadable). */
     char metrics_listen[64];
     bool metrics_tenants;
 
+    uint32_t drain_timeout_ms; /* SIGTERM: longest wait for in-flight work */
+    int log_level;             /* enum log_level */
+};
+
+/* Fills `cfg` with the built-in defaults. */
+void config_defaults(struct daemon_config *cfg);
 
 /* The config file read when --config is not given (VKSCAND_DEFAULT_CONFIG,
  * <sysconfdir>/vkscand/vkscand.conf: /etc/vkscand/vkscand.conf for a /usr
@@ -140,11 +140,11 @@ bool config_peer_allowed(const struct daemon_config *cfg, uint32_t uid, uint32_t
  */
 void config_apply_reload(struct daemon_config *cur, const struct daemon_config *next);
 
-/* Parses a size such as "4096", "64K", "64M" or "2G" (powers of 1024). */
-int config_parse_size(const char *s, uint64_t *out);
-
-#endif
 /* Prints every key with its effective value, one `key value` line each in
  * the config file's syntax (vkscand --check-config). */
 void config_print(const struct daemon_config *cfg, FILE *out);
 
+/* Parses a size such as "4096", "64K", "64M" or "2G" (powers of 1024). */
+int config_parse_size(const char *s, uint64_t *out);
+
+#endif
