@@ -79,6 +79,65 @@ static int validate_group(const uint32_t *w, size_t n, uint32_t g, uint32_t n_ru
     return 0;
 }
 
+static bool ranges_ok(const uint32_t *rg, uint64_t n_ranges, uint64_t first, uint64_t count,
+                      uint32_t n_bits)
+{
+    if (first > n_ranges || count > n_ranges - first)
+        return false;
+    for (uint64_t r = first; r < first + count; r++)
+        if (rg[2 * r] > rg[2 * r + 1] || rg[2 * r + 1] >= n_bits)
+            return false;
+    return true;
+}
+
+/* Bits past n_bits must stay clear: a shift could carry them into the
+ * state otherwise. */
+static bool tail_clear(const uint32_t *v, uint32_t n_bits, uint32_t n_words)
+{
+    return n_bits % 32 == 0 || (v[n_words - 1] >> (n_bits % 32)) == 0;
+}
+
+static int validate_nfa(const uint32_t *w, size_t n, uint32_t g, uint32_t n_rules, uint32_t body,
+                        struct vks_error *err)
+{
+    const uint32_t *e = w + w[CAT_H_NFAS] + (size_t)g * CAT_NFA_WORDS;
+    uint32_t nb = e[CAT_N_NBITS], nw = e[CAT_N_NWORDS], nc = e[CAT_N_NCLASSES];
+    uint64_t nx = e[CAT_N_NEXC], na = e[CAT_N_NACC], nr = e[CAT_N_NRANGES];
+    if (nb == 0 || nb > CAT_NFA_MAX_BITS || nw != (nb + 31) / 32 || nb > w[CAT_H_MAXBITS])
+        return bad(err, "bit-NFA group has a bad bit count", g);
+    if (nc == 0 || nc > 256 || e[CAT_N_NRULES] == 0 || (e[CAT_N_FLAGS] & ~CAT_GF_ASSERTS))
+        return bad(err, "bit-NFA group has bad class or rule counts or flags", g);
+    if (!in_range(e[CAT_N_CLASSMAP], 256, body, n) ||
+        !in_range(e[CAT_N_REACH], (uint64_t)nc * nw, body, n) ||
+        !in_range(e[CAT_N_SHIFT], nw, body, n) ||
+        !in_range(e[CAT_N_EXC], nx * CAT_X_WORDS, body, n) ||
+        !in_range(e[CAT_N_ACC], na * CAT_X_WORDS, body, n) ||
+        !in_range(e[CAT_N_RANGES], nr * 2, body, n))
+        return bad(err, "bit-NFA group table points outside the catalog", g);
+    const uint32_t *cm = w + e[CAT_N_CLASSMAP];
+    for (int c = 0; c < 256; c++)
+        if (cm[c] >= nc)
+            return bad(err, "bit-NFA class map entry out of range", g);
+    for (uint32_t c = 0; c < nc; c++)
+        if (!tail_clear(w + e[CAT_N_REACH] + (size_t)c * nw, nb, nw))
+            return bad(err, "bit-NFA reach row has bits past the last position", g);
+    if (!tail_clear(w + e[CAT_N_SHIFT], nb, nw))
+        return bad(err, "bit-NFA shift mask has bits past the last position", g);
+    const uint32_t *rg = w + e[CAT_N_RANGES];
+    const uint32_t *x = w + e[CAT_N_EXC];
+    for (uint64_t i = 0; i < nx; i++, x += CAT_X_WORDS)
+        if (x[CAT_X_COND] == 0 || (x[CAT_X_COND] & ~CAT_COND_ALL) || x[CAT_X_NTGT] == 0 ||
+            !ranges_ok(rg, nr, x[CAT_X_FIRST], (uint64_t)x[CAT_X_NSRC] + x[CAT_X_NTGT], nb))
+            return bad(err, "bit-NFA exception entry is malformed", g);
+    const uint32_t *a = w + e[CAT_N_ACC];
+    for (uint64_t i = 0; i < na; i++, a += CAT_X_WORDS)
+        if (a[CAT_A_RULE] >= n_rules || (i > 0 && a[CAT_A_RULE] < (a - CAT_X_WORDS)[CAT_A_RULE]) ||
+            a[CAT_A_COND] == 0 || (a[CAT_A_COND] & ~CAT_COND_ALL) || a[CAT_A_NSRC] == 0 ||
+            !ranges_ok(rg, nr, a[CAT_A_FIRST], a[CAT_A_NSRC], nb))
+            return bad(err, "bit-NFA accept entry is malformed or out of rule order", g);
+    return 0;
+}
+
 static int validate(const uint32_t *w, size_t n, struct vks_error *err)
 {
     if (n < CAT_HEADER_WORDS)
@@ -96,14 +155,22 @@ static int validate(const uint32_t *w, size_t n, struct vks_error *err)
         return vks_error_set(err, -EINVAL,
                              "catalog size mismatch: header says %u words, got %zu (truncated?)",
                              w[CAT_H_WORDS], n);
-    uint64_t ng = w[CAT_H_NGROUPS], nr = w[CAT_H_NRULES];
+    uint64_t ng = w[CAT_H_NGROUPS], nr = w[CAT_H_NRULES], nn = w[CAT_H_NNFAS];
     uint32_t body = CAT_HEADER_WORDS;
     if (!in_range(w[CAT_H_GROUPS], ng * CAT_GROUP_WORDS, body, n) ||
+        !in_range(w[CAT_H_NFAS], nn * CAT_NFA_WORDS, body, n) ||
         !in_range(w[CAT_H_RULES], nr * CAT_RULE_WORDS, body, n) ||
         !in_range(w[CAT_H_STRINGS], ((uint64_t)w[CAT_H_STRBYTES] + 3) / 4, body, n))
         return bad(err, "header points outside the catalog", 0);
     for (uint32_t g = 0; g < ng; g++) {
         int rc = validate_group(w, n, g, (uint32_t)nr, body, err);
+        if (rc != 0)
+            return rc;
+    }
+    if ((nn == 0) != (w[CAT_H_MAXBITS] == 0) || w[CAT_H_MAXBITS] > CAT_NFA_MAX_BITS)
+        return bad(err, "header's largest bit-NFA size does not fit its groups", 0);
+    for (uint32_t g = 0; g < nn; g++) {
+        int rc = validate_nfa(w, n, g, (uint32_t)nr, body, err);
         if (rc != 0)
             return rc;
     }
@@ -113,7 +180,7 @@ static int validate(const uint32_t *w, size_t n, struct vks_error *err)
         if (!in_range(e[CAT_R_ID], e[CAT_R_IDLEN], 0, sb) ||
             !in_range(e[CAT_R_SRC], e[CAT_R_SRCLEN], 0, sb) || e[CAT_R_IDLEN] == 0)
             return bad(err, "rule strings outside the string area", r);
-        if (e[CAT_R_GROUP] >= ng || e[CAT_R_KIND] > 2 || (e[CAT_R_FLAGS] & ~RULE_F_ALL))
+        if (e[CAT_R_GROUP] >= ng + nn || e[CAT_R_KIND] > 2 || (e[CAT_R_FLAGS] & ~RULE_F_ALL))
             return bad(err, "rule has a bad group, kind or flags", r);
     }
     return 0;
@@ -260,6 +327,32 @@ void catalog_rule(const struct catalog *cat, uint32_t i, struct catalog_rule *ou
     out->group = e[CAT_R_GROUP];
     out->maxlen = e[CAT_R_MAXLEN];
     out->fingerprint = (const uint8_t *)(e + CAT_R_FP);
+}
+
+uint32_t catalog_nfa_count(const struct catalog *cat)
+{
+    return cat->words[CAT_H_NNFAS];
+}
+
+void catalog_nfa(const struct catalog *cat, uint32_t i, struct catalog_nfa *out)
+{
+    const uint32_t *w = cat->words;
+    const uint32_t *e = w + w[CAT_H_NFAS] + (size_t)i * CAT_NFA_WORDS;
+    out->n_bits = e[CAT_N_NBITS];
+    out->n_words = e[CAT_N_NWORDS];
+    out->n_classes = e[CAT_N_NCLASSES];
+    out->maxlen = e[CAT_N_MAXLEN];
+    out->n_rules = e[CAT_N_NRULES];
+    out->flags = e[CAT_N_FLAGS];
+    out->n_exc = e[CAT_N_NEXC];
+    out->n_acc = e[CAT_N_NACC];
+    out->n_ranges = e[CAT_N_NRANGES];
+    out->classmap = w + e[CAT_N_CLASSMAP];
+    out->reach = w + e[CAT_N_REACH];
+    out->shift = w + e[CAT_N_SHIFT];
+    out->exc = w + e[CAT_N_EXC];
+    out->acc = w + e[CAT_N_ACC];
+    out->ranges = w + e[CAT_N_RANGES];
 }
 
 uint64_t catalog_total_states(const struct catalog *cat)

@@ -19,7 +19,7 @@
 #include "error.h"
 
 #define CATALOG_MAGIC   0x43534b56u /* "VKSC" read as a little-endian u32 */
-#define CATALOG_VERSION 1u
+#define CATALOG_VERSION 2u
 #define CATALOG_FP_LEN  32u /* BLAKE2b-256 */
 
 /* Header words. */
@@ -37,9 +37,9 @@ enum {
     CAT_H_NACCEPTS,  /* total accept entries, all groups */
     CAT_H_MAXSTATES, /* largest n_states of any group */
     CAT_H_CHECK,     /* first 4 bytes of the fingerprint (integrity check) */
-    CAT_H_RESERVED1,
-    CAT_H_RESERVED2,
-    CAT_H_RESERVED3,
+    CAT_H_NNFAS,     /* bit-NFA groups (version 2) */
+    CAT_H_NFAS,      /* word offset of the bit-NFA group table */
+    CAT_H_MAXBITS,   /* largest n_bits of any bit-NFA group, 0 when none */
     CAT_HEADER_WORDS
 };
 
@@ -65,6 +65,45 @@ enum {
 };
 
 #define CATALOG_UNBOUNDED 0xffffffffu
+
+/*
+ * Bit-NFA group table entry words (CAT_NFA_WORDS per group; bitnfa.h and
+ * docs/engine.md give the model). Rules of bit-NFA group j have CAT_R_GROUP
+ * n_groups + j: engine groups are numbered DFA groups first.
+ */
+enum {
+    CAT_N_NBITS = 0, /* positions, 1 .. CAT_NFA_MAX_BITS */
+    CAT_N_NWORDS,    /* (n_bits + 31) / 32: u32 words of one state vector */
+    CAT_N_NCLASSES,
+    CAT_N_MAXLEN,   /* longest match in bytes, or CATALOG_UNBOUNDED */
+    CAT_N_NRULES,   /* rules compiled into this group */
+    CAT_N_FLAGS,    /* CAT_GF_* */
+    CAT_N_CLASSMAP, /* word offset: 256 words, byte -> class */
+    CAT_N_REACH,    /* word offset: n_classes * n_words: positions a class may enter */
+    CAT_N_SHIFT,    /* word offset: n_words: positions entered from the one before */
+    CAT_N_NEXC,
+    CAT_N_EXC, /* word offset: n_exc * CAT_X_WORDS exception entries */
+    CAT_N_NACC,
+    CAT_N_ACC, /* word offset: n_acc * CAT_X_WORDS accept entries, sorted by rule */
+    CAT_N_NRANGES,
+    CAT_N_RANGES, /* word offset: n_ranges * 2 words, inclusive [lo, hi] positions */
+    CAT_N_RESERVED,
+    CAT_NFA_WORDS
+};
+
+/* Exception entry: when cond has the (prev, next) bit of the offset and
+ * the state has a position in one of the n_src source ranges (or n_src is
+ * 0: always), the n_tgt target ranges after them join the next state. */
+enum { CAT_X_COND = 0, CAT_X_NSRC, CAT_X_NTGT, CAT_X_FIRST, CAT_X_WORDS };
+/* Accept entry: rule (catalog index) reported when cond has the offset's
+ * (prev, next) bit and the state has a position in one of its ranges. */
+enum { CAT_A_RULE = 0, CAT_A_COND, CAT_A_NSRC, CAT_A_FIRST };
+
+#define CAT_NFA_MAX_BITS 4096u
+/* Conditions: bit p * 5 + k for previous kind p (P_BOS, P_WORD, P_NL,
+ * P_OTHER as in nfa.h) and next kind k (CAT_K_*). */
+#define CAT_PK(p, k) (1u << ((p)*5u + (k)))
+#define CAT_COND_ALL 0xfffffu
 
 /* Group flags. */
 #define CAT_GF_ASSERTS (1u << 0) /* some rule uses ^ $ \b \B: start context matters */
@@ -131,6 +170,18 @@ struct catalog_group {
     const uint32_t *accepts;      /* entries, indexed by accept_index */
 };
 
+/* A read-only view of one bit-NFA group. */
+struct catalog_nfa {
+    uint32_t n_bits, n_words, n_classes, maxlen, n_rules, flags;
+    uint32_t n_exc, n_acc, n_ranges;
+    const uint32_t *classmap; /* 256 entries */
+    const uint32_t *reach;    /* n_classes * n_words */
+    const uint32_t *shift;    /* n_words */
+    const uint32_t *exc;      /* n_exc * CAT_X_WORDS */
+    const uint32_t *acc;      /* n_acc * CAT_X_WORDS */
+    const uint32_t *ranges;   /* n_ranges * 2 */
+};
+
 /* A read-only view of one rule. Strings are not NUL-terminated. */
 struct catalog_rule {
     const char *id;
@@ -180,6 +231,10 @@ void catalog_group(const struct catalog *cat, uint32_t i, struct catalog_group *
 
 /* Fills `out` with a view of rule `i` (< catalog_rule_count). */
 void catalog_rule(const struct catalog *cat, uint32_t i, struct catalog_rule *out);
+
+/* Number of bit-NFA groups, and a view of group `i` (< catalog_nfa_count). */
+uint32_t catalog_nfa_count(const struct catalog *cat);
+void catalog_nfa(const struct catalog *cat, uint32_t i, struct catalog_nfa *out);
 
 /* Sum of n_states over all groups. */
 uint64_t catalog_total_states(const struct catalog *cat);

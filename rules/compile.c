@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bitnfa.h"
 #include "dfa.h"
 #include "nfa.h"
 #include "parse.h"
@@ -33,6 +34,8 @@ struct prepared {
     char *canon;       /* canonical source */
     size_t canon_len;
     uint32_t group;
+    bool bitnfa;   /* goes to the bit-parallel NFA engine */
+    uint32_t bits; /* its positions there, once known */
 };
 
 struct group_out {
@@ -43,6 +46,13 @@ struct group_out {
     bool asserts;
 };
 
+struct nfa_group_out {
+    struct bitnfa_group g;
+    uint32_t *rules; /* indexes into the prepared array, group-local order */
+    uint32_t n_rules;
+    uint32_t maxlen;
+};
+
 struct ctx {
     const struct rule_src *src;
     const struct rules_options *opt;
@@ -50,6 +60,8 @@ struct ctx {
     uint32_t n_prep;
     struct group_out *groups;
     uint32_t n_groups, cap_groups;
+    struct nfa_group_out *nfas;
+    uint32_t n_nfas, cap_nfas;
     struct rule_reject *rejects;
     size_t n_rejects, cap_rejects;
 };
@@ -176,6 +188,42 @@ static bool bad_id(const char *id)
     return false;
 }
 
+/*
+ * A counted repeat of more than one byte value with a large finite count
+ * (`.{0,200}`, `[a-z0-9]{100}`) makes the DFA track every count at once
+ * wherever the repeat can overlap itself or what precedes it: such rules go
+ * straight to the bit-NFA, without a subset construction that would only
+ * fail at the budget.
+ */
+#define WIDE_REPEAT 100u
+
+static bool wide_counter(const struct node *n)
+{
+    switch (n->type) {
+    case N_SET:
+    case N_ASSERT:
+        return false;
+    case N_REPEAT: {
+        const struct node *k = n->u.rep.kid;
+        uint32_t width = 0;
+        if (k->type == N_SET)
+            for (int w = 0; w < 4; w++)
+                width += (uint32_t)__builtin_popcountll(k->u.set.w[w]);
+        if (n->u.rep.max != REPEAT_INF && n->u.rep.max >= WIDE_REPEAT &&
+            (k->type != N_SET || width > 1))
+            return true;
+        return wide_counter(k);
+    }
+    case N_CAT:
+    case N_ALT:
+        for (uint32_t k = 0; k < n->u.list.n; k++)
+            if (wide_counter(n->u.list.kids[k]))
+                return true;
+        return false;
+    }
+    return false;
+}
+
 static int prepare_rule(struct ctx *c, uint32_t i)
 {
     const struct rule_src *r = &c->src[i];
@@ -201,6 +249,7 @@ static int prepare_rule(struct ctx *c, uint32_t i)
     uint32_t ml = parse_maxlen(p->root);
     p->maxlen = ml == REPEAT_INF ? CATALOG_UNBOUNDED : ml;
     p->positions = parse_positions(p->root);
+    p->bitnfa = c->opt->force_bitnfa || wide_counter(p->root);
     p->canon = canonical(r, &p->canon_len);
     if (p->canon == NULL) {
         parse_result_finish(&p->tree);
@@ -314,14 +363,13 @@ static int push_group(struct ctx *c, struct group_out *g)
     return 0;
 }
 
-static int reject_too_big(struct ctx *c, uint32_t i)
+static int reject_too_wide(struct ctx *c, uint32_t i, uint32_t bits)
 {
     char msg[200];
-    uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
     snprintf(msg, sizeof(msg),
-             "rule alone needs more than %u DFA states (the group budget): "
-             "narrow its classes or bounded repeats, or raise max_states",
-             budget);
+             "rule needs %u positions in a bit-parallel NFA, over the limit of %u "
+             "per group (its DFA is over the state budget too): lower its repeat counts",
+             bits, BITNFA_MAX_BITS);
     c->prep[i].group = UINT32_MAX;
     return add_reject(c, c->prep[i].input, 0, msg);
 }
@@ -359,7 +407,7 @@ static void *prebuild_thread(void *arg)
         pthread_mutex_unlock(&w->lock);
         if (stop)
             return NULL;
-        if (is_sequence(c->prep[i].root))
+        if (c->prep[i].bitnfa || is_sequence(c->prep[i].root))
             continue;
         struct group_out g;
         int rc = build_group(c, &i, 1, false, &g);
@@ -387,8 +435,9 @@ static uint32_t thread_count(const struct rules_options *opt)
 
 /*
  * Builds every other rule alone first, on all cores: a rule over the budget
- * is then rejected for the cost of one build instead of one per split while
- * grouping, and its state count is a truer estimate of its share of a group.
+ * then goes to the bit-NFA for the cost of one build instead of one per
+ * split while grouping, and its state count is a truer estimate of its
+ * share of a group.
  */
 static int prebuild(struct ctx *c)
 {
@@ -406,14 +455,14 @@ static int prebuild(struct ctx *c)
     for (uint32_t t = 0; t < started; t++)
         pthread_join(th[t], NULL);
     pthread_mutex_destroy(&w.lock);
-    for (uint32_t i = 0; i < c->n_prep && w.rc == 0; i++)
+    for (uint32_t i = 0; i < c->n_prep; i++)
         if (c->prep[i].positions == UINT64_MAX)
-            w.rc = reject_too_big(c, i);
+            c->prep[i].bitnfa = true; /* its DFA alone is over the budget */
     return w.rc;
 }
 
 /* Builds rules idx[0..n) as one group, splitting in halves while the DFA
- * is over budget. A single rule over budget is rejected. */
+ * is over budget. A single rule over budget goes to the bit-NFA. */
 static int place(struct ctx *c, uint32_t *idx, uint32_t n)
 {
     struct group_out g;
@@ -428,8 +477,10 @@ static int place(struct ctx *c, uint32_t *idx, uint32_t n)
     }
     if (rc != -E2BIG)
         return rc;
-    if (n == 1)
-        return reject_too_big(c, idx[0]);
+    if (n == 1) {
+        c->prep[idx[0]].bitnfa = true;
+        return 0;
+    }
     rc = place(c, idx, n / 2);
     return rc != 0 ? rc : place(c, idx + n / 2, n - n / 2);
 }
@@ -477,10 +528,14 @@ static uint64_t fill_states(struct fill f)
 
 static int group_rules(struct ctx *c)
 {
-    uint32_t n;
+    uint32_t n, m = 0;
     uint32_t *order = live_rules(c, cmp_prep, c->prep, &n);
     if (order == NULL)
         return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++)
+        if (!c->prep[order[i]].bitnfa)
+            order[m++] = order[i];
+    n = m;
     uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
     int rc = 0;
     uint32_t begin = 0;
@@ -497,6 +552,102 @@ static int group_rules(struct ctx *c)
             g = fill_add((struct fill){0, 0}, end ? 0 : c->prep[order[i]].positions);
         }
         f = g;
+    }
+    free(order);
+    return rc;
+}
+
+/* ---- bit-NFA groups ---- */
+
+static int push_nfa(struct ctx *c, struct nfa_group_out *g)
+{
+    if (c->n_nfas == c->cap_nfas) {
+        uint32_t cap = c->cap_nfas ? c->cap_nfas * 2 : 8;
+        struct nfa_group_out *n = realloc(c->nfas, cap * sizeof(*n));
+        if (n == NULL)
+            return -ENOMEM;
+        c->nfas = n;
+        c->cap_nfas = cap;
+    }
+    c->nfas[c->n_nfas++] = *g;
+    return 0;
+}
+
+/* Builds bit-NFA rules idx[0..n) as one group, in halves while over the
+ * bit limit. */
+static int place_nfa(struct ctx *c, uint32_t *idx, uint32_t n)
+{
+    const struct node *roots[64] = {NULL};
+    struct nfa_group_out g = {0};
+    uint32_t bits = 0;
+    int rc;
+    if (n > 64)
+        goto split;
+    for (uint32_t k = 0; k < n; k++)
+        roots[k] = c->prep[idx[k]].root;
+    rc = bitnfa_build(roots, n, BITNFA_MAX_BITS, &g.g, &bits);
+    if (rc == -E2BIG)
+        goto split;
+    if (rc != 0)
+        return rc;
+    g.rules = malloc(n * sizeof(*g.rules));
+    if (g.rules == NULL || push_nfa(c, &g) != 0) {
+        free(g.rules);
+        bitnfa_group_finish(&g.g);
+        return -ENOMEM;
+    }
+    memcpy(g.rules, idx, n * sizeof(*idx));
+    c->nfas[c->n_nfas - 1].n_rules = n;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t ml = c->prep[idx[k]].maxlen, *gm = &c->nfas[c->n_nfas - 1].maxlen;
+        *gm = ml > *gm ? ml : *gm;
+    }
+    return 0;
+split:
+    if (n == 1)
+        return reject_too_wide(c, idx[0], bits);
+    rc = place_nfa(c, idx, n / 2);
+    return rc != 0 ? rc : place_nfa(c, idx + n / 2, n - n / 2);
+}
+
+/*
+ * Packs the bit-NFA rules into groups of at most BITNFA_MAX_BITS positions
+ * (one pass over the data each), bounded and unbounded rules apart and by
+ * maxlen, as the DFA groups are. A rule's size is its positions built alone.
+ */
+static int group_nfa_rules(struct ctx *c)
+{
+    uint32_t n, m = 0;
+    uint32_t *order = live_rules(c, cmp_prep, c->prep, &n);
+    if (order == NULL)
+        return -ENOMEM;
+    int rc = 0;
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        struct prepared *p = &c->prep[order[i]];
+        if (!p->bitnfa)
+            continue;
+        struct bitnfa_group g;
+        const struct node *root = p->root;
+        rc = bitnfa_build(&root, 1, BITNFA_MAX_BITS, &g, &p->bits);
+        bitnfa_group_finish(&g);
+        if (rc == -E2BIG)
+            rc = reject_too_wide(c, order[i], p->bits);
+        else if (rc == 0)
+            order[m++] = order[i];
+    }
+    uint32_t begin = 0, fill = 0;
+    for (uint32_t i = 0; i <= m && rc == 0; i++) {
+        bool end = i == m;
+        bool kind_change = !end && i > begin &&
+                           (c->prep[order[i]].maxlen == CATALOG_UNBOUNDED) !=
+                               (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED);
+        uint32_t bits = end ? 0 : c->prep[order[i]].bits;
+        if (i > begin && (end || kind_change || fill + bits > BITNFA_MAX_BITS || i - begin == 64)) {
+            rc = place_nfa(c, order + begin, i - begin);
+            begin = i;
+            fill = 0;
+        }
+        fill += bits;
     }
     free(order);
     return rc;
@@ -522,6 +673,61 @@ static uint32_t add_accept(uint32_t *w, uint32_t begin, uint32_t at, uint32_t re
     return at + 1;
 }
 
+static uint64_t nfa_words(const struct bitnfa_group *g)
+{
+    return 256 + (uint64_t)g->n_classes * g->n_words + g->n_words +
+           (uint64_t)(g->n_exc + g->n_acc) * CAT_X_WORDS + (uint64_t)g->n_ranges * 2;
+}
+
+static int cmp_acc_rule(const void *a, const void *b)
+{
+    const uint32_t *x = a, *y = b;
+    if (x[CAT_A_RULE] != y[CAT_A_RULE])
+        return x[CAT_A_RULE] < y[CAT_A_RULE] ? -1 : 1;
+    return x[CAT_A_FIRST] < y[CAT_A_FIRST] ? -1 : x[CAT_A_FIRST] > y[CAT_A_FIRST];
+}
+
+static uint32_t put_words(uint32_t *w, uint32_t at, const uint32_t *src, uint64_t n)
+{
+    if (n)
+        memcpy(w + at, src, n * sizeof(uint32_t));
+    return at + (uint32_t)n;
+}
+
+/* Writes one bit-NFA group's tables at w[at..] and its table entry `e`;
+ * accept entries name report indexes, sorted. Returns the new end. */
+static uint32_t pack_nfa(const struct nfa_group_out *go, const uint32_t *report, uint32_t *w,
+                         uint32_t at, uint32_t *e)
+{
+    const struct bitnfa_group *g = &go->g;
+    e[CAT_N_NBITS] = g->n_bits;
+    e[CAT_N_NWORDS] = g->n_words;
+    e[CAT_N_NCLASSES] = g->n_classes;
+    e[CAT_N_MAXLEN] = go->maxlen;
+    e[CAT_N_NRULES] = go->n_rules;
+    e[CAT_N_FLAGS] = g->asserts ? CAT_GF_ASSERTS : 0;
+    e[CAT_N_NEXC] = g->n_exc;
+    e[CAT_N_NACC] = g->n_acc;
+    e[CAT_N_NRANGES] = g->n_ranges;
+    e[CAT_N_CLASSMAP] = at;
+    at = put_words(w, at, g->classmap, 256);
+    e[CAT_N_REACH] = at;
+    at = put_words(w, at, g->reach, (uint64_t)g->n_classes * g->n_words);
+    e[CAT_N_SHIFT] = at;
+    at = put_words(w, at, g->shift, g->n_words);
+    e[CAT_N_EXC] = at;
+    at = put_words(w, at, g->exc, (uint64_t)g->n_exc * CAT_X_WORDS);
+    e[CAT_N_ACC] = at;
+    uint32_t *acc = w + at;
+    at = put_words(w, at, g->acc, (uint64_t)g->n_acc * CAT_X_WORDS);
+    for (uint32_t k = 0; k < g->n_acc; k++)
+        acc[k * CAT_X_WORDS + CAT_A_RULE] = report[go->rules[acc[k * CAT_X_WORDS + CAT_A_RULE]]];
+    if (g->n_acc > 1)
+        qsort(acc, g->n_acc, CAT_X_WORDS * sizeof(uint32_t), cmp_acc_rule);
+    e[CAT_N_RANGES] = at;
+    return put_words(w, at, g->ranges, (uint64_t)g->n_ranges * 2);
+}
+
 static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct vks_error *err)
 {
     /* catalog rule order = input order of the rules that made it into a group */
@@ -539,7 +745,10 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
         return vks_error_set(err, -ENOMEM, "out of memory packing the catalog");
     }
     uint64_t words = CAT_HEADER_WORDS + (uint64_t)c->n_groups * CAT_GROUP_WORDS +
-                     (uint64_t)nr * CAT_RULE_WORDS + (strbytes + 3) / 4;
+                     (uint64_t)c->n_nfas * CAT_NFA_WORDS + (uint64_t)nr * CAT_RULE_WORDS +
+                     (strbytes + 3) / 4;
+    for (uint32_t g = 0; g < c->n_nfas; g++)
+        words += nfa_words(&c->nfas[g].g);
     for (uint32_t g = 0; g < c->n_groups; g++) {
         const struct dfa *d = &c->groups[g].dfa;
         words += 256 + (uint64_t)d->n_states * d->n_classes + (d->n_states - d->first_accept + 1) +
@@ -566,8 +775,15 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
     w[CAT_H_NGROUPS] = c->n_groups;
     w[CAT_H_NRULES] = nr;
     w[CAT_H_GROUPS] = CAT_HEADER_WORDS;
-    w[CAT_H_RULES] = CAT_HEADER_WORDS + c->n_groups * CAT_GROUP_WORDS;
+    w[CAT_H_NNFAS] = c->n_nfas;
+    w[CAT_H_NFAS] = CAT_HEADER_WORDS + c->n_groups * CAT_GROUP_WORDS;
+    w[CAT_H_RULES] = w[CAT_H_NFAS] + c->n_nfas * CAT_NFA_WORDS;
     uint32_t at = w[CAT_H_RULES] + nr * CAT_RULE_WORDS;
+    for (uint32_t g = 0; g < c->n_nfas; g++) {
+        at = pack_nfa(&c->nfas[g], report, w, at, w + w[CAT_H_NFAS] + g * CAT_NFA_WORDS);
+        if (c->nfas[g].g.n_bits > w[CAT_H_MAXBITS])
+            w[CAT_H_MAXBITS] = c->nfas[g].g.n_bits;
+    }
     for (uint32_t g = 0; g < c->n_groups; g++) {
         const struct group_out *go = &c->groups[g];
         const struct dfa *d = &go->dfa;
@@ -633,6 +849,7 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
     free(report);
     /* merged accept entries leave the tail unused: trim it */
     uint32_t used = w[CAT_H_STRINGS] + (uint32_t)((strbytes + 3) / 4);
+    (void)c;
     w[CAT_H_WORDS] = used;
     return catalog_adopt(w, used, out, err);
 }
@@ -651,6 +868,11 @@ static void ctx_free(struct ctx *c)
         free(c->groups[g].rules);
     }
     free(c->groups);
+    for (uint32_t g = 0; g < c->n_nfas; g++) {
+        bitnfa_group_finish(&c->nfas[g].g);
+        free(c->nfas[g].rules);
+    }
+    free(c->nfas);
     free(c->rejects);
 }
 
@@ -690,10 +912,15 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
         rc = prebuild(&c);
     if (rc == 0)
         rc = group_rules(&c);
-    /* group numbers, now that groups are final */
+    if (rc == 0)
+        rc = group_nfa_rules(&c);
+    /* group numbers, now that groups are final: DFA groups, then bit-NFAs */
     for (uint32_t g = 0; g < c.n_groups && rc == 0; g++)
         for (uint32_t k = 0; k < c.groups[g].n_rules; k++)
             c.prep[c.groups[g].rules[k]].group = g;
+    for (uint32_t g = 0; g < c.n_nfas && rc == 0; g++)
+        for (uint32_t k = 0; k < c.nfas[g].n_rules; k++)
+            c.prep[c.nfas[g].rules[k]].group = c.n_groups + g;
     if (rc == 0)
         rc = pack(&c, cat_index, &res->catalog, err);
     else if (rc == -ENOMEM)

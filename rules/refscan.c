@@ -57,6 +57,106 @@ int refscan_group_range(const struct catalog *cat, uint32_t group, const uint8_t
     }
 }
 
+static uint32_t prev_kind(const uint8_t *buf, size_t i)
+{
+    if (i == 0)
+        return 0; /* P_BOS */
+    switch (catalog_byte_kind(buf[i - 1])) {
+    case CAT_K_WORD:
+        return 1; /* P_WORD */
+    case CAT_K_NL:
+        return 2; /* P_NL */
+    default:
+        return 3; /* P_OTHER */
+    }
+}
+
+/* Does the state have a position in one of ranges rg[0..n)? */
+static bool any_in(const uint32_t *s, const uint32_t *rg, uint32_t n)
+{
+    for (uint32_t r = 0; r < n; r++) {
+        uint32_t lo = rg[2 * r], hi = rg[2 * r + 1];
+        for (uint32_t w = lo >> 5; w <= hi >> 5; w++) {
+            uint32_t m = ~0u;
+            if (w == lo >> 5)
+                m &= ~0u << (lo & 31);
+            if (w == hi >> 5)
+                m &= ~0u >> (31 - (hi & 31));
+            if (s[w] & m)
+                return true;
+        }
+    }
+    return false;
+}
+
+static void set_in(uint32_t *s, const uint32_t *rg, uint32_t n)
+{
+    for (uint32_t r = 0; r < n; r++) {
+        uint32_t lo = rg[2 * r], hi = rg[2 * r + 1];
+        for (uint32_t w = lo >> 5; w <= hi >> 5; w++) {
+            uint32_t m = ~0u;
+            if (w == lo >> 5)
+                m &= ~0u << (lo & 31);
+            if (w == hi >> 5)
+                m &= ~0u >> (31 - (hi & 31));
+            s[w] |= m;
+        }
+    }
+}
+
+/* One step of the bit-NFA on buf[i]: shift, exceptions, reach. */
+static bool nfa_step(const struct catalog_nfa *g, const uint32_t *s, uint32_t *t, uint32_t pk,
+                     bool any, uint8_t c)
+{
+    uint32_t nw = g->n_words;
+    for (uint32_t w = 0; w < nw; w++)
+        t[w] = ((s[w] << 1) | (w ? s[w - 1] >> 31 : 0)) & g->shift[w];
+    for (uint32_t x = 0; x < g->n_exc; x++) {
+        const uint32_t *e = g->exc + (size_t)x * CAT_X_WORDS;
+        const uint32_t *rg = g->ranges + 2 * (size_t)e[CAT_X_FIRST];
+        if (!(e[CAT_X_COND] & pk) || (e[CAT_X_NSRC] && (!any || !any_in(s, rg, e[CAT_X_NSRC]))))
+            continue;
+        set_in(t, rg + 2 * e[CAT_X_NSRC], e[CAT_X_NTGT]);
+    }
+    const uint32_t *reach = g->reach + (size_t)g->classmap[c] * nw;
+    uint32_t live = 0;
+    for (uint32_t w = 0; w < nw; w++)
+        live |= t[w] &= reach[w];
+    return live != 0;
+}
+
+int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
+                      size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx)
+{
+    struct catalog_nfa g;
+    catalog_nfa(cat, nfa, &g);
+    uint32_t a[CAT_NFA_MAX_BITS / 32] = {0}, b[CAT_NFA_MAX_BITS / 32];
+    uint32_t *s = a, *t = b;
+    bool any = false;
+    if (hi > len)
+        hi = len;
+    for (size_t i = begin;; i++) {
+        uint32_t pk = CAT_PK(prev_kind(buf, i), lookahead(buf, len, i));
+        uint32_t last = UINT32_MAX;
+        for (uint32_t k = 0; any && i > lo && k < g.n_acc; k++) {
+            const uint32_t *e = g.acc + (size_t)k * CAT_X_WORDS;
+            if (e[CAT_A_RULE] == last || !(e[CAT_A_COND] & pk) ||
+                !any_in(s, g.ranges + 2 * (size_t)e[CAT_A_FIRST], e[CAT_A_NSRC]))
+                continue;
+            last = e[CAT_A_RULE];
+            int rc = fn(ctx, last, i);
+            if (rc != 0)
+                return rc;
+        }
+        if (i >= hi)
+            return 0;
+        any = nfa_step(&g, s, t, pk, any, buf[i]);
+        uint32_t *x = s;
+        s = t;
+        t = x;
+    }
+}
+
 int scan_hits_push(struct scan_hits *h, uint32_t rule, uint64_t end, uint32_t count)
 {
     if (h->n == h->cap) {
@@ -133,6 +233,8 @@ int refscan_buffer(const struct catalog *cat, const uint8_t *buf, size_t len, en
     int rc = 0;
     for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++)
         rc = refscan_group_range(cat, g, buf, len, 0, 0, len, push_cb, &raw);
+    for (uint32_t g = 0; g < catalog_nfa_count(cat) && rc == 0; g++)
+        rc = refscan_nfa_range(cat, g, buf, len, 0, 0, len, push_cb, &raw);
     if (rc == 0)
         scan_hits_finalize(&raw, cat, mode);
     for (size_t i = 0; i < raw.n && rc == 0; i++)

@@ -37,7 +37,7 @@ struct scan_hits {
 };
 
 /*
- * Scans `buf[0..len)` against every group of `cat` and appends the hits to
+ * Scans `buf[0..len)` against every group of `cat` (DFA and bit-NFA) and appends the hits to
  * `out`, sorted by (end, rule). Returns 0 or -ENOMEM. `cat` and `buf` are
  * borrowed. Thread-safe for concurrent calls on the same catalog.
  */
@@ -54,6 +54,14 @@ int refscan_buffer(const struct catalog *cat, const uint8_t *buf, size_t len, en
 typedef int (*refscan_fn)(void *ctx, uint32_t rule, uint64_t end);
 int refscan_group_range(const struct catalog *cat, uint32_t group, const uint8_t *buf, size_t len,
                         size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx);
+
+/*
+ * The same for bit-NFA group `nfa` (< catalog_nfa_count): the scan starts
+ * at `begin` with no position active, and the start edges see the byte at
+ * begin-1 as the previous byte, as a DFA group's start state does.
+ */
+int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
+                      size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx);
 
 /* Appends one hit; returns 0 or -ENOMEM. */
 int scan_hits_push(struct scan_hits *h, uint32_t rule, uint64_t end, uint32_t count);

@@ -4,7 +4,9 @@
  *
  * Pipeline: parse (parse.h) -> Thompson NFA per group (nfa.h) -> subset
  * construction over byte classes -> minimisation (dfa.h) -> packing. Rules are
- * grouped into combined DFAs under a state budget. docs/rules.md is the user
+ * grouped into combined DFAs under a state budget; a rule whose DFA alone
+ * would not fit (bounded gaps, counted repeats) goes to a bit-parallel NFA
+ * group instead (bitnfa.h, docs/engine.md). docs/rules.md is the user
  * documentation of the language; docs/catalog.md of the output.
  */
 #ifndef VKS_RULES_RULES_H
@@ -44,6 +46,7 @@ struct rules_options {
     uint32_t max_rules;  /* 0 means RULES_DEFAULT_MAXRULE */
     bool no_minimise;    /* tests: keep the unminimised DFA */
     uint32_t threads;    /* compile threads; 0 means one per online CPU (max 16) */
+    bool force_bitnfa;   /* tests: every rule goes to the bit-parallel NFA engine */
 };
 
 /* Why a rule was left out. `pos` is the 0-based byte offset in the pattern

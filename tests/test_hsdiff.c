@@ -271,6 +271,8 @@ struct stats {
     uint64_t hits;          /* hits both engines agreed on */
     unsigned mismatches;    /* differing (rule set, haystack) pairs */
     unsigned bad_rejects;   /* rejects or accepts that break the contract */
+    unsigned size_rejects;  /* of our_rejects: for size (budget, positions) */
+    unsigned nfa_rules;     /* rules compiled to the bit-NFA engine */
     unsigned reports;       /* reproducers printed */
     struct reasons hs_why;  /* Hyperscan's reject messages */
     struct reasons our_why; /* our reject messages, digits stripped */
@@ -314,6 +316,8 @@ static void stats_print(const struct stats *st, const char *what)
            " agreeing hits, %u mismatches, %u bad rejects\n",
            what, st->cases, st->rules, st->compared, st->hs_rejects, st->our_rejects,
            st->both_rejects, st->scans, st->hits, st->mismatches, st->bad_rejects);
+    printf("hsdiff %s: %u rules on the bit-NFA engine, %u rejected for size\n", what, st->nfa_rules,
+           st->size_rejects);
     reasons_print(&st->hs_why, "Hyperscan");
     reasons_print(&st->our_why, "vkscan");
     fflush(stdout);
@@ -428,6 +432,9 @@ static int on_hs_match(unsigned id, unsigned long long from, unsigned long long 
 /* ------------------------------------------------------------------------ */
 /* The comparison of one rule set over a list of haystacks.                 */
 
+/* Set by the bit-NFA tests: every rule compiles to the bit-parallel NFA. */
+static bool force_bitnfa;
+
 struct run {
     const struct trule *rules;
     size_t n;
@@ -515,6 +522,12 @@ static void check_verdicts(struct run *ru, struct stats *st, char (*hs_why)[96])
         }
         if (reject_allowed(r, rj->msg)) {
             st->our_rejects++;
+            st->size_rejects += !msg_has(rj->msg, "empty string");
+            if (!msg_has(rj->msg, "empty string") && st->reports < max_reports()) {
+                report_header(ru, st, "we reject a rule for size");
+                print_rule(stderr, rj->index, r);
+                fprintf(stderr, "  our reason: %s\n", rj->msg);
+            }
             continue;
         }
         st->bad_rejects++;
@@ -555,7 +568,7 @@ static int run_compile(struct run *ru, struct stats *st)
         const struct trule *r = &ru->rules[i];
         src[i] = (struct rule_src){r->id, r->kind, r->pat, r->len, r->flags, r->line};
     }
-    struct rules_options opt = {.max_states = ru->max_states};
+    struct rules_options opt = {.max_states = ru->max_states, .force_bitnfa = force_bitnfa};
     struct vks_error err = {0};
     int rc = rules_compile(src, ru->n, &opt, &ru->res, &err);
     free(src);
@@ -575,6 +588,11 @@ static int run_compile(struct run *ru, struct stats *st)
 
     uint32_t nr = ru->res.catalog ? catalog_rule_count(ru->res.catalog) : 0;
     ru->cat2in = xrealloc(NULL, (nr + 1) * sizeof(uint32_t));
+    for (uint32_t i = 0; i < nr; i++) {
+        struct catalog_rule cr;
+        catalog_rule(ru->res.catalog, i, &cr);
+        st->nfa_rules += cr.group >= catalog_group_count(ru->res.catalog);
+    }
     for (size_t i = 0; i < ru->n; i++) {
         uint32_t c = ru->res.rule_index[i];
         if (c != UINT32_MAX) {
@@ -1331,10 +1349,11 @@ static void make_hays(struct gen *const *gens, const uint32_t *flags, size_t ng,
     }
 }
 
-START_TEST(test_random_single)
+static void random_single(uint64_t dflt, bool bitnfa)
 {
+    force_bitnfa = bitnfa;
     uint64_t base = env_u64("VKS_HSDIFF_SEED", 1);
-    uint64_t cases = case_count(2500);
+    uint64_t cases = case_count(dflt);
     struct stats st = {0};
     struct gen *g = xrealloc(NULL, sizeof(*g));
     struct str bufs[HAYS_PER_CASE] = {{0}};
@@ -1363,6 +1382,21 @@ START_TEST(test_random_single)
     /* The test means nothing if most patterns were skipped or never matched. */
     ck_assert_uint_gt(st.compared, cases / 3);
     ck_assert_uint_gt(st.hits, 20 * (uint64_t)cases);
+    if (force_bitnfa)
+        ck_assert_uint_eq(st.nfa_rules, st.rules - st.our_rejects - st.both_rejects);
+}
+
+START_TEST(test_random_single)
+{
+    random_single(2500, false);
+}
+END_TEST
+
+/* The same generator with every rule on the bit-NFA engine: assertions,
+ * flags, alternations and repeats all through the position automaton. */
+START_TEST(test_random_single_bitnfa)
+{
+    random_single(1500, true);
 }
 END_TEST
 
@@ -1403,11 +1437,12 @@ static void gen_plain_rule(struct rng *rng, struct trule *r, size_t index, bool 
 
 #define MULTI_MAX 16
 
-START_TEST(test_random_multi)
+static void random_multi(uint64_t dflt, bool bitnfa)
 {
+    force_bitnfa = bitnfa;
     static const uint32_t budgets[] = {0, 4096, 600, 150};
     uint64_t base = env_u64("VKS_HSDIFF_SEED", 1);
-    uint64_t cases = case_count(250);
+    uint64_t cases = case_count(dflt);
     struct stats st = {0};
     struct gen *g = xrealloc(NULL, MULTI_MAX * sizeof(*g));
     struct str bufs[HAYS_PER_CASE] = {{0}};
@@ -1462,12 +1497,26 @@ START_TEST(test_random_multi)
     ck_assert_uint_gt(st.compared, st.rules / 3);
     ck_assert_uint_gt(st.hits, 50 * (uint64_t)cases);
 }
+
+START_TEST(test_random_multi)
+{
+    random_multi(250, false);
+}
+END_TEST
+
+/* Multi-rule bit-NFA groups: rules sharing ids, literals and regexes packed
+ * into one position automaton. */
+START_TEST(test_random_multi_bitnfa)
+{
+    random_multi(150, true);
+}
 END_TEST
 
 /* Hand-picked cases for the semantics that are easy to get wrong; each is
  * compared like the random ones, and each must produce at least one hit. */
 START_TEST(test_known_semantics)
 {
+    force_bitnfa = false;
     static const struct {
         const char *pat;
         uint32_t flags;
@@ -1791,6 +1840,208 @@ START_TEST(test_shared_rebar)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------ */
+/* Bounded repeats and gaps: the rules a DFA cannot hold (the bit-NFA's).   */
+
+/* Appends a string that (assertions aside) matches `n`, with repeat counts
+ * drawn from their whole range, so long gaps are exercised too. */
+static void sample_wide(const struct node *n, struct rng *r, struct str *out)
+{
+    switch (n->type) {
+    case N_SET:
+        str_putc(out, (char)pick_from_set(&n->u.set, r));
+        break;
+    case N_CAT:
+        for (uint32_t k = 0; k < n->u.list.n; k++)
+            sample_wide(n->u.list.kids[k], r, out);
+        break;
+    case N_ALT:
+        sample_wide(n->u.list.kids[rng_below(r, n->u.list.n)], r, out);
+        break;
+    case N_REPEAT: {
+        uint32_t hi = n->u.rep.max == REPEAT_INF ? n->u.rep.min + 3 : n->u.rep.max;
+        uint32_t k = rng_pct(r, 30)   ? hi
+                     : rng_pct(r, 30) ? n->u.rep.min
+                                      : n->u.rep.min + rng_below(r, hi - n->u.rep.min + 1);
+        for (uint32_t x = 0; x < k; x++)
+            sample_wide(n->u.rep.kid, r, out);
+        break;
+    }
+    case N_ASSERT:
+        break;
+    }
+}
+
+static void sample_rule_wide(const struct trule *t, struct rng *r, struct str *out)
+{
+    struct rule_src src = {t->id, t->kind, t->pat, t->len, t->flags, 0};
+    struct parse_result pr = {0};
+    uint32_t pos;
+    char msg[240];
+    if (parse_rule(&src, &pr, &pos, msg, sizeof(msg)) == 0 && pr.root != NULL)
+        sample_wide(pr.root, r, out);
+    parse_result_finish(&pr);
+}
+
+/* A rule of literals, gaps and counted repeats of classes and alternations
+ * (counts up to 1000), with anchors and \b at either end. */
+static void gen_big_rule(struct rng *rng, struct trule *r, size_t index)
+{
+    static const char *const words[] = {"key", "tok", "ab", "Secret", "x", "id=", "\"", "Q"};
+    static const char *const items[] = {
+        ".",   "[^\"]",    "[^x]",           "[a-z0-9_-]", "\\w",     "[0-9a-f]", "[A-Z]",
+        "\\s", "(?:ab|c)", "(?:x|yz|[0-9])", "[^\\n]",     "[\\w.-]", "a",        "(?:k[a-z])"};
+    struct str p = {0};
+    uint32_t roll = rng_below(rng, 10);
+    if (roll == 0)
+        str_putc(&p, '^');
+    else if (roll < 4)
+        str_puts(&p, "\\b");
+    str_puts(&p, words[rng_below(rng, 8)]);
+    size_t parts = 1 + rng_below(rng, 3);
+    for (size_t k = 0; k < parts; k++) {
+        uint32_t ci = rng_below(rng, sizeof(items) / sizeof(items[0]));
+        uint32_t cap = items[ci][0] == '(' ? 150 : 1000;
+        uint32_t max = 1 + rng_below(rng, rng_pct(rng, 50) ? cap : 40);
+        uint32_t min = rng_pct(rng, 40) ? 0 : rng_below(rng, max + 1);
+        if (rng_pct(rng, 25))
+            min = max;
+        if (min == max)
+            str_printf(&p, "%s{%u}", items[ci], max);
+        else
+            str_printf(&p, "%s{%u,%u}%s", items[ci], min, max, rng_pct(rng, 20) ? "?" : "");
+        if (rng_pct(rng, 50) || k + 1 == parts)
+            str_puts(&p, words[rng_below(rng, 8)]);
+    }
+    roll = rng_below(rng, 10);
+    if (roll == 0)
+        str_putc(&p, '$');
+    else if (roll < 3)
+        str_puts(&p, "\\b");
+    memset(r, 0, sizeof(*r));
+    snprintf(r->id, sizeof(r->id), "b%zu", index);
+    r->kind = RULE_REGEX;
+    r->pat = p.p;
+    r->len = p.n;
+    r->hs = xstrndup(p.p, p.n);
+    r->flags |= rng_pct(rng, 30) ? RULE_F_CASELESS : 0;
+    r->flags |= rng_pct(rng, 30) ? RULE_F_DOTALL : 0;
+    r->flags |= rng_pct(rng, 20) ? RULE_F_MULTILINE : 0;
+    r->flags |= rng_pct(rng, 5) ? RULE_F_SINGLEMATCH : 0;
+    r->nullable = 0;
+}
+
+/* Haystacks for big rules: empty, random, and samples of the rules (long
+ * gaps included) between random filler with quotes, 'x' and newlines. */
+static void make_big_hays(const struct trule *rules, size_t n, struct rng *r, struct str *bufs,
+                          struct hay *hays)
+{
+    static const char filler[] = "ab xQ\"\n=_-.kAZ09";
+    for (int k = 0; k < HAYS_PER_CASE; k++) {
+        bufs[k].n = 0;
+        str_putn(&bufs[k], "", 0);
+        if (k == 1)
+            hay_random(r, &bufs[k], 200 + rng_below(r, 400));
+        for (int round = 0; k > 1 && round < 1 + k / 2; round++) {
+            for (uint32_t f = rng_below(r, 8); f > 0; f--)
+                str_putc(&bufs[k], filler[rng_below(r, sizeof(filler) - 1)]);
+            sample_rule_wide(&rules[rng_below(r, (uint32_t)n)], r, &bufs[k]);
+        }
+        if (k > 1 && rng_pct(r, 25))
+            str_putc(&bufs[k], '\n');
+        snprintf(hays[k].name, sizeof(hays[k].name), "#%d", k);
+        hays[k].p = (const uint8_t *)bufs[k].p;
+        hays[k].len = bufs[k].n;
+    }
+}
+
+#define BIG_MAX 6
+
+/* Bounded repeats up to {0,1000}, gaps .{0,N} and [^x]{0,N}, repeats of
+ * classes and alternations, anchors, \b, caseless: no rule Hyperscan takes
+ * is rejected for size, and every hit is Hyperscan's (CPU reference
+ * scanner). One to six rules per catalog, so bit-NFA groups hold several. */
+START_TEST(test_bounded_repeats)
+{
+    uint64_t base = env_u64("VKS_HSDIFF_SEED", 1);
+    uint64_t cases = case_count(160);
+    struct stats st = {0};
+    force_bitnfa = false;
+    struct str bufs[HAYS_PER_CASE] = {{0}};
+    struct hay hays[HAYS_PER_CASE];
+    for (uint64_t c = 0; c < cases; c++) {
+        uint64_t seed = base * 5000011u + c;
+        struct rng rng = {seed};
+        size_t n = c % 2 ? 1 : 1 + rng_below(&rng, BIG_MAX);
+        struct trule r[BIG_MAX];
+        for (size_t k = 0; k < n; k++)
+            gen_big_rule(&rng, &r[k], k);
+        make_big_hays(r, n, &rng, bufs, hays);
+        char what[64];
+        snprintf(what, sizeof(what), "bounded-repeat case %" PRIu64 " (%zu rules)", c, n);
+        compare_set(r, n, c % 3 == 2 ? 4096 : 0, seed, what, true, hays, HAYS_PER_CASE, &st);
+        for (size_t k = 0; k < n; k++)
+            trule_free(&r[k]);
+    }
+    for (int k = 0; k < HAYS_PER_CASE; k++)
+        str_free(&bufs[k]);
+    stats_print(&st, "bounded repeats");
+    ck_assert_msg(st.mismatches == 0, "%u (catalog, haystack) pairs differ from Hyperscan",
+                  st.mismatches);
+    ck_assert_msg(st.size_rejects == 0, "%u rules Hyperscan accepts rejected for size",
+                  st.size_rejects);
+    ck_assert_msg(st.bad_rejects == 0, "%u rules rejected or accepted against the contract",
+                  st.bad_rejects);
+    ck_assert_uint_gt(st.compared, st.rules * 3 / 4);
+    ck_assert_uint_gt(st.nfa_rules, st.rules / 3);
+    ck_assert_uint_gt(st.hits, 5 * (uint64_t)cases);
+}
+END_TEST
+
+/* The gitleaks regexes from the tree (tests/data/gitleaks, MIT): all 221
+ * compile, none is rejected for size, and every hit is Hyperscan's on
+ * synthetic secrets built around the gitleaks keywords and on samples
+ * drawn from the rules themselves. */
+START_TEST(test_gitleaks_tree)
+{
+    const char *dir = VKS_SOURCE_ROOT "/tests/data";
+    size_t n;
+    force_bitnfa = false;
+    struct trule *rules =
+        load_patfile(VKS_SOURCE_ROOT "/tests/data/gitleaks/gitleaks-regex.rules", &n);
+    ck_assert_uint_eq(n, 221);
+    struct hay hays[3];
+    uint8_t *secrets = hay_secrets(dir, &hays[0].len);
+    hays[0].p = secrets;
+    snprintf(hays[0].name, sizeof(hays[0].name), "synthetic secrets");
+    uint8_t *planted = hay_planted_file(rules, n, &hays[1].len);
+    hays[1].p = planted;
+    snprintf(hays[1].name, sizeof(hays[1].name), "samples of gitleaks-regex");
+    struct rng rng = {99};
+    struct str wide = {0};
+    for (size_t i = 0; i < n; i++) {
+        sample_rule_wide(&rules[i], &rng, &wide);
+        str_puts(&wide, i % 3 ? " \n" : "\" ");
+    }
+    hays[2].p = (const uint8_t *)wide.p;
+    hays[2].len = wide.n;
+    snprintf(hays[2].name, sizeof(hays[2].name), "long samples of gitleaks-regex");
+    struct stats st = {0};
+    compare_set(rules, n, 0, 0, "gitleaks-regex (tests/data)", false, hays, 3, &st);
+    stats_print(&st, "gitleaks-regex (tests/data)");
+    free(secrets);
+    free(planted);
+    str_free(&wide);
+    trules_free(rules, n);
+    ck_assert_msg(st.mismatches == 0, "%u haystacks give different hits", st.mismatches);
+    ck_assert_uint_eq(st.our_rejects + st.both_rejects, 0);
+    ck_assert_uint_eq(st.compared, n - st.hs_rejects);
+    ck_assert_uint_eq(st.hs_rejects, 0);
+    ck_assert_uint_gt(st.nfa_rules, 0);
+    ck_assert_uint_gt(st.hits, n);
+}
+END_TEST
+
 Suite *hsdiff_suite(void)
 {
     Suite *s = suite_create("hsdiff");
@@ -1799,6 +2050,10 @@ Suite *hsdiff_suite(void)
     tcase_add_test(tc, test_known_semantics);
     tcase_add_test(tc, test_random_single);
     tcase_add_test(tc, test_random_multi);
+    tcase_add_test(tc, test_random_single_bitnfa);
+    tcase_add_test(tc, test_random_multi_bitnfa);
+    tcase_add_test(tc, test_bounded_repeats);
+    tcase_add_test(tc, test_gitleaks_tree);
     suite_add_tcase(s, tc);
     TCase *files = tcase_create("shared-data");
     tcase_set_timeout(files, 600);
