@@ -19,6 +19,8 @@
 #include "session.h"
 
 #define ACCEPTS_PER_WAKEUP 64
+#define ACCEPT_BACKOFF_MS  100u  /* EMFILE/ENFILE: pause accepting this long */
+#define ACCEPT_LOG_MS      5000u /* and log the condition at most this often */
 
 struct server {
     uv_loop_t loop;
@@ -31,6 +33,12 @@ struct server {
     bool listening;
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_timer_t deadline_timer, drain_timer;
+    uv_timer_t accept_timer; /* EMFILE backoff */
+    uv_timer_t sweep_timer;  /* frame and idle timeouts */
+    uint64_t sweep_ms;
+    uint64_t frame_reserved; /* frame-budget bytes held by sessions */
+    uint64_t accept_log_ms;  /* when the EMFILE condition was last logged */
+    uint64_t accept_quiet;   /* EMFILE hits since then */
     struct sched *sched;
     struct store *store;
     struct engine *engine;
@@ -143,6 +151,49 @@ uint32_t server_session_count(const struct server *srv)
     return srv->n_sessions;
 }
 
+uint32_t server_uid_sessions(const struct server *srv, uid_t uid)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < srv->n_sessions; i++)
+        n += session_uid(srv->sessions[i]) == uid;
+    return n;
+}
+
+uint32_t server_session_uids(const struct server *srv, uid_t *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < srv->n_sessions; i++) {
+        uid_t u = session_uid(srv->sessions[i]);
+        uint32_t k = 0;
+        while (k < n && out[k] != u)
+            k++;
+        if (k == n && n < cap)
+            out[n++] = u;
+    }
+    return n;
+}
+
+bool server_frame_reserve(struct server *srv, uint64_t bytes)
+{
+    if (srv->frame_reserved != 0 && srv->frame_reserved + bytes > srv->cfg.frame_budget)
+        return false;
+    srv->frame_reserved += bytes;
+    return true;
+}
+
+static void resume_all(struct server *srv);
+
+void server_frame_release(struct server *srv, uint64_t bytes)
+{
+    srv->frame_reserved -= bytes;
+    resume_all(srv);
+}
+
+uint64_t server_frame_reserved(const struct server *srv)
+{
+    return srv->frame_reserved;
+}
+
 void server_resume_tenant(struct server *srv, uid_t uid)
 {
     for (uint32_t i = 0; i < srv->n_sessions; i++) {
@@ -157,7 +208,7 @@ void server_kick(struct server *srv)
 {
     if (srv->engine == NULL || !engine_ready(srv->engine))
         return;
-    while (engine_pending(srv->engine) < srv->cfg.inflight_batches) {
+    while (engine_pending(srv->engine) < srv->cfg.inflight_batches * engine_count(srv->engine)) {
         struct sched_job *first;
         size_t n = sched_next_batch(srv->sched, srv->cfg.batch_max_bytes,
                                     srv->cfg.batch_max_buffers, &first);
@@ -234,6 +285,37 @@ void server_watch_deadlines(struct server *srv)
 
 /* ---- listening -------------------------------------------------------- */
 
+static void on_accept(uv_poll_t *h, int status, int events);
+
+static void on_accept_backoff(uv_timer_t *t)
+{
+    struct server *srv = t->data;
+    if (!srv->listening || srv->draining)
+        return;
+    int rc = uv_poll_start(&srv->listen_poll, UV_READABLE, on_accept);
+    if (rc != 0)
+        log_err("cannot accept connections again: %s", uv_strerror(rc));
+}
+
+/* accept() ran out of descriptors: the pending connection stays in the
+ * backlog and the socket stays readable, so polling on would spin. Stop
+ * accepting for ACCEPT_BACKOFF_MS and log at most every ACCEPT_LOG_MS. */
+static void accept_backoff(struct server *srv, int e)
+{
+    srv->counters.accept_fd_limit++;
+    srv->accept_quiet++;
+    uint64_t now = uv_now(&srv->loop);
+    if (srv->accept_log_ms == 0 || now - srv->accept_log_ms >= ACCEPT_LOG_MS) {
+        log_warn("accept failed: %s (%llu times since the last report): pausing accepts for %u "
+                 "ms; raise LimitNOFILE or lower max-connections",
+                 strerror(e), (unsigned long long)srv->accept_quiet, ACCEPT_BACKOFF_MS);
+        srv->accept_log_ms = now;
+        srv->accept_quiet = 0;
+    }
+    uv_poll_stop(&srv->listen_poll);
+    uv_timer_start(&srv->accept_timer, on_accept_backoff, ACCEPT_BACKOFF_MS, 0);
+}
+
 static void on_accept(uv_poll_t *h, int status, int events)
 {
     struct server *srv = h->data;
@@ -244,6 +326,10 @@ static void on_accept(uv_poll_t *h, int status, int events)
     }
     for (int i = 0; i < ACCEPTS_PER_WAKEUP && !srv->draining; i++) {
         int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+            accept_backoff(srv, errno);
+            return;
+        }
         if (fd < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
                 log_warn("accept failed: %s", strerror(errno));
@@ -259,8 +345,36 @@ static void on_accept(uv_poll_t *h, int status, int events)
         }
         struct session *s;
         int rc = session_create(srv, fd, &s);
-        if (rc != 0)
+        if (rc == -EUSERS)
+            log_debug("refused a connection over tenant-max-connections");
+        else if (rc != 0)
             log_warn("cannot serve a new connection: %s", strerror(-rc));
+    }
+}
+
+static void on_sweep(uv_timer_t *t)
+{
+    struct server *srv = t->data;
+    uint64_t now = uv_now(&srv->loop);
+    for (uint32_t i = srv->n_sessions; i > 0; i--) {
+        if (i <= srv->n_sessions)
+            session_sweep(srv->sessions[i - 1], now);
+    }
+}
+
+/* Runs the timeout sweep at a quarter of the shortest timeout (10 ms to
+ * 1 s), or not at all when both are off. */
+static void arm_sweep(struct server *srv)
+{
+    uint64_t a = srv->cfg.frame_timeout_ms, b = srv->cfg.idle_timeout_ms;
+    uint64_t m = a == 0 ? b : b == 0 ? a : a < b ? a : b;
+    uint64_t every = m / 4 < 10 ? 10 : m / 4 > 1000 ? 1000 : m / 4;
+    if (m == 0) {
+        uv_timer_stop(&srv->sweep_timer);
+        srv->sweep_ms = 0;
+    } else if (every != srv->sweep_ms) {
+        uv_timer_start(&srv->sweep_timer, on_sweep, every, every);
+        srv->sweep_ms = every;
     }
 }
 
@@ -394,6 +508,8 @@ static void close_handles(struct server *srv)
     uv_close((uv_handle_t *)&srv->sig_hup, NULL);
     uv_close((uv_handle_t *)&srv->deadline_timer, NULL);
     uv_close((uv_handle_t *)&srv->drain_timer, NULL);
+    uv_close((uv_handle_t *)&srv->accept_timer, NULL);
+    uv_close((uv_handle_t *)&srv->sweep_timer, NULL);
 }
 
 void server_check_drained(struct server *srv)
@@ -450,6 +566,7 @@ static void reload(struct server *srv)
         struct store_options so = store_options_of(&srv->cfg);
         store_set_options(srv->store, &so);
         srv->counters.reloads++;
+        arm_sweep(srv);
         log_notice("configuration reloaded");
         resume_all(srv);
         server_kick(srv);
@@ -490,6 +607,7 @@ static void on_engine_ready(struct engine *eng, int status, const struct vks_err
     snprintf(state, sizeof(state), "READY=1\nSTATUS=serving on %s (%s)\nMAINPID=%d",
              srv->cfg.socket_path, info->gpu ? info->device.name : "CPU scanner", (int)getpid());
     notify_send(state);
+    arm_sweep(srv);
     log_notice("vkscand %s ready on %s, engine %s", VKS_VERSION, srv->cfg.socket_path,
                info->gpu ? info->device.name : "CPU reference scanner");
     server_kick(srv);
@@ -509,11 +627,14 @@ static int init_handles(struct server *srv, struct vks_error *err)
     rc = rc ? rc : uv_signal_init(&srv->loop, &srv->sig_hup);
     rc = rc ? rc : uv_timer_init(&srv->loop, &srv->deadline_timer);
     rc = rc ? rc : uv_timer_init(&srv->loop, &srv->drain_timer);
+    rc = rc ? rc : uv_timer_init(&srv->loop, &srv->accept_timer);
+    rc = rc ? rc : uv_timer_init(&srv->loop, &srv->sweep_timer);
     if (rc != 0)
         return vks_error_set(err, rc, "cannot set up signal handling: %s", uv_strerror(rc));
     srv->handles_open = true;
     srv->sig_term.data = srv->sig_int.data = srv->sig_hup.data = srv;
     srv->deadline_timer.data = srv->drain_timer.data = srv;
+    srv->accept_timer.data = srv->sweep_timer.data = srv;
     rc = uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
     rc = rc ? rc : uv_signal_start(&srv->sig_int, on_signal, SIGINT);
     rc = rc ? rc : uv_signal_start(&srv->sig_hup, on_signal, SIGHUP);

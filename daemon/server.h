@@ -40,6 +40,12 @@ struct server_counters {
     uint64_t cancelled;    /* scans dropped because their client left */
     uint64_t backpressure; /* times a session stopped being read */
     uint64_t reloads;
+    uint64_t output_limit_closes; /* connections closed past max-unsent-bytes */
+    uint64_t frame_timeouts;      /* connections closed past frame-timeout-ms */
+    uint64_t idle_closes;         /* connections closed past idle-timeout-ms */
+    uint64_t frame_budget_waits;  /* frames that waited for frame-budget */
+    uint64_t tenant_refused;      /* connections over tenant-max-connections */
+    uint64_t accept_fd_limit;     /* accept() hit EMFILE/ENFILE (then backed off) */
     struct metrics_hist hist_queue_wait; /* per scan answered: enqueue -> dispatch */
     struct metrics_hist hist_gpu;        /* per batch: run_ns (kernel, or the CPU scan) */
     struct metrics_hist hist_scan_total; /* per scan answered: receipt -> reply */
@@ -90,6 +96,21 @@ void server_resume_tenant(struct server *srv, uid_t uid);
 void server_session_add(struct server *srv, struct session *s);
 void server_session_remove(struct server *srv, struct session *s);
 uint32_t server_session_count(const struct server *srv);
+
+/* Counts the open sessions of `uid`. */
+uint32_t server_uid_sessions(const struct server *srv, uid_t uid);
+
+/* Lists the distinct uids with an open session, at most `cap` of them, into
+ * `out`; returns how many (the metrics endpoint's metrics-tenants). */
+uint32_t server_session_uids(const struct server *srv, uid_t *out, uint32_t cap);
+
+/* The frame budget (frame-budget): a session reserves a frame's announced
+ * length before reading its body. Succeeds when the budget has room, or when
+ * nothing is reserved (one frame up to max-frame always proceeds); otherwise
+ * the session waits and is resumed by a later release. */
+bool server_frame_reserve(struct server *srv, uint64_t bytes);
+void server_frame_release(struct server *srv, uint64_t bytes);
+uint64_t server_frame_reserved(const struct server *srv);
 
 /* Called when a session finished something, so a draining server can check
  * whether it is done. */

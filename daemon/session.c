@@ -24,6 +24,7 @@
 
 #define FRAMES_PER_WAKEUP 16u
 #define OUT_HIGH_WATER    (8u << 20) /* unsent reply bytes before we stop reading */
+#define SMALL_FRAME       (64u << 10) /* frames up to this size skip the frame budget */
 
 /* One request with work in flight (compile, disk load, queued or running
  * scan). Holds a session reference; freed when its reply is written. */
@@ -54,6 +55,11 @@ struct session {
     bool paused;     /* backpressure */
     bool close_when_done;
     bool denied; /* not in allow-uids / allow-gids: the first request gets DENIED */
+    bool admin;       /* root or in admin-gids: stats shows every tenant */
+    bool budget_wait; /* a frame's body waits for the frame budget */
+    uint64_t reserved; /* frame-budget bytes this session holds */
+    uint64_t t_frame;  /* uv_now when the current frame started (or reading resumed); 0: none */
+    uint64_t t_active; /* uv_now of the last sign of life (frame in, reply out) */
     uid_t uid;
     pid_t pid;
     struct sched_tenant *tenant;
@@ -68,6 +74,7 @@ struct session {
 
 static void update_poll(struct session *s);
 static void flush(struct session *s);
+static bool finished(struct session *s);
 
 static void session_unref(struct session *s)
 {
@@ -75,6 +82,8 @@ static void session_unref(struct session *s)
         return;
     struct server *srv = s->srv;
     sched_tenant_put(server_sched(srv), s->tenant);
+    if (s->reserved != 0)
+        server_frame_release(srv, s->reserved);
     proto_reader_destroy(s->reader);
     proto_buf_finish(&s->out);
     server_session_remove(srv, s);
@@ -128,7 +137,8 @@ static void request_free(struct request *r)
     proto_request_destroy(r->req);
     free(r);
     if (!s->closed) {
-        if (s->close_when_done && session_idle(s))
+        s->t_active = uv_now(server_loop(s->srv));
+        if (s->close_when_done && finished(s))
             session_close(s);
         else
             update_poll(s);
@@ -142,6 +152,23 @@ static bool peer_gone(int fd)
 {
     struct pollfd p = {.fd = fd, .events = POLLOUT};
     return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
+}
+
+/* Whether the socket holds bytes not read yet (also true at EOF). */
+static bool readable_now(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+/* A session closing when done (SIGTERM drain) is done when idle, and, unless
+ * the peer shut down its side, when no pipelined request is left unread:
+ * those get SHUTDOWN replies rather than a connection reset. */
+static bool finished(struct session *s)
+{
+    if (!session_idle(s))
+        return false;
+    return s->eof || s->fatal || s->rdhup_seen || !readable_now(s->fd);
 }
 
 /* Counts a reply to `op` by result (stats requests.<op>.ok / .error). */
@@ -211,10 +238,21 @@ static void flush(struct session *s)
     if (s->out_off == s->out.len) {
         proto_buf_reset(&s->out);
         s->out_off = 0;
-        if (s->fatal || (s->close_when_done && session_idle(s))) {
+        s->t_active = uv_now(server_loop(s->srv));
+        if (s->fatal || (s->close_when_done && finished(s))) {
             session_close(s);
             return;
         }
+    } else if (s->out.len - s->out_off > server_config(s->srv)->max_unsent_bytes) {
+        /* The client does not read its replies: Redis's output buffer limit.
+         * Pausing reads alone is not enough, queued work keeps replying. */
+        server_counters(s->srv)->output_limit_closes++;
+        log_warn("uid %u pid %d: %zu reply bytes unread, over max-unsent-bytes (%llu): closing "
+                 "the connection",
+                 (unsigned)s->uid, (int)s->pid, s->out.len - s->out_off,
+                 (unsigned long long)server_config(s->srv)->max_unsent_bytes);
+        session_close(s);
+        return;
     } else if (s->out_off > s->out.len / 2) {
         memmove(s->out.data, s->out.data + s->out_off, s->out.len - s->out_off);
         s->out.len -= s->out_off;
@@ -225,15 +263,42 @@ static void flush(struct session *s)
 
 /* ---- polling and backpressure ----------------------------------------- */
 
+/* Reserves the frame budget for a frame whose length prefix arrived; false
+ * while the budget is full (the session waits, holding no body bytes). */
+static bool frame_budget(struct session *s)
+{
+    uint32_t want = proto_reader_frame_len(s->reader);
+    if (want <= SMALL_FRAME || s->reserved != 0)
+        return true; /* small frames cost little and must not wait behind big ones */
+    if (!server_frame_reserve(s->srv, want)) {
+        if (!s->budget_wait)
+            server_counters(s->srv)->frame_budget_waits++;
+        s->budget_wait = true;
+        return false;
+    }
+    s->reserved = want;
+    s->budget_wait = false;
+    s->t_frame = uv_now(server_loop(s->srv)); /* its clock starts now */
+    return true;
+}
+
 static bool may_read(struct session *s)
 {
     const struct daemon_config *cfg = server_config(s->srv);
-    if (s->closed || s->fatal || s->eof || s->close_when_done)
+    /* While draining (close_when_done without EOF) pipelined requests are
+     * still read, to be answered with SHUTDOWN. */
+    if (s->closed || s->fatal || s->eof)
         return false;
+    uint64_t high = cfg->max_unsent_bytes / 2 < OUT_HIGH_WATER ? cfg->max_unsent_bytes / 2
+                                                                : OUT_HIGH_WATER;
     bool over = sched_tenant_over(server_sched(s->srv), s->tenant) ||
-                s->n_reqs >= cfg->tenant_max_requests || s->out.len - s->out_off >= OUT_HIGH_WATER;
+                s->n_reqs >= cfg->tenant_max_requests || s->out.len - s->out_off >= high;
     if (over && !s->paused)
         server_counters(s->srv)->backpressure++;
+    if (!over && !frame_budget(s))
+        over = true;
+    if (!over && s->paused && s->t_frame != 0)
+        s->t_frame = uv_now(server_loop(s->srv)); /* not the peer's delay */
     s->paused = over;
     return !over;
 }
@@ -357,7 +422,7 @@ static void op_hello(struct session *s, const struct proto_request *req)
 static void op_stats(struct session *s, const struct proto_request *req)
 {
     struct stats_list l;
-    stats_collect(s->srv, s->uid, &l);
+    stats_collect_as(s->srv, s->uid, s->admin, &l);
     struct proto_reply rep = {.id = req->id, .op = req->op};
     rep.u.stats = (struct proto_stats_reply){.stats = l.v, .n_stats = l.n};
     send_reply(s, &rep);
@@ -515,6 +580,7 @@ static void scan_queue(struct request *r, struct store_entry *e)
     store_entry_ref(e);
     r->ej.cat = store_entry_catalog(e);
     r->ej.mode = (enum scan_mode)sc->mode;
+    r->ej.max_hits = r->max_hits;
     r->ej.bufs = r->bufs;
     r->ej.n_bufs = sc->n_buffers;
     r->sj.key = e;
@@ -591,6 +657,7 @@ static void telemetry(struct stats_list *l, const struct request *r,
 {
     const struct gpu_telemetry *g = &t->gpu_tel;
     stats_add_u(l, "engine", t->gpu ? 0 : 1);
+    engine_telemetry_add(l, &r->ej, t);
     stats_add_u(l, "batch_id", t->batch_id);
     stats_add_u(l, "batch_requests", t->jobs);
     stats_add_u(l, "batch_buffers", t->buffers);
@@ -799,8 +866,11 @@ static void on_readable(struct session *s)
         int rc = proto_reader_recv(s->reader, s->fd, &err);
         if (rc == -EAGAIN)
             break;
-        if (rc == PROTO_RECV_MORE)
+        if (rc == PROTO_RECV_MORE) {
+            if (s->t_frame == 0)
+                s->t_frame = uv_now(server_loop(s->srv));
             continue;
+        }
         if (rc == PROTO_RECV_EOF) {
             on_eof(s);
             return;
@@ -808,6 +878,13 @@ static void on_readable(struct session *s)
         if (rc == PROTO_RECV_FRAME) {
             struct proto_frame f;
             frames++;
+            if (s->reserved != 0) {
+                uint64_t held = s->reserved;
+                s->reserved = 0;
+                server_frame_release(s->srv, held);
+            }
+            s->t_frame = 0;
+            s->t_active = uv_now(server_loop(s->srv));
             if (proto_reader_take(s->reader, &f) == 0)
                 handle_frame(s, &f);
             continue;
@@ -897,6 +974,60 @@ static bool peer_allowed(struct server *srv, int fd, const struct ucred *cred)
     return ok;
 }
 
+/* Answers a connection over tenant-max-connections with BUSY (id 0) and
+ * closes it: the socket is new, so the small frame fits its buffer. */
+static void refuse_busy(struct server *srv, int fd, uid_t uid)
+{
+    const struct daemon_config *cfg = server_config(srv);
+    char msg[200];
+    snprintf(msg, sizeof(msg),
+             "uid %u already has %u connections open, the limit (tenant-max-connections) is "
+             "%u: close idle ones or share one",
+             (unsigned)uid, server_uid_sessions(srv, uid), cfg->tenant_max_connections);
+    struct proto_buf b;
+    proto_buf_init(&b);
+    if (proto_error_encode(&b, 0, PROTO_OP_NONE, -VKS_E_BUSY, msg, NULL) == 0) {
+        ssize_t n = send(fd, b.data, b.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)n; /* best effort: the close says the rest */
+    }
+    proto_buf_finish(&b);
+    server_counters(srv)->tenant_refused++;
+    server_counters(srv)->errors++;
+    close(fd);
+}
+
+static bool ids_have(const struct config_ids *ids, uint32_t id)
+{
+    for (uint32_t i = 0; i < ids->n; i++) {
+        if (ids->id[i] == id)
+            return true;
+    }
+    return false;
+}
+
+/* Root, or a peer whose primary or supplementary group is in admin-gids. */
+static bool peer_admin(struct server *srv, int fd, const struct ucred *cred)
+{
+    const struct config_ids *admin = &server_config(srv)->admin_gids;
+    if (cred->uid == 0 || ids_have(admin, (uint32_t)cred->gid))
+        return true;
+    if (admin->n == 0)
+        return false;
+#ifdef SO_PEERGROUPS
+    gid_t groups[256];
+    socklen_t len = sizeof(groups);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0) {
+        for (size_t i = 0; i < len / sizeof(gid_t); i++) {
+            if (ids_have(admin, (uint32_t)groups[i]))
+                return true;
+        }
+    }
+#else
+    (void)fd;
+#endif
+    return false;
+}
+
 int session_create(struct server *srv, int fd, struct session **out)
 {
     struct ucred cred;
@@ -905,6 +1036,10 @@ int session_create(struct server *srv, int fd, struct session **out)
         int rc = -errno;
         close(fd);
         return rc;
+    }
+    if (server_uid_sessions(srv, cred.uid) >= server_config(srv)->tenant_max_connections) {
+        refuse_busy(srv, fd, cred.uid);
+        return -EUSERS;
     }
     struct session *s = calloc(1, sizeof(*s));
     struct proto_limits lim;
@@ -919,7 +1054,9 @@ int session_create(struct server *srv, int fd, struct session **out)
     s->uid = cred.uid;
     s->pid = cred.pid;
     s->denied = !peer_allowed(srv, fd, &cred);
+    s->admin = peer_admin(srv, fd, &cred);
     s->refs = 1; /* the poll handle's */
+    s->t_active = uv_now(server_loop(srv));
     proto_buf_init(&s->out);
     s->tenant = sched_tenant_get(server_sched(srv), cred.uid);
     int rc = s->tenant == NULL ? UV_ENOMEM : uv_poll_init(server_loop(srv), &s->poll, fd);
@@ -958,12 +1095,52 @@ void session_close(struct session *s)
     server_resume_tenant(srv, s->uid);
 }
 
+/* Answers TIMEOUT (id 0) and closes once it is written. */
+static void time_out(struct session *s, const char *msg)
+{
+    send_error(s, 0, PROTO_OP_NONE, -VKS_E_TIMEOUT, msg);
+    if (!s->closed) {
+        s->fatal = true;
+        flush(s);
+    }
+}
+
+void session_sweep(struct session *s, uint64_t now_ms)
+{
+    const struct daemon_config *cfg = server_config(s->srv);
+    if (s->closed || s->fatal)
+        return;
+    char msg[200];
+    if (cfg->frame_timeout_ms != 0 && s->t_frame != 0 && !s->paused &&
+        now_ms - s->t_frame >= cfg->frame_timeout_ms) {
+        server_counters(s->srv)->frame_timeouts++;
+        log_notice("uid %u pid %d: a frame stayed incomplete for %u ms (frame-timeout-ms): "
+                   "closing",
+                   (unsigned)s->uid, (int)s->pid, cfg->frame_timeout_ms);
+        snprintf(msg, sizeof(msg),
+                 "a frame was not complete within %u ms (frame-timeout-ms): send whole frames "
+                 "without pausing; the connection will be closed",
+                 cfg->frame_timeout_ms);
+        time_out(s, msg);
+        return;
+    }
+    if (cfg->idle_timeout_ms != 0 && session_idle(s) && proto_reader_idle(s->reader) &&
+        now_ms - s->t_active >= cfg->idle_timeout_ms) {
+        server_counters(s->srv)->idle_closes++;
+        snprintf(msg, sizeof(msg),
+                 "the connection was idle for %u ms (idle-timeout-ms) and is closed: reconnect "
+                 "when there is work",
+                 cfg->idle_timeout_ms);
+        time_out(s, msg);
+    }
+}
+
 void session_close_when_done(struct session *s)
 {
     if (s->closed)
         return;
     s->close_when_done = true;
-    if (session_idle(s))
+    if (finished(s))
         session_close(s);
     else
         update_poll(s);

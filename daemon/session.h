@@ -46,6 +46,10 @@ uid_t session_uid(const struct session *s);
 /* Reading was stopped for backpressure: read again if the quota allows. */
 void session_resume(struct session *s);
 
+/* Applies frame-timeout-ms and idle-timeout-ms at `now_ms` (uv_now):
+ * a session past one gets a TIMEOUT error and is closed. */
+void session_sweep(struct session *s, uint64_t now_ms);
+
 /* Batch plumbing for the server: the engine job of a scheduled scan, and the
  * hand-back of a finished one (replies, frees, releases the quota). */
 struct engine_job *session_job_engine(struct sched_job *job);

@@ -120,6 +120,7 @@ void stats_collect_as(struct server *srv, uid_t uid, bool admin, struct stats_li
     stats_add_u(l, "uptime_ns", uv_hrtime() - server_start_ns(srv));
     stats_add_u(l, "engine", info->gpu ? 0 : 1);
     stats_add_u(l, "admin", 1);
+    engine_stats_add(server_engine(srv), l);
     stats_add_u(l, "connections", server_session_count(srv));
     stats_add_u(l, "connections_total", c->connections_total);
     stats_add_u(l, "connections_refused", c->connections_refused);

@@ -8,6 +8,7 @@
 #ifndef VKS_DAEMON_STATS_H
 #define VKS_DAEMON_STATS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -29,7 +30,11 @@ void stats_add_f(struct stats_list *l, const char *key, double v);
 void stats_add_hist(struct stats_list *l, const struct metrics_hist *h);
 
 /* Fills `l` (emptied first) with the stats op's map as the tenant `uid`
- * sees it: service-wide figures, its own tenant.* figures, the limits. */
+ * sees it: its own tenant.* figures and the limits, plus the service-wide
+ * figures (every tenant's volume) when `admin` (root or admin-gids). */
+void stats_collect_as(struct server *srv, uid_t uid, bool admin, struct stats_list *l);
+
+/* stats_collect_as with `admin` set (the operator's own views). */
 void stats_collect(struct server *srv, uid_t uid, struct stats_list *l);
 
 #endif

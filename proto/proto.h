@@ -181,6 +181,11 @@ int proto_reader_take(struct proto_reader *r, struct proto_frame *out);
 /* True when no partial frame is buffered (a close now loses nothing). */
 bool proto_reader_idle(const struct proto_reader *r);
 
+/* The body length the frame being received announced, once its length
+ * prefix is complete and until the frame is taken; 0 otherwise. The daemon
+ * reserves this much of its frame budget before it reads the body. */
+uint32_t proto_reader_frame_len(const struct proto_reader *r);
+
 /* A growable byte buffer that encoders append whole frames to. */
 struct proto_buf {
     uint8_t *data;

@@ -57,6 +57,11 @@ bool proto_reader_idle(const struct proto_reader *r)
     return r->hdr_len == 0 && !r->in_body && !r->complete;
 }
 
+uint32_t proto_reader_frame_len(const struct proto_reader *r)
+{
+    return r->in_body || r->complete ? r->body_len : 0;
+}
+
 static int fail(struct proto_reader *r, int code, struct vks_error *err, const char *what)
 {
     r->failed = code;

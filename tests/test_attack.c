@@ -1,0 +1,730 @@
+/*
+ * vkscand under hostile tenants (vkscan issue 8): each test starts the real
+ * daemon ($VKSCAND) on a temporary socket with lowered limits and attacks it
+ * the way the campaign did, through raw frames (proto/, msgpack-c) and
+ * libvkscan, then checks that the limit held, that the attacker got the
+ * documented error, and that the daemon still serves everyone else.
+ *
+ * The daemon runs the CPU engine (--engine cpu): these tests are about the
+ * service, not the device, and must stay quick on two cores. Sizes are small
+ * and limits lowered; nothing asserts on wall time.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <msgpack.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "proto.h"
+#include "vkscan/vkscan.h"
+
+/* ---- the daemon under test -------------------------------------------- */
+
+struct daemon {
+    pid_t pid;
+    char dir[64];
+    char sock[128];
+    char state[128];
+    char notify[128];
+    char log[128];
+    int notify_fd;
+};
+
+static bool wait_ready(struct daemon *d, int timeout_ms)
+{
+    struct pollfd p = {.fd = d->notify_fd, .events = POLLIN};
+    for (int waited = 0; waited < timeout_ms; waited += 100) {
+        if (poll(&p, 1, 100) == 1) {
+            char buf[512] = {0};
+            ssize_t n = recv(d->notify_fd, buf, sizeof(buf) - 1, 0);
+            if (n > 0 && strstr(buf, "READY=1") != NULL)
+                return true;
+        }
+        int st;
+        if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+            d->pid = 0;
+            return false;
+        }
+    }
+    return false;
+}
+
+/* Starts vkscand (CPU engine, log to d->log) with the extra flags `extra`
+ * (NULL-terminated) and, when `nofile` is not 0, that RLIMIT_NOFILE. */
+static void daemon_start_lim(struct daemon *d, const char *const *extra, rlim_t nofile)
+{
+    memset(d, 0, sizeof(*d));
+    snprintf(d->dir, sizeof(d->dir), "/tmp/vka-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(d->dir));
+    chmod(d->dir, 0755); /* other tenants connect as another uid */
+    snprintf(d->sock, sizeof(d->sock), "%s/vkscand.sock", d->dir);
+    snprintf(d->state, sizeof(d->state), "%s/state", d->dir);
+    snprintf(d->notify, sizeof(d->notify), "%s/notify", d->dir);
+    snprintf(d->log, sizeof(d->log), "%s/log", d->dir);
+    d->notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    ck_assert_int_lt(snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", d->notify),
+                     (int)sizeof(sa.sun_path));
+    ck_assert_int_eq(bind(d->notify_fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    const char *bin = getenv("VKSCAND");
+    ck_assert_msg(bin != NULL, "VKSCAND is not set: run through meson test");
+    d->pid = fork();
+    ck_assert_int_ge(d->pid, 0);
+    if (d->pid == 0) {
+        const char *argv[48] = {bin,         "--socket",  d->sock,   "--state-dir", d->state,
+                                "--engine",  "cpu",       "--config", "",           "--socket-mode",
+                                "0666",      "--log-level", "warning"};
+        int n = 13;
+        for (int i = 0; extra != NULL && extra[i] != NULL && n < 47; i++)
+            argv[n++] = extra[i];
+        argv[n] = NULL;
+        setenv("NOTIFY_SOCKET", d->notify, 1);
+        int lf = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (lf >= 0)
+            dup2(lf, 2);
+        if (nofile != 0) {
+            struct rlimit rl = {nofile, nofile};
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    ck_assert_msg(wait_ready(d, 120000), "vkscand did not become ready");
+}
+
+static void daemon_start(struct daemon *d, const char *const *extra)
+{
+    daemon_start_lim(d, extra, 0);
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* SIGTERM, wait, remove the directory; returns the exit status. */
+static int daemon_stop(struct daemon *d)
+{
+    int st = 0, rc = -1;
+    if (d->pid > 0) {
+        kill(d->pid, SIGTERM);
+        for (int i = 0; i < 600; i++) {
+            if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+                rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                break;
+            }
+            usleep(100000);
+        }
+        if (rc < 0) {
+            kill(d->pid, SIGKILL);
+            waitpid(d->pid, &st, 0);
+        }
+        d->pid = 0;
+    }
+    close(d->notify_fd);
+    nftw(d->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return rc;
+}
+
+static struct vks_client *connect_ok(const struct daemon *d)
+{
+    struct vks_client *c = NULL;
+    struct vks_error err = {0};
+    int rc = vks_client_connect(d->sock, NULL, &c, &err);
+    ck_assert_msg(rc == 0, "connect: %d %s", rc, err.msg);
+    return c;
+}
+
+/* A stats value; `found` false when the key is absent. */
+static uint64_t stat_get(struct vks_client *c, const char *key, bool *found)
+{
+    struct vks_stats st = {0};
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_stats(c, &st, &err), 0);
+    const struct vks_stat *s = vks_stat_find(st.stats, st.n_stats, key);
+    *found = s != NULL;
+    uint64_t v = s != NULL ? s->u : 0;
+    vks_stats_finish(&st);
+    return v;
+}
+
+static uint64_t stat_of(struct vks_client *c, const char *key)
+{
+    bool found;
+    uint64_t v = stat_get(c, key, &found);
+    ck_assert_msg(found, "stats has no %s", key);
+    return v;
+}
+
+/* A fresh connection's stats value (an idle timeout may have closed others). */
+static uint64_t stat_now(const struct daemon *d, const char *key)
+{
+    struct vks_client *c = connect_ok(d);
+    uint64_t v = stat_of(c, key);
+    vks_client_close(c);
+    return v;
+}
+
+static void expect_ping_ok(const struct daemon *d)
+{
+    struct vks_client *c = connect_ok(d);
+    ck_assert_int_eq(vks_client_ping(c, NULL), 0);
+    vks_client_close(c);
+}
+
+static const struct vks_rule rules[] = {
+    {"lit", VKS_RULE_LITERAL, "needle", 0, NULL},
+    {"re", VKS_RULE_REGEX, "ab[0-9]+c", 0, NULL},
+};
+#define N_RULES (sizeof(rules) / sizeof(rules[0]))
+
+static struct vks_catalog *load_ok(struct vks_client *c, const struct vks_rule *r, size_t n)
+{
+    struct vks_catalog *cat = NULL;
+    struct vks_error err = {0};
+    int rc = vks_client_catalog_load(c, r, n, NULL, &cat, &err);
+    ck_assert_msg(rc == 0, "load: %d %s", rc, err.msg);
+    return cat;
+}
+
+/* VmRSS of `pid` in bytes. */
+static uint64_t rss_of(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    uint64_t kb = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, "VmRSS:", 6) == 0)
+            kb = strtoull(line + 6, NULL, 10);
+    }
+    fclose(f);
+    return kb * 1024;
+}
+
+/* Runs `fn(d, arg)` in a child as uid `uid`; returns its exit status. */
+static int as_uid(const struct daemon *d, uid_t uid, int (*fn)(const struct daemon *, void *),
+                  void *arg)
+{
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        if (setgid(uid) != 0 || setuid(uid) != 0)
+            _exit(100);
+        _exit(fn(d, arg));
+    }
+    int st;
+    ck_assert_int_eq(waitpid(child, &st, 0), child);
+    ck_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+/* ---- raw frames ------------------------------------------------------- */
+
+static int raw_connect(const struct daemon *d)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    ck_assert_int_lt(snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", d->sock),
+                     (int)sizeof(sa.sun_path));
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+static void raw_frame(int fd, const msgpack_sbuffer *sb)
+{
+    uint8_t hdr[4] = {(uint8_t)(sb->size >> 24), (uint8_t)(sb->size >> 16),
+                      (uint8_t)(sb->size >> 8), (uint8_t)sb->size};
+    ck_assert_int_eq(proto_send(fd, hdr, 4, NULL, 0, 10000, NULL), 0);
+    ck_assert_int_eq(proto_send(fd, sb->data, sb->size, NULL, 0, 10000, NULL), 0);
+}
+
+/* Reads one reply; NULL at EOF or reset. */
+static struct proto_reply *raw_reply(int fd)
+{
+    struct proto_reader *r;
+    ck_assert_int_eq(proto_reader_create(NULL, &r), 0);
+    struct proto_reply *rep = NULL;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        ck_assert_msg(poll(&p, 1, 60000) == 1, "no reply within 60 s");
+        int rc = proto_reader_recv(r, fd, NULL);
+        if (rc == PROTO_RECV_EOF || rc == -ECONNRESET)
+            break;
+        ck_assert_msg(rc >= 0, "reading a reply: %d", rc);
+        if (rc == PROTO_RECV_FRAME) {
+            struct proto_frame f;
+            ck_assert_int_eq(proto_reader_take(r, &f), 0);
+            ck_assert_int_eq(proto_reply_decode(&f, NULL, &rep, NULL), 0);
+            break;
+        }
+    }
+    proto_reader_destroy(r);
+    return rep;
+}
+
+/* Expects an error reply `code` with `id`, then (when `then_eof`) the end. */
+static void expect_error(int fd, uint32_t id, int code, bool then_eof)
+{
+    struct proto_reply *rep = raw_reply(fd);
+    ck_assert_msg(rep != NULL, "connection closed, expected error %d", code);
+    ck_assert_msg(rep->error.code == -code, "id %u: error %d (%s), expected %d", rep->id,
+                  -rep->error.code, rep->error.msg, code);
+    ck_assert_uint_eq(rep->id, id);
+    ck_assert_msg(rep->error.msg[0] != '\0', "error %d without a message", code);
+    proto_reply_destroy(rep);
+    if (then_eof)
+        ck_assert_ptr_null(raw_reply(fd));
+}
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+    msgpack_pack_str(pk, strlen(s));
+    msgpack_pack_str_body(pk, s, strlen(s));
+}
+
+static void pack_head(msgpack_packer *pk, uint32_t id, const char *op, uint32_t extra)
+{
+    msgpack_pack_map(pk, 2 + extra);
+    pack_str(pk, "id");
+    msgpack_pack_uint32(pk, id);
+    pack_str(pk, "op");
+    pack_str(pk, op);
+}
+
+/* A scan of one inline buffer, or of a memfd when `data` is NULL. */
+static void pack_scan(msgpack_packer *pk, uint32_t id, const uint8_t *fp, const void *data,
+                      size_t len)
+{
+    pack_head(pk, id, "scan", 2);
+    pack_str(pk, "catalog");
+    msgpack_pack_bin(pk, 32);
+    msgpack_pack_bin_body(pk, fp, 32);
+    pack_str(pk, "buffers");
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 1);
+    pack_str(pk, "data");
+    msgpack_pack_bin(pk, len);
+    msgpack_pack_bin_body(pk, data, len);
+}
+
+static void send_scan(int fd, const uint8_t *fp, uint32_t id, const void *data, size_t len)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_scan(&pk, id, fp, data, len);
+    raw_frame(fd, &sb);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+static void send_ping(int fd, uint32_t id)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_head(&pk, id, "ping", 0);
+    raw_frame(fd, &sb);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+/* Sends up to `len` bytes without blocking for long: stops once the peer
+ * has taken nothing for `stall_ms`. Returns the bytes sent. */
+static size_t push_bytes(int fd, const uint8_t *data, size_t len, int stall_ms)
+{
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = send(fd, data + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            break;
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        if (poll(&p, 1, stall_ms) != 1)
+            break;
+    }
+    return off;
+}
+
+/* ---- 4: a client that never reads its replies ------------------------- */
+
+START_TEST(test_unread_replies_close)
+{
+    struct daemon d;
+    const char *const flags[] = {"--max-unsent-bytes", "256K", NULL};
+    daemon_start(&d, flags);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES);
+    /* Every 8 bytes a hit: each reply is tens of KiB. */
+    static uint8_t data[64 << 10];
+    for (size_t i = 0; i + 8 <= sizeof(data); i += 8)
+        memcpy(data + i, "needle! ", 8);
+    int fd = raw_connect(&d);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    uint64_t rss0 = rss_of(d.pid);
+    /* Pipeline scans and read nothing; the daemon closes us at the limit. */
+    size_t sent = 0;
+    for (uint32_t i = 0; i < 200; i++) {
+        uint8_t hdr[4];
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        pack_scan(&pk, i + 1, vks_catalog_fingerprint(cat), data, sizeof(data));
+        hdr[0] = (uint8_t)(sb.size >> 24), hdr[1] = (uint8_t)(sb.size >> 16);
+        hdr[2] = (uint8_t)(sb.size >> 8), hdr[3] = (uint8_t)sb.size;
+        size_t a = push_bytes(fd, hdr, 4, 500);
+        size_t b = a == 4 ? push_bytes(fd, (const uint8_t *)sb.data, sb.size, 500) : 0;
+        msgpack_sbuffer_destroy(&sb);
+        if (a != 4 || b != sb.size)
+            break; /* the daemon stopped reading us, or closed */
+        sent++;
+    }
+    ck_assert_uint_gt(sent, 0);
+    /* The daemon closed the connection for its unread replies. */
+    for (int i = 0; i < 600 && stat_of(c, "output_limit_closes") == 0; i++)
+        usleep(50000);
+    ck_assert_uint_eq(stat_of(c, "output_limit_closes"), 1);
+    ck_assert_uint_eq(stat_of(c, "limit.max_unsent_bytes"), 256 << 10);
+    /* What it held for us stays far below what we asked it to hold. */
+    ck_assert_uint_lt(rss_of(d.pid), rss0 + (64ull << 20));
+    struct proto_reply *rep;
+    while ((rep = raw_reply(fd)) != NULL)
+        proto_reply_destroy(rep); /* some replies, then the end */
+    close(fd);
+    expect_ping_ok(&d);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* ---- 5: half-sent frames ---------------------------------------------- */
+
+START_TEST(test_half_sent_frames)
+{
+    struct daemon d;
+    const char *const flags[] = {"--max-frame", "4M", "--frame-budget", "1M", "--frame-timeout-ms",
+                                 "60000", NULL};
+    daemon_start(&d, flags);
+    expect_ping_ok(&d);
+    uint64_t rss0 = rss_of(d.pid);
+    enum { N = 8 };
+    static uint8_t junk[3 << 20];
+    memset(junk, 0x90, sizeof(junk));
+    int fds[N];
+    size_t pushed = 0;
+    for (int i = 0; i < N; i++) {
+        fds[i] = raw_connect(&d);
+        uint8_t hdr[4] = {0, 0x40, 0, 0}; /* 4 MiB announced */
+        ck_assert_uint_eq(push_bytes(fds[i], hdr, 4, 1000), 4);
+        pushed += push_bytes(fds[i], junk, sizeof(junk), 300);
+    }
+    struct vks_client *c = connect_ok(&d);
+    /* One frame holds the budget (one always may, up to max-frame); the
+     * others wait with nothing but their length prefix read. */
+    ck_assert_uint_le(stat_of(c, "frame_budget_used"), 4u << 20);
+    ck_assert_uint_ge(stat_of(c, "frame_budget_waits"), N - 1);
+    uint64_t grown = rss_of(d.pid) - rss0;
+    ck_assert_msg(grown < (12ull << 20), "RSS grew by %llu bytes for %zu half-sent bytes",
+                  (unsigned long long)grown, pushed);
+    ck_assert_int_eq(vks_client_ping(c, NULL), 0); /* still serving */
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    for (int i = 0; i < 600 && stat_of(c, "frame_budget_used") != 0; i++)
+        usleep(20000);
+    ck_assert_uint_eq(stat_of(c, "frame_budget_used"), 0);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_frame_timeout)
+{
+    struct daemon d;
+    const char *const flags[] = {"--frame-timeout-ms", "300", NULL};
+    daemon_start(&d, flags);
+    /* Two bytes of a length prefix, then silence. */
+    int a = raw_connect(&d);
+    ck_assert_int_eq(send(a, "\0\0", 2, 0), 2);
+    /* A header and half a body, then silence. */
+    int b = raw_connect(&d);
+    ck_assert_int_eq(send(b, "\0\0\0\x10" "abcdefgh", 12, 0), 12);
+    expect_error(a, 0, VKS_E_TIMEOUT, true);
+    expect_error(b, 0, VKS_E_TIMEOUT, true);
+    close(a);
+    close(b);
+    ck_assert_uint_eq(stat_now(&d, "frame_timeouts"), 2);
+    expect_ping_ok(&d);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* ---- 6: one uid's idle connections lock out the rest ------------------ */
+
+static int other_pings(const struct daemon *d, void *arg)
+{
+    (void)arg;
+    struct vks_client *c = NULL;
+    if (vks_client_connect(d->sock, NULL, &c, NULL) != 0)
+        return 1;
+    int rc = vks_client_ping(c, NULL) == 0 ? 0 : 2;
+    vks_client_close(c);
+    return rc;
+}
+
+START_TEST(test_tenant_connection_cap)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_tenant_connection_cap: needs root to switch uid; skipped\n");
+        return;
+    }
+    struct daemon d;
+    const char *const flags[] = {"--tenant-max-connections", "4", "--max-connections", "6",
+                                 "--idle-timeout-ms", "600000", NULL};
+    daemon_start(&d, flags);
+    int fds[4];
+    for (int i = 0; i < 4; i++) {
+        fds[i] = raw_connect(&d);
+        send_ping(fds[i], 1); /* each one is surely accepted */
+        struct proto_reply *rep = raw_reply(fds[i]);
+        ck_assert_ptr_nonnull(rep);
+        proto_reply_destroy(rep);
+    }
+    int over = raw_connect(&d);
+    expect_error(over, 0, VKS_E_BUSY, true);
+    close(over);
+    /* Another uid still gets in. */
+    ck_assert_int_eq(as_uid(&d, 65534, other_pings, NULL), 0);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+    struct vks_client *c = NULL;
+    for (int i = 0; i < 100 && vks_client_connect(d.sock, NULL, &c, NULL) != 0; i++)
+        usleep(50000); /* until the daemon has seen the closes */
+    ck_assert_ptr_nonnull(c);
+    ck_assert_uint_ge(stat_of(c, "connections_refused_tenant"), 1);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_idle_timeout)
+{
+    struct daemon d;
+    const char *const flags[] = {"--idle-timeout-ms", "300", NULL};
+    daemon_start(&d, flags);
+    int fd = raw_connect(&d);
+    send_ping(fd, 7);
+    struct proto_reply *rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_uint_eq(rep->id, 7);
+    proto_reply_destroy(rep);
+    expect_error(fd, 0, VKS_E_TIMEOUT, true); /* then silence closes it */
+    close(fd);
+    ck_assert_uint_ge(stat_now(&d, "idle_closes"), 1);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* ---- 7: EMFILE ---------------------------------------------------------- */
+
+static unsigned count_lines(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[1024];
+    unsigned n = 0;
+    while (fgets(line, sizeof(line), f) != NULL)
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+START_TEST(test_accept_emfile)
+{
+    struct daemon d;
+    const char *const flags[] = {"--tenant-max-connections", "1000", NULL};
+    daemon_start_lim(&d, flags, 64);
+    enum { N = 80 };
+    int fds[N];
+    for (int i = 0; i < N; i++)
+        fds[i] = raw_connect(&d); /* the backlog takes what accept cannot */
+    /* Give the daemon a while in the condition. */
+    send_ping(fds[0], 1);
+    struct proto_reply *rep = raw_reply(fds[0]);
+    ck_assert_ptr_nonnull(rep);
+    proto_reply_destroy(rep);
+    usleep(1000 * 1000);
+    unsigned lines = count_lines(d.log, "accept failed");
+    ck_assert_uint_ge(lines, 1);
+    ck_assert_msg(lines <= 3, "%u log lines about accept in one second", lines);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    /* Accepting again once descriptors are free. */
+    struct vks_client *c = NULL;
+    int rc = -1;
+    for (int i = 0; i < 100 && rc != 0; i++) {
+        rc = vks_client_connect(d.sock, NULL, &c, NULL);
+        if (rc != 0)
+            usleep(50000);
+    }
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(vks_client_ping(c, NULL), 0);
+    ck_assert_uint_ge(stat_of(c, "accept_fd_limit"), 1);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* ---- 11: stats are per tenant ----------------------------------------- */
+
+static int other_stats(const struct daemon *d, void *arg)
+{
+    (void)arg;
+    struct vks_client *c = NULL;
+    if (vks_client_connect(d->sock, NULL, &c, NULL) != 0)
+        return 1;
+    struct vks_stats st = {0};
+    int fail = 0;
+    if (vks_client_stats(c, &st, NULL) != 0)
+        return 2;
+    if (vks_stat_find(st.stats, st.n_stats, "scans") != NULL ||
+        vks_stat_find(st.stats, st.n_stats, "bytes_scanned") != NULL ||
+        vks_stat_find(st.stats, st.n_stats, "requests") != NULL)
+        fail |= 4; /* service-wide volume is not this tenant's business */
+    const struct vks_stat *u = vks_stat_find(st.stats, st.n_stats, "tenant.uid");
+    if (u == NULL || u->u != 65534)
+        fail |= 8;
+    if (vks_stat_find(st.stats, st.n_stats, "limit.max_frame") == NULL)
+        fail |= 16;
+    vks_stats_finish(&st);
+    vks_client_close(c);
+    return fail;
+}
+
+START_TEST(test_stats_per_tenant)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_stats_per_tenant: needs root to switch uid; skipped\n");
+        return;
+    }
+    struct daemon d;
+    daemon_start(&d, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES);
+    uint8_t data[] = "a needle here";
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = data, .len = sizeof(data) - 1};
+    struct vks_scan_result res = {0};
+    ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, NULL, &res, NULL),
+                     0);
+    vks_scan_result_finish(&res);
+    ck_assert_int_eq(as_uid(&d, 65534, other_stats, NULL), 0);
+    ck_assert_uint_eq(stat_of(c, "scans"), 1); /* root sees the service */
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* ---- 12: SIGTERM with pipelined requests unread ----------------------- */
+
+START_TEST(test_drain_answers_unread)
+{
+    struct daemon d;
+    const char *const flags[] = {"--tenant-max-requests", "1", "--max-scan-bytes", "1G",
+                                 "--tenant-max-bytes", "1G", NULL};
+    daemon_start(&d, flags);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    int mfd = memfd_create("vka-big", MFD_CLOEXEC);
+    ck_assert_int_ge(mfd, 0);
+    ck_assert_int_eq(ftruncate(mfd, 512 << 20), 0);
+    int fd = raw_connect(&d);
+    /* A long scan (512 MiB from a memfd), then ten more the daemon will not
+     * read while it runs (tenant-max-requests 1), then SIGTERM. */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_head(&pk, 1, "scan", 2);
+    pack_str(&pk, "catalog");
+    msgpack_pack_bin(&pk, 32);
+    msgpack_pack_bin_body(&pk, fp, 32);
+    pack_str(&pk, "buffers");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 1);
+    pack_str(&pk, "fd");
+    msgpack_pack_uint32(&pk, 0);
+    uint8_t hdr[4] = {(uint8_t)(sb.size >> 24), (uint8_t)(sb.size >> 16),
+                      (uint8_t)(sb.size >> 8), (uint8_t)sb.size};
+    ck_assert_int_eq(proto_send(fd, hdr, 4, &mfd, 1, 10000, NULL), 0);
+    ck_assert_int_eq(proto_send(fd, sb.data, sb.size, NULL, 0, 10000, NULL), 0);
+    msgpack_sbuffer_destroy(&sb);
+    close(mfd);
+    for (uint32_t i = 0; i < 10; i++)
+        send_scan(fd, fp, 100 + i, "needle", 6);
+    kill(d.pid, SIGTERM);
+    unsigned shut = 0, ok = 0;
+    for (;;) {
+        struct proto_reply *rep = raw_reply(fd);
+        if (rep == NULL)
+            break;
+        if (rep->error.code == -VKS_E_SHUTDOWN)
+            shut++;
+        else if (rep->error.code == 0)
+            ok++;
+        else
+            ck_abort_msg("id %u: error %d %s", rep->id, -rep->error.code, rep->error.msg);
+        proto_reply_destroy(rep);
+    }
+    ck_assert_uint_eq(ok + shut, 11); /* every request answered: none reset */
+    ck_assert_uint_ge(shut, 1);
+    close(fd);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    int st;
+    ck_assert_int_eq(waitpid(d.pid, &st, 0), d.pid);
+    d.pid = 0;
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    daemon_stop(&d);
+}
+END_TEST
+
+Suite *attack_suite(void)
+{
+    Suite *s = suite_create("attack");
+    TCase *tc = tcase_create("daemon");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_unread_replies_close);
+    tcase_add_test(tc, test_half_sent_frames);
+    tcase_add_test(tc, test_frame_timeout);
+    tcase_add_test(tc, test_tenant_connection_cap);
+    tcase_add_test(tc, test_idle_timeout);
+    tcase_add_test(tc, test_accept_emfile);
+    tcase_add_test(tc, test_stats_per_tenant);
+    tcase_add_test(tc, test_drain_answers_unread);
+    suite_add_tcase(s, tc);
+    return s;
+}
