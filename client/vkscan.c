@@ -254,6 +254,8 @@ struct scan_opts {
     size_t n_exprs;
     const char **globs; /* --glob, and --exclude as "!GLOB" */
     size_t n_globs;
+    char **owned; /* the "!GLOB" strings made for --exclude */
+    size_t n_owned;
     enum vks_report report;
     enum out_mode out;
     enum color_mode color_mode;
@@ -1103,7 +1105,8 @@ static int scan_option(struct scan_opts *o, int c, char *arg, char **argv)
         char *g = NULL;
         if (asprintf(&g, "!%s", arg) < 0)
             return scan_usage_error("%s", "out of memory");
-        o->globs[o->n_globs++] = g; /* lives as long as the process */
+        o->globs[o->n_globs++] = g;
+        o->owned[o->n_owned++] = g;
         return -1;
     }
     case OPT_JSON:
@@ -1202,8 +1205,9 @@ static int cmd_scan(int argc, char **argv)
     o.rules = calloc((size_t)argc, sizeof(char *));
     o.exprs = calloc((size_t)argc, sizeof(char *));
     o.globs = calloc((size_t)argc, sizeof(char *));
+    o.owned = calloc((size_t)argc, sizeof(char *));
     int status = -1, c;
-    if (o.rules == NULL || o.exprs == NULL || o.globs == NULL)
+    if (o.rules == NULL || o.exprs == NULL || o.globs == NULL || o.owned == NULL)
         status = scan_usage_error("%s", "out of memory");
     opterr = 0;
     while (status < 0 && (c = getopt_long(argc, argv, ":r:e:g:clnqLj:h", longs, NULL)) != -1)
@@ -1226,6 +1230,9 @@ static int cmd_scan(int argc, char **argv)
     free(o.rules);
     free(o.exprs);
     free(o.globs);
+    for (size_t i = 0; i < o.n_owned; i++)
+        free(o.owned[i]);
+    free(o.owned);
     return status;
 }
 
