@@ -1,7 +1,7 @@
 /*
- * What the files of the vkscan CLI share: vkscan.c (main, scan, rules) and
- * vkscan_status.c (status). Not installed; main thread only unless a
- * function says otherwise.
+ * What the files of the vkscan CLI share: vkscan.c (main, rules dispatch),
+ * vkscan_scan.c (scan) and vkscan_status.c (status). Not installed; main
+ * thread only unless a function says otherwise.
  */
 #ifndef VKS_CLIENT_VKSCAN_CLI_H
 #define VKS_CLIENT_VKSCAN_CLI_H
@@ -47,6 +47,10 @@ void cli_print_reject(const char *file, uint32_t line, uint32_t pos, const char 
  * after the subcommand; return the exit status. */
 int cli_rules_check(int argc, char **argv);
 int cli_rules_scan(int argc, char **argv);
+
+/* `vkscan scan [OPTIONS] PATH...` with argv[0] = "scan" (vkscan_scan.c);
+ * returns the exit status. */
+int cli_scan(int argc, char **argv);
 
 /* `vkscan status [--json | --prometheus] [--socket PATH]` with argv[0] =
  * "status"; returns the exit status. */

@@ -40,8 +40,8 @@ static int append(struct ruleset *rs, const char *label, const char *s, size_t l
 
 static bool id_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-' || c == '.';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-' || c == '.';
 }
 
 /* Whether an -e argument is a whole rule line (ID:/regex/, ID:"lit", ID:{hex}). */

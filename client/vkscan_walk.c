@@ -201,7 +201,7 @@ struct id_set {
     struct file_id {
         dev_t dev;
         ino_t ino;
-    } *v;
+    } * v;
     size_t n, cap; /* cap: a power of two; 0 (dev, ino) marks a free slot */
 };
 

@@ -570,8 +570,7 @@ START_TEST(scan_rejected_rule_warns_strict_fails)
     write_file("bad-rules.txt", bad_rules, strlen(bad_rules));
     struct run r;
     run_cli(&r, NULL, NULL,
-            ARGS("--socket", sock, "scan", "-j", "2", "-r", "bad-rules.txt", "tree/a.txt",
-                 "many"));
+            ARGS("--socket", sock, "scan", "-j", "2", "-r", "bad-rules.txt", "tree/a.txt", "many"));
     ck_assert_int_eq(r.status, 0);
     ck_assert_int_eq(count_lines(r.out), 152);
     ck_assert_msg(strstr(r.err, "bad-rules.txt:3: rule 'broken' rejected") != NULL, "stderr: %s",
@@ -727,8 +726,7 @@ START_TEST(scan_several_rule_files_and_e)
             ARGS("--socket", sock, "scan", "-e", "ne+dle", "-e", "id7:\"ab12c\"", "tree/a.txt"));
     ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
     ck_assert_str_eq(r.out, "tree/a.txt:9:e1\ntree/a.txt:15:id7\ntree/a.txt:22:e1\n");
-    run_cli(&r, NULL, NULL,
-            ARGS("--socket", sock, "scan", "-r", "r-re.txt", "-e", "MZ", "tree"));
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "-r", "r-re.txt", "-e", "MZ", "tree"));
     ck_assert_int_eq(r.status, 0);
     ck_assert_str_eq(r.out, "tree/a.txt:15:re\ntree/sub/b.bin:4:e1\n");
 }
@@ -826,12 +824,12 @@ static void make_walk_tree(void)
     static const char gi[] = "# build output\n*.log\n!keep.log\n/build/\nsub/deep.txt\n"
                              "doc/**/gen.txt\n\\#hash.txt\n";
     static const char *const files[] = {
-        "walk/a.txt",         "walk/x.log",        "walk/keep.log",         "walk/build/b.txt",
-        "walk/src/build/c.txt", "walk/sub/deep.txt", "walk/sub/ok.txt",     "walk/sub/ok2.txt",
-        "walk/.hidden.txt",   "walk/.git/config",  "walk/doc/a/b/gen.txt", "walk/doc/gen.txt",
-        "walk/#hash.txt",     "linked/l.txt"};
-    static const char *const dirs[] = {"walk",     "walk/build", "walk/src", "walk/src/build",
-                                       "walk/sub", "walk/.git",  "walk/doc", "walk/doc/a",
+        "walk/a.txt",           "walk/x.log",        "walk/keep.log",        "walk/build/b.txt",
+        "walk/src/build/c.txt", "walk/sub/deep.txt", "walk/sub/ok.txt",      "walk/sub/ok2.txt",
+        "walk/.hidden.txt",     "walk/.git/config",  "walk/doc/a/b/gen.txt", "walk/doc/gen.txt",
+        "walk/#hash.txt",       "linked/l.txt"};
+    static const char *const dirs[] = {"walk",         "walk/build", "walk/src", "walk/src/build",
+                                       "walk/sub",     "walk/.git",  "walk/doc", "walk/doc/a",
                                        "walk/doc/a/b", "linked"};
     for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++)
         make_dir(dirs[i]);
@@ -895,9 +893,9 @@ START_TEST(usage_messages_and_help)
     base_create();
     struct run r;
     static const char *const helps[][5] = {
-        {"scan", "--help", NULL},          {"status", "--help", NULL},
+        {"scan", "--help", NULL},           {"status", "--help", NULL},
         {"rules", "check", "--help", NULL}, {"rules", "scan", "--help", NULL},
-        {"rules", "--help", NULL},         {"--help", NULL}};
+        {"rules", "--help", NULL},          {"--help", NULL}};
     for (size_t i = 0; i < sizeof(helps) / sizeof(helps[0]); i++) {
         run_cli(&r, NULL, NULL, helps[i]);
         ck_assert_msg(r.status == 0, "%s %s: exit %d: %s", helps[i][0], helps[i][1], r.status,
@@ -922,8 +920,7 @@ START_TEST(usage_messages_and_help)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         run_cli(&r, NULL, NULL, bad[i].args[0] != NULL ? bad[i].args : ARGS("--socket=x"));
         ck_assert_int_eq(r.status, 2);
-        ck_assert_msg(strstr(r.err, bad[i].msg) != NULL, "want %s, stderr: %s", bad[i].msg,
-                      r.err);
+        ck_assert_msg(strstr(r.err, bad[i].msg) != NULL, "want %s, stderr: %s", bad[i].msg, r.err);
     }
     /* --socket at a directory or a regular file says what the path is. */
     write_file("plain", "x", 1);

@@ -1,0 +1,1067 @@
+/*
+ * vkscan scan (vkscan_cli.h): files and directories through vkscand.
+ *
+ * `scan` opens every file itself and hands the daemon its descriptor, so the
+ * daemon never opens a path with its own rights. Files are batched into scan
+ * requests (up to the descriptor limit hello reports); several requests are in
+ * flight at once, one per worker thread and connection, and their results are
+ * printed in the order the files were found. Directories are walked by
+ * vkscan_walk.c; the rules of all -r files and -e patterns are joined by
+ * vkscan_ruleset.c.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <linux/magic.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "vkscan/vkscan.h"
+#include "vkscan_cli.h"
+#include "vkscan_ruleset.h"
+#include "vkscan_walk.h"
+
+#define STDIN_LABEL     "(standard input)"
+#define MAX_JOBS        16u
+#define BATCH_MAX_FILES 64u                 /* descriptors per request, at most */
+#define BATCH_BYTES     (64ull << 20)       /* bytes per request we aim for */
+#define SCAN_IO_MS      (10u * 60u * 1000u) /* wait for one scan reply */
+
+/* ---- output helpers ------------------------------------------------------- */
+
+static void base64(FILE *f, const unsigned char *s, size_t n)
+{
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)s[i] << 16 | (i + 1 < n ? (uint32_t)s[i + 1] << 8 : 0) |
+                     (i + 2 < n ? s[i + 2] : 0);
+        fputc(tab[v >> 18], f);
+        fputc(tab[(v >> 12) & 63], f);
+        fputc(i + 1 < n ? tab[(v >> 6) & 63] : '=', f);
+        fputc(i + 2 < n ? tab[v & 63] : '=', f);
+    }
+}
+
+/* `{"type":"TYPE","path":"..."` with "path_base64" when the name is not
+ * UTF-8: the start of every --json record about a file. */
+static void json_path(FILE *f, const char *type, const char *path)
+{
+    bool lossy = false;
+    fprintf(f, "{\"type\":\"%s\",\"path\":", type);
+    cli_json_str(f, path, &lossy);
+    if (lossy) {
+        fputs(",\"path_base64\":\"", f);
+        base64(f, (const unsigned char *)path, strlen(path));
+        fputc('"', f);
+    }
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- vkscan scan: the batch pipeline ------------------------------------- */
+
+enum out_mode { OUT_MATCHES, OUT_COUNT, OUT_LIST };
+
+enum color_mode { COLOR_AUTO, COLOR_ALWAYS, COLOR_NEVER };
+
+struct scan_opts {
+    const char **rules; /* -r, in order (argv, borrowed) */
+    size_t n_rules;
+    const char **exprs; /* -e */
+    size_t n_exprs;
+    const char **globs; /* --glob, and --exclude as "!GLOB" */
+    size_t n_globs;
+    char **owned; /* the "!GLOB" strings made for --exclude */
+    size_t n_owned;
+    enum vks_report report;
+    enum out_mode out;
+    enum color_mode color_mode;
+    bool json, quiet, line_numbers, stats, strict;
+    struct walk_opts walk;
+    uint64_t max_filesize; /* 0: no limit */
+    unsigned jobs;
+};
+
+struct file_ent {
+    char *path; /* as printed */
+    int fd;
+    uint64_t offset, size;
+};
+
+enum slot_state { SLOT_FREE, SLOT_READY, SLOT_RUNNING, SLOT_DONE };
+
+struct batch {
+    enum slot_state state;
+    struct file_ent *files;
+    struct vks_buffer *bufs;
+    size_t n;
+    uint64_t bytes;
+    int rc;
+    struct vks_error err;
+    struct vks_scan_result res;
+};
+
+struct scan;
+
+struct worker {
+    pthread_t thread;
+    struct scan *s;
+    struct vks_client *client;
+};
+
+struct scan {
+    struct scan_opts opt;
+    struct vks_client *main;
+    struct vks_catalog *cat;
+    struct ruleset rs;
+    struct walk *walk;
+    bool color;
+    uint8_t fp[VKS_FP_LEN];
+    size_t batch_files; /* files per request */
+    uint64_t batch_bytes;
+    uint64_t max_bytes; /* the daemon's per-request limit */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct batch *slots;
+    size_t n_slots;
+    size_t head; /* oldest batch not yet printed (sequence number) */
+    size_t tail; /* the batch being filled */
+    size_t next; /* the next batch a worker takes */
+    bool closing;
+    struct worker workers[MAX_JOBS];
+    unsigned n_workers;
+
+    bool matched, failed;
+    uint64_t files, bytes, hits, rejected, errors;
+    double t0, drawn_at;
+    bool progress, progress_shown;
+    bool printing; /* batch_print runs */
+};
+
+/* Scans one batch on a worker's connection. BUSY is retried with backoff;
+ * UNKNOWN_CATALOG (the daemon evicted or restarted without its cache) loads
+ * the rules again once. */
+static int scan_batch(struct worker *w, struct batch *b)
+{
+    struct scan *s = w->s;
+    struct vks_scan_options so = {.mode = s->opt.report};
+    bool reloaded = false;
+    for (unsigned attempt = 0;; attempt++) {
+        int rc = vks_client_scan(w->client, s->fp, b->bufs, b->n, &so, &b->res, &b->err);
+        if (rc == -VKS_E_BUSY && attempt < 8) {
+            usleep(50000u << (attempt < 5 ? attempt : 5));
+            continue;
+        }
+        if (rc != -VKS_E_UNKNOWN_CATALOG || reloaded)
+            return rc;
+        struct vks_catalog *cat = NULL;
+        rc = vks_client_catalog_load_text(w->client, s->rs.text, s->rs.len, NULL, &cat, &b->err);
+        if (rc != 0)
+            return rc;
+        bool same = memcmp(vks_catalog_fingerprint(cat), s->fp, VKS_FP_LEN) == 0;
+        vks_catalog_destroy(cat);
+        if (!same)
+            return vks_error_set(&b->err, -VKS_E_UNKNOWN_CATALOG,
+                                 "the daemon compiled the "
+                                 "rules into another catalog while the scan ran: run it again");
+        reloaded = true;
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    struct scan *s = w->s;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        struct batch *b = &s->slots[s->next % s->n_slots];
+        while (!s->closing && !(s->next < s->tail && b->state == SLOT_READY)) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            b = &s->slots[s->next % s->n_slots];
+        }
+        if (s->next >= s->tail || b->state != SLOT_READY)
+            break;
+        s->next++;
+        b->state = SLOT_RUNNING;
+        pthread_mutex_unlock(&s->mu);
+        b->rc = scan_batch(w, b);
+        pthread_mutex_lock(&s->mu);
+        b->state = SLOT_DONE;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static void progress_clear(struct scan *s)
+{
+    if (s->progress_shown) {
+        fputs("\r\033[K", stderr);
+        s->progress_shown = false;
+    }
+}
+
+static void progress_draw(struct scan *s, bool force)
+{
+    double now = now_s();
+    if (!s->progress || (!force && (now - s->t0 < 1.0 || now - s->drawn_at < 0.25)))
+        return;
+    double secs = now - s->t0 > 1e-3 ? now - s->t0 : 1e-3;
+    char b[32];
+    cli_fmt_bytes(s->bytes, b, sizeof(b));
+    double rate = (double)s->bytes / secs;
+    fprintf(stderr, "\r\033[Kvkscan: %llu files, %s, %.2f %s, %llu hits",
+            (unsigned long long)s->files, b, rate >= 1e9 ? rate / 1e9 : rate / 1e6,
+            rate >= 1e9 ? "GB/s" : "MB/s", (unsigned long long)s->hits);
+    s->drawn_at = now;
+    s->progress_shown = true;
+}
+
+/* A file that could not be scanned (`error`: exit status 2) or only a
+ * warning, on stderr and, with --json, as a record. */
+static void batch_drain(struct scan *s);
+
+static void problem(struct scan *s, const char *path, const char *msg, bool error)
+{
+    /* What was found before this file prints before its message, as in grep:
+     * errors are rare, so the pipeline may drain for them. */
+    if (!s->printing && s->slots != NULL)
+        batch_drain(s);
+    progress_clear(s);
+    fprintf(stderr, "vkscan: %s: %s\n", path, msg);
+    if (s->opt.json && !s->opt.quiet) {
+        json_path(stdout, error ? "error" : "warning", path);
+        fputs(",\"message\":", stdout);
+        cli_json_str(stdout, msg, NULL);
+        fputs("}\n", stdout);
+    }
+    if (error) {
+        s->failed = true;
+        s->errors++;
+    }
+}
+
+static void warn_path(struct scan *s, const char *path, const char *fmt, const char *what)
+{
+    char msg[512];
+    snprintf(msg, sizeof(msg), fmt, what);
+    problem(s, path, msg, true);
+}
+
+/* Where -n counts lines in one file: `line` newlines before byte `pos`. */
+struct line_cursor {
+    uint64_t pos, line;
+};
+
+/* The line (from 1) of the last byte of a match that ends at `end`, read from
+ * the file's own descriptor; hits come in end order, so the cursor only
+ * moves forward but for a rare step back. */
+static uint64_t line_of(const struct file_ent *fe, struct line_cursor *c, uint64_t end)
+{
+    uint64_t target = end > 0 ? end - 1 : 0;
+    target = target < fe->size ? target : fe->size;
+    if (target < c->pos)
+        *c = (struct line_cursor){0};
+    char buf[1 << 16];
+    while (c->pos < target) {
+        size_t want = target - c->pos < sizeof(buf) ? (size_t)(target - c->pos) : sizeof(buf);
+        ssize_t got = pread(fe->fd, buf, want, (off_t)(fe->offset + c->pos));
+        if (got <= 0)
+            break;
+        for (const char *p = buf; (p = memchr(p, '\n', (size_t)(buf + got - p))) != NULL; p++)
+            c->line++;
+        c->pos += (uint64_t)got;
+    }
+    return c->line + 1;
+}
+
+/* One match (or, with -c, one rule's count) as text. */
+static void print_text_hit(const struct scan *s, const char *path, const struct vks_hit *h,
+                           const char *id, uint64_t line)
+{
+    const char *mag = s->color ? "\033[35m" : "", *grn = s->color ? "\033[32m" : "";
+    const char *red = s->color ? "\033[1;31m" : "", *off = s->color ? "\033[0m" : "";
+    printf("%s%s%s:", mag, path, off);
+    if (s->opt.out == OUT_COUNT) {
+        printf("%s%s%s:%u\n", red, id, off, h->count);
+        return;
+    }
+    if (line > 0)
+        printf("%s%llu%s:", grn, (unsigned long long)line, off);
+    printf("%llu:%s%s%s\n", (unsigned long long)h->end, red, id, off);
+}
+
+static void print_json_hit(const struct scan *s, const char *path, const struct vks_hit *h,
+                           const char *id, uint64_t line)
+{
+    json_path(stdout, "match", path);
+    printf(",\"offset\":%llu", (unsigned long long)h->end);
+    if (line > 0)
+        printf(",\"line_number\":%llu", (unsigned long long)line);
+    fputs(",\"rule\":", stdout);
+    cli_json_str(stdout, id, NULL);
+    printf(",\"rule_index\":%u", h->rule);
+    if (s->opt.out == OUT_COUNT)
+        printf(",\"count\":%u", h->count);
+    fputs("}\n", stdout);
+}
+
+/* Prints one file's hits (res->hits[*k..] for buffer `i`), advancing *k. */
+static void print_file(struct scan *s, const struct batch *b, size_t i, size_t *k)
+{
+    const struct vks_scan_result *r = &b->res;
+    const struct file_ent *fe = &b->files[i];
+    const struct vks_buffer_result *br = i < r->n_buffers ? &r->buffers[i] : NULL;
+    if (br == NULL || br->code != 0)
+        warn_path(s, fe->path, "%s (skipped)",
+                  br != NULL && br->message ? br->message : "no result");
+    else if (br->truncated)
+        warn_path(s, fe->path, "%s",
+                  "the daemon reported only the first max-hits matches: raise "
+                  "max-hits in vkscand.conf or use --count");
+    bool print = !s->opt.quiet && s->opt.out != OUT_LIST;
+    bool lines = s->opt.line_numbers && s->opt.out == OUT_MATCHES;
+    struct line_cursor lc = {0};
+    size_t n = 0;
+    for (; *k < r->n_hits && r->hits[*k].buffer == i; (*k)++, n++) {
+        const struct vks_hit *h = &r->hits[*k];
+        s->hits += s->opt.out == OUT_COUNT ? h->count : 1;
+        if (!print)
+            continue;
+        const char *id = vks_catalog_rule_id(s->cat, h->rule);
+        id = id != NULL ? id : "?";
+        uint64_t line = lines ? line_of(fe, &lc, h->end) : 0;
+        if (s->opt.json)
+            print_json_hit(s, fe->path, h, id, line);
+        else
+            print_text_hit(s, fe->path, h, id, line);
+    }
+    if (n > 0 && s->opt.out == OUT_LIST && !s->opt.quiet) {
+        if (s->opt.json) {
+            json_path(stdout, "match", fe->path);
+            printf(",\"rules_matched\":%zu}\n", n);
+        } else {
+            printf("%s%s%s\n", s->color ? "\033[35m" : "", fe->path, s->color ? "\033[0m" : "");
+        }
+    }
+    s->matched |= n > 0;
+}
+
+/* Prints a finished batch in file order and releases its files. */
+static void batch_print(struct scan *s, struct batch *b)
+{
+    s->printing = true;
+    progress_clear(s);
+    size_t k = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->rc == 0)
+            print_file(s, b, i, &k);
+        else
+            warn_path(s, b->files[i].path, "%s (skipped)", b->err.msg);
+        close(b->files[i].fd);
+        free(b->files[i].path);
+    }
+    fflush(stdout);
+    s->files += b->n;
+    s->bytes += b->bytes;
+    if (b->rc == 0)
+        vks_scan_result_finish(&b->res);
+    b->n = 0;
+    b->bytes = 0;
+    b->state = SLOT_FREE;
+    progress_draw(s, false);
+    s->printing = false;
+}
+
+/* Starts one more worker thread on `c`; takes ownership of `c`, also on
+ * failure. Main thread only (it alone counts the workers). */
+static int worker_start(struct scan *s, struct vks_client *c)
+{
+    struct worker *w = &s->workers[s->n_workers];
+    w->s = s;
+    w->client = c;
+    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+        vks_client_close(c);
+        return -EAGAIN;
+    }
+    s->n_workers++;
+    return 0;
+}
+
+/* Hands the batch being filled to the workers and waits until the next slot
+ * is free, printing finished batches in order on the way. Connections open
+ * as batches need them: a scan of one batch uses one; without a connection
+ * to spare (max-connections) the workers there are carry on. */
+static void batch_submit(struct scan *s)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->slots[s->tail % s->n_slots].n > 0) {
+        s->slots[s->tail % s->n_slots].state = SLOT_READY;
+        s->tail++;
+        pthread_cond_broadcast(&s->cv);
+    }
+    if (s->n_workers < s->opt.jobs && s->tail > s->n_workers) {
+        struct vks_client *c;
+        pthread_mutex_unlock(&s->mu);
+        if (cli_daemon_connect(SCAN_IO_MS, true, &c) == 0)
+            worker_start(s, c);
+        pthread_mutex_lock(&s->mu);
+    }
+    for (;;) {
+        struct batch *b = &s->slots[s->head % s->n_slots];
+        if (s->head < s->tail && b->state == SLOT_DONE) {
+            pthread_mutex_unlock(&s->mu);
+            batch_print(s, b);
+            pthread_mutex_lock(&s->mu);
+            s->head++;
+            continue;
+        }
+        if (s->tail - s->head < s->n_slots)
+            break;
+        pthread_cond_wait(&s->cv, &s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Waits for every batch in flight and prints them in order. */
+static void batch_drain(struct scan *s)
+{
+    batch_submit(s);
+    pthread_mutex_lock(&s->mu);
+    while (s->head < s->tail) {
+        struct batch *b = &s->slots[s->head % s->n_slots];
+        if (b->state != SLOT_DONE) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        batch_print(s, b);
+        pthread_mutex_lock(&s->mu);
+        s->head++;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Takes ownership of `fd` and `path`, also on failure. */
+static void add_fd(struct scan *s, char *path, int fd, uint64_t offset, uint64_t size)
+{
+    if (path == NULL) {
+        close(fd);
+        warn_path(s, "vkscan", "%s", "out of memory");
+        return;
+    }
+    if (size > s->max_bytes) {
+        char b[32], m[32], msg[160];
+        cli_fmt_bytes(size, b, sizeof(b));
+        cli_fmt_bytes(s->max_bytes, m, sizeof(m));
+        snprintf(msg, sizeof(msg),
+                 "%s, more than vkscand scans in one request (%s): raise "
+                 "max-scan-bytes",
+                 b, m);
+        warn_path(s, path, "%s (skipped)", msg);
+        close(fd);
+        free(path);
+        return;
+    }
+    struct batch *b = &s->slots[s->tail % s->n_slots];
+    if (b->n > 0 && (b->n == s->batch_files || b->bytes + size > s->batch_bytes)) {
+        batch_submit(s);
+        b = &s->slots[s->tail % s->n_slots];
+    }
+    b->files[b->n] = (struct file_ent){.path = path, .fd = fd, .offset = offset, .size = size};
+    b->bufs[b->n] =
+        (struct vks_buffer){.kind = VKS_BUFFER_FD, .fd = fd, .offset = offset, .length = size};
+    b->n++;
+    b->bytes += size;
+    /* A zero length means "to the end" on the wire: say 0 bytes another way. */
+    if (size == 0)
+        b->bufs[b->n - 1] = (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = "", .len = 0};
+}
+
+/*
+ * Copies a pipe, a terminal, a device or a file whose size cannot be trusted
+ * (procfs, sysfs: st_size is 0 or a page) into a memfd the daemon can read,
+ * up to the daemon's max-scan-bytes. Borrows `in`.
+ */
+static void add_stream(struct scan *s, const char *label, int in)
+{
+    int fd = memfd_create("vkscan-input", MFD_CLOEXEC);
+    if (fd < 0) {
+        warn_path(s, label, "cannot create a memfd: %s (skipped)", strerror(errno));
+        return;
+    }
+    static char buf[1 << 16];
+    uint64_t total = 0;
+    for (;;) {
+        ssize_t n = read(in, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 || (n > 0 && write(fd, buf, (size_t)n) != n)) {
+            warn_path(s, label, "%s (skipped)", strerror(errno));
+            close(fd);
+            return;
+        }
+        if (n == 0)
+            break;
+        total += (uint64_t)n;
+        if (total > s->max_bytes) {
+            char m[32], msg[200];
+            cli_fmt_bytes(s->max_bytes, m, sizeof(m));
+            snprintf(msg, sizeof(msg),
+                     "more than vkscand scans in one request (%s) read from it: raise "
+                     "max-scan-bytes (skipped)",
+                     m);
+            problem(s, label, msg, true);
+            close(fd);
+            return;
+        }
+    }
+    add_fd(s, strdup(label), fd, 0, total);
+}
+
+static void add_stdin(struct scan *s)
+{
+    struct stat st;
+    if (fstat(STDIN_FILENO, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        off_t pos = lseek(STDIN_FILENO, 0, SEEK_CUR);
+        int fd = dup(STDIN_FILENO);
+        uint64_t size = (uint64_t)st.st_size;
+        uint64_t off = pos <= 0 ? 0 : (uint64_t)pos < size ? (uint64_t)pos : size;
+        if (fd >= 0) {
+            add_fd(s, strdup(STDIN_LABEL), fd, off, size - off);
+            return;
+        }
+    }
+    add_stream(s, STDIN_LABEL, STDIN_FILENO);
+}
+
+/* Whether a regular file's st_size may be wrong: a file system whose files
+ * are made up when read. */
+static bool size_untrusted(int fd, const struct stat *st)
+{
+    struct statfs fs;
+    if (st->st_size == 0)
+        return true;
+    if (fstatfs(fd, &fs) != 0)
+        return false;
+    switch ((unsigned long)fs.f_type) {
+    case PROC_SUPER_MAGIC:
+    case SYSFS_MAGIC:
+    case DEBUGFS_MAGIC:
+    case TRACEFS_MAGIC:
+    case SECURITYFS_MAGIC:
+    case CGROUP_SUPER_MAGIC:
+    case CGROUP2_SUPER_MAGIC:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Opens a regular file (or, named on the command line, any readable file
+ * but a directory). A file already scanned (two links to it) is not again. */
+static void add_path(struct scan *s, const char *path, bool named)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        warn_path(s, path, "%s (skipped)", strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    bool regular = S_ISREG(st.st_mode);
+    if ((!regular && (!named || S_ISDIR(st.st_mode))) ||
+        walk_seen_file(s->walk, st.st_dev, st.st_ino) ||
+        (regular && s->opt.max_filesize > 0 && (uint64_t)st.st_size > s->opt.max_filesize)) {
+        close(fd);
+        return;
+    }
+    if (regular && !size_untrusted(fd, &st)) {
+        add_fd(s, strdup(path), fd, 0, (uint64_t)st.st_size);
+        return;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    add_stream(s, path, fd);
+    close(fd);
+}
+
+static void walk_file(void *ctx, const char *path)
+{
+    add_path(ctx, path, false);
+}
+
+static void walk_problem(void *ctx, const char *path, const char *msg, bool error)
+{
+    problem(ctx, path, msg, error);
+}
+
+static void add_arg(struct scan *s, const char *arg)
+{
+    struct stat st;
+    if (strcmp(arg, "-") == 0) {
+        add_stdin(s);
+    } else if (stat(arg, &st) != 0) {
+        int e = errno;
+        if (lstat(arg, &st) == 0 && S_ISLNK(st.st_mode))
+            problem(s, arg, "dangling symbolic link (skipped)", false);
+        else
+            warn_path(s, arg, "%s (skipped)", strerror(e));
+    } else if (S_ISDIR(st.st_mode)) {
+        const struct walk_visitor v = {.ctx = s, .file = walk_file, .problem = walk_problem};
+        walk_dir(s->walk, arg, &v);
+    } else {
+        add_path(s, arg, true);
+    }
+}
+
+/* Descriptors held at once: every slot's files, plus a margin. */
+static size_t fd_budget(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 1024;
+    if (rl.rlim_cur < rl.rlim_max && rl.rlim_cur < 65536) {
+        rl.rlim_cur = rl.rlim_max < 65536 ? rl.rlim_max : 65536;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    return rl.rlim_cur > 64 ? (size_t)rl.rlim_cur - 64 : 0;
+}
+
+/* Sizes batches from the daemon's limits: those of the hello libvkscan got
+ * at connect, and the byte limits from stats. */
+static void scan_limits(struct scan *s)
+{
+    struct vks_server_info info;
+    struct vks_error err = {0};
+    s->batch_files = BATCH_MAX_FILES;
+    s->max_bytes = UINT64_MAX;
+    if (vks_client_info(s->main, &info) == 0) {
+        if (info.max_fds > 0 && info.max_fds < s->batch_files)
+            s->batch_files = info.max_fds;
+        if (info.max_buffers > 0 && info.max_buffers < s->batch_files)
+            s->batch_files = info.max_buffers;
+    }
+    struct vks_stats st = {0};
+    if (vks_client_stats(s->main, &st, &err) == 0) {
+        const char *keys[] = {"limit.max_scan_bytes", "limit.tenant_max_bytes"};
+        for (size_t i = 0; i < 2; i++) {
+            const struct vks_stat *v = vks_stat_find(st.stats, st.n_stats, keys[i]);
+            if (v != NULL && v->u > 0 && v->u < s->max_bytes)
+                s->max_bytes = v->u;
+        }
+        vks_stats_finish(&st);
+    }
+    s->batch_bytes = BATCH_BYTES < s->max_bytes ? BATCH_BYTES : s->max_bytes;
+    s->n_slots = 2 * (size_t)s->opt.jobs;
+    size_t budget = fd_budget();
+    while (s->n_slots > 1 && s->n_slots * s->batch_files > budget)
+        s->n_slots--;
+    while (s->batch_files > 1 && s->n_slots * s->batch_files > budget)
+        s->batch_files /= 2;
+}
+
+/* A rejected rule, once, on stderr (and as a --json record). */
+static void print_reject(struct scan *s, const struct vks_reject *r)
+{
+    const char *file;
+    uint32_t line;
+    ruleset_where(&s->rs, r->line, &file, &line);
+    fputs("vkscan: warning: ", stderr);
+    cli_print_reject(file, line, r->pos, r->id, r->message);
+    if (s->opt.json && !s->opt.quiet) {
+        fputs("{\"type\":\"reject\",\"file\":", stdout);
+        cli_json_str(stdout, file, NULL);
+        printf(",\"line\":%u,\"column\":%u,\"rule\":", line, r->pos + 1);
+        cli_json_str(stdout, r->id, NULL);
+        fputs(",\"message\":", stdout);
+        cli_json_str(stdout, r->message, NULL);
+        fputs("}\n", stdout);
+    }
+    s->rejected++;
+}
+
+/* Loads every -r file and -e pattern into the daemon as one catalog;
+ * rejected rules are warnings (the other rules run). Returns 0 or an exit
+ * status. */
+static int scan_load(struct scan *s)
+{
+    int rc = ruleset_gather(&s->rs, s->opt.rules, s->opt.n_rules, s->opt.exprs, s->opt.n_exprs);
+    if (rc != 0)
+        return rc;
+    const char *what = s->opt.n_rules == 1 && s->opt.n_exprs == 0 ? s->opt.rules[0] : "the rules";
+    struct vks_error err = {0};
+    rc = vks_client_catalog_load_text(s->main, s->rs.text, s->rs.len, NULL, &s->cat, &err);
+    if (rc != 0) {
+        fprintf(stderr, "vkscan: %s: %s\n", what, err.msg);
+        return 2;
+    }
+    memcpy(s->fp, vks_catalog_fingerprint(s->cat), VKS_FP_LEN);
+    for (size_t i = 0; i < vks_catalog_reject_count(s->cat); i++) {
+        struct vks_reject r;
+        if (vks_catalog_reject(s->cat, i, &r) == 0)
+            print_reject(s, &r);
+    }
+    if (vks_catalog_rule_count(s->cat) == 0) {
+        fprintf(stderr, "vkscan: %s: no rule could be compiled: fix the rules above\n", what);
+        return 2;
+    }
+    return 0;
+}
+
+static int scan_start(struct scan *s)
+{
+    s->slots = calloc(s->n_slots, sizeof(*s->slots));
+    if (s->slots == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < s->n_slots; i++) {
+        s->slots[i].files = calloc(s->batch_files, sizeof(struct file_ent));
+        s->slots[i].bufs = calloc(s->batch_files, sizeof(struct vks_buffer));
+        if (s->slots[i].files == NULL || s->slots[i].bufs == NULL)
+            return -ENOMEM;
+    }
+    /* The first worker scans on the connection that loaded the rules. */
+    int rc = worker_start(s, s->main);
+    s->main = NULL;
+    return rc;
+}
+
+static void scan_finish(struct scan *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->closing = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    for (unsigned i = 0; i < s->n_workers; i++) {
+        pthread_join(s->workers[i].thread, NULL);
+        vks_client_close(s->workers[i].client);
+    }
+    for (size_t i = 0; s->slots != NULL && i < s->n_slots; i++) {
+        free(s->slots[i].files);
+        free(s->slots[i].bufs);
+    }
+    free(s->slots);
+    vks_catalog_destroy(s->cat);
+    vks_client_close(s->main);
+    ruleset_finish(&s->rs);
+    walk_destroy(s->walk);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+}
+
+/* --stats (text) and the --json summary record. */
+static void print_summary(const struct scan *s, double secs)
+{
+    double gbps = secs > 0 ? (double)s->bytes / secs / 1e9 : 0;
+    if (s->opt.json) {
+        printf("{\"type\":\"summary\",\"files\":%llu,\"bytes\":%llu,\"matches\":%llu,"
+               "\"rejected_rules\":%llu,\"errors\":%llu,\"elapsed_s\":%.6f,\"gbps\":%.3f}\n",
+               (unsigned long long)s->files, (unsigned long long)s->bytes,
+               (unsigned long long)s->hits, (unsigned long long)s->rejected,
+               (unsigned long long)s->errors, secs, gbps);
+        return;
+    }
+    printf("\n%llu matches\n%llu files scanned\n%llu bytes scanned\n%llu rules rejected\n"
+           "%llu errors\n%.6f seconds elapsed\n%.3f GB/s\n",
+           (unsigned long long)s->hits, (unsigned long long)s->files, (unsigned long long)s->bytes,
+           (unsigned long long)s->rejected, (unsigned long long)s->errors, secs, gbps);
+}
+
+/* grep's exit status: a match 0, none 1, a file not scanned 2 (-q: a match
+ * is 0 all the same); --strict: a rejected rule is 2 as well. */
+static int scan_status(const struct scan *s)
+{
+    if (s->opt.strict && s->rejected > 0)
+        return 2;
+    if (s->opt.quiet && s->matched)
+        return 0;
+    return s->failed ? 2 : s->matched ? 0 : 1;
+}
+
+static bool color_wanted(enum color_mode m)
+{
+    if (m != COLOR_AUTO)
+        return m == COLOR_ALWAYS;
+    const char *term = getenv("TERM");
+    return isatty(STDOUT_FILENO) && getenv("NO_COLOR") == NULL && term != NULL &&
+           strcmp(term, "dumb") != 0;
+}
+
+static int run_scan(struct scan_opts *opt, int n_paths, char **paths)
+{
+    struct scan s = {.opt = *opt};
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cv, NULL);
+    s.color = color_wanted(opt->color_mode) && !opt->json;
+    s.t0 = now_s();
+    int status = walk_create(&opt->walk, &s.walk) != 0 ? 2 : 0;
+    if (status == 0)
+        status = cli_daemon_connect(SCAN_IO_MS, false, &s.main);
+    if (status == 0)
+        status = scan_load(&s);
+    if (status == 0) {
+        scan_limits(&s);
+        if (scan_start(&s) != 0) {
+            fprintf(stderr, "vkscan: out of memory or threads starting the scan\n");
+            status = 2;
+        }
+    }
+    if (status == 0) {
+        s.progress = isatty(STDERR_FILENO) && !opt->quiet;
+        for (int i = 0; i < n_paths; i++)
+            add_arg(&s, paths[i]);
+        batch_drain(&s);
+        if (s.progress && s.t0 + 1.0 < now_s()) {
+            progress_draw(&s, true);
+            fputc('\n', stderr);
+            s.progress_shown = false;
+        }
+        if ((opt->stats || opt->json) && !opt->quiet)
+            print_summary(&s, now_s() - s.t0);
+        status = scan_status(&s);
+    }
+    scan_finish(&s);
+    return status;
+}
+
+static void scan_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: vkscan scan (-r RULES | -e PATTERN)... [options] PATH...\n"
+            "Rules:\n"
+            "  -r, --rules FILE          pattern file (ID:/regex/flags lines); repeat for more\n"
+            "  -e, --regexp PATTERN      a rule on the command line: ID:/regex/flags, or a\n"
+            "                            regex that gets the id eN; repeatable\n"
+            "      --strict              a rejected rule is an error (exit status 2)\n"
+            "Output:\n"
+            "  -n, --line-number         the line of each match's last byte, before its offset\n"
+            "  -c, --count               per file and rule: path:rule:count\n"
+            "      --first               only the first match per rule in each file\n"
+            "  -l, --files-with-matches  only the names of files with a match\n"
+            "  -q, --quiet               print nothing: the exit status says it\n"
+            "      --json                one JSON record a line (match, error, reject, summary)\n"
+            "      --color WHEN          auto (default), always or never\n"
+            "      --stats               a summary at the end: files, bytes, matches, GB/s\n"
+            "Walking directories:\n"
+            "      --no-ignore           do not read .gitignore and .ignore files\n"
+            "      --hidden              walk files and directories whose name starts with '.'\n"
+            "  -L, --follow              follow links to directories\n"
+            "  -g, --glob GLOB           scan only files matching GLOB; !GLOB excludes\n"
+            "      --exclude GLOB        leave out files and directories matching GLOB\n"
+            "      --max-filesize SIZE   skip files larger than SIZE (bytes, or K, M, G)\n"
+            "Daemon:\n"
+            "  -j, --jobs N              scan requests in flight (default 4, 1..16)\n"
+            "      --socket PATH         vkscand's socket (default $VKSCAN_SOCKET or %s)\n"
+            "  -h, --help                this text\n"
+            "PATH may be a file, a directory (walked recursively) or - for standard input.\n"
+            "Each match prints as path:end offset:rule id; the end offset is exclusive.\n"
+            "Exit status: 0 a match, 1 no match, 2 an error (a file not scanned).\n",
+            CLI_DEFAULT_SOCKET);
+}
+
+/* "123", "4K", "10M", "2G" (powers of 1024). Returns 0 or -EINVAL. */
+static int parse_size(const char *arg, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(arg, &end, 10);
+    unsigned shift = 0;
+    if (*end == 'K' || *end == 'k')
+        shift = 10;
+    else if (*end == 'M' || *end == 'm')
+        shift = 20;
+    else if (*end == 'G' || *end == 'g')
+        shift = 30;
+    if (shift != 0)
+        end++;
+    if (errno != 0 || end == arg || *end != '\0' || arg[0] == '-' || v > (UINT64_MAX >> shift))
+        return -EINVAL;
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+static int scan_usage_error(const char *fmt, const char *what)
+{
+    fputs("vkscan scan: ", stderr);
+    fprintf(stderr, fmt, what);
+    fputs(" (vkscan scan --help lists the options)\n", stderr);
+    return 2;
+}
+
+enum {
+    OPT_JSON = 256,
+    OPT_FIRST,
+    OPT_SOCKET,
+    OPT_COLOR,
+    OPT_STATS,
+    OPT_STRICT,
+    OPT_NO_IGNORE,
+    OPT_HIDDEN,
+    OPT_EXCLUDE,
+    OPT_MAX_FILESIZE,
+};
+
+/* One option of `scan`; returns -1 to go on, else the exit status. */
+static int scan_option(struct scan_opts *o, int c, char *arg, char **argv)
+{
+    switch (c) {
+    case 'r':
+        o->rules[o->n_rules++] = arg;
+        return -1;
+    case 'e':
+        o->exprs[o->n_exprs++] = arg;
+        return -1;
+    case 'g':
+        o->globs[o->n_globs++] = arg;
+        return -1;
+    case OPT_EXCLUDE: {
+        char *g = NULL;
+        if (asprintf(&g, "!%s", arg) < 0)
+            return scan_usage_error("%s", "out of memory");
+        o->globs[o->n_globs++] = g;
+        o->owned[o->n_owned++] = g;
+        return -1;
+    }
+    case OPT_JSON:
+        o->json = true;
+        return -1;
+    case 'c':
+        o->out = o->out == OUT_LIST ? OUT_LIST : OUT_COUNT;
+        return -1;
+    case OPT_FIRST:
+        o->report = VKS_REPORT_FIRST;
+        return -1;
+    case 'l':
+        o->out = OUT_LIST;
+        return -1;
+    case 'n':
+        o->line_numbers = true;
+        return -1;
+    case 'q':
+        o->quiet = true;
+        return -1;
+    case OPT_STATS:
+        o->stats = true;
+        return -1;
+    case OPT_STRICT:
+        o->strict = true;
+        return -1;
+    case OPT_NO_IGNORE:
+        o->walk.no_ignore = true;
+        return -1;
+    case OPT_HIDDEN:
+        o->walk.hidden = true;
+        return -1;
+    case 'L':
+        o->walk.follow = true;
+        return -1;
+    case OPT_COLOR:
+        if (strcmp(arg, "auto") == 0)
+            o->color_mode = COLOR_AUTO;
+        else if (strcmp(arg, "always") == 0)
+            o->color_mode = COLOR_ALWAYS;
+        else if (strcmp(arg, "never") == 0)
+            o->color_mode = COLOR_NEVER;
+        else
+            return scan_usage_error("--color takes auto, always or never, not '%s'", arg);
+        return -1;
+    case OPT_MAX_FILESIZE:
+        if (parse_size(arg, &o->max_filesize) != 0)
+            return scan_usage_error("--max-filesize takes a size such as 4096, 512K or 10M, "
+                                    "not '%s'",
+                                    arg);
+        return -1;
+    case OPT_SOCKET:
+        cli_socket_path = arg;
+        return -1;
+    case 'j':
+        o->jobs = (unsigned)strtoul(arg, NULL, 10);
+        if (o->jobs < 1 || o->jobs > MAX_JOBS)
+            return scan_usage_error("--jobs takes 1..16, not '%s'", arg);
+        return -1;
+    case 'h':
+        scan_usage(stdout);
+        return 0;
+    case ':':
+        return scan_usage_error("option '%s' needs a value", argv[optind - 1]);
+    default:
+        return scan_usage_error("unknown option '%s'", argv[optind - 1]);
+    }
+}
+
+int cli_scan(int argc, char **argv)
+{
+    static const struct option longs[] = {
+        {"rules", required_argument, NULL, 'r'},
+        {"regexp", required_argument, NULL, 'e'},
+        {"json", no_argument, NULL, OPT_JSON},
+        {"count", no_argument, NULL, 'c'},
+        {"first", no_argument, NULL, OPT_FIRST},
+        {"files-with-matches", no_argument, NULL, 'l'},
+        {"line-number", no_argument, NULL, 'n'},
+        {"quiet", no_argument, NULL, 'q'},
+        {"color", required_argument, NULL, OPT_COLOR},
+        {"stats", no_argument, NULL, OPT_STATS},
+        {"strict", no_argument, NULL, OPT_STRICT},
+        {"no-ignore", no_argument, NULL, OPT_NO_IGNORE},
+        {"hidden", no_argument, NULL, OPT_HIDDEN},
+        {"follow", no_argument, NULL, 'L'},
+        {"glob", required_argument, NULL, 'g'},
+        {"exclude", required_argument, NULL, OPT_EXCLUDE},
+        {"max-filesize", required_argument, NULL, OPT_MAX_FILESIZE},
+        {"jobs", required_argument, NULL, 'j'},
+        {"socket", required_argument, NULL, OPT_SOCKET},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    struct scan_opts o = {.report = VKS_REPORT_ALL, .out = OUT_MATCHES, .jobs = 4};
+    /* no option appears more often than there are arguments */
+    o.rules = calloc((size_t)argc, sizeof(char *));
+    o.exprs = calloc((size_t)argc, sizeof(char *));
+    o.globs = calloc((size_t)argc, sizeof(char *));
+    o.owned = calloc((size_t)argc, sizeof(char *));
+    int status = -1, c;
+    if (o.rules == NULL || o.exprs == NULL || o.globs == NULL || o.owned == NULL)
+        status = scan_usage_error("%s", "out of memory");
+    opterr = 0;
+    while (status < 0 && (c = getopt_long(argc, argv, ":r:e:g:clnqLj:h", longs, NULL)) != -1)
+        status = scan_option(&o, c, optarg, argv);
+    if (status < 0 && o.n_rules == 0 && o.n_exprs == 0)
+        status = scan_usage_error("%s", "no rules: give a pattern file with -r FILE or a "
+                                        "pattern with -e PATTERN");
+    if (status < 0 && optind >= argc)
+        status = scan_usage_error("%s", "no PATH to scan: name files, directories, or - "
+                                        "for standard input");
+    if (status < 0) {
+        if (o.out == OUT_COUNT)
+            o.report = VKS_REPORT_COUNT;
+        else if (o.out == OUT_LIST)
+            o.report = VKS_REPORT_FIRST;
+        o.walk.globs = o.globs;
+        o.walk.n_globs = o.n_globs;
+        status = run_scan(&o, argc - optind, argv + optind);
+    }
+    free(o.rules);
+    free(o.exprs);
+    free(o.globs);
+    for (size_t i = 0; i < o.n_owned; i++)
+        free(o.owned[i]);
+    free(o.owned);
+    return status;
+}
