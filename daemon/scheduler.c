@@ -6,6 +6,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 struct sched_tenant {
@@ -27,7 +28,79 @@ struct sched {
     struct sched_tenant *cursor; /* next tenant to visit in the active ring */
     uint32_t queued_jobs, running_jobs, n_tenants, n_active;
     uint64_t queued_bytes, batches, batched_jobs;
+    struct sched_job **heap; /* queued jobs with a deadline, earliest first */
+    size_t n_heap, cap_heap;
+    double rate; /* bytes per ns of recent batches; 0 = nothing seen yet */
 };
+
+#define RATE_DEFAULT 1.0 /* bytes per ns (1 GB/s) before the first batch */
+
+/* ---- the deadline heap ------------------------------------------------ */
+
+static void heap_set(struct sched *s, size_t i, struct sched_job *j)
+{
+    s->heap[i] = j;
+    j->heap_idx = i + 1;
+}
+
+static void heap_up(struct sched *s, size_t i)
+{
+    struct sched_job *j = s->heap[i];
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (s->heap[p]->deadline_ns <= j->deadline_ns)
+            break;
+        heap_set(s, i, s->heap[p]);
+        i = p;
+    }
+    heap_set(s, i, j);
+}
+
+static void heap_down(struct sched *s, size_t i)
+{
+    struct sched_job *j = s->heap[i];
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= s->n_heap)
+            break;
+        if (c + 1 < s->n_heap && s->heap[c + 1]->deadline_ns < s->heap[c]->deadline_ns)
+            c++;
+        if (s->heap[c]->deadline_ns >= j->deadline_ns)
+            break;
+        heap_set(s, i, s->heap[c]);
+        i = c;
+    }
+    heap_set(s, i, j);
+}
+
+static int heap_push(struct sched *s, struct sched_job *j)
+{
+    if (s->n_heap == s->cap_heap) {
+        size_t cap = s->cap_heap ? 2 * s->cap_heap : 64;
+        struct sched_job **h = realloc(s->heap, cap * sizeof(*h));
+        if (h == NULL)
+            return -ENOMEM;
+        s->heap = h;
+        s->cap_heap = cap;
+    }
+    heap_set(s, s->n_heap++, j);
+    heap_up(s, s->n_heap - 1);
+    return 0;
+}
+
+static void heap_remove(struct sched *s, struct sched_job *j)
+{
+    if (j->heap_idx == 0)
+        return;
+    size_t i = j->heap_idx - 1;
+    j->heap_idx = 0;
+    struct sched_job *last = s->heap[--s->n_heap];
+    if (i == s->n_heap)
+        return;
+    heap_set(s, i, last);
+    heap_up(s, i);
+    heap_down(s, last->heap_idx - 1);
+}
 
 int sched_create(const struct sched_limits *limits, struct sched **out)
 {
@@ -48,6 +121,7 @@ void sched_destroy(struct sched *s)
         s->tenants = t->next;
         free(t);
     }
+    free(s->heap);
     free(s);
 }
 
@@ -145,8 +219,11 @@ static void ring_remove(struct sched *s, struct sched_tenant *t)
     t->deficit = 0; /* DRR: an idle tenant keeps no credit */
 }
 
-void sched_push(struct sched *s, struct sched_tenant *t, struct sched_job *job)
+int sched_push(struct sched *s, struct sched_tenant *t, struct sched_job *job)
 {
+    job->heap_idx = 0;
+    if (job->deadline_ns != 0 && heap_push(s, job) != 0)
+        return -ENOMEM;
     job->tenant = t;
     job->next = NULL;
     job->prev = t->tail;
@@ -163,6 +240,7 @@ void sched_push(struct sched *s, struct sched_tenant *t, struct sched_job *job)
     s->queued_bytes += job->bytes;
     if (!t->active)
         ring_insert(s, t);
+    return 0;
 }
 
 /* Unlinks a queued job; the tenant's quota counters are left to the caller. */
@@ -179,6 +257,7 @@ static void unlink_job(struct sched *s, struct sched_job *job)
         t->tail = job->prev;
     job->next = job->prev = NULL;
     job->queued = false;
+    heap_remove(s, job);
     s->queued_jobs--;
     s->queued_bytes -= job->bytes;
     if (t->head == NULL && t->active)
@@ -256,7 +335,8 @@ size_t sched_next_batch(struct sched *s, uint64_t max_bytes, uint32_t max_buffer
     *first = NULL;
     if (s->cursor == NULL)
         return 0;
-    struct batch b = {.max_bytes = max_bytes, .max_buffers = max_buffers};
+    uint64_t lat = sched_latency_bytes(s);
+    struct batch b = {.max_bytes = lat < max_bytes ? lat : max_bytes, .max_buffers = max_buffers};
     uint64_t quantum = s->limits.quantum > 0 ? s->limits.quantum : 1;
 
     /* Phase 1: classic DRR visits until some tenant can send its head job. */
@@ -313,24 +393,16 @@ size_t sched_take_expired(struct sched *s, uint64_t now_ns, struct sched_job **f
 {
     struct sched_job *out = NULL, **tail = &out;
     size_t n = 0;
-    for (struct sched_tenant *t = s->tenants; t != NULL;) {
-        struct sched_tenant *tnext = t->next;
-        t->refs++; /* keep t while its jobs leave */
-        for (struct sched_job *j = t->head; j != NULL;) {
-            struct sched_job *jn = j->next;
-            if (j->deadline_ns != 0 && j->deadline_ns <= now_ns) {
-                unlink_job(s, j);
-                t->jobs--;
-                t->bytes -= j->bytes;
-                *tail = j;
-                tail = &j->next;
-                n++;
-            }
-            j = jn;
-        }
-        t->refs--;
+    while (s->n_heap > 0 && s->heap[0]->deadline_ns <= now_ns) {
+        struct sched_job *j = s->heap[0];
+        struct sched_tenant *t = j->tenant;
+        unlink_job(s, j); /* also leaves the heap */
+        t->jobs--;
+        t->bytes -= j->bytes;
         tenant_free_if_idle(s, t);
-        t = tnext;
+        *tail = j;
+        tail = &j->next;
+        n++;
     }
     *first = out;
     return n;
@@ -338,14 +410,24 @@ size_t sched_take_expired(struct sched *s, uint64_t now_ns, struct sched_job **f
 
 uint64_t sched_next_deadline(const struct sched *s)
 {
-    uint64_t best = 0;
-    for (const struct sched_tenant *t = s->tenants; t != NULL; t = t->next) {
-        for (const struct sched_job *j = t->head; j != NULL; j = j->next) {
-            if (j->deadline_ns != 0 && (best == 0 || j->deadline_ns < best))
-                best = j->deadline_ns;
-        }
-    }
-    return best;
+    return s->n_heap > 0 ? s->heap[0]->deadline_ns : 0;
+}
+
+void sched_observe(struct sched *s, uint64_t bytes, uint64_t ns)
+{
+    if (bytes == 0 || ns == 0)
+        return;
+    double r = (double)bytes / (double)ns;
+    s->rate = s->rate == 0 ? r : 0.75 * s->rate + 0.25 * r;
+}
+
+uint64_t sched_latency_bytes(const struct sched *s)
+{
+    if (s->limits.batch_max_ns == 0)
+        return UINT64_MAX;
+    double r = s->rate != 0 ? s->rate : RATE_DEFAULT;
+    double b = r * (double)s->limits.batch_max_ns;
+    return b >= 18e18 ? UINT64_MAX : b < 1 ? 1 : (uint64_t)b;
 }
 
 void sched_get_stats(const struct sched *s, struct sched_stats *out)

@@ -12,6 +12,14 @@
  * batch (spending their own credit), so small scans from many clients against
  * one catalog go to the device in one dispatch.
  *
+ * Latency: a batch is also bounded by its estimated run time (`batch_max_ns`
+ * over the throughput of recent batches, sched_observe), so a lone tenant's
+ * backlog goes to the device in pieces and a tenant that arrives later waits
+ * behind at most the one piece in flight, never behind its whole backlog.
+ *
+ * Deadlines: queued jobs with a deadline sit in a binary min-heap, so the
+ * next deadline is O(1) and a push, removal or expiry O(log n).
+ *
  * Quotas: a tenant's queued-plus-running jobs and bytes are counted; the
  * server stops reading a tenant's sockets while sched_tenant_over() is true.
  *
@@ -40,12 +48,14 @@ struct sched_job {
     uint64_t deadline_ns; /* uv_hrtime() clock; 0 = none */
     bool queued;          /* in a tenant queue */
     bool running;         /* taken into a batch, not yet done */
+    size_t heap_idx;      /* scheduler: position in the deadline heap + 1; 0 = not in it */
 };
 
 struct sched_limits {
     uint64_t quantum;
     uint32_t tenant_max_requests;
     uint64_t tenant_max_bytes;
+    uint64_t batch_max_ns; /* estimated run time of one batch; 0 = no latency bound */
 };
 
 struct sched_tenant_stats {
@@ -92,20 +102,28 @@ bool sched_tenant_over(const struct sched *s, const struct sched_tenant *t);
 bool sched_job_too_big(const struct sched *s, uint64_t bytes);
 
 /* Appends `job` to `t`'s queue. The job is borrowed until it is removed or
- * taken and done. */
-void sched_push(struct sched *s, struct sched_tenant *t, struct sched_job *job);
+ * taken and done. Returns 0, or -ENOMEM (the deadline heap could not grow;
+ * the job is not queued). */
+int sched_push(struct sched *s, struct sched_tenant *t, struct sched_job *job);
 
 /* Takes a queued job out without running it (disconnect, timeout). */
 void sched_remove(struct sched *s, struct sched_job *job);
 
 /*
  * Takes the next batch in fair order: jobs with one key, at most `max_bytes`
- * bytes and `max_buffers` buffers together (a single job larger than that is
- * taken alone). Returns the number of jobs, linked from *first through
+ * bytes (lowered to what the throughput estimate runs in batch_max_ns) and
+ * `max_buffers` buffers together (a single job larger than that is taken
+ * alone). Returns the number of jobs, linked from *first through
  * job->next (NULL-terminated), each now `running`; 0 when nothing is queued.
  */
 size_t sched_next_batch(struct sched *s, uint64_t max_bytes, uint32_t max_buffers,
                         struct sched_job **first);
+
+/* Feeds the throughput estimate: a batch of `bytes` ran in `ns`. */
+void sched_observe(struct sched *s, uint64_t bytes, uint64_t ns);
+
+/* The byte bound the latency target gives now (UINT64_MAX: none). */
+uint64_t sched_latency_bytes(const struct sched *s);
 
 /* Marks a running job finished: its bytes leave the tenant's quota. */
 void sched_job_done(struct sched *s, struct sched_job *job);

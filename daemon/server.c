@@ -109,7 +109,8 @@ static struct sched_limits sched_limits_of(const struct daemon_config *c)
 {
     return (struct sched_limits){.quantum = c->quantum,
                                  .tenant_max_requests = c->tenant_max_requests,
-                                 .tenant_max_bytes = c->tenant_max_bytes};
+                                 .tenant_max_bytes = c->tenant_max_bytes,
+                                 .batch_max_ns = (uint64_t)c->batch_max_ms * 1000000u};
 }
 
 static struct store_options store_options_of(const struct daemon_config *c)
@@ -247,6 +248,7 @@ static void on_batch_done(struct engine *eng, struct engine_batch *b, void *ctx)
     struct server *srv = ctx;
     const struct engine_telemetry *t = &b->tel;
     metrics_hist_observe(&srv->counters.hist_gpu, t->gpu ? t->gpu_tel.kernel_ns : t->scan_ns);
+    sched_observe(srv->sched, t->bytes, t->wall_ns != 0 ? t->wall_ns : t->fd_read_ns + t->scan_ns);
     for (struct engine_job *j = b->jobs, *next; j != NULL; j = next) {
         next = j->next; /* the job's memory goes with its request */
         session_scan_done(j, &b->tel);

@@ -588,7 +588,11 @@ static void scan_queue(struct request *r, struct store_entry *e)
     r->t_queued = uv_hrtime();
     uint32_t ms = sc->timeout_ms ? sc->timeout_ms : cfg->scan_timeout_ms;
     r->sj.deadline_ns = r->t_queued + (uint64_t)ms * 1000000u;
-    sched_push(server_sched(srv), s->tenant, &r->sj);
+    if (sched_push(server_sched(srv), s->tenant, &r->sj) != 0) {
+        send_error(s, r->req->id, r->req->op, -ENOMEM, "out of memory queueing the scan: retry");
+        request_free(r);
+        return;
+    }
     server_kick(srv);
     server_watch_deadlines(srv);
     update_poll(s);

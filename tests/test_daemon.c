@@ -1590,6 +1590,106 @@ START_TEST(test_sched_solo_tenant_fills_batches)
 }
 END_TEST
 
+/* A lone tenant's backlog is cut by the latency target (batch_max_ns over
+ * the observed throughput), not only by bytes: a tenant arriving after the
+ * first batch formed is in the very next one (issue 8, item 10). */
+START_TEST(test_sched_latency_bound)
+{
+    struct sched *s;
+    struct sched_limits lim = {.quantum = 64 << 10,
+                               .tenant_max_requests = 1000,
+                               .tenant_max_bytes = 1ull << 40,
+                               .batch_max_ns = 1000000};
+    ck_assert_int_eq(sched_create(&lim, &s), 0);
+    sched_observe(s, 1000000, 1000000); /* 1 byte per ns: 1 ms = 1 MB */
+    ck_assert_uint_eq(sched_latency_bytes(s), 1000000);
+    struct sched_tenant *solo = sched_tenant_get(s, 1);
+    static struct sched_job jl[100], jo;
+    int key;
+    for (int i = 0; i < 100; i++) {
+        jl[i] = (struct sched_job){.key = &key, .bytes = 256u << 10, .n_buffers = 1};
+        ck_assert_int_eq(sched_push(s, solo, &jl[i]), 0);
+    }
+    struct sched_job *first;
+    size_t n = sched_next_batch(s, 1ull << 30, 65536, &first);
+    ck_assert_uint_eq(n, 3); /* 3 x 256 KiB fit 1 MB; not the whole backlog */
+    struct sched_tenant *other = sched_tenant_get(s, 2);
+    jo = (struct sched_job){.key = &key, .bytes = 4096, .n_buffers = 1};
+    ck_assert_int_eq(sched_push(s, other, &jo), 0);
+    struct sched_job *second;
+    ck_assert_uint_gt(sched_next_batch(s, 1ull << 30, 65536, &second), 0);
+    bool found = false;
+    for (struct sched_job *j = second; j != NULL; j = j->next)
+        found |= j == &jo;
+    ck_assert_msg(found, "the other tenant's scan waited behind more than one batch");
+    while (n > 0) {
+        for (struct sched_job *j = first, *next; j != NULL; j = next) {
+            next = j->next;
+            sched_job_done(s, j);
+        }
+        first = second;
+        second = NULL;
+        n = first != NULL ? 1 : sched_next_batch(s, 1ull << 30, 65536, &first);
+    }
+    sched_tenant_put(s, solo);
+    sched_tenant_put(s, other);
+    sched_destroy(s);
+}
+END_TEST
+
+/* The deadline heap: the next deadline is always the earliest queued one,
+ * through pushes, removals, batches and expiry. */
+START_TEST(test_sched_deadlines)
+{
+    struct sched *s;
+    struct sched_limits lim = {
+        .quantum = 1 << 20, .tenant_max_requests = 1000, .tenant_max_bytes = 1ull << 40};
+    ck_assert_int_eq(sched_create(&lim, &s), 0);
+    struct sched_tenant *t[3];
+    for (int i = 0; i < 3; i++)
+        t[i] = sched_tenant_get(s, (uid_t)(10 + i));
+    enum { N = 300 };
+    static struct sched_job j[N];
+    int keys[2];
+    for (int i = 0; i < N; i++) {
+        uint64_t dl = (i % 7 == 0) ? 0 : 1000 + (uint64_t)rnd(100000);
+        j[i] = (struct sched_job){.key = &keys[i % 2], .bytes = 1000, .n_buffers = 1,
+                                  .deadline_ns = dl};
+        ck_assert_int_eq(sched_push(s, t[i % 3], &j[i]), 0);
+    }
+    for (int round = 0;; round++) {
+        uint64_t want = 0;
+        for (int i = 0; i < N; i++) {
+            if (j[i].queued && j[i].deadline_ns != 0 && (want == 0 || j[i].deadline_ns < want))
+                want = j[i].deadline_ns;
+        }
+        ck_assert_uint_eq(sched_next_deadline(s), want);
+        if (want == 0)
+            break;
+        int pick = (int)rnd(N);
+        if (round % 3 == 0 && j[pick].queued) {
+            sched_remove(s, &j[pick]);
+        } else if (round % 3 == 1) {
+            struct sched_job *first;
+            sched_next_batch(s, 5000, 4096, &first);
+            for (struct sched_job *b = first, *next; b != NULL; b = next) {
+                next = b->next;
+                sched_job_done(s, b);
+            }
+        } else {
+            struct sched_job *first;
+            size_t n = sched_take_expired(s, want + 2000, &first);
+            ck_assert_uint_ge(n, 1);
+            for (struct sched_job *b = first; b != NULL; b = b->next)
+                ck_assert_uint_le(b->deadline_ns, want + 2000);
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        sched_tenant_put(s, t[i]);
+    sched_destroy(s);
+}
+END_TEST
+
 START_TEST(test_sched_fair_by_bytes)
 {
     struct sched *s;
@@ -1665,6 +1765,8 @@ Suite *daemon_suite(void)
     TCase *tc = tcase_create("unit");
     tcase_add_test(tc, test_sched_fair_by_bytes);
     tcase_add_test(tc, test_sched_solo_tenant_fills_batches);
+    tcase_add_test(tc, test_sched_latency_bound);
+    tcase_add_test(tc, test_sched_deadlines);
     tcase_add_test(tc, test_config_access_keys);
     tcase_add_test(tc, test_config_bad_access_values);
     tcase_add_test(tc, test_config_default_file);
