@@ -516,6 +516,17 @@ static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
 {
     struct gpu_engine *eng = bc->eng;
     const struct scan_range *sr = &eng->scratch.ranges[r];
+    if (sr->nfa) {
+        struct nfa_push np;
+        gpu_nfa_push(bc, sr, QS_HEADS + r, &np);
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, sr->pipe);
+        vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, eng->layout, 0, 1,
+                                &eng->sets[sr->cat], 0, NULL);
+        vkCmdPushConstants(cb, eng->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(np), &np);
+        vkCmdDispatch(cb, sr->workgroups, 1, 1);
+        bc->tel->kernel_launches++;
+        return;
+    }
     struct catalog_group g;
     catalog_group(bc->batch->catalogs[sr->cat], sr->group, &g);
     size_t words;

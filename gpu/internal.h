@@ -28,6 +28,14 @@ struct scan_push {
     uint32_t trans_words, start_bos, start_word, start_nl, start_other, packed;
 };
 
+/* Push constants of shaders/scan_nfa.comp (bit-NFA ranges); no larger
+ * than struct scan_push, whose size the pipeline layout declares. */
+struct nfa_push {
+    uint32_t items, n_items, head, bufs, carry_base, max_cost, hit_cap, layer;
+    uint32_t n_words, maxlen, classmap, reach, shift, n_exc, exc, n_acc, acc, ranges;
+};
+_Static_assert(sizeof(struct nfa_push) <= sizeof(struct scan_push), "push constant range");
+
 #define NO_CARRY            0xffffffffu
 #define NO_BUDGET           0xffffffffu
 #define LAVAPIPE_LOOP_LIMIT 65535u
@@ -62,6 +70,7 @@ struct pipe_key {
     uint32_t wg;
     uint32_t smem_words;
     uint32_t step_budget;
+    uint32_t nfa_words; /* 0: the DFA kernel; else the bit-NFA kernel's MAX_WORDS */
 };
 
 struct pipe_entry {
@@ -99,8 +108,9 @@ struct upload_pool;
 
 /* One dispatch: a range of work items of one (catalog, group, round). */
 struct scan_range {
-    uint32_t cat; /* index into the batch's catalogs */
-    uint32_t group;
+    uint32_t cat;   /* index into the batch's catalogs */
+    uint32_t group; /* engine group: DFA groups, then bit-NFA groups */
+    bool nfa;       /* bit-NFA group group - catalog_group_count */
     uint32_t round;
     uint32_t items; /* meta index (uvec4) of the first item */
     uint32_t n_items;
@@ -155,6 +165,7 @@ struct gpu_engine {
     VkPipelineLayout layout;
     VkPipelineCache pcache;
     VkShaderModule modules[3]; /* indexed by enum gpu_hit_writer */
+    VkShaderModule nfa_module; /* shaders/scan_nfa.comp */
     struct pipe_entry pipes[GPU_PIPELINE_LRU];
     uint32_t n_pipes;
     VkDescriptorPool dpool;
@@ -212,6 +223,10 @@ struct batch_ctx {
  * range's pipeline. Both return 0 or a negative errno with `err` filled. */
 int gpu_plan_batch(struct batch_ctx *bc, struct vks_error *err);
 int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err);
+
+/* plan.c: the push constants of bit-NFA range `sr` (batch.c records it). */
+void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint32_t head,
+                  struct nfa_push *pc);
 
 /* Grows `*p` (elements of `elem` bytes, capacity `*cap`) to hold `need`,
  * doubling; returns 0 or -ENOMEM, leaving `*p` intact on failure. */

@@ -16,6 +16,9 @@ static const uint32_t scan_scalar_spv[] =
 static const uint32_t scan_subgroup_spv[] =
 #include "scan_subgroup.spv.inc"
     ;
+static const uint32_t scan_nfa_spv[] =
+#include "scan_nfa.spv.inc"
+    ;
 
 #define N_BINDINGS 6u
 
@@ -163,6 +166,8 @@ int gpu_pipeline_init(struct gpu_engine *eng, struct vks_error *err)
     if (rc == 0 && eng->info.subgroup_hits)
         rc = create_module(eng, scan_subgroup_spv, sizeof(scan_subgroup_spv),
                            &eng->modules[GPU_HITS_SUBGROUP], err);
+    if (rc == 0)
+        rc = create_module(eng, scan_nfa_spv, sizeof(scan_nfa_spv), &eng->nfa_module, err);
     if (rc < 0)
         return rc;
     size_t len = 0;
@@ -200,6 +205,8 @@ void gpu_pipeline_finish(struct gpu_engine *eng)
         if (eng->modules[i] != VK_NULL_HANDLE)
             vkDestroyShaderModule(eng->dev, eng->modules[i], NULL);
     }
+    if (eng->nfa_module != VK_NULL_HANDLE)
+        vkDestroyShaderModule(eng->dev, eng->nfa_module, NULL);
     if (eng->dpool != VK_NULL_HANDLE)
         vkDestroyDescriptorPool(eng->dev, eng->dpool, NULL);
     if (eng->layout != VK_NULL_HANDLE)
@@ -211,14 +218,15 @@ void gpu_pipeline_finish(struct gpu_engine *eng)
 static int compile(struct gpu_engine *eng, const struct pipe_key *key, VkPipeline *out,
                    struct vks_error *err)
 {
-    const uint32_t spec[3] = {key->wg, key->smem_words, key->step_budget};
-    const VkSpecializationMapEntry map[3] = {
+    const uint32_t spec[4] = {key->wg, key->smem_words, key->step_budget, key->nfa_words};
+    const VkSpecializationMapEntry map[4] = {
         {.constantID = 0, .offset = 0, .size = 4},
         {.constantID = 1, .offset = 4, .size = 4},
         {.constantID = 2, .offset = 8, .size = 4},
+        {.constantID = 3, .offset = 12, .size = 4},
     };
     VkSpecializationInfo si = {
-        .mapEntryCount = 3,
+        .mapEntryCount = key->nfa_words ? 4 : 3,
         .pMapEntries = map,
         .dataSize = sizeof(spec),
         .pData = spec,
@@ -229,7 +237,7 @@ static int compile(struct gpu_engine *eng, const struct pipe_key *key, VkPipelin
             {
                 .sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
                 .stage = VK_SHADER_STAGE_COMPUTE_BIT,
-                .module = eng->modules[key->writer],
+                .module = key->nfa_words ? eng->nfa_module : eng->modules[key->writer],
                 .pName = "main",
                 .pSpecializationInfo = &si,
             },

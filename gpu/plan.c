@@ -265,6 +265,144 @@ static int plan_chained(struct batch_ctx *bc, uint32_t c, uint64_t longest)
     return 0;
 }
 
+/* Loop iterations of scan_nfa.comp per range list: one per range plus one
+ * per word each range spans. */
+static uint64_t ranges_cost(const struct catalog_nfa *g, uint32_t first, uint32_t n)
+{
+    uint64_t t = 0;
+    for (uint32_t r = first; r < first + n; r++)
+        t += 1 + (g->ranges[2 * r + 1] >> 5) - (g->ranges[2 * r] >> 5) + 1;
+    return t;
+}
+
+/* Loop iterations of scan_nfa.comp per byte, worst case: the walk, the
+ * shift and reach loops, every exception and every accept entry tested. */
+static uint64_t nfa_byte_cost(const struct catalog_nfa *g)
+{
+    uint64_t t = 1 + 2 * (uint64_t)g->n_words + g->n_exc + g->n_acc;
+    for (uint32_t x = 0; x < g->n_exc; x++) {
+        const uint32_t *e = g->exc + (size_t)x * CAT_X_WORDS;
+        t += ranges_cost(g, e[CAT_X_FIRST], e[CAT_X_NSRC] + e[CAT_X_NTGT]);
+    }
+    for (uint32_t a = 0; a < g->n_acc; a++) {
+        const uint32_t *e = g->acc + (size_t)a * CAT_X_WORDS;
+        t += ranges_cost(g, e[CAT_A_FIRST], e[CAT_A_NSRC]);
+    }
+    return t;
+}
+
+static uint32_t nfa_item_cost(const struct catalog_nfa *g, uint64_t walk)
+{
+    uint64_t cost = (walk + 1) * nfa_byte_cost(g) + 3 * (uint64_t)g->n_words + 64;
+    return cost > 0xfffffff0u ? 0xfffffff0u : (uint32_t)cost;
+}
+
+/* Pushes one item per `step` bytes of every buffer of catalog c from byte
+ * `from` on (chained rounds: one round's slice, carry slot = buffer). */
+static int nfa_items(struct batch_ctx *bc, uint32_t c, uint64_t from, uint64_t step, bool chained)
+{
+    const struct gpu_batch *b = bc->batch;
+    struct batch_scratch *s = &bc->eng->scratch;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        uint64_t len = b->buffers[i].len;
+        if (b->buffers[i].catalog != c)
+            continue;
+        for (uint64_t lo = from; lo < len; lo += step) {
+            uint64_t hi = lo + step < len ? lo + step : len;
+            if (push_item(s, &bc->n_meta, i, (uint32_t)lo, (uint32_t)hi, chained ? i : 0) < 0)
+                return -ENOMEM;
+            if (chained)
+                break;
+        }
+    }
+    return 0;
+}
+
+/*
+ * Bit-NFA group k of catalog c: bounded groups are cut into segments that
+ * start maxlen-1 bytes early (as DFA groups are); unbounded ones, and
+ * bounded ones whose lookback alone is over the device's loop budget
+ * (lavapipe), walk each buffer in chained rounds that hand the state vector
+ * over in carry[]. The loop budget sets the bytes one item may walk.
+ */
+static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longest)
+{
+    const struct launch_plan *p = &bc->plan;
+    const struct catalog *cat = bc->batch->catalogs[c];
+    struct catalog_nfa g;
+    catalog_nfa(cat, k, &g);
+    uint64_t avail = UINT64_MAX, per = nfa_byte_cost(&g);
+    if (p->step_budget != NO_BUDGET) {
+        uint64_t fill = 256 / p->wg + 8 + 3 * (uint64_t)g.n_words + 64;
+        uint64_t usable = p->step_budget > fill ? (p->step_budget - fill) >> bc->eng->cut_shift : 0;
+        avail = usable / per;
+        avail = avail > 1 ? avail - 1 : 1;
+    }
+    uint32_t group = catalog_group_count(cat) + k;
+    uint32_t first = (uint32_t)bc->n_meta;
+    bool bounded = g.maxlen != CATALOG_UNBOUNDED && (uint64_t)g.maxlen + 16 <= avail;
+    if (bounded) {
+        uint64_t seg = p->seg_bytes;
+        if (avail - g.maxlen < seg)
+            seg = avail - g.maxlen;
+        if (nfa_items(bc, c, 0, seg, false) < 0)
+            return -ENOMEM;
+        uint32_t n = (uint32_t)bc->n_meta - first;
+        uint32_t cost = nfa_item_cost(&g, seg + g.maxlen);
+        if (n == 0)
+            return 0;
+        if (add_range(bc, c, group, 0, first, n, NO_CARRY, cost) < 0)
+            return -ENOMEM;
+        bc->eng->scratch.ranges[bc->n_ranges - 1].nfa = true;
+        return 0;
+    }
+    uint64_t chain = p->step_budget == NO_BUDGET ? p->chain_bytes : avail;
+    uint32_t carry = bc->n_carry;
+    bc->n_carry += g.n_words * bc->batch->n_buffers;
+    for (uint64_t lo = 0; lo < longest; lo += chain) {
+        first = (uint32_t)bc->n_meta;
+        if (nfa_items(bc, c, lo, chain, true) < 0)
+            return -ENOMEM;
+        uint32_t n = (uint32_t)bc->n_meta - first;
+        if (n == 0)
+            continue;
+        if (add_range(bc, c, group, (uint32_t)(lo / chain), first, n, carry,
+                      nfa_item_cost(&g, chain)) < 0)
+            return -ENOMEM;
+        bc->eng->scratch.ranges[bc->n_ranges - 1].nfa = true;
+    }
+    return 0;
+}
+
+void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint32_t head,
+                  struct nfa_push *pc)
+{
+    const struct catalog *cat = bc->batch->catalogs[sr->cat];
+    struct catalog_nfa g;
+    catalog_nfa(cat, sr->group - catalog_group_count(cat), &g);
+    const uint32_t *base = catalog_words(cat, NULL);
+    *pc = (struct nfa_push){
+        .items = sr->items,
+        .n_items = sr->n_items,
+        .head = head,
+        .bufs = 0,
+        .carry_base = sr->carry_base,
+        .max_cost = sr->max_cost,
+        .hit_cap = (uint32_t)(bc->eng->hits.size / 16),
+        .layer = sr->group,
+        .n_words = g.n_words,
+        .maxlen = g.maxlen,
+        .classmap = (uint32_t)(g.classmap - base),
+        .reach = (uint32_t)(g.reach - base),
+        .shift = (uint32_t)(g.shift - base),
+        .n_exc = g.n_exc,
+        .exc = (uint32_t)(g.exc - base),
+        .n_acc = g.n_acc,
+        .acc = (uint32_t)(g.acc - base),
+        .ranges = (uint32_t)(g.ranges - base),
+    };
+}
+
 static int plan_catalog(struct batch_ctx *bc, uint32_t c)
 {
     const struct gpu_batch *b = bc->batch;
@@ -298,6 +436,8 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
         rc = plan_chained(bc, c, longest);
         bc->n_carry += n_chained * b->n_buffers;
     }
+    for (uint32_t k = 0; k < catalog_nfa_count(b->catalogs[c]) && rc == 0; k++)
+        rc = plan_nfa(bc, c, k, longest);
     return rc;
 }
 
@@ -352,6 +492,18 @@ static uint32_t smem_words_for(const struct launch_plan *p, const struct catalog
     return words < p->smem_cap ? (uint32_t)words : p->smem_cap;
 }
 
+/* MAX_WORDS of the bit-NFA pipeline for engine group `group`: a power of
+ * two from 4, so that few pipeline shapes exist. */
+static uint32_t nfa_words_for(const struct catalog *cat, uint32_t group)
+{
+    struct catalog_nfa g;
+    catalog_nfa(cat, group - catalog_group_count(cat), &g);
+    uint32_t w = 4;
+    while (w < g.n_words)
+        w *= 2;
+    return w;
+}
+
 /* Chooses each range's pipeline and worker count. */
 int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err)
 {
@@ -359,9 +511,13 @@ int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err)
     const struct launch_plan *p = &bc->plan;
     for (size_t r = 0; r < bc->n_ranges; r++) {
         struct scan_range *sr = &eng->scratch.ranges[r];
-        struct catalog_group g;
-        catalog_group(bc->batch->catalogs[sr->cat], sr->group, &g);
-        sr->smem_words = smem_words_for(p, &g);
+        struct catalog_group g = {0};
+        uint32_t nfa_words = 0;
+        if (sr->nfa)
+            nfa_words = nfa_words_for(bc->batch->catalogs[sr->cat], sr->group);
+        else
+            catalog_group(bc->batch->catalogs[sr->cat], sr->group, &g);
+        sr->smem_words = sr->nfa ? 0 : smem_words_for(p, &g);
         uint32_t fill = (256 + sr->smem_words) / p->wg + 4;
         if (p->step_budget != NO_BUDGET && fill + sr->max_cost + 8 > p->step_budget)
             return vks_error_set(err, -E2BIG,
@@ -375,10 +531,11 @@ int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err)
         if (sr->workgroups > bc->tel->workgroups)
             bc->tel->workgroups = sr->workgroups;
         bc->workers += wgs * p->wg;
-        struct pipe_key key = {.writer = eng->writer,
+        struct pipe_key key = {.writer = sr->nfa ? 0 : eng->writer,
                                .wg = p->wg,
                                .smem_words = sr->smem_words,
-                               .step_budget = p->step_budget};
+                               .step_budget = p->step_budget,
+                               .nfa_words = nfa_words};
         bool hit;
         int rc = gpu_pipeline_get(eng, &key, &sr->pipe, &hit, err);
         if (rc < 0)

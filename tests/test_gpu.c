@@ -40,7 +40,16 @@ struct trule {
     uint32_t flags;
 };
 
+static struct catalog *compile_rules_opt(const struct trule *t, size_t n,
+                                         const struct rules_options *opt);
+
 static struct catalog *compile_rules(const struct trule *t, size_t n)
+{
+    return compile_rules_opt(t, n, NULL);
+}
+
+static struct catalog *compile_rules_opt(const struct trule *t, size_t n,
+                                         const struct rules_options *opt)
 {
     struct rule_src *src = calloc(n, sizeof(*src));
     ck_assert_ptr_nonnull(src);
@@ -49,7 +58,7 @@ static struct catalog *compile_rules(const struct trule *t, size_t n)
                                    strlen(t[i].pat), t[i].flags, (uint32_t)i + 1};
     struct rules_result res = {0};
     struct vks_error err = {0};
-    int rc = rules_compile(src, n, NULL, &res, &err);
+    int rc = rules_compile(src, n, opt, &res, &err);
     ck_assert_msg(rc == 0, "rules_compile: %d %s", rc, err.msg);
     ck_assert_msg(res.n_rejects < n, "every rule rejected, first: %s",
                   res.n_rejects ? res.rejects[0].msg : "");
@@ -192,6 +201,122 @@ static struct gpu_telemetry random_round(struct gpu_engine *eng, uint32_t seed, 
         catalog_destroy(cats[c]);
     return tel;
 }
+
+/* ---- bit-NFA groups ----------------------------------------------------- */
+
+/* Rules for the bit-NFA engine: gaps, counted repeats, anchors, \b, an
+ * unbounded one (chained rounds) and literals beside them. */
+static const char *const nfa_regexes[] = {
+    "a.{0,40}b",          "[a-c]{2,30}_",   "\\bab[^\\n]{0,60}c\\b", "(ab|c){3,20}",
+    "a[^_]*b.{0,30}1",    "^c[abc ]{0,50}", "b[a-c]{5,9}$",          "(?i)_A.{1,20}B",
+    "\\Bc(a|b){1,12}\\B", "1.{0,200}a",     "\\n[abc]{3}",           "ab{2,4}c{0,3}",
+};
+
+/* A random catalog with bit-NFA groups: every rule forced onto the bit-NFA
+ * engine, or a mix where only the wide counters go there. */
+static struct catalog *random_nfa_catalog(uint32_t n, bool force)
+{
+    struct trule t[32];
+    if (n > 32)
+        n = 32;
+    for (uint32_t i = 0; i < n; i++) {
+        snprintf(t[i].id, sizeof(t[i].id), "n%u", i);
+        bool lit = rnd(4) == 0;
+        t[i].kind = lit ? RULE_LITERAL : RULE_REGEX;
+        t[i].pat = lit ? literals[rnd(sizeof(literals) / sizeof(literals[0]))]
+                       : nfa_regexes[rnd(sizeof(nfa_regexes) / sizeof(nfa_regexes[0]))];
+        t[i].flags = (rnd(3) == 0 ? RULE_F_MULTILINE : 0) | (rnd(3) == 0 ? RULE_F_DOTALL : 0);
+        if (rnd(8) == 0)
+            t[i].flags |= RULE_F_SINGLEMATCH;
+    }
+    struct rules_options opt = {.force_bitnfa = force};
+    struct catalog *cat = compile_rules_opt(t, n, &opt);
+    if (force)
+        ck_assert_uint_eq(catalog_group_count(cat), 0);
+    return cat;
+}
+
+/* GPU hits equal the CPU reference scanner's for catalogs with bit-NFA
+ * groups: random batches, all report modes, small segments and chains so
+ * that lookback and carried state vectors cross boundaries often. */
+START_TEST(test_bitnfa_random)
+{
+    struct gpu_options opt = {.segment_bytes = 48, .chain_bytes = 80};
+    struct gpu_engine *eng = engine(&opt);
+    size_t hits = 0;
+    uint32_t nfa_ranges = 0;
+    for (uint32_t seed = 1; seed <= 12; seed++) {
+        rng = 0x51ed27a3b1c4f00dull ^ seed;
+        uint32_t n_cats = 1 + rnd(2);
+        struct catalog *cats[2];
+        for (uint32_t c = 0; c < n_cats; c++)
+            cats[c] = random_nfa_catalog(2 + rnd(10), rnd(2) == 0);
+        for (uint32_t c = 0; c < n_cats; c++)
+            nfa_ranges += catalog_nfa_count(cats[c]);
+        struct bufset s;
+        bufset_random(&s, 6, 400, n_cats);
+        struct gpu_batch b = {(const struct catalog *const *)cats, n_cats, s.v, s.n};
+        struct gpu_result res = {0};
+        hits += check_batch(eng, &b, &res);
+        gpu_result_finish(&res);
+        bufset_free(&s);
+        for (uint32_t c = 0; c < n_cats; c++)
+            catalog_destroy(cats[c]);
+    }
+    ck_assert_uint_gt(nfa_ranges, 12);
+    ck_assert_uint_gt(hits, 100);
+    gpu_engine_destroy(eng);
+}
+END_TEST
+
+/* A buffer longer than a segment with matches of bit-NFA rules straddling
+ * segment boundaries: a bounded gap rule (segments start maxlen-1 early),
+ * an unbounded one (chained rounds carry the state vector) and a 1000-wide
+ * gap whose lookback is over lavapipe's loop budget (chained as well). */
+START_TEST(test_bitnfa_segments)
+{
+    struct trule t[] = {{"gap", RULE_REGEX, "needle.{0,100}12", 0},
+                        {"unb", RULE_REGEX, "ne+dle[^#]*1[0-9]{1,40}2", 0},
+                        {"wide", RULE_REGEX, "\\bneedle[^#]{0,1000}12\\b", 0},
+                        {"lit", RULE_LITERAL, "needle12", 0}};
+    struct catalog *cat = compile_rules(t, 4);
+    ck_assert_uint_ge(catalog_nfa_count(cat), 1);
+    const uint32_t seg = 64;
+    struct gpu_options opt = {.segment_bytes = seg, .chain_bytes = 96};
+    struct gpu_engine *eng = engine(&opt);
+    enum { N = 12 };
+    struct gpu_buffer bufs[N];
+    uint8_t *data[N];
+    for (uint32_t i = 0; i < N; i++) {
+        size_t len = 40 * seg + i;
+        data[i] = malloc(len);
+        memset(data[i], '.', len);
+        memcpy(data[i] + 2 * seg - 10 + i, "needle12", 8); /* straddles a boundary */
+        memcpy(data[i] + 5 * seg - 3, "needle", 6);        /* gap of ~90 bytes */
+        memcpy(data[i] + 6 * seg + 30 - i, "12 ", 3);
+        memcpy(data[i] + 10 * seg, " needle", 7); /* gap of ~700 bytes */
+        memcpy(data[i] + 21 * seg + i, "12 ", 3);
+        bufs[i] = (struct gpu_buffer){.data = data[i], .len = len, .mode = SCAN_ALL};
+    }
+    const struct catalog *cats[] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, N};
+    struct gpu_result res = {0};
+    size_t n = check_batch(eng, &b, &res);
+    ck_assert_uint_ge(n, 4 * N);
+    ck_assert_uint_ge(res.tel.rounds, 2);
+    gpu_result_finish(&res);
+    /* the default launch policy as well: real segment sizes */
+    gpu_engine_destroy(eng);
+    eng = engine(NULL);
+    n = check_batch(eng, &b, &res);
+    ck_assert_uint_ge(n, 4 * N);
+    gpu_result_finish(&res);
+    for (uint32_t i = 0; i < N; i++)
+        free(data[i]);
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+END_TEST
 
 /* ---- tests -------------------------------------------------------------- */
 
@@ -857,6 +982,8 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_many_buffers);
     tcase_add_test(tc, test_staged_upload);
     tcase_add_test(tc, test_segment_boundaries);
+    tcase_add_test(tc, test_bitnfa_random);
+    tcase_add_test(tc, test_bitnfa_segments);
     tcase_add_test(tc, test_long_buffers);
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);

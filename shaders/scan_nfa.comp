@@ -1,0 +1,231 @@
+/*
+ * The bit-NFA scan kernel: walks one catalog bit-NFA group (rules/bitnfa.h,
+ * docs/engine.md) over work items and appends every match to the hit ring.
+ * rules/refscan.c (refscan_nfa_range) is the CPU walk this must equal.
+ *
+ * Work items, claiming, the hit ring, the loop budget and chained rounds
+ * are scan.comp's. The state vector (one bit per position) lives in the
+ * invocation's private arrays; a chained (unbounded) group hands it to the
+ * next round in carry[carry_base + buffer * n_words ...].
+ */
+#version 450
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 2) const uint STEP_BUDGET = 0xffffffffu;
+/* Words of the largest state vector this pipeline walks (>= n_words). */
+layout(constant_id = 3) const uint MAX_WORDS = 4u;
+
+const uint QS_HIT_HEAD = 0u;
+const uint QS_DONE = 1u;
+const uint QS_ACTIVE = 2u;
+const uint QS_ERROR = 3u;
+const uint QS_ERR_CUT = 1u;
+
+const uint K_WORD = 0u;
+const uint K_NL = 1u;
+const uint K_OTHER = 2u;
+const uint K_EOD = 3u;
+const uint K_NL_LAST = 4u;
+const uint NONE = 0xffffffffu;
+
+layout(std430, set = 0, binding = 0) readonly buffer Hay { uvec4 hay[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Cat { uint cat[]; };
+layout(std430, set = 0, binding = 2) readonly buffer Meta { uvec4 meta[]; };
+layout(std430, set = 0, binding = 3) buffer Queue { uint qs[]; };
+layout(std430, set = 0, binding = 4) writeonly buffer Hits { uvec4 hits[]; };
+layout(std430, set = 0, binding = 5) buffer Carry { uint carry[]; };
+
+/* gpu/internal.h mirrors this block (struct nfa_push). */
+layout(push_constant) uniform Push {
+    uint items;
+    uint n_items;
+    uint head;
+    uint bufs;
+    uint carry_base; /* NONE for bounded ranges */
+    uint max_cost;
+    uint hit_cap;
+    uint layer; /* engine group index (DFA groups first), hit word 2 */
+    uint n_words;
+    uint maxlen;
+    uint classmap; /* word offsets into cat[] */
+    uint reach;
+    uint shift;
+    uint n_exc;
+    uint exc;
+    uint n_acc;
+    uint acc;
+    uint ranges;
+} pc;
+
+shared uint s_cls[256];
+
+uint g_iters;
+uint st[MAX_WORDS];
+uint nx[MAX_WORDS];
+
+uint byte_at(uint p)
+{
+    return (hay[p >> 4u][(p >> 2u) & 3u] >> ((p & 3u) * 8u)) & 0xffu;
+}
+
+uint kind_of(uint c)
+{
+    bool word = (c >= 0x61u && c <= 0x7au) || (c >= 0x41u && c <= 0x5au) ||
+                (c >= 0x30u && c <= 0x39u) || c == 0x5fu;
+    return word ? K_WORD : (c == 10u ? K_NL : K_OTHER);
+}
+
+/* The (previous, next) condition bit at offset i: previous kind P_BOS (0),
+ * P_WORD (1), P_NL (2), P_OTHER (3); next kind CAT_K_*. */
+uint pk_at(uint off, uint i, uint len)
+{
+    uint p = i == 0u ? 0u : kind_of(byte_at(off + i - 1u)) + 1u;
+    uint k = K_EOD;
+    if (i < len) {
+        k = kind_of(byte_at(off + i));
+        if (k == K_NL && i + 1u == len)
+            k = K_NL_LAST;
+    }
+    return 1u << (p * 5u + k);
+}
+
+uint range_mask(uint w, uint lo, uint hi)
+{
+    uint m = 0xffffffffu;
+    if (w == (lo >> 5u))
+        m &= 0xffffffffu << (lo & 31u);
+    if (w == (hi >> 5u))
+        m &= 0xffffffffu >> (31u - (hi & 31u));
+    return m;
+}
+
+bool any_in(uint first, uint n)
+{
+    for (uint r = 0u; r < n; r++) {
+        uint lo = cat[pc.ranges + 2u * (first + r)];
+        uint hi = cat[pc.ranges + 2u * (first + r) + 1u];
+        for (uint w = lo >> 5u; w <= (hi >> 5u); w++) {
+            if ((st[w] & range_mask(w, lo, hi)) != 0u)
+                return true;
+        }
+    }
+    return false;
+}
+
+void set_in(uint first, uint n)
+{
+    for (uint r = 0u; r < n; r++) {
+        uint lo = cat[pc.ranges + 2u * (first + r)];
+        uint hi = cat[pc.ranges + 2u * (first + r) + 1u];
+        for (uint w = lo >> 5u; w <= (hi >> 5u); w++)
+            nx[w] |= range_mask(w, lo, hi);
+    }
+}
+
+/* Reports each rule with an accept entry that holds at end offset `end`
+ * once (entries are sorted by rule). */
+void report(uint buf, uint end, uint pk)
+{
+    uint last = NONE;
+    for (uint k = 0u; k < pc.n_acc; k++) {
+        uint e = pc.acc + 4u * k;
+        uint rule = cat[e];
+        if (rule == last || (cat[e + 1u] & pk) == 0u || !any_in(cat[e + 3u], cat[e + 2u]))
+            continue;
+        last = rule;
+        uint slot = atomicAdd(qs[QS_HIT_HEAD], 1u);
+        if (slot < pc.hit_cap)
+            hits[slot] = uvec4(buf, rule, pc.layer, end);
+    }
+}
+
+/* Consumes byte c: shift, exceptions, reach. Returns whether any position
+ * is active afterwards. */
+bool step(uint c, uint pk, bool any)
+{
+    uint carry_bit = 0u;
+    for (uint w = 0u; w < pc.n_words; w++) {
+        uint s = st[w];
+        nx[w] = ((s << 1u) | carry_bit) & cat[pc.shift + w];
+        carry_bit = s >> 31u;
+    }
+    for (uint x = 0u; x < pc.n_exc; x++) {
+        uint e = pc.exc + 4u * x;
+        uint nsrc = cat[e + 1u];
+        if ((cat[e] & pk) == 0u)
+            continue;
+        if (nsrc != 0u && (!any || !any_in(cat[e + 3u], nsrc)))
+            continue;
+        set_in(cat[e + 3u] + nsrc, cat[e + 2u]);
+    }
+    uint row = pc.reach + s_cls[c] * pc.n_words;
+    uint live = 0u;
+    for (uint w = 0u; w < pc.n_words; w++) {
+        st[w] = nx[w] & cat[row + w];
+        live |= st[w];
+    }
+    return live != 0u;
+}
+
+void scan_item(uvec4 it)
+{
+    uint buf = it.x;
+    uint lo = it.y;
+    uint hi = it.z;
+    uvec4 b = meta[pc.bufs + buf];
+    uint off = b.x;
+    uint len = b.y;
+    bool chained = pc.carry_base != NONE;
+    uint begin = chained ? lo : (lo + 1u > pc.maxlen ? lo + 1u - pc.maxlen : 0u);
+    uint cbase = pc.carry_base + it.w * pc.n_words;
+    bool any = false;
+    for (uint w = 0u; w < pc.n_words; w++) {
+        st[w] = chained && begin > 0u ? carry[cbase + w] : 0u;
+        any = any || st[w] != 0u;
+    }
+    uint i = begin;
+    while (i < hi) {
+        uint pk = pk_at(off, i, len);
+        if (any && i > lo)
+            report(buf, i, pk);
+        any = step(byte_at(off + i), pk, any);
+        i++;
+    }
+    if (i != hi)
+        atomicOr(qs[QS_ERROR], QS_ERR_CUT);
+    if (any && hi > lo)
+        report(buf, hi, pk_at(off, hi, len));
+    if (chained && hi < len) {
+        for (uint w = 0u; w < pc.n_words; w++)
+            carry[cbase + w] = st[w];
+    }
+}
+
+void main()
+{
+    uint wg = gl_WorkGroupSize.x;
+    uint lid = gl_LocalInvocationIndex;
+    g_iters = 0u;
+    for (uint k = lid; k < 256u; k += wg) {
+        s_cls[k] = cat[pc.classmap + k];
+        g_iters++;
+    }
+    barrier();
+    /* max_cost bounds every loop iteration of an item (gpu/plan.c,
+     * nfa_byte_cost), as in scan.comp. */
+    uint done = 0u;
+    for (;;) {
+        if (STEP_BUDGET != 0xffffffffu && g_iters + pc.max_cost + 1u > STEP_BUDGET)
+            break;
+        g_iters += pc.max_cost + 1u;
+        uint idx = atomicAdd(qs[pc.head], 1u);
+        if (idx >= pc.n_items)
+            break;
+        scan_item(meta[pc.items + idx]);
+        done++;
+    }
+    if (done != 0u) {
+        atomicAdd(qs[QS_DONE], done);
+        atomicAdd(qs[QS_ACTIVE], 1u);
+    }
+}
