@@ -681,12 +681,19 @@ START_TEST(scan_proc_sys_and_devices)
     ck_assert_msg(strncmp(r.out, "/proc/self/status:", 18) == 0 && strstr(r.out, ":name\n"),
                   "out: %s", r.out);
     ck_assert_str_eq(r.err, "");
-    if (access("/sys/kernel/mm/transparent_hugepage/enabled", R_OK) == 0) {
-        run_cli(&r, NULL, NULL,
-                ARGS("--socket", sock, "scan", "-e", "never", "-c",
-                     "/sys/kernel/mm/transparent_hugepage/enabled"));
-        ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
-        ck_assert_str_eq(r.out, "/sys/kernel/mm/transparent_hugepage/enabled:e1:1\n");
+    /* A sysfs attribute: st_size is a page, the text one line. */
+    static const char *const sysfs[] = {"/sys/devices/system/cpu/online",
+                                        "/sys/kernel/mm/transparent_hugepage/enabled",
+                                        "/sys/power/state"};
+    for (size_t i = 0; i < sizeof(sysfs) / sizeof(sysfs[0]); i++) {
+        if (access(sysfs[i], R_OK) != 0)
+            continue;
+        char want[128];
+        snprintf(want, sizeof(want), "%s:e1:1\n", sysfs[i]);
+        run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "-c", "-e", "\\n", sysfs[i]));
+        ck_assert_msg(r.status == 0, "%s: exit %d: %s", sysfs[i], r.status, r.err);
+        ck_assert_str_eq(r.out, want);
+        break;
     }
     run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "-e", "x", "/dev/zero", "tree"));
     ck_assert_int_eq(r.status, 2);
