@@ -240,12 +240,22 @@ static int cmd_rules(int argc, char **argv)
             fputs(check, stdout);
             return 0;
         }
+        if (argc != 3) {
+            fprintf(stderr, "vkscan rules check: %s\n%s",
+                    argc < 3 ? "no FILE given" : "more than one FILE given", check);
+            return 2;
+        }
         return cli_rules_check(argc - 2, argv + 2);
     }
     if (sub != NULL && strcmp(sub, "scan") == 0) {
         if (wants_help(argc - 2, argv + 2)) {
             fputs(scan, stdout);
             return 0;
+        }
+        if (argc < 4) {
+            fprintf(stderr, "vkscan rules scan: %s\n%s",
+                    argc < 3 ? "no RULES file given" : "no PATH to scan given", scan);
+            return 2;
         }
         return cli_rules_scan(argc - 2, argv + 2);
     }
@@ -284,8 +294,16 @@ int main(int argc, char **argv)
         return usage_error("%s", "no command given");
     if (strcmp(argv[i], "scan") == 0)
         return cli_scan(argc - i, argv + i);
-    if (strcmp(argv[i], "status") == 0)
+    if (strcmp(argv[i], "status") == 0) {
+        /* status takes no operands: say so before its usage line does */
+        for (int k = i + 1; k < argc && strcmp(argv[k], "--") != 0; k++) {
+            if (strcmp(argv[k], "--socket") == 0)
+                k++;
+            else if (argv[k][0] != '-')
+                return usage_error("status takes no arguments, not '%s'", argv[k]);
+        }
         return cli_status(argc - i, argv + i);
+    }
     if (strcmp(argv[i], "rules") == 0)
         return cmd_rules(argc - i, argv + i);
     if (strcmp(argv[i], "help") == 0) {
