@@ -14,7 +14,8 @@
 struct enc {
     struct proto_buf *b;
     msgpack_packer pk;
-    int rc; /* sticky: the first failure */
+    int rc;    /* sticky: the first failure */
+    bool utf8; /* replies: str values are made valid UTF-8 */
 };
 
 static int enc_write(void *data, const char *buf, size_t len)
@@ -35,6 +36,7 @@ static void enc_init(struct enc *e, struct proto_buf *b)
 {
     e->b = b;
     e->rc = 0;
+    e->utf8 = false;
     msgpack_packer_init(&e->pk, e, enc_write);
     enc_write(e, "\0\0\0\0", PROTO_HEADER_LEN);
 }
@@ -71,8 +73,35 @@ static void key(struct enc *e, const char *k)
     msgpack_pack_str_body(&e->pk, k, n);
 }
 
+/* Writes `s` with every byte that does not start or continue a valid UTF-8
+ * sequence replaced by U+FFFD: a rule id or an echoed op name from a client
+ * must not make the reply undecodable for a strict msgpack reader. */
+static void str_utf8(struct enc *e, const char *s, size_t n)
+{
+    static const char fffd[] = "\xef\xbf\xbd";
+    size_t out = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = proto_utf8_seq((const uint8_t *)s + i, n - i);
+        out += k != 0 ? k : 3;
+        i += k != 0 ? k : 1;
+    }
+    msgpack_pack_str(&e->pk, out);
+    for (size_t i = 0; i < n;) {
+        size_t k = proto_utf8_seq((const uint8_t *)s + i, n - i);
+        if (k != 0)
+            msgpack_pack_str_body(&e->pk, s + i, k);
+        else
+            msgpack_pack_str_body(&e->pk, fffd, 3);
+        i += k != 0 ? k : 1;
+    }
+}
+
 static void str(struct enc *e, const char *s, size_t n)
 {
+    if (e->utf8 && !proto_utf8_valid((const uint8_t *)s, n)) {
+        str_utf8(e, s, n);
+        return;
+    }
     msgpack_pack_str(&e->pk, n);
     msgpack_pack_str_body(&e->pk, s, n);
 }
@@ -422,6 +451,7 @@ int proto_reply_encode(struct proto_buf *out, const struct proto_reply *rep, str
     if ((unsigned)rep->op >= PROTO_OP_COUNT || (code == 0 && rep->op == PROTO_OP_NONE))
         return vks_error_set(err, -EINVAL, "cannot encode a result for op %d", (int)rep->op);
     enc_init(&e, out);
+    e.utf8 = true;
     msgpack_pack_map(&e.pk, 2 + (rep->op != PROTO_OP_NONE ? 1 : 0));
     kv_u64(&e, "id", rep->id);
     if (rep->op != PROTO_OP_NONE) {

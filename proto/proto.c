@@ -271,3 +271,42 @@ void proto_source_canon(const struct proto_catalog_load *load, proto_sink_fn sin
         put_bytes(sink, ctx, r->pattern, r->pattern_len);
     }
 }
+
+size_t proto_utf8_seq(const uint8_t *s, size_t n)
+{
+    uint8_t c = s[0];
+    if (c < 0x80)
+        return 1;
+    size_t len;
+    uint32_t min;
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2, min = 0x80;
+    else if (c >= 0xe0 && c <= 0xef)
+        len = 3, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4)
+        len = 4, min = 0x10000;
+    else
+        return 0;
+    if (n < len)
+        return 0;
+    uint32_t cp = c & (0x7fu >> len);
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3fu);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return len;
+}
+
+bool proto_utf8_valid(const uint8_t *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        size_t k = proto_utf8_seq(s + i, n - i);
+        if (k == 0)
+            return false;
+        i += k;
+    }
+    return true;
+}

@@ -186,6 +186,13 @@ bool proto_reader_idle(const struct proto_reader *r);
  * reserves this much of its frame budget before it reads the body. */
 uint32_t proto_reader_frame_len(const struct proto_reader *r);
 
+/* UTF-8: the length of the valid sequence at s[0..n) (n >= 1), or 0 when
+ * s[0] does not start one (overlong forms, surrogates and values above
+ * U+10FFFF are invalid); and whether all of s[0..n) is valid. Replies make
+ * every str valid with these (invalid bytes become U+FFFD). */
+size_t proto_utf8_seq(const uint8_t *s, size_t n);
+bool proto_utf8_valid(const uint8_t *s, size_t n);
+
 /* A growable byte buffer that encoders append whole frames to. */
 struct proto_buf {
     uint8_t *data;

@@ -712,6 +712,53 @@ START_TEST(test_drain_answers_unread)
 }
 END_TEST
 
+/* ---- 15: client bytes echoed in replies are valid UTF-8 ------------- */
+
+START_TEST(test_replies_are_utf8)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    int fd = raw_connect(&d);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_head(&pk, 5, "sc\xff\xfe\xc0\xaf" "an", 0);
+    raw_frame(fd, &sb);
+    msgpack_sbuffer_clear(&sb);
+    struct proto_reply *rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_int_eq(rep->error.code, -VKS_E_UNKNOWN_OP);
+    ck_assert(proto_utf8_valid((const uint8_t *)rep->error.msg, strlen(rep->error.msg)));
+    ck_assert_ptr_nonnull(strstr(rep->error.msg, "sc\xef\xbf\xbd"));
+    proto_reply_destroy(rep);
+    /* A rule id that is not UTF-8 comes back with U+FFFD in its place. */
+    pack_head(&pk, 6, "catalog.load", 1);
+    pack_str(&pk, "rules");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 3);
+    pack_str(&pk, "id");
+    pack_str(&pk, "r\xc3\x28");
+    pack_str(&pk, "kind");
+    pack_str(&pk, "literal");
+    pack_str(&pk, "pattern");
+    pack_str(&pk, "needle");
+    raw_frame(fd, &sb);
+    msgpack_sbuffer_destroy(&sb);
+    rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_msg(rep->error.code == 0, "load: %s", rep->error.msg);
+    ck_assert_uint_eq(rep->u.catalog.n_rules, 1);
+    const char *id = rep->u.catalog.rules[0].id;
+    ck_assert(proto_utf8_valid((const uint8_t *)id, strlen(id)));
+    ck_assert_str_eq(id, "r\xef\xbf\xbd(");
+    proto_reply_destroy(rep);
+    close(fd);
+    expect_ping_ok(&d);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 Suite *attack_suite(void)
 {
     Suite *s = suite_create("attack");
@@ -725,6 +772,7 @@ Suite *attack_suite(void)
     tcase_add_test(tc, test_accept_emfile);
     tcase_add_test(tc, test_stats_per_tenant);
     tcase_add_test(tc, test_drain_answers_unread);
+    tcase_add_test(tc, test_replies_are_utf8);
     suite_add_tcase(s, tc);
     return s;
 }
