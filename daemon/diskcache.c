@@ -113,8 +113,14 @@ static int write_file(const char *path, const void *data, size_t len, struct vks
         p += n;
         left -= (size_t)n;
     }
-    if (fdatasync(fd) != 0 || close(fd) != 0 || rename(tmp, path) != 0) {
-        int rc = -errno;
+    /* The descriptor is closed whatever fdatasync says: a full disk must not
+     * leak one descriptor per failed write. */
+    int rc = fdatasync(fd) != 0 ? -errno : 0;
+    if (close(fd) != 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = -errno;
+    if (rc != 0) {
         unlink(tmp);
         return vks_error_set(err, rc, "cannot save %s: %s", path, strerror(-rc));
     }
