@@ -142,6 +142,32 @@ static bool parse_ok(const char *pat, struct parse_result *pr)
     return true;
 }
 
+/* The bit-NFA engine against the NFA simulation: whole buffers, and
+ * segments of 7 bytes starting maxlen-1 early (or whole walks when
+ * unbounded), as the GPU scans them. */
+static void bit_nfa_scans(const struct catalog *cat, const uint8_t *hay, size_t len,
+                          const char **pats, size_t np, struct hitset *want)
+{
+    static struct hitset whole, seg;
+    whole.n = seg.n = 0;
+    for (uint32_t g = 0; g < catalog_nfa_count(cat); g++) {
+        struct catalog_nfa grp;
+        catalog_nfa(cat, g, &grp);
+        ck_assert_int_eq(refscan_nfa_range(cat, g, hay, len, 0, 0, len, collect, &whole), 0);
+        if (grp.maxlen == CATALOG_UNBOUNDED) {
+            refscan_nfa_range(cat, g, hay, len, 0, 0, len, collect, &seg);
+            continue;
+        }
+        for (size_t s = 0; s < len; s += 7) {
+            size_t t = s + 7 < len ? s + 7 : len;
+            size_t begin = s + 1 > grp.maxlen ? s + 1 - grp.maxlen : 0;
+            refscan_nfa_range(cat, g, hay, len, begin, s, t, collect, &seg);
+        }
+    }
+    expect_same("NFA simulation vs bit-NFA", want, &whole, pats, np, hay, len);
+    expect_same("NFA simulation vs bit-NFA segments", want, &seg, pats, np, hay, len);
+}
+
 static void check_group(const char **pats, size_t np, int rounds)
 {
     struct parse_result pr[8];
@@ -171,6 +197,13 @@ static void check_group(const char **pats, size_t np, int rounds)
     struct vks_error err;
     ck_assert_int_eq(rules_compile(src, np, NULL, &res, &err), 0);
     ck_assert_uint_eq(res.n_rejects, 0);
+    /* the same rules, every one on the bit-NFA engine */
+    struct rules_result bit;
+    struct rules_options bopt = {.force_bitnfa = true};
+    ck_assert_int_eq(rules_compile(src, np, &bopt, &bit, &err), 0);
+    ck_assert_uint_eq(bit.n_rejects, 0);
+    ck_assert_uint_eq(catalog_group_count(bit.catalog), 0);
+    ck_assert_uint_ge(catalog_nfa_count(bit.catalog), 1);
 
     static struct hitset h_nfa, h_raw, h_min, h_cat, h_seg;
     uint8_t hay[300];
@@ -202,7 +235,9 @@ static void check_group(const char **pats, size_t np, int rounds)
             }
         }
         expect_same("whole scan vs segment scans", &h_cat, &h_seg, pats, np, hay, len);
+        bit_nfa_scans(bit.catalog, hay, len, pats, np, &h_nfa);
     }
+    rules_result_finish(&bit);
     rules_result_finish(&res);
     dfa_finish(&raw);
     dfa_finish(&min);
