@@ -887,6 +887,19 @@ START_TEST(scan_walk_ignore_hidden_globs_links)
     scan(&r, NULL, ARGS("-l", "-L", "walk"));
     ck_assert_str_eq(r.out, "walk/a.txt\nwalk/big.txt\nwalk/keep.log\nwalk/src/build/c.txt\n"
                             "walk/sub/ok.txt\nwalk/zlink/l.txt\n");
+    /* Classes, '?', trailing spaces trimmed, a directory-only pattern that
+     * leaves a file of the same name alone. */
+    make_dir("walk2");
+    make_dir("walk2/out");
+    write_file("walk2/.ignore", "[xy]?.bak  \nout/\n", 17);
+    static const char *const w2[] = {"walk2/x1.bak", "walk2/xy1.bak", "walk2/z1.bak",
+                                     "walk2/out/o.txt", "walk2/y.bak"};
+    for (size_t i = 0; i < sizeof(w2) / sizeof(w2[0]); i++)
+        write_file(w2[i], "needle", 6);
+    make_dir("walk2/sub");
+    write_file("walk2/sub/out", "needle", 6);
+    scan(&r, NULL, ARGS("-l", "walk2"));
+    ck_assert_str_eq(r.out, "walk2/sub/out\nwalk2/xy1.bak\nwalk2/y.bak\nwalk2/z1.bak\n");
     /* A named file is scanned whatever the ignore files say. */
     scan(&r, NULL, ARGS("-l", "walk/x.log"));
     ck_assert_str_eq(r.out, "walk/x.log\n");
