@@ -47,6 +47,10 @@ struct rules_options {
     bool no_minimise;    /* tests: keep the unminimised DFA */
     uint32_t threads;    /* compile threads; 0 means one per online CPU (max 16) */
     bool force_bitnfa;   /* tests: every rule goes to the bit-parallel NFA engine */
+    /* When set and non-zero (another thread sets it: vkscand's compile
+     * deadline, a client that left, SIGTERM), rules_compile stops at the next
+     * group and returns -ECANCELED. */
+    const volatile int *cancel;
 };
 
 /* Why a rule was left out. `pos` is the 0-based byte offset in the pattern
