@@ -25,6 +25,35 @@ static uint64_t stat_u(const struct status *s, const char *key, bool *ok)
     return v != NULL ? v->u : 0;
 }
 
+/* One line per engine (engine.N.* keys): kind, device or threads,
+ * batches, bytes and busy share. */
+static void print_engines(const struct status *s)
+{
+    for (uint32_t i = 0; i < 64; i++) {
+        char key[48];
+        snprintf(key, sizeof(key), "engine.%u.kind", i);
+        const struct vks_stat *kind = vks_stat_find(s->st.stats, s->st.n_stats, key);
+        if (kind == NULL)
+            break;
+        snprintf(key, sizeof(key), "engine.%u.device", i);
+        uint64_t dev = stat_u(s, key, NULL);
+        snprintf(key, sizeof(key), "engine.%u.batches", i);
+        uint64_t batches = stat_u(s, key, NULL);
+        snprintf(key, sizeof(key), "engine.%u.bytes", i);
+        char b[32];
+        cli_fmt_bytes(stat_u(s, key, NULL), b, sizeof(b));
+        snprintf(key, sizeof(key), "engine.%u.busy_share", i);
+        const struct vks_stat *busy = vks_stat_find(s->st.stats, s->st.n_stats, key);
+        char what[48];
+        if (kind->u == 0)
+            snprintf(what, sizeof(what), "gpu, device %llu", (unsigned long long)dev);
+        else
+            snprintf(what, sizeof(what), "cpu, %llu threads", (unsigned long long)dev);
+        printf("engine %u:   %s: %llu batches, %s, %.1f%% busy\n", i, what,
+               (unsigned long long)batches, b, busy != NULL ? 100.0 * busy->f : 0.0);
+    }
+}
+
 static void print_status_text(const struct status *s)
 {
     bool ok = true;
@@ -34,7 +63,8 @@ static void print_status_text(const struct status *s)
     printf("uptime:     %llud %02lluh %02llum %02llus\n", (unsigned long long)up / 86400,
            (unsigned long long)up / 3600 % 24, (unsigned long long)up / 60 % 60,
            (unsigned long long)up % 60);
-    printf("engine:     %s\n", stat_u(s, "engine", NULL) == 0 ? "gpu" : "cpu (reference scanner)");
+    printf("engine:     %s\n", stat_u(s, "engine", NULL) == 0 ? "gpu" : "cpu");
+    print_engines(s);
     for (uint32_t i = 0; i < s->info.n_devices; i++) {
         const struct vks_device *d = &s->info.devices[i];
         cli_fmt_bytes(d->memory, b1, sizeof(b1));

@@ -88,6 +88,16 @@ static const struct opt opts[] = {
      "batches handed to the engine at once"},
     {"cpu-max-work", NUM(OPT_SIZE, cpu_max_work), 0, 1 * GIB, false,
      "engine auto: batches up to this many bytes x DFA groups scan on the CPU (0: never)"},
+    {"cpu-threads", NUM(OPT_U32, cpu_threads), 0, 1024, false,
+     "CPU engine scanning threads (0: cores minus one)"},
+    {"cpu-segment-bytes", NUM(OPT_SIZE, cpu_segment_bytes), 256, 1 * GIB, false,
+     "CPU engine: larger buffers are scanned in segments of this size in parallel"},
+    {"cpu-max-wait-us", NUM(OPT_U32, cpu_max_wait_us), 0, 60u * 1000 * 1000, false,
+     "engine auto on a GPU: past this CPU queue wait, small batches go to the GPU"},
+    {"gpu-timeout-ms", NUM(OPT_U32, gpu_timeout_ms), 0, 3600u * 1000, false,
+     "GPU batch timeout; a batch past it is re-run on the CPU (0: 30000)"},
+    {"devices", STR(devices), 0, 0, false,
+     "GPU engines: all, or device indexes N[,N...] (default: one, on `device`)"},
     {"device-budget", NUM(OPT_SIZE, device_budget), 0, 1024 * GIB, true,
      "device bytes for resident catalogs (0: engine default)"},
     {"host-catalog-budget", NUM(OPT_SIZE, host_catalog_budget), 0, 1024 * GIB, true,
@@ -146,6 +156,8 @@ void config_defaults(struct daemon_config *cfg)
     cfg->batch_max_buffers = 65536;
     cfg->inflight_batches = 2;
     cfg->cpu_max_work = 256 * 1024;
+    cfg->cpu_segment_bytes = 4 * MIB;
+    cfg->cpu_max_wait_us = 2000;
     cfg->device_budget = 0;
     cfg->host_catalog_budget = 1 * GIB;
     cfg->max_unsent_bytes = 64 * MIB;

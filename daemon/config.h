@@ -68,6 +68,12 @@ struct daemon_config {
     uint32_t inflight_batches;  /* batches handed to the engine at once; not reloadable */
     uint64_t cpu_max_work;      /* engine auto: batches of at most this many buffer bytes
                                  * times DFA groups run on the CPU scanner; not reloadable */
+    uint32_t cpu_threads;       /* CPU engine scanning threads; 0: cores minus one (at least 1) */
+    uint64_t cpu_segment_bytes; /* CPU engine: a larger buffer splits into segments this size */
+    uint32_t cpu_max_wait_us;   /* engine auto on a GPU: past this CPU queue wait, small batches
+                                 * go to the GPU too */
+    uint32_t gpu_timeout_ms;    /* GPU batch fence wait; 0: the engine's default (30 s) */
+    char devices[128];          /* "" (one engine on `device`), "all", or "N[,N...]" */
 
     /* Memory (reloadable). */
     uint64_t device_budget;       /* device bytes for resident catalogs; 0 = the engine's choice */

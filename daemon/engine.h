@@ -1,15 +1,21 @@
 /*
- * The engine layer: a worker thread that owns the scan device and runs
- * batches handed over from the loop thread, with results coming back on the
+ * The engine layer: scan batches handed over from the loop thread run on
+ * engines that own threads of their own, with results coming back on the
  * loop thread through uv_async_send.
  *
- * Two back ends behind one interface: the GPU engine (gpu/gpu.h, Vulkan
- * compute; what vkscand is for) and the CPU reference scanner
- * (rules/refscan.h) for hosts where no Vulkan device opens (--engine cpu, or
- * auto when the GPU engine fails to start). Both return exactly the same hits.
+ * Engines: one GPU engine per selected Vulkan device (gpu/gpu.h; `devices`
+ * may name several, or one device twice), each with its own thread, and one
+ * CPU engine: a pool of scanning threads (rules/cpuscan.h) that splits large
+ * buffers into segments scanned in parallel. Every engine returns exactly
+ * the hits refscan_buffer gives. `--engine auto` scans on the CPU engine
+ * when the best Vulkan device is a CPU (lavapipe) or there is none, and on a
+ * GPU places small batches on the CPU pool while its queue is short. A
+ * batch is placed on the engine with the fewest bytes in flight. A batch the
+ * GPU refuses for size (-E2BIG) or time (-ETIMEDOUT) is re-run on the CPU
+ * engine, never skipped.
  *
- * The worker also reads buffers passed as file descriptors (a memfd or an
- * open file), so no disk read ever runs on the loop thread. A sealed memfd
+ * Workers also read buffers passed as file descriptors (a memfd or an open
+ * file), so no disk read ever runs on the loop thread. A sealed memfd
  * (F_SEAL_SHRINK) is mapped instead of copied; anything else is read with
  * pread into memory, so a client that truncates its file cannot crash the
  * daemon with SIGBUS.
@@ -57,18 +63,28 @@ struct engine_job {
     struct engine_job *next;   /* the batch's jobs */
     const struct catalog *cat; /* borrowed until the batch comes back */
     enum scan_mode mode;
+    uint32_t max_hits; /* hits the reply can carry; 0: no limit. The engine keeps
+                        * these and, for each buffer with more, one more (the
+                        * first past the limit) so the reply can mark it truncated */
     struct engine_buf *bufs;
     uint32_t n_bufs;
     /* Results, owned by the job (engine_job_finish). */
     struct engine_hit *hits;
     size_t n_hits;
+    uint64_t hits_dropped; /* found past max_hits and not kept */
+    int cpu_retry;         /* 0, or why the GPU gave the job to the CPU (-E2BIG, -ETIMEDOUT, -ENODEV) */
     int status; /* 0, or the batch's error for this job */
     struct vks_error err;
 };
 
 /* What one batch cost; copied into every scan reply of the batch. */
 struct engine_telemetry {
-    bool gpu;
+    bool gpu;            /* placed on a GPU engine */
+    uint32_t engine;     /* index of the engine that ran it (engine_stats_add) */
+    uint64_t wall_ns;    /* first start on an engine to done, CPU re-runs included */
+    uint64_t idle_ns;    /* how long the engine sat idle before this batch */
+    uint32_t segments;   /* CPU engine: pieces scanned */
+    uint32_t cpu_retries; /* jobs the GPU gave to the CPU engine */
     uint64_t batch_id; /* sequence number: replies with equal ids shared a dispatch */
     uint32_t jobs;
     uint32_t buffers;
@@ -85,16 +101,23 @@ struct engine_batch {
     struct engine_batch *next; /* engine queues */
     void *loaded;              /* engine: descriptor buffers to release off its thread */
     size_t n_loaded;
+    void *priv;                /* engine: its own state while the batch runs */
+    uint32_t target;           /* engine: where it was placed */
+    uint64_t bytes_est;        /* engine: bytes in flight it counts */
+    uint64_t submit_ns;        /* engine: when it was queued */
+    int state;                 /* engine: CPU pool preparation */
 };
 
 struct engine_info {
-    bool gpu;                        /* which back end runs */
-    struct gpu_device_info device;   /* GPU path: the device in use */
+    bool gpu;                        /* some GPU engine runs */
+    struct gpu_device_info device;   /* GPU path: the first engine's device */
     struct gpu_device_info *devices; /* every Vulkan device found (may be none) */
     uint32_t n_devices;
-    uint32_t resident_catalogs;
-    uint64_t device_memory_used;   /* resident device bytes after the last batch */
-    uint64_t device_memory_budget; /* the engine's budget (configured or derived) */
+    uint32_t resident_catalogs;    /* summed over GPU engines */
+    uint64_t device_memory_used;   /* resident device bytes after the last batches, summed */
+    uint64_t device_memory_budget; /* the engines' budgets (configured or derived), summed */
+    uint32_t gpu_engines;          /* GPU engines running */
+    uint32_t cpu_threads;          /* the CPU engine's threads */
 };
 
 struct engine;
@@ -130,6 +153,21 @@ void engine_submit(struct engine *eng, struct engine_batch *batch);
 
 /* Batches submitted and not yet handed back. */
 uint32_t engine_pending(const struct engine *eng);
+
+/* Engines batches are placed on (GPU engines, plus the CPU engine unless
+ * --engine gpu): the server keeps inflight-batches per engine in flight. */
+uint32_t engine_count(const struct engine *eng);
+
+struct stats_list;
+
+/* Appends the per-engine stats (`engines`, `engine.N.*`: kind, device,
+ * batches, bytes, busy_ns, busy_share, cpu_retries). Loop thread. */
+void engine_stats_add(struct engine *eng, struct stats_list *l);
+
+/* Appends a scan reply's engine telemetry keys (engine_index, wall_ns,
+ * device_idle_ns, cpu_segments, cpu_retry, hits_dropped). */
+void engine_telemetry_add(struct stats_list *l, const struct engine_job *job,
+                          const struct engine_telemetry *tel);
 
 /* Whether the worker has a usable back end (after `ready` reported 0). */
 bool engine_ready(const struct engine *eng);

@@ -437,7 +437,7 @@ END_TEST
 START_TEST(test_small_batches_on_cpu)
 {
     struct daemon d;
-    const char *extra[] = {"--engine", "auto", "--cpu-max-work", "64K", NULL};
+    const char *extra[] = {"--engine", "auto", "--device", "0", "--cpu-max-work", "64K", NULL};
     daemon_start(&d, NULL, extra);
     struct vks_client *c = connect_ok(&d);
     struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);

@@ -1,0 +1,79 @@
+/*
+ * The CPU engine's scanning step: one segment of one buffer against every
+ * group of a catalog, with report modes and a hit limit applied while the
+ * walk runs, so a hit bomb costs no memory past the limit. The daemon's CPU
+ * pool (daemon/engine.c) runs segments on several threads and merges them;
+ * the hits equal refscan_buffer's exactly (rules/refscan.h is the
+ * definition, and the only walker this file calls).
+ *
+ * Segments: a buffer splits into (lo, hi] ranges of end offsets. A segment
+ * walks from lo minus the catalog's longest match (cpuscan_lookback), from
+ * the start state the byte before selects, so matches straddling lo are
+ * found by the segment their end falls in. A catalog with an unbounded
+ * group, or with groups refscan_group_range does not walk (bit-NFA groups),
+ * is scanned one buffer per piece (cpuscan_lookback says so).
+ *
+ * No threads here, no allocation per hit past the limit. A scratch is used
+ * by one thread at a time.
+ */
+#ifndef VKS_RULES_CPUSCAN_H
+#define VKS_RULES_CPUSCAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "catalog.h"
+#include "refscan.h"
+
+#define CPUSCAN_UNSEGMENTABLE UINT64_MAX
+
+/*
+ * How far before a segment's first end offset its walk must start: the
+ * largest group maxlen. CPUSCAN_UNSEGMENTABLE when some group is unbounded
+ * or the catalog holds groups only refscan_buffer scans: then every buffer
+ * is one segment.
+ */
+uint64_t cpuscan_lookback(const struct catalog *cat);
+
+/* Per-thread state: per-rule arrays for the catalog scanned last. */
+struct cpuscan_scratch;
+int cpuscan_scratch_create(struct cpuscan_scratch **out);
+void cpuscan_scratch_destroy(struct cpuscan_scratch *s);
+
+/* What one segment found: entries (rule, count, end). In SCAN_ALL one per
+ * kept match, sorted by (end, rule); in SCAN_FIRST / SCAN_COUNT one per
+ * matching rule (first end; count). No hit list is built in those modes. */
+struct cpuscan_part {
+    struct scan_hits hits;
+    uint64_t plain;   /* SCAN_ALL: kept hits of rules without RULE_F_SINGLEMATCH */
+    uint64_t dropped; /* SCAN_ALL: matches found past `limit` and not kept */
+    bool final;       /* entries are already final (refscan_buffer fallback) */
+};
+
+/*
+ * Scans the end offsets (lo, hi] of buf[0..len) (lo = 0, hi = len: the
+ * whole buffer). In SCAN_ALL at most `limit` matches are kept, the ones
+ * with the smallest (end, rule) (0: no limit); the others are counted in
+ * `dropped`. Appends to `part`. Returns 0 or -ENOMEM.
+ * A segment (lo > 0 or hi < len) needs cpuscan_lookback != UNSEGMENTABLE.
+ */
+int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                    uint64_t hi, enum scan_mode mode, uint64_t limit, struct cpuscan_scratch *s,
+                    struct cpuscan_part *part);
+
+/*
+ * Merges the parts of one buffer (in segment order) into final hits, as
+ * refscan_buffer gives them: sorted by (end, rule), report mode and
+ * RULE_F_SINGLEMATCH applied. Only the first `budget` are appended to
+ * `out`; past it, one more (the first) is appended when `marker` is set, so
+ * the caller can tell the buffer had more. `*dropped` grows by the entries
+ * not appended (and by the parts' own dropped counts). Returns 0 or -ENOMEM.
+ */
+int cpuscan_merge(const struct catalog *cat, enum scan_mode mode, struct cpuscan_part *parts,
+                  size_t n, uint64_t budget, bool marker, struct scan_hits *out,
+                  uint64_t *dropped);
+
+void cpuscan_part_finish(struct cpuscan_part *p);
+
+#endif

@@ -1,0 +1,751 @@
+/*
+ * The engines (daemon/engine.c, rules/cpuscan.c): segment scans merged
+ * across threads equal one refscan walk; the CPU engine of a real vkscand
+ * (segments on several threads, the default on lavapipe); GPU batches that
+ * fail for time or size re-run on the CPU; max_hits bounds what the engine
+ * keeps; two GPU engines on one device share the work. Every hit list is
+ * checked against refscan_buffer. Data stays small (lavapipe).
+ */
+#include <check.h>
+#include <errno.h>
+#include <ftw.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cpuscan.h"
+#include "refscan.h"
+#include "rules.h"
+#include "vkscan/vkscan.h"
+
+/* ---- rules and data --------------------------------------------------- */
+
+struct rdef {
+    const char *id, *pattern, *flags;
+    enum rule_kind kind;
+};
+
+/* Every group bounded: segments apply. Assertions, a single-match rule,
+ * caseless and hex rules make the start context and the merge matter. */
+static const struct rdef bounded[] = {
+    {"lit", "needle", NULL, RULE_LITERAL},
+    {"rep", "ab[0-9]{1,4}c", NULL, RULE_REGEX},
+    {"word", "\\bfo[a-z]?o\\b", NULL, RULE_REGEX},
+    {"bol", "^xy", "m", RULE_REGEX},
+    {"bos", "^ab", NULL, RULE_REGEX},
+    {"eol", "zq$", NULL, RULE_REGEX},
+    {"ci", "hello", "i", RULE_REGEX},
+    {"once", "nee?dle", "H", RULE_REGEX},
+    {"hex", "de ad ?? ef", NULL, RULE_HEX},
+    {"aa", "aa", NULL, RULE_LITERAL},
+};
+#define N_BOUNDED (sizeof(bounded) / sizeof(bounded[0]))
+
+static const struct rdef unbounded[] = {
+    {"lit", "needle", NULL, RULE_LITERAL},
+    {"gap", "a[^z]*q", NULL, RULE_REGEX},
+};
+
+static struct catalog *compile(const struct rdef *r, size_t n)
+{
+    struct rule_src src[16];
+    for (size_t i = 0; i < n; i++) {
+        uint32_t flags = 0;
+        if (r[i].flags != NULL)
+            ck_assert_int_eq(rules_parse_flags(r[i].flags, strlen(r[i].flags), &flags, NULL), 0);
+        src[i] = (struct rule_src){r[i].id, r[i].kind, r[i].pattern, strlen(r[i].pattern), flags, 0};
+    }
+    struct rules_result res = {0};
+    struct rules_options ro = {0};
+    ck_assert_int_eq(rules_compile(src, n, &ro, &res, NULL), 0);
+    struct catalog *cat = res.catalog;
+    res.catalog = NULL;
+    rules_result_finish(&res);
+    return cat;
+}
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static uint32_t rnd(uint32_t n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)((rng >> 11) % n);
+}
+
+/* Random bytes from a small alphabet (many short matches) with the rules'
+ * matches planted. */
+static void make_data(uint8_t *buf, size_t len)
+{
+    static const char alpha[] = "abcdefhlnoqxyz0123 \n";
+    static const char *const plants[] = {"needle", "ab12c", "\xde\xad\x01\xef", "HeLLo",
+                                         "ab9999c", " foo ", "\nxy", "zq\n", "nedle", "fo"};
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+    for (size_t p = 0; p + 16 < len; p += 3 + rnd(60)) {
+        const char *s = plants[rnd(10)];
+        memcpy(buf + p, s, strlen(s));
+    }
+}
+
+static void assert_same(const struct scan_hits *got, const struct scan_hits *want, const char *what)
+{
+    ck_assert_msg(got->n == want->n, "%s: %zu hits, refscan %zu", what, got->n, want->n);
+    for (size_t i = 0; i < want->n; i++)
+        ck_assert_msg(got->v[i].rule == want->v[i].rule && got->v[i].end == want->v[i].end &&
+                          got->v[i].count == want->v[i].count,
+                      "%s: hit %zu (%u,%llu,%u), refscan (%u,%llu,%u)", what, i, got->v[i].rule,
+                      (unsigned long long)got->v[i].end, got->v[i].count, want->v[i].rule,
+                      (unsigned long long)want->v[i].end, want->v[i].count);
+}
+
+/* ---- segments (rules/cpuscan.c) ---------------------------------------- */
+
+struct seg_job {
+    const struct catalog *cat;
+    const uint8_t *buf;
+    size_t len, seg;
+    enum scan_mode mode;
+    uint64_t limit;
+    struct cpuscan_part *parts;
+    size_t n_parts;
+    int first, step; /* this thread's segments */
+};
+
+static void *seg_thread(void *arg)
+{
+    struct seg_job *j = arg;
+    struct cpuscan_scratch *s;
+    ck_assert_int_eq(cpuscan_scratch_create(&s), 0);
+    for (size_t k = (size_t)j->first; k < j->n_parts; k += (size_t)j->step) {
+        uint64_t lo = k * j->seg, hi = lo + j->seg < j->len ? lo + j->seg : j->len;
+        ck_assert_int_eq(
+            cpuscan_segment(j->cat, j->buf, j->len, lo, hi, j->mode, j->limit, s, &j->parts[k]),
+            0);
+    }
+    cpuscan_scratch_destroy(s);
+    return NULL;
+}
+
+/* Scans buf in segments of `seg` on `threads` threads and merges. */
+static void segmented(const struct catalog *cat, const uint8_t *buf, size_t len, size_t seg,
+                      int threads, enum scan_mode mode, uint64_t limit, uint64_t budget,
+                      struct scan_hits *out, uint64_t *dropped)
+{
+    size_t n = (len + seg - 1) / seg;
+    struct cpuscan_part *parts = calloc(n, sizeof(*parts));
+    pthread_t th[4];
+    struct seg_job jobs[4];
+    for (int t = 0; t < threads; t++) {
+        jobs[t] = (struct seg_job){cat, buf, len, seg, mode, limit, parts, n, t, threads};
+        ck_assert_int_eq(pthread_create(&th[t], NULL, seg_thread, &jobs[t]), 0);
+    }
+    for (int t = 0; t < threads; t++)
+        pthread_join(th[t], NULL);
+    ck_assert_int_eq(cpuscan_merge(cat, mode, parts, n, budget, false, out, dropped), 0);
+    for (size_t k = 0; k < n; k++)
+        cpuscan_part_finish(&parts[k]);
+    free(parts);
+}
+
+START_TEST(test_segments_equal_refscan)
+{
+    struct catalog *cat = compile(bounded, N_BOUNDED);
+    uint64_t lb = cpuscan_lookback(cat);
+    ck_assert_uint_ne(lb, CPUSCAN_UNSEGMENTABLE);
+    ck_assert_uint_ge(lb, 7); /* ab[0-9]{1,4}c: matches straddle short segments */
+    static uint8_t buf[24000];
+    make_data(buf, sizeof(buf));
+    static const size_t segs[] = {1, 2, 5, 7, 64, 1000, 30000};
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+        struct scan_hits want = {0};
+        ck_assert_int_eq(refscan_buffer(cat, buf, sizeof(buf), (enum scan_mode)mode, &want), 0);
+        ck_assert_uint_ge(want.n, 6);
+        for (size_t s = 0; s < sizeof(segs) / sizeof(segs[0]); s++) {
+            struct scan_hits got = {0};
+            uint64_t dropped = 0;
+            segmented(cat, buf, sizeof(buf), segs[s], 1 + (int)(s % 3), (enum scan_mode)mode, 0,
+                      UINT64_MAX, &got, &dropped);
+            char what[64];
+            snprintf(what, sizeof(what), "mode %d segments of %zu", mode, segs[s]);
+            assert_same(&got, &want, what);
+            ck_assert_uint_eq(dropped, 0);
+            scan_hits_finish(&got);
+        }
+        scan_hits_finish(&want);
+    }
+    catalog_destroy(cat);
+}
+END_TEST
+
+/* A limit keeps the first hits of every segment, and the merge the first
+ * of the buffer: the result is refscan's prefix, the rest counted. */
+START_TEST(test_segment_limit)
+{
+    struct catalog *cat = compile(bounded, N_BOUNDED);
+    static uint8_t buf[8000];
+    make_data(buf, sizeof(buf));
+    struct scan_hits want = {0};
+    ck_assert_int_eq(refscan_buffer(cat, buf, sizeof(buf), SCAN_ALL, &want), 0);
+    ck_assert_uint_gt(want.n, 100);
+    for (uint64_t limit = 1; limit <= 64; limit *= 4) {
+        struct scan_hits got = {0};
+        uint64_t dropped = 0;
+        segmented(cat, buf, sizeof(buf), 512, 2, SCAN_ALL, limit, limit, &got, &dropped);
+        struct scan_hits prefix = want;
+        prefix.n = limit;
+        assert_same(&got, &prefix, "limited");
+        /* the single-match rule's repeats in later segments are not counted */
+        ck_assert_uint_le(dropped, want.n * 2);
+        ck_assert_uint_ge(dropped, want.n - limit);
+        scan_hits_finish(&got);
+    }
+    scan_hits_finish(&want);
+    catalog_destroy(cat);
+}
+END_TEST
+
+START_TEST(test_unbounded_one_piece)
+{
+    struct catalog *cat = compile(unbounded, 2);
+    ck_assert_uint_eq(cpuscan_lookback(cat), CPUSCAN_UNSEGMENTABLE);
+    static uint8_t buf[4000];
+    make_data(buf, sizeof(buf));
+    struct cpuscan_scratch *s;
+    ck_assert_int_eq(cpuscan_scratch_create(&s), 0);
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+        struct scan_hits want = {0}, got = {0};
+        ck_assert_int_eq(refscan_buffer(cat, buf, sizeof(buf), (enum scan_mode)mode, &want), 0);
+        struct cpuscan_part part = {0};
+        ck_assert_int_eq(
+            cpuscan_segment(cat, buf, sizeof(buf), 0, sizeof(buf), (enum scan_mode)mode, 0, s, &part),
+            0);
+        uint64_t dropped = 0;
+        ck_assert_int_eq(cpuscan_merge(cat, (enum scan_mode)mode, &part, 1, UINT64_MAX, false, &got,
+                                       &dropped),
+                         0);
+        assert_same(&got, &want, "unbounded");
+        /* a piece of such a catalog cannot be scanned alone */
+        struct cpuscan_part p2 = {0};
+        ck_assert_int_eq(cpuscan_segment(cat, buf, sizeof(buf), 100, 200, (enum scan_mode)mode, 0,
+                                         s, &p2),
+                         -EINVAL);
+        cpuscan_part_finish(&p2);
+        cpuscan_part_finish(&part);
+        scan_hits_finish(&want);
+        scan_hits_finish(&got);
+    }
+    cpuscan_scratch_destroy(s);
+    catalog_destroy(cat);
+}
+END_TEST
+
+/* ---- the daemon under test -------------------------------------------- */
+
+struct daemon {
+    pid_t pid;
+    char dir[64];
+    char sock[128];
+    char notify[128];
+    int notify_fd;
+};
+
+static bool wait_ready(struct daemon *d, int timeout_ms)
+{
+    struct pollfd p = {.fd = d->notify_fd, .events = POLLIN};
+    for (int waited = 0; waited < timeout_ms; waited += 100) {
+        if (poll(&p, 1, 100) == 1) {
+            char buf[512] = {0};
+            ssize_t n = recv(d->notify_fd, buf, sizeof(buf) - 1, 0);
+            if (n > 0 && strstr(buf, "READY=1") != NULL)
+                return true;
+        }
+        int st;
+        if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+            d->pid = 0;
+            return false;
+        }
+    }
+    return false;
+}
+
+/* Starts vkscand with `extra` flags (NULL-terminated) in a fresh directory
+ * and waits for READY=1. Stats are service-wide for our group. */
+static void daemon_start(struct daemon *d, const char *const *extra)
+{
+    memset(d, 0, sizeof(*d));
+    snprintf(d->dir, sizeof(d->dir), "/tmp/vke-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(d->dir));
+    snprintf(d->sock, sizeof(d->sock), "%s/vkscand.sock", d->dir);
+    snprintf(d->notify, sizeof(d->notify), "%s/notify", d->dir);
+    d->notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    ck_assert_uint_lt(strlen(d->notify), sizeof(sa.sun_path));
+    memcpy(sa.sun_path, d->notify, strlen(d->notify) + 1);
+    ck_assert_int_eq(bind(d->notify_fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    const char *bin = getenv("VKSCAND");
+    ck_assert_msg(bin != NULL, "VKSCAND is not set: run through meson test");
+    char state[128], gid[16];
+    snprintf(state, sizeof(state), "%s/state", d->dir);
+    snprintf(gid, sizeof(gid), "%u", (unsigned)getgid());
+    d->pid = fork();
+    ck_assert_int_ge(d->pid, 0);
+    if (d->pid == 0) {
+        const char *argv[40] = {bin,           "--socket",   d->sock,     "--state-dir", state,
+                                "--admin-gids", gid,          "--log-level", "warning",    "--config",
+                                ""};
+        int n = 11;
+        for (int i = 0; extra != NULL && extra[i] != NULL && n < 39; i++)
+            argv[n++] = extra[i];
+        argv[n] = NULL;
+        setenv("NOTIFY_SOCKET", d->notify, 1);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    ck_assert_msg(wait_ready(d, 120000), "vkscand did not become ready");
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* SIGTERM, waits, removes the directory; returns the exit status. */
+static int daemon_stop(struct daemon *d)
+{
+    int st = 0, rc = -1;
+    kill(d->pid, SIGTERM);
+    for (int i = 0; i < 600 && rc < 0; i++) {
+        if (waitpid(d->pid, &st, WNOHANG) == d->pid)
+            rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        else
+            usleep(100000);
+    }
+    if (rc < 0) {
+        kill(d->pid, SIGKILL);
+        waitpid(d->pid, &st, 0);
+    }
+    close(d->notify_fd);
+    nftw(d->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return rc;
+}
+
+static struct vks_client *connect_ok(const struct daemon *d)
+{
+    struct vks_client *c = NULL;
+    struct vks_error err = {0};
+    int rc = vks_client_connect(d->sock, NULL, &c, &err);
+    ck_assert_msg(rc == 0, "connect: %d %s", rc, err.msg);
+    return c;
+}
+
+static const struct vks_stat *find(const struct vks_stat *v, size_t n, const char *key)
+{
+    const struct vks_stat *s = vks_stat_find(v, n, key);
+    ck_assert_msg(s != NULL, "no %s", key);
+    return s;
+}
+
+static uint64_t tel_of(const struct vks_scan_result *r, const char *key)
+{
+    return find(r->telemetry, r->n_telemetry, key)->u;
+}
+
+static uint64_t stat_of(struct vks_client *c, const char *key)
+{
+    struct vks_stats st = {0};
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_stats(c, &st, &err), 0);
+    uint64_t v = find(st.stats, st.n_stats, key)->u;
+    vks_stats_finish(&st);
+    return v;
+}
+
+static struct vks_catalog *load(struct vks_client *c, const struct rdef *r, size_t n)
+{
+    struct vks_rule vr[16];
+    for (size_t i = 0; i < n; i++)
+        vr[i] = (struct vks_rule){r[i].id,
+                                  r[i].kind == RULE_LITERAL ? VKS_RULE_LITERAL
+                                  : r[i].kind == RULE_HEX   ? VKS_RULE_HEX
+                                                            : VKS_RULE_REGEX,
+                                  r[i].pattern, 0, r[i].flags};
+    struct vks_catalog *cat = NULL;
+    struct vks_error err = {0};
+    int rc = vks_client_catalog_load(c, vr, n, NULL, &cat, &err);
+    ck_assert_msg(rc == 0, "load: %d %s", rc, err.msg);
+    return cat;
+}
+
+static void scan(struct vks_client *c, struct vks_catalog *cat, const struct vks_buffer *b, size_t n,
+                 enum vks_report mode, uint32_t max_hits, struct vks_scan_result *res)
+{
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    so.mode = mode;
+    so.max_hits = max_hits;
+    struct vks_error err = {0};
+    memset(res, 0, sizeof(*res));
+    int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), b, n, &so, res, &err);
+    ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+}
+
+/* The hits of buffer `b` equal refscan's. */
+static void check(const struct catalog *cat, const struct vks_scan_result *res, uint32_t b,
+                  const uint8_t *data, size_t len, enum scan_mode mode)
+{
+    struct scan_hits want = {0}, got = {0};
+    ck_assert_int_eq(refscan_buffer(cat, data, len, mode, &want), 0);
+    for (size_t i = 0; i < res->n_hits; i++) {
+        if (res->hits[i].buffer == b)
+            scan_hits_push(&got, res->hits[i].rule, res->hits[i].end, res->hits[i].count);
+    }
+    char what[32];
+    snprintf(what, sizeof(what), "buffer %u mode %d", b, mode);
+    assert_same(&got, &want, what);
+    scan_hits_finish(&want);
+    scan_hits_finish(&got);
+}
+
+static struct vks_buffer inline_buf(const uint8_t *d, size_t len)
+{
+    return (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = d, .len = len};
+}
+
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* ---- the CPU engine in vkscand ---------------------------------------- */
+
+/* Three threads scan 256-byte segments of each buffer: every mode gives
+ * refscan's hits, also for matches that straddle segment boundaries. */
+START_TEST(test_cpu_engine_segments)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "3", "--cpu-segment-bytes", "256"));
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
+    struct catalog *ref = compile(bounded, N_BOUNDED);
+    static uint8_t a[40000], b[1000], z[10];
+    make_data(a, sizeof(a));
+    make_data(b, sizeof(b));
+    memcpy(z, "needle zq", 9);
+    struct vks_buffer vb[3] = {inline_buf(a, sizeof(a)), inline_buf(b, sizeof(b)),
+                               inline_buf(z, sizeof(z))};
+    const enum vks_report modes[3] = {VKS_REPORT_ALL, VKS_REPORT_FIRST, VKS_REPORT_COUNT};
+    for (int m = 0; m < 3; m++) {
+        struct vks_scan_result res;
+        scan(c, cat, vb, 3, modes[m], 0, &res);
+        check(ref, &res, 0, a, sizeof(a), (enum scan_mode)m);
+        check(ref, &res, 1, b, sizeof(b), (enum scan_mode)m);
+        check(ref, &res, 2, z, sizeof(z), (enum scan_mode)m);
+        ck_assert_uint_eq(tel_of(&res, "engine"), 1);
+        /* 40000 bytes in pieces of at least four lookbacks, plus the small ones */
+        ck_assert_uint_gt(tel_of(&res, "cpu_segments"), 3 + 40000 / (4 * cpuscan_lookback(ref) + 256));
+        ck_assert_uint_eq(tel_of(&res, "hits_dropped"), 0);
+        vks_scan_result_finish(&res);
+    }
+    ck_assert_uint_eq(stat_of(c, "cpu_threads"), 3);
+    ck_assert_uint_eq(stat_of(c, "engines"), 1);
+    ck_assert_uint_eq(stat_of(c, "engine.0.kind"), 1);
+    ck_assert_uint_eq(stat_of(c, "engine.0.batches"), 3);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* A hit bomb with max_hits: the reply carries max_hits, the buffer is
+ * marked truncated, and the engine says how many it dropped at the source
+ * instead of keeping them. Count mode counts every match without a list. */
+static void hit_bomb(struct vks_client *c, bool cpu)
+{
+    static const struct rdef dot[] = {{"dot", ".", "s", RULE_REGEX}};
+    struct vks_catalog *cat = load(c, dot, 1);
+    static uint8_t bomb[60000], tail[100];
+    memset(bomb, 'x', sizeof(bomb));
+    memset(tail, 'y', sizeof(tail));
+    struct vks_buffer vb[2] = {inline_buf(bomb, sizeof(bomb)), inline_buf(tail, sizeof(tail))};
+    struct vks_scan_result res;
+    scan(c, cat, vb, 2, VKS_REPORT_ALL, 10, &res);
+    ck_assert_uint_eq(res.n_hits, 10);
+    for (uint32_t i = 0; i < 10; i++)
+        ck_assert(res.hits[i].buffer == 0 && res.hits[i].end == i + 1);
+    ck_assert(res.buffers[0].truncated);
+    ck_assert(res.buffers[1].truncated);
+    ck_assert_uint_eq(tel_of(&res, "hits_dropped"), sizeof(bomb) + sizeof(tail) - 10);
+    ck_assert_uint_eq(tel_of(&res, "engine"), cpu ? 1 : 0);
+    vks_scan_result_finish(&res);
+    scan(c, cat, vb, 2, VKS_REPORT_COUNT, 10, &res);
+    ck_assert_uint_eq(res.n_hits, 2);
+    ck_assert_uint_eq(res.hits[0].count, sizeof(bomb));
+    ck_assert_uint_eq(res.hits[1].count, sizeof(tail));
+    ck_assert_uint_eq(tel_of(&res, "hits_dropped"), 0);
+    vks_scan_result_finish(&res);
+    vks_catalog_destroy(cat);
+}
+
+START_TEST(test_max_hits_at_source_cpu)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "2", "--cpu-segment-bytes", "4K"));
+    struct vks_client *c = connect_ok(&d);
+    hit_bomb(c, true);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* --engine auto where the best Vulkan device is a CPU (lavapipe): even a
+ * batch far over cpu-max-work scans on the CPU engine, and no GPU engine
+ * is started. */
+START_TEST(test_auto_prefers_cpu_engine)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--cpu-max-work", "1K"));
+    struct vks_client *c = connect_ok(&d);
+    struct vks_server_info info;
+    ck_assert_int_eq(vks_client_info(c, &info), 0);
+    bool gpu_present = false;
+    for (uint32_t i = 0; i < info.n_devices; i++)
+        gpu_present |= strcmp(info.devices[i].type, "cpu") != 0;
+    struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
+    struct catalog *ref = compile(bounded, N_BOUNDED);
+    static uint8_t a[20000];
+    make_data(a, sizeof(a));
+    struct vks_buffer vb = inline_buf(a, sizeof(a));
+    struct vks_scan_result res;
+    scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &res);
+    check(ref, &res, 0, a, sizeof(a), SCAN_ALL);
+    ck_assert_uint_eq(tel_of(&res, "engine"), gpu_present ? 0 : 1);
+    ck_assert_uint_eq(stat_of(c, "engines"), gpu_present ? 2 : 1);
+    vks_scan_result_finish(&res);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* ---- GPU failures re-run on the CPU ------------------------------------ */
+
+/* A 1 ms batch timeout on lavapipe: the batch times out on the device and
+ * its scan is answered by the CPU engine, exactly. */
+START_TEST(test_gpu_timeout_retried_on_cpu)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "gpu", "--gpu-timeout-ms", "1"));
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
+    struct catalog *ref = compile(bounded, N_BOUNDED);
+    static uint8_t a[1 << 20];
+    make_data(a, sizeof(a));
+    struct vks_buffer vb = inline_buf(a, sizeof(a));
+    struct vks_scan_result res;
+    scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &res);
+    check(ref, &res, 0, a, sizeof(a), SCAN_ALL);
+    ck_assert_uint_eq(tel_of(&res, "cpu_retry"), ETIMEDOUT);
+    ck_assert_uint_gt(tel_of(&res, "cpu_segments"), 0);
+    vks_scan_result_finish(&res);
+    ck_assert_uint_ge(stat_of(c, "engine.0.cpu_retries"), 1);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* A device budget of 2 MiB: a 3 MB buffer cannot fit (-E2BIG) and is
+ * scanned on the CPU; a small one still runs on the GPU. */
+START_TEST(test_gpu_too_big_retried_on_cpu)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "gpu", "--device-budget", "2M"));
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
+    struct catalog *ref = compile(bounded, N_BOUNDED);
+    static uint8_t a[3000000];
+    make_data(a, sizeof(a));
+    const size_t sizes[2] = {sizeof(a), 3000};
+    for (int k = 0; k < 2; k++) {
+        struct vks_buffer vb = inline_buf(a, sizes[k]);
+        struct vks_scan_result res;
+        scan(c, cat, &vb, 1, VKS_REPORT_COUNT, 0, &res);
+        check(ref, &res, 0, a, sizes[k], SCAN_COUNT);
+        ck_assert_uint_eq(tel_of(&res, "cpu_retry"), k == 0 ? E2BIG : 0);
+        ck_assert_uint_eq(tel_of(&res, "engine"), 0);
+        vks_scan_result_finish(&res);
+    }
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* ---- several GPU engines ----------------------------------------------- */
+
+/* `devices 0,0`: two GPU engines on one device. Scans alternate between
+ * them (ties go round), each uploads the catalog once, the hits are exact;
+ * stats and `vkscan status` show both; max_hits bounds the GPU path. */
+START_TEST(test_two_gpu_engines)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "gpu", "--devices", "0,0"));
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
+    struct catalog *ref = compile(bounded, N_BOUNDED);
+    static uint8_t a[6000];
+    uint64_t uploads[2] = {0, 0}, used[2] = {0, 0};
+    for (int k = 0; k < 6; k++) {
+        make_data(a, sizeof(a));
+        struct vks_buffer vb = inline_buf(a, sizeof(a));
+        struct vks_scan_result res;
+        scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &res);
+        check(ref, &res, 0, a, sizeof(a), SCAN_ALL);
+        uint64_t e = tel_of(&res, "engine_index");
+        ck_assert_uint_lt(e, 2);
+        used[e]++;
+        uploads[e] += tel_of(&res, "catalog_uploads");
+        ck_assert_uint_eq(tel_of(&res, "engine"), 0);
+        tel_of(&res, "wall_ns");
+        tel_of(&res, "device_idle_ns");
+        vks_scan_result_finish(&res);
+    }
+    ck_assert_uint_gt(used[0], 0);
+    ck_assert_uint_gt(used[1], 0);
+    ck_assert_uint_eq(uploads[0], 1); /* resident after the first batch on each engine */
+    ck_assert_uint_eq(uploads[1], 1);
+    ck_assert_uint_eq(stat_of(c, "engines"), 3);
+    ck_assert_uint_eq(stat_of(c, "engine.0.batches"), used[0]);
+    ck_assert_uint_eq(stat_of(c, "engine.1.batches"), used[1]);
+    ck_assert_uint_eq(stat_of(c, "engine.1.kind"), 0);
+    ck_assert_uint_eq(stat_of(c, "engine.2.kind"), 1);
+    hit_bomb(c, false);
+
+    const char *cli = getenv("VKSCAN");
+    ck_assert_msg(cli != NULL, "VKSCAN is not set: run through meson test");
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' status", cli, d.sock);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char out[8192] = {0};
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    ck_assert_int_eq(pclose(p), 0);
+    ck_assert_msg(strstr(out, "engine 0:") != NULL && strstr(out, "engine 1:") != NULL &&
+                      strstr(out, "engine 2:") != NULL && strstr(out, "busy") != NULL,
+                  "status shows no engines:\n%s", out);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* ---- small scans under load -------------------------------------------- */
+
+struct loader {
+    const char *sock;
+    struct vks_catalog *cat;
+    const uint8_t *data;
+    size_t len;
+    volatile int done;
+};
+
+static void *load_thread(void *arg)
+{
+    struct loader *l = arg;
+    struct vks_client *c = NULL;
+    struct vks_error err = {0};
+    if (vks_client_connect(l->sock, NULL, &c, &err) == 0) {
+        struct vks_buffer vb = inline_buf(l->data, l->len);
+        struct vks_scan_options so;
+        vks_scan_options_init(&so);
+        so.mode = VKS_REPORT_COUNT;
+        struct vks_scan_result res = {0};
+        vks_client_scan(c, vks_catalog_fingerprint(l->cat), &vb, 1, &so, &res, &err);
+        vks_scan_result_finish(&res);
+        vks_client_close(c);
+    }
+    __atomic_store_n(&l->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* --engine auto with a GPU engine (lavapipe named with --device): small
+ * batches scan on the CPU engine while its queue is empty; while a large
+ * batch keeps the CPU queue busy, they go to the GPU. */
+START_TEST(test_small_batches_overflow_to_gpu)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "auto", "--device", "0", "--cpu-threads", "1",
+                          "--cpu-segment-bytes", "256", "--cpu-max-work", "1G",
+                          "--cpu-max-wait-us", "0"));
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
+    struct catalog *ref = compile(bounded, N_BOUNDED);
+    static uint8_t small[512], big[1 << 20];
+    make_data(small, sizeof(small));
+    make_data(big, sizeof(big));
+    struct vks_buffer vb = inline_buf(small, sizeof(small));
+    struct vks_scan_result res;
+    scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &res);
+    check(ref, &res, 0, small, sizeof(small), SCAN_ALL);
+    ck_assert_uint_eq(tel_of(&res, "engine"), 1); /* the CPU queue is empty */
+    vks_scan_result_finish(&res);
+    bool on_gpu = false;
+    for (int round = 0; round < 20 && !on_gpu; round++) {
+        struct loader l = {d.sock, cat, big, sizeof(big), 0};
+        pthread_t th;
+        ck_assert_int_eq(pthread_create(&th, NULL, load_thread, &l), 0);
+        while (!__atomic_load_n(&l.done, __ATOMIC_ACQUIRE) && !on_gpu) {
+            scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &res);
+            check(ref, &res, 0, small, sizeof(small), SCAN_ALL);
+            on_gpu = tel_of(&res, "engine") == 0;
+            vks_scan_result_finish(&res);
+        }
+        pthread_join(th, NULL);
+    }
+    ck_assert_msg(on_gpu, "no small scan went to the GPU while the CPU queue was busy");
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+Suite *engine_suite(void)
+{
+    Suite *s = suite_create("engine");
+    TCase *tc = tcase_create("segments");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_segments_equal_refscan);
+    tcase_add_test(tc, test_segment_limit);
+    tcase_add_test(tc, test_unbounded_one_piece);
+    suite_add_tcase(s, tc);
+    if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
+        return s;
+    tc = tcase_create("daemon");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_cpu_engine_segments);
+    tcase_add_test(tc, test_max_hits_at_source_cpu);
+    tcase_add_test(tc, test_auto_prefers_cpu_engine);
+    tcase_add_test(tc, test_gpu_timeout_retried_on_cpu);
+    tcase_add_test(tc, test_gpu_too_big_retried_on_cpu);
+    tcase_add_test(tc, test_two_gpu_engines);
+    tcase_add_test(tc, test_small_batches_overflow_to_gpu);
+    suite_add_tcase(s, tc);
+    return s;
+}
