@@ -589,7 +589,7 @@ static void cpu_prepare(struct engine *e, struct engine_batch *b)
 {
     struct bstate *st = b->priv;
     if (!st->loaded) {
-        b->tel.engine = CPU_ENGINE;
+        b->tel.engine = e->n_gpu; /* the CPU engine's stats index */
         load_batch(b);
     }
     st->js = calloc(st->n_jobs ? st->n_jobs : 1, sizeof(*st->js));

@@ -451,6 +451,7 @@ START_TEST(test_cpu_engine_segments)
         check(ref, &res, 1, b, sizeof(b), (enum scan_mode)m);
         check(ref, &res, 2, z, sizeof(z), (enum scan_mode)m);
         ck_assert_uint_eq(tel_of(&res, "engine"), 1);
+        ck_assert_uint_eq(tel_of(&res, "engine_index"), 0); /* engine.0: the CPU engine */
         /* 40000 bytes in pieces of at least four lookbacks, plus the small ones */
         ck_assert_uint_gt(tel_of(&res, "cpu_segments"), 3 + 40000 / (4 * cpuscan_lookback(ref) + 256));
         ck_assert_uint_eq(tel_of(&res, "hits_dropped"), 0);
