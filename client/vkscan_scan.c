@@ -597,7 +597,10 @@ static void add_path(struct scan *s, const char *path, bool named)
         add_fd(s, strdup(path), fd, 0, (uint64_t)st.st_size);
         return;
     }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    /* Only what the user named may block (a FIFO waits for its writer); a
+     * walk that meets a file such as /proc/kmsg gets EAGAIN, not a hang. */
+    if (named)
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     add_stream(s, path, fd);
     close(fd);
 }
