@@ -607,7 +607,10 @@ static void add_path(struct scan *s, const char *path, bool named)
 
 static void walk_file(void *ctx, const char *path)
 {
-    add_path(ctx, path, false);
+    struct scan *s = ctx;
+    add_path(s, path, false);
+    if (s->opt.quiet && s->matched)
+        walk_stop(s->walk); /* -q: the exit status is known */
 }
 
 static void walk_problem(void *ctx, const char *path, const char *msg, bool error)
@@ -828,7 +831,7 @@ static int run_scan(struct scan_opts *opt, int n_paths, char **paths)
     }
     if (status == 0) {
         s.progress = isatty(STDERR_FILENO) && !opt->quiet;
-        for (int i = 0; i < n_paths; i++)
+        for (int i = 0; i < n_paths && !(opt->quiet && s.matched); i++)
             add_arg(&s, paths[i]);
         batch_drain(&s);
         if (s.progress && s.t0 + 1.0 < now_s()) {

@@ -250,6 +250,7 @@ struct walk {
     struct id_set files, dirs;
     const struct walk_visitor *v;
     size_t root_len; /* of the root's path, with its '/' */
+    bool stopped;
 };
 
 int walk_create(const struct walk_opts *o, struct walk **out)
@@ -289,6 +290,11 @@ void walk_destroy(struct walk *w)
     free(w->files.v);
     free(w->dirs.v);
     free(w);
+}
+
+void walk_stop(struct walk *w)
+{
+    w->stopped = true;
 }
 
 bool walk_seen_file(struct walk *w, dev_t dev, ino_t ino)
@@ -389,7 +395,9 @@ static void walk_entries(struct walk *w, const char *dir)
     push_ignores(w, dir, dlen + !slash > w->root_len ? dlen + !slash - w->root_len : 0);
     for (int i = 0; i < n; i++) {
         char *child = NULL;
-        if (asprintf(&child, "%s%s%s", dir, slash ? "" : "/", names[i]->d_name) < 0)
+        if (w->stopped)
+            ; /* only free what is left */
+        else if (asprintf(&child, "%s%s%s", dir, slash ? "" : "/", names[i]->d_name) < 0)
             w->v->problem(w->v->ctx, dir, "out of memory", true);
         else
             walk_entry(w, child, names[i]->d_name);
@@ -404,6 +412,7 @@ void walk_dir(struct walk *w, const char *root, const struct walk_visitor *v)
 {
     struct stat st;
     w->v = v;
+    w->stopped = false;
     size_t len = strlen(root);
     w->root_len = len + (len > 0 && root[len - 1] != '/');
     if (stat(root, &st) == 0 && id_insert(&w->dirs, st.st_dev, st.st_ino))

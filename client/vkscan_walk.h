@@ -51,6 +51,10 @@ void walk_destroy(struct walk *w);
  * in name order, calling `v` for what it finds. */
 void walk_dir(struct walk *w, const char *root, const struct walk_visitor *v);
 
+/* Ends the walk in progress: walk_dir returns without visiting more. From
+ * a visitor's callback. */
+void walk_stop(struct walk *w);
+
 /* Marks the file (dev, ino) as scanned; returns true when it already was,
  * so a file that two links reach is scanned once. */
 bool walk_seen_file(struct walk *w, dev_t dev, ino_t ino);

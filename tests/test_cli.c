@@ -761,6 +761,12 @@ START_TEST(scan_output_forms)
     /* -q: a match is exit 0 even when another file could not be scanned */
     scan(&r, NULL, ARGS("-q", "tree", "no-such-file"));
     ck_assert_int_eq(r.status, 0);
+    /* -q stops once a match is known: 150 files are three requests, and the
+     * first is printed before the third is sent, so the walk ends early and
+     * the missing file is never looked at. */
+    scan(&r, NULL, ARGS("-q", "-j", "1", "many", "no-such-file"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.err, "");
     scan(&r, NULL, ARGS("--color=always", "tree/a.txt"));
     ck_assert_int_eq(r.status, 0);
     ck_assert_str_eq(count_lines(r.out) == 3 ? "" : r.out, "");
