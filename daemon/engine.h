@@ -72,20 +72,20 @@ struct engine_job {
     struct engine_hit *hits;
     size_t n_hits;
     uint64_t hits_dropped; /* found past max_hits and not kept */
-    int cpu_retry;         /* 0, or why the GPU gave the job to the CPU (-E2BIG, -ETIMEDOUT, -ENODEV) */
-    int status; /* 0, or the batch's error for this job */
+    int cpu_retry; /* 0, or why the GPU gave the job to the CPU (-E2BIG, -ETIMEDOUT, -ENODEV) */
+    int status;    /* 0, or the batch's error for this job */
     struct vks_error err;
 };
 
 /* What one batch cost; copied into every scan reply of the batch. */
 struct engine_telemetry {
-    bool gpu;            /* placed on a GPU engine */
-    uint32_t engine;     /* index of the engine that ran it (engine_stats_add) */
-    uint64_t wall_ns;    /* first start on an engine to done, CPU re-runs included */
-    uint64_t idle_ns;    /* how long the engine sat idle before this batch */
-    uint32_t segments;   /* CPU engine: pieces scanned */
+    bool gpu;             /* placed on a GPU engine */
+    uint32_t engine;      /* index of the engine that ran it (engine_stats_add) */
+    uint64_t wall_ns;     /* first start on an engine to done, CPU re-runs included */
+    uint64_t idle_ns;     /* how long the engine sat idle before this batch */
+    uint32_t segments;    /* CPU engine: pieces scanned */
     uint32_t cpu_retries; /* jobs the GPU gave to the CPU engine */
-    uint64_t batch_id; /* sequence number: replies with equal ids shared a dispatch */
+    uint64_t batch_id;    /* sequence number: replies with equal ids shared a dispatch */
     uint32_t jobs;
     uint32_t buffers;
     uint64_t bytes;
@@ -101,11 +101,11 @@ struct engine_batch {
     struct engine_batch *next; /* engine queues */
     void *loaded;              /* engine: descriptor buffers to release off its thread */
     size_t n_loaded;
-    void *priv;                /* engine: its own state while the batch runs */
-    uint32_t target;           /* engine: where it was placed */
-    uint64_t bytes_est;        /* engine: bytes in flight it counts */
-    uint64_t submit_ns;        /* engine: when it was queued */
-    int state;                 /* engine: CPU pool preparation */
+    void *priv;         /* engine: its own state while the batch runs */
+    uint32_t target;    /* engine: where it was placed */
+    uint64_t bytes_est; /* engine: bytes in flight it counts */
+    uint64_t submit_ns; /* engine: when it was queued */
+    int state;          /* engine: CPU pool preparation */
 };
 
 struct engine_info {

@@ -13,11 +13,11 @@
 struct cpuscan_scratch {
     const struct catalog *cat; /* the arrays below are for this catalog */
     uint32_t n_rules;
-    uint8_t *single;    /* per rule: RULE_F_SINGLEMATCH */
-    uint64_t *first;    /* per rule: first end seen in this segment, NONE */
-    uint64_t *last;     /* per rule: last end seen (duplicate (rule, end) pairs) */
-    uint32_t *count;    /* per rule: SCAN_COUNT */
-    uint32_t *touched;  /* rules whose entries above are set */
+    uint8_t *single;   /* per rule: RULE_F_SINGLEMATCH */
+    uint64_t *first;   /* per rule: first end seen in this segment, NONE */
+    uint64_t *last;    /* per rule: last end seen (duplicate (rule, end) pairs) */
+    uint32_t *count;   /* per rule: SCAN_COUNT */
+    uint32_t *touched; /* rules whose entries above are set */
     uint32_t n_touched;
 };
 
@@ -211,7 +211,8 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
         for (uint32_t i = 0; i < s->n_touched && rc == 0; i++) {
             uint32_t r = s->touched[i];
             if (s->first[r] != NONE)
-                rc = scan_hits_push(&part->hits, r, s->first[r], mode == SCAN_COUNT ? s->count[r] : 1);
+                rc = scan_hits_push(&part->hits, r, s->first[r],
+                                    mode == SCAN_COUNT ? s->count[r] : 1);
         }
         if (rc == 0)
             qsort(part->hits.v + base, part->hits.n - base, sizeof(*part->hits.v), cmp_end_rule);
@@ -230,8 +231,7 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
 }
 
 int cpuscan_merge(const struct catalog *cat, enum scan_mode mode, struct cpuscan_part *parts,
-                  size_t n, uint64_t budget, bool marker, struct scan_hits *out,
-                  uint64_t *dropped)
+                  size_t n, uint64_t budget, bool marker, struct scan_hits *out, uint64_t *dropped)
 {
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {

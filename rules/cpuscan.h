@@ -71,8 +71,7 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
  * not appended (and by the parts' own dropped counts). Returns 0 or -ENOMEM.
  */
 int cpuscan_merge(const struct catalog *cat, enum scan_mode mode, struct cpuscan_part *parts,
-                  size_t n, uint64_t budget, bool marker, struct scan_hits *out,
-                  uint64_t *dropped);
+                  size_t n, uint64_t budget, bool marker, struct scan_hits *out, uint64_t *dropped);
 
 void cpuscan_part_finish(struct cpuscan_part *p);
 

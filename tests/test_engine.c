@@ -62,7 +62,8 @@ static struct catalog *compile(const struct rdef *r, size_t n)
         uint32_t flags = 0;
         if (r[i].flags != NULL)
             ck_assert_int_eq(rules_parse_flags(r[i].flags, strlen(r[i].flags), &flags, NULL), 0);
-        src[i] = (struct rule_src){r[i].id, r[i].kind, r[i].pattern, strlen(r[i].pattern), flags, 0};
+        src[i] =
+            (struct rule_src){r[i].id, r[i].kind, r[i].pattern, strlen(r[i].pattern), flags, 0};
     }
     struct rules_result res = {0};
     struct rules_options ro = {0};
@@ -88,8 +89,9 @@ static uint32_t rnd(uint32_t n)
 static void make_data(uint8_t *buf, size_t len)
 {
     static const char alpha[] = "abcdefhlnoqxyz0123 \n";
-    static const char *const plants[] = {"needle", "ab12c", "\xde\xad\x01\xef", "HeLLo",
-                                         "ab9999c", " foo ", "\nxy", "zq\n", "nedle", "fo"};
+    static const char *const plants[] = {
+        "needle", "ab12c", "\xde\xad\x01\xef", "HeLLo", "ab9999c", " foo ", "\nxy", "zq\n",
+        "nedle",  "fo"};
     for (size_t i = 0; i < len; i++)
         buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
     for (size_t p = 0; p + 16 < len; p += 3 + rnd(60)) {
@@ -130,8 +132,7 @@ static void *seg_thread(void *arg)
     for (size_t k = (size_t)j->first; k < j->n_parts; k += (size_t)j->step) {
         uint64_t lo = k * j->seg, hi = lo + j->seg < j->len ? lo + j->seg : j->len;
         ck_assert_int_eq(
-            cpuscan_segment(j->cat, j->buf, j->len, lo, hi, j->mode, j->limit, s, &j->parts[k]),
-            0);
+            cpuscan_segment(j->cat, j->buf, j->len, lo, hi, j->mode, j->limit, s, &j->parts[k]), 0);
     }
     cpuscan_scratch_destroy(s);
     return NULL;
@@ -227,19 +228,19 @@ START_TEST(test_unbounded_one_piece)
         struct scan_hits want = {0}, got = {0};
         ck_assert_int_eq(refscan_buffer(cat, buf, sizeof(buf), (enum scan_mode)mode, &want), 0);
         struct cpuscan_part part = {0};
-        ck_assert_int_eq(
-            cpuscan_segment(cat, buf, sizeof(buf), 0, sizeof(buf), (enum scan_mode)mode, 0, s, &part),
-            0);
-        uint64_t dropped = 0;
-        ck_assert_int_eq(cpuscan_merge(cat, (enum scan_mode)mode, &part, 1, UINT64_MAX, false, &got,
-                                       &dropped),
+        ck_assert_int_eq(cpuscan_segment(cat, buf, sizeof(buf), 0, sizeof(buf),
+                                         (enum scan_mode)mode, 0, s, &part),
                          0);
+        uint64_t dropped = 0;
+        ck_assert_int_eq(
+            cpuscan_merge(cat, (enum scan_mode)mode, &part, 1, UINT64_MAX, false, &got, &dropped),
+            0);
         assert_same(&got, &want, "unbounded");
         /* a piece of such a catalog cannot be scanned alone */
         struct cpuscan_part p2 = {0};
-        ck_assert_int_eq(cpuscan_segment(cat, buf, sizeof(buf), 100, 200, (enum scan_mode)mode, 0,
-                                         s, &p2),
-                         -EINVAL);
+        ck_assert_int_eq(
+            cpuscan_segment(cat, buf, sizeof(buf), 100, 200, (enum scan_mode)mode, 0, s, &p2),
+            -EINVAL);
         cpuscan_part_finish(&p2);
         cpuscan_part_finish(&part);
         scan_hits_finish(&want);
@@ -301,9 +302,8 @@ static void daemon_start(struct daemon *d, const char *const *extra)
     d->pid = fork();
     ck_assert_int_ge(d->pid, 0);
     if (d->pid == 0) {
-        const char *argv[40] = {bin,           "--socket",   d->sock,     "--state-dir", state,
-                                "--admin-gids", gid,          "--log-level", "warning",    "--config",
-                                ""};
+        const char *argv[40] = {bin, "--socket",    d->sock,   "--state-dir", state, "--admin-gids",
+                                gid, "--log-level", "warning", "--config",    ""};
         int n = 11;
         for (int i = 0; extra != NULL && extra[i] != NULL && n < 39; i++)
             argv[n++] = extra[i];
@@ -389,8 +389,8 @@ static struct vks_catalog *load(struct vks_client *c, const struct rdef *r, size
     return cat;
 }
 
-static void scan(struct vks_client *c, struct vks_catalog *cat, const struct vks_buffer *b, size_t n,
-                 enum vks_report mode, uint32_t max_hits, struct vks_scan_result *res)
+static void scan(struct vks_client *c, struct vks_catalog *cat, const struct vks_buffer *b,
+                 size_t n, enum vks_report mode, uint32_t max_hits, struct vks_scan_result *res)
 {
     struct vks_scan_options so;
     vks_scan_options_init(&so);
@@ -453,7 +453,8 @@ START_TEST(test_cpu_engine_segments)
         ck_assert_uint_eq(tel_of(&res, "engine"), 1);
         ck_assert_uint_eq(tel_of(&res, "engine_index"), 0); /* engine.0: the CPU engine */
         /* 40000 bytes in pieces of at least four lookbacks, plus the small ones */
-        ck_assert_uint_gt(tel_of(&res, "cpu_segments"), 3 + 40000 / (4 * cpuscan_lookback(ref) + 256));
+        ck_assert_uint_gt(tel_of(&res, "cpu_segments"),
+                          3 + 40000 / (4 * cpuscan_lookback(ref) + 256));
         ck_assert_uint_eq(tel_of(&res, "hits_dropped"), 0);
         vks_scan_result_finish(&res);
     }
@@ -692,8 +693,8 @@ START_TEST(test_small_batches_overflow_to_gpu)
 {
     struct daemon d;
     daemon_start(&d, ARGS("--engine", "auto", "--device", "0", "--cpu-threads", "1",
-                          "--cpu-segment-bytes", "256", "--cpu-max-work", "1G",
-                          "--cpu-max-wait-us", "0"));
+                          "--cpu-segment-bytes", "256", "--cpu-max-work", "1G", "--cpu-max-wait-us",
+                          "0"));
     struct vks_client *c = connect_ok(&d);
     struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
     struct catalog *ref = compile(bounded, N_BOUNDED);

@@ -1,0 +1,292 @@
+/*
+ * The CPU engine (engine.h): a pool of scanning threads. A batch is split
+ * into tasks, a segment of one buffer each (rules/cpuscan.h), handed out in
+ * order; the thread that finishes a batch's last task merges its hits.
+ * max_hits is applied while scanning: once the tasks done in order hold a
+ * job's max_hits, its later tasks keep only a marker hit.
+ */
+#include "engine_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vkscan/errors.h"
+
+/* ---- the CPU engine --------------------------------------------------- */
+
+/* Splits the batch's CPU jobs into tasks: a buffer of a catalog whose
+ * groups are all bounded is cut into segments of seg_bytes (at least four
+ * lookbacks); anything else is one task per buffer. */
+static void cpu_prepare(struct engine *e, struct engine_batch *b)
+{
+    struct bstate *st = b->priv;
+    if (!st->loaded) {
+        b->tel.engine = e->n_gpu; /* the CPU engine's stats index */
+        engine_batch_load(b);
+    }
+    st->js = calloc(st->n_jobs ? st->n_jobs : 1, sizeof(*st->js));
+    uint64_t n_tasks = 0;
+    for (size_t i = 0; st->js != NULL && i < st->n_jobs; i++) {
+        struct engine_job *j = st->jobs[i];
+        struct jstate *js = &st->js[i];
+        js->run = j->status == 0 && (b->target == CPU_ENGINE || j->cpu_retry != 0);
+        if (!js->run)
+            continue;
+        uint64_t lb = cpuscan_lookback(j->cat);
+        uint64_t seg = e->seg_bytes;
+        if (lb != CPUSCAN_UNSEGMENTABLE && seg < 4 * lb)
+            seg = 4 * lb;
+        for (uint32_t k = 0; k < j->n_bufs; k++) {
+            const struct engine_buf *eb = &j->bufs[k];
+            if (eb->status != 0)
+                continue;
+            n_tasks +=
+                lb == CPUSCAN_UNSEGMENTABLE || eb->len <= seg ? 1 : (eb->len + seg - 1) / seg;
+        }
+    }
+    st->tasks = calloc(n_tasks ? n_tasks : 1, sizeof(*st->tasks));
+    if (st->js == NULL || st->tasks == NULL) {
+        for (size_t i = 0; i < st->n_jobs; i++) {
+            if (st->jobs[i]->status == 0 && (st->js == NULL || st->js[i].run))
+                engine_job_fail(st->jobs[i], -VKS_E_INTERNAL, "out of memory splitting the scan");
+        }
+        free(st->tasks);
+        st->tasks = NULL;
+        return;
+    }
+    uint32_t t = 0;
+    for (size_t i = 0; i < st->n_jobs; i++) {
+        struct engine_job *j = st->jobs[i];
+        struct jstate *js = &st->js[i];
+        js->t0 = t;
+        if (!js->run)
+            continue;
+        uint64_t lb = cpuscan_lookback(j->cat);
+        uint64_t seg = e->seg_bytes;
+        if (lb != CPUSCAN_UNSEGMENTABLE && seg < 4 * lb)
+            seg = 4 * lb;
+        for (uint32_t k = 0; k < j->n_bufs; k++) {
+            const struct engine_buf *eb = &j->bufs[k];
+            if (eb->status != 0)
+                continue;
+            if (lb == CPUSCAN_UNSEGMENTABLE || eb->len <= seg) {
+                st->tasks[t++] =
+                    (struct ctask){.job = (uint32_t)i, .buf = k, .lo = 0, .hi = eb->len};
+                continue;
+            }
+            for (uint64_t lo = 0; lo < eb->len; lo += seg)
+                st->tasks[t++] = (struct ctask){.job = (uint32_t)i,
+                                                .buf = k,
+                                                .lo = lo,
+                                                .hi = lo + seg < eb->len ? lo + seg : eb->len};
+        }
+        js->nt = t - js->t0;
+    }
+    st->n_tasks = t;
+    b->tel.segments = t;
+}
+
+/* Merges each CPU job's parts into its hits: per buffer in order, at most
+ * max_hits over the job plus one marker per buffer with more. */
+static void cpu_finish(struct engine *e, struct engine_batch *b)
+{
+    struct bstate *st = b->priv;
+    for (size_t i = 0; st->js != NULL && st->tasks != NULL && i < st->n_jobs; i++) {
+        struct engine_job *j = st->jobs[i];
+        struct jstate *js = &st->js[i];
+        if (!js->run || j->status != 0)
+            continue;
+        free(j->hits);
+        j->hits = NULL;
+        j->n_hits = 0;
+        uint64_t budget = engine_job_budget(j), kept = 0;
+        size_t cap = 0;
+        struct scan_hits out = {0};
+        int rc = 0;
+        for (uint32_t t = js->t0; t < js->t0 + js->nt && rc == 0;) {
+            uint32_t end = t;
+            while (end < js->t0 + js->nt && st->tasks[end].buf == st->tasks[t].buf) {
+                if (st->tasks[end].rc != 0)
+                    rc = st->tasks[end].rc;
+                end++;
+            }
+            /* parts of one buffer are contiguous; merge wants an array of them */
+            struct cpuscan_part *parts = malloc((end - t) * sizeof(*parts));
+            if (parts == NULL)
+                rc = -ENOMEM;
+            for (uint32_t k = t; rc == 0 && k < end; k++)
+                parts[k - t] = st->tasks[k].part;
+            out.n = 0;
+            if (rc == 0)
+                rc = cpuscan_merge(j->cat, j->mode, parts, end - t, budget - kept, true, &out,
+                                   &j->hits_dropped);
+            free(parts);
+            for (size_t h = 0; rc == 0 && h < out.n; h++) {
+                if (kept < budget)
+                    kept++; /* past it: the marker, counted as dropped by the merge */
+                rc = engine_job_push_hit(j, &cap, st->tasks[t].buf, out.v[h].rule, out.v[h].count,
+                                         out.v[h].end);
+            }
+            t = end;
+        }
+        scan_hits_finish(&out);
+        if (rc != 0)
+            engine_job_fail(
+                j, -VKS_E_INTERNAL,
+                "out of memory collecting hits: lower max_hits or scan smaller buffers");
+    }
+    (void)e;
+}
+
+/* Finds work for a pool thread (mu held): a batch to prepare or a task. */
+static bool cpu_take(struct engine *e, struct engine_batch **bp, struct ctask **tp)
+{
+    struct engine_batch *prev = NULL;
+    for (struct engine_batch *b = e->cpu_head; b != NULL; prev = b, b = b->next) {
+        struct bstate *st = b->priv;
+        if (b->state == B_NEW) {
+            b->state = B_PREPARING;
+            *bp = b;
+            *tp = NULL;
+            return true;
+        }
+        if (b->state != B_PREPARED || st->next_task >= st->n_tasks)
+            continue;
+        struct ctask *t = &st->tasks[st->next_task++];
+        struct engine_job *j = st->jobs[t->job];
+        t->limit = st->js[t->job].full ? 1 : (j->max_hits ? j->max_hits : 0);
+        if (st->next_task == st->n_tasks) { /* all handed out: off the queue */
+            if (prev != NULL)
+                prev->next = b->next;
+            else
+                e->cpu_head = b->next;
+            if (e->cpu_tail == b)
+                e->cpu_tail = prev;
+        }
+        *bp = b;
+        *tp = t;
+        return true;
+    }
+    return false;
+}
+
+static void cpu_unlink(struct engine *e, struct engine_batch *b)
+{
+    struct engine_batch *prev = NULL;
+    for (struct engine_batch *x = e->cpu_head; x != NULL; prev = x, x = x->next) {
+        if (x != b)
+            continue;
+        if (prev != NULL)
+            prev->next = b->next;
+        else
+            e->cpu_head = b->next;
+        if (e->cpu_tail == b)
+            e->cpu_tail = prev;
+        return;
+    }
+}
+
+/* A task is done (mu held): advances its job's prefix. Returns whether the
+ * batch is complete. */
+static bool cpu_task_done(struct engine_batch *b, struct ctask *t)
+{
+    struct bstate *st = b->priv;
+    struct jstate *js = &st->js[t->job];
+    struct engine_job *j = st->jobs[t->job];
+    t->done = true;
+    while (js->prefix < js->nt && st->tasks[js->t0 + js->prefix].done) {
+        js->plain += st->tasks[js->t0 + js->prefix].part.plain;
+        js->prefix++;
+    }
+    if (j->mode == SCAN_ALL && j->max_hits != 0 && js->plain >= j->max_hits)
+        js->full = true;
+    return ++st->done_tasks == st->n_tasks;
+}
+
+static void cpu_complete(struct engine *e, struct engine_batch *b, uint64_t busy)
+{
+    cpu_finish(e, b);
+    pthread_mutex_lock(&e->mu);
+    e->cpu_busy_ns += busy;
+    e->cpu_batches++;
+    e->cpu_bytes += b->target == CPU_ENGINE ? b->tel.bytes : 0;
+    e->cpu_retries += b->target != CPU_ENGINE;
+    pthread_mutex_unlock(&e->mu);
+    if (b->target == CPU_ENGINE)
+        b->tel.scan_ns = engine_now_ns() - ((struct bstate *)b->priv)->start_ns - b->tel.fd_read_ns;
+    engine_batch_post(e, b);
+}
+
+void engine_cpu_main(void *arg)
+{
+    struct engine *e = arg;
+    struct cpuscan_scratch *scr = NULL;
+    int scr_rc = cpuscan_scratch_create(&scr);
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        struct engine_batch *b;
+        struct ctask *t;
+        if (!cpu_take(e, &b, &t)) {
+            if (e->pool_stop && e->cpu_head == NULL)
+                break;
+            pthread_cond_wait(&e->cpu_cond, &e->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mu);
+        struct bstate *st = b->priv;
+        uint64_t t0 = engine_now_ns();
+        if (t == NULL) {
+            if (b->target == CPU_ENGINE) {
+                b->tel.idle_ns = 0;
+                b->tel.gpu = false;
+            }
+            cpu_prepare(e, b);
+            pthread_mutex_lock(&e->mu);
+            b->state = B_PREPARED;
+            bool empty = st->n_tasks == 0;
+            if (empty)
+                cpu_unlink(e, b);
+            pthread_cond_broadcast(&e->cpu_cond);
+            pthread_mutex_unlock(&e->mu);
+            if (empty)
+                cpu_complete(e, b, engine_now_ns() - t0);
+            pthread_mutex_lock(&e->mu);
+            if (!empty)
+                e->cpu_busy_ns += engine_now_ns() - t0;
+            continue;
+        }
+        struct engine_job *j = st->jobs[t->job];
+        const struct engine_buf *eb = &j->bufs[t->buf];
+        t->rc = scr_rc != 0 ? scr_rc
+                            : cpuscan_segment(j->cat, eb->data, (size_t)eb->len, t->lo, t->hi,
+                                              j->mode, t->limit, scr, &t->part);
+        uint64_t busy = engine_now_ns() - t0;
+        pthread_mutex_lock(&e->mu);
+        bool last = cpu_task_done(b, t);
+        if (!last)
+            e->cpu_busy_ns += busy;
+        pthread_mutex_unlock(&e->mu);
+        if (last)
+            cpu_complete(e, b, busy);
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    cpuscan_scratch_destroy(scr);
+}
+
+/* Queues a batch for the CPU pool: placed there, or given back by a GPU
+ * engine with jobs to re-run. */
+void engine_cpu_push(struct engine *e, struct engine_batch *b)
+{
+    pthread_mutex_lock(&e->mu);
+    b->state = B_NEW;
+    b->next = NULL;
+    if (e->cpu_tail != NULL)
+        e->cpu_tail->next = b;
+    else
+        e->cpu_head = b;
+    e->cpu_tail = b;
+    pthread_cond_broadcast(&e->cpu_cond);
+    pthread_mutex_unlock(&e->mu);
+}

@@ -1,0 +1,587 @@
+/*
+ * The GPU engines (engine.h): the setup thread opens one gpu_engine per
+ * selected device, warms it with a self-test scan, and starts a worker
+ * thread per engine; each worker runs its batches and hands jobs the device
+ * cannot run (too big, too slow, device lost) to the CPU engine.
+ */
+#include "engine_internal.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <link.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "rules.h"
+#include "vkscan/errors.h"
+
+/* ---- the GPU engines -------------------------------------------------- */
+
+/* A buffer of the GPU batch: where its hits go. */
+struct slot {
+    uint32_t job; /* index into the jobs array */
+    uint32_t buf;
+};
+
+static int open_gpu(struct engine *e, struct gworker *w, struct vks_error *err);
+
+/* The engine failed a batch in a way that leaves it unusable: open it
+ * again, exactly as at start (warm-up self-test included). */
+static void gpu_reopen(struct gworker *w)
+{
+    struct vks_error err = {0};
+    gpu_engine_destroy(w->gpu);
+    w->gpu = NULL;
+    if (open_gpu(w->e, w, &err) != 0) {
+        log_err("GPU engine %u could not be re-created after a device failure (%s): its batches "
+                "go to the other engines from now on; restart vkscand to use it again",
+                w->index, err.msg);
+        pthread_mutex_lock(&w->e->mu);
+        w->alive = false;
+        pthread_mutex_unlock(&w->e->mu);
+    }
+}
+
+/* Keeps at most max_hits hits of each job after readback, plus one marker
+ * per buffer with more (engine_job.max_hits). */
+static int gpu_collect(struct gworker *w, struct engine_job **jobs, size_t n,
+                       const struct slot *slots)
+{
+    size_t *caps = calloc(n, sizeof(*caps));
+    uint64_t *kept = calloc(n, sizeof(*kept));
+    int64_t *marked = malloc(n * sizeof(*marked));
+    if (caps == NULL || kept == NULL || marked == NULL) {
+        free(caps);
+        free(kept);
+        free(marked);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++)
+        marked[i] = -1;
+    for (size_t h = 0; h < w->res.n_hits; h++) {
+        const struct gpu_hit *g = &w->res.hits[h];
+        const struct slot *s = &slots[g->buffer];
+        struct engine_job *j = jobs[s->job];
+        if (j->status != 0)
+            continue;
+        if (kept[s->job] >= engine_job_budget(j)) {
+            j->hits_dropped++;
+            if (marked[s->job] == (int64_t)s->buf)
+                continue;
+            marked[s->job] = s->buf;
+        } else {
+            kept[s->job]++;
+        }
+        if (engine_job_push_hit(j, &caps[s->job], s->buf, g->rule, g->count, g->end) != 0)
+            engine_job_fail(j, -VKS_E_INTERNAL, "out of memory collecting hits");
+    }
+    free(caps);
+    free(kept);
+    free(marked);
+    if (w->res.cap > RES_KEEP_HITS) {
+        gpu_result_finish(&w->res);
+        memset(&w->res, 0, sizeof(w->res));
+    }
+    return 0;
+}
+
+/* Dispatches the jobs j[0..n) as one GPU batch. Returns 0, or -E2BIG when
+ * the batch of several jobs does not fit the device (nothing ran). A job
+ * the device cannot run (one too large, a timeout, a lost device) is
+ * marked for the CPU engine. */
+static int run_gpu(struct gworker *w, struct engine_job **jobs, size_t n, struct gpu_telemetry *tel)
+{
+    if (w->gpu == NULL) {
+        for (size_t i = 0; i < n; i++)
+            jobs[i]->cpu_retry = -ENODEV;
+        return 0;
+    }
+    size_t nb = 0;
+    for (size_t i = 0; i < n; i++)
+        nb += jobs[i]->n_bufs;
+    struct gpu_buffer *gb = calloc(nb ? nb : 1, sizeof(*gb));
+    struct slot *slots = calloc(nb ? nb : 1, sizeof(*slots));
+    const struct catalog *cats[GPU_MAX_BATCH_CATALOGS];
+    uint32_t n_cats = 0, k = 0;
+    int rc = 0;
+    if (gb == NULL || slots == NULL) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct engine_job *j = jobs[i];
+        uint32_t c = 0;
+        while (c < n_cats && cats[c] != j->cat)
+            c++;
+        if (c == n_cats) {
+            if (n_cats == GPU_MAX_BATCH_CATALOGS) {
+                rc = -E2BIG;
+                goto out;
+            }
+            cats[n_cats++] = j->cat;
+        }
+        for (uint32_t b = 0; b < j->n_bufs; b++) {
+            if (j->bufs[b].status != 0)
+                continue;
+            gb[k] = (struct gpu_buffer){.data = j->bufs[b].data,
+                                        .len = (size_t)j->bufs[b].len,
+                                        .id = k,
+                                        .mode = j->mode,
+                                        .catalog = c};
+            slots[k++] = (struct slot){(uint32_t)i, b};
+        }
+    }
+    struct gpu_batch batch = {
+        .catalogs = cats, .n_catalogs = n_cats, .buffers = gb, .n_buffers = k};
+    struct vks_error err = {0};
+    rc = gpu_batch_dispatch(w->gpu, &batch, &w->res, &err);
+    if (rc == -E2BIG && n > 1)
+        goto out;
+    if (rc == -E2BIG || rc == -ETIMEDOUT || rc == -ENODEV || rc == -EIO) {
+        log_warn("GPU engine %u: %s: the batch's %zu scans re-run on the CPU engine", w->index,
+                 err.msg, n);
+        for (size_t i = 0; i < n; i++)
+            jobs[i]->cpu_retry = rc;
+        if (rc != -E2BIG)
+            gpu_reopen(w);
+        rc = 0;
+        goto out;
+    }
+    if (rc != 0) {
+        char msg[300];
+        snprintf(msg, sizeof(msg), "the GPU failed the scan: %.250s", err.msg);
+        for (size_t i = 0; i < n; i++)
+            engine_job_fail(jobs[i], -VKS_E_DEVICE, msg);
+        rc = 0;
+        goto out;
+    }
+    *tel = w->res.tel;
+    if (gpu_collect(w, jobs, n, slots) != 0) {
+        for (size_t i = 0; i < n; i++)
+            engine_job_fail(jobs[i], -VKS_E_INTERNAL, "out of memory collecting hits");
+    }
+out:
+    free(gb);
+    free(slots);
+    return rc;
+}
+
+/* Runs jobs[0..n) on the GPU, splitting the batch in halves while it does
+ * not fit the device; a single job that does not fit goes to the CPU. */
+static void run_gpu_split(struct gworker *w, struct engine_job **jobs, size_t n,
+                          struct engine_telemetry *tel)
+{
+    if (n == 0)
+        return;
+    struct gpu_telemetry t = {0};
+    int rc = run_gpu(w, jobs, n, &t);
+    if (rc == -E2BIG) {
+        run_gpu_split(w, jobs, n / 2, tel);
+        run_gpu_split(w, jobs + n / 2, n - n / 2, tel);
+        return;
+    }
+    if (rc != 0) {
+        for (size_t i = 0; i < n; i++)
+            engine_job_fail(jobs[i], -VKS_E_INTERNAL, "out of memory building the GPU batch");
+        return;
+    }
+    /* Sum the counters of the parts; the last part's choices (sizes, writer) stay. */
+    struct gpu_telemetry *s = &tel->gpu_tel;
+    uint64_t up = s->bytes_uploaded, cat = s->catalog_bytes_uploaded,
+             hay = s->haystack_bytes_uploaded, rb = s->bytes_read_back, kn = s->kernel_ns,
+             tn = s->total_ns;
+    uint32_t hits = s->catalog_cache_hits, launches = s->kernel_launches,
+             uploads = s->catalog_uploads;
+    if (t.total_ns == 0 && t.kernel_launches == 0)
+        return; /* nothing ran (the jobs went to the CPU) */
+    *s = t;
+    s->bytes_uploaded += up;
+    s->catalog_bytes_uploaded += cat;
+    s->haystack_bytes_uploaded += hay;
+    s->bytes_read_back += rb;
+    s->kernel_ns += kn;
+    s->total_ns += tn;
+    s->catalog_cache_hits += hits;
+    s->catalog_uploads += uploads;
+    s->kernel_launches += launches;
+}
+
+void engine_cpu_push(struct engine *e, struct engine_batch *b);
+
+static void gpu_run_batch(struct gworker *w, struct engine_batch *b)
+{
+    struct engine *e = w->e;
+    struct bstate *st = b->priv;
+    uint64_t t0 = engine_now_ns();
+    b->tel.idle_ns = w->last_done_ns ? t0 - w->last_done_ns : 0;
+    b->tel.gpu = true;
+    b->tel.engine = w->index;
+    engine_batch_load(b);
+    uint64_t t1 = engine_now_ns();
+    run_gpu_split(w, st->jobs, st->n_jobs, &b->tel);
+    uint32_t retries = 0;
+    for (size_t i = 0; i < st->n_jobs; i++)
+        retries += st->jobs[i]->status == 0 && st->jobs[i]->cpu_retry != 0;
+    b->tel.cpu_retries = retries;
+    w->last_done_ns = engine_now_ns();
+    b->tel.scan_ns = w->last_done_ns - t1;
+    pthread_mutex_lock(&e->mu);
+    w->batches++;
+    w->bytes += b->tel.bytes;
+    w->busy_ns += w->last_done_ns - t0;
+    w->retries += retries;
+    if (w->gpu != NULL) {
+        w->resident = gpu_engine_resident_catalogs(w->gpu);
+        if (b->tel.gpu_tel.resident_bytes != 0)
+            w->device_used = b->tel.gpu_tel.resident_bytes;
+    } else {
+        w->resident = 0;
+        w->device_used = 0;
+    }
+    b->tel.gpu_tel.resident_catalogs = w->resident;
+    pthread_mutex_unlock(&e->mu);
+    if (retries > 0)
+        engine_cpu_push(e, b);
+    else
+        engine_batch_post(e, b);
+}
+
+/* ---- opening and warming ---------------------------------------------- */
+
+/* Scans a small fixed catalog on the GPU in every report mode and checks the
+ * hits against the CPU scanner: compiles the common pipelines and refuses a
+ * device that gives wrong answers. */
+static int warm_up(struct gworker *w, struct vks_error *err)
+{
+    static const struct rule_src rules[] = {
+        {.id = "warm-literal", .kind = RULE_LITERAL, .pattern = "vkscan", .len = 6},
+        {.id = "warm-regex", .kind = RULE_REGEX, .pattern = "a[0-9]+b", .len = 8},
+        {.id = "warm-hex", .kind = RULE_HEX, .pattern = "de ad ?? ef", .len = 11},
+    };
+    static const uint8_t text[] = "-- vkscan a12b a3b \xde\xad\x00\xef vkscan\n";
+    struct rules_result rr = {0};
+    struct rules_options ro = {0};
+    int rc = rules_compile(rules, 3, &ro, &rr, err);
+    if (rc != 0)
+        return rc;
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT && rc == 0; mode++) {
+        const struct catalog *cats[1] = {rr.catalog};
+        struct gpu_buffer gb = {
+            .data = text, .len = sizeof(text) - 1, .mode = (enum scan_mode)mode, .catalog = 0};
+        struct gpu_batch batch = {
+            .catalogs = cats, .n_catalogs = 1, .buffers = &gb, .n_buffers = 1};
+        struct vks_error derr = {0};
+        struct scan_hits ref = {0};
+        rc = gpu_batch_dispatch(w->gpu, &batch, &w->res, &derr);
+        if (rc != 0) {
+            vks_error_set(err, rc, "GPU self-test scan failed: %s", derr.msg);
+            break;
+        }
+        rc = refscan_buffer(rr.catalog, text, sizeof(text) - 1, (enum scan_mode)mode, &ref);
+        bool same = rc == 0 && ref.n == w->res.n_hits && ref.n > 0;
+        for (size_t i = 0; same && i < ref.n; i++) {
+            const struct gpu_hit *g = &w->res.hits[i];
+            same = g->buffer == 0 && g->rule == ref.v[i].rule && g->end == ref.v[i].end &&
+                   g->count == ref.v[i].count;
+        }
+        if (rc == 0 && !same)
+            rc = vks_error_set(err, -EIO,
+                               "GPU self-test (mode %d) found %zu hits, the CPU "
+                               "scanner %zu: the device or driver scans wrongly",
+                               mode, w->res.n_hits, ref.n);
+        scan_hits_finish(&ref);
+    }
+    rules_result_finish(&rr);
+    return rc;
+}
+
+static int pin_module(struct dl_phdr_info *info, size_t size, void *ctx)
+{
+    (void)size, (void)ctx;
+    const char *name = info->dlpi_name;
+    if (name != NULL && (strstr(name, "libvulkan_") != NULL || strstr(name, "VkLayer") != NULL ||
+                         strstr(name, "nvidia") != NULL))
+        dlopen(name, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+    return 0;
+}
+
+/* Keeps the Vulkan driver modules loaded for the life of the process: the
+ * loader would otherwise unload and reload them whenever an instance goes
+ * (device listing, re-creating the engine after a device loss), and the
+ * drivers keep per-load state that is lost, and reported as leaked, each
+ * time. Loads nothing new (RTLD_NOLOAD). */
+static void pin_vulkan_modules(void)
+{
+    dl_iterate_phdr(pin_module, NULL);
+}
+
+static int create_gpu(struct engine *e, struct gworker *w, uint32_t timeout_ms,
+                      struct vks_error *err)
+{
+    struct gpu_options go = {.device = w->device,
+                             .memory_budget = e->budget,
+                             .pipeline_cache_path = w->cache_path[0] ? w->cache_path : NULL,
+                             .timeout_ms = timeout_ms};
+    int rc = gpu_engine_create(&go, &w->gpu, err);
+    if (rc == 0)
+        pin_vulkan_modules();
+    return rc;
+}
+
+/* Opens the worker's device and warms it: the same steps at start and
+ * after a device failure. The self-test runs under the default timeout (its
+ * first dispatch may be slow); a shorter gpu-timeout-ms takes effect on the
+ * engine opened again after it. Publishes what the loop thread shows. */
+static int open_gpu(struct engine *e, struct gworker *w, struct vks_error *err)
+{
+    bool short_timeout = e->timeout_ms != 0 && e->timeout_ms < GPU_DEFAULT_TIMEOUT_MS;
+    if (w->gpu != NULL && short_timeout) { /* opened by setup to list devices */
+        gpu_engine_destroy(w->gpu);
+        w->gpu = NULL;
+    }
+    int rc = w->gpu != NULL ? 0 : create_gpu(e, w, short_timeout ? 0 : e->timeout_ms, err);
+    if (rc == 0)
+        rc = warm_up(w, err);
+    if (rc == 0 && short_timeout) {
+        gpu_engine_destroy(w->gpu);
+        w->gpu = NULL;
+        rc = create_gpu(e, w, e->timeout_ms, err);
+    }
+    if (rc != 0) {
+        gpu_engine_destroy(w->gpu);
+        w->gpu = NULL;
+        return rc;
+    }
+    const struct gpu_device_info *d = gpu_engine_device(w->gpu);
+    uint64_t budget = e->budget;
+    for (uint32_t i = 0; e->budget == 0 && i < d->n_heaps; i++) {
+        /* gpu.h: a zero budget means 90% of the device-local heap's budget. */
+        const struct gpu_heap_info *h = &d->heaps[i];
+        if (h->device_local && h->budget / 10 * 9 > budget)
+            budget = h->budget / 10 * 9;
+    }
+    pthread_mutex_lock(&e->mu);
+    w->dev = *d;
+    w->budget = budget;
+    w->alive = true;
+    w->resident = gpu_engine_resident_catalogs(w->gpu);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+/* ---- the GPU workers -------------------------------------------------- */
+
+static void gpu_main(void *arg)
+{
+    struct gworker *w = arg;
+    struct engine *e = w->e;
+    for (;;) {
+        uint8_t forget[FORGET_MAX][CATALOG_FP_LEN];
+        pthread_mutex_lock(&e->mu);
+        while (w->head == NULL && w->n_forget == 0 && !e->stop)
+            pthread_cond_wait(&w->cond, &e->mu);
+        uint32_t n_forget = w->n_forget;
+        memcpy(forget, w->forget, (size_t)n_forget * CATALOG_FP_LEN);
+        w->n_forget = 0;
+        struct engine_batch *b = w->head;
+        if (b != NULL) {
+            w->head = b->next;
+            if (w->head == NULL)
+                w->tail = NULL;
+        }
+        pthread_mutex_unlock(&e->mu);
+        for (uint32_t i = 0; i < n_forget && w->gpu != NULL; i++)
+            gpu_engine_forget(w->gpu, forget[i]);
+        if (n_forget != 0 && w->gpu != NULL) {
+            uint32_t resident = gpu_engine_resident_catalogs(w->gpu);
+            pthread_mutex_lock(&e->mu);
+            w->resident = resident;
+            pthread_mutex_unlock(&e->mu);
+        }
+        if (b == NULL && n_forget != 0)
+            continue;
+        if (b == NULL)
+            break; /* stop, and nothing left */
+        gpu_run_batch(w, b);
+    }
+    gpu_engine_destroy(w->gpu);
+    w->gpu = NULL;
+    gpu_result_finish(&w->res);
+}
+
+/* Parses `devices`: "all" or "N[,N...]" (duplicates allowed: two engines
+ * on one device). Returns the count, or -EINVAL with `err` set. */
+int engine_devices_parse(const char *s, uint32_t *idx, uint32_t cap, bool *all,
+                         struct vks_error *err)
+{
+    *all = strcmp(s, "all") == 0;
+    if (*all)
+        return 0;
+    uint32_t n = 0;
+    const char *p = s;
+    while (*p != '\0') {
+        char *end;
+        if (*p < '0' || *p > '9')
+            return vks_error_set(err, -EINVAL,
+                                 "devices '%s': '%s' is not a device index: use all or "
+                                 "indexes such as 0,1 (vkscan status lists them)",
+                                 s, p);
+        unsigned long v = strtoul(p, &end, 10);
+        if (v >= MAX_DEVICES || n == cap)
+            return vks_error_set(err, -EINVAL,
+                                 "devices '%s': at most %u engines on device indexes below %u", s,
+                                 cap, MAX_DEVICES);
+        idx[n++] = (uint32_t)v;
+        p = end;
+        if (*p == ',')
+            p++;
+        else if (*p != '\0')
+            return vks_error_set(err, -EINVAL,
+                                 "devices '%s': indexes are separated by commas, e.g. 0,1", s);
+    }
+    if (n == 0)
+        return vks_error_set(err, -EINVAL, "devices is empty: use all or indexes such as 0,1");
+    return (int)n;
+}
+
+static void list_devices(struct engine *e)
+{
+    struct vks_error lerr = {0};
+    uint32_t n = 0;
+    if (gpu_device_list(e->devices_found, MAX_DEVICES, &n, &lerr) == 0)
+        e->n_devices_found = n < MAX_DEVICES ? n : MAX_DEVICES;
+}
+
+static void worker_init(struct engine *e, struct gworker *w, uint32_t index, const char *device)
+{
+    w->e = e;
+    w->index = index;
+    snprintf(w->device, sizeof(w->device), "%s", device);
+    if (e->state_dir[0] != '\0' && index == 0)
+        snprintf(w->cache_path, sizeof(w->cache_path), "%s/pipeline.cache", e->state_dir);
+    else if (e->state_dir[0] != '\0') /* one file per engine: each saves its own at exit */
+        snprintf(w->cache_path, sizeof(w->cache_path), "%s/pipeline-%u.cache", e->state_dir, index);
+}
+
+/*
+ * The setup thread: opens the GPU engines `devices` (or `device`) names,
+ * warms each, starts a worker thread per engine, reports readiness.
+ * `--engine auto` with neither set takes the best device, and scans on the
+ * CPU engine when that is a CPU (lavapipe) or when none opens.
+ */
+static int setup_gpus(struct engine *e, struct vks_error *err)
+{
+    uint32_t idx[MAX_GPU_ENGINES];
+    bool all = false;
+    int n = 1;
+    if (e->devices[0] != '\0') {
+        n = engine_devices_parse(e->devices, idx, MAX_GPU_ENGINES, &all, err);
+        if (n < 0)
+            return n;
+    }
+    struct gworker *w0 = &e->gw[0];
+    if (e->devices[0] == '\0') {
+        worker_init(e, w0, 0, e->device);
+    } else {
+        char first[16];
+        snprintf(first, sizeof(first), "%u", all ? 0u : idx[0]);
+        worker_init(e, w0, 0, first);
+    }
+    /* The first engine loads the driver (kept loaded: pin_vulkan_modules)
+     * before the devices are listed. */
+    int rc = create_gpu(e, w0, e->timeout_ms, err);
+    list_devices(e);
+    if (rc != 0)
+        return rc;
+    bool chosen = e->device[0] != '\0' || (e->devices[0] != '\0' && !all);
+    if (e->want == CONFIG_ENGINE_AUTO && !chosen &&
+        gpu_engine_device(w0->gpu)->type == GPU_DEVICE_CPU) {
+        log_notice("engine: the best Vulkan device, %s, is a CPU: scanning on the CPU engine "
+                   "(--engine gpu uses it)",
+                   gpu_engine_device(w0->gpu)->name);
+        gpu_engine_destroy(w0->gpu);
+        w0->gpu = NULL;
+        return 0;
+    }
+    if (all) {
+        n = 0;
+        for (uint32_t i = 0; i < e->n_devices_found && n < (int)MAX_GPU_ENGINES; i++) {
+            if (e->want == CONFIG_ENGINE_AUTO && e->devices_found[i].type == GPU_DEVICE_CPU)
+                continue;
+            idx[n++] = e->devices_found[i].index;
+        }
+        if (n == 0 || idx[0] != 0) {
+            /* engine 0 was opened on device 0 to list them: it is not wanted */
+            gpu_engine_destroy(w0->gpu);
+            w0->gpu = NULL;
+            if (n == 0) {
+                log_notice("engine: devices all: no GPU, scanning on the CPU engine");
+                return 0;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        struct gworker *w = &e->gw[i];
+        if (e->devices[0] != '\0') {
+            char d[16];
+            snprintf(d, sizeof(d), "%u", idx[i]);
+            if (i > 0 || w->gpu == NULL)
+                worker_init(e, w, (uint32_t)i, d);
+        }
+        rc = open_gpu(e, w, err);
+        if (rc != 0) {
+            char msg[sizeof(err->msg)];
+            snprintf(msg, sizeof(msg), "%s", err->msg);
+            vks_error_set(err, rc, "GPU engine %d (device %s): %s", i, w->device, msg);
+            return rc;
+        }
+        pthread_cond_init(&w->cond, NULL);
+        rc = uv_thread_create(&w->thread, gpu_main, w);
+        if (rc != 0) {
+            pthread_cond_destroy(&w->cond);
+            gpu_engine_destroy(w->gpu);
+            w->gpu = NULL;
+            return vks_error_set(err, rc, "cannot start GPU engine thread %d: %s", i,
+                                 uv_strerror(rc));
+        }
+        pthread_mutex_lock(&e->mu);
+        w->started = true;
+        e->n_gpu = (uint32_t)i + 1;
+        pthread_mutex_unlock(&e->mu);
+        log_notice("engine %d: GPU %s (%s), pipelines warm", i, w->dev.name, w->dev.driver);
+    }
+    return 0;
+}
+
+void engine_gpu_setup(void *arg)
+{
+    struct engine *e = arg;
+    int rc = 0;
+    struct vks_error err = {0};
+    if (e->want == CONFIG_ENGINE_CPU)
+        log_notice("engine: CPU engine, %u threads (--engine cpu)", e->n_cpu);
+    else
+        rc = setup_gpus(e, &err);
+    pthread_mutex_lock(&e->mu);
+    uint32_t n_gpu = e->n_gpu;
+    pthread_mutex_unlock(&e->mu);
+    if (rc != 0 && e->want == CONFIG_ENGINE_GPU) {
+        e->open_status = rc;
+        vks_error_set(&e->open_err, rc,
+                      "the GPU engine did not start: %s (use --engine auto "
+                      "to fall back to the CPU engine)",
+                      err.msg);
+    } else if (rc != 0) {
+        log_warn("engine: %s: scanning with %u GPU engines and the CPU engine", err.msg, n_gpu);
+    } else if (e->want == CONFIG_ENGINE_GPU && n_gpu == 0) {
+        e->open_status = -ENODEV;
+        vks_error_set(&e->open_err, -ENODEV, "the GPU engine did not start: no device");
+    }
+    if (n_gpu == 0 && e->want != CONFIG_ENGINE_CPU && e->open_status == 0)
+        log_notice("engine: CPU engine, %u threads", e->n_cpu);
+    pthread_mutex_lock(&e->mu);
+    e->open_done = true;
+    pthread_mutex_unlock(&e->mu);
+    uv_async_send(&e->async);
+}

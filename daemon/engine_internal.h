@@ -1,0 +1,185 @@
+/*
+ * The engine layer's inside (engine.h is its interface): the state the
+ * loop thread, the GPU workers (engine_gpu.c) and the CPU pool
+ * (engine_cpu.c) share, and the batch helpers all of them use (engine.c).
+ *
+ * Locking: one mutex (engine.mu) guards every queue and every field a thread
+ * publishes for the others (marked "mu" below). A worker's gpu_engine and
+ * gpu_result are its own; the loop thread never calls into gpu/, it reads
+ * what the workers published, under the mutex.
+ */
+#ifndef VKS_DAEMON_ENGINE_INTERNAL_H
+#define VKS_DAEMON_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+
+#include "cpuscan.h"
+#include "engine.h"
+
+#define MAX_DEVICES     16u
+#define MAX_GPU_ENGINES 16u
+#define CPU_ENGINE      MAX_GPU_ENGINES /* stats slot of the CPU engine */
+
+/* Dropped catalogs queued for a worker; past this, LRU eviction frees
+ * the rest in time. */
+#define FORGET_MAX 64
+
+/* A GPU result array past this many hits is freed after its batch (a hit
+ * bomb must not pin its memory until the next one). */
+#define RES_KEEP_HITS (1u << 20)
+
+/* engine_batch.state */
+enum { B_NEW = 0, B_PREPARING, B_PREPARED };
+
+struct gworker {
+    struct engine *e;
+    uint32_t index;
+    uv_thread_t thread;
+    bool started;
+    pthread_cond_t cond;
+    struct engine_batch *head, *tail;           /* mu */
+    uint8_t forget[FORGET_MAX][CATALOG_FP_LEN]; /* mu */
+    uint32_t n_forget;                          /* mu */
+
+    /* The worker's own (set by the setup thread before the worker starts). */
+    char device[32];
+    char cache_path[CONFIG_PATH_MAX + 32];
+    struct gpu_engine *gpu;
+    struct gpu_result res;
+    uint64_t last_done_ns;
+
+    /* Published, mu. */
+    bool alive;
+    struct gpu_device_info dev;
+    uint64_t budget;
+    uint32_t resident;
+    uint64_t device_used;
+    uint64_t batches, bytes, busy_ns, retries;
+
+    /* Loop thread. */
+    uint64_t inflight_bytes;
+};
+
+struct engine {
+    uv_loop_t *loop;
+    uv_async_t async;
+    pthread_mutex_t mu;
+    struct engine_batch *done_head, *done_tail; /* mu: workers -> loop */
+    bool stop;                                  /* mu: GPU workers */
+    bool pool_stop;                             /* mu: CPU pool */
+    uint64_t batches;                           /* mu: batch ids */
+    uint32_t pending;                           /* loop thread */
+    uint64_t start_ns;
+
+    /* Settings, read-only after create. */
+    enum config_engine want;
+    uint64_t cpu_max_work;
+    uint64_t cpu_max_wait_ns;
+    uint64_t seg_bytes;
+    uint32_t timeout_ms;
+    uint64_t budget;
+    char device[sizeof(((struct daemon_config *)0)->device)];
+    char devices[sizeof(((struct daemon_config *)0)->devices)];
+    char state_dir[CONFIG_PATH_MAX];
+
+    /* The setup thread opens the GPU engines and starts their workers. */
+    uv_thread_t setup;
+    bool setup_started;
+    struct gworker gw[MAX_GPU_ENGINES];
+    uint32_t n_gpu;                                    /* mu until open_done; fixed after */
+    struct gpu_device_info devices_found[MAX_DEVICES]; /* setup thread, then read-only */
+    uint32_t n_devices_found;
+    int open_status;
+    struct vks_error open_err;
+    bool open_done, open_reported; /* mu */
+
+    /* The CPU pool. */
+    uv_thread_t *cpu;
+    uint32_t n_cpu, n_cpu_started;
+    pthread_cond_t cpu_cond;
+    struct engine_batch *cpu_head, *cpu_tail; /* mu: batches with work to hand out */
+    uint64_t cpu_batches, cpu_bytes, cpu_busy_ns, cpu_retries; /* mu */
+    uint64_t cpu_inflight_bytes;                               /* loop thread */
+
+    /* Loop thread. */
+    uint32_t rr; /* where the next tie-break starts */
+    struct engine_info info;
+    char keys[MAX_GPU_ENGINES + 1][7][40]; /* engine.N.* stats keys */
+
+    engine_ready_cb ready_cb;
+    engine_done_cb done_cb;
+    void *ctx;
+};
+
+/* Memory a fd buffer was read into: a mapping or a heap copy. */
+struct loaded {
+    void *map;
+    size_t map_len;
+    void *heap;
+};
+
+/* A CPU task: the end offsets (lo, hi] of one buffer of one job. */
+struct ctask {
+    uint32_t job, buf;
+    uint64_t lo, hi;
+    uint64_t limit; /* set when handed out */
+    bool done;
+    int rc;
+    struct cpuscan_part part;
+};
+
+/* Per job, on the CPU engine. */
+struct jstate {
+    bool run;        /* scanned on the CPU */
+    uint32_t t0, nt; /* its tasks, in (buffer, segment) order */
+    uint32_t prefix; /* tasks done from t0 on without a gap */
+    uint64_t plain;  /* their kept hits (SCAN_ALL, rules without single-match) */
+    bool full;       /* the prefix holds max_hits: later tasks keep one hit (a marker) */
+};
+
+/* A batch's private state while it runs. */
+struct bstate {
+    struct engine_job **jobs;
+    size_t n_jobs;
+    struct loaded *ld;
+    size_t n_loaded;
+    bool loaded;
+    uint64_t start_ns;
+    struct ctask *tasks; /* CPU engine */
+    uint32_t n_tasks, next_task, done_tasks;
+    struct jstate *js;
+};
+
+/* Monotonic clock in ns. */
+uint64_t engine_now_ns(void);
+
+/* Reads the batch's descriptor buffers and fills the byte counts. Runs once
+ * per batch, on the first engine that takes it. */
+void engine_batch_load(struct engine_batch *b);
+
+/* Frees the batch's private state and queues it for the loop thread. */
+void engine_batch_post(struct engine *e, struct engine_batch *b);
+
+/* Fails a job: drops its hits, sets status and message. */
+void engine_job_fail(struct engine_job *j, int code, const char *msg);
+
+/* Appends a hit to the job (`*cap` is its array's size); 0 or -ENOMEM. */
+int engine_job_push_hit(struct engine_job *j, size_t *cap, uint32_t buffer, uint32_t rule,
+                        uint32_t count, uint64_t end);
+
+/* The job's max_hits, UINT64_MAX for none. */
+uint64_t engine_job_budget(const struct engine_job *j);
+
+/* engine_cpu.c: queues a batch for the CPU pool (placed there, or given back
+ * by a GPU engine with jobs to re-run); the pool threads' main. */
+void engine_cpu_push(struct engine *e, struct engine_batch *b);
+void engine_cpu_main(void *arg);
+
+/* engine_gpu.c: the setup thread's main (opens the GPU engines, starts
+ * their workers, reports readiness), and the `devices` parser: the count,
+ * or -EINVAL with `err` set. */
+void engine_gpu_setup(void *arg);
+int engine_devices_parse(const char *s, uint32_t *idx, uint32_t cap, bool *all,
+                         struct vks_error *err);
+
+#endif
