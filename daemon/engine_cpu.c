@@ -15,9 +15,27 @@
 
 /* ---- the CPU engine --------------------------------------------------- */
 
+/* A buffer is spread over every thread in pieces of at least this much. */
+#define MIN_SPLIT (64u << 10)
+
+/* The segment size for a buffer of `len` bytes of a catalog with lookback
+ * `lb`: at most cpu-segment-bytes, the buffer's share of the threads when
+ * that is smaller (but at least MIN_SPLIT), and at least four lookbacks so
+ * the overlap stays small. The whole buffer when it cannot be split. */
+static uint64_t seg_size(const struct engine *e, uint64_t lb, uint64_t len)
+{
+    if (lb == CPUSCAN_UNSEGMENTABLE)
+        return len;
+    uint64_t share = len / e->n_cpu;
+    uint64_t seg = share > MIN_SPLIT ? share : MIN_SPLIT;
+    if (seg > e->seg_bytes)
+        seg = e->seg_bytes;
+    return seg < 4 * lb ? 4 * lb : seg;
+}
+
 /* Splits the batch's CPU jobs into tasks: a buffer of a catalog whose
- * groups are all bounded is cut into segments of seg_bytes (at least four
- * lookbacks); anything else is one task per buffer. */
+ * groups are all bounded is cut into segments (seg_size); anything else is
+ * one task per buffer. */
 static void cpu_prepare(struct engine *e, struct engine_batch *b)
 {
     struct bstate *st = b->priv;
@@ -34,15 +52,12 @@ static void cpu_prepare(struct engine *e, struct engine_batch *b)
         if (!js->run)
             continue;
         uint64_t lb = cpuscan_lookback(j->cat);
-        uint64_t seg = e->seg_bytes;
-        if (lb != CPUSCAN_UNSEGMENTABLE && seg < 4 * lb)
-            seg = 4 * lb;
         for (uint32_t k = 0; k < j->n_bufs; k++) {
             const struct engine_buf *eb = &j->bufs[k];
             if (eb->status != 0)
                 continue;
-            n_tasks +=
-                lb == CPUSCAN_UNSEGMENTABLE || eb->len <= seg ? 1 : (eb->len + seg - 1) / seg;
+            uint64_t seg = seg_size(e, lb, eb->len);
+            n_tasks += eb->len <= seg ? 1 : (eb->len + seg - 1) / seg;
         }
     }
     st->tasks = calloc(n_tasks ? n_tasks : 1, sizeof(*st->tasks));
@@ -63,14 +78,12 @@ static void cpu_prepare(struct engine *e, struct engine_batch *b)
         if (!js->run)
             continue;
         uint64_t lb = cpuscan_lookback(j->cat);
-        uint64_t seg = e->seg_bytes;
-        if (lb != CPUSCAN_UNSEGMENTABLE && seg < 4 * lb)
-            seg = 4 * lb;
         for (uint32_t k = 0; k < j->n_bufs; k++) {
             const struct engine_buf *eb = &j->bufs[k];
             if (eb->status != 0)
                 continue;
-            if (lb == CPUSCAN_UNSEGMENTABLE || eb->len <= seg) {
+            uint64_t seg = seg_size(e, lb, eb->len);
+            if (eb->len <= seg) {
                 st->tasks[t++] =
                     (struct ctask){.job = (uint32_t)i, .buf = k, .lo = 0, .hi = eb->len};
                 continue;
