@@ -243,6 +243,8 @@ struct figures {
     size_t rules;
     size_t rejects;
     uint32_t groups;
+    uint32_t nfa_groups; /* bit-NFA groups */
+    uint32_t nfa_rules;  /* rules on the bit-NFA engine */
     uint64_t states;
     size_t bytes;
     double wall_s;
@@ -275,6 +277,13 @@ static int measure(const char *name, const struct ruleset *rs, int repeat, uint3
         out->wall_s = t < out->wall_s ? t : out->wall_s;
         out->rejects = res.n_rejects;
         out->groups = catalog_group_count(res.catalog);
+        out->nfa_groups = catalog_nfa_count(res.catalog);
+        out->nfa_rules = 0;
+        for (uint32_t i = 0; i < catalog_rule_count(res.catalog); i++) {
+            struct catalog_rule r;
+            catalog_rule(res.catalog, i, &r);
+            out->nfa_rules += r.group >= out->groups;
+        }
         out->states = catalog_total_states(res.catalog);
         out->bytes = words * 4;
         rules_result_finish(&res);
@@ -284,11 +293,12 @@ static int measure(const char *name, const struct ruleset *rs, int repeat, uint3
 
 static void print_text(const struct figures *f, size_t n)
 {
-    printf("%-22s %8s %8s %7s %10s %12s %10s\n", "workload", "rules", "rejects", "groups", "states",
-           "catalog KiB", "wall s");
+    printf("%-22s %8s %8s %7s %10s %9s %9s %12s %10s\n", "workload", "rules", "rejects", "groups",
+           "states", "nfa-grps", "nfa-rules", "catalog KiB", "wall s");
     for (size_t i = 0; i < n; i++)
-        printf("%-22s %8zu %8zu %7u %10" PRIu64 " %12.1f %10.3f\n", f[i].name, f[i].rules,
-               f[i].rejects, f[i].groups, f[i].states, (double)f[i].bytes / 1024.0, f[i].wall_s);
+        printf("%-22s %8zu %8zu %7u %10" PRIu64 " %9u %9u %12.1f %10.3f\n", f[i].name, f[i].rules,
+               f[i].rejects, f[i].groups, f[i].states, f[i].nfa_groups, f[i].nfa_rules,
+               (double)f[i].bytes / 1024.0, f[i].wall_s);
 }
 
 static void print_json(const struct figures *f, size_t n)
@@ -296,9 +306,10 @@ static void print_json(const struct figures *f, size_t n)
     printf("{\"bench\": \"compile_bench\", \"workloads\": [");
     for (size_t i = 0; i < n; i++)
         printf("%s\n  {\"name\": \"%s\", \"rules\": %zu, \"rejects\": %zu, \"groups\": %u, "
-               "\"states\": %" PRIu64 ", \"catalog_bytes\": %zu, \"wall_s\": %.6f}",
+               "\"states\": %" PRIu64 ", \"nfa_groups\": %u, \"nfa_rules\": %u, "
+               "\"catalog_bytes\": %zu, \"wall_s\": %.6f}",
                i ? "," : "", f[i].name, f[i].rules, f[i].rejects, f[i].groups, f[i].states,
-               f[i].bytes, f[i].wall_s);
+               f[i].nfa_groups, f[i].nfa_rules, f[i].bytes, f[i].wall_s);
     printf("\n]}\n");
 }
 

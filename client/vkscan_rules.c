@@ -15,8 +15,61 @@
 #include "rules.h"
 #include "vkscan_cli.h"
 
-/* Compiles FILE; prints what `rules check` prints when `verbose`. */
-static int compile_file(const char *file, bool verbose, struct rules_result *res, size_t *n_rejects)
+static void print_maxlen(uint32_t maxlen)
+{
+    if (maxlen == CATALOG_UNBOUNDED)
+        printf("max match unbounded\n");
+    else
+        printf("max match %u bytes\n", maxlen);
+}
+
+/* The catalog's engines: one line per DFA and bit-NFA group, and the
+ * passes over the data a scan makes (one per group). */
+static void print_groups(const struct catalog *cat)
+{
+    uint32_t ng = catalog_group_count(cat), nn = catalog_nfa_count(cat);
+    for (uint32_t g = 0; g < ng; g++) {
+        struct catalog_group grp;
+        catalog_group(cat, g, &grp);
+        printf("group %u: %u rules, %u states, %u classes, ", g, grp.n_rules, grp.n_states,
+               grp.n_classes);
+        print_maxlen(grp.maxlen);
+    }
+    for (uint32_t k = 0; k < nn; k++) {
+        struct catalog_nfa n;
+        catalog_nfa(cat, k, &n);
+        printf("nfa group %u: %u rules, %u bits, %u classes, %u exceptions, ", ng + k, n.n_rules,
+               n.n_bits, n.n_classes, n.n_exc);
+        print_maxlen(n.maxlen);
+    }
+    printf("passes: %u (%u DFA groups, %u bit-NFA groups)\n", ng + nn, ng, nn);
+}
+
+/* One line per rule: its engine, group and that group's size. */
+static void print_rules(const struct catalog *cat)
+{
+    uint32_t ng = catalog_group_count(cat);
+    for (uint32_t i = 0; i < catalog_rule_count(cat); i++) {
+        struct catalog_rule r;
+        catalog_rule(cat, i, &r);
+        printf("rule %.*s: ", (int)r.id_len, r.id);
+        if (r.group < ng) {
+            struct catalog_group grp;
+            catalog_group(cat, r.group, &grp);
+            printf("dfa group %u (%u states), ", r.group, grp.n_states);
+        } else {
+            struct catalog_nfa n;
+            catalog_nfa(cat, r.group - ng, &n);
+            printf("nfa group %u (%u bits), ", r.group, n.n_bits);
+        }
+        print_maxlen(r.maxlen);
+    }
+}
+
+/* Compiles FILE; prints what `rules check` prints when `verbose` (and one
+ * line per rule when `per_rule`). */
+static int compile_file(const char *file, bool verbose, bool per_rule, struct rules_result *res,
+                        size_t *n_rejects)
 {
     char *text;
     size_t len;
@@ -51,21 +104,15 @@ static int compile_file(const char *file, bool verbose, struct rules_result *res
         size_t words;
         catalog_words(cat, &words);
         catalog_fingerprint_hex(catalog_fingerprint(cat), hex);
-        printf("%s: %u rules compiled, %zu rejected, %u groups, %llu states, %zu bytes, %.1f ms\n",
+        printf("%s: %u rules compiled, %zu rejected, %u groups, %llu states, %u bit-NFA groups, "
+               "%zu bytes, %.1f ms\n",
                file, catalog_rule_count(cat), *n_rejects, catalog_group_count(cat),
-               (unsigned long long)catalog_total_states(cat), words * 4,
+               (unsigned long long)catalog_total_states(cat), catalog_nfa_count(cat), words * 4,
                (double)res->compile_ns / 1e6);
         printf("fingerprint %s\n", hex);
-        for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
-            struct catalog_group grp;
-            catalog_group(cat, g, &grp);
-            if (grp.maxlen == CATALOG_UNBOUNDED)
-                printf("group %u: %u rules, %u states, %u classes, max match unbounded\n", g,
-                       grp.n_rules, grp.n_states, grp.n_classes);
-            else
-                printf("group %u: %u rules, %u states, %u classes, max match %u bytes\n", g,
-                       grp.n_rules, grp.n_states, grp.n_classes, grp.maxlen);
-        }
+        print_groups(cat);
+        if (per_rule)
+            print_rules(cat);
     }
     patfile_finish(&pf);
     free(text);
@@ -74,13 +121,14 @@ static int compile_file(const char *file, bool verbose, struct rules_result *res
 
 int cli_rules_check(int argc, char **argv)
 {
-    if (argc != 1) {
-        fprintf(stderr, "usage: vkscan rules check FILE\n");
+    bool per_rule = argc == 2 && strcmp(argv[0], "-v") == 0;
+    if (argc != 1 && !per_rule) {
+        fprintf(stderr, "usage: vkscan rules check [-v] FILE\n");
         return 2;
     }
     struct rules_result res;
     size_t rejects = 0;
-    int rc = compile_file(argv[0], true, &res, &rejects);
+    int rc = compile_file(argv[argc - 1], true, per_rule, &res, &rejects);
     if (rc != 0)
         return rc;
     rules_result_finish(&res);
@@ -117,7 +165,7 @@ int cli_rules_scan(int argc, char **argv)
     }
     struct rules_result res;
     size_t rejects = 0;
-    int rc = compile_file(argv[0], false, &res, &rejects);
+    int rc = compile_file(argv[0], false, false, &res, &rejects);
     if (rc != 0)
         return rc;
     bool matched = false, failed = false;
