@@ -74,10 +74,15 @@ struct parser {
     uint32_t err_pos;
     char *msg;
     size_t msgsz;
+    bool regex;       /* regex rules: PCRE escapes; literals: C escapes */
+    bool quote;       /* inside \Q...\E: every byte is literal */
+    uint32_t ngroups; /* capturing groups opened so far (for \N: backref or octal) */
+    uint32_t *names; /* group names seen: (offset, length) pairs */
+    uint32_t nnames, capnames;
 };
 
 struct pflags {
-    bool caseless, dotall, multiline;
+    bool caseless, dotall, multiline, extended;
 };
 
 static VKS_PRINTF(3, 4) void fail(struct parser *p, size_t pos, const char *fmt, ...)
@@ -156,6 +161,17 @@ static struct byteset class_of(char c)
     case 'S':
         set_range(&s, '\t', '\r'); /* \t \n \v \f \r, as PCRE and Hyperscan */
         byteset_add(&s, ' ');
+        break;
+    case 'h': /* horizontal space (PCRE, non-UTF mode) */
+    case 'H':
+        byteset_add(&s, '\t');
+        byteset_add(&s, ' ');
+        byteset_add(&s, 0xa0);
+        break;
+    case 'v': /* vertical space: \n \v \f \r and NEL */
+    case 'V':
+        set_range(&s, '\n', '\r');
+        byteset_add(&s, 0x85);
         break;
     }
     if (c >= 'A' && c <= 'Z')
@@ -239,19 +255,30 @@ static int peek(const struct parser *p, size_t off)
     return p->i + off < p->len ? p->s[p->i + off] : -1;
 }
 
-/* \xHH or \x{H..}; p->i is just past the 'x'. Returns the byte or -1. */
+/*
+ * \xHH, \xH or \x{H...}; p->i is just past the 'x'. Returns the byte or -1.
+ * In a regex a \x with no hex digit after it is the byte 0, as in PCRE.
+ */
 static int parse_hex_escape(struct parser *p, size_t at)
 {
     if (peek(p, 0) == '{') {
         size_t j = p->i + 1;
         unsigned v = 0;
         int nd = 0;
-        while (j < p->len && hexval(p->s[j]) >= 0 && nd < 3) {
+        while (j < p->len && hexval(p->s[j]) >= 0) {
             v = v * 16 + (unsigned)hexval(p->s[j++]);
+            if (v > 0xfff)
+                v = 0xfff;
             nd++;
         }
-        if (nd == 0 || j >= p->len || p->s[j] != '}' || v > 255) {
+        if (nd == 0 || j >= p->len || p->s[j] != '}') {
             fail(p, at, "bad \\x{...} escape: write one byte as \\x{00} to \\x{ff}");
+            return -1;
+        }
+        if (v > 255) {
+            fail(p, at,
+                 "\\x{...} escape is over \\x{ff}: a pattern byte is \\x{00} to \\x{ff} (there "
+                 "is no UTF-8 mode); write a multi-byte character as its bytes");
             return -1;
         }
         p->i = j + 1;
@@ -259,6 +286,8 @@ static int parse_hex_escape(struct parser *p, size_t at)
     }
     int h = hexval(peek(p, 0)), l = hexval(peek(p, 1));
     if (h < 0) {
+        if (p->regex)
+            return 0; /* PCRE: \x alone is the byte 0 */
         fail(p, at, "bad \\x escape: write a byte as two hex digits, e.g. \\x41");
         return -1;
     }
@@ -271,9 +300,87 @@ static int parse_hex_escape(struct parser *p, size_t at)
 }
 
 /*
+ * Up to `max` octal digits at p->i, for the escape that starts at `at`.
+ * Returns the byte, or -1 (reported) when the value is over \377.
+ */
+static int read_octal(struct parser *p, size_t at, int max)
+{
+    unsigned v = 0;
+    size_t start = p->i;
+    for (int k = 0; k < max && peek(p, 0) >= '0' && peek(p, 0) <= '7'; k++)
+        v = v * 8 + (unsigned)(p->s[p->i++] - '0');
+    if (v > 0377) {
+        fail(p, at,
+             "octal escape \\%.*s is over \\377: a byte is \\0 to \\377 in octal; write "
+             "the byte as \\xHH",
+             (int)(p->i - start), (const char *)p->s + start);
+        return -1;
+    }
+    return (int)v;
+}
+
+/* \o{...}; p->i is just past the 'o'. Returns the byte or -1. */
+static int parse_octal_brace(struct parser *p, size_t at)
+{
+    size_t j = p->i + 1;
+    unsigned v = 0;
+    if (peek(p, 0) == '{')
+        while (j < p->len && p->s[j] >= '0' && p->s[j] <= '7' && v <= 0377)
+            v = v * 8 + (unsigned)(p->s[j++] - '0');
+    if (peek(p, 0) != '{' || j == p->i + 1 || j >= p->len || p->s[j] != '}') {
+        fail(p, at, "bad \\o{...} escape: write one byte in octal as \\o{0} to \\o{377}");
+        return -1;
+    }
+    if (v > 0377) {
+        fail(p, at,
+             "octal escape \\o{...} is over \\o{377}: a byte is \\o{0} to \\o{377}; write "
+             "the byte as \\xHH");
+        return -1;
+    }
+    p->i = j + 1;
+    return (int)v;
+}
+
+/*
+ * A backslash and a digit in a regex, as PCRE reads it; p->i is at the digit.
+ * Outside a class, \1 to \7, and \N for N up to the number of capturing
+ * groups opened so far, are backreferences (rejected). Otherwise \8 and \9
+ * are the digits themselves, and anything else is up to three octal digits
+ * (\0 included: \012 is one byte, \0123 is \012 then '3'). Inside a class
+ * a digit escape is never a backreference.
+ */
+static int digit_escape(struct parser *p, size_t at, bool in_class)
+{
+    int c = peek(p, 0);
+    if (!in_class && c != '0') {
+        uint32_t n = 0;
+        size_t j = p->i;
+        while (j < p->len && p->s[j] >= '0' && p->s[j] <= '9') {
+            if (n < 100000)
+                n = n * 10 + (uint32_t)(p->s[j] - '0');
+            j++;
+        }
+        if (n < 8 || n <= p->ngroups) {
+            fail(p, at,
+                 "backreference \\%u is not supported: vkscan matches regular languages "
+                 "only; repeat the group's pattern instead (for a byte in octal write "
+                 "\\o{...})",
+                 n);
+            return -1;
+        }
+    }
+    if (c >= '8') { /* \8 and \9 are the digits */
+        p->i++;
+        return c;
+    }
+    return read_octal(p, at, 3);
+}
+
+/*
  * Escapes that stand for one byte, shared by regexes (in and out of classes)
  * and literals. `c` is the character after the backslash, already consumed.
  * Returns the byte, -1 on error (reported), or -2 if `c` is not one of them.
+ * Regexes handle \v (vertical space) and the digits before calling this.
  */
 static int simple_escape(struct parser *p, int c, size_t at)
 {
@@ -302,8 +409,8 @@ static int simple_escape(struct parser *p, int c, size_t at)
     }
     case 'c': {
         int x = peek(p, 0);
-        if (x < 0x20 || x > 0x7e) {
-            fail(p, at, "\\c must be followed by a printable character, e.g. \\cA");
+        if (x < 0 || x > 0x7f) {
+            fail(p, at, "\\c must be followed by an ASCII character, e.g. \\cA for the byte 0x01");
             return -1;
         }
         p->i++;
@@ -321,25 +428,96 @@ static bool is_alnum(int c)
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
 }
 
-static void unsupported_escape(struct parser *p, int c, size_t at)
+/* Letters whose escape outside a class is the letter itself, as in PCRE
+ * without PCRE_EXTRA and in Hyperscan. */
+static bool is_literal_letter_escape(int c)
 {
-    if (c >= '1' && c <= '9')
-        fail(p, at, "backreference \\%c is not supported: vkscan matches regular languages only",
-             c);
-    else if (c == 'k' || c == 'g')
-        fail(p, at, "backreference \\%c is not supported: vkscan matches regular languages only",
-             c);
-    else if (c == 'p' || c == 'P' || c == 'X')
+    return c > 0 && strchr("ijmqyFIJMOTY", c) != NULL;
+}
+
+static void unsupported_escape(struct parser *p, int c, size_t at, bool in_class)
+{
+    if (c == 'k' || c == 'g') {
+        int n = peek(p, 0);
+        if (c == 'g' && (n == '<' || n == '\''))
+            fail(p, at,
+                 "subroutine call \\g%c...%c is not supported: vkscan matches regular "
+                 "languages only; write the group's pattern out again",
+                 n, n == '<' ? '>' : '\'');
+        else
+            fail(p, at,
+                 "backreference \\%c is not supported: vkscan matches regular languages "
+                 "only; repeat the group's pattern instead",
+                 c);
+    } else if (c == 'p' || c == 'P' || c == 'X')
         fail(p, at,
              "Unicode property \\%c is not supported: use a byte class such as [\\x80-\\xff]", c);
-    else if (c == 'Q' || c == 'E')
-        fail(p, at, "\\Q...\\E quoting is not supported: escape each metacharacter with \\");
+    else if (c == 'R')
+        fail(p, at, "\\R (any line break) is not supported: use (?:\\r\\n|\\v)");
+    else if (c == 'N')
+        fail(p, at, "\\N (any byte but newline) is not supported: use [^\\n]");
     else if (c == 'G' || c == 'K')
-        fail(p, at, "\\%c is not supported", c);
+        fail(p, at, "\\%c is not supported: remove it", c);
+    else if (c == 'u')
+        fail(p, at, "\\u is not supported: write a byte as \\xHH");
+    else if (c == 'U' || c == 'l' || c == 'L')
+        fail(p, at, "case-changing escape \\%c is not supported: write the letters as wanted",
+             c);
     else if (c == -1)
         fail(p, at, "pattern ends with a lone backslash: write \\\\ for a backslash");
+    else if (in_class && (c == 'b' || c == 'B' || c == 'A' || c == 'z' || c == 'Z' || c == 'C' ||
+                          is_alnum(c)))
+        fail(p, at,
+             "escape \\%c is not allowed in a character class: inside [...] use only byte "
+             "escapes, \\d \\w \\s \\h \\v and their negations",
+             c);
     else
         fail(p, at, "unknown escape \\%c: escape only metacharacters, or use \\xHH", c);
+}
+
+/*
+ * A regex escape that stands for a byte or a byte set, in or out of a class.
+ * `c` is the character after the backslash, already consumed. Returns the
+ * byte (>= 0), -2 after adding a set to *into, or -1 on error (reported).
+ * The caller handles assertions, \C, \Q and \E first.
+ */
+static int regex_escape(struct parser *p, int c, size_t at, bool in_class, struct byteset *into)
+{
+    switch (c) {
+    case 'd':
+    case 'D':
+    case 'w':
+    case 'W':
+    case 's':
+    case 'S':
+    case 'h':
+    case 'H':
+    case 'v':
+    case 'V': {
+        struct byteset s = class_of((char)c);
+        set_union(into, &s);
+        return -2;
+    }
+    case 'o':
+        return parse_octal_brace(p, at);
+    default:
+        break;
+    }
+    if (c >= '0' && c <= '9') {
+        p->i--;
+        return digit_escape(p, at, in_class);
+    }
+    if (in_class && c == 'b')
+        return 8; /* backspace inside a class, as in PCRE */
+    int v = simple_escape(p, c, at);
+    if (v != -2)
+        return v;
+    if (c >= 0 && !is_alnum(c))
+        return c;
+    if (!in_class && is_literal_letter_escape(c))
+        return c;
+    unsupported_escape(p, c, at, in_class);
+    return -1;
 }
 
 /* ---- character classes ---- */
@@ -424,39 +602,76 @@ static const struct posix_class posix_classes[] = {
     {"word", fill_word},   {"ascii", fill_ascii},
 };
 
-/* [:name:] at p->i (which points at '['); returns true if one was parsed. */
+/*
+ * A POSIX bracket item at `at` ("[:", "[." or "[="), as Hyperscan reads
+ * it: the opener, then any bytes but ']' ("\]" counts as a byte), then the
+ * closer ":]" (".]", "=]"). Returns the index of the closing ':' ('.',
+ * '='), or 0 if there is none.
+ */
+static size_t posix_end(const struct parser *p, size_t at)
+{
+    if (at + 1 >= p->len || p->s[at] != '[')
+        return 0;
+    unsigned char term = p->s[at + 1];
+    if (term != ':' && term != '.' && term != '=')
+        return 0;
+    for (size_t j = at + 2; j < p->len; j++) {
+        if (p->s[j] == '\\' && j + 1 < p->len && p->s[j + 1] == ']')
+            j++;
+        else if (p->s[j] == term && j + 1 < p->len && p->s[j + 1] == ']')
+            return j;
+        else if (p->s[j] == ']')
+            return 0;
+    }
+    return 0;
+}
+
+/* [:name:] at p->i (which points at '['); returns true if one was parsed
+ * (or an error reported). */
 static bool parse_posix(struct parser *p, struct byteset *into)
 {
-    if (peek(p, 0) != '[' || peek(p, 1) != ':')
+    size_t at = p->i, end = posix_end(p, p->i);
+    if (end == 0)
         return false;
-    size_t at = p->i, j = p->i + 2;
-    bool neg = false;
-    if (j < p->len && p->s[j] == '^') {
-        neg = true;
-        j++;
+    if (p->s[at + 1] != ':') {
+        fail(p, at, "POSIX collating element %.*s is not supported: list the bytes in the class",
+             (int)(end + 2 - at > 40 ? 40 : end + 2 - at), (const char *)p->s + at);
+        return true;
     }
-    size_t name = j;
-    while (j < p->len && p->s[j] >= 'a' && p->s[j] <= 'z')
-        j++;
-    if (j + 1 >= p->len || p->s[j] != ':' || p->s[j + 1] != ']')
-        return false;
+    size_t name = at + 2;
+    bool neg = false;
+    if (name < end && p->s[name] == '^') {
+        neg = true;
+        name++;
+    }
     for (size_t k = 0; k < sizeof(posix_classes) / sizeof(posix_classes[0]); k++) {
         const char *nm = posix_classes[k].name;
-        if (strlen(nm) == j - name && memcmp(nm, p->s + name, j - name) == 0) {
+        if (strlen(nm) == end - name && memcmp(nm, p->s + name, end - name) == 0) {
             struct byteset s = {{0}};
             posix_classes[k].fill(&s);
             if (neg)
                 set_invert(&s);
             set_union(into, &s);
-            p->i = j + 2;
+            p->i = end + 2;
             return true;
         }
     }
+    if (end - name > 32)
+        end = name + 32;
     fail(p, at,
          "unknown POSIX class [:%.*s:]: use alpha, digit, alnum, upper, lower, space, "
          "blank, cntrl, graph, print, punct, xdigit, word or ascii",
-         (int)(j - name), (const char *)p->s + name);
+         (int)(end - name), (const char *)p->s + name);
     return true;
+}
+
+/* Skips \E, and \Q (which starts quoting), at p->i in a class. */
+static void class_skip_quotes(struct parser *p)
+{
+    while (peek(p, 0) == '\\' && (peek(p, 1) == 'E' || (peek(p, 1) == 'Q' && !p->quote))) {
+        p->quote = peek(p, 1) == 'Q';
+        p->i += 2;
+    }
 }
 
 /*
@@ -466,6 +681,8 @@ static bool parse_posix(struct parser *p, struct byteset *into)
 static int class_atom(struct parser *p, struct byteset *into)
 {
     size_t at = p->i;
+    if (p->quote)
+        return p->s[p->i++];
     if (parse_posix(p, into))
         return p->err ? -1 : -2;
     int c = p->s[p->i++];
@@ -473,20 +690,7 @@ static int class_atom(struct parser *p, struct byteset *into)
         return c;
     c = peek(p, 0);
     p->i++;
-    if (c == 'd' || c == 'D' || c == 'w' || c == 'W' || c == 's' || c == 'S') {
-        struct byteset s = class_of((char)c);
-        set_union(into, &s);
-        return -2;
-    }
-    if (c == 'b')
-        return 8; /* backspace inside a class, as in PCRE */
-    int v = simple_escape(p, c, at);
-    if (v != -2)
-        return v;
-    if (c >= 0 && !is_alnum(c))
-        return c;
-    unsupported_escape(p, c, at);
-    return -1;
+    return regex_escape(p, c, at, true, into);
 }
 
 static struct node *parse_class(struct parser *p, const struct pflags *fl)
@@ -494,32 +698,48 @@ static struct node *parse_class(struct parser *p, const struct pflags *fl)
     size_t at = p->i++; /* '[' */
     struct byteset s = {{0}};
     bool neg = false;
-    if (peek(p, 0) == '^') {
-        neg = true;
-        p->i++;
+    for (;;) { /* '^' after any \E or empty \Q\E still negates, as in Hyperscan */
+        if (peek(p, 0) == '\\' && peek(p, 1) == 'E') {
+            p->i += 2;
+        } else if (peek(p, 0) == '\\' && peek(p, 1) == 'Q' && peek(p, 2) == '\\' &&
+                   peek(p, 3) == 'E') {
+            p->i += 4;
+        } else if (peek(p, 0) == '^' && !neg) {
+            neg = true;
+            p->i++;
+        } else {
+            break;
+        }
     }
     bool first = true;
     for (;;) {
+        class_skip_quotes(p);
         if (p->i >= p->len) {
             fail(p, at, "unterminated character class: add the closing ']'");
             return NULL;
         }
-        if (p->s[p->i] == ']' && !first)
+        if (p->s[p->i] == ']' && !first && !p->quote)
             break;
         first = false;
         int lo = class_atom(p, &s);
         if (lo == -1)
             return NULL;
-        if (lo >= 0 && peek(p, 0) == '-' && peek(p, 1) >= 0 && peek(p, 1) != ']') {
+        if (lo >= 0)
+            class_skip_quotes(p); /* a quoted byte may start a range: [\Q-\E-z] */
+        if (lo >= 0 && !p->quote && peek(p, 0) == '-' && peek(p, 1) >= 0 && peek(p, 1) != ']') {
             p->i++;
+            class_skip_quotes(p);
             size_t hi_at = p->i;
-            int hi = class_atom(p, &s);
-            if (hi == -1)
+            int hi = p->i < p->len ? class_atom(p, &s) : -1;
+            if (hi == -1) {
+                fail(p, at, "unterminated character class: add the closing ']'");
                 return NULL;
-            if (hi == -2) { /* [a-\d]: the '-' is literal, as in PCRE */
-                byteset_add(&s, (unsigned)lo);
-                byteset_add(&s, '-');
-                continue;
+            }
+            if (hi == -2) {
+                fail(p, hi_at,
+                     "range in character class ends in a class escape or POSIX class: "
+                     "write '-' last for a literal '-', e.g. [a\\d-]");
+                return NULL;
             }
             if (hi < lo) {
                 fail(p, hi_at,
@@ -555,6 +775,39 @@ static struct node *assert_node(struct parser *p, size_t pos, enum assert_kind k
     return n;
 }
 
+static bool is_pattern_space(int c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
+/*
+ * Skips what stands for nothing between atoms: \E outside a quote, an empty
+ * \Q\E, comments (?#...), and with (?x) whitespace and # comments (to the
+ * next '\n' or the end of the pattern). Nothing is skipped inside \Q...\E.
+ */
+static void skip_ignored(struct parser *p, const struct pflags *fl)
+{
+    while (!p->quote && p->i < p->len) {
+        int c = p->s[p->i];
+        if (c == '\\' && peek(p, 1) == 'E') {
+            p->i += 2;
+        } else if (c == '\\' && peek(p, 1) == 'Q' && peek(p, 2) == '\\' && peek(p, 3) == 'E') {
+            p->i += 4;
+        } else if (fl->extended && is_pattern_space(c)) {
+            p->i++;
+        } else if (fl->extended && c == '#') {
+            while (p->i < p->len && p->s[p->i] != '\n')
+                p->i++;
+        } else if (c == '(' && peek(p, 1) == '?' && peek(p, 2) == '#' &&
+                   memchr(p->s + p->i, ')', p->len - p->i) != NULL) {
+            p->i = (size_t)((const unsigned char *)memchr(p->s + p->i, ')', p->len - p->i) -
+                            p->s) + 1;
+        } else {
+            break;
+        }
+    }
+}
+
 /* Parses "(?flags)" / "(?flags:" after "(?"; returns 1 for a bare flag group
  * (flags changed in *fl), 2 for a scoped group (flags in *inner), 0 on error. */
 static int parse_flag_group(struct parser *p, size_t at, struct pflags *fl, struct pflags *inner)
@@ -574,9 +827,17 @@ static int parse_flag_group(struct parser *p, size_t at, struct pflags *fl, stru
         case 'm':
             f.multiline = on;
             break;
+        case 'x':
+            f.extended = on;
+            break;
         case '-':
             if (!on) {
-                fail(p, p->i - 1, "two '-' in an inline flag group");
+                fail(p, p->i - 1, "two '-' in an inline flag group: write (?i-sm) form");
+                return 0;
+            }
+            if (peek(p, 0) == ')' || peek(p, 0) == ':') {
+                fail(p, p->i - 1,
+                     "'-' with no flag after it in an inline flag group: write e.g. (?-i)");
                 return 0;
             }
             on = false;
@@ -591,51 +852,126 @@ static int parse_flag_group(struct parser *p, size_t at, struct pflags *fl, stru
             fail(p, at, "unterminated group: add the closing ')'");
             return 0;
         default:
-            if (c == 'x' || c == 'U' || c == 'J' || c == 'n')
-                fail(p, p->i - 1, "inline flag '%c' is not supported: only i, s and m are", c);
+            if (c == 'U' || c == 'J' || c == 'n' || c == 'X')
+                fail(p, p->i - 1,
+                     "inline flag '%c' is not supported: only i, s, m and x are; remove it", c);
             else
                 fail(p, p->i - 1,
-                     "unknown group construct (?%c...): use (?:...), (?i), (?s), "
-                     "(?m) or (?i:...)",
+                     "unknown group construct (?%c...): use (?:...), (?<name>...), (?i), "
+                     "(?s), (?m), (?x) or (?i:...)",
                      c);
             return 0;
         }
     }
 }
 
+/* A group name at p->s[j] ending in `close`; returns the index of `close`,
+ * or 0 if the name is not letters, digits and '_' starting with a non-digit. */
+static size_t group_name_end(const struct parser *p, size_t j, int close)
+{
+    size_t k = j;
+    while (k < p->len && (is_alnum(p->s[k]) || p->s[k] == '_'))
+        k++;
+    if (k == j || k >= p->len || p->s[k] != close || (p->s[j] >= '0' && p->s[j] <= '9'))
+        return 0;
+    return k;
+}
+
 static struct node *parse_group(struct parser *p, struct pflags *fl)
 {
     size_t at = p->i++; /* '(' */
     struct pflags inner = *fl;
-    if (peek(p, 0) == '?') {
+    if (peek(p, 0) != '?') {
+        p->ngroups++;
+    } else {
         p->i++;
-        int c = peek(p, 0);
+        int c = peek(p, 0), c1 = peek(p, 1);
         if (c == ':') {
             p->i++;
         } else if (c == '=' || c == '!') {
             fail(p, at,
                  "lookahead (?%c...) is not supported: vkscan reports end offsets of "
-                 "regular patterns only",
+                 "regular patterns only; match the text itself instead",
                  c);
             return NULL;
-        } else if (c == '<' && (peek(p, 1) == '=' || peek(p, 1) == '!')) {
-            fail(p, at, "lookbehind (?<%c...) is not supported", peek(p, 1));
+        } else if (c == '<' && (c1 == '=' || c1 == '!')) {
+            fail(p, at,
+                 "lookbehind (?<%c...) is not supported: vkscan reports end offsets of "
+                 "regular patterns only; match the text itself instead",
+                 c1);
             return NULL;
-        } else if (c == '<' || (c == 'P' && peek(p, 1) == '<')) {
-            /* named group: plain grouping for us */
+        } else if (c == 'P' && c1 == '=') {
+            fail(p, at,
+                 "named backreference (?P=name) is not supported: vkscan matches regular "
+                 "languages only; repeat the group's pattern instead");
+            return NULL;
+        } else if (c == 'P' && c1 == '>') {
+            fail(p, at,
+                 "subroutine call (?P>name) is not supported: vkscan matches regular "
+                 "languages only; write the group's pattern out again");
+            return NULL;
+        } else if (c == '<' || c == '\'' || (c == 'P' && c1 == '<')) {
+            /* named group: plain grouping for us, but it counts for \N */
             size_t j = p->i + (c == 'P' ? 2 : 1);
-            while (j < p->len && (is_alnum(p->s[j]) || p->s[j] == '_'))
-                j++;
-            if (j >= p->len || p->s[j] != '>') {
-                fail(p, at, "bad named group: write (?<name>...)");
+            size_t end = group_name_end(p, j, c == '\'' ? '\'' : '>');
+            if (end == 0) {
+                fail(p, at,
+                     "bad group name: write (?<name>...), (?'name'...) or (?P<name>...) with "
+                     "a name of letters, digits and '_' that does not start with a digit");
                 return NULL;
             }
-            p->i = j + 1;
+            for (uint32_t k = 0; k < p->nnames; k++) {
+                if (p->names[2 * k + 1] == end - j &&
+                    memcmp(p->s + p->names[2 * k], p->s + j, end - j) == 0) {
+                    fail(p, at, "two named groups use the name '%.*s': rename one", (int)(end - j),
+                         (const char *)p->s + j);
+                    return NULL;
+                }
+            }
+            if (p->nnames == p->capnames) {
+                uint32_t cap = p->capnames ? p->capnames * 2 : 8;
+                uint32_t *nv = arena_alloc(p->arena, 2 * cap * sizeof(*nv));
+                if (nv == NULL) {
+                    if (p->err == 0) {
+                        p->err = -ENOMEM;
+                        snprintf(p->msg, p->msgsz, "out of memory while parsing");
+                    }
+                    return NULL;
+                }
+                if (p->nnames)
+                    memcpy(nv, p->names, 2 * p->nnames * sizeof(*nv));
+                p->names = nv;
+                p->capnames = cap;
+            }
+            p->names[2 * p->nnames] = (uint32_t)j;
+            p->names[2 * p->nnames + 1] = (uint32_t)(end - j);
+            p->nnames++;
+            p->i = end + 1;
+            p->ngroups++;
         } else if (c == '#') {
-            fail(p, at, "comments (?#...) are not supported");
+            while (p->i < p->len && p->s[p->i] != ')')
+                p->i++;
+            if (p->i >= p->len) {
+                fail(p, at, "unterminated comment (?#...: add the closing ')'");
+                return NULL;
+            }
+            p->i++;
+            return NULL; /* a comment: no node and no error */
+        } else if (c == '>') {
+            fail(p, at, "atomic group (?>...) is not supported: use (?:...)");
             return NULL;
-        } else if (c == '>' || c == '|' || c == '(' || c == 'R' || c == '&') {
-            fail(p, at, "group construct (?%c...) is not supported", c);
+        } else if (c == '|') {
+            fail(p, at, "branch reset group (?|...) is not supported: use (?:...)");
+            return NULL;
+        } else if (c == '(') {
+            fail(p, at, "conditional group (?(...)...) is not supported");
+            return NULL;
+        } else if (c == 'R' || c == '&' || (c >= '0' && c <= '9') ||
+                   ((c == '+' || c == '-') && c1 >= '0' && c1 <= '9')) {
+            fail(p, at,
+                 "recursion or subroutine call (?%c...) is not supported: vkscan matches "
+                 "regular languages only; write the group's pattern out again",
+                 c);
             return NULL;
         } else {
             int r = parse_flag_group(p, at, fl, &inner);
@@ -662,13 +998,6 @@ static struct node *parse_escape(struct parser *p, const struct pflags *fl)
     int c = peek(p, 0);
     p->i++;
     switch (c) {
-    case 'd':
-    case 'D':
-    case 'w':
-    case 'W':
-    case 's':
-    case 'S':
-        return set_node(p, at, class_of((char)c), false);
     case 'b':
         return assert_node(p, at, A_WORDB);
     case 'B':
@@ -679,31 +1008,78 @@ static struct node *parse_escape(struct parser *p, const struct pflags *fl)
         return assert_node(p, at, A_EOD);
     case 'Z':
         return assert_node(p, at, A_DOLLAR);
+    case 'C': { /* one code unit: any byte, newline included */
+        struct byteset s = {{0}};
+        set_invert(&s);
+        return set_node(p, at, s, false);
+    }
+    case 'Q':
+        p->quote = true;
+        return NULL; /* no node and no error */
+    case 'E':
+        return NULL;
     default:
         break;
     }
-    int v = simple_escape(p, c, at);
+    struct byteset s = {{0}};
+    int v = regex_escape(p, c, at, false, &s);
     if (v == -1)
         return NULL;
-    if (v >= 0)
-        return byte_node(p, at, (unsigned)v, fl->caseless);
-    if (c >= 0 && !is_alnum(c))
-        return byte_node(p, at, (unsigned)c, fl->caseless);
-    unsupported_escape(p, c, at);
-    return NULL;
+    if (v == -2)
+        return set_node(p, at, s, false);
+    return byte_node(p, at, (unsigned)v, fl->caseless);
 }
 
-/* An atom, or NULL with no error for an inline flag group "(?i)". */
+/*
+ * A '[' outside a class that starts a POSIX item ("[:alpha:]", "[.a.]"):
+ * PCRE and Hyperscan refuse these; reports and returns true.
+ */
+static bool posix_outside_class(struct parser *p)
+{
+    size_t end = posix_end(p, p->i);
+    if (end == 0)
+        return false;
+    if (end - p->i > 40) /* keep the message short */
+        fail(p, p->i,
+             "POSIX class or collating element outside a bracket expression: write "
+             "[[:name:]] for a class, or escape the '[' as \\[");
+    else if (p->s[p->i + 1] == ':')
+        fail(p, p->i,
+             "POSIX class [:%.*s:] is only valid inside a bracket expression: write "
+             "[[:%.*s:]]",
+             (int)(end - p->i - 2), (const char *)p->s + p->i + 2, (int)(end - p->i - 2),
+             (const char *)p->s + p->i + 2);
+    else
+        fail(p, p->i,
+             "POSIX collating element %.*s is not supported: list the bytes in a class "
+             "instead",
+             (int)(end + 2 - p->i), (const char *)p->s + p->i);
+    return true;
+}
+
+/* An atom, or NULL with no error for what stands for nothing: an inline
+ * flag group "(?i)", a comment, \Q or \E. */
 static struct node *parse_atom(struct parser *p, struct pflags *fl)
 {
     size_t at = p->i;
     int c = p->s[p->i];
     uint32_t mn, mx;
     size_t end;
+    if (p->quote) {
+        if (c == '\\' && peek(p, 1) == 'E') {
+            p->i += 2;
+            p->quote = false;
+            return NULL;
+        }
+        p->i++;
+        return byte_node(p, at, (unsigned)c, fl->caseless);
+    }
     switch (c) {
     case '(':
         return parse_group(p, fl);
     case '[':
+        if (posix_outside_class(p))
+            return NULL;
         return parse_class(p, fl);
     case '\\':
         return parse_escape(p, fl);
@@ -777,9 +1153,23 @@ static bool is_quant_brace(const struct parser *p, uint32_t *min, uint32_t *max,
     return true;
 }
 
-static struct node *parse_quantified(struct parser *p, struct node *atom)
+/*
+ * The quantifiers after `atom`. `bare_assert`: the atom is an assertion
+ * written as such (^, \b, ...), which Hyperscan and PCRE refuse to repeat;
+ * a group around one may be repeated.
+ */
+static struct node *parse_quantified(struct parser *p, struct node *atom, bool bare_assert,
+                                     const struct pflags *fl)
 {
     for (int nq = 0;; nq++) {
+        if (p->quote) {
+            /* bytes in \Q...\E are literal; a quantifier may follow the \E */
+            if (peek(p, 0) != '\\' || peek(p, 1) != 'E')
+                return atom;
+            p->i += 2;
+            p->quote = false;
+        }
+        skip_ignored(p, fl);
         int c = peek(p, 0);
         size_t at = p->i;
         uint32_t mn, mx;
@@ -797,13 +1187,19 @@ static struct node *parse_quantified(struct parser *p, struct node *atom)
                  "(?:...) first");
             return NULL;
         }
+        if (bare_assert) {
+            fail(p, at,
+                 "quantifier after an assertion (^, $, \\b, \\B, \\A, \\Z or \\z): an "
+                 "assertion cannot be repeated; remove the quantifier");
+            return NULL;
+        }
         if (mx != REPEAT_INF && mn > mx) {
             fail(p, at, "repeat {%u,%u} has min > max: swap them", mn, mx);
             return NULL;
         }
-        if ((mx != REPEAT_INF && mx > RULES_MAX_REPEAT) || mn > RULES_MAX_REPEAT) {
+        if ((mx != REPEAT_INF && mx > PARSE_MAX_REPEAT) || mn > PARSE_MAX_REPEAT) {
             fail(p, at, "repeat count over the limit of %u: use a smaller bound or {m,}",
-                 RULES_MAX_REPEAT);
+                 PARSE_MAX_REPEAT);
             return NULL;
         }
         if (mx == 0) {
@@ -841,13 +1237,17 @@ static struct node *parse_cat(struct parser *p, struct pflags *fl)
 {
     struct nodevec v = {0};
     size_t at = p->i;
-    while (p->i < p->len && p->s[p->i] != '|' && p->s[p->i] != ')') {
+    for (;;) {
+        skip_ignored(p, fl);
+        if (p->i >= p->len || (!p->quote && (p->s[p->i] == '|' || p->s[p->i] == ')')))
+            break;
+        bool group = p->s[p->i] == '(' && !p->quote;
         struct node *a = parse_atom(p, fl);
         if (p->err)
             return NULL;
         if (a == NULL)
-            continue; /* (?i) */
-        a = parse_quantified(p, a);
+            continue; /* (?i), (?#...), \Q, \E */
+        a = parse_quantified(p, a, a->type == N_ASSERT && !group, fl);
         if (a == NULL || !vec_push(p, &v, a))
             return NULL;
     }
@@ -981,6 +1381,7 @@ int parse_rule(const struct rule_src *r, struct parse_result *out, uint32_t *pos
         .arena = out->arena,
         .msg = msg,
         .msgsz = msgsz,
+        .regex = r->kind == RULE_REGEX,
     };
     msg[0] = '\0';
     if (r->flags & ~RULE_F_ALL)

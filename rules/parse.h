@@ -31,6 +31,10 @@ enum assert_kind {
 
 #define REPEAT_INF UINT32_MAX
 
+/* Largest count in {m,n}: Hyperscan's limit too. A repeat stays one node
+ * with its bounds, whatever the count; the compiler picks the engine. */
+#define PARSE_MAX_REPEAT 32767u
+
 struct byteset {
     uint64_t w[4];
 };

@@ -26,22 +26,98 @@ static const struct bad_case bad_cases[] = {
     {RULE_REGEX, "a**", 2, "a quantifier follows another quantifier"},
     {RULE_REGEX, "[a-", 0, "unterminated character class: add the closing ']'"},
     {RULE_REGEX, "x[z-a]", 4, "range out of order in character class"},
-    {RULE_REGEX, "(a)\\1", 3, "backreference \\1 is not supported"},
     {RULE_REGEX, "a(?=b)", 1, "lookahead (?=...) is not supported"},
     {RULE_REGEX, "(?<!a)b", 0, "lookbehind (?<!...) is not supported"},
-    {RULE_REGEX, "(?x)ab", 2, "inline flag 'x' is not supported: only i, s and m are"},
-    {RULE_REGEX, "a\\q", 1, "unknown escape \\q: escape only metacharacters, or use \\xHH"},
+    {RULE_REGEX, "(?U)ab", 2, "inline flag 'U' is not supported: only i, s, m and x are; remove it"},
+    {RULE_REGEX, "a[\\q]", 2,
+     "escape \\q is not allowed in a character class: inside [...] use only byte escapes, "
+     "\\d \\w \\s \\h \\v and their negations"},
     {RULE_REGEX, "\\p{L}", 0, "Unicode property \\p is not supported"},
     {RULE_REGEX, "a{5,2}", 1, "repeat {5,2} has min > max: swap them"},
-    {RULE_REGEX, "a{2000}", 1, "repeat count over the limit of 1000"},
+    {RULE_REGEX, "a{32768}", 1, "repeat count over the limit of 32767: use a smaller bound or {m,}"},
+    {RULE_REGEX, "a{1,40000}", 1, "repeat count over the limit of 32767"},
     {RULE_REGEX, "a{0}b", 1, "repeat {0} matches nothing: remove it"},
     {RULE_REGEX, "ab\\", 2, "pattern ends with a lone backslash"},
     {RULE_REGEX, "[[:foo:]]", 1, "unknown POSIX class [:foo:]"},
-    {RULE_REGEX, "\\xZZ", 0, "bad \\x escape: write a byte as two hex digits"},
+    {RULE_REGEX, "\\x{41", 0, "bad \\x{...} escape: write one byte as \\x{00} to \\x{ff}"},
     {RULE_REGEX, "a++", 2, "possessive quantifiers are not supported"},
+    /* backreferences, octal escapes and the PCRE rule between them */
+    {RULE_REGEX, "(a)\\1", 3,
+     "backreference \\1 is not supported: vkscan matches regular languages only; repeat the "
+     "group's pattern instead (for a byte in octal write \\o{...})"},
+    {RULE_REGEX, "\\7", 0, "backreference \\7 is not supported"},
+    {RULE_REGEX, "(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)\\10", 30, "backreference \\10 is not supported"},
+    {RULE_REGEX, "(?<n>a)(b)(c)(d)(e)(f)(g)(h)(i)(j)\\10", 34,
+     "backreference \\10 is not supported"},
+    {RULE_REGEX, "x\\400", 1,
+     "octal escape \\400 is over \\377: a byte is \\0 to \\377 in octal; write the byte as "
+     "\\xHH"},
+    {RULE_REGEX, "[\\777]", 1, "octal escape \\777 is over \\377"},
+    {RULE_REGEX, "\\o{400}", 0,
+     "octal escape \\o{...} is over \\o{377}: a byte is \\o{0} to \\o{377}; write the byte "
+     "as \\xHH"},
+    {RULE_REGEX, "\\o{}", 0, "bad \\o{...} escape: write one byte in octal as \\o{0} to \\o{377}"},
+    {RULE_REGEX, "\\o101", 0, "bad \\o{...} escape"},
+    {RULE_REGEX, "(?P<n>a)(?P=n)", 8,
+     "named backreference (?P=name) is not supported: vkscan matches regular languages only; "
+     "repeat the group's pattern instead"},
+    {RULE_REGEX, "(?P<n>a)(?P>n)", 8,
+     "subroutine call (?P>name) is not supported: vkscan matches regular languages only; write "
+     "the group's pattern out again"},
+    {RULE_REGEX, "(?<n>a)\\k<n>", 7,
+     "backreference \\k is not supported: vkscan matches regular languages only; repeat the "
+     "group's pattern instead"},
+    {RULE_REGEX, "(a)\\g{1}", 3, "backreference \\g is not supported"},
+    {RULE_REGEX, "(a)\\g<1>", 3, "subroutine call \\g<...> is not supported"},
+    {RULE_REGEX, "(a)(?1)", 3, "recursion or subroutine call (?1...) is not supported"},
+    {RULE_REGEX, "(?R)", 0, "recursion or subroutine call (?R...) is not supported"},
+    {RULE_REGEX, "(?>a)", 0, "atomic group (?>...) is not supported: use (?:...)"},
+    {RULE_REGEX, "(?|a)", 0, "branch reset group (?|...) is not supported: use (?:...)"},
+    {RULE_REGEX, "(?(1)a|b)", 0, "conditional group (?(...)...) is not supported"},
+    /* POSIX items outside brackets */
+    {RULE_REGEX, "x[:alpha:]", 1,
+     "POSIX class [:alpha:] is only valid inside a bracket expression: write [[:alpha:]]"},
+    {RULE_REGEX, "[:al pha:]", 0, "POSIX class [:al pha:] is only valid inside"},
+    {RULE_REGEX, "[.a.]", 0,
+     "POSIX collating element [.a.] is not supported: list the bytes in a class instead"},
+    {RULE_REGEX, "[[=a=]]", 1,
+     "POSIX collating element [=a=] is not supported: list the bytes in the class"},
+    {RULE_REGEX, "[[:al pha:]]", 1, "unknown POSIX class [:al pha:]"},
+    /* groups, flags, quantifiers */
+    {RULE_REGEX, "(?<n>a)(?'n'b)", 7, "two named groups use the name 'n': rename one"},
+    {RULE_REGEX, "(?<1a>x)", 0,
+     "bad group name: write (?<name>...), (?'name'...) or (?P<name>...) with a name of letters, "
+     "digits and '_' that does not start with a digit"},
+    {RULE_REGEX, "ab(?#x", 2, "unterminated comment (?#...: add the closing ')'"},
+    {RULE_REGEX, "(?-)a", 2, "'-' with no flag after it in an inline flag group: write e.g. (?-i)"},
+    {RULE_REGEX, "(?i-s-m)a", 5, "two '-' in an inline flag group"},
+    {RULE_REGEX, "(?Y)a", 2, "unknown group construct (?Y...)"},
+    {RULE_REGEX, "a\\b*", 3,
+     "quantifier after an assertion (^, $, \\b, \\B, \\A, \\Z or \\z): an assertion cannot "
+     "be repeated; remove the quantifier"},
+    {RULE_REGEX, "a^{2}", 2, "quantifier after an assertion"},
+    {RULE_REGEX, "x(?x) a + +", 10, "a quantifier follows another quantifier"},
+    /* classes and escapes */
+    {RULE_REGEX, "[a-\\d]", 3,
+     "range in character class ends in a class escape or POSIX class: write '-' last for a "
+     "literal '-', e.g. [a\\d-]"},
+    {RULE_REGEX, "[a-[:digit:]]", 3, "range in character class ends in a class escape"},
+    {RULE_REGEX, "[\\B]", 1, "escape \\B is not allowed in a character class"},
+    {RULE_REGEX, "\\x{100}", 0,
+     "\\x{...} escape is over \\x{ff}: a pattern byte is \\x{00} to \\x{ff} (there is no "
+     "UTF-8 mode); write a multi-byte character as its bytes"},
+    {RULE_REGEX, "\\x{}", 0, "bad \\x{...} escape: write one byte as \\x{00} to \\x{ff}"},
+    {RULE_REGEX, "\\c\xc3", 0,
+     "\\c must be followed by an ASCII character, e.g. \\cA for the byte 0x01"},
+    {RULE_REGEX, "\\R", 0, "\\R (any line break) is not supported: use (?:\\r\\n|\\v)"},
+    {RULE_REGEX, "\\N", 0, "\\N (any byte but newline) is not supported: use [^\\n]"},
+    {RULE_REGEX, "\\u0041", 0, "\\u is not supported: write a byte as \\xHH"},
+    {RULE_REGEX, "\\L", 0, "case-changing escape \\L is not supported"},
+    {RULE_REGEX, "\\K", 0, "\\K is not supported: remove it"},
     {RULE_HEX, "4d 5a ?", 6, "bad hex string: write bytes as pairs of hex digits"},
     {RULE_HEX, "4g", 0, "bad hex string"},
     {RULE_LITERAL, "ab\\q", 2, "unknown escape in literal"},
+    {RULE_LITERAL, "ab\\x", 2, "bad \\x escape: write a byte as two hex digits, e.g. \\x41"},
     {RULE_LITERAL, "", 0, "empty pattern: a rule must match at least one byte"},
 };
 
@@ -83,7 +159,87 @@ static const struct check_case check_cases[] = {
     {"x{,3}", NULL}, /* a literal '{' as in PCRE */
     {"(?<name>ab)c", NULL},
     {"(?i)a(?-i)b", NULL},
+    {"a(?:$){2}", NULL}, /* a repeated end anchor is still at the end */
+    {"a(?:$)+b", "end anchor ($, \\Z or \\z) is followed by more pattern"},
+    {"(?x) a b # c", NULL},
+    {"(?#only a comment)", "pattern can match the empty string"},
+    {"\\Q\\E", "pattern can match the empty string"},
+    {"a{32767}", NULL},
 };
+
+struct set_case {
+    const char *pattern;
+    uint32_t flags;
+    const char *bytes; /* the set, as `n` bytes */
+    size_t n;
+    bool invert; /* the set is the complement of `bytes` */
+};
+
+#define SET(pat, fl, b, inv) {pat, fl, b, sizeof(b) - 1, inv}
+
+static const struct set_case set_cases[] = {
+    SET("\\v", 0, "\n\x0b\x0c\r\x85", false),
+    SET("\\V", 0, "\n\x0b\x0c\r\x85", true),
+    SET("[\\v]", 0, "\n\x0b\x0c\r\x85", false),
+    SET("[^\\v]", 0, "\n\x0b\x0c\r\x85", true),
+    SET("[\\V]", 0, "\n\x0b\x0c\r\x85", true),
+    SET("\\h", 0, "\t \xa0", false),
+    SET("\\H", 0, "\t \xa0", true),
+    SET("[\\h]", 0, "\t \xa0", false),
+    SET("[\\H]", 0, "\t \xa0", true),
+    SET("\\s", 0, "\t\n\x0b\x0c\r ", false),
+    SET("\\101", 0, "A", false),
+    SET("\\101", RULE_F_CASELESS, "Aa", false),
+    SET("\\141", 0, "a", false),
+    SET("\\0", 0, "\0", false),
+    SET("\\012", 0, "\n", false),
+    SET("\\377", 0, "\xff", false),
+    SET("\\40", 0, " ", false),
+    SET("\\8", 0, "8", false),
+    SET("[\\1]", 0, "\x01", false),
+    SET("[\\18]", 0, "\x01" "8", false),
+    SET("[\\101-\\103]", 0, "ABC", false),
+    SET("\\o{101}", 0, "A", false),
+    SET("\\x", 0, "\0", false),
+    SET("\\x{0041}", 0, "A", false),
+    SET("\\cA", 0, "\x01", false),
+    SET("\\c1", 0, "q", false),
+    SET("\\C", 0, "", true),
+    SET("\\q", 0, "q", false),
+    SET("\\Y", 0, "Y", false),
+    SET("[\\Q]\\E]", 0, "]", false),
+    SET("[\\Q-\\E-/]", 0, "-./", false),
+    SET("[\\Q^\\E]", 0, "^", false),
+    SET("[\\E^a]", 0, "a", true),
+    SET("[\\d-]", 0, "-0123456789", false),
+    SET("(?x) a ", 0, "a", false),
+    SET("\\Qa\\E", RULE_F_CASELESS, "Aa", false),
+    SET("[[:^alpha:][:digit:]]", 0, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", true),
+};
+
+START_TEST(escape_sets)
+{
+    const struct set_case *c = &set_cases[_i];
+    struct rule_src r = {.id = "t",
+                         .kind = RULE_REGEX,
+                         .pattern = c->pattern,
+                         .len = strlen(c->pattern),
+                         .flags = c->flags};
+    struct parse_result pr;
+    char msg[200];
+    uint32_t pos;
+    ck_assert_msg(parse_rule(&r, &pr, &pos, msg, sizeof(msg)) == 0, "'%s': %s", c->pattern, msg);
+    ck_assert_msg(pr.root->type == N_SET, "'%s' is not one byte set", c->pattern);
+    for (unsigned b = 0; b < 256; b++) {
+        bool want = memchr(c->bytes, (int)b, c->n) != NULL;
+        if (c->invert)
+            want = !want;
+        ck_assert_msg(byteset_has(&pr.root->u.set, b) == want, "'%s': byte 0x%02x %s", c->pattern,
+                      b, want ? "missing" : "present");
+    }
+    parse_result_finish(&pr);
+}
+END_TEST
 
 START_TEST(semantic_checks)
 {
@@ -311,6 +467,7 @@ Suite *rules_suite(void)
     TCase *tc = tcase_create("language");
     tcase_add_loop_test(tc, parse_errors, 0, sizeof(bad_cases) / sizeof(bad_cases[0]));
     tcase_add_loop_test(tc, semantic_checks, 0, sizeof(check_cases) / sizeof(check_cases[0]));
+    tcase_add_loop_test(tc, escape_sets, 0, sizeof(set_cases) / sizeof(set_cases[0]));
     tcase_add_test(tc, matching_semantics);
     tcase_add_test(tc, pattern_file);
     tcase_add_test(tc, bad_rules_do_not_stop_the_rest);
