@@ -135,6 +135,8 @@ static int cmp_rule_end(const void *a, const void *b)
 static void trim(struct walk *w)
 {
     struct cpuscan_part *p = w->part;
+    if (p->hits.n == 0)
+        return;
     qsort(p->hits.v, p->hits.n, sizeof(*p->hits.v), cmp_end_rule);
     if (p->hits.n > w->limit) {
         p->dropped += p->hits.n - w->limit;
@@ -214,13 +216,13 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
                 rc = scan_hits_push(&part->hits, r, s->first[r],
                                     mode == SCAN_COUNT ? s->count[r] : 1);
         }
-        if (rc == 0)
+        if (rc == 0 && part->hits.n > base)
             qsort(part->hits.v + base, part->hits.n - base, sizeof(*part->hits.v), cmp_end_rule);
     }
     if (rc == 0 && mode == SCAN_ALL) {
         if (w.limit > 0)
             trim(&w);
-        else
+        else if (part->hits.n > base)
             qsort(part->hits.v + base, part->hits.n - base, sizeof(*part->hits.v), cmp_end_rule);
         part->plain = 0;
         for (size_t i = base; i < part->hits.n; i++)
@@ -245,7 +247,8 @@ int cpuscan_merge(const struct catalog *cat, enum scan_mode mode, struct cpuscan
         return -ENOMEM;
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        memcpy(v + k, parts[i].hits.v, parts[i].hits.n * sizeof(*v));
+        if (parts[i].hits.n > 0)
+            memcpy(v + k, parts[i].hits.v, parts[i].hits.n * sizeof(*v));
         k += parts[i].hits.n;
     }
     /* by rule, then end: each rule's entries are one run, earliest first */
