@@ -85,7 +85,7 @@ static const struct opt opts[] = {
     {"batch-max-buffers", NUM(OPT_U32, batch_max_buffers), 1, 1u << 24, true,
      "buffers in one engine batch"},
     {"inflight-batches", NUM(OPT_U32, inflight_batches), 1, 16, false,
-     "batches handed to the engine at once"},
+     "batches handed to each engine at once"},
     {"cpu-max-work", NUM(OPT_SIZE, cpu_max_work), 0, 1 * GIB, false,
      "engine auto: batches up to this many bytes x DFA groups scan on the CPU (0: never)"},
     {"cpu-threads", NUM(OPT_U32, cpu_threads), 0, 1024, false,
