@@ -288,6 +288,14 @@ static uint32_t build(struct nfa_builder *b, const struct node *n, uint32_t in)
             in = build(b, n->u.list.kids[k], in);
         return in;
     case N_ALT: {
+        /* (a|b|[cd]) is one byte set: one position, not one per branch */
+        struct byteset u = {{0}};
+        uint32_t k = 0;
+        for (; k < n->u.list.n && n->u.list.kids[k]->type == N_SET; k++)
+            for (int w = 0; w < 4; w++)
+                u.w[w] |= n->u.list.kids[k]->u.set.w[w];
+        if (k == n->u.list.n)
+            return byte_step(b, in, &u);
         uint32_t out = new_state(b);
         for (uint32_t k = 0; k < n->u.list.n && out != UINT32_MAX; k++) {
             uint32_t e = build(b, n->u.list.kids[k], in);
