@@ -503,6 +503,17 @@ static void op_catalog(struct session *s, struct proto_request *req, uint64_t t)
         proto_request_destroy(req);
         return;
     }
+    const struct daemon_config *cfg = server_config(s->srv);
+    if (req->op == PROTO_OP_CATALOG_LOAD && req->u.load.max_states > cfg->max_states) {
+        char msg[200];
+        snprintf(msg, sizeof(msg),
+                 "max_states %u is above this daemon's ceiling (max-states) of %u: ask for at "
+                 "most %u, or leave it out for the compiler's default",
+                 req->u.load.max_states, cfg->max_states, cfg->max_states);
+        send_error(s, req->id, req->op, -VKS_E_LIMIT, msg);
+        request_free(r);
+        return;
+    }
     if (req->op == PROTO_OP_CATALOG_LOAD)
         store_load(server_store(s->srv), s->uid, &req->u.load, on_catalog, r);
     else

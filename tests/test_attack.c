@@ -759,6 +759,65 @@ START_TEST(test_replies_are_utf8)
 }
 END_TEST
 
+/* ---- 8 and 9: compiles ------------------------------------------------ */
+
+/* A catalog.load of `n` regex rules, distinct per `seed`: about a second of
+ * compiling per 25 rules on one core (a DFA budget's worth of states each). */
+static void pack_slow_load(msgpack_packer *pk, uint32_t id, int seed, int n, uint64_t max_states)
+{
+    pack_head(pk, id, "catalog.load", max_states != 0 ? 2 : 1);
+    if (max_states != 0) {
+        pack_str(pk, "max_states");
+        msgpack_pack_uint64(pk, max_states);
+    }
+    pack_str(pk, "rules");
+    msgpack_pack_array(pk, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        char pat[128], id_s[32];
+        snprintf(pat, sizeof(pat), "[a-z]{3,9}%c%c[0-9]{1,%d}q[a-f]+z%d", 'a' + i % 26,
+                 'a' + (i / 26) % 26, 2 + i % 7, i + 1000 * seed);
+        snprintf(id_s, sizeof(id_s), "s%d-%d", seed, i);
+        msgpack_pack_map(pk, 3);
+        pack_str(pk, "id");
+        pack_str(pk, id_s);
+        pack_str(pk, "kind");
+        pack_str(pk, "regex");
+        pack_str(pk, "pattern");
+        pack_str(pk, pat);
+    }
+}
+
+static void send_slow_load(int fd, uint32_t id, int seed, int n, uint64_t max_states)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_slow_load(&pk, id, seed, n, max_states);
+    raw_frame(fd, &sb);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+START_TEST(test_max_states_ceiling)
+{
+    struct daemon d;
+    const char *const flags[] = {"--max-states", "100000", NULL};
+    daemon_start(&d, flags);
+    int fd = raw_connect(&d);
+    send_slow_load(fd, 1, 0, 2, 4000000000ull);
+    expect_error(fd, 1, VKS_E_LIMIT, false);
+    send_slow_load(fd, 2, 0, 2, 100001);
+    expect_error(fd, 2, VKS_E_LIMIT, false);
+    send_slow_load(fd, 3, 0, 2, 100000); /* at the ceiling: fine */
+    struct proto_reply *rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_msg(rep->error.code == 0, "load at the ceiling: %s", rep->error.msg);
+    proto_reply_destroy(rep);
+    close(fd);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 Suite *attack_suite(void)
 {
     Suite *s = suite_create("attack");
@@ -773,6 +832,7 @@ Suite *attack_suite(void)
     tcase_add_test(tc, test_stats_per_tenant);
     tcase_add_test(tc, test_drain_answers_unread);
     tcase_add_test(tc, test_replies_are_utf8);
+    tcase_add_test(tc, test_max_states_ceiling);
     suite_add_tcase(s, tc);
     return s;
 }
