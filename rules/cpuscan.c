@@ -110,7 +110,8 @@ struct walk {
     struct cpuscan_part *part;
     enum scan_mode mode;
     uint64_t limit; /* SCAN_ALL: 0 = none */
-    bool full;      /* part holds `limit` hits: keep only smaller (end, rule) */
+    uint64_t plain; /* hits in the part of rules without single-match */
+    bool full;      /* part holds `limit` such hits: keep only smaller (end, rule) */
     uint64_t thr_end;
     uint32_t thr_rule;
 };
@@ -131,22 +132,35 @@ static int cmp_rule_end(const void *a, const void *b)
     return x->end < y->end ? -1 : x->end > y->end;
 }
 
-/* SCAN_ALL with a limit: keeps the `limit` smallest hits. */
+/* SCAN_ALL with a limit: keeps the `limit` smallest hits of rules without
+ * single-match, and every single-match rule's first hit (at most one per
+ * rule: the merge needs each rule's first, which an earlier segment may
+ * have, to decide which of them stays). */
 static void trim(struct walk *w)
 {
     struct cpuscan_part *p = w->part;
+    const uint8_t *single = w->s->single;
     if (p->hits.n == 0)
         return;
     qsort(p->hits.v, p->hits.n, sizeof(*p->hits.v), cmp_end_rule);
-    if (p->hits.n > w->limit) {
-        p->dropped += p->hits.n - w->limit;
-        p->hits.n = w->limit;
+    size_t k = 0;
+    uint64_t plain = 0;
+    for (size_t i = 0; i < p->hits.n; i++) {
+        struct scan_hit h = p->hits.v[i];
+        if (!single[h.rule] && plain == w->limit) {
+            p->dropped++;
+            continue;
+        }
+        if (!single[h.rule]) {
+            plain++;
+            w->thr_end = h.end;
+            w->thr_rule = h.rule;
+        }
+        p->hits.v[k++] = h;
     }
-    if (p->hits.n == w->limit && w->limit > 0) {
-        w->full = true;
-        w->thr_end = p->hits.v[p->hits.n - 1].end;
-        w->thr_rule = p->hits.v[p->hits.n - 1].rule;
-    }
+    p->hits.n = k;
+    w->plain = plain;
+    w->full = plain == w->limit;
 }
 
 static void touch(struct cpuscan_scratch *s, uint32_t rule)
@@ -173,8 +187,8 @@ static int on_match(void *ctx, uint32_t rule, uint64_t end)
             s->count[rule]++;
         return 0;
     }
-    if (s->single[rule] && !first)
-        return 0;
+    if (s->single[rule])
+        return first ? scan_hits_push(&w->part->hits, rule, end, 1) : 0;
     if (w->full && (end > w->thr_end || (end == w->thr_end && rule > w->thr_rule))) {
         w->part->dropped++;
         return 0;
@@ -182,7 +196,7 @@ static int on_match(void *ctx, uint32_t rule, uint64_t end)
     int rc = scan_hits_push(&w->part->hits, rule, end, 1);
     if (rc != 0)
         return rc;
-    if (w->limit > 0 && w->part->hits.n >= 2 * w->limit)
+    if (w->limit > 0 && ++w->plain >= 2 * w->limit)
         trim(w);
     return 0;
 }

@@ -53,9 +53,11 @@ struct cpuscan_part {
 
 /*
  * Scans the end offsets (lo, hi] of buf[0..len) (lo = 0, hi = len: the
- * whole buffer). In SCAN_ALL at most `limit` matches are kept, the ones
- * with the smallest (end, rule) (0: no limit); the others are counted in
- * `dropped`. Appends to `part`. Returns 0 or -ENOMEM.
+ * whole buffer). In SCAN_ALL at most `limit` matches of rules without
+ * RULE_F_SINGLEMATCH are kept, the ones with the smallest (end, rule) (0: no
+ * limit), and each single-match rule's first; the others are counted in
+ * `dropped`. Appends to `part`. Returns 0 or -ENOMEM (-EINVAL: a segment of
+ * an unsegmentable catalog).
  * A segment (lo > 0 or hi < len) needs cpuscan_lookback != UNSEGMENTABLE.
  */
 int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
