@@ -292,9 +292,11 @@ void engine_cpu_main(void *arg)
  * engine with jobs to re-run. */
 void engine_cpu_push(struct engine *e, struct engine_batch *b)
 {
+    uint64_t now = engine_now_ns();
     pthread_mutex_lock(&e->mu);
     b->state = B_NEW;
     b->next = NULL;
+    b->submit_ns = now; /* the CPU queue wait counts from here (also for GPU re-runs) */
     if (e->cpu_tail != NULL)
         e->cpu_tail->next = b;
     else

@@ -657,6 +657,28 @@ START_TEST(test_two_gpu_engines)
 }
 END_TEST
 
+/* A bad `devices` value stops vkscand at start with what is accepted. */
+START_TEST(test_bad_devices)
+{
+    static const char *const bad[] = {"1,x", "0;1", "99", "-1", ","};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char cmd[512];
+        snprintf(cmd, sizeof(cmd),
+                 "'%s' --config '' --socket /tmp/vke-bad.sock --state-dir /tmp/vke-bad "
+                 "--engine cpu --devices '%s' 2>&1",
+                 getenv("VKSCAND"), bad[i]);
+        FILE *p = popen(cmd, "r");
+        ck_assert_ptr_nonnull(p);
+        char out[2048] = {0};
+        size_t n = fread(out, 1, sizeof(out) - 1, p);
+        out[n] = '\0';
+        int st = pclose(p);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0, "devices '%s' was accepted", bad[i]);
+        ck_assert_msg(strstr(out, "devices '") != NULL, "devices '%s': %s", bad[i], out);
+    }
+}
+END_TEST
+
 /* ---- small scans under load -------------------------------------------- */
 
 struct loader {
@@ -747,6 +769,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_gpu_timeout_retried_on_cpu);
     tcase_add_test(tc, test_gpu_too_big_retried_on_cpu);
     tcase_add_test(tc, test_two_gpu_engines);
+    tcase_add_test(tc, test_bad_devices);
     tcase_add_test(tc, test_small_batches_overflow_to_gpu);
     suite_add_tcase(s, tc);
     return s;
