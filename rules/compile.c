@@ -632,10 +632,14 @@ static int group_nfa_rules(struct ctx *c)
         const struct node *root = p->root;
         rc = bitnfa_build(&root, 1, BITNFA_MAX_BITS, &g, &p->bits);
         bitnfa_group_finish(&g);
-        if (rc == -E2BIG)
+        if (rc == -E2BIG) {
             rc = reject_too_wide(c, order[i], p->bits);
-        else if (rc == 0)
+        } else if (rc == -EINVAL) { /* no position: parse_check should make this impossible */
+            c->prep[order[i]].group = UINT32_MAX;
+            rc = add_reject(c, p->input, 0, "rule consumes no byte: it cannot be compiled");
+        } else if (rc == 0) {
             order[m++] = order[i];
+        }
     }
     uint32_t begin = 0, fill = 0;
     for (uint32_t i = 0; i <= m && rc == 0; i++) {
