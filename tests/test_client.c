@@ -10,6 +10,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <msgpack.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -35,6 +36,8 @@ struct peer {
     int has_by_source;
     uint8_t source[VKS_FP_LEN];
     char fd_text[64];
+    int fd_seals;    /* F_GET_SEALS of the last fd buffer */
+    int inline_bufs; /* inline buffers seen in the last scan */
 };
 
 static int read_full(int fd, void *p, size_t n, int *fds, int *n_fds)
@@ -131,8 +134,10 @@ static void result_scan(struct peer *p, msgpack_packer *pk, const msgpack_object
         const msgpack_object *b = &bufs->via.array.ptr[i];
         const msgpack_object *data = get(b, "data");
         uint64_t end = data ? data->via.bin.size : 0;
+        p->inline_bufs += data != NULL;
         if (!data) {
             int fd = fds[get(b, "fd")->via.u64];
+            p->fd_seals = fcntl(fd, F_GET_SEALS);
             ssize_t k = pread(fd, p->fd_text, sizeof(p->fd_text) - 1, 0);
             end = k > 0 ? (uint64_t)k : 0;
         }
@@ -366,6 +371,36 @@ START_TEST(load_then_scan_inline_and_memfd)
 }
 END_TEST
 
+/* An inline buffer at or above memfd_threshold reaches the peer as a
+ * sealed memfd holding its bytes; a smaller one stays inline. */
+START_TEST(large_inline_buffer_becomes_sealed_memfd)
+{
+    struct peer p = {0};
+    struct vks_client *c;
+    struct vks_error err;
+    peer_start(&p);
+    struct vks_client_options o;
+    vks_client_options_init(&o);
+    o.memfd_threshold = 16;
+    ck_assert_int_eq(vks_client_connect(p.path, &o, &c, &err), 0);
+    const char big[] = "twenty bytes inline";
+    struct vks_buffer bufs[2] = {{.kind = VKS_BUFFER_INLINE, .data = big, .len = 19},
+                                 {.kind = VKS_BUFFER_INLINE, .data = "small", .len = 5}};
+    uint8_t fp[VKS_FP_LEN] = {0xab};
+    struct vks_scan_result res;
+    ck_assert_int_eq(vks_client_scan(c, fp, bufs, 2, NULL, &res, &err), 0);
+    ck_assert_int_eq(p.inline_bufs, 1); /* "small" */
+    ck_assert_str_eq(p.fd_text, big);   /* the memfd held the buffer's bytes */
+    ck_assert_int_eq(p.fd_seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL),
+                     F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+    ck_assert_uint_eq(res.hits[0].end, 19);
+    ck_assert_uint_eq(res.hits[1].end, 5);
+    vks_scan_result_finish(&res);
+    vks_client_close(c);
+    peer_stop(&p);
+}
+END_TEST
+
 START_TEST(reconnects_an_idempotent_scan)
 {
     struct peer p = {.drop_first_scan = 1};
@@ -448,6 +483,7 @@ Suite *client_suite(void)
     tcase_add_test(t, header_and_defaults);
     tcase_add_test(t, connect_missing_socket);
     tcase_add_test(t, load_then_scan_inline_and_memfd);
+    tcase_add_test(t, large_inline_buffer_becomes_sealed_memfd);
     tcase_add_test(t, reconnects_an_idempotent_scan);
     tcase_add_test(t, gives_up_after_retries);
     tcase_add_test(t, version_error_at_connect);
