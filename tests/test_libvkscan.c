@@ -123,7 +123,7 @@ START_TEST(large_inline_buffer_goes_by_memfd)
     struct vks_buffer bufs[2] = {{.kind = VKS_BUFFER_INLINE, .data = "a needle", .len = 8},
                                  {.kind = VKS_BUFFER_INLINE, .data = b, .len = BIG}};
     struct vks_scan_result res;
-    uint64_t before = stat_of(c, "bytes_scanned");
+    uint64_t before = stat_of(c, "tenant.served_bytes");
     /* The frame limit is 256 KiB: 1 MiB inline would be refused. */
     int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), bufs, 2, NULL, &res, &err);
     ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
@@ -137,7 +137,7 @@ START_TEST(large_inline_buffer_goes_by_memfd)
     ck_assert_uint_eq(res.hits[1].end, 1000000);
     ck_assert_uint_eq(res.hits[2].end, BIG);
     vks_scan_result_finish(&res);
-    ck_assert_uint_eq(stat_of(c, "bytes_scanned") - before, BIG + 8);
+    ck_assert_uint_eq(stat_of(c, "tenant.served_bytes") - before, BIG + 8);
     vks_client_close(c);
 
     /* The control: with the memfd path off the same scan cannot be sent. */
