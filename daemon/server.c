@@ -611,7 +611,7 @@ static void on_engine_ready(struct engine *eng, int status, const struct vks_err
     notify_send(state);
     arm_sweep(srv);
     log_notice("vkscand %s ready on %s, engine %s", VKS_VERSION, srv->cfg.socket_path,
-               info->gpu ? info->device.name : "CPU reference scanner");
+               info->gpu ? info->device.name : "CPU");
     server_kick(srv);
 }
 
