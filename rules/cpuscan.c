@@ -11,13 +11,14 @@
 #define NONE UINT64_MAX
 
 struct cpuscan_scratch {
-    const struct catalog *cat; /* the arrays below are for this catalog */
-    uint32_t n_rules;
-    uint8_t *single;   /* per rule: RULE_F_SINGLEMATCH */
-    uint64_t *first;   /* per rule: first end seen in this segment, NONE */
-    uint64_t *last;    /* per rule: last end seen (duplicate (rule, end) pairs) */
-    uint32_t *count;   /* per rule: SCAN_COUNT */
-    uint32_t *touched; /* rules whose entries above are set */
+    bool ready;                 /* the arrays below are for the catalog with */
+    uint8_t fp[CATALOG_FP_LEN]; /* this fingerprint (a freed catalog's address */
+    uint32_t n_rules;           /* may come back for another one) */
+    uint8_t *single;            /* per rule: RULE_F_SINGLEMATCH */
+    uint64_t *first;            /* per rule: first end seen in this segment, NONE */
+    uint64_t *last;             /* per rule: last end seen (duplicate (rule, end) pairs) */
+    uint32_t *count;            /* per rule: SCAN_COUNT */
+    uint32_t *touched;          /* rules whose entries above are set */
     uint32_t n_touched;
 };
 
@@ -53,7 +54,7 @@ static void scratch_free_arrays(struct cpuscan_scratch *s)
     s->single = NULL;
     s->first = s->last = NULL;
     s->count = s->touched = NULL;
-    s->cat = NULL;
+    s->ready = false;
     s->n_rules = 0;
 }
 
@@ -68,7 +69,8 @@ void cpuscan_scratch_destroy(struct cpuscan_scratch *s)
 static int scratch_prepare(struct cpuscan_scratch *s, const struct catalog *cat)
 {
     uint32_t n = catalog_rule_count(cat);
-    if (s->cat == cat && s->n_rules == n)
+    const uint8_t *fp = catalog_fingerprint(cat);
+    if (s->ready && s->n_rules == n && memcmp(s->fp, fp, CATALOG_FP_LEN) == 0)
         return 0;
     scratch_free_arrays(s);
     size_t m = n ? n : 1;
@@ -88,7 +90,8 @@ static int scratch_prepare(struct cpuscan_scratch *s, const struct catalog *cat)
         s->single[r] = (cr.flags & RULE_F_SINGLEMATCH) != 0;
         s->first[r] = s->last[r] = NONE;
     }
-    s->cat = cat;
+    memcpy(s->fp, fp, CATALOG_FP_LEN);
+    s->ready = true;
     s->n_rules = n;
     s->n_touched = 0;
     return 0;
