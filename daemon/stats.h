@@ -19,7 +19,7 @@ struct server;
 
 /* A bounded list of named values; entries past its capacity are dropped. */
 struct stats_list {
-    struct proto_stat v[192];
+    struct proto_stat v[384]; /* room for engine.N.* of 16 GPU engines */
     uint32_t n;
 };
 
