@@ -20,6 +20,7 @@ struct sched_tenant {
     uint32_t jobs;  /* queued + running */
     uint64_t bytes; /* queued + running */
     uint64_t served_bytes, served_jobs;
+    bool live; /* counted in n_tenants: referenced or with jobs */
 };
 
 struct sched {
@@ -135,6 +136,8 @@ struct sched_tenant *sched_tenant_get(struct sched *s, uid_t uid)
     for (struct sched_tenant *t = s->tenants; t != NULL; t = t->next) {
         if (t->uid == uid) {
             t->refs++;
+            s->n_tenants += !t->live;
+            t->live = true;
             return t;
         }
     }
@@ -143,15 +146,23 @@ struct sched_tenant *sched_tenant_get(struct sched *s, uid_t uid)
         return NULL;
     t->uid = uid;
     t->refs = 1;
+    t->live = true;
     t->next = s->tenants;
     s->tenants = t;
     s->n_tenants++;
     return t;
 }
 
+/* An idle tenant that was served keeps its record (one per uid ever
+ * served), so its served counters survive idle periods and reconnects;
+ * it no longer counts in n_tenants. */
 static void tenant_free_if_idle(struct sched *s, struct sched_tenant *t)
 {
-    if (t->refs > 0 || t->jobs > 0)
+    if (t->refs > 0 || t->jobs > 0 || !t->live)
+        return;
+    s->n_tenants--;
+    t->live = false;
+    if (t->served_jobs > 0)
         return;
     for (struct sched_tenant **p = &s->tenants; *p != NULL; p = &(*p)->next) {
         if (*p == t) {
@@ -159,7 +170,6 @@ static void tenant_free_if_idle(struct sched *s, struct sched_tenant *t)
             break;
         }
     }
-    s->n_tenants--;
     free(t);
 }
 

@@ -89,7 +89,8 @@ void sched_set_limits(struct sched *s, const struct sched_limits *limits);
  * when out of memory. Each session holds one reference. */
 struct sched_tenant *sched_tenant_get(struct sched *s, uid_t uid);
 
-/* Drops a reference; the tenant is freed when unreferenced and idle. */
+/* Drops a reference; an unreferenced, idle tenant is freed, or, once served,
+ * kept with its served counters for sched_tenant_stats (one record per uid). */
 void sched_tenant_put(struct sched *s, struct sched_tenant *t);
 
 uid_t sched_tenant_uid(const struct sched_tenant *t);
