@@ -7,7 +7,8 @@
  * flight at once, one per worker thread and connection, and their results are
  * printed in the order the files were found. Directories are walked by
  * vkscan_walk.c; the rules of all -r files and -e patterns are joined by
- * vkscan_ruleset.c.
+ * vkscan_ruleset.c; with -z, archives and compressed files are opened by
+ * vkscan_archive.c and each member is scanned as a file of its own.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +28,7 @@
 
 #include "error.h"
 #include "vkscan/vkscan.h"
+#include "vkscan_archive.h"
 #include "vkscan_cli.h"
 #include "vkscan_ruleset.h"
 #include "vkscan_walk.h"
@@ -36,6 +38,7 @@
 #define BATCH_MAX_FILES 64u                 /* descriptors per request, at most */
 #define BATCH_BYTES     (64ull << 20)       /* bytes per request we aim for */
 #define SCAN_IO_MS      (10u * 60u * 1000u) /* wait for one scan reply */
+#define ARCHIVE_BYTES   (1ull << 30)        /* --max-archive-bytes by default */
 
 /* ---- output helpers ------------------------------------------------------- */
 
@@ -66,6 +69,20 @@ static void json_path(FILE *f, const char *type, const char *path)
     }
 }
 
+/* The "archive" and "member" fields of a record about a member of an
+ * archive (path is ARCHIVE!MEMBER): nothing for a file of its own. */
+static void json_member(FILE *f, const char *path, size_t archive_len)
+{
+    if (archive_len == 0)
+        return;
+    char *archive = strndup(path, archive_len);
+    fputs(",\"archive\":", f);
+    cli_json_str(f, archive != NULL ? archive : "", NULL);
+    fputs(",\"member\":", f);
+    cli_json_str(f, path + archive_len + 1, NULL);
+    free(archive);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -92,15 +109,18 @@ struct scan_opts {
     enum out_mode out;
     enum color_mode color_mode;
     bool json, quiet, line_numbers, stats, strict;
+    bool search_zip; /* -z */
     struct walk_opts walk;
-    uint64_t max_filesize; /* 0: no limit */
+    uint64_t max_filesize;      /* 0: no limit */
+    uint64_t max_archive_bytes; /* -z: what one archive may decompress to */
     unsigned jobs;
 };
 
 struct file_ent {
-    char *path; /* as printed */
+    char *path; /* as printed: ARCHIVE!MEMBER for a member of an archive */
     int fd;
     uint64_t offset, size;
+    size_t archive_len; /* a member: the length of ARCHIVE in path; else 0 */
 };
 
 enum slot_state { SLOT_FREE, SLOT_READY, SLOT_RUNNING, SLOT_DONE };
@@ -307,10 +327,11 @@ static void print_text_hit(const struct scan *s, const char *path, const struct 
     printf("%llu:%s%s%s\n", (unsigned long long)h->end, red, id, off);
 }
 
-static void print_json_hit(const struct scan *s, const char *path, const struct vks_hit *h,
+static void print_json_hit(const struct scan *s, const struct file_ent *fe, const struct vks_hit *h,
                            const char *id, uint64_t line)
 {
-    json_path(stdout, "match", path);
+    json_path(stdout, "match", fe->path);
+    json_member(stdout, fe->path, fe->archive_len);
     printf(",\"offset\":%llu", (unsigned long long)h->end);
     if (line > 0)
         printf(",\"line_number\":%llu", (unsigned long long)line);
@@ -348,13 +369,14 @@ static void print_file(struct scan *s, const struct batch *b, size_t i, size_t *
         id = id != NULL ? id : "?";
         uint64_t line = lines ? line_of(fe, &lc, h->end) : 0;
         if (s->opt.json)
-            print_json_hit(s, fe->path, h, id, line);
+            print_json_hit(s, fe, h, id, line);
         else
             print_text_hit(s, fe->path, h, id, line);
     }
     if (n > 0 && s->opt.out == OUT_LIST && !s->opt.quiet) {
         if (s->opt.json) {
             json_path(stdout, "match", fe->path);
+            json_member(stdout, fe->path, fe->archive_len);
             printf(",\"rules_matched\":%zu}\n", n);
         } else {
             printf("%s%s%s\n", s->color ? "\033[35m" : "", fe->path, s->color ? "\033[0m" : "");
@@ -458,8 +480,10 @@ static void batch_drain(struct scan *s)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Takes ownership of `fd` and `path`, also on failure. */
-static void add_fd(struct scan *s, char *path, int fd, uint64_t offset, uint64_t size)
+/* Takes ownership of `fd` and `path`, also on failure; `archive_len` as in
+ * struct file_ent. */
+static void add_fd_at(struct scan *s, char *path, int fd, uint64_t offset, uint64_t size,
+                      size_t archive_len)
 {
     if (path == NULL) {
         close(fd);
@@ -484,7 +508,8 @@ static void add_fd(struct scan *s, char *path, int fd, uint64_t offset, uint64_t
         batch_submit(s);
         b = &s->slots[s->tail % s->n_slots];
     }
-    b->files[b->n] = (struct file_ent){.path = path, .fd = fd, .offset = offset, .size = size};
+    b->files[b->n] = (struct file_ent){
+        .path = path, .fd = fd, .offset = offset, .size = size, .archive_len = archive_len};
     b->bufs[b->n] =
         (struct vks_buffer){.kind = VKS_BUFFER_FD, .fd = fd, .offset = offset, .length = size};
     b->n++;
@@ -492,6 +517,41 @@ static void add_fd(struct scan *s, char *path, int fd, uint64_t offset, uint64_t
     /* A zero length means "to the end" on the wire: say 0 bytes another way. */
     if (size == 0)
         b->bufs[b->n - 1] = (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = "", .len = 0};
+}
+
+static void add_fd(struct scan *s, char *path, int fd, uint64_t offset, uint64_t size)
+{
+    add_fd_at(s, path, fd, offset, size, 0);
+}
+
+/* ---- -z: members of archives and compressed files ------------------------ */
+
+static void unpacked_member(void *ctx, const char *name, size_t archive_len, int fd, uint64_t size)
+{
+    add_fd_at(ctx, strdup(name), fd, 0, size, archive_len);
+}
+
+static void unpack_problem(void *ctx, const char *name, const char *msg)
+{
+    problem(ctx, name, msg, true);
+}
+
+/* A whole file at offset 0 of `fd`: with -z, an archive or a compressed
+ * file is read member by member (its own bytes are not scanned); anything
+ * else is scanned as it is. Takes ownership of `fd` and `path`. */
+static void add_file(struct scan *s, char *path, int fd, uint64_t size)
+{
+    if (!s->opt.search_zip || path == NULL || !unpack_sniff(fd)) {
+        add_fd(s, path, fd, 0, size);
+        return;
+    }
+    const struct unpack_limits lim = {.member_max = s->max_bytes,
+                                      .total_max = s->opt.max_archive_bytes};
+    const struct unpack_visitor v = {
+        .ctx = s, .member = unpacked_member, .problem = unpack_problem};
+    unpack_members(fd, path, &lim, &v);
+    close(fd);
+    free(path);
 }
 
 /*
@@ -532,7 +592,7 @@ static void add_stream(struct scan *s, const char *label, int in)
             return;
         }
     }
-    add_fd(s, strdup(label), fd, 0, total);
+    add_file(s, strdup(label), fd, total);
 }
 
 static void add_stdin(struct scan *s)
@@ -543,6 +603,10 @@ static void add_stdin(struct scan *s)
         int fd = dup(STDIN_FILENO);
         uint64_t size = (uint64_t)st.st_size;
         uint64_t off = pos <= 0 ? 0 : (uint64_t)pos < size ? (uint64_t)pos : size;
+        if (fd >= 0 && off == 0) {
+            add_file(s, strdup(STDIN_LABEL), fd, size);
+            return;
+        }
         if (fd >= 0) {
             add_fd(s, strdup(STDIN_LABEL), fd, off, size - off);
             return;
@@ -594,7 +658,7 @@ static void add_path(struct scan *s, const char *path, bool named)
         return;
     }
     if (regular && !size_untrusted(fd, &st)) {
-        add_fd(s, strdup(path), fd, 0, (uint64_t)st.st_size);
+        add_file(s, strdup(path), fd, (uint64_t)st.st_size);
         return;
     }
     /* Only what the user named may block (a FIFO waits for its writer); a
@@ -872,6 +936,11 @@ static void scan_usage(FILE *f)
             "  -g, --glob GLOB           scan only files matching GLOB; !GLOB excludes\n"
             "      --exclude GLOB        leave out files and directories matching GLOB\n"
             "      --max-filesize SIZE   skip files larger than SIZE (bytes, or K, M, G)\n"
+            "Archives:\n"
+            "  -z, --search-zip          scan the members of tar and zip archives and of\n"
+            "                            gzip, xz, zstd, bzip2 and lz4 files: ARCHIVE!MEMBER\n"
+            "      --max-archive-bytes SIZE  stop reading an archive past SIZE decompressed\n"
+            "                            (default 1G)\n"
             "Daemon:\n"
             "  -j, --jobs N              scan requests in flight (default 4, 1..16)\n"
             "      --socket PATH         vkscand's socket (default $VKSCAN_SOCKET or %s)\n"
@@ -922,6 +991,7 @@ enum {
     OPT_HIDDEN,
     OPT_EXCLUDE,
     OPT_MAX_FILESIZE,
+    OPT_MAX_ARCHIVE_BYTES,
 };
 
 /* One option of `scan`; returns -1 to go on, else the exit status. */
@@ -994,6 +1064,15 @@ static int scan_option(struct scan_opts *o, int c, char *arg, char **argv)
                                     "not '%s'",
                                     arg);
         return -1;
+    case 'z':
+        o->search_zip = true;
+        return -1;
+    case OPT_MAX_ARCHIVE_BYTES:
+        if (parse_size(arg, &o->max_archive_bytes) != 0 || o->max_archive_bytes == 0)
+            return scan_usage_error("--max-archive-bytes takes a size such as 100M or 4G, "
+                                    "not '%s'",
+                                    arg);
+        return -1;
     case OPT_SOCKET:
         cli_socket_path = arg;
         return -1;
@@ -1032,11 +1111,16 @@ int cli_scan(int argc, char **argv)
         {"glob", required_argument, NULL, 'g'},
         {"exclude", required_argument, NULL, OPT_EXCLUDE},
         {"max-filesize", required_argument, NULL, OPT_MAX_FILESIZE},
+        {"search-zip", no_argument, NULL, 'z'},
+        {"max-archive-bytes", required_argument, NULL, OPT_MAX_ARCHIVE_BYTES},
         {"jobs", required_argument, NULL, 'j'},
         {"socket", required_argument, NULL, OPT_SOCKET},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    struct scan_opts o = {.report = VKS_REPORT_ALL, .out = OUT_MATCHES, .jobs = 4};
+    struct scan_opts o = {.report = VKS_REPORT_ALL,
+                          .out = OUT_MATCHES,
+                          .jobs = 4,
+                          .max_archive_bytes = ARCHIVE_BYTES};
     /* no option appears more often than there are arguments */
     o.rules = calloc((size_t)argc, sizeof(char *));
     o.exprs = calloc((size_t)argc, sizeof(char *));
@@ -1046,7 +1130,7 @@ int cli_scan(int argc, char **argv)
     if (o.rules == NULL || o.exprs == NULL || o.globs == NULL || o.owned == NULL)
         status = scan_usage_error("%s", "out of memory");
     opterr = 0;
-    while (status < 0 && (c = getopt_long(argc, argv, ":r:e:g:clnqLj:h", longs, NULL)) != -1)
+    while (status < 0 && (c = getopt_long(argc, argv, ":r:e:g:clnqLzj:h", longs, NULL)) != -1)
         status = scan_option(&o, c, optarg, argv);
     if (status < 0 && o.n_rules == 0 && o.n_exprs == 0)
         status = scan_usage_error("%s", "no rules: give a pattern file with -r FILE or a "

@@ -54,11 +54,41 @@ static void print_engines(const struct status *s)
     }
 }
 
+/*
+ * Catalogs and memory. The CPU engine (the default without a GPU) scans the
+ * catalogs where the store keeps them, in host memory, and holds nothing
+ * on a device: its daemon reports device figures of 0, which are not shown
+ * as if a GPU used them. A GPU engine adds its resident catalogs and device
+ * memory.
+ */
+static void print_memory(const struct status *s, bool *ok)
+{
+    bool gpu = stat_u(s, "engine", ok) == 0;
+    char used[32], budget[32];
+    printf("catalogs:   %llu known, %llu in host memory",
+           (unsigned long long)stat_u(s, "catalogs", ok),
+           (unsigned long long)stat_u(s, "catalogs_in_memory", ok));
+    if (gpu)
+        printf(", %llu resident on the device",
+               (unsigned long long)stat_u(s, "catalogs_resident", ok));
+    printf("\n");
+    cli_fmt_bytes(stat_u(s, "catalog_host_bytes", ok), used, sizeof(used));
+    cli_fmt_bytes(stat_u(s, "limit.host_catalog_budget", ok), budget, sizeof(budget));
+    printf("memory:     host %s of %s (catalogs%s)", used, budget,
+           gpu ? "" : ", scanned there by the CPU engine");
+    if (gpu) {
+        cli_fmt_bytes(stat_u(s, "device_memory_used", ok), used, sizeof(used));
+        cli_fmt_bytes(stat_u(s, "device_memory_budget", ok), budget, sizeof(budget));
+        printf(", device %s of %s", used, budget);
+    }
+    printf("\n");
+}
+
 static void print_status_text(const struct status *s)
 {
     bool ok = true;
     uint64_t up = stat_u(s, "uptime_ns", &ok) / 1000000000u;
-    char b1[32], b2[32], b3[32];
+    char b1[32], b3[32];
     printf("%s at %s (protocol %u)\n", s->info.server, cli_daemon_socket(), s->info.protocol);
     printf("uptime:     %llud %02lluh %02llum %02llus\n", (unsigned long long)up / 86400,
            (unsigned long long)up / 3600 % 24, (unsigned long long)up / 60 % 60,
@@ -69,15 +99,9 @@ static void print_status_text(const struct status *s)
         const struct vks_device *d = &s->info.devices[i];
         cli_fmt_bytes(d->memory, b1, sizeof(b1));
         printf("device %u:   %s (%s, %s)%s\n", d->index, d->name, d->type, b1,
-               d->active ? ", active" : "");
+               d->active ? ", active" : ", not used");
     }
-    cli_fmt_bytes(stat_u(s, "device_memory_used", &ok), b1, sizeof(b1));
-    cli_fmt_bytes(stat_u(s, "device_memory_budget", &ok), b2, sizeof(b2));
-    printf("catalogs:   %llu known, %llu in host memory, %llu resident on the device "
-           "(%s of %s)\n",
-           (unsigned long long)stat_u(s, "catalogs", &ok),
-           (unsigned long long)stat_u(s, "catalogs_in_memory", &ok),
-           (unsigned long long)stat_u(s, "catalogs_resident", &ok), b1, b2);
+    print_memory(s, &ok);
     cli_fmt_bytes(stat_u(s, "queued_bytes", &ok), b1, sizeof(b1));
     printf("queues:     %llu scans queued (%s), %llu running, %llu tenants\n",
            (unsigned long long)stat_u(s, "queued_scans", &ok), b1,
@@ -92,10 +116,12 @@ static void print_status_text(const struct status *s)
     printf("clients:    %llu connected, %llu since start\n",
            (unsigned long long)stat_u(s, "connections", &ok),
            (unsigned long long)stat_u(s, "connections_total", &ok));
-    printf("this user:  uid %llu, %llu catalogs, %llu scans in flight\n",
+    cli_fmt_bytes(stat_u(s, "tenant.served_bytes", &ok), b1, sizeof(b1));
+    printf("this user:  uid %llu, %llu catalogs, %llu scans in flight, %llu served (%s)\n",
            (unsigned long long)stat_u(s, "tenant.uid", &ok),
            (unsigned long long)stat_u(s, "tenant.catalogs", &ok),
-           (unsigned long long)stat_u(s, "tenant.scans_in_flight", &ok));
+           (unsigned long long)stat_u(s, "tenant.scans_in_flight", &ok),
+           (unsigned long long)stat_u(s, "tenant.served_scans", &ok), b1);
     if (!ok)
         printf("(this vkscand reports fewer statistics: missing values are shown as 0)\n");
 }

@@ -1,10 +1,13 @@
 /*
  * Prometheus text exposition (prom.h), moved here from vkscan status so that
- * vkscand's metrics endpoint prints exactly the same families.
+ * vkscand's metrics endpoint prints exactly the same families. Integer
+ * stats print as integers, all 64 bits (never 1.23e+06), nanoseconds as
+ * exact decimal seconds, and only float stats through a double.
  */
 #include "prom.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,9 +68,44 @@ struct prom_sample {
     char suffix[16]; /* "", "_bucket", "_sum", "_count" */
     char labels[160];
     double le; /* bucket bound, for ordering */
-    double value;
+    /* The value: an integer printed as one, exactly (all 64 bits); with
+     * `ns`, nanoseconds printed as exact decimal seconds; else a double. */
+    bool is_float, ns;
+    uint64_t u;
+    double f;
     size_t order;
 };
+
+/* `v` nanoseconds as decimal seconds, exactly: 1500000 -> "0.0015". */
+static void fmt_ns(char *buf, size_t cap, uint64_t v)
+{
+    int n = snprintf(buf, cap, "%" PRIu64 ".%09" PRIu64, v / 1000000000u, v % 1000000000u);
+    while (n > 0 && (size_t)n < cap && buf[n - 1] == '0')
+        buf[--n] = '\0';
+    if (n > 0 && (size_t)n < cap && buf[n - 1] == '.')
+        buf[--n] = '\0';
+}
+
+/* The shortest of %.15g..%.17g that reads back as the same double. */
+static void fmt_double(char *buf, size_t cap, double v)
+{
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            return;
+    }
+}
+
+/* A sample's value as Prometheus text: integers never in float notation. */
+static void fmt_value(char *buf, size_t cap, const struct prom_sample *p)
+{
+    if (p->is_float)
+        fmt_double(buf, cap, p->ns ? p->f * 1e-9 : p->f);
+    else if (p->ns)
+        fmt_ns(buf, cap, p->u);
+    else
+        snprintf(buf, cap, "%" PRIu64, p->u);
+}
 
 /* Metric names allow [a-zA-Z0-9_:]: other bytes become '_'. */
 static void prom_name(char *dst, size_t cap, const char *src, size_t len)
@@ -81,20 +119,20 @@ static void prom_name(char *dst, size_t cap, const char *src, size_t len)
     dst[n] = '\0';
 }
 
-/* Turns a `_ns` name into `_seconds` and says by how much to scale. */
-static double prom_unit(char *name)
+/* Turns a `_ns` name into `_seconds`; returns whether it did (the values
+ * are then nanoseconds, printed as seconds). */
+static bool prom_unit(char *name)
 {
     size_t n = strlen(name);
     if (n > 3 && strcmp(name + n - 3, "_ns") == 0) {
         snprintf(name + n - 3, 12, "_seconds");
-        return 1e-9;
+        return true;
     }
-    return 1.0;
+    return false;
 }
 
-static bool prom_histogram(struct prom_sample *p, const char *key, double v, uint64_t uid)
+static bool prom_histogram(struct prom_sample *p, const char *key)
 {
-    (void)uid;
     const char *m = strstr(key, ".bucket.");
     size_t len = m != NULL ? (size_t)(m - key) : 0;
     const char *suffix = "_bucket";
@@ -116,7 +154,7 @@ static bool prom_histogram(struct prom_sample *p, const char *key, double v, uin
         {"scan_bytes", "Bytes of each answered scan."},
     };
     prom_name(p->family, sizeof(p->family) - 12, key, len);
-    double scale = prom_unit(p->family);
+    bool ns = prom_unit(p->family);
     p->type = "histogram";
     p->help = "Histogram.";
     for (size_t i = 0; i < sizeof(helps) / sizeof(helps[0]); i++) {
@@ -124,32 +162,33 @@ static bool prom_histogram(struct prom_sample *p, const char *key, double v, uin
             p->help = helps[i].help;
     }
     snprintf(p->suffix, sizeof(p->suffix), "%s", suffix);
-    p->value = strcmp(suffix, "_sum") == 0 ? v * scale : v;
+    p->ns = ns && strcmp(suffix, "_sum") == 0;
     if (m != NULL) {
+        /* The bound is the key's integer: printed exactly, as the value. */
         const char *le = m + 8;
         bool inf = strcmp(le, "inf") == 0 || strcmp(le, "+Inf") == 0;
-        p->le = inf ? 1e300 : strtod(le, NULL) * scale;
-        if (inf)
-            snprintf(p->labels, sizeof(p->labels), "le=\"+Inf\"");
-        else
-            snprintf(p->labels, sizeof(p->labels), "le=\"%.9g\"", p->le);
+        struct prom_sample bound = {.ns = ns, .u = strtoull(le, NULL, 10)};
+        char text[48];
+        fmt_value(text, sizeof(text), &bound);
+        p->le = inf ? 1e300 : (double)bound.u;
+        snprintf(p->labels, sizeof(p->labels), "le=\"%s\"", inf ? "+Inf" : text);
     }
     return true;
 }
 
-static void prom_classify(struct prom_sample *p, const char *key, double v, uint64_t uid)
+static void prom_classify(struct prom_sample *p, const char *key, uint64_t uid)
 {
     p->type = "untyped";
     p->help = "vkscand statistic.";
-    p->value = v;
-    if (prom_histogram(p, key, v, uid))
+    if (prom_histogram(p, key))
         return;
     for (size_t i = 0; i < sizeof(prom_defs) / sizeof(prom_defs[0]); i++) {
         if (strcmp(key, prom_defs[i].key) == 0) {
             snprintf(p->family, sizeof(p->family), "vkscand_%s", prom_defs[i].name);
             p->type = prom_defs[i].type;
             p->help = prom_defs[i].help;
-            p->value = strstr(p->family, "_seconds") != NULL ? v * 1e-9 : v;
+            size_t kl = strlen(key);
+            p->ns = kl > 3 && strcmp(key + kl - 3, "_ns") == 0;
             return;
         }
     }
@@ -175,8 +214,7 @@ static void prom_classify(struct prom_sample *p, const char *key, double v, uint
         snprintf(p->labels, sizeof(p->labels), "name=\"%s\"", key + 6);
     } else if (strncmp(key, "tenant.", 7) == 0) {
         prom_name(p->family, sizeof(p->family) - 12, key, strlen(key));
-        double scale = prom_unit(p->family);
-        p->value = v * scale;
+        p->ns = prom_unit(p->family);
         bool served = strstr(key, "served") != NULL;
         if (served)
             strcat(p->family, "_total");
@@ -185,7 +223,7 @@ static void prom_classify(struct prom_sample *p, const char *key, double v, uint
         snprintf(p->labels, sizeof(p->labels), "uid=\"%llu\"", (unsigned long long)uid);
     } else {
         prom_name(p->family, sizeof(p->family) - 12, key, strlen(key));
-        p->value = v * prom_unit(p->family);
+        p->ns = prom_unit(p->family);
     }
 }
 
@@ -243,8 +281,10 @@ int prom_write(FILE *out, const char *server, uint32_t protocol, const struct pr
         if (strcmp(st->key, "requests") == 0 || strcmp(st->key, "tenant.uid") == 0 ||
             strcmp(st->key, "engine") == 0)
             continue; /* a sum of requests.*, a label, and part of vkscand_info */
-        prom_classify(&v[k], st->key, st->is_float ? st->f : (double)st->u,
-                      st->has_uid ? st->uid : uid);
+        prom_classify(&v[k], st->key, st->has_uid ? st->uid : uid);
+        v[k].is_float = st->is_float;
+        v[k].u = st->u;
+        v[k].f = st->f;
         v[k].order = i;
         k++;
     }
@@ -257,8 +297,10 @@ int prom_write(FILE *out, const char *server, uint32_t protocol, const struct pr
         if (i == 0 || strcmp(v[i].family, v[i - 1].family) != 0)
             fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", v[i].family, v[i].help, v[i].family,
                     v[i].type);
-        fprintf(out, "%s%s%s%s%s %.17g\n", v[i].family, v[i].suffix, v[i].labels[0] ? "{" : "",
-                v[i].labels, v[i].labels[0] ? "}" : "", v[i].value);
+        char value[48];
+        fmt_value(value, sizeof(value), &v[i]);
+        fprintf(out, "%s%s%s%s%s %s\n", v[i].family, v[i].suffix, v[i].labels[0] ? "{" : "",
+                v[i].labels, v[i].labels[0] ? "}" : "", value);
     }
     free(v);
     return 0;

@@ -5,11 +5,16 @@
  * -l outputs and grep's exit codes (match, no match, unreadable entry, rule
  * rejected), standard input, batching of many files, the message for a
  * missing daemon, `status` and its Prometheus text, `rules check`, and that
- * the example configuration documents every daemon key and loads.
+ * the example configuration documents every daemon key and loads; `scan -z`
+ * over archives and compressed files written here with libarchive; `status`
+ * of a CPU-engine daemon (memory, tenant counters across idle periods) and
+ * the exact numbers of common/prom.c.
  *
  * One daemon serves the scan cases (an unchecked fixture: it starts once, in
  * the runner, before the forked tests). Data stays tiny: CI scans on lavapipe.
  */
+#include <archive.h>
+#include <archive_entry.h>
 #include <check.h>
 #include <ctype.h>
 #include <errno.h>
@@ -27,6 +32,8 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "prom.h"
 
 /* A NULL-terminated argument list. */
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
@@ -818,6 +825,217 @@ START_TEST(scan_json_records)
 }
 END_TEST
 
+/* ---- -z: archives and compressed files ------------------------------------- */
+
+struct member {
+    const char *name; /* a trailing '/' makes a directory entry */
+    const char *data;
+    size_t len;
+};
+
+/* Writes `rel` with libarchive: `format` ARCHIVE_FORMAT_TAR_PAX_RESTRICTED,
+ * ARCHIVE_FORMAT_ZIP or ARCHIVE_FORMAT_RAW (one member), compressed by
+ * `filter` (ARCHIVE_FILTER_NONE, _GZIP, _XZ, _ZSTD...). */
+static void write_archive(const char *rel, int format, int filter, const struct member *m, size_t n)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", base, rel);
+    struct archive *a = archive_write_new();
+    ck_assert_ptr_nonnull(a);
+    ck_assert_int_eq(archive_write_add_filter(a, filter), ARCHIVE_OK);
+    int rc = format == ARCHIVE_FORMAT_ZIP   ? archive_write_set_format_zip(a)
+             : format == ARCHIVE_FORMAT_RAW ? archive_write_set_format_raw(a)
+                                            : archive_write_set_format_pax_restricted(a);
+    ck_assert_int_eq(rc, ARCHIVE_OK);
+    ck_assert_msg(archive_write_open_filename(a, path) == ARCHIVE_OK, "%s",
+                  archive_error_string(a));
+    for (size_t i = 0; i < n; i++) {
+        struct archive_entry *e = archive_entry_new();
+        bool dir = m[i].name[strlen(m[i].name) - 1] == '/';
+        archive_entry_set_pathname(e, m[i].name);
+        archive_entry_set_filetype(e, dir ? AE_IFDIR : AE_IFREG);
+        archive_entry_set_perm(e, dir ? 0755 : 0644);
+        archive_entry_set_size(e, dir ? 0 : (la_int64_t)m[i].len);
+        ck_assert_msg(archive_write_header(a, e) == ARCHIVE_OK, "%s", archive_error_string(a));
+        if (!dir && m[i].len > 0)
+            ck_assert_int_eq(archive_write_data(a, m[i].data, m[i].len), (la_ssize_t)m[i].len);
+        archive_entry_free(e);
+    }
+    ck_assert_int_eq(archive_write_close(a), ARCHIVE_OK);
+    archive_write_free(a);
+}
+
+/* Reads `rel` whole into a malloc'd buffer. */
+static char *read_whole(const char *rel, size_t *len)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", base, rel);
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    char *buf = malloc(1 << 20);
+    ck_assert_ptr_nonnull(buf);
+    *len = fread(buf, 1, 1 << 20, f);
+    fclose(f);
+    return buf;
+}
+
+/*
+ * arc/t.tar.gz  docs/a.txt (the tree's a.txt), a directory, sub/b.bin (MZ)
+ * arc/z.zip     in/z.txt ("ab12c" ends at 7)
+ * arc/n.txt.xz  "xx needle\n" (an xz stream, no tar)
+ * arc/m.bin.zst the MZ header at 4..8 (a zstd stream, no tar)
+ * arc/nest.zip  inner.tar.gz (holding deep.txt, needle ends 6), plain.txt
+ * arc/many.txt.gz  200 lines "needle\n"
+ */
+static void make_archives(void)
+{
+    static const char a_txt[] = "xx needle ab12c needle\n";
+    static const char mz[] = "\x01\x02MZ\x90\x00\x03";
+    make_dir("arc");
+    const struct member t[] = {{"docs/", NULL, 0},
+                               {"docs/a.txt", a_txt, sizeof(a_txt) - 1},
+                               {"sub/b.bin", mz, sizeof(mz) - 1}};
+    write_archive("arc/t.tar.gz", ARCHIVE_FORMAT_TAR_PAX_RESTRICTED, ARCHIVE_FILTER_GZIP, t, 3);
+    const struct member z[] = {{"in/z.txt", "..ab12c..", 9}};
+    write_archive("arc/z.zip", ARCHIVE_FORMAT_ZIP, ARCHIVE_FILTER_NONE, z, 1);
+    const struct member x[] = {{"n.txt", "xx needle\n", 10}};
+    write_archive("arc/n.txt.xz", ARCHIVE_FORMAT_RAW, ARCHIVE_FILTER_XZ, x, 1);
+    const struct member zs[] = {{"m.bin",
+                                 "\xff\xfe"
+                                 "abMZ\x90\x00",
+                                 8}};
+    write_archive("arc/m.bin.zst", ARCHIVE_FORMAT_RAW, ARCHIVE_FILTER_ZSTD, zs, 1);
+    const struct member deep[] = {{"deep.txt", "needle", 6}};
+    write_archive("inner.tar.gz", ARCHIVE_FORMAT_TAR_PAX_RESTRICTED, ARCHIVE_FILTER_GZIP, deep, 1);
+    size_t inner_len;
+    char *inner = read_whole("inner.tar.gz", &inner_len);
+    const struct member nest[] = {{"inner.tar.gz", inner, inner_len}, {"plain.txt", "a needle", 8}};
+    write_archive("arc/nest.zip", ARCHIVE_FORMAT_ZIP, ARCHIVE_FILTER_NONE, nest, 2);
+    free(inner);
+    static char lines[200 * 7];
+    for (int i = 0; i < 200; i++)
+        memcpy(lines + 7 * i, "needle\n", 7);
+    const struct member many[] = {{"many.txt", lines, sizeof(lines)}};
+    write_archive("arc/many.txt.gz", ARCHIVE_FORMAT_RAW, ARCHIVE_FILTER_GZIP, many, 1);
+}
+
+START_TEST(scan_archives_members)
+{
+    make_archives();
+    struct run r;
+    scan(&r, NULL,
+         ARGS("-z", "arc/t.tar.gz", "arc/z.zip", "arc/n.txt.xz", "arc/m.bin.zst", "arc/nest.zip",
+              "tree/sub/b.bin"));
+    ck_assert_msg(r.status == 0, "exit %d, stderr: %s", r.status, r.err);
+    ck_assert_str_eq(r.out, "arc/t.tar.gz!docs/a.txt:9:lit\n"
+                            "arc/t.tar.gz!docs/a.txt:15:re\n"
+                            "arc/t.tar.gz!docs/a.txt:22:lit\n"
+                            "arc/t.tar.gz!sub/b.bin:6:mz\n"
+                            "arc/z.zip!in/z.txt:7:re\n"
+                            "arc/n.txt.xz!n.txt:9:lit\n"
+                            "arc/m.bin.zst!m.bin:8:mz\n"
+                            "arc/nest.zip!inner.tar.gz!deep.txt:6:lit\n"
+                            "arc/nest.zip!plain.txt:8:lit\n"
+                            "tree/sub/b.bin:6:mz\n");
+    ck_assert_str_eq(r.err, "");
+    /* A directory walk opens them too; -c, -l and -n work per member. */
+    scan(&r, NULL, ARGS("-z", "-c", "arc"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_ptr_nonnull(strstr(r.out, "arc/many.txt.gz!many.txt:lit:200\n"));
+    ck_assert_ptr_nonnull(strstr(r.out, "arc/t.tar.gz!docs/a.txt:lit:2\n"
+                                        "arc/t.tar.gz!docs/a.txt:re:1\n"
+                                        "arc/t.tar.gz!sub/b.bin:mz:1\n"));
+    scan(&r, NULL, ARGS("-z", "-l", "arc/t.tar.gz", "arc/z.zip"));
+    ck_assert_str_eq(r.out,
+                     "arc/t.tar.gz!docs/a.txt\narc/t.tar.gz!sub/b.bin\narc/z.zip!in/z.txt\n");
+    scan(&r, NULL, ARGS("-z", "-n", "arc/many.txt.gz"));
+    ck_assert_int_eq(count_lines(r.out), 200);
+    ck_assert_ptr_nonnull(strstr(r.out, "arc/many.txt.gz!many.txt:200:1399:lit\n"));
+    /* --json: the path is ARCHIVE!MEMBER, with the two parts as fields */
+    scan(&r, NULL, ARGS("-z", "--json", "arc/nest.zip"));
+    struct jobj o[4];
+    ck_assert_int_eq(parse_lines(r.out, o, 4), 3);
+    ck_assert_str_eq(jget(&o[0], "path")->val, "arc/nest.zip!inner.tar.gz!deep.txt");
+    ck_assert_str_eq(jget(&o[0], "archive")->val, "arc/nest.zip");
+    ck_assert_str_eq(jget(&o[0], "member")->val, "inner.tar.gz!deep.txt");
+    ck_assert_str_eq(jget(&o[0], "offset")->val, "6");
+    ck_assert_str_eq(jget(&o[2], "files")->val, "2");
+    /* Without -z a compressed file is its own bytes: 200 needles do not
+     * survive gzip, and no member is named. */
+    scan(&r, NULL, ARGS("-c", "arc/many.txt.gz", "arc/t.tar.gz"));
+    ck_assert_ptr_null(strchr(r.out, '!'));
+    ck_assert_ptr_null(strstr(r.out, ":lit:200\n"));
+}
+END_TEST
+
+/* A truncated tar.gz and a zip whose header is garbage are errors that name
+ * the archive (exit status 2); the members before the damage and the other
+ * files are scanned. */
+START_TEST(scan_archive_corrupt)
+{
+    static char noise[200000]; /* past libarchive's read-ahead when cut in half */
+    uint32_t x = 12345;
+    for (size_t i = 0; i < sizeof(noise); i++) {
+        x = x * 1103515245u + 12345u;
+        noise[i] = (char)(x >> 23);
+    }
+    make_dir("broken");
+    const struct member m[] = {{"first.txt", "needle", 6}, {"noise.bin", noise, sizeof(noise)}};
+    write_archive("broken/cut.tar.gz", ARCHIVE_FORMAT_TAR_PAX_RESTRICTED, ARCHIVE_FILTER_GZIP, m,
+                  2);
+    char path[256];
+    snprintf(path, sizeof(path), "%s/broken/cut.tar.gz", base);
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_int_gt(st.st_size, 150000);
+    ck_assert_int_eq(truncate(path, st.st_size / 2), 0);
+    static const char bad_zip[] = "PK\x03\x04garbage, not a zip header at all";
+    write_file("broken/bad.zip", bad_zip, sizeof(bad_zip) - 1);
+    struct run r;
+    scan(&r, NULL, ARGS("-z", "broken/cut.tar.gz", "broken/bad.zip", "tree/a.txt"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_str_eq(r.out, "broken/cut.tar.gz!first.txt:6:lit\n"
+                            "tree/a.txt:9:lit\ntree/a.txt:15:re\ntree/a.txt:22:lit\n");
+    ck_assert_msg(strstr(r.err, "vkscan: broken/cut.tar.gz: corrupt archive at 'noise.bin': ") !=
+                      NULL,
+                  "%s", r.err);
+    ck_assert_msg(strstr(r.err, "vkscan: broken/bad.zip: corrupt or unsupported archive: ") != NULL,
+                  "%s", r.err);
+    ck_assert_int_eq(count_lines(r.err), 2);
+}
+END_TEST
+
+/* --max-archive-bytes stops a decompression bomb; a member over the
+ * daemon's max-scan-bytes (1 MiB here) is skipped on its own. */
+START_TEST(scan_archive_bomb_caps)
+{
+    static char zeros[40006], big[2 << 20];
+    memcpy(zeros + 40000, "needle", 6);
+    const struct member m[] = {{"z1", zeros, sizeof(zeros)},
+                               {"big", big, sizeof(big)},
+                               {"z2", zeros, sizeof(zeros)},
+                               {"z3", zeros, sizeof(zeros)}};
+    write_archive("bomb.tar.gz", ARCHIVE_FORMAT_TAR_PAX_RESTRICTED, ARCHIVE_FILTER_GZIP, m, 4);
+    struct run r;
+    scan(&r, NULL, ARGS("-z", "bomb.tar.gz"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_str_eq(r.out, "bomb.tar.gz!z1:40006:lit\nbomb.tar.gz!z2:40006:lit\n"
+                            "bomb.tar.gz!z3:40006:lit\n");
+    ck_assert_str_eq(r.err, "vkscan: bomb.tar.gz!big: more than vkscand scans in one request "
+                            "(1.0 MiB) once decompressed: raise max-scan-bytes (skipped)\n");
+    /* 100 KiB: z1, then big passes the cap; nothing after it is read */
+    scan(&r, NULL, ARGS("-z", "--max-archive-bytes", "100K", "bomb.tar.gz", "tree/sub/b.bin"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_str_eq(r.out, "bomb.tar.gz!z1:40006:lit\ntree/sub/b.bin:6:mz\n");
+    ck_assert_str_eq(r.err, "vkscan: bomb.tar.gz: more than --max-archive-bytes (100.0 KiB) "
+                            "decompressed (a decompression bomb?): the rest of the archive is "
+                            "skipped; raise --max-archive-bytes to read it all\n");
+    scan(&r, NULL, ARGS("-z", "--max-archive-bytes", "lots", "bomb.tar.gz"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_ptr_nonnull(strstr(r.err, "--max-archive-bytes takes a size"));
+}
+END_TEST
+
 /* ---- walks: ignore files, hidden files, globs, links, sizes ----------------- */
 
 static void make_link(const char *target, const char *rel)
@@ -1138,6 +1356,10 @@ START_TEST(status_text_and_json)
     ck_assert_ptr_nonnull(strstr(r.out, "\ncatalogs:"));
     ck_assert_ptr_nonnull(strstr(r.out, "\nqueues:"));
     ck_assert_ptr_null(strstr(r.out, "missing values"));
+    /* the GPU engine (lavapipe): host and device memory */
+    ck_assert_msg(strstr(r.out, "\nmemory:     host ") != NULL &&
+                      strstr(r.out, ", device ") != NULL,
+                  "%s", r.out);
 
     run_cli(&r, NULL, NULL, ARGS("status", "--json", "--socket", sock));
     ck_assert_int_eq(r.status, 0);
@@ -1287,6 +1509,9 @@ START_TEST(status_prometheus_counts_scans)
                       moved[i].labels, d, moved[i].delta);
     }
     ck_assert_double_gt(psample_get(after, na, "vkscand_uptime_seconds", ""), 0);
+    /* the 4 GiB bound is an integer, not 4.2949673e+09 */
+    ck_assert_ptr_nonnull(strstr(r.out, "\nvkscand_scan_bytes_bucket{le=\"4294967296\"} "));
+    ck_assert_ptr_null(strstr(r.out, "e+"));
     /* Each histogram is well formed: TYPE histogram, buckets cumulative in
      * ascending le, the +Inf bucket equal to _count, a _sum. */
     static const char *const hists[] = {"vkscand_queue_wait_seconds", "vkscand_gpu_seconds",
@@ -1318,6 +1543,127 @@ START_TEST(status_prometheus_counts_scans)
         snprintf(name, sizeof(name), "%s_sum", hists[h]);
         ck_assert_double_gt(psample_get(after, na, name, ""), 0);
     }
+}
+END_TEST
+
+/* Prometheus numbers print exactly: integers as integers over all 64 bits
+ * (never 1.23e+06 or a rounded double), nanoseconds as exact decimal
+ * seconds, histogram bounds as their integers. */
+START_TEST(prometheus_numbers_exact)
+{
+    const struct prom_stat st[] = {
+        {.key = "scans", .u = UINT64_MAX},
+        {.key = "bytes_scanned", .u = 1230000},
+        {.key = "scan_hits", .u = (1ull << 53) + 1},
+        {.key = "uptime_ns", .u = 1500000000},
+        {.key = "catalog_compile_ns", .u = 123456789},
+        {.key = "scan_bytes.bucket.4294967296", .u = 3},
+        {.key = "scan_bytes.bucket.inf", .u = 4},
+        {.key = "scan_bytes.sum", .u = 10000000000000000001ull},
+        {.key = "scan_bytes.count", .u = 4},
+        {.key = "gpu_ns.bucket.10000000000", .u = 1},
+        {.key = "gpu_ns.bucket.inf", .u = 1},
+        {.key = "gpu_ns.sum", .u = 2000000001},
+        {.key = "gpu_ns.count", .u = 1},
+        {.key = "engine.0.busy_share", .is_float = true, .f = 0.25},
+    };
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(prom_write(f, "vkscand test", 1, st, sizeof(st) / sizeof(st[0])), 0);
+    fclose(f);
+    static const char *const want[] = {
+        "\nvkscand_scans_total 18446744073709551615\n",
+        "\nvkscand_scanned_bytes_total 1230000\n",
+        "\nvkscand_hits_total 9007199254740993\n",
+        "\nvkscand_uptime_seconds 1.5\n",
+        "\nvkscand_catalog_compile_seconds_total 0.123456789\n",
+        "\nvkscand_scan_bytes_bucket{le=\"4294967296\"} 3\n",
+        "\nvkscand_scan_bytes_sum 10000000000000000001\n",
+        "\nvkscand_gpu_seconds_bucket{le=\"10\"} 1\n",
+        "\nvkscand_gpu_seconds_sum 2.000000001\n",
+        "\nvkscand_engine_0_busy_share 0.25\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        ck_assert_msg(strstr(text, want[i]) != NULL, "no %s in:\n%s", want[i] + 1, text);
+    ck_assert_ptr_null(strstr(text, "e+"));
+    free(text);
+}
+END_TEST
+
+/* ---- status of a CPU-engine daemon ------------------------------------------- */
+
+static void setup_cpu_daemon(void)
+{
+    base_create();
+    make_tree();
+    daemon_start(ARGS("--engine", "cpu"));
+}
+
+/* tenant.served_* from `status --json` (0 when absent). */
+static uint64_t served(const char *json, const char *what)
+{
+    char key[64];
+    snprintf(key, sizeof(key), "\"tenant.served_%s\":", what);
+    const char *at = strstr(json, key);
+    return at != NULL ? strtoull(at + strlen(key), NULL, 10) : 0;
+}
+
+/* A tenant's served counters outlive its connections: the scan's client
+ * has left when `status` asks, and the tenant was idle in between. */
+START_TEST(status_tenant_counters_survive_idle)
+{
+    struct run r, s;
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "status", "--json"));
+    ck_assert_int_eq(r.status, 0);
+    uint64_t scans = served(r.out, "scans"), bytes = served(r.out, "bytes");
+    scan(&s, NULL, ARGS("tree/a.txt"));
+    ck_assert_int_eq(s.status, 0);
+    scan(&s, NULL, ARGS("tree/sub/b.bin"));
+    ck_assert_int_eq(s.status, 0);
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "status", "--json"));
+    ck_assert_uint_eq(served(r.out, "scans"), scans + 2);
+    ck_assert_uint_eq(served(r.out, "bytes"), bytes + 23 + 7);
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "status"));
+    char want[64];
+    snprintf(want, sizeof(want), ", %llu served (", (unsigned long long)scans + 2);
+    ck_assert_msg(strstr(r.out, want) != NULL, "%s", r.out);
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "status", "--prometheus"));
+    snprintf(want, sizeof(want), "\nvkscand_tenant_served_scans_total{uid=\"%u\"} %llu\n",
+             (unsigned)getuid(), (unsigned long long)scans + 2);
+    ck_assert_msg(strstr(r.out, want) != NULL, "%s", r.out);
+}
+END_TEST
+
+/* The CPU engine scans catalogs in host memory: status shows that memory
+ * and no device figures as if a GPU held them. */
+START_TEST(status_cpu_engine_memory)
+{
+    struct run r;
+    scan(&r, NULL, ARGS("tree/a.txt"));
+    ck_assert_int_eq(r.status, 0);
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "status", "--json"));
+    const char *at = strstr(r.out, "\"catalog_host_bytes\":");
+    ck_assert_ptr_nonnull(at);
+    unsigned long long host = strtoull(at + 21, NULL, 10);
+    ck_assert_uint_gt(host, 0);
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "status"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_ptr_nonnull(strstr(r.out, "\nengine:     cpu\n"));
+    ck_assert_ptr_null(strstr(r.out, "device"));
+    ck_assert_ptr_nonnull(strstr(r.out, " in host memory\n"));
+    char want[160];
+    snprintf(want, sizeof(want),
+             "\nmemory:     host %llu B of 1.0 GiB (catalogs, scanned there "
+             "by the CPU engine)\n",
+             host);
+    if (host >= 1024)
+        snprintf(want, sizeof(want),
+                 "\nmemory:     host %.1f KiB of 1.0 GiB (catalogs, scanned "
+                 "there by the CPU engine)\n",
+                 (double)host / 1024);
+    ck_assert_msg(strstr(r.out, want) != NULL, "no %s in %s", want, r.out);
 }
 END_TEST
 
@@ -1388,6 +1734,7 @@ Suite *cli_suite(void)
     tcase_add_test(local, man_pages_document_every_flag);
     tcase_add_test(local, usage_messages_and_help);
     tcase_add_test(local, daemon_log_prefix_only_for_journald);
+    tcase_add_test(local, prometheus_numbers_exact);
     tcase_set_timeout(local, 60);
     suite_add_tcase(s, local);
 
@@ -1407,10 +1754,20 @@ Suite *cli_suite(void)
     tcase_add_test(d, scan_output_forms);
     tcase_add_test(d, scan_json_records);
     tcase_add_test(d, scan_walk_ignore_hidden_globs_links);
+    tcase_add_test(d, scan_archives_members);
+    tcase_add_test(d, scan_archive_corrupt);
+    tcase_add_test(d, scan_archive_bomb_caps);
     tcase_add_test(d, status_text_and_json);
     tcase_add_test(d, status_prometheus_counts_scans);
     tcase_set_timeout(d, 300);
     suite_add_tcase(s, d);
+
+    TCase *cpu = tcase_create("cpu");
+    tcase_add_unchecked_fixture(cpu, setup_cpu_daemon, teardown_daemon);
+    tcase_add_test(cpu, status_tenant_counters_survive_idle);
+    tcase_add_test(cpu, status_cpu_engine_memory);
+    tcase_set_timeout(cpu, 300);
+    suite_add_tcase(s, cpu);
 
     TCase *cfg = tcase_create("config");
     tcase_add_test(cfg, example_config_complete_and_loads);

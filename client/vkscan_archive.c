@@ -1,0 +1,263 @@
+/*
+ * vkscan scan -z (vkscan_archive.h): members of archives and compressed
+ * files, decompressed by libarchive into memfds.
+ *
+ * Every byte libarchive hands over counts toward the archive's total,
+ * also the bytes of a member that is too large to scan (they are read and
+ * dropped: skipping a member of a compressed tar decompresses it all the
+ * same), so --max-archive-bytes bounds the work one archive can cause.
+ */
+#include "vkscan_archive.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "vkscan_cli.h"
+
+#define NEST_MAX 1          /* archives inside archives opened, below the top */
+#define CHUNK    (1u << 16) /* bytes libarchive decompresses into at once */
+
+struct unpack {
+    const struct unpack_limits *lim;
+    const struct unpack_visitor *v;
+    const char *top; /* the archive named by the caller */
+    size_t top_len;
+    uint64_t total; /* bytes decompressed, nested archives included */
+    bool stop;      /* total_max passed: no more reading */
+    char buf[CHUNK];
+};
+
+bool unpack_sniff(int fd)
+{
+    static const struct {
+        size_t off, len;
+        const char *magic;
+    } kinds[] = {
+        {0, 2, "\x1f\x8b"}, /* gzip */
+        {0, 6,
+         "\xfd"
+         "7zXZ\0"},                 /* xz */
+        {0, 4, "\x28\xb5\x2f\xfd"}, /* zstd */
+        {0, 3, "BZh"},              /* bzip2 */
+        {0, 4, "\x04\x22\x4d\x18"}, /* lz4 */
+        {0, 4, "PK\x03\x04"},       /* zip */
+        {0, 4, "PK\x05\x06"},       /* zip, empty */
+        {257, 5, "ustar"},          /* tar: POSIX, pax and GNU */
+    };
+    unsigned char head[262];
+    ssize_t n = pread(fd, head, sizeof(head), 0);
+    for (size_t i = 0; n > 0 && i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+        if ((size_t)n >= kinds[i].off + kinds[i].len &&
+            memcmp(head + kinds[i].off, kinds[i].magic, kinds[i].len) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* A compressed file's one member: its name without the directory (inside
+ * an archive, without the path to it) and without the compression suffix;
+ * `data` when it has no such suffix (standard input, say). */
+static void raw_name(const char *path, char *out, size_t cap)
+{
+    static const char *const suffixes[] = {".gz", ".xz", ".zst", ".zstd", ".bz2", ".lz4", ".z"};
+    const char *b = path;
+    for (const char *p = path; *p != '\0'; p++) {
+        if (*p == '/' || *p == '!')
+            b = p + 1;
+    }
+    size_t n = strlen(b);
+    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
+        size_t l = strlen(suffixes[i]);
+        if (n > l && strcmp(b + n - l, suffixes[i]) == 0) {
+            snprintf(out, cap, "%.*s", (int)(n - l), b);
+            return;
+        }
+    }
+    snprintf(out, cap, "data");
+}
+
+static void problem(struct unpack *u, const char *name, const char *fmt, const char *a,
+                    const char *b)
+{
+    char msg[512];
+    snprintf(msg, sizeof(msg), fmt, a, b);
+    u->v->problem(u->v->ctx, name, msg);
+}
+
+/* The archive's total passed --max-archive-bytes: said once, on the
+ * archive the caller named, and nothing more is read. */
+static void over_total(struct unpack *u)
+{
+    char cap[32];
+    cli_fmt_bytes(u->lim->total_max, cap, sizeof(cap));
+    problem(u, u->top,
+            "more than --max-archive-bytes (%s) decompressed (a decompression bomb?): the "
+            "rest of the archive is skipped%s; raise --max-archive-bytes to read it all",
+            cap, "");
+    u->stop = true;
+}
+
+static struct archive *reader_open(int fd)
+{
+    struct archive *a = archive_read_new();
+    if (a == NULL)
+        return NULL;
+    archive_read_support_filter_gzip(a);
+    archive_read_support_filter_xz(a);
+    archive_read_support_filter_zstd(a);
+    archive_read_support_filter_bzip2(a);
+    archive_read_support_filter_lz4(a);
+    archive_read_support_format_tar(a);
+    archive_read_support_format_zip(a);
+    archive_read_support_format_empty(a);
+    archive_read_support_format_raw(a);
+    /* a failure here shows at the first header, with libarchive's reason */
+    if (lseek(fd, 0, SEEK_SET) == 0)
+        archive_read_open_fd(a, fd, CHUNK);
+    return a;
+}
+
+static void read_archive(struct unpack *u, int fd, const char *path, int depth);
+
+/* Writes n bytes of u->buf to `fd`; returns 0 or -errno. */
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? -errno : -EIO;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/*
+ * Decompresses the current member (`name` is ARCHIVE!MEMBER) into a memfd
+ * and hands it on, or opens it as a nested archive. Returns false when the
+ * archive cannot be read further (corrupt, or over its total).
+ */
+static bool read_member(struct unpack *u, struct archive *a, const char *path, const char *name,
+                        int depth)
+{
+    int fd = memfd_create("vkscan-member", MFD_CLOEXEC);
+    int err = fd < 0 ? -errno : 0;
+    uint64_t size = 0;
+    bool too_big = false;
+    for (;;) {
+        la_ssize_t n = archive_read_data(a, u->buf, sizeof(u->buf));
+        if (n == 0)
+            break;
+        if (n < 0) {
+            if (fd >= 0)
+                close(fd);
+            if (n == ARCHIVE_FATAL) {
+                problem(u, path, "corrupt archive at '%s': %s (the rest is skipped)",
+                        name + strlen(path) + 1, archive_error_string(a));
+                return false;
+            }
+            problem(u, name, "%s (skipped)%s", archive_error_string(a), "");
+            return true;
+        }
+        u->total += (uint64_t)n;
+        if (u->total > u->lim->total_max) {
+            if (fd >= 0)
+                close(fd);
+            over_total(u);
+            return false;
+        }
+        too_big |= size + (uint64_t)n > u->lim->member_max;
+        if (too_big || err != 0)
+            continue; /* read on: the total counts these bytes too */
+        err = write_all(fd, u->buf, (size_t)n);
+        size += (uint64_t)n;
+    }
+    if (err != 0 || too_big) {
+        char m[32];
+        cli_fmt_bytes(u->lim->member_max, m, sizeof(m));
+        if (err != 0)
+            problem(u, name, "cannot hold the member in a memfd: %s (skipped)%s", strerror(-err),
+                    "");
+        else
+            problem(u, name,
+                    "more than vkscand scans in one request (%s) once decompressed: raise "
+                    "max-scan-bytes (skipped)%s",
+                    m, "");
+        if (fd >= 0)
+            close(fd);
+        return true;
+    }
+    if (depth < NEST_MAX && unpack_sniff(fd)) {
+        read_archive(u, fd, name, depth + 1);
+        close(fd);
+        return !u->stop;
+    }
+    u->v->member(u->v->ctx, name, u->top_len, fd, size);
+    return true;
+}
+
+/* Reads every member of the archive on `fd` named `path`. */
+static void read_archive(struct unpack *u, int fd, const char *path, int depth)
+{
+    struct archive *a = reader_open(fd);
+    if (a == NULL) {
+        problem(u, path, "out of memory opening the archive (skipped)%s%s", "", "");
+        return;
+    }
+    while (!u->stop) {
+        struct archive_entry *e;
+        int r = archive_read_next_header(a, &e);
+        if (r == ARCHIVE_EOF)
+            break;
+        if (r < ARCHIVE_WARN) {
+            const char *why = archive_error_string(a);
+            problem(u, path, "corrupt or unsupported archive: %s%s (the rest is skipped)",
+                    why != NULL ? why : "unreadable", "");
+            break;
+        }
+        bool raw = archive_format(a) == ARCHIVE_FORMAT_RAW;
+        if (raw && archive_filter_count(a) <= 1) {
+            /* tar or zip magic, but neither format could read it */
+            problem(u, path, "corrupt archive: %s%s", "its first header cannot be read",
+                    " (skipped)");
+            break;
+        }
+        if (archive_entry_filetype(e) != AE_IFREG || archive_entry_hardlink(e) != NULL)
+            continue; /* directories, links; a hard link's bytes are its target's */
+        char member[1024], *name = NULL;
+        if (raw)
+            raw_name(path, member, sizeof(member));
+        else
+            snprintf(member, sizeof(member), "%s", archive_entry_pathname(e));
+        if (asprintf(&name, "%s!%s", path, member) < 0) {
+            problem(u, path, "out of memory (the rest is skipped)%s%s", "", "");
+            break;
+        }
+        bool go_on = read_member(u, a, path, name, depth);
+        free(name);
+        if (!go_on)
+            break;
+    }
+    archive_read_free(a);
+}
+
+void unpack_members(int fd, const char *path, const struct unpack_limits *lim,
+                    const struct unpack_visitor *v)
+{
+    struct unpack *u = malloc(sizeof(*u));
+    if (u == NULL) {
+        v->problem(v->ctx, path, "out of memory opening the archive (skipped)");
+        return;
+    }
+    *u = (struct unpack){.lim = lim, .v = v, .top = path, .top_len = strlen(path)};
+    read_archive(u, fd, path, 0);
+    free(u);
+}
