@@ -16,7 +16,7 @@
  * freed by its destroy function, so per-request memory ends with the reply.
  *
  * Errors: functions return 0 (or a documented positive value) or a negative
- * code, -VKS_E_* (vkscan/errors.h) for protocol violations and -errno for
+ * code, -VKS_E_* (proto/errors.h) for protocol violations and -errno for
  * system failures, and fill the `struct vks_error` passed last. Which errors
  * end the connection: every error of proto_reader_* does (the byte stream
  * cannot be resynchronised); no error of proto_*_decode does (the frame was
@@ -32,7 +32,7 @@
 #include <stdint.h>
 
 #include "error.h"
-#include "vkscan/errors.h"
+#include "errors.h" /* proto/errors.h: the VKS_E_* codes */
 
 /* Protocol versions this code speaks: hello picks the highest in common. */
 #define PROTO_VERSION     1u

@@ -5,6 +5,7 @@
 #include <check.h>
 #include <errno.h>
 #include <msgpack.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -843,6 +844,64 @@ START_TEST(limits_normalize)
 }
 END_TEST
 
+/* Reads every "VKS_E_NAME = N" of a header into names/values; returns how many. */
+static int read_codes(const char *rel, char names[][40], int *values, int cap)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", VKS_SOURCE_ROOT, rel);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    char line[512];
+    int n = 0;
+    while (n < cap && fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, " %39[A-Z_] = %d", names[n], &values[n]) == 2 &&
+            strncmp(names[n], "VKS_E_", 6) == 0)
+            n++;
+    }
+    fclose(f);
+    return n;
+}
+
+/* proto/errors.h owns the codes; the installed client header must carry the
+ * same names and numbers. */
+START_TEST(error_codes_match_the_client_header)
+{
+    static char pn[64][40], cn[64][40];
+    int pv[64], cv[64];
+    int np = read_codes("proto/errors.h", pn, pv, 64);
+    int nc = read_codes("client/include/vkscan/errors.h", cn, cv, 64);
+    ck_assert_int_ge(np, 23);
+    ck_assert_int_eq(np, nc);
+    for (int i = 0; i < np; i++) {
+        ck_assert_str_eq(pn[i], cn[i]);
+        ck_assert_int_eq(pv[i], cv[i]);
+    }
+    ck_assert_int_eq(VKS_E_MAX_CODE, VKS_E_DENIED);
+}
+END_TEST
+
+/* Replies are valid UTF-8 whatever bytes a client put in ids and names. */
+START_TEST(replies_are_valid_utf8)
+{
+    ck_assert(proto_utf8_valid((const uint8_t *)"ok \xc3\xa9 \xf0\x9f\x98\x80", 10));
+    ck_assert(!proto_utf8_valid((const uint8_t *)"\xc0\xaf", 2));       /* overlong */
+    ck_assert(!proto_utf8_valid((const uint8_t *)"\xed\xa0\x80", 3));   /* surrogate */
+    ck_assert(!proto_utf8_valid((const uint8_t *)"\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
+    ck_assert(!proto_utf8_valid((const uint8_t *)"\xe2\x82", 2));       /* cut short */
+    struct proto_buf b;
+    proto_buf_init(&b);
+    ck_assert_int_eq(proto_error_encode(&b, 3, PROTO_OP_PING, -VKS_E_BAD_VALUE, "bad \xff!", NULL),
+                     0);
+    struct proto_frame f = {.len = b.len - 4, .data = malloc(b.len)};
+    memcpy(f.data, b.data + 4, f.len);
+    struct proto_reply *rep = NULL;
+    ck_assert_int_eq(proto_reply_decode(&f, NULL, &rep, NULL), 0);
+    ck_assert_str_eq(rep->error.msg, "bad \xef\xbf\xbd!");
+    proto_reply_destroy(rep);
+    proto_buf_finish(&b);
+}
+END_TEST
+
 Suite *proto_suite(void)
 {
     Suite *s = suite_create("proto");
@@ -876,6 +935,8 @@ Suite *proto_suite(void)
     t = tcase_create("misc");
     tcase_add_test(t, source_canon_is_exact);
     tcase_add_test(t, limits_normalize);
+    tcase_add_test(t, error_codes_match_the_client_header);
+    tcase_add_test(t, replies_are_valid_utf8);
     suite_add_tcase(s, t);
     return s;
 }
