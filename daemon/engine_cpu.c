@@ -208,6 +208,7 @@ static bool cpu_task_done(struct engine_batch *b, struct ctask *t)
     struct jstate *js = &st->js[t->job];
     struct engine_job *j = st->jobs[t->job];
     t->done = true;
+    __atomic_store_n(&t->published, t->part.plain, __ATOMIC_RELAXED);
     while (js->prefix < js->nt && st->tasks[js->t0 + js->prefix].done) {
         js->plain += st->tasks[js->t0 + js->prefix].part.plain;
         js->prefix++;
@@ -229,6 +230,27 @@ static void cpu_complete(struct engine *e, struct engine_batch *b, uint64_t busy
     if (b->target == CPU_ENGINE)
         b->tel.scan_ns = engine_now_ns() - ((struct bstate *)b->priv)->start_ns - b->tel.fd_read_ns;
     engine_batch_post(e, b);
+}
+
+/* A running task asks whether the tasks before it in its job already hold
+ * max_hits (cpuscan_enough_fn): each publishes a lower bound of what it
+ * keeps, so the sum is one too. A task that cut itself may have published
+ * more than it keeps, but only after its own predecessors held max_hits. */
+struct watch {
+    struct bstate *st;
+    struct ctask *t;
+};
+
+static bool enough(void *ctx, uint64_t kept)
+{
+    struct watch *w = ctx;
+    __atomic_store_n(&w->t->published, kept, __ATOMIC_RELAXED);
+    const struct jstate *js = &w->st->js[w->t->job];
+    const struct engine_job *j = w->st->jobs[w->t->job];
+    uint64_t sum = 0;
+    for (const struct ctask *k = &w->st->tasks[js->t0]; k < w->t && sum < j->max_hits; k++)
+        sum += __atomic_load_n(&k->published, __ATOMIC_RELAXED);
+    return j->max_hits != 0 && sum >= j->max_hits;
 }
 
 void engine_cpu_main(void *arg)
@@ -271,9 +293,10 @@ void engine_cpu_main(void *arg)
         }
         struct engine_job *j = st->jobs[t->job];
         const struct engine_buf *eb = &j->bufs[t->buf];
+        struct watch wt = {st, t};
         t->rc = scr_rc != 0 ? scr_rc
                             : cpuscan_segment(j->cat, eb->data, (size_t)eb->len, t->lo, t->hi,
-                                              j->mode, t->limit, scr, &t->part);
+                                              j->mode, t->limit, enough, &wt, scr, &t->part);
         uint64_t busy = engine_now_ns() - t0;
         pthread_mutex_lock(&e->mu);
         bool last = cpu_task_done(b, t);

@@ -114,6 +114,9 @@ struct walk {
     enum scan_mode mode;
     uint64_t limit; /* SCAN_ALL: 0 = none */
     uint64_t plain; /* hits in the part of rules without single-match */
+    cpuscan_enough_fn enough;
+    void *ctx;
+    uint32_t since; /* plain hits since `enough` was last asked */
     bool full;      /* part holds `limit` such hits: keep only smaller (end, rule) */
     uint64_t thr_end;
     uint32_t thr_rule;
@@ -199,14 +202,23 @@ static int on_match(void *ctx, uint32_t rule, uint64_t end)
     int rc = scan_hits_push(&w->part->hits, rule, end, 1);
     if (rc != 0)
         return rc;
-    if (w->limit > 0 && ++w->plain >= 2 * w->limit)
+    w->plain++;
+    if (w->enough != NULL && ++w->since >= CPUSCAN_CHECK_EVERY && w->limit > 1) {
+        w->since = 0;
+        /* what this segment will keep at least, for the caller's sum */
+        if (w->enough(w->ctx, w->plain < w->limit ? w->plain : w->limit)) {
+            w->limit = 1;
+            trim(w);
+        }
+    }
+    if (w->limit > 0 && w->plain >= 2 * w->limit)
         trim(w);
     return 0;
 }
 
 int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
-                    uint64_t hi, enum scan_mode mode, uint64_t limit, struct cpuscan_scratch *s,
-                    struct cpuscan_part *part)
+                    uint64_t hi, enum scan_mode mode, uint64_t limit, cpuscan_enough_fn enough,
+                    void *ctx, struct cpuscan_scratch *s, struct cpuscan_part *part)
 {
     uint64_t lb = cpuscan_lookback(cat);
     if (lb == CPUSCAN_UNSEGMENTABLE) {
@@ -220,7 +232,12 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
     if (rc != 0)
         return rc;
     size_t base = part->hits.n;
-    struct walk w = {.s = s, .part = part, .mode = mode, .limit = mode == SCAN_ALL ? limit : 0};
+    struct walk w = {.s = s,
+                     .part = part,
+                     .mode = mode,
+                     .limit = mode == SCAN_ALL ? limit : 0,
+                     .enough = enough,
+                     .ctx = ctx};
     size_t begin = lo > lb ? (size_t)(lo - lb) : 0;
     for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++) {
         rc = refscan_group_range(cat, g, buf, len, begin, lo, hi, on_match, &w);

@@ -52,17 +52,29 @@ struct cpuscan_part {
 };
 
 /*
+ * SCAN_ALL with a limit: asked after every CPUSCAN_CHECK_EVERY kept matches
+ * with `kept`, how many matches of rules without single-match this segment
+ * will keep at least. Returning true says earlier segments already hold the
+ * limit, so none of this segment's matches can be reported: from then on it
+ * keeps one (the caller's truncation marker) and counts the rest as
+ * dropped. This bounds memory when many segments of a hit-dense buffer run
+ * at once.
+ */
+#define CPUSCAN_CHECK_EVERY 4096u
+typedef bool (*cpuscan_enough_fn)(void *ctx, uint64_t kept);
+
+/*
  * Scans the end offsets (lo, hi] of buf[0..len) (lo = 0, hi = len: the
  * whole buffer). In SCAN_ALL at most `limit` matches of rules without
  * RULE_F_SINGLEMATCH are kept, the ones with the smallest (end, rule) (0: no
  * limit), and each single-match rule's first; the others are counted in
- * `dropped`. Appends to `part`. Returns 0 or -ENOMEM (-EINVAL: a segment of
- * an unsegmentable catalog).
- * A segment (lo > 0 or hi < len) needs cpuscan_lookback != UNSEGMENTABLE.
+ * `dropped`. `enough` (NULL: never asked) may lower the limit to 1. Appends to `part`. Returns 0 or
+ * -ENOMEM (-EINVAL: a segment of an unsegmentable catalog). A segment (lo > 0 or hi < len) needs
+ * cpuscan_lookback != UNSEGMENTABLE.
  */
 int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
-                    uint64_t hi, enum scan_mode mode, uint64_t limit, struct cpuscan_scratch *s,
-                    struct cpuscan_part *part);
+                    uint64_t hi, enum scan_mode mode, uint64_t limit, cpuscan_enough_fn enough,
+                    void *ctx, struct cpuscan_scratch *s, struct cpuscan_part *part);
 
 /*
  * Merges the parts of one buffer (in segment order) into final hits, as

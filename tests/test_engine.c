@@ -131,8 +131,9 @@ static void *seg_thread(void *arg)
     ck_assert_int_eq(cpuscan_scratch_create(&s), 0);
     for (size_t k = (size_t)j->first; k < j->n_parts; k += (size_t)j->step) {
         uint64_t lo = k * j->seg, hi = lo + j->seg < j->len ? lo + j->seg : j->len;
-        ck_assert_int_eq(
-            cpuscan_segment(j->cat, j->buf, j->len, lo, hi, j->mode, j->limit, s, &j->parts[k]), 0);
+        ck_assert_int_eq(cpuscan_segment(j->cat, j->buf, j->len, lo, hi, j->mode, j->limit, NULL,
+                                         NULL, s, &j->parts[k]),
+                         0);
     }
     cpuscan_scratch_destroy(s);
     return NULL;
@@ -216,6 +217,41 @@ START_TEST(test_segment_limit)
 }
 END_TEST
 
+static bool say(void *ctx, uint64_t kept)
+{
+    uint64_t *calls = ctx;
+    ck_assert_uint_ge(kept, 1);
+    calls[0]++;
+    return calls[1] != 0;
+}
+
+/* The `enough` hook: asked while a segment keeps matches; a yes leaves one
+ * kept (the marker) and counts the rest as dropped. */
+START_TEST(test_segment_enough)
+{
+    static const struct rdef dot[] = {{"dot", ".", "s", RULE_REGEX}};
+    struct catalog *cat = compile(dot, 1);
+    static uint8_t buf[20000];
+    memset(buf, 'x', sizeof(buf));
+    struct cpuscan_scratch *s;
+    ck_assert_int_eq(cpuscan_scratch_create(&s), 0);
+    for (int yes = 0; yes < 2; yes++) {
+        uint64_t calls[2] = {0, (uint64_t)yes};
+        struct cpuscan_part part = {0};
+        ck_assert_int_eq(cpuscan_segment(cat, buf, sizeof(buf), 0, sizeof(buf), SCAN_ALL, 10000,
+                                         say, calls, s, &part),
+                         0);
+        ck_assert_uint_ge(calls[0], 1);
+        ck_assert_uint_eq(part.hits.n, yes ? 1 : 10000);
+        ck_assert_uint_eq(part.hits.v[0].end, 1);
+        ck_assert_uint_eq(part.dropped, sizeof(buf) - part.hits.n);
+        cpuscan_part_finish(&part);
+    }
+    cpuscan_scratch_destroy(s);
+    catalog_destroy(cat);
+}
+END_TEST
+
 START_TEST(test_unbounded_one_piece)
 {
     struct catalog *cat = compile(unbounded, 2);
@@ -229,7 +265,7 @@ START_TEST(test_unbounded_one_piece)
         ck_assert_int_eq(refscan_buffer(cat, buf, sizeof(buf), (enum scan_mode)mode, &want), 0);
         struct cpuscan_part part = {0};
         ck_assert_int_eq(cpuscan_segment(cat, buf, sizeof(buf), 0, sizeof(buf),
-                                         (enum scan_mode)mode, 0, s, &part),
+                                         (enum scan_mode)mode, 0, NULL, NULL, s, &part),
                          0);
         uint64_t dropped = 0;
         ck_assert_int_eq(
@@ -238,9 +274,9 @@ START_TEST(test_unbounded_one_piece)
         assert_same(&got, &want, "unbounded");
         /* a piece of such a catalog cannot be scanned alone */
         struct cpuscan_part p2 = {0};
-        ck_assert_int_eq(
-            cpuscan_segment(cat, buf, sizeof(buf), 100, 200, (enum scan_mode)mode, 0, s, &p2),
-            -EINVAL);
+        ck_assert_int_eq(cpuscan_segment(cat, buf, sizeof(buf), 100, 200, (enum scan_mode)mode, 0,
+                                         NULL, NULL, s, &p2),
+                         -EINVAL);
         cpuscan_part_finish(&p2);
         cpuscan_part_finish(&part);
         scan_hits_finish(&want);
@@ -495,6 +531,18 @@ static void hit_bomb(struct vks_client *c, bool cpu)
     ck_assert_uint_eq(res.hits[0].count, sizeof(bomb));
     ck_assert_uint_eq(res.hits[1].count, sizeof(tail));
     ck_assert_uint_eq(tel_of(&res, "hits_dropped"), 0);
+    vks_scan_result_finish(&res);
+    /* A limit past CPUSCAN_CHECK_EVERY: running segments learn that earlier
+     * ones hold it and stop keeping; the reply is still the first 6000. */
+    static uint8_t big[200000];
+    memset(big, 'x', sizeof(big));
+    struct vks_buffer bb = inline_buf(big, sizeof(big));
+    scan(c, cat, &bb, 1, VKS_REPORT_ALL, 6000, &res);
+    ck_assert_uint_eq(res.n_hits, 6000);
+    for (uint32_t i = 0; i < 6000; i++)
+        ck_assert_uint_eq(res.hits[i].end, i + 1);
+    ck_assert(res.buffers[0].truncated);
+    ck_assert_uint_eq(tel_of(&res, "hits_dropped"), sizeof(big) - 6000);
     vks_scan_result_finish(&res);
     vks_catalog_destroy(cat);
 }
@@ -758,6 +806,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_segments_equal_refscan);
     tcase_add_test(tc, test_segment_limit);
     tcase_add_test(tc, test_unbounded_one_piece);
+    tcase_add_test(tc, test_segment_enough);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
         return s;
