@@ -12,6 +12,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,12 +83,22 @@ static void raw_name(const char *path, char *out, size_t cap)
     snprintf(out, cap, "data");
 }
 
-static void problem(struct unpack *u, const char *name, const char *fmt, const char *a,
-                    const char *b)
+__attribute__((format(printf, 3, 4))) static void problem(struct unpack *u, const char *name,
+                                                          const char *fmt, ...)
 {
     char msg[512];
-    snprintf(msg, sizeof(msg), fmt, a, b);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
     u->v->problem(u->v->ctx, name, msg);
+}
+
+/* libarchive's reason for the last failure. */
+static const char *why(struct archive *a)
+{
+    const char *s = archive_error_string(a);
+    return s != NULL ? s : "unreadable";
 }
 
 /* The archive's total passed --max-archive-bytes: said once, on the
@@ -98,8 +109,8 @@ static void over_total(struct unpack *u)
     cli_fmt_bytes(u->lim->total_max, cap, sizeof(cap));
     problem(u, u->top,
             "more than --max-archive-bytes (%s) decompressed (a decompression bomb?): the "
-            "rest of the archive is skipped%s; raise --max-archive-bytes to read it all",
-            cap, "");
+            "rest of the archive is skipped; raise --max-archive-bytes to read it all",
+            cap);
     u->stop = true;
 }
 
@@ -161,10 +172,10 @@ static bool read_member(struct unpack *u, struct archive *a, const char *path, c
                 close(fd);
             if (n == ARCHIVE_FATAL) {
                 problem(u, path, "corrupt archive at '%s': %s (the rest is skipped)",
-                        name + strlen(path) + 1, archive_error_string(a));
+                        name + strlen(path) + 1, why(a));
                 return false;
             }
-            problem(u, name, "%s (skipped)%s", archive_error_string(a), "");
+            problem(u, name, "%s (skipped)", why(a));
             return true;
         }
         u->total += (uint64_t)n;
@@ -184,13 +195,12 @@ static bool read_member(struct unpack *u, struct archive *a, const char *path, c
         char m[32];
         cli_fmt_bytes(u->lim->member_max, m, sizeof(m));
         if (err != 0)
-            problem(u, name, "cannot hold the member in a memfd: %s (skipped)%s", strerror(-err),
-                    "");
+            problem(u, name, "cannot hold the member in a memfd: %s (skipped)", strerror(-err));
         else
             problem(u, name,
                     "more than vkscand scans in one request (%s) once decompressed: raise "
-                    "max-scan-bytes (skipped)%s",
-                    m, "");
+                    "max-scan-bytes (skipped)",
+                    m);
         if (fd >= 0)
             close(fd);
         return true;
@@ -209,7 +219,7 @@ static void read_archive(struct unpack *u, int fd, const char *path, int depth)
 {
     struct archive *a = reader_open(fd);
     if (a == NULL) {
-        problem(u, path, "out of memory opening the archive (skipped)%s%s", "", "");
+        problem(u, path, "out of memory opening the archive (skipped)");
         return;
     }
     while (!u->stop) {
@@ -218,27 +228,25 @@ static void read_archive(struct unpack *u, int fd, const char *path, int depth)
         if (r == ARCHIVE_EOF)
             break;
         if (r < ARCHIVE_WARN) {
-            const char *why = archive_error_string(a);
-            problem(u, path, "corrupt or unsupported archive: %s%s (the rest is skipped)",
-                    why != NULL ? why : "unreadable", "");
+            problem(u, path, "corrupt or unsupported archive: %s (the rest is skipped)", why(a));
             break;
         }
         bool raw = archive_format(a) == ARCHIVE_FORMAT_RAW;
         if (raw && archive_filter_count(a) <= 1) {
             /* tar or zip magic, but neither format could read it */
-            problem(u, path, "corrupt archive: %s%s", "its first header cannot be read",
-                    " (skipped)");
+            problem(u, path, "corrupt archive: its first header cannot be read (skipped)");
             break;
         }
         if (archive_entry_filetype(e) != AE_IFREG || archive_entry_hardlink(e) != NULL)
             continue; /* directories, links; a hard link's bytes are its target's */
+        const char *inside = archive_entry_pathname(e);
         char member[1024], *name = NULL;
         if (raw)
             raw_name(path, member, sizeof(member));
         else
-            snprintf(member, sizeof(member), "%s", archive_entry_pathname(e));
+            snprintf(member, sizeof(member), "%s", inside != NULL ? inside : "?");
         if (asprintf(&name, "%s!%s", path, member) < 0) {
-            problem(u, path, "out of memory (the rest is skipped)%s%s", "", "");
+            problem(u, path, "out of memory (the rest is skipped)");
             break;
         }
         bool go_on = read_member(u, a, path, name, depth);
