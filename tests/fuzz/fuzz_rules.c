@@ -6,9 +6,12 @@
  *   v & 3         0 literal, 1 hex string, 2 regex, 3 a whole pattern file
  *   (v >> 2) & 15 RULE_F_* flags for kinds 0-2 (' ' none, '&' i, '*' s, '2' m)
  *   v & 0x40      compile without minimisation as well and compare the scans
+ *   v & 0x80      a state budget of 256 instead of 32 (printable seeds keep 32)
  *
- * Every compile runs with a budget of 4096 states so an input cannot spend
- * long in subset construction. Checked on every input: the call returns 0,
+ * Every compile runs on one thread with a budget of 32 states (256 with
+ * v & 0x80), and inputs over 256 bytes are skipped, so an input cannot
+ * spend long in subset construction or minimisation; rules over the budget
+ * still go through the bit-parallel NFA path. Checked on every input: the call returns 0,
  * every rule is either accepted or rejected with a message, the packed
  * catalog passes catalog_from_bytes, and the hits of every scan mode are
  * sorted, in range and consistent with each other.
@@ -24,7 +27,12 @@
 #include "refscan.h"
 #include "rules.h"
 
-#define FUZZ_MAX_STATES 4096u
+/* Small budgets keep one input fast (docs/testing.md has the rates):
+ * minimisation time grows with the square of the states, and long inputs
+ * mostly repeat what short ones cover. */
+#define FUZZ_MAX_STATES     32u
+#define FUZZ_MAX_STATES_BIG 256u
+#define FUZZ_MAX_INPUT      256u
 
 /* A small text with words, line breaks, digits and a high byte. */
 static const uint8_t text[] = "The quick brown fox_42 jumps\nover the lazy dog.\n\tA3-BC "
@@ -97,9 +105,9 @@ static void check_result(const struct rules_result *res, size_t n)
 }
 
 static void compile_and_scan(const struct rule_src *rules, size_t n, bool compare_unminimised,
-                             const uint8_t *data, size_t size)
+                             uint32_t max_states, const uint8_t *data, size_t size)
 {
-    struct rules_options opt = {.max_states = FUZZ_MAX_STATES};
+    struct rules_options opt = {.max_states = max_states, .threads = 1};
     struct rules_result res;
     struct vks_error err;
     require(rules_compile(rules, n, &opt, &res, &err) == 0, "rules_compile failed");
@@ -126,7 +134,7 @@ static void compile_and_scan(const struct rule_src *rules, size_t n, bool compar
     rules_result_finish(&res);
 }
 
-static void fuzz_patfile(const uint8_t *data, size_t size, bool compare)
+static void fuzz_patfile(const uint8_t *data, size_t size, bool compare, uint32_t max_states)
 {
     struct patfile pf;
     struct vks_error err;
@@ -138,21 +146,46 @@ static void fuzz_patfile(const uint8_t *data, size_t size, bool compare)
         for (size_t i = 0; i < pf.n; i++)
             require(pf.rules[i].line >= 1, "pattern-file rule without a line");
         if (pf.n > 0)
-            compile_and_scan(pf.rules, pf.n, compare, data, size);
+            compile_and_scan(pf.rules, pf.n, compare, max_states, data, size);
     }
     patfile_finish(&pf);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
+/*
+ * libFuzzer's entropic input scheduling spends more time than the target
+ * itself here (its per-feature bookkeeping over ~20k features halves the
+ * execution rate), so it is off unless the command line sets -entropic.
+ * libFuzzer parses the flags after this hook, so an added flag counts.
+ */
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    for (int k = 1; k < *argc; k++)
+        if (strncmp((*argv)[k], "-entropic=", 10) == 0)
+            return 0;
+    static char flag[] = "-entropic=0";
+    char **v = malloc(((size_t)*argc + 2) * sizeof(*v));
+    if (v == NULL)
+        return 0;
+    memcpy(v, *argv, (size_t)*argc * sizeof(*v));
+    v[*argc] = flag;
+    v[*argc + 1] = NULL;
+    *argv = v; /* kept for the life of the process */
+    *argc += 1;
+    return 0;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size == 0 || size > 4096)
+    if (size == 0 || size > FUZZ_MAX_INPUT)
         return 0;
     uint8_t v = (uint8_t)(data[0] - 0x20);
     bool compare = (v & 0x40) != 0;
+    uint32_t max_states = (v & 0x80) ? FUZZ_MAX_STATES_BIG : FUZZ_MAX_STATES;
     if ((v & 3) == 3) {
-        fuzz_patfile(data + 1, size - 1, compare);
+        fuzz_patfile(data + 1, size - 1, compare, max_states);
         return 0;
     }
     struct rule_src r = {
@@ -162,6 +195,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         .len = size - 1,
         .flags = (v >> 2) & RULE_F_ALL,
     };
-    compile_and_scan(&r, 1, compare, data + 1, size - 1);
+    compile_and_scan(&r, 1, compare, max_states, data + 1, size - 1);
     return 0;
 }
