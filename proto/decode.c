@@ -8,6 +8,7 @@
  * skipped (bounded) for forward compatibility; a known key twice is an error.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,26 +120,6 @@ static void scan_head(const struct proto_frame *f, const struct proto_limits *li
 
 /* ---- request fields, one function per op ------------------------------------ */
 
-static int field_hello(struct dec *d, struct proto_request *req, const uint8_t *k, uint32_t kn,
-                       uint32_t *seen)
-{
-    static const char *const names[] = {"version", "min_version", "client"};
-    struct proto_hello *h = &req->u.hello;
-    int f = lookup(names, 3, k, kn);
-    if (f < 0)
-        return 0;
-    int rc = once(d, seen, (unsigned)f, names[f]);
-    if (rc < 0)
-        return rc;
-    if (f == 0)
-        rc = mp_read_u32(&d->m, &h->version, "version");
-    else if (f == 1)
-        rc = mp_read_u32(&d->m, &h->min_version, "min_version");
-    else
-        rc = mp_read_cstr(&d->m, d->mem, d->m.lim->max_str, &h->client, "client");
-    return rc < 0 ? rc : 1;
-}
-
 static int check_hello(struct dec *d, struct proto_request *req, uint32_t seen)
 {
     struct proto_hello *h = &req->u.hello;
@@ -243,28 +224,21 @@ static int read_rules(struct dec *d, struct proto_catalog_load *l)
     return 0;
 }
 
-static int field_load(struct dec *d, struct proto_request *req, const uint8_t *k, uint32_t kn,
-                      uint32_t *seen)
+static int read_load_rules(struct dec *d, struct proto_request *req, const struct proto_frame *fr)
 {
-    static const char *const names[] = {"rules", "text", "max_states"};
+    (void)fr;
+    return read_rules(d, &req->u.load);
+}
+
+static int read_load_text(struct dec *d, struct proto_request *req, const struct proto_frame *fr)
+{
+    (void)fr;
     struct proto_catalog_load *l = &req->u.load;
-    int f = lookup(names, 3, k, kn);
-    if (f < 0)
-        return 0;
-    int rc = once(d, seen, (unsigned)f, names[f]);
-    if (rc < 0)
-        return rc;
-    if (f == 0) {
-        rc = read_rules(d, l);
-    } else if (f == 1) {
-        const uint8_t *p;
-        rc = mp_read_raw(&d->m, true, true, UINT32_MAX, &p, &l->text_len, "text");
-        l->text = (const char *)p;
-        l->has_text = true;
-    } else {
-        rc = mp_read_u32(&d->m, &l->max_states, "max_states");
-    }
-    return rc < 0 ? rc : 1;
+    const uint8_t *p;
+    int rc = mp_read_raw(&d->m, true, true, UINT32_MAX, &p, &l->text_len, "text");
+    l->text = (const char *)p;
+    l->has_text = true;
+    return rc;
 }
 
 static int check_load(struct dec *d, struct proto_request *req, uint32_t seen)
@@ -278,18 +252,18 @@ static int check_load(struct dec *d, struct proto_request *req, uint32_t seen)
     return 0;
 }
 
-static int field_ref(struct dec *d, struct proto_request *req, const uint8_t *k, uint32_t kn,
-                     uint32_t *seen)
+static int read_ref_fp(struct dec *d, struct proto_request *req, const struct proto_frame *fr)
 {
-    static const char *const names[] = {"fingerprint", "source"};
-    int f = lookup(names, req->op == PROTO_OP_CATALOG_HAS ? 2 : 1, k, kn);
-    if (f < 0)
-        return 0;
-    int rc = once(d, seen, (unsigned)f, names[f]);
-    if (rc == 0)
-        rc = mp_read_fp(&d->m, req->u.ref.fp, names[f]);
-    req->u.ref.by_source = f == 1;
-    return rc < 0 ? rc : 1;
+    (void)fr;
+    req->u.ref.by_source = false;
+    return mp_read_fp(&d->m, req->u.ref.fp, "fingerprint");
+}
+
+static int read_ref_source(struct dec *d, struct proto_request *req, const struct proto_frame *fr)
+{
+    (void)fr;
+    req->u.ref.by_source = true;
+    return mp_read_fp(&d->m, req->u.ref.fp, "source");
 }
 
 static int check_ref(struct dec *d, struct proto_request *req, uint32_t seen)
@@ -413,39 +387,16 @@ static int read_mode(struct dec *d, enum proto_report *mode)
     return 0;
 }
 
-static int field_scan(struct dec *d, struct proto_request *req, const uint8_t *k, uint32_t kn,
-                      uint32_t *seen, const struct proto_frame *fr)
+static int read_scan_buffers(struct dec *d, struct proto_request *req,
+                             const struct proto_frame *fr)
 {
-    static const char *const names[] = {"catalog",  "buffers",    "mode",
-                                        "max_hits", "timeout_ms", "ids"};
-    struct proto_scan *s = &req->u.scan;
-    int f = lookup(names, 6, k, kn);
-    if (f < 0)
-        return 0;
-    int rc = once(d, seen, (unsigned)f, names[f]);
-    if (rc < 0)
-        return rc;
-    switch (f) {
-    case 0:
-        rc = mp_read_fp(&d->m, s->catalog, "catalog");
-        break;
-    case 1:
-        rc = read_buffers(d, s, fr);
-        break;
-    case 2:
-        rc = read_mode(d, &s->mode);
-        break;
-    case 3:
-        rc = mp_read_u32(&d->m, &s->max_hits, "max_hits");
-        break;
-    case 4:
-        rc = mp_read_u32(&d->m, &s->timeout_ms, "timeout_ms");
-        break;
-    default:
-        rc = mp_read_bool(&d->m, &s->rule_ids, "ids");
-        break;
-    }
-    return rc < 0 ? rc : 1;
+    return read_buffers(d, &req->u.scan, fr);
+}
+
+static int read_scan_mode(struct dec *d, struct proto_request *req, const struct proto_frame *fr)
+{
+    (void)fr;
+    return read_mode(d, &req->u.scan.mode);
 }
 
 static int check_scan(struct dec *d, struct proto_request *req, uint32_t seen)
@@ -460,22 +411,106 @@ static int check_scan(struct dec *d, struct proto_request *req, uint32_t seen)
 
 /* ---- request ------------------------------------------------------------------ */
 
-static int op_field(struct dec *d, struct proto_request *req, const uint8_t *k, uint32_t kn,
-                    uint32_t *seen, const struct proto_frame *f)
+/*
+ * The request fields of each op: one table row per field, {name, type,
+ * where it goes}, walked by read_field. A field's row index is its bit in
+ * `seen` (duplicates are BAD_VALUE), which the op's check function reads.
+ */
+enum field_type { FT_U32, FT_BOOL, FT_CSTR, FT_FP, FT_CUSTOM };
+
+struct field {
+    const char *name;
+    enum field_type type;
+    size_t off; /* in struct proto_request */
+    int (*read)(struct dec *d, struct proto_request *req, const struct proto_frame *fr);
+};
+
+#define RQ(m) offsetof(struct proto_request, m)
+
+static const struct field hello_fields[] = {
+    {"version", FT_U32, RQ(u.hello.version), NULL},
+    {"min_version", FT_U32, RQ(u.hello.min_version), NULL},
+    {"client", FT_CSTR, RQ(u.hello.client), NULL},
+};
+static const struct field load_fields[] = {
+    {"rules", FT_CUSTOM, 0, read_load_rules},
+    {"text", FT_CUSTOM, 0, read_load_text},
+    {"max_states", FT_U32, RQ(u.load.max_states), NULL},
+};
+static const struct field has_fields[] = {
+    {"fingerprint", FT_CUSTOM, 0, read_ref_fp},
+    {"source", FT_CUSTOM, 0, read_ref_source},
+};
+static const struct field scan_fields[] = {
+    {"catalog", FT_FP, RQ(u.scan.catalog), NULL},
+    {"buffers", FT_CUSTOM, 0, read_scan_buffers},
+    {"mode", FT_CUSTOM, 0, read_scan_mode},
+    {"max_hits", FT_U32, RQ(u.scan.max_hits), NULL},
+    {"timeout_ms", FT_U32, RQ(u.scan.timeout_ms), NULL},
+    {"ids", FT_BOOL, RQ(u.scan.rule_ids), NULL},
+};
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The field table of `op`; catalog.drop takes only `fingerprint`. */
+static const struct field *op_fields(enum proto_op op, size_t *n)
 {
-    switch (req->op) {
+    switch (op) {
     case PROTO_OP_HELLO:
-        return field_hello(d, req, k, kn, seen);
+        *n = N_OF(hello_fields);
+        return hello_fields;
     case PROTO_OP_CATALOG_LOAD:
-        return field_load(d, req, k, kn, seen);
+        *n = N_OF(load_fields);
+        return load_fields;
     case PROTO_OP_CATALOG_HAS:
+        *n = N_OF(has_fields);
+        return has_fields;
     case PROTO_OP_CATALOG_DROP:
-        return field_ref(d, req, k, kn, seen);
+        *n = 1;
+        return has_fields;
     case PROTO_OP_SCAN:
-        return field_scan(d, req, k, kn, seen, f);
+        *n = N_OF(scan_fields);
+        return scan_fields;
     default:
-        return 0;
+        *n = 0;
+        return NULL;
     }
+}
+
+/* Reads the value of key `k` when the op's table has it: 1 when read, 0 when
+ * the key is not a field of this op (the caller skips it), or an error. */
+static int op_field(struct dec *d, struct proto_request *req, const uint8_t *k, uint32_t kn,
+                    uint32_t *seen, const struct proto_frame *fr)
+{
+    size_t n;
+    const struct field *t = op_fields(req->op, &n);
+    const struct field *f = NULL;
+    for (size_t i = 0; i < n && f == NULL; i++)
+        f = key_is(k, kn, t[i].name) ? &t[i] : NULL;
+    if (f == NULL)
+        return 0;
+    int rc = once(d, seen, (unsigned)(f - t), f->name);
+    if (rc < 0)
+        return rc;
+    void *at = (char *)req + f->off;
+    switch (f->type) {
+    case FT_U32:
+        rc = mp_read_u32(&d->m, at, f->name);
+        break;
+    case FT_BOOL:
+        rc = mp_read_bool(&d->m, at, f->name);
+        break;
+    case FT_CSTR:
+        rc = mp_read_cstr(&d->m, d->mem, d->m.lim->max_str, at, f->name);
+        break;
+    case FT_FP:
+        rc = mp_read_fp(&d->m, at, f->name);
+        break;
+    case FT_CUSTOM:
+        rc = f->read(d, req, fr);
+        break;
+    }
+    return rc < 0 ? rc : 1;
 }
 
 static int op_check(struct dec *d, struct proto_request *req, uint32_t seen)
