@@ -42,7 +42,7 @@ struct gworker {
     uint32_t n_forget;                          /* mu */
 
     /* The worker's own (set by the setup thread before the worker starts). */
-    char device[32];
+    char device[sizeof(((struct daemon_config *)0)->device)]; /* as configured, whole */
     char cache_path[CONFIG_PATH_MAX + 32];
     struct gpu_engine *gpu;
     struct gpu_result res;
