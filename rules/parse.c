@@ -343,9 +343,9 @@ static int parse_octal_brace(struct parser *p, size_t at)
 
 /*
  * A backslash and a digit in a regex, as PCRE reads it; p->i is at the digit.
- * Outside a class, \1 to \7, and \N for N up to the number of capturing
- * groups opened so far, are backreferences (rejected). Otherwise \8 and \9
- * are the digits themselves, and anything else is up to three octal digits
+ * Outside a class, \1 to \7, and \N of two or more digits for N up to the
+ * number of capturing groups opened so far, are backreferences (rejected).
+ * Otherwise \8 and \9 are the digits themselves, and anything else is up to three octal digits
  * (\0 included: \012 is one byte, \0123 is \012 then '3'). Inside a class
  * a digit escape is never a backreference.
  */
@@ -360,7 +360,7 @@ static int digit_escape(struct parser *p, size_t at, bool in_class)
                 n = n * 10 + (uint32_t)(p->s[j] - '0');
             j++;
         }
-        if (n < 8 || n <= p->ngroups) {
+        if (n < 8 || (n >= 10 && n <= p->ngroups)) { /* \8 and \9 alone: digits */
             fail(p, at,
                  "backreference \\%u is not supported: vkscan matches regular languages "
                  "only; repeat the group's pattern instead (for a byte in octal write "

@@ -369,6 +369,8 @@ static const struct tcase cases[] = {
     {"\\377", 0, NULL, W_BOTH},
     {"\\1011", 0, "A1", W_BOTH},
     {"\\8", 0, "8", W_BOTH},
+    {"(a)(b)(c)(d)(e)(f)(g)(h)(i)\\8", 0, "abcdefghi8", W_BOTH},
+    {"(a)(b)(c)(d)(e)(f)(g)(h)(i)\\9", 0, "abcdefghi9", W_BOTH},
     {"\\9", 0, "9", W_BOTH},
     {"\\81", 0, "81", W_BOTH},
     {"\\91", 0, "91", W_BOTH},
