@@ -592,7 +592,8 @@ END_TEST
 /* ---- GPU failures re-run on the CPU ------------------------------------ */
 
 /* A 1 ms batch timeout on lavapipe: the batch times out on the device and
- * its scan is answered by the CPU engine, exactly. */
+ * its scan is answered by the CPU engine, exactly. (A real GPU may finish
+ * 1 MiB within 1 ms: there only the hits are checked.) */
 START_TEST(test_gpu_timeout_retried_on_cpu)
 {
     struct daemon d;
@@ -604,12 +605,17 @@ START_TEST(test_gpu_timeout_retried_on_cpu)
     make_data(a, sizeof(a));
     struct vks_buffer vb = inline_buf(a, sizeof(a));
     struct vks_scan_result res;
+    struct vks_server_info info;
+    ck_assert_int_eq(vks_client_info(c, &info), 0);
+    bool lavapipe = info.n_devices > 0 && strcmp(info.devices[0].type, "cpu") == 0;
     scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &res);
     check(ref, &res, 0, a, sizeof(a), SCAN_ALL);
-    ck_assert_uint_eq(tel_of(&res, "cpu_retry"), ETIMEDOUT);
-    ck_assert_uint_gt(tel_of(&res, "cpu_segments"), 0);
+    if (lavapipe) {
+        ck_assert_uint_eq(tel_of(&res, "cpu_retry"), ETIMEDOUT);
+        ck_assert_uint_gt(tel_of(&res, "cpu_segments"), 0);
+        ck_assert_uint_ge(stat_of(c, "engine.0.cpu_retries"), 1);
+    }
     vks_scan_result_finish(&res);
-    ck_assert_uint_ge(stat_of(c, "engine.0.cpu_retries"), 1);
     catalog_destroy(ref);
     vks_catalog_destroy(cat);
     vks_client_close(c);
