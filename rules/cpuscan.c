@@ -10,16 +10,24 @@
 
 #define NONE UINT64_MAX
 
+/* What one segment saw of one rule: a slot of the scratch's hash table
+ * (memory follows the rules a segment touches, not the catalog's size). */
+struct rstate {
+    uint32_t key;   /* rule + 1; 0: empty */
+    uint32_t count; /* SCAN_COUNT */
+    uint64_t first; /* first end */
+    uint64_t last;  /* last end: a duplicate (rule, end) pair is skipped */
+};
+
 struct cpuscan_scratch {
-    bool ready;                 /* the arrays below are for the catalog with */
-    uint8_t fp[CATALOG_FP_LEN]; /* this fingerprint (a freed catalog's address */
-    uint32_t n_rules;           /* may come back for another one) */
+    bool ready;                 /* `single` is for the catalog with this */
+    uint8_t fp[CATALOG_FP_LEN]; /* fingerprint (a freed catalog's address may */
+    uint32_t n_rules;           /* come back for another one) */
     uint8_t *single;            /* per rule: RULE_F_SINGLEMATCH */
-    uint64_t *first;            /* per rule: first end seen in this segment, NONE */
-    uint64_t *last;             /* per rule: last end seen (duplicate (rule, end) pairs) */
-    uint32_t *count;            /* per rule: SCAN_COUNT */
-    uint32_t *touched;          /* rules whose entries above are set */
-    uint32_t n_touched;
+    struct rstate *tab;         /* open addressing, cap a power of two */
+    uint32_t cap;
+    uint32_t *used; /* slots in use, n_used of them */
+    uint32_t n_used;
 };
 
 uint64_t cpuscan_lookback(const struct catalog *cat)
@@ -44,25 +52,13 @@ int cpuscan_scratch_create(struct cpuscan_scratch **out)
     return *out != NULL ? 0 : -ENOMEM;
 }
 
-static void scratch_free_arrays(struct cpuscan_scratch *s)
-{
-    free(s->single);
-    free(s->first);
-    free(s->last);
-    free(s->count);
-    free(s->touched);
-    s->single = NULL;
-    s->first = s->last = NULL;
-    s->count = s->touched = NULL;
-    s->ready = false;
-    s->n_rules = 0;
-}
-
 void cpuscan_scratch_destroy(struct cpuscan_scratch *s)
 {
     if (s == NULL)
         return;
-    scratch_free_arrays(s);
+    free(s->single);
+    free(s->tab);
+    free(s->used);
     free(s);
 }
 
@@ -72,39 +68,76 @@ static int scratch_prepare(struct cpuscan_scratch *s, const struct catalog *cat)
     const uint8_t *fp = catalog_fingerprint(cat);
     if (s->ready && s->n_rules == n && memcmp(s->fp, fp, CATALOG_FP_LEN) == 0)
         return 0;
-    scratch_free_arrays(s);
-    size_t m = n ? n : 1;
-    s->single = malloc(m);
-    s->first = malloc(m * sizeof(*s->first));
-    s->last = malloc(m * sizeof(*s->last));
-    s->count = calloc(m, sizeof(*s->count));
-    s->touched = malloc(m * sizeof(*s->touched));
-    if (s->single == NULL || s->first == NULL || s->last == NULL || s->count == NULL ||
-        s->touched == NULL) {
-        scratch_free_arrays(s);
+    s->ready = false;
+    free(s->single);
+    s->single = malloc(n ? n : 1);
+    if (s->single == NULL)
         return -ENOMEM;
-    }
     for (uint32_t r = 0; r < n; r++) {
         struct catalog_rule cr;
         catalog_rule(cat, r, &cr);
         s->single[r] = (cr.flags & RULE_F_SINGLEMATCH) != 0;
-        s->first[r] = s->last[r] = NONE;
     }
     memcpy(s->fp, fp, CATALOG_FP_LEN);
-    s->ready = true;
     s->n_rules = n;
-    s->n_touched = 0;
+    s->ready = true;
     return 0;
+}
+
+static uint32_t slot_of(const struct rstate *tab, uint32_t cap, uint32_t rule)
+{
+    uint32_t h = (rule * 2654435761u) & (cap - 1);
+    while (tab[h].key != 0 && tab[h].key != rule + 1)
+        h = (h + 1) & (cap - 1);
+    return h;
+}
+
+/* Doubles the table (at least 64 slots), keeping its entries. */
+static int grow(struct cpuscan_scratch *s)
+{
+    uint32_t cap = s->cap ? 2 * s->cap : 64;
+    struct rstate *tab = calloc(cap, sizeof(*tab));
+    uint32_t *used = malloc(cap / 2 * sizeof(*used));
+    if (tab == NULL || used == NULL) {
+        free(tab);
+        free(used);
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < s->n_used; i++) {
+        const struct rstate *x = &s->tab[s->used[i]];
+        uint32_t h = slot_of(tab, cap, x->key - 1);
+        tab[h] = *x;
+        used[i] = h;
+    }
+    free(s->tab);
+    free(s->used);
+    s->tab = tab;
+    s->used = used;
+    s->cap = cap;
+    return 0;
+}
+
+/* The rule's state in this segment, added when new; NULL without memory. */
+static struct rstate *lookup(struct cpuscan_scratch *s, uint32_t rule)
+{
+    if (s->cap != 0) {
+        uint32_t h = slot_of(s->tab, s->cap, rule);
+        if (s->tab[h].key != 0)
+            return &s->tab[h];
+    }
+    if ((s->n_used + 1) * 2 > s->cap && grow(s) != 0)
+        return NULL;
+    uint32_t h = slot_of(s->tab, s->cap, rule);
+    s->tab[h] = (struct rstate){.key = rule + 1, .first = NONE, .last = NONE};
+    s->used[s->n_used++] = h;
+    return &s->tab[h];
 }
 
 static void scratch_reset(struct cpuscan_scratch *s)
 {
-    for (uint32_t i = 0; i < s->n_touched; i++) {
-        uint32_t r = s->touched[i];
-        s->first[r] = s->last[r] = NONE;
-        s->count[r] = 0;
-    }
-    s->n_touched = 0;
+    for (uint32_t i = 0; i < s->n_used; i++)
+        s->tab[s->used[i]].key = 0;
+    s->n_used = 0;
 }
 
 /* The state of one segment walk. */
@@ -169,28 +202,26 @@ static void trim(struct walk *w)
     w->full = plain == w->limit;
 }
 
-static void touch(struct cpuscan_scratch *s, uint32_t rule)
-{
-    if (s->first[rule] == NONE && s->last[rule] == NONE)
-        s->touched[s->n_touched++] = rule;
-}
-
 static int on_match(void *ctx, uint32_t rule, uint64_t end)
 {
     struct walk *w = ctx;
     struct cpuscan_scratch *s = w->s;
-    if (rule >= s->n_rules || s->last[rule] == end)
+    if (rule >= s->n_rules)
+        return 0;
+    struct rstate *r = lookup(s, rule);
+    if (r == NULL)
+        return -ENOMEM;
+    if (r->last == end)
         return 0; /* the same (rule, end) twice */
-    touch(s, rule);
-    s->last[rule] = end;
-    bool first = s->first[rule] == NONE;
+    r->last = end;
+    bool first = r->first == NONE;
     if (first)
-        s->first[rule] = end;
+        r->first = end;
     if (w->mode == SCAN_FIRST)
         return 0;
     if (w->mode == SCAN_COUNT) {
         if (first || !s->single[rule])
-            s->count[rule]++;
+            r->count++;
         return 0;
     }
     if (s->single[rule])
@@ -244,11 +275,10 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
         /* dedup state is per group walk: a rule lives in one group */
     }
     if (rc == 0 && mode != SCAN_ALL) {
-        for (uint32_t i = 0; i < s->n_touched && rc == 0; i++) {
-            uint32_t r = s->touched[i];
-            if (s->first[r] != NONE)
-                rc = scan_hits_push(&part->hits, r, s->first[r],
-                                    mode == SCAN_COUNT ? s->count[r] : 1);
+        for (uint32_t i = 0; i < s->n_used && rc == 0; i++) {
+            const struct rstate *r = &s->tab[s->used[i]];
+            rc = scan_hits_push(&part->hits, r->key - 1, r->first,
+                                mode == SCAN_COUNT ? r->count : 1);
         }
         if (rc == 0 && part->hits.n > base)
             qsort(part->hits.v + base, part->hits.n - base, sizeof(*part->hits.v), cmp_end_rule);
