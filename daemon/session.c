@@ -18,7 +18,7 @@
 
 #include "log.h"
 #include "proto.h"
-#include "server.h"
+#include "session_host.h"
 #include "stats.h"
 #include "store.h"
 

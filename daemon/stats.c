@@ -4,7 +4,7 @@
  */
 #include "stats.h"
 
-#include "server.h"
+#include "session_host.h"
 
 void stats_add_u(struct stats_list *l, const char *key, uint64_t v)
 {
