@@ -36,7 +36,8 @@
  */
 uint64_t cpuscan_lookback(const struct catalog *cat);
 
-/* Per-thread state: per-rule arrays for the catalog scanned last. */
+/* Per-thread state: the last catalog's single-match flags and a hash of
+ * the rules a segment touches. */
 struct cpuscan_scratch;
 int cpuscan_scratch_create(struct cpuscan_scratch **out);
 void cpuscan_scratch_destroy(struct cpuscan_scratch *s);
