@@ -180,7 +180,8 @@ static int make_exceptions(struct build *b, struct bitnfa_group *g, struct vec *
         e[3 * ne + 2] = tgt;
         ne++;
     }
-    qsort(e, ne, 3 * sizeof(uint32_t), cmp3);
+    if (ne > 1)
+        qsort(e, ne, 3 * sizeof(uint32_t), cmp3);
     for (size_t i = 0; i < ne; i++)
         e[3 * i]--;
     struct xrec *xr = malloc((ne ? ne : 1) * sizeof(*xr));
