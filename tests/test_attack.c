@@ -712,6 +712,134 @@ START_TEST(test_drain_answers_unread)
 }
 END_TEST
 
+/* ---- 10: a lone tenant's backlog goes in pieces ---------------------- */
+
+static uint64_t rep_tel(const struct proto_reply *rep, const char *key)
+{
+    for (uint32_t i = 0; i < rep->u.scan.n_telemetry; i++) {
+        if (strcmp(rep->u.scan.telemetry[i].key, key) == 0)
+            return rep->u.scan.telemetry[i].u;
+    }
+    ck_abort_msg("telemetry has no %s", key);
+    return 0;
+}
+
+struct tenant_b {
+    int go[2], out[2];
+};
+
+/* Tenant B: loads its catalog, waits for "go", scans 6 bytes, reports the
+ * batch its scan ran in. */
+static int tenant_b_scan(const struct daemon *d, void *arg)
+{
+    struct tenant_b *b = arg;
+    struct vks_client *c = NULL;
+    if (vks_client_connect(d->sock, NULL, &c, NULL) != 0)
+        return 1;
+    struct vks_catalog *cat = NULL;
+    if (vks_client_catalog_load(c, rules, N_RULES, NULL, &cat, NULL) != 0)
+        return 2;
+    char go;
+    if (write(b->out[1], "r", 1) != 1 || read(b->go[0], &go, 1) != 1)
+        return 3;
+    uint8_t data[] = "needle";
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = data, .len = 6};
+    struct vks_scan_result res = {0};
+    if (vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, NULL, &res, NULL) != 0)
+        return 4;
+    const struct vks_stat *id = vks_stat_find(res.telemetry, res.n_telemetry, "batch_id");
+    uint64_t v = id != NULL ? id->u : 0;
+    if (write(b->out[1], &v, sizeof(v)) != (ssize_t)sizeof(v))
+        return 5;
+    vks_scan_result_finish(&res);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    return 0;
+}
+
+START_TEST(test_small_scan_not_behind_backlog)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_small_scan_not_behind_backlog: needs root; skipped\n");
+        return;
+    }
+    struct daemon d;
+    const char *const flags[] = {"--inflight-batches", "1", "--batch-max-ms", "1",
+                                 "--max-scan-bytes", "1G", "--tenant-max-bytes", "2G", NULL};
+    daemon_start(&d, flags);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    struct tenant_b b;
+    ck_assert_int_eq(pipe(b.go), 0);
+    ck_assert_int_eq(pipe(b.out), 0);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        if (setgid(65534) != 0 || setuid(65534) != 0)
+            _exit(100);
+        _exit(tenant_b_scan(&d, &b));
+    }
+    char ready;
+    ck_assert_int_eq(read(b.out[0], &ready, 1), 1);
+    /* A: one long scan (the engine is busy), then a backlog of 32 x 1 MiB. */
+    int a = raw_connect(&d);
+    int mfd = memfd_create("vka-long", MFD_CLOEXEC);
+    ck_assert_int_ge(mfd, 0);
+    ck_assert_int_eq(ftruncate(mfd, 256 << 20), 0);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_head(&pk, 1, "scan", 2);
+    pack_str(&pk, "catalog");
+    msgpack_pack_bin(&pk, 32);
+    msgpack_pack_bin_body(&pk, fp, 32);
+    pack_str(&pk, "buffers");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 1);
+    pack_str(&pk, "fd");
+    msgpack_pack_uint32(&pk, 0);
+    uint8_t hdr[4] = {(uint8_t)(sb.size >> 24), (uint8_t)(sb.size >> 16),
+                      (uint8_t)(sb.size >> 8), (uint8_t)sb.size};
+    ck_assert_int_eq(proto_send(a, hdr, 4, &mfd, 1, 10000, NULL), 0);
+    ck_assert_int_eq(proto_send(a, sb.data, sb.size, NULL, 0, 10000, NULL), 0);
+    msgpack_sbuffer_destroy(&sb);
+    close(mfd);
+    static uint8_t mib[1 << 20];
+    memset(mib, 'q', sizeof(mib));
+    for (uint32_t i = 0; i < 32; i++)
+        send_scan(a, fp, 100 + i, mib, sizeof(mib));
+    /* The long scan's reply: its batch is done and the next one formed from
+     * A's backlog; B arrives now. */
+    struct proto_reply *rep = raw_reply(a);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_msg(rep->error.code == 0 && rep->id == 1, "long scan: %s", rep->error.msg);
+    proto_reply_destroy(rep);
+    ck_assert_int_eq(write(b.go[1], "g", 1), 1);
+    uint64_t last_a = 0;
+    for (int i = 0; i < 32; i++) {
+        rep = raw_reply(a);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_msg(rep->error.code == 0, "scan %u: %s", rep->id, rep->error.msg);
+        uint64_t id = rep_tel(rep, "batch_id");
+        last_a = id > last_a ? id : last_a;
+        proto_reply_destroy(rep);
+    }
+    uint64_t b_batch = 0;
+    ck_assert_int_eq(read(b.out[0], &b_batch, sizeof(b_batch)), (ssize_t)sizeof(b_batch));
+    int st;
+    ck_assert_int_eq(waitpid(child, &st, 0), child);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert_msg(b_batch < last_a, "B's scan ran in batch %llu, after A's whole backlog (last %llu)",
+                  (unsigned long long)b_batch, (unsigned long long)last_a);
+    close(a);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* ---- 15: client bytes echoed in replies are valid UTF-8 ------------- */
 
 START_TEST(test_replies_are_utf8)
@@ -818,6 +946,122 @@ START_TEST(test_max_states_ceiling)
 }
 END_TEST
 
+static int load_one_rule(const struct daemon *d, void *arg)
+{
+    (void)arg;
+    struct vks_client *c = NULL;
+    if (vks_client_connect(d->sock, NULL, &c, NULL) != 0)
+        return 1;
+    static const struct vks_rule one[] = {{"b", VKS_RULE_LITERAL, "tenant-b", 0, NULL}};
+    struct vks_catalog *cat = NULL;
+    int rc = vks_client_catalog_load(c, one, 1, NULL, &cat, NULL) == 0 ? 0 : 2;
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    return rc;
+}
+
+/* Tenant A's slow compiles fill nothing but A's share of the compile pool:
+ * tenant B's one-rule load answers before any of A's compiles finish. Then
+ * SIGTERM stops A's compiles: their loads get SHUTDOWN, not a result. */
+START_TEST(test_compiles_isolated_and_drained)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_compiles_isolated_and_drained: needs root; skipped\n");
+        return;
+    }
+    struct daemon d;
+    const char *const flags[] = {"--compile-threads", "2", "--tenant-max-compiles", "1", NULL};
+    daemon_start(&d, flags);
+    int a = raw_connect(&d);
+    for (int i = 0; i < 4; i++)
+        send_slow_load(a, 10 + (uint32_t)i, i + 1, 40, 0);
+    ck_assert_int_eq(as_uid(&d, 65534, load_one_rule, NULL), 0);
+    struct pollfd p = {.fd = a, .events = POLLIN};
+    ck_assert_msg(poll(&p, 1, 0) == 0, "one of A's compiles finished before B's load answered");
+    kill(d.pid, SIGTERM);
+    unsigned ok = 0, shut = 0;
+    struct proto_reply *rep;
+    while ((rep = raw_reply(a)) != NULL) {
+        if (rep->error.code == 0)
+            ok++;
+        else if (rep->error.code == -VKS_E_SHUTDOWN)
+            shut++;
+        else
+            ck_abort_msg("load %u: %d %s", rep->id, -rep->error.code, rep->error.msg);
+        proto_reply_destroy(rep);
+    }
+    ck_assert_uint_eq(ok + shut, 4);
+    ck_assert_uint_ge(shut, 3); /* at most the running one could finish first */
+    close(a);
+    int st;
+    ck_assert_int_eq(waitpid(d.pid, &st, 0), d.pid);
+    d.pid = 0;
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    daemon_stop(&d);
+}
+END_TEST
+
+START_TEST(test_compile_timeout)
+{
+    struct daemon d;
+    const char *const flags[] = {"--compile-timeout-ms", "200", NULL};
+    daemon_start(&d, flags);
+    int fd = raw_connect(&d);
+    send_slow_load(fd, 1, 7, 60, 0);
+    expect_error(fd, 1, VKS_E_TIMEOUT, false);
+    send_slow_load(fd, 2, 8, 1, 0); /* a small one still compiles */
+    struct proto_reply *rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_msg(rep->error.code == 0, "small load: %s", rep->error.msg);
+    proto_reply_destroy(rep);
+    close(fd);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* ---- 11: catalog.load says `cached` only for what this tenant had ----- */
+
+static int load_twice(const struct daemon *d, void *arg)
+{
+    (void)arg;
+    int fd = raw_connect(d);
+    int fail = 0;
+    for (uint32_t i = 0; i < 2; i++) {
+        send_slow_load(fd, i + 1, 99, 2, 0);
+        struct proto_reply *rep = raw_reply(fd);
+        if (rep == NULL || rep->error.code != 0)
+            return 1;
+        if (i == 0 && (rep->u.catalog.cached || rep->u.catalog.compile_ns == 0))
+            fail |= 2; /* new to this tenant: as if it compiled */
+        if (i == 1 && !rep->u.catalog.cached)
+            fail |= 4;
+        proto_reply_destroy(rep);
+    }
+    close(fd);
+    return fail;
+}
+
+START_TEST(test_cached_per_tenant)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_cached_per_tenant: needs root; skipped\n");
+        return;
+    }
+    struct daemon d;
+    daemon_start(&d, NULL);
+    int fd = raw_connect(&d);
+    send_slow_load(fd, 1, 99, 2, 0); /* root compiles it first */
+    struct proto_reply *rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_int_eq(rep->error.code, 0);
+    ck_assert(!rep->u.catalog.cached);
+    proto_reply_destroy(rep);
+    close(fd);
+    ck_assert_int_eq(as_uid(&d, 65534, load_twice, NULL), 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 Suite *attack_suite(void)
 {
     Suite *s = suite_create("attack");
@@ -831,8 +1075,12 @@ Suite *attack_suite(void)
     tcase_add_test(tc, test_accept_emfile);
     tcase_add_test(tc, test_stats_per_tenant);
     tcase_add_test(tc, test_drain_answers_unread);
+    tcase_add_test(tc, test_small_scan_not_behind_backlog);
     tcase_add_test(tc, test_replies_are_utf8);
     tcase_add_test(tc, test_max_states_ceiling);
+    tcase_add_test(tc, test_compiles_isolated_and_drained);
+    tcase_add_test(tc, test_compile_timeout);
+    tcase_add_test(tc, test_cached_per_tenant);
     suite_add_tcase(s, tc);
     return s;
 }
