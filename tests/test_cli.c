@@ -729,6 +729,12 @@ START_TEST(scan_several_rule_files_and_e)
     ck_assert_msg(strstr(r.err, "rule id 'lit' is defined twice: r-lit.txt:1 and r-dup.txt:2") !=
                       NULL,
                   "stderr: %s", r.err);
+    /* Within one file an id may repeat (rules sharing an id report as one
+     * rule, as gitleaks' keyword list needs): no error, one id reported. */
+    write_file("r-shared.txt", "kw:\"needle\"\nkw:/ab[0-9]+c/\n", 27);
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "-r", "r-shared.txt", "tree/a.txt"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_str_eq(r.out, "tree/a.txt:9:kw\ntree/a.txt:15:kw\ntree/a.txt:22:kw\n");
     /* A rejected rule is reported at its own file and line. */
     run_cli(&r, NULL, NULL,
             ARGS("--socket", sock, "scan", "-r", "r-re.txt", "-r", "r-bad.txt", "tree/a.txt"));
