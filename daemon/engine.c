@@ -258,6 +258,7 @@ static void refresh_info(struct engine *e)
     in->resident_catalogs = 0;
     in->device_memory_used = 0;
     in->device_memory_budget = 0;
+    in->active_devices = 0;
     for (uint32_t i = 0; i < e->n_gpu; i++) {
         const struct gworker *w = &e->gw[i];
         if (!w->alive)
@@ -266,6 +267,8 @@ static void refresh_info(struct engine *e)
             in->device = w->dev;
         in->gpu = true;
         in->gpu_engines++;
+        if (w->dev.index < 32)
+            in->active_devices |= 1u << w->dev.index;
         in->resident_catalogs += w->resident;
         in->device_memory_used += w->device_used;
         in->device_memory_budget += w->budget;

@@ -117,6 +117,7 @@ struct engine_info {
     uint64_t device_memory_used;   /* resident device bytes after the last batches, summed */
     uint64_t device_memory_budget; /* the engines' budgets (configured or derived), summed */
     uint32_t gpu_engines;          /* GPU engines running */
+    uint32_t active_devices;       /* bit i: device index i runs a GPU engine */
     uint32_t cpu_threads;          /* the CPU engine's threads */
 };
 

@@ -407,7 +407,7 @@ static void op_hello(struct session *s, const struct proto_request *req)
                                         .name = d->name,
                                         .type = device_type(d->type),
                                         .memory = local_memory(d),
-                                        .active = info->gpu && d->index == info->device.index};
+                                        .active = d->index < 32 && (info->active_devices >> d->index & 1)};
     }
     struct proto_reply rep = {.id = req->id, .op = req->op};
     rep.u.hello = (struct proto_hello_reply){.version = chosen,

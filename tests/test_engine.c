@@ -568,9 +568,12 @@ START_TEST(test_auto_prefers_cpu_engine)
     struct vks_client *c = connect_ok(&d);
     struct vks_server_info info;
     ck_assert_int_eq(vks_client_info(c, &info), 0);
-    bool gpu_present = false;
-    for (uint32_t i = 0; i < info.n_devices; i++)
+    bool gpu_present = false, active = false;
+    for (uint32_t i = 0; i < info.n_devices; i++) {
         gpu_present |= strcmp(info.devices[i].type, "cpu") != 0;
+        active |= info.devices[i].active;
+    }
+    ck_assert(active == gpu_present); /* lavapipe is listed, not used */
     struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
     struct catalog *ref = compile(bounded, N_BOUNDED);
     static uint8_t a[20000];
@@ -661,6 +664,9 @@ START_TEST(test_two_gpu_engines)
     struct daemon d;
     daemon_start(&d, ARGS("--engine", "gpu", "--devices", "0,0"));
     struct vks_client *c = connect_ok(&d);
+    struct vks_server_info info;
+    ck_assert_int_eq(vks_client_info(c, &info), 0);
+    ck_assert(info.n_devices > 0 && info.devices[0].active);
     struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
     struct catalog *ref = compile(bounded, N_BOUNDED);
     static uint8_t a[6000];
