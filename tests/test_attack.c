@@ -10,6 +10,7 @@
  * and limits lowered; nothing asserts on wall time.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -62,6 +63,9 @@ static bool wait_ready(struct daemon *d, int timeout_ms)
     return false;
 }
 
+/* LD_PRELOAD for the next daemon_start (NULL: none). */
+static const char *preload;
+
 /* Starts vkscand (CPU engine, log to d->log) with the extra flags `extra`
  * (NULL-terminated) and, when `nofile` is not 0, that RLIMIT_NOFILE. */
 static void daemon_start_lim(struct daemon *d, const char *const *extra, rlim_t nofile)
@@ -92,6 +96,14 @@ static void daemon_start_lim(struct daemon *d, const char *const *extra, rlim_t 
             argv[n++] = extra[i];
         argv[n] = NULL;
         setenv("NOTIFY_SOCKET", d->notify, 1);
+        if (preload != NULL) {
+            setenv("LD_PRELOAD", preload, 1);
+            const char *asan = getenv("ASAN_OPTIONS");
+            char opts[512];
+            snprintf(opts, sizeof(opts), "%s%sverify_asan_link_order=0", asan ? asan : "",
+                     asan ? ":" : "");
+            setenv("ASAN_OPTIONS", opts, 1);
+        }
         int lf = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (lf >= 0)
             dup2(lf, 2);
@@ -1062,6 +1074,56 @@ START_TEST(test_cached_per_tenant)
 }
 END_TEST
 
+/* ---- 15: the disk cache closes what it wrote, also when fdatasync fails */
+
+static unsigned open_fds(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *dir = opendir(path);
+    ck_assert_ptr_nonnull(dir);
+    unsigned n = 0;
+    while (readdir(dir) != NULL)
+        n++;
+    closedir(dir);
+    return n;
+}
+
+START_TEST(test_fdatasync_failure_closes)
+{
+    const char *shim = getenv("ATTACK_SHIM");
+    ck_assert_msg(shim != NULL, "ATTACK_SHIM is not set: run through meson test");
+    struct daemon d;
+    preload = shim;
+    daemon_start(&d, NULL);
+    preload = NULL;
+    int fd = raw_connect(&d);
+    send_slow_load(fd, 1, 500, 1, 0);
+    struct proto_reply *rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    proto_reply_destroy(rep);
+    usleep(200000); /* the first disk writes settle */
+    unsigned before = open_fds(d.pid);
+    for (uint32_t i = 0; i < 20; i++) {
+        send_slow_load(fd, 2 + i, 501 + (int)i, 1, 0);
+        rep = raw_reply(fd);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_msg(rep->error.code == 0, "load %u: %s", i, rep->error.msg);
+        proto_reply_destroy(rep);
+    }
+    struct vks_client *c = connect_ok(&d);
+    for (int i = 0; i < 100 && stat_of(c, "catalog_disk_errors") < 40; i++)
+        usleep(20000);
+    ck_assert_uint_ge(stat_of(c, "catalog_disk_errors"), 40); /* the shim did fail them */
+    vks_client_close(c);
+    unsigned after = open_fds(d.pid);
+    ck_assert_msg(after < before + 10, "%u descriptors open after 20 failed saves, %u before",
+                  after, before);
+    close(fd);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 Suite *attack_suite(void)
 {
     Suite *s = suite_create("attack");
@@ -1077,6 +1139,7 @@ Suite *attack_suite(void)
     tcase_add_test(tc, test_drain_answers_unread);
     tcase_add_test(tc, test_small_scan_not_behind_backlog);
     tcase_add_test(tc, test_replies_are_utf8);
+    tcase_add_test(tc, test_fdatasync_failure_closes);
     tcase_add_test(tc, test_max_states_ceiling);
     tcase_add_test(tc, test_compiles_isolated_and_drained);
     tcase_add_test(tc, test_compile_timeout);
