@@ -333,7 +333,8 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
     catalog_nfa(cat, k, &g);
     uint64_t avail = UINT64_MAX, per = nfa_byte_cost(&g);
     if (p->step_budget != NO_BUDGET) {
-        uint64_t fill = 256 / p->wg + 8 + 3 * (uint64_t)g.n_words + 64;
+        /* what gpu_pick_pipelines adds on top of an item's cost, and then some */
+        uint64_t fill = 256 / p->wg + 32 + 3 * (uint64_t)g.n_words + 64;
         uint64_t usable = p->step_budget > fill ? (p->step_budget - fill) >> bc->eng->cut_shift : 0;
         avail = usable / per;
         avail = avail > 1 ? avail - 1 : 1;

@@ -26,9 +26,13 @@
 #include "catalog.h"
 #include "parse.h"
 
-/* The most positions one bit-NFA group holds: 128 u32 words of state. A
+/* The most positions one bit-NFA group holds (2048 u32 words of state). A
  * rule that alone needs more is rejected with this limit in the message. */
 #define BITNFA_MAX_BITS CAT_NFA_MAX_BITS
+/* Rules are packed together into groups of up to this many positions (128
+ * words: one pass over the data costs a few word operations per byte); a
+ * larger rule gets a group of its own. */
+#define BITNFA_GROUP_BITS 4096u
 
 #define BITNFA_PK(p, k) CAT_PK(p, k)
 #define BITNFA_COND_ALL CAT_COND_ALL

@@ -99,7 +99,10 @@ enum { CAT_X_COND = 0, CAT_X_NSRC, CAT_X_NTGT, CAT_X_FIRST, CAT_X_WORDS };
  * (prev, next) bit and the state has a position in one of its ranges. */
 enum { CAT_A_RULE = 0, CAT_A_COND, CAT_A_NSRC, CAT_A_FIRST };
 
-#define CAT_NFA_MAX_BITS 4096u
+/* The most positions of one bit-NFA group (2048 words of state). The
+ * compiler packs several rules up to 4096 (BITNFA_GROUP_BITS); a larger
+ * group holds one rule. */
+#define CAT_NFA_MAX_BITS 65536u
 /* Conditions: bit p * 5 + k for previous kind p (P_BOS, P_WORD, P_NL,
  * P_OTHER as in nfa.h) and next kind k (CAT_K_*). */
 #define CAT_PK(p, k) (1u << ((p)*5u + (k)))

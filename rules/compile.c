@@ -370,7 +370,7 @@ static int reject_too_wide(struct ctx *c, uint32_t i, uint32_t bits)
     char msg[200];
     snprintf(msg, sizeof(msg),
              "rule needs %u positions in a bit-parallel NFA, over the limit of %u "
-             "per group (its DFA is over the state budget too): lower its repeat counts",
+             "(its DFA is over the state budget too): lower its repeat counts",
              bits, BITNFA_MAX_BITS);
     c->prep[i].group = UINT32_MAX;
     return add_reject(c, c->prep[i].input, 0, msg);
@@ -587,7 +587,7 @@ static int place_nfa(struct ctx *c, uint32_t *idx, uint32_t n)
         goto split;
     for (uint32_t k = 0; k < n; k++)
         roots[k] = c->prep[idx[k]].root;
-    rc = bitnfa_build(roots, n, BITNFA_MAX_BITS, &g.g, &bits);
+    rc = bitnfa_build(roots, n, n == 1 ? BITNFA_MAX_BITS : BITNFA_GROUP_BITS, &g.g, &bits);
     if (rc == -E2BIG)
         goto split;
     if (rc != 0)
@@ -613,7 +613,7 @@ split:
 }
 
 /*
- * Packs the bit-NFA rules into groups of at most BITNFA_MAX_BITS positions
+ * Packs the bit-NFA rules into groups of at most BITNFA_GROUP_BITS positions
  * (one pass over the data each), bounded and unbounded rules apart and by
  * maxlen, as the DFA groups are. A rule's size is its positions built alone.
  */
@@ -648,7 +648,8 @@ static int group_nfa_rules(struct ctx *c)
                            (c->prep[order[i]].maxlen == CATALOG_UNBOUNDED) !=
                                (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED);
         uint32_t bits = end ? 0 : c->prep[order[i]].bits;
-        if (i > begin && (end || kind_change || fill + bits > BITNFA_MAX_BITS || i - begin == 64)) {
+        if (i > begin &&
+            (end || kind_change || fill + bits > BITNFA_GROUP_BITS || i - begin == 64)) {
             rc = place_nfa(c, order + begin, i - begin);
             begin = i;
             fill = 0;

@@ -125,13 +125,10 @@ static bool nfa_step(const struct catalog_nfa *g, const uint32_t *s, uint32_t *t
     return live != 0;
 }
 
-int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
-                      size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx)
+static int nfa_walk(const struct catalog_nfa *gp, const uint8_t *buf, size_t len, size_t begin,
+                    uint64_t lo, uint64_t hi, uint32_t *s, uint32_t *t, refscan_fn fn, void *ctx)
 {
-    struct catalog_nfa g;
-    catalog_nfa(cat, nfa, &g);
-    uint32_t a[CAT_NFA_MAX_BITS / 32] = {0}, b[CAT_NFA_MAX_BITS / 32];
-    uint32_t *s = a, *t = b;
+    const struct catalog_nfa g = *gp;
     bool any = false;
     if (hi > len)
         hi = len;
@@ -155,6 +152,25 @@ int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *bu
         s = t;
         t = x;
     }
+}
+
+int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
+                      size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx)
+{
+    struct catalog_nfa g;
+    catalog_nfa(cat, nfa, &g);
+    uint32_t a[128] = {0}, b[128];
+    uint32_t *s = a, *t = b, *heap = NULL;
+    if (g.n_words > 128) { /* a lone large rule: up to CAT_NFA_MAX_BITS */
+        heap = calloc(2 * (size_t)g.n_words, sizeof(uint32_t));
+        if (heap == NULL)
+            return -ENOMEM;
+        s = heap;
+        t = heap + g.n_words;
+    }
+    int rc = nfa_walk(&g, buf, len, begin, lo, hi, s, t, fn, ctx);
+    free(heap);
+    return rc;
 }
 
 int scan_hits_push(struct scan_hits *h, uint32_t rule, uint64_t end, uint32_t count)

@@ -278,9 +278,10 @@ START_TEST(test_bitnfa_segments)
     struct trule t[] = {{"gap", RULE_REGEX, "needle.{0,100}12", 0},
                         {"unb", RULE_REGEX, "ne+dle[^#]*1[0-9]{1,40}2", 0},
                         {"wide", RULE_REGEX, "\\bneedle[^#]{0,1000}12\\b", 0},
-                        {"lit", RULE_LITERAL, "needle12", 0}};
-    struct catalog *cat = compile_rules(t, 4);
-    ck_assert_uint_ge(catalog_nfa_count(cat), 1);
+                        {"lit", RULE_LITERAL, "needle12", 0},
+                        {"huge", RULE_REGEX, "ne[^#]{0,5000}Z9", 0}};
+    struct catalog *cat = compile_rules(t, 5);
+    ck_assert_uint_ge(catalog_nfa_count(cat), 2); /* "huge" (5006 bits) has a group of its own */
     const uint32_t seg = 64;
     struct gpu_options opt = {.segment_bytes = seg, .chain_bytes = 96};
     struct gpu_engine *eng = engine(&opt);
@@ -296,6 +297,7 @@ START_TEST(test_bitnfa_segments)
         memcpy(data[i] + 6 * seg + 30 - i, "12 ", 3);
         memcpy(data[i] + 10 * seg, " needle", 7); /* gap of ~700 bytes */
         memcpy(data[i] + 21 * seg + i, "12 ", 3);
+        memcpy(data[i] + 38 * seg + i, "Z9", 2); /* 'huge' from every "ne" before */
         bufs[i] = (struct gpu_buffer){.data = data[i], .len = len, .mode = SCAN_ALL};
     }
     const struct catalog *cats[] = {cat};

@@ -1998,6 +1998,52 @@ START_TEST(test_bounded_repeats)
 }
 END_TEST
 
+/* Repeats past the 4096 positions a shared bit-NFA group holds: each such
+ * rule gets a group of its own (up to 65536 positions), and still matches
+ * exactly as Hyperscan does. */
+START_TEST(test_large_repeats)
+{
+    static const char *const pats[] = {"a.{0,5000}b", "\\bkey[^\\n]{100,6000}end\\b",
+                                       "x[a-z]{4500}y", "tok[^\"]{0,8000}\"", "(ab|c){2000,2100}Q"};
+    enum { N = sizeof(pats) / sizeof(pats[0]) };
+    struct trule r[N];
+    force_bitnfa = false;
+    for (size_t i = 0; i < N; i++) {
+        memset(&r[i], 0, sizeof(r[i]));
+        snprintf(r[i].id, sizeof(r[i].id), "big%zu", i);
+        r[i].kind = RULE_REGEX;
+        r[i].pat = xstrndup(pats[i], strlen(pats[i]));
+        r[i].len = strlen(pats[i]);
+        r[i].hs = xstrndup(pats[i], strlen(pats[i]));
+        r[i].flags = i == 1 ? RULE_F_CASELESS : 0;
+    }
+    struct rng rng = {4242};
+    struct str bufs[4] = {{0}};
+    struct hay hays[4];
+    for (int k = 0; k < 4; k++) {
+        for (int round = 0; round < 3; round++) {
+            str_puts(&bufs[k], k % 2 ? " Key\n" : "a tok ");
+            sample_rule_wide(&r[rng_below(&rng, N)], &rng, &bufs[k]);
+        }
+        snprintf(hays[k].name, sizeof(hays[k].name), "#%d", k);
+        hays[k].p = (const uint8_t *)bufs[k].p;
+        hays[k].len = bufs[k].n;
+    }
+    struct stats st = {0};
+    compare_set(r, N, 0, 0, "large repeats", true, hays, 4, &st);
+    stats_print(&st, "large repeats");
+    for (size_t i = 0; i < N; i++)
+        trule_free(&r[i]);
+    for (int k = 0; k < 4; k++)
+        str_free(&bufs[k]);
+    ck_assert_msg(st.mismatches == 0, "%u haystacks give different hits", st.mismatches);
+    ck_assert_uint_eq(st.size_rejects, 0);
+    ck_assert_uint_eq(st.compared, N - st.hs_rejects);
+    ck_assert_uint_eq(st.nfa_rules, N);
+    ck_assert_uint_gt(st.hits, 4);
+}
+END_TEST
+
 /* The gitleaks regexes from the tree (tests/data/gitleaks, MIT): all 221
  * compile, none is rejected for size, and every hit is Hyperscan's on
  * synthetic secrets built around the gitleaks keywords and on samples
@@ -2053,6 +2099,7 @@ Suite *hsdiff_suite(void)
     tcase_add_test(tc, test_random_single_bitnfa);
     tcase_add_test(tc, test_random_multi_bitnfa);
     tcase_add_test(tc, test_bounded_repeats);
+    tcase_add_test(tc, test_large_repeats);
     tcase_add_test(tc, test_gitleaks_tree);
     suite_add_tcase(s, tc);
     TCase *files = tcase_create("shared-data");
