@@ -30,15 +30,31 @@ struct cpuscan_scratch {
     uint32_t n_used;
 };
 
-uint64_t cpuscan_lookback(const struct catalog *cat)
+/* Whether refscan_group_range walks every group of the catalog (DFA groups
+ * of the kinds this file knows). Anything else goes through
+ * refscan_buffer, whole buffers, so new group kinds keep working. */
+static bool walkable(const struct catalog *cat)
 {
     if (catalog_nfa_count(cat) != 0)
-        return CPUSCAN_UNSEGMENTABLE; /* refscan_buffer scans those; no range walk */
+        return false;
+    for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        if ((cg.flags & ~CAT_GF_ASSERTS) != 0)
+            return false;
+    }
+    return true;
+}
+
+uint64_t cpuscan_lookback(const struct catalog *cat)
+{
+    if (!walkable(cat))
+        return CPUSCAN_UNSEGMENTABLE;
     uint64_t lb = 0;
     for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        if (cg.maxlen == CATALOG_UNBOUNDED || (cg.flags & ~CAT_GF_ASSERTS) != 0)
+        if (cg.maxlen == CATALOG_UNBOUNDED)
             return CPUSCAN_UNSEGMENTABLE;
         if (cg.maxlen > lb)
             lb = cg.maxlen;
@@ -252,10 +268,11 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
                     void *ctx, struct cpuscan_scratch *s, struct cpuscan_part *part)
 {
     uint64_t lb = cpuscan_lookback(cat);
-    if (lb == CPUSCAN_UNSEGMENTABLE) {
-        /* refscan_buffer is the only walker for such catalogs: whole buffers. */
-        if (lo != 0 || hi < len)
-            return -EINVAL;
+    if (lb == CPUSCAN_UNSEGMENTABLE && (lo != 0 || hi < len))
+        return -EINVAL; /* an unbounded match may start anywhere before lo */
+    if (!walkable(cat)) {
+        /* refscan_buffer is the only walker for such catalogs: no limit
+         * applies while it scans */
         part->final = true;
         return refscan_buffer(cat, buf, len, mode, &part->hits);
     }

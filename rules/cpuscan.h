@@ -11,7 +11,9 @@
  * the start state the byte before selects, so matches straddling lo are
  * found by the segment their end falls in. A catalog with an unbounded
  * group, or with groups refscan_group_range does not walk (bit-NFA groups),
- * is scanned one buffer per piece (cpuscan_lookback says so).
+ * is scanned one buffer per piece (cpuscan_lookback says so); the latter
+ * through refscan_buffer, so group kinds added there keep working, with the
+ * limit applied after the buffer instead of while it is walked.
  *
  * No threads here, no allocation per hit past the limit. A scratch is used
  * by one thread at a time.

@@ -55,7 +55,7 @@ static const struct rdef unbounded[] = {
     {"gap", "a[^z]*q", NULL, RULE_REGEX},
 };
 
-static struct catalog *compile(const struct rdef *r, size_t n)
+static struct catalog *compile_with(const struct rdef *r, size_t n, bool bitnfa)
 {
     struct rule_src src[16];
     for (size_t i = 0; i < n; i++) {
@@ -66,12 +66,17 @@ static struct catalog *compile(const struct rdef *r, size_t n)
             (struct rule_src){r[i].id, r[i].kind, r[i].pattern, strlen(r[i].pattern), flags, 0};
     }
     struct rules_result res = {0};
-    struct rules_options ro = {0};
+    struct rules_options ro = {.force_bitnfa = bitnfa};
     ck_assert_int_eq(rules_compile(src, n, &ro, &res, NULL), 0);
     struct catalog *cat = res.catalog;
     res.catalog = NULL;
     rules_result_finish(&res);
     return cat;
+}
+
+static struct catalog *compile(const struct rdef *r, size_t n)
+{
+    return compile_with(r, n, false);
 }
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
@@ -252,9 +257,13 @@ START_TEST(test_segment_enough)
 }
 END_TEST
 
+/* An unbounded rule (DFA) or a bit-NFA group: every buffer is one piece,
+ * equal to refscan; the DFA one still applies a limit while it walks. */
 START_TEST(test_unbounded_one_piece)
 {
-    struct catalog *cat = compile(unbounded, 2);
+    struct catalog *cat = compile_with(_i ? bounded : unbounded, _i ? N_BOUNDED : 2, _i == 1);
+    if (_i == 1)
+        ck_assert_uint_gt(catalog_nfa_count(cat), 0);
     ck_assert_uint_eq(cpuscan_lookback(cat), CPUSCAN_UNSEGMENTABLE);
     static uint8_t buf[4000];
     make_data(buf, sizeof(buf));
@@ -272,6 +281,7 @@ START_TEST(test_unbounded_one_piece)
             cpuscan_merge(cat, (enum scan_mode)mode, &part, 1, UINT64_MAX, false, &got, &dropped),
             0);
         assert_same(&got, &want, "unbounded");
+        ck_assert(part.final == (_i == 1)); /* refscan_buffer only for bit-NFA groups */
         /* a piece of such a catalog cannot be scanned alone */
         struct cpuscan_part p2 = {0};
         ck_assert_int_eq(cpuscan_segment(cat, buf, sizeof(buf), 100, 200, (enum scan_mode)mode, 0,
@@ -281,6 +291,24 @@ START_TEST(test_unbounded_one_piece)
         cpuscan_part_finish(&part);
         scan_hits_finish(&want);
         scan_hits_finish(&got);
+    }
+    if (_i == 0) { /* the limit holds while the one piece is walked */
+        struct scan_hits want = {0}, got = {0};
+        ck_assert_int_eq(refscan_buffer(cat, buf, sizeof(buf), SCAN_ALL, &want), 0);
+        ck_assert_uint_gt(want.n, 3);
+        struct cpuscan_part part = {0};
+        ck_assert_int_eq(cpuscan_segment(cat, buf, sizeof(buf), 0, sizeof(buf), SCAN_ALL, 3, NULL,
+                                         NULL, s, &part),
+                         0);
+        ck_assert_uint_le(part.hits.n, 3);
+        ck_assert_uint_eq(part.dropped, want.n - part.hits.n);
+        uint64_t dropped = 0;
+        ck_assert_int_eq(cpuscan_merge(cat, SCAN_ALL, &part, 1, 3, false, &got, &dropped), 0);
+        want.n = 3;
+        assert_same(&got, &want, "unbounded, limited");
+        cpuscan_part_finish(&part);
+        scan_hits_finish(&got);
+        scan_hits_finish(&want);
     }
     cpuscan_scratch_destroy(s);
     catalog_destroy(cat);
@@ -817,7 +845,7 @@ Suite *engine_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_segments_equal_refscan);
     tcase_add_test(tc, test_segment_limit);
-    tcase_add_test(tc, test_unbounded_one_piece);
+    tcase_add_loop_test(tc, test_unbounded_one_piece, 0, 2);
     tcase_add_test(tc, test_segment_enough);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
