@@ -1,6 +1,7 @@
 /*
  * Segment scans and their merge for the CPU engine (cpuscan.h). Every walk
- * is refscan_group_range's; this file only decides what to keep.
+ * is refscan's (refscan_group_range, refscan_nfa_range); this file only
+ * decides what to keep.
  */
 #include "cpuscan.h"
 
@@ -30,17 +31,22 @@ struct cpuscan_scratch {
     uint32_t n_used;
 };
 
-/* Whether refscan_group_range walks every group of the catalog (DFA groups
- * of the kinds this file knows). Anything else goes through
- * refscan_buffer, whole buffers, so new group kinds keep working. */
+/* Whether refscan's range walks (refscan_group_range, refscan_nfa_range)
+ * cover every group of the catalog: DFA and bit-NFA groups with the flags
+ * this file knows. Anything else goes through refscan_buffer, whole
+ * buffers, so group kinds added there keep working. */
 static bool walkable(const struct catalog *cat)
 {
-    if (catalog_nfa_count(cat) != 0)
-        return false;
     for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
         if ((cg.flags & ~CAT_GF_ASSERTS) != 0)
+            return false;
+    }
+    for (uint32_t g = 0; g < catalog_nfa_count(cat); g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        if ((cn.flags & ~CAT_GF_ASSERTS) != 0)
             return false;
     }
     return true;
@@ -56,8 +62,14 @@ uint64_t cpuscan_lookback(const struct catalog *cat)
         catalog_group(cat, g, &cg);
         if (cg.maxlen == CATALOG_UNBOUNDED)
             return CPUSCAN_UNSEGMENTABLE;
-        if (cg.maxlen > lb)
-            lb = cg.maxlen;
+        lb = cg.maxlen > lb ? cg.maxlen : lb;
+    }
+    for (uint32_t g = 0; g < catalog_nfa_count(cat); g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        if (cn.maxlen == CATALOG_UNBOUNDED)
+            return CPUSCAN_UNSEGMENTABLE;
+        lb = cn.maxlen > lb ? cn.maxlen : lb;
     }
     return lb;
 }
@@ -287,6 +299,8 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
                      .enough = enough,
                      .ctx = ctx};
     size_t begin = lo > lb ? (size_t)(lo - lb) : 0;
+    for (uint32_t g = 0; g < catalog_nfa_count(cat) && rc == 0; g++)
+        rc = refscan_nfa_range(cat, g, buf, len, begin, lo, hi, on_match, &w);
     for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++) {
         rc = refscan_group_range(cat, g, buf, len, begin, lo, hi, on_match, &w);
         /* dedup state is per group walk: a rule lives in one group */

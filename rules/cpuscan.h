@@ -8,11 +8,11 @@
  *
  * Segments: a buffer splits into (lo, hi] ranges of end offsets. A segment
  * walks from lo minus the catalog's longest match (cpuscan_lookback), from
- * the start state the byte before selects, so matches straddling lo are
- * found by the segment their end falls in. A catalog with an unbounded
- * group, or with groups refscan_group_range does not walk (bit-NFA groups),
- * is scanned one buffer per piece (cpuscan_lookback says so); the latter
- * through refscan_buffer, so group kinds added there keep working, with the
+ * the start state (DFA groups) or start edges (bit-NFA groups) the byte
+ * before selects, so matches straddling lo are found by the segment their
+ * end falls in. A catalog with an unbounded group is walked one buffer per
+ * piece. A catalog with groups refscan's range walks do not cover (a kind
+ * added later) goes through refscan_buffer, one buffer per piece, with the
  * limit applied after the buffer instead of while it is walked.
  *
  * No threads here, no allocation per hit past the limit. A scratch is used

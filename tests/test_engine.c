@@ -165,9 +165,11 @@ static void segmented(const struct catalog *cat, const uint8_t *buf, size_t len,
     free(parts);
 }
 
+/* _i 1: every rule forced onto the bit-NFA engine. */
 START_TEST(test_segments_equal_refscan)
 {
-    struct catalog *cat = compile(bounded, N_BOUNDED);
+    struct catalog *cat = compile_with(bounded, N_BOUNDED, _i == 1);
+    ck_assert_uint_eq(catalog_nfa_count(cat) > 0, _i == 1);
     uint64_t lb = cpuscan_lookback(cat);
     ck_assert_uint_ne(lb, CPUSCAN_UNSEGMENTABLE);
     ck_assert_uint_ge(lb, 7); /* ab[0-9]{1,4}c: matches straddle short segments */
@@ -257,13 +259,12 @@ START_TEST(test_segment_enough)
 }
 END_TEST
 
-/* An unbounded rule (DFA) or a bit-NFA group: every buffer is one piece,
- * equal to refscan; the DFA one still applies a limit while it walks. */
+/* An unbounded rule (_i 0: DFA, 1: bit-NFA): every buffer is one piece,
+ * equal to refscan, with a limit applied while it is walked. */
 START_TEST(test_unbounded_one_piece)
 {
-    struct catalog *cat = compile_with(_i ? bounded : unbounded, _i ? N_BOUNDED : 2, _i == 1);
-    if (_i == 1)
-        ck_assert_uint_gt(catalog_nfa_count(cat), 0);
+    struct catalog *cat = compile_with(unbounded, 2, _i == 1);
+    ck_assert_uint_eq(catalog_nfa_count(cat) > 0, _i == 1);
     ck_assert_uint_eq(cpuscan_lookback(cat), CPUSCAN_UNSEGMENTABLE);
     static uint8_t buf[4000];
     make_data(buf, sizeof(buf));
@@ -281,7 +282,7 @@ START_TEST(test_unbounded_one_piece)
             cpuscan_merge(cat, (enum scan_mode)mode, &part, 1, UINT64_MAX, false, &got, &dropped),
             0);
         assert_same(&got, &want, "unbounded");
-        ck_assert(part.final == (_i == 1)); /* refscan_buffer only for bit-NFA groups */
+        ck_assert(!part.final); /* walked, not handed to refscan_buffer */
         /* a piece of such a catalog cannot be scanned alone */
         struct cpuscan_part p2 = {0};
         ck_assert_int_eq(cpuscan_segment(cat, buf, sizeof(buf), 100, 200, (enum scan_mode)mode, 0,
@@ -292,7 +293,7 @@ START_TEST(test_unbounded_one_piece)
         scan_hits_finish(&want);
         scan_hits_finish(&got);
     }
-    if (_i == 0) { /* the limit holds while the one piece is walked */
+    { /* the limit holds while the one piece is walked */
         struct scan_hits want = {0}, got = {0};
         ck_assert_int_eq(refscan_buffer(cat, buf, sizeof(buf), SCAN_ALL, &want), 0);
         ck_assert_uint_gt(want.n, 3);
@@ -843,7 +844,7 @@ Suite *engine_suite(void)
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("segments");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_segments_equal_refscan);
+    tcase_add_loop_test(tc, test_segments_equal_refscan, 0, 2);
     tcase_add_test(tc, test_segment_limit);
     tcase_add_loop_test(tc, test_unbounded_one_piece, 0, 2);
     tcase_add_test(tc, test_segment_enough);
