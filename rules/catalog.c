@@ -79,14 +79,20 @@ static int validate_group(const uint32_t *w, size_t n, uint32_t g, uint32_t n_ru
     return 0;
 }
 
+/* Ranges first .. first+count-1 exist, lie within the positions and, taken
+ * as one list (sources) or two (sources, then targets from `split`), are
+ * ascending and disjoint: scanners test a list's span first. */
 static bool ranges_ok(const uint32_t *rg, uint64_t n_ranges, uint64_t first, uint64_t count,
-                      uint32_t n_bits)
+                      uint64_t split, uint32_t n_bits)
 {
     if (first > n_ranges || count > n_ranges - first)
         return false;
-    for (uint64_t r = first; r < first + count; r++)
+    for (uint64_t r = first; r < first + count; r++) {
         if (rg[2 * r] > rg[2 * r + 1] || rg[2 * r + 1] >= n_bits)
             return false;
+        if (r > first && r != first + split && rg[2 * r] <= rg[2 * r - 1])
+            return false;
+    }
     return true;
 }
 
@@ -125,15 +131,19 @@ static int validate_nfa(const uint32_t *w, size_t n, uint32_t g, uint32_t n_rule
         return bad(err, "bit-NFA shift mask has bits past the last position", g);
     const uint32_t *rg = w + e[CAT_N_RANGES];
     const uint32_t *x = w + e[CAT_N_EXC];
-    for (uint64_t i = 0; i < nx; i++, x += CAT_X_WORDS)
+    for (uint64_t i = 0; i < nx; i++, x += CAT_X_WORDS) {
         if (x[CAT_X_COND] == 0 || (x[CAT_X_COND] & ~CAT_COND_ALL) || x[CAT_X_NTGT] == 0 ||
-            !ranges_ok(rg, nr, x[CAT_X_FIRST], (uint64_t)x[CAT_X_NSRC] + x[CAT_X_NTGT], nb))
+            !ranges_ok(rg, nr, x[CAT_X_FIRST], (uint64_t)x[CAT_X_NSRC] + x[CAT_X_NTGT],
+                       x[CAT_X_NSRC], nb))
             return bad(err, "bit-NFA exception entry is malformed", g);
+        if (i > 0 && x[CAT_X_NSRC] == 0 && (x - CAT_X_WORDS)[CAT_X_NSRC] != 0)
+            return bad(err, "bit-NFA start exceptions (no sources) do not come first", g);
+    }
     const uint32_t *a = w + e[CAT_N_ACC];
     for (uint64_t i = 0; i < na; i++, a += CAT_X_WORDS)
         if (a[CAT_A_RULE] >= n_rules || (i > 0 && a[CAT_A_RULE] < (a - CAT_X_WORDS)[CAT_A_RULE]) ||
             a[CAT_A_COND] == 0 || (a[CAT_A_COND] & ~CAT_COND_ALL) || a[CAT_A_NSRC] == 0 ||
-            !ranges_ok(rg, nr, a[CAT_A_FIRST], a[CAT_A_NSRC], nb))
+            !ranges_ok(rg, nr, a[CAT_A_FIRST], a[CAT_A_NSRC], a[CAT_A_NSRC], nb))
             return bad(err, "bit-NFA accept entry is malformed or out of rule order", g);
     return 0;
 }

@@ -104,41 +104,77 @@ static void set_in(uint32_t *s, const uint32_t *rg, uint32_t n)
     }
 }
 
-/* One step of the bit-NFA on buf[i]: shift, exceptions, reach. */
-static bool nfa_step(const struct catalog_nfa *g, const uint32_t *s, uint32_t *t, uint32_t pk,
-                     bool any, uint8_t c)
+/* A state vector whose words outside [lo, hi] are all zero (lo > hi: the
+ * state is empty). Most of the time few positions are active, so a step
+ * touches few words and tests few exceptions. */
+struct nvec {
+    uint32_t *v;
+    uint32_t lo, hi;
+};
+
+/* Can the state meet ranges rg[0..n) at all? Ranges are ascending
+ * (catalog_from_bytes checks it), so their span is first lo .. last hi. */
+static bool span_meets(const struct nvec *s, const uint32_t *rg, uint32_t n)
 {
-    uint32_t nw = g->n_words;
-    for (uint32_t w = 0; w < nw; w++)
-        t[w] = ((s[w] << 1) | (w ? s[w - 1] >> 31 : 0)) & g->shift[w];
+    return n != 0 && s->lo <= s->hi && (rg[0] >> 5) <= s->hi && (rg[2 * n - 1] >> 5) >= s->lo;
+}
+
+/* One step of the bit-NFA on byte c: shift, exceptions, reach. */
+static void nfa_step(const struct catalog_nfa *g, const struct nvec *s, struct nvec *t, uint32_t pk,
+                     uint8_t c)
+{
+    for (uint32_t w = t->lo; w <= t->hi; w++)
+        t->v[w] = 0;
+    bool any = s->lo <= s->hi;
+    uint32_t lo = UINT32_MAX, hi = 0;
+    if (any) {
+        uint32_t end = s->hi + 1 < g->n_words ? s->hi + 1 : s->hi;
+        for (uint32_t w = s->lo; w <= end; w++)
+            t->v[w] = ((s->v[w] << 1) | (w ? s->v[w - 1] >> 31 : 0)) & g->shift[w];
+        lo = s->lo;
+        hi = end;
+    }
     for (uint32_t x = 0; x < g->n_exc; x++) {
         const uint32_t *e = g->exc + (size_t)x * CAT_X_WORDS;
+        uint32_t ns = e[CAT_X_NSRC], nt = e[CAT_X_NTGT];
+        if (ns != 0 && !any)
+            break; /* entries without sources (start edges) come first */
         const uint32_t *rg = g->ranges + 2 * (size_t)e[CAT_X_FIRST];
-        if (!(e[CAT_X_COND] & pk) || (e[CAT_X_NSRC] && (!any || !any_in(s, rg, e[CAT_X_NSRC]))))
+        if (!(e[CAT_X_COND] & pk) || (ns && (!span_meets(s, rg, ns) || !any_in(s->v, rg, ns))))
             continue;
-        set_in(t, rg + 2 * e[CAT_X_NSRC], e[CAT_X_NTGT]);
+        const uint32_t *tg = rg + 2 * (size_t)ns;
+        set_in(t->v, tg, nt);
+        lo = tg[0] >> 5 < lo ? tg[0] >> 5 : lo;
+        hi = tg[2 * nt - 1] >> 5 > hi ? tg[2 * nt - 1] >> 5 : hi;
     }
-    const uint32_t *reach = g->reach + (size_t)g->classmap[c] * nw;
-    uint32_t live = 0;
-    for (uint32_t w = 0; w < nw; w++)
-        live |= t[w] &= reach[w];
-    return live != 0;
+    const uint32_t *reach = g->reach + (size_t)g->classmap[c] * g->n_words;
+    t->lo = 1;
+    t->hi = 0;
+    for (uint32_t w = lo; w <= hi && lo != UINT32_MAX; w++) {
+        if ((t->v[w] &= reach[w]) == 0)
+            continue;
+        if (t->lo > t->hi)
+            t->lo = w;
+        t->hi = w;
+    }
 }
 
 static int nfa_walk(const struct catalog_nfa *gp, const uint8_t *buf, size_t len, size_t begin,
-                    uint64_t lo, uint64_t hi, uint32_t *s, uint32_t *t, refscan_fn fn, void *ctx)
+                    uint64_t lo, uint64_t hi, uint32_t *sv, uint32_t *tv, refscan_fn fn, void *ctx)
 {
     const struct catalog_nfa g = *gp;
-    bool any = false;
+    struct nvec a = {sv, 1, 0}, b = {tv, 1, 0};
+    struct nvec *s = &a, *t = &b;
     if (hi > len)
         hi = len;
     for (size_t i = begin;; i++) {
         uint32_t pk = CAT_PK(prev_kind(buf, i), lookahead(buf, len, i));
         uint32_t last = UINT32_MAX;
-        for (uint32_t k = 0; any && i > lo && k < g.n_acc; k++) {
+        for (uint32_t k = 0; s->lo <= s->hi && i > lo && k < g.n_acc; k++) {
             const uint32_t *e = g.acc + (size_t)k * CAT_X_WORDS;
+            const uint32_t *rg = g.ranges + 2 * (size_t)e[CAT_A_FIRST];
             if (e[CAT_A_RULE] == last || !(e[CAT_A_COND] & pk) ||
-                !any_in(s, g.ranges + 2 * (size_t)e[CAT_A_FIRST], e[CAT_A_NSRC]))
+                !span_meets(s, rg, e[CAT_A_NSRC]) || !any_in(s->v, rg, e[CAT_A_NSRC]))
                 continue;
             last = e[CAT_A_RULE];
             int rc = fn(ctx, last, i);
@@ -147,8 +183,8 @@ static int nfa_walk(const struct catalog_nfa *gp, const uint8_t *buf, size_t len
         }
         if (i >= hi)
             return 0;
-        any = nfa_step(&g, s, t, pk, any, buf[i]);
-        uint32_t *x = s;
+        nfa_step(&g, s, t, pk, buf[i]);
+        struct nvec *x = s;
         s = t;
         t = x;
     }
@@ -159,7 +195,7 @@ int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *bu
 {
     struct catalog_nfa g;
     catalog_nfa(cat, nfa, &g);
-    uint32_t a[128] = {0}, b[128];
+    uint32_t a[128] = {0}, b[128] = {0};
     uint32_t *s = a, *t = b, *heap = NULL;
     if (g.n_words > 128) { /* a lone large rule: up to CAT_NFA_MAX_BITS */
         heap = calloc(2 * (size_t)g.n_words, sizeof(uint32_t));

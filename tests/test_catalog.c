@@ -369,6 +369,12 @@ static void nfa_exc_ranges(uint32_t *w, size_t n)
     uint32_t *g = nfa0(w);
     w[g[CAT_N_EXC] + CAT_X_FIRST] = g[CAT_N_NRANGES];
 }
+static void nfa_exc_order(uint32_t *w, size_t n)
+{
+    (void)n;
+    uint32_t *g = nfa0(w);
+    w[g[CAT_N_EXC] + (g[CAT_N_NEXC] - 1) * CAT_X_WORDS + CAT_X_NSRC] = 0;
+}
 static void nfa_acc_rule(uint32_t *w, size_t n)
 {
     (void)n;
@@ -423,6 +429,7 @@ START_TEST(bitnfa_damage_rejected)
     expect_nfa_reject("exception target", nfa_exc_no_target, "exception entry is malformed");
     expect_nfa_reject("exception cond", nfa_exc_cond, "exception entry is malformed");
     expect_nfa_reject("exception ranges", nfa_exc_ranges, "exception entry is malformed");
+    expect_nfa_reject("exception order", nfa_exc_order, "do not come first");
     expect_nfa_reject("accept rule", nfa_acc_rule, "accept entry is malformed");
     expect_nfa_reject("accept order", nfa_acc_order, "out of rule order");
     expect_nfa_reject("table offset", nfa_table_offset, "points outside the catalog");
