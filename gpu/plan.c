@@ -276,10 +276,11 @@ static uint64_t ranges_cost(const struct catalog_nfa *g, uint32_t first, uint32_
 }
 
 /* Loop iterations of scan_nfa.comp per byte, worst case: the walk, the
- * shift and reach loops, every exception and every accept entry tested. */
+ * clear, shift and reach loops over every word, every exception and every
+ * accept entry tested. */
 static uint64_t nfa_byte_cost(const struct catalog_nfa *g)
 {
-    uint64_t t = 1 + 2 * (uint64_t)g->n_words + g->n_exc + g->n_acc;
+    uint64_t t = 1 + 3 * (uint64_t)g->n_words + g->n_exc + g->n_acc;
     for (uint32_t x = 0; x < g->n_exc; x++) {
         const uint32_t *e = g->exc + (size_t)x * CAT_X_WORDS;
         t += ranges_cost(g, e[CAT_X_FIRST], e[CAT_X_NSRC] + e[CAT_X_NTGT]);
@@ -293,7 +294,7 @@ static uint64_t nfa_byte_cost(const struct catalog_nfa *g)
 
 static uint32_t nfa_item_cost(const struct catalog_nfa *g, uint64_t walk)
 {
-    uint64_t cost = (walk + 1) * nfa_byte_cost(g) + 3 * (uint64_t)g->n_words + 64;
+    uint64_t cost = (walk + 1) * nfa_byte_cost(g) + 5 * (uint64_t)g->n_words + 64;
     return cost > 0xfffffff0u ? 0xfffffff0u : (uint32_t)cost;
 }
 
@@ -334,7 +335,7 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
     uint64_t avail = UINT64_MAX, per = nfa_byte_cost(&g);
     if (p->step_budget != NO_BUDGET) {
         /* what gpu_pick_pipelines adds on top of an item's cost, and then some */
-        uint64_t fill = 256 / p->wg + 32 + 3 * (uint64_t)g.n_words + 64;
+        uint64_t fill = 256 / p->wg + 32 + 5 * (uint64_t)g.n_words + 64;
         uint64_t usable = p->step_budget > fill ? (p->step_budget - fill) >> bc->eng->cut_shift : 0;
         avail = usable / per;
         avail = avail > 1 ? avail - 1 : 1;

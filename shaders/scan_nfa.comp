@@ -122,6 +122,21 @@ void set_in(uint first, uint n)
     }
 }
 
+/* Live words: st is zero outside [g_slo, g_shi] (empty when g_slo >
+ * g_shi), nx outside [g_nlo, g_nhi]. A step touches only those words, and
+ * skips the exceptions and accepts whose source span the state cannot meet
+ * (range lists are ascending: rules/catalog.c checks it). */
+uint g_slo, g_shi, g_nlo, g_nhi;
+
+bool span_meets(uint first, uint n)
+{
+    if (n == 0u || g_slo > g_shi)
+        return false;
+    uint a = cat[pc.ranges + 2u * first] >> 5u;
+    uint b = cat[pc.ranges + 2u * (first + n - 1u) + 1u] >> 5u;
+    return a <= g_shi && b >= g_slo;
+}
+
 /* Reports each rule with an accept entry that holds at end offset `end`
  * once (entries are sorted by rule). */
 void report(uint buf, uint end, uint pk)
@@ -130,7 +145,8 @@ void report(uint buf, uint end, uint pk)
     for (uint k = 0u; k < pc.n_acc; k++) {
         uint e = pc.acc + 4u * k;
         uint rule = cat[e];
-        if (rule == last || (cat[e + 1u] & pk) == 0u || !any_in(cat[e + 3u], cat[e + 2u]))
+        if (rule == last || (cat[e + 1u] & pk) == 0u || !span_meets(cat[e + 3u], cat[e + 2u]) ||
+            !any_in(cat[e + 3u], cat[e + 2u]))
             continue;
         last = rule;
         uint slot = atomicAdd(qs[QS_HIT_HEAD], 1u);
@@ -139,32 +155,57 @@ void report(uint buf, uint end, uint pk)
     }
 }
 
-/* Consumes byte c: shift, exceptions, reach. Returns whether any position
- * is active afterwards. */
-bool step(uint c, uint pk, bool any)
+/* Consumes byte c: shift, exceptions, reach. */
+void step(uint c, uint pk)
 {
-    uint carry_bit = 0u;
-    for (uint w = 0u; w < pc.n_words; w++) {
-        uint s = st[w];
-        nx[w] = ((s << 1u) | carry_bit) & cat[pc.shift + w];
-        carry_bit = s >> 31u;
+    for (uint w = g_nlo; w <= g_nhi; w++)
+        nx[w] = 0u;
+    bool any = g_slo <= g_shi;
+    uint lo = NONE;
+    uint hi = 0u;
+    if (any) {
+        uint end = min(g_shi + 1u, pc.n_words - 1u);
+        for (uint w = g_slo; w <= end; w++) {
+            uint carry_bit = w > 0u ? st[w - 1u] >> 31u : 0u;
+            nx[w] = ((st[w] << 1u) | carry_bit) & cat[pc.shift + w];
+        }
+        lo = g_slo;
+        hi = end;
     }
     for (uint x = 0u; x < pc.n_exc; x++) {
         uint e = pc.exc + 4u * x;
         uint nsrc = cat[e + 1u];
+        if (nsrc != 0u && !any)
+            break; /* entries without sources (start edges) come first */
         if ((cat[e] & pk) == 0u)
             continue;
-        if (nsrc != 0u && (!any || !any_in(cat[e + 3u], nsrc)))
+        uint first = cat[e + 3u];
+        if (nsrc != 0u && (!span_meets(first, nsrc) || !any_in(first, nsrc)))
             continue;
-        set_in(cat[e + 3u] + nsrc, cat[e + 2u]);
+        uint ntgt = cat[e + 2u];
+        set_in(first + nsrc, ntgt);
+        lo = min(lo, cat[pc.ranges + 2u * (first + nsrc)] >> 5u);
+        hi = max(hi, cat[pc.ranges + 2u * (first + nsrc + ntgt - 1u) + 1u] >> 5u);
     }
+    /* st's live words lie inside [lo, hi]: all of them are rewritten */
     uint row = pc.reach + s_cls[c] * pc.n_words;
-    uint live = 0u;
-    for (uint w = 0u; w < pc.n_words; w++) {
-        st[w] = nx[w] & cat[row + w];
-        live |= st[w];
+    g_slo = 1u;
+    g_shi = 0u;
+    g_nlo = 1u;
+    g_nhi = 0u;
+    if (lo == NONE)
+        return;
+    g_nlo = lo;
+    g_nhi = hi;
+    for (uint w = lo; w <= hi; w++) {
+        uint v = nx[w] & cat[row + w];
+        st[w] = v;
+        if (v != 0u) {
+            if (g_slo > g_shi)
+                g_slo = w;
+            g_shi = w;
+        }
     }
-    return live != 0u;
 }
 
 void scan_item(uvec4 it)
@@ -178,22 +219,30 @@ void scan_item(uvec4 it)
     bool chained = pc.carry_base != NONE;
     uint begin = chained ? lo : (lo + 1u > pc.maxlen ? lo + 1u - pc.maxlen : 0u);
     uint cbase = pc.carry_base + it.w * pc.n_words;
-    bool any = false;
+    g_slo = 1u;
+    g_shi = 0u;
+    g_nlo = 1u;
+    g_nhi = 0u;
     for (uint w = 0u; w < pc.n_words; w++) {
         st[w] = chained && begin > 0u ? carry[cbase + w] : 0u;
-        any = any || st[w] != 0u;
+        nx[w] = 0u;
+        if (st[w] != 0u) {
+            if (g_slo > g_shi)
+                g_slo = w;
+            g_shi = w;
+        }
     }
     uint i = begin;
     while (i < hi) {
         uint pk = pk_at(off, i, len);
-        if (any && i > lo)
+        if (g_slo <= g_shi && i > lo)
             report(buf, i, pk);
-        any = step(byte_at(off + i), pk, any);
+        step(byte_at(off + i), pk);
         i++;
     }
     if (i != hi)
         atomicOr(qs[QS_ERROR], QS_ERR_CUT);
-    if (any && hi > lo)
+    if (g_slo <= g_shi && hi > lo)
         report(buf, hi, pk_at(off, hi, len));
     if (chained && hi < len) {
         for (uint w = 0u; w < pc.n_words; w++)
