@@ -112,7 +112,8 @@ static void on_async(uv_async_t *a)
     pthread_mutex_unlock(&p->lock);
     while (j != NULL) {
         struct cpool_job *next = j->next;
-        p->pending--;
+        if (--p->pending == 0)
+            uv_unref((uv_handle_t *)&p->async); /* an idle pool keeps no loop alive */
         j->done(j, j->status);
         j = next;
     }
@@ -133,6 +134,7 @@ int cpool_create(uv_loop_t *loop, uint32_t threads, uint32_t tenant_max, struct 
         return rc;
     }
     p->async.data = p;
+    uv_unref((uv_handle_t *)&p->async);
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->cond, NULL);
     for (uint32_t i = 0; i < (threads ? threads : 1); i++) {
@@ -200,7 +202,8 @@ void cpool_submit(struct cpool *p, struct cpool_job *j)
 {
     j->cancel = 0;
     j->status = 0;
-    p->pending++;
+    if (p->pending++ == 0)
+        uv_ref((uv_handle_t *)&p->async); /* work in flight keeps the loop running */
     pthread_mutex_lock(&p->lock);
     j->state = JOB_QUEUED;
     list_push(&p->queued, j);

@@ -14,6 +14,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "cpool.h"
 #include "log.h"
 #include "notify.h"
 #include "session.h"
@@ -41,6 +42,7 @@ struct server {
     uint64_t accept_quiet;   /* EMFILE hits since then */
     struct sched *sched;
     struct store *store;
+    struct cpool *cpool; /* compiles (the store's), own threads */
     struct engine *engine;
     struct session **sessions;
     uint32_t n_sessions, cap_sessions;
@@ -113,11 +115,13 @@ static struct sched_limits sched_limits_of(const struct daemon_config *c)
                                  .batch_max_ns = (uint64_t)c->batch_max_ms * 1000000u};
 }
 
-static struct store_options store_options_of(const struct daemon_config *c)
+static struct store_options store_options_of(const struct daemon_config *c, struct cpool *pool)
 {
     return (struct store_options){.state_dir = c->state_dir,
                                   .host_budget = c->host_catalog_budget,
-                                  .tenant_max_catalogs = c->tenant_max_catalogs};
+                                  .tenant_max_catalogs = c->tenant_max_catalogs,
+                                  .pool = pool,
+                                  .compile_timeout_ms = c->compile_timeout_ms};
 }
 
 /* ---- sessions --------------------------------------------------------- */
@@ -358,6 +362,7 @@ static void on_sweep(uv_timer_t *t)
 {
     struct server *srv = t->data;
     uint64_t now = uv_now(&srv->loop);
+    store_sweep(srv->store);
     for (uint32_t i = srv->n_sessions; i > 0; i--) {
         if (i <= srv->n_sessions)
             session_sweep(srv->sessions[i - 1], now);
@@ -370,6 +375,8 @@ static void arm_sweep(struct server *srv)
 {
     uint64_t a = srv->cfg.frame_timeout_ms, b = srv->cfg.idle_timeout_ms;
     uint64_t m = a == 0 ? b : b == 0 ? a : a < b ? a : b;
+    uint64_t c = srv->cfg.compile_timeout_ms;
+    m = m == 0 ? c : c == 0 ? m : m < c ? m : c;
     uint64_t every = m / 4 < 10 ? 10 : m / 4 > 1000 ? 1000 : m / 4;
     if (m == 0) {
         uv_timer_stop(&srv->sweep_timer);
@@ -547,6 +554,7 @@ static void begin_drain(struct server *srv, const char *why)
     notify_send("STOPPING=1");
     log_notice("%s: no longer accepting; finishing %u connections' work", why, srv->n_sessions);
     close_listener(srv);
+    store_shutdown(srv->store); /* a compile would outlast the drain timeout */
     for (uint32_t i = srv->n_sessions; i > 0; i--)
         session_close_when_done(srv->sessions[i - 1]);
     uv_timer_start(&srv->drain_timer, on_drain_timeout, srv->cfg.drain_timeout_ms, 0);
@@ -565,8 +573,9 @@ static void reload(struct server *srv)
         config_apply_reload(&srv->cfg, &next);
         struct sched_limits sl = sched_limits_of(&srv->cfg);
         sched_set_limits(srv->sched, &sl);
-        struct store_options so = store_options_of(&srv->cfg);
+        struct store_options so = store_options_of(&srv->cfg, srv->cpool);
         store_set_options(srv->store, &so);
+        cpool_set_tenant_max(srv->cpool, srv->cfg.tenant_max_compiles);
         srv->counters.reloads++;
         arm_sweep(srv);
         log_notice("configuration reloaded");
@@ -674,7 +683,13 @@ int server_create(const struct daemon_config *cfg, int argc, char **argv, struct
         return vks_error_set(err, rc, "cannot create the event loop: %s", uv_strerror(rc));
     }
     struct sched_limits sl = sched_limits_of(cfg);
-    struct store_options so = store_options_of(cfg);
+    rc = cpool_create(&srv->loop, cfg->compile_threads, cfg->tenant_max_compiles, &srv->cpool);
+    if (rc != 0) {
+        uv_loop_close(&srv->loop);
+        free(srv);
+        return vks_error_set(err, rc, "cannot start the compile threads: %s", strerror(-rc));
+    }
+    struct store_options so = store_options_of(cfg, srv->cpool);
     rc = init_handles(srv, err);
     if (rc == 0 && sched_create(&sl, &srv->sched) != 0)
         rc = vks_error_set(err, -ENOMEM, "out of memory creating the scheduler");
@@ -717,6 +732,8 @@ void server_destroy(struct server *srv)
         session_close(srv->sessions[i - 1]);
     engine_close(srv->engine);
     srv->engine = NULL;
+    cpool_destroy(srv->cpool); /* stops compiles and runs their callbacks */
+    srv->cpool = NULL;
     close_listener(srv);
     close_handles(srv);
     uv_walk(&srv->loop, close_any, NULL);

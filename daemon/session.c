@@ -454,7 +454,7 @@ static void reply_catalog(struct session *s, const struct proto_request *req,
         memcpy(c->fingerprint, store_entry_fp(res->entry), PROTO_FP_LEN);
         if (res->source != NULL)
             memcpy(c->source, res->source, PROTO_FP_LEN);
-        c->cached = res->cached || res->compile_ns == 0;
+        c->cached = res->cached; /* per tenant: never says what others loaded */
         c->compile_ns = res->compile_ns;
         char *p = ids;
         for (uint32_t i = 0; i < n; i++) {
@@ -1104,6 +1104,8 @@ void session_close(struct session *s)
             sched_remove(server_sched(srv), &r->sj);
             server_counters(srv)->cancelled++;
             request_free(r);
+        } else if (r->req->op == PROTO_OP_CATALOG_LOAD) {
+            store_cancel(server_store(srv), r); /* its compile is no one's now */
         }
     }
     uv_close((uv_handle_t *)&s->poll, on_poll_closed);

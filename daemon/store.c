@@ -13,13 +13,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "cpool.h"
 #include "diskcache.h"
 #include "patfile.h"
 #include "store_internal.h"
 
+enum stop_why { STOP_NONE = 0, STOP_CLIENT_LEFT, STOP_TIMEOUT, STOP_SHUTDOWN };
+
 struct compile_job {
-    uv_work_t work;
+    struct cpool_job cj;
+    struct compile_job *next, *prev; /* st->compiles */
+    volatile uint64_t started_ms;    /* CLOCK_MONOTONIC ms when a thread took it; 0: queued */
+    enum stop_why why;
     struct store *st;
     uid_t uid;
     store_cb cb;
@@ -389,6 +396,7 @@ static void answer_source(struct store *st, uid_t uid, struct store_source *s,
 {
     bool is_load = load != NULL;
     struct store_entry *e = s->entry;
+    bool had = entry_owned(e, uid); /* cached only if THIS tenant had it */
     if (is_load) {
         struct vks_error err;
         int rc = take_ownership(st, e, uid, &err);
@@ -407,7 +415,8 @@ static void answer_source(struct store *st, uid_t uid, struct store_source *s,
     w->res.source = s->src;
     w->res.rejects = s->rejects;
     w->res.n_rejects = s->n_rejects;
-    w->res.cached = is_load;
+    w->res.cached = is_load && had;
+    w->res.compile_ns = is_load && !had ? s->compile_ns : 0;
     w->load = load;
     w->uid = uid;
     w->has = !is_load;
@@ -476,8 +485,10 @@ static int cmp_reject(const void *a, const void *b)
 static int compile_sources(struct compile_job *j, const struct rule_src *srcs,
                            const uint32_t *index, size_t n)
 {
-    struct rules_options ro = {.max_states = j->load->max_states};
+    struct rules_options ro = {.max_states = j->load->max_states, .cancel = &j->cj.cancel};
     int rc = rules_compile(srcs, n, &ro, &j->res, &j->err);
+    if (rc == -ECANCELED)
+        return rc; /* stopped: compile_done says why */
     if (rc != 0) {
         if (rc != -ENOMEM)
             vks_error_set(&j->err, -VKS_E_RULES, "the rule set cannot be compiled: %.200s",
@@ -560,9 +571,17 @@ static int compile_text(struct compile_job *j)
     return rc;
 }
 
-static void compile_work(uv_work_t *w)
+static uint64_t mono_ms(void)
 {
-    struct compile_job *j = w->data;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void compile_work(struct cpool_job *cj)
+{
+    struct compile_job *j = (struct compile_job *)(void *)cj;
+    j->started_ms = mono_ms();
     j->status = j->load->has_text ? compile_text(j) : compile_list(j);
 }
 
@@ -575,13 +594,36 @@ static void compile_job_free(struct compile_job *j)
 
 /* Files the compiled catalog under its fingerprint (sharing an equal one
  * that is already known), records the source and answers the load. */
-static void compile_done(uv_work_t *w, int status)
+/* A compile that stopped early answers why. */
+static void stopped(struct compile_job *j)
 {
-    struct compile_job *j = w->data;
+    const struct store *st = j->st;
+    if (j->why == STOP_TIMEOUT)
+        vks_error_set(&j->err, -VKS_E_TIMEOUT,
+                      "compiling the rule set took longer than %u ms (compile-timeout-ms): split "
+                      "it, lower max_states, or ask the administrator to raise the limit",
+                      st->opt.compile_timeout_ms);
+    else if (j->why == STOP_SHUTDOWN)
+        vks_error_set(&j->err, -VKS_E_SHUTDOWN,
+                      "vkscand is shutting down and stopped the compile: load again when it "
+                      "is back");
+    else
+        vks_error_set(&j->err, -ECANCELED, "the compile was cancelled: its client left");
+    j->status = j->err.code;
+}
+
+static void compile_done(struct compile_job *j, int status)
+{
     struct store *st = j->st;
     st->compiling--;
-    if (status == UV_ECANCELED && j->status == 0)
-        j->status = vks_error_set(&j->err, -ECANCELED, "the daemon is shutting down");
+    if (j->prev != NULL)
+        j->prev->next = j->next;
+    else
+        st->compiles = j->next;
+    if (j->next != NULL)
+        j->next->prev = j->prev;
+    if (status == -ECANCELED || j->status == -ECANCELED)
+        stopped(j);
     if (j->status != 0) {
         j->cb(j->ctx, j->status, &(struct store_result){0}, &j->err);
         compile_job_free(j);
@@ -611,6 +653,8 @@ static void compile_done(uv_work_t *w, int status)
         s = store_source_add(st, e, j->src, j->rejects, j->n_rejects);
         j->rejects = NULL;
         if (s != NULL)
+            s->compile_ns = j->res.compile_ns;
+        if (s != NULL)
             diskcache_save_source(st, s);
     }
     struct vks_error err;
@@ -636,10 +680,11 @@ static void compile_done(uv_work_t *w, int status)
     compile_job_free(j);
 }
 
-static void compile_after(uv_work_t *w, int status)
+static void compile_after(struct cpool_job *cj, int status)
 {
-    struct store *st = ((struct compile_job *)w->data)->st;
-    compile_done(w, status);
+    struct compile_job *j = (struct compile_job *)(void *)cj;
+    struct store *st = j->st;
+    compile_done(j, status);
     if (!store_busy(st) && st->idle != NULL)
         st->idle(st->idle_ctx);
 }
@@ -673,14 +718,49 @@ void store_load(struct store *st, uid_t uid, const struct proto_catalog_load *lo
     j->ctx = ctx;
     j->load = load;
     memcpy(j->src, src, CATALOG_FP_LEN);
-    j->work.data = j;
-    int rc = uv_queue_work(st->loop, &j->work, compile_work, compile_after);
-    if (rc != 0) {
-        fail(cb, ctx, -ENOMEM, "cannot queue the compile: %s", uv_strerror(rc));
-        free(j);
-        return;
-    }
+    j->cj.uid = uid;
+    j->cj.work = compile_work;
+    j->cj.done = compile_after;
+    j->next = st->compiles;
+    if (st->compiles != NULL)
+        st->compiles->prev = j;
+    st->compiles = j;
     st->compiling++;
+    cpool_submit(st->opt.pool, &j->cj);
+}
+
+static void stop_compile(struct store *st, struct compile_job *j, enum stop_why why)
+{
+    if (j->why == STOP_NONE)
+        j->why = why;
+    cpool_cancel(st->opt.pool, &j->cj);
+}
+
+void store_cancel(struct store *st, void *ctx)
+{
+    for (struct compile_job *j = st->compiles; j != NULL; j = j->next) {
+        if (j->ctx == ctx)
+            stop_compile(st, j, STOP_CLIENT_LEFT);
+    }
+}
+
+void store_shutdown(struct store *st)
+{
+    for (struct compile_job *j = st->compiles; j != NULL; j = j->next)
+        stop_compile(st, j, STOP_SHUTDOWN);
+}
+
+void store_sweep(struct store *st)
+{
+    uint32_t limit = st->opt.compile_timeout_ms;
+    if (limit == 0 || st->compiles == NULL)
+        return;
+    uint64_t now = mono_ms();
+    for (struct compile_job *j = st->compiles; j != NULL; j = j->next) {
+        uint64_t t = j->started_ms;
+        if (t != 0 && now - t >= limit)
+            stop_compile(st, j, STOP_TIMEOUT);
+    }
 }
 
 /* ---- has, acquire, drop ----------------------------------------------- */

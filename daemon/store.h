@@ -30,6 +30,7 @@
 #include "proto.h"
 #include "rules.h"
 
+struct cpool;
 struct store;
 struct store_entry;
 
@@ -37,6 +38,8 @@ struct store_options {
     const char *state_dir;        /* "" or NULL: no disk cache */
     uint64_t host_budget;         /* bytes of idle catalogs kept in memory */
     uint32_t tenant_max_catalogs; /* catalogs one uid may hold */
+    struct cpool *pool;           /* compiles run here (borrowed; the server's) */
+    uint32_t compile_timeout_ms;  /* a compile running longer stops: TIMEOUT; 0 = none */
 };
 
 struct store_stats {
@@ -61,8 +64,9 @@ struct store_result {
     const uint8_t *source;     /* source fingerprint, or NULL when not known */
     const struct rule_reject *rejects;
     size_t n_rejects;
-    bool cached;         /* load: no compile ran */
-    uint64_t compile_ns; /* load: the compile time, 0 when cached */
+    bool cached;         /* load: this tenant held the catalog already */
+    uint64_t compile_ns; /* load: the compile time (when it compiled, or when it first
+                          * compiled since start for a tenant new to it), 0 when cached */
 };
 
 /* `status` is 0, or a negative code (-VKS_E_*, -errno) with `err` filled. */
@@ -103,6 +107,18 @@ void store_set_forget(struct store *st, store_forget_fn fn, void *ctx);
  */
 void store_load(struct store *st, uid_t uid, const struct proto_catalog_load *load, store_cb cb,
                 void *ctx);
+
+/* The client of the load whose callback context is `ctx` left: its compile
+ * stops (at the compiler's next group); the callback still runs, with
+ * -ECANCELED. No effect when `ctx` has no compile in flight. */
+void store_cancel(struct store *st, void *ctx);
+
+/* SIGTERM drain: every compile stops; their loads get -VKS_E_SHUTDOWN. */
+void store_shutdown(struct store *st);
+
+/* Stops compiles running longer than compile_timeout_ms; their loads get
+ * -VKS_E_TIMEOUT. Called from the server's sweep timer. */
+void store_sweep(struct store *st);
 
 /*
  * catalog.has: `known` is true only when `uid` holds the catalog (by catalog

@@ -28,7 +28,10 @@ struct store_source {
     struct store_entry *entry;
     struct rule_reject *rejects;
     size_t n_rejects;
+    uint64_t compile_ns; /* what compiling it took, when this run compiled it; else 0 */
 };
+
+struct compile_job;
 
 struct waiter {
     struct waiter *next;
@@ -72,6 +75,7 @@ struct store {
     struct disk_op *disk_head, *disk_tail;
     bool disk_running;
     unsigned compiling;
+    struct compile_job *compiles; /* in flight, for cancelling */
     store_forget_fn forget;
     void *forget_ctx;
     void (*idle)(void *ctx);

@@ -328,7 +328,9 @@ static int build_group(struct ctx *c, const uint32_t *idx, uint32_t n, bool mini
     if (rc != 0)
         return rc;
     uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
+    dfa_cancel = c->opt->cancel;
     rc = dfa_build(&nfa, budget, &g->dfa);
+    dfa_cancel = NULL;
     g->asserts = nfa.has_cond;
     nfa_finish(&nfa);
     if (rc == 0 && minimise && !c->opt->no_minimise)

@@ -688,6 +688,8 @@ static int renumber_accepting_last(struct dfa *d)
     return 0;
 }
 
+_Thread_local const volatile int *dfa_cancel;
+
 int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out)
 {
     struct builder b;
@@ -701,8 +703,12 @@ int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out)
     }
     if (rc == 0)
         b.acc_first[0] = 0;
-    for (uint32_t s = 0; s < b.n_states && rc == 0; s++)
-        rc = expand(&b, s);
+    for (uint32_t s = 0; s < b.n_states && rc == 0; s++) {
+        if ((s & 255u) == 0 && dfa_cancel != NULL && *dfa_cancel != 0)
+            rc = -ECANCELED;
+        else
+            rc = expand(&b, s);
+    }
     if (rc == 0) {
         out->n_states = b.n_states;
         out->n_classes = b.n_classes;

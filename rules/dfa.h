@@ -32,6 +32,11 @@ struct dfa {
  */
 int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out);
 
+/* This thread's cancel flag for dfa_build (rules_options.cancel, set by the
+ * compiler around each build): non-zero stops the subset construction with
+ * -ECANCELED every 256 states. NULL: never. */
+extern _Thread_local const volatile int *dfa_cancel;
+
 /* Minimises in place (Moore's partition refinement); keeps accepting-last
  * numbering. Returns 0 or -ENOMEM. */
 int dfa_minimise(struct dfa *d);
