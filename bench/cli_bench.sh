@@ -46,8 +46,10 @@ for _ in $(seq 600); do grep -q "ready on" "$OUT/vkscand.log" && break; sleep 0.
 # vkscan_s: median wall time of `vkscan scan -c` (warm daemon, warm cache).
 # hs_scan_s: median Hyperscan scan time (compiled, file mapped); hs_wall_s:
 # median wall time of the whole hs_file process (compile, map, one scan).
-# x_hs: hs_scan_s / vkscan_s (above 1: vkscan is faster).
-printf '%-28s %8s %10s %10s %10s %10s %8s %10s\n' set MiB vkscan_s vk_GB/s hs_scan_s hs_wall_s \
+# x_hs: hs_scan_s / vkscan_s (above 1: vkscan is faster). hs_matches: what the
+# split Hyperscan scan counted (chunks overlap, so a few may count twice);
+# vk_matches: the sum of `vkscan scan -c`'s counts (exact).
+printf '%-28s %8s %10s %10s %10s %10s %8s %10s %10s\n' set MiB vkscan_s vk_GB/s hs_scan_s hs_wall_s \
     x_hs hs_matches
 for rules in "$DATA"/*.rules; do
     name=$(basename "$rules" .rules)
@@ -59,6 +61,10 @@ for rules in "$DATA"/*.rules; do
     # The first scan compiles (or reads from the disk cache) and warms the
     # pipelines: untimed, as a user's second run.
     "$BUILD/client/vkscan" --socket "$sock" scan -c -r "$rules" "$file" >"$OUT/$name.first" 2>&1
+    if [ $? -gt 1 ]; then
+        echo "$name: vkscan scan failed: $(grep -v warning "$OUT/$name.first" | head -n 2)"
+        continue
+    fi
     : >"$OUT/$name.vk"
     for _ in $(seq "$ITERS"); do
         t0=$(now)
@@ -79,8 +85,9 @@ for rules in "$DATA"/*.rules; do
     echo "$hs" >"$OUT/$name.hs"
     hs_scan=$(echo "$hs" | sed -n 's/.*scan_s_median \([0-9.]*\).*/\1/p')
     matches=$(echo "$hs" | sed -n 's/.*matches \([0-9]*\).*/\1/p')
+    vk_matches=$(awk -F: '{s += $NF} END {print s + 0}' "$OUT/$name.count")
     vk_gbps=$(awk -v m="$SIZE_MIB" -v t="$vk" 'BEGIN {print m * 1048576 / t / 1e9}')
     speedup=$(awk -v h="$hs_scan" -v t="$vk" 'BEGIN {print h / t}')
-    printf '%-28s %8d %10.3f %10.2f %10.4f %10.3f %8.2f %10s\n' "$name" "$SIZE_MIB" "$vk" \
-        "$vk_gbps" "$hs_scan" "$hsw" "$speedup" "$matches"
+    printf '%-28s %8d %10.3f %10.2f %10.4f %10.3f %8.2f %10s %10s\n' "$name" "$SIZE_MIB" "$vk" \
+        "$vk_gbps" "$hs_scan" "$hsw" "$speedup" "$matches" "$vk_matches"
 done

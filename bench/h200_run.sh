@@ -6,6 +6,7 @@
 # files and haystacks for cli_bench (bench/cli_bench.sh). Results go to $OUT.
 #
 #   bench/h200_run.sh BUILD DATA [what...]   what: tests scan cli rpc (default all)
+# SHARED: a copy of ../shared/data for scan_bench's real-data workloads.
 set -u
 BUILD=${1:?usage: h200_run.sh BUILD DATA [tests] [scan] [cli] [rpc]}
 DATA=${2:?usage: h200_run.sh BUILD DATA [tests] [scan] [cli] [rpc]}
@@ -15,6 +16,12 @@ OUT=${OUT:-/tmp/vks-out}
 mkdir -p "$OUT"
 for f in .gl/*.deb; do dpkg -x "$f" / >/dev/null 2>&1; done
 ldconfig
+# Libraries the host may lack but whose neighbours it has in newer versions
+# (libarchive and what only it needs): kept apart, found by the loader path.
+if [ -d .gl/extra ]; then
+    for f in .gl/extra/*.deb; do dpkg -x "$f" /opt/vks-extra >/dev/null 2>&1; done
+    export LD_LIBRARY_PATH=/opt/vks-extra/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 nproc | sed 's/^/cores /'
@@ -29,7 +36,7 @@ if has tests; then
     done
 fi
 if has scan; then
-    timeout 400 "$BUILD/bench/scan_bench" ${SCAN_ARGS:---iters 5} >"$OUT/scan_bench.txt" 2>&1
+    timeout 400 "$BUILD/bench/scan_bench" ${SCAN_ARGS:---iters 5} ${SHARED:+--data $SHARED} >"$OUT/scan_bench.txt" 2>&1
     echo "scan_bench exit $?"
     cat "$OUT/scan_bench.txt" | tail -n 40
 fi
