@@ -151,6 +151,7 @@ struct scan {
     struct ruleset rs;
     struct walk *walk;
     bool color;
+    bool telemetry; /* VKSCAN_TELEMETRY set */
     uint8_t fp[VKS_FP_LEN];
     size_t batch_files; /* files per request */
     uint64_t batch_bytes;
@@ -174,6 +175,25 @@ struct scan {
     bool printing; /* batch_print runs */
 };
 
+/* VKSCAN_TELEMETRY set: the reply's telemetry of each request on standard
+ * error, one line (where a scan's time went: queue, fd reads, upload, run,
+ * readback). */
+static void print_telemetry(const struct batch *b)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&mu);
+    fprintf(stderr, "vkscan: telemetry (%zu buffers):", b->n);
+    for (size_t i = 0; i < b->res.n_telemetry; i++) {
+        const struct vks_stat *t = &b->res.telemetry[i];
+        if (t->is_float)
+            fprintf(stderr, " %s=%g", t->key, t->f);
+        else
+            fprintf(stderr, " %s=%llu", t->key, (unsigned long long)t->u);
+    }
+    fputc('\n', stderr);
+    pthread_mutex_unlock(&mu);
+}
+
 /* Scans one batch on a worker's connection. BUSY is retried with backoff;
  * UNKNOWN_CATALOG (the daemon evicted or restarted without its cache) loads
  * the rules again once. */
@@ -184,6 +204,8 @@ static int scan_batch(struct worker *w, struct batch *b)
     bool reloaded = false;
     for (unsigned attempt = 0;; attempt++) {
         int rc = vks_client_scan(w->client, s->fp, b->bufs, b->n, &so, &b->res, &b->err);
+        if (rc == 0 && s->telemetry)
+            print_telemetry(b);
         if (rc == -VKS_E_BUSY && attempt < 8) {
             usleep(50000u << (attempt < 5 ? attempt : 5));
             continue;
@@ -880,6 +902,8 @@ static int run_scan(struct scan_opts *opt, int n_paths, char **paths)
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
     s.color = color_wanted(opt->color_mode) && !opt->json;
+    const char *tv = getenv("VKSCAN_TELEMETRY");
+    s.telemetry = tv != NULL && tv[0] != '\0' && strcmp(tv, "0") != 0;
     s.t0 = now_s();
     int status = walk_create(&opt->walk, &s.walk) != 0 ? 2 : 0;
     if (status == 0)
