@@ -729,6 +729,11 @@ static struct node *parse_class(struct parser *p, const struct pflags *fl)
         if (lo >= 0 && !p->quote && peek(p, 0) == '-' && peek(p, 1) >= 0 && peek(p, 1) != ']') {
             p->i++;
             class_skip_quotes(p);
+            if (!p->quote && peek(p, 0) == ']') { /* [a-\E]: the '-' is last */
+                byteset_add(&s, (unsigned)lo);
+                byteset_add(&s, '-');
+                continue;
+            }
             size_t hi_at = p->i;
             int hi = p->i < p->len ? class_atom(p, &s) : -1;
             if (hi == -1) {
