@@ -659,6 +659,37 @@ START_TEST(test_stats_per_tenant)
 }
 END_TEST
 
+static int admin_stats(const struct daemon *d, void *arg)
+{
+    (void)arg;
+    struct vks_client *c = NULL;
+    if (vks_client_connect(d->sock, NULL, &c, NULL) != 0)
+        return 1;
+    struct vks_stats st = {0};
+    if (vks_client_stats(c, &st, NULL) != 0)
+        return 2;
+    const struct vks_stat *a = vks_stat_find(st.stats, st.n_stats, "admin");
+    int fail = vks_stat_find(st.stats, st.n_stats, "scans") == NULL || a == NULL || a->u != 1;
+    vks_stats_finish(&st);
+    vks_client_close(c);
+    return fail ? 4 : 0;
+}
+
+/* A member of admin-gids sees the service-wide figures like root. */
+START_TEST(test_stats_admin_gids)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_stats_admin_gids: needs root to switch uid; skipped\n");
+        return;
+    }
+    struct daemon d;
+    const char *const flags[] = {"--admin-gids", "65534", NULL};
+    daemon_start(&d, flags);
+    ck_assert_int_eq(as_uid(&d, 65534, admin_stats, NULL), 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* ---- 12: SIGTERM with pipelined requests unread ----------------------- */
 
 START_TEST(test_drain_answers_unread)
@@ -1136,6 +1167,7 @@ Suite *attack_suite(void)
     tcase_add_test(tc, test_idle_timeout);
     tcase_add_test(tc, test_accept_emfile);
     tcase_add_test(tc, test_stats_per_tenant);
+    tcase_add_test(tc, test_stats_admin_gids);
     tcase_add_test(tc, test_drain_answers_unread);
     tcase_add_test(tc, test_small_scan_not_behind_backlog);
     tcase_add_test(tc, test_replies_are_utf8);
