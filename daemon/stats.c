@@ -146,6 +146,7 @@ void stats_collect_as(struct server *srv, uid_t uid, bool admin, struct stats_li
     stats_add_u(l, "catalog_host_bytes", ss.host_bytes);
     stats_add_u(l, "catalog_compiles", ss.compiles);
     stats_add_u(l, "catalog_compile_ns", ss.compile_ns);
+    stats_add_u(l, "catalog_compiles_stopped", ss.compiles_stopped);
     stats_add_u(l, "catalog_disk_hits", ss.disk_loads);
     stats_add_u(l, "catalog_disk_read_failures", ss.disk_read_failures);
     stats_add_u(l, "catalog_memory_hits", ss.memory_hits);

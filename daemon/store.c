@@ -622,8 +622,10 @@ static void compile_done(struct compile_job *j, int status)
         st->compiles = j->next;
     if (j->next != NULL)
         j->next->prev = j->prev;
-    if (status == -ECANCELED || j->status == -ECANCELED)
+    if (status == -ECANCELED || j->status == -ECANCELED) {
         stopped(j);
+        st->stats.compiles_stopped++;
+    }
     if (j->status != 0) {
         j->cb(j->ctx, j->status, &(struct store_result){0}, &j->err);
         compile_job_free(j);

@@ -48,6 +48,7 @@ struct store_stats {
     uint64_t host_bytes;  /* packed bytes in memory */
     uint64_t compiles;    /* rule sets compiled since start */
     uint64_t compile_ns;  /* time spent compiling */
+    uint64_t compiles_stopped; /* compiles stopped: timeout, client gone, shutdown */
     uint64_t disk_loads;  /* catalogs read back from the disk cache */
     uint64_t disk_read_failures; /* cached catalogs found unreadable, deleted */
     uint64_t memory_hits; /* has/load/scan lookups that found the catalog in memory */

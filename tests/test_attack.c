@@ -1062,6 +1062,29 @@ START_TEST(test_compile_timeout)
 }
 END_TEST
 
+/* A compile whose client left stops: the next load (one compile thread)
+ * answers before that compile could have finished. */
+START_TEST(test_compile_stops_when_client_leaves)
+{
+    struct daemon d;
+    const char *const flags[] = {"--compile-threads", "1", NULL};
+    daemon_start(&d, flags);
+    int a = raw_connect(&d);
+    send_slow_load(a, 1, 40, 60, 0);
+    struct vks_client *c = connect_ok(&d);
+    /* Once A's compile runs (catalog.has answers after a loop turn), A leaves. */
+    ck_assert_int_eq(vks_client_ping(c, NULL), 0);
+    close(a);
+    static const struct vks_rule one[] = {{"x", VKS_RULE_LITERAL, "after", 0, NULL}};
+    struct vks_catalog *cat = load_ok(c, one, 1);
+    ck_assert_uint_eq(stat_of(c, "catalog_compiles"), 1); /* only this one finished */
+    ck_assert_uint_eq(stat_of(c, "catalog_compiles_stopped"), 1);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* ---- 11: catalog.load says `cached` only for what this tenant had ----- */
 
 static int load_twice(const struct daemon *d, void *arg)
@@ -1175,6 +1198,7 @@ Suite *attack_suite(void)
     tcase_add_test(tc, test_max_states_ceiling);
     tcase_add_test(tc, test_compiles_isolated_and_drained);
     tcase_add_test(tc, test_compile_timeout);
+    tcase_add_test(tc, test_compile_stops_when_client_leaves);
     tcase_add_test(tc, test_cached_per_tenant);
     suite_add_tcase(s, tc);
     return s;
