@@ -23,7 +23,7 @@
 #include "store.h"
 
 #define FRAMES_PER_WAKEUP 16u
-#define OUT_HIGH_WATER    (8u << 20) /* unsent reply bytes before we stop reading */
+#define OUT_HIGH_WATER    (8u << 20)  /* unsent reply bytes before we stop reading */
 #define SMALL_FRAME       (64u << 10) /* frames up to this size skip the frame budget */
 
 /* One request with work in flight (compile, disk load, queued or running
@@ -54,9 +54,9 @@ struct session {
     bool rdhup_seen; /* stop watching UV_DISCONNECT (level-triggered) */
     bool paused;     /* backpressure */
     bool close_when_done;
-    bool denied; /* not in allow-uids / allow-gids: the first request gets DENIED */
-    bool admin;       /* root or in admin-gids: stats shows every tenant */
-    bool budget_wait; /* a frame's body waits for the frame budget */
+    bool denied;       /* not in allow-uids / allow-gids: the first request gets DENIED */
+    bool admin;        /* root or in admin-gids: stats shows every tenant */
+    bool budget_wait;  /* a frame's body waits for the frame budget */
     uint64_t reserved; /* frame-budget bytes this session holds */
     uint64_t t_frame;  /* uv_now when the current frame started (or reading resumed); 0: none */
     uint64_t t_active; /* uv_now of the last sign of life (frame in, reply out) */
@@ -289,8 +289,8 @@ static bool may_read(struct session *s)
      * still read, to be answered with SHUTDOWN. */
     if (s->closed || s->fatal || s->eof)
         return false;
-    uint64_t high = cfg->max_unsent_bytes / 2 < OUT_HIGH_WATER ? cfg->max_unsent_bytes / 2
-                                                                : OUT_HIGH_WATER;
+    uint64_t high =
+        cfg->max_unsent_bytes / 2 < OUT_HIGH_WATER ? cfg->max_unsent_bytes / 2 : OUT_HIGH_WATER;
     bool over = sched_tenant_over(server_sched(s->srv), s->tenant) ||
                 s->n_reqs >= cfg->tenant_max_requests || s->out.len - s->out_off >= high;
     if (over && !s->paused)
@@ -407,7 +407,8 @@ static void op_hello(struct session *s, const struct proto_request *req)
                                         .name = d->name,
                                         .type = device_type(d->type),
                                         .memory = local_memory(d),
-                                        .active = d->index < 32 && (info->active_devices >> d->index & 1)};
+                                        .active = d->index < 32 &&
+                                                  (info->active_devices >> d->index & 1)};
     }
     struct proto_reply rep = {.id = req->id, .op = req->op};
     rep.u.hello = (struct proto_hello_reply){.version = chosen,

@@ -387,8 +387,7 @@ static int read_mode(struct dec *d, enum proto_report *mode)
     return 0;
 }
 
-static int read_scan_buffers(struct dec *d, struct proto_request *req,
-                             const struct proto_frame *fr)
+static int read_scan_buffers(struct dec *d, struct proto_request *req, const struct proto_frame *fr)
 {
     return read_buffers(d, &req->u.scan, fr);
 }

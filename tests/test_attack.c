@@ -88,9 +88,9 @@ static void daemon_start_lim(struct daemon *d, const char *const *extra, rlim_t 
     d->pid = fork();
     ck_assert_int_ge(d->pid, 0);
     if (d->pid == 0) {
-        const char *argv[48] = {bin,         "--socket",  d->sock,   "--state-dir", d->state,
-                                "--engine",  "cpu",       "--config", "",           "--socket-mode",
-                                "0666",      "--log-level", "warning"};
+        const char *argv[48] = {
+            bin, "--socket",      d->sock, "--state-dir", d->state, "--engine", "cpu", "--config",
+            "",  "--socket-mode", "0666",  "--log-level", "warning"};
         int n = 13;
         for (int i = 0; extra != NULL && extra[i] != NULL && n < 47; i++)
             argv[n++] = extra[i];
@@ -438,7 +438,7 @@ START_TEST(test_half_sent_frames)
 {
     struct daemon d;
     const char *const flags[] = {"--max-frame", "4M", "--frame-budget", "1M", "--frame-timeout-ms",
-                                 "60000", NULL};
+                                 "60000",       NULL};
     daemon_start(&d, flags);
     expect_ping_ok(&d);
     uint64_t rss0 = rss_of(d.pid);
@@ -482,7 +482,11 @@ START_TEST(test_frame_timeout)
     ck_assert_int_eq(send(a, "\0\0", 2, 0), 2);
     /* A header and half a body, then silence. */
     int b = raw_connect(&d);
-    ck_assert_int_eq(send(b, "\0\0\0\x10" "abcdefgh", 12, 0), 12);
+    ck_assert_int_eq(send(b,
+                          "\0\0\0\x10"
+                          "abcdefgh",
+                          12, 0),
+                     12);
     expect_error(a, 0, VKS_E_TIMEOUT, true);
     expect_error(b, 0, VKS_E_TIMEOUT, true);
     close(a);
@@ -513,8 +517,13 @@ START_TEST(test_tenant_connection_cap)
         return;
     }
     struct daemon d;
-    const char *const flags[] = {"--tenant-max-connections", "4", "--max-connections", "6",
-                                 "--idle-timeout-ms", "600000", NULL};
+    const char *const flags[] = {"--tenant-max-connections",
+                                 "4",
+                                 "--max-connections",
+                                 "6",
+                                 "--idle-timeout-ms",
+                                 "600000",
+                                 NULL};
     daemon_start(&d, flags);
     int fds[4];
     for (int i = 0; i < 4; i++) {
@@ -648,8 +657,7 @@ START_TEST(test_stats_per_tenant)
     uint8_t data[] = "a needle here";
     struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = data, .len = sizeof(data) - 1};
     struct vks_scan_result res = {0};
-    ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, NULL, &res, NULL),
-                     0);
+    ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, NULL, &res, NULL), 0);
     vks_scan_result_finish(&res);
     ck_assert_int_eq(as_uid(&d, 65534, other_stats, NULL), 0);
     ck_assert_uint_eq(stat_of(c, "scans"), 1); /* root sees the service */
@@ -695,8 +703,8 @@ END_TEST
 START_TEST(test_drain_answers_unread)
 {
     struct daemon d;
-    const char *const flags[] = {"--tenant-max-requests", "1", "--max-scan-bytes", "1G",
-                                 "--tenant-max-bytes", "1G", NULL};
+    const char *const flags[] = {
+        "--tenant-max-requests", "1", "--max-scan-bytes", "1G", "--tenant-max-bytes", "1G", NULL};
     daemon_start(&d, flags);
     struct vks_client *c = connect_ok(&d);
     struct vks_catalog *cat = load_ok(c, rules, N_RULES);
@@ -720,8 +728,8 @@ START_TEST(test_drain_answers_unread)
     msgpack_pack_map(&pk, 1);
     pack_str(&pk, "fd");
     msgpack_pack_uint32(&pk, 0);
-    uint8_t hdr[4] = {(uint8_t)(sb.size >> 24), (uint8_t)(sb.size >> 16),
-                      (uint8_t)(sb.size >> 8), (uint8_t)sb.size};
+    uint8_t hdr[4] = {(uint8_t)(sb.size >> 24), (uint8_t)(sb.size >> 16), (uint8_t)(sb.size >> 8),
+                      (uint8_t)sb.size};
     ck_assert_int_eq(proto_send(fd, hdr, 4, &mfd, 1, 10000, NULL), 0);
     ck_assert_int_eq(proto_send(fd, sb.data, sb.size, NULL, 0, 10000, NULL), 0);
     msgpack_sbuffer_destroy(&sb);
@@ -807,8 +815,15 @@ START_TEST(test_small_scan_not_behind_backlog)
         return;
     }
     struct daemon d;
-    const char *const flags[] = {"--inflight-batches", "1", "--batch-max-ms", "1",
-                                 "--max-scan-bytes", "1G", "--tenant-max-bytes", "2G", NULL};
+    const char *const flags[] = {"--inflight-batches",
+                                 "1",
+                                 "--batch-max-ms",
+                                 "1",
+                                 "--max-scan-bytes",
+                                 "1G",
+                                 "--tenant-max-bytes",
+                                 "2G",
+                                 NULL};
     daemon_start(&d, flags);
     struct vks_client *c = connect_ok(&d);
     struct vks_catalog *cat = load_ok(c, rules, N_RULES);
@@ -843,8 +858,8 @@ START_TEST(test_small_scan_not_behind_backlog)
     msgpack_pack_map(&pk, 1);
     pack_str(&pk, "fd");
     msgpack_pack_uint32(&pk, 0);
-    uint8_t hdr[4] = {(uint8_t)(sb.size >> 24), (uint8_t)(sb.size >> 16),
-                      (uint8_t)(sb.size >> 8), (uint8_t)sb.size};
+    uint8_t hdr[4] = {(uint8_t)(sb.size >> 24), (uint8_t)(sb.size >> 16), (uint8_t)(sb.size >> 8),
+                      (uint8_t)sb.size};
     ck_assert_int_eq(proto_send(a, hdr, 4, &mfd, 1, 10000, NULL), 0);
     ck_assert_int_eq(proto_send(a, sb.data, sb.size, NULL, 0, 10000, NULL), 0);
     msgpack_sbuffer_destroy(&sb);
@@ -874,7 +889,8 @@ START_TEST(test_small_scan_not_behind_backlog)
     int st;
     ck_assert_int_eq(waitpid(child, &st, 0), child);
     ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    ck_assert_msg(b_batch < last_a, "B's scan ran in batch %llu, after A's whole backlog (last %llu)",
+    ck_assert_msg(b_batch < last_a,
+                  "B's scan ran in batch %llu, after A's whole backlog (last %llu)",
                   (unsigned long long)b_batch, (unsigned long long)last_a);
     close(a);
     vks_catalog_destroy(cat);
@@ -894,7 +910,10 @@ START_TEST(test_replies_are_utf8)
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    pack_head(&pk, 5, "sc\xff\xfe\xc0\xaf" "an", 0);
+    pack_head(&pk, 5,
+              "sc\xff\xfe\xc0\xaf"
+              "an",
+              0);
     raw_frame(fd, &sb);
     msgpack_sbuffer_clear(&sb);
     struct proto_reply *rep = raw_reply(fd);

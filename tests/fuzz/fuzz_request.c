@@ -35,15 +35,15 @@ static void pack_s(struct gen *g, const char *s)
     msgpack_pack_str_body(&g->pk, s, strlen(s));
 }
 
-static const char *const ops[] = {"hello", "ping",  "catalog.load", "catalog.has",
-                                  "catalog.drop", "scan", "stats",  "sc\xffn"};
+static const char *const ops[] = {"hello",        "ping", "catalog.load", "catalog.has",
+                                  "catalog.drop", "scan", "stats",        "sc\xffn"};
 static const char *const fields[] = {
-    "version", "min_version", "client",  "rules",    "text",   "max_states", "fingerprint",
-    "source",  "catalog",     "buffers", "mode",     "max_hits", "timeout_ms", "ids",
-    "id",      "kind",        "pattern", "flags",    "data",   "fd",         "offset",
-    "length",  "op",          "unknown"};
-static const char *const words[] = {"literal", "hex",  "regex",  "all", "first",
-                                    "count",   "abc",  "i",      "",    "de ad ?? ef",
+    "version",     "min_version", "client",  "rules",   "text",    "max_states",
+    "fingerprint", "source",      "catalog", "buffers", "mode",    "max_hits",
+    "timeout_ms",  "ids",         "id",      "kind",    "pattern", "flags",
+    "data",        "fd",          "offset",  "length",  "op",      "unknown"};
+static const char *const words[] = {"literal", "hex",  "regex",  "all",    "first",
+                                    "count",   "abc",  "i",      "",       "de ad ?? ef",
                                     "a(b",     "\xc3", "needle", "x{1,5}y"};
 
 static void value(struct gen *g, int depth);
