@@ -244,7 +244,124 @@ static int cmp_rule_end(const void *a, const void *b)
     return x->end < y->end ? -1 : x->end > y->end;
 }
 
+/* Sorts `n` keys ascending: LSD radix on 16-bit digits, skipping the digits
+ * in which every key agrees. `tmp` holds `n` keys. */
+static void radix_sort_u64(uint64_t *k, uint64_t *tmp, size_t n)
+{
+    uint64_t all_or = 0, all_and = ~0ull;
+    for (size_t i = 0; i < n; i++) {
+        all_or |= k[i];
+        all_and &= k[i];
+    }
+    static const unsigned bits = 16;
+    uint32_t *count = malloc(((size_t)1 << bits) * sizeof(*count));
+    if (count == NULL) { /* fall back to a comparison sort */
+        for (size_t i = 1; i < n; i++) {
+            uint64_t x = k[i];
+            size_t j = i;
+            for (; j > 0 && k[j - 1] > x; j--)
+                k[j] = k[j - 1];
+            k[j] = x;
+        }
+        return;
+    }
+    uint64_t *src = k, *dst = tmp;
+    for (unsigned shift = 0; shift < 64; shift += bits) {
+        uint64_t mask = (((uint64_t)1 << bits) - 1) << shift;
+        if (((all_or ^ all_and) & mask) == 0)
+            continue; /* every key has the same digit here */
+        memset(count, 0, ((size_t)1 << bits) * sizeof(*count));
+        for (size_t i = 0; i < n; i++)
+            count[(src[i] >> shift) & 0xffff]++;
+        uint32_t sum = 0;
+        for (size_t d = 0; d < ((size_t)1 << bits); d++) {
+            uint32_t c = count[d];
+            count[d] = sum;
+            sum += c;
+        }
+        for (size_t i = 0; i < n; i++)
+            dst[count[(src[i] >> shift) & 0xffff]++] = src[i];
+        uint64_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != k)
+        memcpy(k, src, n * sizeof(*k));
+    free(count);
+}
+
+/* Hit lists this long take the radix path (below it, sorting is cheap and a
+ * per-rule table would cost more than it saves). */
+#define FINALIZE_RADIX_MIN 4096u
+#define KEY_RULE_BITS      24u
+#define KEY_END_LIMIT      ((uint64_t)1 << (64 - KEY_RULE_BITS))
+
+/* The radix path of scan_hits_finalize, with the same result: keys
+ * (end, rule) in one sort, duplicates adjacent, and per rule its first
+ * entry's index (count mode) or whether it was seen (single-match rules).
+ * Returns false when it cannot run (keys do not fit, no memory). */
+static bool finalize_radix(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode)
+{
+    uint32_t n_rules = catalog_rule_count(cat);
+    if (n_rules >= ((uint32_t)1 << KEY_RULE_BITS))
+        return false;
+    size_t n = h->n;
+    uint64_t *key = malloc(2 * n * sizeof(*key));
+    uint32_t *first = malloc((size_t)n_rules * sizeof(*first)); /* entry + 1, 0: unseen */
+    uint8_t *single = malloc(n_rules ? n_rules : 1);
+    bool ok = key != NULL && first != NULL && single != NULL;
+    for (size_t i = 0; ok && i < n; i++) {
+        if (h->v[i].end >= KEY_END_LIMIT || h->v[i].rule >= n_rules)
+            ok = false;
+        else
+            key[i] = h->v[i].end << KEY_RULE_BITS | h->v[i].rule;
+    }
+    if (!ok) {
+        free(key);
+        free(first);
+        free(single);
+        return false;
+    }
+    memset(first, 0, (size_t)n_rules * sizeof(*first));
+    radix_sort_u64(key, key + n, n);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && key[i] == key[i - 1])
+            continue; /* one report per (rule, end) */
+        uint32_t rule = (uint32_t)(key[i] & ((1u << KEY_RULE_BITS) - 1));
+        uint64_t end = key[i] >> KEY_RULE_BITS;
+        if (first[rule] == 0) {
+            struct catalog_rule r;
+            catalog_rule(cat, rule, &r);
+            single[rule] = (r.flags & RULE_F_SINGLEMATCH) || mode == SCAN_FIRST;
+        } else if (single[rule]) {
+            continue;
+        } else if (mode == SCAN_COUNT) {
+            h->v[first[rule] - 1].count++;
+            continue;
+        }
+        /* k <= i: entries are written behind the keys being read */
+        h->v[k] = (struct scan_hit){.rule = rule, .count = 1, .end = end};
+        if (first[rule] == 0)
+            first[rule] = (uint32_t)k + 1;
+        k++;
+    }
+    h->n = k;
+    free(key);
+    free(first);
+    free(single);
+    return true;
+}
+
 void scan_hits_finalize(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode)
+{
+    if (h->n >= FINALIZE_RADIX_MIN && h->n < UINT32_MAX && finalize_radix(h, cat, mode))
+        return;
+    scan_hits_finalize_sorting(h, cat, mode);
+}
+
+void scan_hits_finalize_sorting(struct scan_hits *h, const struct catalog *cat,
+                                enum scan_mode mode)
 {
     if (h->n == 0)
         return;

@@ -71,6 +71,12 @@ int scan_hits_push(struct scan_hits *h, uint32_t rule, uint64_t end, uint32_t co
  * into the reply a client sees. */
 void scan_hits_finalize(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode);
 
+/* The same by two comparison sorts: what scan_hits_finalize does for short
+ * lists, and the reference its radix path (long lists: one radix sort of
+ * (end, rule) keys, per-rule tables) is tested against. */
+void scan_hits_finalize_sorting(struct scan_hits *h, const struct catalog *cat,
+                                enum scan_mode mode);
+
 void scan_hits_finish(struct scan_hits *h);
 
 #endif

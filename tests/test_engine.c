@@ -839,6 +839,47 @@ START_TEST(test_small_batches_overflow_to_gpu)
 }
 END_TEST
 
+/* Long hit lists take scan_hits_finalize's radix path; it must give exactly
+ * what the two-sort reference gives, in every mode, with duplicate
+ * (rule, end) pairs and a single-match rule ("once"). */
+START_TEST(test_finalize_radix_equals_sorting)
+{
+    struct catalog *cat = compile(bounded, N_BOUNDED);
+    uint32_t n_rules = catalog_rule_count(cat);
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+        for (uint32_t round = 0; round < 4; round++) {
+            struct scan_hits a = {0}, b = {0};
+            uint32_t n = 5000 + rnd(20000);
+            uint64_t span = round == 3 ? 50 : 1u << (8 + 4 * round); /* dense to sparse */
+            for (uint32_t i = 0; i < n; i++) {
+                uint32_t rule = rnd(n_rules);
+                uint64_t end = 1 + (uint64_t)rnd((uint32_t)span) * (round == 2 ? 4096 : 1);
+                ck_assert_int_eq(scan_hits_push(&a, rule, end, 1), 0);
+                if (rnd(4) == 0) /* an exact duplicate */
+                    ck_assert_int_eq(scan_hits_push(&a, rule, end, 1), 0);
+            }
+            for (size_t i = 0; i < a.n; i++)
+                ck_assert_int_eq(scan_hits_push(&b, a.v[i].rule, a.v[i].end, 1), 0);
+            ck_assert_uint_ge(a.n, 4096); /* the radix path's threshold */
+            scan_hits_finalize(&a, cat, (enum scan_mode)mode);
+            scan_hits_finalize_sorting(&b, cat, (enum scan_mode)mode);
+            ck_assert_uint_eq(a.n, b.n);
+            for (size_t i = 0; i < a.n; i++)
+                ck_assert_msg(a.v[i].rule == b.v[i].rule && a.v[i].end == b.v[i].end &&
+                                  a.v[i].count == b.v[i].count,
+                              "mode %d round %u entry %zu: radix (%u, %llu, %u), sorting "
+                              "(%u, %llu, %u)",
+                              mode, round, i, a.v[i].rule, (unsigned long long)a.v[i].end,
+                              a.v[i].count, b.v[i].rule, (unsigned long long)b.v[i].end,
+                              b.v[i].count);
+            scan_hits_finish(&a);
+            scan_hits_finish(&b);
+        }
+    }
+    catalog_destroy(cat);
+}
+END_TEST
+
 Suite *engine_suite(void)
 {
     Suite *s = suite_create("engine");
@@ -848,6 +889,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_segment_limit);
     tcase_add_loop_test(tc, test_unbounded_one_piece, 0, 2);
     tcase_add_test(tc, test_segment_enough);
+    tcase_add_test(tc, test_finalize_radix_equals_sorting);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
         return s;
