@@ -77,7 +77,7 @@ struct parser {
     bool regex;       /* regex rules: PCRE escapes; literals: C escapes */
     bool quote;       /* inside \Q...\E: every byte is literal */
     uint32_t ngroups; /* capturing groups opened so far (for \N: backref or octal) */
-    uint32_t *names; /* group names seen: (offset, length) pairs */
+    uint32_t *names;  /* group names seen: (offset, length) pairs */
     uint32_t nnames, capnames;
 };
 
@@ -461,12 +461,11 @@ static void unsupported_escape(struct parser *p, int c, size_t at, bool in_class
     else if (c == 'u')
         fail(p, at, "\\u is not supported: write a byte as \\xHH");
     else if (c == 'U' || c == 'l' || c == 'L')
-        fail(p, at, "case-changing escape \\%c is not supported: write the letters as wanted",
-             c);
+        fail(p, at, "case-changing escape \\%c is not supported: write the letters as wanted", c);
     else if (c == -1)
         fail(p, at, "pattern ends with a lone backslash: write \\\\ for a backslash");
-    else if (in_class && (c == 'b' || c == 'B' || c == 'A' || c == 'z' || c == 'Z' || c == 'C' ||
-                          is_alnum(c)))
+    else if (in_class &&
+             (c == 'b' || c == 'B' || c == 'A' || c == 'z' || c == 'Z' || c == 'C' || is_alnum(c)))
         fail(p, at,
              "escape \\%c is not allowed in a character class: inside [...] use only byte "
              "escapes, \\d \\w \\s \\h \\v and their negations",
@@ -805,8 +804,8 @@ static void skip_ignored(struct parser *p, const struct pflags *fl)
                 p->i++;
         } else if (c == '(' && peek(p, 1) == '?' && peek(p, 2) == '#' &&
                    memchr(p->s + p->i, ')', p->len - p->i) != NULL) {
-            p->i = (size_t)((const unsigned char *)memchr(p->s + p->i, ')', p->len - p->i) -
-                            p->s) + 1;
+            p->i =
+                (size_t)((const unsigned char *)memchr(p->s + p->i, ')', p->len - p->i) - p->s) + 1;
         } else {
             break;
         }
@@ -882,6 +881,54 @@ static size_t group_name_end(const struct parser *p, size_t j, int close)
     return k;
 }
 
+/*
+ * The name of a named group, (?<name>, (?'name' or (?P<name>, with p->i
+ * just past "(?". Named groups are plain grouping for us, but they count
+ * for \N (backreference or octal) and a name may be used once, as in
+ * Hyperscan. Returns false after reporting an error.
+ */
+static bool parse_group_name(struct parser *p, size_t at)
+{
+    int c = peek(p, 0);
+    size_t j = p->i + (c == 'P' ? 2 : 1);
+    size_t end = group_name_end(p, j, c == '\'' ? '\'' : '>');
+    if (end == 0) {
+        fail(p, at,
+             "bad group name: write (?<name>...), (?'name'...) or (?P<name>...) with "
+             "a name of letters, digits and '_' that does not start with a digit");
+        return false;
+    }
+    for (uint32_t k = 0; k < p->nnames; k++) {
+        if (p->names[2 * k + 1] == end - j &&
+            memcmp(p->s + p->names[2 * k], p->s + j, end - j) == 0) {
+            fail(p, at, "two named groups use the name '%.*s': rename one", (int)(end - j),
+                 (const char *)p->s + j);
+            return false;
+        }
+    }
+    if (p->nnames == p->capnames) {
+        uint32_t cap = p->capnames ? p->capnames * 2 : 8;
+        uint32_t *nv = arena_alloc(p->arena, 2 * cap * sizeof(*nv));
+        if (nv == NULL) {
+            if (p->err == 0) {
+                p->err = -ENOMEM;
+                snprintf(p->msg, p->msgsz, "out of memory while parsing");
+            }
+            return false;
+        }
+        if (p->nnames)
+            memcpy(nv, p->names, 2 * p->nnames * sizeof(*nv));
+        p->names = nv;
+        p->capnames = cap;
+    }
+    p->names[2 * p->nnames] = (uint32_t)j;
+    p->names[2 * p->nnames + 1] = (uint32_t)(end - j);
+    p->nnames++;
+    p->i = end + 1;
+    p->ngroups++;
+    return true;
+}
+
 static struct node *parse_group(struct parser *p, struct pflags *fl)
 {
     size_t at = p->i++; /* '(' */
@@ -916,43 +963,8 @@ static struct node *parse_group(struct parser *p, struct pflags *fl)
                  "languages only; write the group's pattern out again");
             return NULL;
         } else if (c == '<' || c == '\'' || (c == 'P' && c1 == '<')) {
-            /* named group: plain grouping for us, but it counts for \N */
-            size_t j = p->i + (c == 'P' ? 2 : 1);
-            size_t end = group_name_end(p, j, c == '\'' ? '\'' : '>');
-            if (end == 0) {
-                fail(p, at,
-                     "bad group name: write (?<name>...), (?'name'...) or (?P<name>...) with "
-                     "a name of letters, digits and '_' that does not start with a digit");
+            if (!parse_group_name(p, at))
                 return NULL;
-            }
-            for (uint32_t k = 0; k < p->nnames; k++) {
-                if (p->names[2 * k + 1] == end - j &&
-                    memcmp(p->s + p->names[2 * k], p->s + j, end - j) == 0) {
-                    fail(p, at, "two named groups use the name '%.*s': rename one", (int)(end - j),
-                         (const char *)p->s + j);
-                    return NULL;
-                }
-            }
-            if (p->nnames == p->capnames) {
-                uint32_t cap = p->capnames ? p->capnames * 2 : 8;
-                uint32_t *nv = arena_alloc(p->arena, 2 * cap * sizeof(*nv));
-                if (nv == NULL) {
-                    if (p->err == 0) {
-                        p->err = -ENOMEM;
-                        snprintf(p->msg, p->msgsz, "out of memory while parsing");
-                    }
-                    return NULL;
-                }
-                if (p->nnames)
-                    memcpy(nv, p->names, 2 * p->nnames * sizeof(*nv));
-                p->names = nv;
-                p->capnames = cap;
-            }
-            p->names[2 * p->nnames] = (uint32_t)j;
-            p->names[2 * p->nnames + 1] = (uint32_t)(end - j);
-            p->nnames++;
-            p->i = end + 1;
-            p->ngroups++;
         } else if (c == '#') {
             while (p->i < p->len && p->s[p->i] != ')')
                 p->i++;

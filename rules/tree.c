@@ -51,8 +51,8 @@ static const struct node *embedded_end(const struct node *n, bool follow)
         return follow && is_end_anchor(n) ? n : NULL;
     case N_REPEAT: {
         /* A repeated node may be followed by itself, if it consumes bytes. */
-        bool self = (n->u.rep.max == REPEAT_INF || n->u.rep.max > 1) &&
-                    parse_maxlen(n->u.rep.kid) > 0;
+        bool self =
+            (n->u.rep.max == REPEAT_INF || n->u.rep.max > 1) && parse_maxlen(n->u.rep.kid) > 0;
         return embedded_end(n->u.rep.kid, follow || self);
     }
     case N_ALT:

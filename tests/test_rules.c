@@ -28,13 +28,15 @@ static const struct bad_case bad_cases[] = {
     {RULE_REGEX, "x[z-a]", 4, "range out of order in character class"},
     {RULE_REGEX, "a(?=b)", 1, "lookahead (?=...) is not supported"},
     {RULE_REGEX, "(?<!a)b", 0, "lookbehind (?<!...) is not supported"},
-    {RULE_REGEX, "(?U)ab", 2, "inline flag 'U' is not supported: only i, s, m and x are; remove it"},
+    {RULE_REGEX, "(?U)ab", 2,
+     "inline flag 'U' is not supported: only i, s, m and x are; remove it"},
     {RULE_REGEX, "a[\\q]", 2,
      "escape \\q is not allowed in a character class: inside [...] use only byte escapes, "
      "\\d \\w \\s \\h \\v and their negations"},
     {RULE_REGEX, "\\p{L}", 0, "Unicode property \\p is not supported"},
     {RULE_REGEX, "a{5,2}", 1, "repeat {5,2} has min > max: swap them"},
-    {RULE_REGEX, "a{32768}", 1, "repeat count over the limit of 32767: use a smaller bound or {m,}"},
+    {RULE_REGEX, "a{32768}", 1,
+     "repeat count over the limit of 32767: use a smaller bound or {m,}"},
     {RULE_REGEX, "a{1,40000}", 1, "repeat count over the limit of 32767"},
     {RULE_REGEX, "a{0}b", 1, "repeat {0} matches nothing: remove it"},
     {RULE_REGEX, "ab\\", 2, "pattern ends with a lone backslash"},
@@ -175,7 +177,10 @@ struct set_case {
     bool invert; /* the set is the complement of `bytes` */
 };
 
-#define SET(pat, fl, b, inv) {pat, fl, b, sizeof(b) - 1, inv}
+#define SET(pat, fl, b, inv)           \
+    {                                  \
+        pat, fl, b, sizeof(b) - 1, inv \
+    }
 
 static const struct set_case set_cases[] = {
     SET("\\v", 0, "\n\x0b\x0c\r\x85", false),
@@ -197,7 +202,10 @@ static const struct set_case set_cases[] = {
     SET("\\40", 0, " ", false),
     SET("\\8", 0, "8", false),
     SET("[\\1]", 0, "\x01", false),
-    SET("[\\18]", 0, "\x01" "8", false),
+    SET("[\\18]", 0,
+        "\x01"
+        "8",
+        false),
     SET("[\\101-\\103]", 0, "ABC", false),
     SET("\\o{101}", 0, "A", false),
     SET("\\x", 0, "\0", false),

@@ -211,8 +211,7 @@ static bool allowed(bool hs_ok, const char *hs_msg, const char *our_msg)
            strstr(hs_msg, "greater than \\xFF") != NULL ||
            strstr(hs_msg, "Embedded end anchors") != NULL ||
            strstr(hs_msg, "Embedded start anchors") != NULL ||
-           strstr(hs_msg, "Embedded anchors") != NULL ||
-           strstr(hs_msg, "Resource limit") != NULL;
+           strstr(hs_msg, "Embedded anchors") != NULL || strstr(hs_msg, "Resource limit") != NULL;
 }
 
 /*
@@ -287,8 +286,8 @@ static int compare(const char *pat, uint32_t flags, const char *hay, size_t hay_
 
         struct ends a = {0}, b = {0};
         struct scan_hits hits = {0};
-        ck_assert_int_eq(
-            refscan_buffer(res.catalog, (const uint8_t *)h.p, h.n, SCAN_ALL, &hits), 0);
+        ck_assert_int_eq(refscan_buffer(res.catalog, (const uint8_t *)h.p, h.n, SCAN_ALL, &hits),
+                         0);
         for (size_t i = 0; i < hits.n; i++)
             ends_push(&a, hits.v[i].end);
         scan_hits_finish(&hits);
@@ -344,15 +343,46 @@ struct tcase {
 
 static const struct tcase cases[] = {
     /* \v \V \h \H, in and out of classes */
-    {"a\\vb", 0, "a\nb a\x0b" "b a\x0c" "b a\rb a\x85" "b a b a\tb", W_BOTH},
-    {"a\\Vb", 0, "a\nb a\x0b" "b axb a\x85" "b", W_BOTH},
-    {"a[\\v]b", 0, "a\nb a\x0b" "b a\x85" "b", W_BOTH},
-    {"a[^\\v]b", 0, "a\nb axb a\x85" "b", W_BOTH},
-    {"a[\\Vx]b", 0, "a\nb axb a\x85" "b", W_BOTH},
-    {"a\\hb", 0, "a b a\tb a\xa0" "b a\nb", W_BOTH},
-    {"a\\Hb", 0, "a b a\tb a\xa0" "b axb", W_BOTH},
-    {"a[\\h]b", 0, "a b a\xa0" "b", W_BOTH},
-    {"a[\\H]b", 0, "a b a\xa0" "b a-b", W_BOTH},
+    {"a\\vb", 0,
+     "a\nb a\x0b"
+     "b a\x0c"
+     "b a\rb a\x85"
+     "b a b a\tb",
+     W_BOTH},
+    {"a\\Vb", 0,
+     "a\nb a\x0b"
+     "b axb a\x85"
+     "b",
+     W_BOTH},
+    {"a[\\v]b", 0,
+     "a\nb a\x0b"
+     "b a\x85"
+     "b",
+     W_BOTH},
+    {"a[^\\v]b", 0,
+     "a\nb axb a\x85"
+     "b",
+     W_BOTH},
+    {"a[\\Vx]b", 0,
+     "a\nb axb a\x85"
+     "b",
+     W_BOTH},
+    {"a\\hb", 0,
+     "a b a\tb a\xa0"
+     "b a\nb",
+     W_BOTH},
+    {"a\\Hb", 0,
+     "a b a\tb a\xa0"
+     "b axb",
+     W_BOTH},
+    {"a[\\h]b", 0,
+     "a b a\xa0"
+     "b",
+     W_BOTH},
+    {"a[\\H]b", 0,
+     "a b a\xa0"
+     "b a-b",
+     W_BOTH},
     {"[\\h-z]", 0, "-z", W_BOTH},
     {"x\\v+y", I, "X\r\nY", W_BOTH},
     /* octal and digit escapes */
@@ -362,12 +392,18 @@ static const struct tcase cases[] = {
     {"\\0", 0, NULL, W_BOTH},
     {"\\00", 0, NULL, W_BOTH},
     {"\\000", 0, NULL, W_BOTH},
-    {"\\0000", 0, "\x00" "0", W_BOTH},
+    {"\\0000", 0,
+     "\x00"
+     "0",
+     W_BOTH},
     {"\\012x", 0, "\nx", W_BOTH},
     {"\\0123", 0, "\n3", W_BOTH},
     {"\\08", 0, "8", W_BOTH},
     {"\\10", 0, "\x08", W_BOTH},
-    {"\\18", 0, "\x01" "8", W_BOTH},
+    {"\\18", 0,
+     "\x01"
+     "8",
+     W_BOTH},
     {"\\11", 0, "\t", W_BOTH},
     {"\\40", 0, " ", W_BOTH},
     {"\\377", 0, NULL, W_BOTH},
@@ -379,13 +415,19 @@ static const struct tcase cases[] = {
     {"\\81", 0, "81", W_BOTH},
     {"\\91", 0, "91", W_BOTH},
     {"[\\1]", 0, NULL, W_BOTH},
-    {"[\\18]", 0, "\x01" "8", W_BOTH},
+    {"[\\18]", 0,
+     "\x01"
+     "8",
+     W_BOTH},
     {"[\\08]", 0, NULL, W_BOTH},
     {"[\\9]", 0, NULL, W_BOTH},
     {"[\\0]", 0, NULL, W_BOTH},
     {"[\\101]", 0, NULL, W_BOTH},
     {"(a)(b)(c)(d)(e)(f)(g)(h)(i)\\10", 0, "abcdefghi\x08", W_BOTH},
-    {"\\10(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)", 0, "\x08" "abcdefghij", W_BOTH},
+    {"\\10(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)", 0,
+     "\x08"
+     "abcdefghij",
+     W_BOTH},
     {"(a)(b)(c)(d)(e)(f)(g)(h)(i)(?:j)\\10", 0, "abcdefghij\x08", W_BOTH},
     {"(a)(b)(c)(d)(e)(f)(g)(h)(i)(j)\\10", 0, NULL, W_NONE},
     {"(?<n1>a)(b)(c)(d)(e)(f)(g)(h)(i)(j)\\10", 0, NULL, W_NONE},
@@ -597,8 +639,16 @@ static const struct tcase cases[] = {
     {"(?x)a[ ]b", 0, "ab a b", W_BOTH},
     {"(?x)a#c\nb", 0, "ab", W_BOTH},
     {"(?x)a # one\n b # two\n", 0, "ab", W_BOTH},
-    {"(?x)a\x0b" "b\x0c" "c\rd\te\nf", 0, "abcdef", W_BOTH},
-    {"(?x)a\x85" "b", 0, "ab a\x85" "b", W_BOTH},
+    {"(?x)a\x0b"
+     "b\x0c"
+     "c\rd\te\nf",
+     0, "abcdef", W_BOTH},
+    {"(?x)a\x85"
+     "b",
+     0,
+     "ab a\x85"
+     "b",
+     W_BOTH},
     {"(?x)a +", 0, "aaa", W_BOTH},
     {"(?x)a {2}", 0, "aaa", W_BOTH},
     {"(?x)a{ 2}", 0, "aa a{2}", W_BOTH},
@@ -647,8 +697,8 @@ START_TEST(table)
 {
     struct stats st = {0};
     const struct tcase *c = &cases[_i];
-    int both = compare(c->pat, c->flags, c->hay, c->hay ? strlen(c->hay) : 0, 7 + (uint64_t)_i,
-                       &st);
+    int both =
+        compare(c->pat, c->flags, c->hay, c->hay ? strlen(c->hay) : 0, 7 + (uint64_t)_i, &st);
     if (c->want == W_BOTH && !both && st.failures == 0) {
         print_bytes("expected both engines to accept", c->pat, strlen(c->pat));
         st.failures++;
@@ -674,33 +724,38 @@ static const char *pick(struct rng *r, const char *const *v, size_t n)
 
 #define PICK(r, arr) pick((r), (arr), sizeof(arr) / sizeof((arr)[0]))
 
-static const char *const lits[] = {"a", "b", "k", "K", "x", "0", "1", "9", "-", "_", ":",
-                                   "]", "}", "{", " ", "#", "=", ".", "^", "$", "\\.",
-                                   "\xe9", "\xc9", "\x85", "\xa0", "\x0b"};
+static const char *const lits[] = {"a", "b", "k",   "K",    "x",    "0",    "1",    "9",   "-",
+                                   "_", ":", "]",   "}",    "{",    " ",    "#",    "=",   ".",
+                                   "^", "$", "\\.", "\xe9", "\xc9", "\x85", "\xa0", "\x0b"};
 static const char *const escs[] = {
-    "\\d", "\\D", "\\w", "\\W", "\\s", "\\S", "\\h", "\\H", "\\v", "\\V", "\\n", "\\t",
-    "\\r", "\\f", "\\e", "\\a", "\\0", "\\01", "\\012", "\\0123", "\\1", "\\7", "\\8", "\\9",
-    "\\10", "\\12", "\\18", "\\81", "\\101", "\\141", "\\377", "\\400", "\\x", "\\x4",
-    "\\x41", "\\x6b", "\\x{4b}", "\\x{0061}", "\\x{}", "\\x{100}", "\\o{141}", "\\o{}",
-    "\\cA", "\\cj", "\\c1", "\\c[", "\\C", "\\i", "\\q", "\\F", "\\Y", "\\N", "\\R",
-    "\\G", "\\g1", "\\k<a>", "\\p{L}", "\\-", "\\]", "\\[", "\\{", "\\}", "\\ ", "\\#",
-    "\\b", "\\B", "\\A", "\\z", "\\Z", "\\Qa.\\E", "\\Q", "\\E", "\\Q\\E", "\\xe9",
-    "\\xC9", "\\\xe9", "\\Q\xe9\\E"};
+    "\\d",      "\\D",   "\\w",   "\\W",    "\\s",       "\\S",       "\\h",   "\\H",
+    "\\v",      "\\V",   "\\n",   "\\t",    "\\r",       "\\f",       "\\e",   "\\a",
+    "\\0",      "\\01",  "\\012", "\\0123", "\\1",       "\\7",       "\\8",   "\\9",
+    "\\10",     "\\12",  "\\18",  "\\81",   "\\101",     "\\141",     "\\377", "\\400",
+    "\\x",      "\\x4",  "\\x41", "\\x6b",  "\\x{4b}",   "\\x{0061}", "\\x{}", "\\x{100}",
+    "\\o{141}", "\\o{}", "\\cA",  "\\cj",   "\\c1",      "\\c[",      "\\C",   "\\i",
+    "\\q",      "\\F",   "\\Y",   "\\N",    "\\R",       "\\G",       "\\g1",  "\\k<a>",
+    "\\p{L}",   "\\-",   "\\]",   "\\[",    "\\{",       "\\}",       "\\ ",   "\\#",
+    "\\b",      "\\B",   "\\A",   "\\z",    "\\Z",       "\\Qa.\\E",  "\\Q",   "\\E",
+    "\\Q\\E",   "\\xe9", "\\xC9", "\\\xe9", "\\Q\xe9\\E"};
 static const char *const cls_members[] = {
-    "a", "k", "K", "z", "0", "9", "-", "]", "[", "^", ":", "\\]", "\\-", "\\\\", "\\d",
-    "\\w", "\\s", "\\h", "\\v", "\\H", "\\V", "\\D", "\\W", "\\S", "\\b", "\\n", "\\x41",
-    "\\x{6b}", "\\101", "\\1", "\\18", "\\8", "\\0", "\\o{141}", "\\cK", "\\e", "\\q", "\\B",
-    "\\Q]\\E", "\\Q-\\E", "\\E", "[:alpha:]", "[:^digit:]", "[:word:]", "[:space:]",
-    "[:punct:]", "[:foo:]", "[:upper:]", "[:lower:]", "[.a.]", "[:alpha]", "a-z", "A-Z",
-    "0-9", "z-a", "a-\\d", "\\d-z", "!--", "\\x20-\\x7e", "k-k", "K-k", "\xe9", "\x80-\xff",
+    "a",           "k",        "K",           "z",         "0",       "9",         "-",
+    "]",           "[",        "^",           ":",         "\\]",     "\\-",       "\\\\",
+    "\\d",         "\\w",      "\\s",         "\\h",       "\\v",     "\\H",       "\\V",
+    "\\D",         "\\W",      "\\S",         "\\b",       "\\n",     "\\x41",     "\\x{6b}",
+    "\\101",       "\\1",      "\\18",        "\\8",       "\\0",     "\\o{141}",  "\\cK",
+    "\\e",         "\\q",      "\\B",         "\\Q]\\E",   "\\Q-\\E", "\\E",       "[:alpha:]",
+    "[:^digit:]",  "[:word:]", "[:space:]",   "[:punct:]", "[:foo:]", "[:upper:]", "[:lower:]",
+    "[.a.]",       "[:alpha]", "a-z",         "A-Z",       "0-9",     "z-a",       "a-\\d",
+    "\\d-z",       "!--",      "\\x20-\\x7e", "k-k",       "K-k",     "\xe9",      "\x80-\xff",
     "\\xc9-\\xe9", "\xa0"};
-static const char *const quants[] = {"*", "+", "?", "{2}", "{1,3}", "{2,}", "{,3}", "{ 2}",
-                                     "{3,2}", "{0}", "*?", "+?", "{1,2}?", "**", "{2}{2}",
-                                     " *", " +", "{1000,1002}"};
-static const char *const opens[] = {"(", "(?:", "(?i:", "(?-i:", "(?x:", "(?s:", "(?m:",
+static const char *const quants[] = {"*",      "+",    "?",      "{2}", "{1,3}", "{2,}",
+                                     "{,3}",   "{ 2}", "{3,2}",  "{0}", "*?",    "+?",
+                                     "{1,2}?", "**",   "{2}{2}", " *",  " +",    "{1000,1002}"};
+static const char *const opens[] = {"(",     "(?:",   "(?i:",   "(?-i:",  "(?x:",  "(?s:", "(?m:",
                                     "(?<n>", "(?'n'", "(?P<n>", "(?i-x:", "(?<1>", "(?="};
-static const char *const inlines[] = {"(?i)", "(?-i)", "(?x)", "(?-x)", "(?s)", "(?m)",
-                                      "(?#c)", "(?ix)", "(?)", "(?-)", "(?P=n)", "(?U)"};
+static const char *const inlines[] = {"(?i)",  "(?-i)", "(?x)", "(?-x)", "(?s)",   "(?m)",
+                                      "(?#c)", "(?ix)", "(?)",  "(?-)",  "(?P=n)", "(?U)"};
 static const char *const spaces[] = {" ", "  ", "\t", "\n", "#c\n", " # c\n"};
 
 static void gen_class(struct rng *r, struct buf *b)
