@@ -836,7 +836,9 @@ static int parse_flag_group(struct parser *p, size_t at, struct pflags *fl, stru
             break;
         case '-':
             if (!on) {
-                fail(p, p->i - 1, "two '-' in an inline flag group: write (?i-sm) form");
+                fail(p, p->i - 1,
+                     "two '-' in an inline flag group: list the flags to turn off after one "
+                     "'-', e.g. (?i-sm)");
                 return 0;
             }
             if (peek(p, 0) == ')' || peek(p, 0) == ':') {
@@ -981,7 +983,9 @@ static struct node *parse_group(struct parser *p, struct pflags *fl)
             fail(p, at, "branch reset group (?|...) is not supported: use (?:...)");
             return NULL;
         } else if (c == '(') {
-            fail(p, at, "conditional group (?(...)...) is not supported");
+            fail(p, at,
+                 "conditional group (?(...)...) is not supported: vkscan matches regular "
+                 "languages only; use an alternation (...|...)");
             return NULL;
         } else if (c == 'R' || c == '&' || (c >= '0' && c <= '9') ||
                    ((c == '+' || c == '-') && c1 >= '0' && c1 <= '9')) {

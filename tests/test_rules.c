@@ -75,7 +75,9 @@ static const struct bad_case bad_cases[] = {
     {RULE_REGEX, "(?R)", 0, "recursion or subroutine call (?R...) is not supported"},
     {RULE_REGEX, "(?>a)", 0, "atomic group (?>...) is not supported: use (?:...)"},
     {RULE_REGEX, "(?|a)", 0, "branch reset group (?|...) is not supported: use (?:...)"},
-    {RULE_REGEX, "(?(1)a|b)", 0, "conditional group (?(...)...) is not supported"},
+    {RULE_REGEX, "(?(1)a|b)", 0,
+     "conditional group (?(...)...) is not supported: vkscan matches regular languages only; "
+     "use an alternation (...|...)"},
     /* POSIX items outside brackets */
     {RULE_REGEX, "x[:alpha:]", 1,
      "POSIX class [:alpha:] is only valid inside a bracket expression: write [[:alpha:]]"},
@@ -92,7 +94,8 @@ static const struct bad_case bad_cases[] = {
      "digits and '_' that does not start with a digit"},
     {RULE_REGEX, "ab(?#x", 2, "unterminated comment (?#...: add the closing ')'"},
     {RULE_REGEX, "(?-)a", 2, "'-' with no flag after it in an inline flag group: write e.g. (?-i)"},
-    {RULE_REGEX, "(?i-s-m)a", 5, "two '-' in an inline flag group"},
+    {RULE_REGEX, "(?i-s-m)a", 5,
+     "two '-' in an inline flag group: list the flags to turn off after one '-', e.g. (?i-sm)"},
     {RULE_REGEX, "(?Y)a", 2, "unknown group construct (?Y...)"},
     {RULE_REGEX, "a\\b*", 3,
      "quantifier after an assertion (^, $, \\b, \\B, \\A, \\Z or \\z): an assertion cannot "
