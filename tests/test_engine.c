@@ -534,6 +534,53 @@ START_TEST(test_cpu_engine_segments)
 }
 END_TEST
 
+/* A regular file (not a sealed memfd) is read by several threads in parts
+ * of 32 MiB at least: matches across every part boundary and at the file's
+ * last byte are found, exactly, and a range inside the file as well. */
+START_TEST(test_large_file_parallel_read)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "2"));
+    struct vks_client *c = connect_ok(&d);
+    static const struct rdef needle[] = {{"n", "needle", NULL, RULE_LITERAL}};
+    struct vks_catalog *cat = load(c, needle, 1);
+    char path[] = "/tmp/vks-engine-big-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    unlink(path);
+    const uint64_t size = 72ull << 20, step = 1ull << 20;
+    ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
+    uint64_t n_planted = 0;
+    /* "needle" across every MiB boundary (so across every read part), and
+     * ending at the last byte */
+    for (uint64_t at = step - 3; at + 6 <= size; at += step, n_planted++)
+        ck_assert_int_eq(pwrite(fd, "needle", 6, (off_t)at), 6);
+    ck_assert_int_eq(pwrite(fd, "needle", 6, (off_t)(size - 6)), 6);
+    n_planted++;
+    struct vks_buffer vb = {.kind = VKS_BUFFER_FD, .fd = fd};
+    struct vks_scan_result res;
+    scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &res);
+    ck_assert_int_eq(res.buffers[0].code, 0);
+    ck_assert_uint_eq(res.n_hits, n_planted);
+    for (uint64_t i = 0; i + 1 < n_planted; i++)
+        ck_assert_uint_eq(res.hits[i].end, (i + 1) * step + 3);
+    ck_assert_uint_eq(res.hits[n_planted - 1].end, size);
+    vks_scan_result_finish(&res);
+    /* A range: [5 MiB - 3 + 1, 70 MiB), offsets relative to its start. */
+    vb.offset = 5 * step - 2;
+    vb.length = 65 * step;
+    scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &res);
+    ck_assert_int_eq(res.buffers[0].code, 0);
+    ck_assert_uint_eq(res.n_hits, 64); /* the one at 5 MiB starts before the range */
+    ck_assert_uint_eq(res.hits[0].end, 6 * step + 3 - vb.offset);
+    vks_scan_result_finish(&res);
+    close(fd);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* A hit bomb with max_hits: the reply carries max_hits, the buffer is
  * marked truncated, and the engine says how many it dropped at the source
  * instead of keeping them. Count mode counts every match without a list. */
@@ -897,6 +944,7 @@ Suite *engine_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_cpu_engine_segments);
     tcase_add_test(tc, test_max_hits_at_source_cpu);
+    tcase_add_test(tc, test_large_file_parallel_read);
     tcase_add_test(tc, test_auto_prefers_cpu_engine);
     tcase_add_test(tc, test_gpu_timeout_retried_on_cpu);
     tcase_add_test(tc, test_gpu_too_big_retried_on_cpu);
