@@ -11,8 +11,10 @@
  * Every compile runs on one thread with a budget of 32 states (256 with
  * v & 0x80), and inputs over 256 bytes are skipped, so an input cannot
  * spend long in subset construction or minimisation; rules over the budget
- * still go through the bit-parallel NFA path. Checked on every input: the call returns 0,
- * every rule is either accepted or rejected with a message, the packed
+ * still go through the bit-parallel NFA path.
+ *
+ * Checked on every input: the call returns 0, every rule is either accepted
+ * or rejected with a message and a position inside its pattern, the packed
  * catalog passes catalog_from_bytes, and the hits of every scan mode are
  * sorted, in range and consistent with each other.
  */
@@ -81,7 +83,7 @@ static size_t scan_all_modes(const struct catalog *cat, const uint8_t *buf, size
     return all->n;
 }
 
-static void check_result(const struct rules_result *res, size_t n)
+static void check_result(const struct rules_result *res, const struct rule_src *rules, size_t n)
 {
     require(res->catalog != NULL, "no catalog");
     uint32_t nr = catalog_rule_count(res->catalog);
@@ -95,6 +97,8 @@ static void check_result(const struct rules_result *res, size_t n)
                     res->rejects[k].msg[0] != '\0',
                 "reject without a message");
         require(res->rejects[k].index < n, "reject of a rule that does not exist");
+        require(res->rejects[k].pos <= rules[res->rejects[k].index].len,
+                "reject position past the end of the pattern");
     }
     size_t nw = 0;
     const uint32_t *w = catalog_words(res->catalog, &nw);
@@ -111,7 +115,7 @@ static void compile_and_scan(const struct rule_src *rules, size_t n, bool compar
     struct rules_result res;
     struct vks_error err;
     require(rules_compile(rules, n, &opt, &res, &err) == 0, "rules_compile failed");
-    check_result(&res, n);
+    check_result(&res, rules, n);
     struct scan_hits a = {0}, b = {0};
     scan_all_modes(res.catalog, text, sizeof(text) - 1, &a);
     scan_hits_finish(&a);
