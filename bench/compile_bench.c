@@ -4,6 +4,7 @@
  * ../shared/data.
  *
  *   compile_bench [--json] [--repeat N] [--data DIR] [--only NAME] [--max-states N]
+ *                 [--bitnfa-counters N]
  *
  * Workloads: 1,000 and 10,000 random lowercase literals of 8-16 bytes;
  * regex-500, the 500 bounded regexes that scan_bench scans on the GPU
@@ -257,6 +258,8 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static uint32_t bitnfa_counters; /* rules_options.bitnfa_counters; 0: default */
+
 static int measure(const char *name, const struct ruleset *rs, int repeat, uint32_t max_states,
                    struct figures *out)
 {
@@ -265,7 +268,7 @@ static int measure(const char *name, const struct ruleset *rs, int repeat, uint3
         struct rules_result res;
         struct vks_error err = {0};
         double t0 = now_s();
-        struct rules_options ro = {.max_states = max_states};
+        struct rules_options ro = {.max_states = max_states, .bitnfa_counters = bitnfa_counters};
         int rc = rules_compile(rs->v, rs->n, &ro, &res, &err);
         double t = now_s() - t0;
         if (rc != 0) {
@@ -354,7 +357,7 @@ static int build(const struct workload *w, const char *data, struct ruleset *rs)
 static int usage(void)
 {
     fprintf(stderr, "usage: compile_bench [--json] [--repeat N] [--data DIR] [--only NAME]\n"
-                    "                     [--max-states N]\n");
+                    "                     [--max-states N] [--bitnfa-counters N]\n");
     return 2;
 }
 
@@ -378,6 +381,8 @@ int main(int argc, char **argv)
             only = argv[++i];
         else if (strcmp(argv[i], "--max-states") == 0 && i + 1 < argc)
             max_states = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--bitnfa-counters") == 0 && i + 1 < argc)
+            bitnfa_counters = (uint32_t)strtoul(argv[++i], NULL, 10);
         else
             return usage();
     }

@@ -14,7 +14,7 @@
  *              [--device NAME|INDEX] [--buffer BYTES] [--real-buffer BYTES]
  *              [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]
  *              [--upload-threads N] [--upload-chunk BYTES] [--only NAME,NAME..]
- *              [--data DIR] [--no-hs]
+ *              [--data DIR] [--no-hs] [--max-states N] [--bitnfa-counters N]
  *              [--json] [--json-out FILE]
  */
 #include <errno.h>
@@ -51,8 +51,9 @@ struct opts {
     const char *only;
     const char *data;
     const char *json_out;
-    const char *dump_rules; /* directory: write each workload's rules as a pattern file */
-    uint32_t max_states;    /* the compiler's per-group DFA state budget; 0: default */
+    const char *dump_rules;   /* directory: write each workload's rules as a pattern file */
+    uint32_t max_states;      /* the compiler's per-group DFA state budget; 0: default */
+    uint32_t bitnfa_counters; /* rules_options.bitnfa_counters; 0: default */
     bool json;
 };
 
@@ -400,6 +401,8 @@ static double hs_run(const hs_database_t *db, const struct gpu_buffer *bufs, uin
 
 /* ---- one workload ------------------------------------------------------- */
 
+static uint32_t bitnfa_counters; /* --bitnfa-counters */
+
 static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32_t *rejected,
                                     double *secs, uint32_t max_states)
 {
@@ -412,7 +415,7 @@ static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32
     struct rules_result res = {0};
     struct vks_error err;
     double t0 = now_s();
-    struct rules_options ro = {.max_states = max_states};
+    struct rules_options ro = {.max_states = max_states, .bitnfa_counters = bitnfa_counters};
     if (rules_compile(v, m, &ro, &res, &err) < 0)
         die("rules_compile", err.msg);
     *secs = now_s() - t0;
@@ -663,7 +666,7 @@ static void usage(void)
             "                  [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]\n"
             "                  [--upload-threads N] [--upload-chunk BYTES] [--only NAME,..]\n"
             "                  [--data DIR] [--no-hs] [--json] [--json-out FILE]\n"
-            "                  [--dump-rules DIR]\n");
+            "                  [--dump-rules DIR] [--max-states N] [--bitnfa-counters N]\n");
     exit(2);
 }
 
@@ -726,6 +729,9 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->dump_rules = v;
         } else if (strcmp(a, "--max-states") == 0) {
             o->max_states = (uint32_t)strtoul(v, NULL, 10);
+        } else if (strcmp(a, "--bitnfa-counters") == 0) {
+            o->bitnfa_counters = (uint32_t)strtoul(v, NULL, 10);
+            bitnfa_counters = o->bitnfa_counters;
         } else if (strcmp(a, "--data") == 0) {
             o->data = v;
         } else if (strcmp(a, "--json-out") == 0) {

@@ -197,8 +197,44 @@ static bool bad_id(const char *id)
  */
 #define WIDE_REPEAT 100u
 
-static bool wide_counter(const struct node *n)
+/* Sum of the finite counts of repeats of more than one byte value (nested
+ * repeats multiply), saturating: a rule whose counters add up to
+ * WIDE_TOTAL or more (`[\w.-]{0,20}...[a-z0-9]{32}`, `\w{82}`) has a DFA
+ * that tracks every combination of them; it goes to the bit-NFA too. */
+#define WIDE_TOTAL 64u /* rules_options.bitnfa_counters when 0 */
+
+static uint64_t wide_total(const struct node *n)
 {
+    uint64_t t = 0;
+    switch (n->type) {
+    case N_SET:
+    case N_ASSERT:
+        return 0;
+    case N_REPEAT: {
+        const struct node *k = n->u.rep.kid;
+        uint64_t inner = wide_total(k);
+        uint32_t width = 0;
+        if (k->type == N_SET)
+            for (int w = 0; w < 4; w++)
+                width += (uint32_t)__builtin_popcountll(k->u.set.w[w]);
+        uint64_t count = n->u.rep.max == REPEAT_INF ? n->u.rep.min : n->u.rep.max;
+        if (k->type == N_SET && width > 1)
+            return count;
+        return inner > (1u << 20) || count > (1u << 20) ? 1u << 20 : inner * (count ? count : 1);
+    }
+    case N_CAT:
+    case N_ALT:
+        for (uint32_t k = 0; k < n->u.list.n; k++)
+            t += wide_total(n->u.list.kids[k]);
+        return t > (1u << 20) ? 1u << 20 : t;
+    }
+    return t;
+}
+
+static bool wide_counter(const struct node *n, uint32_t total)
+{
+    if (wide_total(n) >= total)
+        return true;
     switch (n->type) {
     case N_SET:
     case N_ASSERT:
@@ -212,12 +248,12 @@ static bool wide_counter(const struct node *n)
         if (n->u.rep.max != REPEAT_INF && n->u.rep.max >= WIDE_REPEAT &&
             (k->type != N_SET || width > 1))
             return true;
-        return wide_counter(k);
+        return wide_counter(k, total);
     }
     case N_CAT:
     case N_ALT:
         for (uint32_t k = 0; k < n->u.list.n; k++)
-            if (wide_counter(n->u.list.kids[k]))
+            if (wide_counter(n->u.list.kids[k], total))
                 return true;
         return false;
     }
@@ -249,7 +285,8 @@ static int prepare_rule(struct ctx *c, uint32_t i)
     uint32_t ml = parse_maxlen(p->root);
     p->maxlen = ml == REPEAT_INF ? CATALOG_UNBOUNDED : ml;
     p->positions = parse_positions(p->root);
-    p->bitnfa = c->opt->force_bitnfa || wide_counter(p->root);
+    uint32_t total = c->opt->bitnfa_counters ? c->opt->bitnfa_counters : WIDE_TOTAL;
+    p->bitnfa = c->opt->force_bitnfa || wide_counter(p->root, total);
     p->canon = canonical(r, &p->canon_len);
     if (p->canon == NULL) {
         parse_result_finish(&p->tree);

@@ -47,6 +47,9 @@ struct rules_options {
     bool no_minimise;    /* tests: keep the unminimised DFA */
     uint32_t threads;    /* compile threads; 0 means one per online CPU (max 16) */
     bool force_bitnfa;   /* tests: every rule goes to the bit-parallel NFA engine */
+    /* A rule whose counted repeats of classes add up to this many goes to
+     * the bit-NFA without trying a DFA (docs/engine.md); 0: 64. */
+    uint32_t bitnfa_counters;
     /* When set and non-zero (another thread sets it: vkscand's compile
      * deadline, a client that left, SIGTERM), rules_compile stops at the next
      * group and returns -ECANCELED. */
