@@ -164,7 +164,7 @@ void config_defaults(struct daemon_config *cfg)
     cfg->frame_budget = 256 * MIB;
     cfg->frame_timeout_ms = 30 * 1000;
     cfg->idle_timeout_ms = 600 * 1000;
-    cfg->tenant_max_connections = 64;
+    cfg->tenant_max_connections = 256;
     cfg->compile_threads = 2;
     cfg->tenant_max_compiles = 1;
     cfg->max_states = 1u << 20;
