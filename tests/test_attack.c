@@ -585,9 +585,9 @@ static unsigned count_lines(const char *path, const char *needle)
 START_TEST(test_accept_emfile)
 {
     struct daemon d;
-    const char *const flags[] = {"--tenant-max-connections", "1000", NULL};
-    daemon_start_lim(&d, flags, 64);
-    enum { N = 80 };
+    const char *const flags[] = {"--tenant-max-connections", "1000", "--cpu-threads", "2", NULL};
+    daemon_start_lim(&d, flags, 128);
+    enum { N = 200 };
     int fds[N];
     for (int i = 0; i < N; i++)
         fds[i] = raw_connect(&d); /* the backlog takes what accept cannot */
