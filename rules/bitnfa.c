@@ -89,6 +89,8 @@ static int close_from(struct build *b, uint32_t from, uint32_t src)
             }
         }
     }
+    if (b->edges.n / 3 > BITNFA_MAX_EDGES)
+        return -EFBIG;
     for (size_t i = 0; i < b->touched.n; i++) {
         uint32_t u = b->touched.v[i], m = b->mask[u];
         b->mask[u] = 0;

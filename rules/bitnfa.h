@@ -33,6 +33,10 @@
  * words: one pass over the data costs a few word operations per byte); a
  * larger rule gets a group of its own. */
 #define BITNFA_GROUP_BITS 4096u
+/* The most follow edges one build may collect. Ordinary rules have about
+ * one per position; nullable items inside a large repeat ((a?){20000})
+ * have one per pair of positions, which would take minutes and gigabytes. */
+#define BITNFA_MAX_EDGES (1u << 21)
 
 #define BITNFA_PK(p, k) CAT_PK(p, k)
 #define BITNFA_COND_ALL CAT_COND_ALL
@@ -56,7 +60,8 @@ struct bitnfa_group {
 /*
  * Builds the bit-NFA of rules roots[0..n) (group-local rule k = roots[k];
  * the trees are borrowed). Returns 0, -E2BIG when the group needs more than
- * `max_bits` positions (*bits_out then holds how many), or -ENOMEM.
+ * `max_bits` positions (*bits_out then holds how many), -EFBIG when it has
+ * more than BITNFA_MAX_EDGES follow edges, or -ENOMEM.
  * Milliseconds for thousands of positions: there is no subset construction.
  */
 int bitnfa_build(const struct node *const *roots, uint32_t n, uint32_t max_bits,

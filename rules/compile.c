@@ -404,6 +404,17 @@ static int push_group(struct ctx *c, struct group_out *g)
     return 0;
 }
 
+static int reject_too_many_edges(struct ctx *c, uint32_t i)
+{
+    char msg[200];
+    snprintf(msg, sizeof(msg),
+             "rule's bit-parallel NFA has more than %u follow edges (optional items inside a "
+             "large repeat, such as (a?){20000}): make the repeated item non-optional",
+             BITNFA_MAX_EDGES);
+    c->prep[i].group = UINT32_MAX;
+    return add_reject(c, c->prep[i].input, 0, msg);
+}
+
 static int reject_too_wide(struct ctx *c, uint32_t i, uint32_t bits)
 {
     char msg[200];
@@ -627,8 +638,10 @@ static int place_nfa(struct ctx *c, uint32_t *idx, uint32_t n)
     for (uint32_t k = 0; k < n; k++)
         roots[k] = c->prep[idx[k]].root;
     rc = bitnfa_build(roots, n, n == 1 ? BITNFA_MAX_BITS : BITNFA_GROUP_BITS, &g.g, &bits);
-    if (rc == -E2BIG)
+    if (rc == -E2BIG || (rc == -EFBIG && n > 1))
         goto split;
+    if (rc == -EFBIG)
+        return reject_too_many_edges(c, idx[0]);
     if (rc != 0)
         return rc;
     g.rules = malloc(n * sizeof(*g.rules));
@@ -673,6 +686,8 @@ static int group_nfa_rules(struct ctx *c)
         bitnfa_group_finish(&g);
         if (rc == -E2BIG) {
             rc = reject_too_wide(c, order[i], p->bits);
+        } else if (rc == -EFBIG) {
+            rc = reject_too_many_edges(c, order[i]);
         } else if (rc == -EINVAL) { /* no position: parse_check should make this impossible */
             c->prep[order[i]].group = UINT32_MAX;
             rc = add_reject(c, p->input, 0, "rule consumes no byte: it cannot be compiled");

@@ -348,6 +348,34 @@ START_TEST(literal_trie_size)
 }
 END_TEST
 
+/* The bit-NFA's limits: a lone rule up to 65536 positions gets a group of
+ * its own; past that, or with a quadratic number of follow edges, it is
+ * rejected with its reason, quickly, and the other rules still compile. */
+START_TEST(bitnfa_limits)
+{
+    static const char *const pats[] = {"a.{0,5000}b", "y(ab|cd){0,20000}x", "x([ab]?){30000}y",
+                                       "ok"};
+    struct rule_src src[4];
+    for (int i = 0; i < 4; i++)
+        src[i] = (struct rule_src){
+            .id = pats[i], .kind = RULE_REGEX, .pattern = pats[i], .len = strlen(pats[i])};
+    struct rules_result res;
+    struct vks_error err;
+    ck_assert_int_eq(rules_compile(src, 4, NULL, &res, &err), 0);
+    ck_assert_uint_eq(res.n_rejects, 2);
+    ck_assert_uint_eq(res.rejects[0].index, 1);
+    ck_assert_ptr_nonnull(strstr(res.rejects[0].msg, "over the limit of 65536"));
+    ck_assert_uint_eq(res.rejects[1].index, 2);
+    ck_assert_ptr_nonnull(strstr(res.rejects[1].msg, "follow edges"));
+    ck_assert_uint_eq(catalog_nfa_count(res.catalog), 1);
+    struct catalog_nfa g;
+    catalog_nfa(res.catalog, 0, &g);
+    ck_assert_uint_eq(g.n_bits, 5002);
+    ck_assert_uint_eq(g.maxlen, 5002);
+    rules_result_finish(&res);
+}
+END_TEST
+
 START_TEST(state_budget_enforced)
 {
     /* (a|b)*a(a|b){12} needs 2^13 states: over a budget of 4096 */
@@ -379,6 +407,7 @@ Suite *dfa_suite(void)
     tcase_add_test(tc, fixed_cases);
     tcase_add_test(tc, literal_trie_size);
     tcase_add_test(tc, state_budget_enforced);
+    tcase_add_test(tc, bitnfa_limits);
     suite_add_tcase(s, tc);
     return s;
 }
