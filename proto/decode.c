@@ -152,31 +152,47 @@ static int read_kind(struct dec *d, enum proto_rule_kind *kind, const char *what
     return 0;
 }
 
+/* A rule map's fields: one reader per row, found by name (rule_fields). */
+static int rule_id(struct dec *d, struct proto_rule *r, const char *what)
+{
+    return mp_read_cstr(&d->m, d->mem, d->m.lim->max_str, &r->id, what);
+}
+
+static int rule_kind(struct dec *d, struct proto_rule *r, const char *what)
+{
+    return read_kind(d, &r->kind, what);
+}
+
+static int rule_pattern(struct dec *d, struct proto_rule *r, const char *what)
+{
+    const uint8_t *p;
+    int rc = mp_read_raw(&d->m, true, true, d->m.lim->max_str, &p, &r->pattern_len, what);
+    r->pattern = (const char *)p;
+    return rc;
+}
+
+static int rule_flags(struct dec *d, struct proto_rule *r, const char *what)
+{
+    return mp_read_cstr(&d->m, d->mem, d->m.lim->max_str, &r->flags, what);
+}
+
+static const struct {
+    const char *name;
+    int (*read)(struct dec *d, struct proto_rule *r, const char *what);
+} rule_fields[] = {
+    {"id", rule_id}, {"kind", rule_kind}, {"pattern", rule_pattern}, {"flags", rule_flags}};
+
 static int rule_field(struct dec *d, struct proto_rule *r, uint32_t i, const uint8_t *k,
                       uint32_t kn, uint32_t *seen)
 {
-    static const char *const names[] = {"id", "kind", "pattern", "flags"};
-    int f = lookup(names, 4, k, kn);
-    if (f < 0)
-        return mp_skip(&d->m, name_at(d, "rules", i, "?"));
-    const char *what = name_at(d, "rules", i, names[f]);
-    int rc = once(d, seen, (unsigned)f, what);
-    if (rc < 0)
-        return rc;
-    uint32_t lim = d->m.lim->max_str;
-    const uint8_t *p;
-    switch (f) {
-    case 0:
-        return mp_read_cstr(&d->m, d->mem, lim, &r->id, what);
-    case 1:
-        return read_kind(d, &r->kind, what);
-    case 2:
-        rc = mp_read_raw(&d->m, true, true, lim, &p, &r->pattern_len, what);
-        r->pattern = (const char *)p;
-        return rc;
-    default:
-        return mp_read_cstr(&d->m, d->mem, lim, &r->flags, what);
+    for (unsigned f = 0; f < sizeof(rule_fields) / sizeof(rule_fields[0]); f++) {
+        if (!key_is(k, kn, rule_fields[f].name))
+            continue;
+        const char *what = name_at(d, "rules", i, rule_fields[f].name);
+        int rc = once(d, seen, f, what);
+        return rc < 0 ? rc : rule_fields[f].read(d, r, what);
     }
+    return mp_skip(&d->m, name_at(d, "rules", i, "?"));
 }
 
 static int read_rule(struct dec *d, struct proto_rule *r, uint32_t i)
@@ -278,32 +294,49 @@ static int check_ref(struct dec *d, struct proto_request *req, uint32_t seen)
     return 0;
 }
 
+/* A buffer map's fields: one reader per row, found by name (buffer_fields). */
+static int buffer_data(struct dec *d, struct proto_buffer *b, const char *what)
+{
+    uint32_t len = 0;
+    int rc = mp_read_raw(&d->m, true, true, UINT32_MAX, &b->data, &len, what);
+    b->len = len;
+    return rc;
+}
+
+static int buffer_fd(struct dec *d, struct proto_buffer *b, const char *what)
+{
+    b->is_fd = true;
+    return mp_read_u32(&d->m, &b->fd_index, what);
+}
+
+static int buffer_offset(struct dec *d, struct proto_buffer *b, const char *what)
+{
+    return mp_read_uint(&d->m, INT64_MAX, &b->offset, what);
+}
+
+static int buffer_length(struct dec *d, struct proto_buffer *b, const char *what)
+{
+    b->has_length = true;
+    return mp_read_uint(&d->m, INT64_MAX, &b->length, what);
+}
+
+static const struct {
+    const char *name;
+    int (*read)(struct dec *d, struct proto_buffer *b, const char *what);
+} buffer_fields[] = {
+    {"data", buffer_data}, {"fd", buffer_fd}, {"offset", buffer_offset}, {"length", buffer_length}};
+
 static int buffer_field(struct dec *d, struct proto_buffer *b, uint32_t i, const uint8_t *k,
                         uint32_t kn, uint32_t *seen)
 {
-    static const char *const names[] = {"data", "fd", "offset", "length"};
-    int f = lookup(names, 4, k, kn);
-    if (f < 0)
-        return mp_skip(&d->m, name_at(d, "buffers", i, "?"));
-    const char *what = name_at(d, "buffers", i, names[f]);
-    int rc = once(d, seen, (unsigned)f, what);
-    if (rc < 0)
-        return rc;
-    uint32_t len = 0;
-    switch (f) {
-    case 0:
-        rc = mp_read_raw(&d->m, true, true, UINT32_MAX, &b->data, &len, what);
-        b->len = len;
-        return rc;
-    case 1:
-        b->is_fd = true;
-        return mp_read_u32(&d->m, &b->fd_index, what);
-    case 2:
-        return mp_read_uint(&d->m, INT64_MAX, &b->offset, what);
-    default:
-        b->has_length = true;
-        return mp_read_uint(&d->m, INT64_MAX, &b->length, what);
+    for (unsigned f = 0; f < sizeof(buffer_fields) / sizeof(buffer_fields[0]); f++) {
+        if (!key_is(k, kn, buffer_fields[f].name))
+            continue;
+        const char *what = name_at(d, "buffers", i, buffer_fields[f].name);
+        int rc = once(d, seen, f, what);
+        return rc < 0 ? rc : buffer_fields[f].read(d, b, what);
     }
+    return mp_skip(&d->m, name_at(d, "buffers", i, "?"));
 }
 
 static int check_buffer(struct dec *d, struct proto_buffer *b, uint32_t i, uint32_t seen,
