@@ -1,0 +1,65 @@
+/*
+ * Stream scanning: one logical buffer that arrives in writes. A stream
+ * carries the real automaton state of every group between writes (a u32
+ * per DFA group, the state vector of every bit-NFA group), the kind of the
+ * byte before, and one bit per single-match rule, so a match that straddles
+ * writes is found and nothing is buffered. docs/engine.md ("Streams") gives
+ * the model.
+ *
+ * The union of the hits of every write plus the close equals
+ * refscan_buffer(SCAN_ALL) over the concatenation, exactly. Ends are counted
+ * from the stream's first byte. A match whose end needs the next byte to be
+ * decided (`\b`, `\B`, `$`, a '\n' that may be the last byte) is reported by
+ * the write that brings that byte, or by the close, as Hyperscan's stream
+ * mode does; every other match is reported by the write that completes it.
+ *
+ * A stream is used by one thread at a time; several streams may share one
+ * catalog on any threads.
+ */
+#ifndef VKS_RULES_STREAMSCAN_H
+#define VKS_RULES_STREAMSCAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "catalog.h"
+#include "refscan.h"
+
+struct streamscan;
+
+/*
+ * Bytes a stream over `cat` holds (all of its state, scratch included): what
+ * the daemon reports as the stream size and checks against its per-stream
+ * limit, like hs_stream_size.
+ */
+size_t streamscan_size(const struct catalog *cat);
+
+/*
+ * Opens a stream at offset 0. `cat` is borrowed and must outlive the stream.
+ * Returns 0 or -ENOMEM.
+ */
+int streamscan_create(const struct catalog *cat, struct streamscan **out);
+
+/* Frees the stream; NULL is allowed. */
+void streamscan_destroy(struct streamscan *s);
+
+/*
+ * Scans the next `len` bytes (borrowed for the call) and appends the matches
+ * this write decides to `out`, sorted by (end, rule), each (rule, end) once
+ * over the whole stream, single-match rules once per stream. An empty write
+ * does nothing. Returns 0, -ENOMEM (the stream is then unusable: destroy
+ * it) or -EPIPE after streamscan_close.
+ */
+int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struct scan_hits *out);
+
+/*
+ * Ends the stream: appends the matches only the end of data decides (`$`,
+ * `\z`, `\b` at the end, a match that ends before a final '\n'). Returns 0,
+ * -ENOMEM or -EPIPE when already closed.
+ */
+int streamscan_close(struct streamscan *s, struct scan_hits *out);
+
+/* Bytes written so far. */
+uint64_t streamscan_offset(const struct streamscan *s);
+
+#endif

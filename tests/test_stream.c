@@ -1,0 +1,526 @@
+/*
+ * Streams (issue 13): rules/streamscan.c against block mode over the
+ * concatenation (refscan_buffer) and against Hyperscan's stream mode, on
+ * random rule sets and random data cut at random points into 1 to 1000
+ * writes. Every difference fails the test with a reproducer.
+ *
+ * VKS_STREAM_SEED and VKS_STREAM_CASES change the random cases.
+ */
+#include <check.h>
+#include <errno.h>
+#include <hs.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "refscan.h"
+#include "rules.h"
+#include "streamscan.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static uint64_t rng_state;
+
+static uint32_t rnd(uint32_t n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)((rng_state >> 11) % n);
+}
+
+static uint64_t env_u64(const char *name, uint64_t dflt)
+{
+    const char *v = getenv(name);
+    return v != NULL && *v ? strtoull(v, NULL, 0) : dflt;
+}
+
+struct str {
+    char *p;
+    size_t n, cap;
+};
+
+static void put(struct str *s, const char *p, size_t n)
+{
+    if (s->n + n + 1 > s->cap) {
+        s->cap = (s->n + n + 1) * 2;
+        s->p = realloc(s->p, s->cap);
+        ck_assert_ptr_nonnull(s->p);
+    }
+    memcpy(s->p + s->n, p, n);
+    s->n += n;
+    s->p[s->n] = '\0';
+}
+
+static void puts_(struct str *s, const char *p)
+{
+    put(s, p, strlen(p));
+}
+
+/* ---- random rules --------------------------------------------------------- */
+
+struct trule {
+    char id[16];
+    enum rule_kind kind;
+    struct str pat; /* ours */
+    struct str hs;  /* Hyperscan's */
+    uint32_t flags;
+};
+
+static const char *const atoms[] = {"a", "b", "c", "ab", "A", "_", " ", "\\n", "[a-c]", "[^a\\n]",
+                                    "\\w", "\\W", "\\d", "\\s", ".", "x", "0", "[0-9a]"};
+
+static void gen_atom(struct str *s, int depth)
+{
+    if (depth < 2 && rnd(8) == 0) {
+        puts_(s, "(");
+        gen_atom(s, depth + 1);
+        if (rnd(2))
+            gen_atom(s, depth + 1);
+        puts_(s, "|");
+        gen_atom(s, depth + 1);
+        puts_(s, ")");
+    } else {
+        puts_(s, atoms[rnd(sizeof(atoms) / sizeof(atoms[0]))]);
+    }
+    static const char *const reps[] = {"?", "*", "+", "{1,3}", "{2}", "{0,2}", "{2,}", "{1,12}"};
+    if (rnd(4) == 0)
+        puts_(s, reps[rnd(sizeof(reps) / sizeof(reps[0]))]);
+}
+
+/* Bounded or unbounded regexes with anchors and word boundaries, or
+ * literals; flags i, s, m and H at random. */
+static void gen_rule(struct trule *r, size_t index)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->id, sizeof(r->id), "r%zu", index);
+    if (rnd(5) == 0) {
+        static const char lit[] = "abcAx_ 0\n";
+        r->kind = RULE_LITERAL;
+        for (uint32_t k = 0, n = 1 + rnd(5); k < n; k++) {
+            char c = lit[rnd(sizeof(lit) - 1)], h[8];
+            put(&r->pat, c == '\n' ? "\\n" : &c, c == '\n' ? 2 : 1);
+            snprintf(h, sizeof(h), "\\x%02x", (unsigned)c);
+            puts_(&r->hs, h);
+        }
+    } else {
+        r->kind = RULE_REGEX;
+        if (rnd(5) == 0)
+            puts_(&r->pat, "^");
+        if (rnd(5) == 0)
+            puts_(&r->pat, rnd(2) ? "\\b" : "\\B");
+        for (uint32_t k = 0, n = 1 + rnd(4); k < n; k++) {
+            gen_atom(&r->pat, 0);
+            if (rnd(12) == 0)
+                puts_(&r->pat, "\\b");
+        }
+        uint32_t tail = rnd(8);
+        puts_(&r->pat, tail == 0 ? "$" : tail == 1 ? "\\b" : tail == 2 ? "\\B" : "");
+        puts_(&r->hs, r->pat.p);
+    }
+    r->flags |= rnd(4) == 0 ? RULE_F_CASELESS : 0;
+    r->flags |= rnd(4) == 0 ? RULE_F_DOTALL : 0;
+    r->flags |= rnd(3) == 0 ? RULE_F_MULTILINE : 0;
+    r->flags |= rnd(8) == 0 ? RULE_F_SINGLEMATCH : 0;
+}
+
+static void gen_data(struct str *d, size_t len)
+{
+    static const char alpha[] = "aaabbbcccAB__  \n\n0x.";
+    for (size_t i = 0; i < len; i++) {
+        char c = alpha[rnd(sizeof(alpha) - 1)];
+        put(d, &c, 1);
+    }
+}
+
+/* Cut points: 0 = c[0] < c[1] < ... < c[n] = len (n writes, 1 <= n <= 1000),
+ * with empty writes now and then. Returns n. */
+static size_t gen_cuts(size_t len, size_t *c)
+{
+    size_t n = 1 + rnd(rnd(4) == 0 ? 1000 : 40);
+    c[0] = 0;
+    for (size_t k = 1; k < n; k++)
+        c[k] = rnd(6) == 0 ? c[k - 1] : (size_t)rnd((uint32_t)len + 1);
+    c[n] = len;
+    /* sorted cut points; duplicates are empty writes */
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && c[j] < c[j - 1]; j--) {
+            size_t t = c[j];
+            c[j] = c[j - 1];
+            c[j - 1] = t;
+        }
+    return n;
+}
+
+/* ---- the comparisons -------------------------------------------------------- */
+
+struct run {
+    struct trule rules[24];
+    size_t n;
+    struct rules_result res;
+    uint32_t *in2cat; /* input -> catalog index, or UINT32_MAX */
+    hs_database_t *db;
+    hs_scratch_t *scratch;
+    bool *hs_ok; /* by catalog index */
+};
+
+struct stats {
+    uint64_t cases, writes, hits, hs_compared, hs_hits;
+};
+
+static void print_case(const struct run *ru, const struct str *d, const size_t *c, size_t nc)
+{
+    for (size_t i = 0; i < ru->n; i++)
+        fprintf(stderr, "  rule %s kind %d flags %#x: %s\n", ru->rules[i].id, ru->rules[i].kind,
+                ru->rules[i].flags, ru->rules[i].pat.p);
+    fprintf(stderr, "  data (%zu bytes):", d->n);
+    for (size_t i = 0; i < d->n; i++)
+        fprintf(stderr, d->p[i] == '\n' ? "\\n" : "%c", d->p[i]);
+    fprintf(stderr, "\n  cuts:");
+    for (size_t k = 0; k <= nc && k < 60; k++)
+        fprintf(stderr, " %zu", c[k]);
+    fputc('\n', stderr);
+}
+
+static void compile_run(struct run *ru)
+{
+    struct rule_src src[24];
+    for (size_t i = 0; i < ru->n; i++)
+        src[i] = (struct rule_src){ru->rules[i].id, ru->rules[i].kind, ru->rules[i].pat.p,
+                                   ru->rules[i].pat.n, ru->rules[i].flags, 0};
+    struct rules_options opt = {.threads = 1, .max_states = rnd(3) == 0 ? 200 : 0,
+                                .force_bitnfa = rnd(4) == 0};
+    struct vks_error err = {0};
+    ck_assert_msg(rules_compile(src, ru->n, &opt, &ru->res, &err) == 0, "compile: %s", err.msg);
+}
+
+static unsigned hs_flags_of(uint32_t f)
+{
+    return ((f & RULE_F_CASELESS) ? HS_FLAG_CASELESS : 0) | ((f & RULE_F_DOTALL) ? HS_FLAG_DOTALL : 0) |
+           ((f & RULE_F_MULTILINE) ? HS_FLAG_MULTILINE : 0);
+}
+
+/* Hyperscan stream mode over the rules we accepted; a rule it rejects is
+ * left out of the comparison (ids are catalog indexes). H is applied on
+ * our side: Hyperscan delivers a `\b` match late (test_hsdiff.c says why). */
+static void hs_build(struct run *ru)
+{
+    uint32_t nr = ru->res.catalog ? catalog_rule_count(ru->res.catalog) : 0;
+    ru->hs_ok = calloc(nr + 1, sizeof(bool));
+    const char *expr[24];
+    unsigned flags[24], ids[24];
+    for (size_t i = 0; i < ru->n; i++)
+        if (ru->res.rule_index[i] != UINT32_MAX)
+            ru->hs_ok[ru->res.rule_index[i]] = true;
+    for (int tries = 0; tries < 24; tries++) {
+        unsigned m = 0;
+        for (size_t i = 0; i < ru->n; i++) {
+            uint32_t c = ru->res.rule_index[i];
+            if (c == UINT32_MAX || !ru->hs_ok[c])
+                continue;
+            expr[m] = ru->rules[i].hs.p;
+            flags[m] = hs_flags_of(ru->rules[i].flags);
+            ids[m++] = c;
+        }
+        if (m == 0)
+            return;
+        hs_compile_error_t *ce = NULL;
+        if (hs_compile_multi(expr, flags, ids, m, HS_MODE_STREAM, NULL, &ru->db, &ce) ==
+            HS_SUCCESS) {
+            ck_assert_int_eq(hs_alloc_scratch(ru->db, &ru->scratch), HS_SUCCESS);
+            return;
+        }
+        ck_assert_msg(ce->expression >= 0, "Hyperscan failed on the set: %s", ce->message);
+        ru->hs_ok[ids[ce->expression]] = false;
+        hs_free_compile_error(ce);
+        ru->db = NULL;
+    }
+}
+
+static void run_finish(struct run *ru)
+{
+    for (size_t i = 0; i < ru->n; i++) {
+        free(ru->rules[i].pat.p);
+        free(ru->rules[i].hs.p);
+    }
+    hs_free_scratch(ru->scratch);
+    hs_free_database(ru->db);
+    free(ru->hs_ok);
+    rules_result_finish(&ru->res);
+}
+
+static int on_hs(unsigned id, unsigned long long from, unsigned long long to, unsigned fl,
+                 void *ctx)
+{
+    (void)from, (void)fl;
+    ck_assert_int_eq(scan_hits_push(ctx, id, to, 1), 0);
+    return 0;
+}
+
+static int cmp_rule_end(const void *a, const void *b)
+{
+    const struct scan_hit *x = a, *y = b;
+    if (x->rule != y->rule)
+        return x->rule < y->rule ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* Sorts by (rule, end), drops duplicates, keeps only the rules `keep` says
+ * (NULL: all), and the first of each single-match rule. */
+static void normalise(struct scan_hits *h, const struct catalog *cat, const bool *keep)
+{
+    qsort(h->v, h->n, sizeof(*h->v), cmp_rule_end);
+    size_t m = 0;
+    for (size_t i = 0; i < h->n; i++) {
+        uint32_t r = h->v[i].rule;
+        if (keep != NULL && !keep[r])
+            continue;
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        bool single = (cr.flags & RULE_F_SINGLEMATCH) != 0;
+        if (m > 0 && h->v[m - 1].rule == r && (single || h->v[m - 1].end == h->v[i].end))
+            continue;
+        h->v[m++] = h->v[i];
+    }
+    h->n = m;
+}
+
+static bool same(const struct scan_hits *a, const struct scan_hits *b, const char *what,
+                 const char *who)
+{
+    bool ok = a->n == b->n;
+    for (size_t i = 0; ok && i < a->n; i++)
+        ok = a->v[i].rule == b->v[i].rule && a->v[i].end == b->v[i].end;
+    if (ok)
+        return true;
+    fprintf(stderr, "=== stream %s differs from %s\n  stream:", what, who);
+    for (size_t i = 0; i < a->n && i < 60; i++)
+        fprintf(stderr, " (%u,%" PRIu64 ")", a->v[i].rule, a->v[i].end);
+    fprintf(stderr, "\n  %s:", who);
+    for (size_t i = 0; i < b->n && i < 60; i++)
+        fprintf(stderr, " (%u,%" PRIu64 ")", b->v[i].rule, b->v[i].end);
+    fputc('\n', stderr);
+    return false;
+}
+
+/* Streams the data in the cut writes; every write's hits must be sorted,
+ * end inside what has been written and no earlier than one byte before the
+ * write (a match waiting on its next byte). */
+static void stream_all(const struct catalog *cat, const struct str *d, const size_t *c, size_t nc,
+                       struct scan_hits *all)
+{
+    struct streamscan *s = NULL;
+    ck_assert_int_eq(streamscan_create(cat, &s), 0);
+    for (size_t k = 0; k <= nc; k++) {
+        size_t before = all->n;
+        uint64_t start = k ? c[k - 1] : 0;
+        int rc = k < nc ? streamscan_write(s, (const uint8_t *)d->p + c[k], c[k + 1] - c[k], all)
+                        : streamscan_close(s, all);
+        ck_assert_int_eq(rc, 0);
+        uint64_t top = k < nc ? c[k + 1] : d->n;
+        start = k < nc ? c[k] : d->n;
+        for (size_t i = before; i < all->n; i++) {
+            ck_assert_uint_le(all->v[i].end, top);
+            ck_assert_uint_ge(all->v[i].end + 1, start);
+            if (i > before)
+                ck_assert(all->v[i].end > all->v[i - 1].end ||
+                          (all->v[i].end == all->v[i - 1].end &&
+                           all->v[i].rule > all->v[i - 1].rule));
+        }
+    }
+    ck_assert_uint_eq(streamscan_offset(s), d->n);
+    ck_assert_int_eq(streamscan_write(s, (const uint8_t *)"x", 1, all), -EPIPE);
+    streamscan_destroy(s);
+}
+
+static void hs_stream_all(const struct run *ru, const struct str *d, const size_t *c, size_t nc,
+                          struct scan_hits *all)
+{
+    hs_stream_t *hs = NULL;
+    ck_assert_int_eq(hs_open_stream(ru->db, 0, &hs), HS_SUCCESS);
+    for (size_t k = 0; k < nc; k++)
+        ck_assert_int_eq(hs_scan_stream(hs, d->p + c[k], (unsigned)(c[k + 1] - c[k]), 0,
+                                        ru->scratch, on_hs, all),
+                         HS_SUCCESS);
+    ck_assert_int_eq(hs_close_stream(hs, ru->scratch, on_hs, all), HS_SUCCESS);
+}
+
+/* One rule set over a few data sets and cuttings; returns the differences. */
+static unsigned one_case(struct stats *st)
+{
+    struct run ru = {.n = 1 + rnd(12)};
+    for (size_t i = 0; i < ru.n; i++)
+        gen_rule(&ru.rules[i], i);
+    compile_run(&ru);
+    hs_build(&ru);
+    unsigned diffs = 0;
+    const struct catalog *cat = ru.res.catalog;
+    for (int h = 0; cat != NULL && h < 3; h++) {
+        struct str d = {0};
+        gen_data(&d, rnd(4) == 0 ? rnd(4) : 1 + rnd(h == 2 ? 3000 : 300));
+        if (d.n == 0)
+            put(&d, "", 0);
+        size_t *cuts = calloc(1002, sizeof(size_t));
+        size_t nc = gen_cuts(d.n, cuts);
+        struct scan_hits block = {0}, got = {0}, theirs = {0};
+        ck_assert_int_eq(refscan_buffer(cat, (const uint8_t *)d.p, d.n, SCAN_ALL, &block), 0);
+        stream_all(cat, &d, cuts, nc, &got);
+        normalise(&block, cat, NULL);
+        struct scan_hits copy = {0};
+        for (size_t i = 0; i < got.n; i++)
+            scan_hits_push(&copy, got.v[i].rule, got.v[i].end, 1);
+        size_t raw_n = copy.n;
+        normalise(&copy, cat, NULL);
+        ck_assert_uint_eq(copy.n, raw_n); /* no (rule, end) twice, H once */
+        bool ok = same(&copy, &block, "hits", "block mode");
+        if (ru.db != NULL) {
+            hs_stream_all(&ru, &d, cuts, nc, &theirs);
+            normalise(&theirs, cat, ru.hs_ok);
+            normalise(&copy, cat, ru.hs_ok);
+            ok = same(&copy, &theirs, "hits", "Hyperscan stream mode") && ok;
+            st->hs_compared++;
+            st->hs_hits += theirs.n;
+        }
+        if (!ok) {
+            print_case(&ru, &d, cuts, nc);
+            diffs++;
+        }
+        st->writes += nc;
+        st->hits += block.n;
+        scan_hits_finish(&block);
+        scan_hits_finish(&got);
+        scan_hits_finish(&copy);
+        scan_hits_finish(&theirs);
+        free(cuts);
+        free(d.p);
+    }
+    st->cases++;
+    run_finish(&ru);
+    return diffs;
+}
+
+START_TEST(test_random_differential)
+{
+    rng_state = env_u64("VKS_STREAM_SEED", 0x9e3779b97f4a7c15ull) | 1;
+    uint64_t cases = env_u64("VKS_STREAM_CASES", 300);
+    struct stats st = {0};
+    unsigned diffs = 0;
+    for (uint64_t i = 0; i < cases && diffs < 5; i++)
+        diffs += one_case(&st);
+    fprintf(stderr,
+            "stream differential: %" PRIu64 " cases, %" PRIu64 " writes, %" PRIu64
+            " block hits, %" PRIu64 " Hyperscan comparisons (%" PRIu64 " hits)\n",
+            st.cases, st.writes, st.hits, st.hs_compared, st.hs_hits);
+    ck_assert_msg(diffs == 0, "%u differences; reproducers above", diffs);
+    ck_assert_uint_gt(st.hits, 20 * cases);
+    ck_assert_uint_gt(st.hs_compared, cases);
+    ck_assert_uint_gt(st.hs_hits, 10 * cases);
+}
+END_TEST
+
+/* ---- directed cases: which write or close reports a match ------------------ */
+
+static struct catalog *compile1(const char *pat, uint32_t flags, bool bitnfa,
+                                struct rules_result *res)
+{
+    struct rule_src src = {"r", RULE_REGEX, pat, strlen(pat), flags, 0};
+    struct rules_options opt = {.threads = 1, .force_bitnfa = bitnfa};
+    struct vks_error err = {0};
+    ck_assert_int_eq(rules_compile(&src, 1, &opt, res, &err), 0);
+    ck_assert_ptr_nonnull(res->catalog);
+    return res->catalog;
+}
+
+/* Writes the NUL-separated pieces of `w` ("" ends them) and the close; `want` lists
+ * (piece index, end) pairs, the close being index n. */
+static void expect(const char *pat, uint32_t flags, const char *const *w, const int *want,
+                   size_t n_want)
+{
+    for (int bitnfa = 0; bitnfa < 2; bitnfa++) {
+        struct rules_result res = {0};
+        struct catalog *cat = compile1(pat, flags, bitnfa, &res);
+        struct streamscan *s = NULL;
+        ck_assert_int_eq(streamscan_create(cat, &s), 0);
+        size_t got = 0;
+        int k = 0;
+        for (;; k++) {
+            struct scan_hits h = {0};
+            bool end = w[k] == NULL;
+            ck_assert_int_eq(end ? streamscan_close(s, &h)
+                                 : streamscan_write(s, (const uint8_t *)w[k], strlen(w[k]), &h),
+                             0);
+            for (size_t i = 0; i < h.n; i++, got++) {
+                ck_assert_msg(got < n_want, "%s: extra hit end %" PRIu64 " at piece %d", pat,
+                              h.v[i].end, k);
+                ck_assert_msg(want[2 * got] == k && (uint64_t)want[2 * got + 1] == h.v[i].end,
+                              "%s (bitnfa %d): hit %zu at piece %d end %" PRIu64
+                              ", want piece %d end %d",
+                              pat, bitnfa, got, k, h.v[i].end, want[2 * got], want[2 * got + 1]);
+            }
+            scan_hits_finish(&h);
+            if (end)
+                break;
+        }
+        ck_assert_msg(got == n_want, "%s: %zu hits, want %zu", pat, got, n_want);
+        streamscan_destroy(s);
+        rules_result_finish(&res);
+    }
+}
+
+START_TEST(test_straddle_reported_by_completing_write)
+{
+    expect("needle", 0, (const char *const[]){"xxnee", "d", "lexx", NULL}, (int[]){2, 8}, 1);
+    expect("a[^z]*q", 0, (const char *const[]){"a", "bbbb", "bq", "q", NULL},
+           (int[]){2, 7, 3, 8}, 2);
+}
+END_TEST
+
+START_TEST(test_end_anchors_wait_for_next_byte)
+{
+    /* \b at a write's end: the next byte or the close decides */
+    expect("foo\\b", 0, (const char *const[]){"foo", " bar", NULL}, (int[]){1, 3}, 1);
+    expect("foo\\b", 0, (const char *const[]){"foo", "bar", NULL}, NULL, 0);
+    expect("foo\\b", 0, (const char *const[]){"foox", NULL}, NULL, 0);
+    expect("foo\\b", 0, (const char *const[]){" foo", NULL}, (int[]){1, 4}, 1);
+    /* $: at the end, or before a final '\n' */
+    expect("zq$", 0, (const char *const[]){"zq", NULL}, (int[]){1, 2}, 1);
+    expect("zq$", 0, (const char *const[]){"zq", "\n", NULL}, (int[]){2, 2}, 1);
+    expect("zq$", 0, (const char *const[]){"zq\n", "a", NULL}, NULL, 0);
+    /* multi-line $ holds before any '\n': reported by the write that ends with it */
+    expect("zq$", RULE_F_MULTILINE, (const char *const[]){"zq\n", "a", NULL}, (int[]){0, 2}, 1);
+    /* ^ after a write boundary is not the start */
+    expect("^ab", 0, (const char *const[]){"x", "ab", NULL}, NULL, 0);
+    expect("^ab", RULE_F_MULTILINE, (const char *const[]){"x\n", "ab", NULL}, (int[]){1, 4}, 1);
+    /* single-match: once per stream */
+    expect("ab", RULE_F_SINGLEMATCH, (const char *const[]){"ab", "ab", NULL}, (int[]){0, 2}, 1);
+}
+END_TEST
+
+START_TEST(test_state_size)
+{
+    struct rules_result a = {0}, b = {0};
+    struct catalog *small = compile1("abc", 0, false, &a);
+    struct catalog *big = compile1("a.{0,3000}b", 0, true, &b);
+    size_t s1 = streamscan_size(small), s2 = streamscan_size(big);
+    ck_assert_uint_lt(s1, 256);
+    ck_assert_uint_gt(s2, 700); /* a state vector and a scratch of 3000+ positions */
+    ck_assert_uint_lt(s2, 2048);
+    rules_result_finish(&a);
+    rules_result_finish(&b);
+}
+END_TEST
+
+Suite *stream_suite(void)
+{
+    Suite *s = suite_create("stream");
+    TCase *tc = tcase_create("streamscan");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_random_differential);
+    tcase_add_test(tc, test_straddle_reported_by_completing_write);
+    tcase_add_test(tc, test_end_anchors_wait_for_next_byte);
+    tcase_add_test(tc, test_state_size);
+    suite_add_tcase(s, tc);
+    return s;
+}
