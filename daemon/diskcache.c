@@ -349,7 +349,7 @@ void diskcache_save_source(struct store *st, const struct store_source *s)
 {
     if (!st->disk)
         return;
-    size_t len = SRC_HEADER;
+    size_t len = SRC_HEADER + 8; /* + the compile time, after the rejects */
     for (size_t i = 0; i < s->n_rejects; i++)
         len += 16 + strlen(s->rejects[i].id) + strlen(s->rejects[i].msg);
     struct disk_op *op = disk_op_new(st, DISK_WRITE, NULL, 1);
@@ -376,14 +376,20 @@ void diskcache_save_source(struct store *st, const struct store_source *s)
         memcpy(p + 16 + il, r->msg, ml);
         p += 16 + il + ml;
     }
+    /* The original compile time, so that a tenant new to this rule set after a
+     * restart is told the same as before it (catalog.load compile_ns). */
+    put_u32(p, (uint32_t)s->compile_ns);
+    put_u32(p + 4, (uint32_t)(s->compile_ns >> 32));
+    p += 8;
     op->len = (size_t)(p - op->data);
     src_path(st, s->src, op->paths[0], PATH_MAX);
     disk_submit(st, op);
 }
 
-/* Parses a .src file; returns 0 and the rejects (owned by the caller). */
+/* Parses a .src file; returns 0 and the rejects (owned by the caller) and
+ * the compile time (0 in files written before it was recorded). */
 static int source_parse(const uint8_t *p, size_t len, uint32_t compiler, uint8_t fp[CATALOG_FP_LEN],
-                        struct rule_reject **out, size_t *n_out)
+                        struct rule_reject **out, size_t *n_out, uint64_t *compile_ns)
 {
     if (len < SRC_HEADER || get_u32(p) != SRC_MAGIC || get_u32(p + 4) != SRC_FORMAT)
         return -EINVAL;
@@ -411,6 +417,7 @@ static int source_parse(const uint8_t *p, size_t len, uint32_t compiler, uint8_t
         memcpy(v[i].msg, p + off + 16 + il, ml);
         off += 16 + il + ml;
     }
+    *compile_ns = len - off >= 8 ? get_u32(p + off) | (uint64_t)get_u32(p + off + 4) << 32 : 0;
     *out = v;
     *n_out = n;
     return 0;
@@ -493,6 +500,7 @@ static void index_sources(struct store *st)
     if (d == NULL)
         return;
     struct dirent *de;
+    struct store_source *s;
     char path[PATH_MAX];
     while ((de = readdir(d)) != NULL) {
         uint8_t src[CATALOG_FP_LEN], fp[CATALOG_FP_LEN];
@@ -504,8 +512,9 @@ static void index_sources(struct store *st)
         size_t len = 0;
         struct rule_reject *rejects = NULL;
         size_t n = 0;
+        uint64_t compile_ns = 0;
         if (read_file(path, &data, &len, 1 << 28, NULL) != 0 ||
-            source_parse(data, len, st->compiler, fp, &rejects, &n) != 0) {
+            source_parse(data, len, st->compiler, fp, &rejects, &n, &compile_ns) != 0) {
             unlink(path); /* unreadable or stale: the next load of its rules compiles */
             free(data);
             continue;
@@ -514,8 +523,8 @@ static void index_sources(struct store *st)
         struct store_entry *e = store_table_find(st, fp);
         if (e == NULL || store_source_find(st, src) != NULL)
             free(rejects); /* its catalog is gone: the next load compiles */
-        else
-            store_source_add(st, e, src, rejects, n);
+        else if ((s = store_source_add(st, e, src, rejects, n)) != NULL)
+            s->compile_ns = compile_ns;
     }
     closedir(d);
 }
