@@ -10,7 +10,7 @@
  *    pattern);
  *  - multi-rule catalogs of random regexes, literals and hex strings, compiled
  *    together under several state budgets, which exercises grouping;
- *  - every pattern file under $VKS_SHARED_DATA against the prose haystacks
+ *  - every pattern file under tests/data (or $VKS_SHARED_DATA) against the prose haystacks
  *    there plus a synthetic "config file" full of secret-like assignments.
  *
  * Patterns Hyperscan rejects are skipped and counted. Patterns we reject
@@ -1570,7 +1570,7 @@ END_TEST
 static const char *data_dir(void)
 {
     const char *d = getenv("VKS_SHARED_DATA");
-    return d != NULL && *d != '\0' ? d : VKS_SOURCE_ROOT "/../shared/data";
+    return d != NULL && *d != '\0' ? d : VKS_SOURCE_ROOT "/tests/data";
 }
 
 /* Reads a whole file; returns NULL (and fails the test) when it cannot. */
@@ -1578,8 +1578,8 @@ static uint8_t *slurp(const char *path, size_t *len, size_t limit)
 {
     FILE *f = fopen(path, "rb");
     ck_assert_msg(f != NULL,
-                  "cannot open %s: %s (set VKS_SHARED_DATA to the shared data "
-                  "folder)",
+                  "cannot open %s: %s (tests/data holds it; VKS_SHARED_DATA "
+                  "names another copy)",
                   path, strerror(errno));
     struct str s = {0};
     char buf[65536];
