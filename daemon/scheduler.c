@@ -20,6 +20,7 @@ struct sched_tenant {
     uint32_t jobs;  /* queued + running */
     uint64_t bytes; /* queued + running */
     uint64_t served_bytes, served_jobs;
+    uint64_t held; /* frame bytes of requests in flight (sched_tenant_hold) */
     bool live; /* counted in n_tenants: referenced or with jobs */
 };
 
@@ -190,6 +191,16 @@ uid_t sched_tenant_uid(const struct sched_tenant *t)
 bool sched_tenant_over(const struct sched *s, const struct sched_tenant *t)
 {
     return t->jobs >= s->limits.tenant_max_requests || t->bytes >= s->limits.tenant_max_bytes;
+}
+
+void sched_tenant_hold(struct sched_tenant *t, int64_t delta)
+{
+    t->held += (uint64_t)delta;
+}
+
+bool sched_tenant_holds_too_much(const struct sched *s, const struct sched_tenant *t)
+{
+    return t->held >= s->limits.tenant_max_bytes;
 }
 
 bool sched_job_too_big(const struct sched *s, uint64_t bytes)

@@ -99,6 +99,12 @@ uid_t sched_tenant_uid(const struct sched_tenant *t);
  * its quota: its sockets should not be read. */
 bool sched_tenant_over(const struct sched *s, const struct sched_tenant *t);
 
+/* Request bytes (frames) the tenant's requests in flight hold, whatever
+ * their op: the server stops reading a tenant at tenant_max_bytes of them,
+ * so loads waiting for a compile are bounded like queued scans. */
+void sched_tenant_hold(struct sched_tenant *t, int64_t delta);
+bool sched_tenant_holds_too_much(const struct sched *s, const struct sched_tenant *t);
+
 /* True when a single job of `bytes` could never fit the tenant quota. */
 bool sched_job_too_big(const struct sched *s, uint64_t bytes);
 

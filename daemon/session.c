@@ -40,6 +40,7 @@ struct request {
     struct store_entry *entry;
     uint64_t t_queued, t_dispatched;
     uint32_t max_hits;
+    uint64_t held; /* frame bytes counted with sched_tenant_hold */
 };
 
 struct session {
@@ -111,6 +112,8 @@ static struct request *request_new(struct session *s, struct proto_request *req,
     r->s = s;
     r->req = req;
     r->t_recv = t;
+    r->held = req->frame.len;
+    sched_tenant_hold(s->tenant, (int64_t)r->held);
     r->next = s->reqs;
     if (s->reqs != NULL)
         s->reqs->prev = r;
@@ -135,7 +138,11 @@ static void request_free(struct request *r)
     engine_job_finish(&r->ej);
     free(r->bufs);
     proto_request_destroy(r->req);
+    bool was_over = sched_tenant_holds_too_much(server_sched(s->srv), s->tenant);
+    sched_tenant_hold(s->tenant, -(int64_t)r->held);
     free(r);
+    if (was_over)
+        server_resume_tenant(s->srv, s->uid); /* its other connections may read again */
     if (!s->closed) {
         s->t_active = uv_now(server_loop(s->srv));
         if (s->close_when_done && finished(s))
@@ -292,6 +299,7 @@ static bool may_read(struct session *s)
     uint64_t high =
         cfg->max_unsent_bytes / 2 < OUT_HIGH_WATER ? cfg->max_unsent_bytes / 2 : OUT_HIGH_WATER;
     bool over = sched_tenant_over(server_sched(s->srv), s->tenant) ||
+                sched_tenant_holds_too_much(server_sched(s->srv), s->tenant) ||
                 s->n_reqs >= cfg->tenant_max_requests || s->out.len - s->out_off >= high;
     if (over && !s->paused)
         server_counters(s->srv)->backpressure++;

@@ -37,6 +37,8 @@ static void stats_requests(struct stats_list *l, const struct server_counters *c
 #undef OP_KEYS
     uint64_t total = 0;
     for (int op = 0; op < PROTO_OP_COUNT; op++) {
+        if (keys[op][0] == NULL)
+            continue; /* an op without keys yet */
         stats_add_u(l, keys[op][0], c->requests[op]);
         stats_add_u(l, keys[op][1], c->replies_ok[op]);
         stats_add_u(l, keys[op][2], c->replies_error[op]);

@@ -1120,6 +1120,48 @@ START_TEST(test_compile_stops_when_client_leaves)
 }
 END_TEST
 
+static int backpressure_seen(const struct daemon *d, void *arg)
+{
+    (void)arg;
+    struct vks_client *c = NULL;
+    if (vks_client_connect(d->sock, NULL, &c, NULL) != 0)
+        return 1;
+    struct vks_stats st = {0};
+    int rc = 2;
+    for (int i = 0; i < 200 && rc != 0; i++) {
+        if (vks_client_stats(c, &st, NULL) != 0)
+            return 3;
+        const struct vks_stat *b = vks_stat_find(st.stats, st.n_stats, "backpressure");
+        rc = b != NULL && b->u >= 1 ? 0 : 2;
+        vks_stats_finish(&st);
+        if (rc != 0)
+            usleep(20000);
+    }
+    vks_client_close(c);
+    return rc;
+}
+
+/* Loads waiting for a compile hold their frames: a tenant's requests in
+ * flight are bounded by tenant-max-bytes, not only its scans. */
+START_TEST(test_pending_loads_bounded)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_pending_loads_bounded: needs root; skipped\n");
+        return;
+    }
+    struct daemon d;
+    const char *const flags[] = {"--tenant-max-bytes", "8K", "--compile-threads", "1",
+                                 "--admin-gids", "65534", NULL};
+    daemon_start(&d, flags);
+    int a = raw_connect(&d);
+    for (int i = 0; i < 12; i++)
+        send_slow_load(a, 1 + (uint32_t)i, 60 + i, 40, 0); /* about 3 KiB each */
+    ck_assert_int_eq(as_uid(&d, 65534, backpressure_seen, NULL), 0);
+    close(a);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* ---- 11: catalog.load says `cached` only for what this tenant had ----- */
 
 static int load_twice(const struct daemon *d, void *arg)
@@ -1236,6 +1278,7 @@ Suite *attack_suite(void)
     tcase_add_test(tc, test_compiles_isolated_and_drained);
     tcase_add_test(tc, test_compile_timeout);
     tcase_add_test(tc, test_compile_stops_when_client_leaves);
+    tcase_add_test(tc, test_pending_loads_bounded);
     tcase_add_test(tc, test_cached_per_tenant);
     suite_add_tcase(s, tc);
     return s;
