@@ -11,6 +11,7 @@ export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 mkdir -p /tmp/p; for i in $(seq 1800); do cat $D/default.hay; done | head -c 1073741824 > /tmp/p/big
 cat /tmp/p/big > /dev/null
 $B/daemon/vkscand --config "" --socket /tmp/p/s.sock --state-dir /tmp/p/st --log-level notice > /tmp/p/d.log 2>&1 &
+daemon=$!
 for _ in $(seq 300); do grep -q "ready on" /tmp/p/d.log && break; sleep 0.1; done
 cat /tmp/p/d.log
 for r in dict-10 gitleaks-keywords; do
@@ -20,12 +21,13 @@ for r in dict-10 gitleaks-keywords; do
 done
 # Warm restart: the pipeline cache file and the disk catalog cache are in
 # place; time from start to "ready" and the first scan's telemetry.
-kill -TERM %1 2>/dev/null || pkill -TERM -f "vkscand --config"; wait
+kill -TERM $daemon; wait $daemon
 s=$(date +%s.%N)
 $B/daemon/vkscand --config "" --socket /tmp/p/s.sock --state-dir /tmp/p/st --log-level notice > /tmp/p/d2.log 2>&1 &
+daemon=$!
 for _ in $(seq 3000); do grep -q "ready on" /tmp/p/d2.log && break; sleep 0.01; done
 e=$(date +%s.%N); echo "restart: ready after $(awk -v a=$s -v b=$e 'BEGIN{print b-a}') s"
 for r in dict-10 gitleaks-keywords; do
   s=$(date +%s.%N); VKSCAN_TELEMETRY=1 $B/client/vkscan --socket /tmp/p/s.sock scan -c -r $D/$r.rules /tmp/p/big 2>&1 >/dev/null | grep -o "engine=.*" | tr ' ' '\n' | grep -E "^(plan_ns|fd_read_ns|scan_ns|total_ns|pipeline_compiles|catalog_uploads)=" | tr '\n' ' '; e=$(date +%s.%N); echo " first after restart: $r wall $(awk -v a=$s -v b=$e 'BEGIN{print b-a}')"
 done
-kill -TERM %1 2>/dev/null; wait
+kill -TERM $daemon; wait $daemon
