@@ -1105,6 +1105,11 @@ void session_close(struct session *s)
         return;
     s->closed = true;
     struct server *srv = s->srv;
+    if (s->reserved != 0) { /* a half-read frame holds the budget no longer */
+        uint64_t held = s->reserved;
+        s->reserved = 0;
+        server_frame_release(srv, held);
+    }
     /* Queued scans go now; running ones and pending store work finish
      * unseen and free their request when they come back. */
     for (struct request *r = s->reqs, *next; r != NULL; r = next) {
