@@ -886,3 +886,117 @@ const struct vks_stat *vks_stat_find(const struct vks_stat *stats, size_t n, con
     }
     return NULL;
 }
+
+/* ---- streams ---------------------------------------------------------------------- */
+
+struct vks_stream {
+    struct vks_client *c;
+    uint32_t id;
+    uint64_t state_bytes;
+    uint64_t offset;
+};
+
+void vks_stream_options_init(struct vks_stream_options *opt)
+{
+    memset(opt, 0, sizeof(*opt));
+    opt->struct_size = sizeof(*opt);
+}
+
+int vks_stream_open(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
+                    const struct vks_stream_options *opt, struct vks_stream **out,
+                    struct vks_error *err)
+{
+    (void)opt; /* no options yet */
+    *out = NULL;
+    struct vks_stream *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return vks_error_set(err, -ENOMEM, "out of memory for a stream");
+    struct proto_request req = {.op = PROTO_OP_STREAM_OPEN};
+    struct proto_reply *rep = NULL;
+    memcpy(req.u.stream.catalog, catalog, VKS_FP_LEN);
+    /* not retried: a stream opened on a connection that then broke is gone */
+    int rc = call(c, &req, NULL, 0, false, 0, &rep, err);
+    if (rc < 0) {
+        free(s);
+        return rc;
+    }
+    s->c = c;
+    s->id = rep->u.stream.stream;
+    s->state_bytes = rep->u.stream.state_bytes;
+    proto_reply_destroy(rep);
+    *out = s;
+    return 0;
+}
+
+uint64_t vks_stream_state_bytes(const struct vks_stream *s)
+{
+    return s->state_bytes;
+}
+
+uint64_t vks_stream_offset(const struct vks_stream *s)
+{
+    return s->offset;
+}
+
+/* Sends a stream.write or stream.close and fills `res` from its reply. */
+static int stream_call(struct vks_stream *s, struct proto_request *req, const int *fds,
+                       size_t n_fds, struct vks_scan_result *res, struct vks_error *err)
+{
+    struct proto_reply *rep = NULL;
+    req->u.stream.stream = s->id;
+    int rc = call(s->c, req, fds, n_fds, false, 0, &rep, err);
+    if (rc < 0)
+        return rc;
+    if (rep->u.scan.n_buffers > 0)
+        s->offset += rep->u.scan.buffers[0].bytes;
+    if (res == NULL) {
+        proto_reply_destroy(rep);
+        return 0;
+    }
+    return fill_scan_result(rep, res, err);
+}
+
+int vks_stream_write(struct vks_stream *s, const void *data, size_t len,
+                     struct vks_scan_result *res, struct vks_error *err)
+{
+    memset(res, 0, sizeof(*res));
+    if (data == NULL && len > 0)
+        return vks_error_set(err, -EINVAL, "stream write of %zu bytes has no data", len);
+    if (len > 0 && (uint64_t)len >= s->c->opt.memfd_threshold) {
+        int fd = make_memfd(data, len); /* large writes travel as a sealed memfd */
+        if (fd >= 0) {
+            int rc = vks_stream_write_fd(s, fd, 0, len, res, err);
+            close(fd);
+            return rc;
+        }
+    }
+    struct proto_request req = {.op = PROTO_OP_STREAM_WRITE};
+    req.u.stream.buffer = (struct proto_buffer){.data = data, .len = len};
+    return stream_call(s, &req, NULL, 0, res, err);
+}
+
+int vks_stream_write_fd(struct vks_stream *s, int fd, uint64_t offset, uint64_t length,
+                        struct vks_scan_result *res, struct vks_error *err)
+{
+    memset(res, 0, sizeof(*res));
+    if (fd < 0)
+        return vks_error_set(err, -EINVAL, "stream write: descriptor %d is invalid", fd);
+    struct proto_request req = {.op = PROTO_OP_STREAM_WRITE};
+    req.u.stream.buffer = (struct proto_buffer){
+        .is_fd = true, .offset = offset, .length = length, .has_length = length != 0};
+    return stream_call(s, &req, &fd, 1, res, err);
+}
+
+int vks_stream_close(struct vks_stream *s, struct vks_scan_result *res, struct vks_error *err)
+{
+    if (res != NULL)
+        memset(res, 0, sizeof(*res));
+    if (s == NULL)
+        return 0;
+    struct proto_request req = {.op = PROTO_OP_STREAM_CLOSE};
+    int rc = s->c->fd >= 0
+                 ? stream_call(s, &req, NULL, 0, res, err)
+                 : vks_error_set(err, -VKS_E_CLOSED, "the connection of stream %u is gone", s->id);
+    free(s);
+    return rc;
+}

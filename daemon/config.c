@@ -112,8 +112,13 @@ static const struct opt opts[] = {
      "close connections idle this long (0: never)"},
     {"tenant-max-connections", NUM(OPT_U32, tenant_max_connections), 1, 1u << 20, true,
      "open connections of one uid"},
-    {"compile-threads", NUM(OPT_U32, compile_threads), 1, 64, false,
-     "threads compiling rule sets"},
+    {"stream-max-per-tenant", NUM(OPT_U32, stream_max_per_tenant), 1, 1u << 20, true,
+     "open streams of one uid"},
+    {"stream-max-state-bytes", NUM(OPT_SIZE, stream_max_state_bytes), 256, 1 * GIB, true,
+     "bytes of state of one stream"},
+    {"stream-idle-timeout-ms", NUM(OPT_U32, stream_idle_timeout_ms), 0, 7 * 24 * 3600u * 1000, true,
+     "close streams idle this long (0: never)"},
+    {"compile-threads", NUM(OPT_U32, compile_threads), 1, 64, false, "threads compiling rule sets"},
     {"tenant-max-compiles", NUM(OPT_U32, tenant_max_compiles), 1, 64, true,
      "compiles of one uid running at once"},
     {"max-states", NUM(OPT_U32, max_states), 256, 1u << 24, true,
@@ -165,6 +170,9 @@ void config_defaults(struct daemon_config *cfg)
     cfg->frame_timeout_ms = 30 * 1000;
     cfg->idle_timeout_ms = 600 * 1000;
     cfg->tenant_max_connections = 256;
+    cfg->stream_max_per_tenant = 1024;
+    cfg->stream_max_state_bytes = 1 * MIB;
+    cfg->stream_idle_timeout_ms = 600 * 1000;
     cfg->compile_threads = 2;
     cfg->tenant_max_compiles = 1;
     cfg->max_states = 1u << 20;

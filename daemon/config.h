@@ -93,6 +93,9 @@ struct daemon_config {
     uint32_t frame_timeout_ms;       /* a started frame must be complete within this; 0 = none */
     uint32_t idle_timeout_ms;        /* a connection with nothing in flight is closed; 0 = none */
     uint32_t tenant_max_connections; /* open connections of one uid */
+    uint32_t stream_max_per_tenant;  /* open streams of one uid, all connections */
+    uint64_t stream_max_state_bytes; /* state of one stream (streamscan_size) */
+    uint32_t stream_idle_timeout_ms; /* a stream without requests is closed; 0 = never */
     uint32_t compile_threads;        /* threads of the compile pool; not reloadable */
     uint32_t tenant_max_compiles;    /* compiles of one uid running at once */
     uint32_t max_states;             /* ceiling of a catalog.load's max_states */

@@ -370,13 +370,15 @@ static void on_sweep(uv_timer_t *t)
 }
 
 /* Runs the timeout sweep at a quarter of the shortest timeout (10 ms to
- * 1 s), or not at all when both are off. */
+ * 1 s), or not at all when all are off. */
 static void arm_sweep(struct server *srv)
 {
     uint64_t a = srv->cfg.frame_timeout_ms, b = srv->cfg.idle_timeout_ms;
     uint64_t m = a == 0 ? b : b == 0 ? a : a < b ? a : b;
     uint64_t c = srv->cfg.compile_timeout_ms;
     m = m == 0 ? c : c == 0 ? m : m < c ? m : c;
+    uint64_t st = srv->cfg.stream_idle_timeout_ms; /* daemon/stream.c */
+    m = m == 0 ? st : st == 0 ? m : m < st ? m : st;
     uint64_t every = m / 4 < 10 ? 10 : m / 4 > 1000 ? 1000 : m / 4;
     if (m == 0) {
         uv_timer_stop(&srv->sweep_timer);

@@ -21,6 +21,7 @@
 #include "session_host.h"
 #include "stats.h"
 #include "store.h"
+#include "stream.h"
 
 #define FRAMES_PER_WAKEUP 16u
 #define OUT_HIGH_WATER    (8u << 20)  /* unsent reply bytes before we stop reading */
@@ -69,6 +70,7 @@ struct session {
     size_t out_off;
     struct request *reqs;
     uint32_t n_reqs;
+    struct stream_set *streams; /* stream.* (daemon/stream.c) */
 };
 
 #define CONTAINER(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
@@ -805,6 +807,46 @@ void session_scan_expired(struct sched_job *job)
     request_free(r);
 }
 
+/* ---- streams (daemon/stream.c) ---------------------------------------- */
+
+void session_send_reply(struct session *s, const struct proto_reply *rep)
+{
+    send_reply(s, rep);
+}
+
+void session_send_error(struct session *s, uint32_t id, enum proto_op op, int code, const char *msg)
+{
+    send_error(s, id, op, code, msg);
+}
+
+static void on_stream_catalog(void *ctx, int status, const struct store_result *res,
+                              const struct vks_error *err)
+{
+    struct request *r = ctx;
+    struct session *s = r->s;
+    struct vks_error e = {0};
+    if (status == 0 && !s->closed && s->streams == NULL &&
+        stream_set_create(s->srv, s->uid, &s->streams) != 0)
+        status = vks_error_set(&e, -ENOMEM, "out of memory opening a stream");
+    if (status != 0 && !s->closed)
+        send_error(s, r->req->id, r->req->op, status,
+                   (err != NULL && e.code == 0) ? err->msg : e.msg);
+    else if (status == 0 && !s->closed)
+        stream_open(s->streams, s, r->req, res->entry);
+    request_free(r);
+}
+
+static void op_stream_open(struct session *s, struct proto_request *req, uint64_t t)
+{
+    struct request *r = request_new(s, req, t);
+    if (r == NULL) {
+        send_error(s, req->id, req->op, -ENOMEM, "out of memory opening a stream");
+        proto_request_destroy(req);
+        return;
+    }
+    store_acquire(server_store(s->srv), s->uid, req->u.stream.catalog, on_stream_catalog, r);
+}
+
 /* ---- frames ----------------------------------------------------------- */
 
 /* Answers a peer the allow lists do not admit, then closes. */
@@ -871,6 +913,13 @@ static void handle_frame(struct session *s, struct proto_frame *f)
     case PROTO_OP_SCAN:
         op_scan(s, req, t); /* takes req */
         return;
+    case PROTO_OP_STREAM_OPEN:
+        op_stream_open(s, req, t); /* takes req */
+        return;
+    case PROTO_OP_STREAM_WRITE:
+    case PROTO_OP_STREAM_CLOSE:
+        stream_op(s->streams, s, req);
+        break;
     case PROTO_OP_NONE:
     case PROTO_OP_COUNT:
         send_error(s, req->id, req->op, -VKS_E_UNKNOWN_OP, "unknown operation");
@@ -1122,6 +1171,8 @@ void session_close(struct session *s)
             store_cancel(server_store(srv), r); /* its compile is no one's now */
         }
     }
+    stream_set_destroy(s->streams); /* open streams end with their connection */
+    s->streams = NULL;
     uv_close((uv_handle_t *)&s->poll, on_poll_closed);
     server_resume_tenant(srv, s->uid);
 }
@@ -1141,6 +1192,7 @@ void session_sweep(struct session *s, uint64_t now_ms)
     const struct daemon_config *cfg = server_config(s->srv);
     if (s->closed || s->fatal)
         return;
+    stream_set_sweep(s->streams, now_ms);
     char msg[200];
     if (cfg->frame_timeout_ms != 0 && s->t_frame != 0 && !s->paused &&
         now_ms - s->t_frame >= cfg->frame_timeout_ms) {

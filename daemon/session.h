@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include "engine.h"
+#include "proto.h"
 #include "scheduler.h"
 
 struct server;
@@ -57,5 +58,11 @@ void session_scan_done(struct engine_job *job, const struct engine_telemetry *te
 
 /* A queued scan the scheduler dropped for passing its deadline. */
 void session_scan_expired(struct sched_job *job);
+
+/* Replies for daemon/stream.c: encode and write (an error code is -VKS_E_*
+ * or -errno, sent as INTERNAL); nothing happens on a closed session. */
+void session_send_reply(struct session *s, const struct proto_reply *rep);
+void session_send_error(struct session *s, uint32_t id, enum proto_op op, int code,
+                        const char *msg);
 
 #endif

@@ -5,6 +5,7 @@
 #include "stats.h"
 
 #include "session_host.h"
+#include "stream.h"
 
 void stats_add_u(struct stats_list *l, const char *key, uint64_t v)
 {
@@ -32,8 +33,10 @@ static void stats_requests(struct stats_list *l, const struct server_counters *c
         "requests." name, "requests." name ".ok", "requests." name ".error" \
     }
     static const char *const keys[PROTO_OP_COUNT][3] = {
-        OP_KEYS("invalid"),     OP_KEYS("hello"),        OP_KEYS("ping"), OP_KEYS("catalog_load"),
-        OP_KEYS("catalog_has"), OP_KEYS("catalog_drop"), OP_KEYS("scan"), OP_KEYS("stats")};
+        OP_KEYS("invalid"),      OP_KEYS("hello"),       OP_KEYS("ping"),
+        OP_KEYS("catalog_load"), OP_KEYS("catalog_has"), OP_KEYS("catalog_drop"),
+        OP_KEYS("scan"),         OP_KEYS("stats"),       OP_KEYS("stream_open"),
+        OP_KEYS("stream_write"), OP_KEYS("stream_close")};
 #undef OP_KEYS
     uint64_t total = 0;
     for (int op = 0; op < PROTO_OP_COUNT; op++) {
@@ -72,6 +75,7 @@ static void stats_limits(struct stats_list *l, const struct daemon_config *c)
     stats_add_u(l, "limit.max_states", c->max_states);
     stats_add_u(l, "limit.compile_timeout_ms", c->compile_timeout_ms);
     stats_add_u(l, "limit.batch_max_ms", c->batch_max_ms);
+    stream_stats_add(c, l); /* limit.stream_* and stream.* */
 }
 
 /* The tenant's own figures, the limits and what is no one's secret. */

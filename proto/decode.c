@@ -441,6 +441,24 @@ static int check_scan(struct dec *d, struct proto_request *req, uint32_t seen)
     return 0;
 }
 
+static int read_stream_buffer(struct dec *d, struct proto_request *req,
+                              const struct proto_frame *fr)
+{
+    return read_buffer(d, &req->u.stream.buffer, 0, fr);
+}
+
+/* stream.open needs `catalog`; stream.write `stream` and `buffer`;
+ * stream.close `stream` (their tables list them in that order). */
+static int check_stream(struct dec *d, struct proto_request *req, uint32_t seen)
+{
+    const char *op = proto_op_name(req->op);
+    if (!(seen & 1u))
+        return missing(d, req->op == PROTO_OP_STREAM_OPEN ? "catalog" : "stream", op);
+    if (req->op == PROTO_OP_STREAM_WRITE && !(seen & 2u))
+        return missing(d, "buffer", op);
+    return 0;
+}
+
 /* ---- request ------------------------------------------------------------------ */
 
 /*
@@ -481,6 +499,13 @@ static const struct field scan_fields[] = {
     {"timeout_ms", FT_U32, RQ(u.scan.timeout_ms), NULL},
     {"ids", FT_BOOL, RQ(u.scan.rule_ids), NULL},
 };
+static const struct field stream_open_fields[] = {
+    {"catalog", FT_FP, RQ(u.stream.catalog), NULL},
+};
+static const struct field stream_write_fields[] = {
+    {"stream", FT_U32, RQ(u.stream.stream), NULL},
+    {"buffer", FT_CUSTOM, 0, read_stream_buffer},
+};
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -503,6 +528,15 @@ static const struct field *op_fields(enum proto_op op, size_t *n)
     case PROTO_OP_SCAN:
         *n = N_OF(scan_fields);
         return scan_fields;
+    case PROTO_OP_STREAM_OPEN:
+        *n = N_OF(stream_open_fields);
+        return stream_open_fields;
+    case PROTO_OP_STREAM_WRITE:
+        *n = N_OF(stream_write_fields);
+        return stream_write_fields;
+    case PROTO_OP_STREAM_CLOSE:
+        *n = 1;
+        return stream_write_fields;
     default:
         *n = 0;
         return NULL;
@@ -557,6 +591,10 @@ static int op_check(struct dec *d, struct proto_request *req, uint32_t seen)
         return check_ref(d, req, seen);
     case PROTO_OP_SCAN:
         return check_scan(d, req, seen);
+    case PROTO_OP_STREAM_OPEN:
+    case PROTO_OP_STREAM_WRITE:
+    case PROTO_OP_STREAM_CLOSE:
+        return check_stream(d, req, seen);
     default:
         return 0;
     }
@@ -657,9 +695,10 @@ int proto_request_decode(struct proto_frame *frame, const struct proto_limits *l
                            l.max_fds);
     if (rc == 0)
         rc = decode_request(&d, req, frame);
-    if (rc == 0 && frame->n_fds > 0 && req->op != PROTO_OP_SCAN)
+    if (rc == 0 && frame->n_fds > 0 && req->op != PROTO_OP_SCAN && req->op != PROTO_OP_STREAM_WRITE)
         rc = vks_error_set(err, -VKS_E_BAD_FD,
-                           "%zu descriptors came with a `%s` request: only scan takes them",
+                           "%zu descriptors came with a `%s` request: only scan and "
+                           "stream.write take them",
                            frame->n_fds, proto_op_name(req->op));
     if (rc < 0)
         return request_fail(req, d.mem, frame, rc);
@@ -1019,6 +1058,15 @@ static int result_scan(struct dec *d, struct proto_reply *rep, const uint8_t *k,
     }
 }
 
+static int result_stream(struct dec *d, struct proto_reply *rep, const uint8_t *k, uint32_t kn)
+{
+    if (key_is(k, kn, "stream"))
+        return mp_read_u32(&d->m, &rep->u.stream.stream, "stream");
+    if (key_is(k, kn, "state_bytes"))
+        return mp_read_uint(&d->m, UINT64_MAX, &rep->u.stream.state_bytes, "state_bytes");
+    return mp_skip(&d->m, "(unknown field)");
+}
+
 static int read_result(struct dec *d, struct proto_reply *rep)
 {
     if (rep->op == PROTO_OP_STATS)
@@ -1044,7 +1092,12 @@ static int read_result(struct dec *d, struct proto_reply *rep)
                                           : mp_skip(&d->m, "(unknown field)");
             break;
         case PROTO_OP_SCAN:
+        case PROTO_OP_STREAM_WRITE:
+        case PROTO_OP_STREAM_CLOSE:
             rc = result_scan(d, rep, k, kn);
+            break;
+        case PROTO_OP_STREAM_OPEN:
+            rc = result_stream(d, rep, k, kn);
             break;
         default:
             rc = mp_skip(&d->m, "(unknown field)");

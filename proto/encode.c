@@ -235,6 +235,11 @@ static uint32_t request_fields(const struct proto_request *req)
         return 1;
     case PROTO_OP_SCAN:
         return 6;
+    case PROTO_OP_STREAM_OPEN:
+    case PROTO_OP_STREAM_CLOSE:
+        return 1;
+    case PROTO_OP_STREAM_WRITE:
+        return 2;
     default:
         return 0;
     }
@@ -260,6 +265,17 @@ static int enc_request_body(struct enc *e, const struct proto_request *req, stru
         return 0;
     case PROTO_OP_SCAN:
         return enc_scan(e, &req->u.scan, err);
+    case PROTO_OP_STREAM_OPEN:
+        kv_fp(e, "catalog", req->u.stream.catalog);
+        return 0;
+    case PROTO_OP_STREAM_WRITE:
+        kv_u64(e, "stream", req->u.stream.stream);
+        key(e, "buffer");
+        enc_buffer(e, &req->u.stream.buffer);
+        return 0;
+    case PROTO_OP_STREAM_CLOSE:
+        kv_u64(e, "stream", req->u.stream.stream);
+        return 0;
     default:
         return 0;
     }
@@ -429,7 +445,14 @@ static int enc_result(struct enc *e, const struct proto_reply *rep, struct vks_e
         kv_bool(e, "dropped", rep->u.dropped);
         return 0;
     case PROTO_OP_SCAN:
+    case PROTO_OP_STREAM_WRITE:
+    case PROTO_OP_STREAM_CLOSE:
         enc_scan_reply(e, &rep->u.scan);
+        return 0;
+    case PROTO_OP_STREAM_OPEN:
+        msgpack_pack_map(&e->pk, 2);
+        kv_u64(e, "stream", rep->u.stream.stream);
+        kv_u64(e, "state_bytes", rep->u.stream.state_bytes);
         return 0;
     case PROTO_OP_STATS:
         enc_stats(e, rep->u.stats.stats, rep->u.stats.n_stats);

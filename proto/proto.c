@@ -50,6 +50,9 @@ static const char *const op_names[PROTO_OP_COUNT] = {
     [PROTO_OP_CATALOG_DROP] = "catalog.drop",
     [PROTO_OP_SCAN] = "scan",
     [PROTO_OP_STATS] = "stats",
+    [PROTO_OP_STREAM_OPEN] = "stream.open",
+    [PROTO_OP_STREAM_WRITE] = "stream.write",
+    [PROTO_OP_STREAM_CLOSE] = "stream.close",
 };
 
 const char *proto_op_name(enum proto_op op)

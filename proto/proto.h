@@ -87,6 +87,9 @@ enum proto_op {
     PROTO_OP_CATALOG_DROP,
     PROTO_OP_SCAN,
     PROTO_OP_STATS,
+    PROTO_OP_STREAM_OPEN,  /* "stream.open" (issue 13) */
+    PROTO_OP_STREAM_WRITE, /* "stream.write" */
+    PROTO_OP_STREAM_CLOSE, /* "stream.close" */
     PROTO_OP_COUNT
 };
 
@@ -275,6 +278,14 @@ struct proto_scan {
     bool rule_ids;       /* ask for the rule id string in every hit */
 };
 
+/* stream.open (`catalog`), stream.write (`stream`, `buffer`: one buffer map
+ * as in scan), stream.close (`stream`). */
+struct proto_stream {
+    uint8_t catalog[PROTO_FP_LEN];
+    uint32_t stream;
+    struct proto_buffer buffer;
+};
+
 struct proto_request {
     uint32_t id;
     enum proto_op op;
@@ -283,6 +294,7 @@ struct proto_request {
         struct proto_catalog_load load;
         struct proto_catalog_ref ref; /* has, drop */
         struct proto_scan scan;
+        struct proto_stream stream; /* stream.open, stream.write, stream.close */
     } u;
     /* Decoder-owned storage; zero in requests built for encoding. */
     struct proto_frame frame;
@@ -410,6 +422,13 @@ struct proto_scan_reply {
     uint32_t n_telemetry;
 };
 
+/* stream.open's result; stream.write and stream.close answer with a scan
+ * result (one buffer status, the offsets counted from the stream's start). */
+struct proto_stream_reply {
+    uint32_t stream;      /* id, unique on this connection */
+    uint64_t state_bytes; /* bytes of state the daemon holds for it */
+};
+
 struct proto_stats_reply {
     struct proto_stat *stats;
     uint32_t n_stats;
@@ -424,10 +443,11 @@ struct proto_reply {
         struct proto_hello_reply hello;
         struct proto_catalog_result catalog; /* load, has */
         bool dropped;                        /* drop */
-        struct proto_scan_reply scan;
+        struct proto_scan_reply scan;        /* scan, stream.write, stream.close */
         struct proto_stats_reply stats;
-    } u;       /* ping: empty */
-    void *mem; /* decoder-owned storage */
+        struct proto_stream_reply stream; /* stream.open */
+    } u;                                  /* ping: empty */
+    void *mem;                            /* decoder-owned storage */
     struct proto_frame frame;
 };
 

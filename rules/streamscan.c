@@ -26,7 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KIND_ALL ((1u << CAT_K_WORD) | (1u << CAT_K_NL) | (1u << CAT_K_OTHER) | (1u << CAT_K_EOD) | (1u << CAT_K_NL_LAST))
+#define KIND_ALL                                                                       \
+    ((1u << CAT_K_WORD) | (1u << CAT_K_NL) | (1u << CAT_K_OTHER) | (1u << CAT_K_EOD) | \
+     (1u << CAT_K_NL_LAST))
 #define KIND_NL_ANY ((1u << CAT_K_NL) | (1u << CAT_K_NL_LAST))
 
 struct streamscan {

@@ -8,16 +8,27 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <ftw.h>
 #include <hs.h>
 #include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "proto.h"
 #include "refscan.h"
 #include "rules.h"
 #include "streamscan.h"
+#include "vkscan/vkscan.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -69,8 +80,9 @@ struct trule {
     uint32_t flags;
 };
 
-static const char *const atoms[] = {"a", "b", "c", "ab", "A", "_", " ", "\\n", "[a-c]", "[^a\\n]",
-                                    "\\w", "\\W", "\\d", "\\s", ".", "x", "0", "[0-9a]"};
+static const char *const atoms[] = {"a",   "b",   "c",     "ab",      "A",   "_",
+                                    " ",   "\\n", "[a-c]", "[^a\\n]", "\\w", "\\W",
+                                    "\\d", "\\s", ".",     "x",       "0",   "[0-9a]"};
 
 static void gen_atom(struct str *s, int depth)
 {
@@ -188,17 +200,18 @@ static void compile_run(struct run *ru)
 {
     struct rule_src src[24];
     for (size_t i = 0; i < ru->n; i++)
-        src[i] = (struct rule_src){ru->rules[i].id, ru->rules[i].kind, ru->rules[i].pat.p,
+        src[i] = (struct rule_src){ru->rules[i].id,    ru->rules[i].kind,  ru->rules[i].pat.p,
                                    ru->rules[i].pat.n, ru->rules[i].flags, 0};
-    struct rules_options opt = {.threads = 1, .max_states = rnd(3) == 0 ? 200 : 0,
-                                .force_bitnfa = rnd(4) == 0};
+    struct rules_options opt = {
+        .threads = 1, .max_states = rnd(3) == 0 ? 200 : 0, .force_bitnfa = rnd(4) == 0};
     struct vks_error err = {0};
     ck_assert_msg(rules_compile(src, ru->n, &opt, &ru->res, &err) == 0, "compile: %s", err.msg);
 }
 
 static unsigned hs_flags_of(uint32_t f)
 {
-    return ((f & RULE_F_CASELESS) ? HS_FLAG_CASELESS : 0) | ((f & RULE_F_DOTALL) ? HS_FLAG_DOTALL : 0) |
+    return ((f & RULE_F_CASELESS) ? HS_FLAG_CASELESS : 0) |
+           ((f & RULE_F_DOTALL) ? HS_FLAG_DOTALL : 0) |
            ((f & RULE_F_MULTILINE) ? HS_FLAG_MULTILINE : 0);
 }
 
@@ -325,9 +338,9 @@ static void stream_all(const struct catalog *cat, const struct str *d, const siz
             ck_assert_uint_le(all->v[i].end, top);
             ck_assert_uint_ge(all->v[i].end + 1, start);
             if (i > before)
-                ck_assert(all->v[i].end > all->v[i - 1].end ||
-                          (all->v[i].end == all->v[i - 1].end &&
-                           all->v[i].rule > all->v[i - 1].rule));
+                ck_assert(
+                    all->v[i].end > all->v[i - 1].end ||
+                    (all->v[i].end == all->v[i - 1].end && all->v[i].rule > all->v[i - 1].rule));
         }
     }
     ck_assert_uint_eq(streamscan_offset(s), d->n);
@@ -472,8 +485,8 @@ static void expect(const char *pat, uint32_t flags, const char *const *w, const 
 START_TEST(test_straddle_reported_by_completing_write)
 {
     expect("needle", 0, (const char *const[]){"xxnee", "d", "lexx", NULL}, (int[]){2, 8}, 1);
-    expect("a[^z]*q", 0, (const char *const[]){"a", "bbbb", "bq", "q", NULL},
-           (int[]){2, 7, 3, 8}, 2);
+    expect("a[^z]*q", 0, (const char *const[]){"a", "bbbb", "bq", "q", NULL}, (int[]){2, 7, 3, 8},
+           2);
 }
 END_TEST
 
@@ -512,6 +525,437 @@ START_TEST(test_state_size)
 }
 END_TEST
 
+/* ---- streams through a real vkscand ---------------------------------------- */
+
+struct daemon {
+    pid_t pid;
+    char dir[64];
+    char sock[128];
+    char notify[128];
+    int notify_fd;
+};
+
+static bool wait_ready(struct daemon *d, int timeout_ms)
+{
+    struct pollfd p = {.fd = d->notify_fd, .events = POLLIN};
+    for (int waited = 0; waited < timeout_ms; waited += 100) {
+        if (poll(&p, 1, 100) == 1) {
+            char buf[512] = {0};
+            ssize_t n = recv(d->notify_fd, buf, sizeof(buf) - 1, 0);
+            if (n > 0 && strstr(buf, "READY=1") != NULL)
+                return true;
+        }
+        int st;
+        if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+            d->pid = 0;
+            return false;
+        }
+    }
+    return false;
+}
+
+/* Starts vkscand on the CPU engine with `extra` flags (NULL-terminated). */
+static void daemon_start(struct daemon *d, const char *const *extra)
+{
+    memset(d, 0, sizeof(*d));
+    snprintf(d->dir, sizeof(d->dir), "/tmp/vks-stream-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(d->dir));
+    snprintf(d->sock, sizeof(d->sock), "%s/vkscand.sock", d->dir);
+    snprintf(d->notify, sizeof(d->notify), "%s/notify", d->dir);
+    d->notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, d->notify, strlen(d->notify) + 1);
+    ck_assert_int_eq(bind(d->notify_fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    const char *bin = getenv("VKSCAND");
+    ck_assert_msg(bin != NULL, "VKSCAND is not set: run through meson test");
+    char state[128];
+    snprintf(state, sizeof(state), "%s/state", d->dir);
+    d->pid = fork();
+    ck_assert_int_ge(d->pid, 0);
+    if (d->pid == 0) {
+        const char *argv[40] = {bin,   "--socket",    d->sock,   "--state-dir", state, "--engine",
+                                "cpu", "--log-level", "warning", "--config",    ""};
+        int n = 11;
+        for (int i = 0; extra != NULL && extra[i] != NULL && n < 39; i++)
+            argv[n++] = extra[i];
+        argv[n] = NULL;
+        setenv("NOTIFY_SOCKET", d->notify, 1);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    ck_assert_msg(wait_ready(d, 120000), "vkscand did not become ready");
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void daemon_stop(struct daemon *d)
+{
+    int st = 0;
+    kill(d->pid, SIGTERM);
+    bool gone = false;
+    for (int i = 0; i < 300 && !gone; i++) {
+        gone = waitpid(d->pid, &st, WNOHANG) == d->pid;
+        if (!gone)
+            usleep(100000);
+    }
+    if (!gone) {
+        kill(d->pid, SIGKILL);
+        waitpid(d->pid, &st, 0);
+    }
+    close(d->notify_fd);
+    nftw(d->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static struct vks_client *connect_ok(const struct daemon *d)
+{
+    struct vks_client *c = NULL;
+    struct vks_error err = {0};
+    int rc = vks_client_connect(d->sock, NULL, &c, &err);
+    ck_assert_msg(rc == 0, "connect: %d %s", rc, err.msg);
+    return c;
+}
+
+static const struct vks_rule drules[] = {
+    {"lit", VKS_RULE_LITERAL, "needle", 0, NULL}, {"word", VKS_RULE_REGEX, "foo\\b", 0, NULL},
+    {"eol", VKS_RULE_REGEX, "zq$", 0, NULL},      {"gap", VKS_RULE_REGEX, "a[^z]*q", 0, NULL},
+    {"once", VKS_RULE_REGEX, "ab", 0, "H"},
+};
+#define N_DRULES (sizeof(drules) / sizeof(drules[0]))
+
+static struct vks_catalog *load_rules(struct vks_client *c, const struct vks_rule *r, size_t n)
+{
+    struct vks_catalog *cat = NULL;
+    struct vks_error err = {0};
+    int rc = vks_client_catalog_load(c, r, n, NULL, &cat, &err);
+    ck_assert_msg(rc == 0, "load: %d %s", rc, err.msg);
+    return cat;
+}
+
+static struct vks_stream *open_ok(struct vks_client *c, struct vks_catalog *cat)
+{
+    struct vks_stream *s = NULL;
+    struct vks_error err = {0};
+    int rc = vks_stream_open(c, vks_catalog_fingerprint(cat), NULL, &s, &err);
+    ck_assert_msg(rc == 0, "stream.open: %d %s", rc, err.msg);
+    ck_assert_uint_gt(vks_stream_state_bytes(s), 0);
+    return s;
+}
+
+static uint64_t stat_of(struct vks_client *c, const char *key)
+{
+    struct vks_stats st = {0};
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_stats(c, &st, &err), 0);
+    const struct vks_stat *v = vks_stat_find(st.stats, st.n_stats, key);
+    ck_assert_msg(v != NULL, "no stat %s", key);
+    uint64_t u = v->u;
+    vks_stats_finish(&st);
+    return u;
+}
+
+/* Appends a result's hits to `all` (rule, end), checking each end lies in
+ * the data written so far. */
+static void collect(const struct vks_scan_result *res, struct scan_hits *all, uint64_t top)
+{
+    for (size_t i = 0; i < res->n_hits; i++) {
+        ck_assert_uint_eq(res->hits[i].buffer, 0);
+        ck_assert_uint_le(res->hits[i].end, top);
+        scan_hits_push(all, res->hits[i].rule, res->hits[i].end, 1);
+    }
+}
+
+/* Random data in random writes (inline and fd) through the daemon: the
+ * stream's hits equal a block scan of the concatenation by the same daemon. */
+START_TEST(test_daemon_stream_equals_block)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, drules, N_DRULES);
+    rng_state = 0x1234567u;
+    static const char *const plants[] = {"needle", "foo ", "foo", "zq", "zq\n",
+                                         "abq",    "a",    "q",   "ab", "x"};
+    struct str data = {0};
+    for (int i = 0; i < 400; i++)
+        puts_(&data, plants[rnd(10)]);
+    for (int round = 0; round < 4; round++) {
+        struct vks_stream *s = open_ok(c, cat);
+        struct scan_hits got = {0};
+        size_t at = 0;
+        while (at < data.n) {
+            size_t n = 1 + rnd(round == 3 ? 400 : 9);
+            n = n > data.n - at ? data.n - at : n;
+            struct vks_scan_result res;
+            struct vks_error err = {0};
+            int rc;
+            if (rnd(3) == 0) {
+                FILE *f = tmpfile();
+                ck_assert_ptr_nonnull(f);
+                fwrite("junk", 1, 4, f);
+                fwrite(data.p + at, 1, n, f);
+                fflush(f);
+                rc = vks_stream_write_fd(s, fileno(f), 4, n, &res, &err);
+                fclose(f);
+            } else {
+                rc = vks_stream_write(s, data.p + at, n, &res, &err);
+            }
+            ck_assert_msg(rc == 0, "stream.write: %d %s", rc, err.msg);
+            at += n;
+            ck_assert_uint_eq(vks_stream_offset(s), at);
+            collect(&res, &got, at);
+            vks_scan_result_finish(&res);
+        }
+        struct vks_scan_result res;
+        struct vks_error err = {0};
+        ck_assert_int_eq(vks_stream_close(s, &res, &err), 0);
+        collect(&res, &got, data.n);
+        vks_scan_result_finish(&res);
+
+        struct vks_buffer b = {.kind = VKS_BUFFER_INLINE, .data = data.p, .len = data.n};
+        struct vks_scan_result block;
+        ck_assert_int_eq(
+            vks_client_scan(c, vks_catalog_fingerprint(cat), &b, 1, NULL, &block, &err), 0);
+        ck_assert_uint_eq(got.n, block.n_hits);
+        for (size_t i = 0; i < got.n; i++) {
+            ck_assert_uint_eq(got.v[i].rule, block.hits[i].rule);
+            ck_assert_uint_eq(got.v[i].end, block.hits[i].end);
+        }
+        ck_assert_uint_gt(got.n, 100);
+        vks_scan_result_finish(&block);
+        scan_hits_finish(&got);
+    }
+    ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
+    ck_assert_uint_eq(stat_of(c, "stream.opened"), 4);
+    ck_assert_uint_gt(stat_of(c, "stream.bytes"), 4 * data.n - 1);
+    free(data.p);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
+/* A match straddling two writes comes from the second; `foo\b` at the end
+ * of the data comes from the close. */
+START_TEST(test_daemon_straddle_and_close)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, drules, N_DRULES);
+    struct vks_stream *s = open_ok(c, cat);
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_stream_write(s, "xxnee", 5, &res, &err), 0);
+    ck_assert_uint_eq(res.n_hits, 0);
+    vks_scan_result_finish(&res);
+    ck_assert_int_eq(vks_stream_write(s, "dle foo", 7, &res, &err), 0);
+    ck_assert_uint_eq(res.n_hits, 1);
+    ck_assert_uint_eq(res.hits[0].rule, 0);
+    ck_assert_uint_eq(res.hits[0].end, 8);
+    ck_assert_uint_eq(res.buffers[0].bytes, 7);
+    vks_scan_result_finish(&res);
+    ck_assert_int_eq(vks_stream_close(s, &res, &err), 0);
+    ck_assert_uint_eq(res.n_hits, 1);
+    ck_assert_uint_eq(res.hits[0].rule, 1);
+    ck_assert_uint_eq(res.hits[0].end, 12);
+    vks_scan_result_finish(&res);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
+/* One request over a raw connection (proto/), its reply back. */
+static struct proto_reply *raw_call(int fd, struct proto_request *req)
+{
+    struct proto_buf b;
+    proto_buf_init(&b);
+    ck_assert_int_eq(proto_request_encode(&b, req, NULL), 0);
+    ck_assert_int_eq(proto_send(fd, b.data, b.len, NULL, 0, 10000, NULL), 0);
+    proto_buf_finish(&b);
+    struct proto_reader *r = NULL;
+    ck_assert_int_eq(proto_reader_create(NULL, &r), 0);
+    int rc;
+    while ((rc = proto_reader_recv(r, fd, NULL)) == PROTO_RECV_MORE)
+        ;
+    ck_assert_int_eq(rc, PROTO_RECV_FRAME);
+    struct proto_frame f;
+    ck_assert_int_eq(proto_reader_take(r, &f), 0);
+    proto_reader_destroy(r);
+    struct proto_reply *rep = NULL;
+    ck_assert_int_eq(proto_reply_decode(&f, NULL, &rep, NULL), 0);
+    return rep;
+}
+
+static int raw_connect(const struct daemon *d)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, d->sock, strlen(d->sock) + 1);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+static int raw_stream(int fd, enum proto_op op, uint32_t id, const uint8_t *fp, const char *data)
+{
+    struct proto_request req = {.id = 7, .op = op};
+    req.u.stream.stream = id;
+    if (fp != NULL)
+        memcpy(req.u.stream.catalog, fp, PROTO_FP_LEN);
+    if (data != NULL)
+        req.u.stream.buffer =
+            (struct proto_buffer){.data = (const uint8_t *)data, .len = strlen(data)};
+    struct proto_reply *rep = raw_call(fd, &req);
+    ck_assert_uint_eq(rep->id, 7);
+    int rc = rep->error.code != 0 ? rep->error.code : (int)rep->u.stream.stream;
+    if (rep->error.code == 0 && op != PROTO_OP_STREAM_OPEN)
+        rc = (int)rep->u.scan.n_hits;
+    proto_reply_destroy(rep);
+    return rc;
+}
+
+/* Unknown and closed ids, another connection's ids, a missing buffer, an
+ * unknown catalog: each gets its error and the connection goes on. */
+START_TEST(test_daemon_bad_ids)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, drules, N_DRULES);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    int a = raw_connect(&d), b = raw_connect(&d);
+    uint8_t junk[PROTO_FP_LEN] = {1, 2, 3};
+    ck_assert_int_eq(raw_stream(a, PROTO_OP_STREAM_OPEN, 0, junk, NULL), -VKS_E_UNKNOWN_CATALOG);
+    ck_assert_int_eq(raw_stream(a, PROTO_OP_STREAM_WRITE, 1, NULL, "x"), -VKS_E_BAD_VALUE);
+    int id = raw_stream(a, PROTO_OP_STREAM_OPEN, 0, fp, NULL);
+    ck_assert_int_gt(id, 0);
+    /* ids belong to their connection */
+    ck_assert_int_eq(raw_stream(b, PROTO_OP_STREAM_WRITE, (uint32_t)id, NULL, "x"),
+                     -VKS_E_BAD_VALUE);
+    ck_assert_int_eq(raw_stream(b, PROTO_OP_STREAM_CLOSE, (uint32_t)id, NULL, NULL),
+                     -VKS_E_BAD_VALUE);
+    ck_assert_int_eq(raw_stream(a, PROTO_OP_STREAM_WRITE, (uint32_t)id + 1, NULL, "x"),
+                     -VKS_E_BAD_VALUE);
+    ck_assert_int_eq(raw_stream(a, PROTO_OP_STREAM_WRITE, (uint32_t)id, NULL, "nee"), 0);
+    ck_assert_int_eq(raw_stream(a, PROTO_OP_STREAM_WRITE, (uint32_t)id, NULL, "dle"), 1);
+    ck_assert_int_eq(raw_stream(a, PROTO_OP_STREAM_CLOSE, (uint32_t)id, NULL, NULL), 0);
+    /* closed: the id is gone */
+    ck_assert_int_eq(raw_stream(a, PROTO_OP_STREAM_WRITE, (uint32_t)id, NULL, "x"),
+                     -VKS_E_BAD_VALUE);
+    ck_assert_int_eq(raw_stream(a, PROTO_OP_STREAM_CLOSE, (uint32_t)id, NULL, NULL),
+                     -VKS_E_BAD_VALUE);
+    /* the tenant's catalog is b's too (same uid) */
+    ck_assert_int_gt(raw_stream(b, PROTO_OP_STREAM_OPEN, 0, fp, NULL), 0);
+    close(a);
+    close(b);
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_ping(c, &err), 0);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
+START_TEST(test_daemon_limits)
+{
+    struct daemon d;
+    daemon_start(&d, (const char *const[]){"--stream-max-per-tenant", "2",
+                                           "--stream-max-state-bytes", "512", NULL});
+    struct vks_client *c = connect_ok(&d), *c2 = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, drules, N_DRULES);
+    struct vks_stream *a = open_ok(c, cat), *b = open_ok(c, cat), *x = NULL;
+    struct vks_error err = {0};
+    /* the limit is per tenant: another connection of the same uid is refused too */
+    struct vks_catalog *cat2 = load_rules(c2, drules, N_DRULES);
+    ck_assert_int_eq(vks_stream_open(c2, vks_catalog_fingerprint(cat2), NULL, &x, &err),
+                     -VKS_E_BUSY);
+    ck_assert_ptr_nonnull(strstr(err.msg, "stream-max-per-tenant"));
+    ck_assert_uint_eq(stat_of(c, "stream.open"), 2);
+    ck_assert_uint_eq(stat_of(c, "limit.stream_max_per_tenant"), 2);
+    ck_assert_int_eq(vks_stream_close(a, NULL, &err), 0);
+    x = open_ok(c2, cat2);
+    ck_assert_int_eq(vks_stream_close(x, NULL, &err), 0);
+    ck_assert_int_eq(vks_stream_close(b, NULL, &err), 0);
+    /* a catalog whose stream state is over stream-max-state-bytes */
+    static const struct vks_rule big[] = {{"gap", VKS_RULE_REGEX, "a.{0,6000}b", 0, NULL}};
+    struct vks_catalog *bc = load_rules(c, big, 1);
+    ck_assert_int_eq(vks_stream_open(c, vks_catalog_fingerprint(bc), NULL, &x, &err), -VKS_E_LIMIT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "stream-max-state-bytes"));
+    vks_catalog_destroy(bc);
+    vks_catalog_destroy(cat);
+    vks_catalog_destroy(cat2);
+    vks_client_close(c);
+    vks_client_close(c2);
+    daemon_stop(&d);
+}
+END_TEST
+
+/* An idle stream is closed by the daemon; its next write says why. */
+START_TEST(test_daemon_idle_timeout)
+{
+    struct daemon d;
+    daemon_start(&d, (const char *const[]){"--stream-idle-timeout-ms", "200", NULL});
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, drules, N_DRULES);
+    struct vks_stream *s = open_ok(c, cat);
+    struct vks_error err = {0};
+    for (int i = 0; i < 100 && stat_of(c, "stream.expired") == 0; i++)
+        usleep(50000);
+    ck_assert_uint_eq(stat_of(c, "stream.expired"), 1);
+    ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
+    struct vks_scan_result res;
+    ck_assert_int_eq(vks_stream_write(s, "needle", 6, &res, &err), -VKS_E_TIMEOUT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "stream-idle-timeout-ms"));
+    /* then the id is forgotten */
+    ck_assert_int_eq(vks_stream_close(s, NULL, &err), -VKS_E_BAD_VALUE);
+    ck_assert_ptr_nonnull(strstr(err.msg, "not open"));
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
+/* A client that leaves with streams open frees them (and its tenant's
+ * count): a later client may open up to the limit again. */
+START_TEST(test_daemon_disconnect_with_open_streams)
+{
+    struct daemon d;
+    daemon_start(&d, (const char *const[]){"--stream-max-per-tenant", "3", NULL});
+    struct vks_client *c = connect_ok(&d), *watch = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, drules, N_DRULES);
+    struct vks_stream *s[3];
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    for (int i = 0; i < 3; i++) {
+        s[i] = open_ok(c, cat);
+        ck_assert_int_eq(vks_stream_write(s[i], "nee", 3, &res, &err), 0);
+        vks_scan_result_finish(&res);
+    }
+    ck_assert_uint_eq(stat_of(watch, "stream.open"), 3);
+    vks_client_close(c);
+    for (int i = 0; i < 100 && stat_of(watch, "stream.open") != 0; i++)
+        usleep(20000);
+    ck_assert_uint_eq(stat_of(watch, "stream.open"), 0);
+    ck_assert_uint_eq(stat_of(watch, "stream.dropped"), 3);
+    for (int i = 0; i < 3; i++)
+        free(s[i]); /* their client is freed: only the handles' memory is left */
+    struct vks_catalog *cat2 = load_rules(watch, drules, N_DRULES);
+    for (int i = 0; i < 3; i++)
+        s[i] = open_ok(watch, cat2);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(vks_stream_close(s[i], NULL, &err), 0);
+    vks_catalog_destroy(cat);
+    vks_catalog_destroy(cat2);
+    vks_client_close(watch);
+    daemon_stop(&d);
+}
+END_TEST
+
 Suite *stream_suite(void)
 {
     Suite *s = suite_create("stream");
@@ -522,5 +966,14 @@ Suite *stream_suite(void)
     tcase_add_test(tc, test_end_anchors_wait_for_next_byte);
     tcase_add_test(tc, test_state_size);
     suite_add_tcase(s, tc);
+    TCase *td = tcase_create("daemon");
+    tcase_set_timeout(td, 300);
+    tcase_add_test(td, test_daemon_stream_equals_block);
+    tcase_add_test(td, test_daemon_straddle_and_close);
+    tcase_add_test(td, test_daemon_bad_ids);
+    tcase_add_test(td, test_daemon_limits);
+    tcase_add_test(td, test_daemon_idle_timeout);
+    tcase_add_test(td, test_daemon_disconnect_with_open_streams);
+    suite_add_tcase(s, td);
     return s;
 }

@@ -327,6 +327,65 @@ int vks_client_scan(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
 
 void vks_scan_result_finish(struct vks_scan_result *res);
 
+/* ---- streams ------------------------------------------------------------ */
+
+/*
+ * A stream scans data that arrives in pieces (docs/protocol.md, "Streams"):
+ * each write returns the matches it completes, a match may straddle writes,
+ * and end offsets count from the stream's first byte. Matches that only the
+ * end of data decides (`$`, `\b` after the last byte) come from
+ * vks_stream_close. Writes of one stream are ordered; a stream belongs to the
+ * connection that opened it and is not carried over a reconnect (a lost
+ * connection fails the call with -VKS_E_CLOSED or the errno, and the stream
+ * is gone). The stream borrows `c`, which must outlive it.
+ */
+struct vks_stream;
+
+struct vks_stream_options {
+    size_t struct_size;   /* sizeof(struct vks_stream_options); see ABI above */
+    uint64_t reserved[4]; /* room to grow: must be 0 */
+};
+
+/* Fills `opt` with the defaults, struct_size included. */
+void vks_stream_options_init(struct vks_stream_options *opt);
+
+/*
+ * Opens a stream over the catalog `catalog` (loaded by this tenant). `opt`
+ * may be NULL. Errors: -VKS_E_UNKNOWN_CATALOG, -VKS_E_BUSY (the tenant has
+ * stream-max-per-tenant streams open), -VKS_E_LIMIT (the catalog's stream
+ * state is over stream-max-state-bytes).
+ */
+int vks_stream_open(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
+                    const struct vks_stream_options *opt, struct vks_stream **out,
+                    struct vks_error *err);
+
+/* Bytes of state the daemon holds for the stream (like hs_stream_size). */
+uint64_t vks_stream_state_bytes(const struct vks_stream *s);
+
+/* Bytes written so far. */
+uint64_t vks_stream_offset(const struct vks_stream *s);
+
+/*
+ * Writes `len` bytes (borrowed) and fills `res` with the matches this write
+ * decides: one buffer status (index 0), hits with `buffer` 0 and `end`
+ * counted from the stream's start. Free `res` with vks_scan_result_finish.
+ * -VKS_E_TIMEOUT: the daemon closed the stream after
+ * stream-idle-timeout-ms without requests.
+ */
+int vks_stream_write(struct vks_stream *s, const void *data, size_t len,
+                     struct vks_scan_result *res, struct vks_error *err);
+
+/* The same for `length` bytes of descriptor `fd` from `offset` (0: to the
+ * end of the file); the descriptor is borrowed. */
+int vks_stream_write_fd(struct vks_stream *s, int fd, uint64_t offset, uint64_t length,
+                        struct vks_scan_result *res, struct vks_error *err);
+
+/*
+ * Ends the stream and frees `s` (also on failure; NULL allowed). `res` (may
+ * be NULL) receives the matches only the end of data decides.
+ */
+int vks_stream_close(struct vks_stream *s, struct vks_scan_result *res, struct vks_error *err);
+
 /* ---- statistics ------------------------------------------------------- */
 
 struct vks_stats {

@@ -1,0 +1,55 @@
+/*
+ * Streams (issue 13, docs/protocol.md "Streams"): stream.open, stream.write
+ * and stream.close of one connection. A stream holds a rules/streamscan
+ * state and a reference to its catalog; writes run on the loop thread, in
+ * the order they arrive, on the CPU (docs/engine.md "Streams"), whatever the
+ * engine.
+ *
+ * Limits (vkscand.conf, docs/daemon.md): streams per tenant over all its
+ * connections (stream-max-per-tenant), bytes of state per stream
+ * (stream-max-state-bytes), and an idle timeout (stream-idle-timeout-ms):
+ * an idle stream's state is freed and its next write or close gets a
+ * TIMEOUT error that says so.
+ *
+ * Loop thread only.
+ */
+#ifndef VKS_DAEMON_STREAM_H
+#define VKS_DAEMON_STREAM_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config.h"
+#include "proto.h"
+#include "store.h"
+
+struct server;
+struct session;
+struct stats_list;
+struct stream_set;
+
+/* The streams of one connection of tenant `uid`. Returns 0 or -ENOMEM. */
+int stream_set_create(struct server *srv, uid_t uid, struct stream_set **out);
+
+/* Closes every stream of the connection (the client left); NULL allowed. */
+void stream_set_destroy(struct stream_set *set);
+
+/*
+ * Answers stream.open on `s` once `entry`, the catalog it names, is loaded
+ * (borrowed: the stream takes its own reference). `req` is borrowed.
+ */
+void stream_open(struct stream_set *set, struct session *s, const struct proto_request *req,
+                 struct store_entry *entry);
+
+/* Answers stream.write or stream.close on `s`; `req` is borrowed. `set`
+ * may be NULL (the connection opened no stream yet). */
+void stream_op(struct stream_set *set, struct session *s, const struct proto_request *req);
+
+/* Frees the state of streams idle past stream-idle-timeout-ms at `now_ms`. */
+void stream_set_sweep(struct stream_set *set, uint64_t now_ms);
+
+/* Appends the stream limits (limit.stream_*) and the service-wide stream
+ * counters (stream.*) to `l`. */
+void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l);
+
+#endif
