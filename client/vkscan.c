@@ -226,9 +226,10 @@ static bool wants_help(int argc, char **argv)
 /* `vkscan rules ...`: argv[0] is "rules". */
 static int cmd_rules(int argc, char **argv)
 {
-    static const char check[] = "usage: vkscan rules check FILE\n"
+    static const char check[] = "usage: vkscan rules check [-v] FILE\n"
                                 "Compiles the pattern file here (no daemon) and prints its "
-                                "groups, states,\nfingerprint and every rejected rule. Exit "
+                                "groups, states,\nfingerprint and every rejected rule; -v adds "
+                                "each rule's engine, size and the\nnumber of passes. Exit "
                                 "status: 0 all rules compiled, 1 a rule\nrejected, 2 an error.\n";
     static const char scan[] = "usage: vkscan rules scan RULES PATH...\n"
                                "Scans files here with the CPU reference scanner (no daemon); "
@@ -240,9 +241,10 @@ static int cmd_rules(int argc, char **argv)
             fputs(check, stdout);
             return 0;
         }
-        if (argc != 3) {
+        bool verbose = argc > 2 && strcmp(argv[2], "-v") == 0;
+        if (argc != 3 + verbose) {
             fprintf(stderr, "vkscan rules check: %s\n%s",
-                    argc < 3 ? "no FILE given" : "more than one FILE given", check);
+                    argc < 3 + verbose ? "no FILE given" : "more than one FILE given", check);
             return 2;
         }
         return cli_rules_check(argc - 2, argv + 2);

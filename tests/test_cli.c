@@ -1291,6 +1291,18 @@ START_TEST(rules_check_good_and_bad)
     run_cli(&r, NULL, NULL, ARGS("rules", "check", "missing.txt"));
     ck_assert_int_eq(r.status, 2);
     ck_assert_ptr_nonnull(strstr(r.err, "cannot read missing.txt"));
+
+    /* -v: each rule's engine and size, and the passes over the data; a
+     * counted repeat of a class goes to the bit-NFA engine. */
+    static const char mixed[] = "lit:\"needle\"\n"
+                                "gap:/key[a-z0-9]{120}x/\n";
+    write_file("mixed.txt", mixed, strlen(mixed));
+    run_cli(&r, NULL, NULL, ARGS("rules", "check", "-v", "mixed.txt"));
+    ck_assert_msg(r.status == 0, "exit %d: %s", r.status, r.err);
+    ck_assert_msg(strstr(r.out, "\nrule lit: dfa group 0 (") != NULL, "%s", r.out);
+    ck_assert_msg(strstr(r.out, "\nrule gap: nfa group 1 (124 bits)") != NULL, "%s", r.out);
+    ck_assert_msg(strstr(r.out, "\npasses: 2 (1 DFA groups, 1 bit-NFA groups)") != NULL, "%s",
+                  r.out);
     base_remove();
 }
 END_TEST
