@@ -15,6 +15,7 @@
 #include <getopt.h>
 #include <linux/magic.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,8 @@
 #define BATCH_BYTES     (64ull << 20)       /* bytes per request we aim for */
 #define SCAN_IO_MS      (10u * 60u * 1000u) /* wait for one scan reply */
 #define ARCHIVE_BYTES   (1ull << 30)        /* --max-archive-bytes by default */
+#define STREAM_PIECE    (16ull << 20)       /* bytes per stream write, at most */
+#define TAIL_POLL_US    200000u             /* --tail: sleep at the end of the file */
 
 /* ---- output helpers ------------------------------------------------------- */
 
@@ -114,6 +117,7 @@ struct scan_opts {
     uint64_t max_filesize;      /* 0: no limit */
     uint64_t max_archive_bytes; /* -z: what one archive may decompress to */
     unsigned jobs;
+    bool tail; /* --tail: follow one growing file until SIGINT */
 };
 
 struct file_ent {
@@ -153,7 +157,8 @@ struct scan {
     bool color;
     bool telemetry; /* VKSCAN_TELEMETRY set */
     uint8_t fp[VKS_FP_LEN];
-    size_t batch_files; /* files per request */
+    struct vks_client *streams; /* stream.* requests (pipes, large files, --tail) */
+    size_t batch_files;         /* files per request */
     uint64_t batch_bytes;
     uint64_t max_bytes; /* the daemon's per-request limit */
 
@@ -502,6 +507,305 @@ static void batch_drain(struct scan *s)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* ---- streams: pipes, files over max-scan-bytes, --tail ------------------ */
+
+/*
+ * One input scanned as a stream (docs/protocol.md, "Streams"): its bytes go
+ * to vkscand in writes as they are read, and a match that straddles two
+ * reads is found all the same. Nothing is buffered past one write.
+ */
+struct sink {
+    const char *path;
+    struct vks_stream *st;
+    uint64_t start;     /* stream offset of the current write */
+    uint64_t lines;     /* '\n' before `start` (-n) */
+    uint8_t prev[2];    /* the two bytes before `start` (prev[1] the last) */
+    const uint8_t *buf; /* the current write */
+    size_t len;
+    size_t cur; /* -n: newlines of buf[0..cur) are in `cur_lines` */
+    uint64_t cur_lines;
+    uint32_t *count;   /* -c: matches per rule */
+    uint8_t *seen;     /* --first, -l: the rule matched */
+    uint32_t *order;   /* -c: rules in order of their first match */
+    size_t n_order, n; /* n: matches reported */
+};
+
+/* The line (from 1) of the byte before `end`. Hits of a write end at most
+ * two bytes before it (a match that waited for the next byte). */
+static uint64_t sink_line(struct sink *k, uint64_t end)
+{
+    uint64_t last = end > 0 ? end - 1 : 0;
+    if (last + 2 == k->start)
+        return k->lines + 1 - (k->prev[0] == '\n') - (k->prev[1] == '\n');
+    if (last + 1 == k->start)
+        return k->lines + 1 - (k->prev[1] == '\n');
+    size_t at = (size_t)(last - k->start);
+    at = at < k->len ? at : k->len;
+    if (at < k->cur) {
+        k->cur = 0;
+        k->cur_lines = 0;
+    }
+    for (; k->cur < at; k->cur++)
+        k->cur_lines += k->buf[k->cur] == '\n';
+    return k->lines + k->cur_lines + 1;
+}
+
+/* The write is done: its bytes move behind `start`. */
+static void sink_advance(struct sink *k)
+{
+    for (size_t i = 0; i < k->len; i++)
+        k->lines += k->buf[i] == '\n';
+    if (k->len >= 2)
+        memcpy(k->prev, k->buf + k->len - 2, 2);
+    else if (k->len == 1) {
+        k->prev[0] = k->prev[1];
+        k->prev[1] = k->buf[0];
+    }
+    k->start += k->len;
+    k->buf = NULL;
+    k->len = k->cur = 0;
+    k->cur_lines = 0;
+}
+
+/* Prints (or, with -c and -l, counts) the matches of one write or close. */
+static void sink_hits(struct scan *s, struct sink *k, const struct vks_scan_result *r)
+{
+    struct file_ent fe = {.path = (char *)k->path};
+    bool print = !s->opt.quiet && s->opt.out == OUT_MATCHES;
+    for (size_t i = 0; i < r->n_hits; i++) {
+        const struct vks_hit *h = &r->hits[i];
+        bool first = !k->seen[h->rule];
+        k->seen[h->rule] = 1;
+        if (s->opt.out == OUT_COUNT) {
+            if (first)
+                k->order[k->n_order++] = h->rule;
+            k->count[h->rule]++;
+            continue;
+        }
+        if (s->opt.report == VKS_REPORT_FIRST && !first)
+            continue;
+        k->n++;
+        s->hits++;
+        if (!print)
+            continue;
+        const char *id = vks_catalog_rule_id(s->cat, h->rule);
+        id = id != NULL ? id : "?";
+        uint64_t line = s->opt.line_numbers ? sink_line(k, h->end) : 0;
+        if (s->opt.json)
+            print_json_hit(s, &fe, h, id, line);
+        else
+            print_text_hit(s, k->path, h, id, line);
+    }
+    if (r->n_buffers > 0 && r->buffers[0].truncated)
+        problem(s, k->path,
+                "a write had more matches than the daemon reports (max-hits): raise max-hits in "
+                "vkscand.conf",
+                true);
+    fflush(stdout);
+}
+
+/* -c and -l: what only the end of the input can say. */
+static void sink_summary(struct scan *s, struct sink *k)
+{
+    struct file_ent fe = {.path = (char *)k->path};
+    for (size_t i = 0; i < k->n_order; i++) {
+        struct vks_hit h = {.rule = k->order[i], .count = k->count[k->order[i]]};
+        s->hits += h.count;
+        k->n++;
+        const char *id = vks_catalog_rule_id(s->cat, h.rule);
+        if (s->opt.quiet)
+            continue;
+        if (s->opt.json)
+            print_json_hit(s, &fe, &h, id != NULL ? id : "?", 0);
+        else
+            print_text_hit(s, k->path, &h, id != NULL ? id : "?", 0);
+    }
+    if (k->n > 0 && s->opt.out == OUT_LIST && !s->opt.quiet) {
+        if (s->opt.json) {
+            json_path(stdout, "match", k->path);
+            printf(",\"rules_matched\":%zu}\n", k->n);
+        } else {
+            printf("%s%s%s\n", s->color ? "\033[35m" : "", k->path, s->color ? "\033[0m" : "");
+        }
+    }
+    s->matched |= k->n > 0;
+    fflush(stdout);
+}
+
+/* Opens the stream of one input (on its own connection, made once). */
+static int sink_open(struct scan *s, struct sink *k, const char *path)
+{
+    size_t nr = vks_catalog_rule_count(s->cat);
+    *k = (struct sink){.path = path};
+    k->count = calloc(nr + 1, sizeof(*k->count));
+    k->seen = calloc(nr + 1, 1);
+    k->order = calloc(nr + 1, sizeof(*k->order));
+    if (k->count == NULL || k->seen == NULL || k->order == NULL) {
+        warn_path(s, path, "%s (skipped)", "out of memory");
+        return -ENOMEM;
+    }
+    if (s->streams == NULL && cli_daemon_connect(SCAN_IO_MS, false, &s->streams) != 0) {
+        s->failed = true;
+        s->errors++;
+        return -ECONNREFUSED;
+    }
+    struct vks_error err = {0};
+    int rc = vks_stream_open(s->streams, s->fp, NULL, &k->st, &err);
+    if (rc != 0)
+        warn_path(s, path, "%s (skipped)", err.msg);
+    return rc;
+}
+
+/* Scans `len` bytes at `buf` (or, with buf NULL, of `fd` from `offset`). */
+static int sink_write(struct scan *s, struct sink *k, const uint8_t *buf, int fd, uint64_t offset,
+                      size_t len)
+{
+    struct vks_scan_result r;
+    struct vks_error err = {0};
+    int rc = buf != NULL ? vks_stream_write(k->st, buf, len, &r, &err)
+                         : vks_stream_write_fd(k->st, fd, offset, len, &r, &err);
+    if (rc != 0) {
+        warn_path(s, k->path, "%s (the rest is not scanned)", err.msg);
+        return rc;
+    }
+    k->buf = buf;
+    k->len = buf != NULL ? len : 0;
+    sink_hits(s, k, &r);
+    vks_scan_result_finish(&r);
+    if (buf == NULL) /* -n needs the bytes: fd writes are read back for it */
+        k->start += len;
+    else
+        sink_advance(k);
+    s->bytes += len;
+    return 0;
+}
+
+/* Ends the stream: the matches only the end decides, and -c / -l. */
+static void sink_close(struct scan *s, struct sink *k, bool ok)
+{
+    struct vks_scan_result r;
+    struct vks_error err = {0};
+    if (k->st != NULL) {
+        int rc = vks_stream_close(k->st, ok ? &r : NULL, &err);
+        if (rc != 0 && ok)
+            warn_path(s, k->path, "%s", err.msg);
+        else if (ok) {
+            sink_hits(s, k, &r);
+            vks_scan_result_finish(&r);
+        }
+        if (ok)
+            sink_summary(s, k);
+        s->files++;
+    }
+    free(k->count);
+    free(k->seen);
+    free(k->order);
+}
+
+/* A pipe, a terminal or a file whose size cannot be trusted: read and
+ * written piece by piece. Borrows `in`. */
+static void stream_input(struct scan *s, const char *label, int in)
+{
+    batch_drain(s); /* what came before prints first */
+    struct sink k;
+    bool ok = sink_open(s, &k, label) == 0;
+    size_t cap = s->max_bytes < (1u << 20) ? (size_t)s->max_bytes : (1u << 20);
+    uint8_t *buf = ok ? malloc(cap) : NULL;
+    ok = ok && buf != NULL;
+    while (ok) {
+        ssize_t n = read(in, buf, cap);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            warn_path(s, label, "%s (the rest is not scanned)", strerror(errno));
+            ok = false;
+        }
+        if (n <= 0)
+            break;
+        ok = sink_write(s, &k, buf, -1, 0, (size_t)n) == 0;
+    }
+    sink_close(s, &k, ok);
+    free(buf);
+}
+
+/* A file over the daemon's max-scan-bytes: its descriptor in pieces of at
+ * most that many bytes. With -n the pieces are read here too (for the line
+ * count). Takes ownership of `fd` and `path`. */
+static void stream_file(struct scan *s, char *path, int fd, uint64_t offset, uint64_t size)
+{
+    batch_drain(s);
+    struct sink k;
+    bool ok = sink_open(s, &k, path) == 0;
+    uint64_t piece = s->max_bytes < STREAM_PIECE ? s->max_bytes : STREAM_PIECE;
+    uint8_t *buf = ok && s->opt.line_numbers ? malloc((size_t)piece) : NULL;
+    ok = ok && (buf != NULL || !s->opt.line_numbers);
+    for (uint64_t at = 0; ok && at < size; at += piece) {
+        size_t n = (size_t)(size - at < piece ? size - at : piece);
+        if (buf != NULL && pread(fd, buf, n, (off_t)(offset + at)) != (ssize_t)n) {
+            warn_path(s, path, "%s (the rest is not scanned)", "short read");
+            ok = false;
+            break;
+        }
+        ok = sink_write(s, &k, buf, fd, offset + at, n) == 0;
+    }
+    sink_close(s, &k, ok);
+    free(buf);
+    close(fd);
+    free(path);
+}
+
+static volatile sig_atomic_t tail_stop;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    tail_stop = 1;
+}
+
+/* --tail FILE: scans what the file holds, then what is appended to it, as
+ * `tail -f` shows it, until SIGINT; then closes the stream (its last
+ * matches) and returns. A file that shrinks is read again from its start. */
+static void tail_file(struct scan *s, const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        warn_path(s, path, "%s (skipped)", strerror(errno));
+        return;
+    }
+    struct sigaction sa = {.sa_handler = on_sigint}, old;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old); /* no SA_RESTART: the sleep ends at once */
+    struct sink k;
+    bool ok = sink_open(s, &k, path) == 0;
+    size_t cap = s->max_bytes < (1u << 20) ? (size_t)s->max_bytes : (1u << 20);
+    uint8_t *buf = ok ? malloc(cap) : NULL;
+    ok = ok && buf != NULL;
+    uint64_t at = 0;
+    while (ok && !tail_stop) {
+        ssize_t n = pread(fd, buf, cap, (off_t)at);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            warn_path(s, path, "%s (stopped)", strerror(errno));
+            ok = false;
+        } else if (n == 0) {
+            struct stat st;
+            if (fstat(fd, &st) == 0 && (uint64_t)st.st_size < at) {
+                problem(s, path, "file truncated: following it from its new end", false);
+                at = (uint64_t)st.st_size;
+            }
+            usleep(TAIL_POLL_US);
+        } else {
+            ok = sink_write(s, &k, buf, -1, 0, (size_t)n) == 0;
+            at += (uint64_t)n;
+        }
+    }
+    sink_close(s, &k, ok);
+    sigaction(SIGINT, &old, NULL);
+    free(buf);
+    close(fd);
+}
+
 /* Takes ownership of `fd` and `path`, also on failure; `archive_len` as in
  * struct file_ent. */
 static void add_fd_at(struct scan *s, char *path, int fd, uint64_t offset, uint64_t size,
@@ -510,6 +814,10 @@ static void add_fd_at(struct scan *s, char *path, int fd, uint64_t offset, uint6
     if (path == NULL) {
         close(fd);
         warn_path(s, "vkscan", "%s", "out of memory");
+        return;
+    }
+    if (size > s->max_bytes && archive_len == 0) {
+        stream_file(s, path, fd, offset, size); /* in pieces, as a stream */
         return;
     }
     if (size > s->max_bytes) {
@@ -583,6 +891,16 @@ static void add_file(struct scan *s, char *path, int fd, uint64_t size)
  */
 static void add_stream(struct scan *s, const char *label, int in)
 {
+    /* Standard input and pipes are streams: no end is known in advance.
+     * -z must see the whole input to unpack it; a device or a procfs file
+     * keeps the max-scan-bytes bound (/dev/zero would never end). */
+    struct stat st;
+    bool pipe_like = in == STDIN_FILENO ||
+                     (fstat(in, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)));
+    if (!s->opt.search_zip && pipe_like) {
+        stream_input(s, label, in);
+        return;
+    }
     int fd = memfd_create("vkscan-input", MFD_CLOEXEC);
     if (fd < 0) {
         warn_path(s, label, "cannot create a memfd: %s (skipped)", strerror(errno));
@@ -852,6 +1170,7 @@ static void scan_finish(struct scan *s)
     free(s->slots);
     vks_catalog_destroy(s->cat);
     vks_client_close(s->main);
+    vks_client_close(s->streams);
     ruleset_finish(&s->rs);
     walk_destroy(s->walk);
     pthread_cond_destroy(&s->cv);
@@ -919,7 +1238,9 @@ static int run_scan(struct scan_opts *opt, int n_paths, char **paths)
     }
     if (status == 0) {
         s.progress = isatty(STDERR_FILENO) && !opt->quiet;
-        for (int i = 0; i < n_paths && !(opt->quiet && s.matched); i++)
+        if (opt->tail)
+            tail_file(&s, paths[0]);
+        for (int i = 0; !opt->tail && i < n_paths && !(opt->quiet && s.matched); i++)
             add_arg(&s, paths[i]);
         batch_drain(&s);
         if (s.progress && s.t0 + 1.0 < now_s()) {
@@ -965,11 +1286,15 @@ static void scan_usage(FILE *f)
             "                            gzip, xz, zstd, bzip2 and lz4 files: ARCHIVE!MEMBER\n"
             "      --max-archive-bytes SIZE  stop reading an archive past SIZE decompressed\n"
             "                            (default 1G)\n"
+            "Streams:\n"
+            "      --tail                follow one growing FILE like tail -f (until Ctrl-C)\n"
             "Daemon:\n"
             "  -j, --jobs N              scan requests in flight (default 4, 1..16)\n"
             "      --socket PATH         vkscand's socket (default $VKSCAN_SOCKET or %s)\n"
             "  -h, --help                this text\n"
             "PATH may be a file, a directory (walked recursively) or - for standard input.\n"
+            "Standard input, pipes and files larger than the daemon's max-scan-bytes are\n"
+            "scanned as streams, piece by piece: matches across pieces are found.\n"
             "Each match prints as path:end offset:rule id; the end offset is exclusive.\n"
             "Exit status: 0 a match, 1 no match, 2 an error (a file not scanned).\n",
             CLI_DEFAULT_SOCKET);
@@ -1016,6 +1341,7 @@ enum {
     OPT_EXCLUDE,
     OPT_MAX_FILESIZE,
     OPT_MAX_ARCHIVE_BYTES,
+    OPT_TAIL,
 };
 
 /* One option of `scan`; returns -1 to go on, else the exit status. */
@@ -1091,6 +1417,9 @@ static int scan_option(struct scan_opts *o, int c, char *arg, char **argv)
     case 'z':
         o->search_zip = true;
         return -1;
+    case OPT_TAIL:
+        o->tail = true;
+        return -1;
     case OPT_MAX_ARCHIVE_BYTES:
         if (parse_size(arg, &o->max_archive_bytes) != 0 || o->max_archive_bytes == 0)
             return scan_usage_error("--max-archive-bytes takes a size such as 100M or 4G, "
@@ -1137,6 +1466,7 @@ int cli_scan(int argc, char **argv)
         {"max-filesize", required_argument, NULL, OPT_MAX_FILESIZE},
         {"search-zip", no_argument, NULL, 'z'},
         {"max-archive-bytes", required_argument, NULL, OPT_MAX_ARCHIVE_BYTES},
+        {"tail", no_argument, NULL, OPT_TAIL},
         {"jobs", required_argument, NULL, 'j'},
         {"socket", required_argument, NULL, OPT_SOCKET},
         {"help", no_argument, NULL, 'h'},
@@ -1162,6 +1492,8 @@ int cli_scan(int argc, char **argv)
     if (status < 0 && optind >= argc)
         status = scan_usage_error("%s", "no PATH to scan: name files, directories, or - "
                                         "for standard input");
+    if (status < 0 && o.tail && argc - optind != 1)
+        status = scan_usage_error("%s", "--tail follows one FILE: name exactly one");
     if (status < 0) {
         if (o.out == OUT_COUNT)
             o.report = VKS_REPORT_COUNT;

@@ -956,6 +956,149 @@ START_TEST(test_daemon_disconnect_with_open_streams)
 }
 END_TEST
 
+/* ---- the CLI: pipes and large files as streams ---------------------------- */
+
+/* Runs `vkscan scan --socket SOCK ARGS...`; writes the pieces of `in` (NULL
+ * ends them) to its standard input with a pause between them, so they
+ * arrive as separate pipe writes; returns its standard output (malloc'd)
+ * and exit status. */
+static char *run_cli(const struct daemon *d, const char *const *args, const char *const *in,
+                     int *status)
+{
+    const char *bin = getenv("VKSCAN");
+    ck_assert_msg(bin != NULL, "VKSCAN is not set: run through meson test");
+    int pin[2], pout[2];
+    ck_assert_int_eq(pipe(pin), 0);
+    ck_assert_int_eq(pipe(pout), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        const char *argv[32] = {bin, "scan", "--socket", d->sock};
+        int n = 4;
+        for (int i = 0; args[i] != NULL && n < 31; i++)
+            argv[n++] = args[i];
+        argv[n] = NULL;
+        dup2(pin[0], 0);
+        dup2(pout[1], 1);
+        close(pin[1]);
+        close(pout[0]);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    close(pin[0]);
+    close(pout[1]);
+    for (int i = 0; in != NULL && in[i] != NULL; i++) {
+        ck_assert_int_eq(write(pin[1], in[i], strlen(in[i])), (ssize_t)strlen(in[i]));
+        usleep(100000);
+    }
+    close(pin[1]);
+    struct str out = {0};
+    put(&out, "", 0);
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(pout[0], buf, sizeof(buf))) > 0)
+        put(&out, buf, (size_t)n);
+    close(pout[0]);
+    ck_assert_int_eq(waitpid(pid, status, 0), pid);
+    *status = WIFEXITED(*status) ? WEXITSTATUS(*status) : 128;
+    return out.p;
+}
+
+/* A match that straddles two pipe writes is found, with its line; a `\b`
+ * match at the very end comes from the close. */
+START_TEST(test_cli_pipe)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    int st;
+    char *out = run_cli(
+        &d, (const char *const[]){"-n", "-e", "id1:/needle/", "-e", "id2:/end\\b/", "-", NULL},
+        (const char *const[]){"a\nxxnee", "dle\nthe end", NULL}, &st);
+    ck_assert_int_eq(st, 0);
+    ck_assert_str_eq(out, "(standard input):2:10:id1\n(standard input):3:18:id2\n");
+    free(out);
+    out = run_cli(&d, (const char *const[]){"-c", "-e", "id1:/needle/", "-", NULL},
+                  (const char *const[]){"nee", "dle needle nee", "dle", NULL}, &st);
+    ck_assert_str_eq(out, "(standard input):id1:3\n");
+    free(out);
+    out = run_cli(&d, (const char *const[]){"-e", "id1:/needle/", "-", NULL},
+                  (const char *const[]){"nee", "dl", NULL}, &st);
+    ck_assert_int_eq(st, 1);
+    ck_assert_str_eq(out, "");
+    free(out);
+    daemon_stop(&d);
+}
+END_TEST
+
+/* A file bigger than max-scan-bytes is scanned in pieces, fully and
+ * exactly: matches across every piece boundary, with their lines. */
+START_TEST(test_cli_large_file_in_pieces)
+{
+    struct daemon d;
+    daemon_start(&d, (const char *const[]){"--max-scan-bytes", "4096", NULL});
+    char path[128];
+    snprintf(path, sizeof(path), "%s/big", d.dir);
+    size_t len = 40000;
+    char *data = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        data[i] = i % 100 == 99 ? '\n' : 'a';
+    struct str want = {0}, want_n = {0};
+    put(&want, "", 0);
+    put(&want_n, "", 0);
+    uint64_t ends[32];
+    size_t n_ends = 0;
+    for (size_t at = 4096 - 3; at + 6 <= len; at += 4096) { /* across each boundary */
+        memcpy(data + at, "needle", 6);
+        ends[n_ends++] = at + 6;
+    }
+    memcpy(data + len - 6, "needle", 6);
+    ends[n_ends++] = len;
+    for (size_t i = 0; i < n_ends; i++) {
+        char line[256];
+        snprintf(line, sizeof(line), "%s:%" PRIu64 ":n\n", path, ends[i]);
+        puts_(&want, line);
+        uint64_t nl = 0;
+        for (uint64_t k = 0; k < ends[i] - 1; k++)
+            nl += data[k] == '\n';
+        snprintf(line, sizeof(line), "%s:%" PRIu64 ":%" PRIu64 ":n\n", path, nl + 1, ends[i]);
+        puts_(&want_n, line);
+    }
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(data, 1, len, f), len);
+    fclose(f);
+    int st;
+    char *out = run_cli(&d, (const char *const[]){"-e", "n:/needle/", path, NULL}, NULL, &st);
+    ck_assert_int_eq(st, 0);
+    ck_assert_str_eq(out, want.p);
+    free(out);
+    out = run_cli(&d, (const char *const[]){"-n", "-e", "n:/needle/", path, NULL}, NULL, &st);
+    ck_assert_str_eq(out, want_n.p);
+    free(out);
+    /* the same bytes through a pipe, in pieces of at most 4096 */
+    char *copy = malloc(len + 1);
+    memcpy(copy, data, len);
+    copy[len] = '\0';
+    out = run_cli(&d, (const char *const[]){"-e", "n:/needle/", "-", NULL},
+                  (const char *const[]){copy, NULL}, &st);
+    char *p = want.p;
+    struct str want_in = {0};
+    put(&want_in, "", 0);
+    for (char *nl; (nl = strchr(p, '\n')) != NULL; p = nl + 1) {
+        puts_(&want_in, "(standard input)");
+        put(&want_in, strchr(p, ':'), (size_t)(nl + 1 - strchr(p, ':')));
+    }
+    ck_assert_str_eq(out, want_in.p);
+    free(out);
+    free(copy);
+    free(want.p);
+    free(want_n.p);
+    free(want_in.p);
+    free(data);
+    daemon_stop(&d);
+}
+END_TEST
+
 Suite *stream_suite(void)
 {
     Suite *s = suite_create("stream");
@@ -974,6 +1117,8 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_limits);
     tcase_add_test(td, test_daemon_idle_timeout);
     tcase_add_test(td, test_daemon_disconnect_with_open_streams);
+    tcase_add_test(td, test_cli_pipe);
+    tcase_add_test(td, test_cli_large_file_in_pieces);
     suite_add_tcase(s, td);
     return s;
 }

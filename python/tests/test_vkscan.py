@@ -306,3 +306,34 @@ def test_denied_and_daemon_gone():
     with pytest.raises((vkscan.ClosedError, vkscan.ShutdownError)):
         c.ping()
     c.close()
+
+
+def test_stream_matches_across_writes(client):
+    cat = client.load("lit:/needle/\nword:/foo\\b/\n")
+    with cat.stream() as st:
+        assert st.state_bytes > 0
+        assert st.write(b"xxnee") == []
+        got = st.write(b"dle foo")
+        assert [(m.rule, m.end) for m in got] == [("lit", 8)]
+        assert st.offset == 12
+    # `foo\b` at the very end is decided by the close (the context exit)
+    assert [(m.rule, m.end) for m in st.last] == [("word", 12)]
+    assert st.closed
+    st2 = cat.stream()
+    assert [(m.rule, m.end) for m in st2.write(b"foo ")] == [("word", 3)]
+    assert st2.close() == []
+    with pytest.raises(vkscan.Error):
+        st2.write(b"more")
+
+
+def test_stream_equals_block_scan(client):
+    cat = client.load("lit:/needle/\ngap:/a[^z]*q/\neol:/zq$/\n")
+    data = b"".join([b"needle", b"a", b"bq", b"zq\n", b"nee", b"dle", b"zq"] * 50)
+    want = [(m.rule, m.end) for m in cat.scan(data)]
+    got = []
+    with cat.stream() as st:
+        for i in range(0, len(data), 7):
+            got += [(m.rule, m.end) for m in st.write(data[i:i + 7])]
+    got += [(m.rule, m.end) for m in st.last]
+    assert sorted(got, key=lambda x: (x[1], x[0])) == sorted(want, key=lambda x: (x[1], x[0]))
+    assert len(got) > 100

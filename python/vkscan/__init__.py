@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, Dict, Iterable, Iterator, List, NamedTuple, Op
 from . import _vkscan
 
 __all__ = [
-    "Client", "Catalog", "Match", "Rule", "Reject", "ScanResult", "BufferResult", "Report",
+    "Client", "Catalog", "Stream", "Match", "Rule", "Reject", "ScanResult", "BufferResult", "Report",
     "DEFAULT_SOCKET", "error_for_code", "library_version",
     "Error", "ConnectError",
 ]
@@ -340,6 +340,11 @@ class Catalog:
             raise error_for_code(b.code, b.message or "")
         return res.matches
 
+    def stream(self) -> "Stream":
+        """Opens a stream over this catalog (docs/protocol.md, "Streams"):
+        data written in pieces, matches across pieces found."""
+        return Stream(self)
+
     def scan_many(self, inputs: Iterable[ScanInput], *, mode: int = Report.ALL,
                   max_hits: int = 0, timeout_ms: int = 0) -> ScanResult:
         """Scans a batch of inputs (as scan() takes them) in one request.
@@ -360,6 +365,48 @@ class Catalog:
         # Per-buffer codes come back negative from libvkscan: positive here,
         # as Error.code and the protocol have them.
         return ScanResult(matches, [BufferResult(abs(b[0]), *b[1:]) for b in bufs], tel)
+
+
+class Stream:
+    """A stream over a catalog: write() the data in pieces as it arrives and
+    get back the matches each piece completes (a match may straddle
+    pieces; `end` counts from the stream's first byte); close() returns the
+    matches only the end of data decides (`$`, `\\b` after the last byte).
+    The daemon holds `state_bytes` of state for it. It uses its Client's
+    connection, which must stay open. Use as a context manager: the exit
+    closes it (its last matches are then in `last`)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._raw, self.state_bytes = catalog.client._raw.stream_open(catalog.fingerprint)
+        self.closed = False
+        self.last: List[Match] = []
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.closed and not self.catalog.client.closed:
+            self.last = self.close()
+
+    @property
+    def offset(self) -> int:
+        """Bytes written so far."""
+        return int(self._raw.offset)
+
+    def _matches(self, hits: List[Tuple[int, int]]) -> List[Match]:
+        rules = self.catalog.rules
+        return [Match(rules[r] if r < len(rules) else str(r), end, None, 0, r, 1)
+                for (r, end) in hits]
+
+    def write(self, data: Union[bytes, bytearray, memoryview]) -> List[Match]:
+        """Scans the next piece; the matches it completes, in end order."""
+        return self._matches(self._raw.write(data))
+
+    def close(self) -> List[Match]:
+        """Ends the stream; the matches only the end of data decides."""
+        self.closed = True
+        return self._matches(self._raw.close())
 
 
 def _scan_item(x: Any, opened: List[int]) -> Any:

@@ -529,6 +529,150 @@ out:
     return result;
 }
 
+/* ---- streams ------------------------------------------------------------------ */
+
+/* One libvkscan stream; it uses its client's connection (and lock). */
+typedef struct {
+    PyObject_HEAD
+    Client *client; /* strong reference */
+    struct vks_stream *st;
+} Stream;
+
+static PyTypeObject StreamType;
+
+/* [(rule, end)] of a stream write or close. */
+static PyObject *stream_hits(const struct vks_scan_result *res)
+{
+    PyObject *l = PyList_New((Py_ssize_t)res->n_hits);
+    for (size_t i = 0; l != NULL && i < res->n_hits; i++) {
+        PyObject *t = Py_BuildValue("(IK)", res->hits[i].rule, (unsigned long long)res->hits[i].end);
+        if (t == NULL) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+    }
+    return l;
+}
+
+static PyObject *client_stream_open(Client *self, PyObject *arg)
+{
+    uint8_t fp[VKS_FP_LEN];
+    if (get_fp(arg, fp) < 0 || client_enter(self) < 0)
+        return NULL;
+    struct vks_stream *st = NULL;
+    struct vks_error err = {0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = vks_stream_open(self->c, fp, NULL, &st, &err);
+    Py_END_ALLOW_THREADS
+    PyThread_release_lock(self->lock);
+    if (rc != 0)
+        return raise_err(rc, &err);
+    Stream *s = PyObject_New(Stream, &StreamType);
+    if (s == NULL) {
+        vks_stream_close(st, NULL, NULL);
+        return NULL;
+    }
+    Py_INCREF(self);
+    s->client = self;
+    s->st = st;
+    return Py_BuildValue("(NK)", (PyObject *)s, (unsigned long long)vks_stream_state_bytes(st));
+}
+
+static PyObject *stream_write(Stream *self, PyObject *arg)
+{
+    if (self->st == NULL)
+        return raise_code(-VKS_E_BAD_VALUE, "the stream is closed: open a new one");
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (client_enter(self->client) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = vks_stream_write(self->st, view.buf, (size_t)view.len, &res, &err);
+    Py_END_ALLOW_THREADS
+    PyThread_release_lock(self->client->lock);
+    PyBuffer_Release(&view);
+    if (rc != 0)
+        return raise_err(rc, &err);
+    PyObject *l = stream_hits(&res);
+    vks_scan_result_finish(&res);
+    return l;
+}
+
+/* Ends the stream; with its client closed there is no connection to tell,
+ * and the handle (a few bytes, borrowing the freed client) is left. */
+static PyObject *stream_close(Stream *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->st == NULL)
+        return PyList_New(0);
+    if (self->client->c == NULL) {
+        self->st = NULL;
+        return PyList_New(0);
+    }
+    if (client_enter(self->client) < 0)
+        return NULL;
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = vks_stream_close(self->st, &res, &err);
+    Py_END_ALLOW_THREADS
+    self->st = NULL;
+    PyThread_release_lock(self->client->lock);
+    if (rc != 0)
+        return raise_err(rc, &err);
+    PyObject *l = stream_hits(&res);
+    vks_scan_result_finish(&res);
+    return l;
+}
+
+static PyObject *stream_offset(Stream *self, void *unused)
+{
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(self->st != NULL ? vks_stream_offset(self->st) : 0);
+}
+
+static void stream_dealloc(Stream *self)
+{
+    if (self->st != NULL) {
+        PyObject *r = stream_close(self, NULL);
+        if (r == NULL)
+            PyErr_Clear();
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(self->client);
+    PyObject_Free(self);
+}
+
+static PyMethodDef stream_methods[] = {
+    {"write", (PyCFunction)stream_write, METH_O, "stream.write: [(rule, end)]."},
+    {"close", (PyCFunction)stream_close, METH_NOARGS, "stream.close: [(rule, end)]."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef stream_getset[] = {
+    {"offset", (getter)stream_offset, NULL, "Bytes written so far.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject StreamType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "vkscan._vkscan.RawStream",
+    .tp_basicsize = sizeof(Stream),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One libvkscan stream (use vkscan.Stream).",
+    .tp_dealloc = (destructor)stream_dealloc,
+    .tp_methods = stream_methods,
+    .tp_getset = stream_getset,
+};
+
 static PyMethodDef client_methods[] = {
     {"close", (PyCFunction)client_close, METH_NOARGS, "Close the connection."},
     {"ping", (PyCFunction)client_ping, METH_NOARGS, "A round trip that does no work."},
@@ -541,6 +685,8 @@ static PyMethodDef client_methods[] = {
      "catalog.has / catalog.load of (id, kind, pattern, flags) tuples."},
     {"has", (PyCFunction)client_has, METH_O, "catalog.has by fingerprint."},
     {"drop", (PyCFunction)client_drop, METH_O, "catalog.drop by fingerprint."},
+    {"stream_open", (PyCFunction)client_stream_open, METH_O,
+     "stream.open by fingerprint: (RawStream, state_bytes)."},
     {"scan", (PyCFunction)(void (*)(void))client_scan, METH_VARARGS | METH_KEYWORDS,
      "Scan buffers (bytes-like, or (fd, offset, length) tuples)."},
     {NULL, NULL, 0, NULL},
@@ -584,7 +730,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__vkscan(void)
 {
-    if (PyType_Ready(&ClientType) < 0)
+    if (PyType_Ready(&ClientType) < 0 || PyType_Ready(&StreamType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
