@@ -134,7 +134,7 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
     const struct daemon_config *cfg = server_config(set->srv);
     const struct catalog *cat = store_entry_catalog(entry);
     size_t size = streamscan_size(cat);
-    struct tenant_streams *t = tenant_of(set->uid, true);
+    struct tenant_streams *t = tenant_of(set->uid, false);
     char msg[256];
     if (t != NULL && t->n >= cfg->stream_max_per_tenant) {
         snprintf(msg, sizeof(msg),
@@ -153,7 +153,13 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
         return;
     }
     struct stream *st = calloc(1, sizeof(*st));
+    if (t == NULL)
+        t = tenant_of(set->uid, true); /* made only for a stream that opens */
     if (t == NULL || st == NULL || streamscan_create(cat, &st->scan) != 0) {
+        if (t != NULL && t->n == 0) {
+            t->n = 1;
+            tenant_put(set->uid); /* forgets the empty entry */
+        }
         free(st);
         session_send_error(s, req->id, req->op, -ENOMEM, "out of memory opening a stream");
         return;

@@ -73,7 +73,7 @@ static void puts_(struct str *s, const char *p)
 /* ---- random rules --------------------------------------------------------- */
 
 struct trule {
-    char id[16];
+    char id[32];
     enum rule_kind kind;
     struct str pat; /* ours */
     struct str hs;  /* Hyperscan's */
@@ -284,6 +284,8 @@ static int cmp_rule_end(const void *a, const void *b)
  * (NULL: all), and the first of each single-match rule. */
 static void normalise(struct scan_hits *h, const struct catalog *cat, const bool *keep)
 {
+    if (h->n == 0)
+        return;
     qsort(h->v, h->n, sizeof(*h->v), cmp_rule_end);
     size_t m = 0;
     for (size_t i = 0; i < h->n; i++) {
