@@ -94,6 +94,8 @@ static const struct opt opts[] = {
      "CPU engine: larger buffers are scanned in segments of this size in parallel"},
     {"cpu-max-wait-us", NUM(OPT_U32, cpu_max_wait_us), 0, 60u * 1000 * 1000, false,
      "engine auto on a GPU: past this CPU queue wait, small batches go to the GPU"},
+    {"result-cache-bytes", NUM(OPT_SIZE, result_cache_bytes), 0, 64 * GIB, false,
+     "memory for the hits of unchanged files, kept so rescans skip them (0: off)"},
     {"gpu-timeout-ms", NUM(OPT_U32, gpu_timeout_ms), 0, 3600u * 1000, false,
      "GPU batch timeout; a batch past it is re-run on the CPU (0: 30000)"},
     {"devices", STR(devices), 0, 0, false,
@@ -163,6 +165,7 @@ void config_defaults(struct daemon_config *cfg)
     cfg->cpu_max_work = 256 * 1024;
     cfg->cpu_segment_bytes = 4 * MIB;
     cfg->cpu_max_wait_us = 2000;
+    cfg->result_cache_bytes = 64 * MIB;
     cfg->device_budget = 0;
     cfg->host_catalog_budget = 1 * GIB;
     cfg->max_unsent_bytes = 64 * MIB;

@@ -74,6 +74,8 @@ struct daemon_config {
                                  * go to the GPU too */
     uint32_t gpu_timeout_ms;    /* GPU batch fence wait; 0: the engine's default (30 s) */
     char devices[128];          /* "" (one engine on `device`), "all", or "N[,N...]" */
+    uint64_t result_cache_bytes; /* hits of unchanged files kept for rescans (daemon/rcache.h);
+                                  * 0: off; not reloadable */
 
     /* Memory (reloadable). */
     uint64_t device_budget;       /* device bytes for resident catalogs; 0 = the engine's choice */

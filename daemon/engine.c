@@ -108,7 +108,10 @@ static int read_parallel(int fd, uint8_t *dst, uint64_t off, uint64_t len)
     return err;
 }
 
-static int load_fd(struct engine_buf *b, struct loaded *ld)
+/* Inspects a descriptor buffer without reading it: a regular file whose
+ * range fits. Fills `b->bytes` and the identity the batch's duplicates and
+ * the result cache are found by. */
+static int identify_fd(struct engine_buf *b)
 {
     struct stat sb;
     if (fstat(b->fd, &sb) != 0)
@@ -125,6 +128,23 @@ static int load_fd(struct engine_buf *b, struct loaded *ld)
         return bad_fd(b, "the range is outside the file (%s): check offset and length",
                       "it shrank or the request is wrong");
     b->bytes = len;
+    b->id = (struct engine_fid){.dev = (uint64_t)sb.st_dev,
+                                .ino = (uint64_t)sb.st_ino,
+                                .size = size,
+                                .mtime_sec = (int64_t)sb.st_mtim.tv_sec,
+                                .mtime_nsec = (int64_t)sb.st_mtim.tv_nsec,
+                                .ctime_sec = (int64_t)sb.st_ctim.tv_sec,
+                                .ctime_nsec = (int64_t)sb.st_ctim.tv_nsec,
+                                .offset = b->offset,
+                                .length = len};
+    b->has_id = true;
+    return 0;
+}
+
+/* Reads (or maps) the range identify_fd checked. */
+static int load_fd(struct engine_buf *b, struct loaded *ld)
+{
+    uint64_t len = b->bytes;
     if (len == 0) {
         b->data = (const uint8_t *)"";
         b->len = 0;
@@ -197,9 +217,157 @@ uint64_t engine_job_budget(const struct engine_job *j)
     return j->max_hits != 0 ? j->max_hits : UINT64_MAX;
 }
 
+/* ---- duplicates within a batch ----------------------------------------- */
+
+/* The descriptor buffers of a batch read so far, by identity: an open
+ * addressing table of (job index, buffer index). */
+struct dedup {
+    struct bstate *st;
+    uint32_t (*slot)[2]; /* job + 1 (0: empty), buffer */
+    size_t mask;
+};
+
+static void dedup_init(struct dedup *d, struct bstate *st, size_t n_fd)
+{
+    size_t n = 16;
+    while (n < 2 * n_fd)
+        n *= 2;
+    d->st = st;
+    d->slot = n_fd > 1 ? calloc(n, sizeof(*d->slot)) : NULL; /* NULL: no duplicates sought */
+    d->mask = n - 1;
+}
+
+static size_t fid_hash(const struct engine_fid *f)
+{
+    uint64_t h = f->ino * 0x9e3779b97f4a7c15ull ^ f->dev;
+    h = (h ^ f->offset) * 0xff51afd7ed558ccdull;
+    h = (h ^ f->length) * 0xc4ceb9fe1a85ec53ull;
+    return (size_t)(h ^ (h >> 29));
+}
+
+static bool fid_equal(const struct engine_fid *a, const struct engine_fid *b)
+{
+    return a->dev == b->dev && a->ino == b->ino && a->size == b->size &&
+           a->mtime_sec == b->mtime_sec && a->mtime_nsec == b->mtime_nsec &&
+           a->ctime_sec == b->ctime_sec && a->ctime_nsec == b->ctime_nsec &&
+           a->offset == b->offset && a->length == b->length;
+}
+
+/* Finds an earlier buffer with the same bytes, catalog and mode as buffer
+ * `k` of the batch's job `ji`; when there is none, records this one (which
+ * is then read). Returns whether `eb` is a duplicate (src_* set). */
+static bool dedup_find(struct dedup *d, uint32_t ji, uint32_t k)
+{
+    if (d->slot == NULL)
+        return false;
+    const struct engine_job *j = d->st->jobs[ji];
+    struct engine_buf *eb = &j->bufs[k];
+    for (size_t i = fid_hash(&eb->id) & d->mask;; i = (i + 1) & d->mask) {
+        if (d->slot[i][0] == 0) {
+            d->slot[i][0] = ji + 1;
+            d->slot[i][1] = k;
+            return false;
+        }
+        const struct engine_job *pj = d->st->jobs[d->slot[i][0] - 1];
+        const struct engine_buf *pb = &pj->bufs[d->slot[i][1]];
+        if (pj->cat == j->cat && pj->mode == j->mode && fid_equal(&pb->id, &eb->id)) {
+            eb->src_job = d->slot[i][0] - 1;
+            eb->src_buf = d->slot[i][1];
+            return true;
+        }
+    }
+}
+
+/* The slot of a buffer that turned out unreadable: later duplicates must
+ * read the file themselves. */
+static void dedup_drop(struct dedup *d, uint32_t ji, uint32_t k)
+{
+    if (d->slot == NULL)
+        return;
+    for (size_t i = 0; i <= d->mask; i++) {
+        if (d->slot[i][0] == ji + 1 && d->slot[i][1] == k)
+            d->slot[i][0] = UINT32_MAX; /* a tombstone matching nothing */
+    }
+}
+
+/* ---- the result cache (rcache.h) ---------------------------------------- */
+
+static void cache_key(const struct engine_job *j, const struct engine_buf *eb, struct rcache_key *k)
+{
+    memset(k, 0, sizeof(*k));
+    k->uid = j->uid;
+    k->mode = (uint32_t)j->mode;
+    memcpy(k->fp, catalog_fingerprint(j->cat), CATALOG_FP_LEN);
+    k->id = eb->id;
+}
+
+/* Takes a descriptor buffer's hits from the result cache when the tenant
+ * scanned the unchanged file before. */
+static bool cache_lookup(struct engine *e, struct engine_job *j, struct engine_buf *eb, uint32_t k)
+{
+    if (e->rc == NULL || j->no_cache)
+        return false;
+    struct rcache_key key;
+    cache_key(j, eb, &key);
+    if (rcache_get(e->rc, &key, k, &eb->pre, &eb->n_pre) != 0)
+        return false;
+    eb->skip = eb->cached = true;
+    eb->data = (const uint8_t *)"";
+    eb->len = 0;
+    j->cache_hits++;
+    j->bytes_not_scanned += eb->bytes;
+    return true;
+}
+
+/* Whether a file's result may be cached: not changed within a second of
+ * the scan's start (a change in the same timestamp tick would keep its key:
+ * git's racily clean entries), and not changed since it was read. */
+static bool cacheable(const struct engine_buf *eb, int64_t start_real_ns)
+{
+    const struct engine_fid *f = &eb->id;
+    int64_t m = f->mtime_sec * 1000000000ll + f->mtime_nsec;
+    int64_t c = f->ctime_sec * 1000000000ll + f->ctime_nsec;
+    if (m > start_real_ns - 1000000000ll || c > start_real_ns - 1000000000ll)
+        return false;
+    struct stat sb;
+    return fstat(eb->fd, &sb) == 0 && (uint64_t)sb.st_dev == f->dev &&
+           (uint64_t)sb.st_ino == f->ino && (uint64_t)sb.st_size == f->size &&
+           sb.st_mtim.tv_sec == f->mtime_sec && sb.st_mtim.tv_nsec == f->mtime_nsec &&
+           sb.st_ctim.tv_sec == f->ctime_sec && sb.st_ctim.tv_nsec == f->ctime_nsec;
+}
+
+/* Loads buffer `k` of job `ji`: inline ones are there already; a
+ * descriptor buffer is identified, then read unless the result cache has
+ * its hits or it repeats an earlier one of the batch. */
+static void load_buf(struct engine *e, struct bstate *st, struct dedup *dd, uint32_t ji, uint32_t k)
+{
+    struct engine_job *j = st->jobs[ji];
+    struct engine_buf *eb = &j->bufs[k];
+    eb->has_id = eb->skip = eb->cached = false;
+    eb->pre = NULL;
+    eb->n_pre = 0;
+    if (eb->fd < 0) {
+        eb->bytes = eb->len;
+        return;
+    }
+    if (identify_fd(eb) != 0 || cache_lookup(e, j, eb, k))
+        return;
+    if (dedup_find(dd, ji, k)) {
+        const struct engine_buf *pb = &st->jobs[eb->src_job]->bufs[eb->src_buf];
+        eb->skip = true;
+        eb->data = pb->data; /* a rescan's input when the first's hits fall short */
+        eb->len = pb->len;
+        j->deduplicated++;
+        j->bytes_not_scanned += eb->bytes;
+        return;
+    }
+    if (load_fd(eb, &st->ld[st->n_loaded++]) != 0)
+        dedup_drop(dd, ji, k);
+}
+
 /* Reads the batch's descriptor buffers and fills the byte counts. Runs once
  * per batch, on the first engine that takes it. */
-void engine_batch_load(struct engine_batch *b)
+void engine_batch_load(struct engine *e, struct engine_batch *b)
 {
     struct bstate *st = b->priv;
     struct engine_telemetry *tel = &b->tel;
@@ -209,33 +377,253 @@ void engine_batch_load(struct engine_batch *b)
         for (uint32_t i = 0; i < j->n_bufs; i++)
             n_fd += j->bufs[i].fd >= 0;
     }
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    st->start_real_ns = (int64_t)rt.tv_sec * 1000000000ll + rt.tv_nsec;
     st->loaded = true;
     st->start_ns = engine_now_ns();
     st->jobs = calloc(n_jobs ? n_jobs : 1, sizeof(*st->jobs));
     st->ld = calloc(n_fd ? n_fd : 1, sizeof(*st->ld));
+    struct dedup dd;
+    dedup_init(&dd, st, n_fd);
+    uint64_t dups = 0, dup_bytes = 0;
     for (struct engine_job *j = b->jobs; j != NULL; j = j->next) {
         j->status = 0;
         j->cpu_retry = 0;
         j->hits_dropped = 0;
+        j->deduplicated = j->cache_hits = 0;
+        j->bytes_not_scanned = 0;
         if (st->jobs == NULL || st->ld == NULL) {
             engine_job_fail(j, -VKS_E_INTERNAL, "out of memory starting the scan");
             continue;
         }
+        uint32_t ji = (uint32_t)st->n_jobs;
         st->jobs[st->n_jobs++] = j;
         for (uint32_t i = 0; i < j->n_bufs; i++) {
             struct engine_buf *eb = &j->bufs[i];
             tel->buffers++;
             if (eb->status != 0)
                 continue; /* refused when queued (bad descriptor) */
-            if (eb->fd >= 0)
-                load_fd(eb, &st->ld[st->n_loaded++]);
-            else
-                eb->bytes = eb->len;
-            tel->bytes += eb->status == 0 ? eb->bytes : 0;
+            load_buf(e, st, &dd, ji, i);
+            tel->bytes += eb->status == 0 && !eb->skip ? eb->bytes : 0;
         }
+        dups += j->deduplicated;
     }
+    for (size_t i = 0; i < st->n_jobs; i++) {
+        const struct engine_job *j = st->jobs[i];
+        for (uint32_t k = 0; k < j->n_bufs; k++)
+            dup_bytes += j->bufs[k].skip && !j->bufs[k].cached ? j->bufs[k].bytes : 0;
+    }
+    free(dd.slot);
     tel->jobs = (uint32_t)st->n_jobs;
     tel->fd_read_ns = engine_now_ns() - st->start_ns;
+    pthread_mutex_lock(&e->mu);
+    e->dedup_buffers += dups;
+    e->dedup_bytes += dup_bytes;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- handing hits to buffers that were not scanned ---------------------- */
+
+/* The hits of buffer `buf` in a job's list (sorted by buffer): [*lo, *hi). */
+static void buf_range(const struct engine_hit *h, size_t n, uint32_t buf, size_t *lo, size_t *hi)
+{
+    size_t a = 0, b = n;
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (h[m].buffer < buf)
+            a = m + 1;
+        else
+            b = m;
+    }
+    *lo = a;
+    for (b = a; b < n && h[b].buffer == buf; b++) {
+    }
+    *hi = b;
+}
+
+/* Scans a duplicate on this thread when the first buffer's hits cannot
+ * stand in for it (its job failed, or max_hits cut it short). */
+static int rescan(const struct engine_job *j, const struct engine_buf *eb, struct scan_hits *out)
+{
+    struct cpuscan_scratch *scr = NULL;
+    struct cpuscan_part part = {0};
+    uint64_t dropped = 0;
+    int rc = cpuscan_scratch_create(&scr);
+    if (rc == 0)
+        rc = cpuscan_segment(j->cat, eb->data, (size_t)eb->len, 0, eb->len, j->mode,
+                             j->max_hits ? (uint64_t)j->max_hits + 1 : 0, NULL, NULL, scr, &part);
+    if (rc == 0)
+        rc = cpuscan_merge(j->cat, j->mode, &part, 1, UINT64_MAX, false, out, &dropped);
+    cpuscan_part_finish(&part);
+    cpuscan_scratch_destroy(scr);
+    return rc;
+}
+
+/* A job's hits as the engine left them (before settle replaced any). */
+struct own {
+    struct engine_hit *v;
+    size_t n;
+};
+
+/* Appends `n` hits of one buffer to a job's new list under its max_hits:
+ * past it, one marker, the rest counted as dropped. */
+static int push_buf(struct engine_job *j, size_t *cap, uint64_t *kept, uint32_t k,
+                    const struct engine_hit *h, size_t n, bool own)
+{
+    bool marked = false;
+    for (size_t i = 0; i < n; i++) {
+        if (*kept < engine_job_budget(j))
+            ++*kept;
+        else if (marked) {
+            j->hits_dropped += !own; /* the engine counted its own */
+            continue;
+        } else {
+            marked = true;
+            j->hits_dropped += !own;
+        }
+        if (engine_job_push_hit(j, cap, k, h[i].rule, h[i].count, h[i].end) != 0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+/* Where the hits of a buffer that was not scanned come from: the first of
+ * its duplicates when that one's were complete, else a rescan into `tmp`. */
+static int source(struct bstate *st, const struct own *own, const struct engine_job *j,
+                  const struct engine_buf *eb, struct scan_hits *tmp, const struct engine_hit **h,
+                  size_t *n, struct engine_hit **conv)
+{
+    if (eb->cached) {
+        *h = eb->pre;
+        *n = eb->n_pre;
+        return 0;
+    }
+    const struct engine_job *pj = st->jobs[eb->src_job];
+    size_t lo, hi;
+    buf_range(own[eb->src_job].v, own[eb->src_job].n, eb->src_buf, &lo, &hi);
+    if (pj->status == 0 && hi <= engine_job_budget(pj)) {
+        *h = own[eb->src_job].v + lo;
+        *n = hi - lo;
+        return 0;
+    }
+    int rc = rescan(j, eb, tmp);
+    *conv = rc == 0 ? malloc((tmp->n ? tmp->n : 1) * sizeof(**conv)) : NULL;
+    if (*conv == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < tmp->n; i++)
+        (*conv)[i] = (struct engine_hit){0, tmp->v[i].rule, tmp->v[i].count, tmp->v[i].end};
+    *h = *conv;
+    *n = tmp->n;
+    return 0;
+}
+
+/* Rebuilds the hits of job `ji`, which has buffers that were not scanned,
+ * in buffer order under its max_hits. */
+static int rebuild(struct bstate *st, const struct own *own, uint32_t ji)
+{
+    struct engine_job *j = st->jobs[ji];
+    j->hits = NULL;
+    j->n_hits = 0;
+    size_t cap = 0;
+    uint64_t kept = 0;
+    int rc = 0;
+    for (uint32_t k = 0; k < j->n_bufs && rc == 0; k++) {
+        const struct engine_buf *eb = &j->bufs[k];
+        if (eb->status != 0)
+            continue;
+        const struct engine_hit *h;
+        size_t n, lo, hi;
+        struct scan_hits tmp = {0};
+        struct engine_hit *conv = NULL;
+        if (!eb->skip) {
+            buf_range(own[ji].v, own[ji].n, k, &lo, &hi);
+            h = own[ji].v + lo;
+            n = hi - lo;
+        } else {
+            rc = source(st, own, j, eb, &tmp, &h, &n, &conv);
+        }
+        if (rc == 0)
+            rc = push_buf(j, &cap, &kept, k, h, n, !eb->skip);
+        scan_hits_finish(&tmp);
+        free(conv);
+    }
+    return rc;
+}
+
+static bool has_skipped(const struct engine_job *j)
+{
+    for (uint32_t k = 0; k < j->n_bufs; k++) {
+        if (j->bufs[k].status == 0 && j->bufs[k].skip)
+            return true;
+    }
+    return false;
+}
+
+/* Stores the complete hits of the job's scanned descriptor buffers whose
+ * files are cacheable. */
+static void cache_store(struct engine *e, const struct bstate *st, const struct engine_job *j)
+{
+    if (e->rc == NULL || j->no_cache || j->status != 0)
+        return;
+    for (uint32_t k = 0; k < j->n_bufs; k++) {
+        const struct engine_buf *eb = &j->bufs[k];
+        if (eb->status != 0 || !eb->has_id || eb->skip || !cacheable(eb, st->start_real_ns))
+            continue;
+        size_t lo, hi;
+        buf_range(j->hits, j->n_hits, k, &lo, &hi);
+        if (hi > engine_job_budget(j))
+            continue; /* cut short by max_hits */
+        struct rcache_key key;
+        cache_key(j, eb, &key);
+        rcache_put(e->rc, &key, j->hits + lo, hi - lo);
+    }
+}
+
+/* Gives the buffers that were not scanned their hits, once every engine
+ * that ran the batch is done with it, and fills the result cache. */
+static void settle(struct engine *e, struct engine_batch *b)
+{
+    struct bstate *st = b->priv;
+    if (st == NULL || !st->loaded || st->n_jobs == 0)
+        return;
+    struct own *own = calloc(st->n_jobs, sizeof(*own));
+    uint64_t saved = 0;
+    for (size_t i = 0; i < st->n_jobs; i++) {
+        if (own != NULL)
+            own[i] = (struct own){st->jobs[i]->hits, st->jobs[i]->n_hits};
+        cache_store(e, st, st->jobs[i]);
+        for (uint32_t k = 0; k < st->jobs[i]->n_bufs; k++) {
+            const struct engine_buf *eb = &st->jobs[i]->bufs[k];
+            saved += eb->status == 0 && eb->cached ? eb->bytes : 0;
+        }
+    }
+    pthread_mutex_lock(&e->mu);
+    e->cache_bytes_saved += saved;
+    pthread_mutex_unlock(&e->mu);
+    for (size_t i = 0; i < st->n_jobs; i++) {
+        struct engine_job *j = st->jobs[i];
+        if (j->status != 0 || !has_skipped(j))
+            continue;
+        /* engine_job_fail frees the new list (the old one goes below), or
+         * the old one when there is no snapshot */
+        if (own == NULL || rebuild(st, own, (uint32_t)i) != 0)
+            engine_job_fail(j, -VKS_E_INTERNAL,
+                            "out of memory collecting hits: lower max_hits or retry");
+    }
+    for (size_t i = 0; own != NULL && i < st->n_jobs; i++) {
+        if (st->jobs[i]->hits != own[i].v)
+            free(own[i].v);
+    }
+    for (size_t i = 0; i < st->n_jobs; i++) {
+        struct engine_job *j = st->jobs[i];
+        for (uint32_t k = 0; k < j->n_bufs; k++) {
+            free(j->bufs[k].pre);
+            j->bufs[k].pre = NULL;
+            j->bufs[k].n_pre = 0;
+        }
+    }
+    free(own);
 }
 
 /* Frees the batch's private state (descriptor buffers go to the loop
@@ -243,6 +631,7 @@ void engine_batch_load(struct engine_batch *b)
 void engine_batch_post(struct engine *e, struct engine_batch *b)
 {
     struct bstate *st = b->priv;
+    settle(e, b);
     if (st != NULL) {
         for (uint32_t i = 0; i < st->n_tasks; i++)
             cpuscan_part_finish(&st->tasks[i].part);
@@ -525,7 +914,21 @@ void engine_stats_add(struct engine *e, struct stats_list *l)
         g[i].device = e->gw[i].dev.index, g[i].batches = e->gw[i].batches,
         g[i].bytes = e->gw[i].bytes, g[i].busy = e->gw[i].busy_ns, g[i].retries = e->gw[i].retries;
     uint64_t cb = e->cpu_batches, cy = e->cpu_bytes, cbusy = e->cpu_busy_ns, cr = e->cpu_retries;
+    uint64_t dups = e->dedup_buffers, dup_bytes = e->dedup_bytes, saved = e->cache_bytes_saved;
     pthread_mutex_unlock(&e->mu);
+    stats_add_u(l, "dedup.buffers", dups);
+    stats_add_u(l, "dedup.bytes_not_scanned", dup_bytes);
+    struct rcache_stats rs = {0};
+    if (e->rc != NULL)
+        rcache_get_stats(e->rc, &rs);
+    stats_add_u(l, "result_cache.limit", rs.limit);
+    stats_add_u(l, "result_cache.bytes", rs.bytes);
+    stats_add_u(l, "result_cache.entries", rs.entries);
+    stats_add_u(l, "result_cache.hits", rs.hits);
+    stats_add_u(l, "result_cache.misses", rs.misses);
+    stats_add_u(l, "result_cache.inserts", rs.inserts);
+    stats_add_u(l, "result_cache.evictions", rs.evictions);
+    stats_add_u(l, "result_cache.bytes_not_scanned", saved);
     stats_add_u(l, "engines", n + 1);
     stats_add_u(l, "cpu_threads", e->n_cpu);
     for (uint32_t i = 0; i < n; i++)
@@ -544,6 +947,9 @@ void engine_telemetry_add(struct stats_list *l, const struct engine_job *job,
     stats_add_u(l, "cpu_segments", t->segments);
     stats_add_u(l, "cpu_retry", job->cpu_retry < 0 ? (uint64_t)-job->cpu_retry : 0);
     stats_add_u(l, "hits_dropped", job->hits_dropped);
+    stats_add_u(l, "buffers_deduplicated", job->deduplicated);
+    stats_add_u(l, "cache_hits", job->cache_hits);
+    stats_add_u(l, "bytes_not_scanned", job->bytes_not_scanned);
 }
 
 /* ---- create and close ------------------------------------------------- */
@@ -584,10 +990,18 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
             return rc;
         }
     }
+    int rc = rcache_create(cfg->result_cache_bytes, &e->rc);
+    if (rc != 0) {
+        free(e);
+        return vks_error_set(err, rc,
+                             "out of memory creating the result cache: lower "
+                             "result-cache-bytes");
+    }
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cpu_cond, NULL);
-    int rc = uv_async_init(loop, &e->async, on_async);
+    rc = uv_async_init(loop, &e->async, on_async);
     if (rc != 0) {
+        rcache_destroy(e->rc);
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cpu_cond);
         free(e);
@@ -622,6 +1036,7 @@ static void free_engine(uv_handle_t *h)
     struct engine *e = h->data;
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cpu_cond);
+    rcache_destroy(e->rc);
     free(e->cpu);
     free(e);
 }

@@ -34,6 +34,18 @@
 #include "gpu.h"
 #include "refscan.h"
 
+/* What names the bytes of a descriptor buffer without reading them: the
+ * file (st_dev, st_ino), its size and times, and the range. Two buffers with
+ * equal identities hold the same bytes, unless the file is written while it
+ * is read, which no scan can guard against. */
+struct engine_fid {
+    uint64_t dev, ino, size;
+    int64_t mtime_sec, mtime_nsec, ctime_sec, ctime_nsec;
+    uint64_t offset, length;
+};
+
+struct engine_hit;
+
 /* One input buffer of a job. Inline buffers point into the request frame;
  * fd buffers name a descriptor the request owns (borrowed by the engine
  * until the batch comes back). */
@@ -48,6 +60,17 @@ struct engine_buf {
     int status; /* 0 or -VKS_E_BAD_FD (this buffer alone failed) */
     char msg[160];
     uint64_t bytes; /* bytes scanned */
+    /* The engine's, set by engine_batch_load (zero when queued). A buffer it
+     * does not scan takes its hits from an earlier buffer of the batch with
+     * the same bytes (src_job indexes the batch's jobs in order) or from the
+     * result cache (`pre`), when the batch is handed back. */
+    struct engine_fid id; /* descriptor buffers: the file as it was read */
+    bool has_id;
+    bool skip;   /* not scanned */
+    bool cached; /* hits from the result cache */
+    uint32_t src_job, src_buf;
+    struct engine_hit *pre;
+    size_t n_pre;
 };
 
 /* Hits for one job: `buffer` indexes the job's buffers. Sorted by
@@ -75,6 +98,15 @@ struct engine_job {
     int cpu_retry; /* 0, or why the GPU gave the job to the CPU (-E2BIG, -ETIMEDOUT, -ENODEV) */
     int status;    /* 0, or the batch's error for this job */
     struct vks_error err;
+    /* Set by the session: the tenant (result cache entries are its own) and
+     * whether the request bypasses the result cache. */
+    uint32_t uid;
+    bool no_cache;
+    /* Results: buffers not scanned because an earlier buffer of the batch
+     * had the same bytes, or the result cache had their hits, and their
+     * bytes. */
+    uint32_t deduplicated, cache_hits;
+    uint64_t bytes_not_scanned;
 };
 
 /* What one batch cost; copied into every scan reply of the batch. */
@@ -166,7 +198,8 @@ struct stats_list;
 void engine_stats_add(struct engine *eng, struct stats_list *l);
 
 /* Appends a scan reply's engine telemetry keys (engine_index, wall_ns,
- * device_idle_ns, cpu_segments, cpu_retry, hits_dropped). */
+ * device_idle_ns, cpu_segments, cpu_retry, hits_dropped,
+ * buffers_deduplicated, cache_hits, bytes_not_scanned). */
 void engine_telemetry_add(struct stats_list *l, const struct engine_job *job,
                           const struct engine_telemetry *tel);
 

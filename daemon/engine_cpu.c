@@ -41,7 +41,7 @@ static void cpu_prepare(struct engine *e, struct engine_batch *b)
     struct bstate *st = b->priv;
     if (!st->loaded) {
         b->tel.engine = e->n_gpu; /* the CPU engine's stats index */
-        engine_batch_load(b);
+        engine_batch_load(e, b);
     }
     st->js = calloc(st->n_jobs ? st->n_jobs : 1, sizeof(*st->js));
     uint64_t n_tasks = 0;
@@ -54,7 +54,7 @@ static void cpu_prepare(struct engine *e, struct engine_batch *b)
         uint64_t lb = cpuscan_lookback(j->cat);
         for (uint32_t k = 0; k < j->n_bufs; k++) {
             const struct engine_buf *eb = &j->bufs[k];
-            if (eb->status != 0)
+            if (eb->status != 0 || eb->skip)
                 continue;
             uint64_t seg = seg_size(e, lb, eb->len);
             n_tasks += eb->len <= seg ? 1 : (eb->len + seg - 1) / seg;
@@ -80,7 +80,7 @@ static void cpu_prepare(struct engine *e, struct engine_batch *b)
         uint64_t lb = cpuscan_lookback(j->cat);
         for (uint32_t k = 0; k < j->n_bufs; k++) {
             const struct engine_buf *eb = &j->bufs[k];
-            if (eb->status != 0)
+            if (eb->status != 0 || eb->skip)
                 continue;
             uint64_t seg = seg_size(e, lb, eb->len);
             if (eb->len <= seg) {

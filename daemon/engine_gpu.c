@@ -122,7 +122,7 @@ static int run_gpu(struct gworker *w, struct engine_job **jobs, size_t n, struct
             cats[n_cats++] = j->cat;
         }
         for (uint32_t b = 0; b < j->n_bufs; b++) {
-            if (j->bufs[b].status != 0)
+            if (j->bufs[b].status != 0 || j->bufs[b].skip)
                 continue;
             gb[k] = (struct gpu_buffer){.data = j->bufs[b].data,
                                         .len = (size_t)j->bufs[b].len,
@@ -217,7 +217,7 @@ static void gpu_run_batch(struct gworker *w, struct engine_batch *b)
     b->tel.idle_ns = w->last_done_ns ? t0 - w->last_done_ns : 0;
     b->tel.gpu = true;
     b->tel.engine = w->index;
-    engine_batch_load(b);
+    engine_batch_load(e, b);
     uint64_t t1 = engine_now_ns();
     run_gpu_split(w, st->jobs, st->n_jobs, &b->tel);
     uint32_t retries = 0;

@@ -15,6 +15,7 @@
 
 #include "cpuscan.h"
 #include "engine.h"
+#include "rcache.h"
 
 #define MAX_DEVICES     16u
 #define MAX_GPU_ENGINES 16u
@@ -100,6 +101,9 @@ struct engine {
     struct engine_batch *cpu_head, *cpu_tail; /* mu: batches with work to hand out */
     uint64_t cpu_batches, cpu_bytes, cpu_busy_ns, cpu_retries; /* mu */
     uint64_t cpu_inflight_bytes;                               /* loop thread */
+    uint64_t dedup_buffers, dedup_bytes;                       /* mu */
+    uint64_t cache_bytes_saved;                                /* mu */
+    struct rcache *rc; /* the result cache (NULL: off); its own lock */
 
     /* Loop thread. */
     uint32_t rr; /* where the next tie-break starts */
@@ -146,7 +150,8 @@ struct bstate {
     size_t n_loaded;
     bool loaded;
     uint64_t start_ns;
-    struct ctask *tasks; /* CPU engine */
+    int64_t start_real_ns; /* CLOCK_REALTIME at load: the racy-clean test */
+    struct ctask *tasks;   /* CPU engine */
     uint32_t n_tasks, next_task, done_tasks;
     struct jstate *js;
 };
@@ -155,8 +160,12 @@ struct bstate {
 uint64_t engine_now_ns(void);
 
 /* Reads the batch's descriptor buffers and fills the byte counts. Runs once
- * per batch, on the first engine that takes it. */
-void engine_batch_load(struct engine_batch *b);
+ * per batch, on the first engine that takes it. A descriptor buffer with
+ * the same identity (engine_fid), catalog and mode as an earlier one of the
+ * batch is not read or scanned (engine_buf.skip): engine_batch_post gives
+ * it the earlier one's hits. Engines scan only buffers with status 0 and
+ * skip unset. */
+void engine_batch_load(struct engine *e, struct engine_batch *b);
 
 /* Frees the batch's private state and queues it for the loop thread. */
 void engine_batch_post(struct engine *e, struct engine_batch *b);

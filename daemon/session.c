@@ -603,6 +603,7 @@ static void scan_queue(struct request *r, struct store_entry *e)
     r->ej.cat = store_entry_catalog(e);
     r->ej.mode = (enum scan_mode)sc->mode;
     r->ej.max_hits = r->max_hits;
+    r->ej.uid = (uint32_t)s->uid; /* result cache entries are the tenant's own */
     r->ej.bufs = r->bufs;
     r->ej.n_bufs = sc->n_buffers;
     r->sj.key = e;

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cpuscan.h"
@@ -886,6 +887,407 @@ START_TEST(test_small_batches_overflow_to_gpu)
 }
 END_TEST
 
+/* ---- work scanned once (issue 15) -------------------------------------- */
+
+/* An unlinked temporary file holding `len` bytes of `d`. */
+static int temp_file(const uint8_t *d, size_t len)
+{
+    char path[] = "/tmp/vks-engine-once-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    unlink(path);
+    ck_assert_int_eq(pwrite(fd, d, len, 0), (ssize_t)len);
+    return fd;
+}
+
+/* Buffer `ba` of `a` and buffer `bb` of `b` have the same reply: hits,
+ * truncation, status and bytes. */
+static void same_buffer(const struct vks_scan_result *a, uint32_t ba, const struct vks_scan_result *b,
+                        uint32_t bb, const char *what)
+{
+    struct scan_hits ha = {0}, hb = {0};
+    for (size_t i = 0; i < a->n_hits; i++) {
+        if (a->hits[i].buffer == ba)
+            scan_hits_push(&ha, a->hits[i].rule, a->hits[i].end, a->hits[i].count);
+    }
+    for (size_t i = 0; i < b->n_hits; i++) {
+        if (b->hits[i].buffer == bb)
+            scan_hits_push(&hb, b->hits[i].rule, b->hits[i].end, b->hits[i].count);
+    }
+    assert_same(&ha, &hb, what);
+    ck_assert_msg(a->buffers[ba].truncated == b->buffers[bb].truncated, "%s: truncated", what);
+    ck_assert_int_eq(a->buffers[ba].code, b->buffers[bb].code);
+    ck_assert_uint_eq(a->buffers[ba].bytes, b->buffers[bb].bytes);
+    scan_hits_finish(&ha);
+    scan_hits_finish(&hb);
+}
+
+/* One request names the same file twice, and a range of it twice: each is
+ * read and scanned once, and every buffer's reply equals that of the same
+ * bytes sent inline (never deduplicated), in every mode, also when
+ * max_hits cuts the first copy short (the copy is then scanned again). */
+START_TEST(test_dedup_in_one_request)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "2", "--cpu-segment-bytes", "256",
+                          "--result-cache-bytes", "0"));
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
+    struct catalog *ref = compile(bounded, N_BOUNDED);
+    static uint8_t a[20000];
+    make_data(a, sizeof(a));
+    int fd = temp_file(a, sizeof(a));
+    struct vks_buffer whole = {.kind = VKS_BUFFER_FD, .fd = fd};
+    struct vks_buffer part = {.kind = VKS_BUFFER_FD, .fd = fd, .offset = 100, .length = 5000};
+    struct vks_buffer fds[5] = {whole, inline_buf(a, 3000), whole, part, part};
+    struct vks_buffer inl[5] = {inline_buf(a, sizeof(a)), inline_buf(a, 3000),
+                                inline_buf(a, sizeof(a)), inline_buf(a + 100, 5000),
+                                inline_buf(a + 100, 5000)};
+    const enum vks_report modes[3] = {VKS_REPORT_ALL, VKS_REPORT_FIRST, VKS_REPORT_COUNT};
+    const uint32_t limits[3] = {0, 7, 40};
+    for (int m = 0; m < 3; m++) {
+        for (int l = 0; l < 3; l++) {
+            struct vks_scan_result rf, ri;
+            scan(c, cat, fds, 5, modes[m], limits[l], &rf);
+            scan(c, cat, inl, 5, modes[m], limits[l], &ri);
+            char what[64];
+            for (uint32_t b = 0; b < 5; b++) {
+                snprintf(what, sizeof(what), "mode %d max_hits %u buffer %u", m, limits[l], b);
+                same_buffer(&rf, b, &ri, b, what);
+            }
+            ck_assert_uint_eq(rf.n_hits, ri.n_hits);
+            ck_assert_uint_eq(tel_of(&rf, "buffers_deduplicated"), 2);
+            ck_assert_uint_eq(tel_of(&rf, "bytes_not_scanned"), sizeof(a) + 5000);
+            ck_assert_uint_eq(tel_of(&rf, "batch_bytes"), sizeof(a) + 3000 + 5000);
+            ck_assert_uint_eq(tel_of(&ri, "buffers_deduplicated"), 0);
+            if (limits[l] == 0) {
+                check(ref, &rf, 2, a, sizeof(a), (enum scan_mode)m);
+                check(ref, &rf, 4, a + 100, 5000, (enum scan_mode)m);
+            }
+            vks_scan_result_finish(&rf);
+            vks_scan_result_finish(&ri);
+        }
+    }
+    ck_assert_uint_eq(stat_of(c, "dedup.buffers"), 2 * 9);
+    ck_assert_uint_eq(stat_of(c, "dedup.bytes_not_scanned"), 9 * (sizeof(a) + 5000));
+    close(fd);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+struct scanner {
+    struct vks_client *c;
+    const uint8_t *fp;
+    struct vks_buffer vb;
+    struct vks_scan_result res;
+    int rc;
+};
+
+static void *scan_thread(void *arg)
+{
+    struct scanner *s = arg;
+    struct vks_error err = {0};
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    memset(&s->res, 0, sizeof(s->res));
+    s->rc = vks_client_scan(s->c, s->fp, &s->vb, 1, &so, &s->res, &err);
+    return NULL;
+}
+
+/* Two clients scan the same file while one engine thread is busy with a
+ * third: their requests land in one batch (equal batch_id), the file is
+ * scanned once, and both replies equal refscan's. */
+START_TEST(test_dedup_across_requests)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "1", "--inflight-batches", "1",
+                          "--result-cache-bytes", "0"));
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
+    struct catalog *ref = compile(bounded, N_BOUNDED);
+    static uint8_t a[30000], big[4 << 20];
+    make_data(a, sizeof(a));
+    make_data(big, sizeof(big));
+    int fd = temp_file(a, sizeof(a));
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    struct scanner blk = {connect_ok(&d), fp, inline_buf(big, sizeof(big)), {0}, 0};
+    struct scanner s1 = {connect_ok(&d), fp, {.kind = VKS_BUFFER_FD, .fd = fd}, {0}, 0};
+    struct scanner s2 = s1;
+    s2.c = connect_ok(&d);
+    bool together = false;
+    for (int round = 0; round < 30 && !together; round++) {
+        pthread_t tb, t1, t2;
+        ck_assert_int_eq(pthread_create(&tb, NULL, scan_thread, &blk), 0);
+        usleep(5000); /* the blocker first, mostly; a round where it is not is retried */
+        ck_assert_int_eq(pthread_create(&t1, NULL, scan_thread, &s1), 0);
+        ck_assert_int_eq(pthread_create(&t2, NULL, scan_thread, &s2), 0);
+        pthread_join(tb, NULL);
+        pthread_join(t1, NULL);
+        pthread_join(t2, NULL);
+        ck_assert_int_eq(blk.rc, 0);
+        ck_assert_int_eq(s1.rc, 0);
+        ck_assert_int_eq(s2.rc, 0);
+        /* Together or not, both are right. */
+        check(ref, &s1.res, 0, a, sizeof(a), SCAN_ALL);
+        check(ref, &s2.res, 0, a, sizeof(a), SCAN_ALL);
+        same_buffer(&s1.res, 0, &s2.res, 0, "two requests");
+        together = tel_of(&s1.res, "batch_id") == tel_of(&s2.res, "batch_id");
+        uint64_t dups = tel_of(&s1.res, "buffers_deduplicated") +
+                        tel_of(&s2.res, "buffers_deduplicated");
+        ck_assert_uint_eq(dups, together ? 1 : 0);
+        if (together) {
+            ck_assert_uint_eq(tel_of(&s1.res, "batch_bytes"), sizeof(a));
+            ck_assert_uint_eq(tel_of(&s1.res, "bytes_not_scanned") +
+                                  tel_of(&s2.res, "bytes_not_scanned"),
+                              sizeof(a));
+        }
+        vks_scan_result_finish(&blk.res);
+        vks_scan_result_finish(&s1.res);
+        vks_scan_result_finish(&s2.res);
+    }
+    ck_assert_msg(together, "the two scans never shared a batch");
+    vks_client_close(blk.c);
+    vks_client_close(s1.c);
+    vks_client_close(s2.c);
+    close(fd);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* Sets the file's mtime `secs` from now (atime too); its ctime becomes now. */
+static void set_mtime(int fd, long secs)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    struct timespec ts[2] = {{now.tv_sec + secs, 0}, {now.tv_sec + secs, 0}};
+    ck_assert_int_eq(futimens(fd, ts), 0);
+}
+
+/* Lets every file's last change (ctime) fall more than a second behind, so
+ * results can be cached (the racy-clean rule). */
+static void age(void)
+{
+    usleep(1200 * 1000);
+}
+
+static uint64_t hits_in(const struct vks_scan_result *r, uint32_t b)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < r->n_hits; i++)
+        n += r->hits[i].buffer == b;
+    return n;
+}
+
+/* A file scanned twice without a change is scanned once: the second reply
+ * comes from the result cache, equal to the first. Changed with the same
+ * size and mtime (what a coarse clock gives within one tick), it is
+ * scanned again: its ctime moved. Right after that change it stays out of
+ * the cache (racily clean): without that rule the third scan here would
+ * come from the cache. A file whose mtime is in the future is never cached. */
+START_TEST(test_cache_unchanged_files)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "2"));
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
+    struct catalog *ref = compile(bounded, N_BOUNDED);
+    static uint8_t a[20000], b[20000];
+    make_data(a, sizeof(a));
+    make_data(b, sizeof(b));
+    int fd = temp_file(a, sizeof(a));
+    set_mtime(fd, -3600);
+    age();
+    struct vks_buffer vb = {.kind = VKS_BUFFER_FD, .fd = fd};
+    struct vks_scan_result r1, r2;
+    scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &r1);
+    check(ref, &r1, 0, a, sizeof(a), SCAN_ALL);
+    ck_assert_uint_eq(tel_of(&r1, "cache_hits"), 0);
+    scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &r2);
+    ck_assert_uint_eq(tel_of(&r2, "cache_hits"), 1);
+    ck_assert_uint_eq(tel_of(&r2, "bytes_not_scanned"), sizeof(a));
+    ck_assert_uint_eq(tel_of(&r2, "batch_bytes"), 0);
+    same_buffer(&r1, 0, &r2, 0, "from the cache");
+    vks_scan_result_finish(&r2);
+    /* Another report mode or a smaller max_hits: the same entry serves
+     * what the mode asks for, cut at max_hits like a scan. */
+    scan(c, cat, &vb, 1, VKS_REPORT_FIRST, 0, &r2);
+    check(ref, &r2, 0, a, sizeof(a), SCAN_FIRST); /* another key: scanned */
+    vks_scan_result_finish(&r2);
+    scan(c, cat, &vb, 1, VKS_REPORT_ALL, 5, &r2);
+    ck_assert_uint_eq(tel_of(&r2, "cache_hits"), 1);
+    ck_assert_uint_eq(r2.n_hits, 5);
+    ck_assert(r2.buffers[0].truncated);
+    for (uint32_t i = 0; i < 5; i++)
+        ck_assert(r2.hits[i].end == r1.hits[i].end && r2.hits[i].rule == r1.hits[i].rule);
+    vks_scan_result_finish(&r2);
+    vks_scan_result_finish(&r1);
+    /* Same size, new content, the old mtime. */
+    ck_assert_int_eq(pwrite(fd, b, sizeof(b), 0), (ssize_t)sizeof(b));
+    set_mtime(fd, -3600);
+    for (int i = 0; i < 2; i++) {
+        scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &r1);
+        check(ref, &r1, 0, b, sizeof(b), SCAN_ALL);
+        ck_assert_msg(tel_of(&r1, "cache_hits") == 0, "scan %d of a just-changed file was cached",
+                      i);
+        vks_scan_result_finish(&r1);
+    }
+    /* An mtime in the future stays racy. */
+    set_mtime(fd, 3600);
+    age();
+    for (int i = 0; i < 2; i++) {
+        scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &r1);
+        check(ref, &r1, 0, b, sizeof(b), SCAN_ALL);
+        ck_assert_uint_eq(tel_of(&r1, "cache_hits"), 0);
+        vks_scan_result_finish(&r1);
+    }
+    ck_assert_uint_eq(stat_of(c, "result_cache.hits"), 2);
+    close(fd);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* In a child running as uid `uid`, with the descriptor inherited: the same
+ * file and rules as root's cached scan are scanned, not served from root's
+ * entry; its own second scan is its own entry. A bit mask of failures. */
+static int other_tenant_scan(const struct daemon *d, uid_t uid, int fd, uint64_t want_hits)
+{
+    if (setgid(uid) != 0 || setuid(uid) != 0)
+        return 1;
+    struct vks_client *c = NULL;
+    if (vks_client_connect(d->sock, NULL, &c, NULL) != 0)
+        return 2;
+    struct vks_rule vr[N_BOUNDED];
+    for (size_t i = 0; i < N_BOUNDED; i++)
+        vr[i] = (struct vks_rule){bounded[i].id,
+                                  bounded[i].kind == RULE_LITERAL ? VKS_RULE_LITERAL
+                                  : bounded[i].kind == RULE_HEX   ? VKS_RULE_HEX
+                                                                  : VKS_RULE_REGEX,
+                                  bounded[i].pattern, 0, bounded[i].flags};
+    struct vks_catalog *cat = NULL;
+    if (vks_client_catalog_load(c, vr, N_BOUNDED, NULL, &cat, NULL) != 0)
+        return 4;
+    struct vks_buffer vb = {.kind = VKS_BUFFER_FD, .fd = fd};
+    int fail = 0;
+    for (int i = 0; i < 2; i++) {
+        struct vks_scan_result res = {0};
+        if (vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, NULL, &res, NULL) != 0)
+            return 8;
+        const struct vks_stat *ch = vks_stat_find(res.telemetry, res.n_telemetry, "cache_hits");
+        if (ch == NULL || ch->u != (uint64_t)i)
+            fail |= 16 << i; /* the first is scanned, the second is its own entry */
+        if (res.n_hits != want_hits)
+            fail |= 64;
+        vks_scan_result_finish(&res);
+    }
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    return fail;
+}
+
+/* Tenant B never gets tenant A's cached results. */
+START_TEST(test_cache_per_tenant)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_cache_per_tenant: needs root to switch uid; skipped\n");
+        return;
+    }
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "2", "--socket-mode", "0666"));
+    chmod(d.dir, 0755);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
+    static uint8_t a[8000];
+    make_data(a, sizeof(a));
+    int fd = temp_file(a, sizeof(a));
+    set_mtime(fd, -3600);
+    age();
+    struct vks_buffer vb = {.kind = VKS_BUFFER_FD, .fd = fd};
+    struct vks_scan_result res;
+    scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &res);
+    uint64_t n = res.n_hits;
+    ck_assert_uint_gt(n, 0);
+    vks_scan_result_finish(&res);
+    scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &res);
+    ck_assert_uint_eq(tel_of(&res, "cache_hits"), 1); /* root's own entry */
+    vks_scan_result_finish(&res);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0)
+        _exit(other_tenant_scan(&d, 65534, fd, n));
+    int st;
+    waitpid(child, &st, 0);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "other tenant: mask %d",
+                  WEXITSTATUS(st));
+    ck_assert_uint_eq(stat_of(c, "result_cache.entries"), 2);
+    close(fd);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* A flood of distinct files keeps the cache within result-cache-bytes:
+ * old entries are evicted, the newest still serve rescans, and every reply
+ * is right. */
+START_TEST(test_cache_bounded)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "2", "--result-cache-bytes", "16K"));
+    struct vks_client *c = connect_ok(&d);
+    static const struct rdef needle[] = {{"n", "needle", NULL, RULE_LITERAL}};
+    struct vks_catalog *cat = load(c, needle, 1);
+    enum { N_FILES = 240, PER_SCAN = 24 };
+    int fds[N_FILES];
+    for (int i = 0; i < N_FILES; i++) {
+        char text[128];
+        int len = snprintf(text, sizeof(text), "file %d: needle, %*s needle needle", i, i % 40,
+                           "x");
+        fds[i] = temp_file((const uint8_t *)text, (size_t)len);
+        set_mtime(fds[i], -3600);
+    }
+    age();
+    for (int round = 0; round < 2; round++) {
+        for (int f = 0; f < N_FILES; f += PER_SCAN) {
+            struct vks_buffer vb[PER_SCAN];
+            for (int k = 0; k < PER_SCAN; k++)
+                vb[k] = (struct vks_buffer){.kind = VKS_BUFFER_FD, .fd = fds[f + k]};
+            struct vks_scan_result res;
+            scan(c, cat, vb, PER_SCAN, VKS_REPORT_ALL, 0, &res);
+            ck_assert_uint_eq(res.n_hits, 3 * PER_SCAN);
+            for (uint32_t k = 0; k < PER_SCAN; k++)
+                ck_assert_uint_eq(hits_in(&res, k), 3);
+            vks_scan_result_finish(&res);
+            ck_assert_uint_le(stat_of(c, "result_cache.bytes"), 16384);
+        }
+    }
+    ck_assert_uint_eq(stat_of(c, "result_cache.limit"), 16384);
+    ck_assert_uint_gt(stat_of(c, "result_cache.evictions"), 0);
+    ck_assert_uint_lt(stat_of(c, "result_cache.entries"), N_FILES);
+    ck_assert_uint_ge(stat_of(c, "result_cache.inserts"), N_FILES);
+    /* The newest are still there. */
+    struct vks_buffer last = {.kind = VKS_BUFFER_FD, .fd = fds[N_FILES - 1]};
+    struct vks_scan_result res;
+    scan(c, cat, &last, 1, VKS_REPORT_ALL, 0, &res);
+    ck_assert_uint_eq(tel_of(&res, "cache_hits"), 1);
+    ck_assert_uint_eq(res.n_hits, 3);
+    vks_scan_result_finish(&res);
+    for (int i = 0; i < N_FILES; i++)
+        close(fds[i]);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* Long hit lists take scan_hits_finalize's radix path; it must give exactly
  * what the two-sort reference gives, in every mode, with duplicate
  * (rule, end) pairs and a single-match rule ("once"). */
@@ -951,6 +1353,14 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_two_gpu_engines);
     tcase_add_test(tc, test_bad_devices);
     tcase_add_test(tc, test_small_batches_overflow_to_gpu);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("once");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_dedup_in_one_request);
+    tcase_add_test(tc, test_dedup_across_requests);
+    tcase_add_test(tc, test_cache_unchanged_files);
+    tcase_add_test(tc, test_cache_per_tenant);
+    tcase_add_test(tc, test_cache_bounded);
     suite_add_tcase(s, tc);
     return s;
 }
