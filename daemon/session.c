@@ -604,6 +604,7 @@ static void scan_queue(struct request *r, struct store_entry *e)
     r->ej.mode = (enum scan_mode)sc->mode;
     r->ej.max_hits = r->max_hits;
     r->ej.uid = (uint32_t)s->uid; /* result cache entries are the tenant's own */
+    r->ej.no_cache = sc->no_cache;
     r->ej.bufs = r->bufs;
     r->ej.n_bufs = sc->n_buffers;
     r->sj.key = e;
@@ -751,6 +752,7 @@ static void reply_scan(struct request *r, const struct engine_telemetry *tel)
         bs[i].code = r->bufs[i].status;
         bs[i].message = r->bufs[i].status != 0 ? r->bufs[i].msg : NULL;
         bs[i].bytes = r->bufs[i].status == 0 ? r->bufs[i].bytes : 0;
+        bs[i].cached = r->bufs[i].status == 0 && r->bufs[i].cached;
         bytes += bs[i].bytes;
     }
     struct stats_list l = {.n = 0};
@@ -848,6 +850,24 @@ static void op_stream_open(struct session *s, struct proto_request *req, uint64_
     store_acquire(server_store(s->srv), s->uid, req->u.stream.catalog, on_stream_catalog, r);
 }
 
+/* stream.write and stream.close run on a pool thread (daemon/stream.c); the
+ * request holds the session until session_stream_done. */
+static void op_stream(struct session *s, struct proto_request *req, uint64_t t)
+{
+    struct request *r = request_new(s, req, t);
+    if (r == NULL) {
+        send_error(s, req->id, req->op, -ENOMEM, "out of memory queueing a stream request");
+        proto_request_destroy(req);
+        return;
+    }
+    stream_op(s->streams, s, req, r);
+}
+
+void session_stream_done(void *token)
+{
+    request_free(token);
+}
+
 /* ---- frames ----------------------------------------------------------- */
 
 /* Answers a peer the allow lists do not admit, then closes. */
@@ -919,8 +939,8 @@ static void handle_frame(struct session *s, struct proto_frame *f)
         return;
     case PROTO_OP_STREAM_WRITE:
     case PROTO_OP_STREAM_CLOSE:
-        stream_op(s->streams, s, req);
-        break;
+        op_stream(s, req, t); /* takes req */
+        return;
     case PROTO_OP_NONE:
     case PROTO_OP_COUNT:
         send_error(s, req->id, req->op, -VKS_E_UNKNOWN_OP, "unknown operation");

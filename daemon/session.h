@@ -65,4 +65,8 @@ void session_send_reply(struct session *s, const struct proto_reply *rep);
 void session_send_error(struct session *s, uint32_t id, enum proto_op op, int code,
                         const char *msg);
 
+/* daemon/stream.c is done with the stream.write or stream.close whose token
+ * it got: frees the request (and its session reference). */
+void session_stream_done(void *token);
+
 #endif

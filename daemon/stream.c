@@ -22,13 +22,39 @@
 #define READ_CHUNK  (1u << 20) /* fd writes are read and scanned in pieces of this size */
 #define MAX_EXPIRED 64u        /* expired ids remembered per connection, for the error */
 
+struct work;
+
 struct stream {
     struct stream *next;
+    struct stream_set *set; /* NULL once its connection closed while a write ran */
+    struct server *srv;
+    uid_t uid;
     uint32_t id;
     struct streamscan *scan; /* NULL once expired */
     struct store_entry *entry;
     uint64_t t_active; /* uv_now of the last request */
     size_t state_bytes;
+    struct work *q_head, *q_tail; /* writes and the close waiting their turn */
+    bool running;                 /* one of them runs on libuv's thread pool */
+    bool closing;                 /* a close is queued: the id takes no more requests */
+};
+
+/* One stream.write or stream.close: queued on its stream, run on a pool
+ * thread (only `st->scan`, the request's bytes and descriptor are touched
+ * there), answered on the loop. `req` is borrowed until session_stream_done
+ * (token). */
+struct work {
+    uv_work_t uv;
+    struct work *next;
+    struct stream *st;
+    struct session *s;
+    const struct proto_request *req;
+    void *token;
+    uint64_t max; /* max-scan-bytes */
+    struct scan_hits hits;
+    uint64_t bytes;
+    int rc;
+    char msg[256];
 };
 
 struct stream_set {
@@ -92,28 +118,52 @@ int stream_set_create(struct server *srv, uid_t uid, struct stream_set **out)
 }
 
 /* Frees the stream's state and catalog reference; the entry stays. */
-static void stream_release(struct stream_set *set, struct stream *st)
+static void stream_release(struct stream *st)
 {
     if (st->scan == NULL)
         return;
     streamscan_destroy(st->scan);
     st->scan = NULL;
-    store_entry_unref(server_store(set->srv), st->entry);
+    store_entry_unref(server_store(st->srv), st->entry);
     st->entry = NULL;
     counters.open--;
     counters.state_bytes -= st->state_bytes;
-    tenant_put(set->uid);
+    tenant_put(st->uid);
 }
 
+/* Answers the requests still queued on `st` with `msg` (none when the
+ * connection is gone) and hands them back to the session. */
+static void drop_queue(struct stream *st, const char *msg)
+{
+    for (struct work *w = st->q_head, *next; w != NULL; w = next) {
+        next = w->next;
+        if (msg != NULL)
+            session_send_error(w->s, w->req->id, w->req->op, -VKS_E_BAD_VALUE, msg);
+        session_stream_done(w->token);
+        free(w);
+    }
+    st->q_head = st->q_tail = NULL;
+}
+
+/* Unlinks and frees the stream; one whose write runs now is only unlinked
+ * (set NULL) and freed when the write comes back. */
 static void stream_remove(struct stream_set *set, struct stream *st)
 {
-    struct stream **p = &set->list;
-    for (; *p != st; p = &(*p)->next)
-        ;
-    *p = st->next;
-    if (st->scan == NULL)
-        set->n_expired--;
-    stream_release(set, st);
+    if (set != NULL) {
+        struct stream **p = &set->list;
+        for (; *p != st; p = &(*p)->next)
+            ;
+        *p = st->next;
+        if (st->scan == NULL)
+            set->n_expired--;
+    }
+    st->set = NULL;
+    char msg[128];
+    snprintf(msg, sizeof(msg), "stream %u was closed before this request ran", st->id);
+    drop_queue(st, set != NULL ? msg : NULL);
+    if (st->running)
+        return;
+    stream_release(st);
     free(st);
 }
 
@@ -123,7 +173,11 @@ void stream_set_destroy(struct stream_set *set)
         return;
     while (set->list != NULL) {
         counters.dropped += set->list->scan != NULL;
-        stream_remove(set, set->list);
+        struct stream *st = set->list;
+        set->list = st->next;
+        if (st->scan == NULL)
+            set->n_expired--;
+        stream_remove(NULL, st);
     }
     free(set);
 }
@@ -167,6 +221,9 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
     st->id = set->next_id++;
     if (set->next_id == 0)
         set->next_id = 1;
+    st->set = set;
+    st->srv = set->srv;
+    st->uid = set->uid;
     st->entry = entry;
     store_entry_ref(entry);
     st->state_bytes = size;
@@ -190,7 +247,7 @@ static struct stream *find(struct stream_set *set, struct session *s,
     char msg[256];
     uint32_t id = req->u.stream.stream;
     for (struct stream *st = set ? set->list : NULL; st != NULL; st = st->next) {
-        if (st->id != id)
+        if (st->id != id || st->closing)
             continue;
         if (st->scan != NULL)
             return st;
@@ -210,27 +267,27 @@ static struct stream *find(struct stream_set *set, struct session *s,
     return NULL;
 }
 
-/* Reads the fd range of a write and scans it in pieces. */
-static int write_fd(struct stream *st, const struct proto_buffer *b, uint64_t max,
-                    struct scan_hits *hits, uint64_t *bytes, char *msg, size_t cap)
+/* Reads the fd range of a write and scans it in pieces (pool thread). */
+static int write_fd(struct work *w, const struct proto_buffer *b)
 {
     struct stat sb;
     if (fstat(b->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        snprintf(msg, cap, "the descriptor is not a regular file or memfd: pass an open file");
+        snprintf(w->msg, sizeof(w->msg),
+                 "the descriptor is not a regular file or memfd: pass an open file");
         return -VKS_E_BAD_FD;
     }
     uint64_t size = (uint64_t)sb.st_size;
     uint64_t len = b->has_length ? b->length : size - (b->offset < size ? b->offset : size);
     if (b->offset > size || len > size - b->offset) {
-        snprintf(msg, cap, "range %llu+%llu is outside the file of %llu bytes",
+        snprintf(w->msg, sizeof(w->msg), "range %llu+%llu is outside the file of %llu bytes",
                  (unsigned long long)b->offset, (unsigned long long)len, (unsigned long long)size);
         return -VKS_E_BAD_FD;
     }
-    if (len > max) {
-        snprintf(msg, cap,
+    if (len > w->max) {
+        snprintf(w->msg, sizeof(w->msg),
                  "the write has %llu bytes, the limit (max-scan-bytes) is %llu: write less at "
                  "a time",
-                 (unsigned long long)len, (unsigned long long)max);
+                 (unsigned long long)len, (unsigned long long)w->max);
         return -VKS_E_LIMIT;
     }
     uint8_t *buf = malloc(len < READ_CHUNK ? (len ? len : 1) : READ_CHUNK);
@@ -241,38 +298,59 @@ static int write_fd(struct stream *st, const struct proto_buffer *b, uint64_t ma
         size_t want = len - done < READ_CHUNK ? (size_t)(len - done) : READ_CHUNK;
         ssize_t n = pread(b->fd, buf, want, (off_t)(b->offset + done));
         if (n <= 0) {
-            snprintf(msg, cap, "reading the descriptor failed at byte %llu: %s",
+            snprintf(w->msg, sizeof(w->msg), "reading the descriptor failed at byte %llu: %s",
                      (unsigned long long)(b->offset + done), n < 0 ? strerror(errno) : "EOF");
             rc = -VKS_E_BAD_FD;
             break;
         }
-        rc = streamscan_write(st->scan, buf, (size_t)n, hits);
+        rc = streamscan_write(w->st->scan, buf, (size_t)n, &w->hits);
         done += (uint64_t)n;
-        *bytes = done;
+        w->bytes = done;
     }
     free(buf);
     return rc;
 }
 
-/* Answers a write or close with its hits (at most max-hits: truncated). */
-static void reply_hits(struct stream_set *set, struct session *s, const struct proto_request *req,
-                       struct stream *st, const struct scan_hits *hits, uint64_t bytes)
+/* The write or close itself, on a pool thread. */
+static void work_run(uv_work_t *uv)
 {
-    uint32_t max = server_config(set->srv)->max_hits;
-    uint32_t n = hits->n < max ? (uint32_t)hits->n : max;
+    struct work *w = uv->data;
+    const struct proto_buffer *b = &w->req->u.stream.buffer;
+    if (w->req->op == PROTO_OP_STREAM_CLOSE) {
+        w->rc = streamscan_close(w->st->scan, &w->hits);
+    } else if (!b->is_fd && b->len > w->max) {
+        snprintf(w->msg, sizeof(w->msg),
+                 "the write has %llu bytes, the limit (max-scan-bytes) is %llu: write less at "
+                 "a time",
+                 (unsigned long long)b->len, (unsigned long long)w->max);
+        w->rc = -VKS_E_LIMIT;
+    } else if (!b->is_fd) {
+        w->rc = streamscan_write(w->st->scan, b->data, (size_t)b->len, &w->hits);
+        w->bytes = w->rc == 0 ? b->len : 0;
+    } else {
+        w->rc = write_fd(w, b);
+    }
+}
+
+/* Answers a write or close with its hits (at most max-hits: truncated). */
+static void reply_hits(struct work *w)
+{
+    struct stream *st = w->st;
+    uint32_t max = server_config(st->srv)->max_hits;
+    uint32_t n = w->hits.n < max ? (uint32_t)w->hits.n : max;
     struct proto_hit *v = calloc(n ? n : 1, sizeof(*v));
     if (v == NULL) {
-        session_send_error(s, req->id, req->op, -ENOMEM, "out of memory for the hits");
+        session_send_error(w->s, w->req->id, w->req->op, -ENOMEM, "out of memory for the hits");
         return;
     }
     for (uint32_t i = 0; i < n; i++)
-        v[i] = (struct proto_hit){.rule = hits->v[i].rule, .end = hits->v[i].end, .count = 1};
-    struct proto_buffer_status status = {.bytes = bytes, .hits = n, .truncated = hits->n > n};
+        v[i] = (struct proto_hit){.rule = w->hits.v[i].rule, .end = w->hits.v[i].end, .count = 1};
+    struct proto_buffer_status status = {.bytes = w->bytes, .hits = n, .truncated = w->hits.n > n};
     struct proto_stat tel[2] = {
         {.key = "stream_offset", .u = streamscan_offset(st->scan)},
         {.key = "state_bytes", .u = st->state_bytes},
     };
-    struct proto_reply rep = {.id = req->id, .op = req->op};
+    struct proto_reply rep = {.id = w->req->id, .op = w->req->op};
     rep.u.scan = (struct proto_scan_reply){.hits = v,
                                            .n_hits = n,
                                            .buffers = &status,
@@ -280,64 +358,104 @@ static void reply_hits(struct stream_set *set, struct session *s, const struct p
                                            .telemetry = tel,
                                            .n_telemetry = 2};
     counters.hits += n;
-    session_send_reply(s, &rep);
+    session_send_reply(w->s, &rep);
     free(v);
 }
 
-static void op_write(struct stream_set *set, struct session *s, const struct proto_request *req,
-                     struct stream *st)
+/* Answers a finished write; false when the stream cannot go on. */
+static bool answer_write(struct work *w)
 {
-    const struct proto_buffer *b = &req->u.stream.buffer;
-    uint64_t max = server_config(set->srv)->max_scan_bytes, bytes = 0;
-    struct scan_hits hits = {0};
-    char msg[256] = "";
-    int rc;
-    if (!b->is_fd && b->len > max) {
-        snprintf(msg, sizeof(msg),
-                 "the write has %llu bytes, the limit (max-scan-bytes) is %llu: write less at "
-                 "a time",
-                 (unsigned long long)b->len, (unsigned long long)max);
-        rc = -VKS_E_LIMIT;
-    } else if (!b->is_fd) {
-        rc = streamscan_write(st->scan, b->data, (size_t)b->len, &hits);
-        bytes = b->len;
-    } else {
-        rc = write_fd(st, b, max, &hits, &bytes, msg, sizeof(msg));
-    }
     counters.writes++;
-    counters.bytes += bytes;
-    if (rc == 0) {
-        reply_hits(set, s, req, st, &hits, bytes);
-    } else if (bytes == 0 && rc != -ENOMEM) {
-        session_send_error(s, req->id, req->op, rc, msg); /* nothing scanned: stream intact */
-    } else {
-        char m[300];
-        snprintf(m, sizeof(m), "the write failed after %llu bytes (%s): the stream is closed",
-                 (unsigned long long)bytes, msg[0] ? msg : "out of memory");
-        session_send_error(s, req->id, req->op, rc == -ENOMEM ? -VKS_E_INTERNAL : rc, m);
-        stream_remove(set, st);
+    counters.bytes += w->bytes;
+    if (w->rc == 0) {
+        reply_hits(w);
+        return true;
     }
-    scan_hits_finish(&hits);
+    if (w->bytes == 0 && w->rc != -ENOMEM) {
+        session_send_error(w->s, w->req->id, w->req->op, w->rc, w->msg); /* stream intact */
+        return true;
+    }
+    char m[400];
+    snprintf(m, sizeof(m), "the write failed after %llu bytes (%s): the stream is closed",
+             (unsigned long long)w->bytes, w->msg[0] ? w->msg : "out of memory");
+    session_send_error(w->s, w->req->id, w->req->op, w->rc == -ENOMEM ? -VKS_E_INTERNAL : w->rc, m);
+    return false;
 }
 
-void stream_op(struct stream_set *set, struct session *s, const struct proto_request *req)
+static void start_next(struct stream *st);
+
+/* Back on the loop: the reply, then the stream's next request. */
+static void work_done(uv_work_t *uv, int status)
+{
+    struct work *w = uv->data;
+    struct stream *st = w->st;
+    st->running = false;
+    st->t_active = uv_now(server_loop(st->srv));
+    bool live = st->set != NULL && status == 0;
+    bool keep = live;
+    if (live && w->req->op == PROTO_OP_STREAM_CLOSE) {
+        if (w->rc == 0)
+            reply_hits(w);
+        else
+            session_send_error(w->s, w->req->id, w->req->op, -ENOMEM,
+                               "out of memory closing the stream");
+        counters.closed++;
+        keep = false;
+    } else if (live) {
+        keep = answer_write(w);
+    }
+    void *token = w->token;
+    scan_hits_finish(&w->hits);
+    free(w);
+    if (!keep)
+        stream_remove(st->set, st); /* a stream no connection holds is freed here */
+    else
+        start_next(st);
+    session_stream_done(token); /* last: it may close the session, and its streams */
+}
+
+static void start_next(struct stream *st)
+{
+    struct work *w = st->q_head;
+    if (w == NULL || st->running)
+        return;
+    st->q_head = w->next;
+    if (st->q_head == NULL)
+        st->q_tail = NULL;
+    st->running = true;
+    w->uv.data = w;
+    int rc = uv_queue_work(server_loop(st->srv), &w->uv, work_run, work_done);
+    if (rc != 0) { /* not expected: libuv's queue takes any number of items */
+        w->rc = -ENOMEM;
+        work_run(&w->uv);
+        work_done(&w->uv, 0);
+    }
+}
+
+void stream_op(struct stream_set *set, struct session *s, const struct proto_request *req,
+               void *token)
 {
     struct stream *st = find(set, s, req);
-    if (st == NULL)
-        return;
-    st->t_active = uv_now(server_loop(set->srv));
-    if (req->op == PROTO_OP_STREAM_WRITE) {
-        op_write(set, s, req, st);
+    struct work *w = st != NULL ? calloc(1, sizeof(*w)) : NULL;
+    if (st != NULL && w == NULL)
+        session_send_error(s, req->id, req->op, -ENOMEM, "out of memory queueing the request");
+    if (w == NULL) {
+        session_stream_done(token);
         return;
     }
-    struct scan_hits hits = {0};
-    if (streamscan_close(st->scan, &hits) == 0)
-        reply_hits(set, s, req, st, &hits, 0);
+    st->t_active = uv_now(server_loop(set->srv));
+    *w = (struct work){.st = st,
+                       .s = s,
+                       .req = req,
+                       .token = token,
+                       .max = server_config(set->srv)->max_scan_bytes};
+    st->closing = req->op == PROTO_OP_STREAM_CLOSE;
+    if (st->q_tail != NULL)
+        st->q_tail->next = w;
     else
-        session_send_error(s, req->id, req->op, -ENOMEM, "out of memory closing the stream");
-    scan_hits_finish(&hits);
-    counters.closed++;
-    stream_remove(set, st);
+        st->q_head = w;
+    st->q_tail = w;
+    start_next(st);
 }
 
 void stream_set_sweep(struct stream_set *set, uint64_t now_ms)
@@ -349,11 +467,11 @@ void stream_set_sweep(struct stream_set *set, uint64_t now_ms)
         return;
     for (struct stream *st = set->list, *next; st != NULL; st = next) {
         next = st->next;
-        if (st->scan == NULL || now_ms - st->t_active < idle)
+        if (st->scan == NULL || st->running || st->q_head != NULL || now_ms - st->t_active < idle)
             continue;
         log_notice("uid %u: stream %u idle for %u ms (stream-idle-timeout-ms): closed",
                    (unsigned)set->uid, st->id, idle);
-        stream_release(set, st);
+        stream_release(st);
         counters.expired++;
         if (++set->n_expired > MAX_EXPIRED)
             stream_remove(set, st); /* forgotten: its id gets "not open" */

@@ -1,9 +1,9 @@
 /*
  * Streams (issue 13, docs/protocol.md "Streams"): stream.open, stream.write
  * and stream.close of one connection. A stream holds a rules/streamscan
- * state and a reference to its catalog; writes run on the loop thread, in
- * the order they arrive, on the CPU (docs/engine.md "Streams"), whatever the
- * engine.
+ * state and a reference to its catalog; its writes run on libuv's thread
+ * pool, one at a time and in arrival order, on the CPU (docs/engine.md
+ * "Streams"), whatever the engine.
  *
  * Limits (vkscand.conf, docs/daemon.md): streams per tenant over all its
  * connections (stream-max-per-tenant), bytes of state per stream
@@ -11,7 +11,7 @@
  * an idle stream's state is freed and its next write or close gets a
  * TIMEOUT error that says so.
  *
- * Loop thread only.
+ * Loop thread only (but for the writes themselves).
  */
 #ifndef VKS_DAEMON_STREAM_H
 #define VKS_DAEMON_STREAM_H
@@ -41,9 +41,16 @@ void stream_set_destroy(struct stream_set *set);
 void stream_open(struct stream_set *set, struct session *s, const struct proto_request *req,
                  struct store_entry *entry);
 
-/* Answers stream.write or stream.close on `s`; `req` is borrowed. `set`
- * may be NULL (the connection opened no stream yet). */
-void stream_op(struct stream_set *set, struct session *s, const struct proto_request *req);
+/*
+ * Answers stream.write or stream.close on `s`. The request runs on libuv's
+ * thread pool once the stream's earlier requests are done (one at a time
+ * per stream, in arrival order); then session_stream_done(token) is called,
+ * exactly once, also when the request fails at once or its connection
+ * closed meanwhile. `req` is borrowed until then. `set` may be NULL (the
+ * connection opened no stream yet).
+ */
+void stream_op(struct stream_set *set, struct session *s, const struct proto_request *req,
+               void *token);
 
 /* Frees the state of streams idle past stream-idle-timeout-ms at `now_ms`. */
 void stream_set_sweep(struct stream_set *set, uint64_t now_ms);

@@ -863,6 +863,86 @@ START_TEST(test_daemon_bad_ids)
 }
 END_TEST
 
+static void raw_send(int fd, uint32_t id, enum proto_op op, uint32_t stream, const void *data,
+                     size_t len)
+{
+    struct proto_request req = {.id = id, .op = op};
+    req.u.stream.stream = stream;
+    req.u.stream.buffer = (struct proto_buffer){.data = data, .len = len};
+    struct proto_buf b;
+    proto_buf_init(&b);
+    ck_assert_int_eq(proto_request_encode(&b, &req, NULL), 0);
+    ck_assert_int_eq(proto_send(fd, b.data, b.len, NULL, 0, 10000, NULL), 0);
+    proto_buf_finish(&b);
+}
+
+static struct proto_reply *raw_recv(int fd)
+{
+    struct proto_reader *r = NULL;
+    ck_assert_int_eq(proto_reader_create(NULL, &r), 0);
+    int rc;
+    while ((rc = proto_reader_recv(r, fd, NULL)) == PROTO_RECV_MORE)
+        ;
+    ck_assert_int_eq(rc, PROTO_RECV_FRAME);
+    struct proto_frame f;
+    ck_assert_int_eq(proto_reader_take(r, &f), 0);
+    proto_reader_destroy(r);
+    struct proto_reply *rep = NULL;
+    ck_assert_int_eq(proto_reply_decode(&f, NULL, &rep, NULL), 0);
+    return rep;
+}
+
+/* Writes sent back to back (pipelined) run one at a time in order: every
+ * reply comes in request order with the matches of its write; a client
+ * that leaves with writes in flight leaves the daemon serving. */
+START_TEST(test_daemon_pipelined_writes_and_leaving)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, drules, N_DRULES);
+    int a = raw_connect(&d);
+    int id = raw_stream(a, PROTO_OP_STREAM_OPEN, 0, vks_catalog_fingerprint(cat), NULL);
+    ck_assert_int_gt(id, 0);
+    enum { N = 60 };
+    for (uint32_t i = 0; i < N; i++)
+        raw_send(a, 100 + i, PROTO_OP_STREAM_WRITE, (uint32_t)id, i % 2 ? "dle" : "nee", 3);
+    raw_send(a, 100 + N, PROTO_OP_STREAM_CLOSE, (uint32_t)id, NULL, 0);
+    for (uint32_t i = 0; i <= N; i++) {
+        struct proto_reply *rep = raw_recv(a);
+        ck_assert_uint_eq(rep->id, 100 + i);
+        ck_assert_int_eq(rep->error.code, 0);
+        uint32_t want = i < N && i % 2 ? 1 : 0;
+        ck_assert_uint_eq(rep->u.scan.n_hits, want);
+        if (want)
+            ck_assert_uint_eq(rep->u.scan.hits[0].end, 3 * (i + 1));
+        proto_reply_destroy(rep);
+    }
+    /* a big write in flight, then the client leaves */
+    id = raw_stream(a, PROTO_OP_STREAM_OPEN, 0, vks_catalog_fingerprint(cat), NULL);
+    size_t big = 8u << 20;
+    char *data = malloc(big);
+    memset(data, 'a', big);
+    for (int i = 0; i < 4; i++)
+        raw_send(a, 500 + (uint32_t)i, PROTO_OP_STREAM_WRITE, (uint32_t)id, data, big);
+    close(a);
+    free(data);
+    for (int i = 0; i < 600 && stat_of(c, "stream.open") != 0; i++)
+        usleep(50000);
+    ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
+    struct vks_stream *s = open_ok(c, cat);
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_stream_write(s, "needle", 6, &res, &err), 0);
+    ck_assert_uint_eq(res.n_hits, 1);
+    vks_scan_result_finish(&res);
+    ck_assert_int_eq(vks_stream_close(s, NULL, &err), 0);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
 START_TEST(test_daemon_limits)
 {
     struct daemon d;
@@ -1119,6 +1199,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_limits);
     tcase_add_test(td, test_daemon_idle_timeout);
     tcase_add_test(td, test_daemon_disconnect_with_open_streams);
+    tcase_add_test(td, test_daemon_pipelined_writes_and_leaving);
     tcase_add_test(td, test_cli_pipe);
     tcase_add_test(td, test_cli_large_file_in_pieces);
     suite_add_tcase(s, td);
