@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 
 #include "catalog.h"
+#include "factor.h"
+#include "parse.h"
 #include "patfile.h"
 #include "refscan.h"
 #include "rules.h"
@@ -31,18 +33,49 @@ static void print_groups(const struct catalog *cat)
     for (uint32_t g = 0; g < ng; g++) {
         struct catalog_group grp;
         catalog_group(cat, g, &grp);
-        printf("group %u: %u rules, %u states, %u classes, ", g, grp.n_rules, grp.n_states,
-               grp.n_classes);
+        if (grp.flags & CAT_GF_FACTOR)
+            printf("group %u: factor group, %u factors, %u states, %u classes, ", g, grp.n_rules,
+                   grp.n_states, grp.n_classes);
+        else
+            printf("group %u: %u rules, %u states, %u classes, ", g, grp.n_rules, grp.n_states,
+                   grp.n_classes);
         print_maxlen(grp.maxlen);
     }
     for (uint32_t k = 0; k < nn; k++) {
         struct catalog_nfa n;
         catalog_nfa(cat, k, &n);
-        printf("nfa group %u: %u rules, %u bits, %u classes, %u exceptions, ", ng + k, n.n_rules,
-               n.n_bits, n.n_classes, n.n_exc);
+        printf("nfa group %u: %u rules, %u bits, %u classes, %u exceptions, %s", ng + k, n.n_rules,
+               n.n_bits, n.n_classes, n.n_exc, n.flags & CAT_GF_GATED ? "gated, " : "");
         print_maxlen(n.maxlen);
     }
     printf("passes: %u (%u DFA groups, %u bit-NFA groups)\n", ng + nn, ng, nn);
+}
+
+/* Prints " factors: f1 | f2 ..." for a bit-NFA rule: the set the compiler
+ * found (the same extraction, on the rule parsed again), or "none". */
+static void print_factors(const struct catalog_rule *r)
+{
+    char id[RULES_MAX_ID + 1];
+    snprintf(id, sizeof(id), "%.*s", (int)r->id_len, r->id);
+    struct rule_src src = {id, (enum rule_kind)r->kind, r->src, r->src_len, r->flags, 0};
+    struct parse_result pr = {0};
+    struct factor_set *fs = malloc(sizeof(*fs));
+    uint32_t pos;
+    char msg[240], text[256];
+    int rc = fs == NULL ? -ENOMEM : parse_rule(&src, &pr, &pos, msg, sizeof(msg));
+    if (rc == 0 && r->maxlen != CATALOG_UNBOUNDED)
+        rc = factor_extract(parse_strip_prefix(pr.root), fs);
+    else if (rc == 0)
+        rc = -ENOENT;
+    printf(", factors:");
+    for (uint32_t i = 0; rc == 0 && i < fs->n; i++) {
+        factor_format(&fs->f[i], text, sizeof(text));
+        printf("%s %s", i ? " |" : "", text);
+    }
+    if (rc != 0)
+        printf(" none");
+    parse_result_finish(&pr);
+    free(fs);
 }
 
 /* One line per rule: its engine, group and that group's size. */
@@ -60,7 +93,16 @@ static void print_rules(const struct catalog *cat)
         } else {
             struct catalog_nfa n;
             catalog_nfa(cat, r.group - ng, &n);
-            printf("nfa group %u (%u bits), ", r.group, n.n_bits);
+            printf("nfa group %u (%u bits%s), ", r.group, n.n_bits,
+                   n.flags & CAT_GF_GATED ? ", gated" : "");
+            printf("max match ");
+            if (r.maxlen == CATALOG_UNBOUNDED)
+                printf("unbounded");
+            else
+                printf("%u bytes", r.maxlen);
+            print_factors(&r);
+            printf("\n");
+            continue;
         }
         print_maxlen(r.maxlen);
     }

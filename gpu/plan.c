@@ -225,6 +225,8 @@ static int plan_bounded(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded)
     struct catalog_group g;
     for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
         catalog_group(b->catalogs[c], k, &g);
+        if (g.flags & CAT_GF_FACTOR) /* mask-0 entries: reports nothing */
+            continue;
         if (group_bounded(bc, c, &g) && add_range(bc, c, k, 0, first, n, NO_CARRY, cost) < 0)
             return -ENOMEM;
     }
@@ -255,7 +257,7 @@ static int plan_chained(struct batch_ctx *bc, uint32_t c, uint64_t longest)
         uint32_t n = (uint32_t)bc->n_meta - first, ug = 0;
         for (uint32_t k = 0; k < n_groups; k++) {
             catalog_group(b->catalogs[c], k, &g);
-            if (group_bounded(bc, c, &g))
+            if (group_bounded(bc, c, &g) || (g.flags & CAT_GF_FACTOR))
                 continue;
             uint32_t carry = (bc->n_carry / b->n_buffers + ug++) * b->n_buffers;
             if (add_range(bc, c, k, r, first, n, carry, cost) < 0)
@@ -419,13 +421,17 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
     struct catalog_group g;
     for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
         catalog_group(b->catalogs[c], k, &g);
-        if (g.maxlen != CATALOG_UNBOUNDED && g.maxlen > max_bounded)
+        if (g.maxlen != CATALOG_UNBOUNDED && g.maxlen > max_bounded && !(g.flags & CAT_GF_FACTOR))
             max_bounded = g.maxlen;
     }
     fit_budget(bc, c, max_bounded);
     max_bounded = 0;
     for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
         catalog_group(b->catalogs[c], k, &g);
+        /* the factor group (CAT_GF_FACTOR) has only mask-0 entries: gated
+         * bit-NFA groups are walked in full on the GPU, so it is not run */
+        if (g.flags & CAT_GF_FACTOR)
+            continue;
         if (!group_bounded(bc, c, &g))
             n_chained++;
         else if (g.maxlen > max_bounded)

@@ -71,11 +71,21 @@ static int validate_group(const uint32_t *w, size_t n, uint32_t g, uint32_t n_ru
             return bad(err, "accept index not increasing, or an accepting state accepts nothing",
                        g);
     const uint32_t *acc = w + e[CAT_G_ACCEPTS];
+    if (e[CAT_G_FLAGS] & ~(CAT_GF_ASSERTS | CAT_GF_FACTOR))
+        return bad(err, "unknown group flags", g);
+    if (e[CAT_G_FLAGS] & CAT_GF_FACTOR) {
+        /* entries name bit-NFA groups, with mask 0 */
+        uint32_t nn = w[CAT_H_NNFAS];
+        if ((e[CAT_G_FLAGS] & CAT_GF_ASSERTS) || e[CAT_G_MAXLEN] == CATALOG_UNBOUNDED)
+            return bad(err, "factor group has assertions or an unbounded length", g);
+        for (uint64_t i = 0; i < n_acc; i++)
+            if (CAT_ACCEPT_RULE(acc[i]) >= nn || CAT_ACCEPT_MASK(acc[i]) != 0)
+                return bad(err, "factor group entry names no bit-NFA group or has a mask", g);
+        return 0;
+    }
     for (uint64_t i = 0; i < n_acc; i++)
         if (CAT_ACCEPT_RULE(acc[i]) >= n_rules || CAT_ACCEPT_MASK(acc[i]) == 0)
             return bad(err, "accept entry names a rule that does not exist", g);
-    if (e[CAT_G_FLAGS] & ~CAT_GF_ASSERTS)
-        return bad(err, "unknown group flags", g);
     return 0;
 }
 
@@ -111,7 +121,8 @@ static int validate_nfa(const uint32_t *w, size_t n, uint32_t g, uint32_t n_rule
     uint64_t nx = e[CAT_N_NEXC], na = e[CAT_N_NACC], nr = e[CAT_N_NRANGES];
     if (nb == 0 || nb > CAT_NFA_MAX_BITS || nw != (nb + 31) / 32 || nb > w[CAT_H_MAXBITS])
         return bad(err, "bit-NFA group has a bad bit count", g);
-    if (nc == 0 || nc > 256 || e[CAT_N_NRULES] == 0 || (e[CAT_N_FLAGS] & ~CAT_GF_ASSERTS))
+    if (nc == 0 || nc > 256 || e[CAT_N_NRULES] == 0 ||
+        (e[CAT_N_FLAGS] & ~(CAT_GF_ASSERTS | CAT_GF_GATED)))
         return bad(err, "bit-NFA group has bad class or rule counts or flags", g);
     if (!in_range(e[CAT_N_CLASSMAP], 256, body, n) ||
         !in_range(e[CAT_N_REACH], (uint64_t)nc * nw, body, n) ||
@@ -145,6 +156,32 @@ static int validate_nfa(const uint32_t *w, size_t n, uint32_t g, uint32_t n_rule
             a[CAT_A_COND] == 0 || (a[CAT_A_COND] & ~CAT_COND_ALL) || a[CAT_A_NSRC] == 0 ||
             !ranges_ok(rg, nr, a[CAT_A_FIRST], a[CAT_A_NSRC], a[CAT_A_NSRC], nb))
             return bad(err, "bit-NFA accept entry is malformed or out of rule order", g);
+    return 0;
+}
+
+/* Every gated bit-NFA group is bounded and named by some factor group's
+ * entry: otherwise a gating scanner would never walk it. Runs after the
+ * groups are validated, so their tables are in range. */
+static int validate_gates(const uint32_t *w, uint32_t ng, uint32_t nn, struct vks_error *err)
+{
+    for (uint32_t j = 0; j < nn; j++) {
+        const uint32_t *e = w + w[CAT_H_NFAS] + (size_t)j * CAT_NFA_WORDS;
+        if (!(e[CAT_N_FLAGS] & CAT_GF_GATED))
+            continue;
+        bool named = false;
+        for (uint32_t g = 0; g < ng && !named; g++) {
+            const uint32_t *ge = w + w[CAT_H_GROUPS] + (size_t)g * CAT_GROUP_WORDS;
+            if (!(ge[CAT_G_FLAGS] & CAT_GF_FACTOR))
+                continue;
+            const uint32_t *ai = w + ge[CAT_G_ACCIDX];
+            const uint32_t *acc = w + ge[CAT_G_ACCEPTS];
+            uint32_t na = ai[ge[CAT_G_NSTATES] - ge[CAT_G_FIRST_ACCEPT]];
+            for (uint32_t i = 0; i < na && !named; i++)
+                named = CAT_ACCEPT_RULE(acc[i]) == j;
+        }
+        if (e[CAT_N_MAXLEN] == CATALOG_UNBOUNDED || !named)
+            return bad(err, "gated bit-NFA group is unbounded or no factor group names it", j);
+    }
     return 0;
 }
 
@@ -184,6 +221,9 @@ static int validate(const uint32_t *w, size_t n, struct vks_error *err)
         if (rc != 0)
             return rc;
     }
+    int rc = validate_gates(w, (uint32_t)ng, (uint32_t)nn, err);
+    if (rc != 0)
+        return rc;
     uint64_t sb = w[CAT_H_STRBYTES];
     for (uint32_t r = 0; r < nr; r++) {
         const uint32_t *e = w + w[CAT_H_RULES] + (size_t)r * CAT_RULE_WORDS;

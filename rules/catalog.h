@@ -19,7 +19,7 @@
 #include "error.h"
 
 #define CATALOG_MAGIC   0x43534b56u /* "VKSC" read as a little-endian u32 */
-#define CATALOG_VERSION 2u
+#define CATALOG_VERSION 3u
 #define CATALOG_FP_LEN  32u /* BLAKE2b-256 */
 
 /* Header words. */
@@ -110,6 +110,15 @@ enum { CAT_A_RULE = 0, CAT_A_COND, CAT_A_NSRC, CAT_A_FIRST };
 
 /* Group flags. */
 #define CAT_GF_ASSERTS (1u << 0) /* some rule uses ^ $ \b \B: start context matters */
+/* DFA group of literal factors (version 3, docs/engine.md): its accept
+ * entries name a bit-NFA group (< NNFAS) in the rule field and have mask 0,
+ * so a walker that does not know the flag never reports them. A factor end
+ * e tells that group's walker to look at end offsets [e, e + its MAXLEN]. */
+#define CAT_GF_FACTOR (1u << 1)
+/* Bit-NFA group that only needs walking around its factors' ends: MAXLEN
+ * is bounded and some CAT_GF_FACTOR group names it. Walking it in full, as
+ * before version 3, gives the same matches. */
+#define CAT_GF_GATED (1u << 2)
 
 /* Rule table entry words (CAT_RULE_WORDS per rule). */
 enum {

@@ -14,6 +14,7 @@
 
 #include "bitnfa.h"
 #include "dfa.h"
+#include "factor.h"
 #include "nfa.h"
 #include "parse.h"
 
@@ -34,8 +35,9 @@ struct prepared {
     char *canon;       /* canonical source */
     size_t canon_len;
     uint32_t group;
-    bool bitnfa;   /* goes to the bit-parallel NFA engine */
-    uint32_t bits; /* its positions there, once known */
+    bool bitnfa;                /* goes to the bit-parallel NFA engine */
+    uint32_t bits;              /* its positions there, once known */
+    struct factor_set *factors; /* bit-NFA rules with a bounded maxlen: NULL if none */
 };
 
 struct group_out {
@@ -44,6 +46,7 @@ struct group_out {
     uint32_t n_rules;
     uint32_t maxlen;
     bool asserts;
+    bool factor; /* CAT_GF_FACTOR: local rule k reports bit-NFA group k */
 };
 
 struct nfa_group_out {
@@ -51,6 +54,7 @@ struct nfa_group_out {
     uint32_t *rules; /* indexes into the prepared array, group-local order */
     uint32_t n_rules;
     uint32_t maxlen;
+    bool gated; /* CAT_GF_GATED */
 };
 
 struct ctx {
@@ -665,6 +669,138 @@ split:
 }
 
 /*
+ * Finds the factors of the bounded bit-NFA rules order[0..m) and moves the
+ * rules that have them to the end, each part still in maxlen order, so that
+ * whole groups hold factored rules only and can be gated.
+ */
+static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
+{
+    uint32_t *tmp = malloc((m ? m : 1) * sizeof(*tmp));
+    if (tmp == NULL)
+        return -ENOMEM;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < m; i++) {
+        struct prepared *p = &c->prep[order[i]];
+        if (p->maxlen == CATALOG_UNBOUNDED)
+            continue;
+        p->factors = malloc(sizeof(*p->factors));
+        int rc = p->factors == NULL ? -ENOMEM : factor_extract(p->root, p->factors);
+        if (rc != 0) {
+            free(p->factors);
+            p->factors = NULL;
+        }
+        if (rc == -ENOMEM) {
+            free(tmp);
+            return rc;
+        }
+    }
+    for (uint32_t i = 0; i < m; i++)
+        if (c->prep[order[i]].factors == NULL)
+            tmp[k++] = order[i];
+    for (uint32_t i = 0; i < m; i++)
+        if (c->prep[order[i]].factors != NULL)
+            tmp[k++] = order[i];
+    memcpy(order, tmp, m * sizeof(*order));
+    free(tmp);
+    return 0;
+}
+
+/* ---- the factor group ---- */
+
+/* One factor as a tree: a concatenation of its byte sets. */
+struct factor_tree {
+    struct node cat;
+    struct node sets[FACTOR_MAX_LEN];
+    struct node *kids[FACTOR_MAX_LEN];
+};
+
+static void factor_tree_init(struct factor_tree *t, const struct factor *f)
+{
+    memset(t, 0, sizeof(*t));
+    for (uint32_t i = 0; i < f->len; i++) {
+        t->sets[i].type = N_SET;
+        t->sets[i].u.set = f->set[i];
+        t->kids[i] = &t->sets[i];
+    }
+    t->cat.type = N_CAT;
+    t->cat.u.list.kids = t->kids;
+    t->cat.u.list.n = f->len;
+}
+
+/* Builds the DFA of every factor of the rules of the gated groups: local
+ * rule k of the result is bit-NFA group k. */
+static int build_factor_dfa(struct ctx *c, struct group_out *g)
+{
+    memset(g, 0, sizeof(*g));
+    struct nfa_builder *b = nfa_builder_create();
+    if (b == NULL)
+        return -ENOMEM;
+    struct factor_tree *t = malloc(sizeof(*t));
+    int rc = t == NULL ? -ENOMEM : 0;
+    for (uint32_t j = 0; j < c->n_nfas && rc == 0; j++) {
+        const struct nfa_group_out *ng = &c->nfas[j];
+        for (uint32_t k = 0; ng->gated && k < ng->n_rules && rc == 0; k++) {
+            const struct factor_set *fs = c->prep[ng->rules[k]].factors;
+            for (uint32_t i = 0; i < fs->n && rc == 0; i++) {
+                factor_tree_init(t, &fs->f[i]);
+                rc = nfa_builder_add(b, &t->cat, j);
+                g->n_rules++;
+                g->maxlen = fs->f[i].len > g->maxlen ? fs->f[i].len : g->maxlen;
+            }
+        }
+    }
+    free(t);
+    struct nfa nfa;
+    if (rc == 0)
+        rc = nfa_builder_finish(b, &nfa);
+    nfa_builder_destroy(b);
+    if (rc != 0)
+        return rc;
+    uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
+    dfa_cancel = c->opt->cancel;
+    rc = dfa_build(&nfa, budget, &g->dfa);
+    dfa_cancel = NULL;
+    nfa_finish(&nfa);
+    if (rc == 0 && !c->opt->no_minimise)
+        rc = dfa_minimise(&g->dfa);
+    if (rc != 0)
+        dfa_finish(&g->dfa);
+    g->factor = true;
+    return rc;
+}
+
+/*
+ * Gates every bit-NFA group whose rules all have factors (and so a bounded
+ * maxlen), and adds the DFA group of their factors, after the other DFA
+ * groups. When the factors do not fit one DFA under the state budget, no
+ * group is gated: they are walked in full, as without factors.
+ */
+static int add_factor_group(struct ctx *c)
+{
+    bool any = false;
+    for (uint32_t j = 0; j < c->n_nfas; j++) {
+        struct nfa_group_out *ng = &c->nfas[j];
+        ng->gated = ng->maxlen != CATALOG_UNBOUNDED;
+        for (uint32_t k = 0; k < ng->n_rules; k++)
+            ng->gated &= c->prep[ng->rules[k]].factors != NULL;
+        any |= ng->gated;
+    }
+    if (!any)
+        return 0;
+    struct group_out g;
+    int rc = build_factor_dfa(c, &g);
+    if (rc == 0) {
+        rc = push_group(c, &g);
+        if (rc != 0)
+            dfa_finish(&g.dfa);
+        return rc;
+    }
+    for (uint32_t j = 0; j < c->n_nfas; j++)
+        c->nfas[j].gated = false;
+    return rc == -E2BIG ? 0 : rc;
+}
+
+/*
  * Packs the bit-NFA rules into groups of at most BITNFA_GROUP_BITS positions
  * (one pass over the data each), bounded and unbounded rules apart and by
  * maxlen, as the DFA groups are. A rule's size is its positions built alone.
@@ -695,12 +831,16 @@ static int group_nfa_rules(struct ctx *c)
             order[m++] = order[i];
         }
     }
+    if (rc == 0)
+        rc = find_factors(c, order, m);
     uint32_t begin = 0, fill = 0;
     for (uint32_t i = 0; i <= m && rc == 0; i++) {
         bool end = i == m;
-        bool kind_change = !end && i > begin &&
-                           (c->prep[order[i]].maxlen == CATALOG_UNBOUNDED) !=
-                               (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED);
+        bool kind_change =
+            !end && i > begin &&
+            ((c->prep[order[i]].maxlen == CATALOG_UNBOUNDED) !=
+                 (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED) ||
+             (c->prep[order[i]].factors == NULL) != (c->prep[order[i - 1]].factors == NULL));
         uint32_t bits = end ? 0 : c->prep[order[i]].bits;
         if (i > begin &&
             (end || kind_change || fill + bits > BITNFA_GROUP_BITS || i - begin == 64)) {
@@ -766,7 +906,7 @@ static uint32_t pack_nfa(const struct nfa_group_out *go, const uint32_t *report,
     e[CAT_N_NCLASSES] = g->n_classes;
     e[CAT_N_MAXLEN] = go->maxlen;
     e[CAT_N_NRULES] = go->n_rules;
-    e[CAT_N_FLAGS] = g->asserts ? CAT_GF_ASSERTS : 0;
+    e[CAT_N_FLAGS] = (g->asserts ? CAT_GF_ASSERTS : 0) | (go->gated ? CAT_GF_GATED : 0);
     e[CAT_N_NEXC] = g->n_exc;
     e[CAT_N_NACC] = g->n_acc;
     e[CAT_N_NRANGES] = g->n_ranges;
@@ -856,7 +996,7 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
             e[CAT_G_START_BOS + p] = d->start[p];
         e[CAT_G_MAXLEN] = go->maxlen;
         e[CAT_G_NRULES] = go->n_rules;
-        e[CAT_G_FLAGS] = go->asserts ? CAT_GF_ASSERTS : 0;
+        e[CAT_G_FLAGS] = go->factor ? CAT_GF_FACTOR : go->asserts ? CAT_GF_ASSERTS : 0;
         e[CAT_G_CLASSMAP] = at;
         memcpy(w + at, d->classmap, 256 * sizeof(uint32_t));
         at += 256;
@@ -871,8 +1011,10 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
             uint32_t begin = at;
             idx[s - d->first_accept] = at - e[CAT_G_ACCEPTS];
             for (uint32_t j = d->acc_first[s]; j < d->acc_first[s + 1]; j++)
-                at = add_accept(w, begin, at, report[go->rules[CAT_ACCEPT_RULE(d->acc[j])]],
-                                CAT_ACCEPT_MASK(d->acc[j]));
+                at = go->factor
+                         ? add_accept(w, begin, at, CAT_ACCEPT_RULE(d->acc[j]), 0)
+                         : add_accept(w, begin, at, report[go->rules[CAT_ACCEPT_RULE(d->acc[j])]],
+                                      CAT_ACCEPT_MASK(d->acc[j]));
         }
         idx[d->n_states - d->first_accept] = at - e[CAT_G_ACCEPTS];
         maxstates = d->n_states > maxstates ? d->n_states : maxstates;
@@ -922,6 +1064,7 @@ static void ctx_free(struct ctx *c)
     for (uint32_t i = 0; i < c->n_prep; i++) {
         parse_result_finish(&c->prep[i].tree);
         free(c->prep[i].canon);
+        free(c->prep[i].factors);
     }
     free(c->prep);
     for (uint32_t g = 0; g < c->n_groups; g++) {
@@ -975,9 +1118,11 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
         rc = group_rules(&c);
     if (rc == 0)
         rc = group_nfa_rules(&c);
+    if (rc == 0)
+        rc = add_factor_group(&c);
     /* group numbers, now that groups are final: DFA groups, then bit-NFAs */
     for (uint32_t g = 0; g < c.n_groups && rc == 0; g++)
-        for (uint32_t k = 0; k < c.groups[g].n_rules; k++)
+        for (uint32_t k = 0; !c.groups[g].factor && k < c.groups[g].n_rules; k++)
             c.prep[c.groups[g].rules[k]].group = g;
     for (uint32_t g = 0; g < c.n_nfas && rc == 0; g++)
         for (uint32_t k = 0; k < c.nfas[g].n_rules; k++)

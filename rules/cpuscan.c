@@ -40,13 +40,13 @@ static bool walkable(const struct catalog *cat)
     for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        if ((cg.flags & ~CAT_GF_ASSERTS) != 0)
+        if ((cg.flags & ~(CAT_GF_ASSERTS | CAT_GF_FACTOR)) != 0)
             return false;
     }
     for (uint32_t g = 0; g < catalog_nfa_count(cat); g++) {
         struct catalog_nfa cn;
         catalog_nfa(cat, g, &cn);
-        if ((cn.flags & ~CAT_GF_ASSERTS) != 0)
+        if ((cn.flags & ~(CAT_GF_ASSERTS | CAT_GF_GATED)) != 0)
             return false;
     }
     return true;
@@ -299,9 +299,23 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
                      .enough = enough,
                      .ctx = ctx};
     size_t begin = lo > lb ? (size_t)(lo - lb) : 0;
-    for (uint32_t g = 0; g < catalog_nfa_count(cat) && rc == 0; g++)
-        rc = refscan_nfa_range(cat, g, buf, len, begin, lo, hi, on_match, &w);
+    /* gated bit-NFA groups are walked only around their factors' ends */
+    struct refscan_gate gate = {0};
+    rc = refscan_factor_ends(cat, buf, len, lo, hi, &gate);
+    for (uint32_t g = 0; g < catalog_nfa_count(cat) && rc == 0; g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        if (cn.flags & CAT_GF_GATED)
+            rc = refscan_gated_range(cat, g, buf, len, lo, hi, &gate, on_match, &w);
+        else
+            rc = refscan_nfa_range(cat, g, buf, len, begin, lo, hi, on_match, &w);
+    }
+    refscan_gate_finish(&gate);
     for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        if (cg.flags & CAT_GF_FACTOR) /* found the candidates above; reports nothing */
+            continue;
         rc = refscan_group_range(cat, g, buf, len, begin, lo, hi, on_match, &w);
         /* dedup state is per group walk: a rule lives in one group */
     }

@@ -360,8 +360,7 @@ void scan_hits_finalize(struct scan_hits *h, const struct catalog *cat, enum sca
     scan_hits_finalize_sorting(h, cat, mode);
 }
 
-void scan_hits_finalize_sorting(struct scan_hits *h, const struct catalog *cat,
-                                enum scan_mode mode)
+void scan_hits_finalize_sorting(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode)
 {
     if (h->n == 0)
         return;
@@ -395,15 +394,189 @@ void scan_hits_finalize_sorting(struct scan_hits *h, const struct catalog *cat,
     qsort(h->v, h->n, sizeof(*h->v), cmp_end_rule);
 }
 
+/* ---- gated bit-NFA groups ---- */
+
+int refscan_gate_push(struct refscan_gate *g, uint32_t nfa, uint64_t end)
+{
+    if (g->n == g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 64;
+        struct refscan_cand *v = realloc(g->v, cap * sizeof(*v));
+        if (v == NULL)
+            return -ENOMEM;
+        g->v = v;
+        g->cap = cap;
+    }
+    g->v[g->n++] = (struct refscan_cand){.nfa = nfa, .end = end};
+    return 0;
+}
+
+static int cmp_cand(const void *a, const void *b)
+{
+    const struct refscan_cand *x = a, *y = b;
+    if (x->nfa != y->nfa)
+        return x->nfa < y->nfa ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+void refscan_gate_sort(struct refscan_gate *g)
+{
+    if (g->n > 1)
+        qsort(g->v, g->n, sizeof(*g->v), cmp_cand);
+    size_t k = 0;
+    for (size_t i = 0; i < g->n; i++)
+        if (k == 0 || cmp_cand(&g->v[k - 1], &g->v[i]) != 0)
+            g->v[k++] = g->v[i];
+    g->n = k;
+}
+
+/* The walk of refscan_group_range for a factor group: every entry counts,
+ * whatever its mask, and names a bit-NFA group. */
+static int factor_walk(const struct catalog_group *g, const uint8_t *buf, size_t begin, uint64_t lo,
+                       uint64_t hi, struct refscan_gate *out)
+{
+    uint32_t s = g->start[0];
+    for (size_t i = begin;; i++) {
+        if (s >= g->first_accept && i > lo) {
+            const uint32_t *a = g->accepts + g->accept_index[s - g->first_accept];
+            const uint32_t *end = g->accepts + g->accept_index[s - g->first_accept + 1];
+            for (; a < end; a++)
+                if (refscan_gate_push(out, CAT_ACCEPT_RULE(*a), i) != 0)
+                    return -ENOMEM;
+        }
+        if (i >= hi)
+            return 0;
+        s = g->trans[(size_t)s * g->n_classes + g->classmap[buf[i]]];
+    }
+}
+
+int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                        uint64_t hi, struct refscan_gate *out)
+{
+    uint64_t lb = 0;
+    for (uint32_t j = 0; j < catalog_nfa_count(cat); j++) {
+        struct catalog_nfa n;
+        catalog_nfa(cat, j, &n);
+        if ((n.flags & CAT_GF_GATED) && n.maxlen > lb)
+            lb = n.maxlen;
+    }
+    if (hi > len)
+        hi = len;
+    uint64_t flo = lo > lb ? lo - lb : 0;
+    for (uint32_t k = 0; k < catalog_group_count(cat); k++) {
+        struct catalog_group g;
+        catalog_group(cat, k, &g);
+        if (!(g.flags & CAT_GF_FACTOR))
+            continue;
+        /* factors have no assertions: any start state is the same one */
+        size_t begin = flo + 1 > g.maxlen ? (size_t)(flo + 1 - g.maxlen) : 0;
+        if (factor_walk(&g, buf, begin, flo, hi, out) != 0)
+            return -ENOMEM;
+    }
+    refscan_gate_sort(out);
+    return 0;
+}
+
+int refscan_gate_windows(uint32_t maxlen, const uint64_t *ends, size_t n, size_t stride, size_t len,
+                         uint64_t lo, uint64_t hi, refscan_window_fn fn, void *ctx)
+{
+    uint64_t cur_lo = 0, cur_hi = 0;
+    bool have = false;
+    if (hi > len)
+        hi = len;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t e = ends[i * stride];
+        /* a match containing a factor that ends at e ends in [e, e + maxlen] */
+        uint64_t wlo = e > 0 ? e - 1 : 0, whi = e + (uint64_t)maxlen;
+        wlo = wlo > lo ? wlo : lo;
+        whi = whi < hi ? whi : hi;
+        if (whi <= wlo)
+            continue;
+        if (have && wlo <= cur_hi) {
+            cur_hi = whi > cur_hi ? whi : cur_hi;
+            continue;
+        }
+        if (have) {
+            int rc = fn(ctx, cur_lo, cur_hi);
+            if (rc != 0)
+                return rc;
+        }
+        cur_lo = wlo;
+        cur_hi = whi;
+        have = true;
+    }
+    return have ? fn(ctx, cur_lo, cur_hi) : 0;
+}
+
+struct gated_walk {
+    const struct catalog *cat;
+    uint32_t nfa, maxlen;
+    const uint8_t *buf;
+    size_t len;
+    refscan_fn fn;
+    void *ctx;
+};
+
+static int gated_window(void *ctx, uint64_t lo, uint64_t hi)
+{
+    const struct gated_walk *w = ctx;
+    size_t begin = lo + 1 > w->maxlen ? (size_t)(lo + 1 - w->maxlen) : 0;
+    return refscan_nfa_range(w->cat, w->nfa, w->buf, w->len, begin, lo, hi, w->fn, w->ctx);
+}
+
+int refscan_gated_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
+                        uint64_t lo, uint64_t hi, const struct refscan_gate *cands, refscan_fn fn,
+                        void *ctx)
+{
+    struct catalog_nfa n;
+    catalog_nfa(cat, nfa, &n);
+    size_t a = 0, b = cands->n;
+    while (a < b) { /* the first candidate of this group */
+        size_t m = a + (b - a) / 2;
+        if (cands->v[m].nfa < nfa)
+            a = m + 1;
+        else
+            b = m;
+    }
+    size_t z = a;
+    while (z < cands->n && cands->v[z].nfa == nfa)
+        z++;
+    if (z == a)
+        return 0;
+    struct gated_walk w = {cat, nfa, n.maxlen, buf, len, fn, ctx};
+    return refscan_gate_windows(n.maxlen, &cands->v[a].end, z - a,
+                                sizeof(struct refscan_cand) / sizeof(uint64_t), len, lo, hi,
+                                gated_window, &w);
+}
+
+void refscan_gate_finish(struct refscan_gate *g)
+{
+    if (g == NULL)
+        return;
+    free(g->v);
+    memset(g, 0, sizeof(*g));
+}
+
 int refscan_buffer(const struct catalog *cat, const uint8_t *buf, size_t len, enum scan_mode mode,
                    struct scan_hits *out)
 {
     struct scan_hits raw = {0};
-    int rc = 0;
-    for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++)
-        rc = refscan_group_range(cat, g, buf, len, 0, 0, len, push_cb, &raw);
-    for (uint32_t g = 0; g < catalog_nfa_count(cat) && rc == 0; g++)
-        rc = refscan_nfa_range(cat, g, buf, len, 0, 0, len, push_cb, &raw);
+    struct refscan_gate gate = {0};
+    int rc = refscan_factor_ends(cat, buf, len, 0, len, &gate);
+    for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        if (!(cg.flags & CAT_GF_FACTOR)) /* its entries never report */
+            rc = refscan_group_range(cat, g, buf, len, 0, 0, len, push_cb, &raw);
+    }
+    for (uint32_t g = 0; g < catalog_nfa_count(cat) && rc == 0; g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        if (cn.flags & CAT_GF_GATED)
+            rc = refscan_gated_range(cat, g, buf, len, 0, len, &gate, push_cb, &raw);
+        else
+            rc = refscan_nfa_range(cat, g, buf, len, 0, 0, len, push_cb, &raw);
+    }
+    refscan_gate_finish(&gate);
     if (rc == 0)
         scan_hits_finalize(&raw, cat, mode);
     for (size_t i = 0; i < raw.n && rc == 0; i++)

@@ -63,6 +63,52 @@ int refscan_group_range(const struct catalog *cat, uint32_t group, const uint8_t
 int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
                       size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx);
 
+/*
+ * Gated bit-NFA groups (CAT_GF_GATED, docs/engine.md): a match of such a
+ * group ends within its MAXLEN after the end of one of its factors, which
+ * the catalog's CAT_GF_FACTOR groups find. Candidates are (nfa, factor end)
+ * pairs, sorted and unique. Zero-initialise; refscan_gate_finish frees.
+ */
+struct refscan_cand {
+    uint32_t nfa;
+    uint64_t end;
+};
+struct refscan_gate {
+    struct refscan_cand *v;
+    size_t n, cap;
+};
+
+/* Walks the factor groups and appends the candidates that can matter for
+ * match ends in (lo, hi] (factor ends in (lo - MAXLEN, hi]), then sorts
+ * them. Returns 0 or -ENOMEM. */
+int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                        uint64_t hi, struct refscan_gate *out);
+
+/* Appends one candidate (unsorted; refscan_gate_sort before use). */
+int refscan_gate_push(struct refscan_gate *g, uint32_t nfa, uint64_t end);
+void refscan_gate_sort(struct refscan_gate *g);
+
+/*
+ * Reports the matches of gated bit-NFA group `nfa` that end in (lo, hi]:
+ * windows of ends [e, e + MAXLEN] around its candidates, merged when they
+ * overlap or touch, each walked by refscan_nfa_range from MAXLEN before it.
+ * Gives exactly what refscan_nfa_range over (lo, hi] gives, each (rule, end)
+ * once, in increasing end order per rule.
+ */
+int refscan_gated_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
+                        uint64_t lo, uint64_t hi, const struct refscan_gate *cands, refscan_fn fn,
+                        void *ctx);
+
+/* Calls `fn(ctx, lo', hi')` for every merged window of end offsets (lo', hi']
+ * of one gated group of maxlen `maxlen` inside (lo, hi] of a buffer of `len`
+ * bytes, given its sorted factor ends ends[0..n). The GPU host builds its
+ * window items with it. `fn` returning non-zero stops the calls. */
+typedef int (*refscan_window_fn)(void *ctx, uint64_t lo, uint64_t hi);
+int refscan_gate_windows(uint32_t maxlen, const uint64_t *ends, size_t n, size_t stride, size_t len,
+                         uint64_t lo, uint64_t hi, refscan_window_fn fn, void *ctx);
+
+void refscan_gate_finish(struct refscan_gate *g);
+
 /* Appends one hit; returns 0 or -ENOMEM. */
 int scan_hits_push(struct scan_hits *h, uint32_t rule, uint64_t end, uint32_t count);
 

@@ -440,6 +440,105 @@ START_TEST(bitnfa_damage_rejected)
 }
 END_TEST
 
+/* ---- factor groups and gated bit-NFA groups (version 3) ---- */
+
+/* The table entry of the catalog's factor group (nfa_sample has one: its
+ * two bounded bit-NFA rules have the factors "key" and "tok"). */
+static uint32_t *factor_group(uint32_t *w)
+{
+    for (uint32_t g = 0; g < w[CAT_H_NGROUPS]; g++) {
+        uint32_t *e = w + w[CAT_H_GROUPS] + g * CAT_GROUP_WORDS;
+        if (e[CAT_G_FLAGS] & CAT_GF_FACTOR)
+            return e;
+    }
+    ck_abort_msg("no factor group");
+    return NULL;
+}
+
+START_TEST(factor_round_trip)
+{
+    struct catalog *a = compile(nfa_sample, N_NFA_SAMPLE);
+    struct catalog_nfa n;
+    catalog_nfa(a, 0, &n);
+    ck_assert(n.flags & CAT_GF_GATED);
+    ck_assert_uint_ne(n.maxlen, CATALOG_UNBOUNDED);
+    size_t nw;
+    uint32_t *w = (uint32_t *)catalog_words(a, &nw);
+    uint32_t *f = factor_group(w);
+    ck_assert_uint_eq(f[CAT_G_NRULES], 2); /* factors */
+    ck_assert_uint_eq(f[CAT_G_MAXLEN], 3);
+    uint32_t na = w[f[CAT_G_ACCIDX] + f[CAT_G_NSTATES] - f[CAT_G_FIRST_ACCEPT]];
+    ck_assert_uint_ge(na, 2);
+    for (uint32_t i = 0; i < na; i++)
+        ck_assert_uint_eq(w[f[CAT_G_ACCEPTS] + i], 0u << 5 | 0u); /* group 0, mask 0 */
+    /* the factor group reports nothing in a plain walk */
+    struct catalog_group g;
+    catalog_group(a, (uint32_t)((f - w - w[CAT_H_GROUPS]) / CAT_GROUP_WORDS), &g);
+    ck_assert(g.flags & CAT_GF_FACTOR);
+    catalog_destroy(a);
+}
+END_TEST
+
+static void factor_flag_cleared(uint32_t *w, size_t n)
+{
+    (void)n;
+    factor_group(w)[CAT_G_FLAGS] = 0;
+}
+static void factor_entry_mask(uint32_t *w, size_t n)
+{
+    (void)n;
+    w[factor_group(w)[CAT_G_ACCEPTS]] |= CAT_ACCEPT_ALWAYS;
+}
+static void factor_entry_group(uint32_t *w, size_t n)
+{
+    (void)n;
+    w[factor_group(w)[CAT_G_ACCEPTS]] = w[CAT_H_NNFAS] << 5;
+}
+static void factor_asserts(uint32_t *w, size_t n)
+{
+    (void)n;
+    factor_group(w)[CAT_G_FLAGS] |= CAT_GF_ASSERTS;
+}
+static void factor_unbounded(uint32_t *w, size_t n)
+{
+    (void)n;
+    factor_group(w)[CAT_G_MAXLEN] = CATALOG_UNBOUNDED;
+}
+static void gated_unbounded(uint32_t *w, size_t n)
+{
+    (void)n;
+    nfa0(w)[CAT_N_MAXLEN] = CATALOG_UNBOUNDED;
+}
+static void gated_unnamed(uint32_t *w, size_t n)
+{
+    (void)n; /* the factor flag moved off the group: nothing gates nfa 0 */
+    uint32_t *f = factor_group(w);
+    uint32_t na = w[f[CAT_G_ACCIDX] + f[CAT_G_NSTATES] - f[CAT_G_FIRST_ACCEPT]];
+    for (uint32_t i = 0; i < na; i++)
+        w[f[CAT_G_ACCEPTS] + i] = 0 << 5 | CAT_ACCEPT_ALWAYS;
+    f[CAT_G_FLAGS] = 0;
+}
+static void gated_flag_unknown(uint32_t *w, size_t n)
+{
+    (void)n;
+    nfa0(w)[CAT_N_FLAGS] |= CAT_GF_FACTOR;
+}
+
+/* The version 3 flags are validated: a factor group's entries name bit-NFA
+ * groups with mask 0, and a gated group is bounded and named by one. */
+START_TEST(factor_damage_rejected)
+{
+    expect_nfa_reject("factor flag cleared", factor_flag_cleared, "names a rule");
+    expect_nfa_reject("factor entry mask", factor_entry_mask, "factor group entry");
+    expect_nfa_reject("factor entry group", factor_entry_group, "factor group entry");
+    expect_nfa_reject("factor asserts", factor_asserts, "factor group has assertions");
+    expect_nfa_reject("factor unbounded", factor_unbounded, "factor group has assertions");
+    expect_nfa_reject("gated unbounded", gated_unbounded, "gated bit-NFA group");
+    expect_nfa_reject("gated unnamed", gated_unnamed, "no factor group names it");
+    expect_nfa_reject("gated flag", gated_flag_unknown, "flags");
+}
+END_TEST
+
 /* Random words of the bit-NFA section overwritten (and re-sealed): the
  * catalog is rejected or, when the damage is benign, scans without
  * touching memory outside it (ASan runs say so). */
@@ -512,7 +611,7 @@ START_TEST(fingerprints_stable)
     char hx[65];
     rules_fingerprint(&sample[1], fp);
     catalog_fingerprint_hex(fp, hx);
-    ck_assert_str_eq(hx, "5c20b04c72c17e73ddef756d680544240d86b1c0b02a5ade8daf2c842aadc79a");
+    ck_assert_str_eq(hx, "5ecdb3361e8f692ec11c43c6dd03a79aac939039b7d0999e34c1eb74b6e49834");
     catalog_destroy(a);
     catalog_destroy(b);
 }
@@ -623,6 +722,8 @@ Suite *catalog_suite(void)
     tcase_add_test(tc, bitnfa_round_trip);
     tcase_add_test(tc, bitnfa_damage_rejected);
     tcase_add_test(tc, bitnfa_random_damage);
+    tcase_add_test(tc, factor_round_trip);
+    tcase_add_test(tc, factor_damage_rejected);
     suite_add_tcase(s, tc);
     return s;
 }

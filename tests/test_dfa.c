@@ -145,6 +145,42 @@ static bool parse_ok(const char *pat, struct parse_result *pr)
 /* The bit-NFA engine against the NFA simulation: whole buffers, and
  * segments of 7 bytes starting maxlen-1 early (or whole walks when
  * unbounded), as the GPU scans them. */
+/* Gated bit-NFA groups walked only around their factors' ends, over the
+ * whole buffer and in segments of 7 bytes: the same hits as a full walk. */
+static void gated_scans(const struct catalog *cat, const uint8_t *hay, size_t len,
+                        const char **pats, size_t np, struct hitset *want)
+{
+    static struct hitset whole, seg;
+    whole.n = seg.n = 0;
+    for (size_t s = 0; s < len || s == 0; s += 7) {
+        size_t t = s + 7 < len ? s + 7 : len;
+        for (int pass = 0; pass < 2; pass++) {
+            uint64_t lo = pass == 0 ? s : 0, hi = pass == 0 ? t : len;
+            if (pass == 1 && s > 0)
+                break;
+            struct hitset *out = pass == 0 ? &seg : &whole;
+            struct refscan_gate gate = {0};
+            ck_assert_int_eq(refscan_factor_ends(cat, hay, len, lo, hi, &gate), 0);
+            for (uint32_t g = 0; g < catalog_nfa_count(cat); g++) {
+                struct catalog_nfa grp;
+                catalog_nfa(cat, g, &grp);
+                size_t begin = lo + 1 > grp.maxlen ? lo + 1 - grp.maxlen : 0;
+                if (grp.flags & CAT_GF_GATED)
+                    refscan_gated_range(cat, g, hay, len, lo, hi, &gate, collect, out);
+                else if (grp.maxlen != CATALOG_UNBOUNDED || pass == 1)
+                    refscan_nfa_range(cat, g, hay, len, begin, lo, hi, collect, out);
+                else if (s == 0)
+                    refscan_nfa_range(cat, g, hay, len, 0, 0, len, collect, out);
+            }
+            refscan_gate_finish(&gate);
+        }
+        if (len == 0)
+            break;
+    }
+    expect_same("NFA simulation vs gated bit-NFA", want, &whole, pats, np, hay, len);
+    expect_same("NFA simulation vs gated bit-NFA segments", want, &seg, pats, np, hay, len);
+}
+
 static void bit_nfa_scans(const struct catalog *cat, const uint8_t *hay, size_t len,
                           const char **pats, size_t np, struct hitset *want)
 {
@@ -166,6 +202,7 @@ static void bit_nfa_scans(const struct catalog *cat, const uint8_t *hay, size_t 
     }
     expect_same("NFA simulation vs bit-NFA", want, &whole, pats, np, hay, len);
     expect_same("NFA simulation vs bit-NFA segments", want, &seg, pats, np, hay, len);
+    gated_scans(cat, hay, len, pats, np, want);
 }
 
 static void check_group(const char **pats, size_t np, int rounds)
@@ -202,7 +239,13 @@ static void check_group(const char **pats, size_t np, int rounds)
     struct rules_options bopt = {.force_bitnfa = true};
     ck_assert_int_eq(rules_compile(src, np, &bopt, &bit, &err), 0);
     ck_assert_uint_eq(bit.n_rejects, 0);
-    ck_assert_uint_eq(catalog_group_count(bit.catalog), 0);
+    /* no DFA group but the factor group of gated bit-NFA groups */
+    for (uint32_t g = 0; g < catalog_group_count(bit.catalog); g++) {
+        struct catalog_group grp;
+        catalog_group(bit.catalog, g, &grp);
+        ck_assert(grp.flags & CAT_GF_FACTOR);
+    }
+    ck_assert_uint_le(catalog_group_count(bit.catalog), 1);
     ck_assert_uint_ge(catalog_nfa_count(bit.catalog), 1);
 
     static struct hitset h_nfa, h_raw, h_min, h_cat, h_seg;

@@ -902,8 +902,8 @@ static int temp_file(const uint8_t *d, size_t len)
 
 /* Buffer `ba` of `a` and buffer `bb` of `b` have the same reply: hits,
  * truncation, status and bytes. */
-static void same_buffer(const struct vks_scan_result *a, uint32_t ba, const struct vks_scan_result *b,
-                        uint32_t bb, const char *what)
+static void same_buffer(const struct vks_scan_result *a, uint32_t ba,
+                        const struct vks_scan_result *b, uint32_t bb, const char *what)
 {
     struct scan_hits ha = {0}, hb = {0};
     for (size_t i = 0; i < a->n_hits; i++) {
@@ -1035,8 +1035,8 @@ START_TEST(test_dedup_across_requests)
         check(ref, &s2.res, 0, a, sizeof(a), SCAN_ALL);
         same_buffer(&s1.res, 0, &s2.res, 0, "two requests");
         together = tel_of(&s1.res, "batch_id") == tel_of(&s2.res, "batch_id");
-        uint64_t dups = tel_of(&s1.res, "buffers_deduplicated") +
-                        tel_of(&s2.res, "buffers_deduplicated");
+        uint64_t dups =
+            tel_of(&s1.res, "buffers_deduplicated") + tel_of(&s2.res, "buffers_deduplicated");
         ck_assert_uint_eq(dups, together ? 1 : 0);
         if (together) {
             ck_assert_uint_eq(tel_of(&s1.res, "batch_bytes"), sizeof(a));
@@ -1225,8 +1225,7 @@ START_TEST(test_cache_per_tenant)
         _exit(other_tenant_scan(&d, 65534, fd, n));
     int st;
     waitpid(child, &st, 0);
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "other tenant: mask %d",
-                  WEXITSTATUS(st));
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "other tenant: mask %d", WEXITSTATUS(st));
     ck_assert_uint_eq(stat_of(c, "result_cache.entries"), 2);
     close(fd);
     vks_catalog_destroy(cat);
@@ -1249,8 +1248,8 @@ START_TEST(test_cache_bounded)
     int fds[N_FILES];
     for (int i = 0; i < N_FILES; i++) {
         char text[128];
-        int len = snprintf(text, sizeof(text), "file %d: needle, %*s needle needle", i, i % 40,
-                           "x");
+        int len =
+            snprintf(text, sizeof(text), "file %d: needle, %*s needle needle", i, i % 40, "x");
         fds[i] = temp_file((const uint8_t *)text, (size_t)len);
         set_mtime(fds[i], -3600);
     }
@@ -1282,6 +1281,86 @@ START_TEST(test_cache_bounded)
     vks_scan_result_finish(&res);
     for (int i = 0; i < N_FILES; i++)
         close(fds[i]);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* Runs `vkscan scan` on one file; returns its exit status. */
+static int cli_scan(const struct daemon *d, const char *flags, const char *path)
+{
+    const char *cli = getenv("VKSCAN");
+    ck_assert_msg(cli != NULL, "VKSCAN is not set: run through meson test");
+    char cmd[768];
+    snprintf(cmd, sizeof(cmd), "'%s' scan --socket '%s' -e needle %s '%s' >/dev/null", cli, d->sock,
+             flags, path);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* `cache: false` (vks_scan_options.no_cache, vkscan scan --no-cache) reads
+ * and scans the file, neither using nor filling the cache; without it the
+ * reply marks the buffers that came from the cache. */
+START_TEST(test_cache_bypass)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "2"));
+    struct vks_client *c = connect_ok(&d);
+    static const struct rdef needle[] = {{"n", "needle", NULL, RULE_LITERAL}};
+    struct vks_catalog *cat = load(c, needle, 1);
+    static const char text[] = "a needle, another needle";
+    int fd = temp_file((const uint8_t *)text, sizeof(text) - 1);
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/vks-engine-cli-%d", (int)getpid());
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+    set_mtime(fd, -3600);
+    age();
+    struct vks_buffer vb[2] = {{.kind = VKS_BUFFER_FD, .fd = fd},
+                               inline_buf((const uint8_t *)text, 8)};
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    so.no_cache = true;
+    struct vks_error err = {0};
+    struct vks_scan_result res;
+    for (int i = 0; i < 2; i++) { /* a bypass does not fill it either */
+        ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), vb, 2, &so, &res, &err),
+                         0);
+        ck_assert_uint_eq(res.n_hits, 3);
+        ck_assert(!res.buffers[0].cached);
+        ck_assert_uint_eq(tel_of(&res, "cache_hits"), 0);
+        ck_assert_uint_eq(tel_of(&res, "batch_bytes"), sizeof(text) - 1 + 8);
+        vks_scan_result_finish(&res);
+    }
+    ck_assert_uint_eq(stat_of(c, "result_cache.inserts"), 0);
+    for (int i = 0; i < 2; i++) {
+        scan(c, cat, vb, 2, VKS_REPORT_ALL, 0, &res);
+        ck_assert_uint_eq(res.n_hits, 3);
+        ck_assert(res.buffers[0].cached == (i == 1));
+        ck_assert(!res.buffers[1].cached);
+        ck_assert_uint_eq(res.buffers[0].bytes, sizeof(text) - 1);
+        ck_assert_uint_eq(tel_of(&res, "cache_hits"), (uint64_t)i);
+        vks_scan_result_finish(&res);
+    }
+    /* With the cache on, the second scan came from it: now bypass again. */
+    ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), vb, 2, &so, &res, &err), 0);
+    ck_assert(!res.buffers[0].cached);
+    ck_assert_uint_eq(tel_of(&res, "bytes_not_scanned"), 0);
+    vks_scan_result_finish(&res);
+    ck_assert_uint_eq(stat_of(c, "result_cache.hits"), 1);
+    /* The CLI: --no-cache twice leaves the counters alone; plain twice is one hit. */
+    ck_assert_int_eq(cli_scan(&d, "--no-cache", path), 0);
+    ck_assert_int_eq(cli_scan(&d, "--no-cache", path), 0);
+    ck_assert_uint_eq(stat_of(c, "result_cache.hits"), 1);
+    ck_assert_uint_eq(stat_of(c, "result_cache.inserts"), 1);
+    ck_assert_int_eq(cli_scan(&d, "", path), 0);
+    ck_assert_int_eq(cli_scan(&d, "", path), 0);
+    ck_assert_uint_eq(stat_of(c, "result_cache.hits"), 2);
+    unlink(path);
+    close(fd);
     vks_catalog_destroy(cat);
     vks_client_close(c);
     ck_assert_int_eq(daemon_stop(&d), 0);
@@ -1329,6 +1408,90 @@ START_TEST(test_finalize_radix_equals_sorting)
 }
 END_TEST
 
+/* ---- gated bit-NFA groups (rules/factor.h) ---------------------------- */
+
+static const struct rdef gated[] = {
+    {"key", "\\bkey[^\\n]{0,60}end", NULL, RULE_REGEX},
+    {"tok", "tok(?:en|EN)[a-z0-9]{8,20}\\b", "i", RULE_REGEX},
+    {"sec", "\\Bsecret\\w{4,40}", NULL, RULE_REGEX},
+    {"alt", "(?:abc|xyz)[0-9]{2,30}Q", "H", RULE_REGEX},
+    {"eol", "[0-9]{3,9}zzq$", "m", RULE_REGEX},
+};
+#define N_GATED (sizeof(gated) / sizeof(gated[0]))
+
+/* Factors planted often, close together and at both ends of the buffer. */
+static void make_gated_data(uint8_t *buf, size_t len)
+{
+    static const char alpha[] = "aZ09_ x-\n7Qb";
+    static const char *const plants[] = {"key", "end", "token", "TOKEN", "xsecret", "abc",
+                                         "xyz", "zzq\n", "123456789", " key = end",
+                                         "Token0123abcd9 ", "_secretword", "xyz123Q",
+                                         "12345zzq\n"};
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+    memcpy(buf, "xyz12Q", 6);
+    memcpy(buf + len - 3, "key", 3);
+    for (size_t p = 6; p + 16 < len - 3; p += 1 + rnd(50)) {
+        const char *s = plants[rnd(14)];
+        memcpy(buf + p, s, strlen(s));
+    }
+}
+
+static int engine_push(void *ctx, uint32_t rule, uint64_t end)
+{
+    return scan_hits_push(ctx, rule, end, 1);
+}
+
+/* Every group walked in full, as before factors: the reference. */
+static void full_walk(const struct catalog *cat, const uint8_t *buf, size_t len,
+                      enum scan_mode mode, struct scan_hits *out)
+{
+    for (uint32_t g = 0; g < catalog_group_count(cat); g++)
+        ck_assert_int_eq(refscan_group_range(cat, g, buf, len, 0, 0, len, engine_push, out), 0);
+    for (uint32_t g = 0; g < catalog_nfa_count(cat); g++)
+        ck_assert_int_eq(refscan_nfa_range(cat, g, buf, len, 0, 0, len, engine_push, out), 0);
+    scan_hits_finalize(out, cat, mode);
+}
+
+/* Segments of gated catalogs equal refscan_buffer, which equals walking
+ * every group in full; _i 1: every rule forced onto the bit-NFA engine. */
+START_TEST(test_gated_segments)
+{
+    struct catalog *cat = compile_with(gated, N_GATED, _i == 1);
+    uint32_t n_gated = 0;
+    for (uint32_t g = 0; g < catalog_nfa_count(cat); g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        n_gated += (cn.flags & CAT_GF_GATED) != 0;
+    }
+    ck_assert_uint_ge(n_gated, 1);
+    ck_assert_uint_ne(cpuscan_lookback(cat), CPUSCAN_UNSEGMENTABLE);
+    static uint8_t buf[6000];
+    make_gated_data(buf, sizeof(buf));
+    static const size_t segs[] = {1, 5, 7, 64, 1000};
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+        struct scan_hits want = {0}, full = {0};
+        ck_assert_int_eq(refscan_buffer(cat, buf, sizeof(buf), (enum scan_mode)mode, &want), 0);
+        full_walk(cat, buf, sizeof(buf), (enum scan_mode)mode, &full);
+        ck_assert_uint_ge(want.n, 4);
+        assert_same(&want, &full, "gated refscan_buffer vs full walks");
+        for (size_t s = 0; s < sizeof(segs) / sizeof(segs[0]); s++) {
+            struct scan_hits got = {0};
+            uint64_t dropped = 0;
+            segmented(cat, buf, sizeof(buf), segs[s], 1 + (int)(s % 2), (enum scan_mode)mode, 0,
+                      UINT64_MAX, &got, &dropped);
+            char what[64];
+            snprintf(what, sizeof(what), "gated, mode %d segments of %zu", mode, segs[s]);
+            assert_same(&got, &want, what);
+            scan_hits_finish(&got);
+        }
+        scan_hits_finish(&want);
+        scan_hits_finish(&full);
+    }
+    catalog_destroy(cat);
+}
+END_TEST
+
 Suite *engine_suite(void)
 {
     Suite *s = suite_create("engine");
@@ -1339,6 +1502,7 @@ Suite *engine_suite(void)
     tcase_add_loop_test(tc, test_unbounded_one_piece, 0, 2);
     tcase_add_test(tc, test_segment_enough);
     tcase_add_test(tc, test_finalize_radix_equals_sorting);
+    tcase_add_loop_test(tc, test_gated_segments, 0, 2);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
         return s;
@@ -1361,6 +1525,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_cache_unchanged_files);
     tcase_add_test(tc, test_cache_per_tenant);
     tcase_add_test(tc, test_cache_bounded);
+    tcase_add_test(tc, test_cache_bypass);
     suite_add_tcase(s, tc);
     return s;
 }

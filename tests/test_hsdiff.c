@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "factor.h"
 #include "parse.h"
 #include "patfile.h"
 #include "refscan.h"
@@ -273,6 +274,7 @@ struct stats {
     unsigned bad_rejects;   /* rejects or accepts that break the contract */
     unsigned size_rejects;  /* of our_rejects: for size (budget, positions) */
     unsigned nfa_rules;     /* rules compiled to the bit-NFA engine */
+    unsigned gated_rules;   /* of those: in a gated group (walked around factors) */
     unsigned reports;       /* reproducers printed */
     struct reasons hs_why;  /* Hyperscan's reject messages */
     struct reasons our_why; /* our reject messages, digits stripped */
@@ -592,6 +594,11 @@ static int run_compile(struct run *ru, struct stats *st)
         struct catalog_rule cr;
         catalog_rule(ru->res.catalog, i, &cr);
         st->nfa_rules += cr.group >= catalog_group_count(ru->res.catalog);
+        if (cr.group >= catalog_group_count(ru->res.catalog)) {
+            struct catalog_nfa cn;
+            catalog_nfa(ru->res.catalog, cr.group - catalog_group_count(ru->res.catalog), &cn);
+            st->gated_rules += (cn.flags & CAT_GF_GATED) != 0;
+        }
     }
     for (size_t i = 0; i < ru->n; i++) {
         uint32_t c = ru->res.rule_index[i];
@@ -2044,6 +2051,153 @@ START_TEST(test_large_repeats)
 }
 END_TEST
 
+/* ------------------------------------------------------------------------ */
+/* Literal factors: gated bit-NFA groups (rules/factor.h).                  */
+
+/* Whether buf[0..len) contains factor f. */
+static bool has_factor(const uint8_t *buf, size_t len, const struct factor *f)
+{
+    for (size_t at = 0; at + f->len <= len; at++) {
+        uint32_t i = 0;
+        while (i < f->len && byteset_has(&f->set[i], buf[at + i]))
+            i++;
+        if (i == f->len)
+            return true;
+    }
+    return false;
+}
+
+/* Every sampled string of a factored rule contains one of its factors:
+ * the set is really required. Random big rules and gitleaks-regex. */
+static unsigned check_factors_required(const struct trule *t, struct rng *rng)
+{
+    struct rule_src src = {t->id, t->kind, t->pat, t->len, t->flags, 0};
+    struct parse_result pr = {0};
+    struct factor_set *fs = xrealloc(NULL, sizeof(*fs));
+    uint32_t pos;
+    char msg[240];
+    unsigned checked = 0;
+    if (parse_rule(&src, &pr, &pos, msg, sizeof(msg)) == 0 && pr.root != NULL) {
+        const struct node *root = parse_strip_prefix(pr.root);
+        if (factor_extract(root, fs) == 0) {
+            ck_assert_uint_ge(fs->n, 1);
+            ck_assert_uint_le(fs->n, FACTOR_MAX_COUNT);
+            for (int k = 0; k < 40; k++) {
+                struct str s = {0};
+                sample_wide(root, rng, &s);
+                bool found = false;
+                for (uint32_t i = 0; i < fs->n && !found; i++) {
+                    ck_assert_uint_ge(fs->f[i].len, FACTOR_MIN_LEN);
+                    found = has_factor((const uint8_t *)s.p, s.n, &fs->f[i]);
+                }
+                ck_assert_msg(found, "rule %s /%.*s/: sample \"%.*s\" has none of its factors",
+                              t->id, (int)t->len, t->pat, (int)s.n, s.p);
+                str_free(&s);
+            }
+            checked = 1;
+        }
+    }
+    parse_result_finish(&pr);
+    free(fs);
+    return checked;
+}
+
+START_TEST(test_factors_required)
+{
+    struct rng rng = {777};
+    unsigned factored = 0;
+    for (size_t c = 0; c < 300; c++) {
+        struct trule r;
+        gen_big_rule(&rng, &r, c);
+        factored += check_factors_required(&r, &rng);
+        trule_free(&r);
+    }
+    ck_assert_uint_gt(factored, 100);
+    size_t n;
+    struct trule *rules =
+        load_patfile(VKS_SOURCE_ROOT "/tests/data/gitleaks/gitleaks-regex.rules", &n);
+    unsigned gl = 0;
+    for (size_t i = 0; i < n; i++)
+        gl += check_factors_required(&rules[i], &rng);
+    trules_free(rules, n);
+    ck_assert_uint_gt(gl, 150);
+}
+END_TEST
+
+/* Factored bit-NFA rules with the factor at the start, the end or in the
+ * middle of a long gap, caseless factors and alternations of factors:
+ * planted near buffer starts and ends, several close together (windows
+ * that overlap and touch), after word bytes (\b at a window's edge). The
+ * gated groups give Hyperscan's hits exactly. */
+START_TEST(test_factor_gating)
+{
+    static const char *const pats[] = {
+        "\\bkey[^\\n]{0,120}end",
+        "(?i)tok(?:en|EN)[a-z0-9_-]{32}\\b",
+        "(?:adafruit|hubspot|QQQx)[ \\t]{0,20}=[0-9a-f]{10,40}",
+        "^abc.{5,90}x",
+        "\\Bsecret\\w{10,80}",
+        "[0-9]{20,60}[xX]yz$",
+        "\\W{5,70}\\bMID\\b[ =]{5,70}",
+        "(?i)(?:pass|pwd)word[=:]{1,3}[^\\s]{8,64}",
+        "(?:ab){3,5}[^a]{40,100}Z",
+    };
+    enum { N = sizeof(pats) / sizeof(pats[0]) };
+    static const char *const plants[] = {
+        "key",     "end",    "token",  "TOKEN", "ToKeN", "adafruit", "hubspot",
+        "QQQx",    "abc",    "secret", "Xyz",   "xyz",   "MID",      "PassWord",
+        "pwdWORD", "ababab", "=",      "Z",     "\n",
+    };
+    struct trule r[N];
+    force_bitnfa = false;
+    for (size_t i = 0; i < N; i++) {
+        memset(&r[i], 0, sizeof(r[i]));
+        snprintf(r[i].id, sizeof(r[i].id), "f%zu", i);
+        r[i].kind = RULE_REGEX;
+        r[i].pat = xstrndup(pats[i], strlen(pats[i]));
+        r[i].len = strlen(pats[i]);
+        r[i].hs = xstrndup(pats[i], strlen(pats[i]));
+        r[i].flags = i == 5 ? RULE_F_MULTILINE : i == 3 ? RULE_F_DOTALL : 0;
+    }
+    struct rng rng = {31337};
+    enum { NH = 10 };
+    struct str bufs[NH] = {{0}};
+    struct hay hays[NH];
+    static const char filler[] = "aZ09_ x-=\t\n.f";
+    for (int k = 0; k < NH; k++) {
+        for (int round = 0; round < 4 + k; round++) {
+            uint32_t roll = rng_below(&rng, 4);
+            if (roll == 0)
+                sample_rule_wide(&r[rng_below(&rng, N)], &rng, &bufs[k]);
+            else if (roll == 1)
+                str_puts(&bufs[k], plants[rng_below(&rng, sizeof(plants) / sizeof(plants[0]))]);
+            else
+                for (uint32_t f = rng_below(&rng, roll == 2 ? 6 : 90); f > 0; f--)
+                    str_putc(&bufs[k], filler[rng_below(&rng, sizeof(filler) - 1)]);
+        }
+        if (k % 3 == 0) /* a factor right at the end: its window is clipped */
+            str_puts(&bufs[k], plants[rng_below(&rng, sizeof(plants) / sizeof(plants[0]))]);
+        snprintf(hays[k].name, sizeof(hays[k].name), "#%d", k);
+        hays[k].p = (const uint8_t *)bufs[k].p;
+        hays[k].len = bufs[k].n;
+    }
+    struct stats st = {0};
+    compare_set(r, N, 0, 0, "factor gating", true, hays, NH, &st);
+    force_bitnfa = true; /* every rule a bit-NFA rule, so all gated */
+    compare_set(r, N, 0, 0, "factor gating (bit-NFA forced)", true, hays, NH, &st);
+    force_bitnfa = false;
+    stats_print(&st, "factor gating");
+    for (size_t i = 0; i < N; i++)
+        trule_free(&r[i]);
+    for (int k = 0; k < NH; k++)
+        str_free(&bufs[k]);
+    ck_assert_msg(st.mismatches == 0, "%u haystacks give different hits", st.mismatches);
+    ck_assert_uint_eq(st.hs_rejects, 0);
+    ck_assert_uint_ge(st.gated_rules, N + 3);
+    ck_assert_uint_gt(st.hits, 40);
+}
+END_TEST
+
 /* The gitleaks regexes from the tree (tests/data/gitleaks, MIT): all 221
  * compile, none is rejected for size, and every hit is Hyperscan's on
  * synthetic secrets built around the gitleaks keywords and on samples
@@ -2084,6 +2238,7 @@ START_TEST(test_gitleaks_tree)
     ck_assert_uint_eq(st.compared, n - st.hs_rejects);
     ck_assert_uint_eq(st.hs_rejects, 0);
     ck_assert_uint_gt(st.nfa_rules, 0);
+    ck_assert_uint_gt(st.gated_rules, 80); /* the secret rules, walked around their factors */
     ck_assert_uint_gt(st.hits, n);
 }
 END_TEST
@@ -2101,6 +2256,8 @@ Suite *hsdiff_suite(void)
     tcase_add_test(tc, test_bounded_repeats);
     tcase_add_test(tc, test_large_repeats);
     tcase_add_test(tc, test_gitleaks_tree);
+    tcase_add_test(tc, test_factors_required);
+    tcase_add_test(tc, test_factor_gating);
     suite_add_tcase(s, tc);
     TCase *files = tcase_create("shared-data");
     tcase_set_timeout(files, 600);

@@ -1,0 +1,56 @@
+/*
+ * Literal factors of a rule (Hyperscan's "decomposition"): a small set of
+ * short byte strings such that every match of the rule contains at least
+ * one of them. A bit-NFA group whose rules all have factors and a bounded
+ * longest match need only be walked in windows around the factors' ends
+ * (docs/engine.md, "Gated bit-NFA groups"): the factors are found first by
+ * one DFA group of literals, which is fast on every engine.
+ *
+ * A factor position is a byte set of at most FACTOR_MAX_WIDTH values: a
+ * caseless letter is the set {a, A}, a small class such as [xX_] stays a
+ * class. Extraction works on the lowered parse tree (parse.h), so it sees
+ * exactly what the engines match.
+ */
+#ifndef VKS_RULES_FACTOR_H
+#define VKS_RULES_FACTOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "parse.h"
+
+#define FACTOR_MIN_LEN   3u  /* shorter factors would fire everywhere */
+#define FACTOR_MAX_LEN   16u /* a longer required string is cut to its best window */
+#define FACTOR_MAX_COUNT 16u /* alternatives per rule */
+#define FACTOR_MAX_WIDTH 4u  /* byte values per position */
+
+struct factor {
+    uint32_t len; /* FACTOR_MIN_LEN .. FACTOR_MAX_LEN */
+    struct byteset set[FACTOR_MAX_LEN];
+};
+
+struct factor_set {
+    uint32_t n; /* 1 .. FACTOR_MAX_COUNT when found */
+    struct factor f[FACTOR_MAX_COUNT];
+};
+
+/*
+ * Finds a factor set of the tree `root` (the one the engines run, after
+ * parse_strip_prefix): every string the tree matches contains one of the
+ * factors as a substring. Prefers sets whose shortest factor is longest.
+ * Returns 0 and fills `out`, -ENOENT when the rule has no usable set
+ * (something optional everywhere, or only short literals), or -ENOMEM.
+ * `root` is borrowed. Thread-safe.
+ */
+int factor_extract(const struct node *root, struct factor_set *out);
+
+/*
+ * Writes factor `f` as text into buf[0..cap) (always NUL-terminated):
+ * printable bytes as themselves, a caseless letter as the lowercase letter
+ * with the whole factor marked "(?i)" when every letter is caseless, other
+ * sets as [\xNN...]. Returns the length it wanted (snprintf style).
+ */
+size_t factor_format(const struct factor *f, char *buf, size_t cap);
+
+#endif
