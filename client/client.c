@@ -60,7 +60,7 @@ const char *vks_version(void)
 /* The 0.2 layouts: what a struct_size of 0 stands for (vkscan.h, ABI). */
 #define CLIENT_OPTIONS_BASE offsetof(struct vks_client_options, memfd_threshold)
 #define LOAD_OPTIONS_BASE   offsetof(struct vks_load_options, reserved)
-#define SCAN_OPTIONS_BASE   offsetof(struct vks_scan_options, reserved)
+#define SCAN_OPTIONS_BASE   offsetof(struct vks_scan_options, no_cache)
 
 /*
  * Copies the caller's option struct `src` over `dst` (already holding the
@@ -782,7 +782,8 @@ static int fill_scan_result(struct proto_reply *rep, struct vks_scan_result *res
                                                      .message = b->message,
                                                      .bytes = b->bytes,
                                                      .hits = b->hits,
-                                                     .truncated = b->truncated};
+                                                     .truncated = b->truncated,
+                                                     .cached = b->cached};
     }
     for (uint32_t i = 0; i < s->n_telemetry; i++) {
         const struct proto_stat *t = &s->telemetry[i];
@@ -818,6 +819,7 @@ int vks_client_scan(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
         s->max_hits = opt->max_hits;
         s->timeout_ms = opt->timeout_ms;
         s->rule_ids = opt->rule_ids;
+        s->no_cache = opt->no_cache;
     }
     s->buffers = calloc(n ? n : 1, sizeof(*s->buffers));
     if (s->buffers == NULL)

@@ -117,7 +117,8 @@ struct scan_opts {
     uint64_t max_filesize;      /* 0: no limit */
     uint64_t max_archive_bytes; /* -z: what one archive may decompress to */
     unsigned jobs;
-    bool tail; /* --tail: follow one growing file until SIGINT */
+    bool tail;     /* --tail: follow one growing file until SIGINT */
+    bool no_cache; /* --no-cache: every file is read and scanned again */
 };
 
 struct file_ent {
@@ -205,7 +206,10 @@ static void print_telemetry(const struct batch *b)
 static int scan_batch(struct worker *w, struct batch *b)
 {
     struct scan *s = w->s;
-    struct vks_scan_options so = {.mode = s->opt.report};
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    so.mode = s->opt.report;
+    so.no_cache = s->opt.no_cache;
     bool reloaded = false;
     for (unsigned attempt = 0;; attempt++) {
         int rc = vks_client_scan(w->client, s->fp, b->bufs, b->n, &so, &b->res, &b->err);
@@ -1291,6 +1295,8 @@ static void scan_usage(FILE *f)
             "Daemon:\n"
             "  -j, --jobs N              scan requests in flight (default 4, 1..16)\n"
             "      --socket PATH         vkscand's socket (default $VKSCAN_SOCKET or %s)\n"
+            "      --no-cache            read and scan every file again, not the daemon's\n"
+            "                            results for files that did not change\n"
             "  -h, --help                this text\n"
             "PATH may be a file, a directory (walked recursively) or - for standard input.\n"
             "Standard input, pipes and files larger than the daemon's max-scan-bytes are\n"
@@ -1342,6 +1348,7 @@ enum {
     OPT_MAX_FILESIZE,
     OPT_MAX_ARCHIVE_BYTES,
     OPT_TAIL,
+    OPT_NO_CACHE,
 };
 
 /* One option of `scan`; returns -1 to go on, else the exit status. */
@@ -1394,6 +1401,9 @@ static int scan_option(struct scan_opts *o, int c, char *arg, char **argv)
         return -1;
     case OPT_HIDDEN:
         o->walk.hidden = true;
+        return -1;
+    case OPT_NO_CACHE:
+        o->no_cache = true;
         return -1;
     case 'L':
         o->walk.follow = true;
@@ -1469,6 +1479,7 @@ int cli_scan(int argc, char **argv)
         {"tail", no_argument, NULL, OPT_TAIL},
         {"jobs", required_argument, NULL, 'j'},
         {"socket", required_argument, NULL, OPT_SOCKET},
+        {"no-cache", no_argument, NULL, OPT_NO_CACHE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     struct scan_opts o = {.report = VKS_REPORT_ALL,

@@ -88,7 +88,7 @@ static void print_status_text(const struct status *s)
 {
     bool ok = true;
     uint64_t up = stat_u(s, "uptime_ns", &ok) / 1000000000u;
-    char b1[32], b3[32];
+    char b1[32], b2[32], b3[32];
     printf("%s at %s (protocol %u)\n", s->info.server, cli_daemon_socket(), s->info.protocol);
     printf("uptime:     %llud %02lluh %02llum %02llus\n", (unsigned long long)up / 86400,
            (unsigned long long)up / 3600 % 24, (unsigned long long)up / 60 % 60,
@@ -113,6 +113,16 @@ static void print_status_text(const struct status *s)
            (unsigned long long)stat_u(s, "errors", &ok),
            (unsigned long long)stat_u(s, "scans", &ok), b3,
            (unsigned long long)stat_u(s, "scan_hits", &ok));
+    cli_fmt_bytes(stat_u(s, "result_cache.bytes", &ok), b1, sizeof(b1));
+    cli_fmt_bytes(stat_u(s, "result_cache.limit", &ok), b2, sizeof(b2));
+    cli_fmt_bytes(stat_u(s, "dedup.bytes_not_scanned", &ok) +
+                      stat_u(s, "result_cache.bytes_not_scanned", &ok),
+                  b3, sizeof(b3));
+    printf("reuse:      %llu buffers deduplicated, %llu result cache hits, %s not scanned; "
+           "cache %s of %s, %llu entries\n",
+           (unsigned long long)stat_u(s, "dedup.buffers", &ok),
+           (unsigned long long)stat_u(s, "result_cache.hits", &ok), b3, b1, b2,
+           (unsigned long long)stat_u(s, "result_cache.entries", &ok));
     printf("clients:    %llu connected, %llu since start\n",
            (unsigned long long)stat_u(s, "connections", &ok),
            (unsigned long long)stat_u(s, "connections_total", &ok));

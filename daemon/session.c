@@ -604,6 +604,7 @@ static void scan_queue(struct request *r, struct store_entry *e)
     r->ej.mode = (enum scan_mode)sc->mode;
     r->ej.max_hits = r->max_hits;
     r->ej.uid = (uint32_t)s->uid; /* result cache entries are the tenant's own */
+    r->ej.no_cache = sc->no_cache;
     r->ej.bufs = r->bufs;
     r->ej.n_bufs = sc->n_buffers;
     r->sj.key = e;
@@ -751,6 +752,7 @@ static void reply_scan(struct request *r, const struct engine_telemetry *tel)
         bs[i].code = r->bufs[i].status;
         bs[i].message = r->bufs[i].status != 0 ? r->bufs[i].msg : NULL;
         bs[i].bytes = r->bufs[i].status == 0 ? r->bufs[i].bytes : 0;
+        bs[i].cached = r->bufs[i].status == 0 && r->bufs[i].cached;
         bytes += bs[i].bytes;
     }
     struct stats_list l = {.n = 0};

@@ -431,6 +431,15 @@ static int read_scan_mode(struct dec *d, struct proto_request *req, const struct
     return read_mode(d, &req->u.scan.mode);
 }
 
+static int read_scan_cache(struct dec *d, struct proto_request *req, const struct proto_frame *fr)
+{
+    (void)fr;
+    bool cache = true;
+    int rc = mp_read_bool(&d->m, &cache, "cache");
+    req->u.scan.no_cache = !cache;
+    return rc;
+}
+
 static int check_scan(struct dec *d, struct proto_request *req, uint32_t seen)
 {
     (void)req;
@@ -498,6 +507,7 @@ static const struct field scan_fields[] = {
     {"max_hits", FT_U32, RQ(u.scan.max_hits), NULL},
     {"timeout_ms", FT_U32, RQ(u.scan.timeout_ms), NULL},
     {"ids", FT_BOOL, RQ(u.scan.rule_ids), NULL},
+    {"cache", FT_CUSTOM, 0, read_scan_cache},
 };
 static const struct field stream_open_fields[] = {
     {"catalog", FT_FP, RQ(u.stream.catalog), NULL},
@@ -990,7 +1000,7 @@ static int read_hits(struct dec *d, struct proto_scan_reply *s)
 
 static int read_status(struct dec *d, struct proto_buffer_status *b)
 {
-    static const char *const names[] = {"code", "message", "bytes", "hits", "truncated"};
+    static const char *const names[] = {"code", "message", "bytes", "hits", "truncated", "cached"};
     uint32_t n, code = 0;
     int rc = mp_read_map(&d->m, d->m.lim->max_array, &n, "buffers[]");
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
@@ -999,7 +1009,7 @@ static int read_status(struct dec *d, struct proto_buffer_status *b)
         rc = read_key(d, &k, &kn);
         if (rc < 0)
             break;
-        switch (lookup(names, 5, k, kn)) {
+        switch (lookup(names, 6, k, kn)) {
         case 0:
             rc = mp_read_u32(&d->m, &code, "buffers[].code");
             break;
@@ -1014,6 +1024,9 @@ static int read_status(struct dec *d, struct proto_buffer_status *b)
             break;
         case 4:
             rc = mp_read_bool(&d->m, &b->truncated, "buffers[].truncated");
+            break;
+        case 5:
+            rc = mp_read_bool(&d->m, &b->cached, "buffers[].cached");
             break;
         default:
             rc = mp_skip(&d->m, "buffers[]");

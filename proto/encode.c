@@ -219,6 +219,8 @@ static int enc_scan(struct enc *e, const struct proto_scan *s, struct vks_error 
     kv_u64(e, "max_hits", s->max_hits);
     kv_u64(e, "timeout_ms", s->timeout_ms);
     kv_bool(e, "ids", s->rule_ids);
+    if (s->no_cache)
+        kv_bool(e, "cache", false); /* only then: older daemons know no `cache` */
     return 0;
 }
 
@@ -234,7 +236,7 @@ static uint32_t request_fields(const struct proto_request *req)
     case PROTO_OP_CATALOG_DROP:
         return 1;
     case PROTO_OP_SCAN:
-        return 6;
+        return 6 + (req->u.scan.no_cache ? 1 : 0);
     case PROTO_OP_STREAM_OPEN:
     case PROTO_OP_STREAM_CLOSE:
         return 1;
@@ -398,7 +400,7 @@ static void enc_stats(struct enc *e, const struct proto_stat *s, uint32_t n)
 static void enc_status(struct enc *e, const struct proto_buffer_status *b)
 {
     bool msg = b->code != 0 && b->message != NULL;
-    msgpack_pack_map(&e->pk, 4 + (msg ? 1 : 0));
+    msgpack_pack_map(&e->pk, 4 + (msg ? 1 : 0) + (b->cached ? 1 : 0));
     kv_u64(e, "code", (uint64_t)(b->code < 0 ? -b->code : b->code));
     if (msg) {
         key(e, "message");
@@ -407,6 +409,8 @@ static void enc_status(struct enc *e, const struct proto_buffer_status *b)
     kv_u64(e, "bytes", b->bytes);
     kv_u64(e, "hits", b->hits);
     kv_bool(e, "truncated", b->truncated);
+    if (b->cached)
+        kv_bool(e, "cached", true);
 }
 
 static void enc_scan_reply(struct enc *e, const struct proto_scan_reply *s)

@@ -276,6 +276,7 @@ struct proto_scan {
     uint32_t max_hits;   /* 0: the daemon's limit */
     uint32_t timeout_ms; /* 0: no timeout */
     bool rule_ids;       /* ask for the rule id string in every hit */
+    bool no_cache;       /* `cache: false`: bypass the daemon's result cache */
 };
 
 /* stream.open (`catalog`), stream.write (`stream`, `buffer`: one buffer map
@@ -403,6 +404,7 @@ struct proto_buffer_status {
     uint64_t bytes;      /* bytes scanned */
     uint32_t hits;       /* hits reported for this buffer */
     bool truncated;      /* max_hits stopped the report early */
+    bool cached;         /* the hits came from the daemon's result cache */
 };
 
 /* A named counter, for telemetry and stats. */

@@ -187,7 +187,7 @@ START_TEST(option_structs_carry_their_size)
     struct vks_buffer buf = {.kind = VKS_BUFFER_INLINE, .data = b, .len = BIG};
     struct vks_scan_options so;
     memset(&so, 0xff, sizeof(so));
-    so.struct_size = offsetof(struct vks_scan_options, reserved);
+    so.struct_size = offsetof(struct vks_scan_options, no_cache); /* the 0.2 layout */
     so.mode = VKS_REPORT_COUNT;
     so.max_hits = 0;
     so.timeout_ms = 0;

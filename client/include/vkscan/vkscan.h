@@ -273,7 +273,10 @@ struct vks_scan_options {
     uint32_t timeout_ms; /* 0: none */
     bool rule_ids;       /* fill vks_hit.rule_id */
     /* ---- added after 0.2 ---- */
-    uint64_t reserved[4]; /* room to grow: must be 0 */
+    bool no_cache;        /* bypass the daemon's result cache: every descriptor
+                             buffer is read and scanned (`cache: false`) */
+    uint8_t reserved8[7]; /* must be 0 */
+    uint64_t reserved[3]; /* room to grow: must be 0 */
 };
 
 /* Fills `opt` with the defaults (all hits, no timeout), struct_size included. */
@@ -293,6 +296,8 @@ struct vks_buffer_result {
     uint64_t bytes;
     uint32_t hits;
     bool truncated; /* max_hits cut the report short */
+    bool cached;    /* added after 0.2 (in the padding): the hits came from the
+                       daemon's result cache, the file was not read */
 };
 
 struct vks_stat {
