@@ -1181,6 +1181,61 @@ START_TEST(test_cli_large_file_in_pieces)
 }
 END_TEST
 
+/* --tail: a growing file is followed; a match across two appends is found,
+ * and SIGINT ends the stream (the `\b` match at the very end comes from
+ * the close). */
+START_TEST(test_cli_tail)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    char path[128];
+    snprintf(path, sizeof(path), "%s/log", d.dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("start nee", f);
+    fflush(f);
+    int pout[2];
+    ck_assert_int_eq(pipe(pout), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        const char *bin = getenv("VKSCAN");
+        dup2(pout[1], 1);
+        close(pout[0]);
+        execl(bin, bin, "scan", "--socket", d.sock, "--tail", "-e", "a:/needle/", "-e",
+              "b:/end\\b/", path, (char *)NULL);
+        _exit(127);
+    }
+    close(pout[1]);
+    usleep(300000);
+    fputs("dle and the end", f); /* the match straddles the two appends */
+    fclose(f);
+    char out[512] = "";
+    size_t n = 0;
+    struct pollfd p = {.fd = pout[0], .events = POLLIN};
+    while (strchr(out, '\n') == NULL && poll(&p, 1, 30000) == 1) {
+        ssize_t k = read(pout[0], out + n, sizeof(out) - 1 - n);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+        out[n] = '\0';
+    }
+    kill(pid, SIGINT);
+    ssize_t k;
+    while ((k = read(pout[0], out + n, sizeof(out) - 1 - n)) > 0)
+        n += (size_t)k;
+    out[n] = '\0';
+    close(pout[0]);
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+    char want[512];
+    snprintf(want, sizeof(want), "%s:12:a\n%s:24:b\n", path, path);
+    ck_assert_str_eq(out, want);
+    daemon_stop(&d);
+}
+END_TEST
+
 Suite *stream_suite(void)
 {
     Suite *s = suite_create("stream");
@@ -1202,6 +1257,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_pipelined_writes_and_leaving);
     tcase_add_test(td, test_cli_pipe);
     tcase_add_test(td, test_cli_large_file_in_pieces);
+    tcase_add_test(td, test_cli_tail);
     suite_add_tcase(s, td);
     return s;
 }
