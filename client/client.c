@@ -908,7 +908,11 @@ int vks_stream_open(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
                     const struct vks_stream_options *opt, struct vks_stream **out,
                     struct vks_error *err)
 {
-    (void)opt; /* no options yet */
+    struct vks_stream_options so;
+    if (opt != NULL) { /* no options yet; read as the ABI says all the same */
+        vks_stream_options_init(&so);
+        read_options(&so, sizeof(so), opt, sizeof(size_t));
+    }
     *out = NULL;
     struct vks_stream *s = calloc(1, sizeof(*s));
     if (s == NULL)
