@@ -68,6 +68,7 @@ struct result {
     uint64_t gpu_hits, hs_hits;
     double compile_s, hs_compile_s;
     uint32_t dfa_groups, nfa_groups, nfa_rules; /* engines of the catalog */
+    uint32_t factor_groups, gated_groups;       /* CAT_GF_FACTOR, CAT_GF_GATED */
     struct gpu_telemetry tel;
 };
 
@@ -487,6 +488,16 @@ static void run_workload(struct gpu_engine *eng, const char *name, struct rulese
     out->rejected = (uint32_t)(rs->n - out->rules);
     out->dfa_groups = catalog_group_count(cat);
     out->nfa_groups = catalog_nfa_count(cat);
+    for (uint32_t g = 0; g < out->dfa_groups; g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        out->factor_groups += (cg.flags & CAT_GF_FACTOR) != 0;
+    }
+    for (uint32_t g = 0; g < out->nfa_groups; g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        out->gated_groups += (cn.flags & CAT_GF_GATED) != 0;
+    }
     for (uint32_t i = 0; i < out->rules; i++) {
         struct catalog_rule r;
         catalog_rule(cat, i, &r);
@@ -572,11 +583,13 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
     printf("\n%-22s %9s %9s\n", "median of iters", "kernGB/s", "e2eGB/s");
     for (size_t i = 0; i < n; i++)
         printf("%-22s %9.1f %9.1f\n", r[i].name, r[i].kernel_med_gbs, r[i].e2e_med_gbs);
-    printf("\n%-22s %10s %10s %10s %8s\n", "engines", "dfa groups", "nfa groups", "nfa rules",
-           "passes");
+    /* the GPU does not run the factor group: it walks gated groups in full */
+    printf("\n%-22s %10s %10s %10s %8s %8s %8s\n", "engines", "dfa groups", "nfa groups",
+           "nfa rules", "gated", "factor", "passes");
     for (size_t i = 0; i < n; i++)
-        printf("%-22s %10u %10u %10u %8u\n", r[i].name, r[i].dfa_groups, r[i].nfa_groups,
-               r[i].nfa_rules, r[i].dfa_groups + r[i].nfa_groups);
+        printf("%-22s %10u %10u %10u %8u %8u %8u\n", r[i].name, r[i].dfa_groups, r[i].nfa_groups,
+               r[i].nfa_rules, r[i].gated_groups, r[i].factor_groups,
+               r[i].dfa_groups - r[i].factor_groups + r[i].nfa_groups);
     printf("\n%-22s %8s %8s %8s %8s %8s %6s %6s %8s %6s %8s %8s\n", "telemetry", "plan ms", "up ms",
            "dev ms", "kern ms", "read ms", "seg", "wg", "wgroups", "occ", "launch", "compile s");
     for (size_t i = 0; i < n; i++) {
@@ -607,13 +620,14 @@ static void print_json(FILE *f, const struct result *r, size_t n, const struct g
                 ",\"device_ns\":%" PRIu64 ",\"kernel_ns\":%" PRIu64 ",\"readback_ns\":%" PRIu64
                 ",\"finalize_ns\":%" PRIu64 ",\"segment\":%u,\"wg\":%u,\"workgroups\":%u,"
                 "\"launches\":%u,\"occupancy\":%.3f,\"items\":%" PRIu64 ",\"rounds\":%u,"
-                "\"dfa_groups\":%u,\"nfa_groups\":%u,\"nfa_rules\":%u}",
+                "\"dfa_groups\":%u,\"nfa_groups\":%u,\"nfa_rules\":%u,\"gated_groups\":%u,"
+                "\"factor_groups\":%u}",
                 i ? "," : "", x->name, x->rules, x->rejected, x->bytes, x->buffers, x->kernel_gbs,
                 x->e2e_gbs, x->kernel_med_gbs, x->e2e_med_gbs, x->hs_gbs, x->gpu_hits, x->hs_hits,
                 x->compile_s, x->hs_compile_s, t->plan_ns, t->upload_ns, t->device_ns, t->kernel_ns,
                 t->readback_ns, t->finalize_ns, t->segment_bytes, t->workgroup_size, t->workgroups,
                 t->kernel_launches, t->occupancy, t->items_total, t->rounds, x->dfa_groups,
-                x->nfa_groups, x->nfa_rules);
+                x->nfa_groups, x->nfa_rules, x->gated_groups, x->factor_groups);
     }
     fprintf(f, "]}\n");
 }
