@@ -168,7 +168,9 @@ static bool cpu_take(struct engine *e, struct engine_batch **bp, struct ctask **
             continue;
         struct ctask *t = &st->tasks[st->next_task++];
         struct engine_job *j = st->jobs[t->job];
-        t->limit = st->js[t->job].full ? 1 : (j->max_hits ? j->max_hits : 0);
+        /* one past max_hits: a buffer scanned as one task still has the
+         * first hit past the limit, the merge's truncation marker */
+        t->limit = st->js[t->job].full ? 1 : (j->max_hits ? (uint64_t)j->max_hits + 1 : 0);
         if (st->next_task == st->n_tasks) { /* all handed out: off the queue */
             if (prev != NULL)
                 prev->next = b->next;

@@ -635,6 +635,20 @@ START_TEST(test_max_hits_at_source_cpu)
 }
 END_TEST
 
+/* One CPU thread: each buffer is one task, which must still keep the first
+ * hit past max_hits so the reply can say it was truncated (as when a GPU
+ * batch is re-run on the CPU engine of a 2-core host). */
+START_TEST(test_max_hits_one_task_cpu)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "1"));
+    struct vks_client *c = connect_ok(&d);
+    hit_bomb(c, true);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* --engine auto where the best Vulkan device is a CPU (lavapipe): even a
  * batch far over cpu-max-work scans on the CPU engine, and no GPU engine
  * is started. */
@@ -1510,6 +1524,7 @@ Suite *engine_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_cpu_engine_segments);
     tcase_add_test(tc, test_max_hits_at_source_cpu);
+    tcase_add_test(tc, test_max_hits_one_task_cpu);
     tcase_add_test(tc, test_large_file_parallel_read);
     tcase_add_test(tc, test_auto_prefers_cpu_engine);
     tcase_add_test(tc, test_gpu_timeout_retried_on_cpu);
