@@ -336,6 +336,16 @@ static bool cacheable(const struct engine_buf *eb, int64_t start_real_ns)
            sb.st_ctim.tv_sec == f->ctime_sec && sb.st_ctim.tv_nsec == f->ctime_nsec;
 }
 
+/* Whether the descriptor itself can be read: an O_PATH or write-only
+ * descriptor names a file without the right to its bytes, so it must not
+ * get hits from the cache or from another buffer of the batch (its read
+ * fails with BAD_FD, as it would without them). */
+static bool readable(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl >= 0 && !(fl & O_PATH) && (fl & O_ACCMODE) != O_WRONLY;
+}
+
 /* Loads buffer `k` of job `ji`: inline ones are there already; a
  * descriptor buffer is identified, then read unless the result cache has
  * its hits or it repeats an earlier one of the batch. */
@@ -350,7 +360,14 @@ static void load_buf(struct engine *e, struct bstate *st, struct dedup *dd, uint
         eb->bytes = eb->len;
         return;
     }
-    if (identify_fd(eb) != 0 || cache_lookup(e, j, eb, k))
+    if (identify_fd(eb) != 0)
+        return;
+    if (!readable(eb->fd)) {
+        eb->has_id = false; /* nor stored in the cache */
+        load_fd(eb, &st->ld[st->n_loaded++]);
+        return;
+    }
+    if (cache_lookup(e, j, eb, k))
         return;
     if (dedup_find(dd, ji, k)) {
         const struct engine_buf *pb = &st->jobs[eb->src_job]->bufs[eb->src_buf];

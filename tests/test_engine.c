@@ -8,6 +8,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
 #include <pthread.h>
@@ -1381,6 +1382,56 @@ START_TEST(test_cache_bypass)
 }
 END_TEST
 
+/* A descriptor without read access (O_PATH, O_WRONLY) names the file but
+ * not its bytes: it never gets the hits of a readable descriptor of the same
+ * file in its batch, nor the result cache's; it fails with BAD_FD. */
+START_TEST(test_unreadable_descriptor_gets_nothing)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "2"));
+    struct vks_client *c = connect_ok(&d);
+    static const struct rdef needle[] = {{"n", "needle", NULL, RULE_LITERAL}};
+    struct vks_catalog *cat = load(c, needle, 1);
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/vks-engine-path-%d", (int)getpid());
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("needle needle needle", f);
+    fclose(f);
+    int rd = open(path, O_RDONLY | O_CLOEXEC);
+    int op = open(path, O_PATH | O_CLOEXEC);
+    int wr = open(path, O_WRONLY | O_CLOEXEC);
+    ck_assert(rd >= 0 && op >= 0 && wr >= 0);
+    set_mtime(rd, -3600);
+    age();
+    struct vks_buffer vb[3] = {{.kind = VKS_BUFFER_FD, .fd = rd},
+                               {.kind = VKS_BUFFER_FD, .fd = op},
+                               {.kind = VKS_BUFFER_FD, .fd = wr}};
+    struct vks_scan_result res;
+    for (int round = 0; round < 2; round++) { /* the second: rd from the cache */
+        scan(c, cat, vb, 3, VKS_REPORT_ALL, 0, &res);
+        ck_assert_int_eq(res.buffers[0].code, 0);
+        ck_assert(res.buffers[0].cached == (round == 1));
+        ck_assert_uint_eq(hits_in(&res, 0), 3);
+        for (uint32_t b = 1; b < 3; b++) {
+            ck_assert_int_eq(res.buffers[b].code, -VKS_E_BAD_FD);
+            ck_assert(!res.buffers[b].cached);
+            ck_assert_uint_eq(hits_in(&res, b), 0);
+        }
+        ck_assert_uint_eq(tel_of(&res, "buffers_deduplicated"), 0);
+        ck_assert_uint_eq(tel_of(&res, "cache_hits"), (uint64_t)round);
+        vks_scan_result_finish(&res);
+    }
+    close(rd);
+    close(op);
+    close(wr);
+    unlink(path);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* Long hit lists take scan_hits_finalize's radix path; it must give exactly
  * what the two-sort reference gives, in every mode, with duplicate
  * (rule, end) pairs and a single-match rule ("once"). */
@@ -1541,6 +1592,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_cache_per_tenant);
     tcase_add_test(tc, test_cache_bounded);
     tcase_add_test(tc, test_cache_bypass);
+    tcase_add_test(tc, test_unreadable_descriptor_gets_nothing);
     suite_add_tcase(s, tc);
     return s;
 }
