@@ -583,7 +583,7 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
     printf("\n%-22s %9s %9s\n", "median of iters", "kernGB/s", "e2eGB/s");
     for (size_t i = 0; i < n; i++)
         printf("%-22s %9.1f %9.1f\n", r[i].name, r[i].kernel_med_gbs, r[i].e2e_med_gbs);
-    /* the GPU does not run the factor group: it walks gated groups in full */
+    /* the factor group runs on the host at plan time; gated groups walk windows */
     printf("\n%-22s %10s %10s %10s %8s %8s %8s\n", "engines", "dfa groups", "nfa groups",
            "nfa rules", "gated", "factor", "passes");
     for (size_t i = 0; i < n; i++)

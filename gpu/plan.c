@@ -321,6 +321,95 @@ static int nfa_items(struct batch_ctx *bc, uint32_t c, uint64_t from, uint64_t s
     return 0;
 }
 
+/* The factor ends of every buffer of catalog c (gates[i] for buffer i),
+ * found on the host by refscan_factor_ends: one walk of the factor group
+ * serves every gated group of the catalog. */
+struct plan_gates {
+    struct refscan_gate *v; /* n_buffers entries, empty for other catalogs */
+};
+
+struct window_job {
+    struct batch_ctx *bc;
+    uint32_t buf;
+    uint64_t seg;
+};
+
+/* One merged window of end offsets (lo, hi]: items of at most `seg` ends,
+ * each starting maxlen-1 bytes early in the kernel, as segments do. */
+static int window_items(void *ctx, uint64_t lo, uint64_t hi)
+{
+    struct window_job *j = ctx;
+    for (uint64_t x = lo; x < hi; x += j->seg) {
+        uint64_t y = x + j->seg < hi ? x + j->seg : hi;
+        if (push_item(&j->bc->eng->scratch, &j->bc->n_meta, j->buf, (uint32_t)x, (uint32_t)y, 0) <
+            0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+/* Items of gated bit-NFA group k only around its factors' ends. */
+static int gated_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struct catalog_nfa *g,
+                       uint64_t seg, const struct plan_gates *pg)
+{
+    const struct gpu_batch *b = bc->batch;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        if (b->buffers[i].catalog != c)
+            continue;
+        const struct refscan_gate *gate = &pg->v[i];
+        size_t a = 0;
+        while (a < gate->n && gate->v[a].nfa < k)
+            a++;
+        size_t z = a;
+        while (z < gate->n && gate->v[z].nfa == k)
+            z++;
+        if (z == a)
+            continue;
+        struct window_job j = {bc, i, seg};
+        int rc = refscan_gate_windows(g->maxlen, &gate->v[a].end, z - a,
+                                      sizeof(struct refscan_cand) / sizeof(uint64_t),
+                                      b->buffers[i].len, 0, b->buffers[i].len, window_items, &j);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static void plan_gates_finish(struct plan_gates *pg, uint32_t n)
+{
+    for (uint32_t i = 0; pg->v != NULL && i < n; i++)
+        refscan_gate_finish(&pg->v[i]);
+    free(pg->v);
+    pg->v = NULL;
+}
+
+/* Finds the factor ends of catalog c's buffers when it has gated groups. */
+static int plan_gates_find(struct batch_ctx *bc, uint32_t c, struct plan_gates *pg)
+{
+    const struct gpu_batch *b = bc->batch;
+    const struct catalog *cat = b->catalogs[c];
+    bool any = false;
+    for (uint32_t k = 0; k < catalog_nfa_count(cat) && !any; k++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, k, &g);
+        any = (g.flags & CAT_GF_GATED) != 0;
+    }
+    pg->v = NULL;
+    if (!any)
+        return 0;
+    pg->v = calloc(b->n_buffers ? b->n_buffers : 1, sizeof(*pg->v));
+    if (pg->v == NULL)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        if (b->buffers[i].catalog != c)
+            continue;
+        if (refscan_factor_ends(cat, b->buffers[i].data, b->buffers[i].len, 0, b->buffers[i].len,
+                                &pg->v[i]) < 0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
 /*
  * Bit-NFA group k of catalog c: bounded groups are cut into segments that
  * start maxlen-1 bytes early (as DFA groups are); unbounded ones, and
@@ -328,7 +417,8 @@ static int nfa_items(struct batch_ctx *bc, uint32_t c, uint64_t from, uint64_t s
  * (lavapipe), walk each buffer in chained rounds that hand the state vector
  * over in carry[]. The loop budget sets the bytes one item may walk.
  */
-static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longest)
+static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longest,
+                    const struct plan_gates *pg)
 {
     const struct launch_plan *p = &bc->plan;
     const struct catalog *cat = bc->batch->catalogs[c];
@@ -349,7 +439,10 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
         uint64_t seg = p->seg_bytes;
         if (avail - g.maxlen < seg)
             seg = avail - g.maxlen;
-        if (nfa_items(bc, c, 0, seg, false) < 0)
+        /* a gated group: only windows around its factors' ends */
+        int rc = (g.flags & CAT_GF_GATED) && pg->v != NULL ? gated_items(bc, c, k, &g, seg, pg)
+                                                           : nfa_items(bc, c, 0, seg, false);
+        if (rc < 0)
             return -ENOMEM;
         uint32_t n = (uint32_t)bc->n_meta - first;
         uint32_t cost = nfa_item_cost(&g, seg + g.maxlen);
@@ -428,8 +521,8 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
     max_bounded = 0;
     for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
         catalog_group(b->catalogs[c], k, &g);
-        /* the factor group (CAT_GF_FACTOR) has only mask-0 entries: gated
-         * bit-NFA groups are walked in full on the GPU, so it is not run */
+        /* the factor group (CAT_GF_FACTOR) reports nothing on the device:
+         * its factor ends are found on the host (plan_gates_find) */
         if (g.flags & CAT_GF_FACTOR)
             continue;
         if (!group_bounded(bc, c, &g))
@@ -444,8 +537,12 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
         rc = plan_chained(bc, c, longest);
         bc->n_carry += n_chained * b->n_buffers;
     }
+    struct plan_gates pg = {NULL};
+    if (rc == 0)
+        rc = plan_gates_find(bc, c, &pg);
     for (uint32_t k = 0; k < catalog_nfa_count(b->catalogs[c]) && rc == 0; k++)
-        rc = plan_nfa(bc, c, k, longest);
+        rc = plan_nfa(bc, c, k, longest, &pg);
+    plan_gates_finish(&pg, b->n_buffers);
     return rc;
 }
 

@@ -272,6 +272,68 @@ START_TEST(test_bitnfa_random)
 }
 END_TEST
 
+/* Gated bit-NFA groups (factor prefilter): the host finds the factors'
+ * ends and the NFA kernel walks only windows around them, cut into items
+ * of 48 bytes; factors planted densely in some buffers make windows longer
+ * than an item, so windows and matches straddle item boundaries. Factors
+ * also sit at buffer starts and ends. GPU == refscan in every mode, with
+ * fewer items than full segments. */
+START_TEST(test_gated_nfa)
+{
+    static const struct trule rules[] = {
+        {"key", RULE_REGEX, "\\bkey[^\\n]{0,12}end", 0},
+        {"tok", RULE_REGEX, "tok(?:en|EN)[a-z0-9]{4,10}\\b", RULE_F_CASELESS},
+        {"alt", RULE_REGEX, "(?:abc|xyz)[0-9]{2,12}Q", RULE_F_SINGLEMATCH},
+        {"run", RULE_REGEX, "zzz[a-c_ ]{1,12}", 0}, /* a match at most ends of a window */
+    };
+    static const char *const plants[] = {
+        "key = 1 end", "TOKEN0123abcd9 ", "zzz", "xyz123Q", "zzzab c",
+        "key",         "token",           "abc", "end"};
+    struct gpu_options opt = {.segment_bytes = 48, .chain_bytes = 80};
+    struct gpu_engine *eng = engine(&opt);
+    struct rules_options ro = {.force_bitnfa = true};
+    struct catalog *cat = compile_rules_opt(rules, sizeof(rules) / sizeof(rules[0]), &ro);
+    uint32_t gated = 0;
+    for (uint32_t k = 0; k < catalog_nfa_count(cat); k++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, k, &g);
+        gated += (g.flags & CAT_GF_GATED) != 0;
+    }
+    ck_assert_uint_eq(gated, catalog_nfa_count(cat));
+    rng = 0x6a7e5eedull;
+    enum { NB = 12 };
+    struct gpu_buffer bufs[NB];
+    uint64_t full_items = 0;
+    for (uint32_t i = 0; i < NB; i++) {
+        size_t len = i == 0 ? 0 : 200 + rnd(3000);
+        uint8_t *d = (uint8_t *)random_text(len);
+        for (size_t p = 0; len > 20 && p + 16 < len; p += 1 + rnd(i % 4 == 1 ? 12 : 1500)) {
+            const char *x = plants[rnd(9)];
+            memcpy(d + p, x, strlen(x));
+        }
+        if (len > 20) { /* factors at both ends */
+            memcpy(d, "xyz12Q", 6);
+            memcpy(d + len - 3, "key", 3);
+        }
+        bufs[i] = (struct gpu_buffer){
+            .data = d, .len = len, .id = i, .mode = (enum scan_mode)(i % 3), .catalog = 0};
+        full_items += (len + 47) / 48 * catalog_nfa_count(cat);
+    }
+    const struct catalog *cats[1] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, NB};
+    struct gpu_result res = {0};
+    size_t hits = check_batch(eng, &b, &res);
+    ck_assert_uint_ge(hits, 15);
+    ck_assert_uint_eq(res.tel.rounds, 1); /* segments (windows), not chained walks */
+    ck_assert_uint_lt(res.tel.items_total, full_items * 3 / 4);
+    gpu_result_finish(&res);
+    for (uint32_t i = 0; i < NB; i++)
+        free((void *)bufs[i].data);
+    catalog_destroy(cat);
+    gpu_engine_destroy(eng);
+}
+END_TEST
+
 /* A buffer longer than a segment with matches of bit-NFA rules straddling
  * segment boundaries: a bounded gap rule (segments start maxlen-1 early),
  * an unbounded one (chained rounds carry the state vector) and a 1000-wide
@@ -989,6 +1051,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_segment_boundaries);
     tcase_add_test(tc, test_bitnfa_random);
     tcase_add_test(tc, test_bitnfa_segments);
+    tcase_add_test(tc, test_gated_nfa);
     tcase_add_test(tc, test_long_buffers);
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
