@@ -10,7 +10,9 @@
 # with pattern files *.rules and, for each, a haystack NAME.hay (or the one
 # file default.hay) that is repeated to SIZE_MIB (default 1024) MiB. ITERS
 # (default 5) runs of each; medians are printed. ENGINE: vkscand's --engine
-# (default auto). Output: one line per rule set, and the raw times under
+# (default auto). VKSCAN_ARGS: more `vkscan scan` options; --no-cache
+# measures scanning, since vkscand answers an unchanged file's rescan from
+# its result cache. Output: one line per rule set, and the raw times under
 # $OUT (default /tmp/cli-bench).
 set -u
 BUILD=${1:?usage: cli_bench.sh BUILD DATA [SIZE_MIB] [ITERS] [ENGINE]}
@@ -60,7 +62,7 @@ for rules in "$DATA"/*.rules; do
     cat "$file" >/dev/null # page cache warm
     # The first scan compiles (or reads from the disk cache) and warms the
     # pipelines: untimed, as a user's second run.
-    "$BUILD/client/vkscan" --socket "$sock" scan -c -r "$rules" "$file" >"$OUT/$name.first" 2>&1
+    "$BUILD/client/vkscan" --socket "$sock" scan -c ${VKSCAN_ARGS:-} -r "$rules" "$file" >"$OUT/$name.first" 2>&1
     if [ $? -gt 1 ]; then
         echo "$name: vkscan scan failed: $(grep -v warning "$OUT/$name.first" | head -n 2)"
         continue
@@ -68,7 +70,7 @@ for rules in "$DATA"/*.rules; do
     : >"$OUT/$name.vk"
     for _ in $(seq "$ITERS"); do
         t0=$(now)
-        "$BUILD/client/vkscan" --socket "$sock" scan -c -r "$rules" "$file" >"$OUT/$name.count" 2>&1
+        "$BUILD/client/vkscan" --socket "$sock" scan -c ${VKSCAN_ARGS:-} -r "$rules" "$file" >"$OUT/$name.count" 2>&1
         t1=$(now)
         awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.6f\n", b - a}' >>"$OUT/$name.vk"
     done
