@@ -783,9 +783,11 @@ static int finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     return 0;
 }
 
-/* How far a batch is re-planned after cut loops: items of 1/64 the modelled
- * budget at the least. */
-#define CUT_SHIFT_MAX 6u
+/* How far a batch is re-planned after cut loops: items of 1/256 the
+ * modelled budget at the least. The shift stays with the engine, so on a
+ * loaded lavapipe host (where a subgroup's claims can pass the model) a
+ * long-lived engine keeps room for a few more re-plans. */
+#define CUT_SHIFT_MAX 8u
 
 /* Runs passes until the ring held every hit, then reads the hits back. */
 static int run_and_read(struct batch_ctx *bc, struct gpu_result *res, struct vks_error *err)
