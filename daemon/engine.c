@@ -971,9 +971,13 @@ void engine_telemetry_add(struct stats_list *l, const struct engine_job *job,
 
 /* ---- create and close ------------------------------------------------- */
 
-static uint32_t default_threads(void)
+/* With --engine cpu nothing else scans: every core. Otherwise one core is
+ * left to the loop thread and the GPU engines' submissions. */
+static uint32_t default_threads(enum config_engine want)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (want == CONFIG_ENGINE_CPU)
+        return n > 1 ? (uint32_t)n : 1;
     return n > 2 ? (uint32_t)(n - 1) : 1;
 }
 
@@ -991,7 +995,7 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
     e->seg_bytes = cfg->cpu_segment_bytes ? cfg->cpu_segment_bytes : 4u << 20;
     e->timeout_ms = cfg->gpu_timeout_ms;
     e->budget = cfg->device_budget;
-    e->n_cpu = cfg->cpu_threads ? cfg->cpu_threads : default_threads();
+    e->n_cpu = cfg->cpu_threads ? cfg->cpu_threads : default_threads(cfg->engine);
     snprintf(e->device, sizeof(e->device), "%s", cfg->device);
     snprintf(e->devices, sizeof(e->devices), "%s", cfg->devices);
     snprintf(e->state_dir, sizeof(e->state_dir), "%s", cfg->state_dir);

@@ -583,6 +583,20 @@ START_TEST(test_large_file_parallel_read)
 }
 END_TEST
 
+/* --engine cpu without --cpu-threads scans on every core (nothing else
+ * scans); the count is in stats. */
+START_TEST(test_cpu_engine_every_core)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu"));
+    struct vks_client *c = connect_ok(&d);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    ck_assert_uint_eq(stat_of(c, "cpu_threads"), (uint64_t)(cores > 1 ? cores : 1));
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* A hit bomb with max_hits: the reply carries max_hits, the buffer is
  * marked truncated, and the engine says how many it dropped at the source
  * instead of keeping them. Count mode counts every match without a list. */
@@ -1577,6 +1591,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_max_hits_at_source_cpu);
     tcase_add_test(tc, test_max_hits_one_task_cpu);
     tcase_add_test(tc, test_large_file_parallel_read);
+    tcase_add_test(tc, test_cpu_engine_every_core);
     tcase_add_test(tc, test_auto_prefers_cpu_engine);
     tcase_add_test(tc, test_gpu_timeout_retried_on_cpu);
     tcase_add_test(tc, test_gpu_too_big_retried_on_cpu);
