@@ -765,8 +765,9 @@ static int fill_scan_result(struct proto_reply *rep, struct vks_scan_result *res
     res->telemetry = calloc(s->n_telemetry ? s->n_telemetry : 1, sizeof(*res->telemetry));
     res->priv = rep;
     if (res->hits == NULL || res->buffers == NULL || res->telemetry == NULL) {
+        uint32_t n_hits = s->n_hits; /* `s` lives in `rep`, which finish frees */
         vks_scan_result_finish(res);
-        return vks_error_set(err, -ENOMEM, "out of memory for %u hits", s->n_hits);
+        return vks_error_set(err, -ENOMEM, "out of memory for %u hits", n_hits);
     }
     for (uint32_t i = 0; i < s->n_hits; i++) {
         const struct proto_hit *h = &s->hits[i];
@@ -859,8 +860,9 @@ int vks_client_stats(struct vks_client *c, struct vks_stats *out, struct vks_err
     out->stats = calloc(s->n_stats ? s->n_stats : 1, sizeof(*out->stats));
     out->priv = rep;
     if (out->stats == NULL) {
+        uint32_t n_stats = s->n_stats; /* `s` lives in `rep`, which finish frees */
         vks_stats_finish(out);
-        return vks_error_set(err, -ENOMEM, "out of memory for %u counters", s->n_stats);
+        return vks_error_set(err, -ENOMEM, "out of memory for %u counters", n_stats);
     }
     for (uint32_t i = 0; i < s->n_stats; i++)
         out->stats[i] = (struct vks_stat){.key = s->stats[i].key,
