@@ -127,8 +127,8 @@ struct job {
     uint64_t matches;
 };
 
-static int on_match(unsigned id, unsigned long long from, unsigned long long to,
-                    unsigned flags, void *ctx)
+static int on_match(unsigned id, unsigned long long from, unsigned long long to, unsigned flags,
+                    void *ctx)
 {
     (void)id;
     (void)from;

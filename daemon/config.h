@@ -62,18 +62,18 @@ struct daemon_config {
     uint32_t tenant_max_catalogs; /* catalogs a tenant may hold */
 
     /* Scheduler and engine (reloadable except inflight). */
-    uint64_t quantum;           /* DRR quantum in bytes */
-    uint64_t batch_max_bytes;   /* bytes in one engine batch */
-    uint32_t batch_max_buffers; /* buffers in one engine batch */
-    uint32_t inflight_batches;  /* batches handed to the engine at once; not reloadable */
-    uint64_t cpu_max_work;      /* engine auto: batches of at most this many buffer bytes
-                                 * times DFA groups run on the CPU scanner; not reloadable */
-    uint32_t cpu_threads;       /* CPU engine scanning threads; 0: cores minus one (at least 1) */
-    uint64_t cpu_segment_bytes; /* CPU engine: a larger buffer splits into segments this size */
-    uint32_t cpu_max_wait_us;   /* engine auto on a GPU: past this CPU queue wait, small batches
-                                 * go to the GPU too */
-    uint32_t gpu_timeout_ms;    /* GPU batch fence wait; 0: the engine's default (30 s) */
-    char devices[128];          /* "" (one engine on `device`), "all", or "N[,N...]" */
+    uint64_t quantum;            /* DRR quantum in bytes */
+    uint64_t batch_max_bytes;    /* bytes in one engine batch */
+    uint32_t batch_max_buffers;  /* buffers in one engine batch */
+    uint32_t inflight_batches;   /* batches handed to the engine at once; not reloadable */
+    uint64_t cpu_max_work;       /* engine auto: batches of at most this many buffer bytes
+                                  * times DFA groups run on the CPU scanner; not reloadable */
+    uint32_t cpu_threads;        /* CPU engine scanning threads; 0: cores minus one (at least 1) */
+    uint64_t cpu_segment_bytes;  /* CPU engine: a larger buffer splits into segments this size */
+    uint32_t cpu_max_wait_us;    /* engine auto on a GPU: past this CPU queue wait, small batches
+                                  * go to the GPU too */
+    uint32_t gpu_timeout_ms;     /* GPU batch fence wait; 0: the engine's default (30 s) */
+    char devices[128];           /* "" (one engine on `device`), "all", or "N[,N...]" */
     uint64_t result_cache_bytes; /* hits of unchanged files kept for rescans (daemon/rcache.h);
                                   * 0: off; not reloadable */
 

@@ -19,10 +19,10 @@
 #include "server.h"
 #include "stats.h"
 
-#define HEAD_MAX      8192
-#define CONN_MAX      16
-#define CONN_TIMEOUT  10000 /* ms to send the request head */
-#define TENANTS_MAX   256   /* uids listed with metrics-tenants yes */
+#define HEAD_MAX     8192
+#define CONN_MAX     16
+#define CONN_TIMEOUT 10000 /* ms to send the request head */
+#define TENANTS_MAX  256   /* uids listed with metrics-tenants yes */
 
 struct metrics_http {
     struct server *srv;
@@ -101,8 +101,8 @@ static char *render(struct metrics_http *m, size_t *len)
     uid_t uids[TENANTS_MAX];
     uint32_t n_uids = cfg->metrics_tenants ? server_session_uids(m->srv, uids, TENANTS_MAX) : 0;
     struct stats_list *l = malloc(sizeof(*l));
-    struct prom_stat *ps = calloc(sizeof(l->v) / sizeof(l->v[0]) * (1 + (size_t)n_uids),
-                                  sizeof(*ps));
+    struct prom_stat *ps =
+        calloc(sizeof(l->v) / sizeof(l->v[0]) * (1 + (size_t)n_uids), sizeof(*ps));
     struct stats_list *tl = malloc(sizeof(*tl) * (n_uids ? n_uids : 1));
     char *buf = NULL;
     *len = 0;
@@ -320,8 +320,10 @@ int metrics_http_create(struct server *srv, const char *addr, struct metrics_htt
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&m->listener, 16, on_connection);
     if (rc != 0) {
-        vks_error_set(err, rc, "metrics-listen %s: cannot listen: %s: pick a free port or leave "
-                               "metrics-listen empty", addr, uv_strerror(rc));
+        vks_error_set(err, rc,
+                      "metrics-listen %s: cannot listen: %s: pick a free port or leave "
+                      "metrics-listen empty",
+                      addr, uv_strerror(rc));
         metrics_http_destroy(m);
         return rc;
     }

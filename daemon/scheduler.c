@@ -21,7 +21,7 @@ struct sched_tenant {
     uint64_t bytes; /* queued + running */
     uint64_t served_bytes, served_jobs;
     uint64_t held; /* frame bytes of requests in flight (sched_tenant_hold) */
-    bool live; /* counted in n_tenants: referenced or with jobs */
+    bool live;     /* counted in n_tenants: referenced or with jobs */
 };
 
 struct sched {

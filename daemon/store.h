@@ -43,17 +43,17 @@ struct store_options {
 };
 
 struct store_stats {
-    uint64_t catalogs;    /* known catalogs (in memory or on disk) */
-    uint64_t in_memory;   /* of those, with their bytes loaded */
-    uint64_t host_bytes;  /* packed bytes in memory */
-    uint64_t compiles;    /* rule sets compiled since start */
-    uint64_t compile_ns;  /* time spent compiling */
-    uint64_t compiles_stopped; /* compiles stopped: timeout, client gone, shutdown */
-    uint64_t disk_loads;  /* catalogs read back from the disk cache */
+    uint64_t catalogs;           /* known catalogs (in memory or on disk) */
+    uint64_t in_memory;          /* of those, with their bytes loaded */
+    uint64_t host_bytes;         /* packed bytes in memory */
+    uint64_t compiles;           /* rule sets compiled since start */
+    uint64_t compile_ns;         /* time spent compiling */
+    uint64_t compiles_stopped;   /* compiles stopped: timeout, client gone, shutdown */
+    uint64_t disk_loads;         /* catalogs read back from the disk cache */
     uint64_t disk_read_failures; /* cached catalogs found unreadable, deleted */
-    uint64_t memory_hits; /* has/load/scan lookups that found the catalog in memory */
-    uint64_t disk_writes; /* catalogs written to the disk cache */
-    uint64_t cache_hits;  /* catalog.load answered without compiling */
+    uint64_t memory_hits;        /* has/load/scan lookups that found the catalog in memory */
+    uint64_t disk_writes;        /* catalogs written to the disk cache */
+    uint64_t cache_hits;         /* catalog.load answered without compiling */
     uint64_t host_evictions;
     uint64_t disk_errors; /* disk cache files that could not be read or written */
 };

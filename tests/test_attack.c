@@ -1150,8 +1150,8 @@ START_TEST(test_pending_loads_bounded)
         return;
     }
     struct daemon d;
-    const char *const flags[] = {"--tenant-max-bytes", "8K", "--compile-threads", "1",
-                                 "--admin-gids", "65534", NULL};
+    const char *const flags[] = {
+        "--tenant-max-bytes", "8K", "--compile-threads", "1", "--admin-gids", "65534", NULL};
     daemon_start(&d, flags);
     int a = raw_connect(&d);
     for (int i = 0; i < 12; i++)

@@ -1653,8 +1653,8 @@ START_TEST(test_sched_deadlines)
     int keys[2];
     for (int i = 0; i < N; i++) {
         uint64_t dl = (i % 7 == 0) ? 0 : 1000 + (uint64_t)rnd(100000);
-        j[i] = (struct sched_job){.key = &keys[i % 2], .bytes = 1000, .n_buffers = 1,
-                                  .deadline_ns = dl};
+        j[i] = (struct sched_job){
+            .key = &keys[i % 2], .bytes = 1000, .n_buffers = 1, .deadline_ns = dl};
         ck_assert_int_eq(sched_push(s, t[i % 3], &j[i]), 0);
     }
     for (int round = 0;; round++) {

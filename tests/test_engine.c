@@ -1502,10 +1502,10 @@ static const struct rdef gated[] = {
 static void make_gated_data(uint8_t *buf, size_t len)
 {
     static const char alpha[] = "aZ09_ x-\n7Qb";
-    static const char *const plants[] = {"key", "end", "token", "TOKEN", "xsecret", "abc",
-                                         "xyz", "zzq\n", "123456789", " key = end",
-                                         "Token0123abcd9 ", "_secretword", "xyz123Q",
-                                         "12345zzq\n"};
+    static const char *const plants[] = {
+        "key",     "end",       "token",     "TOKEN",      "xsecret",         "abc",
+        "xyz",     "zzq\n",     "123456789", " key = end", "Token0123abcd9 ", "_secretword",
+        "xyz123Q", "12345zzq\n"};
     for (size_t i = 0; i < len; i++)
         buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
     memcpy(buf, "xyz12Q", 6);

@@ -126,8 +126,10 @@ static void every_position(enum vkfault_op op, bool fatal)
         ck_assert_msg(n == fresh_want, "after a failure at call %d: %zu hits, CPU %zu", nth, n,
                       fresh_want);
         rc = scan(eng, cat, hay, &n, &err);
-        ck_assert_msg(rc == 0 && n == want, "other catalog after a failure at call %d: rc %d, "
-                      "%zu hits, CPU %zu", nth, rc, n, want);
+        ck_assert_msg(rc == 0 && n == want,
+                      "other catalog after a failure at call %d: rc %d, "
+                      "%zu hits, CPU %zu",
+                      nth, rc, n, want);
         catalog_destroy(fresh);
     }
     ck_assert_msg(failures > 0, "the armed call was never reached: interposer not in effect");

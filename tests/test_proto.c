@@ -884,10 +884,10 @@ END_TEST
 START_TEST(replies_are_valid_utf8)
 {
     ck_assert(proto_utf8_valid((const uint8_t *)"ok \xc3\xa9 \xf0\x9f\x98\x80", 10));
-    ck_assert(!proto_utf8_valid((const uint8_t *)"\xc0\xaf", 2));       /* overlong */
-    ck_assert(!proto_utf8_valid((const uint8_t *)"\xed\xa0\x80", 3));   /* surrogate */
+    ck_assert(!proto_utf8_valid((const uint8_t *)"\xc0\xaf", 2));         /* overlong */
+    ck_assert(!proto_utf8_valid((const uint8_t *)"\xed\xa0\x80", 3));     /* surrogate */
     ck_assert(!proto_utf8_valid((const uint8_t *)"\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
-    ck_assert(!proto_utf8_valid((const uint8_t *)"\xe2\x82", 2));       /* cut short */
+    ck_assert(!proto_utf8_valid((const uint8_t *)"\xe2\x82", 2));         /* cut short */
     struct proto_buf b;
     proto_buf_init(&b);
     ck_assert_int_eq(proto_error_encode(&b, 3, PROTO_OP_PING, -VKS_E_BAD_VALUE, "bad \xff!", NULL),

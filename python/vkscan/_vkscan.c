@@ -54,15 +54,15 @@ static PyObject *py_strerror(PyObject *self, PyObject *arg)
 /* ---- Client ------------------------------------------------------------------- */
 
 typedef struct {
-    PyObject_HEAD
-    struct vks_client *c;
+    PyObject_HEAD struct vks_client *c;
     PyThread_type_lock lock; /* one call at a time: libvkscan clients are not shared */
 } Client;
 
 static int client_init(Client *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"socket", "connect_timeout_ms", "io_timeout_ms", "retries",
-                             "client_name", "memfd_threshold", NULL};
+    static char *kwlist[] = {"socket",  "connect_timeout_ms", "io_timeout_ms",
+                             "retries", "client_name",        "memfd_threshold",
+                             NULL};
     const char *path;
     const char *name = "python-vkscan";
     unsigned int connect_ms = 0, io_ms = 0, retries = 3;
@@ -90,10 +90,9 @@ static int client_init(Client *self, PyObject *args, PyObject *kw)
     struct vks_error err = {0};
     struct vks_client *c = NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = vks_client_connect(path, &o, &c, &err);
-    Py_END_ALLOW_THREADS
-    if (rc != 0) {
+    Py_BEGIN_ALLOW_THREADS rc = vks_client_connect(path, &o, &c, &err);
+    Py_END_ALLOW_THREADS if (rc != 0)
+    {
         raise_err(rc, &err);
         return -1;
     }
@@ -117,8 +116,7 @@ static int client_enter(Client *self)
         return -1;
     }
     if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(self->lock, WAIT_LOCK);
         Py_END_ALLOW_THREADS
     }
     if (self->c == NULL) {
@@ -133,10 +131,8 @@ static PyObject *client_close(Client *self, PyObject *unused)
 {
     (void)unused;
     if (self->c != NULL && self->lock != NULL) {
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
-        vks_client_close(self->c);
+        Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS vks_client_close(self->c);
         self->c = NULL;
         PyThread_release_lock(self->lock);
     }
@@ -156,10 +152,8 @@ static PyObject *client_ping(Client *self, PyObject *unused)
         return NULL;
     struct vks_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = vks_client_ping(self->c, &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
+    Py_BEGIN_ALLOW_THREADS rc = vks_client_ping(self->c, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->lock);
     if (rc != 0)
         return raise_err(rc, &err);
     Py_RETURN_NONE;
@@ -207,10 +201,8 @@ static PyObject *client_hello(Client *self, PyObject *unused)
     struct vks_server_info info;
     struct vks_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = vks_client_hello(self->c, &info, &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
+    Py_BEGIN_ALLOW_THREADS rc = vks_client_hello(self->c, &info, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->lock);
     if (rc != 0)
         return raise_err(rc, &err);
     return info_dict(&info);
@@ -220,8 +212,8 @@ static PyObject *stat_dict(const struct vks_stat *v, size_t n)
 {
     PyObject *d = PyDict_New();
     for (size_t i = 0; d != NULL && i < n; i++) {
-        PyObject *x = v[i].is_float ? PyFloat_FromDouble(v[i].f)
-                                    : PyLong_FromUnsignedLongLong(v[i].u);
+        PyObject *x =
+            v[i].is_float ? PyFloat_FromDouble(v[i].f) : PyLong_FromUnsignedLongLong(v[i].u);
         if (x == NULL || PyDict_SetItemString(d, v[i].key, x) < 0) {
             Py_XDECREF(x);
             Py_CLEAR(d);
@@ -240,10 +232,8 @@ static PyObject *client_stats(Client *self, PyObject *unused)
     struct vks_stats st;
     struct vks_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = vks_client_stats(self->c, &st, &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
+    Py_BEGIN_ALLOW_THREADS rc = vks_client_stats(self->c, &st, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->lock);
     if (rc != 0)
         return raise_err(rc, &err);
     PyObject *d = stat_dict(st.stats, st.n_stats);
@@ -265,9 +255,9 @@ static PyObject *catalog_dict(const struct vks_catalog *cat)
     if (rules == NULL || rejects == NULL)
         goto fail;
     for (size_t i = 0; i < n; i++) {
-        PyObject *s = PyUnicode_DecodeUTF8(vks_catalog_rule_id(cat, i),
-                                           (Py_ssize_t)strlen(vks_catalog_rule_id(cat, i)),
-                                           "replace");
+        PyObject *s =
+            PyUnicode_DecodeUTF8(vks_catalog_rule_id(cat, i),
+                                 (Py_ssize_t)strlen(vks_catalog_rule_id(cat, i)), "replace");
         if (s == NULL)
             goto fail;
         PyList_SET_ITEM(rules, (Py_ssize_t)i, s);
@@ -281,12 +271,11 @@ static PyObject *catalog_dict(const struct vks_catalog *cat)
             goto fail;
         PyList_SET_ITEM(rejects, (Py_ssize_t)i, t);
     }
-    return Py_BuildValue("{s:N,s:N,s:O,s:O,s:N,s:N}", "fingerprint",
-                         bytes_fp(vks_catalog_fingerprint(cat)), "source",
-                         bytes_fp(vks_catalog_source(cat)), "rules_sent",
-                         vks_catalog_rules_sent(cat) ? Py_True : Py_False, "cached",
-                         vks_catalog_cached(cat) ? Py_True : Py_False, "rules", rules, "rejects",
-                         rejects);
+    return Py_BuildValue(
+        "{s:N,s:N,s:O,s:O,s:N,s:N}", "fingerprint", bytes_fp(vks_catalog_fingerprint(cat)),
+        "source", bytes_fp(vks_catalog_source(cat)), "rules_sent",
+        vks_catalog_rules_sent(cat) ? Py_True : Py_False, "cached",
+        vks_catalog_cached(cat) ? Py_True : Py_False, "rules", rules, "rejects", rejects);
 fail:
     Py_XDECREF(rules);
     Py_XDECREF(rejects);
@@ -312,10 +301,9 @@ static PyObject *client_load_text(Client *self, PyObject *args, PyObject *kw)
     struct vks_catalog *cat = NULL;
     struct vks_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = vks_client_catalog_load_text(self->c, text.buf, (size_t)text.len, &lo, &cat, &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
+    Py_BEGIN_ALLOW_THREADS rc =
+        vks_client_catalog_load_text(self->c, text.buf, (size_t)text.len, &lo, &cat, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->lock);
     PyBuffer_Release(&text);
     if (rc != 0)
         return raise_err(rc, &err);
@@ -370,10 +358,8 @@ static PyObject *client_load_rules(Client *self, PyObject *args, PyObject *kw)
     struct vks_catalog *cat = NULL;
     struct vks_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = vks_client_catalog_load(self->c, rules, (size_t)n, &lo, &cat, &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
+    Py_BEGIN_ALLOW_THREADS rc = vks_client_catalog_load(self->c, rules, (size_t)n, &lo, &cat, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->lock);
     if (rc != 0) {
         raise_err(rc, &err);
         goto out;
@@ -408,11 +394,9 @@ static PyObject *client_has_drop(Client *self, PyObject *arg, bool drop)
     bool yes = false;
     struct vks_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = drop ? vks_client_catalog_drop(self->c, fp, &yes, &err)
-              : vks_client_catalog_has(self->c, fp, &yes, &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
+    Py_BEGIN_ALLOW_THREADS rc = drop ? vks_client_catalog_drop(self->c, fp, &yes, &err)
+                                     : vks_client_catalog_has(self->c, fp, &yes, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->lock);
     if (rc != 0)
         return raise_err(rc, &err);
     return PyBool_FromLong(yes);
@@ -464,14 +448,15 @@ static PyObject *client_scan(Client *self, PyObject *args, PyObject *kw)
             unsigned long long off = 0, len = 0;
             if (!PyArg_ParseTuple(it, "i|KK", &fd, &off, &len))
                 goto out;
-            bufs[i] = (struct vks_buffer){
-                .kind = VKS_BUFFER_FD, .fd = fd, .offset = off, .length = len};
+            bufs[i] =
+                (struct vks_buffer){.kind = VKS_BUFFER_FD, .fd = fd, .offset = off, .length = len};
             continue;
         }
         if (PyObject_GetBuffer(it, &views[n_views], PyBUF_SIMPLE) < 0)
             goto out;
-        bufs[i] = (struct vks_buffer){
-            .kind = VKS_BUFFER_INLINE, .data = views[n_views].buf, .len = (size_t)views[n_views].len};
+        bufs[i] = (struct vks_buffer){.kind = VKS_BUFFER_INLINE,
+                                      .data = views[n_views].buf,
+                                      .len = (size_t)views[n_views].len};
         n_views++;
     }
     if (client_enter(self) < 0)
@@ -485,10 +470,8 @@ static PyObject *client_scan(Client *self, PyObject *args, PyObject *kw)
     struct vks_scan_result res;
     struct vks_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = vks_client_scan(self->c, fp, bufs, (size_t)n, &so, &res, &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
+    Py_BEGIN_ALLOW_THREADS rc = vks_client_scan(self->c, fp, bufs, (size_t)n, &so, &res, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->lock);
     if (rc != 0) {
         raise_err(rc, &err);
         goto out;
@@ -499,8 +482,8 @@ static PyObject *client_scan(Client *self, PyObject *args, PyObject *kw)
     bool ok = hits != NULL && bres != NULL && tel != NULL;
     for (size_t i = 0; ok && i < res.n_hits; i++) {
         const struct vks_hit *h = &res.hits[i];
-        PyObject *t = Py_BuildValue("(IIKI)", h->buffer, h->rule, (unsigned long long)h->end,
-                                    h->count);
+        PyObject *t =
+            Py_BuildValue("(IIKI)", h->buffer, h->rule, (unsigned long long)h->end, h->count);
         ok = t != NULL;
         if (ok)
             PyList_SET_ITEM(hits, (Py_ssize_t)i, t);
@@ -533,8 +516,7 @@ out:
 
 /* One libvkscan stream; it uses its client's connection (and lock). */
 typedef struct {
-    PyObject_HEAD
-    Client *client; /* strong reference */
+    PyObject_HEAD Client *client; /* strong reference */
     struct vks_stream *st;
 } Stream;
 
@@ -545,7 +527,8 @@ static PyObject *stream_hits(const struct vks_scan_result *res)
 {
     PyObject *l = PyList_New((Py_ssize_t)res->n_hits);
     for (size_t i = 0; l != NULL && i < res->n_hits; i++) {
-        PyObject *t = Py_BuildValue("(IK)", res->hits[i].rule, (unsigned long long)res->hits[i].end);
+        PyObject *t =
+            Py_BuildValue("(IK)", res->hits[i].rule, (unsigned long long)res->hits[i].end);
         if (t == NULL) {
             Py_CLEAR(l);
             break;
@@ -563,10 +546,8 @@ static PyObject *client_stream_open(Client *self, PyObject *arg)
     struct vks_stream *st = NULL;
     struct vks_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = vks_stream_open(self->c, fp, NULL, &st, &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
+    Py_BEGIN_ALLOW_THREADS rc = vks_stream_open(self->c, fp, NULL, &st, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->lock);
     if (rc != 0)
         return raise_err(rc, &err);
     Stream *s = PyObject_New(Stream, &StreamType);
@@ -594,10 +575,8 @@ static PyObject *stream_write(Stream *self, PyObject *arg)
     struct vks_scan_result res;
     struct vks_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = vks_stream_write(self->st, view.buf, (size_t)view.len, &res, &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->client->lock);
+    Py_BEGIN_ALLOW_THREADS rc = vks_stream_write(self->st, view.buf, (size_t)view.len, &res, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->client->lock);
     PyBuffer_Release(&view);
     if (rc != 0)
         return raise_err(rc, &err);
@@ -622,10 +601,8 @@ static PyObject *stream_close(Stream *self, PyObject *unused)
     struct vks_scan_result res;
     struct vks_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = vks_stream_close(self->st, &res, &err);
-    Py_END_ALLOW_THREADS
-    self->st = NULL;
+    Py_BEGIN_ALLOW_THREADS rc = vks_stream_close(self->st, &res, &err);
+    Py_END_ALLOW_THREADS self->st = NULL;
     PyThread_release_lock(self->client->lock);
     if (rc != 0)
         return raise_err(rc, &err);
@@ -724,8 +701,15 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_vkscan", "libvkscan binding (see the vkscan package)", -1,
-    module_methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT,
+    "_vkscan",
+    "libvkscan binding (see the vkscan package)",
+    -1,
+    module_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit__vkscan(void)

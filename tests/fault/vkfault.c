@@ -86,8 +86,7 @@ static void next_fn(const char *name, void *fnp, size_t size)
     memcpy(fnp, &f, size);
 }
 
-VKAPI_ATTR VkResult VKAPI_CALL vkAllocateMemory(VkDevice device,
-                                                const VkMemoryAllocateInfo *info,
+VKAPI_ATTR VkResult VKAPI_CALL vkAllocateMemory(VkDevice device, const VkMemoryAllocateInfo *info,
                                                 const VkAllocationCallbacks *alloc,
                                                 VkDeviceMemory *mem)
 {
@@ -99,8 +98,8 @@ VKAPI_ATTR VkResult VKAPI_CALL vkAllocateMemory(VkDevice device,
     return next(device, info, alloc, mem);
 }
 
-VKAPI_ATTR VkResult VKAPI_CALL vkQueueSubmit(VkQueue queue, uint32_t n,
-                                             const VkSubmitInfo *submits, VkFence fence)
+VKAPI_ATTR VkResult VKAPI_CALL vkQueueSubmit(VkQueue queue, uint32_t n, const VkSubmitInfo *submits,
+                                             VkFence fence)
 {
     static PFN_vkQueueSubmit next;
     if (next == NULL)
@@ -110,9 +109,8 @@ VKAPI_ATTR VkResult VKAPI_CALL vkQueueSubmit(VkQueue queue, uint32_t n,
     return next(queue, n, submits, fence);
 }
 
-VKAPI_ATTR VkResult VKAPI_CALL vkWaitForFences(VkDevice device, uint32_t n,
-                                               const VkFence *fences, VkBool32 all,
-                                               uint64_t timeout)
+VKAPI_ATTR VkResult VKAPI_CALL vkWaitForFences(VkDevice device, uint32_t n, const VkFence *fences,
+                                               VkBool32 all, uint64_t timeout)
 {
     static PFN_vkWaitForFences next;
     if (next == NULL)

@@ -93,8 +93,8 @@ struct vks_client_options {
     /* SO_SNDBUF and SO_RCVBUF asked of the socket (the kernel caps them at
      * net.core.wmem_max / rmem_max). 0: the default, 4 MiB. */
     uint32_t socket_buffer;
-    uint32_t reserved32;   /* must be 0 */
-    uint64_t reserved[6];  /* room to grow: must be 0 */
+    uint32_t reserved32;  /* must be 0 */
+    uint64_t reserved[6]; /* room to grow: must be 0 */
 };
 
 #define VKS_MEMFD_THRESHOLD_DEFAULT (1u << 20)
