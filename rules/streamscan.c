@@ -20,6 +20,7 @@
  * there; that file is the definition and is not changed for streams).
  */
 #include "streamscan.h"
+#include "nfastep.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -207,93 +208,11 @@ static int dfa_close(struct streamscan *s, uint32_t gi, struct scan_hits *raw)
     return rc ? rc : dfa_check(&g, st, 1u << CAT_K_EOD, 0, s->pos + 1, raw);
 }
 
-/* ---- bit-NFA groups (the step is refscan.c's) ----------------------------- */
-
-static bool any_in(const uint32_t *s, const uint32_t *rg, uint32_t n)
-{
-    for (uint32_t r = 0; r < n; r++) {
-        uint32_t lo = rg[2 * r], hi = rg[2 * r + 1];
-        for (uint32_t w = lo >> 5; w <= hi >> 5; w++) {
-            uint32_t m = ~0u;
-            if (w == lo >> 5)
-                m &= ~0u << (lo & 31);
-            if (w == hi >> 5)
-                m &= ~0u >> (31 - (hi & 31));
-            if (s[w] & m)
-                return true;
-        }
-    }
-    return false;
-}
-
-static void set_in(uint32_t *s, const uint32_t *rg, uint32_t n)
-{
-    for (uint32_t r = 0; r < n; r++) {
-        uint32_t lo = rg[2 * r], hi = rg[2 * r + 1];
-        for (uint32_t w = lo >> 5; w <= hi >> 5; w++) {
-            uint32_t m = ~0u;
-            if (w == lo >> 5)
-                m &= ~0u << (lo & 31);
-            if (w == hi >> 5)
-                m &= ~0u >> (31 - (hi & 31));
-            s[w] |= m;
-        }
-    }
-}
-
-/* A state vector whose words outside [lo, hi] are zero (lo > hi: empty). */
-struct nvec {
-    uint32_t *v;
-    uint32_t lo, hi;
-};
-
-static bool span_meets(const struct nvec *s, const uint32_t *rg, uint32_t n)
-{
-    return n != 0 && s->lo <= s->hi && (rg[0] >> 5) <= s->hi && (rg[2 * n - 1] >> 5) >= s->lo;
-}
+/* ---- bit-NFA groups (the step is nfastep.h's, as refscan.c's) -------------- */
 
 static bool in_state(const struct nvec *s, const uint32_t *rg, uint32_t n)
 {
     return span_meets(s, rg, n) && any_in(s->v, rg, n);
-}
-
-static void nfa_step(const struct catalog_nfa *g, const struct nvec *s, struct nvec *t, uint32_t pk,
-                     uint8_t c)
-{
-    for (uint32_t w = t->lo; w <= t->hi; w++)
-        t->v[w] = 0;
-    bool any = s->lo <= s->hi;
-    uint32_t lo = UINT32_MAX, hi = 0;
-    if (any) {
-        uint32_t end = s->hi + 1 < g->n_words ? s->hi + 1 : s->hi;
-        for (uint32_t w = s->lo; w <= end; w++)
-            t->v[w] = ((s->v[w] << 1) | (w ? s->v[w - 1] >> 31 : 0)) & g->shift[w];
-        lo = s->lo;
-        hi = end;
-    }
-    for (uint32_t x = 0; x < g->n_exc; x++) {
-        const uint32_t *e = g->exc + (size_t)x * CAT_X_WORDS;
-        uint32_t ns = e[CAT_X_NSRC], nt = e[CAT_X_NTGT];
-        if (ns != 0 && !any)
-            break; /* entries without sources (start edges) come first */
-        const uint32_t *rg = g->ranges + 2 * (size_t)e[CAT_X_FIRST];
-        if (!(e[CAT_X_COND] & pk) || (ns && !in_state(s, rg, ns)))
-            continue;
-        const uint32_t *tg = rg + 2 * (size_t)ns;
-        set_in(t->v, tg, nt);
-        lo = tg[0] >> 5 < lo ? tg[0] >> 5 : lo;
-        hi = tg[2 * nt - 1] >> 5 > hi ? tg[2 * nt - 1] >> 5 : hi;
-    }
-    const uint32_t *reach = g->reach + (size_t)g->classmap[c] * g->n_words;
-    t->lo = 1;
-    t->hi = 0;
-    for (uint32_t w = lo; w <= hi && lo != UINT32_MAX; w++) {
-        if ((t->v[w] &= reach[w]) == 0)
-            continue;
-        if (t->lo > t->hi)
-            t->lo = w;
-        t->hi = w;
-    }
 }
 
 /* The lookahead kinds accept entry `e` allows after previous kind `p`. */
