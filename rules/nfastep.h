@@ -62,8 +62,8 @@ static inline bool span_meets(const struct nvec *s, const uint32_t *rg, uint32_t
 }
 
 /* One step of the bit-NFA on byte c: shift, exceptions, reach. */
-static inline void nfa_step(const struct catalog_nfa *g, const struct nvec *s, struct nvec *t, uint32_t pk,
-                     uint8_t c)
+static inline void nfa_step(const struct catalog_nfa *g, const struct nvec *s, struct nvec *t,
+                            uint32_t pk, uint8_t c)
 {
     for (uint32_t w = t->lo; w <= t->hi; w++)
         t->v[w] = 0;
