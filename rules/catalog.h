@@ -156,7 +156,10 @@ enum {
 #define RULE_F_DOTALL      (1u << 1) /* s */
 #define RULE_F_MULTILINE   (1u << 2) /* m */
 #define RULE_F_SINGLEMATCH (1u << 3) /* H: report only the first match per buffer */
-#define RULE_F_ALL         0xfu
+/* L: every match also carries its leftmost start (HS_FLAG_SOM_LEFTMOST);
+ * the engines find ends only, rules/som.h finds the starts. */
+#define RULE_F_SOMLEFT     (1u << 4)
+#define RULE_F_ALL         0x1fu
 
 /* Classifies a byte for start-state choice and lookahead (CAT_K_WORD,
  * CAT_K_NL or CAT_K_OTHER). */

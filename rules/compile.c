@@ -166,10 +166,14 @@ int rules_parse_flags(const char *s, size_t len, uint32_t *flags, struct vks_err
         case 'H':
             f |= RULE_F_SINGLEMATCH;
             break;
+        case 'L':
+            f |= RULE_F_SOMLEFT;
+            break;
         default:
             return vks_error_set(err, -EINVAL,
                                  "unknown flag '%c': supported flags are i (caseless), s (dot "
-                                 "matches newline), m (multi-line) and H (single match)",
+                                 "matches newline), m (multi-line), H (single match) and L (start of "
+                                 "match)",
                                  s[i]);
         }
     }
