@@ -508,6 +508,7 @@ static const struct field scan_fields[] = {
     {"timeout_ms", FT_U32, RQ(u.scan.timeout_ms), NULL},
     {"ids", FT_BOOL, RQ(u.scan.rule_ids), NULL},
     {"cache", FT_CUSTOM, 0, read_scan_cache},
+    {"starts", FT_BOOL, RQ(u.scan.starts), NULL},
 };
 static const struct field stream_open_fields[] = {
     {"catalog", FT_FP, RQ(u.stream.catalog), NULL},
@@ -962,10 +963,12 @@ static int result_catalog(struct dec *d, struct proto_reply *rep, const uint8_t 
 static int read_hit(struct dec *d, struct proto_hit *h)
 {
     uint32_t n;
-    int rc = mp_read_array(&d->m, 5, &n, "hits[]");
+    int rc = mp_read_array(&d->m, 6, &n, "hits[]");
     if (rc == 0 && n < 4)
         rc = vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
-                           "hits[] has %u elements, expected [buffer, rule, end, count(, id)]", n);
+                           "hits[] has %u elements, expected [buffer, rule, end, count(, id(, "
+                           "start))]",
+                           n);
     if (rc == 0)
         rc = mp_read_u32(&d->m, &h->buffer, "hits[].buffer");
     if (rc == 0)
@@ -974,8 +977,18 @@ static int read_hit(struct dec *d, struct proto_hit *h)
         rc = mp_read_uint(&d->m, UINT64_MAX, &h->end, "hits[].end");
     if (rc == 0)
         rc = mp_read_u32(&d->m, &h->count, "hits[].count");
-    if (rc == 0 && n == 5)
+    if (rc == 0 && n >= 5 && n == 6 && mp_peek(&d->m) == MP_NIL)
+        rc = mp_skip(&d->m, "hits[].id"); /* a start without an id */
+    else if (rc == 0 && n >= 5)
         rc = mp_read_cstr(&d->m, d->mem, d->m.lim->max_str, &h->rule_id, "hits[].id");
+    if (rc == 0 && n == 6) {
+        rc = mp_read_uint(&d->m, UINT64_MAX - 1, &h->start, "hits[].start");
+        h->has_start = rc == 0;
+        if (rc == 0 && h->start >= h->end)
+            rc = vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                               "field `hits[].start`: %llu is not before the end %llu",
+                               (unsigned long long)h->start, (unsigned long long)h->end);
+    }
     if (rc == 0)
         mp_leave(&d->m);
     return rc;

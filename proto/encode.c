@@ -221,6 +221,8 @@ static int enc_scan(struct enc *e, const struct proto_scan *s, struct vks_error 
     kv_bool(e, "ids", s->rule_ids);
     if (s->no_cache)
         kv_bool(e, "cache", false); /* only then: older daemons know no `cache` */
+    if (s->starts)
+        kv_bool(e, "starts", true); /* only then, as `cache` */
     return 0;
 }
 
@@ -236,7 +238,7 @@ static uint32_t request_fields(const struct proto_request *req)
     case PROTO_OP_CATALOG_DROP:
         return 1;
     case PROTO_OP_SCAN:
-        return 6 + (req->u.scan.no_cache ? 1 : 0);
+        return 6 + (req->u.scan.no_cache ? 1 : 0) + (req->u.scan.starts ? 1 : 0);
     case PROTO_OP_STREAM_OPEN:
     case PROTO_OP_STREAM_CLOSE:
         return 1;
@@ -420,13 +422,19 @@ static void enc_scan_reply(struct enc *e, const struct proto_scan_reply *s)
     msgpack_pack_array(&e->pk, s->n_hits);
     for (uint32_t i = 0; i < s->n_hits; i++) {
         const struct proto_hit *h = &s->hits[i];
-        msgpack_pack_array(&e->pk, h->rule_id != NULL ? 5 : 4);
+        /* [buffer, rule, end, count(, id(, start))]: a start without an id
+         * puts nil in the id's place */
+        msgpack_pack_array(&e->pk, h->has_start ? 6 : h->rule_id != NULL ? 5 : 4);
         msgpack_pack_uint32(&e->pk, h->buffer);
         msgpack_pack_uint32(&e->pk, h->rule);
         msgpack_pack_uint64(&e->pk, h->end);
         msgpack_pack_uint32(&e->pk, h->count);
         if (h->rule_id != NULL)
             cstr(e, h->rule_id);
+        else if (h->has_start)
+            msgpack_pack_nil(&e->pk);
+        if (h->has_start)
+            msgpack_pack_uint64(&e->pk, h->start);
     }
     key(e, "buffers");
     msgpack_pack_array(&e->pk, s->n_buffers);

@@ -277,6 +277,7 @@ struct proto_scan {
     uint32_t timeout_ms; /* 0: no timeout */
     bool rule_ids;       /* ask for the rule id string in every hit */
     bool no_cache;       /* `cache: false`: bypass the daemon's result cache */
+    bool starts;         /* `starts: true`: a start on the hits of every rule, not only L ones */
 };
 
 /* stream.open (`catalog`), stream.write (`stream`, `buffer`: one buffer map
@@ -396,6 +397,8 @@ struct proto_hit {
     uint64_t end;  /* end offset relative to the buffer (or its fd range) start */
     uint32_t count;
     const char *rule_id; /* when the scan asked for rule ids, else NULL */
+    bool has_start;      /* a rule with flag L, or the scan asked for `starts` */
+    uint64_t start;      /* leftmost start offset, as `end` counts; with has_start */
 };
 
 struct proto_buffer_status {

@@ -334,6 +334,45 @@ START_TEST(rt_scan_and_stats_replies)
 }
 END_TEST
 
+/* Starts travel as a sixth element, with nil for a missing id; a scan's
+ * `starts` option round-trips, and is absent when false. */
+START_TEST(rt_hit_starts)
+{
+    struct proto_hit hits[3] = {
+        {.buffer = 0, .rule = 1, .end = 5, .count = 1, .has_start = true, .start = 2},
+        {.buffer = 0, .rule = 2, .end = 7, .count = 1},
+        {.buffer = 1, .rule = 0, .end = 90, .count = 1, .rule_id = "r0", .has_start = true}};
+    struct proto_buffer_status st[2] = {{.bytes = 5, .hits = 2}, {.bytes = 90, .hits = 1}};
+    struct proto_reply scan = {.id = 8, .op = PROTO_OP_SCAN};
+    scan.u.scan =
+        (struct proto_scan_reply){.hits = hits, .n_hits = 3, .buffers = st, .n_buffers = 2};
+    struct proto_reply *out = roundtrip_reply(&scan);
+    const struct proto_scan_reply *s = &out->u.scan;
+    ck_assert_uint_eq(s->n_hits, 3);
+    ck_assert(s->hits[0].has_start);
+    ck_assert_uint_eq(s->hits[0].start, 2);
+    ck_assert_ptr_null(s->hits[0].rule_id);
+    ck_assert(!s->hits[1].has_start);
+    ck_assert(s->hits[2].has_start);
+    ck_assert_uint_eq(s->hits[2].start, 0);
+    ck_assert_str_eq(s->hits[2].rule_id, "r0");
+    proto_reply_destroy(out);
+
+    struct proto_buffer buf = {.data = (const uint8_t *)"x", .len = 1};
+    struct proto_request in = {.id = 9, .op = PROTO_OP_SCAN};
+    in.u.scan.buffers = &buf;
+    in.u.scan.n_buffers = 1;
+    in.u.scan.starts = true;
+    struct proto_request *req = roundtrip_request(&in);
+    ck_assert(req->u.scan.starts);
+    proto_request_destroy(req);
+    in.u.scan.starts = false;
+    req = roundtrip_request(&in);
+    ck_assert(!req->u.scan.starts);
+    proto_request_destroy(req);
+}
+END_TEST
+
 START_TEST(rt_error_reply)
 {
     struct proto_buf b;
@@ -912,6 +951,7 @@ Suite *proto_suite(void)
     tcase_add_test(t, rt_scan_inline);
     tcase_add_test(t, rt_replies);
     tcase_add_test(t, rt_scan_and_stats_replies);
+    tcase_add_test(t, rt_hit_starts);
     tcase_add_test(t, rt_error_reply);
     suite_add_tcase(s, t);
     t = tcase_create("reader");
