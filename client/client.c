@@ -775,7 +775,8 @@ static int fill_scan_result(struct proto_reply *rep, struct vks_scan_result *res
                                         .rule = h->rule,
                                         .end = h->end,
                                         .count = h->count,
-                                        .rule_id = h->rule_id};
+                                        .rule_id = h->rule_id,
+                                        .start = h->has_start ? h->start : VKS_NO_START};
     }
     for (uint32_t i = 0; i < s->n_buffers; i++) {
         const struct proto_buffer_status *b = &s->buffers[i];
@@ -821,6 +822,7 @@ int vks_client_scan(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
         s->timeout_ms = opt->timeout_ms;
         s->rule_ids = opt->rule_ids;
         s->no_cache = opt->no_cache;
+        s->starts = opt->starts;
     }
     s->buffers = calloc(n ? n : 1, sizeof(*s->buffers));
     if (s->buffers == NULL)
@@ -1006,5 +1008,68 @@ int vks_stream_close(struct vks_stream *s, struct vks_scan_result *res, struct v
                  ? stream_call(s, &req, NULL, 0, res, err)
                  : vks_error_set(err, -VKS_E_CLOSED, "the connection of stream %u is gone", s->id);
     free(s);
+    return rc;
+}
+
+/* ---- the VKSCAN_0 calls: hits of the layout before `start` --------------------------- */
+
+/* struct vks_hit up to `start`: what a program built before it indexes. */
+#define HIT_V0_SIZE offsetof(struct vks_hit, start)
+
+/* Packs the hits to the old stride, in place (each moves down or stays). */
+static void hits_to_v0(struct vks_scan_result *res)
+{
+    for (size_t i = 1; res != NULL && i < res->n_hits; i++)
+        memmove((char *)res->hits + i * HIT_V0_SIZE, &res->hits[i], HIT_V0_SIZE);
+}
+
+/* Not in any header: the linker exports them as the VKSCAN_0 versions of
+ * the calls (vkscan.map); static would hide them from the assembler. */
+int compat_client_scan_v0(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
+                          const struct vks_buffer *buffers, size_t n,
+                          const struct vks_scan_options *opt, struct vks_scan_result *res,
+                          struct vks_error *err);
+int compat_stream_write_v0(struct vks_stream *s, const void *data, size_t len,
+                           struct vks_scan_result *res, struct vks_error *err);
+int compat_stream_write_fd_v0(struct vks_stream *s, int fd, uint64_t offset, uint64_t length,
+                              struct vks_scan_result *res, struct vks_error *err);
+int compat_stream_close_v0(struct vks_stream *s, struct vks_scan_result *res,
+                           struct vks_error *err);
+
+__asm__(".symver compat_client_scan_v0,vks_client_scan@VKSCAN_0");
+__asm__(".symver compat_stream_write_v0,vks_stream_write@VKSCAN_0");
+__asm__(".symver compat_stream_write_fd_v0,vks_stream_write_fd@VKSCAN_0");
+__asm__(".symver compat_stream_close_v0,vks_stream_close@VKSCAN_0");
+
+int compat_client_scan_v0(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
+                          const struct vks_buffer *buffers, size_t n,
+                          const struct vks_scan_options *opt, struct vks_scan_result *res,
+                          struct vks_error *err)
+{
+    int rc = vks_client_scan(c, catalog, buffers, n, opt, res, err);
+    hits_to_v0(res);
+    return rc;
+}
+
+int compat_stream_write_v0(struct vks_stream *s, const void *data, size_t len,
+                           struct vks_scan_result *res, struct vks_error *err)
+{
+    int rc = vks_stream_write(s, data, len, res, err);
+    hits_to_v0(res);
+    return rc;
+}
+
+int compat_stream_write_fd_v0(struct vks_stream *s, int fd, uint64_t offset, uint64_t length,
+                              struct vks_scan_result *res, struct vks_error *err)
+{
+    int rc = vks_stream_write_fd(s, fd, offset, length, res, err);
+    hits_to_v0(res);
+    return rc;
+}
+
+int compat_stream_close_v0(struct vks_stream *s, struct vks_scan_result *res, struct vks_error *err)
+{
+    int rc = vks_stream_close(s, res, err);
+    hits_to_v0(res);
     return rc;
 }

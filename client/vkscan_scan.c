@@ -117,8 +117,9 @@ struct scan_opts {
     uint64_t max_filesize;      /* 0: no limit */
     uint64_t max_archive_bytes; /* -z: what one archive may decompress to */
     unsigned jobs;
-    bool tail;     /* --tail: follow one growing file until SIGINT */
-    bool no_cache; /* --no-cache: every file is read and scanned again */
+    bool tail;          /* --tail: follow one growing file until SIGINT */
+    bool no_cache;      /* --no-cache: every file is read and scanned again */
+    bool only_matching; /* -o: print the matched bytes (asks for every start) */
 };
 
 struct file_ent {
@@ -210,6 +211,7 @@ static int scan_batch(struct worker *w, struct batch *b)
     vks_scan_options_init(&so);
     so.mode = s->opt.report;
     so.no_cache = s->opt.no_cache;
+    so.starts = s->opt.only_matching; /* rules without L need them too */
     bool reloaded = false;
     for (unsigned attempt = 0;; attempt++) {
         int rc = vks_client_scan(w->client, s->fp, b->bufs, b->n, &so, &b->res, &b->err);
@@ -358,6 +360,50 @@ static void print_text_hit(const struct scan *s, const char *path, const struct 
     printf("%llu:%s%s%s\n", (unsigned long long)h->end, red, id, off);
 }
 
+/* -o: the bytes [start, end) of a file, escaped so that a line stays one
+ * line: printable ASCII as itself, \\ \t \n \r, any other byte as \xHH;
+ * with `json`, as the inside of a JSON string (other bytes as \u00HH). */
+static void print_bytes(const struct file_ent *fe, uint64_t start, uint64_t end, bool json)
+{
+    uint8_t buf[1 << 16];
+    for (uint64_t at = start; at < end;) {
+        size_t want = end - at < sizeof(buf) ? (size_t)(end - at) : sizeof(buf);
+        ssize_t got = pread(fe->fd, buf, want, (off_t)(fe->offset + at));
+        if (got <= 0)
+            return; /* the file shrank: print what there was */
+        for (ssize_t i = 0; i < got; i++) {
+            uint8_t c = buf[i];
+            if (c == '\\' || (json && c == '"'))
+                printf("\\%c", c);
+            else if (c == '\t' || c == '\n' || c == '\r')
+                printf("\\%c", c == '\t' ? 't' : c == '\n' ? 'n' : 'r');
+            else if (c >= 0x20 && c < 0x7f)
+                putchar(c);
+            else
+                printf(json ? "\\u%04x" : "\\x%02x", c);
+        }
+        at += (uint64_t)got;
+    }
+}
+
+/* -o: one match as PATH:[LINE:]START-END:RULE:BYTES. */
+static void print_only_hit(const struct scan *s, const struct file_ent *fe, const struct vks_hit *h,
+                           const char *id, uint64_t line)
+{
+    if (h->start == VKS_NO_START) { /* a daemon without starts */
+        print_text_hit(s, fe->path, h, id, line);
+        return;
+    }
+    const char *mag = s->color ? "\033[35m" : "", *grn = s->color ? "\033[32m" : "";
+    const char *red = s->color ? "\033[1;31m" : "", *off = s->color ? "\033[0m" : "";
+    printf("%s%s%s:", mag, fe->path, off);
+    if (line > 0)
+        printf("%s%llu%s:", grn, (unsigned long long)line, off);
+    printf("%llu-%llu:%s:%s", (unsigned long long)h->start, (unsigned long long)h->end, id, red);
+    print_bytes(fe, h->start, h->end, false);
+    printf("%s\n", off);
+}
+
 static void print_json_hit(const struct scan *s, const struct file_ent *fe, const struct vks_hit *h,
                            const char *id, uint64_t line)
 {
@@ -371,6 +417,13 @@ static void print_json_hit(const struct scan *s, const struct file_ent *fe, cons
     printf(",\"rule_index\":%u", h->rule);
     if (s->opt.out == OUT_COUNT)
         printf(",\"count\":%u", h->count);
+    if (h->start != VKS_NO_START && s->opt.out != OUT_COUNT)
+        printf(",\"start\":%llu", (unsigned long long)h->start);
+    if (h->start != VKS_NO_START && s->opt.only_matching && fe->fd >= 0) {
+        fputs(",\"text\":\"", stdout);
+        print_bytes(fe, h->start, h->end, true);
+        putchar('"');
+    }
     fputs("}\n", stdout);
 }
 
@@ -401,6 +454,8 @@ static void print_file(struct scan *s, const struct batch *b, size_t i, size_t *
         uint64_t line = lines ? line_of(fe, &lc, h->end) : 0;
         if (s->opt.json)
             print_json_hit(s, fe, h, id, line);
+        else if (s->opt.only_matching && s->opt.out == OUT_MATCHES)
+            print_only_hit(s, fe, h, id, line);
         else
             print_text_hit(s, fe->path, h, id, line);
     }
@@ -613,7 +668,8 @@ static void sink_summary(struct scan *s, struct sink *k)
 {
     struct file_ent fe = {.path = (char *)k->path};
     for (size_t i = 0; i < k->n_order; i++) {
-        struct vks_hit h = {.rule = k->order[i], .count = k->count[k->order[i]]};
+        struct vks_hit h = {
+            .rule = k->order[i], .count = k->count[k->order[i]], .start = VKS_NO_START};
         s->hits += h.count;
         k->n++;
         const char *id = vks_catalog_rule_id(s->cat, h.rule);
@@ -657,6 +713,11 @@ static int sink_open(struct scan *s, struct sink *k, const char *path)
     int rc = vks_stream_open(s->streams, s->fp, NULL, &k->st, &err);
     if (rc != 0)
         warn_path(s, path, "%s (skipped)", err.msg);
+    else if (s->opt.only_matching && s->opt.out == OUT_MATCHES && !s->opt.quiet)
+        problem(s, path,
+                "read as a stream (a pipe, /proc, --tail or over max-scan-bytes), which has no "
+                "match starts: -o prints its matches without their bytes",
+                false);
     return rc;
 }
 
@@ -1271,6 +1332,8 @@ static void scan_usage(FILE *f)
             "      --strict              a rejected rule is an error (exit status 2)\n"
             "Output:\n"
             "  -n, --line-number         the line of each match's last byte, before its offset\n"
+            "  -o, --only-matching       print each match's bytes: PATH:START-END:RULE:BYTES\n"
+            "                            (escaped: \\xHH for bytes outside printable ASCII)\n"
             "  -c, --count               per file and rule: path:rule:count\n"
             "      --first               only the first match per rule in each file\n"
             "  -l, --files-with-matches  only the names of files with a match\n"
@@ -1387,6 +1450,9 @@ static int scan_option(struct scan_opts *o, int c, char *arg, char **argv)
     case 'n':
         o->line_numbers = true;
         return -1;
+    case 'o':
+        o->only_matching = true;
+        return -1;
     case 'q':
         o->quiet = true;
         return -1;
@@ -1464,6 +1530,7 @@ int cli_scan(int argc, char **argv)
         {"first", no_argument, NULL, OPT_FIRST},
         {"files-with-matches", no_argument, NULL, 'l'},
         {"line-number", no_argument, NULL, 'n'},
+        {"only-matching", no_argument, NULL, 'o'},
         {"quiet", no_argument, NULL, 'q'},
         {"color", required_argument, NULL, OPT_COLOR},
         {"stats", no_argument, NULL, OPT_STATS},
@@ -1495,7 +1562,7 @@ int cli_scan(int argc, char **argv)
     if (o.rules == NULL || o.exprs == NULL || o.globs == NULL || o.owned == NULL)
         status = scan_usage_error("%s", "out of memory");
     opterr = 0;
-    while (status < 0 && (c = getopt_long(argc, argv, ":r:e:g:clnqLzj:h", longs, NULL)) != -1)
+    while (status < 0 && (c = getopt_long(argc, argv, ":r:e:g:clnoqLzj:h", longs, NULL)) != -1)
         status = scan_option(&o, c, optarg, argv);
     if (status < 0 && o.n_rules == 0 && o.n_exprs == 0)
         status = scan_usage_error("%s", "no rules: give a pattern file with -r FILE or a "

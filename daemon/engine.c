@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "som.h"
 #include "stats.h"
 #include "vkscan/errors.h"
 
@@ -199,7 +200,8 @@ int engine_job_push_hit(struct engine_job *j, size_t *cap, uint32_t buffer, uint
         j->hits = v;
         *cap = nc;
     }
-    j->hits[j->n_hits++] = (struct engine_hit){buffer, rule, count, end};
+    j->hits[j->n_hits++] =
+        (struct engine_hit){.buffer = buffer, .rule = rule, .count = count, .end = end};
     return 0;
 }
 
@@ -292,6 +294,13 @@ static void dedup_drop(struct dedup *d, uint32_t ji, uint32_t k)
 
 /* ---- the result cache (rcache.h) ---------------------------------------- */
 
+/* Whether the job's hits get starts (flag L rules, or the scan's `starts`
+ * option): such a job reads its files, since cached hits carry no starts. */
+static bool wants_starts(const struct engine_job *j)
+{
+    return j->starts || (catalog_rule_flags_any(j->cat) & RULE_F_SOMLEFT);
+}
+
 static void cache_key(const struct engine_job *j, const struct engine_buf *eb, struct rcache_key *k)
 {
     memset(k, 0, sizeof(*k));
@@ -305,7 +314,7 @@ static void cache_key(const struct engine_job *j, const struct engine_buf *eb, s
  * scanned the unchanged file before. */
 static bool cache_lookup(struct engine *e, struct engine_job *j, struct engine_buf *eb, uint32_t k)
 {
-    if (e->rc == NULL || j->no_cache)
+    if (e->rc == NULL || j->no_cache || wants_starts(j))
         return false;
     struct rcache_key key;
     cache_key(j, eb, &key);
@@ -529,7 +538,8 @@ static int source(struct bstate *st, const struct own *own, const struct engine_
     if (*conv == NULL)
         return -ENOMEM;
     for (size_t i = 0; i < tmp->n; i++)
-        (*conv)[i] = (struct engine_hit){0, tmp->v[i].rule, tmp->v[i].count, tmp->v[i].end};
+        (*conv)[i] = (struct engine_hit){
+            .rule = tmp->v[i].rule, .count = tmp->v[i].count, .end = tmp->v[i].end};
     *h = *conv;
     *n = tmp->n;
     return 0;
@@ -643,12 +653,58 @@ static void settle(struct engine *e, struct engine_batch *b)
     free(own);
 }
 
+/* ---- start of match (som.h, docs/engine.md) ----------------------------- */
+
+/* Gives the hits [lo, hi) of one buffer their starts. */
+static int buf_starts(struct engine_job *j, const struct engine_buf *eb, size_t lo, size_t hi,
+                      struct vks_error *err)
+{
+    struct som_set *set = catalog_som(j->cat);
+    struct som_hit *sh = malloc((hi - lo) * sizeof(*sh));
+    if (set == NULL || sh == NULL) {
+        free(sh);
+        return vks_error_set(err, -ENOMEM, "out of memory computing match starts");
+    }
+    for (size_t i = lo; i < hi; i++)
+        sh[i - lo] = (struct som_hit){.rule = j->hits[i].rule, .end = j->hits[i].end};
+    int rc = som_fill(set, eb->data, (size_t)eb->len, sh, hi - lo, j->starts, err);
+    for (size_t i = lo; rc == 0 && i < hi; i++) {
+        j->hits[i].has_start = sh[i - lo].start != SOM_NONE;
+        j->hits[i].start = j->hits[i].has_start ? sh[i - lo].start : 0;
+    }
+    free(sh);
+    return rc;
+}
+
+/* Computes the starts of every settled job that wants them, on the
+ * engine's thread, while the buffers are still loaded. */
+static void fill_starts(struct bstate *st)
+{
+    for (size_t i = 0; st != NULL && st->loaded && i < st->n_jobs; i++) {
+        struct engine_job *j = st->jobs[i];
+        if (j->status != 0 || j->n_hits == 0 || !wants_starts(j))
+            continue;
+        struct vks_error err = {0};
+        int rc = 0;
+        for (size_t lo = 0, hi; lo < j->n_hits && rc == 0; lo = hi) {
+            for (hi = lo + 1; hi < j->n_hits && j->hits[hi].buffer == j->hits[lo].buffer; hi++) {
+            }
+            const struct engine_buf *eb = &j->bufs[j->hits[lo].buffer];
+            if (eb->status == 0 && !eb->cached)
+                rc = buf_starts(j, eb, lo, hi, &err);
+        }
+        if (rc != 0)
+            engine_job_fail(j, -VKS_E_INTERNAL, err.msg);
+    }
+}
+
 /* Frees the batch's private state (descriptor buffers go to the loop
  * thread, which releases them off the engines) and queues it for `done`. */
 void engine_batch_post(struct engine *e, struct engine_batch *b)
 {
     struct bstate *st = b->priv;
     settle(e, b);
+    fill_starts(st);
     if (st != NULL) {
         for (uint32_t i = 0; i < st->n_tasks; i++)
             cpuscan_part_finish(&st->tasks[i].part);

@@ -80,6 +80,10 @@ struct engine_hit {
     uint32_t rule;
     uint32_t count;
     uint64_t end;
+    /* Set when the batch is handed back (rules with flag L, or the job's
+     * `starts`); zero-initialised hits have none. */
+    uint64_t start;
+    bool has_start;
 };
 
 struct engine_job {
@@ -102,6 +106,7 @@ struct engine_job {
      * whether the request bypasses the result cache. */
     uint32_t uid;
     bool no_cache;
+    bool starts; /* a start on every hit, not only on those of flag L rules */
     /* Results: buffers not scanned because an earlier buffer of the batch
      * had the same bytes, or the result cache had their hits, and their
      * bytes. */

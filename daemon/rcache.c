@@ -160,7 +160,7 @@ static int unpack(const struct entry *e, uint32_t buffer, struct engine_hit **hi
         end += get_varint(&p);
         uint32_t rule = (uint32_t)get_varint(&p);
         uint32_t count = (uint32_t)get_varint(&p);
-        v[i] = (struct engine_hit){buffer, rule, count, end};
+        v[i] = (struct engine_hit){.buffer = buffer, .rule = rule, .count = count, .end = end};
     }
     *hits = v;
     *n = e->n_hits;

@@ -605,6 +605,7 @@ static void scan_queue(struct request *r, struct store_entry *e)
     r->ej.max_hits = r->max_hits;
     r->ej.uid = (uint32_t)s->uid; /* result cache entries are the tenant's own */
     r->ej.no_cache = sc->no_cache;
+    r->ej.starts = sc->starts;
     r->ej.bufs = r->bufs;
     r->ej.n_bufs = sc->n_buffers;
     r->sj.key = e;
@@ -736,8 +737,12 @@ static void reply_scan(struct request *r, const struct engine_telemetry *tel)
             bs[h->buffer].truncated = true;
             continue;
         }
-        hits[i] = (struct proto_hit){
-            .buffer = h->buffer, .rule = h->rule, .end = h->end, .count = h->count};
+        hits[i] = (struct proto_hit){.buffer = h->buffer,
+                                     .rule = h->rule,
+                                     .end = h->end,
+                                     .count = h->count,
+                                     .has_start = h->has_start,
+                                     .start = h->start};
         bs[h->buffer].hits++;
         if (ids != NULL && ids[h->rule] == NULL) {
             struct catalog_rule cr;

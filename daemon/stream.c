@@ -198,6 +198,14 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
         session_send_error(s, req->id, req->op, -VKS_E_BUSY, msg);
         return;
     }
+    if (catalog_rule_flags_any(cat) & RULE_F_SOMLEFT) {
+        /* a start may lie in any earlier write, which a stream does not keep */
+        session_send_error(s, req->id, req->op, -VKS_E_BAD_VALUE,
+                           "the catalog has rules with flag L (start of match), which streams "
+                           "cannot report: load the rules without L for streaming, or scan "
+                           "whole buffers");
+        return;
+    }
     if (size > cfg->stream_max_state_bytes) {
         snprintf(msg, sizeof(msg),
                  "a stream of this catalog needs %zu bytes of state, the limit "

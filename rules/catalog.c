@@ -6,14 +6,21 @@
 
 #include <errno.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "som.h"
 
 struct catalog {
     uint32_t *words;
     size_t n_words;
     uint8_t fp[CATALOG_FP_LEN];
+    uint32_t rule_flags; /* OR of every rule's RULE_F_* */
+    /* Start-of-match finders (som.h), made on first use by any thread: the
+     * one mutable part of a catalog, published by compare-and-swap. */
+    _Atomic(struct som_set *) som;
 };
 
 /* Host byte order must be little-endian: the words are used in place. */
@@ -283,6 +290,9 @@ static int wrap(uint32_t *words, size_t n, bool seal, struct catalog **out, stru
     cat->words = words;
     cat->n_words = n;
     memcpy(cat->fp, fp, sizeof(fp));
+    for (uint32_t r = 0; r < words[CAT_H_NRULES]; r++)
+        cat->rule_flags |= words[words[CAT_H_RULES] + (size_t)r * CAT_RULE_WORDS + CAT_R_FLAGS];
+    atomic_init(&cat->som, NULL);
     *out = cat;
     return 0;
 }
@@ -309,8 +319,29 @@ void catalog_destroy(struct catalog *cat)
 {
     if (cat == NULL)
         return;
+    som_set_destroy(atomic_load(&cat->som));
     free(cat->words);
     free(cat);
+}
+
+uint32_t catalog_rule_flags_any(const struct catalog *cat)
+{
+    return cat->rule_flags;
+}
+
+struct som_set *catalog_som(const struct catalog *cat)
+{
+    struct catalog *c = (struct catalog *)cat; /* the finders are a cache */
+    struct som_set *s = atomic_load(&c->som);
+    if (s != NULL)
+        return s;
+    s = som_set_create(cat);
+    struct som_set *was = NULL;
+    if (s != NULL && !atomic_compare_exchange_strong(&c->som, &was, s)) {
+        som_set_destroy(s); /* another thread was first */
+        return was;
+    }
+    return s;
 }
 
 const uint32_t *catalog_words(const struct catalog *cat, size_t *n_words)

@@ -156,9 +156,7 @@ enum {
 #define RULE_F_DOTALL      (1u << 1) /* s */
 #define RULE_F_MULTILINE   (1u << 2) /* m */
 #define RULE_F_SINGLEMATCH (1u << 3) /* H: report only the first match per buffer */
-/* L: every match also carries its leftmost start (HS_FLAG_SOM_LEFTMOST);
- * the engines find ends only, rules/som.h finds the starts. */
-#define RULE_F_SOMLEFT     (1u << 4)
+#define RULE_F_SOMLEFT     (1u << 4) /* L: leftmost start of each match (som.h) */
 #define RULE_F_ALL         0x1fu
 
 /* Classifies a byte for start-state choice and lookahead (CAT_K_WORD,
@@ -253,5 +251,14 @@ void catalog_nfa(const struct catalog *cat, uint32_t i, struct catalog_nfa *out)
 
 /* Sum of n_states over all groups. */
 uint64_t catalog_total_states(const struct catalog *cat);
+
+/* The OR of every rule's RULE_F_* flags (RULE_F_SOMLEFT: some rule wants
+ * starts). */
+uint32_t catalog_rule_flags_any(const struct catalog *cat);
+
+/* The catalog's start-of-match finders (som.h), made on the first call and
+ * freed by catalog_destroy; NULL when out of memory. Thread-safe. */
+struct som_set;
+struct som_set *catalog_som(const struct catalog *cat);
 
 #endif

@@ -85,6 +85,11 @@ int vks_client_scan(struct vks_client *c, const uint8_t catalog[32], const struc
                     struct vks_error *err);
 void vks_scan_result_finish(struct v02_scan_result *res);
 
+/* A program linked before struct vks_hit gained `start` bound the VKSCAN_0
+ * version of vks_client_scan: bind it the same way, so the hits below must
+ * come back at the old stride. */
+__asm__(".symver vks_client_scan,vks_client_scan@VKSCAN_0");
+
 #define FAIL(...) (fprintf(stderr, "abi_v02: " __VA_ARGS__), fputc('\n', stderr), exit(1))
 
 int main(int argc, char **argv)
@@ -121,6 +126,7 @@ int main(int argc, char **argv)
         FAIL("out of memory");
     memset(b, '-', len);
     memcpy(b + 4096 - 6, "needle", 6);
+    memcpy(b + 8192 - 6, "needle", 6);
     union {
         struct v02_scan_options o;
         unsigned char raw[128];
@@ -131,9 +137,11 @@ int main(int argc, char **argv)
     struct v02_scan_result res;
     if (vks_client_scan(c, vks_catalog_fingerprint(cat), &buf, 1, &so.o, &res, &err) != 0)
         FAIL("scan of 1 MiB: %s", err.msg);
-    if (res.n_hits != 1 || res.hits[0].end != 4096)
-        FAIL("scan: %zu hits, first end %llu; want 1 hit at 4096", res.n_hits,
-             res.n_hits ? (unsigned long long)res.hits[0].end : 0ull);
+    if (res.n_hits != 2 || res.hits[0].end != 4096 || res.hits[1].end != 8192 ||
+        res.hits[1].count != 1 || res.hits[1].rule_id != NULL)
+        FAIL("scan: %zu hits, ends %llu, %llu; want 2 hits at 4096 and 8192 in the 0.2 layout",
+             res.n_hits, res.n_hits ? (unsigned long long)res.hits[0].end : 0ull,
+             res.n_hits > 1 ? (unsigned long long)res.hits[1].end : 0ull);
     vks_scan_result_finish(&res);
     vks_catalog_destroy(cat);
     vks_client_close(c);

@@ -30,7 +30,8 @@ struct daemon {
     int notify_fd;
 };
 
-static void daemon_start(struct daemon *d)
+/* Starts vkscand with `--engine engine` (NULL: the default). */
+static void daemon_start_engine(struct daemon *d, const char *engine)
 {
     memset(d, 0, sizeof(*d));
     snprintf(d->dir, sizeof(d->dir), "/tmp/vkl-XXXXXX");
@@ -51,7 +52,7 @@ static void daemon_start(struct daemon *d)
         setenv("NOTIFY_SOCKET", notify, 1);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         execl(bin, bin, "--config", "", "--socket", d->sock, "--state-dir", state, "--max-frame",
-              "256K", "--log-level", "warning", (char *)NULL);
+              "256K", "--log-level", "warning", "--engine", engine ? engine : "auto", (char *)NULL);
         _exit(127);
     }
     struct pollfd p = {.fd = d->notify_fd, .events = POLLIN};
@@ -64,6 +65,11 @@ static void daemon_start(struct daemon *d)
         ck_assert_msg(waitpid(d->pid, &st, WNOHANG) != d->pid, "vkscand exited at start");
     }
     ck_abort_msg("vkscand did not become ready");
+}
+
+static void daemon_start(struct daemon *d)
+{
+    daemon_start_engine(d, NULL);
 }
 
 static void daemon_stop(struct daemon *d)
@@ -235,6 +241,70 @@ START_TEST(program_built_against_v02_layout_runs)
 }
 END_TEST
 
+/* Hits of rules with flag L carry the leftmost start on the GPU engine
+ * (lavapipe) and on the CPU engine, inline and memfd buffers alike; other
+ * rules get VKS_NO_START unless the scan asks for `starts`; a stream of a
+ * catalog with L rules is refused. */
+START_TEST(starts_on_both_engines)
+{
+    static const char *const engines[] = {"gpu", "cpu"};
+    struct daemon d;
+    daemon_start_engine(&d, engines[_i]);
+    struct vks_client *c;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_connect(d.sock, NULL, &c, &err), 0);
+    const char text[] = "a:/foo.*bar/L\nb:/bar/\nc:/x\\d+y/iL\nn:/ne+dle/L\n";
+    struct vks_catalog *cat = NULL;
+    ck_assert_msg(vks_client_catalog_load_text(c, text, strlen(text), NULL, &cat, &err) == 0,
+                  "load: %s", err.msg);
+    ck_assert_uint_eq(vks_catalog_rule_count(cat), 4);
+    const char small[] = "foo..foo bar X12Y xx";
+    char *b = big_buffer(); /* needle ends at 1000000 and at BIG */
+    struct vks_buffer bufs[2] = {{.kind = VKS_BUFFER_INLINE, .data = small, .len = strlen(small)},
+                                 {.kind = VKS_BUFFER_INLINE, .data = b, .len = BIG}};
+    for (int all = 0; all < 2; all++) {
+        struct vks_scan_options so;
+        vks_scan_options_init(&so);
+        so.starts = all;
+        struct vks_scan_result res;
+        int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), bufs, 2, &so, &res, &err);
+        ck_assert_msg(rc == 0, "scan: %s", err.msg);
+        const struct vks_stat *eng = vks_stat_find(res.telemetry, res.n_telemetry, "engine");
+        ck_assert_ptr_nonnull(eng);
+        ck_assert_uint_eq(eng->u, _i); /* 0: the GPU engine, 1: the CPU engine */
+        unsigned seen = 0;
+        for (size_t i = 0; i < res.n_hits; i++) {
+            const struct vks_hit *h = &res.hits[i];
+            const char *id = vks_catalog_rule_id(cat, h->rule);
+            if (strcmp(id, "a") == 0) { /* foo.*bar from the first foo */
+                ck_assert_uint_eq(h->end, 12);
+                ck_assert_uint_eq(h->start, 0);
+            } else if (strcmp(id, "b") == 0) {
+                ck_assert_uint_eq(h->start, all ? h->end - 3 : VKS_NO_START);
+            } else if (strcmp(id, "c") == 0) {
+                ck_assert_uint_eq(h->start, 13);
+                ck_assert_uint_eq(h->end, 17);
+            } else {
+                ck_assert_uint_eq(h->buffer, 1);
+                ck_assert_uint_eq(h->start, h->end - 6);
+            }
+            seen |= 1u << (id[0] - 'a' < 4 ? id[0] - 'a' : 3);
+        }
+        ck_assert_uint_eq(res.n_hits, 5);
+        ck_assert_uint_eq(seen, 0xf);
+        vks_scan_result_finish(&res);
+    }
+    struct vks_stream *st = NULL;
+    ck_assert_int_eq(vks_stream_open(c, vks_catalog_fingerprint(cat), NULL, &st, &err),
+                     -VKS_E_BAD_VALUE);
+    ck_assert_ptr_nonnull(strstr(err.msg, "flag L"));
+    free(b);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
 Suite *libvkscan_suite(void)
 {
     Suite *s = suite_create("libvkscan");
@@ -243,6 +313,7 @@ Suite *libvkscan_suite(void)
     tcase_add_test(t, large_inline_buffer_goes_by_memfd);
     tcase_add_test(t, option_structs_carry_their_size);
     tcase_add_test(t, program_built_against_v02_layout_runs);
+    tcase_add_loop_test(t, starts_on_both_engines, 0, 2);
     suite_add_tcase(s, t);
     return s;
 }

@@ -30,7 +30,10 @@
  * newer library. A struct_size of 0 (a struct written with a designated
  * initializer and no *_init call) means the 0.2 layout: the fields above the
  * "added after 0.2" line. New fields are only ever added at the end, taken
- * from the `reserved` room, which must be zero.
+ * from the `reserved` room, which must be zero. Output structs that the
+ * library allocates in arrays (struct vks_hit) grow under a new version
+ * node instead: the calls that return them have a VKSCAN_0.3 default and
+ * keep their VKSCAN_0 versions, which return the old layout.
  *
  * The wire protocol is specified in docs/protocol.md.
  */
@@ -275,19 +278,35 @@ struct vks_scan_options {
     /* ---- added after 0.2 ---- */
     bool no_cache;        /* bypass the daemon's result cache: every descriptor
                              buffer is read and scanned (`cache: false`) */
-    uint8_t reserved8[7]; /* must be 0 */
+    bool starts;          /* added after 0.2: a start on every hit, not only on the
+                             hits of rules with flag L (`starts: true`) */
+    uint8_t reserved8[6]; /* must be 0 */
     uint64_t reserved[3]; /* room to grow: must be 0 */
 };
 
 /* Fills `opt` with the defaults (all hits, no timeout), struct_size included. */
 void vks_scan_options_init(struct vks_scan_options *opt);
 
+/* No start: the hit's rule has no flag L and the scan did not ask for
+ * `starts`, or the daemon predates starts. */
+#define VKS_NO_START UINT64_MAX
+
+/*
+ * One match. `start` was added after 0.2 (version node VKSCAN_0.3): programs
+ * built against an older header call the VKSCAN_0 versions of
+ * vks_client_scan, vks_stream_write, vks_stream_write_fd and
+ * vks_stream_close, which hand back hits of the old layout (the fields
+ * before `start`).
+ */
 struct vks_hit {
     uint32_t buffer;
     uint32_t rule; /* index into the catalog's rules */
     uint64_t end;  /* end offset, relative to the buffer (or its fd range) */
     uint32_t count;
     const char *rule_id; /* when rule_ids was asked, else NULL */
+    /* Leftmost start offset of the match, as `end` counts (the bytes
+     * [start, end) match the rule), or VKS_NO_START. */
+    uint64_t start;
 };
 
 struct vks_buffer_result {
