@@ -63,8 +63,8 @@ static int validate(const struct gpu_engine *eng, const struct gpu_batch *b, str
 static int find_resident(const struct gpu_engine *eng, const struct catalog *cat)
 {
     const uint8_t *fp = catalog_fingerprint(cat);
-    for (uint32_t i = 0; i < eng->n_cats; i++) {
-        if (memcmp(eng->cats[i].fp, fp, CATALOG_FP_LEN) == 0)
+    for (uint32_t i = 0; i < GPU_MAX_RESIDENT_CATALOGS; i++) {
+        if (eng->cats[i].used && memcmp(eng->cats[i].fp, fp, CATALOG_FP_LEN) == 0)
             return (int)i;
     }
     return -1;
@@ -82,40 +82,41 @@ static bool slot_in_batch(const struct batch_ctx *bc, int slot)
 static void evict(struct gpu_engine *eng, uint32_t slot)
 {
     gbuf_destroy(eng, &eng->cats[slot].buf);
-    eng->cats[slot] = eng->cats[--eng->n_cats];
+    memset(&eng->cats[slot], 0, sizeof(eng->cats[slot]));
+    eng->n_cats--;
 }
 
 bool gpu_engine_forget(struct gpu_engine *eng, const uint8_t fp[CATALOG_FP_LEN])
 {
-    for (uint32_t i = 0; i < eng->n_cats; i++) {
-        if (memcmp(eng->cats[i].fp, fp, CATALOG_FP_LEN) == 0) {
+    for (uint32_t i = 0; i < GPU_MAX_RESIDENT_CATALOGS; i++) {
+        struct resident_catalog *rc = &eng->cats[i];
+        if (!rc->used || memcmp(rc->fp, fp, CATALOG_FP_LEN) != 0)
+            continue;
+        if (rc->pins > 0)
+            rc->forget = true; /* a batch in flight scans it: freed at its collect */
+        else
             evict(eng, i);
-            return true;
-        }
+        return true;
     }
     return false;
 }
 
-/* Evicts the least recently used catalog this batch does not use. */
+/* Evicts the least recently used catalog that neither this batch nor one
+ * in flight uses. */
 static bool evict_one(struct batch_ctx *bc)
 {
     struct gpu_engine *eng = bc->eng;
     int victim = -1;
-    for (uint32_t i = 0; i < eng->n_cats; i++) {
-        if (slot_in_batch(bc, (int)i))
+    for (uint32_t i = 0; i < GPU_MAX_RESIDENT_CATALOGS; i++) {
+        const struct resident_catalog *rc = &eng->cats[i];
+        if (!rc->used || rc->pins > 0 || slot_in_batch(bc, (int)i))
             continue;
-        if (victim < 0 || eng->cats[i].last_use < eng->cats[victim].last_use)
+        if (victim < 0 || rc->last_use < eng->cats[victim].last_use)
             victim = (int)i;
     }
     if (victim < 0)
         return false;
-    uint32_t last = eng->n_cats - 1;
     evict(eng, (uint32_t)victim);
-    /* The moved entry keeps its batch index. */
-    for (uint32_t c = 0; c < bc->batch->n_catalogs; c++) {
-        if (bc->cat_slot[c] == (int)last)
-            bc->cat_slot[c] = victim;
-    }
     bc->tel->catalog_evictions++;
     return true;
 }
@@ -165,9 +166,10 @@ static int check_limits(struct batch_ctx *bc, struct vks_error *err)
                           need_size(&eng->carry, (uint64_t)bc->n_carry * 4) +
                           need_size(&eng->qs, (QS_HEADS + bc->n_ranges) * 4) + cat_bytes;
     uint64_t evictable = 0;
-    for (uint32_t i = 0; i < eng->n_cats; i++) {
-        if (!slot_in_batch(bc, (int)i))
-            evictable += eng->cats[i].buf.alloc;
+    for (uint32_t i = 0; i < GPU_MAX_RESIDENT_CATALOGS; i++) {
+        const struct resident_catalog *rc = &eng->cats[i];
+        if (rc->used && rc->pins == 0 && !slot_in_batch(bc, (int)i))
+            evictable += rc->buf.alloc;
     }
     uint64_t held = eng->device_bytes - evictable;
     if (held + grow_bytes > eng->budget)
@@ -189,24 +191,46 @@ static int check_limits(struct batch_ctx *bc, struct vks_error *err)
     return 0;
 }
 
+static int free_slot(const struct gpu_engine *eng)
+{
+    for (uint32_t i = 0; i < GPU_MAX_RESIDENT_CATALOGS; i++) {
+        if (!eng->cats[i].used)
+            return (int)i;
+    }
+    return -1;
+}
+
+/* Pins every distinct catalog slot of the batch until it is collected. */
+static void pin_cats(struct batch_ctx *bc)
+{
+    for (uint32_t c = 0; c < bc->batch->n_catalogs; c++) {
+        if (bc->alias[c] < 0 && bc->cat_slot[c] >= 0)
+            bc->eng->cats[bc->cat_slot[c]].pins++;
+    }
+    bc->pinned = true;
+}
+
 static int make_resident(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     const struct gpu_batch *b = bc->batch;
-    bc->cats_before = eng->n_cats;
     for (uint32_t c = 0; c < b->n_catalogs; c++) {
-        if (bc->alias[c] >= 0) {
-            bc->cat_slot[c] = bc->cat_slot[bc->alias[c]];
-            continue;
-        }
-        if (!bc->cat_new[c]) {
+        if (bc->alias[c] >= 0 || !bc->cat_new[c]) {
+            if (bc->alias[c] >= 0)
+                continue;
             bc->tel->catalog_cache_hits++;
             eng->cats[bc->cat_slot[c]].last_use = ++eng->tick;
             continue;
         }
+        int slot = free_slot(eng);
+        if (slot < 0)
+            return vks_error_set(err, -E2BIG,
+                                 "%u catalogs are resident and in use by batches in flight: "
+                                 "wait for them, or use fewer catalogs at once",
+                                 GPU_MAX_RESIDENT_CATALOGS);
         size_t words;
         catalog_words(b->catalogs[c], &words);
-        struct resident_catalog *rc = &eng->cats[eng->n_cats];
+        struct resident_catalog *rc = &eng->cats[slot];
         memset(rc, 0, sizeof(*rc));
         int r = gbuf_create(eng, &rc->buf, words * 4, USE_STORAGE_DST, GBUF_DEVICE, err);
         if (r < 0)
@@ -214,23 +238,48 @@ static int make_resident(struct batch_ctx *bc, struct vks_error *err)
         memcpy(rc->fp, catalog_fingerprint(b->catalogs[c]), CATALOG_FP_LEN);
         rc->words = (uint32_t)words;
         rc->last_use = ++eng->tick;
-        bc->cat_slot[c] = (int)eng->n_cats++;
+        rc->used = true;
+        eng->n_cats++;
+        bc->cat_slot[c] = slot;
         bc->tel->catalog_uploads++;
     }
+    for (uint32_t c = 0; c < b->n_catalogs; c++) {
+        if (bc->alias[c] >= 0)
+            bc->cat_slot[c] = bc->cat_slot[bc->alias[c]];
+    }
+    pin_cats(bc);
     return 0;
 }
 
-/* A batch that failed after make_resident may not have uploaded (or may
- * have only half uploaded) the catalogs it created: drop them, so that the
- * next batch uploads them again instead of scanning an empty buffer. New
- * slots are the last ones, so evicting from the top keeps the others. */
-static void drop_unfinished(struct batch_ctx *bc)
+/* Releases the batch's catalogs: unpins them, frees those a forget waited
+ * for, and drops the ones it created whose upload was never submitted (a
+ * failed batch), so that the next batch uploads them again instead of
+ * scanning an empty buffer. A catalog whose copy was submitted is valid for
+ * every later submission, which runs after it in queue order. */
+static void release_cats(struct batch_ctx *bc)
 {
     struct gpu_engine *eng = bc->eng;
-    if (bc->cats_valid)
-        return;
-    while (eng->n_cats > bc->cats_before)
-        evict(eng, eng->n_cats - 1);
+    for (uint32_t c = 0; c < bc->batch->n_catalogs; c++) {
+        int slot = bc->cat_slot[c];
+        if (bc->alias[c] >= 0 || slot < 0)
+            continue;
+        struct resident_catalog *rc = &eng->cats[slot];
+        if (bc->pinned && rc->pins > 0)
+            rc->pins--;
+        bool unfinished = bc->cat_new[c] && !rc->uploaded;
+        if (rc->used && rc->pins == 0 && (unfinished || rc->forget))
+            evict(eng, (uint32_t)slot);
+    }
+    bc->pinned = false;
+}
+
+/* The batch's new catalogs are on the queue (or written through a mapping). */
+static void mark_uploaded(struct batch_ctx *bc)
+{
+    for (uint32_t c = 0; c < bc->batch->n_catalogs; c++) {
+        if (bc->cat_new[c] && bc->alias[c] < 0)
+            bc->eng->cats[bc->cat_slot[c]].uploaded = true;
+    }
 }
 
 static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
@@ -358,6 +407,8 @@ static void fill_chunk_piece(void *ctx, uint32_t i)
     pthread_mutex_lock(&j->queue);
     if (j->rc == 0)
         j->rc = submit(j->bc->eng, j->bc->eng->upcmd[k], VK_NULL_HANDLE, j->bc->tel, j->err);
+    if (j->rc == 0)
+        j->bc->chunks_out = true;
     pthread_mutex_unlock(&j->queue);
 }
 
@@ -636,18 +687,63 @@ static void flush(struct gpu_engine *eng, const struct gbuf *b)
     vkFlushMappedMemoryRanges(eng->dev, 1, &mr);
 }
 
-/* Submits the recorded pass and waits for it within the timeout. */
-static int run_pass(struct batch_ctx *bc, struct vks_error *err)
+/* A pass went onto the device: occupancy and idle-time accounting. */
+static void device_enter(struct gpu_engine *eng, uint64_t t, struct gpu_telemetry *tel)
+{
+    if (eng->on_device++ == 0) {
+        eng->busy_since = t;
+        if (eng->idle_since != 0) {
+            tel->device_idle_ns += t - eng->idle_since;
+            eng->stats.idle_ns += t - eng->idle_since;
+        }
+    }
+    if (eng->on_device > eng->stats.max_inflight)
+        eng->stats.max_inflight = eng->on_device;
+    if (tel->inflight == 0)
+        tel->inflight = eng->on_device;
+}
+
+static void device_leave(struct gpu_engine *eng, uint64_t t)
+{
+    if (eng->on_device == 0)
+        return;
+    if (--eng->on_device == 0) {
+        eng->stats.busy_ns += t - eng->busy_since;
+        eng->idle_since = t;
+    }
+}
+
+/* Submits the recorded pass without waiting for it. */
+static int submit_pass(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     vkResetFences(eng->dev, 1, &eng->fence);
-    uint64_t t0 = gpu_now_ns();
+    uint64_t t = gpu_now_ns();
     int rc = submit(eng, eng->cmd, eng->fence, bc->tel, err);
     if (rc < 0)
         return rc;
+    bc->t_submit = t;
+    bc->submitted = true;
+    device_enter(eng, t, bc->tel);
+    return 0;
+}
+
+/* Waits for the submitted pass within the timeout. */
+static int wait_pass(struct batch_ctx *bc, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    bc->submitted = false;
+    if (eng->broken) {
+        device_leave(eng, gpu_now_ns());
+        return vks_error_set(err, -ENODEV,
+                             "a batch submitted before this one timed out or lost the device: "
+                             "destroy and re-create the engine");
+    }
     VkResult r = vkWaitForFences(eng->dev, 1, &eng->fence, VK_TRUE, eng->timeout_ns);
+    uint64_t t = gpu_now_ns();
+    device_leave(eng, t);
     bc->tel->sync_points++;
-    bc->tel->device_ns += gpu_now_ns() - t0;
+    bc->tel->device_ns += t - bc->t_submit;
     if (r != VK_SUCCESS) {
         eng->broken = true;
         return gpu_vk_error(r, "waiting for the scan batch", err);
@@ -663,8 +759,15 @@ static int run_pass(struct batch_ctx *bc, struct vks_error *err)
     }
     bc->tel->kernel_ns += have_ts && ts[1] >= ts[0]
                               ? (uint64_t)((double)(ts[1] - ts[0]) * eng->ts_period)
-                              : gpu_now_ns() - t0;
+                              : t - bc->t_submit;
     return 0;
+}
+
+/* Submits the recorded pass and waits for it (re-runs after a full ring). */
+static int run_pass(struct batch_ctx *bc, struct vks_error *err)
+{
+    int rc = submit_pass(bc, err);
+    return rc < 0 ? rc : wait_pass(bc, err);
 }
 
 /* Makes the hit ring hold `hits` and re-runs the pass: no hit is lost. */
@@ -783,18 +886,12 @@ static int finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     return 0;
 }
 
-/* How far a batch is re-planned after cut loops: items of 1/256 the
- * modelled budget at the least. The shift stays with the engine, so on a
- * loaded lavapipe host (where a subgroup's claims can pass the model) a
- * long-lived engine keeps room for a few more re-plans. */
-#define CUT_SHIFT_MAX 8u
-
-/* Runs passes until the ring held every hit, then reads the hits back. */
-static int run_and_read(struct batch_ctx *bc, struct gpu_result *res, struct vks_error *err)
+/* Reads the pass that was waited for (status `rc`), re-running it until
+ * the ring held every hit, then reads the hits back. */
+static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     struct gpu_telemetry *tel = bc->tel;
-    int rc = run_pass(bc, err);
     const uint32_t *qs = eng->qs_host.map;
     bc->t_read = gpu_now_ns();
     while (rc == 0) {
@@ -831,7 +928,6 @@ static int run_and_read(struct batch_ctx *bc, struct gpu_result *res, struct vks
     tel->hit_capacity = eng->hits.size / 16;
     if (rc < 0)
         return rc;
-    bc->cats_valid = true; /* a pass completed: the catalogs' copies ran */
     uint64_t n = tel->hits_raw;
     tel->bytes_read_back += n * 16;
     const uint32_t *raw = NULL;
@@ -841,7 +937,9 @@ static int run_and_read(struct batch_ctx *bc, struct gpu_result *res, struct vks
     return finish_hits(bc, raw, n, res, err);
 }
 
-static int dispatch(struct batch_ctx *bc, struct gpu_result *res, struct vks_error *err)
+/* Everything up to the submit of the first pass: plan, limits, residency,
+ * upload, record. Nothing is submitted when the batch has no work. */
+static int dispatch_submit(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     struct gpu_telemetry *tel = bc->tel;
@@ -862,10 +960,8 @@ static int dispatch(struct batch_ctx *bc, struct gpu_result *res, struct vks_err
     rc = make_resident(bc, err);
     if (rc == 0)
         rc = reserve_buffers(bc, err);
-    if (rc < 0) {
-        drop_unfinished(bc);
+    if (rc < 0)
         return rc;
-    }
     uint64_t t1 = gpu_now_ns();
     upload_small(bc);
     rc = upload_haystack(bc, err);
@@ -878,42 +974,91 @@ static int dispatch(struct batch_ctx *bc, struct gpu_result *res, struct vks_err
         rc = record(bc, true, err);
     }
     if (rc == 0)
-        rc = run_and_read(bc, res, err);
-    if (rc < 0)
-        drop_unfinished(bc);
+        rc = submit_pass(bc, err);
+    if (rc == 0)
+        mark_uploaded(bc);
     return rc;
 }
 
-int gpu_batch_dispatch(struct gpu_engine *eng, const struct gpu_batch *batch,
-                       struct gpu_result *res, struct vks_error *err)
+/* Undoes a batch whose first pass was not submitted. Haystack chunks it
+ * did submit still read its staging and command buffers: the frame is
+ * reused only once the queue has run them. */
+static void dispatch_abort(struct batch_ctx *bc)
 {
-    uint64_t t0 = gpu_now_ns();
-    res->n_hits = 0;
-    memset(&res->tel, 0, sizeof(res->tel));
-    vks_error_clear(err);
-    int rc = validate(eng, batch, err);
+    struct gpu_engine *eng = bc->eng;
+    if (bc->chunks_out && !bc->submitted && !eng->broken &&
+        vkQueueWaitIdle(eng->queue) != VK_SUCCESS)
+        eng->broken = true;
+    bc->chunks_out = false;
+    release_cats(bc);
+}
+
+/* Waits for the batch's pass, reads it back, releases its catalogs. */
+static int dispatch_finish(struct batch_ctx *bc, struct gpu_result *res, struct vks_error *err)
+{
+    int rc = 0;
+    if (bc->submitted) {
+        rc = wait_pass(bc, err);
+        rc = read_passes(bc, rc, res, err);
+    }
+    release_cats(bc);
+    return rc;
+}
+
+/* Starts one attempt of `batch` on frame `fr` (swapped in). */
+static int attempt_submit(struct gpu_engine *eng, struct gpu_frame *fr,
+                          const struct gpu_batch *batch, struct gpu_result *res,
+                          struct vks_error *err)
+{
+    struct batch_ctx *bc = &fr->bc;
+    *bc = (struct batch_ctx){.eng = eng, .batch = batch, .tel = &res->tel};
+    for (uint32_t c = 0; c < GPU_MAX_BATCH_CATALOGS; c++)
+        bc->cat_slot[c] = bc->alias[c] = -1;
+    int rc = dispatch_submit(bc, err);
     if (rc < 0)
-        return rc;
-    struct batch_ctx bc = {.eng = eng, .batch = batch, .tel = &res->tel};
-    rc = dispatch(&bc, res, err);
-    /* The cost model undercounts some driver's loops (lavapipe, hit-dense
-     * catalogs): nothing was reported from the cut pass, so plan smaller
-     * items, for this batch and the ones after it, and run it again. */
-    for (uint32_t retries = 0; rc == -EIO && bc.cut && eng->cut_shift < CUT_SHIFT_MAX;) {
+        dispatch_abort(bc);
+    return rc;
+}
+
+/* How far a batch is re-planned after cut loops: items of 1/256 the
+ * modelled budget at the least. The shift stays with the engine, so on a
+ * loaded lavapipe host (where a subgroup's claims can pass the model) a
+ * long-lived engine keeps room for a few more re-plans. */
+#define CUT_SHIFT_MAX 8u
+
+/* The cost model undercounts some driver's loops (lavapipe, hit-dense
+ * catalogs): nothing was reported from the cut pass, so plan smaller items,
+ * for this batch and the ones after it, and run it again (synchronously,
+ * on its own frame). */
+static int retry_cut(struct gpu_engine *eng, struct gpu_frame *fr, int rc, struct vks_error *err)
+{
+    struct gpu_result *res = fr->res;
+    const struct gpu_batch *batch = fr->bc.batch;
+    for (uint32_t retries = 0; rc == -EIO && fr->bc.cut && eng->cut_shift < CUT_SHIFT_MAX;) {
         struct gpu_telemetry cut = res->tel; /* what the cut pass moved still counts */
         eng->cut_shift++;
         retries++;
         res->n_hits = 0;
         memset(&res->tel, 0, sizeof(res->tel));
         vks_error_clear(err);
-        bc = (struct batch_ctx){.eng = eng, .batch = batch, .tel = &res->tel};
-        rc = dispatch(&bc, res, err);
+        rc = attempt_submit(eng, fr, batch, res, err);
+        if (rc == 0)
+            rc = dispatch_finish(&fr->bc, res, err);
         res->tel.cut_reruns = retries;
         res->tel.catalog_bytes_uploaded += cut.catalog_bytes_uploaded;
         res->tel.haystack_bytes_uploaded += cut.haystack_bytes_uploaded;
         res->tel.meta_bytes_uploaded += cut.meta_bytes_uploaded;
         res->tel.bytes_read_back += cut.bytes_read_back;
+        res->tel.device_idle_ns += cut.device_idle_ns;
+        res->tel.inflight = cut.inflight;
     }
+    return rc;
+}
+
+/* The engine-wide and whole-batch telemetry, once the batch is done. */
+static void finish_tel(struct gpu_engine *eng, struct gpu_result *res, uint64_t host_ns,
+                       uint64_t t_submit, int rc)
+{
     struct gpu_telemetry *tel = &res->tel;
     tel->bytes_uploaded =
         tel->haystack_bytes_uploaded + tel->catalog_bytes_uploaded + tel->meta_bytes_uploaded;
@@ -922,10 +1067,104 @@ int gpu_batch_dispatch(struct gpu_engine *eng, const struct gpu_batch *batch,
     tel->resident_bytes = eng->alloc_bytes;
     tel->device_bytes = eng->device_bytes;
     tel->resident_catalogs = eng->n_cats;
-    tel->total_ns = gpu_now_ns() - t0;
+    tel->total_ns = host_ns;
+    tel->wall_ns = gpu_now_ns() - t_submit;
     if (rc < 0)
         res->n_hits = 0;
+}
+
+static struct gpu_frame *free_frame(struct gpu_engine *eng)
+{
+    for (uint32_t i = 0; i < eng->n_frames; i++) {
+        if (!eng->frames[i].busy)
+            return &eng->frames[i];
+    }
+    return NULL;
+}
+
+int gpu_batch_submit(struct gpu_engine *eng, const struct gpu_batch *batch, struct gpu_result *res,
+                     struct vks_error *err)
+{
+    uint64_t t0 = gpu_now_ns();
+    res->n_hits = 0;
+    memset(&res->tel, 0, sizeof(res->tel));
+    vks_error_clear(err);
+    int rc = validate(eng, batch, err);
+    if (rc < 0)
+        return rc;
+    struct gpu_frame *fr = free_frame(eng);
+    if (fr == NULL)
+        return vks_error_set(err, -EBUSY,
+                             "%u batches are already in flight on the engine: collect one "
+                             "before submitting another",
+                             eng->n_frames);
+    gpu_frame_swap(eng, fr);
+    rc = attempt_submit(eng, fr, batch, res, err);
+    gpu_frame_swap(eng, fr);
+    if (rc < 0) {
+        finish_tel(eng, res, gpu_now_ns() - t0, t0, rc);
+        return rc;
+    }
+    fr->res = res;
+    fr->t_submit = t0;
+    fr->seq = eng->seq++;
+    fr->busy = true;
+    eng->n_busy++;
+    fr->host_ns = gpu_now_ns() - t0;
+    return 0;
+}
+
+int gpu_batch_collect(struct gpu_engine *eng, struct gpu_result **res, struct vks_error *err)
+{
+    struct gpu_frame *fr = NULL;
+    for (uint32_t i = 0; i < eng->n_frames; i++) {
+        if (eng->frames[i].busy && (fr == NULL || eng->frames[i].seq < fr->seq))
+            fr = &eng->frames[i];
+    }
+    if (fr == NULL)
+        return vks_error_set(err, -ENOENT, "no batch is in flight: submit one before collecting");
+    uint64_t t0 = gpu_now_ns();
+    vks_error_clear(err);
+    gpu_frame_swap(eng, fr);
+    int rc = dispatch_finish(&fr->bc, fr->res, err);
+    rc = retry_cut(eng, fr, rc, err);
+    gpu_frame_swap(eng, fr);
+    fr->busy = false;
+    eng->n_busy--;
+    eng->stats.batches++;
+    finish_tel(eng, fr->res, fr->host_ns + gpu_now_ns() - t0, fr->t_submit, rc);
+    *res = fr->res;
     return rc;
+}
+
+int gpu_batch_dispatch(struct gpu_engine *eng, const struct gpu_batch *batch,
+                       struct gpu_result *res, struct vks_error *err)
+{
+    if (eng->n_busy > 0)
+        return vks_error_set(err, -EBUSY,
+                             "%u batches submitted with gpu_batch_submit are in flight: "
+                             "collect them before a gpu_batch_dispatch",
+                             eng->n_busy);
+    int rc = gpu_batch_submit(eng, batch, res, err);
+    if (rc < 0)
+        return rc;
+    struct gpu_result *out;
+    return gpu_batch_collect(eng, &out, err);
+}
+
+uint32_t gpu_engine_inflight(const struct gpu_engine *eng)
+{
+    return eng->n_busy;
+}
+
+uint32_t gpu_engine_max_inflight(const struct gpu_engine *eng)
+{
+    return eng->n_frames;
+}
+
+void gpu_engine_stats(const struct gpu_engine *eng, struct gpu_engine_stats *out)
+{
+    *out = eng->stats;
 }
 
 void gpu_result_finish(struct gpu_result *res)

@@ -503,7 +503,7 @@ static uint64_t default_budget(const struct gpu_engine *eng)
     return best / 10 * 9;
 }
 
-static int create_commands(struct gpu_engine *eng, struct vks_error *err)
+static int create_pools(struct gpu_engine *eng, struct vks_error *err)
 {
     VkCommandPoolCreateInfo pci = {
         .sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
@@ -515,13 +515,35 @@ static int create_commands(struct gpu_engine *eng, struct vks_error *err)
         eng->cpool = VK_NULL_HANDLE;
         return gpu_vk_error(r, "vkCreateCommandPool", err);
     }
+    if (eng->n_frames < 2)
+        return 0;
+    /* Frame 0 uses the sets gpu_pipeline_init allocated; the others these. */
+    uint32_t sets = (eng->n_frames - 1) * GPU_MAX_BATCH_CATALOGS;
+    VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, sets * 6};
+    VkDescriptorPoolCreateInfo dpi = {
+        .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+        .maxSets = sets,
+        .poolSizeCount = 1,
+        .pPoolSizes = &ps,
+    };
+    r = vkCreateDescriptorPool(eng->dev, &dpi, NULL, &eng->fpool);
+    if (r != VK_SUCCESS) {
+        eng->fpool = VK_NULL_HANDLE;
+        return gpu_vk_error(r, "vkCreateDescriptorPool", err);
+    }
+    return 0;
+}
+
+/* The command buffers, fence and query pool of the frame being built. */
+static int create_commands(struct gpu_engine *eng, struct vks_error *err)
+{
     VkCommandBufferAllocateInfo ai = {
         .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
         .commandPool = eng->cpool,
         .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
         .commandBufferCount = 1,
     };
-    r = vkAllocateCommandBuffers(eng->dev, &ai, &eng->cmd);
+    VkResult r = vkAllocateCommandBuffers(eng->dev, &ai, &eng->cmd);
     if (r == VK_SUCCESS) {
         ai.commandBufferCount = MAX_UPLOAD_CHUNKS;
         r = vkAllocateCommandBuffers(eng->dev, &ai, eng->upcmd);
@@ -539,6 +561,24 @@ static int create_commands(struct gpu_engine *eng, struct vks_error *err)
     }
     if (r != VK_SUCCESS)
         return gpu_vk_error(r, "creating command buffers, fence and query pool", err);
+    return 0;
+}
+
+/* Descriptor sets of a frame past the first. */
+static int create_sets(struct gpu_engine *eng, struct vks_error *err)
+{
+    VkDescriptorSetLayout layouts[GPU_MAX_BATCH_CATALOGS];
+    for (uint32_t i = 0; i < GPU_MAX_BATCH_CATALOGS; i++)
+        layouts[i] = eng->dsl;
+    VkDescriptorSetAllocateInfo ai = {
+        .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+        .descriptorPool = eng->fpool,
+        .descriptorSetCount = GPU_MAX_BATCH_CATALOGS,
+        .pSetLayouts = layouts,
+    };
+    VkResult r = vkAllocateDescriptorSets(eng->dev, &ai, eng->sets);
+    if (r != VK_SUCCESS)
+        return gpu_vk_error(r, "vkAllocateDescriptorSets", err);
     return 0;
 }
 
@@ -593,12 +633,66 @@ static int engine_setup(struct gpu_engine *eng, const struct gpu_options *opt,
     }
     if (upload_pool_create(threads, &eng->pool) < 0)
         return vks_error_set(err, -ENOMEM, "out of memory starting upload threads");
-    rc = create_commands(eng, err);
+    eng->n_frames = opt->inflight ? opt->inflight : GPU_DEFAULT_INFLIGHT;
+    if (eng->n_frames > GPU_MAX_INFLIGHT)
+        eng->n_frames = GPU_MAX_INFLIGHT;
+    rc = create_pools(eng, err);
     if (rc == 0)
         rc = gpu_pipeline_init(eng, err);
-    if (rc == 0)
-        rc = create_buffers(eng, err);
+    for (uint32_t i = 0; rc == 0 && i < eng->n_frames; i++) {
+        /* Built in the engine's fields, then moved into the frame. */
+        rc = i > 0 ? create_sets(eng, err) : 0;
+        if (rc == 0)
+            rc = create_commands(eng, err);
+        if (rc == 0)
+            rc = create_buffers(eng, err);
+        gpu_frame_swap(eng, &eng->frames[i]);
+    }
     return rc;
+}
+
+static void swap_mem(void *a, void *b, size_t n)
+{
+    unsigned char *p = a, *q = b;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char t = p[i];
+        p[i] = q[i];
+        q[i] = t;
+    }
+}
+
+void gpu_frame_swap(struct gpu_engine *eng, struct gpu_frame *fr)
+{
+    swap_mem(&eng->hay, &fr->hay, sizeof(eng->hay));
+    swap_mem(&eng->staging, &fr->staging, sizeof(eng->staging));
+    swap_mem(&eng->meta, &fr->meta, sizeof(eng->meta));
+    swap_mem(&eng->qs, &fr->qs, sizeof(eng->qs));
+    swap_mem(&eng->qs_host, &fr->qs_host, sizeof(eng->qs_host));
+    swap_mem(&eng->hits, &fr->hits, sizeof(eng->hits));
+    swap_mem(&eng->hits_host, &fr->hits_host, sizeof(eng->hits_host));
+    swap_mem(&eng->carry, &fr->carry, sizeof(eng->carry));
+    swap_mem(&eng->cmd, &fr->cmd, sizeof(eng->cmd));
+    swap_mem(eng->upcmd, fr->upcmd, sizeof(eng->upcmd));
+    swap_mem(&eng->fence, &fr->fence, sizeof(eng->fence));
+    swap_mem(&eng->qpool, &fr->qpool, sizeof(eng->qpool));
+    swap_mem(eng->sets, fr->sets, sizeof(eng->sets));
+    swap_mem(&eng->scratch, &fr->scratch, sizeof(eng->scratch));
+}
+
+/* Frees the frame's resources (swapped into the engine's fields). */
+static void destroy_frame(struct gpu_engine *eng)
+{
+    struct gbuf *bufs[] = {&eng->hay,     &eng->staging, &eng->meta,  &eng->qs,
+                           &eng->qs_host, &eng->hits,    &eng->carry, &eng->hits_host};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        gbuf_destroy(eng, bufs[i]);
+    if (eng->qpool != VK_NULL_HANDLE)
+        vkDestroyQueryPool(eng->dev, eng->qpool, NULL);
+    if (eng->fence != VK_NULL_HANDLE)
+        vkDestroyFence(eng->dev, eng->fence, NULL);
+    eng->qpool = VK_NULL_HANDLE;
+    eng->fence = VK_NULL_HANDLE;
+    gpu_batch_scratch_finish(&eng->scratch);
 }
 
 int gpu_engine_create(const struct gpu_options *opt, struct gpu_engine **out, struct vks_error *err)
@@ -633,18 +727,18 @@ void gpu_engine_destroy(struct gpu_engine *eng)
     if (eng == NULL)
         return;
     if (eng->dev != VK_NULL_HANDLE) {
+        /* Also batches submitted and never collected are done after this. */
         vkDeviceWaitIdle(eng->dev);
-        for (uint32_t i = 0; i < eng->n_cats; i++)
+        for (uint32_t i = 0; i < GPU_MAX_RESIDENT_CATALOGS; i++)
             gbuf_destroy(eng, &eng->cats[i].buf);
-        struct gbuf *bufs[] = {&eng->hay,     &eng->staging, &eng->meta,  &eng->qs,
-                               &eng->qs_host, &eng->hits,    &eng->carry, &eng->hits_host};
-        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-            gbuf_destroy(eng, bufs[i]);
+        destroy_frame(eng); /* a frame left in the engine's fields by a failed create */
+        for (uint32_t i = 0; i < GPU_MAX_INFLIGHT; i++) {
+            gpu_frame_swap(eng, &eng->frames[i]);
+            destroy_frame(eng);
+        }
         gpu_pipeline_finish(eng);
-        if (eng->qpool != VK_NULL_HANDLE)
-            vkDestroyQueryPool(eng->dev, eng->qpool, NULL);
-        if (eng->fence != VK_NULL_HANDLE)
-            vkDestroyFence(eng->dev, eng->fence, NULL);
+        if (eng->fpool != VK_NULL_HANDLE)
+            vkDestroyDescriptorPool(eng->dev, eng->fpool, NULL);
         if (eng->cpool != VK_NULL_HANDLE)
             vkDestroyCommandPool(eng->dev, eng->cpool, NULL);
         vkDestroyDevice(eng->dev, NULL);

@@ -43,6 +43,8 @@ enum gpu_hit_writer {
 #define GPU_PIPELINE_LRU          32u
 #define GPU_DEFAULT_TIMEOUT_MS    30000u
 #define GPU_MAX_RESIDENT_CATALOGS 64u
+#define GPU_MAX_INFLIGHT          8u
+#define GPU_DEFAULT_INFLIGHT      2u
 
 struct gpu_heap_info {
     uint64_t size;
@@ -102,6 +104,9 @@ struct gpu_options {
     uint32_t upload_threads; /* host threads copying into staging; 0: up to 8 */
     uint32_t upload_chunk;   /* staging bytes per copy submit; 0: max(16 MiB, size / 64) */
     bool staged_upload;      /* tests: go through staging also where device memory is mapped */
+    /* Batches on the device at once (gpu_batch_submit); each has its own
+     * buffers. 0: GPU_DEFAULT_INFLIGHT; at most GPU_MAX_INFLIGHT. */
+    uint32_t inflight;
 };
 
 /* One buffer of a batch. `data` is borrowed for the call. */
@@ -167,7 +172,13 @@ struct gpu_telemetry {
     uint64_t device_ns;       /* host wall time from the last submit to its fence, all passes */
     uint64_t readback_ns;     /* queue state and the hit prefix read, hits grouped by buffer */
     uint64_t finalize_ns;     /* report modes applied per buffer */
-    uint64_t total_ns;        /* the whole call */
+    uint64_t total_ns;        /* host time in the submit and collect calls */
+    uint64_t wall_ns;         /* from the submit call's start to the collect call's end */
+    /* How long the device had none of this engine's work before this
+     * batch's pass was submitted (0 when another batch was still on it);
+     * as the host sees it: a fence is seen signalled when it is waited for. */
+    uint64_t device_idle_ns;
+    uint32_t inflight; /* batches on the device right after this one's submit, itself included */
 };
 
 struct gpu_result {
@@ -178,6 +189,14 @@ struct gpu_result {
 };
 
 struct gpu_engine;
+
+/* An engine's counters since it was created. */
+struct gpu_engine_stats {
+    uint64_t batches;      /* collected */
+    uint32_t max_inflight; /* most batches on the device at once */
+    uint64_t busy_ns;      /* time with at least one pass on the device */
+    uint64_t idle_ns;      /* time between passes with none (before the first: not counted) */
+};
 
 /*
  * Opens the device `opt` names (NULL: defaults), creates the pipeline cache
@@ -204,11 +223,48 @@ const struct gpu_device_info *gpu_engine_device(const struct gpu_engine *eng);
  * limit or the memory budget; the message has requested and available
  * bytes), -ENOMEM, -ETIMEDOUT (the fence wait passed the timeout),
  * -ENODEV (device lost), -EIO (other Vulkan failures, or a shader loop cut
- * short by the driver). After -ETIMEDOUT or -ENODEV the engine only accepts
+ * short by the driver), -EBUSY (batches of gpu_batch_submit are in flight:
+ * collect them first). After -ETIMEDOUT or -ENODEV the engine only accepts
  * gpu_engine_destroy.
  */
 int gpu_batch_dispatch(struct gpu_engine *eng, const struct gpu_batch *batch,
                        struct gpu_result *res, struct vks_error *err);
+
+/*
+ * The pipelined form of gpu_batch_dispatch. gpu_batch_submit checks, plans,
+ * uploads and submits `batch` and returns without waiting for the device;
+ * gpu_batch_collect waits for the oldest batch submitted and not yet
+ * collected, reads its hits back into the gpu_result given at its submit
+ * and sets `*res` to that result. While one batch runs on the device, the
+ * caller submits the next (its upload overlaps the kernel) and collects
+ * the one before (its readback overlaps too). Batches run in submission
+ * order on one queue.
+ *
+ * gpu_batch_submit: `batch`, everything it points to (catalogs, buffer
+ * data) and `res` are borrowed until the batch is collected (or the engine
+ * destroyed). Errors as gpu_batch_dispatch, and -EBUSY when opt.inflight
+ * batches are already submitted (collect one first). On an error nothing of
+ * the batch is on the device and it is not collected.
+ *
+ * gpu_batch_collect: returns the batch's status (errors as
+ * gpu_batch_dispatch; its `res` has no hits on error), or -ENOENT when no
+ * batch is in flight. After a timeout or a lost device the batches still in
+ * flight are collected with -ENODEV, and the engine then only accepts
+ * gpu_engine_destroy (which waits for the device, also with batches never
+ * collected).
+ */
+int gpu_batch_submit(struct gpu_engine *eng, const struct gpu_batch *batch, struct gpu_result *res,
+                     struct vks_error *err);
+int gpu_batch_collect(struct gpu_engine *eng, struct gpu_result **res, struct vks_error *err);
+
+/* Batches submitted and not yet collected. */
+uint32_t gpu_engine_inflight(const struct gpu_engine *eng);
+
+/* Batches the engine holds on the device at once (its opt.inflight). */
+uint32_t gpu_engine_max_inflight(const struct gpu_engine *eng);
+
+/* Copies the engine's counters into `out`. */
+void gpu_engine_stats(const struct gpu_engine *eng, struct gpu_engine_stats *out);
 
 void gpu_result_finish(struct gpu_result *res);
 
@@ -218,8 +274,9 @@ uint32_t gpu_engine_resident_catalogs(const struct gpu_engine *eng);
 /*
  * Frees the device copy of the catalog with fingerprint `fp` when it is
  * resident (its last user dropped it), instead of leaving it until LRU
- * eviction. Returns true when one was freed. Same thread rules as
- * gpu_batch_dispatch; never call it during a dispatch.
+ * eviction. Returns true when one was freed, or will be when the batches
+ * in flight that scan it are collected. Same thread rules as
+ * gpu_batch_dispatch; allowed between a submit and its collect.
  */
 bool gpu_engine_forget(struct gpu_engine *eng, const uint8_t fp[CATALOG_FP_LEN]);
 

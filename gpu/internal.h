@@ -58,11 +58,19 @@ enum gbuf_kind {
     GBUF_READBACK, /* host-visible, cached when the device has it */
 };
 
+/* A catalog's device copy. Slots are stable while batches are in flight
+ * (they hold slot indexes): a freed slot is only marked unused. */
 struct resident_catalog {
     uint8_t fp[CATALOG_FP_LEN];
     struct gbuf buf;
     uint64_t last_use;
     uint32_t words;
+    bool used;
+    /* The submit that copies its contents succeeded (or they were written
+     * through a mapping): later submissions see them, in queue order. */
+    bool uploaded;
+    uint32_t pins; /* batches in flight that scan it: never evicted meanwhile */
+    bool forget;   /* gpu_engine_forget while pinned: freed when the last pin goes */
 };
 
 struct pipe_key {
@@ -136,6 +144,60 @@ struct batch_scratch {
     struct scan_hits one; /* one buffer's hits through scan_hits_finalize */
 };
 
+/* One batch from its submit to its collect (one attempt of it, when the
+ * driver cut a loop and it is re-planned). */
+struct batch_ctx {
+    bool cut; /* the driver cut a scan loop short: re-plan smaller and re-run */
+    struct gpu_engine *eng;
+    const struct gpu_batch *batch;
+    struct gpu_telemetry *tel;
+    struct launch_plan plan;
+    int cat_slot[GPU_MAX_BATCH_CATALOGS]; /* index into eng->cats, -1 until resident */
+    bool cat_new[GPU_MAX_BATCH_CATALOGS];
+    int alias[GPU_MAX_BATCH_CATALOGS];      /* earlier batch catalog with the same fingerprint */
+    uint32_t seg[GPU_MAX_BATCH_CATALOGS];   /* segment bytes per catalog */
+    uint32_t chain[GPU_MAX_BATCH_CATALOGS]; /* chained walk bytes per round */
+    uint32_t acc_iters[GPU_MAX_BATCH_CATALOGS]; /* accept-loop iterations per byte, worst */
+    uint64_t hay_bytes;
+    size_t n_meta; /* uvec4 */
+    size_t n_ranges;
+    uint32_t rounds;
+    uint32_t n_carry; /* words */
+    uint64_t items_total;
+    uint64_t workers;
+    uint64_t new_cat_bytes;
+    uint64_t t_read;   /* when the last pass's fence signalled */
+    bool pinned;       /* holds a pin on each distinct cat_slot */
+    bool submitted;    /* the pass is on the queue: gpu_batch_collect waits for it */
+    bool chunks_out;   /* haystack chunk copies were submitted without a fence */
+    uint64_t t_submit; /* when the first pass was submitted */
+};
+
+/*
+ * One batch on the device: the buffers, command buffers, fence and host
+ * scratch a batch owns from its submit to its collect. The engine has
+ * opt.inflight frames. While gpu/ works on a frame, gpu_frame_swap moves
+ * its resources into the engine's fields of the same names (hay, staging,
+ * ..., scratch), which the batch code and plan.c use; outside a call those
+ * engine fields are empty.
+ */
+struct gpu_frame {
+    struct gbuf hay, staging, meta, qs, qs_host, hits, hits_host, carry;
+    VkCommandBuffer cmd;
+    VkCommandBuffer upcmd[MAX_UPLOAD_CHUNKS];
+    VkFence fence;
+    VkQueryPool qpool;
+    VkDescriptorSet sets[GPU_MAX_BATCH_CATALOGS];
+    struct batch_scratch scratch;
+
+    bool busy;    /* submitted, not yet collected */
+    uint64_t seq; /* submission order: collected oldest first */
+    struct batch_ctx bc;
+    struct gpu_result *res;
+    uint64_t t_submit; /* when its gpu_batch_submit call began */
+    uint64_t host_ns;  /* time spent in the submit call */
+};
+
 struct gpu_engine {
     VkInstance inst;
     VkPhysicalDevice phys;
@@ -188,35 +250,23 @@ struct gpu_engine {
     struct plan_entry plans[PLAN_CACHE];
     struct upload_pool *pool;
     struct batch_scratch scratch;
+
+    struct gpu_frame frames[GPU_MAX_INFLIGHT];
+    uint32_t n_frames;
+    uint32_t n_busy;        /* frames submitted and not collected */
+    uint64_t seq;           /* next submission's sequence number */
+    VkDescriptorPool fpool; /* descriptor sets of frames 1.. (frame 0 has eng->sets) */
+    /* Device occupancy as the host sees it: passes submitted and not yet
+     * waited for. */
+    uint32_t on_device;
+    uint64_t busy_since; /* when on_device went from 0 to 1 */
+    uint64_t idle_since; /* when it last went to 0; 0 before the first pass */
+    struct gpu_engine_stats stats;
 };
 
-/* One gpu_batch_dispatch call in flight. */
-struct batch_ctx {
-    bool cut; /* the driver cut a scan loop short: re-plan smaller and re-run */
-    struct gpu_engine *eng;
-    const struct gpu_batch *batch;
-    struct gpu_telemetry *tel;
-    struct launch_plan plan;
-    int cat_slot[GPU_MAX_BATCH_CATALOGS]; /* index into eng->cats, -1 until resident */
-    bool cat_new[GPU_MAX_BATCH_CATALOGS];
-    /* eng->n_cats before make_resident: slots at and past it were created
-     * by this batch and hold valid contents only once a pass completed. */
-    uint32_t cats_before;
-    bool cats_valid;
-    int alias[GPU_MAX_BATCH_CATALOGS];      /* earlier batch catalog with the same fingerprint */
-    uint32_t seg[GPU_MAX_BATCH_CATALOGS];   /* segment bytes per catalog */
-    uint32_t chain[GPU_MAX_BATCH_CATALOGS]; /* chained walk bytes per round */
-    uint32_t acc_iters[GPU_MAX_BATCH_CATALOGS]; /* accept-loop iterations per byte, worst */
-    uint64_t hay_bytes;
-    size_t n_meta; /* uvec4 */
-    size_t n_ranges;
-    uint32_t rounds;
-    uint32_t n_carry; /* words */
-    uint64_t items_total;
-    uint64_t workers;
-    uint64_t new_cat_bytes;
-    uint64_t t_read; /* when the last pass's fence signalled */
-};
+/* Swaps frame `fr`'s resources with the engine's fields of the same names
+ * (its own inverse): in before working on a frame, out after. */
+void gpu_frame_swap(struct gpu_engine *eng, struct gpu_frame *fr);
 
 /* plan.c: lays out the haystack, writes the work items and ranges into the
  * engine's scratch, picks the launch plan (through the plan cache) and each

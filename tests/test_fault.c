@@ -193,6 +193,122 @@ START_TEST(failed_grow_keeps_buffer)
 }
 END_TEST
 
+/* ---- faults with batches in flight ------------------------------------- */
+
+struct flight {
+    const struct catalog *cats[1];
+    struct gpu_buffer gb;
+    struct gpu_batch b;
+    struct gpu_result res;
+};
+
+static void flight_init(struct flight *f, const struct catalog *cat, const char *buf)
+{
+    f->cats[0] = cat;
+    f->gb = (struct gpu_buffer){(const uint8_t *)buf, strlen(buf), 1, SCAN_ALL, 0};
+    f->b = (struct gpu_batch){f->cats, 1, &f->gb, 1};
+}
+
+/* A batch that reported success has exactly `want` hits; one that failed
+ * says why. Returns rc. */
+static int settled(int rc, const struct gpu_result *res, size_t want, const struct vks_error *err,
+                   int nth, const char *which)
+{
+    if (rc == 0)
+        ck_assert_msg(res->n_hits == want, "%s, failure at call %d: rc 0 with %zu hits, want %zu",
+                      which, nth, res->n_hits, want);
+    else
+        ck_assert_msg(err->msg[0] != '\0', "%s: rc %d without a message", which, rc);
+    return rc;
+}
+
+/* As every_position, with batches in flight: batch A (a long-lived
+ * catalog) is submitted, then `op` is armed at its nth call from there and
+ * batch B (a fresh catalog) is submitted behind A, then both are collected
+ * in order. The armed call falls in B's submit, A's wait or B's wait. Each
+ * batch either fails with a message or has exact hits; a failure never
+ * poisons the other batch's catalog or the cache: afterwards two more
+ * batches in flight, one per catalog, are exact (after a timeout or a lost
+ * device, on a re-created engine, the old one refusing with -ENODEV). */
+static void every_position_inflight(enum vkfault_op op, bool fatal)
+{
+    struct catalog *cat = compile_one("n", RULE_LITERAL, "needle");
+    size_t want = cpu_hits(cat, hay);
+    struct gpu_options opt = {
+        .timeout_ms = 20000, .hit_capacity = 4, .staged_upload = staged, .inflight = 2};
+    struct gpu_engine *eng = NULL;
+    struct vks_error err = {0};
+    ck_assert_int_eq(gpu_engine_create(&opt, &eng, &err), 0);
+    int failures = 0;
+    for (int nth = 1; nth < 64; nth++) {
+        char id[16], pat[32];
+        snprintf(id, sizeof(id), "f%d", nth);
+        snprintf(pat, sizeof(pat), "needle|yy%dq", nth);
+        struct catalog *fresh = compile_one(id, RULE_REGEX, pat);
+        size_t fresh_want = cpu_hits(fresh, hay);
+        struct flight a = {0}, b = {0};
+        flight_init(&a, cat, hay);
+        flight_init(&b, fresh, hay);
+        struct vks_error ea = {0}, eb = {0};
+        struct gpu_result *out = NULL;
+        ck_assert_int_eq(gpu_batch_submit(eng, &a.b, &a.res, &ea), 0);
+        int fired = vkfault_fired(op);
+        vkfault_arm(op, nth);
+        int rb = gpu_batch_submit(eng, &b.b, &b.res, &eb);
+        int ra = gpu_batch_collect(eng, &out, &ea);
+        ck_assert_ptr_eq(out, &a.res);
+        if (rb == 0) {
+            rb = gpu_batch_collect(eng, &out, &eb);
+            ck_assert_ptr_eq(out, &b.res);
+        }
+        vkfault_arm(op, 0);
+        ck_assert_uint_eq(gpu_engine_inflight(eng), 0);
+        bool hit = vkfault_fired(op) > fired;
+        ra = settled(ra, &a.res, want, &ea, nth, "batch A");
+        rb = settled(rb, &b.res, fresh_want, &eb, nth, "batch B");
+        if (!hit) {
+            ck_assert_msg(ra == 0 && rb == 0, "unarmed: A %d %s, B %d %s", ra, ea.msg, rb, eb.msg);
+            gpu_result_finish(&a.res);
+            gpu_result_finish(&b.res);
+            catalog_destroy(fresh);
+            break;
+        }
+        failures++;
+        if (fatal && (ra < 0 || rb < 0)) {
+            ck_assert_int_eq(gpu_batch_submit(eng, &a.b, &a.res, &ea), -ENODEV);
+            gpu_engine_destroy(eng);
+            ck_assert_int_eq(gpu_engine_create(&opt, &eng, &err), 0);
+        }
+        /* Both catalogs again, both in flight at once: exact. */
+        ck_assert_int_eq(gpu_batch_submit(eng, &b.b, &b.res, &eb), 0);
+        ck_assert_int_eq(gpu_batch_submit(eng, &a.b, &a.res, &ea), 0);
+        ck_assert_int_eq(gpu_batch_collect(eng, &out, &eb), 0);
+        ck_assert_msg(b.res.n_hits == fresh_want, "after a failure at call %d: %zu hits, CPU %zu",
+                      nth, b.res.n_hits, fresh_want);
+        ck_assert_int_eq(gpu_batch_collect(eng, &out, &ea), 0);
+        ck_assert_msg(a.res.n_hits == want, "other catalog after a failure at call %d: %zu hits",
+                      nth, a.res.n_hits);
+        gpu_result_finish(&a.res);
+        gpu_result_finish(&b.res);
+        catalog_destroy(fresh);
+    }
+    ck_assert_msg(failures > 0, "the armed call was never reached: interposer not in effect");
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+
+/* _i: bit 0 staged uploads; bits 1-2 the call that fails: allocations,
+ * submits, waits (timeouts), lost devices. */
+START_TEST(inflight_failures)
+{
+    static const enum vkfault_op ops[] = {VKFAULT_ALLOC, VKFAULT_SUBMIT, VKFAULT_WAIT,
+                                          VKFAULT_LOST};
+    staged = _i & 1;
+    enum vkfault_op op = ops[_i >> 1];
+    every_position_inflight(op, op == VKFAULT_WAIT || op == VKFAULT_LOST);
+}
+END_TEST
+
 static void pin_vulkan_modules(void)
 {
     static const char *const libs[] = {"libvulkan_lvp.so", "libVkLayer_MESA_device_select.so",
@@ -219,6 +335,7 @@ Suite *fault_suite(void)
     tcase_add_loop_test(tc, wait_timeouts, 0, 2);
     tcase_add_loop_test(tc, device_lost, 0, 2);
     tcase_add_test(tc, failed_grow_keeps_buffer);
+    tcase_add_loop_test(tc, inflight_failures, 0, 8);
     suite_add_tcase(s, tc);
     return s;
 }

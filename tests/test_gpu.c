@@ -122,6 +122,8 @@ static struct gpu_engine *engine(const struct gpu_options *opt)
     return eng;
 }
 
+static size_t check_result(const struct gpu_batch *b, const struct gpu_result *res);
+
 /* Dispatches the batch and asserts every buffer's hits equal refscan's.
  * Returns the number of hits. */
 static size_t check_batch(struct gpu_engine *eng, const struct gpu_batch *b, struct gpu_result *res)
@@ -129,6 +131,12 @@ static size_t check_batch(struct gpu_engine *eng, const struct gpu_batch *b, str
     struct vks_error err = {0};
     int rc = gpu_batch_dispatch(eng, b, res, &err);
     ck_assert_msg(rc == 0, "gpu_batch_dispatch: %d %s", rc, err.msg);
+    return check_result(b, res);
+}
+
+/* Asserts every buffer's hits in `res` equal refscan's; the hit count. */
+static size_t check_result(const struct gpu_batch *b, const struct gpu_result *res)
+{
     ck_assert_uint_eq(res->tel.items_processed, res->tel.items_total);
     ck_assert_uint_eq(res->tel.items_remaining, 0);
     size_t k = 0;
@@ -1022,6 +1030,140 @@ START_TEST(test_bad_batches)
 }
 END_TEST
 
+/* ---- pipelined batches (gpu_batch_submit / gpu_batch_collect) ---------- */
+
+#define PJOBS 9u
+
+/* A batch of one client: its catalog and random buffers. */
+struct pjob {
+    const struct catalog *cats[1];
+    struct bufset bufs;
+    struct gpu_batch batch;
+    struct gpu_result res;
+};
+
+static void pjob_init(struct pjob *j, const struct catalog *cat, uint32_t n_bufs)
+{
+    j->cats[0] = cat;
+    bufset_random(&j->bufs, n_bufs, 3000, 1);
+    j->batch = (struct gpu_batch){j->cats, 1, j->bufs.v, j->bufs.n};
+}
+
+/* Two clients take turns (job i is client i % 2) with up to three batches
+ * on the device at once. From job 4 on each client scans a catalog new to
+ * the engine: job 4 uploads it while jobs 2 and 3 run, and job 6 finds it
+ * resident while job 4 is still in flight. Batches come back in submission
+ * order (so in order per client), each equal to refscan. The counters show
+ * the overlap: three batches on the device at once, none idle meanwhile,
+ * and idle time before the first. _i: 0 mapped uploads, 1 staged. */
+START_TEST(test_pipelined)
+{
+    struct gpu_options opt = {.inflight = 3, .staged_upload = _i, .hit_capacity = 64};
+    struct gpu_engine *eng = engine(&opt);
+    ck_assert_uint_eq(gpu_engine_max_inflight(eng), 3);
+    rng = 77;
+    struct catalog *cats[2][2];
+    for (int c = 0; c < 2; c++) {
+        cats[c][0] = random_catalog(4 + rnd(12));
+        cats[c][1] = random_catalog(3 + rnd(8));
+    }
+    struct pjob jobs[PJOBS + 1];
+    memset(jobs, 0, sizeof(jobs));
+    for (uint32_t i = 0; i <= PJOBS; i++)
+        pjob_init(&jobs[i], cats[i % 2][i >= 4], 2 + rnd(6));
+    struct pjob *extra = &jobs[PJOBS];
+    /* Warm: one batch the synchronous way; then the device sits idle. */
+    check_batch(eng, &extra->batch, &extra->res);
+
+    struct vks_error err = {0};
+    struct gpu_result *out = NULL;
+    ck_assert_int_eq(gpu_batch_collect(eng, &out, &err), -ENOENT);
+    uint32_t next = 0, done = 0;
+    while (done < PJOBS) {
+        while (next < PJOBS && gpu_engine_inflight(eng) < 3) {
+            int rc = gpu_batch_submit(eng, &jobs[next].batch, &jobs[next].res, &err);
+            ck_assert_msg(rc == 0, "submit %u: %d %s", next, rc, err.msg);
+            next++;
+        }
+        if (next < PJOBS) { /* the window is full */
+            ck_assert_int_eq(gpu_batch_submit(eng, &extra->batch, &extra->res, &err), -EBUSY);
+            ck_assert_int_eq(gpu_batch_dispatch(eng, &extra->batch, &extra->res, &err), -EBUSY);
+            ck_assert(err.msg[0] != '\0');
+        }
+        int rc = gpu_batch_collect(eng, &out, &err);
+        ck_assert_msg(rc == 0, "collect %u: %d %s", done, rc, err.msg);
+        ck_assert_ptr_eq(out, &jobs[done].res);
+        check_result(&jobs[done].batch, out);
+        done++;
+    }
+    ck_assert_uint_eq(gpu_engine_inflight(eng), 0);
+
+    ck_assert_uint_gt(jobs[0].res.tel.device_idle_ns, 0);
+    ck_assert_uint_eq(jobs[0].res.tel.inflight, 1);
+    for (uint32_t i = 1; i < PJOBS; i++) {
+        const struct gpu_telemetry *t = &jobs[i].res.tel;
+        ck_assert_uint_ge(t->inflight, 2);
+        ck_assert_uint_eq(t->device_idle_ns, 0);
+        ck_assert_uint_ge(t->wall_ns, t->total_ns);
+    }
+    ck_assert_uint_eq(jobs[2].res.tel.inflight, 3);
+    ck_assert_uint_eq(jobs[4].res.tel.catalog_uploads, 1);
+    ck_assert_uint_eq(jobs[6].res.tel.catalog_uploads, 0);
+    ck_assert_uint_eq(jobs[6].res.tel.catalog_cache_hits, 1);
+    struct gpu_engine_stats st;
+    gpu_engine_stats(eng, &st);
+    ck_assert_uint_eq(st.max_inflight, 3);
+    ck_assert_uint_eq(st.batches, PJOBS + 1);
+    ck_assert_uint_gt(st.busy_ns, 0);
+    ck_assert_uint_gt(st.idle_ns, 0);
+
+    gpu_engine_destroy(eng);
+    for (uint32_t i = 0; i <= PJOBS; i++) {
+        bufset_free(&jobs[i].bufs);
+        gpu_result_finish(&jobs[i].res);
+    }
+    for (int c = 0; c < 2; c++) {
+        catalog_destroy(cats[c][0]);
+        catalog_destroy(cats[c][1]);
+    }
+}
+END_TEST
+
+/* A catalog forgotten while a batch in flight scans it stays until that
+ * batch is collected (exact hits), then goes; an engine destroyed with
+ * batches never collected waits for them and frees everything (ASan and
+ * LeakSanitizer check the second part). */
+START_TEST(test_pipelined_forget_destroy)
+{
+    struct gpu_options opt = {.inflight = 2};
+    struct gpu_engine *eng = engine(&opt);
+    rng = 78;
+    struct catalog *cat = random_catalog(6);
+    struct pjob jobs[2];
+    memset(jobs, 0, sizeof(jobs));
+    pjob_init(&jobs[0], cat, 5);
+    pjob_init(&jobs[1], cat, 5);
+    struct vks_error err = {0};
+    struct gpu_result *out;
+    ck_assert_int_eq(gpu_batch_submit(eng, &jobs[0].batch, &jobs[0].res, &err), 0);
+    ck_assert(gpu_engine_forget(eng, catalog_fingerprint(cat)));
+    ck_assert_uint_eq(gpu_engine_resident_catalogs(eng), 1);
+    ck_assert_int_eq(gpu_batch_collect(eng, &out, &err), 0);
+    check_result(&jobs[0].batch, out);
+    ck_assert_uint_eq(gpu_engine_resident_catalogs(eng), 0);
+
+    ck_assert_int_eq(gpu_batch_submit(eng, &jobs[0].batch, &jobs[0].res, &err), 0);
+    ck_assert_int_eq(gpu_batch_submit(eng, &jobs[1].batch, &jobs[1].res, &err), 0);
+    ck_assert_uint_eq(gpu_engine_inflight(eng), 2);
+    gpu_engine_destroy(eng);
+    for (int i = 0; i < 2; i++) {
+        bufset_free(&jobs[i].bufs);
+        gpu_result_finish(&jobs[i].res);
+    }
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* The Vulkan loader unloads its drivers and layers at vkDestroyInstance;
  * what lavapipe keeps in its globals then looks leaked to LeakSanitizer
  * (128 bytes from an unnamed module per engine). Pinning the modules
@@ -1069,6 +1211,8 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_catalog_eviction);
     tcase_add_test(tc, test_over_budget);
     tcase_add_test(tc, test_timeout);
+    tcase_add_loop_test(tc, test_pipelined, 0, 2);
+    tcase_add_test(tc, test_pipelined_forget_destroy);
     suite_add_tcase(s, tc);
     return s;
 }
