@@ -1036,10 +1036,14 @@ int compat_stream_write_fd_v0(struct vks_stream *s, int fd, uint64_t offset, uin
 int compat_stream_close_v0(struct vks_stream *s, struct vks_scan_result *res,
                            struct vks_error *err);
 
+/* Only libvkscan.so has the version nodes (vkscan.map); the Python
+ * package's stand-alone build compiles this file into its module. */
+#ifdef VKS_SYMBOL_VERSIONS
 __asm__(".symver compat_client_scan_v0,vks_client_scan@VKSCAN_0");
 __asm__(".symver compat_stream_write_v0,vks_stream_write@VKSCAN_0");
 __asm__(".symver compat_stream_write_fd_v0,vks_stream_write_fd@VKSCAN_0");
 __asm__(".symver compat_stream_close_v0,vks_stream_close@VKSCAN_0");
+#endif
 
 int compat_client_scan_v0(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
                           const struct vks_buffer *buffers, size_t n,

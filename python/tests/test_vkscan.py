@@ -337,3 +337,15 @@ def test_stream_equals_block_scan(client):
     got += [(m.rule, m.end) for m in st.last]
     assert sorted(got, key=lambda x: (x[1], x[0])) == sorted(want, key=lambda x: (x[1], x[0]))
     assert len(got) > 100
+
+
+def test_starts_of_flag_L_rules(client):
+    cat = client.load("a:/foo.*bar/L\nb:/bar/\n")
+    got = cat.scan(b"xfoo foo bar")
+    assert [(m.rule, m.start, m.end) for m in got] == [("a", 1, 12), ("b", None, 12)]
+    # starts=True: every rule gets its start
+    got = cat.scan(b"xfoo foo bar", starts=True)
+    assert [(m.rule, m.start, m.end) for m in got] == [("a", 1, 12), ("b", 9, 12)]
+    # a stream cannot report starts: a catalog with L rules is refused
+    with pytest.raises(vkscan.Error, match="flag L"):
+        cat.stream()

@@ -326,15 +326,18 @@ class Catalog:
         return self.client.drop(self.fingerprint)
 
     def scan(self, data: ScanInput, *, mode: int = Report.ALL, max_hits: int = 0,
-             timeout_ms: int = 0) -> List[Match]:
+             timeout_ms: int = 0, starts: bool = False) -> List[Match]:
         """Scans one input: bytes, bytearray, memoryview (sent inline; 1 MiB
         and more travel as a sealed memfd), a binary file object or an int
         file descriptor (passed to the daemon, which reads the whole file
         from offset 0, whatever the current position), or a path (opened
         here, read-only, and passed as a descriptor). Returns the
         matches in order of (rule, end); raises the buffer's own error (for
-        example BadFdError) when the daemon could not read it."""
-        res = self.scan_many([data], mode=mode, max_hits=max_hits, timeout_ms=timeout_ms)
+        example BadFdError) when the daemon could not read it. Matches of
+        rules with flag L carry their leftmost `start`; `starts=True` asks
+        for it on every match."""
+        res = self.scan_many([data], mode=mode, max_hits=max_hits, timeout_ms=timeout_ms,
+                             starts=starts)
         b = res.buffers[0]
         if b.code != 0:
             raise error_for_code(b.code, b.message or "")
@@ -346,7 +349,7 @@ class Catalog:
         return Stream(self)
 
     def scan_many(self, inputs: Iterable[ScanInput], *, mode: int = Report.ALL,
-                  max_hits: int = 0, timeout_ms: int = 0) -> ScanResult:
+                  max_hits: int = 0, timeout_ms: int = 0, starts: bool = False) -> ScanResult:
         """Scans a batch of inputs (as scan() takes them) in one request.
         A buffer the daemon could not read fails only its own BufferResult."""
         items: List[Any] = []
@@ -355,13 +358,13 @@ class Catalog:
             for x in inputs:
                 items.append(_scan_item(x, opened))
             hits, bufs, tel = self.client._raw.scan(self.fingerprint, items, mode, max_hits,
-                                                     timeout_ms)
+                                                     timeout_ms, starts)
         finally:
             for fd in opened:
                 os.close(fd)
         rules = self.rules
-        matches = [Match(rules[r] if r < len(rules) else str(r), end, None, b, r, count)
-                   for (b, r, end, count) in hits]
+        matches = [Match(rules[r] if r < len(rules) else str(r), end, start, b, r, count)
+                   for (b, r, end, count, start) in hits]
         # Per-buffer codes come back negative from libvkscan: positive here,
         # as Error.code and the protocol have them.
         return ScanResult(matches, [BufferResult(abs(b[0]), *b[1:]) for b in bufs], tel)

@@ -413,18 +413,22 @@ static PyObject *client_drop(Client *self, PyObject *arg)
 }
 
 /*
- * scan(fingerprint, buffers, mode=0, max_hits=0, timeout_ms=0) where each
- * buffer is a bytes-like object (inline) or a tuple (fd, offset, length).
- * Returns (hits, buffers, telemetry): hits as (buffer, rule, end, count,
- * rule_id) tuples, buffers as (code, message, bytes, hits, truncated).
+ * scan(fingerprint, buffers, mode=0, max_hits=0, timeout_ms=0, starts=False)
+ * where each buffer is a bytes-like object (inline) or a tuple (fd, offset,
+ * length). Returns (hits, buffers, telemetry): hits as (buffer, rule, end,
+ * count, start) tuples, start None when the hit has none (a rule without
+ * flag L, unless `starts`), buffers as (code, message, bytes, hits,
+ * truncated).
  */
 static PyObject *client_scan(Client *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"fingerprint", "buffers", "mode", "max_hits", "timeout_ms", NULL};
+    static char *kwlist[] = {"fingerprint", "buffers", "mode", "max_hits",
+                             "timeout_ms",  "starts",  NULL};
     PyObject *fpo, *seq_in;
     unsigned int mode = 0, max_hits = 0, timeout_ms = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|III", kwlist, &fpo, &seq_in, &mode, &max_hits,
-                                     &timeout_ms))
+    int starts = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|IIIp", kwlist, &fpo, &seq_in, &mode, &max_hits,
+                                     &timeout_ms, &starts))
         return NULL;
     uint8_t fp[VKS_FP_LEN];
     if (get_fp(fpo, fp) < 0)
@@ -467,6 +471,7 @@ static PyObject *client_scan(Client *self, PyObject *args, PyObject *kw)
     so.max_hits = max_hits;
     so.timeout_ms = timeout_ms;
     so.rule_ids = false;
+    so.starts = starts != 0;
     struct vks_scan_result res;
     struct vks_error err = {0};
     int rc;
@@ -482,8 +487,12 @@ static PyObject *client_scan(Client *self, PyObject *args, PyObject *kw)
     bool ok = hits != NULL && bres != NULL && tel != NULL;
     for (size_t i = 0; ok && i < res.n_hits; i++) {
         const struct vks_hit *h = &res.hits[i];
-        PyObject *t =
-            Py_BuildValue("(IIKI)", h->buffer, h->rule, (unsigned long long)h->end, h->count);
+        PyObject *start = h->start == VKS_NO_START
+                              ? (Py_INCREF(Py_None), Py_None)
+                              : PyLong_FromUnsignedLongLong((unsigned long long)h->start);
+        PyObject *t = start == NULL ? NULL
+                                    : Py_BuildValue("(IIKIN)", h->buffer, h->rule,
+                                                    (unsigned long long)h->end, h->count, start);
         ok = t != NULL;
         if (ok)
             PyList_SET_ITEM(hits, (Py_ssize_t)i, t);
