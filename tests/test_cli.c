@@ -831,6 +831,53 @@ START_TEST(scan_json_records)
 }
 END_TEST
 
+/* -o prints each match's bytes from its leftmost start (every rule: the
+ * scan asks for starts), escaped when binary; --json carries `start` for
+ * rules with flag L, and `text` with -o; a stream input has no starts. */
+START_TEST(scan_only_matching_and_starts)
+{
+    static const char orules[] = "lit:\"needle\"\nre:/ab+c/L\nbin:/\\x00\\xff+/\n";
+    write_file("orules.txt", orules, strlen(orules));
+    static const char data[] = "xx needle abbbc\n\0\xff\xff";
+    write_file("o.bin", data, sizeof(data) - 1);
+    struct run r;
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "-o", "-r", "orules.txt", "o.bin"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.out, "o.bin:3-9:lit:needle\n"
+                            "o.bin:10-15:re:abbbc\n"
+                            "o.bin:16-18:bin:\\x00\\xff\n"
+                            "o.bin:16-19:bin:\\x00\\xff\\xff\n");
+    /* --json: the L rule has its start, the others none */
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "--json", "-r", "orules.txt", "o.bin"));
+    ck_assert_int_eq(r.status, 0);
+    struct jobj o[8];
+    ck_assert_int_eq(parse_lines(r.out, o, 8), 5);
+    ck_assert_str_eq(jget(&o[0], "rule")->val, "lit");
+    ck_assert_ptr_null(jget(&o[0], "start"));
+    ck_assert_str_eq(jget(&o[1], "rule")->val, "re");
+    ck_assert_str_eq(jget(&o[1], "start")->val, "10");
+    ck_assert_str_eq(jget(&o[1], "offset")->val, "15");
+    ck_assert_ptr_null(jget(&o[1], "text"));
+    /* --json -o: every match has start and text */
+    run_cli(&r, NULL, NULL,
+            ARGS("--socket", sock, "scan", "--json", "-o", "-r", "orules.txt", "o.bin"));
+    ck_assert_int_eq(parse_lines(r.out, o, 8), 5);
+    ck_assert_str_eq(jget(&o[0], "start")->val, "3");
+    ck_assert_str_eq(jget(&o[0], "text")->val, "needle");
+    ck_assert_str_eq(jget(&o[1], "text")->val, "abbbc");
+    ck_assert_ptr_nonnull(strstr(r.out, "\"start\":16,\"text\":\"\\u0000\\u00ff\\u00ff\"}"));
+    /* a pipe is a stream: no starts, so -o warns and prints plain matches */
+    run_cli(&r, "a needle", NULL, ARGS("--socket", sock, "scan", "-o", "-r", "rules.txt", "-"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.out, "(standard input):8:lit\n");
+    ck_assert_ptr_nonnull(strstr(r.err, "-o prints its matches without their bytes"));
+    /* ... and a catalog with L rules cannot be streamed */
+    run_cli(&r, "abc", NULL, ARGS("--socket", sock, "scan", "-r", "orules.txt", "-"));
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_ptr_nonnull(strstr(r.err, "flag L"));
+}
+END_TEST
+
 /* ---- -z: archives and compressed files ------------------------------------- */
 
 struct member {
@@ -1772,6 +1819,7 @@ Suite *cli_suite(void)
     tcase_add_test(d, scan_several_rule_files_and_e);
     tcase_add_test(d, scan_output_forms);
     tcase_add_test(d, scan_json_records);
+    tcase_add_test(d, scan_only_matching_and_starts);
     tcase_add_test(d, scan_walk_ignore_hidden_globs_links);
     tcase_add_test(d, scan_archives_members);
     tcase_add_test(d, scan_archive_corrupt);
