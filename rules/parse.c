@@ -1407,6 +1407,10 @@ int parse_rule(const struct rule_src *r, struct parse_result *out, uint32_t *pos
     msg[0] = '\0';
     if (r->flags & ~RULE_F_ALL)
         fail(&p, 0, "unknown flag bits 0x%x", r->flags & ~RULE_F_ALL);
+    else if ((r->flags & RULE_F_SOMLEFT) && (r->flags & RULE_F_SINGLEMATCH))
+        fail(&p, 0,
+             "flags H (single match) and L (start of match) cannot be combined, as in "
+             "Hyperscan: drop one of them");
     else if (r->len == 0)
         fail(&p, 0, "empty pattern: a rule must match at least one byte");
     else if (r->len > RULES_MAX_PATTERN)

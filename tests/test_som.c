@@ -440,6 +440,27 @@ START_TEST(flag_letter)
     ck_assert_uint_eq(f, RULE_F_CASELESS | RULE_F_SOMLEFT);
     ck_assert_int_eq(rules_parse_flags("Q", 1, &f, &err), -EINVAL);
     ck_assert(strstr(err.msg, "L (start of match)") != NULL);
+    /* Hyperscan refuses SOM_LEFTMOST with SINGLEMATCH: so do we, per rule */
+    struct rule_src src[2] = {
+        {.id = "hl",
+         .kind = RULE_REGEX,
+         .pattern = "ab",
+         .len = 2,
+         .flags = RULE_F_SOMLEFT | RULE_F_SINGLEMATCH},
+        {.id = "l", .kind = RULE_REGEX, .pattern = "ab", .len = 2, .flags = RULE_F_SOMLEFT}};
+    struct rules_options opt = {.threads = 1};
+    struct rules_result res;
+    ck_assert_int_eq(rules_compile(src, 2, &opt, &res, &err), 0);
+    ck_assert_uint_eq(res.n_rejects, 1);
+    ck_assert_str_eq(res.rejects[0].id, "hl");
+    ck_assert(strstr(res.rejects[0].msg, "H (single match) and L") != NULL);
+    hs_database_t *db = NULL;
+    hs_compile_error_t *ce = NULL;
+    ck_assert_int_ne(
+        hs_compile("ab", HS_FLAG_SOM_LEFTMOST | HS_FLAG_SINGLEMATCH, HS_MODE_BLOCK, NULL, &db, &ce),
+        HS_SUCCESS);
+    hs_free_compile_error(ce);
+    rules_result_finish(&res);
 }
 END_TEST
 
