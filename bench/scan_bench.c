@@ -15,7 +15,15 @@
  *              [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]
  *              [--upload-threads N] [--upload-chunk BYTES] [--only NAME,NAME..]
  *              [--data DIR] [--no-hs] [--max-states N] [--bitnfa-counters N]
- *              [--json] [--json-out FILE]
+ *              [--json] [--json-out FILE] [--engine gpu|cpu] [--cpu-plain]
+ *
+ * --engine cpu runs the same workloads through the CPU engine instead
+ * (rules/cpuscan.h, as vkscand's CPU pool runs it: every buffer cut into
+ * segments spread over --threads threads, default all cores, then each
+ * buffer's parts merged), with Hyperscan on the same threads in the same
+ * run, and prints the medians of --iters of both and their ratio. No
+ * Vulkan device is opened in that mode. --cpu-plain turns the CPU fast
+ * paths (rules/cpuplan.h) off: the walks of rules/refscan.c alone.
  */
 #include <errno.h>
 #include <hs/hs.h>
@@ -26,7 +34,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "cpuplan.h"
+#include "cpuscan.h"
 #include "gpu.h"
 #include "patfile.h"
 #include "rules.h"
@@ -55,6 +66,9 @@ struct opts {
     uint32_t max_states;      /* the compiler's per-group DFA state budget; 0: default */
     uint32_t bitnfa_counters; /* rules_options.bitnfa_counters; 0: default */
     bool json;
+    bool cpu;       /* --engine cpu */
+    bool cpu_plain; /* --cpu-plain: no fast paths */
+    bool threads_set;
 };
 
 struct result {
@@ -70,6 +84,9 @@ struct result {
     uint32_t dfa_groups, nfa_groups, nfa_rules; /* engines of the catalog */
     uint32_t factor_groups, gated_groups;       /* CAT_GF_FACTOR, CAT_GF_GATED */
     struct gpu_telemetry tel;
+    double cpu_med_gbs, hs_med_gbs;                  /* --engine cpu: medians of --iters */
+    uint32_t lit_groups, window_groups, full_groups; /* the CPU plan (cpuplan.h) */
+    double plan_s;                                   /* building it */
 };
 
 static double now_s(void)
@@ -558,6 +575,237 @@ static void run_workload(struct gpu_engine *eng, const char *name, struct rulese
     free(keep);
 }
 
+/* ---- the CPU engine (--engine cpu) -------------------------------------- */
+
+/* One segment of one buffer, as vkscand's CPU pool cuts them. */
+struct cpu_task {
+    uint32_t buf;
+    uint64_t lo, hi;
+};
+
+struct cpu_job {
+    const struct catalog *cat;
+    const struct gpu_buffer *bufs;
+    uint32_t n_bufs;
+    struct cpu_task *tasks;
+    uint32_t n_tasks;
+    uint32_t *first; /* per buffer: its first task; first[n_bufs] = n_tasks */
+    struct cpuscan_part *parts;
+    atomic_uint next, next_merge;
+    atomic_uint_fast64_t hits;
+};
+
+/* Segments of `len` bytes on `threads` threads: daemon/engine_cpu.c's
+ * seg_size with the default cpu-segment-bytes (4 MiB). */
+static uint64_t cpu_seg_size(uint64_t lb, uint64_t len, uint32_t threads)
+{
+    if (lb == CPUSCAN_UNSEGMENTABLE)
+        return len;
+    uint64_t seg = len / threads > (64u << 10) ? len / threads : (64u << 10);
+    seg = seg > (4u << 20) ? (4u << 20) : seg;
+    return seg < 4 * lb ? 4 * lb : seg;
+}
+
+static void cpu_plan_tasks(struct cpu_job *j, uint32_t threads)
+{
+    uint64_t lb = cpuscan_lookback(j->cat), n = 0;
+    for (uint32_t b = 0; b < j->n_bufs; b++) {
+        uint64_t seg = cpu_seg_size(lb, j->bufs[b].len, threads);
+        n += j->bufs[b].len <= seg ? 1 : (j->bufs[b].len + seg - 1) / seg;
+    }
+    j->tasks = xmalloc(n * sizeof(*j->tasks));
+    j->first = xmalloc((j->n_bufs + 1) * sizeof(*j->first));
+    j->parts = calloc(n ? n : 1, sizeof(*j->parts));
+    if (j->parts == NULL)
+        die("out of memory", "lower --size");
+    uint32_t t = 0;
+    for (uint32_t b = 0; b < j->n_bufs; b++) {
+        uint64_t len = j->bufs[b].len, seg = cpu_seg_size(lb, len, threads);
+        j->first[b] = t;
+        for (uint64_t lo = 0; lo < len || (len == 0 && lo == 0); lo += seg) {
+            j->tasks[t++] = (struct cpu_task){b, lo, lo + seg < len ? lo + seg : len};
+            if (len == 0)
+                break;
+        }
+    }
+    j->first[j->n_bufs] = t;
+    j->n_tasks = t;
+}
+
+/* A pool thread: segments first, in order, then the merges of whole
+ * buffers (a buffer's merge needs all its segments: the threads meet in
+ * between, as the daemon's last task of a batch merges). */
+static void *cpu_worker(void *arg)
+{
+    struct cpu_job *j = arg;
+    struct cpuscan_scratch *s;
+    if (cpuscan_scratch_create(&s) != 0)
+        die("cpuscan_scratch_create", "out of memory");
+    for (;;) {
+        uint32_t i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->n_tasks)
+            break;
+        const struct cpu_task *t = &j->tasks[i];
+        const struct gpu_buffer *b = &j->bufs[t->buf];
+        if (cpuscan_segment(j->cat, b->data, (size_t)b->len, t->lo, t->hi, SCAN_ALL, 0, NULL, NULL,
+                            s, &j->parts[i]) != 0)
+            die("cpuscan_segment", "failed");
+    }
+    cpuscan_scratch_destroy(s);
+    return NULL;
+}
+
+static void *cpu_merger(void *arg)
+{
+    struct cpu_job *j = arg;
+    uint64_t hits = 0;
+    struct scan_hits out = {0};
+    for (;;) {
+        uint32_t b = atomic_fetch_add(&j->next_merge, 1);
+        if (b >= j->n_bufs)
+            break;
+        uint64_t dropped = 0;
+        out.n = 0;
+        if (cpuscan_merge(j->cat, SCAN_ALL, &j->parts[j->first[b]], j->first[b + 1] - j->first[b],
+                          UINT64_MAX, false, &out, &dropped) != 0)
+            die("cpuscan_merge", "out of memory");
+        hits += out.n;
+        for (uint32_t t = j->first[b]; t < j->first[b + 1]; t++)
+            cpuscan_part_finish(&j->parts[t]);
+    }
+    scan_hits_finish(&out);
+    atomic_fetch_add(&j->hits, hits);
+    return NULL;
+}
+
+/* One scan of every buffer on `threads` threads; returns its seconds. */
+static double cpu_run(struct cpu_job *j, uint32_t threads, uint64_t *hits)
+{
+    pthread_t *th = xmalloc(threads * sizeof(*th));
+    atomic_init(&j->next, 0);
+    atomic_init(&j->next_merge, 0);
+    atomic_init(&j->hits, 0);
+    double t0 = now_s();
+    for (uint32_t t = 0; t < threads; t++)
+        pthread_create(&th[t], NULL, cpu_worker, j);
+    for (uint32_t t = 0; t < threads; t++)
+        pthread_join(th[t], NULL);
+    for (uint32_t t = 0; t < threads; t++)
+        pthread_create(&th[t], NULL, cpu_merger, j);
+    for (uint32_t t = 0; t < threads; t++)
+        pthread_join(th[t], NULL);
+    double dt = now_s() - t0;
+    free(th);
+    *hits = atomic_load(&j->hits);
+    return dt;
+}
+
+static void run_workload_cpu(const char *name, struct ruleset *rs, struct corpus *c,
+                             uint64_t buffer, const struct opts *o, struct result *out)
+{
+    memset(out, 0, sizeof(*out));
+    snprintf(out->name, sizeof(out->name), "%s", name);
+    if (o->dump_rules != NULL)
+        dump_rules(o->dump_rules, name, rs);
+    bool *keep = xmalloc(rs->n * sizeof(bool));
+    for (size_t i = 0; i < rs->n; i++)
+        keep[i] = true;
+    uint32_t rejected;
+    struct catalog *cat = compile_ours(rs, keep, &rejected, &out->compile_s, o->max_states);
+    double t0 = now_s();
+    hs_database_t *db = o->no_hs ? NULL : hs_build(rs, keep);
+    out->hs_compile_s = now_s() - t0;
+    size_t both = 0;
+    for (size_t i = 0; i < rs->n; i++)
+        both += keep[i];
+    if (both != catalog_rule_count(cat)) { /* Hyperscan dropped some: same set for both */
+        catalog_destroy(cat);
+        cat = compile_ours(rs, keep, &rejected, &out->compile_s, o->max_states);
+    }
+    out->rules = catalog_rule_count(cat);
+    out->rejected = (uint32_t)(rs->n - out->rules);
+    out->dfa_groups = catalog_group_count(cat);
+    out->nfa_groups = catalog_nfa_count(cat);
+    struct cpuplan *plan;
+    t0 = now_s();
+    if (cpuplan_get(cat, &plan) != 0)
+        die(name, "out of memory planning the CPU scan");
+    out->plan_s = now_s() - t0;
+    out->lit_groups = plan->n_lit_groups;
+    out->window_groups = plan->n_window_groups;
+    out->full_groups = plan->n_dfa + plan->n_nfa - plan->n_lit_groups - plan->n_window_groups;
+    cpuplan_put(plan);
+    uint32_t n = (uint32_t)((c->size + buffer - 1) / buffer);
+    struct gpu_buffer *bufs = xmalloc(n * sizeof(*bufs));
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t lo = (uint64_t)i * buffer;
+        bufs[i] = (struct gpu_buffer){.data = c->p + lo,
+                                      .len = c->size - lo < buffer ? c->size - lo : buffer};
+    }
+    out->bytes = c->size;
+    out->buffers = n;
+    struct cpu_job j = {.cat = cat, .bufs = bufs, .n_bufs = n};
+    cpu_plan_tasks(&j, o->threads);
+    double *cs = xmalloc(o->iters * sizeof(double)), *hs = xmalloc(o->iters * sizeof(double));
+    for (uint32_t it = 0; it < o->iters; it++) { /* interleaved: both see the same load */
+        cs[it] = cpu_run(&j, o->threads, &out->gpu_hits);
+        hs[it] = db != NULL ? hs_run(db, bufs, n, o->threads, &out->hs_hits) : 1e30;
+    }
+    qsort(cs, o->iters, sizeof(double), cmp_double);
+    qsort(hs, o->iters, sizeof(double), cmp_double);
+    double gb = (double)c->size / 1e9;
+    out->cpu_med_gbs = gb / cs[o->iters / 2];
+    out->hs_med_gbs = db != NULL ? gb / hs[o->iters / 2] : 0;
+    out->hs_gbs = out->hs_med_gbs;
+    free(cs);
+    free(hs);
+    free(j.tasks);
+    free(j.first);
+    free(j.parts);
+    hs_free_database(db);
+    catalog_destroy(cat);
+    free(bufs);
+    free(keep);
+}
+
+static void print_cpu(FILE *f, const struct result *r, size_t n, const struct opts *o, bool json)
+{
+    if (json) {
+        fprintf(
+            f,
+            "{\"engine\":\"cpu\",\"threads\":%u,\"fast\":%s,\"hyperscan\":\"%s\",\"workloads\":[",
+            o->threads, o->cpu_plain ? "false" : "true", hs_version());
+        for (size_t i = 0; i < n; i++)
+            fprintf(f,
+                    "%s{\"name\":\"%s\",\"rules\":%u,\"bytes\":%" PRIu64 ",\"cpu_med_gbs\":%.4f,"
+                    "\"hs_med_gbs\":%.4f,\"cpu_hits\":%" PRIu64 ",\"hs_hits\":%" PRIu64
+                    ",\"lit_groups\":%u,\"window_groups\":%u,\"full_groups\":%u,\"plan_s\":%.3f}",
+                    i ? "," : "", r[i].name, r[i].rules, r[i].bytes, r[i].cpu_med_gbs,
+                    r[i].hs_med_gbs, r[i].gpu_hits, r[i].hs_hits, r[i].lit_groups,
+                    r[i].window_groups, r[i].full_groups, r[i].plan_s);
+        fprintf(f, "]}\n");
+        return;
+    }
+    fprintf(f, "CPU engine (%s) and Hyperscan %s, both on %u threads; medians of %u\n",
+            o->cpu_plain ? "refscan walks only" : "fast paths", hs_version(), o->threads, o->iters);
+    fprintf(f, "%-20s %6s %6s %9s %9s %7s %10s %10s %5s %12s %7s\n", "workload", "rules", "MiB",
+            "cpuGB/s", "hsGB/s", "cpu/hs", "cpu hits", "hs hits", "equal", "lit/win/full",
+            "plan s");
+    for (size_t i = 0; i < n; i++) {
+        const struct result *x = &r[i];
+        char groups[32];
+        snprintf(groups, sizeof(groups), "%u/%u/%u", x->lit_groups, x->window_groups,
+                 x->full_groups);
+        fprintf(f, "%-20s %6u %6.0f %9.3f %9.3f %7.2f %10" PRIu64 " %10" PRIu64 " %5s %12s %7.2f\n",
+                x->name, x->rules, (double)x->bytes / 1048576.0, x->cpu_med_gbs, x->hs_med_gbs,
+                x->hs_med_gbs > 0 ? x->cpu_med_gbs / x->hs_med_gbs : 0, x->gpu_hits, x->hs_hits,
+                x->hs_med_gbs == 0          ? "-"
+                : x->gpu_hits == x->hs_hits ? "yes"
+                                            : "NO",
+                groups, x->plan_s);
+    }
+}
+
 /* ---- output ------------------------------------------------------------- */
 
 static void print_text(const struct result *r, size_t n, const struct gpu_device_info *d,
@@ -680,7 +928,8 @@ static void usage(void)
             "                  [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]\n"
             "                  [--upload-threads N] [--upload-chunk BYTES] [--only NAME,..]\n"
             "                  [--data DIR] [--no-hs] [--json] [--json-out FILE]\n"
-            "                  [--dump-rules DIR] [--max-states N] [--bitnfa-counters N]\n");
+            "                  [--dump-rules DIR] [--max-states N] [--bitnfa-counters N]\n"
+            "                  [--engine gpu|cpu] [--cpu-plain]\n");
     exit(2);
 }
 
@@ -698,6 +947,10 @@ static void parse_opts(int argc, char **argv, struct opts *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--cpu-plain") == 0) {
+            o->cpu_plain = true;
+            continue;
+        }
         if (strcmp(a, "--json") == 0 || strcmp(a, "--no-hs") == 0) {
             o->json |= a[2] == 'j';
             o->no_hs |= a[2] == 'n';
@@ -719,6 +972,11 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->regexes = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(a, "--threads") == 0) {
             o->threads = (uint32_t)strtoul(v, NULL, 10);
+            o->threads_set = true;
+        } else if (strcmp(a, "--engine") == 0) {
+            if (strcmp(v, "cpu") != 0 && strcmp(v, "gpu") != 0)
+                usage();
+            o->cpu = v[0] == 'c';
         } else if (strcmp(a, "--device") == 0) {
             o->device = v;
         } else if (strcmp(a, "--buffer") == 0) {
@@ -754,8 +1012,21 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             usage();
         }
     }
+    if (o->cpu && !o->threads_set) { /* the CPU engine: all cores, Hyperscan the same */
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        o->threads = n > 0 ? (uint32_t)n : 1;
+    }
     if (o->threads == 0 || o->iters == 0 || o->size < 4096 || o->buffer == 0)
         usage();
+}
+
+static void run_any(struct gpu_engine *eng, const char *name, struct ruleset *rs, struct corpus *c,
+                    uint64_t buffer, const struct opts *o, struct result *out)
+{
+    if (eng == NULL)
+        run_workload_cpu(name, rs, c, buffer, o, out);
+    else
+        run_workload(eng, name, rs, c, buffer, o, out);
 }
 
 int main(int argc, char **argv)
@@ -768,9 +1039,11 @@ int main(int argc, char **argv)
                              .upload_threads = o.upload_threads,
                              .max_workgroups = o.max_wgs,
                              .upload_chunk = o.upload_chunk};
-    struct gpu_engine *eng;
+    struct gpu_engine *eng = NULL;
     struct vks_error err;
-    if (gpu_engine_create(&go, &eng, &err) < 0)
+    if (o.cpu) /* no device: the CPU engine and Hyperscan */
+        cpuplan_set_fast(!o.cpu_plain);
+    else if (gpu_engine_create(&go, &eng, &err) < 0)
         die("gpu_engine_create", err.msg);
     struct result res[16];
     size_t n = 0;
@@ -782,7 +1055,7 @@ int main(int argc, char **argv)
         struct ruleset rs = {0};
         struct corpus c;
         literal_workload(o.literals[i], &rs, &c, &o);
-        run_workload(eng, name, &rs, &c, o.buffer, &o, &res[n++]);
+        run_any(eng, name, &rs, &c, o.buffer, &o, &res[n++]);
         rs_free(&rs);
         free(c.p);
     }
@@ -791,7 +1064,7 @@ int main(int argc, char **argv)
         struct ruleset rs = {0};
         struct corpus c;
         regex_workload(o.regexes, &rs, &c, &o);
-        run_workload(eng, name, &rs, &c, o.buffer, &o, &res[n++]);
+        run_any(eng, name, &rs, &c, o.buffer, &o, &res[n++]);
         rs_free(&rs);
         free(c.p);
     }
@@ -807,14 +1080,21 @@ int main(int argc, char **argv)
         struct ruleset rs = {0};
         struct corpus c = {0};
         if (real_workload(real[i][1], real[i][2], &rs, &c, &o))
-            run_workload(eng, real[i][0], &rs, &c, o.real_buffer, &o, &res[n++]);
+            run_any(eng, real[i][0], &rs, &c, o.real_buffer, &o, &res[n++]);
         rs_free(&rs);
         free(c.p);
     }
     bool equal = true;
     for (size_t i = 0; i < n && !o.no_hs; i++)
         equal &= res[i].gpu_hits == res[i].hs_hits;
-    if (n > 0) {
+    if (n > 0 && o.cpu) {
+        print_cpu(stdout, res, n, &o, o.json);
+        FILE *f = o.json_out ? fopen(o.json_out, "w") : NULL;
+        if (f != NULL) {
+            print_cpu(f, res, n, &o, true);
+            fclose(f);
+        }
+    } else if (n > 0) {
         if (o.json)
             print_json(stdout, res, n, gpu_engine_device(eng), &o);
         else
@@ -825,6 +1105,7 @@ int main(int argc, char **argv)
             fclose(f);
         }
     }
-    gpu_engine_destroy(eng);
+    if (eng != NULL)
+        gpu_engine_destroy(eng);
     return equal ? 0 : 1;
 }

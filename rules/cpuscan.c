@@ -6,6 +6,8 @@
 #include "cpuscan.h"
 
 #include <errno.h>
+
+#include "cpuplan.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +31,7 @@ struct cpuscan_scratch {
     uint32_t cap;
     uint32_t *used; /* slots in use, n_used of them */
     uint32_t n_used;
+    struct cpuplan *plan; /* the catalog's (cpuplan.h), referenced */
 };
 
 /* Whether refscan's range walks (refscan_group_range, refscan_nfa_range)
@@ -87,6 +90,7 @@ void cpuscan_scratch_destroy(struct cpuscan_scratch *s)
     free(s->single);
     free(s->tab);
     free(s->used);
+    cpuplan_put(s->plan);
     free(s);
 }
 
@@ -97,6 +101,11 @@ static int scratch_prepare(struct cpuscan_scratch *s, const struct catalog *cat)
     if (s->ready && s->n_rules == n && memcmp(s->fp, fp, CATALOG_FP_LEN) == 0)
         return 0;
     s->ready = false;
+    cpuplan_put(s->plan);
+    s->plan = NULL;
+    int rc = cpuplan_get(cat, &s->plan);
+    if (rc != 0)
+        return rc;
     free(s->single);
     s->single = malloc(n ? n : 1);
     if (s->single == NULL)
@@ -275,6 +284,146 @@ static int on_match(void *ctx, uint32_t rule, uint64_t end)
     return 0;
 }
 
+/* The start state for a walk from `begin` (refscan's choice). */
+static uint32_t start_state(const struct catalog_group *g, const uint8_t *buf, size_t begin)
+{
+    if (begin == 0)
+        return g->start[0];
+    switch (catalog_byte_kind(buf[begin - 1])) {
+    case CAT_K_WORD:
+        return g->start[1];
+    case CAT_K_NL:
+        return g->start[2];
+    default:
+        return g->start[3];
+    }
+}
+
+/* The accepts of state s before byte i: refscan_group_range's check. */
+static int accepts_at(const struct catalog_group *g, uint32_t s, const uint8_t *buf, size_t len,
+                      size_t i, struct walk *w)
+{
+    uint32_t k = i >= len ? CAT_K_EOD : catalog_byte_kind(buf[i]);
+    if (k == CAT_K_NL && i + 1 == len)
+        k = CAT_K_NL_LAST;
+    const uint32_t *a = g->accepts + g->accept_index[s - g->first_accept];
+    const uint32_t *end = g->accepts + g->accept_index[s - g->first_accept + 1];
+    for (; a < end; a++) {
+        if (CAT_ACCEPT_MASK(*a) & (1u << k)) {
+            int rc = on_match(w, CAT_ACCEPT_RULE(*a), i);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* A DFA group's walk over buf[begin..hi), reporting ends in (lo, hi]: the
+ * walk of refscan_group_range, with the accept check out of the byte loop
+ * (accepting states are numbered from first_accept, and most bytes lead to
+ * a state below it). */
+static int dfa_range(const struct catalog_group *g, const uint8_t *buf, size_t len, size_t begin,
+                     uint64_t lo, uint64_t hi, struct walk *w)
+{
+    if (hi > len)
+        hi = len;
+    const uint32_t *trans = g->trans, *cm = g->classmap;
+    const uint32_t nc = g->n_classes, fa = g->first_accept;
+    uint32_t s = start_state(g, buf, begin);
+    size_t i = begin;
+    for (;;) {
+        if (s >= fa && i > lo) {
+            int rc = accepts_at(g, s, buf, len, i, w);
+            if (rc != 0)
+                return rc;
+        }
+        if (i >= hi)
+            return 0;
+        do {
+            s = trans[(size_t)s * nc + cm[buf[i++]]];
+        } while (s < fa && i < hi);
+    }
+}
+
+/* ---- fast paths (cpuplan.h) ---- */
+
+/* A literal matcher's report: a rule of a literal group, or a factor end
+ * of a window group. */
+struct litwalk {
+    struct walk *w;
+    struct refscan_gate *cands;
+    uint64_t lo;
+};
+
+static int on_literal(void *ctx, uint32_t id, uint64_t end)
+{
+    struct litwalk *lw = ctx;
+    if (id & CPUPLAN_FACTOR)
+        return refscan_gate_push(lw->cands, id & ~CPUPLAN_FACTOR, end);
+    return end > lw->lo ? on_match(lw->w, id, end) : 0;
+}
+
+/* One window group's walks. */
+struct winwalk {
+    const struct catalog *cat;
+    const struct cpuplan *plan;
+    uint32_t g, maxlen;
+    const uint8_t *buf;
+    size_t len;
+    struct walk *w;
+};
+
+static int on_window(void *ctx, uint64_t lo, uint64_t hi)
+{
+    const struct winwalk *x = ctx;
+    size_t begin = lo + 1 > x->maxlen ? (size_t)(lo + 1 - x->maxlen) : 0;
+    if (x->g >= x->plan->n_dfa)
+        return refscan_nfa_range(x->cat, x->g - x->plan->n_dfa, x->buf, x->len, begin, lo, hi,
+                                 on_match, x->w);
+    struct catalog_group cg;
+    catalog_group(x->cat, x->g, &cg);
+    return dfa_range(&cg, x->buf, x->len, begin, lo, hi, x->w);
+}
+
+static uint32_t group_maxlen(const struct catalog *cat, const struct cpuplan *plan, uint32_t g)
+{
+    if (g < plan->n_dfa) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        return cg.maxlen;
+    }
+    struct catalog_nfa cn;
+    catalog_nfa(cat, g - plan->n_dfa, &cn);
+    return cn.maxlen;
+}
+
+/* The literal and window groups: one pass of each literal matcher, then
+ * each window group's walks around its factors' ends. */
+static int fast_groups(const struct catalog *cat, const struct cpuplan *plan, const uint8_t *buf,
+                       size_t len, size_t begin, uint64_t lo, uint64_t hi, struct walk *w)
+{
+    struct refscan_gate cands = {0};
+    struct litwalk lw = {w, &cands, lo};
+    int rc = 0;
+    if (plan->lit != NULL)
+        rc = cpulit_scan(plan->lit, buf, len, begin, begin, hi, on_literal, &lw);
+    if (rc == 0 && cands.n > 0)
+        refscan_gate_sort(&cands);
+    for (size_t a = 0; rc == 0 && a < cands.n;) {
+        size_t z = a;
+        while (z < cands.n && cands.v[z].nfa == cands.v[a].nfa)
+            z++;
+        uint32_t g = cands.v[a].nfa;
+        struct winwalk x = {cat, plan, g, group_maxlen(cat, plan, g), buf, len, w};
+        rc = refscan_gate_windows(x.maxlen, &cands.v[a].end, z - a,
+                                  sizeof(struct refscan_cand) / sizeof(uint64_t), len, lo, hi,
+                                  on_window, &x);
+        a = z;
+    }
+    refscan_gate_finish(&cands);
+    return rc;
+}
+
 int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                     uint64_t hi, enum scan_mode mode, uint64_t limit, cpuscan_enough_fn enough,
                     void *ctx, struct cpuscan_scratch *s, struct cpuscan_part *part)
@@ -300,23 +449,32 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
                      .ctx = ctx};
     size_t begin = lo > lb ? (size_t)(lo - lb) : 0;
     /* gated bit-NFA groups are walked only around their factors' ends */
+    const struct cpuplan *plan = s->plan;
     struct refscan_gate gate = {0};
-    rc = refscan_factor_ends(cat, buf, len, lo, hi, &gate);
+    if (plan->gated_full)
+        rc = refscan_factor_ends(cat, buf, len, lo, hi, &gate);
+    for (uint32_t g = 0; g < catalog_nfa_count(cat) && plan->gated_full && rc == 0; g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        if ((cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL)
+            rc = refscan_gated_range(cat, g, buf, len, lo, hi, &gate, on_match, &w);
+    }
+    refscan_gate_finish(&gate);
+    if (rc == 0)
+        rc = fast_groups(cat, plan, buf, len, begin, lo, hi, &w);
     for (uint32_t g = 0; g < catalog_nfa_count(cat) && rc == 0; g++) {
         struct catalog_nfa cn;
         catalog_nfa(cat, g, &cn);
-        if (cn.flags & CAT_GF_GATED)
-            rc = refscan_gated_range(cat, g, buf, len, lo, hi, &gate, on_match, &w);
-        else
+        if (!(cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL)
             rc = refscan_nfa_range(cat, g, buf, len, begin, lo, hi, on_match, &w);
     }
-    refscan_gate_finish(&gate);
     for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++) {
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
         if (cg.flags & CAT_GF_FACTOR) /* found the candidates above; reports nothing */
             continue;
-        rc = refscan_group_range(cat, g, buf, len, begin, lo, hi, on_match, &w);
+        if (plan->mode[g] == CPUPLAN_FULL)
+            rc = dfa_range(&cg, buf, len, begin, lo, hi, &w);
         /* dedup state is per group walk: a rule lives in one group */
     }
     if (rc == 0 && mode != SCAN_ALL) {

@@ -24,6 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cpulit.h"
+#include "cpuplan.h"
 #include "cpuscan.h"
 #include "refscan.h"
 #include "rules.h"
@@ -1571,6 +1573,312 @@ START_TEST(test_gated_segments)
 }
 END_TEST
 
+/* ---- the CPU fast paths (rules/cpulit.c, rules/cpuplan.c) -------------- */
+
+/* Letters with both cases, a newline and binary bytes: caseless matches,
+ * overlaps and nested strings are common. */
+static const uint8_t lit_alpha[] = {'a', 'b', 'A', 'B', 'c', 0x00, 0xff, '\n', 'Z', 'z'};
+
+struct lit_hit {
+    uint32_t id;
+    uint64_t end;
+};
+
+struct lit_hits {
+    struct lit_hit v[40000];
+    size_t n;
+};
+
+static int lit_push(void *ctx, uint32_t id, uint64_t end)
+{
+    struct lit_hits *h = ctx;
+    ck_assert_uint_lt(h->n, 40000);
+    h->v[h->n++] = (struct lit_hit){id, end};
+    return 0;
+}
+
+/* Entry e occurs at s (its caseless letters in either case). */
+static bool lit_at(const struct cpulit_entry *e, const uint8_t *buf, size_t len, size_t s)
+{
+    if (s + e->len > len)
+        return false;
+    for (uint32_t k = 0; k < e->len; k++) {
+        uint8_t t = buf[s + k];
+        if (t != e->bytes[k] && !(e->fold[k] && (t | 0x20) == e->bytes[k]))
+            return false;
+    }
+    return true;
+}
+
+/* Random strings of 1..20 bytes, some copies, prefixes and suffixes of
+ * others, caseless letters at random; ids are input order. */
+static size_t random_lits(struct cpulit_entry *v, uint8_t (*b)[20], uint8_t (*m)[20], size_t max)
+{
+    size_t n = 1 + rnd((uint32_t)max);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t len = 1 + rnd(rnd(3) == 0 ? 20 : 9);
+        size_t from = i > 0 && rnd(3) == 0 ? rnd((uint32_t)i) : i;
+        for (uint32_t k = 0; k < len; k++) {
+            uint8_t c =
+                from != i && k < v[from].len ? b[from][k] : lit_alpha[rnd(sizeof(lit_alpha))];
+            if (from != i && rnd(2) == 0 && len <= v[from].len) /* a suffix instead */
+                c = b[from][v[from].len - len + k];
+            bool fold = c >= 'a' && c <= 'z' && rnd(2) == 0;
+            if (c >= 'A' && c <= 'Z' && rnd(2) == 0) {
+                c |= 0x20;
+                fold = true;
+            }
+            b[i][k] = c;
+            m[i][k] = fold ? 0x20 : 0;
+        }
+        v[i] = (struct cpulit_entry){b[i], m[i], len, (uint32_t)i};
+    }
+    return n;
+}
+
+/* The matcher against a byte-by-byte search, for random sets (strings of
+ * 1 to 20 bytes, so every filter width), windows and buffer edges. */
+START_TEST(test_cpulit_equals_naive)
+{
+    static uint8_t b[200][20], m[200][20];
+    static struct cpulit_entry v[200];
+    static struct lit_hits got, want;
+    for (int round = 0; round < 40; round++) {
+        size_t n = random_lits(v, b, m, round < 20 ? 12 : 200);
+        struct cpulit *lit;
+        ck_assert_int_eq(cpulit_create(v, n, &lit), 0);
+        size_t len = 1 + rnd(3000);
+        uint8_t *buf = malloc(len); /* exactly len: ASan sees a read past it */
+        for (size_t i = 0; i < len; i++)
+            buf[i] = lit_alpha[rnd(sizeof(lit_alpha))];
+        for (size_t p = 0; p < len; p += 1 + rnd(40)) {
+            const struct cpulit_entry *e = &v[rnd((uint32_t)n)];
+            for (uint32_t k = 0; k < e->len && p + k < len; k++)
+                buf[p + k] = e->fold[k] && rnd(2) ? e->bytes[k] ^ 0x20 : e->bytes[k];
+        }
+        for (int w = 0; w < 6; w++) {
+            size_t begin = w == 0 ? 0 : rnd((uint32_t)len);
+            uint64_t hi = w < 2 ? len : begin + rnd((uint32_t)(len - begin + 1));
+            uint64_t lo = w < 2 ? 0 : begin + rnd(30);
+            got.n = want.n = 0;
+            ck_assert_int_eq(cpulit_scan(lit, buf, len, begin, lo, hi, lit_push, &got), 0);
+            for (size_t s = begin; s < hi; s++)
+                for (size_t i = 0; i < n; i++)
+                    if (lit_at(&v[i], buf, hi, s) && s + v[i].len > lo)
+                        lit_push(&want, v[i].id, s + v[i].len);
+            ck_assert_msg(got.n == want.n, "round %d window %d: %zu hits, naive %zu", round, w,
+                          got.n, want.n);
+            for (size_t i = 0; i < want.n; i++)
+                ck_assert_msg(got.v[i].id == want.v[i].id && got.v[i].end == want.v[i].end,
+                              "round %d window %d hit %zu: (%u,%llu), naive (%u,%llu)", round, w, i,
+                              got.v[i].id, (unsigned long long)got.v[i].end, want.v[i].id,
+                              (unsigned long long)want.v[i].end);
+        }
+        free(buf);
+        cpulit_destroy(lit);
+    }
+    ck_assert_int_eq(cpulit_create(v, 0, &(struct cpulit *){NULL}), -EINVAL);
+    v[0].len = 0;
+    ck_assert_int_eq(cpulit_create(v, 1, &(struct cpulit *){NULL}), -EINVAL);
+}
+END_TEST
+
+/* Compiles owned patterns; flags as letters. */
+static struct catalog *compile_src(char **pat, const char **flags, enum rule_kind *kind, size_t n,
+                                   bool bitnfa)
+{
+    struct rule_src *src = calloc(n, sizeof(*src));
+    char(*ids)[24] = calloc(n, 24);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t f = 0;
+        ck_assert_int_eq(rules_parse_flags(flags[i], strlen(flags[i]), &f, NULL), 0);
+        snprintf(ids[i], 24, "r%zu", i);
+        src[i] = (struct rule_src){ids[i], kind[i], pat[i], strlen(pat[i]), f, 0};
+    }
+    struct rules_result res = {0};
+    struct rules_options ro = {.force_bitnfa = bitnfa};
+    ck_assert_int_eq(rules_compile(src, n, &ro, &res, NULL), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    struct catalog *cat = res.catalog;
+    res.catalog = NULL;
+    rules_result_finish(&res);
+    free(src);
+    free(ids);
+    return cat;
+}
+
+/* Segmented scans on 1-3 threads, every mode, equal refscan_buffer. */
+static void fast_equals_refscan(const struct catalog *cat, const uint8_t *buf, size_t len,
+                                const char *what)
+{
+    static const size_t segs[] = {1, 3, 17, 500, 4096, 1u << 20};
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+        struct scan_hits want = {0};
+        ck_assert_int_eq(refscan_buffer(cat, buf, len, (enum scan_mode)mode, &want), 0);
+        ck_assert_uint_ge(want.n, 5);
+        for (size_t s = 0; s < sizeof(segs) / sizeof(segs[0]); s++) {
+            struct scan_hits got = {0};
+            uint64_t dropped = 0;
+            segmented(cat, buf, len, segs[s], 1 + (int)(s % 3), (enum scan_mode)mode, 0, UINT64_MAX,
+                      &got, &dropped);
+            char msg[96];
+            snprintf(msg, sizeof(msg), "%s, mode %d segments of %zu", what, mode, segs[s]);
+            assert_same(&got, &want, msg);
+            scan_hits_finish(&got);
+        }
+        if (mode == SCAN_ALL) { /* a limit keeps refscan's prefix */
+            struct scan_hits got = {0};
+            uint64_t dropped = 0;
+            segmented(cat, buf, len, 700, 2, SCAN_ALL, 7, 7, &got, &dropped);
+            struct scan_hits prefix = want;
+            prefix.n = want.n < 7 ? want.n : 7;
+            assert_same(&got, &prefix, what);
+            scan_hits_finish(&got);
+        }
+        scan_hits_finish(&want);
+    }
+}
+
+/* Random literal rules (binary bytes as \xHH, caseless, single-match,
+ * nested and repeated strings): every group takes the literal path, and
+ * segmented scans equal refscan. _i 1: bit-NFA groups. */
+START_TEST(test_literal_groups_equal_refscan)
+{
+    static uint8_t b[200][20], m[200][20];
+    static struct cpulit_entry v[200];
+    for (int round = 0; round < 3; round++) {
+        size_t n = 0;
+        while (n < 3) { /* strings of 3 bytes and more */
+            n = random_lits(v, b, m, 120);
+            size_t k = 0;
+            for (size_t i = 0; i < n; i++)
+                if (v[i].len >= 3)
+                    v[k++] = v[i];
+            n = k;
+        }
+        char **pat = calloc(n, sizeof(*pat));
+        const char **flags = calloc(n, sizeof(*flags));
+        enum rule_kind *kind = calloc(n, sizeof(*kind));
+        for (size_t i = 0; i < n; i++) {
+            pat[i] = calloc(v[i].len * 4 + 1, 1);
+            bool ci = false;
+            for (uint32_t k = 0; k < v[i].len; k++) {
+                sprintf(pat[i] + 4 * k, "\\x%02x", v[i].bytes[k]);
+                ci |= v[i].fold[k] != 0;
+            }
+            kind[i] = RULE_REGEX;
+            flags[i] = ci ? (i % 5 == 0 ? "iH" : "i") : (i % 7 == 0 ? "H" : "");
+            for (uint32_t k = 0; ci && k < v[i].len; k++)
+                m[i][k] = v[i].bytes[k] >= 'a' && v[i].bytes[k] <= 'z' ? 0x20 : 0;
+        }
+        struct catalog *cat = compile_src(pat, flags, kind, n, _i == 1);
+        struct cpuplan *plan;
+        ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
+        uint32_t factor_groups = 0;
+        for (uint32_t g = 0; g < plan->n_dfa; g++) {
+            struct catalog_group cg;
+            catalog_group(cat, g, &cg);
+            factor_groups += (cg.flags & CAT_GF_FACTOR) != 0;
+        }
+        ck_assert_uint_eq(plan->n_lit_groups, plan->n_dfa + plan->n_nfa - factor_groups);
+        ck_assert(!plan->gated_full);
+        ck_assert_ptr_nonnull(plan->lit);
+        cpuplan_put(plan);
+        size_t len = 30000;
+        uint8_t *buf = malloc(len);
+        for (size_t i = 0; i < len; i++)
+            buf[i] = lit_alpha[rnd(sizeof(lit_alpha))];
+        for (size_t p = 0; p < len; p += 1 + rnd(60)) {
+            const struct cpulit_entry *e = &v[rnd((uint32_t)n)];
+            for (uint32_t k = 0; k < e->len && p + k < len; k++)
+                buf[p + k] = m[e - v][k] && rnd(2) ? e->bytes[k] ^ 0x20 : e->bytes[k];
+        }
+        memcpy(buf, v[0].bytes, v[0].len); /* at both ends */
+        memcpy(buf + len - v[1 % n].len, v[1 % n].bytes, v[1 % n].len);
+        fast_equals_refscan(cat, buf, len, "literals");
+        free(buf);
+        catalog_destroy(cat);
+        for (size_t i = 0; i < n; i++)
+            free(pat[i]);
+        free(pat);
+        free(flags);
+        free(kind);
+    }
+}
+END_TEST
+
+/* Regexes with factors (counted classes, alternations, caseless, \b, ^,
+ * $, multi-line): every group walked in windows only, equal to refscan.
+ * _i 1: bit-NFA groups (gated ones: the plan's factors replace the
+ * catalog's factor group). */
+START_TEST(test_window_groups_equal_refscan)
+{
+    static char *const pats[] = {
+        "abc[0-9]{2,4}xyz",
+        "qqa[a-z]{0,6}bcd",
+        "pre(mid|zqmid|midx)suf",
+        "\\bwor[a-z]{2,5}d\\b",
+        "beef[0-9a-f]{4}cafe",
+        "^star[a-z]?t",
+        "en[dx]d$",
+        "abq.{0,3}cd",
+        "^line",
+        "x[yz]\\s?q",
+    };
+    static const char *flags[] = {"", "", "", "", "i", "", "", "H", "m", ""};
+    enum rule_kind kind[10];
+    for (int i = 0; i < 10; i++)
+        kind[i] = RULE_REGEX;
+    struct catalog *cat = compile_src((char **)pats, flags, kind, 10, _i == 1);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
+    ck_assert_uint_eq(plan->n_window_groups + plan->n_lit_groups,
+                      plan->n_nfa + plan->n_dfa - (_i == 1));
+    cpuplan_put(plan);
+    static const char *const plants[] = {
+        "abc12xyz", "qqabcd",       "QQAxbcd",      "premidsuf", "prezqmidsuf", " word ",
+        "worxyzd_", "BEEF12aFcafe", "beef0000CAFE", "start",     "\nend",       "exd\n",
+        "abqxxcd",  "\nline",       "xyq",          "xz q",      "zzz"};
+    static const char alpha[] = "abcdeqrstxyz0123 \nEF";
+    size_t len = 30000;
+    uint8_t *buf = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+    for (size_t p = 0; p + 16 < len; p += 1 + rnd(50)) {
+        const char *x = plants[rnd(17)];
+        memcpy(buf + p, x, strlen(x));
+    }
+    memcpy(buf, "start", 5);
+    memcpy(buf + len - 4, "end", 3);
+    buf[len - 1] = '\n';
+    fast_equals_refscan(cat, buf, len, "windows");
+    free(buf);
+    catalog_destroy(cat);
+}
+END_TEST
+
+/* One plan per catalog, shared: the cache hands out the same one. */
+START_TEST(test_plan_cached)
+{
+    static const struct rdef lits[] = {{"a", "needle", NULL, RULE_LITERAL},
+                                       {"b", "haystack", "i", RULE_LITERAL}};
+    struct catalog *a = compile(lits, 2), *b = compile(unbounded, 2);
+    struct cpuplan *pa, *pa2, *pb;
+    ck_assert_int_eq(cpuplan_get(a, &pa), 0);
+    ck_assert_int_eq(cpuplan_get(b, &pb), 0);
+    ck_assert_int_eq(cpuplan_get(a, &pa2), 0);
+    ck_assert_ptr_eq(pa, pa2);
+    ck_assert_ptr_ne(pa, pb);
+    ck_assert_uint_eq(pa->n_lit_groups, catalog_group_count(a));
+    ck_assert_uint_lt(pb->n_lit_groups, pb->n_dfa + pb->n_nfa); /* a[^z]*q: a full walk */
+    cpuplan_put(pa);
+    cpuplan_put(pa2);
+    cpuplan_put(pb);
+    catalog_destroy(a);
+    catalog_destroy(b);
+}
+END_TEST
+
 Suite *engine_suite(void)
 {
     Suite *s = suite_create("engine");
@@ -1582,6 +1890,13 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_segment_enough);
     tcase_add_test(tc, test_finalize_radix_equals_sorting);
     tcase_add_loop_test(tc, test_gated_segments, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("fast");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_cpulit_equals_naive);
+    tcase_add_loop_test(tc, test_literal_groups_equal_refscan, 0, 2);
+    tcase_add_loop_test(tc, test_window_groups_equal_refscan, 0, 2);
+    tcase_add_test(tc, test_plan_cached);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
         return s;

@@ -1,0 +1,399 @@
+/*
+ * The literal matcher of the CPU engine (cpulit.h).
+ *
+ * Filter: position j's domain is a hash of the bytes j-2, j-1, j. For each
+ * domain value the table holds a u64 of 16 nibble lanes: bit b of lane k
+ * is clear when some string of bucket b (of 4) has, at offset k
+ * (2 <= k < L), a trigram with that hash. The state R shifts one lane per
+ * byte and ORs the table entry in, so after byte j lane k holds what the
+ * k+1 bytes ending at j say about a string starting at j - k. A clear bit
+ * in lane L-1 is a candidate start. Lanes L-1..15 hold the last 17-L
+ * starts, so the state is looked at once every 17-L bytes, not per byte.
+ */
+#include "cpulit.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BUCKETS 4u
+#define LANES   16u /* of 4 bits */
+#define MAX_L   12u /* prefix the filter looks at */
+#define MUL32   0x9e3779b1u
+#define MUL64   0x9e3779b97f4a7c15ull
+
+struct lit {
+    uint32_t off; /* into bytes / mask */
+    uint32_t len;
+    uint32_t id;
+    uint32_t bucket; /* buckets hold the shortest strings first */
+};
+
+/* Strings with one folded prefix key: lits[first .. first + n). */
+struct slot {
+    uint64_t key;
+    uint32_t first, n; /* n == 0: empty */
+};
+
+struct cpulit {
+    uint32_t L;       /* prefix the filter looks at (<= MAX_L) */
+    uint32_t K;       /* prefix the key holds: min(min_len, 8) */
+    bool flush;       /* some bucket has strings shorter than L */
+    uint32_t min_len; /* shortest string */
+    uint32_t bits;    /* filter domain bits */
+    uint64_t *filter; /* 1 << bits entries */
+    struct lit *lits; /* sorted by key, then input order */
+    uint32_t n_lits;
+    uint8_t *bytes, *mask; /* strings; mask: 0x20 where a letter is caseless */
+    struct slot *slots;
+    uint32_t slot_mask;
+};
+
+static inline uint8_t lower(uint8_t c)
+{
+    return (uint8_t)((unsigned)(c - 'A') < 26u ? c | 0x20 : c);
+}
+
+/* The case-folded first L bytes, one per byte of the key. */
+static inline uint64_t key_of(const uint8_t *p, uint32_t L)
+{
+    uint64_t k = 0;
+    for (uint32_t i = 0; i < L; i++)
+        k |= (uint64_t)lower(p[i]) << (8 * i);
+    return k;
+}
+
+/* Filter index of a trigram held in the low 24 bits of x (first byte
+ * lowest); the top byte of x is ignored. */
+static inline uint32_t dom(uint32_t x, uint32_t shift)
+{
+    return (x * (MUL32 << 8)) >> shift; /* (x << 8) * MUL32: x's top byte drops out */
+}
+
+static inline uint32_t slot_hash(uint64_t key, uint32_t mask)
+{
+    return (uint32_t)((key * MUL64) >> 40) & mask;
+}
+
+void cpulit_destroy(struct cpulit *m)
+{
+    if (m == NULL)
+        return;
+    free(m->filter);
+    free(m->lits);
+    free(m->bytes);
+    free(m->mask);
+    free(m->slots);
+    free(m);
+}
+
+uint32_t cpulit_min_len(const struct cpulit *m)
+{
+    return m->min_len;
+}
+
+struct order {
+    uint64_t key;
+    uint32_t index;
+};
+
+static int cmp_order(const void *a, const void *b)
+{
+    const struct order *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+static int check_entries(const struct cpulit_entry *v, size_t n, uint64_t *total)
+{
+    *total = 0;
+    if (n == 0 || n > UINT32_MAX / 2)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].len == 0 || v[i].len > CPULIT_MAX_LEN)
+            return -EINVAL;
+        for (uint32_t k = 0; v[i].fold != NULL && k < v[i].len; k++) {
+            uint8_t c = v[i].bytes[k];
+            if (v[i].fold[k] != 0 && (v[i].fold[k] != 0x20 || c < 'a' || c > 'z'))
+                return -EINVAL;
+        }
+        *total += v[i].len;
+    }
+    return *total < UINT32_MAX ? 0 : -EINVAL;
+}
+
+/* Clears bucket b's bit in lane k for every case variant of the trigram
+ * ending at offset k of string p (mask q). */
+static void filter_add(struct cpulit *m, const uint8_t *p, const uint8_t *q, uint32_t k, uint32_t b)
+{
+    uint32_t shift = 32 - m->bits;
+    for (uint32_t var = 0; var < 8; var++) {
+        uint32_t x = 0;
+        bool skip = false;
+        for (uint32_t t = 0; t < 3; t++) {
+            uint8_t c = p[k - 2 + t];
+            bool flip = (var >> t) & 1;
+            if (flip && q[k - 2 + t] == 0)
+                skip = true; /* no such variant */
+            x |= (uint32_t)(flip ? c ^ 0x20 : c) << (8 * t);
+        }
+        if (!skip)
+            m->filter[dom(x, shift)] &= ~((uint64_t)1 << (4 * k + b));
+    }
+}
+
+static int build_filter(struct cpulit *m)
+{
+    uint32_t lg = 0;
+    while (lg < 31 && (1u << lg) < m->n_lits)
+        lg++;
+    m->bits = lg + 3 < 11 ? 11 : lg + 3 > 15 ? 15 : lg + 3;
+    size_t n = (size_t)1 << m->bits;
+    m->filter = malloc(n * sizeof(*m->filter));
+    if (m->filter == NULL)
+        return -ENOMEM;
+    /* a bucket's offsets past its shortest string take any byte */
+    uint32_t mb[BUCKETS] = {0};
+    for (uint32_t i = 0; i < m->n_lits; i++) {
+        const struct lit *l = &m->lits[i];
+        mb[l->bucket] = mb[l->bucket] == 0 || l->len < mb[l->bucket] ? l->len : mb[l->bucket];
+    }
+    uint64_t init = 0;
+    for (uint32_t b = 0; b < BUCKETS; b++) {
+        for (uint32_t k = 2; k < m->L && k < mb[b]; k++)
+            init |= (uint64_t)1 << (4 * k + b);
+        m->flush |= mb[b] != 0 && mb[b] < m->L;
+    }
+    for (size_t i = 0; i < n; i++)
+        m->filter[i] = init;
+    for (uint32_t i = 0; i < m->n_lits; i++) {
+        const struct lit *l = &m->lits[i];
+        for (uint32_t k = 2; k < m->L && k < mb[l->bucket]; k++)
+            filter_add(m, m->bytes + l->off, m->mask + l->off, k, l->bucket);
+    }
+    return 0;
+}
+
+static int build_slots(struct cpulit *m)
+{
+    uint32_t distinct = 0;
+    for (uint32_t i = 0; i < m->n_lits; i++)
+        distinct += i == 0 || key_of(m->bytes + m->lits[i].off, m->K) !=
+                                  key_of(m->bytes + m->lits[i - 1].off, m->K);
+    uint32_t cap = 16;
+    while (cap < 2 * distinct)
+        cap *= 2;
+    m->slots = calloc(cap, sizeof(*m->slots));
+    if (m->slots == NULL)
+        return -ENOMEM;
+    m->slot_mask = cap - 1;
+    for (uint32_t i = 0; i < m->n_lits;) {
+        uint64_t key = key_of(m->bytes + m->lits[i].off, m->K);
+        uint32_t j = i + 1;
+        while (j < m->n_lits && key_of(m->bytes + m->lits[j].off, m->K) == key)
+            j++;
+        uint32_t h = slot_hash(key, m->slot_mask);
+        while (m->slots[h].n != 0)
+            h = (h + 1) & m->slot_mask;
+        m->slots[h] = (struct slot){.key = key, .first = i, .n = j - i};
+        i = j;
+    }
+    return 0;
+}
+
+/* Copies the strings in key order, lowercasing caseless letters. */
+static int copy_entries(struct cpulit *m, const struct cpulit_entry *v, size_t n, uint64_t total)
+{
+    struct order *ord = malloc(n * sizeof(*ord));
+    m->lits = malloc(n * sizeof(*m->lits));
+    m->bytes = malloc(total);
+    m->mask = malloc(total);
+    if (ord == NULL || m->lits == NULL || m->bytes == NULL || m->mask == NULL) {
+        free(ord);
+        return -ENOMEM;
+    }
+    /* buckets by length: the shortest quarter first; the filter looks at
+     * the prefix the other three quarters all have */
+    for (size_t i = 0; i < n; i++)
+        ord[i] = (struct order){v[i].len, (uint32_t)i};
+    qsort(ord, n, sizeof(*ord), cmp_order);
+    m->min_len = (uint32_t)ord[0].key;
+    m->K = m->min_len < 8 ? m->min_len : 8;
+    m->L = ord[n / BUCKETS].key < MAX_L ? (uint32_t)ord[n / BUCKETS].key : MAX_L;
+    uint32_t *bucket = malloc(n * sizeof(*bucket));
+    if (bucket == NULL) {
+        free(ord);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++)
+        bucket[ord[i].index] = (uint32_t)(i * BUCKETS / n);
+    for (size_t i = 0; i < n; i++)
+        ord[i] = (struct order){key_of(v[i].bytes, m->K), (uint32_t)i};
+    qsort(ord, n, sizeof(*ord), cmp_order);
+    uint32_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct cpulit_entry *e = &v[ord[i].index];
+        m->lits[i] =
+            (struct lit){.off = off, .len = e->len, .id = e->id, .bucket = bucket[ord[i].index]};
+        memcpy(m->bytes + off, e->bytes, e->len);
+        if (e->fold != NULL)
+            memcpy(m->mask + off, e->fold, e->len);
+        else
+            memset(m->mask + off, 0, e->len);
+        off += e->len;
+    }
+    m->n_lits = (uint32_t)n;
+    free(ord);
+    free(bucket);
+    return 0;
+}
+
+int cpulit_create(const struct cpulit_entry *v, size_t n, struct cpulit **out)
+{
+    uint64_t total;
+    int rc = check_entries(v, n, &total);
+    if (rc != 0)
+        return rc;
+    struct cpulit *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return -ENOMEM;
+    rc = copy_entries(m, v, n, total);
+    if (rc == 0)
+        rc = build_filter(m);
+    if (rc == 0)
+        rc = build_slots(m);
+    if (rc != 0) {
+        cpulit_destroy(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+/* Confirms the strings that may start at s. */
+static int verify(const struct cpulit *m, const uint8_t *buf, size_t s, uint64_t lo, uint64_t hi,
+                  cpulit_fn fn, void *ctx)
+{
+    if (s + m->K > hi)
+        return 0; /* every string is longer */
+    uint64_t key = key_of(buf + s, m->K);
+    uint32_t h = slot_hash(key, m->slot_mask);
+    while (m->slots[h].n != 0 && m->slots[h].key != key)
+        h = (h + 1) & m->slot_mask;
+    const struct slot *sl = &m->slots[h];
+    for (uint32_t i = sl->first; i < sl->first + sl->n; i++) {
+        const struct lit *l = &m->lits[i];
+        uint64_t end = (uint64_t)s + l->len;
+        if (end > hi || end <= lo)
+            continue;
+        const uint8_t *p = m->bytes + l->off, *q = m->mask + l->off, *t = buf + s;
+        uint32_t k = 0;
+        while (k < l->len && (t[k] | q[k]) == p[k])
+            k++;
+        if (k == l->len) {
+            int rc = fn(ctx, l->id, end);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static inline uint32_t load_tri(const uint8_t *p)
+{
+    uint32_t x;
+    memcpy(&x, p, sizeof(x));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    x = __builtin_bswap32(x);
+#endif
+    return x;
+}
+
+/* The trigram ending at j, with zeros for bytes before the buffer. */
+static inline uint32_t tri_safe(const uint8_t *buf, size_t j)
+{
+    uint32_t x = (uint32_t)buf[j] << 16;
+    if (j >= 1)
+        x |= (uint32_t)buf[j - 1] << 8;
+    if (j >= 2)
+        x |= buf[j - 2];
+    return x;
+}
+
+/* The scan for one prefix length L, checking every P = 17 - L bytes; both
+ * are constants where it is inlined, so the inner loop unrolls. */
+static inline __attribute__((always_inline)) int scan_l(const struct cpulit *m, const uint8_t *buf,
+                                                        size_t len, size_t begin, uint64_t lo,
+                                                        uint64_t hi, cpulit_fn fn, void *ctx,
+                                                        const uint32_t L)
+{
+    const uint32_t P = LANES + 1 - L, shift = 32 - m->bits;
+    const uint64_t *f = m->filter;
+    uint64_t R = ~(uint64_t)0;
+    size_t j = begin;
+    int rc = 0;
+    for (; j < hi && j < 2 && rc == 0; j++) {
+        R = R << 4 | f[dom(tri_safe(buf, j), shift)];
+        if (((~R >> (4 * (L - 1))) & 0xf) != 0)
+            rc = verify(m, buf, j - (L - 1), lo, hi, fn, ctx);
+    }
+    while (rc == 0 && j + P < len && j + P <= hi) {
+        for (uint32_t t = 0; t < P; t++)
+            R = R << 4 | f[dom(load_tri(buf + j + t - 2), shift)];
+        j += P;
+        uint64_t c = ~R >> (4 * (L - 1));
+        for (uint32_t q = P; c != 0 && q-- > 0 && rc == 0;)
+            if (((c >> (4 * q)) & 0xf) != 0)
+                rc = verify(m, buf, j - 1 - (L - 1) - q, lo, hi, fn, ctx);
+    }
+    for (; j < hi && rc == 0; j++) {
+        R = R << 4 | f[dom(tri_safe(buf, j), shift)];
+        if (((~R >> (4 * (L - 1))) & 0xf) != 0)
+            rc = verify(m, buf, j - (L - 1), lo, hi, fn, ctx);
+    }
+    /* strings shorter than L starting in the last L-1 bytes: shift on
+     * with no constraint (verify rejects what does not fit) */
+    for (uint32_t t = 0; m->flush && t + 1 < L && rc == 0; t++, j++) {
+        R <<= 4;
+        if (((~R >> (4 * (L - 1))) & 0xf) != 0)
+            rc = verify(m, buf, j - (L - 1), lo, hi, fn, ctx);
+    }
+    return rc;
+}
+
+int cpulit_scan(const struct cpulit *m, const uint8_t *buf, size_t len, size_t begin, uint64_t lo,
+                uint64_t hi, cpulit_fn fn, void *ctx)
+{
+    if (hi > len)
+        hi = len;
+    if (begin >= hi)
+        return 0;
+    switch (m->L) {
+    case 1:
+        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 1);
+    case 2:
+        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 2);
+    case 3:
+        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 3);
+    case 4:
+        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 4);
+    case 5:
+        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 5);
+    case 6:
+        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 6);
+    case 7:
+        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 7);
+    case 8:
+        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 8);
+    case 9:
+        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 9);
+    case 10:
+        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 10);
+    case 11:
+        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 11);
+    default:
+        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 12);
+    }
+}

@@ -1,0 +1,562 @@
+/*
+ * Per-catalog plans of the CPU engine (cpuplan.h): which groups the
+ * literal matcher serves, and the strings it looks for. Worked out from
+ * each rule's parsed source, so the catalog format is unchanged.
+ */
+#include "cpuplan.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parse.h"
+
+/* Factor sets: at most FS_MAX strings of at most FS_LEN bytes. */
+#define FS_MAX 16u
+#define FS_LEN 24u
+/* Shortest string worth a literal pass (shorter: the automaton walk). */
+#define MIN_LIT   3u
+#define MAX_DEPTH 64
+
+struct fstr {
+    uint8_t len;
+    uint8_t b[FS_LEN], m[FS_LEN];
+};
+
+struct fset {
+    uint32_t n;
+    struct fstr v[FS_MAX];
+};
+
+/* A byte set as folded characters (a lowercase letter with its uppercase
+ * counts once, mask 0x20). Returns how many, or max + 1 when more. */
+static uint32_t set_chars(const struct byteset *s, uint8_t *b, uint8_t *m, uint32_t max)
+{
+    uint32_t n = 0;
+    for (unsigned c = 0; c < 256; c++) {
+        if (!byteset_has(s, c))
+            continue;
+        if (c >= 'A' && c <= 'Z' && byteset_has(s, c | 0x20))
+            continue; /* counted with its lowercase */
+        if (n == max)
+            return max + 1;
+        bool fold = c >= 'a' && c <= 'z' && byteset_has(s, c & ~0x20u);
+        b[n] = (uint8_t)c;
+        m[n] = fold ? 0x20 : 0;
+        n++;
+    }
+    return n;
+}
+
+static bool fs_product(const struct fset *a, const struct fset *b, struct fset *out)
+{
+    if (a->n * b->n > FS_MAX)
+        return false;
+    struct fset r = {0};
+    for (uint32_t i = 0; i < a->n; i++) {
+        for (uint32_t j = 0; j < b->n; j++) {
+            const struct fstr *x = &a->v[i], *y = &b->v[j];
+            if (x->len + y->len > FS_LEN)
+                return false;
+            struct fstr *z = &r.v[r.n++];
+            z->len = (uint8_t)(x->len + y->len);
+            memcpy(z->b, x->b, x->len);
+            memcpy(z->m, x->m, x->len);
+            memcpy(z->b + x->len, y->b, y->len);
+            memcpy(z->m + x->len, y->m, y->len);
+        }
+    }
+    *out = r;
+    return true;
+}
+
+static bool fs_union(struct fset *a, const struct fset *b)
+{
+    if (a->n + b->n > FS_MAX)
+        return false;
+    memcpy(&a->v[a->n], b->v, b->n * sizeof(*b->v));
+    a->n += b->n;
+    return true;
+}
+
+static void fs_empty_string(struct fset *s)
+{
+    s->n = 1;
+    s->v[0].len = 0;
+}
+
+/* The strings `n` matches exactly, when they are few and short. */
+static bool exact_of(const struct node *n, int depth, struct fset *out)
+{
+    if (depth > MAX_DEPTH)
+        return false;
+    switch (n->type) {
+    case N_SET: {
+        uint8_t b[FS_MAX], m[FS_MAX];
+        uint32_t k = set_chars(&n->u.set, b, m, FS_MAX);
+        if (k > FS_MAX || k == 0)
+            return false;
+        out->n = k;
+        for (uint32_t i = 0; i < k; i++)
+            out->v[i] = (struct fstr){.len = 1, .b = {b[i]}, .m = {m[i]}};
+        return true;
+    }
+    case N_ASSERT:
+        fs_empty_string(out); /* no byte: the strings around it stay adjacent */
+        return true;
+    case N_CAT: {
+        struct fset *t = malloc(sizeof(*t));
+        bool ok = t != NULL;
+        fs_empty_string(out);
+        for (uint32_t i = 0; ok && i < n->u.list.n; i++)
+            ok = exact_of(n->u.list.kids[i], depth + 1, t) && fs_product(out, t, out);
+        free(t);
+        return ok;
+    }
+    case N_ALT: {
+        struct fset *t = malloc(sizeof(*t));
+        bool ok = t != NULL;
+        out->n = 0;
+        for (uint32_t i = 0; ok && i < n->u.list.n; i++)
+            ok = exact_of(n->u.list.kids[i], depth + 1, t) && fs_union(out, t);
+        free(t);
+        return ok;
+    }
+    case N_REPEAT: {
+        uint32_t lo = n->u.rep.min, hi = n->u.rep.max;
+        if (hi > FS_LEN || !(lo == hi || (lo == 0 && hi == 1)))
+            return false;
+        struct fset *t = malloc(sizeof(*t));
+        bool ok = t != NULL && exact_of(n->u.rep.kid, depth + 1, t);
+        fs_empty_string(out);
+        for (uint32_t i = 0; ok && lo == hi && i < lo; i++)
+            ok = fs_product(out, t, out);
+        if (ok && lo != hi)
+            ok = fs_union(out, t); /* x? : "" or x */
+        free(t);
+        return ok;
+    }
+    }
+    return false;
+}
+
+/* How selective a set is: its shortest string counts most. */
+static int fs_score(const struct fset *s)
+{
+    uint32_t min = FS_LEN, lg = 0;
+    for (uint32_t i = 0; i < s->n; i++)
+        min = s->v[i].len < min ? s->v[i].len : min;
+    while ((1u << lg) < s->n)
+        lg++;
+    return (int)(min * 5) - (int)lg;
+}
+
+static bool fs_nonempty(const struct fset *s)
+{
+    if (s->n == 0)
+        return false;
+    for (uint32_t i = 0; i < s->n; i++)
+        if (s->v[i].len == 0)
+            return false;
+    return true;
+}
+
+/* Keeps `s` in `best` when it is better. */
+static void consider(const struct fset *s, struct fset *best, bool *have)
+{
+    if (!fs_nonempty(s))
+        return;
+    if (!*have || fs_score(s) > fs_score(best)) {
+        *best = *s;
+        *have = true;
+    }
+}
+
+struct fwork {
+    struct fset e, acc, f;
+};
+
+/* Runs of adjacent exact children of a concatenation. */
+static void cat_runs(const struct node *n, int depth, struct fwork *w, struct fset *best,
+                     bool *have)
+{
+    uint32_t k = n->u.list.n;
+    for (uint32_t i = 0; i < k; i++) {
+        fs_empty_string(&w->acc);
+        for (uint32_t j = i; j < k; j++) {
+            if (!exact_of(n->u.list.kids[j], depth + 1, &w->e) ||
+                !fs_product(&w->acc, &w->e, &w->acc))
+                break;
+            consider(&w->acc, best, have);
+        }
+    }
+}
+
+/* A set of strings one of which every match of `n` contains. */
+static bool factor_of(const struct node *n, int depth, struct fset *best)
+{
+    if (depth > MAX_DEPTH)
+        return false;
+    struct fwork *w = malloc(sizeof(*w));
+    if (w == NULL)
+        return false;
+    bool have = false;
+    if (exact_of(n, depth, &w->e))
+        consider(&w->e, best, &have);
+    switch (n->type) {
+    case N_CAT:
+        cat_runs(n, depth, w, best, &have);
+        for (uint32_t i = 0; i < n->u.list.n; i++)
+            if (factor_of(n->u.list.kids[i], depth + 1, &w->f))
+                consider(&w->f, best, &have);
+        break;
+    case N_ALT: {
+        bool ok = true;
+        w->acc.n = 0;
+        for (uint32_t i = 0; ok && i < n->u.list.n; i++)
+            ok = factor_of(n->u.list.kids[i], depth + 1, &w->f) && fs_union(&w->acc, &w->f);
+        if (ok)
+            consider(&w->acc, best, &have);
+        break;
+    }
+    case N_REPEAT:
+        if (n->u.rep.min >= 1 && factor_of(n->u.rep.kid, depth + 1, &w->f))
+            consider(&w->f, best, &have);
+        break;
+    default:
+        break;
+    }
+    free(w);
+    return have;
+}
+
+/* A growable string with its fold mask. */
+struct sbuf {
+    uint8_t *b, *m;
+    uint32_t n, cap;
+};
+
+static bool sbuf_push(struct sbuf *s, uint8_t b, uint8_t m, uint32_t limit)
+{
+    if (s->n >= limit)
+        return false;
+    if (s->n == s->cap) {
+        uint32_t cap = s->cap ? 2 * s->cap : 64;
+        uint8_t *nb = realloc(s->b, cap);
+        if (nb != NULL)
+            s->b = nb;
+        uint8_t *nm = realloc(s->m, cap);
+        if (nm != NULL)
+            s->m = nm;
+        if (nb == NULL || nm == NULL)
+            return false;
+        s->cap = cap;
+    }
+    s->b[s->n] = b;
+    s->m[s->n++] = m;
+    return true;
+}
+
+/* Appends the one string `n` matches, when it matches exactly one and has
+ * no assertion. */
+static bool lit_of(const struct node *n, int depth, struct sbuf *s)
+{
+    if (depth > MAX_DEPTH)
+        return false;
+    switch (n->type) {
+    case N_SET: {
+        uint8_t b, m;
+        return set_chars(&n->u.set, &b, &m, 1) == 1 && sbuf_push(s, b, m, CPULIT_MAX_LEN);
+    }
+    case N_CAT:
+        for (uint32_t i = 0; i < n->u.list.n; i++)
+            if (!lit_of(n->u.list.kids[i], depth + 1, s))
+                return false;
+        return true;
+    case N_ALT:
+        return n->u.list.n == 1 && lit_of(n->u.list.kids[0], depth + 1, s);
+    case N_REPEAT:
+        if (n->u.rep.min != n->u.rep.max || n->u.rep.min > CPULIT_MAX_LEN)
+            return false;
+        for (uint32_t i = 0; i < n->u.rep.min; i++)
+            if (!lit_of(n->u.rep.kid, depth + 1, s))
+                return false;
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* ---- building a plan -------------------------------------------------- */
+
+/* The matcher entries under construction. `bytes` holds an offset into the
+ * pool until every string is in (the pool moves while it grows). */
+struct entries {
+    struct cpulit_entry *v;
+    uint32_t *group; /* per entry: its engine group */
+    size_t n, cap;
+    struct sbuf pool;
+};
+
+static int entries_add(struct entries *e, const uint8_t *b, const uint8_t *m, uint32_t len,
+                       uint32_t id, uint32_t group)
+{
+    if (e->n == e->cap) {
+        size_t cap = e->cap ? 2 * e->cap : 256;
+        struct cpulit_entry *v = realloc(e->v, cap * sizeof(*v));
+        if (v != NULL)
+            e->v = v;
+        uint32_t *g = realloc(e->group, cap * sizeof(*g));
+        if (g != NULL)
+            e->group = g;
+        if (v == NULL || g == NULL)
+            return -ENOMEM;
+        e->cap = cap;
+    }
+    e->v[e->n] = (struct cpulit_entry){
+        .bytes = (const uint8_t *)(uintptr_t)e->pool.n, .fold = NULL, .len = len, .id = id};
+    e->group[e->n++] = group;
+    for (uint32_t i = 0; i < len; i++)
+        if (!sbuf_push(&e->pool, b[i], m[i], UINT32_MAX - 1))
+            return -ENOMEM;
+    return 0;
+}
+
+static void entries_finish(struct entries *e)
+{
+    free(e->v);
+    free(e->group);
+    free(e->pool.b);
+    free(e->pool.m);
+}
+
+/* Which engine groups may take each fast path, from their flags alone. */
+static void eligible(const struct catalog *cat, uint8_t *lit, uint8_t *win)
+{
+    uint32_t nd = catalog_group_count(cat);
+    for (uint32_t g = 0; g < nd; g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        bool plain = (cg.flags & ~CAT_GF_ASSERTS) == 0 && cg.n_rules > 0;
+        lit[g] = plain && !(cg.flags & CAT_GF_ASSERTS);
+        win[g] = plain && cg.maxlen != CATALOG_UNBOUNDED;
+    }
+    for (uint32_t j = 0; j < catalog_nfa_count(cat); j++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, j, &cn);
+        /* gated groups too: the plan's own strings replace the factor walk */
+        bool plain = (cn.flags & ~(CAT_GF_ASSERTS | CAT_GF_GATED)) == 0 && cn.n_rules > 0;
+        lit[nd + j] = plain && !(cn.flags & CAT_GF_ASSERTS);
+        win[nd + j] = plain && cn.maxlen != CATALOG_UNBOUNDED;
+    }
+}
+
+/* Parses rule r's source; *group is its engine group. The caller frees
+ * `pr` whatever this returns. */
+static int parse_src(const struct catalog *cat, uint32_t r, struct parse_result *pr,
+                     uint32_t *group)
+{
+    struct catalog_rule cr;
+    catalog_rule(cat, r, &cr);
+    struct rule_src src = {.id = "r",
+                           .kind = (enum rule_kind)cr.kind,
+                           .pattern = cr.src,
+                           .len = cr.src_len,
+                           .flags = cr.flags};
+    uint32_t pos;
+    char msg[240];
+    *group = cr.group;
+    return parse_rule(&src, pr, &pos, msg, sizeof(msg));
+}
+
+/* Pass over the rules of groups still marked in `ok`: each adds its
+ * strings (its literal, or its factor set) or unmarks its group. */
+static int collect(const struct catalog *cat, uint32_t ng, uint8_t *ok, bool factors,
+                   struct entries *e)
+{
+    struct fset *f = malloc(sizeof(*f));
+    int rc = f != NULL ? 0 : -ENOMEM;
+    for (uint32_t r = 0; r < catalog_rule_count(cat) && rc == 0; r++) {
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        if (cr.group >= ng || !ok[cr.group])
+            continue;
+        struct parse_result pr = {0};
+        uint32_t g;
+        bool good = parse_src(cat, r, &pr, &g) == 0 && pr.root != NULL;
+        if (good && !factors) {
+            struct sbuf s = {0};
+            good = lit_of(pr.root, 0, &s) && s.n >= MIN_LIT;
+            if (good)
+                rc = entries_add(e, s.b, s.m, s.n, r, g);
+            free(s.b);
+            free(s.m);
+        } else if (good) {
+            good = factor_of(pr.root, 0, f) && fs_score(f) >= (int)(MIN_LIT * 5) - 4;
+            for (uint32_t i = 0; good && i < f->n && rc == 0; i++)
+                rc = f->v[i].len >= MIN_LIT
+                         ? entries_add(e, f->v[i].b, f->v[i].m, f->v[i].len, CPUPLAN_FACTOR | g, g)
+                         : (good = false, 0);
+        }
+        parse_result_finish(&pr);
+        if (!good)
+            ok[g] = 0;
+    }
+    free(f);
+    return rc;
+}
+
+/* The matcher over the kept entries. */
+static int make_matcher(const struct entries *e, const uint8_t *mode, struct cpulit **out)
+{
+    struct cpulit_entry *v = malloc((e->n ? e->n : 1) * sizeof(*v));
+    if (v == NULL)
+        return -ENOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < e->n; i++) {
+        uint32_t want = e->v[i].id & CPUPLAN_FACTOR ? CPUPLAN_WINDOW : CPUPLAN_LIT;
+        if (mode[e->group[i]] != want)
+            continue;
+        size_t off = (size_t)(uintptr_t)e->v[i].bytes;
+        v[k] = e->v[i];
+        v[k].bytes = e->pool.b + off;
+        v[k].fold = e->pool.m + off;
+        k++;
+    }
+    int rc = k > 0 ? cpulit_create(v, k, out) : 0;
+    free(v);
+    return rc;
+}
+
+static int plan_fast(const struct catalog *cat, struct cpuplan *p)
+{
+    uint32_t ng = p->n_dfa + p->n_nfa;
+    uint8_t *lit = malloc(ng), *win = malloc(ng);
+    struct entries e = {0};
+    int rc = lit != NULL && win != NULL ? 0 : -ENOMEM;
+    if (rc == 0) {
+        eligible(cat, lit, win);
+        rc = collect(cat, ng, lit, false, &e);
+    }
+    for (uint32_t g = 0; rc == 0 && g < ng; g++)
+        win[g] = win[g] && !lit[g]; /* a literal group needs no factors */
+    if (rc == 0)
+        rc = collect(cat, ng, win, true, &e);
+    for (uint32_t g = 0; rc == 0 && g < ng; g++) {
+        p->mode[g] = lit[g] ? CPUPLAN_LIT : win[g] ? CPUPLAN_WINDOW : CPUPLAN_FULL;
+        p->n_lit_groups += lit[g] != 0;
+        p->n_window_groups += !lit[g] && win[g];
+    }
+    for (uint32_t j = 0; rc == 0 && j < p->n_nfa; j++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, j, &cn);
+        p->gated_full |= (cn.flags & CAT_GF_GATED) && p->mode[p->n_dfa + j] == CPUPLAN_FULL;
+    }
+    if (rc == 0)
+        rc = make_matcher(&e, p->mode, &p->lit);
+    entries_finish(&e);
+    free(lit);
+    free(win);
+    return rc;
+}
+
+static void plan_free(struct cpuplan *p)
+{
+    if (p == NULL)
+        return;
+    cpulit_destroy(p->lit);
+    free(p->mode);
+    free(p);
+}
+
+int cpuplan_build(const struct catalog *cat, bool fast, struct cpuplan **out)
+{
+    struct cpuplan *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return -ENOMEM;
+    memcpy(p->fp, catalog_fingerprint(cat), CATALOG_FP_LEN);
+    p->n_dfa = catalog_group_count(cat);
+    p->n_nfa = catalog_nfa_count(cat);
+    p->refs = 1;
+    p->mode = calloc(p->n_dfa + p->n_nfa + 1, 1);
+    int rc = p->mode != NULL ? 0 : -ENOMEM;
+    if (rc == 0 && fast)
+        rc = plan_fast(cat, p);
+    for (uint32_t j = 0; rc == 0 && !fast && j < p->n_nfa; j++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, j, &cn);
+        p->gated_full |= (cn.flags & CAT_GF_GATED) != 0;
+    }
+    if (rc != 0) {
+        plan_free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+/* ---- the cache ---------------------------------------------------------- */
+
+#define CACHE_SLOTS 8
+
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct cpuplan *cache[CACHE_SLOTS];
+static uint64_t cache_used[CACHE_SLOTS], cache_tick;
+static bool plan_fast_paths = true;
+
+/* Drops one reference (cache_mu held). */
+static void unref(struct cpuplan *p)
+{
+    if (p != NULL && --p->refs == 0)
+        plan_free(p);
+}
+
+int cpuplan_get(const struct catalog *cat, struct cpuplan **out)
+{
+    const uint8_t *fp = catalog_fingerprint(cat);
+    pthread_mutex_lock(&cache_mu);
+    uint32_t victim = 0;
+    for (uint32_t i = 0; i < CACHE_SLOTS; i++) {
+        if (cache[i] != NULL && memcmp(cache[i]->fp, fp, CATALOG_FP_LEN) == 0) {
+            cache[i]->refs++;
+            cache_used[i] = ++cache_tick;
+            *out = cache[i];
+            pthread_mutex_unlock(&cache_mu);
+            return 0;
+        }
+        if (cache[i] == NULL || (cache[victim] != NULL && cache_used[i] < cache_used[victim]))
+            victim = i;
+    }
+    struct cpuplan *p;
+    int rc = cpuplan_build(cat, plan_fast_paths, &p);
+    if (rc == 0) {
+        unref(cache[victim]);
+        cache[victim] = p;
+        cache_used[victim] = ++cache_tick;
+        p->refs = 2; /* the cache's and the caller's */
+        *out = p;
+    }
+    pthread_mutex_unlock(&cache_mu);
+    return rc;
+}
+
+void cpuplan_put(struct cpuplan *p)
+{
+    if (p == NULL)
+        return;
+    pthread_mutex_lock(&cache_mu);
+    unref(p);
+    pthread_mutex_unlock(&cache_mu);
+}
+
+void cpuplan_set_fast(bool fast)
+{
+    pthread_mutex_lock(&cache_mu);
+    plan_fast_paths = fast;
+    for (uint32_t i = 0; i < CACHE_SLOTS; i++) {
+        unref(cache[i]);
+        cache[i] = NULL;
+    }
+    pthread_mutex_unlock(&cache_mu);
+}

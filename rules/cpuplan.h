@@ -1,0 +1,66 @@
+/*
+ * How the CPU engine scans one catalog (docs/engine.md, "The CPU engine's
+ * fast path"): worked out once per catalog from its rules' sources and
+ * cached, so a scan only looks it up.
+ *
+ * Per engine group (DFA groups, then bit-NFA groups):
+ * - CPUPLAN_LIT: every rule is one plain string (caseless letters allowed,
+ *   no assertion): the literal matcher reports its rules directly and the
+ *   group's automaton is never walked.
+ * - CPUPLAN_WINDOW: every rule has a factor (a small set of strings, one of
+ *   which every match contains) and the group's longest match is bounded:
+ *   the literal matcher finds the factors, and the group's own walker runs
+ *   only in windows of end offsets [e, e + MAXLEN] after each factor end e,
+ *   as gated bit-NFA groups are run. Exact: a match outside every window
+ *   would contain none of its rule's factors.
+ * - CPUPLAN_FULL: walked over the whole range, as before. Factor groups
+ *   are always FULL; gated bit-NFA groups left FULL run through refscan's
+ *   gate as before, and the factor groups are walked only for them.
+ * One literal matcher holds the strings of every LIT and WINDOW group, so
+ * each byte is looked at once for all of them.
+ */
+#ifndef VKS_RULES_CPUPLAN_H
+#define VKS_RULES_CPUPLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "catalog.h"
+#include "cpulit.h"
+
+enum { CPUPLAN_FULL = 0, CPUPLAN_LIT = 1, CPUPLAN_WINDOW = 2 };
+
+/* Literal matcher ids: a rule (LIT groups), or with this bit an engine
+ * group whose factor ended there (WINDOW groups). */
+#define CPUPLAN_FACTOR 0x80000000u
+
+struct cpuplan {
+    uint8_t fp[CATALOG_FP_LEN]; /* the catalog's fingerprint */
+    uint32_t n_dfa, n_nfa;
+    uint8_t *mode;      /* per engine group: CPUPLAN_* */
+    struct cpulit *lit; /* NULL when no group uses it */
+    uint32_t n_lit_groups, n_window_groups;
+    bool gated_full; /* a gated bit-NFA group left to the catalog's factor groups */
+    int refs;        /* under the cache's lock */
+};
+
+/*
+ * The plan of `cat`: from the cache (keyed by fingerprint) or built and
+ * added to it. The caller holds a reference until cpuplan_put. Returns 0
+ * or -ENOMEM. Thread-safe; a build runs under the cache's lock.
+ */
+int cpuplan_get(const struct catalog *cat, struct cpuplan **out);
+
+/* Drops a reference; NULL is allowed. */
+void cpuplan_put(struct cpuplan *p);
+
+/* Builds a plan without the cache (tests, benchmarks); cpuplan_put frees
+ * it. `fast` false gives every group CPUPLAN_FULL (the walk of refscan
+ * alone, for comparison). */
+int cpuplan_build(const struct catalog *cat, bool fast, struct cpuplan **out);
+
+/* Whether cpuplan_get plans fast paths (default true). Tests and
+ * scan_bench turn it off to compare; not for use while scans run. */
+void cpuplan_set_fast(bool fast);
+
+#endif
