@@ -193,6 +193,11 @@ static int read_reply(struct vks_client *c, uint32_t id, int64_t deadline, struc
                 return vks_error_set(err, -errno, "poll(): %s", strerror(errno));
             continue;
         }
+        if (rc == -ENOMEM) {
+            /* The reader refuses further input: this connection is done. */
+            drop_connection(c);
+            return vks_error_set(err, -ENOMEM, "out of memory reading a reply from vkscand");
+        }
         if (rc < 0)
             return rc;
         if (rc != PROTO_RECV_FRAME)
@@ -200,9 +205,14 @@ static int read_reply(struct vks_client *c, uint32_t id, int64_t deadline, struc
         struct proto_frame f;
         proto_reader_take(c->reader, &f);
         rc = proto_reply_decode(&f, &c->lim, out, err);
-        if (rc < 0)
+        if (rc == -ENOMEM) /* the frame was read whole: the connection stays in step */
+            return vks_error_set(err, -ENOMEM, "out of memory decoding a reply from vkscand");
+        if (rc < 0) {
+            char why[sizeof(err->msg)]; /* err->msg cannot be both source and target */
+            snprintf(why, sizeof(why), "%s", err != NULL ? err->msg : "");
             return vks_error_set(err, -VKS_E_PROTOCOL, "vkscand sent a malformed reply (%s): %s",
-                                 proto_strerror(rc), err != NULL ? err->msg : "");
+                                 proto_strerror(rc), why);
+        }
         if ((*out)->id == id)
             return 0;
         proto_reply_destroy(*out); /* a late reply to an abandoned request */

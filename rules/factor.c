@@ -76,9 +76,9 @@ static void offer(struct info *in, const struct factor_set *cand)
 /* The best window of up to FACTOR_MAX_LEN narrow positions in seq[0..n). */
 static void offer_run(struct info *in, const struct byteset *const *seq, uint32_t n)
 {
-    struct factor_set *cand = malloc(sizeof(*cand));
-    if (cand == NULL)
-        return; /* a missed candidate only makes the set weaker */
+    /* On the stack, not malloc: a failed allocation here would silently
+     * weaken the set and make the catalog depend on memory pressure. */
+    struct factor_set cand_mem, *cand = &cand_mem;
     uint32_t best_w = 0, best_at = 0, best_len = 0;
     for (uint32_t at = 0; at < n; at++) {
         uint32_t w = 0, len = 0;
@@ -100,7 +100,6 @@ static void offer_run(struct info *in, const struct byteset *const *seq, uint32_
             cand->f[0].set[i] = *seq[best_at + i];
         offer(in, cand);
     }
-    free(cand);
 }
 
 static int analyze(const struct node *n, uint32_t depth, struct info *out);
