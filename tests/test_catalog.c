@@ -12,6 +12,7 @@
 #include "catalog.h"
 #include "refscan.h"
 #include "rules.h"
+#include "som.h"
 
 static const struct rule_src sample[] = {
     {.id = "word", .kind = RULE_REGEX, .pattern = "\\bfoo\\w*", .len = 8},
@@ -80,6 +81,57 @@ START_TEST(round_trip)
     scan_hits_finish(&h2);
     catalog_destroy(a);
     catalog_destroy(b);
+}
+END_TEST
+
+/* Flag L survives the round trip, shows in catalog_rule_flags_any, and a
+ * flag bit past it is corruption; the catalog's start finders are made
+ * once and find starts of every rule kind. */
+START_TEST(som_flag_and_finders)
+{
+    const struct rule_src r[] = {
+        {.id = "hex", .kind = RULE_HEX, .pattern = "62 ?? 72", .len = 8, .flags = RULE_F_SOMLEFT},
+        {.id = "lit", .kind = RULE_LITERAL, .pattern = "o b", .len = 3},
+    };
+    struct rules_result res;
+    struct rules_options opt = {.threads = 1};
+    struct vks_error err;
+    ck_assert_int_eq(rules_compile(r, 2, &opt, &res, &err), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    size_t n;
+    const uint32_t *w = catalog_words(res.catalog, &n);
+    struct catalog *b;
+    ck_assert_int_eq(catalog_from_bytes(w, n * 4, &b, &err), 0);
+    struct catalog_rule cr;
+    catalog_rule(b, res.rule_index[0], &cr);
+    ck_assert_uint_eq(cr.flags, RULE_F_SOMLEFT);
+    ck_assert(catalog_rule_flags_any(b) & RULE_F_SOMLEFT);
+    struct rules_result pres;
+    ck_assert_int_eq(rules_compile(r + 1, 1, &opt, &pres, &err), 0);
+    ck_assert(!(catalog_rule_flags_any(pres.catalog) & RULE_F_SOMLEFT));
+    /* one set of finders per catalog */
+    struct som_set *set = catalog_som(b);
+    ck_assert_ptr_nonnull(set);
+    ck_assert_ptr_eq(catalog_som(b), set);
+    struct som_hit hits[2] = {{.rule = res.rule_index[0], .end = 7},
+                              {.rule = res.rule_index[1], .end = 5}};
+    ck_assert_int_eq(som_fill(set, (const uint8_t *)"foo bxr", 7, hits, 2, 0, &err), 0);
+    ck_assert_uint_eq(hits[0].start, 4);        /* "b?r" */
+    ck_assert_uint_eq(hits[1].start, SOM_NONE); /* no L: no start unless asked */
+    ck_assert_int_eq(som_fill(set, (const uint8_t *)"foo bxr", 7, hits, 2, 1, &err), 0);
+    ck_assert_uint_eq(hits[0].start, 4);
+    ck_assert_uint_eq(hits[1].start, 2); /* "o b" */
+    /* a flag bit past L is corruption */
+    uint32_t *c = malloc(n * 4);
+    ck_assert_ptr_nonnull(c);
+    memcpy(c, w, n * 4);
+    c[c[CAT_H_RULES] + CAT_R_FLAGS] |= RULE_F_ALL + 1;
+    struct catalog *bad = NULL;
+    ck_assert_int_eq(catalog_adopt(c, n, &bad, &err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "flags"));
+    catalog_destroy(b);
+    rules_result_finish(&pres);
+    rules_result_finish(&res);
 }
 END_TEST
 
@@ -713,6 +765,7 @@ Suite *catalog_suite(void)
     TCase *tc = tcase_create("packed");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, round_trip);
+    tcase_add_test(tc, som_flag_and_finders);
     tcase_add_test(tc, truncated_rejected);
     tcase_add_test(tc, bit_flips_rejected);
     tcase_add_test(tc, structural_damage_rejected);
