@@ -16,8 +16,7 @@
  * that the first check did not report. Knowledge only grows, so this is
  * exact and reports each (rule, end) once.
  *
- * The bit-NFA step and range tests are copies of rules/refscan.c's (static
- * there; that file is the definition and is not changed for streams).
+ * The bit-NFA step is nfastep.h's, the one refscan.c walks.
  */
 #include "streamscan.h"
 #include "nfastep.h"
@@ -32,89 +31,146 @@
      (1u << CAT_K_NL_LAST))
 #define KIND_NL_ANY ((1u << CAT_K_NL) | (1u << CAT_K_NL_LAST))
 
+/* The stream: this header, then the DFA states (`width` bytes each: the
+ * narrowest that holds every group's state ids) and the bit-NFA state
+ * vectors (u32 words, group after group), in one allocation. The
+ * single-match bits are allocated at the first single-match hit. */
 struct streamscan {
     const struct catalog *cat;
-    uint32_t n_groups, n_nfas, n_rules;
-    uint64_t total; /* bytes written */
-    uint64_t pos;   /* first position not consumed: total, or total - 1 when held */
-    uint32_t prev;  /* kind of the byte before pos: P_BOS 0, P_WORD 1, P_NL 2, P_OTHER 3 */
-    uint32_t told;  /* lookahead kinds the check at pos assumed; 0: not checked yet */
-    bool held;      /* the byte at pos is a '\n', the last byte written */
-    bool closed;
-    uint32_t *dfa;     /* n_groups states */
-    uint32_t *nfa;     /* the bit-NFA state vectors, vector j at nfa_off[j] */
-    uint32_t *nfa_off; /* n_nfas + 1 */
-    uint32_t *tmp;     /* one state vector of the largest bit-NFA group */
-    uint8_t *single;   /* n_rules bits: the rule is single-match */
-    uint8_t *done;     /* n_rules bits: its match was reported */
+    uint64_t total;    /* bytes written */
+    uint8_t *done;     /* n_rules bits: the single-match rule was reported; NULL: none yet */
+    uint8_t prev;      /* kind of the byte before pos: P_BOS 0, P_WORD 1, P_NL 2, P_OTHER 3 */
+    uint8_t told;      /* lookahead kinds the check at pos assumed; 0: not checked yet */
+    uint8_t held;      /* the byte at pos is a '\n', the last byte written */
+    uint8_t closed;    /* streamscan_close ran */
+    uint8_t width;     /* bytes per DFA state: 1, 2 or 4 */
+    uint16_t hist_len; /* bytes in the history: min(pos, hist + 1) */
 };
+
+/* pos, the first position not consumed: total, or total - 1 when held */
+static uint64_t pos_of(const struct streamscan *s)
+{
+    return s->total - s->held;
+}
+
+/* History instead of a state vector: a bounded bit-NFA group whose longest
+ * match is shorter than its vector (in bytes) keeps no vector. The stream
+ * keeps the last `hist` + 1 bytes consumed instead, `hist` being the
+ * longest match of those groups, and a write rebuilds such a group's state
+ * by walking them (nfa_rebuild). */
+#define HIST_MAX 4096u
 
 struct layout {
-    size_t dfa, nfa, nfa_off, tmp, single, done, total;
+    size_t nfa, hist_at, total;
+    uint32_t hist; /* 0: no group keeps history */
+    uint8_t width;
 };
 
-static size_t align8(size_t n)
+static bool by_hist(const struct catalog_nfa *g, uint32_t hist)
 {
-    return (n + 7) & ~(size_t)7;
+    return hist != 0 && g->maxlen <= hist; /* CATALOG_UNBOUNDED is over any hist */
+}
+
+static size_t align4(size_t n)
+{
+    return (n + 3) & ~(size_t)3;
+}
+
+static bool any_single(const struct catalog *cat)
+{
+    for (uint32_t r = 0; r < catalog_rule_count(cat); r++) {
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        if (cr.flags & RULE_F_SINGLEMATCH)
+            return true;
+    }
+    return false;
 }
 
 static struct layout layout_of(const struct catalog *cat)
 {
-    struct layout l;
-    uint32_t words = 0, max_words = 0, bits = (catalog_rule_count(cat) + 7) / 8;
-    for (uint32_t j = 0; j < catalog_nfa_count(cat); j++) {
+    struct layout l = {.width = 1};
+    uint32_t words = 0, n_groups = catalog_group_count(cat);
+    for (uint32_t i = 0; i < n_groups; i++) {
+        struct catalog_group g;
+        catalog_group(cat, i, &g);
+        if (g.n_states > 65536)
+            l.width = 4;
+        else if (g.n_states > 256 && l.width < 2)
+            l.width = 2;
+    }
+    uint32_t n_nfas = catalog_nfa_count(cat);
+    for (uint32_t j = 0; j < n_nfas; j++) {
         struct catalog_nfa g;
         catalog_nfa(cat, j, &g);
-        words += g.n_words;
-        max_words = g.n_words > max_words ? g.n_words : max_words;
+        if (g.maxlen < HIST_MAX && g.maxlen + 1 < (uint64_t)g.n_words * 4 && g.maxlen > l.hist)
+            l.hist = g.maxlen;
     }
-    l.dfa = align8(sizeof(struct streamscan));
-    l.nfa = l.dfa + align8((size_t)catalog_group_count(cat) * 4);
-    l.nfa_off = l.nfa + align8((size_t)words * 4);
-    l.tmp = l.nfa_off + align8(((size_t)catalog_nfa_count(cat) + 1) * 4);
-    l.single = l.tmp + align8((size_t)max_words * 4);
-    l.done = l.single + align8(bits);
-    l.total = l.done + align8(bits);
+    for (uint32_t j = 0; j < n_nfas; j++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, j, &g);
+        words += by_hist(&g, l.hist) ? 0 : g.n_words;
+    }
+    l.nfa = align4(sizeof(struct streamscan) + (size_t)n_groups * l.width);
+    l.hist_at = l.nfa + (size_t)words * 4;
+    l.total = l.hist_at + (l.hist ? l.hist + 1 : 0);
     return l;
 }
 
 size_t streamscan_size(const struct catalog *cat)
 {
-    return layout_of(cat).total;
+    size_t bits = any_single(cat) ? (catalog_rule_count(cat) + 7) / 8 : 0;
+    return layout_of(cat).total + bits;
+}
+
+static uint8_t *dfa_states(struct streamscan *s)
+{
+    return (uint8_t *)(s + 1);
+}
+
+static uint32_t dfa_get(struct streamscan *s, uint32_t gi)
+{
+    const uint8_t *p = dfa_states(s) + (size_t)gi * s->width;
+    if (s->width == 1)
+        return p[0];
+    if (s->width == 2)
+        return (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static void dfa_set(struct streamscan *s, uint32_t gi, uint32_t st)
+{
+    uint8_t *p = dfa_states(s) + (size_t)gi * s->width;
+    if (s->width == 1) {
+        p[0] = (uint8_t)st;
+    } else if (s->width == 2) {
+        p[0] = (uint8_t)st;
+        p[1] = (uint8_t)(st >> 8);
+    } else {
+        memcpy(p, &st, 4);
+    }
+}
+
+static uint32_t *nfa_words(struct streamscan *s)
+{
+    size_t at = align4(sizeof(*s) + (size_t)catalog_group_count(s->cat) * s->width);
+    return (uint32_t *)((uint8_t *)s + at);
 }
 
 int streamscan_create(const struct catalog *cat, struct streamscan **out)
 {
     struct layout l = layout_of(cat);
-    uint8_t *mem = calloc(1, l.total);
-    if (mem == NULL)
+    struct streamscan *s = calloc(1, l.total);
+    if (s == NULL)
         return -ENOMEM;
-    struct streamscan *s = (struct streamscan *)mem;
     s->cat = cat;
-    s->n_groups = catalog_group_count(cat);
-    s->n_nfas = catalog_nfa_count(cat);
-    s->n_rules = catalog_rule_count(cat);
-    s->dfa = (uint32_t *)(mem + l.dfa);
-    s->nfa = (uint32_t *)(mem + l.nfa);
-    s->nfa_off = (uint32_t *)(mem + l.nfa_off);
-    s->tmp = (uint32_t *)(mem + l.tmp);
-    s->single = mem + l.single;
-    s->done = mem + l.done;
-    for (uint32_t i = 0; i < s->n_groups; i++) {
+    s->width = l.width;
+    for (uint32_t i = 0; i < catalog_group_count(cat); i++) {
         struct catalog_group g;
         catalog_group(cat, i, &g);
-        s->dfa[i] = g.start[0];
-    }
-    for (uint32_t j = 0; j < s->n_nfas; j++) {
-        struct catalog_nfa g;
-        catalog_nfa(cat, j, &g);
-        s->nfa_off[j + 1] = s->nfa_off[j] + g.n_words;
-    }
-    for (uint32_t r = 0; r < s->n_rules; r++) {
-        struct catalog_rule cr;
-        catalog_rule(cat, r, &cr);
-        if (cr.flags & RULE_F_SINGLEMATCH)
-            s->single[r / 8] |= (uint8_t)(1u << (r % 8));
+        dfa_set(s, i, g.start[0]);
     }
     *out = s;
     return 0;
@@ -122,6 +178,8 @@ int streamscan_create(const struct catalog *cat, struct streamscan **out)
 
 void streamscan_destroy(struct streamscan *s)
 {
+    if (s != NULL)
+        free(s->done);
     free(s);
 }
 
@@ -182,17 +240,18 @@ static int dfa_write(struct streamscan *s, uint32_t gi, const struct vbuf *v, si
 {
     struct catalog_group g;
     catalog_group(s->cat, gi, &g);
-    uint32_t st = s->dfa[gi];
+    uint32_t st = dfa_get(s, gi);
+    uint64_t pos = pos_of(s);
     int rc = 0;
     for (size_t j = 0; j < e && rc == 0; j++) {
         uint8_t c = vbyte(v, j);
         if (st >= g.first_accept)
-            rc = dfa_check(&g, st, 1u << catalog_byte_kind(c), j ? 0 : s->told, s->pos + j, raw);
+            rc = dfa_check(&g, st, 1u << catalog_byte_kind(c), j ? 0 : s->told, pos + j, raw);
         st = g.trans[(size_t)st * g.n_classes + g.classmap[c]];
     }
     if (rc == 0)
-        rc = dfa_check(&g, st, told_end, e ? 0 : s->told, s->pos + e, raw);
-    s->dfa[gi] = st;
+        rc = dfa_check(&g, st, told_end, e ? 0 : s->told, pos + e, raw);
+    dfa_set(s, gi, st);
     return rc;
 }
 
@@ -200,12 +259,13 @@ static int dfa_close(struct streamscan *s, uint32_t gi, struct scan_hits *raw)
 {
     struct catalog_group g;
     catalog_group(s->cat, gi, &g);
-    uint32_t st = s->dfa[gi];
+    uint32_t st = dfa_get(s, gi);
+    uint64_t pos = pos_of(s);
     if (!s->held)
-        return dfa_check(&g, st, 1u << CAT_K_EOD, s->told, s->pos, raw);
-    int rc = dfa_check(&g, st, 1u << CAT_K_NL_LAST, s->told, s->pos, raw);
+        return dfa_check(&g, st, 1u << CAT_K_EOD, s->told, pos, raw);
+    int rc = dfa_check(&g, st, 1u << CAT_K_NL_LAST, s->told, pos, raw);
     st = g.trans[(size_t)st * g.n_classes + g.classmap['\n']];
-    return rc ? rc : dfa_check(&g, st, 1u << CAT_K_EOD, 0, s->pos + 1, raw);
+    return rc ? rc : dfa_check(&g, st, 1u << CAT_K_EOD, 0, pos + 1, raw);
 }
 
 /* ---- bit-NFA groups (the step is nfastep.h's, as refscan.c's) -------------- */
@@ -254,12 +314,12 @@ static int nfa_check(const struct catalog_nfa *g, const struct nvec *s, uint32_t
     return 0;
 }
 
-/* Loads bit-NFA group j's carried state into `a` (span computed) and an
- * empty `b` over the scratch vector. */
-static void nfa_load(struct streamscan *s, uint32_t j, const struct catalog_nfa *g, struct nvec *a,
+/* Loads a bit-NFA group's carried state `home` into `a` (span computed)
+ * and an empty `b` over the scratch vector `tmp`. */
+static void nfa_load(const struct catalog_nfa *g, uint32_t *home, uint32_t *tmp, struct nvec *a,
                      struct nvec *b)
 {
-    *a = (struct nvec){s->nfa + s->nfa_off[j], 1, 0};
+    *a = (struct nvec){home, 1, 0};
     for (uint32_t w = 0; w < g->n_words; w++) {
         if (a->v[w] == 0)
             continue;
@@ -267,54 +327,136 @@ static void nfa_load(struct streamscan *s, uint32_t j, const struct catalog_nfa 
             a->lo = w;
         a->hi = w;
     }
-    memset(s->tmp, 0, (size_t)g->n_words * sizeof(uint32_t));
-    *b = (struct nvec){s->tmp, 1, 0};
+    memset(tmp, 0, (size_t)g->n_words * sizeof(uint32_t));
+    *b = (struct nvec){tmp, 1, 0};
 }
 
-static void nfa_store(struct streamscan *s, uint32_t j, const struct catalog_nfa *g,
-                      const struct nvec *cur)
-{
-    uint32_t *home = s->nfa + s->nfa_off[j];
-    if (cur->v != home)
-        memcpy(home, cur->v, (size_t)g->n_words * sizeof(uint32_t));
-}
+/* The bit-NFA group being walked: its view, its carried state vector and
+ * the scratch vector the step writes to. */
+struct nfa_at {
+    struct catalog_nfa g;
+    uint32_t *home, *tmp;
+};
 
-static int nfa_write(struct streamscan *s, uint32_t j, const struct vbuf *v, size_t e,
+static int nfa_write(struct streamscan *s, struct nfa_at *n, const struct vbuf *v, size_t e,
                      uint32_t told_end, struct scan_hits *raw)
 {
-    struct catalog_nfa g;
-    catalog_nfa(s->cat, j, &g);
+    const struct catalog_nfa *g = &n->g;
     struct nvec a, b, *cur = &a, *nxt = &b;
-    nfa_load(s, j, &g, &a, &b);
+    nfa_load(g, n->home, n->tmp, &a, &b);
     uint32_t p = s->prev;
+    uint64_t pos = pos_of(s);
     int rc = 0;
     for (size_t i = 0; i < e && rc == 0; i++) {
         uint8_t c = vbyte(v, i);
         uint32_t k = catalog_byte_kind(c);
-        rc = nfa_check(&g, cur, p, 1u << k, i ? 0 : s->told, s->pos + i, raw);
-        nfa_step(&g, cur, nxt, CAT_PK(p, k), c);
+        rc = nfa_check(g, cur, p, 1u << k, i ? 0 : s->told, pos + i, raw);
+        nfa_step(g, cur, nxt, CAT_PK(p, k), c);
         struct nvec *x = cur;
         cur = nxt;
         nxt = x;
         p = k + 1; /* CAT_K_WORD, NL, OTHER -> P_WORD, P_NL, P_OTHER */
     }
     if (rc == 0)
-        rc = nfa_check(&g, cur, p, told_end, e ? 0 : s->told, s->pos + e, raw);
-    nfa_store(s, j, &g, cur);
+        rc = nfa_check(g, cur, p, told_end, e ? 0 : s->told, pos + e, raw);
+    if (cur->v != n->home)
+        memcpy(n->home, cur->v, (size_t)g->n_words * sizeof(uint32_t));
     return rc;
 }
 
-static int nfa_close(struct streamscan *s, uint32_t j, struct scan_hits *raw)
+static int nfa_close(struct streamscan *s, struct nfa_at *n, struct scan_hits *raw)
 {
-    struct catalog_nfa g;
-    catalog_nfa(s->cat, j, &g);
+    const struct catalog_nfa *g = &n->g;
     struct nvec a, b;
-    nfa_load(s, j, &g, &a, &b);
+    nfa_load(g, n->home, n->tmp, &a, &b);
+    uint64_t pos = pos_of(s);
     if (!s->held)
-        return nfa_check(&g, &a, s->prev, 1u << CAT_K_EOD, s->told, s->pos, raw);
-    int rc = nfa_check(&g, &a, s->prev, 1u << CAT_K_NL_LAST, s->told, s->pos, raw);
-    nfa_step(&g, &a, &b, CAT_PK(s->prev, CAT_K_NL_LAST), '\n');
-    return rc ? rc : nfa_check(&g, &b, 2 /* P_NL */, 1u << CAT_K_EOD, 0, s->pos + 1, raw);
+        return nfa_check(g, &a, s->prev, 1u << CAT_K_EOD, s->told, pos, raw);
+    int rc = nfa_check(g, &a, s->prev, 1u << CAT_K_NL_LAST, s->told, pos, raw);
+    nfa_step(g, &a, &b, CAT_PK(s->prev, CAT_K_NL_LAST), '\n');
+    return rc ? rc : nfa_check(g, &b, 2 /* P_NL */, 1u << CAT_K_EOD, 0, pos + 1, raw);
+}
+
+/* Rebuilds the state of a group kept by history into `rb` (`tmp` is
+ * scratch): the walk of the history's last maxlen bytes from an empty
+ * state, start edges firing as they did. A match is at most maxlen bytes
+ * long, so every position the real walk holds at pos was entered from a
+ * start edge within them, and the step is a union over positions: the
+ * result is the real state exactly (cpuscan's segments rely on the same). */
+static void nfa_rebuild(const struct catalog_nfa *g, const uint8_t *h, uint32_t hl, uint32_t hist,
+                        uint32_t *rb, uint32_t *tmp)
+{
+    memset(rb, 0, (size_t)g->n_words * sizeof(uint32_t));
+    memset(tmp, 0, (size_t)g->n_words * sizeof(uint32_t));
+    struct nvec a = {rb, 1, 0}, b = {tmp, 1, 0}, *cur = &a, *nxt = &b;
+    /* hl <= hist: the history is the whole stream so far, from its start */
+    uint32_t i = hl > g->maxlen ? hl - g->maxlen : (hl > hist ? 1 : 0);
+    uint32_t p = i ? catalog_byte_kind(h[i - 1]) + 1 : 0 /* P_BOS */;
+    for (; i < hl; i++) {
+        uint32_t k = catalog_byte_kind(h[i]);
+        nfa_step(g, cur, nxt, CAT_PK(p, k), h[i]);
+        struct nvec *x = cur;
+        cur = nxt;
+        nxt = x;
+        p = k + 1;
+    }
+    if (cur->v != rb)
+        memcpy(rb, cur->v, (size_t)g->n_words * sizeof(uint32_t));
+}
+
+/* Walks every bit-NFA group: a write over v[0..e) (v != NULL) or the
+ * close. The scratch vectors (and the rebuilt state of groups kept by
+ * history) are on the stack for groups up to STACK_WORDS words, else on
+ * the heap for the call: the stream does not carry them. */
+#define STACK_WORDS 512u
+
+static int nfa_all(struct streamscan *s, const struct vbuf *v, size_t e, uint32_t told_end,
+                   struct scan_hits *raw)
+{
+    struct layout l = layout_of(s->cat);
+    uint32_t n = catalog_nfa_count(s->cat), max = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        struct catalog_nfa g;
+        catalog_nfa(s->cat, j, &g);
+        max = g.n_words > max ? g.n_words : max;
+    }
+    uint32_t stack[2 * STACK_WORDS], *heap = NULL;
+    if (max > STACK_WORDS && (heap = malloc(2 * (size_t)max * sizeof(uint32_t))) == NULL)
+        return -ENOMEM;
+    uint32_t *tmp = heap ? heap : stack, *rb = tmp + (heap ? max : STACK_WORDS);
+    uint32_t *home = nfa_words(s);
+    const uint8_t *h = (const uint8_t *)s + l.hist_at;
+    struct nfa_at at = {.tmp = tmp};
+    int rc = 0;
+    for (uint32_t j = 0; j < n && rc == 0; j++) {
+        catalog_nfa(s->cat, j, &at.g);
+        if (by_hist(&at.g, l.hist)) {
+            nfa_rebuild(&at.g, h, s->hist_len, l.hist, rb, tmp);
+            at.home = rb;
+        } else {
+            at.home = home;
+            home += at.g.n_words;
+        }
+        rc = v != NULL ? nfa_write(s, &at, v, e, told_end, raw) : nfa_close(s, &at, raw);
+    }
+    free(heap);
+    return rc;
+}
+
+/* Appends the bytes a write consumed, v[0..e), to the history. */
+static void hist_push(struct streamscan *s, const struct vbuf *v, size_t e)
+{
+    struct layout l = layout_of(s->cat);
+    if (l.hist == 0 || e == 0)
+        return;
+    uint8_t *h = (uint8_t *)s + l.hist_at;
+    size_t cap = l.hist + 1, keep = e >= cap ? 0 : cap - e;
+    keep = keep < s->hist_len ? keep : s->hist_len;
+    memmove(h, h + s->hist_len - keep, keep);
+    size_t from = e > cap ? e - cap : 0;
+    for (size_t j = from; j < e; j++)
+        h[keep + j - from] = vbyte(v, j);
+    s->hist_len = (uint16_t)(keep + e - from);
 }
 
 /* ---- writes --------------------------------------------------------------- */
@@ -322,6 +464,13 @@ static int nfa_close(struct streamscan *s, uint32_t j, struct scan_hits *raw)
 static bool bit(const uint8_t *set, uint32_t r)
 {
     return (set[r / 8] >> (r % 8)) & 1u;
+}
+
+static bool single(const struct catalog *cat, uint32_t r)
+{
+    struct catalog_rule cr;
+    catalog_rule(cat, r, &cr);
+    return (cr.flags & RULE_F_SINGLEMATCH) != 0;
 }
 
 /* Sorts and deduplicates this call's raw matches, drops single-match rules
@@ -332,7 +481,12 @@ static int deliver(struct streamscan *s, struct scan_hits *raw, struct scan_hits
     int rc = 0;
     for (size_t i = 0; i < raw->n && rc == 0; i++) {
         uint32_t r = raw->v[i].rule;
-        if (bit(s->single, r)) {
+        if (single(s->cat, r)) {
+            if (s->done == NULL &&
+                (s->done = calloc((catalog_rule_count(s->cat) + 7) / 8, 1)) == NULL) {
+                rc = -ENOMEM;
+                break;
+            }
             if (bit(s->done, r))
                 continue;
             s->done[r / 8] |= (uint8_t)(1u << (r % 8));
@@ -356,20 +510,20 @@ int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struc
     uint32_t told_end = e == m ? KIND_ALL : KIND_NL_ANY;
     struct scan_hits raw = {0};
     int rc = 0;
-    for (uint32_t g = 0; g < s->n_groups && rc == 0; g++)
+    for (uint32_t g = 0; g < catalog_group_count(s->cat) && rc == 0; g++)
         rc = dfa_write(s, g, &v, e, told_end, &raw);
-    for (uint32_t j = 0; j < s->n_nfas && rc == 0; j++)
-        rc = nfa_write(s, j, &v, e, told_end, &raw);
+    if (rc == 0)
+        rc = nfa_all(s, &v, e, told_end, &raw);
     if (rc != 0) {
         scan_hits_finish(&raw);
         return rc;
     }
+    hist_push(s, &v, e);
     if (e > 0)
-        s->prev = catalog_byte_kind(vbyte(&v, e - 1)) + 1;
-    s->pos += e;
+        s->prev = (uint8_t)(catalog_byte_kind(vbyte(&v, e - 1)) + 1);
     s->total += len;
     s->held = e < m;
-    s->told = told_end;
+    s->told = (uint8_t)told_end;
     return deliver(s, &raw, out);
 }
 
@@ -380,10 +534,10 @@ int streamscan_close(struct streamscan *s, struct scan_hits *out)
     s->closed = true;
     struct scan_hits raw = {0};
     int rc = 0;
-    for (uint32_t g = 0; g < s->n_groups && rc == 0; g++)
+    for (uint32_t g = 0; g < catalog_group_count(s->cat) && rc == 0; g++)
         rc = dfa_close(s, g, &raw);
-    for (uint32_t j = 0; j < s->n_nfas && rc == 0; j++)
-        rc = nfa_close(s, j, &raw);
+    if (rc == 0)
+        rc = nfa_all(s, NULL, 0, 0, &raw);
     if (rc != 0) {
         scan_hits_finish(&raw);
         return rc;

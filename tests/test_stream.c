@@ -179,7 +179,7 @@ struct run {
 };
 
 struct stats {
-    uint64_t cases, writes, hits, hs_compared, hs_hits;
+    uint64_t cases, writes, hits, hs_compared, hs_hits, hist_groups;
 };
 
 static void print_case(const struct run *ru, const struct str *d, const size_t *c, size_t nc)
@@ -372,6 +372,11 @@ static unsigned one_case(struct stats *st)
     hs_build(&ru);
     unsigned diffs = 0;
     const struct catalog *cat = ru.res.catalog;
+    for (uint32_t j = 0; cat != NULL && j < catalog_nfa_count(cat); j++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, j, &g);
+        st->hist_groups += g.maxlen + 1 < (uint64_t)g.n_words * 4; /* kept by history */
+    }
     for (int h = 0; cat != NULL && h < 3; h++) {
         struct str d = {0};
         gen_data(&d, rnd(4) == 0 ? rnd(4) : 1 + rnd(h == 2 ? 3000 : 300));
@@ -426,12 +431,94 @@ START_TEST(test_random_differential)
         diffs += one_case(&st);
     fprintf(stderr,
             "stream differential: %" PRIu64 " cases, %" PRIu64 " writes, %" PRIu64
-            " block hits, %" PRIu64 " Hyperscan comparisons (%" PRIu64 " hits)\n",
-            st.cases, st.writes, st.hits, st.hs_compared, st.hs_hits);
+            " block hits, %" PRIu64 " Hyperscan comparisons (%" PRIu64 " hits), %" PRIu64
+            " bit-NFA groups kept by history\n",
+            st.cases, st.writes, st.hits, st.hs_compared, st.hs_hits, st.hist_groups);
     ck_assert_msg(diffs == 0, "%u differences; reproducers above", diffs);
     ck_assert_uint_gt(st.hits, 20 * cases);
     ck_assert_uint_gt(st.hs_compared, cases);
     ck_assert_uint_gt(st.hs_hits, 10 * cases);
+    ck_assert_uint_gt(st.hist_groups, cases / 10);
+}
+END_TEST
+
+/* Bit-NFA groups whose longest match is shorter than their state vector
+ * keep the last bytes instead (docs/engine.md, "Streams"): the state is
+ * small and the matches are block mode's, across writes of 1 to 40 bytes
+ * and matches straddling many of them. */
+START_TEST(test_history_groups)
+{
+    rng_state = 0x51ab1eu;
+    enum { N = 24, WORDS = 12 };
+    struct rule_src src[N];
+    struct str pats[N] = {{0}}, inst[N] = {{0}};
+    char ids[N][8];
+    for (int i = 0; i < N; i++) {
+        puts_(&pats[i], "(");
+        for (int w = 0; w < WORDS; w++) {
+            char word[8];
+            for (int k = 0; k < 6; k++)
+                word[k] = (char)('a' + rnd(26));
+            word[6] = '\0';
+            if (w)
+                puts_(&pats[i], "|");
+            puts_(&pats[i], word);
+            if (w == 0)
+                puts_(&inst[i], word);
+        }
+        puts_(&pats[i], i % 2 ? ")[0-9]{1,3}\\b" : ")[0-9]{2}");
+        puts_(&inst[i], i % 2 ? "427" : "42"); /* the longest match, `\b` on the next byte */
+        snprintf(ids[i], sizeof(ids[i]), "r%d", i);
+        src[i] = (struct rule_src){ids[i], RULE_REGEX, pats[i].p, pats[i].n, 0, 0};
+    }
+    struct rules_options opt = {.threads = 1, .force_bitnfa = true};
+    struct rules_result res = {0};
+    struct vks_error err = {0};
+    ck_assert_int_eq(rules_compile(src, N, &opt, &res, &err), 0);
+    const struct catalog *cat = res.catalog;
+    uint64_t vec = 0;
+    for (uint32_t j = 0; j < catalog_nfa_count(cat); j++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, j, &g);
+        ck_assert_uint_lt(g.maxlen + 1, g.n_words * 4);
+        vec += g.n_words * 4;
+    }
+    ck_assert_uint_gt(vec, 200);
+    /* a header, the DFA states, 10 bytes of history: no state vector */
+    ck_assert_uint_lt(streamscan_size(cat), 64 + catalog_group_count(cat) * 4);
+    struct str d = {0};
+    for (int i = 0; i < 900; i++) {
+        if (rnd(3) == 0) {
+            puts_(&d, inst[rnd(N)].p);
+            if (rnd(2) == 0)
+                puts_(&d, " ");
+        }
+        uint32_t r = rnd(8);
+        char c = (char)(r == 0 ? ' ' : r == 1 ? '0' + rnd(10) : 'a' + rnd(26));
+        put(&d, &c, 1);
+    }
+    size_t *cuts = calloc(d.n + 2, sizeof(size_t));
+    size_t nc = 0;
+    for (size_t at = 0; at < d.n; at += 1 + rnd(rnd(2) ? 8 : 40))
+        cuts[nc++] = at;
+    cuts[nc] = d.n;
+    struct scan_hits block = {0}, got = {0};
+    ck_assert_int_eq(refscan_buffer(cat, (const uint8_t *)d.p, d.n, SCAN_ALL, &block), 0);
+    stream_all(cat, &d, cuts, nc, &got);
+    normalise(&block, cat, NULL);
+    normalise(&got, cat, NULL);
+    ck_assert_uint_gt(block.n, 100);
+    ck_assert_uint_gt(block.v[block.n - 1].rule, 0);
+    ck_assert(same(&got, &block, "stream", "block mode"));
+    scan_hits_finish(&block);
+    scan_hits_finish(&got);
+    free(cuts);
+    free(d.p);
+    for (int i = 0; i < N; i++) {
+        free(pats[i].p);
+        free(inst[i].p);
+    }
+    rules_result_finish(&res);
 }
 END_TEST
 
@@ -515,15 +602,49 @@ END_TEST
 
 START_TEST(test_state_size)
 {
-    struct rules_result a = {0}, b = {0};
+    struct rules_result a = {0}, b = {0}, c = {0};
     struct catalog *small = compile1("abc", 0, false, &a);
     struct catalog *big = compile1("a.{0,3000}b", 0, true, &b);
-    size_t s1 = streamscan_size(small), s2 = streamscan_size(big);
-    ck_assert_uint_lt(s1, 256);
-    ck_assert_uint_gt(s2, 700); /* a state vector and a scratch of 3000+ positions */
-    ck_assert_uint_lt(s2, 2048);
+    struct catalog *once = compile1("abc", RULE_F_SINGLEMATCH, false, &c);
+    size_t s1 = streamscan_size(small), s2 = streamscan_size(big), s3 = streamscan_size(once);
+    /* a header and one DFA state of one byte: Hyperscan's hs_stream_size for
+     * `abc` is about 30 bytes, the target is 4x that */
+    ck_assert_uint_le(s1, 40);
+    ck_assert_uint_gt(s2, 3000 / 8);       /* the state vector of 3000+ positions */
+    ck_assert_uint_lt(s2, 3000 / 8 + 128); /* and no scratch vector */
+    ck_assert_uint_eq(s3, s1 + 1);         /* one bit per rule when some rule is single-match */
     rules_result_finish(&a);
     rules_result_finish(&b);
+    rules_result_finish(&c);
+}
+END_TEST
+
+/* Many groups with DFA states under 256 take one byte each: 1,000 literals
+ * compiled under a small state budget make many small groups. */
+START_TEST(test_state_size_many_groups)
+{
+    struct rule_src src[300];
+    char pats[300][16];
+    for (int i = 0; i < 300; i++) {
+        snprintf(pats[i], sizeof(pats[i]), "w%03dq%03dz", i, (i * 7) % 1000);
+        src[i] = (struct rule_src){"r", RULE_LITERAL, pats[i], strlen(pats[i]), 0, 0};
+    }
+    struct rules_options opt = {.threads = 1, .max_states = 64};
+    struct rules_result res = {0};
+    struct vks_error err = {0};
+    ck_assert_int_eq(rules_compile(src, 300, &opt, &res, &err), 0);
+    uint32_t groups = catalog_group_count(res.catalog), max_states = 0;
+    for (uint32_t g = 0; g < groups; g++) {
+        struct catalog_group cg;
+        catalog_group(res.catalog, g, &cg);
+        max_states = cg.n_states > max_states ? cg.n_states : max_states;
+    }
+    ck_assert_uint_gt(groups, 8);
+    ck_assert_uint_le(max_states, 256);
+    size_t size = streamscan_size(res.catalog);
+    printf("state: %u DFA groups, %zu bytes\n", groups, size);
+    ck_assert_uint_le(size, 40 + groups);
+    rules_result_finish(&res);
 }
 END_TEST
 
@@ -1245,6 +1366,8 @@ Suite *stream_suite(void)
     tcase_add_test(tc, test_straddle_reported_by_completing_write);
     tcase_add_test(tc, test_end_anchors_wait_for_next_byte);
     tcase_add_test(tc, test_state_size);
+    tcase_add_test(tc, test_state_size_many_groups);
+    tcase_add_test(tc, test_history_groups);
     suite_add_tcase(s, tc);
     TCase *td = tcase_create("daemon");
     tcase_set_timeout(td, 300);
