@@ -219,6 +219,20 @@ const struct engine_info *engine_get_info(const struct engine *eng);
  * once the loop has closed its handle. NULL is allowed. */
 void engine_close(struct engine *eng);
 
+/* CPU work that is not a scan batch (a stream write, daemon/stream.c). */
+struct engine_task {
+    struct engine_task *next;           /* the engine's */
+    void (*run)(struct engine_task *t); /* on a CPU engine thread; owns `t` from then on */
+};
+
+/*
+ * Queues `t` (borrowed until `run` is called) for the CPU engine's threads,
+ * first in first out. A thread with both tasks and batch work waiting
+ * takes them in turn, so neither starves the other. Tasks still queued when
+ * engine_close runs are run before its threads exit. Any thread.
+ */
+void engine_cpu_task(struct engine *eng, struct engine_task *t);
+
 /* Frees a job's results. */
 void engine_job_finish(struct engine_job *job);
 

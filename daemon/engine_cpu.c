@@ -255,19 +255,50 @@ static bool enough(void *ctx, uint64_t kept)
     return j->max_hits != 0 && sum >= j->max_hits;
 }
 
+/* The oldest engine_cpu_task (mu held), or NULL. */
+static struct engine_task *task_take(struct engine *e)
+{
+    struct engine_task *t = e->task_head;
+    if (t != NULL && (e->task_head = t->next) == NULL)
+        e->task_tail = NULL;
+    return t;
+}
+
+void engine_cpu_task(struct engine *e, struct engine_task *t)
+{
+    t->next = NULL;
+    pthread_mutex_lock(&e->mu);
+    if (e->task_tail != NULL)
+        e->task_tail->next = t;
+    else
+        e->task_head = t;
+    e->task_tail = t;
+    pthread_cond_signal(&e->cpu_cond);
+    pthread_mutex_unlock(&e->mu);
+}
+
 void engine_cpu_main(void *arg)
 {
     struct engine *e = arg;
     struct cpuscan_scratch *scr = NULL;
     int scr_rc = cpuscan_scratch_create(&scr);
+    bool task_turn = false;
     pthread_mutex_lock(&e->mu);
     for (;;) {
         struct engine_batch *b;
         struct ctask *t;
-        if (!cpu_take(e, &b, &t)) {
+        struct engine_task *task = task_turn ? task_take(e) : NULL;
+        if (task == NULL && !cpu_take(e, &b, &t) && (task = task_take(e)) == NULL) {
             if (e->pool_stop && e->cpu_head == NULL)
                 break;
             pthread_cond_wait(&e->cpu_cond, &e->mu);
+            continue;
+        }
+        task_turn = task == NULL; /* batch work now: a task next, if one waits */
+        if (task != NULL) {
+            pthread_mutex_unlock(&e->mu);
+            task->run(task);
+            pthread_mutex_lock(&e->mu);
             continue;
         }
         pthread_mutex_unlock(&e->mu);

@@ -99,6 +99,7 @@ struct engine {
     uint32_t n_cpu, n_cpu_started;
     pthread_cond_t cpu_cond;
     struct engine_batch *cpu_head, *cpu_tail; /* mu: batches with work to hand out */
+    struct engine_task *task_head, *task_tail; /* mu: engine_cpu_task's queue */
     uint64_t cpu_batches, cpu_bytes, cpu_busy_ns, cpu_retries; /* mu */
     uint64_t cpu_inflight_bytes;                               /* loop thread */
     uint64_t dedup_buffers, dedup_bytes;                       /* mu */

@@ -2,10 +2,19 @@
  * Streams of one connection (stream.h). Each stream is a rules/streamscan
  * state plus a reference to its catalog's store entry. The per-tenant
  * stream count is service-wide (one table, loop thread only).
+ *
+ * Where requests run. A stream's next request becomes ready when the one
+ * before it is answered; ready requests wait in their tenant's queue and
+ * are handed to the CPU engine's threads (engine_cpu_task), at most one
+ * per thread at a time, taking tenants in turn: a tenant with many busy
+ * streams gets no more of the pool than one with a single stream. The pool
+ * threads alternate between these and scan batches. A thread reports a
+ * finished request through `pool.async`, and the loop answers it.
  */
 #include "stream.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine.h"
 #include "log.h"
 #include "session.h"
 #include "session_host.h"
@@ -35,16 +45,17 @@ struct stream {
     uint64_t t_active; /* uv_now of the last request */
     size_t state_bytes;
     struct work *q_head, *q_tail; /* writes and the close waiting their turn */
-    bool running;                 /* one of them runs on libuv's thread pool */
+    bool running;                 /* one of them is ready or runs (on the CPU engine) */
     bool closing;                 /* a close is queued: the id takes no more requests */
 };
 
-/* One stream.write or stream.close: queued on its stream, run on a pool
- * thread (only `st->scan`, the request's bytes and descriptor are touched
- * there), answered on the loop. `req` is borrowed until session_stream_done
- * (token). */
+/* One stream.write or stream.close: queued on its stream, then ready in
+ * its tenant's queue, run on a CPU engine thread (only `st->scan`, the
+ * request's bytes and descriptor are touched there), answered on the loop.
+ * `req` is borrowed until session_stream_done (token). */
 struct work {
-    uv_work_t uv;
+    struct engine_task task; /* first: the task is the work */
+    uv_work_t uv;            /* when no engine runs (not expected): libuv's pool */
     struct work *next;
     struct stream *st;
     struct session *s;
@@ -65,16 +76,31 @@ struct stream_set {
     struct stream *list;
 };
 
-/* Open streams per uid, over all connections. */
+/* Open streams per uid, over all connections, and their ready requests.
+ * An entry lives while the uid has a stream open; a stream with a ready
+ * request is `running` and stays open until it is answered. */
 struct tenant_streams {
     struct tenant_streams *next;
     uid_t uid;
     uint32_t n;
+    struct work *ready_head, *ready_tail;
 };
 static struct tenant_streams *tenants;
 
+/* Requests handed to the CPU engine and finished ones coming back. */
 static struct {
-    uint64_t open, opened, closed, expired, dropped, writes, bytes, hits, state_bytes;
+    uv_async_t async; /* pool thread -> loop; unreferenced: it keeps no loop alive.
+                       * Requests in flight hold their sessions, so a draining
+                       * daemon waits for them before the engine closes */
+    bool open;
+    uint32_t inflight;  /* handed to the engine, not answered yet (loop) */
+    uid_t last;         /* the tenant served last (loop) */
+    pthread_mutex_t mu; /* guards the done list */
+    struct work *done_head, *done_tail;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static struct {
+    uint64_t open, opened, closed, expired, dropped, writes, bytes, hits, state_bytes, engine_runs;
 } counters;
 
 static struct tenant_streams *tenant_of(uid_t uid, bool create)
@@ -320,9 +346,8 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
 }
 
 /* The write or close itself, on a pool thread. */
-static void work_run(uv_work_t *uv)
+static void work_run(struct work *w)
 {
-    struct work *w = uv->data;
     const struct proto_buffer *b = &w->req->u.stream.buffer;
     if (w->req->op == PROTO_OP_STREAM_CLOSE) {
         w->rc = streamscan_close(w->st->scan, &w->hits);
@@ -391,14 +416,16 @@ static bool answer_write(struct work *w)
 }
 
 static void start_next(struct stream *st);
+static void pump(struct server *srv);
 
-/* Back on the loop: the reply, then the stream's next request. */
-static void work_done(uv_work_t *uv, int status)
+/* Back on the loop: the reply, then the stream's next request. `status` is
+ * UV_ECANCELED when the request never ran (the daemon is going away). */
+static void work_done(struct work *w, int status)
 {
-    struct work *w = uv->data;
     struct stream *st = w->st;
+    struct server *srv = st->srv;
     st->running = false;
-    st->t_active = uv_now(server_loop(st->srv));
+    st->t_active = uv_now(server_loop(srv));
     bool live = st->set != NULL && status == 0;
     bool keep = live;
     if (live && w->req->op == PROTO_OP_STREAM_CLOSE) {
@@ -422,6 +449,122 @@ static void work_done(uv_work_t *uv, int status)
     session_stream_done(token); /* last: it may close the session, and its streams */
 }
 
+/* On a CPU engine thread: runs the request and hands it to the loop. */
+static void task_run(struct engine_task *t)
+{
+    struct work *w = (struct work *)t;
+    work_run(w);
+    pthread_mutex_lock(&pool.mu);
+    w->next = NULL;
+    if (pool.done_tail != NULL)
+        pool.done_tail->next = w;
+    else
+        pool.done_head = w;
+    pool.done_tail = w;
+    pthread_mutex_unlock(&pool.mu);
+    uv_async_send(&pool.async);
+}
+
+static struct work *take_done(void)
+{
+    pthread_mutex_lock(&pool.mu);
+    struct work *w = pool.done_head;
+    if (w != NULL && (pool.done_head = w->next) == NULL)
+        pool.done_tail = NULL;
+    pthread_mutex_unlock(&pool.mu);
+    return w;
+}
+
+static void on_done(uv_async_t *a)
+{
+    struct server *srv = NULL;
+    for (struct work *w; (w = take_done()) != NULL;) {
+        pool.inflight--;
+        counters.engine_runs++;
+        srv = w->st->srv;
+        work_done(w, 0);
+    }
+    if (srv != NULL)
+        pump(srv);
+    (void)a;
+}
+
+/* The tenant's oldest ready request, or NULL. */
+static struct work *take_ready(struct tenant_streams *t)
+{
+    struct work *w = t->ready_head;
+    if (w != NULL && (t->ready_head = w->next) == NULL)
+        t->ready_tail = NULL;
+    return w;
+}
+
+static void uv_run_work(uv_work_t *uv)
+{
+    work_run(uv->data);
+}
+
+static void uv_work_done(uv_work_t *uv, int status)
+{
+    pool.inflight--;
+    struct work *w = uv->data;
+    struct server *srv = w->st->srv;
+    work_done(w, status);
+    pump(srv);
+}
+
+/* Hands `w` to the CPU engine, or to libuv's pool when there is none. */
+static void submit(struct server *srv, struct work *w)
+{
+    struct engine *e = server_engine(srv);
+    pool.inflight++;
+    if (e != NULL && !pool.open && uv_async_init(server_loop(srv), &pool.async, on_done) == 0) {
+        uv_unref((uv_handle_t *)&pool.async);
+        pool.open = true;
+    }
+    if (e != NULL && pool.open) {
+        w->task.run = task_run;
+        engine_cpu_task(e, &w->task);
+        return;
+    }
+    w->uv.data = w;
+    int rc = uv_queue_work(server_loop(srv), &w->uv, uv_run_work, uv_work_done);
+    if (rc != 0) { /* not expected: libuv's queue takes any number of items */
+        w->rc = -ENOMEM;
+        uv_work_done(&w->uv, 0);
+    }
+}
+
+/* Requests handed out at once: one per CPU engine thread. */
+static uint32_t pool_cap(struct server *srv)
+{
+    struct engine *e = server_engine(srv);
+    uint32_t n = e != NULL && engine_ready(e) ? engine_get_info(e)->cpu_threads : 1;
+    return n ? n : 1;
+}
+
+/* Hands ready requests to the engine while it has room, taking tenants in
+ * turn from the one after the last served. */
+static void pump(struct server *srv)
+{
+    uint32_t cap = pool_cap(srv);
+    while (pool.inflight < cap) {
+        struct tenant_streams *pick = NULL, *first = NULL;
+        for (struct tenant_streams *t = tenants; t != NULL; t = t->next) {
+            if (t->ready_head == NULL)
+                continue;
+            if (first == NULL || t->uid < first->uid)
+                first = t;
+            if (t->uid > pool.last && (pick == NULL || t->uid < pick->uid))
+                pick = t;
+        }
+        if (pick == NULL && (pick = first) == NULL)
+            return;
+        pool.last = pick->uid;
+        submit(srv, take_ready(pick));
+    }
+}
+
+/* The stream's next request becomes ready, unless one is ready or runs. */
 static void start_next(struct stream *st)
 {
     struct work *w = st->q_head;
@@ -431,13 +574,19 @@ static void start_next(struct stream *st)
     if (st->q_head == NULL)
         st->q_tail = NULL;
     st->running = true;
-    w->uv.data = w;
-    int rc = uv_queue_work(server_loop(st->srv), &w->uv, work_run, work_done);
-    if (rc != 0) { /* not expected: libuv's queue takes any number of items */
+    struct tenant_streams *t = tenant_of(st->uid, false);
+    if (t == NULL) { /* not expected: an open stream counts in its tenant */
         w->rc = -ENOMEM;
-        work_run(&w->uv);
-        work_done(&w->uv, 0);
+        work_done(w, 0);
+        return;
     }
+    w->next = NULL;
+    if (t->ready_tail != NULL)
+        t->ready_tail->next = w;
+    else
+        t->ready_head = w;
+    t->ready_tail = w;
+    pump(st->srv);
 }
 
 void stream_op(struct stream_set *set, struct session *s, const struct proto_request *req,
@@ -500,4 +649,5 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "stream.bytes", counters.bytes);
     stats_add_u(l, "stream.hits", counters.hits);
     stats_add_u(l, "stream.state_bytes", counters.state_bytes);
+    stats_add_u(l, "stream.engine_runs", counters.engine_runs);
 }

@@ -1,9 +1,9 @@
 /*
  * Streams (issue 13, docs/protocol.md "Streams"): stream.open, stream.write
  * and stream.close of one connection. A stream holds a rules/streamscan
- * state and a reference to its catalog; its writes run on libuv's thread
- * pool, one at a time and in arrival order, on the CPU (docs/engine.md
- * "Streams"), whatever the engine.
+ * state and a reference to its catalog; its writes run on the CPU engine's
+ * threads (engine_cpu_task), one at a time per stream and in arrival order,
+ * tenants served in turn (docs/engine.md "Streams"), whatever the engine.
  *
  * Limits (vkscand.conf, docs/daemon.md): streams per tenant over all its
  * connections (stream-max-per-tenant), bytes of state per stream
@@ -42,8 +42,8 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
                  struct store_entry *entry);
 
 /*
- * Answers stream.write or stream.close on `s`. The request runs on libuv's
- * thread pool once the stream's earlier requests are done (one at a time
+ * Answers stream.write or stream.close on `s`. The request runs on a CPU
+ * engine thread once the stream's earlier requests are done (one at a time
  * per stream, in arrival order); then session_stream_done(token) is called,
  * exactly once, also when the request fails at once or its connection
  * closed meanwhile. `req` is borrowed until then. `set` may be NULL (the

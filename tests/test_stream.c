@@ -855,6 +855,10 @@ START_TEST(test_daemon_stream_equals_block)
     ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
     ck_assert_uint_eq(stat_of(c, "stream.opened"), 4);
     ck_assert_uint_gt(stat_of(c, "stream.bytes"), 4 * data.n - 1);
+    /* every write and close ran on the CPU engine's threads */
+    uint64_t runs = stat_of(c, "stream.engine_runs");
+    ck_assert_uint_eq(runs, stat_of(c, "stream.writes") + stat_of(c, "stream.closed"));
+    ck_assert_uint_gt(runs, 4 * 40);
     free(data.p);
     vks_catalog_destroy(cat);
     vks_client_close(c);
