@@ -20,8 +20,11 @@
 #define BUCKETS 4u
 #define LANES   16u /* of 4 bits */
 #define MAX_L   12u /* prefix the filter looks at */
-#define MUL32   0x9e3779b1u
-#define MUL64   0x9e3779b97f4a7c15ull
+/* Filter domain: 2^15 entries (256 KiB). A constant, so the index is one
+ * multiply and one immediate shift per byte. */
+#define DOM_BITS 15u
+#define MUL32    0x9e3779b1u
+#define MUL64    0x9e3779b97f4a7c15ull
 
 struct lit {
     uint32_t off; /* into bytes / mask */
@@ -40,9 +43,9 @@ struct cpulit {
     uint32_t L;       /* prefix the filter looks at (<= MAX_L) */
     uint32_t K;       /* prefix the key holds: min(min_len, 8) */
     bool flush;       /* some bucket has strings shorter than L */
+    uint32_t fold;    /* FOLD32 when some string has a caseless letter, else 0 */
     uint32_t min_len; /* shortest string */
-    uint32_t bits;    /* filter domain bits */
-    uint64_t *filter; /* 1 << bits entries */
+    uint64_t *filter; /* 1 << DOM_BITS entries */
     struct lit *lits; /* sorted by key, then input order */
     uint32_t n_lits;
     uint8_t *bytes, *mask; /* strings; mask: 0x20 where a letter is caseless */
@@ -50,25 +53,28 @@ struct cpulit {
     uint32_t slot_mask;
 };
 
-static inline uint8_t lower(uint8_t c)
-{
-    return (uint8_t)((unsigned)(c - 'A') < 26u ? c | 0x20 : c);
-}
+/* The key, and the filter when some string is caseless, see every byte
+ * with bit 5 set: a letter's two cases become one byte, so caseless
+ * strings need no variants. Other bytes pair up too ('@' with '`', '\n'
+ * with '*'), which only adds candidates that the exact comparison
+ * rejects. */
+#define FOLD8  0x20u
+#define FOLD32 0x20202020u
 
-/* The case-folded first L bytes, one per byte of the key. */
-static inline uint64_t key_of(const uint8_t *p, uint32_t L)
+/* The folded first K bytes, one per byte of the key. */
+static inline uint64_t key_of(const uint8_t *p, uint32_t K)
 {
     uint64_t k = 0;
-    for (uint32_t i = 0; i < L; i++)
-        k |= (uint64_t)lower(p[i]) << (8 * i);
+    for (uint32_t i = 0; i < K; i++)
+        k |= (uint64_t)(p[i] | FOLD8) << (8 * i);
     return k;
 }
 
 /* Filter index of a trigram held in the low 24 bits of x (first byte
  * lowest); the top byte of x is ignored. */
-static inline uint32_t dom(uint32_t x, uint32_t shift)
+static inline uint32_t dom(uint32_t x)
 {
-    return (x * (MUL32 << 8)) >> shift; /* (x << 8) * MUL32: x's top byte drops out */
+    return (x * (MUL32 << 8)) >> (32 - DOM_BITS); /* (x << 8) * MUL32: the top byte drops out */
 }
 
 static inline uint32_t slot_hash(uint64_t key, uint32_t mask)
@@ -124,33 +130,17 @@ static int check_entries(const struct cpulit_entry *v, size_t n, uint64_t *total
     return *total < UINT32_MAX ? 0 : -EINVAL;
 }
 
-/* Clears bucket b's bit in lane k for every case variant of the trigram
- * ending at offset k of string p (mask q). */
-static void filter_add(struct cpulit *m, const uint8_t *p, const uint8_t *q, uint32_t k, uint32_t b)
+/* Clears bucket b's bit in lane k for the (folded) trigram ending at
+ * offset k of string p. */
+static void filter_add(struct cpulit *m, const uint8_t *p, uint32_t k, uint32_t b)
 {
-    uint32_t shift = 32 - m->bits;
-    for (uint32_t var = 0; var < 8; var++) {
-        uint32_t x = 0;
-        bool skip = false;
-        for (uint32_t t = 0; t < 3; t++) {
-            uint8_t c = p[k - 2 + t];
-            bool flip = (var >> t) & 1;
-            if (flip && q[k - 2 + t] == 0)
-                skip = true; /* no such variant */
-            x |= (uint32_t)(flip ? c ^ 0x20 : c) << (8 * t);
-        }
-        if (!skip)
-            m->filter[dom(x, shift)] &= ~((uint64_t)1 << (4 * k + b));
-    }
+    uint32_t x = (uint32_t)p[k - 2] | (uint32_t)p[k - 1] << 8 | (uint32_t)p[k] << 16;
+    m->filter[dom(x | m->fold)] &= ~((uint64_t)1 << (4 * k + b));
 }
 
 static int build_filter(struct cpulit *m)
 {
-    uint32_t lg = 0;
-    while (lg < 31 && (1u << lg) < m->n_lits)
-        lg++;
-    m->bits = lg + 3 < 11 ? 11 : lg + 3 > 15 ? 15 : lg + 3;
-    size_t n = (size_t)1 << m->bits;
+    size_t n = (size_t)1 << DOM_BITS;
     m->filter = malloc(n * sizeof(*m->filter));
     if (m->filter == NULL)
         return -ENOMEM;
@@ -171,7 +161,7 @@ static int build_filter(struct cpulit *m)
     for (uint32_t i = 0; i < m->n_lits; i++) {
         const struct lit *l = &m->lits[i];
         for (uint32_t k = 2; k < m->L && k < mb[l->bucket]; k++)
-            filter_add(m, m->bytes + l->off, m->mask + l->off, k, l->bucket);
+            filter_add(m, m->bytes + l->off, k, l->bucket);
     }
     return 0;
 }
@@ -238,6 +228,8 @@ static int copy_entries(struct cpulit *m, const struct cpulit_entry *v, size_t n
         m->lits[i] =
             (struct lit){.off = off, .len = e->len, .id = e->id, .bucket = bucket[ord[i].index]};
         memcpy(m->bytes + off, e->bytes, e->len);
+        for (uint32_t k = 0; e->fold != NULL && k < e->len; k++)
+            m->fold |= e->fold[k] != 0 ? FOLD32 : 0;
         if (e->fold != NULL)
             memcpy(m->mask + off, e->fold, e->len);
         else
@@ -322,26 +314,27 @@ static inline uint32_t tri_safe(const uint8_t *buf, size_t j)
     return x;
 }
 
-/* The scan for one prefix length L, checking every P = 17 - L bytes; both
- * are constants where it is inlined, so the inner loop unrolls. */
+/* The scan for one prefix length L, checking every P = 17 - L bytes, with
+ * or without folding; constants where it is inlined, so the inner loop
+ * unrolls. */
 static inline __attribute__((always_inline)) int scan_l(const struct cpulit *m, const uint8_t *buf,
                                                         size_t len, size_t begin, uint64_t lo,
                                                         uint64_t hi, cpulit_fn fn, void *ctx,
-                                                        const uint32_t L)
+                                                        const uint32_t L, const uint32_t fold)
 {
-    const uint32_t P = LANES + 1 - L, shift = 32 - m->bits;
+    const uint32_t P = LANES + 1 - L;
     const uint64_t *f = m->filter;
     uint64_t R = ~(uint64_t)0;
     size_t j = begin;
     int rc = 0;
     for (; j < hi && j < 2 && rc == 0; j++) {
-        R = R << 4 | f[dom(tri_safe(buf, j), shift)];
+        R = R << 4 | f[dom(tri_safe(buf, j) | fold)];
         if (((~R >> (4 * (L - 1))) & 0xf) != 0)
             rc = verify(m, buf, j - (L - 1), lo, hi, fn, ctx);
     }
     while (rc == 0 && j + P < len && j + P <= hi) {
         for (uint32_t t = 0; t < P; t++)
-            R = R << 4 | f[dom(load_tri(buf + j + t - 2), shift)];
+            R = R << 4 | f[dom(load_tri(buf + j + t - 2) | fold)];
         j += P;
         uint64_t c = ~R >> (4 * (L - 1));
         for (uint32_t q = P; c != 0 && q-- > 0 && rc == 0;)
@@ -349,7 +342,7 @@ static inline __attribute__((always_inline)) int scan_l(const struct cpulit *m, 
                 rc = verify(m, buf, j - 1 - (L - 1) - q, lo, hi, fn, ctx);
     }
     for (; j < hi && rc == 0; j++) {
-        R = R << 4 | f[dom(tri_safe(buf, j), shift)];
+        R = R << 4 | f[dom(tri_safe(buf, j) | fold)];
         if (((~R >> (4 * (L - 1))) & 0xf) != 0)
             rc = verify(m, buf, j - (L - 1), lo, hi, fn, ctx);
     }
@@ -370,30 +363,43 @@ int cpulit_scan(const struct cpulit *m, const uint8_t *buf, size_t len, size_t b
         hi = len;
     if (begin >= hi)
         return 0;
+    bool fold = m->fold != 0;
     switch (m->L) {
     case 1:
-        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 1);
+        return fold ? scan_l(m, buf, len, begin, lo, hi, fn, ctx, 1, FOLD32)
+                    : scan_l(m, buf, len, begin, lo, hi, fn, ctx, 1, 0);
     case 2:
-        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 2);
+        return fold ? scan_l(m, buf, len, begin, lo, hi, fn, ctx, 2, FOLD32)
+                    : scan_l(m, buf, len, begin, lo, hi, fn, ctx, 2, 0);
     case 3:
-        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 3);
+        return fold ? scan_l(m, buf, len, begin, lo, hi, fn, ctx, 3, FOLD32)
+                    : scan_l(m, buf, len, begin, lo, hi, fn, ctx, 3, 0);
     case 4:
-        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 4);
+        return fold ? scan_l(m, buf, len, begin, lo, hi, fn, ctx, 4, FOLD32)
+                    : scan_l(m, buf, len, begin, lo, hi, fn, ctx, 4, 0);
     case 5:
-        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 5);
+        return fold ? scan_l(m, buf, len, begin, lo, hi, fn, ctx, 5, FOLD32)
+                    : scan_l(m, buf, len, begin, lo, hi, fn, ctx, 5, 0);
     case 6:
-        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 6);
+        return fold ? scan_l(m, buf, len, begin, lo, hi, fn, ctx, 6, FOLD32)
+                    : scan_l(m, buf, len, begin, lo, hi, fn, ctx, 6, 0);
     case 7:
-        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 7);
+        return fold ? scan_l(m, buf, len, begin, lo, hi, fn, ctx, 7, FOLD32)
+                    : scan_l(m, buf, len, begin, lo, hi, fn, ctx, 7, 0);
     case 8:
-        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 8);
+        return fold ? scan_l(m, buf, len, begin, lo, hi, fn, ctx, 8, FOLD32)
+                    : scan_l(m, buf, len, begin, lo, hi, fn, ctx, 8, 0);
     case 9:
-        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 9);
+        return fold ? scan_l(m, buf, len, begin, lo, hi, fn, ctx, 9, FOLD32)
+                    : scan_l(m, buf, len, begin, lo, hi, fn, ctx, 9, 0);
     case 10:
-        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 10);
+        return fold ? scan_l(m, buf, len, begin, lo, hi, fn, ctx, 10, FOLD32)
+                    : scan_l(m, buf, len, begin, lo, hi, fn, ctx, 10, 0);
     case 11:
-        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 11);
+        return fold ? scan_l(m, buf, len, begin, lo, hi, fn, ctx, 11, FOLD32)
+                    : scan_l(m, buf, len, begin, lo, hi, fn, ctx, 11, 0);
     default:
-        return scan_l(m, buf, len, begin, lo, hi, fn, ctx, 12);
+        return fold ? scan_l(m, buf, len, begin, lo, hi, fn, ctx, 12, FOLD32)
+                    : scan_l(m, buf, len, begin, lo, hi, fn, ctx, 12, 0);
     }
 }
