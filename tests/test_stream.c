@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1361,6 +1362,124 @@ START_TEST(test_cli_tail)
 }
 END_TEST
 
+/* ---- the CLI keeps flat memory on large inputs ---------------------------- */
+
+#define FLAT_BYTES (64u << 20)      /* input per run */
+#define FLAT_BOUND (FLAT_BYTES / 2) /* peak RSS allowed: half the input */
+
+/* One MiB of input number `i`: text with "needle" across its start (the
+ * first one's end straddles the previous MiB) and one inside. */
+static void flat_piece(char *p, size_t n, uint32_t i)
+{
+    for (size_t k = 0; k < n; k++)
+        p[k] = k % 64 == 63 ? '\n' : (char)('a' + (k * 7 + i) % 13);
+    if (i > 0)
+        memcpy(p, "dle", 3); /* "nee" ended the previous piece */
+    memcpy(p + n / 2, "needle", 6);
+    memcpy(p + n - 3, "nee", 3);
+}
+
+/* Runs `vkscan scan --socket SOCK ARGS` with FLAT_BYTES of pieces on its
+ * standard input when `pipe_in` (a producer that stops after them), and
+ * returns its output; its peak RSS goes to `*rss_kib`. */
+static char *run_flat(const struct daemon *d, const char *const *args, bool pipe_in, long *rss_kib)
+{
+    const char *bin = getenv("VKSCAN");
+    ck_assert_ptr_nonnull(bin);
+    int pin[2], pout[2];
+    ck_assert_int_eq(pipe(pin), 0);
+    ck_assert_int_eq(pipe(pout), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        const char *argv[16] = {bin, "scan", "--socket", d->sock};
+        int n = 4;
+        for (int i = 0; args[i] != NULL && n < 15; i++)
+            argv[n++] = args[i];
+        argv[n] = NULL;
+        dup2(pin[0], 0);
+        dup2(pout[1], 1);
+        close(pin[1]);
+        close(pout[0]);
+        /* ASan's quarantine would hold freed pieces: measure the CLI, not it */
+        setenv("ASAN_OPTIONS", "quarantine_size_mb=1:malloc_context_size=2", 1);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    close(pin[0]);
+    close(pout[1]);
+    size_t n = 1u << 20;
+    char *piece = malloc(n);
+    for (uint32_t i = 0; pipe_in && i < FLAT_BYTES / n; i++) {
+        flat_piece(piece, n, i);
+        for (size_t at = 0; at < n;) {
+            ssize_t k = write(pin[1], piece + at, n - at);
+            ck_assert_int_gt(k, 0);
+            at += (size_t)k;
+        }
+    }
+    free(piece);
+    close(pin[1]);
+    struct str out = {0};
+    put(&out, "", 0);
+    char buf[4096];
+    ssize_t k;
+    while ((k = read(pout[0], buf, sizeof(buf))) > 0)
+        put(&out, buf, (size_t)k);
+    close(pout[0]);
+    int st;
+    struct rusage ru;
+    ck_assert_int_eq(wait4(pid, &st, 0, &ru), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "vkscan: status %d, output %s", st, out.p);
+    *rss_kib = ru.ru_maxrss;
+    return out.p;
+}
+
+/* `vkscan scan` of an endless pipe (its producer stops after 64 MiB) and of
+ * a 64 MiB file over max-scan-bytes: every match found, across every piece
+ * boundary, and the CLI's peak RSS stays under half the input (it would be
+ * over the input if the CLI buffered it). */
+START_TEST(test_cli_flat_memory)
+{
+    struct daemon d;
+    daemon_start(&d, (const char *const[]){"--max-scan-bytes", "4M", NULL});
+    uint32_t pieces = FLAT_BYTES >> 20;
+    char want[64];
+    snprintf(want, sizeof(want), "(standard input):n:%u\n", 2 * pieces - 1);
+    long rss;
+    char *out =
+        run_flat(&d, (const char *const[]){"-c", "-e", "n:/needle/", "-", NULL}, true, &rss);
+    ck_assert_str_eq(out, want);
+    free(out);
+    fprintf(stderr, "vkscan scan -c - of a %u MiB pipe: peak RSS %ld KiB (bound %u KiB)\n", pieces,
+            rss, FLAT_BOUND >> 10);
+    ck_assert_int_lt(rss, FLAT_BOUND >> 10);
+
+    char path[128];
+    snprintf(path, sizeof(path), "%s/flat", d.dir);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    char *piece = malloc(1u << 20);
+    for (uint32_t i = 0; i < pieces; i++) {
+        flat_piece(piece, 1u << 20, i);
+        ck_assert_uint_eq(fwrite(piece, 1, 1u << 20, f), 1u << 20);
+    }
+    free(piece);
+    fclose(f);
+    /* -n: the CLI reads every piece itself, to count lines */
+    out = run_flat(&d, (const char *const[]){"-c", "-n", "-e", "n:/needle/", path, NULL}, false,
+                   &rss);
+    snprintf(want, sizeof(want), ":n:%u\n", 2 * pieces - 1);
+    ck_assert_ptr_nonnull(strstr(out, want));
+    free(out);
+    fprintf(stderr, "vkscan scan -c -n of a %u MiB file: peak RSS %ld KiB (bound %u KiB)\n", pieces,
+            rss, FLAT_BOUND >> 10);
+    ck_assert_int_lt(rss, FLAT_BOUND >> 10);
+    unlink(path);
+    daemon_stop(&d);
+}
+END_TEST
+
 Suite *stream_suite(void)
 {
     Suite *s = suite_create("stream");
@@ -1385,6 +1504,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_cli_pipe);
     tcase_add_test(td, test_cli_large_file_in_pieces);
     tcase_add_test(td, test_cli_tail);
+    tcase_add_test(td, test_cli_flat_memory);
     suite_add_tcase(s, td);
     return s;
 }
