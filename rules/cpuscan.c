@@ -353,14 +353,22 @@ struct litwalk {
     struct walk *w;
     struct refscan_gate *cands;
     uint64_t lo;
+    size_t cap; /* candidates kept at most */
+    bool dense; /* more came: window groups are walked in full */
 };
 
 static int on_literal(void *ctx, uint32_t id, uint64_t end)
 {
     struct litwalk *lw = ctx;
-    if (id & CPUPLAN_FACTOR)
-        return refscan_gate_push(lw->cands, id & ~CPUPLAN_FACTOR, end);
-    return end > lw->lo ? on_match(lw->w, id, end) : 0;
+    if (!(id & CPUPLAN_FACTOR))
+        return end > lw->lo ? on_match(lw->w, id, end) : 0;
+    if (lw->dense)
+        return 0;
+    if (lw->cands->n == lw->cap) {
+        lw->dense = true; /* factors everywhere: windows would cover it all */
+        return 0;
+    }
+    return refscan_gate_push(lw->cands, id & ~CPUPLAN_FACTOR, end);
 }
 
 /* One window group's walks. */
@@ -397,16 +405,42 @@ static uint32_t group_maxlen(const struct catalog *cat, const struct cpuplan *pl
     return cn.maxlen;
 }
 
+/* Every window group walked over the whole range. */
+static int window_groups_full(const struct catalog *cat, const struct cpuplan *plan,
+                              const uint8_t *buf, size_t len, size_t begin, uint64_t lo,
+                              uint64_t hi, struct walk *w)
+{
+    int rc = 0;
+    for (uint32_t g = 0; g < plan->n_dfa + plan->n_nfa && rc == 0; g++) {
+        if (plan->mode[g] != CPUPLAN_WINDOW)
+            continue;
+        if (g >= plan->n_dfa) {
+            rc = refscan_nfa_range(cat, g - plan->n_dfa, buf, len, begin, lo, hi, on_match, w);
+            continue;
+        }
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        rc = dfa_range(&cg, buf, len, begin, lo, hi, w);
+    }
+    return rc;
+}
+
 /* The literal and window groups: one pass of each literal matcher, then
  * each window group's walks around its factors' ends. */
 static int fast_groups(const struct catalog *cat, const struct cpuplan *plan, const uint8_t *buf,
                        size_t len, size_t begin, uint64_t lo, uint64_t hi, struct walk *w)
 {
     struct refscan_gate cands = {0};
-    struct litwalk lw = {w, &cands, lo};
+    /* candidates cost 16 bytes: at most a quarter of the segment's size */
+    size_t span = (hi < len ? (size_t)hi : len) - begin;
+    struct litwalk lw = {w, &cands, lo, span / 64 > 4096 ? span / 64 : 4096, false};
     int rc = 0;
     if (plan->lit != NULL)
         rc = cpulit_scan(plan->lit, buf, len, begin, begin, hi, on_literal, &lw);
+    if (rc == 0 && lw.dense) {
+        refscan_gate_finish(&cands);
+        return window_groups_full(cat, plan, buf, len, begin, lo, hi, w);
+    }
     if (rc == 0 && cands.n > 0)
         refscan_gate_sort(&cands);
     for (size_t a = 0; rc == 0 && a < cands.n;) {

@@ -1852,6 +1852,11 @@ START_TEST(test_window_groups_equal_refscan)
     memcpy(buf + len - 4, "end", 3);
     buf[len - 1] = '\n';
     fast_equals_refscan(cat, buf, len, "windows");
+    /* factors everywhere: more candidates than a segment keeps (4096),
+     * so the window groups are walked in full */
+    for (size_t p = 0; p + 8 <= len; p += 8)
+        memcpy(buf + p, p % 24 == 0 ? "abc12xyz" : p % 24 == 8 ? "qqabcd x" : "abc1abc2", 8);
+    fast_equals_refscan(cat, buf, len, "dense windows");
     free(buf);
     catalog_destroy(cat);
 }
