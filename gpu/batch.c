@@ -127,6 +127,41 @@ static uint64_t need_size(const struct gbuf *b, uint64_t size)
     return (uint64_t)gbuf_grow_size(b->size, size) - b->size;
 }
 
+/* Initial size of a frame's hit ring. */
+static uint64_t hit_ring_bytes(const struct gpu_engine *eng)
+{
+    return (uint64_t)(eng->opt.hit_capacity ? eng->opt.hit_capacity : 65536) * 16;
+}
+
+/* Device bytes the batch cannot free: all but the catalogs it may evict. */
+static uint64_t held_bytes(const struct batch_ctx *bc)
+{
+    const struct gpu_engine *eng = bc->eng;
+    uint64_t evictable = 0;
+    for (uint32_t i = 0; i < GPU_MAX_RESIDENT_CATALOGS; i++) {
+        const struct resident_catalog *rc = &eng->cats[i];
+        if (rc->used && rc->pins == 0 && !slot_in_batch(bc, (int)i))
+            evictable += rc->buf.alloc;
+    }
+    return eng->device_bytes - evictable;
+}
+
+/* Frees the buffers of the frames not in flight (the one being filled has
+ * its buffers in the engine's fields, not in its frame): a batch that
+ * needs their room gets it, and they are made again at their next use. */
+static void trim_idle_frames(struct gpu_engine *eng)
+{
+    for (uint32_t i = 0; i < eng->n_frames; i++) {
+        struct gpu_frame *fr = &eng->frames[i];
+        if (fr->busy)
+            continue;
+        struct gbuf *bufs[] = {&fr->hay,     &fr->staging, &fr->meta,  &fr->qs,
+                               &fr->qs_host, &fr->hits,    &fr->carry, &fr->hits_host};
+        for (size_t k = 0; k < sizeof(bufs) / sizeof(bufs[0]); k++)
+            gbuf_destroy(eng, bufs[k]);
+    }
+}
+
 /* Checks the device limits and the memory budget before any device work,
  * evicting unused catalogs when that makes the batch fit. */
 static int check_limits(struct batch_ctx *bc, struct vks_error *err)
@@ -164,14 +199,13 @@ static int check_limits(struct batch_ctx *bc, struct vks_error *err)
                              (unsigned long long)range);
     uint64_t grow_bytes = need_size(&eng->hay, bc->hay_bytes) + need_size(&eng->meta, meta_bytes) +
                           need_size(&eng->carry, (uint64_t)bc->n_carry * 4) +
-                          need_size(&eng->qs, (QS_HEADS + bc->n_ranges) * 4) + cat_bytes;
-    uint64_t evictable = 0;
-    for (uint32_t i = 0; i < GPU_MAX_RESIDENT_CATALOGS; i++) {
-        const struct resident_catalog *rc = &eng->cats[i];
-        if (rc->used && rc->pins == 0 && !slot_in_batch(bc, (int)i))
-            evictable += rc->buf.alloc;
+                          need_size(&eng->qs, (QS_HEADS + bc->n_ranges) * 4) +
+                          need_size(&eng->hits, hit_ring_bytes(eng)) + cat_bytes;
+    uint64_t held = held_bytes(bc);
+    if (held + grow_bytes > eng->budget) {
+        trim_idle_frames(eng);
+        held = held_bytes(bc);
     }
-    uint64_t held = eng->device_bytes - evictable;
     if (held + grow_bytes > eng->budget)
         return vks_error_set(err, -E2BIG,
                              "batch of %u buffers needs %llu bytes of device memory (haystack "
@@ -298,6 +332,10 @@ static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
     if (rc == 0)
         rc = gbuf_reserve(eng, &eng->qs_host, (QS_HEADS + bc->n_ranges) * 4,
                           VK_BUFFER_USAGE_TRANSFER_DST_BIT, GBUF_READBACK, err);
+    if (rc == 0 && eng->hits.buf == VK_NULL_HANDLE) /* a frame's first batch, or trimmed */
+        rc = gbuf_reserve(eng, &eng->hits, hit_ring_bytes(eng),
+                          VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
+                          eng->direct ? GBUF_READBACK : GBUF_DEVICE, err);
     bool direct = eng->direct && eng->hay.map != NULL && eng->meta.map != NULL;
     if (rc == 0 && !direct)
         rc = gbuf_reserve(eng, &eng->staging, bc->hay_bytes + bc->n_meta * 16 + bc->new_cat_bytes,

@@ -644,7 +644,7 @@ static int engine_setup(struct gpu_engine *eng, const struct gpu_options *opt,
         rc = i > 0 ? create_sets(eng, err) : 0;
         if (rc == 0)
             rc = create_commands(eng, err);
-        if (rc == 0)
+        if (rc == 0 && i == 0) /* the others' buffers are made at their first batch */
             rc = create_buffers(eng, err);
         gpu_frame_swap(eng, &eng->frames[i]);
     }
