@@ -73,6 +73,8 @@ static int pair_cmp(const void *a, const void *b)
 /* Sorts and keeps, per end, the smallest start. */
 static void pairs_norm(struct pairs *p)
 {
+    if (p->n == 0)
+        return;
     qsort(p->v, p->n, sizeof(*p->v), pair_cmp);
     size_t m = 0;
     for (size_t i = 0; i < p->n; i++) {
