@@ -73,6 +73,10 @@ static bool wait_ready(struct daemon *d, int timeout_ms)
     return false;
 }
 
+/* When set, the next daemon_start preloads this libvkfault into vkscand,
+ * armed through <dir>/vkfault.ctl (tests/fault/vkfault.h). */
+static const char *vkfault_so;
+
 /* Starts vkscand in `dir` (a fresh temporary directory when NULL) with the
  * extra flags `extra` (NULL-terminated) and waits until it is ready. */
 static void daemon_start(struct daemon *d, const char *dir, const char *const *extra)
@@ -107,6 +111,16 @@ static void daemon_start(struct daemon *d, const char *dir, const char *const *e
             argv[n++] = extra[i];
         argv[n] = NULL;
         setenv("NOTIFY_SOCKET", d->notify, 1);
+        if (vkfault_so != NULL) {
+            char ctl[sizeof(d->dir) + 16], opts[512];
+            snprintf(ctl, sizeof(ctl), "%s/vkfault.ctl", d->dir);
+            setenv("VKFAULT_CTL", ctl, 1);
+            setenv("LD_PRELOAD", vkfault_so, 1);
+            const char *asan = getenv("ASAN_OPTIONS"); /* libasan stays first for the exe */
+            snprintf(opts, sizeof(opts), "%s%sverify_asan_link_order=0", asan ? asan : "",
+                     asan ? ":" : "");
+            setenv("ASAN_OPTIONS", opts, 1);
+        }
         die_with_parent();
         execv(bin, (char *const *)argv);
         _exit(127);
@@ -1212,6 +1226,386 @@ START_TEST(test_bad_input)
 }
 END_TEST
 
+/* ---- every error code (issue 8): the documented reply, then exact results --- */
+
+/* A raw scan of `data` on `fd` must give refscan's number of hits. */
+static void expect_raw_scan_ok(int fd, uint32_t id, const uint8_t *fp, const struct catalog *ref,
+                               const char *data)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_scan(&pk, id, fp, data, strlen(data));
+    raw_frame(fd, &sb, NULL, 0);
+    msgpack_sbuffer_destroy(&sb);
+    struct proto_reply *rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_msg(rep->error.code == 0, "scan after errors: %d %s", rep->error.code,
+                  rep->error.msg);
+    ck_assert_uint_eq(rep->id, id);
+    struct scan_hits want = {0};
+    ck_assert_int_eq(refscan_buffer(ref, (const uint8_t *)data, strlen(data), SCAN_ALL, &want), 0);
+    ck_assert_uint_gt(want.n, 0);
+    ck_assert_uint_eq(rep->u.scan.n_hits, want.n);
+    for (uint32_t i = 0; i < rep->u.scan.n_hits; i++) {
+        ck_assert_uint_eq(rep->u.scan.hits[i].rule, want.v[i].rule);
+        ck_assert_uint_eq(rep->u.scan.hits[i].end, want.v[i].end);
+    }
+    scan_hits_finish(&want);
+    proto_reply_destroy(rep);
+}
+
+/*
+ * The request errors no other daemon test sends: MISSING_FIELD, BAD_VALUE,
+ * DEPTH, LIMIT (max_states over max-states), VERSION, TOO_MANY_RULES
+ * (max-rules), TOO_MANY_FDS (over 64 descriptors with one frame) and RULES
+ * (a rule set the compiler refuses as a whole: max_states below 16). Each
+ * is answered with its code, its id and a message, the connection goes on,
+ * and a scan after them all gives exact hits.
+ */
+START_TEST(test_error_codes)
+{
+    struct daemon d;
+    const char *extra[] = {"--max-rules", "3", "--max-states", "4096", NULL};
+    daemon_start(&d, NULL, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, 3, false);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    struct catalog *ref = local_catalog(rules, 3);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    int fd = raw_connect(&d);
+
+    /* MISSING_FIELD: a scan without its catalog. */
+    pack_head(&pk, 20, "scan", 1);
+    pack_str(&pk, "buffers");
+    msgpack_pack_array(&pk, 0);
+    raw_frame(fd, &sb, NULL, 0);
+    expect_error(fd, 20, VKS_E_MISSING_FIELD);
+    /* BAD_VALUE: a report mode that does not exist. */
+    msgpack_sbuffer_clear(&sb);
+    pack_head(&pk, 21, "scan", 3);
+    pack_str(&pk, "catalog");
+    msgpack_pack_bin(&pk, 32);
+    msgpack_pack_bin_body(&pk, fp, 32);
+    pack_str(&pk, "buffers");
+    msgpack_pack_array(&pk, 0);
+    pack_str(&pk, "mode");
+    pack_str(&pk, "sometimes");
+    raw_frame(fd, &sb, NULL, 0);
+    expect_error(fd, 21, VKS_E_BAD_VALUE);
+    /* DEPTH: arrays nested past max_depth (16) in a ping. */
+    msgpack_sbuffer_clear(&sb);
+    pack_head(&pk, 22, "ping", 1);
+    pack_str(&pk, "deep");
+    for (int i = 0; i < 40; i++)
+        msgpack_pack_array(&pk, i < 39 ? 1 : 0);
+    raw_frame(fd, &sb, NULL, 0);
+    expect_error(fd, 22, VKS_E_DEPTH);
+    /* VERSION: a hello that speaks only a future version. */
+    msgpack_sbuffer_clear(&sb);
+    pack_head(&pk, 23, "hello", 2);
+    pack_str(&pk, "version");
+    msgpack_pack_uint32(&pk, 999);
+    pack_str(&pk, "min_version");
+    msgpack_pack_uint32(&pk, 999);
+    raw_frame(fd, &sb, NULL, 0);
+    expect_error(fd, 23, VKS_E_VERSION);
+    /* catalog.load: four rules over --max-rules 3; max_states over the
+     * daemon's ceiling (LIMIT); max_states 8, which the compiler refuses for
+     * the whole set (RULES). */
+    for (int k = 0; k < 3; k++) {
+        static const uint32_t n_rules[3] = {4, 1, 1}, states[3] = {0, 5000, 8};
+        static const int want[3] = {VKS_E_TOO_MANY_RULES, VKS_E_LIMIT, VKS_E_RULES};
+        msgpack_sbuffer_clear(&sb);
+        pack_head(&pk, 24 + (uint32_t)k, "catalog.load", states[k] ? 2 : 1);
+        pack_str(&pk, "rules");
+        msgpack_pack_array(&pk, n_rules[k]);
+        for (uint32_t i = 0; i < n_rules[k]; i++) {
+            msgpack_pack_map(&pk, 3);
+            pack_str(&pk, "id");
+            pack_str(&pk, rules[i].id);
+            pack_str(&pk, "kind");
+            pack_str(&pk, "literal");
+            pack_str(&pk, "pattern");
+            pack_str(&pk, "needle");
+        }
+        if (states[k]) {
+            pack_str(&pk, "max_states");
+            msgpack_pack_uint32(&pk, states[k]);
+        }
+        raw_frame(fd, &sb, NULL, 0);
+        expect_error(fd, 24 + (uint32_t)k, want[k]);
+    }
+    /* TOO_MANY_FDS: 65 descriptors with one scan (the limit is 64). */
+    int fds[65];
+    for (int i = 0; i < 65; i++)
+        fds[i] = make_memfd((const uint8_t *)"needle", 6, false);
+    msgpack_sbuffer_clear(&sb);
+    pack_head(&pk, 27, "scan", 2);
+    pack_str(&pk, "catalog");
+    msgpack_pack_bin(&pk, 32);
+    msgpack_pack_bin_body(&pk, fp, 32);
+    pack_str(&pk, "buffers");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 1);
+    pack_str(&pk, "fd");
+    msgpack_pack_uint32(&pk, 0);
+    raw_frame(fd, &sb, fds, 65);
+    expect_error(fd, 27, VKS_E_TOO_MANY_FDS);
+    for (int i = 0; i < 65; i++)
+        close(fds[i]);
+    /* The same connection, and the library's, still scan exactly. */
+    expect_raw_scan_ok(fd, 28, fp, ref, "xx needle ab12c HELLO ab9c");
+    close(fd);
+    static uint8_t buf[4000];
+    make_haystack(buf, sizeof(buf));
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = buf, .len = sizeof(buf)};
+    struct vks_scan_result res = {0};
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_scan(c, fp, &vb, 1, NULL, &res, &err), 0);
+    check_hits(ref, &res, 0, buf, sizeof(buf), SCAN_ALL);
+    vks_scan_result_finish(&res);
+    /* And the load that failed for its state budget works with a good one. */
+    struct vks_load_options lo = {.max_states = 64, .always_send = true};
+    struct vks_catalog *small = NULL;
+    ck_assert_int_eq(vks_client_catalog_load(c, rules, 2, &lo, &small, &err), 0);
+    vks_catalog_destroy(small);
+    msgpack_sbuffer_destroy(&sb);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/* ---- device failures in a running daemon (tests/fault/vkfault) ---------- */
+
+/* Arms the vkfault interposer preloaded into `d` (vkfault.h: VKFAULT_CTL):
+ * the spec is written whole (a temporary file renamed over). */
+static void vkfault_ctl(const struct daemon *d, const char *spec)
+{
+    char tmp[200], path[200];
+    snprintf(tmp, sizeof(tmp), "%s/vkfault.ctl.tmp", d->dir);
+    snprintf(path, sizeof(path), "%s/vkfault.ctl", d->dir);
+    FILE *f = fopen(tmp, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(spec, f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(rename(tmp, path), 0);
+}
+
+/* Whether the daemon's interposer took the last spec (it removes the file). */
+static bool vkfault_taken(const struct daemon *d)
+{
+    char path[200];
+    snprintf(path, sizeof(path), "%s/vkfault.ctl", d->dir);
+    return access(path, F_OK) != 0;
+}
+
+/* Scans `buf` on `c`; returns rc, fills *res (finish it), checks nothing. */
+static int scan_buf(struct vks_client *c, const uint8_t *fp, const uint8_t *buf, size_t len,
+                    struct vks_scan_result *res, struct vks_error *err)
+{
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = buf, .len = len};
+    memset(err, 0, sizeof(*err));
+    return vks_client_scan(c, fp, &vb, 1, NULL, res, err);
+}
+
+/* An exact scan on the GPU engine (engine 0), not re-run on the CPU. */
+static void expect_gpu_scan_ok(struct vks_client *c, const uint8_t *fp, const struct catalog *ref,
+                               const uint8_t *buf, size_t len)
+{
+    struct vks_scan_result res = {0};
+    struct vks_error err = {0};
+    int rc = scan_buf(c, fp, buf, len, &res, &err);
+    ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+    check_hits(ref, &res, 0, buf, len, SCAN_ALL);
+    ck_assert_uint_eq(tel_of(&res, "engine"), 0);
+    ck_assert_uint_eq(tel_of(&res, "cpu_retry"), 0);
+    vks_scan_result_finish(&res);
+}
+
+/*
+ * The GPU engine of a running vkscand (lavapipe) fails on command:
+ * - a lost device (VK_ERROR_DEVICE_LOST at the fence wait) and a fence
+ *   timeout: the batch is re-run on the CPU engine with exact hits
+ *   (telemetry cpu_retry = ENODEV / ETIMEDOUT), the engine is re-created, and
+ *   the next scan runs on the GPU again, exact;
+ * - a failed submit (out of device memory): the scan gets DEVICE (1018) with
+ *   a message, and the next scan runs on the GPU, exact.
+ */
+START_TEST(test_device_faults)
+{
+    vkfault_so = getenv("VKFAULT_SO");
+    ck_assert_msg(vkfault_so != NULL, "VKFAULT_SO is not set: run through meson test");
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    vkfault_so = NULL;
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    static uint8_t buf[3000];
+    make_haystack(buf, sizeof(buf));
+    expect_gpu_scan_ok(c, fp, ref, buf, sizeof(buf));
+
+    static const char *const specs[2] = {"lost=1", "wait=1"};
+    static const uint64_t why[2] = {ENODEV, ETIMEDOUT};
+    for (int k = 0; k < 2; k++) {
+        vkfault_ctl(&d, specs[k]);
+        struct vks_scan_result res = {0};
+        struct vks_error err = {0};
+        int rc = scan_buf(c, fp, buf, sizeof(buf), &res, &err);
+        ck_assert_msg(vkfault_taken(&d), "%s: the preloaded interposer never read it", specs[k]);
+        ck_assert_msg(rc == 0, "%s: %d %s", specs[k], rc, err.msg);
+        check_hits(ref, &res, 0, buf, sizeof(buf), SCAN_ALL);
+        ck_assert_uint_eq(tel_of(&res, "cpu_retry"), why[k]);
+        vks_scan_result_finish(&res);
+        expect_gpu_scan_ok(c, fp, ref, buf, sizeof(buf));
+    }
+    ck_assert_uint_ge(stat_of(c, "engine.0.cpu_retries"), 2);
+
+    vkfault_ctl(&d, "submit=1");
+    struct vks_scan_result res = {0};
+    struct vks_error err = {0};
+    int rc = scan_buf(c, fp, buf, sizeof(buf), &res, &err);
+    ck_assert(vkfault_taken(&d));
+    ck_assert_msg(rc == -VKS_E_DEVICE, "failed submit: %d %s, expected DEVICE", rc, err.msg);
+    ck_assert(err.msg[0] != '\0');
+    vks_scan_result_finish(&res);
+    expect_gpu_scan_ok(c, fp, ref, buf, sizeof(buf));
+
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/* ---- PROTOCOL: a peer that breaks the protocol (client side) ------------ */
+
+/* Reads one request frame from `fd` and decodes it (the scripted peer). */
+static struct proto_request *peer_read(int fd)
+{
+    struct proto_reader *r = NULL;
+    if (proto_reader_create(NULL, &r) < 0)
+        _exit(3);
+    struct proto_request *req = NULL;
+    for (;;) {
+        int rc = proto_reader_recv(r, fd, NULL);
+        if (rc == PROTO_RECV_FRAME) {
+            struct proto_frame f;
+            proto_reader_take(r, &f);
+            if (proto_request_decode(&f, NULL, &req, NULL, NULL) < 0)
+                _exit(4);
+            break;
+        }
+        if (rc < 0 && rc != -EAGAIN)
+            _exit(5);
+        if (rc == PROTO_RECV_EOF)
+            _exit(6);
+    }
+    proto_reader_destroy(r);
+    return req;
+}
+
+/* Answers `req` properly: hello with this protocol version, ping empty. */
+static void peer_answer(int fd, const struct proto_request *req)
+{
+    struct proto_reply rep = {.id = req->id, .op = req->op};
+    if (req->op == PROTO_OP_HELLO) {
+        rep.u.hello.version = PROTO_VERSION;
+        rep.u.hello.min_version = PROTO_VERSION_MIN;
+        rep.u.hello.server = "scripted peer";
+        proto_limits_default(&rep.u.hello.limits);
+    }
+    struct proto_buf b;
+    proto_buf_init(&b);
+    if (proto_reply_encode(&b, &rep, NULL) < 0 ||
+        proto_send(fd, b.data, b.len, NULL, 0, 5000, NULL) < 0)
+        _exit(7);
+    proto_buf_finish(&b);
+}
+
+/* The peer: on its first connection it answers hello, then the next
+ * request with a frame that is not msgpack; on its second it answers hello
+ * and ping properly. */
+static void scripted_peer(int lfd)
+{
+    for (int conn = 0; conn < 2; conn++) {
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0)
+            _exit(2);
+        struct proto_request *req = peer_read(fd);
+        peer_answer(fd, req);
+        proto_request_destroy(req);
+        req = peer_read(fd);
+        if (conn == 0) {
+            static const uint8_t bad[] = {0, 0, 0, 1, 0xc1}; /* 0xc1: never used */
+            if (proto_send(fd, bad, sizeof(bad), NULL, 0, 5000, NULL) < 0)
+                _exit(8);
+        } else {
+            peer_answer(fd, req);
+        }
+        proto_request_destroy(req);
+        if (conn == 0) { /* the client drops this connection */
+            char c;
+            while (read(fd, &c, 1) > 0)
+                ;
+        }
+        close(fd);
+    }
+    _exit(0);
+}
+
+/*
+ * PROTOCOL (1021, client only): a reply that is not msgpack makes the call
+ * fail with PROTOCOL and a message, the client drops that connection, and
+ * its next call reconnects and succeeds.
+ */
+START_TEST(test_protocol_error)
+{
+    char dir[] = "/tmp/vkd-peer-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/peer.sock", dir);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    ck_assert_int_eq(listen(lfd, 4), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        die_with_parent();
+        scripted_peer(lfd);
+    }
+    close(lfd);
+    struct vks_client_options opt;
+    vks_client_options_init(&opt);
+    opt.io_timeout_ms = 20000;
+    struct vks_client *c = NULL;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_connect(sa.sun_path, &opt, &c, &err), 0);
+    int rc = vks_client_ping(c, &err);
+    ck_assert_msg(rc == -VKS_E_PROTOCOL, "bad reply: %d %s, expected PROTOCOL", rc, err.msg);
+    ck_assert_ptr_nonnull(strstr(err.msg, "malformed"));
+    memset(&err, 0, sizeof(err));
+    rc = vks_client_ping(c, &err);
+    ck_assert_msg(rc == 0, "ping after PROTOCOL: %d %s", rc, err.msg);
+    vks_client_close(c);
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "scripted peer: status %d", st);
+    unlink(sa.sun_path);
+    rmdir(dir);
+}
+END_TEST
+
 /* ---- operations: reload, socket activation ---------------------------- */
 
 START_TEST(test_sighup_reloads)
@@ -1789,6 +2183,13 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_sighup_reloads);
     tcase_add_test(tc, test_socket_activation);
     tcase_add_test(tc, test_allow_uids);
+    suite_add_tcase(s, tc);
+    /* Every error code of proto/errors.h not sent elsewhere (issue 8). */
+    tc = tcase_create("codes");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_error_codes);
+    tcase_add_test(tc, test_device_faults);
+    tcase_add_test(tc, test_protocol_error);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,10 +1,12 @@
 /* vkfault: fails chosen Vulkan calls on command (see vkfault.h). */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <vulkan/vulkan.h>
 
@@ -16,21 +18,48 @@ static atomic_int calls[VKFAULT_N_OPS];
 static atomic_int repeat[VKFAULT_N_OPS]; /* further calls to fail after the armed one */
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
-static void read_env(void)
+/* Arms what a spec "alloc=N,submit=N,wait=N,lost=N" names. */
+static void parse_spec(const char *spec)
 {
     static const char *const names[VKFAULT_N_OPS] = {"alloc", "submit", "wait", "lost"};
-    const char *spec = getenv("VKFAULT");
-    if (spec == NULL)
-        return;
     for (int op = 0; op < VKFAULT_N_OPS; op++) {
         size_t n = strlen(names[op]);
         for (const char *p = spec; (p = strstr(p, names[op])) != NULL; p += n) {
             if ((p == spec || p[-1] == ',') && p[n] == '=') {
+                atomic_store(&repeat[op], 0);
                 atomic_store(&countdown[op], atoi(p + n + 1));
                 break;
             }
         }
     }
+}
+
+static void read_env(void)
+{
+    const char *spec = getenv("VKFAULT");
+    if (spec != NULL)
+        parse_spec(spec);
+}
+
+/* A daemon test arms a running vkscand by writing a spec into the file
+ * $VKFAULT_CTL (write a temporary file and rename it over, so the file is
+ * whole): the next intercepted call reads it, removes it and arms. Only the
+ * caller whose unlink succeeds applies it, so it is applied once. */
+static void poll_ctl(void)
+{
+    const char *path = getenv("VKFAULT_CTL");
+    if (path == NULL)
+        return;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    char buf[128];
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0 || unlink(path) != 0)
+        return;
+    buf[n] = '\0';
+    parse_spec(buf);
 }
 
 void vkfault_arm(enum vkfault_op op, int nth)
@@ -59,6 +88,7 @@ int vkfault_calls(enum vkfault_op op)
 static bool should_fail(enum vkfault_op op)
 {
     pthread_once(&env_once, read_env);
+    poll_ctl();
     atomic_fetch_add(&calls[op], 1);
     int c = atomic_load(&countdown[op]);
     while (c > 0) {

@@ -11,7 +11,10 @@
  * VKFAULT="alloc=N,submit=N,wait=N,lost=N" read at the first intercepted
  * call: the Nth call of that kind from then on fails (once), with
  * VK_ERROR_OUT_OF_DEVICE_MEMORY (alloc, submit), VK_TIMEOUT (wait) or
- * VK_ERROR_DEVICE_LOST (lost, on a fence wait).
+ * VK_ERROR_DEVICE_LOST (lost, on a fence wait). A daemon already running
+ * is armed through the file named by VKFAULT_CTL: write the same spec into
+ * it (atomically: a temporary file renamed over); the next intercepted call
+ * reads it, removes it and arms.
  */
 #ifndef VKS_TESTS_VKFAULT_H
 #define VKS_TESTS_VKFAULT_H
