@@ -274,7 +274,7 @@ struct proto_scan {
     uint32_t n_buffers;
     enum proto_report mode;
     uint32_t max_hits;   /* 0: the daemon's limit */
-    uint32_t timeout_ms; /* 0: no timeout */
+    uint32_t timeout_ms; /* queue deadline; 0: the daemon's scan-timeout-ms */
     bool rule_ids;       /* ask for the rule id string in every hit */
     bool no_cache;       /* `cache: false`: bypass the daemon's result cache */
     bool starts;         /* `starts: true`: a start on the hits of every rule, not only L ones */

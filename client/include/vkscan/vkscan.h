@@ -273,7 +273,7 @@ struct vks_scan_options {
     size_t struct_size; /* sizeof(struct vks_scan_options); see ABI above */
     enum vks_report mode;
     uint32_t max_hits;   /* 0: the daemon's limit */
-    uint32_t timeout_ms; /* 0: none */
+    uint32_t timeout_ms; /* 0: the daemon's scan-timeout-ms (60000 by default) */
     bool rule_ids;       /* fill vks_hit.rule_id */
     /* ---- added after 0.2 ---- */
     bool no_cache;        /* bypass the daemon's result cache: every descriptor
