@@ -375,11 +375,11 @@ static int build_group(struct ctx *c, const uint32_t *idx, uint32_t n, bool mini
     uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
     dfa_cancel = c->opt->cancel;
     rc = dfa_build(&nfa, budget, &g->dfa);
-    dfa_cancel = NULL;
     g->asserts = nfa.has_cond;
     nfa_finish(&nfa);
     if (rc == 0 && minimise && !c->opt->no_minimise)
         rc = dfa_minimise(&g->dfa);
+    dfa_cancel = NULL;
     if (rc != 0) {
         dfa_finish(&g->dfa);
         return rc;
@@ -763,10 +763,10 @@ static int build_factor_dfa(struct ctx *c, struct group_out *g)
     uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
     dfa_cancel = c->opt->cancel;
     rc = dfa_build(&nfa, budget, &g->dfa);
-    dfa_cancel = NULL;
     nfa_finish(&nfa);
     if (rc == 0 && !c->opt->no_minimise)
         rc = dfa_minimise(&g->dfa);
+    dfa_cancel = NULL;
     if (rc != 0)
         dfa_finish(&g->dfa);
     g->factor = true;

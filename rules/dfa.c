@@ -72,6 +72,12 @@ struct builder {
     uint32_t *acc_first;
     uint32_t start[4];
 
+    /* canon_prev of every prev mask, computed once each: bit 15 set when
+     * known, bits 2p..2p+1 the canonical kind of p */
+    uint16_t *canon;
+
+    struct u32vec ecopy; /* expand's copy of the state's set */
+
     /* scratch */
     uint32_t *stamp, gen;
     struct u32vec work, list;
@@ -131,8 +137,10 @@ static int classes_of_sets(struct builder *b)
         return -ENOMEM;
     for (uint32_t i = 0; i < nfa->n_sets; i++) {
         for (uint32_t c = 0; c < b->n_classes; c++)
-            if (byteset_has(&nfa->sets[i], (unsigned)rep[c]) && vec_push(&v, c) != 0)
+            if (byteset_has(&nfa->sets[i], (unsigned)rep[c]) && vec_push(&v, c) != 0) {
+                free(v.v);
                 return -ENOMEM;
+            }
         b->set_cls_first[i + 1] = (uint32_t)v.n;
     }
     b->set_cls = v.v;
@@ -397,9 +405,12 @@ static int intern(struct builder *b, uint32_t prev, uint32_t *id)
     b->set_len[s] = (uint32_t)n;
     b->hash[s] = h;
     b->prev[s] = (uint8_t)prev;
-    for (size_t i = 0; i < n; i++)
-        if (vec_push(&b->pool, v[i]) != 0)
+    while (b->pool.cap - b->pool.n < n)
+        if (vec_grow(&b->pool) != 0)
             return -ENOMEM;
+    if (n != 0)
+        memcpy(b->pool.v + b->pool.n, v, n * sizeof(*v));
+    b->pool.n += n;
     size_t j = h & (b->ht_cap - 1);
     while (b->ht[j] != 0)
         j = (j + 1) & (b->ht_cap - 1);
@@ -442,13 +453,28 @@ static uint16_t list_pm(const struct builder *b)
 
 /* Turns the stepped targets in b->work into a state (closing, sorting,
  * canonicalising the previous kind). */
+/* canon_prev through the builder's table. */
+static uint32_t canon_prev_cached(struct builder *b, uint32_t p, uint16_t pm)
+{
+    if (pm == 0)
+        return P_BOS; /* no assertion can tell the kinds apart */
+    uint16_t v = b->canon[pm];
+    if (!(v & 0x8000u)) {
+        v = 0x8000u;
+        for (uint32_t q = 0; q < 4; q++)
+            v |= (uint16_t)(canon_prev(q, pm) << (2 * q));
+        b->canon[pm] = v;
+    }
+    return (v >> (2 * p)) & 3u;
+}
+
 static int step_to_state(struct builder *b, uint32_t next_prev, uint32_t *id)
 {
     int rc = closure(b, b->work.v, b->work.n, UINT32_MAX, 0);
     if (rc != 0)
         return rc;
     sort_u32(b->list.v, b->list.n);
-    return intern(b, canon_prev(next_prev, list_pm(b)), id);
+    return intern(b, canon_prev_cached(b, next_prev, b->cond ? list_pm(b) : 0), id);
 }
 
 static uint32_t prev_of_kind(uint32_t k)
@@ -520,10 +546,17 @@ static int expand(struct builder *b, uint32_t s)
 {
     uint32_t p = b->prev[s];
     /* copy E: the pool may move while states are added */
-    struct u32vec e = {0};
-    for (uint32_t i = 0; i < b->set_len[s]; i++)
-        if (vec_push(&e, b->pool.v[b->set_off[s] + i]) != 0)
+    struct u32vec e = b->ecopy;
+    e.n = 0;
+    while (e.cap < b->set_len[s])
+        if (vec_grow(&e) != 0) {
+            b->ecopy = e;
             return -ENOMEM;
+        }
+    b->ecopy = e;
+    if (b->set_len[s] != 0)
+        memcpy(e.v, b->pool.v + b->set_off[s], b->set_len[s] * sizeof(*e.v));
+    e.n = b->set_len[s];
     uint16_t pm = b->r0_pm;
     for (size_t i = 0; i < e.n; i++)
         pm |= b->reach_pm[e.v[i]];
@@ -562,7 +595,6 @@ static int expand(struct builder *b, uint32_t s)
     }
     for (size_t i = 0; i < b->touched.n; i++)
         b->bkt[b->touched.v[i]].n = 0;
-    free(e.v);
     return rc;
 }
 
@@ -598,6 +630,8 @@ static void builder_free(struct builder *b)
     free(b->touched.v);
     free(b->rule_mask);
     free(b->rules_touched.v);
+    free(b->canon);
+    free(b->ecopy.v);
 }
 
 static int builder_init(struct builder *b, const struct nfa *nfa, uint32_t max_states)
@@ -614,7 +648,8 @@ static int builder_init(struct builder *b, const struct nfa *nfa, uint32_t max_s
     b->stamp = calloc(n, sizeof(uint32_t));
     b->bkt = calloc(b->n_classes, sizeof(*b->bkt));
     b->rule_mask = calloc(nfa->n_rules ? nfa->n_rules : 1, sizeof(uint32_t));
-    if (!b->in_r0 || !b->r0pk || !b->reach_pm || !b->stamp || !b->bkt || !b->rule_mask)
+    b->canon = calloc(1u << 16, sizeof(*b->canon));
+    if (!b->in_r0 || !b->r0pk || !b->reach_pm || !b->stamp || !b->bkt || !b->rule_mask || !b->canon)
         return -ENOMEM;
     int rc = classes_of_sets(b);
     if (rc == 0)
@@ -699,7 +734,7 @@ int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out)
         rc = -ENOMEM;
     for (uint32_t p = 0; p < 4 && rc == 0; p++) {
         b.list.n = 0;
-        rc = intern(&b, canon_prev(p, b.r0_pm), &b.start[p]);
+        rc = intern(&b, canon_prev_cached(&b, p, b.r0_pm), &b.start[p]);
     }
     if (rc == 0)
         b.acc_first[0] = 0;
@@ -718,6 +753,7 @@ int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out)
         out->acc = b.acc.v;
         out->acc_first = b.acc_first;
         out->n_acc = (uint32_t)b.acc.n;
+        out->minimal = nfa->literal;
         b.trans = NULL;
         b.acc.v = NULL;
         b.acc_first = NULL;
@@ -813,6 +849,8 @@ static uint32_t refine(const struct dfa *d, struct part *pt, int round)
 
 int dfa_minimise(struct dfa *d)
 {
+    if (d->minimal)
+        return 0;
     struct part pt = {0};
     uint32_t n = d->n_states;
     pt.block = calloc(n, sizeof(uint32_t));
@@ -827,6 +865,10 @@ int dfa_minimise(struct dfa *d)
         goto out;
     uint32_t nb = refine(d, &pt, 0);
     for (;;) {
+        if (dfa_cancel != NULL && *dfa_cancel != 0) {
+            rc = -ECANCELED;
+            goto out;
+        }
         uint32_t nb2 = refine(d, &pt, 1);
         if (nb2 == nb)
             break;

@@ -9,6 +9,7 @@
 #ifndef VKS_RULES_DFA_H
 #define VKS_RULES_DFA_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "nfa.h"
@@ -23,6 +24,13 @@ struct dfa {
     uint32_t *acc_first; /* n_states + 1, into acc */
     uint32_t *acc;       /* entries: group-local rule << 5 | CAT_K_* mask */
     uint32_t n_acc;
+    /* Minimal as built, so dfa_minimise leaves it alone: the group is
+     * literals only (nfa.literal). Its DFA is then the Aho-Corasick
+     * automaton, whose states are the distinct longest trie-node suffixes of
+     * the input; two of them always differ on some continuation (the rest
+     * of a rule through the longer one), so none can merge. test_dfa checks
+     * it against Moore's refinement on random literal sets. */
+    bool minimal;
 };
 
 /*
@@ -38,7 +46,9 @@ int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out);
 extern _Thread_local const volatile int *dfa_cancel;
 
 /* Minimises in place (Moore's partition refinement); keeps accepting-last
- * numbering. Returns 0 or -ENOMEM. */
+ * numbering. Does nothing to a DFA marked minimal. Returns 0, -ENOMEM, or
+ * -ECANCELED when this thread's dfa_cancel flag is set (checked every
+ * refinement round); on failure the DFA is unchanged. */
 int dfa_minimise(struct dfa *d);
 
 void dfa_finish(struct dfa *d);

@@ -26,6 +26,12 @@ struct u64map {
     size_t cap, n; /* cap is a power of two; key 0 marks an empty slot */
 };
 
+/* The literal kinds a byte set can belong to: one byte (exact), one letter
+ * in both cases (folded); a non-letter byte is both. */
+#define LIT_EXACT  1u
+#define LIT_FOLDED 2u
+#define LIT_NONE   0u
+
 struct nfa_builder {
     uint32_t n_states;
     struct edge_vec bytes, eps;
@@ -37,6 +43,7 @@ struct nfa_builder {
     struct u64map trie;      /* (state << 32 | set) + 1 -> child */
     uint32_t n_rules;
     bool has_cond;
+    unsigned lit_kinds; /* LIT_* of every rule so far, or LIT_NONE */
 };
 
 static uint64_t mix64(uint64_t x)
@@ -113,6 +120,7 @@ struct nfa_builder *nfa_builder_create(void)
         return NULL;
     }
     b->accept[0] = -1;
+    b->lit_kinds = LIT_EXACT | LIT_FOLDED;
     return b;
 }
 
@@ -127,6 +135,36 @@ void nfa_builder_destroy(struct nfa_builder *b)
     map_free(&b->set_index);
     map_free(&b->trie);
     free(b);
+}
+
+static unsigned set_literal_kinds(const struct byteset *s)
+{
+    unsigned n = 0, c[2] = {0, 0};
+    for (unsigned w = 0; w < 4; w++)
+        for (uint64_t x = s->w[w]; x != 0; x &= x - 1) {
+            if (n == 2)
+                return LIT_NONE;
+            c[n++] = w * 64 + (unsigned)__builtin_ctzll(x);
+        }
+    bool letter = (c[0] | 0x20u) >= 'a' && (c[0] | 0x20u) <= 'z';
+    if (n == 1)
+        return letter ? LIT_EXACT : LIT_EXACT | LIT_FOLDED;
+    return n == 2 && letter && c[1] == (c[0] | 0x20u) && c[0] == (c[1] & ~0x20u) ? LIT_FOLDED
+                                                                                 : LIT_NONE;
+}
+
+/* The literal kinds of a rule's tree (a byte-set sequence), or LIT_NONE. */
+static unsigned rule_literal_kinds(const struct node *root)
+{
+    if (root->type == N_SET)
+        return set_literal_kinds(&root->u.set);
+    if (root->type != N_CAT)
+        return LIT_NONE;
+    unsigned k = LIT_EXACT | LIT_FOLDED;
+    for (uint32_t i = 0; i < root->u.list.n && k != LIT_NONE; i++)
+        k &= root->u.list.kids[i]->type == N_SET ? set_literal_kinds(&root->u.list.kids[i]->u.set)
+                                                 : LIT_NONE;
+    return k;
 }
 
 uint32_t nfa_builder_states(const struct nfa_builder *b)
@@ -357,6 +395,8 @@ int nfa_builder_add(struct nfa_builder *b, const struct node *root, uint32_t rul
     if (fin == UINT32_MAX || eps(b, in, fin, COND_ALWAYS) != 0)
         return -ENOMEM;
     b->accept[fin] = (int32_t)rule;
+    if (b->lit_kinds != LIT_NONE)
+        b->lit_kinds &= rule_literal_kinds(root);
     if (rule + 1 > b->n_rules)
         b->n_rules = rule + 1;
     return 0;
@@ -401,6 +441,7 @@ int nfa_builder_finish(struct nfa_builder *b, struct nfa *out)
     out->start = 0;
     out->n_rules = b->n_rules;
     out->has_cond = b->has_cond;
+    out->literal = b->lit_kinds != LIT_NONE && b->n_rules > 0;
     void *be = NULL, *ee = NULL;
     if (to_csr(&b->bytes, b->n_states, &out->byte_first, &be) != 0 ||
         to_csr(&b->eps, b->n_states, &out->eps_first, &ee) != 0) {

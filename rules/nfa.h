@@ -50,6 +50,10 @@ struct nfa {
     uint32_t n_sets;
     uint32_t n_rules;
     bool has_cond;
+    /* Every rule is a string of single bytes, or every rule a string of
+     * bytes in both cases (caseless literals): then the DFA of the group is
+     * an Aho-Corasick automaton, minimal as built (dfa.h). */
+    bool literal;
 };
 
 struct nfa_builder;

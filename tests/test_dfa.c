@@ -222,6 +222,11 @@ static void check_group(const char **pats, size_t np, int rounds)
     ck_assert_int_eq(dfa_build(&nfa, 1u << 20, &min), 0);
     ck_assert_int_eq(dfa_minimise(&min), 0);
     ck_assert_uint_le(min.n_states, raw.n_states);
+    if (min.minimal) { /* literals only: Moore's refinement finds nothing to merge */
+        min.minimal = false;
+        ck_assert_int_eq(dfa_minimise(&min), 0);
+        ck_assert_uint_eq(min.n_states, raw.n_states);
+    }
 
     struct rule_src src[8];
     char ids[8][4];
@@ -391,6 +396,130 @@ START_TEST(literal_trie_size)
 }
 END_TEST
 
+/* Builds the group NFA of `n` rules; the parse results go to pr. */
+static void build_nfa(const struct rule_src *src, size_t n, struct parse_result *pr,
+                      struct nfa *nfa)
+{
+    struct nfa_builder *b = nfa_builder_create();
+    ck_assert_ptr_nonnull(b);
+    for (size_t i = 0; i < n; i++) {
+        char msg[200];
+        uint32_t pos;
+        ck_assert_int_eq(parse_rule(&src[i], &pr[i], &pos, msg, sizeof(msg)), 0);
+        ck_assert_int_eq(nfa_builder_add(b, pr[i].root, (uint32_t)i), 0);
+    }
+    ck_assert_int_eq(nfa_builder_finish(b, nfa), 0);
+    nfa_builder_destroy(b);
+}
+
+/*
+ * Literal-only groups skip minimisation (dfa.h: their DFA is minimal as
+ * built). On random literal sets over small alphabets, where prefixes and
+ * suffixes overlap the most: exact letters, caseless letters with digits
+ * and spaces, binary bytes as \xHH, and caseless mixed with exact
+ * non-letters, the DFA is marked minimal, Moore's refinement cannot shrink
+ * it, and it scans like the NFA. Exact and caseless letters mixed in one
+ * group are not marked (their sets overlap), and neither is a class.
+ */
+START_TEST(literal_groups_minimal)
+{
+    rng_state = 4242;
+    static const char *const alphabets[] = {"abc", "aB1 ", "\\x00\\x7f\\x80\\xff", "aB-"};
+    static char pats[60][80];
+    struct rule_src src[61];
+    struct parse_result pr[61];
+    for (int kind = 0; kind < 6; kind++) {
+        for (int round = 0; round < 8; round++) {
+            size_t n = 5 + rnd(55);
+            for (size_t i = 0; i < n; i++) {
+                size_t len = 1 + rnd(6), at = 0;
+                bool bin = kind == 2;
+                for (size_t k = 0; k < len; k++) {
+                    if (bin) {
+                        memcpy(pats[i] + at, alphabets[2] + 4 * rnd(4), 4);
+                        at += 4;
+                    } else {
+                        const char *a = alphabets[kind >= 3 ? 3 : kind];
+                        pats[i][at++] = a[rnd((uint32_t)strlen(a))];
+                    }
+                }
+                pats[i][at] = '\0';
+                /* kind 3: caseless letters, exact '-'; 4: one exact letter
+                 * rule among caseless ones; 5: a class */
+                bool caseless = kind == 1 || kind == 3 || (kind == 4 && i > 0);
+                src[i] = (struct rule_src){.id = "x",
+                                           .kind = bin ? RULE_REGEX : RULE_LITERAL,
+                                           .pattern = pats[i],
+                                           .len = at,
+                                           .flags = caseless ? RULE_F_CASELESS : 0};
+            }
+            if (kind == 4)
+                src[0] =
+                    (struct rule_src){.id = "x", .kind = RULE_LITERAL, .pattern = "a", .len = 1};
+            if (kind == 5)
+                src[n++] =
+                    (struct rule_src){.id = "x", .kind = RULE_REGEX, .pattern = "a[bc]", .len = 5};
+            struct nfa nfa;
+            build_nfa(src, n, pr, &nfa);
+            struct dfa d, m;
+            ck_assert_int_eq(dfa_build(&nfa, 1u << 20, &d), 0);
+            ck_assert_int_eq(dfa_build(&nfa, 1u << 20, &m), 0);
+            ck_assert_int_eq(d.minimal, kind < 4);
+            m.minimal = false;
+            ck_assert_int_eq(dfa_minimise(&m), 0);
+            if (kind < 4)
+                ck_assert_uint_eq(m.n_states, d.n_states);
+            static struct hitset h1, h2, h3;
+            uint8_t hay[600];
+            static const uint8_t bytes[] = {'a', 'b', 'c',  'A',  'B',  'C', '1',
+                                            ' ', '-', 0x00, 0x7f, 0x80, 0xff};
+            for (size_t i = 0; i < sizeof(hay); i++)
+                hay[i] = bytes[rnd(sizeof(bytes))];
+            h1.n = h2.n = h3.n = 0;
+            ck_assert_int_eq(nfa_simulate(&nfa, hay, sizeof(hay), collect, &h1), 0);
+            ck_assert_int_eq(dfa_scan(&d, hay, sizeof(hay), collect, &h2), 0);
+            ck_assert_int_eq(dfa_scan(&m, hay, sizeof(hay), collect, &h3), 0);
+            const char *p[1] = {"<random literals>"};
+            expect_same("literal NFA vs DFA", &h1, &h2, p, 1, hay, sizeof(hay));
+            expect_same("literal DFA vs Moore-minimised DFA", &h2, &h3, p, 1, hay, sizeof(hay));
+            ck_assert_uint_gt(h1.n, 0);
+            dfa_finish(&d);
+            dfa_finish(&m);
+            nfa_finish(&nfa);
+            for (size_t i = 0; i < n; i++)
+                parse_result_finish(&pr[i]);
+        }
+    }
+}
+END_TEST
+
+/* dfa_minimise stops with -ECANCELED when the compile is cancelled (the
+ * daemon's compile deadline), leaving the DFA as it was. */
+START_TEST(minimise_cancelled)
+{
+    struct rule_src src = {
+        .id = "x", .kind = RULE_REGEX, .pattern = "a[ab]{6}c|b[ab]{6}c", .len = 19};
+    struct parse_result pr;
+    struct nfa nfa;
+    build_nfa(&src, 1, &pr, &nfa);
+    struct dfa d;
+    ck_assert_int_eq(dfa_build(&nfa, 1u << 16, &d), 0);
+    ck_assert(!d.minimal);
+    uint32_t before = d.n_states;
+    static volatile int cancel = 1;
+    dfa_cancel = &cancel;
+    ck_assert_int_eq(dfa_minimise(&d), -ECANCELED);
+    ck_assert_uint_eq(d.n_states, before);
+    cancel = 0;
+    ck_assert_int_eq(dfa_minimise(&d), 0);
+    dfa_cancel = NULL;
+    ck_assert_uint_lt(d.n_states, before);
+    dfa_finish(&d);
+    nfa_finish(&nfa);
+    parse_result_finish(&pr);
+}
+END_TEST
+
 /* The bit-NFA's limits: a lone rule up to 65536 positions gets a group of
  * its own; past that, or with a quadratic number of follow edges, it is
  * rejected with its reason, quickly, and the other rules still compile. */
@@ -449,6 +578,8 @@ Suite *dfa_suite(void)
     tcase_add_test(tc, random_groups);
     tcase_add_test(tc, fixed_cases);
     tcase_add_test(tc, literal_trie_size);
+    tcase_add_test(tc, literal_groups_minimal);
+    tcase_add_test(tc, minimise_cancelled);
     tcase_add_test(tc, state_budget_enforced);
     tcase_add_test(tc, bitnfa_limits);
     suite_add_tcase(s, tc);
