@@ -1,25 +1,37 @@
 /*
- * compile_bench: how long the rule compiler takes, and what it produces, on
- * deterministic synthetic workloads and on the real rule sets in
- * ../shared/data.
+ * compile_bench: the rule compiler against Hyperscan's, side by side, on the
+ * same rules in one run: deterministic synthetic workloads and the real rule
+ * sets in ../shared/data.
  *
  *   compile_bench [--json] [--repeat N] [--data DIR] [--only NAME] [--max-states N]
- *                 [--bitnfa-counters N]
+ *                 [--bitnfa-counters N] [--no-hs] [--no-minimise]
  *
  * Workloads: 1,000 and 10,000 random lowercase literals of 8-16 bytes;
  * regex-500, the 500 bounded regexes that scan_bench scans on the GPU
  * (bench/workloads.c: literal prefixes and suffixes around counted classes,
  * alternations, case folding); regex-500-secrets, 500 regexes shaped like
  * secret-scanning rules (counted repeats of broad classes such as
- * [A-Za-z0-9_-]{20,40} right after a word, which DFAs handle worst); the
- * gitleaks regexes and keywords and rebar's dict-15
- * (dict-10 too with --only dict-10). Every workload is seeded, so two runs
- * compile the same rules. For each it prints the best wall time of N runs,
- * rules, rejects, groups and total DFA states. Targets on the 2-core
- * development machine: 10,000 literals under 2 s, 500 regexes under 5 s.
+ * [A-Za-z0-9_-]{20,40} right after a word, which DFAs handle worst);
+ * binary-20k, 20,000 random byte strings of 8-32 bytes as \xHH regexes;
+ * phrases-3k, 3,000 caseless phrases of common English words; the gitleaks
+ * regexes and keywords and rebar's dict-15 and dict-10. Every workload is
+ * seeded, so two runs compile the same rules.
+ *
+ * Both compilers get the same rules: the ones both accept (a rule one of
+ * them rejects is dropped and the other recompiles without it). For each
+ * compiler it prints the median wall and CPU seconds of N runs (vkscan uses
+ * several threads; Hyperscan one), the output size (catalog bytes against
+ * hs_database_size) and the peak memory of one compile: the growth of the
+ * process's peak resident set over its resident set before the compile
+ * (/proc/self/clear_refs resets the peak). The targets of issue 9 on the
+ * 2-core development machine are checked per workload: vkscan's wall time at
+ * most Hyperscan's ("time"), catalog at most max(4x the Hyperscan
+ * database, 8 MiB) ("size"), peak at most 4x the catalog ("peak").
  */
 #include <errno.h>
+#include <hs/hs.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -216,6 +228,35 @@ static void gen_bounded_regexes(struct ruleset *rs, size_t n)
     }
 }
 
+/* binary-N of bench/workloads.c: \xHH regexes of random bytes. */
+static void gen_binary(struct ruleset *rs, size_t n)
+{
+    uint64_t s = workload_binary_seed((uint32_t)n);
+    uint8_t bytes[WORKLOAD_BINARY_MAX];
+    char id[32], pat[4 * WORKLOAD_BINARY_MAX + 1];
+    for (size_t i = 0; i < n; i++) {
+        size_t len = workload_binary(&s, bytes, pat);
+        snprintf(id, sizeof(id), "bin%zu", i);
+        ruleset_add(rs, id, RULE_REGEX, pat, 4 * len, 0, 0);
+    }
+}
+
+/* phrases-N of bench/workloads.c: caseless literals. */
+static void gen_phrases(struct ruleset *rs, size_t n)
+{
+    char **ph = workload_phrases((uint32_t)n);
+    char id[32];
+    if (ph == NULL) {
+        fprintf(stderr, "compile_bench: out of memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < n; i++) {
+        snprintf(id, sizeof(id), "ph%zu", i);
+        ruleset_add(rs, id, RULE_LITERAL, ph[i], strlen(ph[i]), RULE_F_CASELESS, 0);
+    }
+    workload_phrases_free(ph, (uint32_t)n);
+}
+
 /* ---- the shared rule sets (hsbench files, read by patfile.h) ---- */
 
 static int load_patfile(struct ruleset *rs, const char *path)
@@ -239,16 +280,23 @@ static int load_patfile(struct ruleset *rs, const char *path)
 
 /* ---- running and printing ---- */
 
+struct side {
+    double wall_s, cpu_s; /* medians */
+    size_t bytes;         /* catalog or hs_database_size */
+    size_t peak;          /* peak resident growth during one compile */
+};
+
 struct figures {
     const char *name;
-    size_t rules;
-    size_t rejects;
+    size_t rules;   /* compiled by both */
+    size_t rejects; /* by vkscan */
+    size_t hs_rejects;
     uint32_t groups;
     uint32_t nfa_groups; /* bit-NFA groups */
     uint32_t nfa_rules;  /* rules on the bit-NFA engine */
     uint64_t states;
-    size_t bytes;
-    double wall_s;
+    struct side vk, hs;
+    bool has_hs;
 };
 
 static double now_s(void)
@@ -258,26 +306,99 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static uint32_t bitnfa_counters; /* rules_options.bitnfa_counters; 0: default */
-
-static int measure(const char *name, const struct ruleset *rs, int repeat, uint32_t max_states,
-                   struct figures *out)
+static double cpu_s(void)
 {
-    *out = (struct figures){.name = name, .rules = rs->n, .wall_s = 1e30};
-    for (int k = 0; k < repeat; k++) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* VmRSS or VmHWM of this process in bytes; 0 when /proc cannot say. */
+static size_t proc_kib(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kib = 0, klen = strlen(key);
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (strncmp(line, key, klen) == 0 && line[klen] == ':')
+            kib = strtoull(line + klen + 1, NULL, 10);
+    if (f != NULL)
+        fclose(f);
+    return kib * 1024;
+}
+
+/* Starts a peak-memory window: frees what malloc holds, resets the peak
+ * resident set to the current one and returns the current one. */
+static size_t peak_begin(void)
+{
+    malloc_trim(0);
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f != NULL) {
+        fputs("5", f);
+        fclose(f);
+    }
+    return proc_kib("VmRSS");
+}
+
+static size_t peak_end(size_t base)
+{
+    size_t hwm = proc_kib("VmHWM");
+    return hwm > base ? hwm - base : 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static uint32_t bitnfa_counters; /* rules_options.bitnfa_counters; 0: default */
+static bool no_minimise;         /* rules_options.no_minimise */
+
+/* Compiles rs with vkscan `repeat` times; on the first run also clears
+ * keep[i] of the rules it rejects (keep indexes rs). */
+static int measure_vk(const char *name, const struct ruleset *rs, const bool *keep_in, bool *keep,
+                      int repeat, uint32_t max_states, struct figures *out)
+{
+    struct rule_src *v = xrealloc(NULL, rs->n * sizeof(*v));
+    uint32_t *from = xrealloc(NULL, rs->n * sizeof(*from));
+    size_t m = 0;
+    for (size_t i = 0; i < rs->n; i++)
+        if (keep_in[i]) {
+            from[m] = (uint32_t)i;
+            v[m++] = rs->v[i];
+        }
+    double wall[64], cpu[64];
+    int rc = 0;
+    for (int k = 0; k < repeat && rc == 0; k++) {
         struct rules_result res;
         struct vks_error err = {0};
-        double t0 = now_s();
-        struct rules_options ro = {.max_states = max_states, .bitnfa_counters = bitnfa_counters};
-        int rc = rules_compile(rs->v, rs->n, &ro, &res, &err);
-        double t = now_s() - t0;
+        size_t base = k == 0 ? peak_begin() : 0;
+        double t0 = now_s(), c0 = cpu_s();
+        struct rules_options ro = {.max_states = max_states,
+                                   .bitnfa_counters = bitnfa_counters,
+                                   .no_minimise = no_minimise};
+        rc = rules_compile(v, m, &ro, &res, &err);
+        wall[k] = now_s() - t0;
+        cpu[k] = cpu_s() - c0;
         if (rc != 0) {
             fprintf(stderr, "compile_bench: %s: %s\n", name, err.msg);
-            return rc;
+            break;
+        }
+        if (k == 0) {
+            out->vk.peak = peak_end(base);
+            for (size_t i = 0; i < m; i++)
+                keep[from[i]] = res.rule_index[i] != UINT32_MAX;
         }
         size_t words = 0;
         catalog_words(res.catalog, &words);
-        out->wall_s = t < out->wall_s ? t : out->wall_s;
+        out->rules = m - res.n_rejects;
         out->rejects = res.n_rejects;
         out->groups = catalog_group_count(res.catalog);
         out->nfa_groups = catalog_nfa_count(res.catalog);
@@ -288,31 +409,196 @@ static int measure(const char *name, const struct ruleset *rs, int repeat, uint3
             out->nfa_rules += r.group >= out->groups;
         }
         out->states = catalog_total_states(res.catalog);
-        out->bytes = words * 4;
+        out->vk.bytes = words * 4;
         rules_result_finish(&res);
     }
-    return 0;
+    if (rc == 0) {
+        out->vk.wall_s = median(wall, repeat);
+        out->vk.cpu_s = median(cpu, repeat);
+    }
+    free(v);
+    free(from);
+    return rc;
+}
+
+static unsigned hs_flags(uint32_t f)
+{
+    unsigned h = 0;
+    if (f & RULE_F_CASELESS)
+        h |= HS_FLAG_CASELESS;
+    if (f & RULE_F_DOTALL)
+        h |= HS_FLAG_DOTALL;
+    if (f & RULE_F_MULTILINE)
+        h |= HS_FLAG_MULTILINE;
+    if (f & RULE_F_SINGLEMATCH)
+        h |= HS_FLAG_SINGLEMATCH;
+    return h;
+}
+
+/* The rule as a Hyperscan expression: regexes as written, literals byte by
+ * byte as \xHH (escapes already decoded by the rules parser would differ,
+ * so only escape-free literals are benchmarked; the workloads here are). */
+static char *hs_expr(const struct rule_src *r)
+{
+    if (r->kind == RULE_REGEX)
+        return xmemdup(r->pattern, r->len);
+    char *e = xrealloc(NULL, r->len * 4 + 1);
+    for (size_t i = 0; i < r->len; i++)
+        snprintf(e + i * 4, 5, "\\x%02x", (unsigned char)r->pattern[i]);
+    return e;
+}
+
+/* One Hyperscan compile of the rules keep[] names; on a rule error clears
+ * that rule's keep[] and returns -EAGAIN. */
+static int hs_once(const struct ruleset *rs, char **expr, bool *keep, struct side *sd, bool first)
+{
+    const char **live = xrealloc(NULL, rs->n * sizeof(*live));
+    unsigned *flags = xrealloc(NULL, rs->n * sizeof(*flags));
+    unsigned *ids = xrealloc(NULL, rs->n * sizeof(*ids));
+    unsigned m = 0;
+    for (size_t i = 0; i < rs->n; i++)
+        if (keep[i]) {
+            live[m] = expr[i];
+            flags[m] = hs_flags(rs->v[i].flags);
+            ids[m++] = (unsigned)i;
+        }
+    hs_database_t *db = NULL;
+    hs_compile_error_t *ce = NULL;
+    size_t base = first ? peak_begin() : 0;
+    double t0 = now_s(), c0 = cpu_s();
+    int rc = m == 0 ? -ENOENT : 0;
+    if (rc == 0 && hs_compile_multi(live, flags, ids, m, HS_MODE_BLOCK, NULL, &db, &ce) != 0) {
+        rc = ce->expression >= 0 ? -EAGAIN : -EINVAL;
+        if (ce->expression >= 0)
+            keep[ids[ce->expression]] = false;
+        else
+            fprintf(stderr, "compile_bench: hs_compile_multi: %s\n", ce->message);
+        hs_free_compile_error(ce);
+    }
+    sd->wall_s = now_s() - t0;
+    sd->cpu_s = cpu_s() - c0;
+    if (first)
+        sd->peak = peak_end(base);
+    if (db != NULL)
+        hs_database_size(db, &sd->bytes);
+    hs_free_database(db);
+    free(live);
+    free(flags);
+    free(ids);
+    return rc;
+}
+
+/* Compiles the rules keep[] names with Hyperscan `repeat` times, first
+ * dropping (clearing keep[] of) the rules it rejects. */
+static int measure_hs(const struct ruleset *rs, bool *keep, int repeat, struct figures *out)
+{
+    char **expr = xrealloc(NULL, rs->n * sizeof(*expr));
+    for (size_t i = 0; i < rs->n; i++)
+        expr[i] = hs_expr(&rs->v[i]);
+    double wall[64], cpu[64];
+    int rc;
+    out->hs_rejects = 0;
+    while ((rc = hs_once(rs, expr, keep, &out->hs, true)) == -EAGAIN)
+        out->hs_rejects++;
+    wall[0] = out->hs.wall_s;
+    cpu[0] = out->hs.cpu_s;
+    for (int k = 1; k < repeat && rc == 0; k++) {
+        struct side sd = out->hs;
+        rc = hs_once(rs, expr, keep, &sd, false);
+        wall[k] = sd.wall_s;
+        cpu[k] = sd.cpu_s;
+    }
+    if (rc == 0) {
+        out->hs.wall_s = median(wall, repeat);
+        out->hs.cpu_s = median(cpu, repeat);
+        out->has_hs = true;
+    }
+    for (size_t i = 0; i < rs->n; i++)
+        free(expr[i]);
+    free(expr);
+    return rc;
+}
+
+static int measure(const char *name, const struct ruleset *rs, int repeat, uint32_t max_states,
+                   bool with_hs, struct figures *out)
+{
+    *out = (struct figures){.name = name};
+    bool *all = xrealloc(NULL, rs->n * sizeof(bool));
+    bool *keep = xrealloc(NULL, rs->n * sizeof(bool));
+    for (size_t i = 0; i < rs->n; i++)
+        all[i] = true;
+    int rc = measure_vk(name, rs, all, keep, repeat, max_states, out);
+    if (rc == 0 && with_hs) {
+        size_t vk_rules = out->rules;
+        rc = measure_hs(rs, keep, repeat, out);
+        if (rc == 0 && out->hs_rejects > 0) { /* the same set for both */
+            size_t rejects = out->rejects;
+            memcpy(all, keep, rs->n * sizeof(bool));
+            rc = measure_vk(name, rs, all, keep, repeat, max_states, out);
+            out->rejects = rejects;
+        }
+        (void)vk_rules;
+    }
+    free(all);
+    free(keep);
+    return rc;
+}
+
+static const char *verdict(bool ok, bool known)
+{
+    return !known ? "-" : ok ? "ok" : "MISS";
+}
+
+static bool size_ok(const struct figures *f)
+{
+    size_t lim = 4 * f->hs.bytes > (8u << 20) ? 4 * f->hs.bytes : (8u << 20);
+    return f->vk.bytes <= lim;
 }
 
 static void print_text(const struct figures *f, size_t n)
 {
-    printf("%-22s %8s %8s %7s %10s %9s %9s %12s %10s\n", "workload", "rules", "rejects", "groups",
-           "states", "nfa-grps", "nfa-rules", "catalog KiB", "wall s");
-    for (size_t i = 0; i < n; i++)
-        printf("%-22s %8zu %8zu %7u %10" PRIu64 " %9u %9u %12.1f %10.3f\n", f[i].name, f[i].rules,
-               f[i].rejects, f[i].groups, f[i].states, f[i].nfa_groups, f[i].nfa_rules,
-               (double)f[i].bytes / 1024.0, f[i].wall_s);
+    printf("%-18s %6s %4s %4s | %7s %7s %7s %7s | %10s %9s %6s | %9s %5s %9s | %4s %4s %4s | "
+           "%6s %8s %4s %5s\n",
+           "workload", "rules", "rej", "hsrj", "vk-wall", "vk-cpu", "hs-wall", "hs-cpu",
+           "catalogKiB", "hsdbKiB", "x-hs", "vkpeakKiB", "x-cat", "hspeakKiB", "time", "size",
+           "peak", "groups", "states", "nfaG", "nfaR");
+    for (size_t i = 0; i < n; i++) {
+        const struct figures *x = &f[i];
+        printf("%-18s %6zu %4zu %4zu | %7.3f %7.3f %7.3f %7.3f | %10.1f %9.1f %6.1f | %9.0f %5.1f "
+               "%9.0f | %4s %4s %4s | %6u %8" PRIu64 " %4u %5u\n",
+               x->name, x->rules, x->rejects, x->hs_rejects, x->vk.wall_s, x->vk.cpu_s,
+               x->hs.wall_s, x->hs.cpu_s, (double)x->vk.bytes / 1024.0,
+               (double)x->hs.bytes / 1024.0,
+               x->hs.bytes ? (double)x->vk.bytes / (double)x->hs.bytes : 0.0,
+               (double)x->vk.peak / 1024.0,
+               x->vk.bytes ? (double)x->vk.peak / (double)x->vk.bytes : 0.0,
+               (double)x->hs.peak / 1024.0, verdict(x->vk.wall_s <= x->hs.wall_s, x->has_hs),
+               verdict(size_ok(x), x->has_hs), verdict(x->vk.peak <= 4 * x->vk.bytes, true),
+               x->groups, x->states, x->nfa_groups, x->nfa_rules);
+    }
+}
+
+static void print_side(const char *key, const struct side *s)
+{
+    printf("\"%s\": {\"wall_s\": %.6f, \"cpu_s\": %.6f, \"bytes\": %zu, \"peak_bytes\": %zu}", key,
+           s->wall_s, s->cpu_s, s->bytes, s->peak);
 }
 
 static void print_json(const struct figures *f, size_t n)
 {
     printf("{\"bench\": \"compile_bench\", \"workloads\": [");
-    for (size_t i = 0; i < n; i++)
-        printf("%s\n  {\"name\": \"%s\", \"rules\": %zu, \"rejects\": %zu, \"groups\": %u, "
-               "\"states\": %" PRIu64 ", \"nfa_groups\": %u, \"nfa_rules\": %u, "
-               "\"catalog_bytes\": %zu, \"wall_s\": %.6f}",
-               i ? "," : "", f[i].name, f[i].rules, f[i].rejects, f[i].groups, f[i].states,
-               f[i].nfa_groups, f[i].nfa_rules, f[i].bytes, f[i].wall_s);
+    for (size_t i = 0; i < n; i++) {
+        printf("%s\n  {\"name\": \"%s\", \"rules\": %zu, \"rejects\": %zu, \"hs_rejects\": %zu, "
+               "\"groups\": %u, \"states\": %" PRIu64 ", \"nfa_groups\": %u, \"nfa_rules\": %u, ",
+               i ? "," : "", f[i].name, f[i].rules, f[i].rejects, f[i].hs_rejects, f[i].groups,
+               f[i].states, f[i].nfa_groups, f[i].nfa_rules);
+        print_side("vkscan", &f[i].vk);
+        if (f[i].has_hs) {
+            printf(", ");
+            print_side("hyperscan", &f[i].hs);
+        }
+        printf("}");
+    }
     printf("\n]}\n");
 }
 
@@ -320,18 +606,19 @@ struct workload {
     const char *name;
     size_t count;     /* synthetic: how many rules */
     const char *file; /* real: path under the data folder */
-    bool only_on_request;
 };
 
 static const struct workload workloads[] = {
-    {"literals-1k", 1000, NULL, false},
-    {"literals-10k", 10000, NULL, false},
-    {"regex-500", 500, NULL, false},
-    {"regex-500-secrets", 500, NULL, false},
-    {"gitleaks-regex", 0, "gitleaks/gitleaks-regex.rules", false},
-    {"gitleaks-keywords", 0, "gitleaks/gitleaks-keywords.rules", false},
-    {"dict-15", 0, "rebar/dict-15.rules", false},
-    {"dict-10", 0, "rebar/dict-10.rules", true},
+    {"literals-1k", 1000, NULL},
+    {"literals-10k", 10000, NULL},
+    {"regex-500", 500, NULL},
+    {"regex-500-secrets", 500, NULL},
+    {"binary-20k", 20000, NULL},
+    {"phrases-3k", 3000, NULL},
+    {"gitleaks-regex", 0, "gitleaks/gitleaks-regex.rules"},
+    {"gitleaks-keywords", 0, "gitleaks/gitleaks-keywords.rules"},
+    {"dict-15", 0, "rebar/dict-15.rules"},
+    {"dict-10", 0, "rebar/dict-10.rules"},
 };
 
 static int build(const struct workload *w, const char *data, struct ruleset *rs)
@@ -341,6 +628,10 @@ static int build(const struct workload *w, const char *data, struct ruleset *rs)
             gen_literals(rs, w->count, 0x5eed0001u + w->count);
         else if (strcmp(w->name, "regex-500") == 0)
             gen_bounded_regexes(rs, w->count);
+        else if (strncmp(w->name, "binary", 6) == 0)
+            gen_binary(rs, w->count);
+        else if (strncmp(w->name, "phrases", 7) == 0)
+            gen_phrases(rs, w->count);
         else
             gen_regexes(rs, w->count, 0x5eed0002u);
         return 0;
@@ -354,16 +645,27 @@ static int build(const struct workload *w, const char *data, struct ruleset *rs)
     return rc;
 }
 
+/* Whether `name` is one of the comma-separated names in `only` (NULL: all). */
+static bool wanted(const char *only, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = only; p != NULL; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (strncmp(p, name, n) == 0 && (p[n] == ',' || p[n] == '\0'))
+            return true;
+    return only == NULL;
+}
+
 static int usage(void)
 {
     fprintf(stderr, "usage: compile_bench [--json] [--repeat N] [--data DIR] [--only NAME]\n"
-                    "                     [--max-states N] [--bitnfa-counters N]\n");
+                    "                     [--max-states N] [--bitnfa-counters N] [--no-hs]\n"
+                    "                     [--no-minimise]\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
-    bool json = false;
+    bool json = false, with_hs = true;
     int repeat = 1;
     uint32_t max_states = 0; /* the compiler's default budget */
     const char *only = NULL;
@@ -381,22 +683,27 @@ int main(int argc, char **argv)
             only = argv[++i];
         else if (strcmp(argv[i], "--max-states") == 0 && i + 1 < argc)
             max_states = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--no-hs") == 0)
+            with_hs = false;
+        else if (strcmp(argv[i], "--no-minimise") == 0)
+            no_minimise = true;
         else if (strcmp(argv[i], "--bitnfa-counters") == 0 && i + 1 < argc)
             bitnfa_counters = (uint32_t)strtoul(argv[++i], NULL, 10);
         else
             return usage();
     }
-    if (repeat < 1)
+    if (repeat < 1 || repeat > 64)
         return usage();
     size_t nw = sizeof(workloads) / sizeof(workloads[0]), nf = 0;
     struct figures figs[sizeof(workloads) / sizeof(workloads[0])];
     int status = 0;
     for (size_t i = 0; i < nw; i++) {
         const struct workload *w = &workloads[i];
-        if (only ? strcmp(only, w->name) != 0 : w->only_on_request)
+        if (!wanted(only, w->name))
             continue;
         struct ruleset rs = {0};
-        if (build(w, data, &rs) == 0 && measure(w->name, &rs, repeat, max_states, &figs[nf]) == 0)
+        if (build(w, data, &rs) == 0 &&
+            measure(w->name, &rs, repeat, max_states, with_hs, &figs[nf]) == 0)
             nf++;
         else if (w->file == NULL)
             status = 1;

@@ -1,8 +1,10 @@
 #include "workloads.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 uint64_t workload_next(uint64_t *s)
 {
@@ -63,6 +65,108 @@ int workload_regex(uint64_t *s, uint32_t i, char pat[96], char inst[64])
     free(suf);
     free(mid);
     return rc;
+}
+
+uint64_t workload_binary_seed(uint32_t n)
+{
+    return 0xb1a5eedull + n;
+}
+
+size_t workload_binary(uint64_t *s, uint8_t bytes[WORKLOAD_BINARY_MAX],
+                       char pat[4 * WORKLOAD_BINARY_MAX + 1])
+{
+    size_t len = 8 + workload_next(s) % (WORKLOAD_BINARY_MAX - 8 + 1);
+    for (size_t i = 0; i < len; i++) {
+        bytes[i] = (uint8_t)(workload_next(s) >> 24);
+        snprintf(pat + 4 * i, 5, "\\x%02x", bytes[i]);
+    }
+    return len;
+}
+
+/* Common English words, most frequent first (roughly). */
+static const char *const common_words[] = {
+    "the",   "of",    "and",    "to",    "a",     "in",    "that",   "it",     "is",    "was",
+    "i",     "for",   "on",     "you",   "he",    "be",    "with",   "as",     "by",    "at",
+    "have",  "are",   "this",   "not",   "but",   "had",   "his",    "they",   "from",  "she",
+    "which", "or",    "we",     "an",    "there", "her",   "were",   "one",    "do",    "been",
+    "all",   "their", "has",    "would", "will",  "what",  "if",     "can",    "when",  "so",
+    "no",    "said",  "who",    "more",  "about", "up",    "them",   "some",   "could", "him",
+    "into",  "its",   "then",   "two",   "out",   "time",  "my",     "like",   "did",   "only",
+    "me",    "your",  "now",    "other", "may",   "over",  "very",   "upon",   "than",  "any",
+    "see",   "man",   "little", "must",  "made",  "after", "should", "before", "our",   "how",
+    "know",  "think", "well",   "come",  "here",  "down",  "might",  "never",  "much",  "way",
+    "such",  "long",  "good",   "first", "again", "back",  "just",   "where",  "these", "those",
+    "old",   "room",  "door",   "house", "face",  "hand",  "night",  "eyes",   "left",  "own",
+};
+
+#define N_COMMON (sizeof(common_words) / sizeof(common_words[0]))
+
+/* A word index biased towards the frequent words: the smaller of two draws. */
+static size_t common_index(uint64_t *s)
+{
+    size_t a = workload_next(s) % N_COMMON, b = workload_next(s) % N_COMMON;
+    return a < b ? a : b;
+}
+
+static uint64_t str_hash(const char *p)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    return h;
+}
+
+/* Adds `p` to the open-addressing set `ht` (cap a power of two, > the
+ * number of strings); false when it was there already. */
+static bool set_add(char **ht, size_t cap, char *p)
+{
+    for (size_t j = str_hash(p) & (cap - 1);; j = (j + 1) & (cap - 1)) {
+        if (ht[j] == NULL) {
+            ht[j] = p;
+            return true;
+        }
+        if (strcmp(ht[j], p) == 0)
+            return false;
+    }
+}
+
+char **workload_phrases(uint32_t n)
+{
+    size_t cap = 16;
+    while (cap < (size_t)n * 2)
+        cap *= 2;
+    char **out = calloc(n ? n : 1, sizeof(*out)), **ht = calloc(cap, sizeof(*ht));
+    uint64_t s = 0x9b4a5e5ull + n;
+    uint32_t m = 0;
+    for (uint64_t tries = 0; out != NULL && ht != NULL && m < n && tries < (uint64_t)n * 1000;
+         tries++) {
+        char buf[64];
+        size_t words = 2 + (workload_next(&s) % 10 < 3), len = 0;
+        for (size_t w = 0; w < words; w++)
+            len += (size_t)snprintf(buf + len, sizeof(buf) - len, "%s%s", w ? " " : "",
+                                    common_words[common_index(&s)]);
+        char *p = malloc(len + 1);
+        if (p == NULL)
+            break;
+        memcpy(p, buf, len + 1);
+        if (set_add(ht, cap, p))
+            out[m++] = p;
+        else
+            free(p);
+    }
+    free(ht);
+    if (out != NULL && m < n) {
+        workload_phrases_free(out, m);
+        out = NULL;
+    }
+    return out;
+}
+
+void workload_phrases_free(char **phrases, uint32_t n)
+{
+    for (uint32_t i = 0; phrases != NULL && i < n; i++)
+        free(phrases[i]);
+    free(phrases);
 }
 
 int workload_read_file(const char *path, char **text, size_t *len)

@@ -28,4 +28,26 @@ uint64_t workload_regex_seed(uint32_t n);
  */
 int workload_regex(uint64_t *s, uint32_t i, char pat[96], char inst[64]);
 
+/*
+ * binary-N: random byte strings of 8..32 bytes over all 256 byte values
+ * (the shape of antivirus and IDS signature sets). workload_binary_seed(n)
+ * starts the set of n strings; each call writes the next string's bytes
+ * into `bytes`, its rule (a regex of \xHH escapes, which Hyperscan reads
+ * the same way) into `pat`, and returns the string's length.
+ */
+#define WORKLOAD_BINARY_MAX 32
+uint64_t workload_binary_seed(uint32_t n);
+size_t workload_binary(uint64_t *s, uint8_t bytes[WORKLOAD_BINARY_MAX],
+                       char pat[4 * WORKLOAD_BINARY_MAX + 1]);
+
+/*
+ * phrases-N: N distinct phrases of 2 or 3 common English words separated by
+ * one space, to be compiled caseless, that hit English text densely
+ * (sherlock.txt: docs/PERFORMANCE.md has the matches per GiB). Returns a
+ * malloc'd array of N malloc'd strings (workload_phrases_free frees it), or
+ * NULL when out of memory. Deterministic.
+ */
+char **workload_phrases(uint32_t n);
+void workload_phrases_free(char **phrases, uint32_t n);
+
 #endif
