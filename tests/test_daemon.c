@@ -1383,6 +1383,60 @@ START_TEST(test_error_codes)
 }
 END_TEST
 
+/*
+ * max-connections: past it a connection is closed at once, without a reply
+ * (docs/daemon.md), and counted in connections_refused; once one closes, a
+ * new client gets in and scans exactly.
+ */
+START_TEST(test_connection_cap)
+{
+    struct daemon d;
+    const char *extra[] = {"--max-connections", "3", NULL};
+    daemon_start(&d, NULL, extra);
+    int fds[3];
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    for (int i = 0; i < 3; i++) {
+        fds[i] = raw_connect(&d);
+        msgpack_sbuffer_clear(&sb);
+        pack_head(&pk, 30 + (uint32_t)i, "ping", 0);
+        raw_frame(fds[i], &sb, NULL, 0);
+        struct proto_reply *rep = raw_reply(fds[i]); /* surely accepted */
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_int_eq(rep->error.code, 0);
+        proto_reply_destroy(rep);
+    }
+    msgpack_sbuffer_destroy(&sb);
+    int over = raw_connect(&d);
+    ck_assert_ptr_null(raw_reply(over)); /* closed, no reply */
+    close(over);
+    close(fds[0]);
+    struct vks_client *c = NULL;
+    for (int i = 0; i < 100 && vks_client_connect(d.sock, NULL, &c, NULL) != 0; i++)
+        usleep(50000); /* until the daemon has seen the close */
+    ck_assert_ptr_nonnull(c);
+    ck_assert_uint_ge(stat_of(c, "connections_refused"), 1);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    static uint8_t buf[3000];
+    make_haystack(buf, sizeof(buf));
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = buf, .len = sizeof(buf)};
+    struct vks_scan_result res = {0};
+    ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, NULL, &res, NULL), 0);
+    check_hits(ref, &res, 0, buf, sizeof(buf), SCAN_ALL);
+    vks_scan_result_finish(&res);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    close(fds[1]);
+    close(fds[2]);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
 /* ---- device failures in a running daemon (tests/fault/vkfault) ---------- */
 
 /* Arms the vkfault interposer preloaded into `d` (vkfault.h: VKFAULT_CTL):
@@ -2190,6 +2244,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_error_codes);
     tcase_add_test(tc, test_device_faults);
     tcase_add_test(tc, test_protocol_error);
+    tcase_add_test(tc, test_connection_cap);
     suite_add_tcase(s, tc);
     return s;
 }
