@@ -11,6 +11,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <msgpack.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -38,6 +39,7 @@ struct peer {
     char fd_text[64];
     int fd_seals;    /* F_GET_SEALS of the last fd buffer */
     int inline_bufs; /* inline buffers seen in the last scan */
+    int starts;      /* the last scan asked for `starts` (then each hit starts at 0) */
 };
 
 static int read_full(int fd, void *p, size_t n, int *fds, int *n_fds)
@@ -127,6 +129,8 @@ static void result_scan(struct peer *p, msgpack_packer *pk, const msgpack_object
 {
     const msgpack_object *bufs = get(req, "buffers");
     uint32_t n = bufs->via.array.size;
+    const msgpack_object *starts = get(req, "starts");
+    p->starts = starts != NULL && starts->type == MSGPACK_OBJECT_BOOLEAN && starts->via.boolean;
     msgpack_pack_map(pk, 3);
     pk_str(pk, "hits");
     msgpack_pack_array(pk, n);
@@ -141,11 +145,15 @@ static void result_scan(struct peer *p, msgpack_packer *pk, const msgpack_object
             ssize_t k = pread(fd, p->fd_text, sizeof(p->fd_text) - 1, 0);
             end = k > 0 ? (uint64_t)k : 0;
         }
-        msgpack_pack_array(pk, 4);
+        msgpack_pack_array(pk, p->starts ? 6 : 4); /* docs/protocol.md: id slot nil */
         msgpack_pack_uint32(pk, i);
         msgpack_pack_uint32(pk, 0);
         msgpack_pack_uint64(pk, end);
         msgpack_pack_uint32(pk, 1);
+        if (p->starts) {
+            msgpack_pack_nil(pk);
+            msgpack_pack_uint64(pk, 0);
+        }
     }
     pk_str(pk, "buffers");
     msgpack_pack_array(pk, n);
@@ -296,6 +304,13 @@ START_TEST(header_and_defaults)
     ck_assert_str_eq(vks_strerror(-VKS_E_BUSY), "busy");
     ck_assert_str_eq(vks_version(), VKS_VERSION);
     ck_assert_uint_eq(sizeof(err.msg), 256);
+    /* struct vks_hit grew at its end: the 0.2 fields keep their places */
+    ck_assert_uint_eq(offsetof(struct vks_hit, rule_id), 24);
+    ck_assert_uint_eq(offsetof(struct vks_hit, start), 32);
+    ck_assert(VKS_NO_START == UINT64_MAX);
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    ck_assert(!so.starts);
 }
 END_TEST
 
@@ -358,11 +373,24 @@ START_TEST(load_then_scan_inline_and_memfd)
     ck_assert_uint_eq(res.hits[1].buffer, 1);
     ck_assert_uint_eq(res.hits[1].end, 12); /* the peer read the memfd we passed */
     ck_assert_str_eq(p.fd_text, "from a memfd");
+    ck_assert_int_eq(p.starts, 0);
+    ck_assert_uint_eq(res.hits[0].start, VKS_NO_START);
     ck_assert_uint_eq(res.n_buffers, 2);
     const struct vks_stat *t =
         vks_stat_find(res.telemetry, res.n_telemetry, "catalog_bytes_uploaded");
     ck_assert_ptr_nonnull(t);
     ck_assert_uint_eq(t->u, 0);
+    vks_scan_result_finish(&res);
+    /* `starts: true` goes out, and the hits' starts come back */
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    so.starts = true;
+    ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), bufs, 1, &so, &res, &err), 0);
+    ck_assert_int_eq(p.starts, 1);
+    ck_assert_uint_eq(res.n_hits, 1);
+    ck_assert_uint_eq(res.hits[0].start, 0);
+    ck_assert_uint_eq(res.hits[0].end, 5);
+    ck_assert_ptr_null(res.hits[0].rule_id);
     vks_scan_result_finish(&res);
     vks_catalog_destroy(cat);
     close(mfd);
