@@ -31,6 +31,7 @@
 #include "vkscan/vkscan.h"
 #include "vkscan_archive.h"
 #include "vkscan_cli.h"
+#include "patfile.h"
 #include "vkscan_ruleset.h"
 #include "vkscan_walk.h"
 
@@ -163,6 +164,7 @@ struct scan {
     size_t batch_files;         /* files per request */
     uint64_t batch_bytes;
     uint64_t max_bytes; /* the daemon's per-request limit */
+    bool starts;        /* -o, or a rule with flag L: pipes are read whole (streams have none) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -957,12 +959,13 @@ static void add_file(struct scan *s, char *path, int fd, uint64_t size)
 static void add_stream(struct scan *s, const char *label, int in)
 {
     /* Standard input and pipes are streams: no end is known in advance.
-     * -z must see the whole input to unpack it; a device or a procfs file
-     * keeps the max-scan-bytes bound (/dev/zero would never end). */
+     * -z must see the whole input to unpack it, and starts (-o, flag L) need
+     * whole buffers; a device or a procfs file keeps the max-scan-bytes
+     * bound (/dev/zero would never end). */
     struct stat st;
     bool pipe_like = in == STDIN_FILENO ||
                      (fstat(in, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)));
-    if (!s->opt.search_zip && pipe_like) {
+    if (!s->opt.search_zip && pipe_like && !s->starts) {
         stream_input(s, label, in);
         return;
     }
@@ -1173,6 +1176,20 @@ static void print_reject(struct scan *s, const struct vks_reject *r)
     s->rejected++;
 }
 
+/* Whether some rule has flag L: the daemon refuses such a catalog for
+ * streams, so pipes are then read whole into a memfd. */
+static bool wants_starts(const struct ruleset *rs)
+{
+    struct patfile pf;
+    bool any = false;
+    if (patfile_parse(rs->text, rs->len, &pf, NULL) == 0) {
+        for (size_t i = 0; i < pf.n && !any; i++)
+            any = (pf.rules[i].flags & RULE_F_SOMLEFT) != 0;
+    }
+    patfile_finish(&pf);
+    return any;
+}
+
 /* Loads every -r file and -e pattern into the daemon as one catalog;
  * rejected rules are warnings (the other rules run). Returns 0 or an exit
  * status. */
@@ -1189,6 +1206,7 @@ static int scan_load(struct scan *s)
         return 2;
     }
     memcpy(s->fp, vks_catalog_fingerprint(s->cat), VKS_FP_LEN);
+    s->starts = s->opt.only_matching || wants_starts(&s->rs);
     for (size_t i = 0; i < vks_catalog_reject_count(s->cat); i++) {
         struct vks_reject r;
         if (vks_catalog_reject(s->cat, i, &r) == 0)

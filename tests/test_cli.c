@@ -833,7 +833,8 @@ END_TEST
 
 /* -o prints each match's bytes from its leftmost start (every rule: the
  * scan asks for starts), escaped when binary; --json carries `start` for
- * rules with flag L, and `text` with -o; a stream input has no starts. */
+ * rules with flag L, and `text` with -o; pipes are then read whole; an
+ * input over max-scan-bytes is a stream, which has no starts. */
 START_TEST(scan_only_matching_and_starts)
 {
     static const char orules[] = "lit:\"needle\"\nre:/ab+c/L\nbin:/\\x00\\xff+/\n";
@@ -866,13 +867,26 @@ START_TEST(scan_only_matching_and_starts)
     ck_assert_str_eq(jget(&o[0], "text")->val, "needle");
     ck_assert_str_eq(jget(&o[1], "text")->val, "abbbc");
     ck_assert_ptr_nonnull(strstr(r.out, "\"start\":16,\"text\":\"\\u0000\\u00ff\\u00ff\"}"));
-    /* a pipe is a stream: no starts, so -o warns and prints plain matches */
+    /* a pipe is read whole when starts are wanted (-o, or an L rule) */
     run_cli(&r, "a needle", NULL, ARGS("--socket", sock, "scan", "-o", "-r", "rules.txt", "-"));
     ck_assert_int_eq(r.status, 0);
-    ck_assert_str_eq(r.out, "(standard input):8:lit\n");
+    ck_assert_str_eq(r.out, "(standard input):2-8:lit:needle\n");
+    ck_assert_str_eq(r.err, "");
+    run_cli(&r, "abc", NULL, ARGS("--socket", sock, "scan", "--json", "-r", "orules.txt", "-"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_int_eq(parse_lines(r.out, o, 8), 2);
+    ck_assert_str_eq(jget(&o[0], "start")->val, "0");
+    /* a file over max-scan-bytes (1 MiB) is a stream: no starts, so -o
+     * warns and prints plain matches, and a catalog with L rules is refused */
+    static char big[3 << 19];
+    memset(big, 'x', sizeof(big));
+    memcpy(big + sizeof(big) - 7, "needle", 6);
+    write_file("big.bin", big, sizeof(big));
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "-o", "-r", "rules.txt", "big.bin"));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_str_eq(r.out, "big.bin:1572863:lit\n");
     ck_assert_ptr_nonnull(strstr(r.err, "-o prints its matches without their bytes"));
-    /* ... and a catalog with L rules cannot be streamed */
-    run_cli(&r, "abc", NULL, ARGS("--socket", sock, "scan", "-r", "orules.txt", "-"));
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "-r", "orules.txt", "big.bin"));
     ck_assert_int_eq(r.status, 2);
     ck_assert_ptr_nonnull(strstr(r.err, "flag L"));
 }
