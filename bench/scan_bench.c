@@ -2,7 +2,9 @@
  * scan_bench: the GPU engine against Hyperscan on the same data.
  *
  * Workloads: N random literals of 8-16 bytes planted in random text, a set
- * of bounded regexes with planted instances, and the real rule sets of
+ * of bounded regexes with planted instances, binary-20k (20,000 random byte
+ * strings of 8-32 bytes, planted), phrases-3k (3,000 caseless common-word
+ * phrases on sherlock.txt, about 32 M matches per GiB), and the real rule sets of
  * ../shared/data on their haystacks repeated to --size. Every corpus is a
  * batch of --buffer-byte buffers; Hyperscan scans the same buffers (block
  * mode) on --threads threads. Per workload it prints kernel GB/s (GPU
@@ -241,6 +243,57 @@ static void regex_workload(uint32_t n, struct ruleset *rs, struct corpus *c, con
     for (uint32_t i = 0; i < n; i++)
         free(inst[i]);
     free(inst);
+}
+
+/* binary-N of bench/workloads.c: \xHH regexes of random byte strings, one
+ * string planted every ~4 KiB of random text. */
+static void binary_workload(uint32_t n, struct ruleset *rs, struct corpus *c, const struct opts *o)
+{
+    uint64_t s = workload_binary_seed(n);
+    uint8_t(*inst)[WORKLOAD_BINARY_MAX] = xmalloc(n * sizeof(*inst));
+    size_t *len = xmalloc(n * sizeof(*len));
+    for (uint32_t i = 0; i < n; i++) {
+        char *pat = xmalloc(4 * WORKLOAD_BINARY_MAX + 1);
+        len[i] = workload_binary(&s, inst[i], pat);
+        rs_add(rs, RULE_REGEX, pat, 4 * len[i], 0);
+    }
+    random_text(c, o->size, o->threads);
+    for (uint64_t at = 0; at + 4096 <= c->size; at += 4096) {
+        uint32_t k = (uint32_t)(next(&s) % n);
+        memcpy(c->p + at + next(&s) % (4096 - len[k]), inst[k], len[k]);
+    }
+    free(inst);
+    free(len);
+}
+
+static char *read_file(const char *path, size_t *len);
+
+/* phrases-N of bench/workloads.c: caseless phrases of common words on
+ * English text (sherlock.txt repeated to --size). */
+static bool phrase_workload(uint32_t n, struct ruleset *rs, struct corpus *c, const struct opts *o)
+{
+    char path[1024];
+    size_t hlen;
+    snprintf(path, sizeof(path), "%s/rebar/haystacks/sherlock.txt", o->data);
+    char *h = read_file(path, &hlen);
+    char **ph = workload_phrases(n);
+    if (h == NULL || hlen == 0 || ph == NULL) {
+        fprintf(stderr, "scan_bench: %s not found: phrases skipped\n", path);
+        free(h);
+        workload_phrases_free(ph, n);
+        return false;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        rs_add(rs, RULE_LITERAL, ph[i], strlen(ph[i]), RULE_F_CASELESS);
+        ph[i] = NULL; /* the rule set owns it now */
+    }
+    workload_phrases_free(ph, n);
+    c->size = o->size;
+    c->p = xmalloc(c->size);
+    for (uint64_t at = 0; at < c->size; at += hlen)
+        memcpy(c->p + at, h, c->size - at < hlen ? c->size - at : hlen);
+    free(h);
+    return true;
 }
 
 static char *read_file(const char *path, size_t *len)
@@ -1065,6 +1118,22 @@ int main(int argc, char **argv)
         struct corpus c;
         regex_workload(o.regexes, &rs, &c, &o);
         run_any(eng, name, &rs, &c, o.buffer, &o, &res[n++]);
+        rs_free(&rs);
+        free(c.p);
+    }
+    if (wanted(&o, "binary-20k")) {
+        struct ruleset rs = {0};
+        struct corpus c;
+        binary_workload(20000, &rs, &c, &o);
+        run_any(eng, "binary-20k", &rs, &c, o.buffer, &o, &res[n++]);
+        rs_free(&rs);
+        free(c.p);
+    }
+    if (wanted(&o, "phrases-3k")) {
+        struct ruleset rs = {0};
+        struct corpus c = {0};
+        if (phrase_workload(3000, &rs, &c, &o))
+            run_any(eng, "phrases-3k", &rs, &c, o.real_buffer, &o, &res[n++]);
         rs_free(&rs);
         free(c.p);
     }
