@@ -44,13 +44,19 @@ static void print_engines(const struct status *s)
         cli_fmt_bytes(stat_u(s, key, NULL), b, sizeof(b));
         snprintf(key, sizeof(key), "engine.%u.busy_share", i);
         const struct vks_stat *busy = vks_stat_find(s->st.stats, s->st.n_stats, key);
-        char what[48];
+        snprintf(key, sizeof(key), "engine.%u.max_inflight", i);
+        uint64_t overlap = stat_u(s, key, NULL);
+        char what[48], most[64] = "";
         if (kind->u == 0)
             snprintf(what, sizeof(what), "gpu, device %llu", (unsigned long long)dev);
         else
             snprintf(what, sizeof(what), "cpu, %llu threads", (unsigned long long)dev);
-        printf("engine %u:   %s: %llu batches, %s, %.1f%% busy\n", i, what,
-               (unsigned long long)batches, b, busy != NULL ? 100.0 * busy->f : 0.0);
+        /* a GPU engine is busy while the device holds a batch; batches overlap */
+        if (overlap > 0)
+            snprintf(most, sizeof(most), " (device), up to %llu batches on it at once",
+                     (unsigned long long)overlap);
+        printf("engine %u:   %s: %llu batches, %s, %.1f%% busy%s\n", i, what,
+               (unsigned long long)batches, b, busy != NULL ? 100.0 * busy->f : 0.0, most);
     }
 }
 

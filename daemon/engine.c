@@ -981,11 +981,12 @@ void engine_stats_add(struct engine *e, struct stats_list *l)
     pthread_mutex_lock(&e->mu);
     uint32_t n = e->n_gpu;
     struct {
-        uint64_t device, batches, bytes, busy, retries;
+        uint64_t device, batches, bytes, busy, retries, max_inflight;
     } g[MAX_GPU_ENGINES];
     for (uint32_t i = 0; i < n; i++)
         g[i].device = e->gw[i].dev.index, g[i].batches = e->gw[i].batches,
-        g[i].bytes = e->gw[i].bytes, g[i].busy = e->gw[i].busy_ns, g[i].retries = e->gw[i].retries;
+        g[i].bytes = e->gw[i].bytes, g[i].busy = e->gw[i].busy_ns, g[i].retries = e->gw[i].retries,
+        g[i].max_inflight = e->gw[i].max_inflight;
     uint64_t cb = e->cpu_batches, cy = e->cpu_bytes, cbusy = e->cpu_busy_ns, cr = e->cpu_retries;
     uint64_t dups = e->dedup_buffers, dup_bytes = e->dedup_bytes, saved = e->cache_bytes_saved;
     pthread_mutex_unlock(&e->mu);
@@ -1004,9 +1005,12 @@ void engine_stats_add(struct engine *e, struct stats_list *l)
     stats_add_u(l, "result_cache.bytes_not_scanned", saved);
     stats_add_u(l, "engines", n + 1);
     stats_add_u(l, "cpu_threads", e->n_cpu);
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
         add_engine(e, l, i, 0, g[i].device, g[i].batches, g[i].bytes, g[i].busy, span,
                    g[i].retries);
+        /* GPU engines: busy is device time with a batch on it; batches overlap */
+        stats_add_u(l, key(e, i, 7, "max_inflight"), g[i].max_inflight);
+    }
     /* the CPU engine's busy share is over all its threads */
     add_engine(e, l, CPU_ENGINE, 1, e->n_cpu, cb, cy, cbusy, span * e->n_cpu, cr);
 }
@@ -1050,6 +1054,7 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
     e->cpu_max_wait_ns = (uint64_t)cfg->cpu_max_wait_us * 1000u;
     e->seg_bytes = cfg->cpu_segment_bytes ? cfg->cpu_segment_bytes : 4u << 20;
     e->timeout_ms = cfg->gpu_timeout_ms;
+    e->inflight = cfg->inflight_batches;
     e->budget = cfg->device_budget;
     e->n_cpu = cfg->cpu_threads ? cfg->cpu_threads : default_threads(cfg->engine);
     snprintf(e->device, sizeof(e->device), "%s", cfg->device);

@@ -27,10 +27,16 @@ struct slot {
 static int open_gpu(struct engine *e, struct gworker *w, struct vks_error *err);
 
 /* The engine failed a batch in a way that leaves it unusable: open it
- * again, exactly as at start (warm-up self-test included). */
+ * again, exactly as at start (warm-up self-test included). No batch of it
+ * may be pending. */
 static void gpu_reopen(struct gworker *w)
 {
     struct vks_error err = {0};
+    if (w->gpu != NULL) {
+        struct gpu_engine_stats gs;
+        gpu_engine_stats(w->gpu, &gs);
+        w->busy_base += gs.busy_ns;
+    }
     gpu_engine_destroy(w->gpu);
     w->gpu = NULL;
     if (open_gpu(w->e, w, &err) != 0) {
@@ -45,7 +51,7 @@ static void gpu_reopen(struct gworker *w)
 
 /* Keeps at most max_hits hits of each job after readback, plus one marker
  * per buffer with more (engine_job.max_hits). */
-static int gpu_collect(struct gworker *w, struct engine_job **jobs, size_t n,
+static int gpu_collect(struct gpu_result *res, struct engine_job **jobs, size_t n,
                        const struct slot *slots)
 {
     size_t *caps = calloc(n, sizeof(*caps));
@@ -59,8 +65,8 @@ static int gpu_collect(struct gworker *w, struct engine_job **jobs, size_t n,
     }
     for (size_t i = 0; i < n; i++)
         marked[i] = -1;
-    for (size_t h = 0; h < w->res.n_hits; h++) {
-        const struct gpu_hit *g = &w->res.hits[h];
+    for (size_t h = 0; h < res->n_hits; h++) {
+        const struct gpu_hit *g = &res->hits[h];
         const struct slot *s = &slots[g->buffer];
         struct engine_job *j = jobs[s->job];
         if (j->status != 0)
@@ -79,17 +85,99 @@ static int gpu_collect(struct gworker *w, struct engine_job **jobs, size_t n,
     free(caps);
     free(kept);
     free(marked);
-    if (w->res.cap > RES_KEEP_HITS) {
-        gpu_result_finish(&w->res);
-        memset(&w->res, 0, sizeof(w->res));
+    if (res->cap > RES_KEEP_HITS)
+        gpu_result_finish(res);
+    return 0;
+}
+
+static void gpu_unbuild(struct gpend *p)
+{
+    free(p->gb);
+    free(p->slots);
+    p->gb = NULL;
+    p->slots = NULL;
+}
+
+/* Builds the jobs j[0..n) into one GPU batch in `p`. Returns 0, -E2BIG
+ * (more catalogs than a batch takes) or -ENOMEM. */
+static int gpu_build(struct gpend *p, struct engine_job **jobs, size_t n)
+{
+    size_t nb = 0;
+    for (size_t i = 0; i < n; i++)
+        nb += jobs[i]->n_bufs;
+    p->gb = calloc(nb ? nb : 1, sizeof(*p->gb));
+    p->slots = calloc(nb ? nb : 1, sizeof(*p->slots));
+    if (p->gb == NULL || p->slots == NULL) {
+        gpu_unbuild(p);
+        return -ENOMEM;
+    }
+    uint32_t n_cats = 0, k = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct engine_job *j = jobs[i];
+        uint32_t c = 0;
+        while (c < n_cats && p->cats[c] != j->cat)
+            c++;
+        if (c == n_cats) {
+            if (n_cats == GPU_MAX_BATCH_CATALOGS) {
+                gpu_unbuild(p);
+                return -E2BIG;
+            }
+            p->cats[n_cats++] = j->cat;
+        }
+        for (uint32_t b = 0; b < j->n_bufs; b++) {
+            if (j->bufs[b].status != 0 || j->bufs[b].skip)
+                continue;
+            p->gb[k] = (struct gpu_buffer){.data = j->bufs[b].data,
+                                           .len = (size_t)j->bufs[b].len,
+                                           .id = k,
+                                           .mode = j->mode,
+                                           .catalog = c};
+            p->slots[k++] = (struct slot){(uint32_t)i, b};
+        }
+    }
+    p->batch = (struct gpu_batch){
+        .catalogs = p->cats, .n_catalogs = n_cats, .buffers = p->gb, .n_buffers = k};
+    return 0;
+}
+
+/* Settles the jobs of a GPU batch that finished with status `rc` and
+ * result `res`. Returns -E2BIG when the batch of several jobs does not fit
+ * the device (nothing ran: split it), else 0. A job the device cannot run
+ * (one too large, a timeout, a lost device) is marked for the CPU engine;
+ * after a failure that leaves the engine unusable, w->reopen is set. */
+static int gpu_settle(struct gworker *w, struct gpu_result *res, const struct slot *slots,
+                      struct engine_job **jobs, size_t n, int rc, const struct vks_error *err,
+                      struct gpu_telemetry *tel)
+{
+    if (rc == -E2BIG && n > 1)
+        return rc;
+    if (rc == -E2BIG || rc == -ETIMEDOUT || rc == -ENODEV || rc == -EIO) {
+        log_warn("GPU engine %u: %s: the batch's %zu scans re-run on the CPU engine", w->index,
+                 err->msg, n);
+        for (size_t i = 0; i < n; i++)
+            jobs[i]->cpu_retry = rc;
+        if (rc != -E2BIG)
+            w->reopen = true;
+        return 0;
+    }
+    if (rc != 0) {
+        char msg[300];
+        snprintf(msg, sizeof(msg), "the GPU failed the scan: %.250s", err->msg);
+        for (size_t i = 0; i < n; i++)
+            engine_job_fail(jobs[i], -VKS_E_DEVICE, msg);
+        return 0;
+    }
+    *tel = res->tel;
+    if (gpu_collect(res, jobs, n, slots) != 0) {
+        for (size_t i = 0; i < n; i++)
+            engine_job_fail(jobs[i], -VKS_E_INTERNAL, "out of memory collecting hits");
     }
     return 0;
 }
 
-/* Dispatches the jobs j[0..n) as one GPU batch. Returns 0, or -E2BIG when
- * the batch of several jobs does not fit the device (nothing ran). A job
- * the device cannot run (one too large, a timeout, a lost device) is
- * marked for the CPU engine. */
+/* Dispatches the jobs j[0..n) as one GPU batch and waits for it (no other
+ * batch of the worker is pending). Returns 0, or -E2BIG when the batch of
+ * several jobs does not fit the device (nothing ran), or -ENOMEM. */
 static int run_gpu(struct gworker *w, struct engine_job **jobs, size_t n, struct gpu_telemetry *tel)
 {
     if (w->gpu == NULL) {
@@ -97,73 +185,18 @@ static int run_gpu(struct gworker *w, struct engine_job **jobs, size_t n, struct
             jobs[i]->cpu_retry = -ENODEV;
         return 0;
     }
-    size_t nb = 0;
-    for (size_t i = 0; i < n; i++)
-        nb += jobs[i]->n_bufs;
-    struct gpu_buffer *gb = calloc(nb ? nb : 1, sizeof(*gb));
-    struct slot *slots = calloc(nb ? nb : 1, sizeof(*slots));
-    const struct catalog *cats[GPU_MAX_BATCH_CATALOGS];
-    uint32_t n_cats = 0, k = 0;
-    int rc = 0;
-    if (gb == NULL || slots == NULL) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++) {
-        struct engine_job *j = jobs[i];
-        uint32_t c = 0;
-        while (c < n_cats && cats[c] != j->cat)
-            c++;
-        if (c == n_cats) {
-            if (n_cats == GPU_MAX_BATCH_CATALOGS) {
-                rc = -E2BIG;
-                goto out;
-            }
-            cats[n_cats++] = j->cat;
-        }
-        for (uint32_t b = 0; b < j->n_bufs; b++) {
-            if (j->bufs[b].status != 0 || j->bufs[b].skip)
-                continue;
-            gb[k] = (struct gpu_buffer){.data = j->bufs[b].data,
-                                        .len = (size_t)j->bufs[b].len,
-                                        .id = k,
-                                        .mode = j->mode,
-                                        .catalog = c};
-            slots[k++] = (struct slot){(uint32_t)i, b};
-        }
-    }
-    struct gpu_batch batch = {
-        .catalogs = cats, .n_catalogs = n_cats, .buffers = gb, .n_buffers = k};
+    struct gpend p = {0};
+    int rc = gpu_build(&p, jobs, n);
+    if (rc < 0)
+        return rc;
     struct vks_error err = {0};
-    rc = gpu_batch_dispatch(w->gpu, &batch, &w->res, &err);
-    if (rc == -E2BIG && n > 1)
-        goto out;
-    if (rc == -E2BIG || rc == -ETIMEDOUT || rc == -ENODEV || rc == -EIO) {
-        log_warn("GPU engine %u: %s: the batch's %zu scans re-run on the CPU engine", w->index,
-                 err.msg, n);
-        for (size_t i = 0; i < n; i++)
-            jobs[i]->cpu_retry = rc;
-        if (rc != -E2BIG)
-            gpu_reopen(w);
-        rc = 0;
-        goto out;
+    rc = gpu_batch_dispatch(w->gpu, &p.batch, &w->res, &err);
+    rc = gpu_settle(w, &w->res, p.slots, jobs, n, rc, &err, tel);
+    if (w->reopen) {
+        w->reopen = false;
+        gpu_reopen(w);
     }
-    if (rc != 0) {
-        char msg[300];
-        snprintf(msg, sizeof(msg), "the GPU failed the scan: %.250s", err.msg);
-        for (size_t i = 0; i < n; i++)
-            engine_job_fail(jobs[i], -VKS_E_DEVICE, msg);
-        rc = 0;
-        goto out;
-    }
-    *tel = w->res.tel;
-    if (gpu_collect(w, jobs, n, slots) != 0) {
-        for (size_t i = 0; i < n; i++)
-            engine_job_fail(jobs[i], -VKS_E_INTERNAL, "out of memory collecting hits");
-    }
-out:
-    free(gb);
-    free(slots);
+    gpu_unbuild(&p);
     return rc;
 }
 
@@ -209,27 +242,29 @@ static void run_gpu_split(struct gworker *w, struct engine_job **jobs, size_t n,
 
 void engine_cpu_push(struct engine *e, struct engine_batch *b);
 
-static void gpu_run_batch(struct gworker *w, struct engine_batch *b)
+/* Publishes what the batch cost and hands it on: to the loop thread, or
+ * to the CPU engine when jobs are to re-run there. */
+static void gpu_done(struct gworker *w, struct engine_batch *b, uint64_t t1)
 {
     struct engine *e = w->e;
     struct bstate *st = b->priv;
-    uint64_t t0 = engine_now_ns();
-    b->tel.idle_ns = w->last_done_ns ? t0 - w->last_done_ns : 0;
-    b->tel.gpu = true;
-    b->tel.engine = w->index;
-    engine_batch_load(e, b);
-    uint64_t t1 = engine_now_ns();
-    run_gpu_split(w, st->jobs, st->n_jobs, &b->tel);
     uint32_t retries = 0;
     for (size_t i = 0; i < st->n_jobs; i++)
         retries += st->jobs[i]->status == 0 && st->jobs[i]->cpu_retry != 0;
     b->tel.cpu_retries = retries;
+    b->tel.idle_ns = b->tel.gpu_tel.device_idle_ns;
     w->last_done_ns = engine_now_ns();
     b->tel.scan_ns = w->last_done_ns - t1;
+    struct gpu_engine_stats gs = {0};
+    if (w->gpu != NULL)
+        gpu_engine_stats(w->gpu, &gs);
     pthread_mutex_lock(&e->mu);
     w->batches++;
     w->bytes += b->tel.bytes;
-    w->busy_ns += w->last_done_ns - t0;
+    /* busy: the device held at least one batch (batches overlap) */
+    w->busy_ns = w->busy_base + gs.busy_ns;
+    if (gs.max_inflight > w->max_inflight)
+        w->max_inflight = gs.max_inflight;
     w->retries += retries;
     if (w->gpu != NULL) {
         w->resident = gpu_engine_resident_catalogs(w->gpu);
@@ -245,6 +280,93 @@ static void gpu_run_batch(struct gworker *w, struct engine_batch *b)
         engine_cpu_push(e, b);
     else
         engine_batch_post(e, b);
+}
+
+/* Runs a loaded batch the synchronous way: splitting it while it does not
+ * fit the device, after every batch submitted before it was collected. */
+static void gpu_run_sync(struct gworker *w, struct engine_batch *b, uint64_t t1)
+{
+    struct bstate *st = b->priv;
+    run_gpu_split(w, st->jobs, st->n_jobs, &b->tel);
+    gpu_done(w, b, t1);
+}
+
+static void gpu_drain(struct gworker *w);
+
+/* Collects the oldest pending batch, settles its jobs and hands it on. */
+static void gpu_finish_oldest(struct gworker *w)
+{
+    struct gpend *p = &w->pend[w->pend_head];
+    struct engine_batch *b = p->b;
+    struct bstate *st = b->priv;
+    struct gpu_result *res;
+    struct vks_error err = {0};
+    int rc = gpu_batch_collect(w->gpu, &res, &err);
+    w->pend_head = (w->pend_head + 1) % GPU_MAX_INFLIGHT;
+    w->n_pend--;
+    rc = gpu_settle(w, res, p->slots, st->jobs, st->n_jobs, rc, &err, &b->tel.gpu_tel);
+    gpu_unbuild(p);
+    if (rc == -E2BIG) { /* the hits of several jobs passed a device limit */
+        gpu_drain(w);
+        gpu_run_sync(w, b, p->t1);
+        return;
+    }
+    gpu_done(w, b, p->t1);
+}
+
+static void gpu_drain(struct gworker *w)
+{
+    while (w->n_pend > 0)
+        gpu_finish_oldest(w);
+}
+
+/* Takes a batch off the queue: loads it and submits it to the device
+ * without waiting (gpu_batch_submit), so that its upload overlaps the
+ * batches already there. A batch that needs the synchronous way (several
+ * GPU batches, no engine) runs after the pending ones. */
+static void gpu_start(struct gworker *w, struct engine_batch *b)
+{
+    struct bstate *st = b->priv;
+    if (w->reopen) {
+        gpu_drain(w);
+        w->reopen = false;
+        gpu_reopen(w);
+    }
+    b->tel.gpu = true;
+    b->tel.engine = w->index;
+    engine_batch_load(w->e, b);
+    uint64_t t1 = engine_now_ns();
+    struct gpend *p = &w->pend[(w->pend_head + w->n_pend) % GPU_MAX_INFLIGHT];
+    p->b = b;
+    p->t1 = t1;
+    int rc = w->gpu != NULL ? gpu_build(p, st->jobs, st->n_jobs) : -ENODEV;
+    if (rc < 0) { /* no engine, too many catalogs for one batch, or no memory */
+        gpu_drain(w);
+        gpu_run_sync(w, b, t1);
+        return;
+    }
+    struct vks_error err = {0};
+    rc = gpu_batch_submit(w->gpu, &p->batch, &p->res, &err);
+    if (rc == 0) {
+        w->n_pend++;
+        return;
+    }
+    if (rc == -E2BIG && st->n_jobs > 1) { /* split it */
+        gpu_unbuild(p);
+        gpu_drain(w);
+        gpu_run_sync(w, b, t1);
+        return;
+    }
+    rc = gpu_settle(w, &p->res, p->slots, st->jobs, st->n_jobs, rc, &err, &b->tel.gpu_tel);
+    gpu_unbuild(p);
+    gpu_done(w, b, t1);
+}
+
+/* Batches the worker keeps on its device at once. */
+static uint32_t gpu_window(const struct gworker *w)
+{
+    uint32_t n = w->gpu != NULL ? gpu_engine_max_inflight(w->gpu) : 1;
+    return n < GPU_MAX_INFLIGHT ? n : GPU_MAX_INFLIGHT;
 }
 
 /* ---- opening and warming ---------------------------------------------- */
@@ -322,7 +444,8 @@ static int create_gpu(struct engine *e, struct gworker *w, uint32_t timeout_ms,
     struct gpu_options go = {.device = w->device,
                              .memory_budget = e->budget,
                              .pipeline_cache_path = w->cache_path[0] ? w->cache_path : NULL,
-                             .timeout_ms = timeout_ms};
+                             .timeout_ms = timeout_ms,
+                             .inflight = e->inflight};
     int rc = gpu_engine_create(&go, &w->gpu, err);
     if (rc == 0)
         pin_vulkan_modules();
@@ -372,6 +495,9 @@ static int open_gpu(struct engine *e, struct gworker *w, struct vks_error *err)
 
 /* ---- the GPU workers -------------------------------------------------- */
 
+/* The worker: keeps up to gpu_window batches on the device. It submits
+ * the next batch while one runs (its upload overlaps the kernel), and
+ * collects the oldest when the window is full or no batch is queued. */
 static void gpu_main(void *arg)
 {
     struct gworker *w = arg;
@@ -379,13 +505,14 @@ static void gpu_main(void *arg)
     for (;;) {
         uint8_t forget[FORGET_MAX][CATALOG_FP_LEN];
         pthread_mutex_lock(&e->mu);
-        while (w->head == NULL && w->n_forget == 0 && !e->stop)
+        while (w->head == NULL && w->n_forget == 0 && !e->stop && w->n_pend == 0)
             pthread_cond_wait(&w->cond, &e->mu);
         uint32_t n_forget = w->n_forget;
         memcpy(forget, w->forget, (size_t)n_forget * CATALOG_FP_LEN);
         w->n_forget = 0;
-        struct engine_batch *b = w->head;
-        if (b != NULL) {
+        struct engine_batch *b = NULL;
+        if (w->head != NULL && w->n_pend < gpu_window(w)) {
+            b = w->head;
             w->head = b->next;
             if (w->head == NULL)
                 w->tail = NULL;
@@ -399,15 +526,18 @@ static void gpu_main(void *arg)
             w->resident = resident;
             pthread_mutex_unlock(&e->mu);
         }
-        if (b == NULL && n_forget != 0)
-            continue;
-        if (b == NULL)
+        if (b != NULL)
+            gpu_start(w, b);
+        else if (w->n_pend > 0)
+            gpu_finish_oldest(w);
+        else if (n_forget == 0)
             break; /* stop, and nothing left */
-        gpu_run_batch(w, b);
     }
     gpu_engine_destroy(w->gpu);
     w->gpu = NULL;
     gpu_result_finish(&w->res);
+    for (uint32_t i = 0; i < GPU_MAX_INFLIGHT; i++)
+        gpu_result_finish(&w->pend[i].res);
 }
 
 /* Parses `devices`: "all" or "N[,N...]" (duplicates allowed: two engines

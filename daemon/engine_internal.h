@@ -32,6 +32,21 @@
 /* engine_batch.state */
 enum { B_NEW = 0, B_PREPARING, B_PREPARED };
 
+struct slot;
+
+/* A batch a GPU worker submitted (gpu_batch_submit) and has not collected:
+ * its gpu_batch, which the device reads until the collect, and where each
+ * buffer's hits go. */
+struct gpend {
+    struct engine_batch *b;
+    struct gpu_buffer *gb;
+    struct slot *slots;
+    const struct catalog *cats[GPU_MAX_BATCH_CATALOGS];
+    struct gpu_batch batch;
+    struct gpu_result res; /* kept between uses: its hit array is reused */
+    uint64_t t1;           /* when it was loaded */
+};
+
 struct gworker {
     struct engine *e;
     uint32_t index;
@@ -48,6 +63,12 @@ struct gworker {
     struct gpu_engine *gpu;
     struct gpu_result res;
     uint64_t last_done_ns;
+    /* Batches on the device, oldest at pend_head (a ring); at most
+     * inflight (inflight-batches) of them. */
+    struct gpend pend[GPU_MAX_INFLIGHT];
+    uint32_t pend_head, n_pend;
+    bool reopen;        /* a batch failed the engine: re-create it once none is pending */
+    uint64_t busy_base; /* device busy time of the engines re-created since */
 
     /* Published, mu. */
     bool alive;
@@ -56,6 +77,7 @@ struct gworker {
     uint32_t resident;
     uint64_t device_used;
     uint64_t batches, bytes, busy_ns, retries;
+    uint32_t max_inflight; /* most batches on the device at once */
 
     /* Loop thread. */
     uint64_t inflight_bytes;
@@ -78,6 +100,7 @@ struct engine {
     uint64_t cpu_max_wait_ns;
     uint64_t seg_bytes;
     uint32_t timeout_ms;
+    uint32_t inflight; /* inflight-batches: batches on each GPU device at once */
     uint64_t budget;
     char device[sizeof(((struct daemon_config *)0)->device)];
     char devices[sizeof(((struct daemon_config *)0)->devices)];
@@ -98,7 +121,7 @@ struct engine {
     uv_thread_t *cpu;
     uint32_t n_cpu, n_cpu_started;
     pthread_cond_t cpu_cond;
-    struct engine_batch *cpu_head, *cpu_tail; /* mu: batches with work to hand out */
+    struct engine_batch *cpu_head, *cpu_tail;  /* mu: batches with work to hand out */
     struct engine_task *task_head, *task_tail; /* mu: engine_cpu_task's queue */
     uint64_t cpu_batches, cpu_bytes, cpu_busy_ns, cpu_retries; /* mu */
     uint64_t cpu_inflight_bytes;                               /* loop thread */
@@ -109,7 +132,7 @@ struct engine {
     /* Loop thread. */
     uint32_t rr; /* where the next tie-break starts */
     struct engine_info info;
-    char keys[MAX_GPU_ENGINES + 1][7][40]; /* engine.N.* stats keys */
+    char keys[MAX_GPU_ENGINES + 1][8][40]; /* engine.N.* stats keys */
 
     engine_ready_cb ready_cb;
     engine_done_cb done_cb;

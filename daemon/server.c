@@ -213,7 +213,10 @@ void server_kick(struct server *srv)
 {
     if (srv->engine == NULL || !engine_ready(srv->engine))
         return;
-    while (engine_pending(srv->engine) < srv->cfg.inflight_batches * engine_count(srv->engine)) {
+    /* inflight-batches on each engine, plus, per GPU engine, one queued
+     * behind them that it uploads while they run */
+    while (engine_pending(srv->engine) < srv->cfg.inflight_batches * engine_count(srv->engine) +
+                                             engine_get_info(srv->engine)->gpu_engines) {
         struct sched_job *first;
         size_t n = sched_next_batch(srv->sched, srv->cfg.batch_max_bytes,
                                     srv->cfg.batch_max_buffers, &first);
