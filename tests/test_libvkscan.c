@@ -10,6 +10,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,7 +19,9 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "vkscan/vkscan.h"
@@ -305,6 +308,50 @@ START_TEST(starts_on_both_engines)
 }
 END_TEST
 
+/* Cached hits carry no starts: a scan that wants them reads the file even
+ * when the result cache has it (a catalog without L shows it would). */
+START_TEST(starts_bypass_result_cache)
+{
+    struct daemon d;
+    daemon_start_engine(&d, "cpu");
+    struct vks_client *c;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_connect(d.sock, NULL, &c, &err), 0);
+    char path[160];
+    snprintf(path, sizeof(path), "%s/file.txt", d.dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "xx needle yy", 12), 12);
+    struct timespec old[2] = {{.tv_sec = time(NULL) - 3600}, {.tv_sec = time(NULL) - 3600}};
+    ck_assert_int_eq(futimens(fd, old), 0);
+    usleep(1200 * 1000); /* the change time must be a second old to be cached */
+    struct vks_buffer vb = {.kind = VKS_BUFFER_FD, .fd = fd};
+    static const char *const texts[2] = {"b:/needle/\n", "a:/ne+dle/L\nb:/needle/\n"};
+    for (int k = 0; k < 2; k++) {
+        struct vks_catalog *cat = NULL;
+        ck_assert_int_eq(
+            vks_client_catalog_load_text(c, texts[k], strlen(texts[k]), NULL, &cat, &err), 0);
+        for (int i = 0; i < 2; i++) {
+            struct vks_scan_result res;
+            ck_assert_int_eq(
+                vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, NULL, &res, &err), 0);
+            ck_assert_uint_eq(res.n_hits, (size_t)k + 1);
+            /* without L the second scan is the cache's; with L never */
+            ck_assert(res.buffers[0].cached == (k == 0 && i == 1));
+            for (size_t h = 0; h < res.n_hits; h++) {
+                const char *id = vks_catalog_rule_id(cat, res.hits[h].rule);
+                ck_assert_uint_eq(res.hits[h].start, id[0] == 'a' ? 3 : VKS_NO_START);
+            }
+            vks_scan_result_finish(&res);
+        }
+        vks_catalog_destroy(cat);
+    }
+    close(fd);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
 Suite *libvkscan_suite(void)
 {
     Suite *s = suite_create("libvkscan");
@@ -314,6 +361,7 @@ Suite *libvkscan_suite(void)
     tcase_add_test(t, option_structs_carry_their_size);
     tcase_add_test(t, program_built_against_v02_layout_runs);
     tcase_add_loop_test(t, starts_on_both_engines, 0, 2);
+    tcase_add_test(t, starts_bypass_result_cache);
     suite_add_tcase(s, t);
     return s;
 }
