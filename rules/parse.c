@@ -12,7 +12,12 @@
 
 #define MAX_DEPTH 200
 
-/* A bump allocator: the tree is freed in one go with the arena. */
+/* A bump allocator: the tree is freed in one go with the arena. The first
+ * chunk is sized from the pattern (a node or less per byte), later ones
+ * double up to 64 KiB: most rules are short, and a 64 KiB chunk per rule
+ * made a large literal set's parse trees the biggest part of its compile's
+ * peak memory (one or two touched pages each, 10,000 rules: 40-80 MB
+ * resident). */
 struct arena_chunk {
     struct arena_chunk *next;
     size_t used, cap;
@@ -21,6 +26,7 @@ struct arena_chunk {
 
 struct arena {
     struct arena_chunk *head;
+    size_t next_cap; /* bytes of the next chunk; 0: 1 KiB */
 };
 
 static void *arena_alloc(struct arena *a, size_t n)
@@ -28,7 +34,9 @@ static void *arena_alloc(struct arena *a, size_t n)
     n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
     struct arena_chunk *c = a->head;
     if (c == NULL || c->cap - c->used < n) {
-        size_t cap = n > 65536 ? n : 65536;
+        size_t want = a->next_cap ? a->next_cap : 1024;
+        a->next_cap = want < 65536 ? want * 2 : 65536;
+        size_t cap = n > want ? n : want;
         c = malloc(sizeof(*c) + cap);
         if (c == NULL)
             return NULL;
@@ -1396,6 +1404,7 @@ int parse_rule(const struct rule_src *r, struct parse_result *out, uint32_t *pos
         *pos = 0;
         return -ENOMEM;
     }
+    out->arena->next_cap = r->len < 1000 ? 64 * (r->len + 8) : 65536;
     struct parser p = {
         .s = (const unsigned char *)r->pattern,
         .len = r->len,
