@@ -375,6 +375,41 @@ static int gated_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struc
     return 0;
 }
 
+/* One merged interval [a, b) of allowed starts of a forward-confirmed group:
+ * one item, walked from a until its state dies at or after b (the kernel
+ * runs an unbounded group's non-chained item so). */
+static int confirm_item(void *ctx, uint64_t a, uint64_t b)
+{
+    struct window_job *j = ctx;
+    return push_item(&j->bc->eng->scratch, &j->bc->n_meta, j->buf, (uint32_t)a, (uint32_t)b, 0);
+}
+
+/* Items of forward-confirmed (CAT_GF_CONFIRM) group k around its factors'
+ * ends: starts in [e - lookback, e), merged. */
+static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struct catalog_nfa *g,
+                         const struct plan_gates *pg)
+{
+    const struct gpu_batch *b = bc->batch;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        if (b->buffers[i].catalog != c)
+            continue;
+        const struct refscan_gate *gate = &pg->v[i];
+        size_t a = 0;
+        while (a < gate->n && gate->v[a].nfa < k)
+            a++;
+        size_t z = a;
+        while (z < gate->n && gate->v[z].nfa == k)
+            z++;
+        struct window_job j = {bc, i, 0};
+        int rc = refscan_confirm_starts(g->lookback, &gate->v[a].end, z - a,
+                                        sizeof(struct refscan_cand) / sizeof(uint64_t),
+                                        confirm_item, &j);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 static void plan_gates_finish(struct plan_gates *pg, uint32_t n)
 {
     for (uint32_t i = 0; pg->v != NULL && i < n; i++)
@@ -412,7 +447,10 @@ static int plan_gates_find(struct batch_ctx *bc, uint32_t c, struct plan_gates *
 
 /*
  * Bit-NFA group k of catalog c: bounded groups are cut into segments that
- * start maxlen-1 bytes early (as DFA groups are); unbounded ones, and
+ * start maxlen-1 bytes early (as DFA groups are), gated ones only around
+ * their factors' ends; forward-confirmed ones (CAT_GF_CONFIRM) get one
+ * item per merged start interval when a whole buffer fits one item's loop
+ * budget (always on the H200); unbounded ones, and
  * bounded ones whose lookback alone is over the device's loop budget
  * (lavapipe), walk each buffer in chained rounds that hand the state vector
  * over in carry[]. The loop budget sets the bytes one item may walk.
@@ -434,6 +472,18 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
     }
     uint32_t group = catalog_group_count(cat) + k;
     uint32_t first = (uint32_t)bc->n_meta;
+    /* forward confirmation: an item may walk to its buffer's end */
+    if ((g.flags & CAT_GF_CONFIRM) && pg->v != NULL && longest + 16 <= avail) {
+        if (confirm_items(bc, c, k, &g, pg) < 0)
+            return -ENOMEM;
+        uint32_t n = (uint32_t)bc->n_meta - first;
+        if (n == 0)
+            return 0;
+        if (add_range(bc, c, group, 0, first, n, NO_CARRY, nfa_item_cost(&g, longest)) < 0)
+            return -ENOMEM;
+        bc->eng->scratch.ranges[bc->n_ranges - 1].nfa = true;
+        return 0;
+    }
     bool bounded = g.maxlen != CATALOG_UNBOUNDED && (uint64_t)g.maxlen + 16 <= avail;
     if (bounded) {
         uint64_t seg = p->seg_bytes;

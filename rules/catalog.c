@@ -129,7 +129,8 @@ static int validate_nfa(const uint32_t *w, size_t n, uint32_t g, uint32_t n_rule
     if (nb == 0 || nb > CAT_NFA_MAX_BITS || nw != (nb + 31) / 32 || nb > w[CAT_H_MAXBITS])
         return bad(err, "bit-NFA group has a bad bit count", g);
     if (nc == 0 || nc > 256 || e[CAT_N_NRULES] == 0 ||
-        (e[CAT_N_FLAGS] & ~(CAT_GF_ASSERTS | CAT_GF_GATED)))
+        (e[CAT_N_FLAGS] & ~(CAT_GF_ASSERTS | CAT_GF_GATED | CAT_GF_CONFIRM)) ||
+        (e[CAT_N_FLAGS] & (CAT_GF_GATED | CAT_GF_CONFIRM)) == CAT_GF_CONFIRM)
         return bad(err, "bit-NFA group has bad class or rule counts or flags", g);
     if (!in_range(e[CAT_N_CLASSMAP], 256, body, n) ||
         !in_range(e[CAT_N_REACH], (uint64_t)nc * nw, body, n) ||
@@ -166,8 +167,9 @@ static int validate_nfa(const uint32_t *w, size_t n, uint32_t g, uint32_t n_rule
     return 0;
 }
 
-/* Every gated bit-NFA group is bounded and named by some factor group's
- * entry: otherwise a gating scanner would never walk it. Runs after the
+/* Every gated bit-NFA group is bounded (unbounded when forward-confirmed,
+ * CAT_GF_CONFIRM) and named by some factor group's entry: otherwise a
+ * gating scanner would never walk it. Runs after the
  * groups are validated, so their tables are in range. */
 static int validate_gates(const uint32_t *w, uint32_t ng, uint32_t nn, struct vks_error *err)
 {
@@ -186,7 +188,8 @@ static int validate_gates(const uint32_t *w, uint32_t ng, uint32_t nn, struct vk
             for (uint32_t i = 0; i < na && !named; i++)
                 named = CAT_ACCEPT_RULE(acc[i]) == j;
         }
-        if (e[CAT_N_MAXLEN] == CATALOG_UNBOUNDED || !named)
+        bool confirm = (e[CAT_N_FLAGS] & CAT_GF_CONFIRM) != 0;
+        if ((e[CAT_N_MAXLEN] == CATALOG_UNBOUNDED) != confirm || !named)
             return bad(err, "gated bit-NFA group is unbounded or no factor group names it", j);
     }
     return 0;
@@ -428,6 +431,7 @@ void catalog_nfa(const struct catalog *cat, uint32_t i, struct catalog_nfa *out)
     out->n_exc = e[CAT_N_NEXC];
     out->n_acc = e[CAT_N_NACC];
     out->n_ranges = e[CAT_N_NRANGES];
+    out->lookback = e[CAT_N_LOOKBACK];
     out->classmap = w + e[CAT_N_CLASSMAP];
     out->reach = w + e[CAT_N_REACH];
     out->shift = w + e[CAT_N_SHIFT];

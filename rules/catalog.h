@@ -86,8 +86,8 @@ enum {
     CAT_N_NACC,
     CAT_N_ACC, /* word offset: n_acc * CAT_X_WORDS accept entries, sorted by rule */
     CAT_N_NRANGES,
-    CAT_N_RANGES, /* word offset: n_ranges * 2 words, inclusive [lo, hi] positions */
-    CAT_N_RESERVED,
+    CAT_N_RANGES,   /* word offset: n_ranges * 2 words, inclusive [lo, hi] positions */
+    CAT_N_LOOKBACK, /* CAT_GF_CONFIRM: most bytes from a match's start to its factor's end */
     CAT_NFA_WORDS
 };
 
@@ -119,6 +119,12 @@ enum { CAT_A_RULE = 0, CAT_A_COND, CAT_A_NSRC, CAT_A_FIRST };
  * is bounded and some CAT_GF_FACTOR group names it. Walking it in full, as
  * before version 3, gives the same matches. */
 #define CAT_GF_GATED (1u << 2)
+/* Gated bit-NFA group with an unbounded MAXLEN (docs/engine.md, "Forward
+ * confirmation"): a factor ending at e gives starts in [e - LOOKBACK, e)
+ * (from 0 when LOOKBACK is CATALOG_UNBOUNDED), walked forward until the
+ * state dies. Set only together with CAT_GF_GATED. Walking the group in
+ * full gives the same matches. */
+#define CAT_GF_CONFIRM (1u << 3)
 
 /* Rule table entry words (CAT_RULE_WORDS per rule). */
 enum {
@@ -187,6 +193,7 @@ struct catalog_group {
 struct catalog_nfa {
     uint32_t n_bits, n_words, n_classes, maxlen, n_rules, flags;
     uint32_t n_exc, n_acc, n_ranges;
+    uint32_t lookback;        /* CAT_GF_CONFIRM groups */
     const uint32_t *classmap; /* 256 entries */
     const uint32_t *reach;    /* n_classes * n_words */
     const uint32_t *shift;    /* n_words */

@@ -54,7 +54,8 @@ struct nfa_group_out {
     uint32_t *rules; /* indexes into the prepared array, group-local order */
     uint32_t n_rules;
     uint32_t maxlen;
-    bool gated; /* CAT_GF_GATED */
+    uint32_t lookback; /* unbounded gated groups: most bytes from a start to a factor's end */
+    bool gated;        /* CAT_GF_GATED (and CAT_GF_CONFIRM when maxlen is unbounded) */
 };
 
 struct ctx {
@@ -672,10 +673,37 @@ split:
     return rc != 0 ? rc : place_nfa(c, idx + n / 2, n - n / 2);
 }
 
+/* Sets p->factors to the rule's factor set, or NULL when it has none. */
+static int extract_factors(struct prepared *p)
+{
+    if (p->factors != NULL)
+        return 0;
+    p->factors = malloc(sizeof(*p->factors));
+    int rc = p->factors == NULL ? -ENOMEM : factor_extract(p->root, p->factors);
+    if (rc != 0) {
+        free(p->factors);
+        p->factors = NULL;
+    }
+    return rc == -ENOMEM ? rc : 0;
+}
+
+/* How a bit-NFA rule is walked, which its group shares: 0 in full (no
+ * factors), 1 in windows around its factors (bounded), 2 forward from
+ * starts near its factors (unbounded, bounded lead), 3 forward from the
+ * buffer's start up to its last factor (unbounded lead). */
+static uint32_t gate_class(const struct prepared *p)
+{
+    if (p->factors == NULL)
+        return 0;
+    if (p->maxlen != CATALOG_UNBOUNDED)
+        return 1;
+    return factor_set_pre(p->factors) == FACTOR_PRE_UNBOUNDED ? 3 : 2;
+}
+
 /*
- * Finds the factors of the bounded bit-NFA rules order[0..m) and moves the
- * rules that have them to the end, each part still in maxlen order, so that
- * whole groups hold factored rules only and can be gated.
+ * Finds the factors of the bit-NFA rules order[0..m) and orders them by
+ * gate_class, so that whole groups hold rules of one class and can be
+ * gated; each class stays in maxlen order, class 2 by lead.
  */
 static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
 {
@@ -684,28 +712,54 @@ static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
         return -ENOMEM;
     uint32_t k = 0;
     for (uint32_t i = 0; i < m; i++) {
-        struct prepared *p = &c->prep[order[i]];
-        if (p->maxlen == CATALOG_UNBOUNDED)
-            continue;
-        p->factors = malloc(sizeof(*p->factors));
-        int rc = p->factors == NULL ? -ENOMEM : factor_extract(p->root, p->factors);
-        if (rc != 0) {
-            free(p->factors);
-            p->factors = NULL;
-        }
-        if (rc == -ENOMEM) {
+        if (extract_factors(&c->prep[order[i]]) != 0) {
             free(tmp);
-            return rc;
+            return -ENOMEM;
         }
     }
-    for (uint32_t i = 0; i < m; i++)
-        if (c->prep[order[i]].factors == NULL)
-            tmp[k++] = order[i];
-    for (uint32_t i = 0; i < m; i++)
-        if (c->prep[order[i]].factors != NULL)
-            tmp[k++] = order[i];
+    for (uint32_t cls = 0; cls < 4; cls++) {
+        uint32_t from = k;
+        for (uint32_t i = 0; i < m; i++)
+            if (gate_class(&c->prep[order[i]]) == cls)
+                tmp[k++] = order[i];
+        for (uint32_t i = from + 1; cls == 2 && i < k; i++) { /* stable, by lead */
+            uint32_t x = tmp[i], j = i, pre = factor_set_pre(c->prep[x].factors);
+            for (; j > from && factor_set_pre(c->prep[tmp[j - 1]].factors) > pre; j--)
+                tmp[j] = tmp[j - 1];
+            tmp[j] = x;
+        }
+    }
     memcpy(order, tmp, m * sizeof(*order));
     free(tmp);
+    return 0;
+}
+
+/* Factors weaker than this many bits stay in DFA groups (default of
+ * rules_options.gate_bits): 3 bytes, or 4 caseless letters. A caseless
+ * 3-letter word (21 bits: "key", "api") is too common in text. */
+#define GATE_BITS 24u
+
+/*
+ * A regex whose factors are selective is walked only around them, on a
+ * gated bit-NFA group, even when its DFA would fit: one pass of the factor
+ * group replaces a DFA group's pass over every byte. Plain sequences stay
+ * DFAs: a literal is its own best factor, and literal sets are what the DFA
+ * kernel does best. An unbounded rule whose lead is unbounded (`jwt`:
+ * `ey\w{17,}\.ey...`) is confirmed from the buffer's start up to its last
+ * factor, which costs a full walk only in buffers that hold a factor.
+ */
+static int choose_gated(struct ctx *c)
+{
+    uint32_t bits = c->opt->gate_bits ? c->opt->gate_bits : GATE_BITS;
+    for (uint32_t i = 0; i < c->n_prep && bits != UINT32_MAX; i++) {
+        struct prepared *p = &c->prep[i];
+        if (p->bitnfa || is_sequence(p->root))
+            continue;
+        if (extract_factors(p) != 0)
+            return -ENOMEM;
+        if (p->factors != NULL && factor_set_bits(p->factors) >= bits)
+            p->bitnfa = true;
+    }
     return 0;
 }
 
@@ -784,9 +838,14 @@ static int add_factor_group(struct ctx *c)
     bool any = false;
     for (uint32_t j = 0; j < c->n_nfas; j++) {
         struct nfa_group_out *ng = &c->nfas[j];
-        ng->gated = ng->maxlen != CATALOG_UNBOUNDED;
-        for (uint32_t k = 0; k < ng->n_rules; k++)
-            ng->gated &= c->prep[ng->rules[k]].factors != NULL;
+        ng->gated = true;
+        ng->lookback = 0;
+        for (uint32_t k = 0; k < ng->n_rules; k++) {
+            const struct factor_set *fs = c->prep[ng->rules[k]].factors;
+            ng->gated &= fs != NULL;
+            uint32_t pre = fs != NULL ? factor_set_pre(fs) : 0;
+            ng->lookback = pre > ng->lookback ? pre : ng->lookback;
+        }
         any |= ng->gated;
     }
     if (!any)
@@ -840,11 +899,10 @@ static int group_nfa_rules(struct ctx *c)
     uint32_t begin = 0, fill = 0;
     for (uint32_t i = 0; i <= m && rc == 0; i++) {
         bool end = i == m;
-        bool kind_change =
-            !end && i > begin &&
-            ((c->prep[order[i]].maxlen == CATALOG_UNBOUNDED) !=
-                 (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED) ||
-             (c->prep[order[i]].factors == NULL) != (c->prep[order[i - 1]].factors == NULL));
+        bool kind_change = !end && i > begin &&
+                           ((c->prep[order[i]].maxlen == CATALOG_UNBOUNDED) !=
+                                (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED) ||
+                            gate_class(&c->prep[order[i]]) != gate_class(&c->prep[order[i - 1]]));
         uint32_t bits = end ? 0 : c->prep[order[i]].bits;
         if (i > begin &&
             (end || kind_change || fill + bits > BITNFA_GROUP_BITS || i - begin == 64)) {
@@ -910,7 +968,9 @@ static uint32_t pack_nfa(const struct nfa_group_out *go, const uint32_t *report,
     e[CAT_N_NCLASSES] = g->n_classes;
     e[CAT_N_MAXLEN] = go->maxlen;
     e[CAT_N_NRULES] = go->n_rules;
-    e[CAT_N_FLAGS] = (g->asserts ? CAT_GF_ASSERTS : 0) | (go->gated ? CAT_GF_GATED : 0);
+    e[CAT_N_FLAGS] = (g->asserts ? CAT_GF_ASSERTS : 0) | (go->gated ? CAT_GF_GATED : 0) |
+                     (go->gated && go->maxlen == CATALOG_UNBOUNDED ? CAT_GF_CONFIRM : 0);
+    e[CAT_N_LOOKBACK] = go->gated && go->maxlen == CATALOG_UNBOUNDED ? go->lookback : 0;
     e[CAT_N_NEXC] = g->n_exc;
     e[CAT_N_NACC] = g->n_acc;
     e[CAT_N_NRANGES] = g->n_ranges;
@@ -1116,6 +1176,8 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
     int rc = c.prep && cat_index && res->rule_index ? 0 : -ENOMEM;
     for (size_t i = 0; i < n && rc == 0; i++)
         rc = prepare_rule(&c, (uint32_t)i);
+    if (rc == 0)
+        rc = choose_gated(&c);
     if (rc == 0)
         rc = prebuild(&c);
     if (rc == 0)

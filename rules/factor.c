@@ -53,15 +53,31 @@ static uint32_t factor_weight(const struct factor *f)
     return w;
 }
 
-/* Higher is better: the weakest factor first, then fewer factors. */
-static uint64_t set_score(const struct factor_set *fs)
+uint32_t factor_set_bits(const struct factor_set *fs)
 {
-    uint32_t min = UINT32_MAX;
+    uint32_t min = fs->n ? UINT32_MAX : 0;
     for (uint32_t i = 0; i < fs->n; i++) {
         uint32_t w = factor_weight(&fs->f[i]);
         min = w < min ? w : min;
     }
-    return (uint64_t)min * 64 + (64 - fs->n);
+    return min;
+}
+
+uint32_t factor_set_pre(const struct factor_set *fs)
+{
+    uint32_t pre = 0;
+    for (uint32_t i = 0; i < fs->n; i++)
+        pre = fs->f[i].pre > pre ? fs->f[i].pre : pre;
+    return pre;
+}
+
+/* Higher is better: a bounded lead (forward confirmation starts near the
+ * factor, not at the buffer's start), then the weakest factor, then fewer
+ * factors. */
+static uint64_t set_score(const struct factor_set *fs)
+{
+    uint64_t bounded = factor_set_pre(fs) != FACTOR_PRE_UNBOUNDED;
+    return bounded << 40 | ((uint64_t)factor_set_bits(fs) * 64 + (64 - fs->n));
 }
 
 /* Offers `cand` as the node's set; keeps the better one. */
@@ -73,8 +89,28 @@ static void offer(struct info *in, const struct factor_set *cand)
     }
 }
 
-/* The best window of up to FACTOR_MAX_LEN narrow positions in seq[0..n). */
-static void offer_run(struct info *in, const struct byteset *const *seq, uint32_t n)
+static uint32_t add_sat(uint32_t a, uint32_t b)
+{
+    uint64_t s = (uint64_t)a + b;
+    return a == FACTOR_PRE_UNBOUNDED || b == FACTOR_PRE_UNBOUNDED || s >= FACTOR_PRE_UNBOUNDED
+               ? FACTOR_PRE_UNBOUNDED
+               : (uint32_t)s;
+}
+
+/* Offers a child's set, its factors' leads moved by the `base` bytes at
+ * most that come before the child. */
+static void offer_shifted(struct info *in, const struct factor_set *fs, uint32_t base)
+{
+    struct factor_set cand_mem, *cand = &cand_mem; /* not malloc: see offer_run */
+    *cand = *fs;
+    for (uint32_t i = 0; i < cand->n; i++)
+        cand->f[i].pre = add_sat(cand->f[i].pre, base);
+    offer(in, cand);
+}
+
+/* The best window of up to FACTOR_MAX_LEN narrow positions in seq[0..n),
+ * a run that starts at most `base` bytes into the match. */
+static void offer_run(struct info *in, const struct byteset *const *seq, uint32_t n, uint32_t base)
 {
     /* On the stack, not malloc: a failed allocation here would silently
      * weaken the set and make the catalog depend on memory pressure. */
@@ -96,6 +132,7 @@ static void offer_run(struct info *in, const struct byteset *const *seq, uint32_
     if (best_len > 0) {
         cand->n = 1;
         cand->f[0].len = best_len;
+        cand->f[0].pre = add_sat(base, best_at + best_len);
         for (uint32_t i = 0; i < best_len; i++)
             cand->f[0].set[i] = *seq[best_at + i];
         offer(in, cand);
@@ -120,7 +157,7 @@ static int seq_append(const struct byteset ***seq, uint32_t *len, const struct b
 static int analyze_cat(const struct node *n, uint32_t depth, struct info *out)
 {
     const struct byteset **run = NULL;
-    uint32_t run_len = 0;
+    uint32_t run_len = 0, run_base = 0, before = 0; /* most bytes before kid k */
     bool all_exact = true;
     int rc = 0;
     for (uint32_t k = 0; k < n->u.list.n && rc == 0; k++) {
@@ -129,23 +166,28 @@ static int analyze_cat(const struct node *n, uint32_t depth, struct info *out)
         if (rc != 0)
             break;
         if (kid.exact && run_len + kid.len <= EXACT_MAX) {
+            if (run_len == 0)
+                run_base = before;
             rc = seq_append(&run, &run_len, kid.seq, kid.len);
         } else {
-            offer_run(out, run, run_len);
+            offer_run(out, run, run_len, run_base);
             run_len = 0;
+            run_base = before;
             if (kid.exact) { /* too long to join: starts the next run */
                 all_exact = false;
                 rc = seq_append(&run, &run_len, kid.seq, kid.len);
             } else {
                 all_exact = false;
                 if (kid.has)
-                    offer(out, kid.fs);
+                    offer_shifted(out, kid.fs, before);
             }
         }
+        /* an exact child is one byte per set; assertions consume nothing */
+        before = add_sat(before, kid.exact ? kid.len : parse_maxlen(n->u.list.kids[k]));
         info_free(&kid);
     }
     if (rc == 0)
-        offer_run(out, run, run_len);
+        offer_run(out, run, run_len, run_base);
     if (rc == 0 && all_exact) {
         out->exact = true;
         out->seq = run;
@@ -182,8 +224,11 @@ static int analyze_alt(const struct node *n, uint32_t depth, struct info *out)
         ok = kid.has;
         for (uint32_t i = 0; ok && i < kid.fs->n; i++) {
             bool dup = false;
-            for (uint32_t j = 0; j < u->n && !dup; j++)
+            for (uint32_t j = 0; j < u->n && !dup; j++) {
                 dup = same_factor(&u->f[j], &kid.fs->f[i]);
+                if (dup && kid.fs->f[i].pre > u->f[j].pre)
+                    u->f[j].pre = kid.fs->f[i].pre;
+            }
             if (dup)
                 continue;
             if (u->n == FACTOR_MAX_COUNT)
@@ -213,7 +258,7 @@ static int analyze_repeat(const struct node *n, uint32_t depth, struct info *out
         for (uint32_t i = 0; i < min && rc == 0; i++)
             rc = seq_append(&seq, &len, kid.seq, kid.len);
         if (rc == 0)
-            offer_run(out, seq, len);
+            offer_run(out, seq, len, 0);
         if (rc == 0 && min == max) {
             out->exact = true;
             out->seq = seq;

@@ -25,8 +25,16 @@
 #define FACTOR_MAX_COUNT 16u /* alternatives per rule */
 #define FACTOR_MAX_WIDTH 4u  /* byte values per position */
 
+/* factor.pre when the part of a match before the factor has no bound */
+#define FACTOR_PRE_UNBOUNDED UINT32_MAX
+
 struct factor {
     uint32_t len; /* FACTOR_MIN_LEN .. FACTOR_MAX_LEN */
+    /* The most bytes from a match's start to the end of this factor in it
+     * (the factor included), or FACTOR_PRE_UNBOUNDED: a match holding the
+     * factor that ends at e starts at or after e - pre. Forward
+     * confirmation of unbounded rules starts there (docs/engine.md). */
+    uint32_t pre;
     struct byteset set[FACTOR_MAX_LEN];
 };
 
@@ -38,7 +46,8 @@ struct factor_set {
 /*
  * Finds a factor set of the tree `root` (the one the engines run, after
  * parse_strip_prefix): every string the tree matches contains one of the
- * factors as a substring. Prefers sets whose shortest factor is longest.
+ * factors as a substring, at most `pre` bytes from its start to the
+ * factor's end. Prefers sets whose shortest factor is longest.
  * Returns 0 and fills `out`, -ENOENT when the rule has no usable set
  * (something optional everywhere, or only short literals), or -ENOMEM.
  * `root` is borrowed. Thread-safe.
@@ -52,5 +61,12 @@ int factor_extract(const struct node *root, struct factor_set *out);
  * sets as [\xNN...]. Returns the length it wanted (snprintf style).
  */
 size_t factor_format(const struct factor *f, char *buf, size_t cap);
+
+/* The selectivity of a set: the weight in bits of its weakest factor (8 per
+ * single byte, 7 per caseless letter or 2-value set, 6 per wider set). */
+uint32_t factor_set_bits(const struct factor_set *fs);
+
+/* The largest `pre` of the set's factors (FACTOR_PRE_UNBOUNDED if any is). */
+uint32_t factor_set_pre(const struct factor_set *fs);
 
 #endif

@@ -61,9 +61,11 @@ static inline bool span_meets(const struct nvec *s, const uint32_t *rg, uint32_t
     return n != 0 && s->lo <= s->hi && (rg[0] >> 5) <= s->hi && (rg[2 * n - 1] >> 5) >= s->lo;
 }
 
-/* One step of the bit-NFA on byte c: shift, exceptions, reach. */
-static inline void nfa_step(const struct catalog_nfa *g, const struct nvec *s, struct nvec *t,
-                            uint32_t pk, uint8_t c)
+/* One step of the bit-NFA on byte c: shift, exceptions, reach. Without
+ * `starts` the start edges do not fire: no match starts at this byte
+ * (forward confirmation, refscan.c). */
+static inline void nfa_step_starts(const struct catalog_nfa *g, const struct nvec *s,
+                                   struct nvec *t, uint32_t pk, uint8_t c, bool starts)
 {
     for (uint32_t w = t->lo; w <= t->hi; w++)
         t->v[w] = 0;
@@ -81,6 +83,8 @@ static inline void nfa_step(const struct catalog_nfa *g, const struct nvec *s, s
         uint32_t ns = e[CAT_X_NSRC], nt = e[CAT_X_NTGT];
         if (ns != 0 && !any)
             break; /* entries without sources (start edges) come first */
+        if (ns == 0 && !starts)
+            continue;
         const uint32_t *rg = g->ranges + 2 * (size_t)e[CAT_X_FIRST];
         if (!(e[CAT_X_COND] & pk) || (ns && (!span_meets(s, rg, ns) || !any_in(s->v, rg, ns))))
             continue;
@@ -99,6 +103,13 @@ static inline void nfa_step(const struct catalog_nfa *g, const struct nvec *s, s
             t->lo = w;
         t->hi = w;
     }
+}
+
+/* One step of the bit-NFA on byte c, start edges included. */
+static inline void nfa_step(const struct catalog_nfa *g, const struct nvec *s, struct nvec *t,
+                            uint32_t pk, uint8_t c)
+{
+    nfa_step_starts(g, s, t, pk, c, true);
 }
 
 #endif

@@ -72,6 +72,26 @@ static uint32_t prev_kind(const uint8_t *buf, size_t i)
     }
 }
 
+/* Reports each rule whose accept entry holds in state s at end i once
+ * (entries are sorted by rule). */
+static int nfa_report(const struct catalog_nfa *g, const struct nvec *s, uint32_t pk, uint64_t i,
+                      refscan_fn fn, void *ctx)
+{
+    uint32_t last = UINT32_MAX;
+    for (uint32_t k = 0; s->lo <= s->hi && k < g->n_acc; k++) {
+        const uint32_t *e = g->acc + (size_t)k * CAT_X_WORDS;
+        const uint32_t *rg = g->ranges + 2 * (size_t)e[CAT_A_FIRST];
+        if (e[CAT_A_RULE] == last || !(e[CAT_A_COND] & pk) || !span_meets(s, rg, e[CAT_A_NSRC]) ||
+            !any_in(s->v, rg, e[CAT_A_NSRC]))
+            continue;
+        last = e[CAT_A_RULE];
+        int rc = fn(ctx, last, i);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
 static int nfa_walk(const struct catalog_nfa *gp, const uint8_t *buf, size_t len, size_t begin,
                     uint64_t lo, uint64_t hi, uint32_t *sv, uint32_t *tv, refscan_fn fn, void *ctx)
 {
@@ -82,18 +102,9 @@ static int nfa_walk(const struct catalog_nfa *gp, const uint8_t *buf, size_t len
         hi = len;
     for (size_t i = begin;; i++) {
         uint32_t pk = CAT_PK(prev_kind(buf, i), lookahead(buf, len, i));
-        uint32_t last = UINT32_MAX;
-        for (uint32_t k = 0; s->lo <= s->hi && i > lo && k < g.n_acc; k++) {
-            const uint32_t *e = g.acc + (size_t)k * CAT_X_WORDS;
-            const uint32_t *rg = g.ranges + 2 * (size_t)e[CAT_A_FIRST];
-            if (e[CAT_A_RULE] == last || !(e[CAT_A_COND] & pk) ||
-                !span_meets(s, rg, e[CAT_A_NSRC]) || !any_in(s->v, rg, e[CAT_A_NSRC]))
-                continue;
-            last = e[CAT_A_RULE];
-            int rc = fn(ctx, last, i);
-            if (rc != 0)
-                return rc;
-        }
+        int rc = i > lo ? nfa_report(&g, s, pk, i, fn, ctx) : 0;
+        if (rc != 0)
+            return rc;
         if (i >= hi)
             return 0;
         nfa_step(&g, s, t, pk, buf[i]);
@@ -103,8 +114,58 @@ static int nfa_walk(const struct catalog_nfa *gp, const uint8_t *buf, size_t len
     }
 }
 
-int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
-                      size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx)
+/* The first start a factor end e allows: e - lookback, 0 when unbounded. */
+static uint64_t confirm_from(uint32_t lookback, uint64_t e)
+{
+    return lookback == CATALOG_UNBOUNDED || e < lookback ? 0 : e - lookback;
+}
+
+/*
+ * Forward confirmation (CAT_GF_CONFIRM): one walk in which start edges fire
+ * only at offsets in [e - lookback, e) of some factor end e = ends[k *
+ * stride], k < n (ascending). Where the state is empty and no start is
+ * allowed the walk jumps to the next interval, so each (rule, end) is
+ * reported once however the intervals overlap.
+ */
+static int confirm_walk(const struct catalog_nfa *g, const uint8_t *buf, size_t len,
+                        const uint64_t *ends, size_t n, size_t stride, uint64_t lo, uint64_t hi,
+                        uint32_t *sv, uint32_t *tv, refscan_fn fn, void *ctx)
+{
+    struct nvec a = {sv, 1, 0}, b = {tv, 1, 0};
+    struct nvec *s = &a, *t = &b;
+    if (hi > len)
+        hi = len;
+    size_t k = 0;
+    uint64_t until = 0; /* starts are allowed below this offset */
+    uint64_t i = n > 0 ? confirm_from(g->lookback, ends[0]) : hi;
+    while (i <= hi) {
+        for (; k < n && confirm_from(g->lookback, ends[k * stride]) <= i; k++)
+            until = ends[k * stride] > until ? ends[k * stride] : until;
+        bool alive = s->lo <= s->hi, starts = i < until;
+        if (!alive && !starts) {
+            if (k == n)
+                return 0;
+            i = confirm_from(g->lookback, ends[k * stride]);
+            continue;
+        }
+        uint32_t pk = CAT_PK(prev_kind(buf, i), lookahead(buf, len, i));
+        int rc = i > lo ? nfa_report(g, s, pk, i, fn, ctx) : 0;
+        if (rc != 0 || i >= hi)
+            return rc;
+        nfa_step_starts(g, s, t, pk, buf[i], starts);
+        struct nvec *x = s;
+        s = t;
+        t = x;
+        i++;
+    }
+    return 0;
+}
+
+/* Either walk of bit-NFA group nfa: the plain one from `begin`, or forward
+ * confirmation from the factor ends ends[0..n) when `ends` is not NULL. */
+static int nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
+                     size_t begin, uint64_t lo, uint64_t hi, const uint64_t *ends, size_t n,
+                     size_t stride, refscan_fn fn, void *ctx)
 {
     struct catalog_nfa g;
     catalog_nfa(cat, nfa, &g);
@@ -117,9 +178,16 @@ int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *bu
         s = heap;
         t = heap + g.n_words;
     }
-    int rc = nfa_walk(&g, buf, len, begin, lo, hi, s, t, fn, ctx);
+    int rc = ends != NULL ? confirm_walk(&g, buf, len, ends, n, stride, lo, hi, s, t, fn, ctx)
+                          : nfa_walk(&g, buf, len, begin, lo, hi, s, t, fn, ctx);
     free(heap);
     return rc;
+}
+
+int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
+                      size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx)
+{
+    return nfa_range(cat, nfa, buf, len, begin, lo, hi, NULL, 0, 0, fn, ctx);
 }
 
 int scan_hits_push(struct scan_hits *h, uint32_t rule, uint64_t end, uint32_t count)
@@ -365,7 +433,7 @@ static int factor_walk(const struct catalog_group *g, const uint8_t *buf, size_t
 int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                         uint64_t hi, struct refscan_gate *out)
 {
-    uint64_t lb = 0;
+    uint64_t lb = 0; /* CATALOG_UNBOUNDED for confirmed groups: every end up to hi */
     for (uint32_t j = 0; j < catalog_nfa_count(cat); j++) {
         struct catalog_nfa n;
         catalog_nfa(cat, j, &n);
@@ -374,7 +442,7 @@ int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t le
     }
     if (hi > len)
         hi = len;
-    uint64_t flo = lo > lb ? lo - lb : 0;
+    uint64_t flo = lo > lb && lb != CATALOG_UNBOUNDED ? lo - lb : 0;
     for (uint32_t k = 0; k < catalog_group_count(cat); k++) {
         struct catalog_group g;
         catalog_group(cat, k, &g);
@@ -455,10 +523,32 @@ int refscan_gated_range(const struct catalog *cat, uint32_t nfa, const uint8_t *
         z++;
     if (z == a)
         return 0;
+    if (n.flags & CAT_GF_CONFIRM)
+        return nfa_range(cat, nfa, buf, len, 0, lo, hi, &cands->v[a].end, z - a,
+                         sizeof(struct refscan_cand) / sizeof(uint64_t), fn, ctx);
     struct gated_walk w = {cat, nfa, n.maxlen, buf, len, fn, ctx};
     return refscan_gate_windows(n.maxlen, &cands->v[a].end, z - a,
                                 sizeof(struct refscan_cand) / sizeof(uint64_t), len, lo, hi,
                                 gated_window, &w);
+}
+
+int refscan_confirm_starts(uint32_t lookback, const uint64_t *ends, size_t n, size_t stride,
+                           refscan_window_fn fn, void *ctx)
+{
+    uint64_t a = 0, b = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t e = ends[i * stride], from = confirm_from(lookback, e);
+        if (i > 0 && from <= b) {
+            b = e > b ? e : b;
+            continue;
+        }
+        int rc = i > 0 && b > a ? fn(ctx, a, b) : 0;
+        if (rc != 0)
+            return rc;
+        a = from;
+        b = e;
+    }
+    return n > 0 && b > a ? fn(ctx, a, b) : 0;
 }
 
 void refscan_gate_finish(struct refscan_gate *g)

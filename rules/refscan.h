@@ -92,6 +92,10 @@ void refscan_gate_sort(struct refscan_gate *g);
  * Reports the matches of gated bit-NFA group `nfa` that end in (lo, hi]:
  * windows of ends [e, e + MAXLEN] around its candidates, merged when they
  * overlap or touch, each walked by refscan_nfa_range from MAXLEN before it.
+ * A CAT_GF_CONFIRM group (unbounded) is instead walked once forward, with
+ * starts allowed only in [e - LOOKBACK, e) of some candidate e, jumping
+ * over the stretches where its state is empty and no start is allowed;
+ * its candidates must then hold every factor end up to hi.
  * Gives exactly what refscan_nfa_range over (lo, hi] gives, each (rule, end)
  * once, in increasing end order per rule.
  */
@@ -106,6 +110,19 @@ int refscan_gated_range(const struct catalog *cat, uint32_t nfa, const uint8_t *
 typedef int (*refscan_window_fn)(void *ctx, uint64_t lo, uint64_t hi);
 int refscan_gate_windows(uint32_t maxlen, const uint64_t *ends, size_t n, size_t stride, size_t len,
                          uint64_t lo, uint64_t hi, refscan_window_fn fn, void *ctx);
+
+/*
+ * Forward confirmation (CAT_GF_CONFIRM groups, docs/engine.md): a factor
+ * ending at e allows match starts in [e - lookback, e) (from 0 when
+ * lookback is CATALOG_UNBOUNDED). Calls `fn(ctx, a, b)` for every merged
+ * interval [a, b) of allowed starts, given the ascending factor ends
+ * ends[0..n) (every `stride` u64). A walker starts at a with an empty
+ * state, fires start edges only below b and goes on until its state is
+ * empty. The GPU host builds its confirmation items with it. `fn`
+ * returning non-zero stops the calls.
+ */
+int refscan_confirm_starts(uint32_t lookback, const uint64_t *ends, size_t n, size_t stride,
+                           refscan_window_fn fn, void *ctx);
 
 void refscan_gate_finish(struct refscan_gate *g);
 

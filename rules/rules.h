@@ -50,6 +50,10 @@ struct rules_options {
     /* A rule whose counted repeats of classes add up to this many goes to
      * the bit-NFA without trying a DFA (docs/engine.md); 0: 64. */
     uint32_t bitnfa_counters;
+    /* A regex whose DFA would fit goes to a gated bit-NFA group instead when
+     * its weakest literal factor has at least this many bits of selectivity
+     * (rules/factor.h, docs/engine.md); 0: 24; UINT32_MAX: never. */
+    uint32_t gate_bits;
     /* When set and non-zero (another thread sets it: vkscand's compile
      * deadline, a client that left, SIGTERM), rules_compile stops at the next
      * group and returns -ECANCELED. */

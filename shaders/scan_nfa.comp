@@ -155,8 +155,9 @@ void report(uint buf, uint end, uint pk)
     }
 }
 
-/* Consumes byte c: shift, exceptions, reach. */
-void step(uint c, uint pk)
+/* Consumes byte c: shift, exceptions, reach. Start edges fire only with
+ * `starts` (forward confirmation allows starts in one interval only). */
+void step(uint c, uint pk, bool starts)
 {
     for (uint w = g_nlo; w <= g_nhi; w++)
         nx[w] = 0u;
@@ -177,7 +178,7 @@ void step(uint c, uint pk)
         uint nsrc = cat[e + 1u];
         if (nsrc != 0u && !any)
             break; /* entries without sources (start edges) come first */
-        if ((cat[e] & pk) == 0u)
+        if ((cat[e] & pk) == 0u || (nsrc == 0u && !starts))
             continue;
         uint first = cat[e + 3u];
         if (nsrc != 0u && (!span_meets(first, nsrc) || !any_in(first, nsrc)))
@@ -217,7 +218,12 @@ void scan_item(uvec4 it)
     uint off = b.x;
     uint len = b.y;
     bool chained = pc.carry_base != NONE;
-    uint begin = chained ? lo : (lo + 1u > pc.maxlen ? lo + 1u - pc.maxlen : 0u);
+    /* An unbounded group's item that is not chained is a forward
+     * confirmation (CAT_GF_CONFIRM, gpu/plan.c): starts only in [lo, hi),
+     * then on until the state dies or the buffer ends. */
+    bool confirm = !chained && pc.maxlen == NONE;
+    uint begin = chained || confirm ? lo : (lo + 1u > pc.maxlen ? lo + 1u - pc.maxlen : 0u);
+    uint stop = confirm ? len : hi;
     uint cbase = pc.carry_base + it.w * pc.n_words;
     g_slo = 1u;
     g_shi = 0u;
@@ -233,17 +239,19 @@ void scan_item(uvec4 it)
         }
     }
     uint i = begin;
-    while (i < hi) {
+    while (i < stop) {
+        if (confirm && i >= hi && g_slo > g_shi)
+            break;
         uint pk = pk_at(off, i, len);
         if (g_slo <= g_shi && i > lo)
             report(buf, i, pk);
-        step(byte_at(off + i), pk);
+        step(byte_at(off + i), pk, !confirm || i < hi);
         i++;
     }
-    if (i != hi)
+    if (i != stop && !(confirm && i >= hi && g_slo > g_shi))
         atomicOr(qs[QS_ERROR], QS_ERR_CUT);
-    if (g_slo <= g_shi && hi > lo)
-        report(buf, hi, pk_at(off, hi, len));
+    if (g_slo <= g_shi && stop > lo)
+        report(buf, stop, pk_at(off, stop, len));
     if (chained && hi < len) {
         for (uint w = 0u; w < pc.n_words; w++)
             carry[cbase + w] = st[w];

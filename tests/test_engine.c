@@ -70,7 +70,7 @@ static struct catalog *compile_with(const struct rdef *r, size_t n, bool bitnfa)
             (struct rule_src){r[i].id, r[i].kind, r[i].pattern, strlen(r[i].pattern), flags, 0};
     }
     struct rules_result res = {0};
-    struct rules_options ro = {.force_bitnfa = bitnfa};
+    struct rules_options ro = {.force_bitnfa = bitnfa, .gate_bits = UINT32_MAX}; /* as chosen */
     ck_assert_int_eq(rules_compile(src, n, &ro, &res, NULL), 0);
     struct catalog *cat = res.catalog;
     res.catalog = NULL;
@@ -1696,7 +1696,7 @@ static struct catalog *compile_src(char **pat, const char **flags, enum rule_kin
         src[i] = (struct rule_src){ids[i], kind[i], pat[i], strlen(pat[i]), f, 0};
     }
     struct rules_result res = {0};
-    struct rules_options ro = {.force_bitnfa = bitnfa};
+    struct rules_options ro = {.force_bitnfa = bitnfa, .gate_bits = UINT32_MAX}; /* as chosen */
     ck_assert_int_eq(rules_compile(src, n, &ro, &res, NULL), 0);
     ck_assert_uint_eq(res.n_rejects, 0);
     struct catalog *cat = res.catalog;

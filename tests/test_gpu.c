@@ -348,6 +348,101 @@ START_TEST(test_gated_nfa)
 }
 END_TEST
 
+static int confirm_push(void *ctx, uint32_t rule, uint64_t end)
+{
+    return scan_hits_push(ctx, rule, end, 1);
+}
+
+/* Every group of `cat` walked in full, gates ignored: what gating must equal. */
+static void confirm_full_walk(const struct catalog *cat, const uint8_t *d, size_t len,
+                              enum scan_mode mode, struct scan_hits *out)
+{
+    for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        if (!(cg.flags & CAT_GF_FACTOR))
+            refscan_group_range(cat, g, d, len, 0, 0, len, confirm_push, out);
+    }
+    for (uint32_t g = 0; g < catalog_nfa_count(cat); g++)
+        refscan_nfa_range(cat, g, d, len, 0, 0, len, confirm_push, out);
+    scan_hits_finalize(out, cat, mode);
+}
+
+/* Unbounded rules confirmed forward from their factors (CAT_GF_CONFIRM):
+ * factors at the start, middle and end of the rule, a lead of unbounded
+ * length (starts from the buffer's start), \b ^ $ and caseless, factors
+ * close together (overlapping intervals) and at both buffer ends. GPU ==
+ * refscan == every group walked in full, in every mode; one item per
+ * merged interval, no chained rounds. */
+START_TEST(test_confirm_nfa)
+{
+    static const struct trule rules[] = {
+        {"start", RULE_REGEX, "\\bkey[a-z]*=[0-9]+", 0},
+        {"mid", RULE_REGEX, "q[0-9]{1,5}zq9[^\\n]*;", 0},
+        {"end", RULE_REGEX, "\\btok[a-z0-9]+END$", RULE_F_CASELESS},
+        {"lead", RULE_REGEX, "[a-z]+@corp[a-z]*", 0},
+        {"line", RULE_REGEX, "^lin[a-z ]*x", RULE_F_MULTILINE},
+        {"one", RULE_REGEX, "abc[^#]*def", RULE_F_SINGLEMATCH},
+    };
+    static const char *const plants[] = {"key=12",    "keyab=9", "q12zq9 ab;", "zq9;",
+                                         "TOKab1END", "tokEND",  "bob@corp",   "@corpx",
+                                         "\nline x",  "abc",     "def",        "key"};
+    struct gpu_options opt = {.segment_bytes = 48, .chain_bytes = 80};
+    struct gpu_engine *eng = engine(&opt);
+    struct rules_options ro = {.force_bitnfa = true};
+    struct catalog *cat = compile_rules_opt(rules, sizeof(rules) / sizeof(rules[0]), &ro);
+    uint32_t confirm = 0, from_start = 0;
+    for (uint32_t k = 0; k < catalog_nfa_count(cat); k++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, k, &g);
+        ck_assert(g.flags & CAT_GF_GATED);
+        ck_assert(g.flags & CAT_GF_CONFIRM);
+        confirm++;
+        from_start += g.lookback == CATALOG_UNBOUNDED;
+    }
+    ck_assert_uint_ge(confirm, 2);
+    ck_assert_uint_ge(from_start, 1); /* "lead" */
+    rng = 0xc0f1a5eedull;
+    enum { NB = 12 };
+    struct gpu_buffer bufs[NB];
+    for (uint32_t i = 0; i < NB; i++) {
+        size_t len = i == 0 ? 0 : 100 + rnd(400); /* whole walks fit lavapipe's loop budget */
+        uint8_t *d = (uint8_t *)random_text(len);
+        for (size_t p = 0; len > 20 && p + 12 < len; p += 1 + rnd(i % 4 == 1 ? 6 : 300)) {
+            const char *x = plants[rnd(12)];
+            memcpy(d + p, x, strlen(x));
+        }
+        if (len > 20) { /* factors at both ends */
+            memcpy(d, "corp=", 5);
+            memcpy(d + len - 3, "key", 3);
+        }
+        bufs[i] = (struct gpu_buffer){
+            .data = d, .len = len, .id = i, .mode = (enum scan_mode)(i % 3), .catalog = 0};
+        struct scan_hits gated = {0}, full = {0};
+        ck_assert_int_eq(refscan_buffer(cat, d, len, bufs[i].mode, &gated), 0);
+        confirm_full_walk(cat, d, len, bufs[i].mode, &full);
+        ck_assert_uint_eq(gated.n, full.n);
+        for (size_t j = 0; j < full.n; j++)
+            ck_assert(gated.v[j].rule == full.v[j].rule && gated.v[j].end == full.v[j].end &&
+                      gated.v[j].count == full.v[j].count);
+        scan_hits_finish(&gated);
+        scan_hits_finish(&full);
+    }
+    const struct catalog *cats[1] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, NB};
+    struct gpu_result res = {0};
+    size_t hits = check_batch(eng, &b, &res);
+    ck_assert_uint_ge(hits, 10);
+    if (res.tel.cut_reruns == 0) /* chained walks of 80 bytes would take several rounds */
+        ck_assert_uint_eq(res.tel.rounds, 1);
+    gpu_result_finish(&res);
+    for (uint32_t i = 0; i < NB; i++)
+        free((void *)bufs[i].data);
+    catalog_destroy(cat);
+    gpu_engine_destroy(eng);
+}
+END_TEST
+
 /* A buffer longer than a segment with matches of bit-NFA rules straddling
  * segment boundaries: a bounded gap rule (segments start maxlen-1 early),
  * an unbounded one (chained rounds carry the state vector) and a 1000-wide
@@ -477,7 +572,8 @@ START_TEST(test_segment_boundaries)
     struct trule t[] = {{"lit", RULE_LITERAL, "needle12", 0},
                         {"re", RULE_REGEX, "n[a-z]{4}e1", 0},
                         {"un", RULE_REGEX, "ne+dle1[0-9]*2", 0}};
-    struct catalog *cat = compile_rules(t, 3);
+    struct rules_options ro = {.gate_bits = UINT32_MAX}; /* "un" a chained DFA, not gated */
+    struct catalog *cat = compile_rules_opt(t, 3, &ro);
     const uint32_t seg = 64;
     struct gpu_options opt = {.segment_bytes = seg, .chain_bytes = 96};
     struct gpu_engine *eng = engine(&opt);
@@ -1200,6 +1296,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_bitnfa_random);
     tcase_add_test(tc, test_bitnfa_segments);
     tcase_add_test(tc, test_gated_nfa);
+    tcase_add_test(tc, test_confirm_nfa);
     tcase_add_test(tc, test_long_buffers);
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
