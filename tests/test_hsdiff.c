@@ -275,6 +275,8 @@ struct stats {
     unsigned size_rejects;  /* of our_rejects: for size (budget, positions) */
     unsigned nfa_rules;     /* rules compiled to the bit-NFA engine */
     unsigned gated_rules;   /* of those: in a gated group (walked around factors) */
+    unsigned confirm_rules; /* of those: unbounded, confirmed forward (CAT_GF_CONFIRM) */
+    unsigned gate_diffs;    /* haystacks where gated and full walks differ (check_full_walk) */
     unsigned reports;       /* reproducers printed */
     struct reasons hs_why;  /* Hyperscan's reject messages */
     struct reasons our_why; /* our reject messages, digits stripped */
@@ -436,6 +438,9 @@ static int on_hs_match(unsigned id, unsigned long long from, unsigned long long 
 
 /* Set by the bit-NFA tests: every rule compiles to the bit-parallel NFA. */
 static bool force_bitnfa;
+/* run_scan also walks every group in full, gates ignored, and asserts the
+ * gated scan gives the same hits (st->gate_diffs) */
+static bool check_full_walk;
 
 struct run {
     const struct trule *rules;
@@ -598,6 +603,7 @@ static int run_compile(struct run *ru, struct stats *st)
             struct catalog_nfa cn;
             catalog_nfa(ru->res.catalog, cr.group - catalog_group_count(ru->res.catalog), &cn);
             st->gated_rules += (cn.flags & CAT_GF_GATED) != 0;
+            st->confirm_rules += (cn.flags & CAT_GF_CONFIRM) != 0;
         }
     }
     for (size_t i = 0; i < ru->n; i++) {
@@ -687,8 +693,40 @@ static void report_diff(struct run *ru, struct stats *st, const struct hay *h,
 }
 
 /* Scans one haystack with both engines and compares. */
+static int full_push(void *ctx, uint32_t rule, uint64_t end)
+{
+    return scan_hits_push(ctx, rule, end, 1);
+}
+
+/* refscan_buffer against every group walked in full over h, gates ignored
+ * (the factor group reports nothing): true when they agree. */
+static bool gated_equals_full(const struct catalog *cat, const struct hay *h)
+{
+    struct scan_hits gated = {0}, full = {0};
+    ck_assert_int_eq(refscan_buffer(cat, h->p, h->len, SCAN_ALL, &gated), 0);
+    for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        if (!(cg.flags & CAT_GF_FACTOR))
+            refscan_group_range(cat, g, h->p, h->len, 0, 0, h->len, full_push, &full);
+    }
+    for (uint32_t g = 0; g < catalog_nfa_count(cat); g++)
+        refscan_nfa_range(cat, g, h->p, h->len, 0, 0, h->len, full_push, &full);
+    scan_hits_finalize(&full, cat, SCAN_ALL);
+    bool same = gated.n == full.n;
+    for (size_t i = 0; same && i < full.n; i++)
+        same = gated.v[i].rule == full.v[i].rule && gated.v[i].end == full.v[i].end;
+    if (!same)
+        fprintf(stderr, "  gated scan of %s: %zu hits, full walks %zu\n", h->name, gated.n, full.n);
+    scan_hits_finish(&gated);
+    scan_hits_finish(&full);
+    return same;
+}
+
 static void run_scan(struct run *ru, struct stats *st, const struct hay *h)
 {
+    if (check_full_walk && ru->res.catalog != NULL && !gated_equals_full(ru->res.catalog, h))
+        st->gate_diffs++;
     struct pairs ours = {0}, theirs = {0};
     if (ru->res.catalog != NULL) {
         struct scan_hits hits = {0};
@@ -2198,6 +2236,130 @@ START_TEST(test_factor_gating)
 }
 END_TEST
 
+/* Unbounded rules gated by forward confirmation (CAT_GF_CONFIRM): random
+ * rules made of a lead (none, bounded, unbounded, \b, ^), a factor
+ * (plain, caseless, an alternation) and a tail (unbounded, bounded, $),
+ * with random flags (i, m, s, H), 1 to 4 per set; haystacks with factors
+ * planted close together (overlapping start intervals), at both ends, and
+ * samples of the rules. Hyperscan's hits, and the same as every group
+ * walked in full; natural grouping and every rule on the bit-NFA. */
+START_TEST(test_confirm_gating)
+{
+    static const char *const leads[] = {"",          "\\b",      "^",           "[a-z]*",
+                                        "[a-z0-9]+", "\\w{0,8}", "x[0-9]{1,3}", "(?:ab|cd)*",
+                                        ".{2,6}",    "[^\\n]*="};
+    static const char *const factors[] = {"key",  "tok(?:en|EN)", "(?:pass|pwd)", "QQzz",
+                                          "corp", "(?i:secret)",  "mid\\b",       "\\.ey"};
+    static const char *const tails[] = {
+        "[a-z]*",  "=[0-9]+",  "[^\\n]*;",      "\\w+\\b",   ".*x", "[ =]*[0-9a-f]{2,}",
+        "[a-z]*$", "(?:ab)+c", "[a-z]{2,}END$", "[0-9]{2,5}"};
+    static const char *const plants[] = {
+        "key",  "token", "tokEN", "pass", "pwd", "QQzz", "corp", "SeCrEt", "mid", ".ey",
+        "=12;", "abab",  "c",     "x",    "END", "\n",   "ab",   "ff00 ",  "q",   "key="};
+    static const char filler[] = "az09_ x-=\t\n.fZ";
+    static const uint32_t flagsets[] = {0, RULE_F_CASELESS, RULE_F_MULTILINE, RULE_F_DOTALL,
+                                        RULE_F_SINGLEMATCH};
+    struct rng rng = {0xc0f1a11dull};
+    struct stats st = {0};
+    check_full_walk = true;
+    for (int set = 0; set < 40; set++) {
+        enum { MAXR = 4 };
+        struct trule r[MAXR];
+        size_t n = 1 + rng_below(&rng, MAXR);
+        for (size_t i = 0; i < n; i++) {
+            char pat[160];
+            snprintf(pat, sizeof(pat), "%s%s%s", leads[rng_below(&rng, 10)],
+                     factors[rng_below(&rng, 8)], tails[rng_below(&rng, 10)]);
+            memset(&r[i], 0, sizeof(r[i]));
+            snprintf(r[i].id, sizeof(r[i].id), "c%d_%zu", set, i);
+            r[i].kind = RULE_REGEX;
+            r[i].pat = xstrndup(pat, strlen(pat));
+            r[i].len = strlen(pat);
+            r[i].hs = xstrndup(pat, strlen(pat));
+            r[i].flags = flagsets[rng_below(&rng, 5)];
+        }
+        enum { NH = 3 };
+        struct str bufs[NH] = {{0}};
+        struct hay hays[NH];
+        for (int k = 0; k < NH; k++) {
+            if (k == 1) /* a factor at the very start */
+                str_puts(&bufs[k], plants[rng_below(&rng, 10)]);
+            for (int round = 0; round < 12; round++) {
+                uint32_t roll = rng_below(&rng, 4);
+                if (roll == 0)
+                    sample_rule_wide(&r[rng_below(&rng, (uint32_t)n)], &rng, &bufs[k]);
+                else if (roll == 1)
+                    str_puts(&bufs[k], plants[rng_below(&rng, 20)]);
+                else
+                    for (uint32_t f = rng_below(&rng, roll == 2 ? 4 : 60); f > 0; f--)
+                        str_putc(&bufs[k], filler[rng_below(&rng, sizeof(filler) - 1)]);
+            }
+            if (k != 1) /* and at the very end */
+                str_puts(&bufs[k], plants[rng_below(&rng, 10)]);
+            snprintf(hays[k].name, sizeof(hays[k].name), "set %d #%d", set, k);
+            hays[k].p = (const uint8_t *)bufs[k].p;
+            hays[k].len = bufs[k].n;
+        }
+        force_bitnfa = set % 2 == 1;
+        compare_set(r, n, 0, 0, "confirm gating", false, hays, NH, &st);
+        force_bitnfa = false;
+        for (size_t i = 0; i < n; i++)
+            trule_free(&r[i]);
+        for (int k = 0; k < NH; k++)
+            str_free(&bufs[k]);
+    }
+    check_full_walk = false;
+    stats_print(&st, "confirm gating");
+    printf("hsdiff confirm gating: %u gated rules, %u confirmed forward, %u gated != full\n",
+           st.gated_rules, st.confirm_rules, st.gate_diffs);
+    ck_assert_msg(st.mismatches == 0, "%u haystacks give different hits", st.mismatches);
+    ck_assert_uint_eq(st.gate_diffs, 0);
+    ck_assert_uint_ge(st.confirm_rules, 30);
+    ck_assert_uint_gt(st.hits, 100);
+}
+END_TEST
+
+/* The plan shape of gitleaks-regex: at most 3 groups walk every byte (DFA
+ * groups, ungated bit-NFA groups, the factor group); every other rule is
+ * walked only around its factors, the unbounded ones confirmed forward. */
+START_TEST(test_gitleaks_passes)
+{
+    size_t n;
+    struct trule *rules =
+        load_patfile(VKS_SOURCE_ROOT "/tests/data/gitleaks/gitleaks-regex.rules", &n);
+    struct rule_src *src = xrealloc(NULL, n * sizeof(*src));
+    for (size_t i = 0; i < n; i++)
+        src[i] = (struct rule_src){rules[i].id,  rules[i].kind,  rules[i].pat,
+                                   rules[i].len, rules[i].flags, rules[i].line};
+    struct rules_result res;
+    struct vks_error err = {0};
+    ck_assert_int_eq(rules_compile(src, n, NULL, &res, &err), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    const struct catalog *cat = res.catalog;
+    uint32_t full = 0, gated_rules = 0, confirm = 0;
+    for (uint32_t g = 0; g < catalog_group_count(cat); g++)
+        full++; /* DFA groups and the factor group */
+    for (uint32_t g = 0; g < catalog_nfa_count(cat); g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        full += !(cn.flags & CAT_GF_GATED);
+        gated_rules += cn.flags & CAT_GF_GATED ? cn.n_rules : 0;
+        confirm += (cn.flags & CAT_GF_CONFIRM) != 0;
+    }
+    printf("gitleaks-regex: %u full passes, %u DFA groups, %u bit-NFA groups, %u gated rules, "
+           "%u forward-confirmed groups\n",
+           full, catalog_group_count(cat), catalog_nfa_count(cat), gated_rules, confirm);
+    ck_assert_uint_le(full, 3);
+    ck_assert_uint_ge(gated_rules, 200);
+    ck_assert_uint_ge(confirm, 1);
+    rules_result_finish(&res);
+    free(src);
+    for (size_t i = 0; i < n; i++)
+        trule_free(&rules[i]);
+    free(rules);
+}
+END_TEST
+
 /* The gitleaks regexes from the tree (tests/data/gitleaks, MIT): all 221
  * compile, none is rejected for size, and every hit is Hyperscan's on
  * synthetic secrets built around the gitleaks keywords and on samples
@@ -2259,6 +2421,11 @@ Suite *hsdiff_suite(void)
     tcase_add_test(tc, test_factors_required);
     tcase_add_test(tc, test_factor_gating);
     suite_add_tcase(s, tc);
+    TCase *gating = tcase_create("gating");
+    tcase_set_timeout(gating, 600);
+    tcase_add_test(gating, test_confirm_gating);
+    tcase_add_test(gating, test_gitleaks_passes);
+    suite_add_tcase(s, gating);
     TCase *files = tcase_create("shared-data");
     tcase_set_timeout(files, 600);
     tcase_add_test(files, test_shared_gitleaks);
