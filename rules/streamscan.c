@@ -19,6 +19,7 @@
  * The bit-NFA step is nfastep.h's, the one refscan.c walks.
  */
 #include "streamscan.h"
+#include "cpuplan.h"
 #include "nfastep.h"
 
 #include <errno.h>
@@ -37,14 +38,16 @@
  * single-match bits are allocated at the first single-match hit. */
 struct streamscan {
     const struct catalog *cat;
-    uint64_t total;    /* bytes written */
-    uint8_t *done;     /* n_rules bits: the single-match rule was reported; NULL: none yet */
-    uint8_t prev;      /* kind of the byte before pos: P_BOS 0, P_WORD 1, P_NL 2, P_OTHER 3 */
-    uint8_t told;      /* lookahead kinds the check at pos assumed; 0: not checked yet */
-    uint8_t held;      /* the byte at pos is a '\n', the last byte written */
-    uint8_t closed;    /* streamscan_close ran */
-    uint8_t width;     /* bytes per DFA state: 1, 2 or 4 */
-    uint16_t hist_len; /* bytes in the history: min(pos, hist + 1) */
+    uint64_t total;       /* bytes written */
+    uint8_t *done;        /* n_rules bits: the single-match rule was reported; NULL: none yet */
+    struct cpuplan *plan; /* the CPU engine's plan, taken at the first write; NULL: none */
+    uint8_t prev;         /* kind of the byte before pos: P_BOS 0, P_WORD 1, P_NL 2, P_OTHER 3 */
+    uint8_t told;         /* lookahead kinds the check at pos assumed; 0: not checked yet */
+    uint8_t held;         /* the byte at pos is a '\n', the last byte written */
+    uint8_t closed;       /* streamscan_close ran */
+    uint8_t width;        /* bytes per DFA state: 1, 2 or 4 */
+    uint8_t planned;      /* the plan was asked for */
+    uint16_t hist_len;    /* bytes in the history: min(pos, hist + 1) */
 };
 
 /* pos, the first position not consumed: total, or total - 1 when held */
@@ -59,6 +62,12 @@ static uint64_t pos_of(const struct streamscan *s)
  * longest match of those groups, and a write rebuilds such a group's state
  * by walking them (nfa_rebuild). */
 #define HIST_MAX 4096u
+
+/* DFA groups whose rules are all plain strings (the CPU engine's plan,
+ * CPUPLAN_LIT) are matched by its literal matcher over the history and the
+ * write, not walked, when their longest string is at most this long: the
+ * history covers every bounded DFA group up to it. */
+#define LIT_HIST 64u
 
 struct layout {
     size_t nfa, hist_at, total;
@@ -94,6 +103,8 @@ static struct layout layout_of(const struct catalog *cat)
     for (uint32_t i = 0; i < n_groups; i++) {
         struct catalog_group g;
         catalog_group(cat, i, &g);
+        if (g.maxlen <= LIT_HIST && g.maxlen > l.hist)
+            l.hist = g.maxlen; /* a literal group may be matched from history */
         if (g.n_states > 65536)
             l.width = 4;
         else if (g.n_states > 256 && l.width < 2)
@@ -178,8 +189,10 @@ int streamscan_create(const struct catalog *cat, struct streamscan **out)
 
 void streamscan_destroy(struct streamscan *s)
 {
-    if (s != NULL)
+    if (s != NULL) {
         free(s->done);
+        cpuplan_put(s->plan);
+    }
     free(s);
 }
 
@@ -459,6 +472,70 @@ static void hist_push(struct streamscan *s, const struct vbuf *v, size_t e)
     s->hist_len = (uint16_t)(keep + e - from);
 }
 
+/* ---- literal groups (the CPU engine's matcher) -------------------------- */
+
+/* Is DFA group `gi` matched by the plan's literal matcher? */
+static bool by_lit(const struct streamscan *s, uint32_t gi, uint32_t hist)
+{
+    if (s->plan == NULL || s->plan->lit == NULL || s->plan->mode[gi] != CPUPLAN_LIT)
+        return false;
+    struct catalog_group g;
+    catalog_group(s->cat, gi, &g);
+    return g.maxlen <= hist;
+}
+
+struct lit_ctx {
+    struct scan_hits *raw;
+    uint64_t base; /* stream offset of the scanned buffer's byte 0 */
+    int rc;
+};
+
+static int on_lit(void *ctx, uint32_t id, uint64_t end)
+{
+    struct lit_ctx *c = ctx;
+    if (id & CPUPLAN_FACTOR)
+        return 0; /* a WINDOW group's factor: those groups are walked */
+    c->rc = scan_hits_push(c->raw, id, c->base + end, 1);
+    return c->rc;
+}
+
+/* Reports the strings of literal groups ending at pos + 1 .. pos + e, the
+ * consumed bytes being v[0..e): their rules have no assertion, so nothing
+ * waits for a lookahead. The first bytes are matched in a copy that starts
+ * with the history's last hist bytes; the rest in the write's own buffer. */
+static int lit_write(struct streamscan *s, const struct layout *l, const struct vbuf *v, size_t e,
+                     struct scan_hits *raw)
+{
+    const uint8_t *h = (const uint8_t *)s + l->hist_at;
+    uint32_t tail = s->hist_len < l->hist ? s->hist_len : l->hist;
+    size_t head = e < (size_t)l->hist + 1 ? e : (size_t)l->hist + 1;
+    uint8_t stitch[2 * HIST_MAX + 2];
+    memcpy(stitch, h + s->hist_len - tail, tail);
+    for (size_t j = 0; j < head; j++)
+        stitch[tail + j] = vbyte(v, j);
+    uint64_t pos = pos_of(s);
+    struct lit_ctx c = {raw, pos - tail, 0};
+    cpulit_scan(s->plan->lit, stitch, tail + head, 0, tail, tail + head, on_lit, &c);
+    if (c.rc != 0 || e <= head)
+        return c.rc;
+    /* ends pos + head + 1 .. pos + e start at or after v[1] (a string is
+     * at most hist bytes), all in the caller's buffer: v[j] is w[j - held] */
+    size_t held = v->held ? 1 : 0;
+    c.base = pos + held;
+    cpulit_scan(s->plan->lit, v->w, v->n, 0, head - held, e - held, on_lit, &c);
+    return c.rc;
+}
+
+/* Takes the plan at the first write (it may build the matcher). */
+static void plan_once(struct streamscan *s)
+{
+    if (s->planned)
+        return;
+    s->planned = 1;
+    if (cpuplan_get(s->cat, &s->plan) != 0)
+        s->plan = NULL; /* every group is walked */
+}
+
 /* ---- writes --------------------------------------------------------------- */
 
 static bool bit(const uint8_t *set, uint32_t r)
@@ -509,9 +586,18 @@ int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struc
     size_t e = buf[len - 1] == '\n' ? m - 1 : m;
     uint32_t told_end = e == m ? KIND_ALL : KIND_NL_ANY;
     struct scan_hits raw = {0};
+    plan_once(s);
+    struct layout l = layout_of(s->cat);
+    bool lits = false;
     int rc = 0;
-    for (uint32_t g = 0; g < catalog_group_count(s->cat) && rc == 0; g++)
-        rc = dfa_write(s, g, &v, e, told_end, &raw);
+    for (uint32_t g = 0; g < catalog_group_count(s->cat) && rc == 0; g++) {
+        if (by_lit(s, g, l.hist))
+            lits = true;
+        else
+            rc = dfa_write(s, g, &v, e, told_end, &raw);
+    }
+    if (rc == 0 && lits && e > 0)
+        rc = lit_write(s, &l, &v, e, &raw);
     if (rc == 0)
         rc = nfa_all(s, &v, e, told_end, &raw);
     if (rc != 0) {
@@ -533,9 +619,20 @@ int streamscan_close(struct streamscan *s, struct scan_hits *out)
         return -EPIPE;
     s->closed = true;
     struct scan_hits raw = {0};
+    plan_once(s);
+    struct layout l = layout_of(s->cat);
+    bool lits = false;
     int rc = 0;
-    for (uint32_t g = 0; g < catalog_group_count(s->cat) && rc == 0; g++)
-        rc = dfa_close(s, g, &raw);
+    for (uint32_t g = 0; g < catalog_group_count(s->cat) && rc == 0; g++) {
+        if (by_lit(s, g, l.hist))
+            lits = true;
+        else
+            rc = dfa_close(s, g, &raw);
+    }
+    /* a held final '\n' may end a string: it is consumed now */
+    struct vbuf nl = {NULL, 0, true};
+    if (rc == 0 && lits && s->held)
+        rc = lit_write(s, &l, &nl, 1, &raw);
     if (rc == 0)
         rc = nfa_all(s, NULL, 0, 0, &raw);
     if (rc != 0) {
