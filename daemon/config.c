@@ -85,7 +85,8 @@ static const struct opt opts[] = {
     {"batch-max-buffers", NUM(OPT_U32, batch_max_buffers), 1, 1u << 24, true,
      "buffers in one engine batch"},
     {"inflight-batches", NUM(OPT_U32, inflight_batches), 1, 16, false,
-     "batches handed to each engine at once"},
+     "batches on each GPU device at once (each with its own buffers; one more is queued to "
+     "upload while they run), and handed to the CPU engine at once"},
     {"cpu-max-work", NUM(OPT_SIZE, cpu_max_work), 0, 1 * GIB, false,
      "engine auto: batches up to this many bytes x DFA groups scan on the CPU (0: never)"},
     {"cpu-threads", NUM(OPT_U32, cpu_threads), 0, 1024, false,

@@ -65,7 +65,8 @@ struct daemon_config {
     uint64_t quantum;            /* DRR quantum in bytes */
     uint64_t batch_max_bytes;    /* bytes in one engine batch */
     uint32_t batch_max_buffers;  /* buffers in one engine batch */
-    uint32_t inflight_batches;   /* batches handed to the engine at once; not reloadable */
+    uint32_t inflight_batches;   /* batches on each GPU device (handed to the CPU engine)
+                                  * at once; not reloadable */
     uint64_t cpu_max_work;       /* engine auto: batches of at most this many buffer bytes
                                   * times DFA groups run on the CPU scanner; not reloadable */
     uint32_t cpu_threads;        /* CPU engine scanning threads; 0: cores minus one (at least 1) */

@@ -43,7 +43,7 @@ enum gpu_hit_writer {
 #define GPU_PIPELINE_LRU          32u
 #define GPU_DEFAULT_TIMEOUT_MS    30000u
 #define GPU_MAX_RESIDENT_CATALOGS 64u
-#define GPU_MAX_INFLIGHT          8u
+#define GPU_MAX_INFLIGHT          16u
 #define GPU_DEFAULT_INFLIGHT      2u
 
 struct gpu_heap_info {
