@@ -294,6 +294,7 @@ struct figures {
     uint32_t groups;
     uint32_t nfa_groups; /* bit-NFA groups */
     uint32_t nfa_rules;  /* rules on the bit-NFA engine */
+    uint32_t passes;     /* groups that walk every byte: DFA groups and ungated bit-NFA groups */
     uint64_t states;
     struct side vk, hs;
     bool has_hs;
@@ -403,6 +404,12 @@ static int measure_vk(const char *name, const struct ruleset *rs, const bool *ke
         out->groups = catalog_group_count(res.catalog);
         out->nfa_groups = catalog_nfa_count(res.catalog);
         out->nfa_rules = 0;
+        out->passes = out->groups; /* the factor group walks every byte too */
+        for (uint32_t g = 0; g < out->nfa_groups; g++) {
+            struct catalog_nfa cn;
+            catalog_nfa(res.catalog, g, &cn);
+            out->passes += !(cn.flags & CAT_GF_GATED);
+        }
         for (uint32_t i = 0; i < catalog_rule_count(res.catalog); i++) {
             struct catalog_rule r;
             catalog_rule(res.catalog, i, &r);
@@ -558,14 +565,14 @@ static bool size_ok(const struct figures *f)
 static void print_text(const struct figures *f, size_t n)
 {
     printf("%-18s %6s %4s %4s | %7s %7s %7s %7s | %10s %9s %6s | %9s %5s %9s | %4s %4s %4s | "
-           "%6s %8s %4s %5s\n",
+           "%6s %8s %4s %5s %6s\n",
            "workload", "rules", "rej", "hsrj", "vk-wall", "vk-cpu", "hs-wall", "hs-cpu",
            "catalogKiB", "hsdbKiB", "x-hs", "vkpeakKiB", "x-cat", "hspeakKiB", "time", "size",
-           "peak", "groups", "states", "nfaG", "nfaR");
+           "peak", "groups", "states", "nfaG", "nfaR", "passes");
     for (size_t i = 0; i < n; i++) {
         const struct figures *x = &f[i];
         printf("%-18s %6zu %4zu %4zu | %7.3f %7.3f %7.3f %7.3f | %10.1f %9.1f %6.1f | %9.0f %5.1f "
-               "%9.0f | %4s %4s %4s | %6u %8" PRIu64 " %4u %5u\n",
+               "%9.0f | %4s %4s %4s | %6u %8" PRIu64 " %4u %5u %6u\n",
                x->name, x->rules, x->rejects, x->hs_rejects, x->vk.wall_s, x->vk.cpu_s,
                x->hs.wall_s, x->hs.cpu_s, (double)x->vk.bytes / 1024.0,
                (double)x->hs.bytes / 1024.0,
@@ -574,7 +581,7 @@ static void print_text(const struct figures *f, size_t n)
                x->vk.bytes ? (double)x->vk.peak / (double)x->vk.bytes : 0.0,
                (double)x->hs.peak / 1024.0, verdict(x->vk.wall_s <= x->hs.wall_s, x->has_hs),
                verdict(size_ok(x), x->has_hs), verdict(x->vk.peak <= 4 * x->vk.bytes, true),
-               x->groups, x->states, x->nfa_groups, x->nfa_rules);
+               x->groups, x->states, x->nfa_groups, x->nfa_rules, x->passes);
     }
 }
 
@@ -589,9 +596,10 @@ static void print_json(const struct figures *f, size_t n)
     printf("{\"bench\": \"compile_bench\", \"workloads\": [");
     for (size_t i = 0; i < n; i++) {
         printf("%s\n  {\"name\": \"%s\", \"rules\": %zu, \"rejects\": %zu, \"hs_rejects\": %zu, "
-               "\"groups\": %u, \"states\": %" PRIu64 ", \"nfa_groups\": %u, \"nfa_rules\": %u, ",
+               "\"groups\": %u, \"states\": %" PRIu64 ", \"nfa_groups\": %u, \"nfa_rules\": %u, "
+               "\"passes\": %u, ",
                i ? "," : "", f[i].name, f[i].rules, f[i].rejects, f[i].hs_rejects, f[i].groups,
-               f[i].states, f[i].nfa_groups, f[i].nfa_rules);
+               f[i].states, f[i].nfa_groups, f[i].nfa_rules, f[i].passes);
         print_side("vkscan", &f[i].vk);
         if (f[i].has_hs) {
             printf(", ");
