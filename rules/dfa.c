@@ -779,6 +779,7 @@ void dfa_finish(struct dfa *d)
 
 struct part {
     uint32_t *block, *next_block;
+    uint32_t *size; /* members of each block of `block` */
     uint32_t *ht;
     size_t ht_cap;
 };
@@ -820,12 +821,19 @@ static bool row_equal(const struct dfa *d, const uint32_t *block, uint32_t a, ui
     return true;
 }
 
-/* One refinement round; returns the number of blocks. */
+/* One refinement round; returns the number of blocks. A state alone in its
+ * block stays alone (blocks only split, and a state's block is part of its
+ * key), so it gets the next number without hashing its row: most blocks
+ * are singletons after a few rounds. Numbering stays by first member. */
 static uint32_t refine(const struct dfa *d, struct part *pt, int round)
 {
     memset(pt->ht, 0, pt->ht_cap * sizeof(*pt->ht));
     uint32_t nb = 0;
     for (uint32_t s = 0; s < d->n_states; s++) {
+        if (round != 0 && pt->size[pt->block[s]] == 1) {
+            pt->next_block[s] = nb++;
+            continue;
+        }
         uint64_t h = row_hash(d, pt->block, s, round);
         size_t j = h & (pt->ht_cap - 1);
         for (;; j = (j + 1) & (pt->ht_cap - 1)) {
@@ -844,6 +852,9 @@ static uint32_t refine(const struct dfa *d, struct part *pt, int round)
     uint32_t *t = pt->block;
     pt->block = pt->next_block;
     pt->next_block = t;
+    memset(pt->size, 0, (size_t)nb * sizeof(*pt->size));
+    for (uint32_t s = 0; s < d->n_states; s++)
+        pt->size[pt->block[s]]++;
     return nb;
 }
 
@@ -855,13 +866,14 @@ int dfa_minimise(struct dfa *d)
     uint32_t n = d->n_states;
     pt.block = calloc(n, sizeof(uint32_t));
     pt.next_block = calloc(n, sizeof(uint32_t));
+    pt.size = calloc(n, sizeof(uint32_t));
     pt.ht_cap = 16;
     while (pt.ht_cap < (size_t)n * 2)
         pt.ht_cap *= 2;
     pt.ht = calloc(pt.ht_cap, sizeof(uint32_t));
     uint32_t *rep = malloc(n * sizeof(uint32_t));
     int rc = -ENOMEM;
-    if (!pt.block || !pt.next_block || !pt.ht || !rep)
+    if (!pt.block || !pt.next_block || !pt.size || !pt.ht || !rep)
         goto out;
     uint32_t nb = refine(d, &pt, 0);
     for (;;) {
@@ -915,6 +927,7 @@ int dfa_minimise(struct dfa *d)
 out:
     free(pt.block);
     free(pt.next_block);
+    free(pt.size);
     free(pt.ht);
     free(rep);
     return rc;
