@@ -44,6 +44,7 @@ struct cpulit {
     uint32_t K;       /* prefix the key holds: min(min_len, 8) */
     bool flush;       /* some bucket has strings shorter than L */
     uint32_t fold;    /* FOLD32 when some string has a caseless letter, else 0 */
+    uint32_t stride;  /* 2: one trigram every other byte (stride_2 below) */
     uint32_t min_len; /* shortest string */
     uint64_t *filter; /* 1 << DOM_BITS entries */
     struct lit *lits; /* sorted by key, then input order */
@@ -99,6 +100,11 @@ uint32_t cpulit_min_len(const struct cpulit *m)
     return m->min_len;
 }
 
+uint32_t cpulit_stride(const struct cpulit *m)
+{
+    return m->stride;
+}
+
 struct order {
     uint64_t key;
     uint32_t index;
@@ -130,12 +136,43 @@ static int check_entries(const struct cpulit_entry *v, size_t n, uint64_t *total
     return *total < UINT32_MAX ? 0 : -EINVAL;
 }
 
-/* Clears bucket b's bit in lane k for the (folded) trigram ending at
+/* Clears bucket b's bit in `lane` for the (folded) trigram ending at
  * offset k of string p. */
-static void filter_add(struct cpulit *m, const uint8_t *p, uint32_t k, uint32_t b)
+static void filter_add(struct cpulit *m, const uint8_t *p, uint32_t k, uint32_t lane, uint32_t b)
 {
     uint32_t x = (uint32_t)p[k - 2] | (uint32_t)p[k - 1] << 8 | (uint32_t)p[k] << 16;
-    m->filter[dom(x | m->fold)] &= ~((uint64_t)1 << (4 * k + b));
+    m->filter[dom(x | m->fold)] &= ~((uint64_t)1 << (4 * lane + b));
+}
+
+/*
+ * Stride 2, for sets sparse enough that half the constraints still reject
+ * almost every position: only every other byte's trigram is looked at.
+ * After the step at byte j, lane k stands for the two starts j-2k and
+ * j-2k-1, whose strings have at j the trigram of offset 2k or 2k+1; a
+ * string is entered at both. Half the work per byte, and a clear bit asks
+ * for two starts to be confirmed.
+ */
+#define STRIDE2_MAX_LITS 4096u
+#define STRIDE2_MIN_L    6u
+
+/* The filter of one stride: lane k of bucket b is constrained while the
+ * offsets it stands for are inside the bucket's shortest string and L. */
+static void fill_filter(struct cpulit *m, const uint32_t *mb)
+{
+    uint32_t sd = m->stride;
+    uint64_t init = 0;
+    for (uint32_t b = 0; b < BUCKETS; b++)
+        for (uint32_t k = 2 / sd; sd * k + sd - 1 < m->L && sd * k + sd - 1 < mb[b]; k++)
+            init |= (uint64_t)1 << (4 * k + b);
+    for (size_t i = 0; i < ((size_t)1 << DOM_BITS); i++)
+        m->filter[i] = init;
+    for (uint32_t i = 0; i < m->n_lits; i++) {
+        const struct lit *l = &m->lits[i];
+        uint32_t b = l->bucket;
+        for (uint32_t k = 2 / sd; sd * k + sd - 1 < m->L && sd * k + sd - 1 < mb[b]; k++)
+            for (uint32_t o = sd * k; o < sd * k + sd; o++)
+                filter_add(m, m->bytes + l->off, o, k, b);
+    }
 }
 
 static int build_filter(struct cpulit *m)
@@ -150,19 +187,10 @@ static int build_filter(struct cpulit *m)
         const struct lit *l = &m->lits[i];
         mb[l->bucket] = mb[l->bucket] == 0 || l->len < mb[l->bucket] ? l->len : mb[l->bucket];
     }
-    uint64_t init = 0;
-    for (uint32_t b = 0; b < BUCKETS; b++) {
-        for (uint32_t k = 2; k < m->L && k < mb[b]; k++)
-            init |= (uint64_t)1 << (4 * k + b);
+    for (uint32_t b = 0; b < BUCKETS; b++)
         m->flush |= mb[b] != 0 && mb[b] < m->L;
-    }
-    for (size_t i = 0; i < n; i++)
-        m->filter[i] = init;
-    for (uint32_t i = 0; i < m->n_lits; i++) {
-        const struct lit *l = &m->lits[i];
-        for (uint32_t k = 2; k < m->L && k < mb[l->bucket]; k++)
-            filter_add(m, m->bytes + l->off, k, l->bucket);
-    }
+    m->stride = m->n_lits <= STRIDE2_MAX_LITS && m->L >= STRIDE2_MIN_L ? 2 : 1;
+    fill_filter(m, mb);
     return 0;
 }
 
@@ -356,6 +384,82 @@ static inline __attribute__((always_inline)) int scan_l(const struct cpulit *m, 
     return rc;
 }
 
+/* Stride 2 (see above): lane C = (L-2)/2 is the last constrained one;
+ * lanes C..15 are looked at every 16-C steps of two bytes. */
+static inline __attribute__((always_inline)) int pair(const struct cpulit *m, const uint8_t *buf,
+                                                      size_t se, uint64_t lo, uint64_t hi,
+                                                      cpulit_fn fn, void *ctx)
+{
+    int rc = verify(m, buf, se - 1, lo, hi, fn, ctx);
+    return rc != 0 ? rc : verify(m, buf, se, lo, hi, fn, ctx);
+}
+
+static inline __attribute__((always_inline)) int scan2_l(const struct cpulit *m, const uint8_t *buf,
+                                                         size_t len, size_t begin, uint64_t lo,
+                                                         uint64_t hi, cpulit_fn fn, void *ctx,
+                                                         const uint32_t L, const uint32_t fold)
+{
+    const uint32_t C = (L - 2) / 2, P = LANES - C;
+    const uint64_t *f = m->filter;
+    uint64_t R = ~(uint64_t)0;
+    size_t j = begin + 1; /* lane 0 then stands for starts begin+1 and begin */
+    int rc = 0;
+    for (; j < hi && j < 2 && rc == 0; j += 2) {
+        R = R << 4 | f[dom(tri_safe(buf, j) | fold)];
+        if (((~R >> (4 * C)) & 0xf) != 0)
+            rc = pair(m, buf, j - 2 * C, lo, hi, fn, ctx);
+    }
+    while (rc == 0 && j + 2 * (P - 1) + 1 < len && j + 2 * (P - 1) < hi) {
+        for (uint32_t t = 0; t < P; t++)
+            R = R << 4 | f[dom(load_tri(buf + j + 2 * t - 2) | fold)];
+        j += 2 * P;
+        uint64_t c = ~R >> (4 * C);
+        for (uint32_t q = P; c != 0 && q-- > 0 && rc == 0;)
+            if (((c >> (4 * q)) & 0xf) != 0)
+                rc = pair(m, buf, j - 2 - 2 * (C + q), lo, hi, fn, ctx);
+    }
+    for (; j < hi && rc == 0; j += 2) {
+        R = R << 4 | f[dom(tri_safe(buf, j) | fold)];
+        if (((~R >> (4 * C)) & 0xf) != 0)
+            rc = pair(m, buf, j - 2 * C, lo, hi, fn, ctx);
+    }
+    for (uint32_t t = 0; m->flush && t <= C && rc == 0; t++, j += 2) {
+        R <<= 4;
+        if (((~R >> (4 * C)) & 0xf) != 0)
+            rc = pair(m, buf, j - 2 * C, lo, hi, fn, ctx);
+    }
+    return rc;
+}
+
+static int scan_stride2(const struct cpulit *m, const uint8_t *buf, size_t len, size_t begin,
+                        uint64_t lo, uint64_t hi, cpulit_fn fn, void *ctx)
+{
+    bool fold = m->fold != 0;
+    switch (m->L) {
+    case 6:
+        return fold ? scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 6, FOLD32)
+                    : scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 6, 0);
+    case 7:
+        return fold ? scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 7, FOLD32)
+                    : scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 7, 0);
+    case 8:
+        return fold ? scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 8, FOLD32)
+                    : scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 8, 0);
+    case 9:
+        return fold ? scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 9, FOLD32)
+                    : scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 9, 0);
+    case 10:
+        return fold ? scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 10, FOLD32)
+                    : scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 10, 0);
+    case 11:
+        return fold ? scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 11, FOLD32)
+                    : scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 11, 0);
+    default:
+        return fold ? scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 12, FOLD32)
+                    : scan2_l(m, buf, len, begin, lo, hi, fn, ctx, 12, 0);
+    }
+}
+
 int cpulit_scan(const struct cpulit *m, const uint8_t *buf, size_t len, size_t begin, uint64_t lo,
                 uint64_t hi, cpulit_fn fn, void *ctx)
 {
@@ -363,6 +467,8 @@ int cpulit_scan(const struct cpulit *m, const uint8_t *buf, size_t len, size_t b
         hi = len;
     if (begin >= hi)
         return 0;
+    if (m->stride == 2)
+        return scan_stride2(m, buf, len, begin, lo, hi, fn, ctx);
     bool fold = m->fold != 0;
     switch (m->L) {
     case 1:

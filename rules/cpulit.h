@@ -40,6 +40,11 @@ void cpulit_destroy(struct cpulit *m);
 /* The shortest entry's length. */
 uint32_t cpulit_min_len(const struct cpulit *m);
 
+/* 1 or 2: how many bytes the filter advances per trigram it looks at (2
+ * for sets of at most 4096 strings whose filter prefix is 6 bytes or
+ * more). Tests use it to cover both. */
+uint32_t cpulit_stride(const struct cpulit *m);
+
 /*
  * Calls fn(ctx, id, end) for every occurrence of every entry in buf that
  * starts at or after `begin` and ends at `end` with lo < end <= hi

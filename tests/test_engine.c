@@ -1610,13 +1610,16 @@ static bool lit_at(const struct cpulit_entry *e, const uint8_t *buf, size_t len,
     return true;
 }
 
-/* Random strings of 1..20 bytes, some copies, prefixes and suffixes of
- * others, caseless letters at random; ids are input order. */
-static size_t random_lits(struct cpulit_entry *v, uint8_t (*b)[20], uint8_t (*m)[20], size_t max)
+/* Random strings of min_len..20 bytes, some copies, prefixes and suffixes
+ * of others, caseless letters at random; ids are input order. `max` over
+ * 4096: exactly max strings. */
+static size_t random_lits(struct cpulit_entry *v, uint8_t (*b)[20], uint8_t (*m)[20], size_t max,
+                          uint32_t min_len)
 {
-    size_t n = 1 + rnd((uint32_t)max);
+    size_t n = max > 4096 ? max : 1 + rnd((uint32_t)max);
     for (size_t i = 0; i < n; i++) {
-        uint32_t len = 1 + rnd(rnd(3) == 0 ? 20 : 9);
+        uint32_t len = min_len + rnd((rnd(3) == 0 ? 20 : 9) - min_len + 1);
+        len = len > 20 ? 20 : len;
         size_t from = i > 0 && rnd(3) == 0 ? rnd((uint32_t)i) : i;
         for (uint32_t k = 0; k < len; k++) {
             uint8_t c =
@@ -1637,17 +1640,21 @@ static size_t random_lits(struct cpulit_entry *v, uint8_t (*b)[20], uint8_t (*m)
 }
 
 /* The matcher against a byte-by-byte search, for random sets (strings of
- * 1 to 20 bytes, so every filter width), windows and buffer edges. */
+ * 1 to 20 bytes, so every filter width; both strides), windows and buffer
+ * edges. */
 START_TEST(test_cpulit_equals_naive)
 {
-    static uint8_t b[200][20], m[200][20];
-    static struct cpulit_entry v[200];
+    static uint8_t b[5000][20], m[5000][20];
+    static struct cpulit_entry v[5000];
     static struct lit_hits got, want;
+    uint32_t strides = 0;
     for (int round = 0; round < 40; round++) {
-        size_t n = random_lits(v, b, m, round < 20 ? 12 : 200);
+        size_t max = round < 14 ? 12 : round < 36 ? 200 : 5000;
+        size_t n = random_lits(v, b, m, max, round < 28 ? 1 : 6);
         struct cpulit *lit;
         ck_assert_int_eq(cpulit_create(v, n, &lit), 0);
-        size_t len = 1 + rnd(3000);
+        strides |= 1u << cpulit_stride(lit);
+        size_t len = 1 + rnd(round < 36 ? 3000 : 600);
         uint8_t *buf = malloc(len); /* exactly len: ASan sees a read past it */
         for (size_t i = 0; i < len; i++)
             buf[i] = lit_alpha[rnd(sizeof(lit_alpha))];
@@ -1677,6 +1684,7 @@ START_TEST(test_cpulit_equals_naive)
         free(buf);
         cpulit_destroy(lit);
     }
+    ck_assert_uint_eq(strides, 6); /* both strides ran */
     ck_assert_int_eq(cpulit_create(v, 0, &(struct cpulit *){NULL}), -EINVAL);
     v[0].len = 0;
     ck_assert_int_eq(cpulit_create(v, 1, &(struct cpulit *){NULL}), -EINVAL);
@@ -1749,7 +1757,7 @@ START_TEST(test_literal_groups_equal_refscan)
     for (int round = 0; round < 3; round++) {
         size_t n = 0;
         while (n < 3) { /* strings of 3 bytes and more */
-            n = random_lits(v, b, m, 120);
+            n = random_lits(v, b, m, 120, 1);
             size_t k = 0;
             for (size_t i = 0; i < n; i++)
                 if (v[i].len >= 3)
