@@ -742,7 +742,8 @@ static double large_block(const struct opts *o, const struct catalog *cat, const
 }
 
 /* Block mode through vkscand: the file as fd buffers of up to 1 GiB in
- * one request (max-scan-bytes' default), the CPU engine's or GPU's. */
+ * one request (max-scan-bytes' default), the CPU engine's or GPU's, hits
+ * counted per rule (report mode count). */
 static double large_block_daemon(const struct opts *o, const uint8_t *fp, int fd, uint64_t size,
                                  uint64_t *hits)
 {
@@ -763,12 +764,16 @@ static double large_block_daemon(const struct opts *o, const uint8_t *fp, int fd
     struct vks_scan_options so;
     vks_scan_options_init(&so);
     so.no_cache = true;
+    so.mode = VKS_REPORT_COUNT; /* one entry per (buffer, rule): no max-hits cut */
     struct vks_scan_result res;
     double t0 = now_s();
     if (vks_client_scan(c, fp, v, n, &so, &res, &err) != 0)
         die("vks_client_scan", err.msg);
     double dt = now_s() - t0;
-    *hits = result_hits(&res);
+    *hits = 0;
+    for (size_t i = 0; i < res.n_hits; i++)
+        *hits += res.hits[i].count;
+    vks_scan_result_finish(&res);
     free(v);
     vks_client_close(c);
     return dt;
