@@ -22,7 +22,92 @@
 struct som_rule {
     struct nfa nfa;
     uint32_t reach;
+    /* Bytes a match can begin with (a superset: assertions ignored). Where
+     * no thread is live and the next byte is not one of them, a thread
+     * started there dies at once, so the walk skips ahead. */
+    struct byteset first;
+    /* The same NFA with every edge turned around (CSR by target state):
+     * the backward walk from an end. */
+    uint32_t *rbyte_first;
+    struct nfa_byte_edge *rbyte; /* .to is the edge's source */
+    uint32_t *reps_first;
+    struct nfa_eps_edge *reps;
 };
+
+/* Builds the reversed edges. */
+static int reverse_edges(struct som_rule *sr)
+{
+    const struct nfa *nfa = &sr->nfa;
+    uint32_t ns = nfa->n_states;
+    uint32_t nb = nfa->byte_first[ns], ne = nfa->eps_first[ns];
+    sr->rbyte_first = calloc(ns + 1, sizeof(uint32_t));
+    sr->reps_first = calloc(ns + 1, sizeof(uint32_t));
+    sr->rbyte = malloc((nb ? nb : 1) * sizeof(*sr->rbyte));
+    sr->reps = malloc((ne ? ne : 1) * sizeof(*sr->reps));
+    uint32_t *fill = malloc((ns + 1) * sizeof(uint32_t));
+    if (sr->rbyte_first == NULL || sr->reps_first == NULL || sr->rbyte == NULL ||
+        sr->reps == NULL || fill == NULL) {
+        free(fill);
+        return -ENOMEM;
+    }
+    const struct nfa_byte_edge *be = nfa->byte_edges;
+    const struct nfa_eps_edge *ee = nfa->eps_edges;
+    uint32_t *rbf = sr->rbyte_first, *ref = sr->reps_first;
+    for (uint32_t x = 0; x < ns; x++)
+        for (uint32_t e = nfa->byte_first[x]; e < nfa->byte_first[x + 1]; e++)
+            rbf[be[e].to + 1]++;
+    for (uint32_t x = 0; x < ns; x++)
+        rbf[x + 1] += rbf[x];
+    memcpy(fill, rbf, (ns + 1) * sizeof(uint32_t));
+    for (uint32_t x = 0; x < ns; x++)
+        for (uint32_t e = nfa->byte_first[x]; e < nfa->byte_first[x + 1]; e++)
+            sr->rbyte[fill[be[e].to]++] = (struct nfa_byte_edge){.set = be[e].set, .to = x};
+    for (uint32_t x = 0; x < ns; x++)
+        for (uint32_t e = nfa->eps_first[x]; e < nfa->eps_first[x + 1]; e++)
+            ref[ee[e].to + 1]++;
+    for (uint32_t x = 0; x < ns; x++)
+        ref[x + 1] += ref[x];
+    memcpy(fill, ref, (ns + 1) * sizeof(uint32_t));
+    for (uint32_t x = 0; x < ns; x++)
+        for (uint32_t e = nfa->eps_first[x]; e < nfa->eps_first[x + 1]; e++)
+            sr->reps[fill[ee[e].to]++] = (struct nfa_eps_edge){.cond = ee[e].cond, .to = x};
+    free(fill);
+    return 0;
+}
+
+/* The first-byte set: byte edges out of the start's epsilon closure, with
+ * every condition taken as met. */
+static int first_bytes(struct som_rule *sr)
+{
+    const struct nfa *nfa = &sr->nfa;
+    uint8_t *seen = calloc(nfa->n_states ? nfa->n_states : 1, 1);
+    uint32_t *stack = malloc((nfa->n_states + 1) * sizeof(*stack));
+    if (seen == NULL || stack == NULL) {
+        free(seen);
+        free(stack);
+        return -ENOMEM;
+    }
+    uint32_t sp = 0;
+    stack[sp++] = nfa->start;
+    seen[nfa->start] = 1;
+    while (sp > 0) {
+        uint32_t x = stack[--sp];
+        for (uint32_t e = nfa->byte_first[x]; e < nfa->byte_first[x + 1]; e++) {
+            for (int k = 0; k < 4; k++)
+                sr->first.w[k] |= nfa->sets[nfa->byte_edges[e].set].w[k];
+        }
+        for (uint32_t e = nfa->eps_first[x]; e < nfa->eps_first[x + 1]; e++) {
+            uint32_t to = nfa->eps_edges[e].to;
+            if (!seen[to]) {
+                seen[to] = 1;
+                stack[sp++] = to;
+            }
+        }
+    }
+    free(seen);
+    free(stack);
+    return 0;
+}
 
 int som_rule_create(const struct catalog *cat, uint32_t rule, struct som_rule **out,
                     struct vks_error *err)
@@ -54,6 +139,10 @@ int som_rule_create(const struct catalog *cat, uint32_t rule, struct som_rule **
     rc = b == NULL ? -ENOMEM : nfa_builder_add(b, pr.root, 0);
     if (rc == 0)
         rc = nfa_builder_finish(b, &sr->nfa);
+    if (rc == 0)
+        rc = first_bytes(sr);
+    if (rc == 0)
+        rc = reverse_edges(sr);
     if (rc == 0) {
         uint32_t m = parse_maxlen(pr.root);
         sr->reach = m == REPEAT_INF ? CATALOG_UNBOUNDED : m;
@@ -77,6 +166,10 @@ void som_rule_destroy(struct som_rule *sr)
     if (sr == NULL)
         return;
     nfa_finish(&sr->nfa);
+    free(sr->rbyte_first);
+    free(sr->rbyte);
+    free(sr->reps_first);
+    free(sr->reps);
     free(sr);
 }
 
@@ -182,6 +275,113 @@ static size_t window_start(uint32_t reach, uint64_t end)
     return (size_t)(end - reach);
 }
 
+/* The forward walk (above) for ends[0..n), sorted. */
+static void forward_starts(const struct som_rule *sr, struct walk *w, const uint64_t *ends,
+                           size_t n, uint64_t *starts)
+{
+    size_t pos = 0;    /* next offset to close at */
+    bool live = false; /* whether w->nxt holds the walk's states before pos */
+    for (size_t k = 0; k < n; k++) {
+        if (k > 0 && ends[k] == ends[k - 1]) {
+            starts[k] = starts[k - 1];
+            continue;
+        }
+        size_t e = ends[k] < w->len ? (size_t)ends[k] : w->len;
+        size_t from = window_start(sr->reach, e);
+        if (!live || from > pos) { /* a new window: the walk so far cannot reach e */
+            pos = from;
+            w->nxt.n = 0;
+            live = true;
+        }
+        for (; pos < e; pos++) {
+            if (w->nxt.n == 0) { /* nothing live: to the next possible first byte */
+                while (pos < e && !byteset_has(&sr->first, w->buf[pos]))
+                    pos++;
+                if (pos == e)
+                    break;
+            }
+            step_close(w, pos);
+            step_byte(w, pos);
+        }
+        starts[k] = step_close(w, e);
+        if (e < w->len)
+            step_byte(w, e);
+        pos = e + 1;
+        live = e < w->len;
+    }
+}
+
+/* ---- the backward walk -------------------------------------------------- */
+
+/* Closes w->cur (a plain set) under the reversed epsilon edges allowed at
+ * offset i. */
+static void back_close(struct walk *w, const struct som_rule *sr, size_t i)
+{
+    uint32_t want =
+        COND_PREV(nfa_prev_kind(w->buf, i)) | COND_NEXT(nfa_next_kind(w->buf, w->len, i));
+    uint32_t sp = 0;
+    for (uint32_t j = 0; j < w->cur.n; j++)
+        w->stack[sp++] = w->cur.state[j];
+    while (sp > 0) {
+        uint32_t x = w->stack[--sp];
+        for (uint32_t e = sr->reps_first[x]; e < sr->reps_first[x + 1]; e++) {
+            uint32_t to = sr->reps[e].to;
+            if ((sr->reps[e].cond & want) == want && w->mark[to] != w->gen) {
+                w->mark[to] = w->gen;
+                w->cur.state[w->cur.n++] = to;
+                w->stack[sp++] = to;
+            }
+        }
+    }
+}
+
+/* The leftmost start of a match ending at e, walking the reversed NFA from
+ * the rule's final state back until no state is live (or `lo`): the
+ * furthest-back offset where the forward start state is reached. Takes one
+ * unit of *budget per byte; returns false, with *budget 0, when it ran out. */
+static bool back_walk(const struct som_rule *sr, struct walk *w, size_t e, size_t lo,
+                      uint64_t *budget, uint64_t *start)
+{
+    const struct nfa *nfa = &sr->nfa;
+    uint64_t best = SOM_NONE;
+    mark_next(w);
+    w->cur.n = 0;
+    for (uint32_t x = 0; x < nfa->n_states; x++) {
+        if (nfa->accept[x] >= 0) {
+            w->mark[x] = w->gen;
+            w->cur.state[w->cur.n++] = x;
+        }
+    }
+    for (size_t i = e;; i--) {
+        back_close(w, sr, i);
+        if (w->mark[nfa->start] == w->gen)
+            best = i;
+        if (i == lo || w->cur.n == 0)
+            break;
+        if (*budget == 0)
+            return false;
+        --*budget;
+        uint8_t c = w->buf[i - 1];
+        mark_next(w);
+        w->nxt.n = 0;
+        for (uint32_t j = 0; j < w->cur.n; j++) {
+            uint32_t x = w->cur.state[j];
+            for (uint32_t k = sr->rbyte_first[x]; k < sr->rbyte_first[x + 1]; k++) {
+                uint32_t to = sr->rbyte[k].to;
+                if (w->mark[to] != w->gen && byteset_has(&nfa->sets[sr->rbyte[k].set], c)) {
+                    w->mark[to] = w->gen;
+                    w->nxt.state[w->nxt.n++] = to;
+                }
+            }
+        }
+        struct tlist t = w->cur;
+        w->cur = w->nxt;
+        w->nxt = t;
+    }
+    *start = best;
+    return true;
+}
+
 int som_rule_starts(const struct som_rule *sr, const uint8_t *buf, size_t len, const uint64_t *ends,
                     size_t n, uint64_t *starts)
 {
@@ -195,44 +395,45 @@ int som_rule_starts(const struct som_rule *sr, const uint8_t *buf, size_t len, c
     w.nxt.start = malloc(ns * sizeof(uint64_t));
     w.mark = calloc(ns, sizeof(uint32_t));
     w.stack = malloc(stack * sizeof(uint32_t));
-    int rc = 0;
     if (w.cur.state == NULL || w.cur.start == NULL || w.nxt.state == NULL || w.nxt.start == NULL ||
         w.mark == NULL || w.stack == NULL) {
-        rc = -ENOMEM;
-        goto out;
+        free(w.cur.state);
+        free(w.cur.start);
+        free(w.nxt.state);
+        free(w.nxt.start);
+        free(w.mark);
+        free(w.stack);
+        return -ENOMEM;
     }
-    size_t pos = 0;    /* next offset to close at */
-    bool live = false; /* whether w.nxt holds the walk's states before pos */
-    for (size_t k = 0; k < n; k++) {
-        if (k > 0 && ends[k] == ends[k - 1]) {
-            starts[k] = starts[k - 1];
-            continue;
+    /* Backward from each end first: most walks die within a few bytes of
+     * the match. Walks that reach far back (a `.*` with s, many ends) would
+     * cost a pass each, so past a budget of an eighth of the forward walk's
+     * bytes (a backward step costs about ten forward ones) the rest go
+     * forward, in one pass: at worst about twice the forward walk alone. */
+    size_t k = 0;
+    if (n > 0) {
+        size_t last = ends[n - 1] < len ? (size_t)ends[n - 1] : len;
+        uint64_t budget =
+            (last - window_start(sr->reach, ends[0] < len ? ends[0] : len)) / 8 + 65536;
+        for (; k < n; k++) {
+            size_t e = ends[k] < len ? (size_t)ends[k] : len;
+            if (k > 0 && ends[k] == ends[k - 1]) {
+                starts[k] = starts[k - 1];
+                continue;
+            }
+            if (!back_walk(sr, &w, e, window_start(sr->reach, e), &budget, &starts[k]))
+                break;
         }
-        size_t e = ends[k] < len ? (size_t)ends[k] : len;
-        size_t from = window_start(sr->reach, e);
-        if (!live || from > pos) { /* a new window: the walk so far cannot reach e */
-            pos = from;
-            w.nxt.n = 0;
-            live = true;
-        }
-        for (; pos < e; pos++) {
-            step_close(&w, pos);
-            step_byte(&w, pos);
-        }
-        starts[k] = step_close(&w, e);
-        if (e < len)
-            step_byte(&w, e);
-        pos = e + 1;
-        live = e < len;
     }
-out:
+    if (k < n)
+        forward_starts(sr, &w, ends + k, n - k, starts + k);
     free(w.cur.state);
     free(w.cur.start);
     free(w.nxt.state);
     free(w.nxt.start);
     free(w.mark);
     free(w.stack);
-    return rc;
+    return 0;
 }
 
 /* ---- per-catalog finders ------------------------------------------------ */
