@@ -3,9 +3,11 @@
  * end offset e that an engine reported for a rule, the smallest s such that
  * buf[s..e) matches the rule. docs/engine.md ("Start of match") gives the
  * design; in short, the engines keep finding ends only, and starts are
- * computed afterwards on the host, per (buffer, rule), by a leftmost-start
- * simulation of the rule's own Thompson NFA (its leading `.*` kept) over a
- * window that reaches the rule's longest match back from each end.
+ * computed afterwards on the host, per (buffer, rule), from the rule's own
+ * Thompson NFA (its leading `.*` kept): backward from each end over the
+ * reversed NFA until no state is live, or, when those walks reach too far
+ * back, by one forward leftmost-start walk over the window that reaches the
+ * rule's longest match back from each end.
  *
  * The NFA is rebuilt from the rule's canonical source in the catalog, so a
  * catalog needs no extra section and any rule can be asked for starts.
@@ -44,9 +46,11 @@ uint32_t som_rule_reach(const struct som_rule *sr);
 /*
  * Fills starts[i] with the leftmost start of a match of the rule that ends
  * at ends[i] in buf[0..len) (SOM_NONE when none does). `ends` must be sorted
- * ascending (duplicates allowed) and each <= len. Bounded rules walk at most
- * their reach before each end (overlapping windows once); unbounded ones walk
- * from the buffer's start to the last end. Returns 0 or -ENOMEM.
+ * ascending (duplicates allowed) and each <= len. No walk goes back further
+ * than the rule's reach before an end (for unbounded rules: the buffer's
+ * start); the backward walks together take at most an eighth of the
+ * window's bytes (plus 64 Ki) before the rest go forward. Returns 0 or
+ * -ENOMEM.
  * Thread-safe: the scratch is the call's own.
  */
 int som_rule_starts(const struct som_rule *sr, const uint8_t *buf, size_t len, const uint64_t *ends,
