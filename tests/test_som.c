@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "oomfault.h"
 #include "patfile.h"
 #include "refscan.h"
 #include "rules.h"
@@ -472,6 +473,60 @@ START_TEST(flag_letter)
 }
 END_TEST
 
+/* Every allocation of building a finder and of finding starts (backward,
+ * and forward past the budget) fails in turn: each failure is -ENOMEM with
+ * a message (nothing leaks under ASan), and the starts are exact again once
+ * allocations succeed. */
+START_TEST(allocation_failures)
+{
+    static const char text[] = "a:/(?s)a.*b/L\nw:/\\bx\\w+/L\n";
+    struct patfile pf;
+    struct vks_error err;
+    ck_assert_int_eq(patfile_parse(text, strlen(text), &pf, &err), 0);
+    struct rules_options opt = {.threads = 1};
+    struct rules_result res;
+    ck_assert_int_eq(rules_compile(pf.rules, pf.n, &opt, &res, &err), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    static uint8_t hay[100000];
+    struct rng r = {5};
+    gen_data(&r, hay, sizeof(hay));
+    struct scan_hits hits = {0};
+    ck_assert_int_eq(refscan_buffer(res.catalog, hay, sizeof(hay), SCAN_ALL, &hits), 0);
+    ck_assert_uint_gt(hits.n, 1000);
+    struct som_hit *want = calloc(hits.n, sizeof(*want)), *got = calloc(hits.n, sizeof(*got));
+    ck_assert(want != NULL && got != NULL);
+    for (size_t i = 0; i < hits.n; i++)
+        want[i] = (struct som_hit){.rule = hits.v[i].rule, .end = hits.v[i].end};
+    struct som_set *ref = som_set_create(res.catalog);
+    ck_assert_int_eq(som_fill(ref, hay, sizeof(hay), want, hits.n, 0, &err), 0);
+    long fails = 0;
+    for (long nth = 1;; nth++) {
+        memcpy(got, want, hits.n * sizeof(*got));
+        oomfault_open(nth);
+        struct som_set *set = som_set_create(res.catalog);
+        int rc = set == NULL ? -ENOMEM : som_fill(set, hay, sizeof(hay), got, hits.n, 0, &err);
+        som_set_destroy(set);
+        oomfault_close();
+        if (!oomfault_fired()) {
+            ck_assert_int_eq(rc, 0);
+            break;
+        }
+        fails++;
+        ck_assert_int_eq(rc, -ENOMEM);
+        if (set != NULL)
+            ck_assert_ptr_nonnull(strstr(err.msg, "out of memory"));
+    }
+    ck_assert_int_gt(fails, 10);
+    ck_assert(memcmp(got, want, hits.n * sizeof(*got)) == 0);
+    som_set_destroy(ref);
+    free(want);
+    free(got);
+    scan_hits_finish(&hits);
+    rules_result_finish(&res);
+    patfile_finish(&pf);
+}
+END_TEST
+
 Suite *som_suite(void)
 {
     Suite *s = suite_create("som");
@@ -481,6 +536,7 @@ Suite *som_suite(void)
     tcase_add_test(tc, known);
     tcase_add_test(tc, long_gaps);
     tcase_add_test(tc, random_rules);
+    tcase_add_test(tc, allocation_failures);
     suite_add_tcase(s, tc);
     return s;
 }
