@@ -1437,6 +1437,102 @@ START_TEST(test_connection_cap)
 }
 END_TEST
 
+/*
+ * TIMEOUT for a scan's own timeout_ms: with one batch in flight holding one
+ * buffer (--inflight-batches 1, --batch-max-buffers 1) and one CPU thread,
+ * a scan of 32 MiB through a bit-NFA rule takes far longer than 5 ms, so
+ * the scan pipelined behind it with timeout_ms 5 is still queued when its
+ * deadline passes: TIMEOUT with its id and a message. The long scan and a
+ * scan after the timeout give exact hits.
+ */
+START_TEST(test_scan_timeout)
+{
+    static const struct vks_rule slow_rules[] = {
+        {"lit", VKS_RULE_LITERAL, "needle", 0, NULL},
+        {"nfa", VKS_RULE_REGEX, "q[a-z]{70}z", 0, NULL},
+    };
+    struct daemon d;
+    const char *extra[] = {
+        "--engine", "cpu", "--cpu-threads", "1", "--inflight-batches", "1", "--batch-max-buffers",
+        "1",        NULL};
+    daemon_start(&d, NULL, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, slow_rules, 2, false);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    struct catalog *ref = local_catalog(slow_rules, 2);
+    size_t big_len = 32u << 20;
+    uint8_t *big = malloc(big_len);
+    ck_assert_ptr_nonnull(big);
+    for (size_t i = 0; i < big_len; i++)
+        big[i] = (uint8_t)('a' + i % 23);
+    memcpy(big + big_len / 2, "needle", 6);
+    int mfd = make_memfd(big, big_len, true);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_head(&pk, 40, "scan", 2);
+    pack_str(&pk, "catalog");
+    msgpack_pack_bin(&pk, 32);
+    msgpack_pack_bin_body(&pk, fp, 32);
+    pack_str(&pk, "buffers");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 1);
+    pack_str(&pk, "fd");
+    msgpack_pack_uint32(&pk, 0);
+    int fd = raw_connect(&d);
+    raw_frame(fd, &sb, &mfd, 1);
+    close(mfd);
+    msgpack_sbuffer_clear(&sb);
+    pack_head(&pk, 41, "scan", 3);
+    pack_str(&pk, "catalog");
+    msgpack_pack_bin(&pk, 32);
+    msgpack_pack_bin_body(&pk, fp, 32);
+    pack_str(&pk, "buffers");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 1);
+    pack_str(&pk, "data");
+    msgpack_pack_bin(&pk, 6);
+    msgpack_pack_bin_body(&pk, "needle", 6);
+    pack_str(&pk, "timeout_ms");
+    msgpack_pack_uint32(&pk, 5);
+    raw_frame(fd, &sb, NULL, 0);
+    msgpack_sbuffer_destroy(&sb);
+    /* Replies may come in any order: the timeout first, surely. */
+    struct proto_reply *rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_msg(rep->id == 41 && rep->error.code == -VKS_E_TIMEOUT,
+                  "first reply: id %u error %d (%s), expected 41 TIMEOUT", rep->id, rep->error.code,
+                  rep->error.msg);
+    ck_assert(rep->error.msg[0] != '\0');
+    proto_reply_destroy(rep);
+    rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_uint_eq(rep->id, 40);
+    ck_assert_msg(rep->error.code == 0, "long scan: %d %s", rep->error.code, rep->error.msg);
+    struct scan_hits want = {0};
+    ck_assert_int_eq(refscan_buffer(ref, big, big_len, SCAN_ALL, &want), 0);
+    ck_assert_uint_eq(rep->u.scan.n_hits, want.n);
+    scan_hits_finish(&want);
+    proto_reply_destroy(rep);
+    close(fd);
+    free(big);
+    static uint8_t buf[3000];
+    make_haystack(buf, sizeof(buf));
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = buf, .len = sizeof(buf)};
+    struct vks_scan_options so = {.struct_size = sizeof(so), .timeout_ms = 60000};
+    struct vks_scan_result res = {0};
+    ck_assert_int_eq(vks_client_scan(c, fp, &vb, 1, &so, &res, NULL), 0);
+    check_hits(ref, &res, 0, buf, sizeof(buf), SCAN_ALL);
+    vks_scan_result_finish(&res);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
 /* ---- device failures in a running daemon (tests/fault/vkfault) ---------- */
 
 /* Arms the vkfault interposer preloaded into `d` (vkfault.h: VKFAULT_CTL):
@@ -2245,6 +2341,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_device_faults);
     tcase_add_test(tc, test_protocol_error);
     tcase_add_test(tc, test_connection_cap);
+    tcase_add_test(tc, test_scan_timeout);
     suite_add_tcase(s, tc);
     return s;
 }
