@@ -1425,6 +1425,121 @@ START_TEST(test_cli_tail)
 }
 END_TEST
 
+/* ---- tenants take turns on the CPU engine --------------------------------- */
+
+/* Tenant B's side of test_daemon_tenants_take_turns, as uid 65534: loads
+ * the rules and opens a stream, tells the parent (`go[1]`), waits for the
+ * word (`go[0]`), then writes once; exits with the number of writes the
+ * daemon answered between just before its write and its reply (1 + those
+ * of tenant A), or 200 + the writes answered before it when A's queue was
+ * already short (nothing to measure). */
+struct turns {
+    int ready[2], go[2];
+    uint32_t a_writes;
+};
+
+static int tenant_b(const struct daemon *d, void *arg)
+{
+    struct turns *t = arg;
+    struct vks_client *c = NULL;
+    struct vks_error err = {0};
+    struct vks_catalog *cat = NULL;
+    struct vks_stream *s = NULL;
+    if (vks_client_connect(d->sock, NULL, &c, &err) != 0 ||
+        vks_client_catalog_load(c, drules, N_DRULES, NULL, &cat, &err) != 0 ||
+        vks_stream_open(c, vks_catalog_fingerprint(cat), NULL, &s, &err) != 0)
+        return 150;
+    char b = 1;
+    if (write(t->ready[1], &b, 1) != 1 || read(t->go[0], &b, 1) != 1)
+        return 151;
+    struct vks_stats st = {0};
+    if (vks_client_stats(c, &st, &err) != 0)
+        return 152;
+    uint64_t w0 = vks_stat_find(st.stats, st.n_stats, "stream.writes")->u;
+    vks_stats_finish(&st);
+    struct vks_scan_result res;
+    if (vks_stream_write(s, "needle", 6, &res, &err) != 0 || res.n_hits != 1)
+        return 153;
+    vks_scan_result_finish(&res);
+    if (vks_client_stats(c, &st, &err) != 0)
+        return 154;
+    uint64_t w1 = vks_stat_find(st.stats, st.n_stats, "stream.writes")->u;
+    vks_stats_finish(&st);
+    vks_stream_close(s, NULL, &err);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    if (t->a_writes - w0 < 6) /* A had fewer than 6 writes left: inconclusive */
+        return (int)(200 + (w0 < 50 ? w0 : 50));
+    return (int)(w1 - w0);
+}
+
+/* With one CPU engine thread, tenant A has 8 streams with 3 pipelined
+ * 2 MiB writes each; tenant B's one write, sent while A's are queued, is
+ * answered after at most A's write that runs and one more (tenants take
+ * turns), not after every ready write of A (8 of them, first come first
+ * served). Needs root to be a second uid. */
+START_TEST(test_daemon_tenants_take_turns)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_daemon_tenants_take_turns: needs root to switch uid; skipped\n");
+        return;
+    }
+    struct daemon d;
+    daemon_start(&d, (const char *const[]){"--cpu-threads", "1", "--socket-mode", "0666", NULL});
+    ck_assert_int_eq(chmod(d.dir, 0755), 0);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, drules, N_DRULES);
+    enum { STREAMS = 8, ROUNDS = 3 };
+    struct turns t = {.a_writes = STREAMS * ROUNDS};
+    ck_assert_int_eq(pipe(t.ready), 0);
+    ck_assert_int_eq(pipe(t.go), 0);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        if (setgid(65534) != 0 || setuid(65534) != 0)
+            _exit(100);
+        _exit(tenant_b(&d, &t));
+    }
+    char b;
+    ck_assert_int_eq(read(t.ready[0], &b, 1), 1);
+    int a = raw_connect(&d);
+    int ids[STREAMS];
+    for (int i = 0; i < STREAMS; i++) {
+        ids[i] = raw_stream(a, PROTO_OP_STREAM_OPEN, 0, vks_catalog_fingerprint(cat), NULL);
+        ck_assert_int_gt(ids[i], 0);
+    }
+    size_t big = 2u << 20;
+    char *data = malloc(big);
+    memset(data, 'a', big);
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int i = 0; i < STREAMS; i++)
+            raw_send(a, (uint32_t)(100 + r * STREAMS + i), PROTO_OP_STREAM_WRITE, (uint32_t)ids[i],
+                     data, big);
+        if (r == 0)
+            ck_assert_int_eq(write(t.go[1], &b, 1), 1); /* B writes now */
+    }
+    for (int i = 0; i < STREAMS * ROUNDS; i++) {
+        struct proto_reply *rep = raw_recv(a);
+        ck_assert_int_eq(rep->error.code, 0);
+        proto_reply_destroy(rep);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(child, &st, 0), child);
+    ck_assert(WIFEXITED(st));
+    int n = WEXITSTATUS(st);
+    fprintf(stderr, "tenants take turns: B's write answered after %d writes%s\n",
+            n >= 200 ? n - 200 : n, n >= 200 ? " (A was nearly done: inconclusive)" : "");
+    ck_assert_int_lt(n, 150); /* B itself worked */
+    if (n < 200)
+        ck_assert_int_le(n, 3); /* its own, A's running one, one more at most */
+    free(data);
+    close(a);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
 /* ---- the CLI keeps flat memory on large inputs ---------------------------- */
 
 #define FLAT_BYTES (64u << 20)      /* input per run */
@@ -1569,6 +1684,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_cli_large_file_in_pieces);
     tcase_add_test(td, test_cli_tail);
     tcase_add_test(td, test_cli_flat_memory);
+    tcase_add_test(td, test_daemon_tenants_take_turns);
     suite_add_tcase(s, td);
     return s;
 }
