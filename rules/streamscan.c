@@ -33,9 +33,10 @@
 #define KIND_NL_ANY ((1u << CAT_K_NL) | (1u << CAT_K_NL_LAST))
 
 /* The stream: this header, then the DFA states (`width` bytes each: the
- * narrowest that holds every group's state ids) and the bit-NFA state
- * vectors (u32 words, group after group), in one allocation. The
- * single-match bits are allocated at the first single-match hit. */
+ * narrowest that holds every group's state ids), the bit-NFA state vectors
+ * of the groups not kept by history (u32 words, group after group) and the
+ * history, in one allocation. The single-match bits are allocated at the
+ * first single-match hit. */
 struct streamscan {
     const struct catalog *cat;
     uint64_t total;       /* bytes written */

@@ -1,10 +1,12 @@
 /*
  * Stream scanning: one logical buffer that arrives in writes. A stream
- * carries the real automaton state of every group between writes (a u32
- * per DFA group, the state vector of every bit-NFA group), the kind of the
- * byte before, and one bit per single-match rule, so a match that straddles
- * writes is found and nothing is buffered. docs/engine.md ("Streams") gives
- * the model.
+ * carries, between writes, the automaton state of its groups (1 to 4 bytes
+ * per DFA group, the state vector of each long bit-NFA group), the last
+ * bytes that its short bounded groups and its groups of plain strings need
+ * (their state is rebuilt from them, or their strings matched over them),
+ * the kind of the byte before, and the single-match rules already
+ * reported, so a match that straddles writes is found and no more than
+ * those last bytes are kept. docs/engine.md ("Streams") gives the model.
  *
  * The union of the hits of every write plus the close equals
  * refscan_buffer(SCAN_ALL) over the concatenation, exactly. Ends are counted
