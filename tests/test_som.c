@@ -6,7 +6,7 @@
  * (from, to) pairs Hyperscan reports. Also: the flag letter, the catalog
  * flag, and hand-picked cases whose starts are known.
  *
- * Knobs: VKS_SOM_SEED (default 1), VKS_SOM_CASES (random rules, default 400).
+ * Knobs: VKS_SOM_SEED (default 1), VKS_SOM_CASES (random rules, default 300).
  */
 #include <check.h>
 #include <errno.h>
@@ -316,7 +316,7 @@ static void gen_data(struct rng *r, uint8_t *p, size_t n)
 
 START_TEST(random_rules)
 {
-    unsigned seed0 = env_uint("VKS_SOM_SEED", 1), n = env_uint("VKS_SOM_CASES", 400);
+    unsigned seed0 = env_uint("VKS_SOM_SEED", 1), n = env_uint("VKS_SOM_CASES", 300);
     static const uint32_t fl[] = {0,
                                   0,
                                   0,
