@@ -5,8 +5,10 @@
  * dispatch's pipeline shape. docs/gpu.md describes the layout.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -418,7 +420,118 @@ static void plan_gates_finish(struct plan_gates *pg, uint32_t n)
     pg->v = NULL;
 }
 
-/* Finds the factor ends of catalog c's buffers when it has gated groups. */
+/* One piece (lo, hi] of one buffer's factor walk, on the host. */
+struct gate_job {
+    const struct catalog *cat;
+    const uint8_t *data;
+    size_t len;
+    uint64_t lo, hi;
+    uint32_t buf;
+    struct refscan_gate out;
+    int rc;
+};
+
+/* Shared by the factor-walk threads: the next job to take. */
+struct gate_pool {
+    struct gate_job *jobs;
+    size_t n, next;
+    pthread_mutex_t lock;
+};
+
+static void *gate_worker(void *arg)
+{
+    struct gate_pool *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->lock);
+        size_t i = p->next++;
+        pthread_mutex_unlock(&p->lock);
+        if (i >= p->n)
+            return NULL;
+        struct gate_job *j = &p->jobs[i];
+        j->rc = refscan_factor_scan(j->cat, j->data, j->len, j->lo, j->hi, &j->out);
+    }
+}
+
+/* Pieces of at least this many bytes: a thread's start-up and a piece's
+ * re-walked factor length (16 bytes) stay small against its walk. */
+#define GATE_PIECE   (1u << 18)
+#define GATE_THREADS 16u
+
+/* Runs jobs[0..n) on up to GATE_THREADS threads (this one included). */
+static void gate_run(struct gate_job *jobs, size_t n)
+{
+    struct gate_pool p = {.jobs = jobs, .n = n};
+    pthread_t th[GATE_THREADS];
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t want = cores < 1 ? 1 : (size_t)cores, started = 0;
+    want = want < GATE_THREADS ? want : GATE_THREADS;
+    want = want < n ? want : n;
+    if (pthread_mutex_init(&p.lock, NULL) != 0) {
+        for (size_t i = 0; i < n; i++) /* no lock: walk them here, one by one */
+            jobs[i].rc = refscan_factor_scan(jobs[i].cat, jobs[i].data, jobs[i].len, jobs[i].lo,
+                                             jobs[i].hi, &jobs[i].out);
+        return;
+    }
+    for (; started + 1 < want; started++)
+        if (pthread_create(&th[started], NULL, gate_worker, &p) != 0)
+            break;
+    gate_worker(&p);
+    for (size_t t = 0; t < started; t++)
+        pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&p.lock);
+}
+
+/* The jobs of catalog c's buffers: each buffer in pieces of at least
+ * GATE_PIECE bytes, about as many pieces in all as threads. */
+static struct gate_job *gate_jobs(const struct gpu_batch *b, uint32_t c, size_t *n_out)
+{
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < b->n_buffers; i++)
+        total += b->buffers[i].catalog == c ? b->buffers[i].len : 0;
+    uint64_t piece = total / GATE_THREADS > GATE_PIECE ? total / GATE_THREADS : GATE_PIECE;
+    size_t n = 0, cap = 0;
+    struct gate_job *jobs = NULL;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        const struct gpu_buffer *gb = &b->buffers[i];
+        for (uint64_t lo = 0; gb->catalog == c && (lo < gb->len || lo == 0); lo += piece) {
+            if (gpu_grow_array((void **)&jobs, &cap, n + 1, sizeof(*jobs)) < 0) {
+                free(jobs);
+                return NULL;
+            }
+            uint64_t hi = lo + piece < gb->len ? lo + piece : gb->len;
+            jobs[n++] = (struct gate_job){.cat = b->catalogs[c],
+                                          .data = gb->data,
+                                          .len = gb->len,
+                                          .lo = lo,
+                                          .hi = hi,
+                                          .buf = i};
+            if (hi == gb->len)
+                break;
+        }
+    }
+    *n_out = n;
+    return jobs != NULL ? jobs : calloc(1, sizeof(*jobs));
+}
+
+/* Joins the pieces' candidates into pg->v[buffer], sorted; frees them. */
+static int gate_join(struct gate_job *jobs, size_t n, struct plan_gates *pg)
+{
+    int rc = 0;
+    for (size_t k = 0; k < n; k++) {
+        struct refscan_gate *to = &pg->v[jobs[k].buf];
+        rc = rc != 0 ? rc : jobs[k].rc;
+        for (size_t x = 0; rc == 0 && x < jobs[k].out.n; x++)
+            rc = refscan_gate_push(to, jobs[k].out.v[x].nfa, jobs[k].out.v[x].end);
+        refscan_gate_finish(&jobs[k].out);
+        if (rc == 0 && (k + 1 == n || jobs[k + 1].buf != jobs[k].buf))
+            refscan_gate_sort(to);
+    }
+    return rc;
+}
+
+/* Finds the factor ends of catalog c's buffers when it has gated groups:
+ * the host walks the factor group over every byte, in pieces on up to 16
+ * threads (issue 9: 3.5 s/GiB on one). */
 static int plan_gates_find(struct batch_ctx *bc, uint32_t c, struct plan_gates *pg)
 {
     const struct gpu_batch *b = bc->batch;
@@ -433,16 +546,14 @@ static int plan_gates_find(struct batch_ctx *bc, uint32_t c, struct plan_gates *
     if (!any)
         return 0;
     pg->v = calloc(b->n_buffers ? b->n_buffers : 1, sizeof(*pg->v));
-    if (pg->v == NULL)
+    size_t n = 0;
+    struct gate_job *jobs = pg->v != NULL ? gate_jobs(b, c, &n) : NULL;
+    if (jobs == NULL)
         return -ENOMEM;
-    for (uint32_t i = 0; i < b->n_buffers; i++) {
-        if (b->buffers[i].catalog != c)
-            continue;
-        if (refscan_factor_ends(cat, b->buffers[i].data, b->buffers[i].len, 0, b->buffers[i].len,
-                                &pg->v[i]) < 0)
-            return -ENOMEM;
-    }
-    return 0;
+    gate_run(jobs, n);
+    int rc = gate_join(jobs, n, pg);
+    free(jobs);
+    return rc;
 }
 
 /*

@@ -443,17 +443,27 @@ int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t le
     if (hi > len)
         hi = len;
     uint64_t flo = lo > lb && lb != CATALOG_UNBOUNDED ? lo - lb : 0;
-    for (uint32_t k = 0; k < catalog_group_count(cat); k++) {
+    int rc = refscan_factor_scan(cat, buf, len, flo, hi, out);
+    if (rc == 0)
+        refscan_gate_sort(out);
+    return rc;
+}
+
+int refscan_factor_scan(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                        uint64_t hi, struct refscan_gate *out)
+{
+    if (hi > len)
+        hi = len;
+    for (uint32_t k = 0; k < catalog_group_count(cat) && lo < hi; k++) {
         struct catalog_group g;
         catalog_group(cat, k, &g);
         if (!(g.flags & CAT_GF_FACTOR))
             continue;
         /* factors have no assertions: any start state is the same one */
-        size_t begin = flo + 1 > g.maxlen ? (size_t)(flo + 1 - g.maxlen) : 0;
-        if (factor_walk(&g, buf, begin, flo, hi, out) != 0)
+        size_t begin = lo + 1 > g.maxlen ? (size_t)(lo + 1 - g.maxlen) : 0;
+        if (factor_walk(&g, buf, begin, lo, hi, out) != 0)
             return -ENOMEM;
     }
-    refscan_gate_sort(out);
     return 0;
 }
 

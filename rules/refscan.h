@@ -84,6 +84,13 @@ struct refscan_gate {
 int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                         uint64_t hi, struct refscan_gate *out);
 
+/* Appends the candidates whose factor ends lie in (lo, hi] exactly,
+ * unsorted: pieces of one buffer can be walked on several threads and their
+ * candidates joined, then sorted (gpu/plan.c). Returns 0 or -ENOMEM.
+ * Thread-safe for concurrent calls with different `out`. */
+int refscan_factor_scan(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                        uint64_t hi, struct refscan_gate *out);
+
 /* Appends one candidate (unsorted; refscan_gate_sort before use). */
 int refscan_gate_push(struct refscan_gate *g, uint32_t nfa, uint64_t end);
 void refscan_gate_sort(struct refscan_gate *g);

@@ -443,6 +443,50 @@ START_TEST(test_confirm_nfa)
 }
 END_TEST
 
+/* The host walks the factor group of a long buffer in pieces of 256 KiB
+ * (gpu/plan.c, GATE_PIECE) on several threads: factors that end just
+ * before, at and just after a piece's edge, or straddle it, still gate
+ * their windows and forward confirmations. */
+START_TEST(test_gated_pieces)
+{
+    static const struct trule rules[] = {
+        {"win", RULE_REGEX, "qzkey[0-9]{2,8}x", 0},
+        {"fwd", RULE_REGEX, "wvtok[a-z]*;", 0},
+    };
+    struct gpu_engine *eng = engine(NULL);
+    struct rules_options ro = {.force_bitnfa = true};
+    struct catalog *cat = compile_rules_opt(rules, 2, &ro);
+    for (uint32_t k = 0; k < catalog_nfa_count(cat); k++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, k, &g);
+        ck_assert(g.flags & CAT_GF_GATED);
+    }
+    const size_t piece = 1u << 18, len = 6 * piece + 1000;
+    uint8_t *d = malloc(len);
+    memset(d, '.', len);
+    size_t planted = 0;
+    for (size_t k = 1; k <= 6; k++) {
+        /* the factor (5 bytes) ends at edge - 1 .. edge + 4: before, at,
+         * and straddling the edge */
+        size_t end = k * piece + k - 2;
+        const char *x = k % 2 ? "qzkey123x" : "wvtokab;";
+        memcpy(d + end - 5, x, strlen(x));
+        memcpy(d + k * piece - 5000, x, strlen(x)); /* and inside a piece */
+        planted += 2;
+    }
+    struct gpu_buffer buf = {.data = d, .len = len, .mode = SCAN_ALL};
+    const struct catalog *cats[] = {cat};
+    struct gpu_batch b = {cats, 1, &buf, 1};
+    struct gpu_result res = {0};
+    size_t hits = check_batch(eng, &b, &res);
+    ck_assert_uint_eq(hits, planted);
+    gpu_result_finish(&res);
+    free(d);
+    catalog_destroy(cat);
+    gpu_engine_destroy(eng);
+}
+END_TEST
+
 /* A buffer longer than a segment with matches of bit-NFA rules straddling
  * segment boundaries: a bounded gap rule (segments start maxlen-1 early),
  * an unbounded one (chained rounds carry the state vector) and a 1000-wide
@@ -1297,6 +1341,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_bitnfa_segments);
     tcase_add_test(tc, test_gated_nfa);
     tcase_add_test(tc, test_confirm_nfa);
+    tcase_add_test(tc, test_gated_pieces);
     tcase_add_test(tc, test_long_buffers);
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
