@@ -377,22 +377,45 @@ static int gated_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struc
     return 0;
 }
 
-/* One merged interval [a, b) of allowed starts of a forward-confirmed group:
- * one item, walked from a until its state dies at or after b (the kernel
- * runs an unbounded group's non-chained item so). */
-static int confirm_item(void *ctx, uint64_t a, uint64_t b)
+/* Start intervals closer than a segment (the plan's seg_bytes) are walked
+ * as one item, and a buffer gets at most CONFIRM_ITEMS items. Allowing more starts than the factors
+ * ask for only costs work (every match found is a match), but each item
+ * walks until its state dies, which for a rule like `key(?s).*x` is the
+ * buffer's end: merging bounds a buffer's work to CONFIRM_ITEMS walks. */
+#define CONFIRM_ITEMS 16u
+
+struct confirm_job {
+    uint64_t (*iv)[2];
+    size_t n, cap;
+    uint64_t gap;
+};
+
+static int confirm_interval(void *ctx, uint64_t a, uint64_t b)
 {
-    struct window_job *j = ctx;
-    return push_item(&j->bc->eng->scratch, &j->bc->n_meta, j->buf, (uint32_t)a, (uint32_t)b, 0);
+    struct confirm_job *j = ctx;
+    if (j->n > 0 && a <= j->iv[j->n - 1][1] + j->gap) {
+        j->iv[j->n - 1][1] = b;
+        return 0;
+    }
+    if (gpu_grow_array((void **)&j->iv, &j->cap, j->n + 1, sizeof(*j->iv)) < 0)
+        return -ENOMEM;
+    j->iv[j->n][0] = a;
+    j->iv[j->n][1] = b;
+    j->n++;
+    return 0;
 }
 
 /* Items of forward-confirmed (CAT_GF_CONFIRM) group k around its factors'
- * ends: starts in [e - lookback, e), merged. */
+ * ends: starts in [e - lookback, e), merged; one item per interval, walked
+ * from its start until the state dies at or after its end (the kernel runs
+ * an unbounded group's item that is not chained so). */
 static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struct catalog_nfa *g,
                          const struct plan_gates *pg)
 {
     const struct gpu_batch *b = bc->batch;
-    for (uint32_t i = 0; i < b->n_buffers; i++) {
+    struct confirm_job j = {NULL, 0, 0, bc->plan.seg_bytes};
+    int rc = 0;
+    for (uint32_t i = 0; i < b->n_buffers && rc == 0; i++) {
         if (b->buffers[i].catalog != c)
             continue;
         const struct refscan_gate *gate = &pg->v[i];
@@ -402,14 +425,20 @@ static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const str
         size_t z = a;
         while (z < gate->n && gate->v[z].nfa == k)
             z++;
-        struct window_job j = {bc, i, 0};
-        int rc = refscan_confirm_starts(g->lookback, &gate->v[a].end, z - a,
-                                        sizeof(struct refscan_cand) / sizeof(uint64_t),
-                                        confirm_item, &j);
-        if (rc < 0)
-            return rc;
+        j.n = 0;
+        rc = refscan_confirm_starts(g->lookback, &gate->v[a].end, z - a,
+                                    sizeof(struct refscan_cand) / sizeof(uint64_t),
+                                    confirm_interval, &j);
+        if (rc == 0 && j.n > CONFIRM_ITEMS) { /* one walk from the first start */
+            j.iv[0][1] = j.iv[j.n - 1][1];
+            j.n = 1;
+        }
+        struct batch_scratch *s = &bc->eng->scratch;
+        for (size_t x = 0; x < j.n && rc == 0; x++)
+            rc = push_item(s, &bc->n_meta, i, (uint32_t)j.iv[x][0], (uint32_t)j.iv[x][1], 0);
     }
-    return 0;
+    free(j.iv);
+    return rc < 0 ? -ENOMEM : 0;
 }
 
 static void plan_gates_finish(struct plan_gates *pg, uint32_t n)
