@@ -88,7 +88,8 @@ struct result {
     struct gpu_telemetry tel;
     double cpu_med_gbs, hs_med_gbs;                  /* --engine cpu: medians of --iters */
     uint32_t lit_groups, window_groups, full_groups; /* the CPU plan (cpuplan.h) */
-    double plan_s;                                   /* building it */
+    uint32_t shadow_groups;
+    double plan_s; /* building it */
 };
 
 static double now_s(void)
@@ -786,7 +787,9 @@ static void run_workload_cpu(const char *name, struct ruleset *rs, struct corpus
     out->plan_s = now_s() - t0;
     out->lit_groups = plan->n_lit_groups;
     out->window_groups = plan->n_window_groups;
-    out->full_groups = plan->n_dfa + plan->n_nfa - plan->n_lit_groups - plan->n_window_groups;
+    out->shadow_groups = plan->n_shadow_groups;
+    out->full_groups = plan->n_dfa + plan->n_nfa - plan->n_lit_groups - plan->n_window_groups -
+                       plan->n_shadow_groups;
     cpuplan_put(plan);
     uint32_t n = (uint32_t)((c->size + buffer - 1) / buffer);
     struct gpu_buffer *bufs = xmalloc(n * sizeof(*bufs));
@@ -832,24 +835,25 @@ static void print_cpu(FILE *f, const struct result *r, size_t n, const struct op
             fprintf(f,
                     "%s{\"name\":\"%s\",\"rules\":%u,\"bytes\":%" PRIu64 ",\"cpu_med_gbs\":%.4f,"
                     "\"hs_med_gbs\":%.4f,\"cpu_hits\":%" PRIu64 ",\"hs_hits\":%" PRIu64
-                    ",\"lit_groups\":%u,\"window_groups\":%u,\"full_groups\":%u,\"plan_s\":%.3f}",
+                    ",\"lit_groups\":%u,\"window_groups\":%u,\"shadow_groups\":%u,"
+                    "\"full_groups\":%u,\"plan_s\":%.3f}",
                     i ? "," : "", r[i].name, r[i].rules, r[i].bytes, r[i].cpu_med_gbs,
                     r[i].hs_med_gbs, r[i].gpu_hits, r[i].hs_hits, r[i].lit_groups,
-                    r[i].window_groups, r[i].full_groups, r[i].plan_s);
+                    r[i].window_groups, r[i].shadow_groups, r[i].full_groups, r[i].plan_s);
         fprintf(f, "]}\n");
         return;
     }
     fprintf(f, "CPU engine (%s) and Hyperscan %s, both on %u threads; medians of %u\n",
             o->cpu_plain ? "refscan walks only" : "fast paths", hs_version(), o->threads, o->iters);
-    fprintf(f, "%-20s %6s %6s %9s %9s %7s %10s %10s %5s %12s %7s\n", "workload", "rules", "MiB",
-            "cpuGB/s", "hsGB/s", "cpu/hs", "cpu hits", "hs hits", "equal", "lit/win/full",
+    fprintf(f, "%-20s %6s %6s %9s %9s %7s %10s %10s %5s %15s %7s\n", "workload", "rules", "MiB",
+            "cpuGB/s", "hsGB/s", "cpu/hs", "cpu hits", "hs hits", "equal", "lit/win/sh/full",
             "plan s");
     for (size_t i = 0; i < n; i++) {
         const struct result *x = &r[i];
-        char groups[32];
-        snprintf(groups, sizeof(groups), "%u/%u/%u", x->lit_groups, x->window_groups,
-                 x->full_groups);
-        fprintf(f, "%-20s %6u %6.0f %9.3f %9.3f %7.2f %10" PRIu64 " %10" PRIu64 " %5s %12s %7.2f\n",
+        char groups[48];
+        snprintf(groups, sizeof(groups), "%u/%u/%u/%u", x->lit_groups, x->window_groups,
+                 x->shadow_groups, x->full_groups);
+        fprintf(f, "%-20s %6u %6.0f %9.3f %9.3f %7.2f %10" PRIu64 " %10" PRIu64 " %5s %15s %7.2f\n",
                 x->name, x->rules, (double)x->bytes / 1048576.0, x->cpu_med_gbs, x->hs_med_gbs,
                 x->hs_med_gbs > 0 ? x->cpu_med_gbs / x->hs_med_gbs : 0, x->gpu_hits, x->hs_hits,
                 x->hs_med_gbs == 0          ? "-"

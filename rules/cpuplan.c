@@ -7,10 +7,12 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "parse.h"
+#include "rules.h"
 
 /* Factor sets: at most FS_MAX strings of at most FS_LEN bytes. */
 #define FS_MAX 16u
@@ -429,24 +431,106 @@ static int make_matcher(const struct entries *e, const uint8_t *mode, struct cpu
     return rc;
 }
 
+/* Rules of gated groups compiled again with this many at most (a bound
+ * on the plan's time). */
+#define SHADOW_MAX_RULES 20000u
+
+/* Compiles the rules of the groups marked in `take` (gated bit-NFA groups)
+ * again, without gating (rules_options.gate_bits), and plans the result.
+ * Clears `take` when there are too many or the result still has gated
+ * groups (the catalog's own gate serves them then); -ENOMEM only for
+ * memory. */
+static int plan_shadow(const struct catalog *cat, struct cpuplan *p, uint8_t *take)
+{
+    uint32_t n = 0, nr = catalog_rule_count(cat);
+    for (uint32_t r = 0; r < nr; r++) {
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        n += cr.group < p->n_dfa + p->n_nfa && take[cr.group];
+    }
+    if (n == 0 || n > SHADOW_MAX_RULES)
+        return 0;
+    struct rule_src *src = calloc(n, sizeof(*src));
+    uint32_t *map = calloc(n, sizeof(*map));
+    char(*ids)[12] = calloc(n, sizeof(*ids)); /* distinct: equal ids share a rule */
+    if (src == NULL || map == NULL || ids == NULL) {
+        free(src);
+        free(map);
+        free(ids);
+        return -ENOMEM;
+    }
+    uint32_t k = 0;
+    for (uint32_t r = 0; r < nr; r++) {
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        if (cr.group >= p->n_dfa + p->n_nfa || !take[cr.group])
+            continue;
+        snprintf(ids[k], sizeof(ids[k]), "s%u", k);
+        src[k] = (struct rule_src){.id = ids[k],
+                                   .kind = (enum rule_kind)cr.kind,
+                                   .pattern = cr.src,
+                                   .len = cr.src_len,
+                                   .flags = cr.flags};
+        map[k++] = r;
+    }
+    struct rules_options ro = {.gate_bits = UINT32_MAX};
+    struct rules_result res = {0};
+    struct vks_error err;
+    int rc = rules_compile(src, n, &ro, &res, &err);
+    free(src);
+    free(ids);
+    bool usable = rc == 0 && res.n_rejects == 0 && catalog_rule_count(res.catalog) == n;
+    for (uint32_t j = 0; usable && j < catalog_nfa_count(res.catalog); j++) {
+        struct catalog_nfa cn;
+        catalog_nfa(res.catalog, j, &cn);
+        usable = (cn.flags & ~CAT_GF_ASSERTS) == 0; /* nothing gated: no factor groups */
+    }
+    struct cpuplan *sp = NULL;
+    if (usable)
+        rc = cpuplan_build(res.catalog, true, &sp);
+    if (!usable || rc != 0) {
+        rules_result_finish(&res);
+        free(map);
+        memset(take, 0, p->n_dfa + p->n_nfa);
+        return rc == -ENOMEM ? rc : 0;
+    }
+    p->shadow = res.catalog;
+    res.catalog = NULL;
+    rules_result_finish(&res);
+    p->shadow_plan = sp;
+    p->shadow_rule = map;
+    return 0;
+}
+
 static int plan_fast(const struct catalog *cat, struct cpuplan *p)
 {
     uint32_t ng = p->n_dfa + p->n_nfa;
-    uint8_t *lit = malloc(ng), *win = malloc(ng);
+    uint8_t *lit = malloc(ng), *win = malloc(ng), *shadow = calloc(ng, 1);
     struct entries e = {0};
-    int rc = lit != NULL && win != NULL ? 0 : -ENOMEM;
+    int rc = lit != NULL && win != NULL && shadow != NULL ? 0 : -ENOMEM;
     if (rc == 0) {
         eligible(cat, lit, win);
         rc = collect(cat, ng, lit, false, &e);
     }
+    for (uint32_t j = 0; rc == 0 && j < p->n_nfa; j++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, j, &cn);
+        shadow[p->n_dfa + j] = (cn.flags & CAT_GF_GATED) && !lit[p->n_dfa + j];
+    }
+    if (rc == 0)
+        rc = plan_shadow(cat, p, shadow);
     for (uint32_t g = 0; rc == 0 && g < ng; g++)
-        win[g] = win[g] && !lit[g]; /* a literal group needs no factors */
+        win[g] = win[g] && !lit[g] && !shadow[g]; /* these need no factors */
     if (rc == 0)
         rc = collect(cat, ng, win, true, &e);
     for (uint32_t g = 0; rc == 0 && g < ng; g++) {
-        p->mode[g] = lit[g] ? CPUPLAN_LIT : win[g] ? CPUPLAN_WINDOW : CPUPLAN_FULL;
+        p->mode[g] = lit[g]      ? CPUPLAN_LIT
+                     : shadow[g] ? CPUPLAN_SHADOW
+                     : win[g]    ? CPUPLAN_WINDOW
+                                 : CPUPLAN_FULL;
         p->n_lit_groups += lit[g] != 0;
-        p->n_window_groups += !lit[g] && win[g];
+        p->n_window_groups += p->mode[g] == CPUPLAN_WINDOW;
+        p->n_shadow_groups += p->mode[g] == CPUPLAN_SHADOW;
     }
     for (uint32_t j = 0; rc == 0 && j < p->n_nfa; j++) {
         struct catalog_nfa cn;
@@ -458,6 +542,7 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
     entries_finish(&e);
     free(lit);
     free(win);
+    free(shadow);
     return rc;
 }
 
@@ -465,6 +550,9 @@ static void plan_free(struct cpuplan *p)
 {
     if (p == NULL)
         return;
+    plan_free(p->shadow_plan);
+    catalog_destroy(p->shadow);
+    free(p->shadow_rule);
     cpulit_destroy(p->lit);
     free(p->mode);
     free(p);

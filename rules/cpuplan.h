@@ -16,6 +16,11 @@
  * - CPUPLAN_FULL: walked over the whole range, as before. Factor groups
  *   are always FULL; gated bit-NFA groups left FULL run through refscan's
  *   gate as before, and the factor groups are walked only for them.
+ * - CPUPLAN_SHADOW: a gated bit-NFA group whose rules the plan compiled
+ *   again for the CPU, without gating (DFA groups where they fit): the
+ *   shadow catalog's groups, planned the same way, report them instead.
+ *   A bit-NFA step costs far more than a DFA step on a CPU, and the
+ *   compiler gates rules whose DFA would fit for the GPU's sake.
  * One literal matcher holds the strings of every LIT and WINDOW group, so
  * each byte is looked at once for all of them.
  */
@@ -28,7 +33,7 @@
 #include "catalog.h"
 #include "cpulit.h"
 
-enum { CPUPLAN_FULL = 0, CPUPLAN_LIT = 1, CPUPLAN_WINDOW = 2 };
+enum { CPUPLAN_FULL = 0, CPUPLAN_LIT = 1, CPUPLAN_WINDOW = 2, CPUPLAN_SHADOW = 3 };
 
 /* Literal matcher ids: a rule (LIT groups), or with this bit an engine
  * group whose factor ended there (WINDOW groups). */
@@ -39,9 +44,14 @@ struct cpuplan {
     uint32_t n_dfa, n_nfa;
     uint8_t *mode;      /* per engine group: CPUPLAN_* */
     struct cpulit *lit; /* NULL when no group uses it */
-    uint32_t n_lit_groups, n_window_groups;
+    uint32_t n_lit_groups, n_window_groups, n_shadow_groups;
     bool gated_full; /* a gated bit-NFA group left to the catalog's factor groups */
-    int refs;        /* under the cache's lock */
+    /* CPUPLAN_SHADOW groups: their rules compiled again (owned), its plan
+     * (owned), and its rule indexes in this catalog */
+    struct catalog *shadow;
+    struct cpuplan *shadow_plan;
+    uint32_t *shadow_rule;
+    int refs; /* under the cache's lock */
 };
 
 /*

@@ -190,6 +190,7 @@ struct walk {
     bool full;      /* part holds `limit` such hits: keep only smaller (end, rule) */
     uint64_t thr_end;
     uint32_t thr_rule;
+    const uint32_t *map; /* walking a plan's shadow: its rule -> the catalog's */
 };
 
 static int cmp_end_rule(const void *a, const void *b)
@@ -243,6 +244,8 @@ static int on_match(void *ctx, uint32_t rule, uint64_t end)
 {
     struct walk *w = ctx;
     struct cpuscan_scratch *s = w->s;
+    if (w->map != NULL)
+        rule = w->map[rule];
     if (rule >= s->n_rules)
         return 0;
     struct rstate *r = lookup(s, rule);
@@ -458,6 +461,43 @@ static int fast_groups(const struct catalog *cat, const struct cpuplan *plan, co
     return rc;
 }
 
+/* Every group of `cat` but its CPUPLAN_SHADOW ones over the segment. */
+static int walk_catalog(const struct catalog *cat, const struct cpuplan *plan, const uint8_t *buf,
+                        size_t len, size_t begin, uint64_t lo, uint64_t hi, struct walk *w)
+{
+    /* gated bit-NFA groups left FULL are walked around the catalog's own
+     * factor groups' ends */
+    struct refscan_gate gate = {0};
+    int rc = 0;
+    if (plan->gated_full)
+        rc = refscan_factor_ends(cat, buf, len, lo, hi, &gate);
+    for (uint32_t g = 0; g < catalog_nfa_count(cat) && plan->gated_full && rc == 0; g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        if ((cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL)
+            rc = refscan_gated_range(cat, g, buf, len, lo, hi, &gate, on_match, w);
+    }
+    refscan_gate_finish(&gate);
+    if (rc == 0)
+        rc = fast_groups(cat, plan, buf, len, begin, lo, hi, w);
+    for (uint32_t g = 0; g < catalog_nfa_count(cat) && rc == 0; g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        if (!(cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL)
+            rc = refscan_nfa_range(cat, g, buf, len, begin, lo, hi, on_match, w);
+    }
+    for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        if (cg.flags & CAT_GF_FACTOR) /* found the candidates above; reports nothing */
+            continue;
+        if (plan->mode[g] == CPUPLAN_FULL)
+            rc = dfa_range(&cg, buf, len, begin, lo, hi, w);
+        /* dedup state is per group walk: a rule lives in one group */
+    }
+    return rc;
+}
+
 int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                     uint64_t hi, enum scan_mode mode, uint64_t limit, cpuscan_enough_fn enough,
                     void *ctx, struct cpuscan_scratch *s, struct cpuscan_part *part)
@@ -482,34 +522,11 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
                      .enough = enough,
                      .ctx = ctx};
     size_t begin = lo > lb ? (size_t)(lo - lb) : 0;
-    /* gated bit-NFA groups are walked only around their factors' ends */
-    const struct cpuplan *plan = s->plan;
-    struct refscan_gate gate = {0};
-    if (plan->gated_full)
-        rc = refscan_factor_ends(cat, buf, len, lo, hi, &gate);
-    for (uint32_t g = 0; g < catalog_nfa_count(cat) && plan->gated_full && rc == 0; g++) {
-        struct catalog_nfa cn;
-        catalog_nfa(cat, g, &cn);
-        if ((cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL)
-            rc = refscan_gated_range(cat, g, buf, len, lo, hi, &gate, on_match, &w);
-    }
-    refscan_gate_finish(&gate);
-    if (rc == 0)
-        rc = fast_groups(cat, plan, buf, len, begin, lo, hi, &w);
-    for (uint32_t g = 0; g < catalog_nfa_count(cat) && rc == 0; g++) {
-        struct catalog_nfa cn;
-        catalog_nfa(cat, g, &cn);
-        if (!(cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL)
-            rc = refscan_nfa_range(cat, g, buf, len, begin, lo, hi, on_match, &w);
-    }
-    for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++) {
-        struct catalog_group cg;
-        catalog_group(cat, g, &cg);
-        if (cg.flags & CAT_GF_FACTOR) /* found the candidates above; reports nothing */
-            continue;
-        if (plan->mode[g] == CPUPLAN_FULL)
-            rc = dfa_range(&cg, buf, len, begin, lo, hi, &w);
-        /* dedup state is per group walk: a rule lives in one group */
+    rc = walk_catalog(cat, s->plan, buf, len, begin, lo, hi, &w);
+    if (rc == 0 && s->plan->shadow != NULL) { /* the gated groups' rules, as DFAs */
+        w.map = s->plan->shadow_rule;
+        rc = walk_catalog(s->plan->shadow, s->plan->shadow_plan, buf, len, begin, lo, hi, &w);
+        w.map = NULL;
     }
     if (rc == 0 && mode != SCAN_ALL) {
         for (uint32_t i = 0; i < s->n_used && rc == 0; i++) {

@@ -1817,8 +1817,8 @@ END_TEST
 
 /* Regexes with factors (counted classes, alternations, caseless, \b, ^,
  * $, multi-line): every group walked in windows only, equal to refscan.
- * _i 1: bit-NFA groups (gated ones: the plan's factors replace the
- * catalog's factor group). */
+ * _i 1: gated bit-NFA groups, which the plan compiles again as DFA groups
+ * (its shadow catalog) and walks in windows. */
 START_TEST(test_window_groups_equal_refscan)
 {
     static char *const pats[] = {
@@ -1840,8 +1840,22 @@ START_TEST(test_window_groups_equal_refscan)
     struct catalog *cat = compile_src((char **)pats, flags, kind, 10, _i == 1);
     struct cpuplan *plan;
     ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
-    ck_assert_uint_eq(plan->n_window_groups + plan->n_lit_groups,
-                      plan->n_nfa + plan->n_dfa - (_i == 1));
+    if (_i == 0) {
+        ck_assert_uint_eq(plan->n_window_groups + plan->n_lit_groups, plan->n_nfa + plan->n_dfa);
+    } else { /* gated bit-NFA groups: compiled again as DFA groups, windowed */
+        uint32_t factor_groups = 0;
+        for (uint32_t g = 0; g < plan->n_dfa; g++) {
+            struct catalog_group cg;
+            catalog_group(cat, g, &cg);
+            factor_groups += (cg.flags & CAT_GF_FACTOR) != 0;
+        }
+        ck_assert_uint_ge(plan->n_shadow_groups, 1);
+        ck_assert_uint_eq(plan->n_shadow_groups + plan->n_window_groups + plan->n_lit_groups,
+                          plan->n_dfa + plan->n_nfa - factor_groups);
+        ck_assert_ptr_nonnull(plan->shadow);
+        const struct cpuplan *sp = plan->shadow_plan;
+        ck_assert_uint_eq(sp->n_window_groups, sp->n_dfa + sp->n_nfa);
+    }
     cpuplan_put(plan);
     static const char *const plants[] = {
         "abc12xyz", "qqabcd",       "QQAxbcd",      "premidsuf", "prezqmidsuf", " word ",
