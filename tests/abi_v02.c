@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 struct vks_error {
     int code;
@@ -90,7 +92,33 @@ void vks_scan_result_finish(struct v02_scan_result *res);
  * come back at the old stride. */
 __asm__(".symver vks_client_scan,vks_client_scan@VKSCAN_0");
 
+/* The stream calls that return hits, bound the same way. */
+struct vks_stream;
+int vks_stream_open(struct vks_client *c, const uint8_t catalog[32], const void *opt,
+                    struct vks_stream **out, struct vks_error *err);
+int vks_stream_write(struct vks_stream *s, const void *data, size_t len,
+                     struct v02_scan_result *res, struct vks_error *err);
+int vks_stream_write_fd(struct vks_stream *s, int fd, uint64_t offset, uint64_t length,
+                        struct v02_scan_result *res, struct vks_error *err);
+int vks_stream_close(struct vks_stream *s, struct v02_scan_result *res, struct vks_error *err);
+__asm__(".symver vks_stream_write,vks_stream_write@VKSCAN_0");
+__asm__(".symver vks_stream_write_fd,vks_stream_write_fd@VKSCAN_0");
+__asm__(".symver vks_stream_close,vks_stream_close@VKSCAN_0");
+
+/* Two hits at `a` and `b` in the 0.2 layout, or FAIL naming `what`. */
+static void two_hits(const struct v02_scan_result *res, uint64_t a, uint64_t b, const char *what);
+
 #define FAIL(...) (fprintf(stderr, "abi_v02: " __VA_ARGS__), fputc('\n', stderr), exit(1))
+
+static void two_hits(const struct v02_scan_result *res, uint64_t a, uint64_t b, const char *what)
+{
+    if (res->n_hits != 2 || res->hits[0].end != a || res->hits[1].end != b ||
+        res->hits[1].count != 1 || res->hits[1].rule_id != NULL)
+        FAIL("%s: %zu hits, ends %llu, %llu; want 2 hits at %llu and %llu in the 0.2 layout", what,
+             res->n_hits, res->n_hits ? (unsigned long long)res->hits[0].end : 0ull,
+             res->n_hits > 1 ? (unsigned long long)res->hits[1].end : 0ull, (unsigned long long)a,
+             (unsigned long long)b);
+}
 
 int main(int argc, char **argv)
 {
@@ -142,6 +170,25 @@ int main(int argc, char **argv)
         FAIL("scan: %zu hits, ends %llu, %llu; want 2 hits at 4096 and 8192 in the 0.2 layout",
              res.n_hits, res.n_hits ? (unsigned long long)res.hits[0].end : 0ull,
              res.n_hits > 1 ? (unsigned long long)res.hits[1].end : 0ull);
+    vks_scan_result_finish(&res);
+
+    struct vks_stream *st;
+    if (vks_stream_open(c, vks_catalog_fingerprint(cat), NULL, &st, &err) != 0)
+        FAIL("stream open: %s", err.msg);
+    if (vks_stream_write(st, "needle needle ", 14, &res, &err) != 0)
+        FAIL("stream write: %s", err.msg);
+    two_hits(&res, 6, 13, "stream write");
+    vks_scan_result_finish(&res);
+    int fd = memfd_create("abi", 0);
+    if (fd < 0 || write(fd, "needle needle", 13) != 13)
+        FAIL("memfd");
+    if (vks_stream_write_fd(st, fd, 0, 13, &res, &err) != 0)
+        FAIL("stream write_fd: %s", err.msg);
+    two_hits(&res, 20, 27, "stream write_fd");
+    vks_scan_result_finish(&res);
+    close(fd);
+    if (vks_stream_close(st, &res, &err) != 0 || res.n_hits != 0)
+        FAIL("stream close: %s", err.msg);
     vks_scan_result_finish(&res);
     vks_catalog_destroy(cat);
     vks_client_close(c);
