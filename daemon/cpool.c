@@ -162,7 +162,7 @@ void cpool_cancel_all(struct cpool *p)
         finish_locked(p, j, -ECANCELED);
     }
     for (struct cpool_job *j = p->running.head; j != NULL; j = j->next)
-        j->cancel = 1;
+        __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&p->lock);
     uv_async_send(&p->async);
 }
@@ -200,7 +200,7 @@ void cpool_set_tenant_max(struct cpool *p, uint32_t tenant_max)
 
 void cpool_submit(struct cpool *p, struct cpool_job *j)
 {
-    j->cancel = 0;
+    __atomic_store_n(&j->cancel, 0, __ATOMIC_RELAXED);
     j->status = 0;
     if (p->pending++ == 0)
         uv_ref((uv_handle_t *)&p->async); /* work in flight keeps the loop running */
@@ -219,7 +219,7 @@ void cpool_cancel(struct cpool *p, struct cpool_job *j)
         finish_locked(p, j, -ECANCELED);
         uv_async_send(&p->async);
     } else if (j->state == JOB_RUNNING) {
-        j->cancel = 1;
+        __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED); /* the compile polls it */
     }
     pthread_mutex_unlock(&p->lock);
 }

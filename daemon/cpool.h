@@ -39,7 +39,9 @@ struct cpool_job {
     uid_t uid;
     cpool_work_fn work;
     cpool_done_fn done;
-    volatile int cancel; /* set by cpool_cancel; read by the work */
+    /* Set by cpool_cancel while the work runs: read and written only with
+     * __atomic_load_n / __atomic_store_n (the compiler polls it). */
+    volatile int cancel;
     /* the pool's */
     struct cpool_job *next, *prev;
     int state;

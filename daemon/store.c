@@ -25,7 +25,7 @@ enum stop_why { STOP_NONE = 0, STOP_CLIENT_LEFT, STOP_TIMEOUT, STOP_SHUTDOWN };
 struct compile_job {
     struct cpool_job cj;
     struct compile_job *next, *prev; /* st->compiles */
-    volatile uint64_t started_ms;    /* CLOCK_MONOTONIC ms when a thread took it; 0: queued */
+    uint64_t started_ms; /* CLOCK_MONOTONIC ms when a thread took it, 0: queued (__atomic) */
     enum stop_why why;
     struct store *st;
     uid_t uid;
@@ -581,7 +581,7 @@ static uint64_t mono_ms(void)
 static void compile_work(struct cpool_job *cj)
 {
     struct compile_job *j = (struct compile_job *)(void *)cj;
-    j->started_ms = mono_ms();
+    __atomic_store_n(&j->started_ms, mono_ms(), __ATOMIC_RELAXED); /* store_sweep reads it */
     j->status = j->load->has_text ? compile_text(j) : compile_list(j);
 }
 
@@ -759,7 +759,7 @@ void store_sweep(struct store *st)
         return;
     uint64_t now = mono_ms();
     for (struct compile_job *j = st->compiles; j != NULL; j = j->next) {
-        uint64_t t = j->started_ms;
+        uint64_t t = __atomic_load_n(&j->started_ms, __ATOMIC_RELAXED);
         if (t != 0 && now - t >= limit)
             stop_compile(st, j, STOP_TIMEOUT);
     }

@@ -359,7 +359,7 @@ static int build_group(struct ctx *c, const uint32_t *idx, uint32_t n, bool mini
                        struct group_out *g)
 {
     memset(g, 0, sizeof(*g));
-    if (c->opt->cancel != NULL && *c->opt->cancel != 0)
+    if (c->opt->cancel != NULL && __atomic_load_n(c->opt->cancel, __ATOMIC_RELAXED) != 0)
         return -ECANCELED;
     struct nfa_builder *b = nfa_builder_create();
     if (b == NULL)

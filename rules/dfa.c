@@ -739,7 +739,8 @@ int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out)
     if (rc == 0)
         b.acc_first[0] = 0;
     for (uint32_t s = 0; s < b.n_states && rc == 0; s++) {
-        if ((s & 255u) == 0 && dfa_cancel != NULL && *dfa_cancel != 0)
+        if ((s & 255u) == 0 && dfa_cancel != NULL &&
+            __atomic_load_n(dfa_cancel, __ATOMIC_RELAXED) != 0)
             rc = -ECANCELED;
         else
             rc = expand(&b, s);
@@ -877,7 +878,7 @@ int dfa_minimise(struct dfa *d)
         goto out;
     uint32_t nb = refine(d, &pt, 0);
     for (;;) {
-        if (dfa_cancel != NULL && *dfa_cancel != 0) {
+        if (dfa_cancel != NULL && __atomic_load_n(dfa_cancel, __ATOMIC_RELAXED) != 0) {
             rc = -ECANCELED;
             goto out;
         }
