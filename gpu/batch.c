@@ -92,8 +92,10 @@ bool gpu_engine_forget(struct gpu_engine *eng, const uint8_t fp[CATALOG_FP_LEN])
         struct resident_catalog *rc = &eng->cats[i];
         if (!rc->used || memcmp(rc->fp, fp, CATALOG_FP_LEN) != 0)
             continue;
-        if (rc->pins > 0)
-            rc->forget = true; /* a batch in flight scans it: freed at its collect */
+        /* A batch in flight scans it: freed at its collect. After a timeout
+         * the device may still read it: gpu_engine_destroy frees it. */
+        if (rc->pins > 0 || eng->broken)
+            rc->forget = true;
         else
             evict(eng, i);
         return true;
@@ -301,7 +303,7 @@ static void release_cats(struct batch_ctx *bc)
         if (bc->pinned && rc->pins > 0)
             rc->pins--;
         bool unfinished = bc->cat_new[c] && !rc->uploaded;
-        if (rc->used && rc->pins == 0 && (unfinished || rc->forget))
+        if (rc->used && rc->pins == 0 && (unfinished || rc->forget) && !eng->broken)
             evict(eng, (uint32_t)slot);
     }
     bc->pinned = false;
