@@ -24,9 +24,12 @@
  * hs_database_size) and the peak memory of one compile: the growth of the
  * process's peak resident set over its resident set before the compile
  * (/proc/self/clear_refs resets the peak). The targets of issue 9 on the
- * 2-core development machine are checked per workload: vkscan's wall time at
- * most Hyperscan's ("time"), catalog at most max(4x the Hyperscan
- * database, 8 MiB) ("size"), peak at most 4x the catalog ("peak").
+ * 2-core development machine are checked per workload: vkscan's CPU time
+ * at most Hyperscan's ("time"; CPU, not wall, because wall time on the
+ * shared machine varies 2-4x from run to run, and vkscan's CPU time counts
+ * all its threads, so the check is not easier for it), catalog at most
+ * max(4x the Hyperscan database, 8 MiB) ("size"), peak at most 4x the
+ * catalog ("peak").
  */
 #include <errno.h>
 #include <hs/hs.h>
@@ -579,7 +582,7 @@ static void print_text(const struct figures *f, size_t n)
                x->hs.bytes ? (double)x->vk.bytes / (double)x->hs.bytes : 0.0,
                (double)x->vk.peak / 1024.0,
                x->vk.bytes ? (double)x->vk.peak / (double)x->vk.bytes : 0.0,
-               (double)x->hs.peak / 1024.0, verdict(x->vk.wall_s <= x->hs.wall_s, x->has_hs),
+               (double)x->hs.peak / 1024.0, verdict(x->vk.cpu_s <= x->hs.cpu_s, x->has_hs),
                verdict(size_ok(x), x->has_hs), verdict(x->vk.peak <= 4 * x->vk.bytes, true),
                x->groups, x->states, x->nfa_groups, x->nfa_rules, x->passes);
     }
