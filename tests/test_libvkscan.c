@@ -297,6 +297,25 @@ START_TEST(starts_on_both_engines)
         ck_assert_uint_eq(seen, 0xf);
         vks_scan_result_finish(&res);
     }
+    /* first and count modes: the start of each rule's first match */
+    for (int mode = VKS_REPORT_FIRST; mode <= VKS_REPORT_COUNT; mode++) {
+        struct vks_scan_options so;
+        vks_scan_options_init(&so);
+        so.mode = (enum vks_report)mode;
+        struct vks_scan_result res;
+        ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), bufs, 2, &so, &res, &err),
+                         0);
+        ck_assert_uint_eq(res.n_hits, 4);
+        for (size_t i = 0; i < res.n_hits; i++) {
+            const struct vks_hit *h = &res.hits[i];
+            if (strcmp(vks_catalog_rule_id(cat, h->rule), "n") == 0) {
+                ck_assert_uint_eq(h->end, 1000000);
+                ck_assert_uint_eq(h->start, 1000000 - 6);
+                ck_assert_uint_eq(h->count, mode == VKS_REPORT_COUNT ? 2 : 1);
+            }
+        }
+        vks_scan_result_finish(&res);
+    }
     struct vks_stream *st = NULL;
     ck_assert_int_eq(vks_stream_open(c, vks_catalog_fingerprint(cat), NULL, &st, &err),
                      -VKS_E_BAD_VALUE);
