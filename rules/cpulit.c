@@ -232,14 +232,15 @@ static int copy_entries(struct cpulit *m, const struct cpulit_entry *v, size_t n
         free(ord);
         return -ENOMEM;
     }
-    /* buckets by length: the shortest quarter first; the filter looks at
-     * the prefix the other three quarters all have */
+    /* buckets by length, the shortest quarter first; the filter looks at
+     * the prefix that the longer half of the strings all have (the shorter
+     * buckets are constrained up to their shortest string only) */
     for (size_t i = 0; i < n; i++)
         ord[i] = (struct order){v[i].len, (uint32_t)i};
     qsort(ord, n, sizeof(*ord), cmp_order);
     m->min_len = (uint32_t)ord[0].key;
     m->K = m->min_len < 8 ? m->min_len : 8;
-    m->L = ord[n / BUCKETS].key < MAX_L ? (uint32_t)ord[n / BUCKETS].key : MAX_L;
+    m->L = ord[n / 2].key < MAX_L ? (uint32_t)ord[n / 2].key : MAX_L;
     uint32_t *bucket = malloc(n * sizeof(*bucket));
     if (bucket == NULL) {
         free(ord);
