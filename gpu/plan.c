@@ -425,6 +425,8 @@ static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const str
         size_t z = a;
         while (z < gate->n && gate->v[z].nfa == k)
             z++;
+        if (z == a) /* no factor of this group: nothing to confirm */
+            continue;
         j.n = 0;
         rc = refscan_confirm_starts(g->lookback, &gate->v[a].end, z - a,
                                     sizeof(struct refscan_cand) / sizeof(uint64_t),
