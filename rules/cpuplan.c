@@ -433,7 +433,7 @@ static int make_matcher(const struct entries *e, const uint8_t *mode, struct cpu
 
 /* Rules of gated groups compiled again with this many at most (a bound
  * on the plan's time). */
-#define SHADOW_MAX_RULES 20000u
+#define SHADOW_MAX_RULES 5000u
 
 /* Compiles the rules of the groups marked in `take` (gated bit-NFA groups)
  * again, without gating (rules_options.gate_bits), and plans the result.

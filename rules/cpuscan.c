@@ -1,7 +1,8 @@
 /*
- * Segment scans and their merge for the CPU engine (cpuscan.h). Every walk
- * is refscan's (refscan_group_range, refscan_nfa_range); this file only
- * decides what to keep.
+ * Segment scans and their merge for the CPU engine (cpuscan.h). The walks
+ * are refscan's (refscan_nfa_range, the gate) or the same DFA walk with the
+ * accept check out of the byte loop (dfa_range); the plan (cpuplan.h)
+ * decides which groups are walked where, and this file what to keep.
  */
 #include "cpuscan.h"
 

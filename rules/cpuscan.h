@@ -4,7 +4,10 @@
  * walk runs, so a hit bomb costs no memory past the limit. The daemon's CPU
  * pool (daemon/engine.c) runs segments on several threads and merges them;
  * the hits equal refscan_buffer's exactly (rules/refscan.h is the
- * definition, and the only walker this file calls).
+ * definition). Which groups are walked where comes from the catalog's
+ * plan (rules/cpuplan.h: literal groups matched by rules/cpulit.c, window
+ * groups walked only after their factors, gated groups compiled again as
+ * DFAs), built on a scratch's first segment of a catalog and cached.
  *
  * Segments: a buffer splits into (lo, hi] ranges of end offsets. A segment
  * walks from lo minus the catalog's longest match (cpuscan_lookback), from
@@ -38,8 +41,8 @@
  */
 uint64_t cpuscan_lookback(const struct catalog *cat);
 
-/* Per-thread state: the last catalog's single-match flags and a hash of
- * the rules a segment touches. */
+/* Per-thread state: the last catalog's single-match flags and plan (a
+ * reference), and a hash of the rules a segment touches. */
 struct cpuscan_scratch;
 int cpuscan_scratch_create(struct cpuscan_scratch **out);
 void cpuscan_scratch_destroy(struct cpuscan_scratch *s);
