@@ -26,7 +26,8 @@ static void print_maxlen(uint32_t maxlen)
 }
 
 /* The catalog's engines: one line per DFA and bit-NFA group, and the
- * passes over the data a scan makes (one per group). */
+ * passes over the data a scan makes: one per group, except gated groups,
+ * walked only around their factors' ends. */
 static void print_groups(const struct catalog *cat)
 {
     uint32_t ng = catalog_group_count(cat), nn = catalog_nfa_count(cat);
@@ -41,14 +42,23 @@ static void print_groups(const struct catalog *cat)
                    grp.n_classes);
         print_maxlen(grp.maxlen);
     }
+    uint32_t gated = 0;
     for (uint32_t k = 0; k < nn; k++) {
         struct catalog_nfa n;
         catalog_nfa(cat, k, &n);
+        gated += (n.flags & CAT_GF_GATED) != 0;
         printf("nfa group %u: %u rules, %u bits, %u classes, %u exceptions, %s", ng + k, n.n_rules,
                n.n_bits, n.n_classes, n.n_exc, n.flags & CAT_GF_GATED ? "gated, " : "");
+        if (n.flags & CAT_GF_CONFIRM) { /* unbounded: confirmed forward from a lead */
+            if (n.lookback == CATALOG_UNBOUNDED)
+                printf("confirmed from the buffer's start, ");
+            else
+                printf("confirmed from %u bytes before a factor's end, ", n.lookback);
+        }
         print_maxlen(n.maxlen);
     }
-    printf("passes: %u (%u DFA groups, %u bit-NFA groups)\n", ng + nn, ng, nn);
+    printf("passes: %u (%u DFA groups, %u ungated of %u bit-NFA groups)\n", ng + nn - gated, ng,
+           nn - gated, nn);
 }
 
 /* Prints " factors: f1 | f2 ..." for a bit-NFA rule: the set the compiler
