@@ -1573,6 +1573,68 @@ START_TEST(test_gated_segments)
 }
 END_TEST
 
+/* Unbounded rules gated by forward confirmation (CAT_GF_CONFIRM), with the
+ * compiler's default choice (gating on): the CPU engine's scan ==
+ * refscan_buffer == every group walked in full, in every mode. _i 1: every
+ * rule forced onto the bit-NFA. */
+START_TEST(test_confirm_segments)
+{
+    static const struct rdef rules[] = {
+        {"fwd", "\\bkey[a-z ]*=[0-9]+", NULL, RULE_REGEX},
+        {"lead", "[a-z]+token[a-z]*", NULL, RULE_REGEX},
+        {"mid", "x[0-9]{1,5}xyz[^\\n]*Q", "m", RULE_REGEX},
+        {"end", "secret\\w+$", "mi", RULE_REGEX},
+        {"one", "abc[^#]*zzq", "H", RULE_REGEX},
+        {"lit", "12345", NULL, RULE_LITERAL},
+    };
+    enum { N = sizeof(rules) / sizeof(rules[0]) };
+    struct rule_src src[N];
+    for (size_t i = 0; i < N; i++) {
+        uint32_t f = 0;
+        if (rules[i].flags != NULL)
+            ck_assert_int_eq(rules_parse_flags(rules[i].flags, strlen(rules[i].flags), &f, NULL),
+                             0);
+        src[i] = (struct rule_src){
+            rules[i].id, rules[i].kind, rules[i].pattern, strlen(rules[i].pattern), f, 0};
+    }
+    struct rules_result res = {0};
+    struct rules_options ro = {.force_bitnfa = _i == 1};
+    ck_assert_int_eq(rules_compile(src, N, &ro, &res, NULL), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    uint32_t confirm = 0;
+    for (uint32_t g = 0; g < catalog_nfa_count(res.catalog); g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(res.catalog, g, &cn);
+        confirm += (cn.flags & CAT_GF_CONFIRM) != 0;
+    }
+    ck_assert_uint_ge(confirm, 1);
+    /* unbounded groups: the daemon scans such a catalog as one segment */
+    ck_assert_uint_eq(cpuscan_lookback(res.catalog), CPUSCAN_UNSEGMENTABLE);
+    static uint8_t buf[6000];
+    make_gated_data(buf, sizeof(buf));
+    static const size_t segs[] = {sizeof(buf)};
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+        struct scan_hits want = {0}, full = {0};
+        ck_assert_int_eq(refscan_buffer(res.catalog, buf, sizeof(buf), (enum scan_mode)mode, &want),
+                         0);
+        full_walk(res.catalog, buf, sizeof(buf), (enum scan_mode)mode, &full);
+        ck_assert_uint_ge(want.n, 4);
+        assert_same(&want, &full, "confirmed refscan_buffer vs full walks");
+        for (size_t k = 0; k < sizeof(segs) / sizeof(segs[0]); k++) {
+            struct scan_hits got = {0};
+            uint64_t dropped = 0;
+            segmented(res.catalog, buf, sizeof(buf), segs[k], 1, (enum scan_mode)mode, 0,
+                      UINT64_MAX, &got, &dropped);
+            assert_same(&got, &want, "confirmed, CPU engine");
+            scan_hits_finish(&got);
+        }
+        scan_hits_finish(&want);
+        scan_hits_finish(&full);
+    }
+    rules_result_finish(&res);
+}
+END_TEST
+
 /* ---- the CPU fast paths (rules/cpulit.c, rules/cpuplan.c) -------------- */
 
 /* Letters with both cases, a newline and binary bytes: caseless matches,
@@ -1917,6 +1979,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_segment_enough);
     tcase_add_test(tc, test_finalize_radix_equals_sorting);
     tcase_add_loop_test(tc, test_gated_segments, 0, 2);
+    tcase_add_loop_test(tc, test_confirm_segments, 0, 2);
     suite_add_tcase(s, tc);
     tc = tcase_create("fast");
     tcase_set_timeout(tc, 120);
