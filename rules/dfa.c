@@ -663,64 +663,86 @@ static int builder_init(struct builder *b, const struct nfa *nfa, uint32_t max_s
     return prepare_r0(b);
 }
 
-/* Renumbers so accepting states come last, keeping the order otherwise. */
+/* Moves row s of the n x k table to row map[s], for every s, in place:
+ * each cycle of the permutation is walked once with two spare rows. */
+static void permute_rows(uint32_t *trans, uint32_t n, uint32_t k, const uint32_t *map,
+                         uint8_t *done, uint32_t *spare)
+{
+    uint32_t *carry = spare, *next = spare + k;
+    for (uint32_t s = 0; s < n; s++) {
+        if (done[s])
+            continue;
+        memcpy(carry, trans + (size_t)s * k, k * sizeof(*carry));
+        uint32_t cur = s;
+        do {
+            uint32_t dst = map[cur];
+            memcpy(next, trans + (size_t)dst * k, k * sizeof(*next));
+            memcpy(trans + (size_t)dst * k, carry, k * sizeof(*carry));
+            uint32_t *t = carry;
+            carry = next;
+            next = t;
+            done[cur] = 1;
+            cur = dst;
+        } while (cur != s);
+    }
+}
+
+/* Renumbers so accepting states come last, keeping the order otherwise.
+ * The table is renumbered in place (a copy of it was a third of the fresh
+ * memory a large literal group's compile touched) and trimmed to n rows. */
 static int renumber_accepting_last(struct dfa *d)
 {
     uint32_t n = d->n_states, k = d->n_classes;
     uint32_t *map = malloc(n * sizeof(*map));
-    uint32_t *trans = malloc((size_t)n * k * sizeof(*trans));
-    uint32_t *af = malloc(((size_t)n + 1) * sizeof(*af));
-    uint32_t *acc = malloc((d->n_acc ? d->n_acc : 1) * sizeof(*acc));
-    if (!map || !trans || !af || !acc) {
-        free(map);
-        free(trans);
-        free(af);
-        free(acc);
-        return -ENOMEM;
-    }
-    uint32_t next = 0;
-    for (int pass = 0; pass < 2; pass++)
-        for (uint32_t s = 0; s < n; s++) {
-            bool accepting = d->acc_first[s + 1] > d->acc_first[s];
-            if (accepting == (pass == 1))
-                map[s] = next++;
-        }
-    d->first_accept = n;
-    for (uint32_t s = 0; s < n; s++)
-        if (d->acc_first[s + 1] > d->acc_first[s] && map[s] < d->first_accept)
-            d->first_accept = map[s];
-    uint32_t *inv = af; /* reuse: inverse map first */
-    for (uint32_t s = 0; s < n; s++)
-        inv[map[s]] = s;
+    uint32_t *inv = malloc((size_t)n * sizeof(*inv));
     uint32_t *first = malloc(((size_t)n + 1) * sizeof(*first));
-    if (first == NULL) {
-        free(map);
-        free(trans);
-        free(af);
-        free(acc);
-        return -ENOMEM;
+    uint32_t *acc = malloc((d->n_acc ? d->n_acc : 1) * sizeof(*acc));
+    uint8_t *done = calloc(n ? n : 1, 1);
+    uint32_t *spare = malloc(2 * (size_t)k * sizeof(*spare));
+    int rc = !map || !inv || !first || !acc || !done || !spare ? -ENOMEM : 0;
+    if (rc == 0) {
+        uint32_t next = 0;
+        for (int pass = 0; pass < 2; pass++)
+            for (uint32_t s = 0; s < n; s++) {
+                bool accepting = d->acc_first[s + 1] > d->acc_first[s];
+                if (accepting == (pass == 1))
+                    map[s] = next++;
+            }
+        d->first_accept = n;
+        for (uint32_t s = 0; s < n; s++) {
+            inv[map[s]] = s;
+            if (d->acc_first[s + 1] > d->acc_first[s] && map[s] < d->first_accept)
+                d->first_accept = map[s];
+        }
+        first[0] = 0;
+        for (uint32_t t = 0; t < n; t++) {
+            uint32_t s = inv[t], cnt = d->acc_first[s + 1] - d->acc_first[s];
+            if (cnt != 0)
+                memcpy(acc + first[t], d->acc + d->acc_first[s], cnt * sizeof(*acc));
+            first[t + 1] = first[t] + cnt;
+        }
+        for (size_t i = 0; i < (size_t)n * k; i++)
+            d->trans[i] = map[d->trans[i]];
+        permute_rows(d->trans, n, k, map, done, spare);
+        for (int p = 0; p < 4; p++)
+            d->start[p] = map[d->start[p]];
+        size_t cells = (size_t)n * k;
+        uint32_t *trimmed = realloc(d->trans, (cells != 0 ? cells : 1) * sizeof(*trimmed));
+        if (trimmed != NULL)
+            d->trans = trimmed;
+        free(d->acc);
+        free(d->acc_first);
+        d->acc = acc;
+        d->acc_first = first;
+        acc = first = NULL;
     }
-    first[0] = 0;
-    for (uint32_t t = 0; t < n; t++) {
-        uint32_t s = inv[t];
-        for (uint32_t c = 0; c < k; c++)
-            trans[(size_t)t * k + c] = map[d->trans[(size_t)s * k + c]];
-        uint32_t cnt = d->acc_first[s + 1] - d->acc_first[s];
-        if (cnt != 0)
-            memcpy(acc + first[t], d->acc + d->acc_first[s], cnt * sizeof(*acc));
-        first[t + 1] = first[t] + cnt;
-    }
-    for (int p = 0; p < 4; p++)
-        d->start[p] = map[d->start[p]];
-    free(d->trans);
-    free(d->acc);
-    free(d->acc_first);
-    free(af);
     free(map);
-    d->trans = trans;
-    d->acc = acc;
-    d->acc_first = first;
-    return 0;
+    free(inv);
+    free(first);
+    free(acc);
+    free(done);
+    free(spare);
+    return rc;
 }
 
 _Thread_local const volatile int *dfa_cancel;
