@@ -451,8 +451,6 @@ static uint16_t list_pm(const struct builder *b)
     return pm;
 }
 
-/* Turns the stepped targets in b->work into a state (closing, sorting,
- * canonicalising the previous kind). */
 /* canon_prev through the builder's table. */
 static uint32_t canon_prev_cached(struct builder *b, uint32_t p, uint16_t pm)
 {
@@ -468,6 +466,8 @@ static uint32_t canon_prev_cached(struct builder *b, uint32_t p, uint16_t pm)
     return (v >> (2 * p)) & 3u;
 }
 
+/* Turns the stepped targets in b->work into a state (closing, sorting,
+ * canonicalising the previous kind). */
 static int step_to_state(struct builder *b, uint32_t next_prev, uint32_t *id)
 {
     int rc = closure(b, b->work.v, b->work.n, UINT32_MAX, 0);
