@@ -431,6 +431,30 @@ static int make_matcher(const struct entries *e, const uint8_t *mode, struct cpu
     return rc;
 }
 
+/* A gated group is compiled again only when each of its rules expands to
+ * at most this many NFA positions: such rules were gated by choice (their
+ * DFA fits), while larger ones would make the compiler try DFAs that do
+ * not fit, which takes seconds (gitleaks-regex: 19 s) and gains nothing. */
+#define SHADOW_MAX_POSITIONS 96u
+
+/* Unmarks the groups in `take` with a rule over SHADOW_MAX_POSITIONS. */
+static void small_rules_only(const struct catalog *cat, uint32_t ng, uint8_t *take)
+{
+    for (uint32_t r = 0; r < catalog_rule_count(cat); r++) {
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        if (cr.group >= ng || !take[cr.group])
+            continue;
+        struct parse_result pr = {0};
+        uint32_t g;
+        bool small = parse_src(cat, r, &pr, &g) == 0 && pr.root != NULL &&
+                     parse_positions(pr.root) <= SHADOW_MAX_POSITIONS;
+        parse_result_finish(&pr);
+        if (!small)
+            take[g] = 0;
+    }
+}
+
 /* Rules of gated groups compiled again with this many at most (a bound
  * on the plan's time). */
 #define SHADOW_MAX_RULES 5000u
@@ -517,6 +541,8 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
         catalog_nfa(cat, j, &cn);
         shadow[p->n_dfa + j] = (cn.flags & CAT_GF_GATED) && !lit[p->n_dfa + j];
     }
+    if (rc == 0)
+        small_rules_only(cat, ng, shadow);
     if (rc == 0)
         rc = plan_shadow(cat, p, shadow);
     for (uint32_t g = 0; rc == 0 && g < ng; g++)
