@@ -4,7 +4,7 @@
  * sets in ../shared/data.
  *
  *   compile_bench [--json] [--repeat N] [--data DIR] [--only NAME] [--max-states N]
- *                 [--bitnfa-counters N] [--no-hs] [--no-minimise]
+ *                 [--bitnfa-counters N] [--no-hs] [--no-minimise] [--gate-bits N]
  *
  * Workloads: 1,000 and 10,000 random lowercase literals of 8-16 bytes;
  * regex-500, the 500 bounded regexes that scan_bench scans on the GPU
@@ -363,6 +363,7 @@ static double median(double *v, int n)
 }
 
 static uint32_t bitnfa_counters; /* rules_options.bitnfa_counters; 0: default */
+static uint32_t gate_bits;       /* rules_options.gate_bits; 0: default */
 static bool no_minimise;         /* rules_options.no_minimise */
 
 /* Compiles rs with vkscan `repeat` times; on the first run also clears
@@ -387,6 +388,7 @@ static int measure_vk(const char *name, const struct ruleset *rs, const bool *ke
         double t0 = now_s(), c0 = cpu_s();
         struct rules_options ro = {.max_states = max_states,
                                    .bitnfa_counters = bitnfa_counters,
+                                   .gate_bits = gate_bits,
                                    .no_minimise = no_minimise};
         rc = rules_compile(v, m, &ro, &res, &err);
         wall[k] = now_s() - t0;
@@ -670,7 +672,7 @@ static int usage(void)
 {
     fprintf(stderr, "usage: compile_bench [--json] [--repeat N] [--data DIR] [--only NAME]\n"
                     "                     [--max-states N] [--bitnfa-counters N] [--no-hs]\n"
-                    "                     [--no-minimise]\n");
+                    "                     [--no-minimise] [--gate-bits N]\n");
     return 2;
 }
 
@@ -700,6 +702,8 @@ int main(int argc, char **argv)
             no_minimise = true;
         else if (strcmp(argv[i], "--bitnfa-counters") == 0 && i + 1 < argc)
             bitnfa_counters = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--gate-bits") == 0 && i + 1 < argc)
+            gate_bits = (uint32_t)strtoul(argv[++i], NULL, 10);
         else
             return usage();
     }
