@@ -6,6 +6,7 @@
  *                [--streams N] [--write BYTES] [--rounds R] [--literals N]
  *                [--large BYTES] [--large-write BYTES] [--file PATH]
  *                [--regexes N] [--data DIR] [--socket PATH] [--no-hs]
+ *                [--flows-set literals|regex]
  *
  * state:  for every workload of bench/workloads.c (literals-1000,
  *         literals-10000, regex-N) and the real rule sets under --data,
@@ -16,7 +17,9 @@
  *         walks its streams round-robin, a flow-reassembly shape), on
  *         --threads threads; vkscan's CPU stream scanner and Hyperscan's
  *         stream mode on the same streams and bytes. GB/s, medians of
- *         --iters, and both hit counts, which must be equal.
+ *         --iters, and both hit counts, which must be equal. With
+ *         --flows-set regex: against regex-N (--regexes), an instance of
+ *         one planted every ~4 KiB.
  * large:  one stream of --large bytes read from a file (--file, or written
  *         under /tmp and removed after) in writes of --large-write, against
  *         block mode over the same bytes: the CPU block scanner
@@ -54,6 +57,7 @@ struct opts {
     uint64_t write, large, large_write;
     const char *file, *data, *socket, *only;
     bool no_hs;
+    bool flows_regex; /* --flows-set regex: flows against regex-N, not literals-N */
 };
 
 static double now_s(void)
@@ -133,15 +137,19 @@ static void literal_rules(uint32_t n, struct ruleset *rs)
     }
 }
 
-static void regex_rules(uint32_t n, struct ruleset *rs)
+/* scan_bench's regex-N; `inst` (may be NULL) gets one string each rule
+ * matches, as literals, for planting. */
+static void regex_rules(uint32_t n, struct ruleset *rs, struct ruleset *inst)
 {
     uint64_t s = workload_regex_seed(n);
-    char inst[64];
+    char one[64];
     for (uint32_t i = 0; i < n; i++) {
         char *pat = xmalloc(96);
-        if (workload_regex(&s, i, pat, inst) != 0)
+        if (workload_regex(&s, i, pat, one) != 0)
             die("out of memory", "fewer regexes");
         rs_add(rs, RULE_REGEX, pat, strlen(pat), 0);
+        if (inst != NULL)
+            rs_add(inst, RULE_LITERAL, strdup(one), strlen(one), 0);
     }
 }
 
@@ -362,7 +370,7 @@ static void run_state(const struct opts *o)
         rs_free(&rs);
     }
     struct ruleset rs = {0};
-    regex_rules(o->regexes, &rs);
+    regex_rules(o->regexes, &rs, NULL);
     snprintf(name, sizeof(name), "regex-%u", o->regexes);
     state_row(name, &rs);
     rs_free(&rs);
@@ -566,12 +574,20 @@ static struct vks_client *daemon_load(const struct opts *o, const struct ruleset
 
 static void run_flows(const struct opts *o)
 {
-    struct ruleset rs = {0};
-    literal_rules(o->literals, &rs);
+    struct ruleset rs = {0}, inst = {0};
+    char name[32];
+    if (o->flows_regex) {
+        regex_rules(o->regexes, &rs, &inst);
+        snprintf(name, sizeof(name), "regex-%u", o->regexes);
+    } else {
+        literal_rules(o->literals, &rs);
+        snprintf(name, sizeof(name), "literals-%u", o->literals);
+    }
     struct built b;
     build_both(&rs, HS_MODE_STREAM, &b);
     uint64_t bytes = (uint64_t)o->streams * o->write;
-    struct flows f = {.o = o, .b = &b, .corpus = literal_corpus(&rs, bytes, o->threads)};
+    struct flows f = {
+        .o = o, .b = &b, .corpus = literal_corpus(o->flows_regex ? &inst : &rs, bytes, o->threads)};
     struct vks_client *c = NULL;
     struct vks_catalog *vc = NULL;
     if (o->socket != NULL) {
@@ -588,13 +604,13 @@ static void run_flows(const struct opts *o)
     }
     double gb = (double)bytes * o->rounds / 1e9;
     double mo = gb / median(ours, o->iters), mh = o->no_hs ? 0 : gb / median(hs, o->iters);
-    printf("\nflows: %u streams x %u writes of %" PRIu64 " bytes, literals-%u (%zu rules), "
+    printf("\nflows: %u streams x %u writes of %" PRIu64 " bytes, %s (%zu rules), "
            "%u threads, %s, median of %u\n",
-           o->streams, o->rounds, o->write, o->literals, b.rules, o->threads,
+           o->streams, o->rounds, o->write, name, b.rules, o->threads,
            o->socket ? "through vkscand" : "in process", o->iters);
     printf("%-22s %9s %9s %7s %12s %12s %s\n", "", "vkscanGB/s", "hsGB/s", "ratio", "vkscan hits",
            "hs hits", "equal");
-    printf("%-22s %9.3f %9.3f %7.2f %12" PRIu64 " %12" PRIu64 " %s\n", "flows", mo, mh,
+    printf("%-22s %9.4f %9.4f %7.3f %12" PRIu64 " %12" PRIu64 " %s\n", "flows", mo, mh,
            mh > 0 ? mo / mh : 0, h_ours, h_hs,
            o->no_hs         ? "-"
            : h_ours == h_hs ? "yes"
@@ -607,6 +623,7 @@ static void run_flows(const struct opts *o)
     vks_client_close(c);
     built_finish(&b);
     rs_free(&rs);
+    rs_free(&inst);
 }
 
 /* ---- large: one stream from a file ----------------------------------------- */
@@ -834,7 +851,7 @@ static void run_large(const struct opts *o)
            o->socket ? "through vkscand" : "in process", o->iters);
     printf("%-22s %9s %9s %9s %9s %12s %12s %12s\n", "", "streamGB/s", "blockGB/s", "stream/blk",
            "hsGB/s", "stream hits", "block hits", "hs hits");
-    printf("%-22s %9.3f %9.3f %9.2f %9.3f %12" PRIu64 " %12" PRIu64 " %12" PRIu64 "\n", "large", s,
+    printf("%-22s %9.4f %9.4f %9.3f %9.4f %12" PRIu64 " %12" PRIu64 " %12" PRIu64 "\n", "large", s,
            bk, s / bk, h, hs_s, hb, hh);
     printf("block mode: %s on %u threads; stream and block hits %s\n",
            o->socket ? "vkscand scan of 1 GiB fd buffers" : "cpuscan segments of 1-64 MiB",
@@ -877,7 +894,8 @@ static void usage(void)
             "usage: stream_bench [--threads T] [--iters N] [--only state,flows,large]\n"
             "                    [--streams N] [--write BYTES] [--rounds R] [--literals N]\n"
             "                    [--large BYTES] [--large-write BYTES] [--file PATH]\n"
-            "                    [--regexes N] [--data DIR] [--socket PATH] [--no-hs]\n");
+            "                    [--regexes N] [--data DIR] [--socket PATH] [--no-hs]\n"
+            "                    [--flows-set literals|regex]\n");
     exit(2);
 }
 
@@ -928,6 +946,10 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->socket = v;
         else if (strcmp(a, "--only") == 0)
             o->only = v;
+        else if (strcmp(a, "--flows-set") == 0 && strcmp(v, "regex") == 0)
+            o->flows_regex = true;
+        else if (strcmp(a, "--flows-set") == 0 && strcmp(v, "literals") == 0)
+            o->flows_regex = false;
         else
             usage();
     }
