@@ -410,24 +410,65 @@ void refscan_gate_sort(struct refscan_gate *g)
     g->n = k;
 }
 
-/* The walk of refscan_group_range for a factor group: every entry counts,
- * whatever its mask, and names a bit-NFA group. */
-static int factor_walk(const struct catalog_group *g, const uint8_t *buf, size_t begin, uint64_t lo,
-                       uint64_t hi, struct refscan_gate *out)
+/* Appends a candidate for every entry of factor-group state s at end i. */
+static int factor_accepts(const struct catalog_group *g, uint32_t s, uint64_t i,
+                          struct refscan_gate *out)
 {
-    uint32_t s = g->start[0];
+    const uint32_t *a = g->accepts + g->accept_index[s - g->first_accept];
+    const uint32_t *end = g->accepts + g->accept_index[s - g->first_accept + 1];
+    for (; a < end; a++)
+        if (refscan_gate_push(out, CAT_ACCEPT_RULE(*a), i) != 0)
+            return -ENOMEM;
+    return 0;
+}
+
+/* The walk of refscan_group_range for a factor group, from state s at
+ * `begin`: every entry counts, whatever its mask, and names a bit-NFA
+ * group. */
+static int factor_walk_from(const struct catalog_group *g, const uint8_t *buf, uint32_t s,
+                            size_t begin, uint64_t lo, uint64_t hi, struct refscan_gate *out)
+{
     for (size_t i = begin;; i++) {
-        if (s >= g->first_accept && i > lo) {
-            const uint32_t *a = g->accepts + g->accept_index[s - g->first_accept];
-            const uint32_t *end = g->accepts + g->accept_index[s - g->first_accept + 1];
-            for (; a < end; a++)
-                if (refscan_gate_push(out, CAT_ACCEPT_RULE(*a), i) != 0)
-                    return -ENOMEM;
-        }
+        if (s >= g->first_accept && i > lo && factor_accepts(g, s, i, out) != 0)
+            return -ENOMEM;
         if (i >= hi)
             return 0;
         s = g->trans[(size_t)s * g->n_classes + g->classmap[buf[i]]];
     }
+}
+
+/* Ranges shorter than this are walked in one piece. */
+#define FACTOR_PAIR_MIN 4096u
+
+/*
+ * Factor ends in (lo, hi], walked from `begin` (lo + 1 - the longest
+ * factor): as two walks, of (lo, mid] and (mid, hi], interleaved in one
+ * loop, so that the two chains of dependent table loads overlap (a DFA
+ * walk waits on each load). Factors have no assertions: the second walk
+ * starts from the start state, its longest factor before mid.
+ */
+static int factor_walk(const struct catalog_group *g, const uint8_t *buf, size_t begin, uint64_t lo,
+                       uint64_t hi, struct refscan_gate *out)
+{
+    uint32_t s0 = g->start[0], s1 = g->start[0];
+    if (hi - begin < FACTOR_PAIR_MIN)
+        return factor_walk_from(g, buf, s0, begin, lo, hi, out);
+    uint64_t mid = lo + (hi - lo) / 2;
+    uint64_t i0 = begin, i1 = mid + 1 > g->maxlen ? mid + 1 - g->maxlen : 0;
+    uint64_t steps = mid - i0 < hi - i1 ? mid - i0 : hi - i1;
+    const uint32_t *trans = g->trans, *cm = g->classmap;
+    size_t nc = g->n_classes;
+    for (uint64_t k = 0; k < steps; k++, i0++, i1++) {
+        if (s0 >= g->first_accept && i0 > lo && factor_accepts(g, s0, i0, out) != 0)
+            return -ENOMEM;
+        if (s1 >= g->first_accept && i1 > mid && factor_accepts(g, s1, i1, out) != 0)
+            return -ENOMEM;
+        s0 = trans[(size_t)s0 * nc + cm[buf[i0]]];
+        s1 = trans[(size_t)s1 * nc + cm[buf[i1]]];
+    }
+    if (factor_walk_from(g, buf, s0, i0, lo, mid, out) != 0)
+        return -ENOMEM;
+    return factor_walk_from(g, buf, s1, i1, mid, hi, out);
 }
 
 int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,

@@ -2360,6 +2360,56 @@ START_TEST(test_gitleaks_passes)
 }
 END_TEST
 
+/* The host's factor walk (refscan_factor_scan) walks a long range as two
+ * interleaved halves: over random ranges of gitleaks-regex's synthetic
+ * secrets, the same candidates as the plain walk of 1000-byte pieces. */
+START_TEST(test_factor_walk_halves)
+{
+    size_t n, len;
+    struct trule *rules =
+        load_patfile(VKS_SOURCE_ROOT "/tests/data/gitleaks/gitleaks-regex.rules", &n);
+    struct rule_src *src = xrealloc(NULL, n * sizeof(*src));
+    for (size_t i = 0; i < n; i++)
+        src[i] = (struct rule_src){rules[i].id,  rules[i].kind,  rules[i].pat,
+                                   rules[i].len, rules[i].flags, rules[i].line};
+    struct rules_result res;
+    struct vks_error err = {0};
+    ck_assert_int_eq(rules_compile(src, n, NULL, &res, &err), 0);
+    uint8_t *hay = hay_secrets(VKS_SOURCE_ROOT "/tests/data", &len);
+    ck_assert_uint_gt(len, 20000);
+    struct rng rng = {0xfac70full};
+    size_t total = 0;
+    for (int round = 0; round < 40; round++) {
+        uint64_t lo = rng_below(&rng, (uint32_t)(len - 10000));
+        uint64_t hi = lo + 5000 + rng_below(&rng, (uint32_t)(len - lo - 5000));
+        struct refscan_gate whole = {0}, parts = {0};
+        ck_assert_int_eq(refscan_factor_scan(res.catalog, hay, len, lo, hi, &whole), 0);
+        for (uint64_t a = lo; a < hi; a += 1000)
+            ck_assert_int_eq(refscan_factor_scan(res.catalog, hay, len, a,
+                                                 a + 1000 < hi ? a + 1000 : hi, &parts),
+                             0);
+        refscan_gate_sort(&whole);
+        refscan_gate_sort(&parts);
+        ck_assert_uint_eq(whole.n, parts.n);
+        for (size_t k = 0; k < whole.n; k++) {
+            ck_assert_uint_eq(whole.v[k].nfa, parts.v[k].nfa);
+            ck_assert_uint_eq(whole.v[k].end, parts.v[k].end);
+            ck_assert(whole.v[k].end > lo && whole.v[k].end <= hi);
+        }
+        total += whole.n;
+        refscan_gate_finish(&whole);
+        refscan_gate_finish(&parts);
+    }
+    ck_assert_uint_gt(total, 200);
+    free(hay);
+    rules_result_finish(&res);
+    free(src);
+    for (size_t i = 0; i < n; i++)
+        trule_free(&rules[i]);
+    free(rules);
+}
+END_TEST
+
 /* The gitleaks regexes from the tree (tests/data/gitleaks, MIT): all 221
  * compile, none is rejected for size, and every hit is Hyperscan's on
  * synthetic secrets built around the gitleaks keywords and on samples
@@ -2425,6 +2475,7 @@ Suite *hsdiff_suite(void)
     tcase_set_timeout(gating, 600);
     tcase_add_test(gating, test_confirm_gating);
     tcase_add_test(gating, test_gitleaks_passes);
+    tcase_add_test(gating, test_factor_walk_halves);
     suite_add_tcase(s, gating);
     TCase *files = tcase_create("shared-data");
     tcase_set_timeout(files, 600);
