@@ -438,37 +438,70 @@ static int factor_walk_from(const struct catalog_group *g, const uint8_t *buf, u
 }
 
 /* Ranges shorter than this are walked in one piece. */
-#define FACTOR_PAIR_MIN 4096u
+#define FACTOR_LANES_MIN 4096u
+
+/* The table of a factor group, copied out of it so that the compiler
+ * keeps it in registers across the candidate pushes (which may realloc). */
+struct factor_tab {
+    const uint32_t *trans, *cm;
+    size_t nc;
+    uint32_t first_accept;
+};
+
+/* One step of one lane: its candidates at end *i (when past lane_lo),
+ * then byte buf[*i]. Returns 0 or -ENOMEM. */
+static inline int factor_lane(const struct catalog_group *g, struct factor_tab t,
+                              const uint8_t *buf, uint32_t *s, uint64_t *i, uint64_t lane_lo,
+                              struct refscan_gate *out)
+{
+    int rc = 0;
+    if (*s >= t.first_accept && *i > lane_lo)
+        rc = factor_accepts(g, *s, *i, out);
+    *s = t.trans[(size_t)*s * t.nc + t.cm[buf[*i]]];
+    (*i)++;
+    return rc;
+}
 
 /*
  * Factor ends in (lo, hi], walked from `begin` (lo + 1 - the longest
- * factor): as two walks, of (lo, mid] and (mid, hi], interleaved in one
- * loop, so that the two chains of dependent table loads overlap (a DFA
- * walk waits on each load). Factors have no assertions: the second walk
- * starts from the start state, its longest factor before mid.
+ * factor): as four walks of a quarter each, interleaved in one loop, so
+ * that the chains of dependent table loads overlap (a DFA walk waits on
+ * each load). Factors have no assertions: lane k > 0 starts from the start
+ * state its longest factor before its quarter.
  */
 static int factor_walk(const struct catalog_group *g, const uint8_t *buf, size_t begin, uint64_t lo,
                        uint64_t hi, struct refscan_gate *out)
 {
-    uint32_t s0 = g->start[0], s1 = g->start[0];
-    if (hi - begin < FACTOR_PAIR_MIN)
-        return factor_walk_from(g, buf, s0, begin, lo, hi, out);
-    uint64_t mid = lo + (hi - lo) / 2;
-    uint64_t i0 = begin, i1 = mid + 1 > g->maxlen ? mid + 1 - g->maxlen : 0;
-    uint64_t steps = mid - i0 < hi - i1 ? mid - i0 : hi - i1;
-    const uint32_t *trans = g->trans, *cm = g->classmap;
-    size_t nc = g->n_classes;
-    for (uint64_t k = 0; k < steps; k++, i0++, i1++) {
-        if (s0 >= g->first_accept && i0 > lo && factor_accepts(g, s0, i0, out) != 0)
-            return -ENOMEM;
-        if (s1 >= g->first_accept && i1 > mid && factor_accepts(g, s1, i1, out) != 0)
-            return -ENOMEM;
-        s0 = trans[(size_t)s0 * nc + cm[buf[i0]]];
-        s1 = trans[(size_t)s1 * nc + cm[buf[i1]]];
+    if (hi - begin < FACTOR_LANES_MIN)
+        return factor_walk_from(g, buf, g->start[0], begin, lo, hi, out);
+    uint64_t q = (hi - lo) / 4, llo[4], lhi[4], i[4];
+    uint32_t st[4];
+    for (int k = 0; k < 4; k++) {
+        llo[k] = lo + k * q;
+        lhi[k] = k == 3 ? hi : lo + (k + 1) * q;
+        i[k] = k == 0 ? begin : llo[k] + 1 > g->maxlen ? llo[k] + 1 - g->maxlen : 0;
+        st[k] = g->start[0];
     }
-    if (factor_walk_from(g, buf, s0, i0, lo, mid, out) != 0)
-        return -ENOMEM;
-    return factor_walk_from(g, buf, s1, i1, mid, hi, out);
+    uint64_t steps = UINT64_MAX;
+    for (int k = 0; k < 4; k++)
+        steps = lhi[k] - i[k] < steps ? lhi[k] - i[k] : steps;
+    const struct factor_tab t = {g->trans, g->classmap, g->n_classes, g->first_accept};
+    uint32_t s0 = st[0], s1 = st[1], s2 = st[2], s3 = st[3];
+    uint64_t i0 = i[0], i1 = i[1], i2 = i[2], i3 = i[3];
+    const uint64_t l0 = llo[0], l1 = llo[1], l2 = llo[2], l3 = llo[3];
+    for (uint64_t n = 0; n < steps; n++) {
+        if (factor_lane(g, t, buf, &s0, &i0, l0, out) != 0 ||
+            factor_lane(g, t, buf, &s1, &i1, l1, out) != 0 ||
+            factor_lane(g, t, buf, &s2, &i2, l2, out) != 0 ||
+            factor_lane(g, t, buf, &s3, &i3, l3, out) != 0)
+            return -ENOMEM;
+    }
+    st[0] = s0, st[1] = s1, st[2] = s2, st[3] = s3;
+    i[0] = i0, i[1] = i1, i[2] = i2, i[3] = i3;
+    for (int k = 0; k < 4; k++)
+        if (factor_walk_from(g, buf, st[k], i[k], llo[k], lhi[k], out) != 0)
+            return -ENOMEM;
+    return 0;
 }
 
 int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,

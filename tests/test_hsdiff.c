@@ -2360,10 +2360,10 @@ START_TEST(test_gitleaks_passes)
 }
 END_TEST
 
-/* The host's factor walk (refscan_factor_scan) walks a long range as two
- * interleaved halves: over random ranges of gitleaks-regex's synthetic
+/* The host's factor walk (refscan_factor_scan) walks a long range as four
+ * interleaved quarters: over random ranges of gitleaks-regex's synthetic
  * secrets, the same candidates as the plain walk of 1000-byte pieces. */
-START_TEST(test_factor_walk_halves)
+START_TEST(test_factor_walk_lanes)
 {
     size_t n, len;
     struct trule *rules =
@@ -2475,7 +2475,7 @@ Suite *hsdiff_suite(void)
     tcase_set_timeout(gating, 600);
     tcase_add_test(gating, test_confirm_gating);
     tcase_add_test(gating, test_gitleaks_passes);
-    tcase_add_test(gating, test_factor_walk_halves);
+    tcase_add_test(gating, test_factor_walk_lanes);
     suite_add_tcase(s, gating);
     TCase *files = tcase_create("shared-data");
     tcase_set_timeout(files, 600);
