@@ -2,7 +2,7 @@
  * rpc_bench: vkscand round trips through libvkscan.
  *
  *   rpc_bench --socket PATH [--seconds S] [--clients 1,8,64] [--big-mib 64]
- *             [--workloads small,large] [--json]
+ *             [--workloads small,large] [--cache] [--json]
  *
  * For each client count and each transport (inline bytes, memfd passed with
  * SCM_RIGHTS) it runs two workloads for S seconds each, every client on its
@@ -13,6 +13,10 @@
  * (docs/daemon.md): receipt to reply, queue wait, descriptor mapping, upload,
  * device run and readback, and how many requests shared a batch, so the
  * client's round trip can be split into transport and daemon time.
+ * Every scan bypasses the daemon's result cache (`cache: false`), because
+ * the clients send the same bytes again and again: a sealed memfd seen
+ * before would be answered from the cache without scanning. `--cache`
+ * measures the cached path instead.
  * Start the daemon first, with a frame limit that fits a 64 MiB inline buffer:
  *   build-release/daemon/vkscand --socket /tmp/v.sock --state-dir /tmp/vs --max-frame 80M
  * Numbers count only from the H200 (docs/PERFORMANCE.md).
@@ -40,6 +44,7 @@ struct opts {
     size_t big;
     int json;
     int small, large; /* workloads to run */
+    int cache;        /* let the daemon answer from its result cache */
 };
 
 /* Telemetry keys summed per run; their means are reported. */
@@ -61,6 +66,13 @@ struct job {
     int failed;
     char err[256];
 };
+
+static void scan_options(const struct opts *o, struct vks_scan_options *so)
+{
+    vks_scan_options_init(so);
+    so->mode = VKS_REPORT_COUNT;
+    so->no_cache = !o->cache;
+}
 
 static double now(void)
 {
@@ -103,7 +115,8 @@ static void *client_main(void *arg)
     struct vks_buffer b =
         j->use_fd ? (struct vks_buffer){.kind = VKS_BUFFER_FD, .fd = fd}
                   : (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = j->data, .len = j->len};
-    struct vks_scan_options so = {.mode = VKS_REPORT_COUNT};
+    struct vks_scan_options so;
+    scan_options(j->o, &so);
     while (now() < j->stop_at) {
         struct vks_scan_result res = {0};
         double t0 = now();
@@ -137,11 +150,12 @@ static void *client_main(void *arg)
  * one-time costs (device upload of the catalog, pipelines for its shape)
  * that are not what the runs measure. Their times are printed on their own.
  */
-static int warm_up(struct vks_client *c, const uint8_t *fp, const uint8_t *data, size_t big,
-                   int json)
+static int warm_up(struct vks_client *c, const struct opts *o, const uint8_t *fp,
+                   const uint8_t *data, size_t big, int json)
 {
     const size_t sizes[2] = {4096, big};
-    struct vks_scan_options so = {.mode = VKS_REPORT_COUNT};
+    struct vks_scan_options so;
+    scan_options(o, &so);
     for (int i = 0; i < 2; i++) {
         struct vks_buffer b = {.kind = VKS_BUFFER_INLINE, .data = data, .len = sizes[i]};
         struct vks_scan_result res = {0};
@@ -246,6 +260,8 @@ static int parse(int argc, char **argv, struct opts *o)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--json") == 0) {
             o->json = 1;
+        } else if (strcmp(a, "--cache") == 0) {
+            o->cache = 1;
         } else if (strcmp(a, "--socket") == 0 && v) {
             o->socket = v, i++;
         } else if (strcmp(a, "--seconds") == 0 && v) {
@@ -264,7 +280,7 @@ static int parse(int argc, char **argv, struct opts *o)
             }
         } else {
             fprintf(stderr, "usage: rpc_bench --socket PATH [--seconds S] [--clients 1,8,64] "
-                            "[--big-mib N] [--workloads small,large] [--json]\n");
+                            "[--big-mib N] [--workloads small,large] [--cache] [--json]\n");
             return -1;
         }
     }
@@ -303,7 +319,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "rpc_bench: %s\n", err.msg);
         return 1;
     }
-    if (warm_up(c, vks_catalog_fingerprint(cat), big, o.big, o.json) != 0)
+    if (warm_up(c, &o, vks_catalog_fingerprint(cat), big, o.big, o.json) != 0)
         return 1;
     if (!o.json)
         printf("%-6s %-7s %8s %10s %10s %10s %12s %9s %9s %9s %9s %9s %9s %9s %9s %6s\n", "load",
