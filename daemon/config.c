@@ -90,7 +90,7 @@ static const struct opt opts[] = {
     {"cpu-max-work", NUM(OPT_SIZE, cpu_max_work), 0, 1 * GIB, false,
      "engine auto: batches up to this many bytes x DFA groups scan on the CPU (0: never)"},
     {"cpu-threads", NUM(OPT_U32, cpu_threads), 0, 1024, false,
-     "CPU engine scanning threads (0: cores minus one)"},
+     "CPU engine scanning threads (0: every core without a GPU engine, else cores minus one)"},
     {"cpu-segment-bytes", NUM(OPT_SIZE, cpu_segment_bytes), 256, 1 * GIB, false,
      "CPU engine: larger buffers are scanned in segments of this size in parallel"},
     {"cpu-max-wait-us", NUM(OPT_U32, cpu_max_wait_us), 0, 60u * 1000 * 1000, false,

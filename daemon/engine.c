@@ -805,7 +805,7 @@ static void refresh_info(struct engine *e)
     pthread_mutex_unlock(&e->mu);
     in->devices = e->devices_found;
     in->n_devices = e->n_devices_found;
-    in->cpu_threads = e->n_cpu;
+    in->cpu_threads = __atomic_load_n(&e->n_cpu, __ATOMIC_RELAXED);
 }
 
 static void on_async(uv_async_t *h)
@@ -1004,7 +1004,8 @@ void engine_stats_add(struct engine *e, struct stats_list *l)
     stats_add_u(l, "result_cache.evictions", rs.evictions);
     stats_add_u(l, "result_cache.bytes_not_scanned", saved);
     stats_add_u(l, "engines", n + 1);
-    stats_add_u(l, "cpu_threads", e->n_cpu);
+    uint32_t n_cpu = __atomic_load_n(&e->n_cpu, __ATOMIC_RELAXED);
+    stats_add_u(l, "cpu_threads", n_cpu);
     for (uint32_t i = 0; i < n; i++) {
         add_engine(e, l, i, 0, g[i].device, g[i].batches, g[i].bytes, g[i].busy, span,
                    g[i].retries);
@@ -1012,7 +1013,7 @@ void engine_stats_add(struct engine *e, struct stats_list *l)
         stats_add_u(l, key(e, i, 7, "max_inflight"), g[i].max_inflight);
     }
     /* the CPU engine's busy share is over all its threads */
-    add_engine(e, l, CPU_ENGINE, 1, e->n_cpu, cb, cy, cbusy, span * e->n_cpu, cr);
+    add_engine(e, l, CPU_ENGINE, 1, n_cpu, cb, cy, cbusy, span * n_cpu, cr);
 }
 
 void engine_telemetry_add(struct stats_list *l, const struct engine_job *job,
@@ -1057,6 +1058,8 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
     e->inflight = cfg->inflight_batches;
     e->budget = cfg->device_budget;
     e->n_cpu = cfg->cpu_threads ? cfg->cpu_threads : default_threads(cfg->engine);
+    e->cpu_spare = cfg->cpu_threads == 0 && cfg->engine == CONFIG_ENGINE_AUTO &&
+                   e->n_cpu < default_threads(CONFIG_ENGINE_CPU);
     snprintf(e->device, sizeof(e->device), "%s", cfg->device);
     snprintf(e->devices, sizeof(e->devices), "%s", cfg->devices);
     snprintf(e->state_dir, sizeof(e->state_dir), "%s", cfg->state_dir);
@@ -1091,7 +1094,7 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
                              uv_strerror(rc));
     }
     e->async.data = e;
-    e->cpu = calloc(e->n_cpu, sizeof(*e->cpu));
+    e->cpu = calloc(e->n_cpu + 1, sizeof(*e->cpu));
     if (e->cpu == NULL) {
         engine_close(e);
         return vks_error_set(err, -ENOMEM, "out of memory creating the CPU engine");

@@ -26,7 +26,7 @@ static uint64_t seg_size(const struct engine *e, uint64_t lb, uint64_t len)
 {
     if (lb == CPUSCAN_UNSEGMENTABLE)
         return len;
-    uint64_t share = len / e->n_cpu;
+    uint64_t share = len / __atomic_load_n(&e->n_cpu, __ATOMIC_RELAXED);
     uint64_t seg = share > MIN_SPLIT ? share : MIN_SPLIT;
     if (seg > e->seg_bytes)
         seg = e->seg_bytes;

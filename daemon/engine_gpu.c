@@ -684,6 +684,24 @@ static int setup_gpus(struct engine *e, struct vks_error *err)
     return 0;
 }
 
+/* No GPU engine under --engine auto: the core left for its thread scans on
+ * the CPU engine too (engine_internal.h, cpu_spare). */
+static void add_spare_cpu_thread(struct engine *e)
+{
+    if (!e->cpu_spare)
+        return;
+    int rc = uv_thread_create(&e->cpu[e->n_cpu_started], engine_cpu_main, e);
+    if (rc != 0) {
+        log_warn("engine: cannot start a CPU engine thread on the GPU engine's core: %s",
+                 uv_strerror(rc));
+        return;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->n_cpu_started++;
+    __atomic_store_n(&e->n_cpu, e->n_cpu + 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&e->mu);
+}
+
 void engine_gpu_setup(void *arg)
 {
     struct engine *e = arg;
@@ -708,8 +726,10 @@ void engine_gpu_setup(void *arg)
         e->open_status = -ENODEV;
         vks_error_set(&e->open_err, -ENODEV, "the GPU engine did not start: no device");
     }
-    if (n_gpu == 0 && e->want != CONFIG_ENGINE_CPU && e->open_status == 0)
+    if (n_gpu == 0 && e->want != CONFIG_ENGINE_CPU && e->open_status == 0) {
+        add_spare_cpu_thread(e);
         log_notice("engine: CPU engine, %u threads", e->n_cpu);
+    }
     pthread_mutex_lock(&e->mu);
     e->open_done = true;
     pthread_mutex_unlock(&e->mu);

@@ -118,8 +118,14 @@ struct engine {
     bool open_done, open_reported; /* mu */
 
     /* The CPU pool. */
-    uv_thread_t *cpu;
+    uv_thread_t *cpu; /* room for n_cpu + 1 when cpu_spare */
+    /* Threads scanning. The setup thread may add one (cpu_spare), so n_cpu
+     * is read with __atomic_load_n outside the setup thread. */
     uint32_t n_cpu, n_cpu_started;
+    /* --engine auto without cpu-threads leaves a core to the GPU engine's
+     * thread; when no GPU engine starts, the setup thread starts a thread
+     * on that core too, so the CPU engine has every core. */
+    bool cpu_spare;
     pthread_cond_t cpu_cond;
     struct engine_batch *cpu_head, *cpu_tail;  /* mu: batches with work to hand out */
     struct engine_task *task_head, *task_tail; /* mu: engine_cpu_task's queue */

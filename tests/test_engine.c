@@ -667,8 +667,8 @@ START_TEST(test_max_hits_one_task_cpu)
 END_TEST
 
 /* --engine auto where the best Vulkan device is a CPU (lavapipe): even a
- * batch far over cpu-max-work scans on the CPU engine, and no GPU engine
- * is started. */
+ * batch far over cpu-max-work scans on the CPU engine, no GPU engine is
+ * started, and the CPU engine has every core. */
 START_TEST(test_auto_prefers_cpu_engine)
 {
     struct daemon d;
@@ -692,6 +692,9 @@ START_TEST(test_auto_prefers_cpu_engine)
     check(ref, &res, 0, a, sizeof(a), SCAN_ALL);
     ck_assert_uint_eq(tel_of(&res, "engine"), gpu_present ? 0 : 1);
     ck_assert_uint_eq(stat_of(c, "engines"), gpu_present ? 2 : 1);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!gpu_present) /* no GPU engine: the core left for it scans too */
+        ck_assert_uint_eq(stat_of(c, "cpu_threads"), (uint64_t)(cores > 1 ? cores : 1));
     vks_scan_result_finish(&res);
     catalog_destroy(ref);
     vks_catalog_destroy(cat);
