@@ -219,25 +219,9 @@ static void run_gpu_split(struct gworker *w, struct engine_job **jobs, size_t n,
             engine_job_fail(jobs[i], -VKS_E_INTERNAL, "out of memory building the GPU batch");
         return;
     }
-    /* Sum the counters of the parts; the last part's choices (sizes, writer) stay. */
-    struct gpu_telemetry *s = &tel->gpu_tel;
-    uint64_t up = s->bytes_uploaded, cat = s->catalog_bytes_uploaded,
-             hay = s->haystack_bytes_uploaded, rb = s->bytes_read_back, kn = s->kernel_ns,
-             tn = s->total_ns;
-    uint32_t hits = s->catalog_cache_hits, launches = s->kernel_launches,
-             uploads = s->catalog_uploads;
     if (t.total_ns == 0 && t.kernel_launches == 0)
         return; /* nothing ran (the jobs went to the CPU) */
-    *s = t;
-    s->bytes_uploaded += up;
-    s->catalog_bytes_uploaded += cat;
-    s->haystack_bytes_uploaded += hay;
-    s->bytes_read_back += rb;
-    s->kernel_ns += kn;
-    s->total_ns += tn;
-    s->catalog_cache_hits += hits;
-    s->catalog_uploads += uploads;
-    s->kernel_launches += launches;
+    gpu_telemetry_add(&tel->gpu_tel, &t);
 }
 
 void engine_cpu_push(struct engine *e, struct engine_batch *b);

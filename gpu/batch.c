@@ -1213,6 +1213,49 @@ void gpu_result_finish(struct gpu_result *res)
     memset(res, 0, sizeof(*res));
 }
 
+void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *part)
+{
+    struct gpu_telemetry s = *part; /* the later part's state and choices */
+#define ADD(f) s.f += sum->f
+#define MAX(f) s.f = sum->f > s.f ? sum->f : s.f
+    ADD(bytes_uploaded);
+    ADD(haystack_bytes_uploaded);
+    ADD(catalog_bytes_uploaded);
+    ADD(meta_bytes_uploaded);
+    ADD(bytes_read_back);
+    ADD(bytes_moved);
+    ADD(kernel_launches);
+    ADD(submits);
+    ADD(sync_points);
+    ADD(pipeline_cache_hits);
+    ADD(pipeline_compiles);
+    ADD(catalog_cache_hits);
+    ADD(catalog_uploads);
+    ADD(catalog_evictions);
+    ADD(rounds);
+    ADD(items_total);
+    ADD(items_processed);
+    ADD(items_remaining);
+    ADD(hits_raw);
+    ADD(hit_reruns);
+    ADD(cut_reruns);
+    ADD(plan_ns);
+    ADD(upload_ns);
+    ADD(kernel_ns);
+    ADD(device_ns);
+    ADD(readback_ns);
+    ADD(finalize_ns);
+    ADD(total_ns);
+    ADD(wall_ns);
+    ADD(device_idle_ns);
+    MAX(workgroups);
+    MAX(hit_capacity);
+    MAX(inflight);
+#undef ADD
+#undef MAX
+    *sum = s;
+}
+
 void gpu_batch_scratch_finish(struct batch_scratch *s)
 {
     free(s->meta);

@@ -268,6 +268,13 @@ void gpu_engine_stats(const struct gpu_engine *eng, struct gpu_engine_stats *out
 
 void gpu_result_finish(struct gpu_result *res);
 
+/* Adds the telemetry of one more dispatch of the same batch (a batch split
+ * because it did not fit the device) to `sum`: counters and times add up,
+ * workgroups, hit_capacity and inflight take the larger, and what describes
+ * the engine's state or choices (resident memory, writer, sizes, occupancy)
+ * is `part`'s, the later one's. */
+void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *part);
+
 /* Number of catalogs resident on the device now. */
 uint32_t gpu_engine_resident_catalogs(const struct gpu_engine *eng);
 

@@ -1194,6 +1194,57 @@ static void pjob_init(struct pjob *j, const struct catalog *cat, uint32_t n_bufs
     j->batch = (struct gpu_batch){j->cats, 1, j->bufs.v, j->bufs.n};
 }
 
+/* gpu_telemetry_add, which the daemon uses for a batch split because it did
+ * not fit the device: counters and times of the parts add up, the largest
+ * of workgroups, hit_capacity and inflight stays, and the state and choices
+ * are the later part's. */
+// clang-format off
+#define TEL_SUMS(X)                                                                  \
+    X(bytes_uploaded) X(haystack_bytes_uploaded) X(catalog_bytes_uploaded)           \
+    X(meta_bytes_uploaded) X(bytes_read_back) X(bytes_moved) X(kernel_launches)      \
+    X(submits) X(sync_points) X(pipeline_cache_hits) X(pipeline_compiles)            \
+    X(catalog_cache_hits) X(catalog_uploads) X(catalog_evictions) X(rounds)          \
+    X(items_total) X(items_processed) X(items_remaining) X(hits_raw) X(hit_reruns)   \
+    X(cut_reruns) X(plan_ns) X(upload_ns) X(kernel_ns) X(device_ns) X(readback_ns)   \
+    X(finalize_ns) X(total_ns) X(wall_ns) X(device_idle_ns)
+#define TEL_MAXES(X) X(workgroups) X(hit_capacity) X(inflight)
+#define TEL_LATEST(X)                                                                \
+    X(resident_allocations) X(resident_bytes) X(device_bytes) X(resident_catalogs)   \
+    X(workgroup_size) X(segment_bytes)
+
+START_TEST(test_telemetry_add)
+{
+    struct gpu_telemetry sum, part;
+    memset(&sum, 0, sizeof(sum));
+    memset(&part, 0, sizeof(part));
+#define SET(f) sum.f = 3, part.f = 4;
+    TEL_SUMS(SET)
+    TEL_LATEST(SET)
+#undef SET
+#define SET(f) sum.f = 9, part.f = 4;
+    TEL_MAXES(SET)
+#undef SET
+    sum.hit_writer = GPU_HITS_SUBGROUP;
+    part.hit_writer = GPU_HITS_SCALAR;
+    part.occupancy = 0.5;
+    gpu_telemetry_add(&sum, &part);
+#define CHECK(f, v) ck_assert_msg(sum.f == (v), #f " is %llu", (unsigned long long)sum.f);
+#define SUM(f)      CHECK(f, 7)
+#define MAXED(f)    CHECK(f, 9)
+#define LATEST(f)   CHECK(f, 4)
+    TEL_SUMS(SUM)
+    TEL_MAXES(MAXED)
+    TEL_LATEST(LATEST)
+#undef SUM
+#undef MAXED
+#undef LATEST
+#undef CHECK
+    ck_assert_int_eq(sum.hit_writer, GPU_HITS_SCALAR);
+    ck_assert(sum.occupancy == 0.5);
+}
+END_TEST
+// clang-format on
+
 /* Two clients take turns (job i is client i % 2) with up to three batches
  * on the device at once. From job 4 on each client scans a catalog new to
  * the engine: job 4 uploads it while jobs 2 and 3 run, and job 6 finds it
@@ -1360,6 +1411,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_timeout);
     tcase_add_loop_test(tc, test_pipelined, 0, 2);
     tcase_add_test(tc, test_pipelined_forget_destroy);
+    tcase_add_test(tc, test_telemetry_add);
     suite_add_tcase(s, tc);
     return s;
 }
