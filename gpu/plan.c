@@ -377,43 +377,42 @@ static int gated_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struc
     return 0;
 }
 
-/* Start intervals closer than a segment (the plan's seg_bytes) are walked
- * as one item, and a buffer gets at most CONFIRM_ITEMS items. Allowing more starts than the factors
- * ask for only costs work (every match found is a match), but each item
- * walks until its state dies, which for a rule like `key(?s).*x` is the
- * buffer's end: merging bounds a buffer's work to CONFIRM_ITEMS walks. */
-#define CONFIRM_ITEMS 16u
+/* Forward confirmation items (refscan_confirm_items): start intervals less
+ * than CONFIRM_GAP bytes apart are walked as one item (a new item costs
+ * about as much as walking the gap), long ones are cut into pieces of at
+ * most a segment of starts, and a buffer gets at most one item per
+ * CONFIRM_SPAN bytes (at least CONFIRM_MIN): past that gap and piece grow.
+ * Allowing more starts than the factors ask for only costs work (every
+ * match found is a match), but each item walks until its state dies,
+ * which for a rule like `key(?s).*x` is the buffer's end: the cap bounds
+ * such a buffer's work to its item count times its length. Text with
+ * common factors (gitleaks-regex: caseless `key`, `token`, `pass`) gets
+ * many short items instead of one walk over most of the buffer. */
+#define CONFIRM_GAP  64u
+#define CONFIRM_SPAN 256u
+#define CONFIRM_MIN  16u
 
 struct confirm_job {
-    uint64_t (*iv)[2];
-    size_t n, cap;
-    uint64_t gap;
+    struct batch_ctx *bc;
+    uint32_t buf;
 };
 
-static int confirm_interval(void *ctx, uint64_t a, uint64_t b)
+static int confirm_piece(void *ctx, uint64_t a, uint64_t b)
 {
     struct confirm_job *j = ctx;
-    if (j->n > 0 && a <= j->iv[j->n - 1][1] + j->gap) {
-        j->iv[j->n - 1][1] = b;
-        return 0;
-    }
-    if (gpu_grow_array((void **)&j->iv, &j->cap, j->n + 1, sizeof(*j->iv)) < 0)
-        return -ENOMEM;
-    j->iv[j->n][0] = a;
-    j->iv[j->n][1] = b;
-    j->n++;
-    return 0;
+    return push_item(&j->bc->eng->scratch, &j->bc->n_meta, j->buf, (uint32_t)a, (uint32_t)b, 0);
 }
 
 /* Items of forward-confirmed (CAT_GF_CONFIRM) group k around its factors'
- * ends: starts in [e - lookback, e), merged; one item per interval, walked
- * from its start until the state dies at or after its end (the kernel runs
- * an unbounded group's item that is not chained so). */
+ * ends: starts in [e - lookback, e), merged and cut as above; each item
+ * (buffer, a, b) is walked from a until the state dies at or after b (the
+ * kernel runs an unbounded group's item that is not chained so). Items
+ * that overlap may report the same (rule, end): scan_hits_finalize drops
+ * the copy. */
 static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struct catalog_nfa *g,
                          const struct plan_gates *pg)
 {
     const struct gpu_batch *b = bc->batch;
-    struct confirm_job j = {NULL, 0, 0, bc->plan.seg_bytes};
     int rc = 0;
     for (uint32_t i = 0; i < b->n_buffers && rc == 0; i++) {
         if (b->buffers[i].catalog != c)
@@ -427,19 +426,13 @@ static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const str
             z++;
         if (z == a) /* no factor of this group: nothing to confirm */
             continue;
-        j.n = 0;
-        rc = refscan_confirm_starts(g->lookback, &gate->v[a].end, z - a,
-                                    sizeof(struct refscan_cand) / sizeof(uint64_t),
-                                    confirm_interval, &j);
-        if (rc == 0 && j.n > CONFIRM_ITEMS) { /* one walk from the first start */
-            j.iv[0][1] = j.iv[j.n - 1][1];
-            j.n = 1;
-        }
-        struct batch_scratch *s = &bc->eng->scratch;
-        for (size_t x = 0; x < j.n && rc == 0; x++)
-            rc = push_item(s, &bc->n_meta, i, (uint32_t)j.iv[x][0], (uint32_t)j.iv[x][1], 0);
+        struct confirm_job j = {bc, i};
+        size_t most = b->buffers[i].len / CONFIRM_SPAN;
+        rc = refscan_confirm_items(g->lookback, &gate->v[a].end, z - a,
+                                   sizeof(struct refscan_cand) / sizeof(uint64_t), CONFIRM_GAP,
+                                   bc->plan.seg_bytes, most > CONFIRM_MIN ? most : CONFIRM_MIN,
+                                   confirm_piece, &j);
     }
-    free(j.iv);
     return rc < 0 ? -ENOMEM : 0;
 }
 

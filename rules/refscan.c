@@ -635,6 +635,74 @@ int refscan_confirm_starts(uint32_t lookback, const uint64_t *ends, size_t n, si
     return n > 0 && b > a ? fn(ctx, a, b) : 0;
 }
 
+/* Merges start intervals closer than `gap` and cuts them into pieces of at
+ * most `piece` starts; with `fn` NULL it only counts the pieces. */
+struct confirm_cut {
+    uint64_t gap, piece, a, b;
+    size_t count;
+    bool open;
+    refscan_window_fn fn;
+    void *ctx;
+};
+
+static int confirm_cut_flush(struct confirm_cut *c)
+{
+    if (!c->open)
+        return 0;
+    c->open = false;
+    if (c->fn == NULL) {
+        c->count += (size_t)((c->b - c->a + c->piece - 1) / c->piece);
+        return 0;
+    }
+    for (uint64_t x = c->a; x < c->b; x += c->piece) {
+        int rc = c->fn(c->ctx, x, x + c->piece < c->b ? x + c->piece : c->b);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int confirm_cut_add(void *ctx, uint64_t a, uint64_t b)
+{
+    struct confirm_cut *c = ctx;
+    if (c->open && a <= c->b + c->gap) {
+        c->b = b;
+        return 0;
+    }
+    int rc = confirm_cut_flush(c);
+    c->a = a;
+    c->b = b;
+    c->open = true;
+    return rc;
+}
+
+static int confirm_cut_run(struct confirm_cut *c, uint32_t lookback, const uint64_t *ends, size_t n,
+                           size_t stride)
+{
+    c->count = 0;
+    c->open = false;
+    int rc = refscan_confirm_starts(lookback, ends, n, stride, confirm_cut_add, c);
+    return rc != 0 ? rc : confirm_cut_flush(c);
+}
+
+int refscan_confirm_items(uint32_t lookback, const uint64_t *ends, size_t n, size_t stride,
+                          uint64_t gap, uint64_t piece, size_t max_items, refscan_window_fn fn,
+                          void *ctx)
+{
+    struct confirm_cut c = {.gap = gap, .piece = piece > 0 ? piece : 1};
+    max_items = max_items > 0 ? max_items : 1;
+    for (;;) { /* each round doubles both: at most ~64 rounds, ends are u64 */
+        confirm_cut_run(&c, lookback, ends, n, stride);
+        if (c.count <= max_items)
+            break;
+        c.gap = c.gap * 2 + 1;
+        c.piece = c.piece * 2;
+    }
+    c.fn = fn;
+    c.ctx = ctx;
+    return confirm_cut_run(&c, lookback, ends, n, stride);
+}
+
 void refscan_gate_finish(struct refscan_gate *g)
 {
     if (g == NULL)

@@ -131,6 +131,24 @@ int refscan_gate_windows(uint32_t maxlen, const uint64_t *ends, size_t n, size_t
 int refscan_confirm_starts(uint32_t lookback, const uint64_t *ends, size_t n, size_t stride,
                            refscan_window_fn fn, void *ctx);
 
+/*
+ * The confirmation items of one CAT_GF_CONFIRM group (gpu/plan.c): the
+ * intervals of refscan_confirm_starts, joined when fewer than `gap` bytes
+ * apart, then cut into pieces of at most `piece` starts. A piece [a, b)
+ * is walked like an interval (starts fire only below b, the walk goes on
+ * until its state is empty), so every match is still found, by the piece
+ * that holds its start; a match may also be found again by an earlier
+ * piece whose walk runs past b (the caller drops copies). When that gives
+ * more than `max_items` pieces, gap and piece are doubled until it does
+ * not: a rule whose walks never die (`key(?s).*x`) costs at most
+ * max_items walks to the buffer's end. Calls `fn(ctx, a, b)` per piece in
+ * ascending order; `fn` returning non-zero stops the calls and is
+ * returned.
+ */
+int refscan_confirm_items(uint32_t lookback, const uint64_t *ends, size_t n, size_t stride,
+                          uint64_t gap, uint64_t piece, size_t max_items, refscan_window_fn fn,
+                          void *ctx);
+
 void refscan_gate_finish(struct refscan_gate *g);
 
 /* Appends one hit; returns 0 or -ENOMEM. */
