@@ -36,6 +36,7 @@ struct prepared {
     size_t canon_len;
     uint32_t group;
     bool bitnfa;                /* goes to the bit-parallel NFA engine */
+    bool wide;                  /* wide_counter: tried as a small DFA (SMALL_DFA) */
     uint32_t bits;              /* its positions there, once known */
     struct factor_set *factors; /* bit-NFA rules with a bounded maxlen: NULL if none */
 };
@@ -171,11 +172,12 @@ int rules_parse_flags(const char *s, size_t len, uint32_t *flags, struct vks_err
             f |= RULE_F_SOMLEFT;
             break;
         default:
-            return vks_error_set(err, -EINVAL,
-                                 "unknown flag '%c': supported flags are i (caseless), s (dot "
-                                 "matches newline), m (multi-line), H (single match) and L (start of "
-                                 "match)",
-                                 s[i]);
+            return vks_error_set(
+                err, -EINVAL,
+                "unknown flag '%c': supported flags are i (caseless), s (dot "
+                "matches newline), m (multi-line), H (single match) and L (start of "
+                "match)",
+                s[i]);
         }
     }
     *flags = f;
@@ -211,6 +213,12 @@ static bool bad_id(const char *id)
  * WIDE_TOTAL or more (`[\w.-]{0,20}...[a-z0-9]{32}`, `\w{82}`) has a DFA
  * that tracks every combination of them; it goes to the bit-NFA too. */
 #define WIDE_TOTAL 64u /* rules_options.bitnfa_counters when 0 */
+
+/* A wide-counter rule with no factor to gate it is still tried alone as a
+ * DFA of at most this many states (prebuild): `\b[a-fA-F0-9]{40}\b` counts
+ * one run at a time, and a DFA group's pass over every byte costs a
+ * fraction of a bit-NFA's. Over it, the rule goes to the bit-NFA. */
+#define SMALL_DFA 4096u
 
 static uint64_t wide_total(const struct node *n)
 {
@@ -295,7 +303,8 @@ static int prepare_rule(struct ctx *c, uint32_t i)
     p->maxlen = ml == REPEAT_INF ? CATALOG_UNBOUNDED : ml;
     p->positions = parse_positions(p->root);
     uint32_t total = c->opt->bitnfa_counters ? c->opt->bitnfa_counters : WIDE_TOTAL;
-    p->bitnfa = c->opt->force_bitnfa || wide_counter(p->root, total);
+    p->wide = !c->opt->force_bitnfa && wide_counter(p->root, total);
+    p->bitnfa = c->opt->force_bitnfa || p->wide;
     p->canon = canonical(r, &p->canon_len);
     if (p->canon == NULL) {
         parse_result_finish(&p->tree);
@@ -355,8 +364,10 @@ static int report_indexes(struct ctx *c, const uint32_t *cat_index, uint32_t *re
 
 /* ---- grouping ---- */
 
+/* Builds rules idx[0..n) as one DFA group of at most `budget` states (0:
+ * the options' max_states); -E2BIG when over. */
 static int build_group(struct ctx *c, const uint32_t *idx, uint32_t n, bool minimise,
-                       struct group_out *g)
+                       uint32_t budget, struct group_out *g)
 {
     memset(g, 0, sizeof(*g));
     if (c->opt->cancel != NULL && __atomic_load_n(c->opt->cancel, __ATOMIC_RELAXED) != 0)
@@ -373,7 +384,8 @@ static int build_group(struct ctx *c, const uint32_t *idx, uint32_t n, bool mini
     nfa_builder_destroy(b);
     if (rc != 0)
         return rc;
-    uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
+    if (budget == 0)
+        budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
     dfa_cancel = c->opt->cancel;
     rc = dfa_build(&nfa, budget, &g->dfa);
     g->asserts = nfa.has_cond;
@@ -457,6 +469,8 @@ struct prebuild_work {
     pthread_mutex_t lock;
 };
 
+static int extract_factors(struct prepared *p);
+
 static void *prebuild_thread(void *arg)
 {
     struct prebuild_work *w = arg;
@@ -468,14 +482,22 @@ static void *prebuild_thread(void *arg)
         pthread_mutex_unlock(&w->lock);
         if (stop)
             return NULL;
-        if (c->prep[i].bitnfa || is_sequence(c->prep[i].root))
+        struct prepared *p = &c->prep[i];
+        if ((p->bitnfa && !p->wide) || is_sequence(p->root))
             continue;
+        int rc = p->wide ? extract_factors(p) : 0;
+        if (rc == 0 && p->wide && p->factors != NULL)
+            continue; /* a gated bit-NFA group walks only around its factors */
         struct group_out g;
-        int rc = build_group(c, &i, 1, false, &g);
+        if (rc == 0)
+            rc = build_group(c, &i, 1, false, p->wide ? SMALL_DFA : 0, &g);
         if (rc == 0) {
-            c->prep[i].positions = g.dfa.n_states;
+            p->bitnfa = false;
+            p->positions = g.dfa.n_states;
             dfa_finish(&g.dfa);
             free(g.rules);
+        } else if (rc == -E2BIG && p->wide) {
+            continue; /* stays on the bit-NFA */
         } else if (rc == -E2BIG) {
             c->prep[i].positions = UINT64_MAX; /* rejected below, in order */
         } else {
@@ -527,7 +549,7 @@ static int prebuild(struct ctx *c)
 static int place(struct ctx *c, uint32_t *idx, uint32_t n)
 {
     struct group_out g;
-    int rc = build_group(c, idx, n, true, &g);
+    int rc = build_group(c, idx, n, true, 0, &g);
     if (rc == 0) {
         rc = push_group(c, &g);
         if (rc != 0) {
