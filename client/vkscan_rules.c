@@ -73,10 +73,9 @@ static void print_factors(const struct catalog_rule *r)
     uint32_t pos;
     char msg[240], text[256];
     int rc = fs == NULL ? -ENOMEM : parse_rule(&src, &pr, &pos, msg, sizeof(msg));
-    if (rc == 0 && r->maxlen != CATALOG_UNBOUNDED)
+    /* unbounded rules have factors too: their groups are confirmed forward */
+    if (rc == 0)
         rc = factor_extract(parse_strip_prefix(pr.root), fs);
-    else if (rc == 0)
-        rc = -ENOENT;
     printf(", factors:");
     for (uint32_t i = 0; rc == 0 && i < fs->n; i++) {
         factor_format(&fs->f[i], text, sizeof(text));
