@@ -443,6 +443,139 @@ START_TEST(test_confirm_nfa)
 }
 END_TEST
 
+struct confirm_spans {
+    uint64_t bytes, most, last_b;
+    size_t n;
+    bool ordered;
+};
+
+static int confirm_span(void *ctx, uint64_t a, uint64_t b)
+{
+    struct confirm_spans *s = ctx;
+    s->ordered &= a < b && a >= s->last_b;
+    s->last_b = b;
+    s->bytes += b - a;
+    s->most = b - a > s->most ? b - a : s->most;
+    s->n++;
+    return 0;
+}
+
+static int confirm_iv(void *ctx, uint64_t a, uint64_t b)
+{
+    uint64_t(*iv)[2] = ctx;
+    size_t n = (size_t)iv[0][0]++;
+    iv[n + 1][0] = a;
+    iv[n + 1][1] = b;
+    return 0;
+}
+
+/* gpu/plan.c's confirmation items (refscan_confirm_items) for hundreds of
+ * factor ends spread over a 64 KiB buffer, lookback 121 (gitleaks-regex's
+ * generic-api-key group): many pieces of at most a segment, which cover
+ * every start interval, walk far fewer start bytes than the old fallback
+ * (one walk from the first start to the last end, past 16 intervals) and
+ * stay under the item cap, which grows gap and piece when it is reached. */
+START_TEST(test_confirm_items_bounded)
+{
+    enum { N = 300, LEN = 65536, LOOK = 121 };
+    static uint64_t ends[N];
+    static uint64_t iv[N + 1][2];
+    rng = 0x5eed0c0full;
+    uint64_t e = 0;
+    for (size_t i = 0; i < N; i++) {
+        e += 1 + rnd(i % 50 == 0 ? 8 : 430); /* clusters and gaps: 300 ends in about 64 KiB */
+        ends[i] = e < LEN ? e : LEN;
+    }
+    iv[0][0] = 0;
+    ck_assert_int_eq(refscan_confirm_starts(LOOK, ends, N, 1, confirm_iv, iv), 0);
+    size_t n_iv = (size_t)iv[0][0];
+    ck_assert_uint_gt(n_iv, 16); /* the old plan fell back to one walk */
+    uint64_t old_bytes = iv[n_iv][1] - iv[1][0];
+    ck_assert_uint_gt(old_bytes, LEN * 9 / 10);
+    struct confirm_spans s = {.ordered = true};
+    ck_assert_int_eq(refscan_confirm_items(LOOK, ends, N, 1, 64, 2048, LEN / 256, confirm_span, &s),
+                     0);
+    ck_assert(s.ordered);
+    ck_assert_uint_gt(s.n, 100);
+    ck_assert_uint_le(s.n, LEN / 256);
+    ck_assert_uint_le(s.most, 2048);
+    ck_assert_uint_lt(s.bytes, old_bytes * 3 / 4);
+    /* every start interval lies inside the pieces' union: walk both */
+    struct confirm_spans cover = {.ordered = true};
+    uint64_t(*pc)[2] = calloc(N + 1, sizeof(*pc));
+    ck_assert_int_eq(refscan_confirm_items(LOOK, ends, N, 1, 64, 2048, LEN / 256, confirm_iv, pc),
+                     0);
+    size_t n_pc = (size_t)pc[0][0], q = 1;
+    for (size_t x = 1; x <= n_iv; x++) {
+        for (uint64_t at = iv[x][0]; at < iv[x][1]; at++) {
+            while (q <= n_pc && pc[q][1] <= at)
+                q++;
+            ck_assert_msg(q <= n_pc && pc[q][0] <= at, "start %" PRIu64 " in no piece", at);
+        }
+    }
+    /* a cap of 8 items: gap and piece grow until it holds */
+    ck_assert_int_eq(refscan_confirm_items(LOOK, ends, N, 1, 64, 2048, 8, confirm_span, &cover), 0);
+    ck_assert_uint_ge(cover.n, 1);
+    ck_assert_uint_le(cover.n, 8);
+    ck_assert(cover.ordered);
+    free(pc);
+}
+END_TEST
+
+/* Buffers dense with factor candidates of a forward-confirmed group, each
+ * short enough for one whole walk on lavapipe: planned as pieces of a
+ * segment (the old plan joined intervals closer than a segment: one walk
+ * a buffer here), and the
+ * hits equal refscan's in every mode; a 64 KiB buffer of them too (on
+ * lavapipe it is walked in chained rounds, on the H200 confirmed). */
+START_TEST(test_confirm_many)
+{
+    static const struct trule rules[] = {
+        {"start", RULE_REGEX, "\\bkey[a-z]*=[0-9]+", 0},
+    };
+    struct gpu_options opt = {.segment_bytes = 64};
+    struct gpu_engine *eng = engine(&opt);
+    struct rules_options ro = {.force_bitnfa = true};
+    struct catalog *cat = compile_rules_opt(rules, 1, &ro);
+    struct catalog_nfa g;
+    catalog_nfa(cat, 0, &g);
+    ck_assert(g.flags & CAT_GF_CONFIRM);
+    rng = 0x0c0f12aa7ull;
+    enum { NB = 13 };
+    static const char *const plants[] = {"key=12", "keyab=9", "key", "KEY=1", " key=77 "};
+    struct gpu_buffer bufs[NB];
+    size_t cands = 0;
+    for (uint32_t i = 0; i < NB; i++) {
+        size_t len = i == NB - 1 ? 65536 : 450 + rnd(200);
+        uint8_t *d = (uint8_t *)random_text(len);
+        for (size_t p = rnd(20); p + 10 < len; p += 6 + rnd(i == NB - 1 ? 400 : 40), cands++) {
+            const char *x = plants[rnd(5)];
+            memcpy(d + p, x, strlen(x));
+        }
+        bufs[i] = (struct gpu_buffer){
+            .data = d, .len = len, .id = i, .mode = (enum scan_mode)(i % 3), .catalog = 0};
+    }
+    ck_assert_uint_gt(cands, 500);
+    const struct catalog *cats[1] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, NB - 1};
+    struct gpu_result res = {0};
+    ck_assert_uint_ge(check_batch(eng, &b, &res), 50);
+    if (res.tel.cut_reruns == 0) { /* confirmed: pieces of a segment, not one walk */
+        ck_assert_uint_eq(res.tel.rounds, 1);
+        ck_assert_uint_gt(res.tel.items_total, 4 * (NB - 1));
+    }
+    gpu_result_finish(&res);
+    b = (struct gpu_batch){cats, 1, bufs, NB};
+    res = (struct gpu_result){0};
+    ck_assert_uint_ge(check_batch(eng, &b, &res), 200);
+    gpu_result_finish(&res);
+    for (uint32_t i = 0; i < NB; i++)
+        free((void *)bufs[i].data);
+    catalog_destroy(cat);
+    gpu_engine_destroy(eng);
+}
+END_TEST
+
 /* The host walks the factor group of a long buffer in pieces of 256 KiB
  * (gpu/plan.c, GATE_PIECE) on several threads: factors that end just
  * before, at and just after a piece's edge, or straddle it, still gate
@@ -1397,6 +1530,8 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_bitnfa_segments);
     tcase_add_test(tc, test_gated_nfa);
     tcase_add_test(tc, test_confirm_nfa);
+    tcase_add_test(tc, test_confirm_items_bounded);
+    tcase_add_test(tc, test_confirm_many);
     tcase_add_test(tc, test_gated_pieces);
     tcase_add_test(tc, test_long_buffers);
     tcase_add_test(tc, test_cut_loops_rerun);
