@@ -2360,6 +2360,56 @@ START_TEST(test_gitleaks_passes)
 }
 END_TEST
 
+/* gitleaks-regex's rules whose wide counters have no factor to gate them
+ * (`\b[a-fA-F0-9]{40}\b`, `s\.[a-z0-9]{24}`): each has a DFA of a few
+ * hundred states, so they are DFA rules (one cheap pass) instead of an
+ * ungated bit-NFA group walked over every byte, and still match exactly as
+ * Hyperscan does, around hex runs of 39 to 41 digits, sgp_ and hvs./s.
+ * tokens cut short, glued to words and at line ends. */
+START_TEST(test_wide_small_dfa)
+{
+    size_t n, m = 0;
+    struct trule *rules =
+        load_patfile(VKS_SOURCE_ROOT "/tests/data/gitleaks/gitleaks-regex.rules", &n);
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(rules[i].id, "sourcegraph-access-token") == 0 ||
+            strcmp(rules[i].id, "vault-service-token") == 0)
+            rules[m++] = rules[i];
+        else
+            trule_free(&rules[i]);
+    }
+    ck_assert_uint_eq(m, 2);
+    static const char *const parts[] = {"sgp_", "local_", "hvs.", "s.", " ", "\n", "'", ";",
+                                        "x",    "_",      "\\n",  "-",  ".", "\"", "\t"};
+    struct rng rng = {0x5a11dfaull};
+    struct str t = {0};
+    for (int k = 0; k < 3000; k++) {
+        uint32_t r = rng_below(&rng, 4);
+        if (r == 0) { /* a run of 38..42 hex digits or 22..26 base-36 letters */
+            bool hex = rng_pct(&rng, 60);
+            uint32_t run = hex ? 38 + rng_below(&rng, 5) : 22 + rng_below(&rng, 5);
+            if (!hex && rng_pct(&rng, 40))
+                run = 88 + rng_below(&rng, 36); /* hvs. tokens are 90..120 */
+            for (uint32_t x = 0; x < run; x++)
+                str_putc(&t, hex ? "0123456789abcdefABCDEF"[rng_below(&rng, 22)]
+                                 : "abcdefghijklmnopqrstuvwxyz0123456789ABC"[rng_below(&rng, 39)]);
+        } else {
+            str_puts(&t, parts[rng_below(&rng, 15)]);
+        }
+    }
+    struct hay h = {.p = (const uint8_t *)t.p, .len = t.n};
+    snprintf(h.name, sizeof(h.name), "hex runs and tokens");
+    struct stats st = {0};
+    compare_set(rules, m, 0, 0, "wide rules as DFAs", true, &h, 1, &st);
+    ck_assert_msg(st.mismatches == 0, "%u haystacks give different hits", st.mismatches);
+    ck_assert_uint_eq(st.compared, 2);
+    ck_assert_uint_eq(st.nfa_rules, 0); /* both are DFA rules */
+    ck_assert_uint_gt(st.hits, 10);
+    str_free(&t);
+    trules_free(rules, m);
+}
+END_TEST
+
 /* The host's factor walk (refscan_factor_scan) walks a long range as four
  * interleaved quarters: over random ranges of gitleaks-regex's synthetic
  * secrets, the same candidates as the plain walk of 1000-byte pieces. */
@@ -2475,6 +2525,7 @@ Suite *hsdiff_suite(void)
     tcase_set_timeout(gating, 600);
     tcase_add_test(gating, test_confirm_gating);
     tcase_add_test(gating, test_gitleaks_passes);
+    tcase_add_test(gating, test_wide_small_dfa);
     tcase_add_test(gating, test_factor_walk_lanes);
     suite_add_tcase(s, gating);
     TCase *files = tcase_create("shared-data");
