@@ -1747,6 +1747,55 @@ START_TEST(status_cpu_engine_memory)
 }
 END_TEST
 
+/* ---- large files on the default engine ------------------------------------- */
+
+/* The default engine (auto: the CPU engine on a machine without a GPU),
+ * with max-scan-bytes and the batch limit lowered so that small files stand
+ * for the issue's 200 MB file, 1 GiB file and six 60 MB files together. */
+static void setup_default_daemon(void)
+{
+    base_create();
+    make_tree();
+    daemon_start(ARGS("--max-scan-bytes", "1M", "--batch-max-bytes", "2M"));
+}
+
+/* Six files of 1.5 MiB and one of 5 MiB in one command, each over
+ * max-scan-bytes and together over a batch: every file is scanned (its
+ * needles at the start, around each MiB boundary and at the end all
+ * counted), none is skipped, and the exit status says so. */
+START_TEST(scan_large_files_none_skipped)
+{
+    static const size_t sizes[7] = {3u << 19, 3u << 19, 3u << 19, 3u << 19,
+                                    3u << 19, 3u << 19, 5u << 20};
+    size_t max = sizes[6];
+    char *data = malloc(max);
+    ck_assert_ptr_nonnull(data);
+    char expect[7 * 48], *e = expect;
+    const char *argv[16] = {"-c"};
+    int n = 1;
+    char names[7][32];
+    for (int i = 0; i < 7; i++) {
+        memset(data, 'x', sizes[i]);
+        size_t count = 0;
+        memcpy(data, "needle", 6), count++;
+        for (size_t at = 1u << 20; at + 3 < sizes[i]; at += 1u << 20)
+            memcpy(data + at - 3, "needle", 6), count++; /* across each MiB boundary */
+        memcpy(data + sizes[i] - 6, "needle", 6), count++;
+        snprintf(names[i], sizeof(names[i]), "large%d.bin", i);
+        write_file(names[i], data, sizes[i]);
+        argv[n++] = names[i];
+        e += sprintf(e, "%s:lit:%zu\n", names[i], count);
+    }
+    argv[n] = NULL;
+    free(data);
+    struct run r;
+    scan(&r, NULL, argv);
+    ck_assert_msg(r.status == 0, "exit %d, stderr: %s", r.status, r.err);
+    ck_assert_str_eq(r.out, expect);
+    ck_assert_msg(strstr(r.err, "skipped") == NULL, "%s", r.err);
+}
+END_TEST
+
 /* ---- the example configuration ------------------------------------------------ */
 
 /* Every key vkscand --help lists appears (commented, with its default) in
@@ -1843,6 +1892,11 @@ Suite *cli_suite(void)
     tcase_set_timeout(d, 300);
     suite_add_tcase(s, d);
 
+    TCase *dflt = tcase_create("default");
+    tcase_add_unchecked_fixture(dflt, setup_default_daemon, teardown_daemon);
+    tcase_set_timeout(dflt, 120);
+    tcase_add_test(dflt, scan_large_files_none_skipped);
+    suite_add_tcase(s, dflt);
     TCase *cpu = tcase_create("cpu");
     tcase_add_unchecked_fixture(cpu, setup_cpu_daemon, teardown_daemon);
     tcase_add_test(cpu, status_tenant_counters_survive_idle);
