@@ -188,6 +188,22 @@ struct catalog_group {
     const uint32_t *accept_index; /* n_states - first_accept + 1 */
     const uint32_t *accepts;      /* entries, indexed by accept_index */
 };
+/* The start state of a walk of `g` that begins at offset `begin` of `buf`:
+ * the one for the start of data, or for the kind of the byte before. */
+static inline uint32_t catalog_group_start(const struct catalog_group *g, const uint8_t *buf,
+                                           size_t begin)
+{
+    if (begin == 0)
+        return g->start[0];
+    switch (catalog_byte_kind(buf[begin - 1])) {
+    case CAT_K_WORD:
+        return g->start[1];
+    case CAT_K_NL:
+        return g->start[2];
+    default:
+        return g->start[3];
+    }
+}
 
 /* A read-only view of one bit-NFA group. */
 struct catalog_nfa {

@@ -288,21 +288,6 @@ static int on_match(void *ctx, uint32_t rule, uint64_t end)
     return 0;
 }
 
-/* The start state for a walk from `begin` (refscan's choice). */
-static uint32_t start_state(const struct catalog_group *g, const uint8_t *buf, size_t begin)
-{
-    if (begin == 0)
-        return g->start[0];
-    switch (catalog_byte_kind(buf[begin - 1])) {
-    case CAT_K_WORD:
-        return g->start[1];
-    case CAT_K_NL:
-        return g->start[2];
-    default:
-        return g->start[3];
-    }
-}
-
 /* The accepts of state s before byte i: refscan_group_range's check. */
 static int accepts_at(const struct catalog_group *g, uint32_t s, const uint8_t *buf, size_t len,
                       size_t i, struct walk *w)
@@ -333,7 +318,7 @@ static int dfa_range(const struct catalog_group *g, const uint8_t *buf, size_t l
         hi = len;
     const uint32_t *trans = g->trans, *cm = g->classmap;
     const uint32_t nc = g->n_classes, fa = g->first_accept;
-    uint32_t s = start_state(g, buf, begin);
+    uint32_t s = catalog_group_start(g, buf, begin);
     size_t i = begin;
     for (;;) {
         if (s >= fa && i > lo) {

@@ -18,20 +18,6 @@ static uint32_t lookahead(const uint8_t *buf, size_t len, size_t i)
     return k == CAT_K_NL && i + 1 == len ? CAT_K_NL_LAST : k;
 }
 
-static uint32_t start_state(const struct catalog_group *g, const uint8_t *buf, size_t begin)
-{
-    if (begin == 0)
-        return g->start[0];
-    switch (catalog_byte_kind(buf[begin - 1])) {
-    case CAT_K_WORD:
-        return g->start[1];
-    case CAT_K_NL:
-        return g->start[2];
-    default:
-        return g->start[3];
-    }
-}
-
 int refscan_group_range(const struct catalog *cat, uint32_t group, const uint8_t *buf, size_t len,
                         size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx)
 {
@@ -39,7 +25,7 @@ int refscan_group_range(const struct catalog *cat, uint32_t group, const uint8_t
     catalog_group(cat, group, &g);
     if (hi > len)
         hi = len;
-    uint32_t s = start_state(&g, buf, begin);
+    uint32_t s = catalog_group_start(&g, buf, begin);
     for (size_t i = begin;; i++) {
         if (s >= g.first_accept && i > lo) {
             uint32_t bit = 1u << lookahead(buf, len, i);
