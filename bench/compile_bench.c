@@ -44,6 +44,7 @@
 
 #include "catalog.h"
 #include "patfile.h"
+#include "hsrules.h"
 #include "rules.h"
 #include "workloads.h"
 
@@ -433,33 +434,6 @@ static int measure_vk(const char *name, const struct ruleset *rs, const bool *ke
     return rc;
 }
 
-static unsigned hs_flags(uint32_t f)
-{
-    unsigned h = 0;
-    if (f & RULE_F_CASELESS)
-        h |= HS_FLAG_CASELESS;
-    if (f & RULE_F_DOTALL)
-        h |= HS_FLAG_DOTALL;
-    if (f & RULE_F_MULTILINE)
-        h |= HS_FLAG_MULTILINE;
-    if (f & RULE_F_SINGLEMATCH)
-        h |= HS_FLAG_SINGLEMATCH;
-    return h;
-}
-
-/* The rule as a Hyperscan expression: regexes as written, literals byte by
- * byte as \xHH (escapes already decoded by the rules parser would differ,
- * so only escape-free literals are benchmarked; the workloads here are). */
-static char *hs_expr(const struct rule_src *r)
-{
-    if (r->kind == RULE_REGEX)
-        return xmemdup(r->pattern, r->len);
-    char *e = xrealloc(NULL, r->len * 4 + 1);
-    for (size_t i = 0; i < r->len; i++)
-        snprintf(e + i * 4, 5, "\\x%02x", (unsigned char)r->pattern[i]);
-    return e;
-}
-
 /* One Hyperscan compile of the rules keep[] names; on a rule error clears
  * that rule's keep[] and returns -EAGAIN. */
 static int hs_once(const struct ruleset *rs, char **expr, bool *keep, struct side *sd, bool first)
@@ -471,7 +445,7 @@ static int hs_once(const struct ruleset *rs, char **expr, bool *keep, struct sid
     for (size_t i = 0; i < rs->n; i++)
         if (keep[i]) {
             live[m] = expr[i];
-            flags[m] = hs_flags(rs->v[i].flags);
+            flags[m] = hsrules_flags(rs->v[i].flags);
             ids[m++] = (unsigned)i;
         }
     hs_database_t *db = NULL;
@@ -506,7 +480,7 @@ static int measure_hs(const struct ruleset *rs, bool *keep, int repeat, struct f
 {
     char **expr = xrealloc(NULL, rs->n * sizeof(*expr));
     for (size_t i = 0; i < rs->n; i++)
-        expr[i] = hs_expr(&rs->v[i]);
+        expr[i] = hsrules_expr(&rs->v[i]);
     double wall[64], cpu[64];
     int rc;
     out->hs_rejects = 0;

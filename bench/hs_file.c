@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hsrules.h"
 #include "patfile.h"
 #include "workloads.h"
 
@@ -42,80 +43,18 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static unsigned hs_flags(uint32_t f)
-{
-    unsigned h = 0;
-    if (f & RULE_F_CASELESS)
-        h |= HS_FLAG_CASELESS;
-    if (f & RULE_F_DOTALL)
-        h |= HS_FLAG_DOTALL;
-    if (f & RULE_F_MULTILINE)
-        h |= HS_FLAG_MULTILINE;
-    if (f & RULE_F_SINGLEMATCH)
-        h |= HS_FLAG_SINGLEMATCH;
-    return h;
-}
-
-/* Regexes as written; literals and hex strings byte by byte as \xHH, as
- * scan_bench gives them to Hyperscan. */
-static char *expr_of(const struct rule_src *r)
-{
-    size_t cap = r->kind == RULE_REGEX ? r->len + 1 : r->len * 4 + 1;
-    char *e = malloc(cap);
-    if (e == NULL)
-        die("malloc", strerror(ENOMEM));
-    if (r->kind == RULE_REGEX) {
-        memcpy(e, r->pattern, r->len);
-        e[r->len] = '\0';
-    } else {
-        for (size_t i = 0; i < r->len; i++)
-            snprintf(e + i * 4, 5, "\\x%02x", (unsigned char)r->pattern[i]);
-    }
-    return e;
-}
-
 /* Compiles every rule Hyperscan accepts, dropping the others one by one. */
 static hs_database_t *build(const struct patfile *pf, unsigned *accepted)
 {
-    size_t n = pf->n;
-    char **expr = calloc(n, sizeof(*expr));
-    const char **live = calloc(n, sizeof(*live));
-    unsigned *flags = calloc(n, sizeof(*flags)), *ids = calloc(n, sizeof(*ids));
-    char *keep = malloc(n);
-    if (!expr || !live || !flags || !ids || !keep)
+    bool *keep = malloc(pf->n ? pf->n : 1);
+    if (keep == NULL)
         die("malloc", strerror(ENOMEM));
-    memset(keep, 1, n);
-    for (size_t i = 0; i < n; i++)
-        expr[i] = expr_of(&pf->rules[i]);
-    hs_database_t *db = NULL;
-    for (;;) {
-        unsigned m = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (!keep[i])
-                continue;
-            live[m] = expr[i];
-            flags[m] = hs_flags(pf->rules[i].flags);
-            ids[m] = (unsigned)i;
-            m++;
-        }
-        *accepted = m;
-        if (m == 0)
-            die("compile", "Hyperscan accepts none of the rules");
-        hs_compile_error_t *ce = NULL;
-        if (hs_compile_multi(live, flags, ids, m, HS_MODE_BLOCK, NULL, &db, &ce) == HS_SUCCESS)
-            break;
-        if (ce->expression < 0)
-            die("hs_compile_multi", ce->message);
-        keep[ids[ce->expression]] = 0;
-        hs_free_compile_error(ce);
-    }
-    for (size_t i = 0; i < n; i++)
-        free(expr[i]);
-    free(expr);
-    free(live);
-    free(flags);
-    free(ids);
+    for (size_t i = 0; i < pf->n; i++)
+        keep[i] = true;
+    hs_database_t *db = hsrules_build(pf->rules, pf->n, keep, HS_MODE_BLOCK, accepted);
     free(keep);
+    if (db == NULL)
+        die("compile", "Hyperscan accepts none of the rules");
     return db;
 }
 

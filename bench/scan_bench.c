@@ -42,6 +42,7 @@
 #include "cpuscan.h"
 #include "gpu.h"
 #include "patfile.h"
+#include "hsrules.h"
 #include "rules.h"
 #include "workloads.h"
 
@@ -341,75 +342,6 @@ static bool real_workload(const char *rules, const char *hay, struct ruleset *rs
 
 /* ---- Hyperscan ---------------------------------------------------------- */
 
-static unsigned hs_flags(uint32_t f)
-{
-    unsigned h = 0;
-    if (f & RULE_F_CASELESS)
-        h |= HS_FLAG_CASELESS;
-    if (f & RULE_F_DOTALL)
-        h |= HS_FLAG_DOTALL;
-    if (f & RULE_F_MULTILINE)
-        h |= HS_FLAG_MULTILINE;
-    if (f & RULE_F_SINGLEMATCH)
-        h |= HS_FLAG_SINGLEMATCH;
-    return h;
-}
-
-/* The rule as a Hyperscan expression: regexes as written, literals and
- * hex strings byte by byte as \xHH. */
-static char *hs_expr(const struct rule_src *r)
-{
-    if (r->kind == RULE_REGEX) {
-        char *e = xmalloc(r->len + 1);
-        memcpy(e, r->pattern, r->len);
-        e[r->len] = '\0';
-        return e;
-    }
-    char *e = xmalloc(r->len * 4 + 1);
-    for (size_t i = 0; i < r->len; i++)
-        snprintf(e + i * 4, 5, "\\x%02x", (unsigned char)r->pattern[i]);
-    return e;
-}
-
-/* Compiles the rules Hyperscan accepts; `keep[i]` says which. */
-static hs_database_t *hs_build(const struct ruleset *rs, bool *keep)
-{
-    size_t n = rs->n;
-    char **expr = xmalloc(n * sizeof(*expr));
-    unsigned *flags = xmalloc(n * sizeof(*flags)), *ids = xmalloc(n * sizeof(*ids));
-    const char **live = xmalloc(n * sizeof(*live));
-    for (size_t i = 0; i < n; i++)
-        expr[i] = hs_expr(&rs->v[i]);
-    hs_database_t *db = NULL;
-    for (;;) {
-        unsigned m = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (!keep[i])
-                continue;
-            live[m] = expr[i];
-            flags[m] = hs_flags(rs->v[i].flags);
-            ids[m] = (unsigned)i;
-            m++;
-        }
-        if (m == 0)
-            break;
-        hs_compile_error_t *ce = NULL;
-        if (hs_compile_multi(live, flags, ids, m, HS_MODE_BLOCK, NULL, &db, &ce) == HS_SUCCESS)
-            break;
-        if (ce->expression < 0)
-            die("hs_compile_multi", ce->message);
-        keep[ids[ce->expression]] = false;
-        hs_free_compile_error(ce);
-    }
-    for (size_t i = 0; i < n; i++)
-        free(expr[i]);
-    free(expr);
-    free(flags);
-    free(ids);
-    free(live);
-    return db;
-}
-
 struct hs_job {
     const hs_database_t *db;
     hs_scratch_t *proto;
@@ -548,7 +480,7 @@ static void run_workload(struct gpu_engine *eng, const char *name, struct rulese
     uint32_t rejected;
     struct catalog *cat = compile_ours(rs, keep, &rejected, &out->compile_s, o->max_states);
     double t0 = now_s();
-    hs_database_t *db = hs_build(rs, keep);
+    hs_database_t *db = hsrules_build(rs->v, rs->n, keep, HS_MODE_BLOCK, NULL);
     out->hs_compile_s = now_s() - t0;
     size_t both = 0;
     for (size_t i = 0; i < rs->n; i++)
@@ -769,7 +701,7 @@ static void run_workload_cpu(const char *name, struct ruleset *rs, struct corpus
     uint32_t rejected;
     struct catalog *cat = compile_ours(rs, keep, &rejected, &out->compile_s, o->max_states);
     double t0 = now_s();
-    hs_database_t *db = o->no_hs ? NULL : hs_build(rs, keep);
+    hs_database_t *db = o->no_hs ? NULL : hsrules_build(rs->v, rs->n, keep, HS_MODE_BLOCK, NULL);
     out->hs_compile_s = now_s() - t0;
     size_t both = 0;
     for (size_t i = 0; i < rs->n; i++)

@@ -47,6 +47,7 @@
 
 #include "cpuscan.h"
 #include "patfile.h"
+#include "hsrules.h"
 #include "rules.h"
 #include "streamscan.h"
 #include "vkscan/vkscan.h"
@@ -177,63 +178,6 @@ static bool real_rules(const char *dir, const char *file, struct ruleset *rs)
 
 /* ---- both compilers, on the rules both accept --------------------------- */
 
-static unsigned hs_flags(uint32_t f)
-{
-    return (f & RULE_F_CASELESS ? HS_FLAG_CASELESS : 0u) |
-           (f & RULE_F_DOTALL ? HS_FLAG_DOTALL : 0u) |
-           (f & RULE_F_MULTILINE ? HS_FLAG_MULTILINE : 0u) |
-           (f & RULE_F_SINGLEMATCH ? HS_FLAG_SINGLEMATCH : 0u);
-}
-
-static char *hs_expr(const struct rule_src *r)
-{
-    char *e = xmalloc(r->len * 4 + 1);
-    if (r->kind == RULE_REGEX) {
-        memcpy(e, r->pattern, r->len);
-        e[r->len] = '\0';
-        return e;
-    }
-    for (size_t i = 0; i < r->len; i++)
-        snprintf(e + i * 4, 5, "\\x%02x", (unsigned char)r->pattern[i]);
-    return e;
-}
-
-/* Compiles the kept rules in `mode`, dropping the ones Hyperscan rejects. */
-static hs_database_t *hs_build(const struct ruleset *rs, bool *keep, unsigned mode)
-{
-    size_t n = rs->n;
-    char **expr = xmalloc(n * sizeof(*expr));
-    const char **live = xmalloc(n * sizeof(*live));
-    unsigned *flags = xmalloc(n * sizeof(*flags)), *ids = xmalloc(n * sizeof(*ids));
-    for (size_t i = 0; i < n; i++)
-        expr[i] = hs_expr(&rs->v[i]);
-    hs_database_t *db = NULL;
-    for (;;) {
-        unsigned m = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (!keep[i])
-                continue;
-            live[m] = expr[i];
-            flags[m] = hs_flags(rs->v[i].flags);
-            ids[m++] = (unsigned)i;
-        }
-        hs_compile_error_t *ce = NULL;
-        if (m == 0 || hs_compile_multi(live, flags, ids, m, mode, NULL, &db, &ce) == HS_SUCCESS)
-            break;
-        if (ce->expression < 0)
-            die("hs_compile_multi", ce->message);
-        keep[ids[ce->expression]] = false;
-        hs_free_compile_error(ce);
-    }
-    for (size_t i = 0; i < n; i++)
-        free(expr[i]);
-    free(expr);
-    free(live);
-    free(flags);
-    free(ids);
-    return db;
-}
-
 /* Our catalog of the kept rules; rules we reject are dropped from `keep`. */
 static struct catalog *our_build(const struct ruleset *rs, bool *keep)
 {
@@ -271,7 +215,7 @@ static void build_both(const struct ruleset *rs, unsigned hs_mode, struct built 
         b->keep[i] = true;
     b->cat = our_build(rs, b->keep);
     size_t ours = catalog_rule_count(b->cat);
-    b->db = hs_build(rs, b->keep, hs_mode);
+    b->db = hsrules_build(rs->v, rs->n, b->keep, hs_mode, NULL);
     b->rules = 0;
     for (size_t i = 0; i < rs->n; i++)
         b->rules += b->keep[i];
