@@ -466,9 +466,12 @@ static void dump_rules(const char *dir, const char *name, const struct ruleset *
     fclose(f);
 }
 
-static void run_workload(struct gpu_engine *eng, const char *name, struct ruleset *rs,
-                         struct corpus *c, uint64_t buffer, const struct opts *o,
-                         struct result *out)
+/* Starts `out` for workload `name` and compiles its rules for both sides:
+ * Hyperscan (none with --no-hs) and our catalog of the same rules, so that
+ * a rule one side rejects is left out of both. `keep` (rs->n, the caller
+ * frees it) says which rules were kept. */
+static struct catalog *compile_both(const char *name, struct ruleset *rs, const struct opts *o,
+                                    struct result *out, bool **keep_out, hs_database_t **db_out)
 {
     memset(out, 0, sizeof(*out));
     snprintf(out->name, sizeof(out->name), "%s", name);
@@ -480,7 +483,7 @@ static void run_workload(struct gpu_engine *eng, const char *name, struct rulese
     uint32_t rejected;
     struct catalog *cat = compile_ours(rs, keep, &rejected, &out->compile_s, o->max_states);
     double t0 = now_s();
-    hs_database_t *db = hsrules_build(rs->v, rs->n, keep, HS_MODE_BLOCK, NULL);
+    hs_database_t *db = o->no_hs ? NULL : hsrules_build(rs->v, rs->n, keep, HS_MODE_BLOCK, NULL);
     out->hs_compile_s = now_s() - t0;
     size_t both = 0;
     for (size_t i = 0; i < rs->n; i++)
@@ -493,6 +496,18 @@ static void run_workload(struct gpu_engine *eng, const char *name, struct rulese
     out->rejected = (uint32_t)(rs->n - out->rules);
     out->dfa_groups = catalog_group_count(cat);
     out->nfa_groups = catalog_nfa_count(cat);
+    *keep_out = keep;
+    *db_out = db;
+    return cat;
+}
+
+static void run_workload(struct gpu_engine *eng, const char *name, struct ruleset *rs,
+                         struct corpus *c, uint64_t buffer, const struct opts *o,
+                         struct result *out)
+{
+    bool *keep;
+    hs_database_t *db;
+    struct catalog *cat = compile_both(name, rs, o, out, &keep, &db);
     for (uint32_t g = 0; g < out->dfa_groups; g++) {
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
@@ -691,31 +706,11 @@ static double cpu_run(struct cpu_job *j, uint32_t threads, uint64_t *hits)
 static void run_workload_cpu(const char *name, struct ruleset *rs, struct corpus *c,
                              uint64_t buffer, const struct opts *o, struct result *out)
 {
-    memset(out, 0, sizeof(*out));
-    snprintf(out->name, sizeof(out->name), "%s", name);
-    if (o->dump_rules != NULL)
-        dump_rules(o->dump_rules, name, rs);
-    bool *keep = xmalloc(rs->n * sizeof(bool));
-    for (size_t i = 0; i < rs->n; i++)
-        keep[i] = true;
-    uint32_t rejected;
-    struct catalog *cat = compile_ours(rs, keep, &rejected, &out->compile_s, o->max_states);
-    double t0 = now_s();
-    hs_database_t *db = o->no_hs ? NULL : hsrules_build(rs->v, rs->n, keep, HS_MODE_BLOCK, NULL);
-    out->hs_compile_s = now_s() - t0;
-    size_t both = 0;
-    for (size_t i = 0; i < rs->n; i++)
-        both += keep[i];
-    if (both != catalog_rule_count(cat)) { /* Hyperscan dropped some: same set for both */
-        catalog_destroy(cat);
-        cat = compile_ours(rs, keep, &rejected, &out->compile_s, o->max_states);
-    }
-    out->rules = catalog_rule_count(cat);
-    out->rejected = (uint32_t)(rs->n - out->rules);
-    out->dfa_groups = catalog_group_count(cat);
-    out->nfa_groups = catalog_nfa_count(cat);
+    bool *keep;
+    hs_database_t *db;
+    struct catalog *cat = compile_both(name, rs, o, out, &keep, &db);
     struct cpuplan *plan;
-    t0 = now_s();
+    double t0 = now_s();
     if (cpuplan_get(cat, &plan) != 0)
         die(name, "out of memory planning the CPU scan");
     out->plan_s = now_s() - t0;
