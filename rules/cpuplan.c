@@ -626,33 +626,54 @@ static void unref(struct cpuplan *p)
         plan_free(p);
 }
 
-int cpuplan_get(const struct catalog *cat, struct cpuplan **out)
+/* The cached plan of fingerprint `fp`, with a reference for the caller, or
+ * NULL. Called with cache_mu held. */
+static struct cpuplan *cache_find(const uint8_t *fp)
 {
-    const uint8_t *fp = catalog_fingerprint(cat);
-    pthread_mutex_lock(&cache_mu);
-    uint32_t victim = 0;
     for (uint32_t i = 0; i < CACHE_SLOTS; i++) {
         if (cache[i] != NULL && memcmp(cache[i]->fp, fp, CATALOG_FP_LEN) == 0) {
             cache[i]->refs++;
             cache_used[i] = ++cache_tick;
-            *out = cache[i];
-            pthread_mutex_unlock(&cache_mu);
-            return 0;
+            return cache[i];
         }
-        if (cache[i] == NULL || (cache[victim] != NULL && cache_used[i] < cache_used[victim]))
-            victim = i;
     }
+    return NULL;
+}
+
+int cpuplan_get(const struct catalog *cat, struct cpuplan **out)
+{
+    const uint8_t *fp = catalog_fingerprint(cat);
+    pthread_mutex_lock(&cache_mu);
+    *out = cache_find(fp);
+    bool fast = plan_fast_paths;
+    pthread_mutex_unlock(&cache_mu);
+    if (*out != NULL)
+        return 0;
+    /* Built without the lock (a shadow compile can take seconds): threads
+     * scanning other catalogs go on. Two threads may build the same plan;
+     * the first one cached is kept. */
     struct cpuplan *p;
-    int rc = cpuplan_build(cat, plan_fast_paths, &p);
-    if (rc == 0) {
+    int rc = cpuplan_build(cat, fast, &p);
+    if (rc != 0)
+        return rc;
+    pthread_mutex_lock(&cache_mu);
+    struct cpuplan *cached = fast == plan_fast_paths ? cache_find(fp) : NULL;
+    if (cached != NULL) {
+        unref(p);
+        p = cached;
+    } else if (fast == plan_fast_paths) { /* else the mode changed: not cached */
+        uint32_t victim = 0;
+        for (uint32_t i = 1; i < CACHE_SLOTS && cache[victim] != NULL; i++)
+            if (cache[i] == NULL || cache_used[i] < cache_used[victim])
+                victim = i;
         unref(cache[victim]);
         cache[victim] = p;
         cache_used[victim] = ++cache_tick;
         p->refs = 2; /* the cache's and the caller's */
-        *out = p;
     }
     pthread_mutex_unlock(&cache_mu);
-    return rc;
+    *out = p;
+    return 0;
 }
 
 void cpuplan_put(struct cpuplan *p)
