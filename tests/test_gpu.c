@@ -627,17 +627,24 @@ END_TEST
 START_TEST(test_bitnfa_segments)
 {
     struct trule t[] = {{"gap", RULE_REGEX, "needle.{0,100}12", 0},
-                        {"unb", RULE_REGEX, "ne+dle[^#]*1[0-9]{1,40}2", 0},
+                        {"unb", RULE_REGEX, "n[a-z]+d[a-z]e[^#]*1[0-9]{1,40}2", 0},
                         {"wide", RULE_REGEX, "\\bneedle[^#]{0,1000}12\\b", 0},
                         {"lit", RULE_LITERAL, "needle12", 0},
                         {"huge", RULE_REGEX, "ne[^#]{0,5000}Z9", 0}};
-    /* Without gating: "unb" is then an unbounded group walked in chained
-     * rounds on every device (gated, it is confirmed forward from its factor,
-     * which test_confirm_nfa covers, and an H200 has no loop budget to chain
-     * "wide"). */
+    /* "unb" has no factor (no 3 bytes in a row with at most 4 values each),
+     * so it is an unbounded group walked in chained rounds on every device:
+     * a factored one would be confirmed forward from its factor
+     * (test_confirm_nfa), and an H200 has no loop budget to chain "wide". */
     struct rules_options ro = {.gate_bits = UINT32_MAX};
     struct catalog *cat = compile_rules_opt(t, 5, &ro);
     ck_assert_uint_ge(catalog_nfa_count(cat), 2); /* "huge" (5006 bits) has a group of its own */
+    uint32_t chained = 0;
+    for (uint32_t g = 0; g < catalog_nfa_count(cat); g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        chained += cn.maxlen == CATALOG_UNBOUNDED && !(cn.flags & CAT_GF_GATED);
+    }
+    ck_assert_uint_eq(chained, 1);
     const uint32_t seg = 64;
     struct gpu_options opt = {.segment_bytes = seg, .chain_bytes = 96};
     struct gpu_engine *eng = engine(&opt);
