@@ -52,7 +52,7 @@ static int validate(const struct gpu_engine *eng, const struct gpu_batch *b, str
         if ((unsigned)gb->mode > SCAN_COUNT)
             return vks_error_set(err, -EINVAL, "buffer %u has unknown report mode %d", i,
                                  (int)gb->mode);
-        if (gb->len > 0 && gb->data == NULL)
+        if (gb->len > 0 && gb->data == NULL && gb->read == NULL)
             return vks_error_set(err, -EINVAL, "buffer %u has %zu bytes but no data", i, gb->len);
     }
     return 0;
@@ -355,6 +355,17 @@ struct fill_job {
     uint32_t pieces;
 };
 
+/* Bytes [off, off + len) of one buffer into dst: a copy from memory, or
+ * the caller's read (gpu_read_fn) straight from the file; what a read
+ * could not give is zeroed. */
+static void fill_bytes(const struct gpu_buffer *gb, uint8_t *dst, uint64_t off, uint64_t len)
+{
+    if (gb->data != NULL || gb->read == NULL)
+        memcpy(dst, gb->data + off, len);
+    else if (gb->read(gb->read_ctx, dst, off, (size_t)len) != 0)
+        memset(dst, 0, len);
+}
+
 /* Copies haystack bytes [lo, hi) of the batch into dst, zeroing padding. */
 static void fill_range(const struct fill_job *j, uint64_t lo, uint64_t hi)
 {
@@ -373,7 +384,7 @@ static void fill_range(const struct fill_job *j, uint64_t lo, uint64_t hi)
         uint64_t data_end = j->offs[i] + gb->len;
         if (s < data_end) {
             uint64_t ce = e < data_end ? e : data_end;
-            memcpy(j->dst + s, gb->data + (s - j->offs[i]), ce - s);
+            fill_bytes(gb, j->dst + s, s - j->offs[i], ce - s);
             s = ce;
         }
         if (s < e)

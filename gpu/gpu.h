@@ -109,13 +109,29 @@ struct gpu_options {
     uint32_t inflight;
 };
 
-/* One buffer of a batch. `data` is borrowed for the call. */
+/*
+ * Reads bytes [off, off + len) of a buffer whose bytes are not in memory
+ * into `dst` (staging or mapped device memory). Called on the upload
+ * threads, several at once for disjoint ranges of one buffer, between
+ * gpu_batch_submit's start and its return. Returns 0, or a negative errno:
+ * the range is then zero-filled and the batch runs on; the callback keeps
+ * its own record of the failure, and the caller discards that buffer's hits.
+ */
+typedef int (*gpu_read_fn)(void *ctx, uint8_t *dst, uint64_t off, size_t len);
+
+/* One buffer of a batch. `data` is borrowed for the call. A buffer with
+ * `read` set and `data` NULL is read by `read(read_ctx, ...)` straight into
+ * the upload memory (one pass from the page cache, docs/gpu.md "Upload");
+ * its catalog must have no CAT_GF_FACTOR group, whose factor ends the plan
+ * finds by walking the bytes on the host. */
 struct gpu_buffer {
     const uint8_t *data;
     size_t len;
     uint64_t id;         /* the caller's, echoed in no result: results index buffers */
     enum scan_mode mode; /* SCAN_ALL, SCAN_FIRST or SCAN_COUNT */
     uint32_t catalog;    /* index into gpu_batch.catalogs */
+    gpu_read_fn read;    /* NULL: the bytes are `data` */
+    void *read_ctx;      /* borrowed for the call */
 };
 
 struct gpu_batch {

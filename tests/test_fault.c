@@ -63,7 +63,8 @@ static int scan(struct gpu_engine *eng, const struct catalog *cat, const char *b
                 struct vks_error *err)
 {
     const struct catalog *cats[1] = {cat};
-    struct gpu_buffer gb = {(const uint8_t *)buf, strlen(buf), 1, SCAN_ALL, 0};
+    struct gpu_buffer gb = {
+        .data = (const uint8_t *)buf, .len = strlen(buf), .id = 1, .mode = SCAN_ALL};
     struct gpu_batch b = {cats, 1, &gb, 1};
     struct gpu_result res = {0};
     int rc = gpu_batch_dispatch(eng, &b, &res, err);
@@ -205,7 +206,8 @@ struct flight {
 static void flight_init(struct flight *f, const struct catalog *cat, const char *buf)
 {
     f->cats[0] = cat;
-    f->gb = (struct gpu_buffer){(const uint8_t *)buf, strlen(buf), 1, SCAN_ALL, 0};
+    f->gb = (struct gpu_buffer){
+        .data = (const uint8_t *)buf, .len = strlen(buf), .id = 1, .mode = SCAN_ALL};
     f->b = (struct gpu_batch){f->cats, 1, &f->gb, 1};
 }
 
