@@ -180,6 +180,27 @@ static int load_fd(struct engine_buf *b, struct loaded *ld)
     return 0;
 }
 
+int engine_buf_read(void *ctx, uint8_t *dst, uint64_t off, size_t len)
+{
+    struct engine_buf *b = ctx;
+    struct read_part p = {b->fd, dst, b->offset + off, len, 0};
+    read_part_run(&p);
+    if (p.err == 0)
+        return 0;
+    int none = 0;
+    __atomic_compare_exchange_n(&b->read_err, &none, p.err, false, __ATOMIC_RELAXED,
+                                __ATOMIC_RELAXED);
+    return p.err > 0 ? -p.err : -EIO;
+}
+
+/* Fails a deferred buffer whose read met `err` (an errno, or -1: the file
+ * ended early). */
+static void read_failed(struct engine_buf *b, int err)
+{
+    bad_fd(b, "the descriptor cannot be read (%s): check the file and scan it again",
+           err > 0 ? strerror(err) : "it shrank while being read");
+}
+
 static void unload(struct loaded *ld)
 {
     if (ld->map != NULL)
@@ -355,14 +376,32 @@ static bool readable(int fd)
     return fl >= 0 && !(fl & O_PATH) && (fl & O_ACCMODE) != O_WRONLY;
 }
 
+/* Whether a GPU engine may read the job's descriptor buffers itself, at
+ * upload: nothing on the host walks their bytes first (the plan walks the
+ * factor groups of gated catalogs; starts are found on the host). */
+static bool can_defer(const struct engine_job *j)
+{
+    if (wants_starts(j))
+        return false;
+    struct catalog_group g;
+    for (uint32_t k = 0; k < catalog_group_count(j->cat); k++) {
+        catalog_group(j->cat, k, &g);
+        if (g.flags & CAT_GF_FACTOR)
+            return false;
+    }
+    return true;
+}
+
 /* Loads buffer `k` of job `ji`: inline ones are there already; a
  * descriptor buffer is identified, then read unless the result cache has
- * its hits or it repeats an earlier one of the batch. */
+ * its hits or it repeats an earlier one of the batch, or left for the GPU
+ * engine's upload threads to read (st->defer). */
 static void load_buf(struct engine *e, struct bstate *st, struct dedup *dd, uint32_t ji, uint32_t k)
 {
     struct engine_job *j = st->jobs[ji];
     struct engine_buf *eb = &j->bufs[k];
-    eb->has_id = eb->skip = eb->cached = false;
+    eb->has_id = eb->skip = eb->cached = eb->deferred = false;
+    eb->read_err = 0;
     eb->pre = NULL;
     eb->n_pre = 0;
     if (eb->fd < 0) {
@@ -387,8 +426,53 @@ static void load_buf(struct engine *e, struct bstate *st, struct dedup *dd, uint
         j->bytes_not_scanned += eb->bytes;
         return;
     }
+    if (st->defer && eb->bytes > 0 && can_defer(j)) {
+        eb->deferred = true;
+        eb->data = NULL;
+        eb->len = eb->bytes;
+        return;
+    }
     if (load_fd(eb, &st->ld[st->n_loaded++]) != 0)
         dedup_drop(dd, ji, k);
+}
+
+/* Reads a deferred (or duplicate) buffer's bytes into memory for a scan on
+ * this thread; fails the buffer alone when it cannot be read. */
+static int fetch_buf(struct bstate *st, struct engine_buf *eb)
+{
+    if (eb->data != NULL || eb->len == 0)
+        return 0;
+    eb->deferred = false;
+    eb->read_err = 0;
+    return load_fd(eb, &st->ld[st->n_loaded++]);
+}
+
+void engine_batch_fetch(struct engine *e, struct engine_batch *b)
+{
+    (void)e;
+    struct bstate *st = b->priv;
+    for (size_t i = 0; st != NULL && i < st->n_jobs; i++) {
+        struct engine_job *j = st->jobs[i];
+        for (uint32_t k = 0; j->status == 0 && j->cpu_retry != 0 && k < j->n_bufs; k++) {
+            struct engine_buf *eb = &j->bufs[k];
+            if (eb->status == 0 && eb->deferred && !eb->skip)
+                fetch_buf(st, eb);
+        }
+    }
+}
+
+void engine_batch_read_errors(struct engine_batch *b)
+{
+    struct bstate *st = b->priv;
+    for (size_t i = 0; st != NULL && i < st->n_jobs; i++) {
+        struct engine_job *j = st->jobs[i];
+        for (uint32_t k = 0; j->cpu_retry == 0 && k < j->n_bufs; k++) {
+            struct engine_buf *eb = &j->bufs[k];
+            int err = __atomic_load_n(&eb->read_err, __ATOMIC_RELAXED);
+            if (eb->status == 0 && eb->deferred && err != 0)
+                read_failed(eb, err);
+        }
+    }
 }
 
 /* Reads the batch's descriptor buffers and fills the byte counts. Runs once
@@ -432,6 +516,7 @@ void engine_batch_load(struct engine *e, struct engine_batch *b)
                 continue; /* refused when queued (bad descriptor) */
             load_buf(e, st, &dd, ji, i);
             tel->bytes += eb->status == 0 && !eb->skip ? eb->bytes : 0;
+            tel->fd_upload_bytes += eb->deferred ? eb->bytes : 0;
         }
         dups += j->deduplicated;
     }
@@ -517,7 +602,7 @@ static int push_buf(struct engine_job *j, size_t *cap, uint64_t *kept, uint32_t 
 /* Where the hits of a buffer that was not scanned come from: the first of
  * its duplicates when that one's were complete, else a rescan into `tmp`. */
 static int source(struct bstate *st, const struct own *own, const struct engine_job *j,
-                  const struct engine_buf *eb, struct scan_hits *tmp, const struct engine_hit **h,
+                  struct engine_buf *eb, struct scan_hits *tmp, const struct engine_hit **h,
                   size_t *n, struct engine_hit **conv)
 {
     if (eb->cached) {
@@ -528,9 +613,16 @@ static int source(struct bstate *st, const struct own *own, const struct engine_
     const struct engine_job *pj = st->jobs[eb->src_job];
     size_t lo, hi;
     buf_range(own[eb->src_job].v, own[eb->src_job].n, eb->src_buf, &lo, &hi);
-    if (pj->status == 0 && hi <= engine_job_budget(pj)) {
+    if (pj->status == 0 && pj->bufs[eb->src_buf].status == 0 && hi <= engine_job_budget(pj)) {
         *h = own[eb->src_job].v + lo;
         *n = hi - lo;
+        return 0;
+    }
+    /* The first one's bytes were read by the GPU engine, or not at all
+     * (its read failed): this one reads its own, and fails alone. */
+    if (fetch_buf(st, eb) != 0) {
+        *h = NULL;
+        *n = 0;
         return 0;
     }
     int rc = rescan(j, eb, tmp);
@@ -556,7 +648,7 @@ static int rebuild(struct bstate *st, const struct own *own, uint32_t ji)
     uint64_t kept = 0;
     int rc = 0;
     for (uint32_t k = 0; k < j->n_bufs && rc == 0; k++) {
-        const struct engine_buf *eb = &j->bufs[k];
+        struct engine_buf *eb = &j->bufs[k];
         if (eb->status != 0)
             continue;
         const struct engine_hit *h;
@@ -689,8 +781,9 @@ static void fill_starts(struct bstate *st)
         for (size_t lo = 0, hi; lo < j->n_hits && rc == 0; lo = hi) {
             for (hi = lo + 1; hi < j->n_hits && j->hits[hi].buffer == j->hits[lo].buffer; hi++) {
             }
-            const struct engine_buf *eb = &j->bufs[j->hits[lo].buffer];
-            if (eb->status == 0 && !eb->cached)
+            struct engine_buf *eb = &j->bufs[j->hits[lo].buffer];
+            /* a duplicate of a buffer a GPU engine read itself has no bytes here */
+            if (eb->status == 0 && !eb->cached && fetch_buf(st, eb) == 0)
                 rc = buf_starts(j, eb, lo, hi, &err);
         }
         if (rc != 0)
@@ -1028,6 +1121,7 @@ void engine_telemetry_add(struct stats_list *l, const struct engine_job *job,
     stats_add_u(l, "buffers_deduplicated", job->deduplicated);
     stats_add_u(l, "cache_hits", job->cache_hits);
     stats_add_u(l, "bytes_not_scanned", job->bytes_not_scanned);
+    stats_add_u(l, "fd_upload_bytes", t->fd_upload_bytes);
 }
 
 /* ---- create and close ------------------------------------------------- */

@@ -71,6 +71,12 @@ struct engine_buf {
     uint32_t src_job, src_buf;
     struct engine_hit *pre;
     size_t n_pre;
+    /* A descriptor buffer a GPU engine reads itself, straight into its
+     * upload memory (data stays NULL until something else needs the bytes),
+     * and the first errno that read met (-1: the file ended early; atomic,
+     * the upload threads write it). */
+    bool deferred;
+    int read_err;
 };
 
 /* Hits for one job: `buffer` indexes the job's buffers. Sorted by
@@ -127,6 +133,7 @@ struct engine_telemetry {
     uint32_t buffers;
     uint64_t bytes;
     uint64_t fd_read_ns;          /* reading fd buffers on the worker */
+    uint64_t fd_upload_bytes;     /* fd bytes a GPU engine's upload threads read (deferred) */
     uint64_t scan_ns;             /* the dispatch (GPU) or the CPU scan */
     struct gpu_telemetry gpu_tel; /* zero on the CPU path */
 };

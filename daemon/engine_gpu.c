@@ -69,8 +69,8 @@ static int gpu_collect(struct gpu_result *res, struct engine_job **jobs, size_t 
         const struct gpu_hit *g = &res->hits[h];
         const struct slot *s = &slots[g->buffer];
         struct engine_job *j = jobs[s->job];
-        if (j->status != 0)
-            continue;
+        if (j->status != 0 || j->bufs[s->buf].read_err != 0)
+            continue; /* a buffer whose read failed: engine_batch_read_errors fails it */
         if (kept[s->job] >= engine_job_budget(j)) {
             j->hits_dropped++;
             if (marked[s->job] == (int64_t)s->buf)
@@ -127,11 +127,14 @@ static int gpu_build(struct gpend *p, struct engine_job **jobs, size_t n)
         for (uint32_t b = 0; b < j->n_bufs; b++) {
             if (j->bufs[b].status != 0 || j->bufs[b].skip)
                 continue;
-            p->gb[k] = (struct gpu_buffer){.data = j->bufs[b].data,
-                                           .len = (size_t)j->bufs[b].len,
+            struct engine_buf *eb = &j->bufs[b];
+            p->gb[k] = (struct gpu_buffer){.data = eb->data,
+                                           .len = (size_t)eb->len,
                                            .id = k,
                                            .mode = j->mode,
-                                           .catalog = c};
+                                           .catalog = c,
+                                           .read = eb->deferred ? engine_buf_read : NULL,
+                                           .read_ctx = eb};
             p->slots[k++] = (struct slot){(uint32_t)i, b};
         }
     }
@@ -260,10 +263,13 @@ static void gpu_done(struct gworker *w, struct engine_batch *b, uint64_t t1)
     }
     b->tel.gpu_tel.resident_catalogs = w->resident;
     pthread_mutex_unlock(&e->mu);
-    if (retries > 0)
+    engine_batch_read_errors(b);
+    if (retries > 0) {
+        engine_batch_fetch(e, b); /* the CPU engine scans bytes in memory */
         engine_cpu_push(e, b);
-    else
+    } else {
         engine_batch_post(e, b);
+    }
 }
 
 /* Runs a loaded batch the synchronous way: splitting it while it does not
@@ -318,6 +324,9 @@ static void gpu_start(struct gworker *w, struct engine_batch *b)
     }
     b->tel.gpu = true;
     b->tel.engine = w->index;
+    /* descriptor buffers go from the page cache straight into staging,
+     * read by the upload threads (docs/gpu.md "Upload") */
+    st->defer = w->gpu != NULL;
     engine_batch_load(w->e, b);
     uint64_t t1 = engine_now_ns();
     struct gpend *p = &w->pend[(w->pend_head + w->n_pend) % GPU_MAX_INFLIGHT];

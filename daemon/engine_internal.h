@@ -181,7 +181,10 @@ struct bstate {
     bool loaded;
     uint64_t start_ns;
     int64_t start_real_ns; /* CLOCK_REALTIME at load: the racy-clean test */
-    struct ctask *tasks;   /* CPU engine */
+    /* Set by a GPU engine before the load: descriptor buffers that need no
+     * host pass (engine_buf.deferred) are read by its upload threads. */
+    bool defer;
+    struct ctask *tasks; /* CPU engine */
     uint32_t n_tasks, next_task, done_tasks;
     struct jstate *js;
 };
@@ -196,6 +199,20 @@ uint64_t engine_now_ns(void);
  * it the earlier one's hits. Engines scan only buffers with status 0 and
  * skip unset. */
 void engine_batch_load(struct engine *e, struct engine_batch *b);
+
+/* gpu_read_fn of a deferred buffer (`ctx` is its engine_buf): pread of
+ * [off, off + len) of its range. A failure is kept in read_err (the first
+ * one wins) and returned as a negative errno. Upload threads. */
+int engine_buf_read(void *ctx, uint8_t *dst, uint64_t off, size_t len);
+
+/* Reads the deferred buffers of the batch's jobs that are to re-run on the
+ * CPU engine (cpu_retry set), which scans bytes in memory; a buffer that
+ * cannot be read fails alone (BAD_FD). */
+void engine_batch_fetch(struct engine *e, struct engine_batch *b);
+
+/* Fails the deferred buffers whose read failed (BAD_FD, with the reason)
+ * after their batch ran: their hits were dropped when collected. */
+void engine_batch_read_errors(struct engine_batch *b);
 
 /* Frees the batch's private state and queues it for the loop thread. */
 void engine_batch_post(struct engine *e, struct engine_batch *b);

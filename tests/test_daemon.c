@@ -77,6 +77,10 @@ static bool wait_ready(struct daemon *d, int timeout_ms)
  * armed through <dir>/vkfault.ctl (tests/fault/vkfault.h). */
 static const char *vkfault_so;
 
+/* When set, the next daemon_start preloads this libreadfault into vkscand
+ * (tests/fault/readfault.c). */
+static const char *readfault_so;
+
 /* Starts vkscand in `dir` (a fresh temporary directory when NULL) with the
  * extra flags `extra` (NULL-terminated) and waits until it is ready. */
 static void daemon_start(struct daemon *d, const char *dir, const char *const *extra)
@@ -111,6 +115,8 @@ static void daemon_start(struct daemon *d, const char *dir, const char *const *e
             argv[n++] = extra[i];
         argv[n] = NULL;
         setenv("NOTIFY_SOCKET", d->notify, 1);
+        if (readfault_so != NULL)
+            setenv("LD_PRELOAD", readfault_so, 1);
         if (vkfault_so != NULL) {
             char ctl[sizeof(d->dir) + 16], opts[512];
             snprintf(ctl, sizeof(ctl), "%s/vkfault.ctl", d->dir);
@@ -572,6 +578,146 @@ START_TEST(test_scan_memfd)
     close(sealed);
     close(pipefd[0]);
     close(pipefd[1]);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/* Descriptor buffers on the GPU engine are read by its upload threads
+ * straight into upload memory (pread at the buffer's offset, in pieces split
+ * at odd haystack offsets), not mapped or copied first: a regular file and
+ * memfds, whole and in odd ranges, give exactly the hits of the same bytes
+ * sent inline, and the telemetry says the bytes went the deferred way. */
+START_TEST(test_fd_read_at_upload)
+{
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    enum { SIZE = (3 << 20) + 1237 };
+    uint8_t *data = malloc(SIZE);
+    ck_assert_ptr_nonnull(data);
+    make_haystack(data, SIZE);
+    /* a match across every MiB boundary and at the very end */
+    for (size_t m = 1; m <= 3; m++)
+        memcpy(data + (m << 20) - 3, "needle", 6);
+    memcpy(data + SIZE - 6, "needle", 6);
+    char path[sizeof(d.dir) + 16];
+    snprintf(path, sizeof(path), "%s/hay", d.dir);
+    int file = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ck_assert_int_ge(file, 0);
+    ck_assert_int_eq(write(file, data, SIZE), SIZE);
+    int ro = open(path, O_RDONLY | O_CLOEXEC);
+    int sealed = make_memfd(data, SIZE, true);
+    int plain = make_memfd(data, SIZE, false);
+    struct {
+        int fd;
+        uint64_t off, len;
+    } v[] = {
+        {ro, 0, SIZE},
+        {ro, 1000001, 1500007},
+        {sealed, 4095, (2u << 20) + 17},
+        {plain, (1u << 20) - 1, SIZE - (1u << 20) + 1},
+        {file, SIZE - 7, 7},
+    };
+    enum { N = sizeof(v) / sizeof(v[0]) };
+    struct vks_buffer vb[N + 1];
+    uint64_t fd_bytes = 0;
+    for (size_t i = 0; i < N; i++) {
+        vb[i] = (struct vks_buffer){
+            .kind = VKS_BUFFER_FD, .fd = v[i].fd, .offset = v[i].off, .length = v[i].len};
+        fd_bytes += v[i].len;
+    }
+    vb[N] = (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = data + 5, .len = 70001};
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    so.no_cache = true;
+    for (int mode = 0; mode < 3; mode++) {
+        so.mode = mode == 0 ? VKS_REPORT_ALL : mode == 1 ? VKS_REPORT_FIRST : VKS_REPORT_COUNT;
+        struct vks_scan_result res = {0};
+        struct vks_error err = {0};
+        int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), vb, N + 1, &so, &res, &err);
+        ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+        enum scan_mode sm = mode == 0 ? SCAN_ALL : mode == 1 ? SCAN_FIRST : SCAN_COUNT;
+        for (size_t i = 0; i < N; i++) {
+            ck_assert_int_eq(res.buffers[i].code, 0);
+            ck_assert_uint_eq(res.buffers[i].bytes, v[i].len);
+            check_hits(ref, &res, (uint32_t)i, data + v[i].off, v[i].len, sm);
+        }
+        check_hits(ref, &res, N, data + 5, 70001, sm);
+        ck_assert_uint_eq(tel_of(&res, "engine"), 0);
+        ck_assert_uint_eq(tel_of(&res, "fd_upload_bytes"), fd_bytes);
+        vks_scan_result_finish(&res);
+    }
+    close(ro);
+    close(file);
+    close(sealed);
+    close(plain);
+    free(data);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/* A deferred read that fails (EIO; a file that ended early, as one
+ * truncated under the scan) fails its own buffer with BAD_FD and the
+ * reason, and drops its hits; a duplicate of it in the batch fails too; the
+ * other buffers are exact, and the daemon keeps serving. */
+START_TEST(test_fd_read_errors)
+{
+    readfault_so = getenv("READFAULT_SO");
+    ck_assert_msg(readfault_so != NULL, "READFAULT_SO is not set: run through meson test");
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    readfault_so = NULL;
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    static uint8_t data[200000];
+    make_haystack(data, sizeof(data));
+    int good = make_memfd(data, sizeof(data), true);
+    int eio = memfd_create("readfault-eio", MFD_CLOEXEC);
+    int eof = memfd_create("readfault-short", MFD_CLOEXEC);
+    ck_assert_int_eq(write(eio, data, sizeof(data)), (ssize_t)sizeof(data));
+    ck_assert_int_eq(write(eof, data, sizeof(data)), (ssize_t)sizeof(data));
+    struct vks_buffer vb[5] = {
+        {.kind = VKS_BUFFER_FD, .fd = eio},
+        {.kind = VKS_BUFFER_FD, .fd = good, .offset = 3, .length = 100000},
+        {.kind = VKS_BUFFER_FD, .fd = eof, .offset = 10},
+        {.kind = VKS_BUFFER_FD, .fd = eio}, /* the same file and range: a duplicate */
+        {.kind = VKS_BUFFER_INLINE, .data = data, .len = 5000},
+    };
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    so.no_cache = true;
+    for (int round = 0; round < 2; round++) {
+        struct vks_scan_result res = {0};
+        struct vks_error err = {0};
+        int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), vb, 5, &so, &res, &err);
+        ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+        ck_assert_int_eq(res.buffers[0].code, -VKS_E_BAD_FD);
+        ck_assert_ptr_nonnull(strstr(res.buffers[0].message, "Input/output error"));
+        ck_assert_int_eq(res.buffers[2].code, -VKS_E_BAD_FD);
+        ck_assert_ptr_nonnull(strstr(res.buffers[2].message, "shrank"));
+        ck_assert_int_eq(res.buffers[3].code, -VKS_E_BAD_FD);
+        for (size_t i = 0; i < res.n_hits; i++)
+            ck_assert(res.hits[i].buffer == 1 || res.hits[i].buffer == 4);
+        check_hits(ref, &res, 1, data + 3, 100000, SCAN_ALL);
+        check_hits(ref, &res, 4, data, 5000, SCAN_ALL);
+        ck_assert_uint_gt(tel_of(&res, "fd_upload_bytes"), 0);
+        vks_scan_result_finish(&res);
+    }
+    expect_ping_ok(&d);
+    close(good);
+    close(eio);
+    close(eof);
     catalog_destroy(ref);
     vks_catalog_destroy(cat);
     vks_client_close(c);
@@ -2328,6 +2474,8 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_small_batches_on_cpu);
     tcase_add_test(tc, test_drop_frees_device_copy);
     tcase_add_test(tc, test_scan_memfd);
+    tcase_add_test(tc, test_fd_read_at_upload);
+    tcase_add_test(tc, test_fd_read_errors);
     tcase_add_test(tc, test_second_client_shares_catalog);
     tcase_add_test(tc, test_pipelined_by_id);
     tcase_add_test(tc, test_clients_share_batches);
