@@ -20,9 +20,12 @@
  */
 #include "streamscan.h"
 #include "cpuplan.h"
+#include "cpuscan.h"
 #include "nfastep.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,7 +251,8 @@ static int dfa_check(const struct catalog_group *g, uint32_t st, uint32_t now, u
     return 0;
 }
 
-/* Walks DFA group `gi` over v[0..e) and checks position e with `told_end`. */
+/* Walks DFA group `gi` over v[0..e) and checks position e with `told_end`
+ * (0: position e is left to the caller, the fast path's tail). */
 static int dfa_write(struct streamscan *s, uint32_t gi, const struct vbuf *v, size_t e,
                      uint32_t told_end, struct scan_hits *raw)
 {
@@ -263,7 +267,7 @@ static int dfa_write(struct streamscan *s, uint32_t gi, const struct vbuf *v, si
             rc = dfa_check(&g, st, 1u << catalog_byte_kind(c), j ? 0 : s->told, pos + j, raw);
         st = g.trans[(size_t)st * g.n_classes + g.classmap[c]];
     }
-    if (rc == 0)
+    if (rc == 0 && told_end != 0)
         rc = dfa_check(&g, st, told_end, e ? 0 : s->told, pos + e, raw);
     dfa_set(s, gi, st);
     return rc;
@@ -371,7 +375,7 @@ static int nfa_write(struct streamscan *s, struct nfa_at *n, const struct vbuf *
         nxt = x;
         p = k + 1; /* CAT_K_WORD, NL, OTHER -> P_WORD, P_NL, P_OTHER */
     }
-    if (rc == 0)
+    if (rc == 0 && told_end != 0)
         rc = nfa_check(g, cur, p, told_end, e ? 0 : s->told, pos + e, raw);
     if (cur->v != n->home)
         memcpy(n->home, cur->v, (size_t)g->n_words * sizeof(uint32_t));
@@ -537,6 +541,204 @@ static void plan_once(struct streamscan *s)
         s->plan = NULL; /* every group is walked */
 }
 
+/* ---- the fast path: the CPU engine's block scan of a write's middle ------ */
+
+/* A write into a catalog of bounded groups (cpuscan_lookback, L, is
+ * finite) finishes most of its positions as block mode does: a match that
+ * ends at position q starts at or after q - L, so the ends
+ * pos + h .. pos + e - 1 (h = L + 2 past the write's first byte) are those
+ * of cpuscan_segment over the write's own bytes, every walk starting in
+ * them and seeing the real byte before it, with the plan's literal matcher,
+ * window and shadow groups. That middle is cut into pieces run on the
+ * stream's threads. Only the head (the check at pos with what the last
+ * write told, and the ends up to pos + h) is walked from the carried state,
+ * and the state at the end is rebuilt from the write's last maxlen bytes
+ * per group: for a DFA that is a different state id with the same accepts
+ * from here on (the threads it lacks started more than maxlen bytes back
+ * and can accept nothing), for a bit-NFA the same vector. */
+
+/* Middle bytes a write needs past its head to take the fast path (its
+ * fixed cost is a walk of about 2 L bytes per group, so short writes are
+ * walked), and bytes a piece of the middle gets at least. */
+#define FAST_MIN_DEFAULT 1024u
+#define PIECE_DEFAULT    (1u << 20)
+
+static atomic_size_t fast_min = FAST_MIN_DEFAULT;
+static atomic_uint_fast64_t n_fast, n_pieces, n_parallel;
+
+void streamscan_tune(size_t min_middle)
+{
+    atomic_store(&fast_min, min_middle == SIZE_MAX ? FAST_MIN_DEFAULT : min_middle);
+}
+
+void streamscan_counters(struct streamscan_counters *c)
+{
+    c->fast_writes = atomic_load(&n_fast);
+    c->pieces = atomic_load(&n_pieces);
+    c->parallel_writes = atomic_load(&n_parallel);
+}
+
+static atomic_uint par_threads = 1;
+static atomic_size_t par_piece = PIECE_DEFAULT;
+
+void streamscan_set_threads(uint32_t threads, size_t piece)
+{
+    atomic_store(&par_threads, threads == 0 ? 1 : threads > 256 ? 256 : threads);
+    atomic_store(&par_piece, piece == 0 ? PIECE_DEFAULT : piece);
+}
+
+/* One cpuscan scratch per thread, kept for the thread's life (it holds
+ * the last catalog's plan reference and single-match flags). */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static bool scratch_key_ok;
+
+static void scratch_free(void *p)
+{
+    cpuscan_scratch_destroy(p);
+}
+
+static void scratch_key_make(void)
+{
+    scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0;
+}
+
+static struct cpuscan_scratch *thread_scratch(void)
+{
+    pthread_once(&scratch_once, scratch_key_make);
+    if (!scratch_key_ok)
+        return NULL;
+    struct cpuscan_scratch *scr = pthread_getspecific(scratch_key);
+    if (scr == NULL && cpuscan_scratch_create(&scr) == 0 &&
+        pthread_setspecific(scratch_key, scr) != 0) {
+        cpuscan_scratch_destroy(scr);
+        scr = NULL;
+    }
+    return scr;
+}
+
+/* One piece of a write's middle: ends (lo, hi] of w[0..n). */
+struct piece {
+    const struct catalog *cat;
+    const uint8_t *w;
+    size_t n;
+    uint64_t lo, hi;
+    struct cpuscan_part part;
+    int rc;
+};
+
+static void *piece_main(void *arg)
+{
+    struct piece *p = arg;
+    struct cpuscan_scratch *scr = thread_scratch();
+    p->rc = scr == NULL ? -ENOMEM
+                        : cpuscan_segment(p->cat, p->w, p->n, p->lo, p->hi, SCAN_ALL, 0, NULL, NULL,
+                                          scr, &p->part);
+    return NULL;
+}
+
+/* Block scan of the ends (lo, hi] of w[0..n), lo > the lookback, in up to
+ * streamscan_set_threads pieces of at least its piece bytes, the first on
+ * this thread;
+ * the matches go to `raw` at stream offset base + end. */
+static int middle(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo, uint64_t hi,
+                  uint64_t base, struct scan_hits *raw)
+{
+    uint64_t span = hi - lo, piece = atomic_load(&par_piece);
+    uint32_t threads = atomic_load(&par_threads);
+    uint64_t fit = span / piece;
+    uint32_t k = fit < threads ? (fit > 1 ? (uint32_t)fit : 1) : threads;
+    struct piece one, *p = k == 1 ? &one : calloc(k, sizeof(*p));
+    pthread_t *th = k == 1 ? NULL : calloc(k, sizeof(*th));
+    bool *started = k == 1 ? NULL : calloc(k, sizeof(*started));
+    if (p == NULL || (k > 1 && (th == NULL || started == NULL))) {
+        if (p != &one)
+            free(p);
+        free(th);
+        free(started);
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < k; i++)
+        p[i] = (struct piece){
+            s->cat, w, n, lo + span * i / k, lo + span * (i + 1) / k, {{0}, 0, 0, false}, 0};
+    for (uint32_t i = 1; i < k; i++)
+        started[i] = pthread_create(&th[i], NULL, piece_main, &p[i]) == 0;
+    piece_main(&p[0]);
+    for (uint32_t i = 1; i < k; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else
+            piece_main(&p[i]); /* no thread: run it here */
+    }
+    int rc = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        rc = rc ? rc : p[i].rc;
+        for (size_t j = 0; j < p[i].part.hits.n && rc == 0; j++)
+            rc = scan_hits_push(raw, p[i].part.hits.v[j].rule, base + p[i].part.hits.v[j].end, 1);
+        cpuscan_part_finish(&p[i].part);
+    }
+    atomic_fetch_add(&n_pieces, k);
+    if (k > 1)
+        atomic_fetch_add(&n_parallel, 1);
+    if (p != &one)
+        free(p);
+    free(th);
+    free(started);
+    return rc;
+}
+
+/* The state of DFA group `g` after w[0..n), n > maxlen: walked from the
+ * start state that w[n - maxlen - 1] selects. */
+static uint32_t dfa_rebuild(const struct catalog_group *g, const uint8_t *w, size_t n)
+{
+    size_t i = n - g->maxlen;
+    uint32_t st = catalog_group_start(g, w, i);
+    for (; i < n; i++)
+        st = g->trans[(size_t)st * g->n_classes + g->classmap[w[i]]];
+    return st;
+}
+
+/* The tail: every group's state after w[0..n) rebuilt, position `end`
+ * checked with `told_end`, and the carried states replaced. */
+static int tail(struct streamscan *s, const struct layout *l, const uint8_t *w, size_t n,
+                uint64_t end, uint32_t told_end, struct scan_hits *raw)
+{
+    int rc = 0;
+    for (uint32_t gi = 0; gi < catalog_group_count(s->cat) && rc == 0; gi++) {
+        struct catalog_group g;
+        catalog_group(s->cat, gi, &g);
+        uint32_t st = dfa_rebuild(&g, w, n);
+        rc = dfa_check(&g, st, told_end, 0, end, raw);
+        dfa_set(s, gi, st);
+    }
+    uint32_t nn = catalog_nfa_count(s->cat), max = 0;
+    for (uint32_t j = 0; j < nn; j++) {
+        struct catalog_nfa g;
+        catalog_nfa(s->cat, j, &g);
+        max = g.n_words > max ? g.n_words : max;
+    }
+    uint32_t stack[2 * STACK_WORDS], *heap = NULL;
+    if (max > STACK_WORDS && (heap = malloc(2 * (size_t)max * sizeof(uint32_t))) == NULL)
+        return -ENOMEM;
+    uint32_t *tmp = heap ? heap : stack, *rb = tmp + (heap ? max : STACK_WORDS);
+    uint32_t *home = nfa_words(s), p = catalog_byte_kind(w[n - 1]) + 1;
+    for (uint32_t j = 0; j < nn && rc == 0; j++) {
+        struct catalog_nfa g;
+        catalog_nfa(s->cat, j, &g);
+        /* its last maxlen bytes and the byte before them */
+        nfa_rebuild(&g, w + n - g.maxlen - 1, g.maxlen + 1, 0, rb, tmp);
+        struct nvec a, b;
+        nfa_load(&g, rb, tmp, &a, &b);
+        rc = nfa_check(&g, &a, p, told_end, 0, end, raw);
+        if (!by_hist(&g, l->hist)) {
+            memcpy(home, rb, (size_t)g.n_words * sizeof(uint32_t));
+            home += g.n_words;
+        }
+    }
+    free(heap);
+    return rc;
+}
+
 /* ---- writes --------------------------------------------------------------- */
 
 static bool bit(const uint8_t *set, uint32_t r)
@@ -575,6 +777,37 @@ static int deliver(struct streamscan *s, struct scan_hits *raw, struct scan_hits
     return rc;
 }
 
+/* Walks every group over v[0..e) from the carried state: checks positions
+ * pos .. pos + e (pos + e with `told_end`; 0: not checked). */
+static int walk_all(struct streamscan *s, const struct layout *l, const struct vbuf *v, size_t e,
+                    uint32_t told_end, struct scan_hits *raw)
+{
+    bool lits = false;
+    int rc = 0;
+    for (uint32_t g = 0; g < catalog_group_count(s->cat) && rc == 0; g++) {
+        if (by_lit(s, g, l->hist))
+            lits = true;
+        else
+            rc = dfa_write(s, g, v, e, told_end, raw);
+    }
+    if (rc == 0 && lits && e > 0)
+        rc = lit_write(s, l, v, e, raw);
+    if (rc == 0)
+        rc = nfa_all(s, v, e, told_end, raw);
+    return rc;
+}
+
+/* The fast path's head, in bytes of v (L + 2, the held '\n' included),
+ * when a write of e bytes to consume takes it; else 0. */
+static size_t head_of(const struct streamscan *s, size_t e)
+{
+    uint64_t lb = cpuscan_lookback(s->cat);
+    if (lb == CPUSCAN_UNSEGMENTABLE || lb > e)
+        return 0;
+    size_t h = (size_t)lb + 2 + s->held;
+    return e > h && e - h > atomic_load(&fast_min) ? h : 0;
+}
+
 int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struct scan_hits *out)
 {
     if (s->closed)
@@ -589,18 +822,22 @@ int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struc
     struct scan_hits raw = {0};
     plan_once(s);
     struct layout l = layout_of(s->cat);
-    bool lits = false;
-    int rc = 0;
-    for (uint32_t g = 0; g < catalog_group_count(s->cat) && rc == 0; g++) {
-        if (by_lit(s, g, l.hist))
-            lits = true;
-        else
-            rc = dfa_write(s, g, &v, e, told_end, &raw);
+    size_t h = head_of(s, e);
+    int rc;
+    if (h == 0) {
+        rc = walk_all(s, &l, &v, e, told_end, &raw);
+    } else {
+        /* the head from the carried state, the middle as block mode, the
+         * tail's state rebuilt (the fast path, above) */
+        size_t held = s->held, ew = e - held;
+        uint64_t base = s->total;
+        atomic_fetch_add(&n_fast, 1);
+        rc = walk_all(s, &l, &v, h, 0, &raw);
+        if (rc == 0)
+            rc = middle(s, buf, len, h - held - 1, ew - 1, base, &raw);
+        if (rc == 0)
+            rc = tail(s, &l, buf, ew, pos_of(s) + e, told_end, &raw);
     }
-    if (rc == 0 && lits && e > 0)
-        rc = lit_write(s, &l, &v, e, &raw);
-    if (rc == 0)
-        rc = nfa_all(s, &v, e, told_end, &raw);
     if (rc != 0) {
         scan_hits_finish(&raw);
         return rc;

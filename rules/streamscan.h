@@ -64,4 +64,29 @@ int streamscan_close(struct streamscan *s, struct scan_hits *out);
 /* Bytes written so far. */
 uint64_t streamscan_offset(const struct streamscan *s);
 
+/*
+ * Large writes (docs/engine.md, "Streams": the fast path). A write into a
+ * catalog whose groups are all bounded scans most of its bytes as block
+ * mode does (rules/cpuscan.h), in pieces of at least `piece` bytes (0: 1
+ * MiB) on up to `threads` threads (0 or 1: the writing thread alone; the
+ * others are started for the write and joined before it returns). For the
+ * whole process; default 1. Thread-safe.
+ */
+void streamscan_set_threads(uint32_t threads, size_t piece);
+
+/*
+ * Tests and benchmarks: the fast path is taken by writes with more than
+ * `min_middle` bytes past their head (SIZE_MAX: the default, 1024; 0: every
+ * write long enough to have a middle). For the whole process.
+ */
+void streamscan_tune(size_t min_middle);
+
+/* What the fast path did in this process (tests assert it was taken):
+ * writes that took it, pieces of middles scanned, writes whose middle ran
+ * on more than one thread. */
+struct streamscan_counters {
+    uint64_t fast_writes, pieces, parallel_writes;
+};
+void streamscan_counters(struct streamscan_counters *c);
+
 #endif

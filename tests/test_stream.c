@@ -27,6 +27,7 @@
 
 #include "proto.h"
 #include "cpuplan.h"
+#include "cpuscan.h"
 #include "refscan.h"
 #include "rules.h"
 #include "streamscan.h"
@@ -86,6 +87,9 @@ static const char *const atoms[] = {"a",   "b",   "c",     "ab",      "A",   "_"
                                     " ",   "\\n", "[a-c]", "[^a\\n]", "\\w", "\\W",
                                     "\\d", "\\s", ".",     "x",       "0",   "[0-9a]"};
 
+/* Only bounded repeats (the fast path's catalogs: every group bounded). */
+static bool gen_bounded;
+
 static void gen_atom(struct str *s, int depth)
 {
     if (depth < 2 && rnd(8) == 0) {
@@ -100,8 +104,11 @@ static void gen_atom(struct str *s, int depth)
         puts_(s, atoms[rnd(sizeof(atoms) / sizeof(atoms[0]))]);
     }
     static const char *const reps[] = {"?", "*", "+", "{1,3}", "{2}", "{0,2}", "{2,}", "{1,12}"};
-    if (rnd(4) == 0)
-        puts_(s, reps[rnd(sizeof(reps) / sizeof(reps[0]))]);
+    if (rnd(4) == 0) {
+        const char *r = reps[rnd(sizeof(reps) / sizeof(reps[0]))];
+        bool open = strchr(r, '*') || strchr(r, '+') || strstr(r, ",}");
+        puts_(s, gen_bounded && open ? "{0,3}" : r);
+    }
 }
 
 /* Bounded or unbounded regexes with anchors and word boundaries, or
@@ -581,6 +588,213 @@ START_TEST(test_history_groups)
         free(pats[i].p);
         free(inst[i].p);
     }
+    rules_result_finish(&res);
+}
+END_TEST
+
+/* ---- the fast path: block scans of large writes (docs/engine.md) ---------- */
+
+/* The random differential on catalogs whose groups are all bounded, every
+ * write with a middle taking the fast path, middles cut into pieces of 16
+ * bytes on 3 threads: matches straddle pieces, heads and write boundaries.
+ * Fails when the fast path differs from block mode or Hyperscan, or is not
+ * taken. */
+START_TEST(test_fast_random)
+{
+    rng_state = env_u64("VKS_STREAM_SEED", 0x5eedfa57ull) | 1;
+    uint64_t cases = env_u64("VKS_STREAM_CASES", 150);
+    gen_bounded = true;
+    streamscan_tune(0);
+    streamscan_set_threads(3, 16);
+    struct streamscan_counters c0, c1;
+    streamscan_counters(&c0);
+    struct stats st = {0};
+    unsigned diffs = 0;
+    for (uint64_t i = 0; i < cases && diffs < 5; i++)
+        diffs += one_case(&st);
+    streamscan_counters(&c1);
+    fprintf(stderr,
+            "stream fast path: %" PRIu64 " cases, %" PRIu64 " writes (%" PRIu64 " fast, %" PRIu64
+            " on several threads, %" PRIu64 " pieces), %" PRIu64 " block hits, %" PRIu64
+            " Hyperscan comparisons\n",
+            st.cases, st.writes, c1.fast_writes - c0.fast_writes,
+            c1.parallel_writes - c0.parallel_writes, c1.pieces - c0.pieces, st.hits,
+            st.hs_compared);
+    ck_assert_msg(diffs == 0, "%u differences; reproducers above", diffs);
+    ck_assert_uint_gt(c1.fast_writes - c0.fast_writes, cases);
+    ck_assert_uint_gt(c1.parallel_writes - c0.parallel_writes, cases / 2);
+    ck_assert_uint_gt(st.hits, 10 * cases);
+    ck_assert_uint_gt(st.hs_compared, cases);
+}
+END_TEST
+
+/* A directed set through the fast path: compiled as it comes, or with
+ * every rule on the bit-NFA (gated by its factors), data with the rules'
+ * instances planted densely, cut into writes of 1 byte to 20 KiB, middles
+ * cut into 64-byte pieces on 3 threads. Block mode and Hyperscan's stream
+ * mode agree with the stream exactly. */
+static void fast_set(const char *const *pats, size_t n, const char *const *inst, size_t ni,
+                     bool bitnfa, struct cpuplan **plan_out)
+{
+    struct run ru = {.n = n};
+    struct rule_src src[24];
+    for (size_t i = 0; i < n; i++) {
+        struct trule *r = &ru.rules[i];
+        snprintf(r->id, sizeof(r->id), "f%zu", i);
+        r->kind = RULE_REGEX;
+        puts_(&r->pat, pats[i]);
+        puts_(&r->hs, pats[i]);
+        src[i] = (struct rule_src){r->id, RULE_REGEX, r->pat.p, r->pat.n, 0, 0};
+    }
+    struct rules_options opt = {.threads = 1, .force_bitnfa = bitnfa};
+    struct vks_error err = {0};
+    ck_assert_msg(rules_compile(src, n, &opt, &ru.res, &err) == 0, "compile: %s", err.msg);
+    hs_build(&ru);
+    ck_assert_ptr_nonnull(ru.db);
+    const struct catalog *cat = ru.res.catalog;
+    ck_assert_uint_eq(catalog_rule_count(cat), n);
+    ck_assert_uint_ne(cpuscan_lookback(cat), CPUSCAN_UNSEGMENTABLE);
+    if (bitnfa)
+        ck_assert_uint_gt(catalog_nfa_count(cat), 0);
+    ck_assert_int_eq(cpuplan_build(cat, true, plan_out), 0);
+    struct str d = {0};
+    for (int i = 0; i < 24000; i++) {
+        if (rnd(4) == 0)
+            puts_(&d, inst[rnd((uint32_t)ni)]);
+        static const char fill[] = "abcdefgh 0123\n.-_XYZ";
+        put(&d, &fill[rnd(sizeof(fill) - 1)], 1);
+    }
+    size_t *cuts = calloc(d.n + 2, sizeof(size_t));
+    size_t nc = 0;
+    for (size_t at = 0; at < d.n; at += 1 + rnd(rnd(3) == 0 ? 20 : 4000))
+        cuts[nc++] = at;
+    cuts[nc] = d.n;
+    struct streamscan_counters c0, c1;
+    streamscan_counters(&c0);
+    struct scan_hits block = {0}, got = {0}, theirs = {0};
+    ck_assert_int_eq(refscan_buffer(cat, (const uint8_t *)d.p, d.n, SCAN_ALL, &block), 0);
+    stream_all(cat, &d, cuts, nc, &got);
+    hs_stream_all(&ru, &d, cuts, nc, &theirs);
+    streamscan_counters(&c1);
+    normalise(&block, cat, NULL);
+    normalise(&got, cat, NULL);
+    normalise(&theirs, cat, ru.hs_ok);
+    ck_assert_uint_gt(block.n, 500);
+    ck_assert(same(&got, &block, "fast path", "block mode"));
+    ck_assert(same(&got, &theirs, "fast path", "Hyperscan stream mode"));
+    ck_assert_uint_gt(c1.fast_writes - c0.fast_writes, 5);
+    ck_assert_uint_gt(c1.parallel_writes - c0.parallel_writes, 5);
+    scan_hits_finish(&block);
+    scan_hits_finish(&got);
+    scan_hits_finish(&theirs);
+    free(cuts);
+    free(d.p);
+    run_finish(&ru);
+}
+
+/* regex-500's kinds (digits, classes, alternations, `\s`, caseless hex),
+ * `\b` and `$` under multi-line, a long bounded gap: as the compiler
+ * groups them (DFA groups the plan walks in windows after factors; a
+ * gated bit-NFA group when the compiler gates), and every rule on the
+ * bit-NFA (walked in windows, or shadowed by DFAs, by the plan). */
+START_TEST(test_fast_kinds)
+{
+    rng_state = 0xfa57c0deu;
+    static const char *const pats[] = {
+        "abc[0-9]{2,4}xyz",     "def[a-z]{0,6}uvw",      "ghi(zq|jk|lmx)rst",
+        "jkl\\s[a-z]{2,5}opq",  "(?i)mno[0-9a-f]{4}efg", "\\bword[0-9]{1,3}\\b",
+        "(?m)^line[a-c]{1,2}$", "key.{0,200}[0-9]{8}",
+    };
+    static const char *const inst[] = {
+        "abc123xyz",  "defxuvw",          "ghijkrst", "jkl abopq", "MNObeefefg",     " word42 ",
+        "\nlineab\n", "key ... 12345678", "abc12",    "word",      "key12345678901",
+    };
+    size_t n = sizeof(pats) / sizeof(pats[0]), ni = sizeof(inst) / sizeof(inst[0]);
+    streamscan_set_threads(3, 64);
+    struct cpuplan *dfa = NULL, *nfa = NULL;
+    fast_set(pats, n, inst, ni, false, &dfa);
+    fast_set(pats, n, inst, ni, true, &nfa);
+    /* the CPU engine's plans the middles use: window groups and shadow
+     * (gated bit-NFA) groups */
+    fprintf(stderr, "fast kinds: plans %u/%u window, %u/%u shadow groups, %u/%u bit-NFA\n",
+            dfa->n_window_groups, nfa->n_window_groups, dfa->n_shadow_groups, nfa->n_shadow_groups,
+            dfa->n_nfa, nfa->n_nfa);
+    ck_assert_uint_gt(dfa->n_window_groups, 0);
+    ck_assert_uint_gt(nfa->n_nfa, 0);
+    ck_assert_uint_gt(nfa->n_window_groups + nfa->n_shadow_groups + nfa->gated_full, 0);
+    cpuplan_put(dfa);
+    cpuplan_put(nfa);
+}
+END_TEST
+
+/* One large write and a long stream of large writes: the middle runs on
+ * several threads, and a match straddles every internal split point and
+ * every write boundary (instances placed across them), block mode's
+ * matches exactly. */
+START_TEST(test_fast_large_writes)
+{
+    static const char *const pats[] = {"abc[0-9]{2,4}xyz", "\\bword[0-9]{1,3}\\b", "q[a-z]{20}q"};
+    static const char inst[] = "abc1234xyz word777 qabcdefghijabcdefghijq";
+    static const char *const ids[] = {"l0", "l1", "l2"};
+    struct rule_src src[3];
+    for (int i = 0; i < 3; i++)
+        src[i] = (struct rule_src){ids[i], RULE_REGEX, pats[i], strlen(pats[i]), 0, 0};
+    struct rules_options opt = {.threads = 1};
+    struct rules_result res = {0};
+    struct vks_error err = {0};
+    ck_assert_int_eq(rules_compile(src, 3, &opt, &res, &err), 0);
+    const struct catalog *cat = res.catalog;
+    enum { PIECE = 4096, LEN = 1 << 20 };
+    struct str d = {0};
+    for (size_t at = 0; d.n < LEN; at++) {
+        put(&d, "...... ", 7);
+        if (at % 3 == 0)
+            puts_(&d, inst);
+    }
+    streamscan_set_threads(4, PIECE);
+    size_t cuts_one[2] = {0, d.n}, cuts_many[8];
+    size_t nm = 0;
+    for (size_t at = 0; at < d.n; at += 256 << 10)
+        cuts_many[nm++] = at;
+    cuts_many[nm] = d.n;
+    /* matches across the middle's split points, as streamscan.c cuts it
+     * (ends (L + 1, len - 1] of each write, 4 pieces): an `abc..xyz` ending
+     * one byte past each point and a `word..` ending 13 bytes before it; and
+     * an `abc..xyz` across every write boundary */
+    uint64_t lb = cpuscan_lookback(cat);
+    ck_assert_uint_lt(lb, 64);
+    size_t planted = 0;
+    for (int k = 0; k < 2; k++) {
+        const size_t *c = k ? cuts_many : cuts_one;
+        for (size_t w = 0; w < (k ? nm : 1); w++) {
+            uint64_t lo = lb + 1, len = c[w + 1] - c[w];
+            uint64_t span = len > lo + 1 ? len - 1 - lo : 0;
+            for (uint64_t i = 1; i < 4 && span >= 4 * PIECE; i++, planted++)
+                memcpy(d.p + c[w] + lo + span * i / 4 - 21, " word777    abc1234xyz", 22);
+            if (w > 0)
+                memcpy(d.p + c[w] - 5, "abc1234xyz", 10);
+        }
+    }
+    ck_assert_uint_eq(planted, 3 * (1 + nm - 1));
+    struct scan_hits block = {0};
+    ck_assert_int_eq(refscan_buffer(cat, (const uint8_t *)d.p, d.n, SCAN_ALL, &block), 0);
+    normalise(&block, cat, NULL);
+    ck_assert_uint_gt(block.n, 3 * (LEN / PIECE));
+    for (int k = 0; k < 2; k++) {
+        struct streamscan_counters c0, c1;
+        streamscan_counters(&c0);
+        struct scan_hits got = {0};
+        stream_all(cat, &d, k ? cuts_many : cuts_one, k ? nm : 1, &got);
+        streamscan_counters(&c1);
+        normalise(&got, cat, NULL);
+        ck_assert(same(&got, &block, k ? "256 KiB writes" : "one write", "block mode"));
+        /* every write but a short last one */
+        ck_assert_uint_ge(c1.parallel_writes - c0.parallel_writes, (k ? nm - 1 : 1));
+        ck_assert_uint_ge(c1.pieces - c0.pieces, (4 * (k ? nm - 1 : 1)));
+        scan_hits_finish(&got);
+    }
+    scan_hits_finish(&block);
+    free(d.p);
     rules_result_finish(&res);
 }
 END_TEST
@@ -1704,6 +1918,9 @@ Suite *stream_suite(void)
     tcase_add_test(tc, test_state_size_many_groups);
     tcase_add_test(tc, test_history_groups);
     tcase_add_test(tc, test_literal_groups);
+    tcase_add_test(tc, test_fast_random);
+    tcase_add_test(tc, test_fast_kinds);
+    tcase_add_test(tc, test_fast_large_writes);
     suite_add_tcase(s, tc);
     TCase *td = tcase_create("daemon");
     tcase_set_timeout(td, 300);
