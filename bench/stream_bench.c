@@ -293,8 +293,12 @@ static void state_row(const char *name, const struct ruleset *rs)
         words += g.n_words;
     }
     size_t ours = streamscan_size(b.cat);
-    printf("%-20s %7zu %6u %6u %9u %10zu %10zu %7.2f %s\n", name, b.rules,
-           catalog_group_count(b.cat), catalog_nfa_count(b.cat), words, ours, hs,
+    uint64_t lb = cpuscan_lookback(b.cat);
+    char lbs[24] = "unbounded";
+    if (lb != CPUSCAN_UNSEGMENTABLE)
+        snprintf(lbs, sizeof(lbs), "%" PRIu64, lb);
+    printf("%-20s %7zu %6u %6u %9u %9s %10zu %10zu %7.2f %s\n", name, b.rules,
+           catalog_group_count(b.cat), catalog_nfa_count(b.cat), words, lbs, ours, hs,
            hs ? (double)ours / (double)hs : 0, hs && ours <= 4 * hs ? "yes" : "NO");
     built_finish(&b);
 }
@@ -302,8 +306,8 @@ static void state_row(const char *name, const struct ruleset *rs)
 static void run_state(const struct opts *o)
 {
     printf("state per stream (bytes): streamscan_size against hs_stream_size, same rules\n");
-    printf("%-20s %7s %6s %6s %9s %10s %10s %7s %s\n", "workload", "rules", "dfa", "nfa",
-           "nfa words", "vkscan", "hyperscan", "ratio", "<=4x");
+    printf("%-20s %7s %6s %6s %9s %9s %10s %10s %7s %s\n", "workload", "rules", "dfa", "nfa",
+           "nfa words", "lookback", "vkscan", "hyperscan", "ratio", "<=4x");
     char name[64];
     uint32_t lits[] = {1000, 10000};
     for (size_t i = 0; i < 2; i++) {
