@@ -23,7 +23,9 @@
  * (rules/cpuscan.h, as vkscand's CPU pool runs it: every buffer cut into
  * segments spread over --threads threads, default all cores, then each
  * buffer's parts merged), with Hyperscan on the same threads in the same
- * run, and prints the medians of --iters of both and their ratio. No
+ * run, and prints the medians of --iters of both and their ratio.
+ * --lit-kernel 1|-1 forces the GPU literal kernel (gpu/lit.h) on every
+ * literal group or turns it off (default 0: the engine's choice). No
  * Vulkan device is opened in that mode. --cpu-plain turns the CPU fast
  * paths (rules/cpuplan.h) off: the walks of rules/refscan.c alone.
  */
@@ -819,12 +821,16 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
         printf("%-22s %9.1f %9.1f\n", r[i].name, r[i].kernel_med_gbs, r[i].e2e_med_gbs);
     /* passes: groups that walk every byte. The factor group runs on the host
      * at plan time; gated groups walk only around its factors' ends. */
-    printf("\n%-22s %10s %10s %10s %8s %8s %8s\n", "engines", "dfa groups", "nfa groups",
-           "nfa rules", "gated", "factor", "passes");
-    for (size_t i = 0; i < n; i++)
-        printf("%-22s %10u %10u %10u %8u %8u %8u\n", r[i].name, r[i].dfa_groups, r[i].nfa_groups,
-               r[i].nfa_rules, r[i].gated_groups, r[i].factor_groups,
-               r[i].dfa_groups + r[i].nfa_groups - r[i].gated_groups);
+    /* lit: DFA groups of plain strings that the literal kernel scans in
+     * one pass of its own instead (gpu/lit.h) */
+    printf("\n%-22s %10s %10s %10s %8s %8s %8s %8s\n", "engines", "dfa groups", "nfa groups",
+           "nfa rules", "gated", "factor", "lit", "passes");
+    for (size_t i = 0; i < n; i++) {
+        uint32_t lit = r[i].tel.lit_groups;
+        printf("%-22s %10u %10u %10u %8u %8u %8u %8u\n", r[i].name, r[i].dfa_groups,
+               r[i].nfa_groups, r[i].nfa_rules, r[i].gated_groups, r[i].factor_groups, lit,
+               r[i].dfa_groups + r[i].nfa_groups - r[i].gated_groups - lit + (lit > 0));
+    }
     printf("\n%-22s %8s %8s %8s %8s %8s %6s %6s %8s %6s %8s %8s\n", "telemetry", "plan ms", "up ms",
            "dev ms", "kern ms", "read ms", "seg", "wg", "wgroups", "occ", "launch", "compile s");
     for (size_t i = 0; i < n; i++) {
@@ -856,13 +862,13 @@ static void print_json(FILE *f, const struct result *r, size_t n, const struct g
                 ",\"finalize_ns\":%" PRIu64 ",\"segment\":%u,\"wg\":%u,\"workgroups\":%u,"
                 "\"launches\":%u,\"occupancy\":%.3f,\"items\":%" PRIu64 ",\"rounds\":%u,"
                 "\"dfa_groups\":%u,\"nfa_groups\":%u,\"nfa_rules\":%u,\"gated_groups\":%u,"
-                "\"factor_groups\":%u}",
+                "\"factor_groups\":%u,\"lit_groups\":%u}",
                 i ? "," : "", x->name, x->rules, x->rejected, x->bytes, x->buffers, x->kernel_gbs,
                 x->e2e_gbs, x->kernel_med_gbs, x->e2e_med_gbs, x->hs_gbs, x->gpu_hits, x->hs_hits,
                 x->compile_s, x->hs_compile_s, t->plan_ns, t->upload_ns, t->device_ns, t->kernel_ns,
                 t->readback_ns, t->finalize_ns, t->segment_bytes, t->workgroup_size, t->workgroups,
                 t->kernel_launches, t->occupancy, t->items_total, t->rounds, x->dfa_groups,
-                x->nfa_groups, x->nfa_rules, x->gated_groups, x->factor_groups);
+                x->nfa_groups, x->nfa_rules, x->gated_groups, x->factor_groups, t->lit_groups);
     }
     fprintf(f, "]}\n");
 }
@@ -906,6 +912,9 @@ static bool wanted(const struct opts *o, const char *name)
     }
     return false;
 }
+
+/* --lit-kernel: gpu_options.lit_kernel (1: every literal group, -1: none) */
+static int32_t lit_kernel;
 
 static void usage(void)
 {
@@ -984,6 +993,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->upload_chunk = (uint32_t)parse_size(v);
         } else if (strcmp(a, "--only") == 0) {
             o->only = v;
+        } else if (strcmp(a, "--lit-kernel") == 0) {
+            lit_kernel = (int32_t)strtol(v, NULL, 10); /* gpu_options.lit_kernel */
         } else if (strcmp(a, "--dump-rules") == 0) {
             o->dump_rules = v;
         } else if (strcmp(a, "--max-states") == 0) {
@@ -1027,7 +1038,8 @@ int main(int argc, char **argv)
                              .workgroup_size = o.wg,
                              .upload_threads = o.upload_threads,
                              .max_workgroups = o.max_wgs,
-                             .upload_chunk = o.upload_chunk};
+                             .upload_chunk = o.upload_chunk,
+                             .lit_kernel = lit_kernel};
     struct gpu_engine *eng = NULL;
     struct vks_error err;
     if (o.cpu) /* no device: the CPU engine and Hyperscan */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "lit.h"
 
 /* The kernel indexes the catalog with these offsets (scan.comp gets them as
  * push constants from here); the layout must not move under it. */
@@ -82,6 +83,7 @@ static bool slot_in_batch(const struct batch_ctx *bc, int slot)
 static void evict(struct gpu_engine *eng, uint32_t slot)
 {
     gbuf_destroy(eng, &eng->cats[slot].buf);
+    gbuf_destroy(eng, &eng->cats[slot].lit);
     memset(&eng->cats[slot], 0, sizeof(eng->cats[slot]));
     eng->n_cats--;
 }
@@ -186,6 +188,8 @@ static int check_limits(struct batch_ctx *bc, struct vks_error *err)
         bc->cat_new[c] = bc->cat_slot[c] == -1 && bc->alias[c] < 0;
         if (bc->cat_new[c])
             cat_bytes += (uint64_t)gbuf_grow_size(0, words * 4);
+        if (bc->cat_new[c] && bc->lit[c] != NULL && bc->lit[c]->n_groups > 0)
+            cat_bytes += (uint64_t)gbuf_grow_size(0, (uint64_t)bc->lit[c]->n_words * 4);
         if (words * 4 > range)
             return vks_error_set(err, -E2BIG,
                                  "catalog %u is %zu bytes, over the device's storage buffer "
@@ -278,6 +282,13 @@ static int make_resident(struct batch_ctx *bc, struct vks_error *err)
         eng->n_cats++;
         bc->cat_slot[c] = slot;
         bc->tel->catalog_uploads++;
+        /* the literal kernel's tables: once per resident catalog */
+        if (bc->lit[c] != NULL && bc->lit[c]->n_groups > 0 && eng->opt.lit_kernel >= 0) {
+            r = gpu_lit_upload(eng, rc, bc->lit[c], err);
+            if (r < 0)
+                return r;
+            bc->tel->catalog_bytes_uploaded += (uint64_t)bc->lit[c]->n_words * 4;
+        }
     }
     for (uint32_t c = 0; c < b->n_catalogs; c++) {
         if (bc->alias[c] >= 0)
@@ -563,13 +574,19 @@ static void update_sets(struct batch_ctx *bc)
     struct gpu_engine *eng = bc->eng;
     for (uint32_t c = 0; c < bc->batch->n_catalogs; c++) {
         const struct gbuf *cat = &eng->cats[bc->cat_slot[c]].buf;
-        VkDescriptorBufferInfo bi[6] = {
-            {eng->hay.buf, 0, VK_WHOLE_SIZE},  {cat->buf, 0, VK_WHOLE_SIZE},
-            {eng->meta.buf, 0, VK_WHOLE_SIZE}, {eng->qs.buf, 0, VK_WHOLE_SIZE},
-            {eng->hits.buf, 0, VK_WHOLE_SIZE}, {eng->carry.buf, 0, VK_WHOLE_SIZE},
+        /* binding 6: the literal tables, or any valid buffer when none */
+        const struct gbuf *lit = &eng->cats[bc->cat_slot[c]].lit;
+        VkDescriptorBufferInfo bi[7] = {
+            {eng->hay.buf, 0, VK_WHOLE_SIZE},
+            {cat->buf, 0, VK_WHOLE_SIZE},
+            {eng->meta.buf, 0, VK_WHOLE_SIZE},
+            {eng->qs.buf, 0, VK_WHOLE_SIZE},
+            {eng->hits.buf, 0, VK_WHOLE_SIZE},
+            {eng->carry.buf, 0, VK_WHOLE_SIZE},
+            {lit->buf != VK_NULL_HANDLE ? lit->buf : cat->buf, 0, VK_WHOLE_SIZE},
         };
-        VkWriteDescriptorSet w[6];
-        for (uint32_t i = 0; i < 6; i++) {
+        VkWriteDescriptorSet w[7];
+        for (uint32_t i = 0; i < 7; i++) {
             w[i] = (VkWriteDescriptorSet){
                 .sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
                 .dstSet = eng->sets[c],
@@ -579,7 +596,7 @@ static void update_sets(struct batch_ctx *bc)
                 .pBufferInfo = &bi[i],
             };
         }
-        vkUpdateDescriptorSets(eng->dev, 6, w, 0, NULL);
+        vkUpdateDescriptorSets(eng->dev, 7, w, 0, NULL);
     }
 }
 
@@ -618,13 +635,18 @@ static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
 {
     struct gpu_engine *eng = bc->eng;
     const struct scan_range *sr = &eng->scratch.ranges[r];
-    if (sr->nfa) {
+    if (sr->nfa || sr->lit) {
         struct nfa_push np;
-        gpu_nfa_push(bc, sr, QS_HEADS + r, &np);
+        struct lit_push lp;
+        if (sr->lit)
+            gpu_lit_push(bc, sr, QS_HEADS + r, &lp);
+        else
+            gpu_nfa_push(bc, sr, QS_HEADS + r, &np);
         vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, sr->pipe);
         vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, eng->layout, 0, 1,
                                 &eng->sets[sr->cat], 0, NULL);
-        vkCmdPushConstants(cb, eng->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(np), &np);
+        vkCmdPushConstants(cb, eng->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                           sr->lit ? sizeof(lp) : sizeof(np), sr->lit ? (void *)&lp : (void *)&np);
         vkCmdDispatch(cb, sr->workgroups, 1, 1);
         bc->tel->kernel_launches++;
         return;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "lit.h"
 
 int gpu_vk_error(VkResult r, const char *what, struct vks_error *err)
 {
@@ -519,7 +520,7 @@ static int create_pools(struct gpu_engine *eng, struct vks_error *err)
         return 0;
     /* Frame 0 uses the sets gpu_pipeline_init allocated; the others these. */
     uint32_t sets = (eng->n_frames - 1) * GPU_MAX_BATCH_CATALOGS;
-    VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, sets * 6};
+    VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, sets * 7};
     VkDescriptorPoolCreateInfo dpi = {
         .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
         .maxSets = sets,
@@ -729,8 +730,10 @@ void gpu_engine_destroy(struct gpu_engine *eng)
     if (eng->dev != VK_NULL_HANDLE) {
         /* Also batches submitted and never collected are done after this. */
         vkDeviceWaitIdle(eng->dev);
-        for (uint32_t i = 0; i < GPU_MAX_RESIDENT_CATALOGS; i++)
+        for (uint32_t i = 0; i < GPU_MAX_RESIDENT_CATALOGS; i++) {
             gbuf_destroy(eng, &eng->cats[i].buf);
+            gbuf_destroy(eng, &eng->cats[i].lit);
+        }
         destroy_frame(eng); /* a frame left in the engine's fields by a failed create */
         for (uint32_t i = 0; i < GPU_MAX_INFLIGHT; i++) {
             gpu_frame_swap(eng, &eng->frames[i]);
@@ -747,6 +750,7 @@ void gpu_engine_destroy(struct gpu_engine *eng)
         vkDestroyInstance(eng->inst, NULL);
     upload_pool_destroy(eng->pool);
     gpu_batch_scratch_finish(&eng->scratch);
+    gpu_lit_cache_finish(eng);
     free(eng->cache_path);
     free(eng);
 }

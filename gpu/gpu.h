@@ -104,6 +104,11 @@ struct gpu_options {
     uint32_t upload_threads; /* host threads copying into staging; 0: up to 8 */
     uint32_t upload_chunk;   /* staging bytes per copy submit; 0: max(16 MiB, size / 64) */
     bool staged_upload;      /* tests: go through staging also where device memory is mapped */
+    /* The literal kernel (docs/gpu.md) for DFA groups of plain strings:
+     * 0 where it saves passes or memory traffic (a catalog with 2 or more
+     * such groups, or one whose DFA rows do not fit shared memory), 1 for
+     * every such group, -1 never (each keeps its DFA pass). */
+    int32_t lit_kernel;
     /* Batches on the device at once (gpu_batch_submit); each has its own
      * buffers. 0: GPU_DEFAULT_INFLIGHT; at most GPU_MAX_INFLIGHT. */
     uint32_t inflight;
@@ -161,6 +166,7 @@ struct gpu_telemetry {
     uint64_t device_bytes;         /* of which device-local: what the budget limits */
     uint32_t resident_catalogs;
     uint32_t kernel_launches;
+    uint32_t lit_groups; /* DFA groups the literal kernel scanned instead, all catalogs */
     uint32_t submits;
     uint32_t sync_points;         /* host waits on the device */
     uint32_t pipeline_cache_hits; /* pipelines found in the LRU */

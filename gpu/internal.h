@@ -36,6 +36,13 @@ struct nfa_push {
 };
 _Static_assert(sizeof(struct nfa_push) <= sizeof(struct scan_push), "push constant range");
 
+/* Push constants of shaders/scan_lit.comp (gpu/lit.h). */
+struct lit_push {
+    uint32_t items, n_items, head, bufs, max_cost, hit_cap, slots, slot_mask;
+    uint32_t lits, bytes, masks, klen, fold, maxlen, hi_mask, wshift;
+};
+_Static_assert(sizeof(struct lit_push) <= sizeof(struct scan_push), "push constant range");
+
 #define NO_CARRY            0xffffffffu
 #define NO_BUDGET           0xffffffffu
 #define LAVAPIPE_LOOP_LIMIT 65535u
@@ -69,8 +76,9 @@ struct resident_catalog {
     /* The submit that copies its contents succeeded (or they were written
      * through a mapping): later submissions see them, in queue order. */
     bool uploaded;
-    uint32_t pins; /* batches in flight that scan it: never evicted meanwhile */
-    bool forget;   /* gpu_engine_forget while pinned: freed when the last pin goes */
+    uint32_t pins;   /* batches in flight that scan it: never evicted meanwhile */
+    bool forget;     /* gpu_engine_forget while pinned: freed when the last pin goes */
+    struct gbuf lit; /* the literal kernel's tables (gpu/lit.h), when it has some */
 };
 
 struct pipe_key {
@@ -79,6 +87,7 @@ struct pipe_key {
     uint32_t smem_words;
     uint32_t step_budget;
     uint32_t nfa_words; /* 0: the DFA kernel; else the bit-NFA kernel's MAX_WORDS */
+    uint32_t lit;       /* 1: the literal kernel (smem_words: its filter words) */
 };
 
 struct pipe_entry {
@@ -113,12 +122,18 @@ struct plan_entry {
 #define PLAN_CACHE 16u
 
 struct upload_pool;
+struct gpu_lit;
+
+/* Catalogs whose literal tables the engine keeps (gpu/lit.c): at least a
+ * batch's catalogs, so planning one never evicts its own. */
+#define GPU_LIT_CACHE (2u * GPU_MAX_BATCH_CATALOGS)
 
 /* One dispatch: a range of work items of one (catalog, group, round). */
 struct scan_range {
     uint32_t cat;   /* index into the batch's catalogs */
     uint32_t group; /* engine group: DFA groups, then bit-NFA groups */
     bool nfa;       /* bit-NFA group group - catalog_group_count */
+    bool lit;       /* the literal kernel: every routed group of catalog cat */
     uint32_t round;
     uint32_t items; /* meta index (uvec4) of the first item */
     uint32_t n_items;
@@ -158,6 +173,13 @@ struct batch_ctx {
     uint32_t seg[GPU_MAX_BATCH_CATALOGS];   /* segment bytes per catalog */
     uint32_t chain[GPU_MAX_BATCH_CATALOGS]; /* chained walk bytes per round */
     uint32_t acc_iters[GPU_MAX_BATCH_CATALOGS]; /* accept-loop iterations per byte, worst */
+    /* The literal tables of each catalog (owned by the engine's cache,
+     * valid until the submit returns), whether this batch routes its
+     * literal groups to the literal kernel, and then the tables' push
+     * constants (what a re-run at collect reads). */
+    struct gpu_lit *lit[GPU_MAX_BATCH_CATALOGS];
+    bool lit_route[GPU_MAX_BATCH_CATALOGS];
+    struct lit_push lit_pc[GPU_MAX_BATCH_CATALOGS];
     uint64_t hay_bytes;
     size_t n_meta; /* uvec4 */
     size_t n_ranges;
@@ -228,6 +250,8 @@ struct gpu_engine {
     VkPipelineCache pcache;
     VkShaderModule modules[3]; /* indexed by enum gpu_hit_writer */
     VkShaderModule nfa_module; /* shaders/scan_nfa.comp */
+    VkShaderModule lit_module; /* shaders/scan_lit.comp */
+    struct gpu_lit *lits[GPU_LIT_CACHE];
     struct pipe_entry pipes[GPU_PIPELINE_LRU];
     uint32_t n_pipes;
     VkDescriptorPool dpool;

@@ -19,8 +19,12 @@ static const uint32_t scan_subgroup_spv[] =
 static const uint32_t scan_nfa_spv[] =
 #include "scan_nfa.spv.inc"
     ;
+static const uint32_t scan_lit_spv[] =
+#include "scan_lit.spv.inc"
+    ;
 
-#define N_BINDINGS 6u
+/* hay, catalog, meta, queue, hits, carry, literal tables (scan_lit.comp) */
+#define N_BINDINGS 7u
 
 /* Reads the whole cache file; a missing or unreadable one means a cold
  * start, not an error. Returns a malloc'd buffer or NULL. */
@@ -168,6 +172,8 @@ int gpu_pipeline_init(struct gpu_engine *eng, struct vks_error *err)
                            &eng->modules[GPU_HITS_SUBGROUP], err);
     if (rc == 0)
         rc = create_module(eng, scan_nfa_spv, sizeof(scan_nfa_spv), &eng->nfa_module, err);
+    if (rc == 0)
+        rc = create_module(eng, scan_lit_spv, sizeof(scan_lit_spv), &eng->lit_module, err);
     if (rc < 0)
         return rc;
     size_t len = 0;
@@ -207,6 +213,8 @@ void gpu_pipeline_finish(struct gpu_engine *eng)
     }
     if (eng->nfa_module != VK_NULL_HANDLE)
         vkDestroyShaderModule(eng->dev, eng->nfa_module, NULL);
+    if (eng->lit_module != VK_NULL_HANDLE)
+        vkDestroyShaderModule(eng->dev, eng->lit_module, NULL);
     if (eng->dpool != VK_NULL_HANDLE)
         vkDestroyDescriptorPool(eng->dev, eng->dpool, NULL);
     if (eng->layout != VK_NULL_HANDLE)
@@ -237,7 +245,9 @@ static int compile(struct gpu_engine *eng, const struct pipe_key *key, VkPipelin
             {
                 .sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
                 .stage = VK_SHADER_STAGE_COMPUTE_BIT,
-                .module = key->nfa_words ? eng->nfa_module : eng->modules[key->writer],
+                .module = key->lit         ? eng->lit_module
+                          : key->nfa_words ? eng->nfa_module
+                                           : eng->modules[key->writer],
                 .pName = "main",
                 .pSpecializationInfo = &si,
             },

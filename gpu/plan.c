@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "lit.h"
 
 #define ALIGN16(x) (((x) + 15u) & ~(uint64_t)15u)
 
@@ -132,6 +133,12 @@ static bool group_bounded(const struct batch_ctx *bc, uint32_t c, const struct c
     return (uint64_t)bc->seg[c] + g->maxlen - 1 <= bc->chain[c];
 }
 
+/* Whether DFA group k of catalog c is left to the literal kernel. */
+static bool lit_routed(const struct batch_ctx *bc, uint32_t c, uint32_t k)
+{
+    return bc->lit_route[c] && k < bc->lit[c]->n_dfa && bc->lit[c]->route[k];
+}
+
 static int add_range(struct batch_ctx *bc, uint32_t c, uint32_t g, uint32_t round, uint32_t items,
                      uint32_t n, uint32_t carry, uint32_t max_cost)
 {
@@ -227,7 +234,7 @@ static int plan_bounded(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded)
     struct catalog_group g;
     for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
         catalog_group(b->catalogs[c], k, &g);
-        if (g.flags & CAT_GF_FACTOR) /* mask-0 entries: reports nothing */
+        if ((g.flags & CAT_GF_FACTOR) || lit_routed(bc, c, k)) /* factor: reports nothing */
             continue;
         if (group_bounded(bc, c, &g) && add_range(bc, c, k, 0, first, n, NO_CARRY, cost) < 0)
             return -ENOMEM;
@@ -259,7 +266,7 @@ static int plan_chained(struct batch_ctx *bc, uint32_t c, uint64_t longest)
         uint32_t n = (uint32_t)bc->n_meta - first, ug = 0;
         for (uint32_t k = 0; k < n_groups; k++) {
             catalog_group(b->catalogs[c], k, &g);
-            if (group_bounded(bc, c, &g) || (g.flags & CAT_GF_FACTOR))
+            if (group_bounded(bc, c, &g) || (g.flags & CAT_GF_FACTOR) || lit_routed(bc, c, k))
                 continue;
             uint32_t carry = (bc->n_carry / b->n_buffers + ug++) * b->n_buffers;
             if (add_range(bc, c, k, r, first, n, carry, cost) < 0)
@@ -685,6 +692,101 @@ void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint3
     };
 }
 
+/* Filter words of the literal kernel: a power of two of at most 32 KiB
+ * that fits the device's shared memory. */
+static uint32_t lit_filter_words(const struct gpu_engine *eng)
+{
+    uint32_t w = 8192, most = (eng->info.max_shared_bytes - 256) / 4;
+    while (w > 256 && w > most)
+        w /= 2;
+    return w;
+}
+
+/* Loop iterations the literal kernel may run for an item of `walk` bytes:
+ * 16 bytes per iteration, 30 unaligned ends, and a confirmation at every
+ * position, the costliest one. */
+static uint32_t lit_cost(const struct gpu_lit *t, uint64_t walk)
+{
+    uint64_t cost = (walk + 15) / 16 + 34 + walk * t->pos_cost;
+    return cost > 0xfffffff0u ? 0xfffffff0u : (uint32_t)cost;
+}
+
+/* Whether some literal group of `t` has DFA rows that do not fit the
+ * shared memory the DFA kernel caches them in. */
+static bool lit_spills(const struct batch_ctx *bc, const struct catalog *cat,
+                       const struct gpu_lit *t)
+{
+    for (uint32_t k = 0; k < t->n_dfa; k++) {
+        struct catalog_group g;
+        if (!t->route[k])
+            continue;
+        catalog_group(cat, k, &g);
+        uint64_t entries = (uint64_t)g.n_states * g.n_classes;
+        uint64_t words = g.n_states <= 65536 ? (entries + 1) / 2 : entries;
+        if (words > bc->plan.smem_cap)
+            return true;
+    }
+    return false;
+}
+
+/*
+ * Whether catalog c's literal groups go to the literal kernel in this
+ * batch (bc->lit_route), and its segment size (*seg). Off when the option
+ * says so, when the catalog has none, when (automatic) one DFA pass whose
+ * rows fit shared memory serves them, or when an item would not fit the
+ * device's loop budget (lavapipe with very long strings).
+ */
+static int plan_lit(struct batch_ctx *bc, uint32_t c, uint32_t *seg)
+{
+    struct gpu_engine *eng = bc->eng;
+    const struct catalog *cat = bc->batch->catalogs[c];
+    const struct launch_plan *p = &bc->plan;
+    bc->lit[c] = NULL;
+    bc->lit_route[c] = false;
+    if (eng->opt.lit_kernel < 0)
+        return 0;
+    int rc = gpu_lit_get(eng, cat, lit_filter_words(eng), &bc->lit[c]);
+    if (rc < 0)
+        return rc;
+    const struct gpu_lit *t = bc->lit[c];
+    if (t->n_groups == 0 ||
+        (eng->opt.lit_kernel == 0 && t->n_groups < 2 && !lit_spills(bc, cat, t)))
+        return 0;
+    uint64_t s = p->seg_bytes;
+    if (p->step_budget != NO_BUDGET) {
+        uint64_t fill = t->filter_words / p->wg + 8 + 64;
+        uint64_t usable = p->step_budget > fill ? (p->step_budget - fill) >> eng->cut_shift : 0;
+        uint64_t walk = usable > 34 ? (usable - 34) * 16 / (16 * (uint64_t)t->pos_cost + 1) : 0;
+        walk &= ~(uint64_t)15;
+        if (walk < t->maxlen + 16u)
+            return 0;
+        if (walk - t->maxlen + 1 < s)
+            s = walk - t->maxlen + 1;
+    }
+    *seg = (uint32_t)s;
+    bc->lit_route[c] = true;
+    gpu_lit_push_tables(bc, c);
+    bc->tel->lit_groups += t->n_groups;
+    return 0;
+}
+
+/* The literal kernel's range of catalog c: every buffer in segments of
+ * `seg` end offsets, each walked from maxlen - 1 bytes early. */
+static int lit_items(struct batch_ctx *bc, uint32_t c, uint32_t seg)
+{
+    uint32_t first = (uint32_t)bc->n_meta;
+    if (nfa_items(bc, c, 0, seg, false) < 0)
+        return -ENOMEM;
+    uint32_t n = (uint32_t)bc->n_meta - first;
+    const struct gpu_lit *t = bc->lit[c];
+    if (n == 0)
+        return 0;
+    if (add_range(bc, c, 0, 0, first, n, NO_CARRY, lit_cost(t, (uint64_t)seg + t->maxlen)) < 0)
+        return -ENOMEM;
+    bc->eng->scratch.ranges[bc->n_ranges - 1].lit = true;
+    return 0;
+}
+
 static int plan_catalog(struct batch_ctx *bc, uint32_t c)
 {
     const struct gpu_batch *b = bc->batch;
@@ -695,11 +797,15 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
     }
     if (longest == 0)
         return 0;
+    uint32_t lit_seg = 0;
+    if (plan_lit(bc, c, &lit_seg) < 0)
+        return -ENOMEM;
     uint32_t max_bounded = 0, n_chained = 0;
     struct catalog_group g;
     for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
         catalog_group(b->catalogs[c], k, &g);
-        if (g.maxlen != CATALOG_UNBOUNDED && g.maxlen > max_bounded && !(g.flags & CAT_GF_FACTOR))
+        if (g.maxlen != CATALOG_UNBOUNDED && g.maxlen > max_bounded && !(g.flags & CAT_GF_FACTOR) &&
+            !lit_routed(bc, c, k))
             max_bounded = g.maxlen;
     }
     fit_budget(bc, c, max_bounded);
@@ -708,7 +814,7 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
         catalog_group(b->catalogs[c], k, &g);
         /* the factor group (CAT_GF_FACTOR) reports nothing on the device:
          * its factor ends are found on the host (plan_gates_find) */
-        if (g.flags & CAT_GF_FACTOR)
+        if ((g.flags & CAT_GF_FACTOR) || lit_routed(bc, c, k))
             continue;
         if (!group_bounded(bc, c, &g))
             n_chained++;
@@ -722,6 +828,8 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
         rc = plan_chained(bc, c, longest);
         bc->n_carry += n_chained * b->n_buffers;
     }
+    if (rc == 0 && bc->lit_route[c])
+        rc = lit_items(bc, c, lit_seg);
     struct plan_gates pg = {NULL};
     if (rc == 0)
         rc = plan_gates_find(bc, c, &pg);
@@ -805,9 +913,11 @@ int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err)
         uint32_t nfa_words = 0;
         if (sr->nfa)
             nfa_words = nfa_words_for(bc->batch->catalogs[sr->cat], sr->group);
-        else
+        else if (!sr->lit)
             catalog_group(bc->batch->catalogs[sr->cat], sr->group, &g);
-        sr->smem_words = sr->nfa ? 0 : smem_words_for(p, &g);
+        sr->smem_words = sr->nfa   ? 0
+                         : sr->lit ? bc->lit[sr->cat]->filter_words
+                                   : smem_words_for(p, &g);
         uint32_t fill = (256 + sr->smem_words) / p->wg + 4;
         if (p->step_budget != NO_BUDGET && fill + sr->max_cost + 8 > p->step_budget)
             return vks_error_set(err, -E2BIG,
@@ -821,11 +931,12 @@ int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err)
         if (sr->workgroups > bc->tel->workgroups)
             bc->tel->workgroups = sr->workgroups;
         bc->workers += wgs * p->wg;
-        struct pipe_key key = {.writer = sr->nfa ? 0 : eng->writer,
+        struct pipe_key key = {.writer = sr->nfa || sr->lit ? 0 : eng->writer,
                                .wg = p->wg,
                                .smem_words = sr->smem_words,
                                .step_budget = p->step_budget,
-                               .nfa_words = nfa_words};
+                               .nfa_words = nfa_words,
+                               .lit = sr->lit};
         bool hit;
         int rc = gpu_pipeline_get(eng, &key, &sr->pipe, &hit, err);
         if (rc < 0)

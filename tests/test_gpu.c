@@ -756,6 +756,179 @@ START_TEST(test_many_buffers)
 END_TEST
 
 /* A literal planted at every offset around segment boundaries. */
+/* ---- the literal kernel (gpu/lit.h, shaders/scan_lit.comp) ------------- */
+
+/* A random string of `len` bytes for variant v: 0 letters (some rules
+ * caseless), 1 any byte value, 2 letters, digits and punctuation. */
+static void lit_string(uint32_t v, uint8_t *out, uint32_t len)
+{
+    static const char text[] = "etaoinshrdlucmfwypvbgkjqxz0123456789 .,_-";
+    for (uint32_t k = 0; k < len; k++)
+        out[k] = v == 1 ? (uint8_t)rnd(256) : (uint8_t)text[rnd(v == 0 ? 26 : sizeof(text) - 1)];
+}
+
+/* The rule for string b: a \xHH regex (any byte), or a plain literal. */
+static void lit_rule(struct trule *t, char *pat, const uint8_t *b, uint32_t len, bool caseless)
+{
+    bool plain = true;
+    for (uint32_t k = 0; k < len; k++)
+        plain = plain && b[k] >= 0x20 && b[k] < 0x7f;
+    if (plain) {
+        memcpy(pat, b, len);
+        pat[len] = 0;
+        t->kind = RULE_LITERAL;
+    } else {
+        for (uint32_t k = 0; k < len; k++)
+            snprintf(pat + 4 * k, 5, "\\x%02x", b[k]);
+        t->kind = RULE_REGEX;
+    }
+    t->pat = pat;
+    t->flags = caseless ? RULE_F_CASELESS : 0;
+}
+
+/* Haystack of `len` bytes for variant v, with strings of the set planted
+ * densely (every ~`gap` bytes, often overlapping) and at both ends. */
+static uint8_t *lit_haystack(uint32_t v, uint8_t *const *str, const uint32_t *slen, uint32_t n,
+                             size_t len, uint32_t gap)
+{
+    uint8_t *p = malloc(len ? len : 1);
+    ck_assert_ptr_nonnull(p);
+    lit_string(v == 1 ? 1 : 2, p, (uint32_t)len);
+    for (size_t at = 0; at < len; at += 1 + rnd(gap)) {
+        uint32_t i = rnd(n);
+        if (at + slen[i] > len)
+            continue;
+        memcpy(p + at, str[i], slen[i]);
+        for (uint32_t k = 0; v == 0 && k < slen[i]; k++) /* other cases */
+            if (rnd(3) == 0 && p[at + k] >= 'a' && p[at + k] <= 'z')
+                p[at + k] ^= 0x20;
+    }
+    for (uint32_t e = 0; e < 2 && len > 0; e++) {
+        uint32_t i = rnd(n);
+        if (slen[i] <= len)
+            memcpy(e ? p + len - slen[i] : p, str[i], slen[i]);
+    }
+    return p;
+}
+
+/*
+ * The literal kernel against refscan: _i 0 text words (a third caseless),
+ * 1 binary strings over all 256 byte values, 2 strings of 1 to 64 bytes
+ * (those under 4 bytes keep their groups on the DFA), 3 as 0 under the
+ * automatic choice. Hit-dense buffers of 0 to 3000 bytes with strings at
+ * both ends, small segments so that many straddle a segment boundary,
+ * every report mode, single-match rules. Telemetry says how many groups
+ * the kernel took; the test fails when none (or not all) went to it.
+ */
+START_TEST(test_literal_kernel)
+{
+    rng = 0x51ed270b27a3c1d5ull + (uint64_t)_i;
+    uint32_t v = _i == 3 ? 0 : (uint32_t)_i;
+    enum { N = 1500, MAXLEN = 64 };
+    struct trule *t = calloc(N, sizeof(*t));
+    char(*pat)[4 * MAXLEN + 1] = calloc(N, sizeof(*pat));
+    uint8_t **str = calloc(N, sizeof(*str));
+    uint32_t *slen = calloc(N, sizeof(*slen));
+    ck_assert(t != NULL && pat != NULL && str != NULL && slen != NULL);
+    for (uint32_t i = 0; i < N; i++) {
+        slen[i] = v == 2 ? 1 + rnd(MAXLEN) : 4 + rnd(v == 1 ? 29 : 13);
+        str[i] = malloc(slen[i]);
+        lit_string(v, str[i], slen[i]);
+        snprintf(t[i].id, sizeof(t[i].id), "l%u", i);
+        lit_rule(&t[i], pat[i], str[i], slen[i], v == 0 && rnd(3) == 0);
+        if (rnd(16) == 0)
+            t[i].flags |= RULE_F_SINGLEMATCH;
+    }
+    /* variant 2: small groups, so that the short strings (grouped by
+     * length) leave some groups to the kernel */
+    struct rules_options ro = {.max_states = v == 2 ? 3000 : 0};
+    struct catalog *cat = compile_rules_opt(t, N, &ro);
+    uint32_t plain_groups = 0;
+    for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        plain_groups += cg.flags == 0;
+    }
+    struct gpu_options opt = {.lit_kernel = _i == 3 ? 0 : 1, .segment_bytes = _i == 3 ? 0 : 256};
+    struct gpu_engine *eng = engine(&opt);
+    enum { NB = 12 };
+    struct gpu_buffer bufs[NB];
+    for (uint32_t i = 0; i < NB; i++) {
+        size_t len = i == 0 ? 0 : i == 1 ? 3 : rnd(3000);
+        bufs[i] = (struct gpu_buffer){.data = lit_haystack(v, str, slen, N, len, 24),
+                                      .len = len,
+                                      .id = i,
+                                      .mode = i < 8 ? SCAN_ALL : (enum scan_mode)rnd(3)};
+    }
+    const struct catalog *cats[] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, NB};
+    struct gpu_result res = {0};
+    size_t hits = check_batch(eng, &b, &res);
+    ck_assert_uint_ge(hits, 200);
+    ck_assert_uint_ge(res.tel.lit_groups, 1);
+    if (v != 2) /* every group holds only strings of 4 bytes or more */
+        ck_assert_uint_eq(res.tel.lit_groups, plain_groups);
+    else
+        ck_assert_uint_lt(res.tel.lit_groups, plain_groups);
+    gpu_result_finish(&res);
+    /* resident now: the tables are not built or uploaded again */
+    ck_assert_uint_ge(check_batch(eng, &b, &res), hits);
+    ck_assert_uint_eq(res.tel.catalog_uploads, 0);
+    ck_assert_uint_ge(res.tel.lit_groups, 1);
+    gpu_result_finish(&res);
+    gpu_engine_destroy(eng);
+    for (uint32_t i = 0; i < NB; i++)
+        free((void *)bufs[i].data);
+    for (uint32_t i = 0; i < N; i++)
+        free(str[i]);
+    free(str);
+    free(slen);
+    free(pat);
+    free(t);
+    catalog_destroy(cat);
+}
+END_TEST
+
+/* Strings that straddle segment and buffer boundaries, and the kernel
+ * off: a group the option keeps on the DFA is scanned as before (0 groups
+ * in telemetry), with the same hits. */
+START_TEST(test_literal_boundaries)
+{
+    struct trule t[] = {{"a", RULE_LITERAL, "needle12", 0},
+                        {"b", RULE_LITERAL, "NeEdLe", RULE_F_CASELESS},
+                        {"c", RULE_LITERAL, "dle12nee", 0},
+                        {"d", RULE_REGEX, "\\x00\\xffneedle", 0}};
+    struct catalog *cat = compile_rules(t, 4);
+    const uint32_t seg = 64;
+    enum { N = 24 };
+    struct gpu_buffer bufs[N];
+    for (uint32_t i = 0; i < N; i++) {
+        size_t len = 4 * seg + (i % 3);
+        uint8_t *d = malloc(len);
+        memset(d, '.', len);
+        memcpy(d + 2 * seg - 10 + i, "needle12", 8); /* straddles or touches the boundary */
+        memcpy(d + seg - 8 + (i % 9), "NEEDLE12", 8);
+        memcpy(d + len - 8, "\x00\xffneedle", 8);
+        memcpy(d, "needle12", 8);
+        bufs[i] = (struct gpu_buffer){.data = d, .len = len, .mode = SCAN_ALL};
+    }
+    const struct catalog *cats[] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, N};
+    for (int k = 1; k >= -1; k -= 2) {
+        struct gpu_options opt = {.segment_bytes = seg, .lit_kernel = k};
+        struct gpu_engine *eng = engine(&opt);
+        struct gpu_result res = {0};
+        ck_assert_uint_ge(check_batch(eng, &b, &res), 4 * N);
+        ck_assert_uint_eq(res.tel.lit_groups, k > 0 ? catalog_group_count(cat) : 0);
+        gpu_result_finish(&res);
+        gpu_engine_destroy(eng);
+    }
+    for (uint32_t i = 0; i < N; i++)
+        free((void *)bufs[i].data);
+    catalog_destroy(cat);
+}
+END_TEST
+
 START_TEST(test_segment_boundaries)
 {
     struct trule t[] = {{"lit", RULE_LITERAL, "needle12", 0},
@@ -1554,6 +1727,11 @@ Suite *gpu_suite(void)
     tcase_add_loop_test(tc, test_pipelined, 0, 2);
     tcase_add_test(tc, test_pipelined_forget_destroy);
     tcase_add_test(tc, test_telemetry_add);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("literal");
+    tcase_set_timeout(tc, 240);
+    tcase_add_loop_test(tc, test_literal_kernel, 0, 4);
+    tcase_add_test(tc, test_literal_boundaries);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,538 @@
+/*
+ * The literal kernel's tables (lit.h), built from a catalog's rule sources.
+ *
+ * Every string's key is its first K bytes (K = min(8, shortest string),
+ * at least GPU_LIT_MIN_KEY), each byte ORed with `fold` (0x20 when some
+ * string has a caseless letter, so both cases of a letter give one key).
+ * The image the kernel reads, in u32 words:
+ *
+ *   filter  FILTER words: a blocked Bloom filter of the keys. A key's hash
+ *           `a` (mix below) picks one word (its top bits) and 4 bits in it
+ *           (from a * FILTER_MUL); the kernel loads that word from shared
+ *           memory at every position and looks further only when all 4
+ *           bits are set.
+ *   slots   open addressing by `a & slot_mask`, linear probing, at most
+ *           half full: uvec4(key lo, key hi, first string, strings); 0
+ *           strings marks an empty slot.
+ *   lits    uvec4(byte offset, length, rule, group) per string, sorted by
+ *           key, so a slot's strings are one run.
+ *   bytes   the strings, packed 4 a word (caseless letters lowercase).
+ *   masks   per byte 0x20 where the letter is caseless, else 0: a data
+ *           byte t matches string byte p when (t | mask) == p.
+ *
+ * shaders/scan_lit.comp holds the same hash, key and roll; change both.
+ */
+#include "lit.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parse.h"
+#include "rules.h"
+
+#define MIX_A      0x85ebca77u
+#define MIX_B      0x9e3779b1u
+#define MIX_C      0x7feb352du
+#define FILTER_MUL 0x846ca68bu
+#define MAX_DEPTH  64
+
+/* The key's hash; scan_lit.comp's mix(). */
+static uint32_t mix(uint32_t lo, uint32_t hi)
+{
+    uint32_t a = (lo ^ (hi * MIX_A)) * MIX_B;
+    a ^= a >> 16;
+    a *= MIX_C;
+    a ^= a >> 15;
+    return a;
+}
+
+static uint32_t filter_bits(uint32_t a)
+{
+    uint32_t b = a * FILTER_MUL;
+    return 1u << (b >> 27) | 1u << ((b >> 22) & 31u) | 1u << ((b >> 17) & 31u) |
+           1u << ((b >> 12) & 31u);
+}
+
+/* ---- strings from rule sources (as rules/cpuplan.c's lit_of) ---------- */
+
+struct sbuf {
+    uint8_t *b, *m;
+    uint32_t n, cap;
+};
+
+static bool sbuf_push(struct sbuf *s, uint8_t b, uint8_t m)
+{
+    if (s->n >= GPU_LIT_MAX_LEN)
+        return false;
+    if (s->n == s->cap) {
+        uint32_t cap = s->cap ? 2 * s->cap : 64;
+        uint8_t *nb = realloc(s->b, cap);
+        if (nb != NULL)
+            s->b = nb;
+        uint8_t *nm = realloc(s->m, cap);
+        if (nm != NULL)
+            s->m = nm;
+        if (nb == NULL || nm == NULL)
+            return false;
+        s->cap = cap;
+    }
+    s->b[s->n] = b;
+    s->m[s->n++] = m;
+    return true;
+}
+
+/* The one byte a set matches, or a lowercase letter with mask 0x20 for a
+ * letter in both cases; false for anything else. */
+static bool set_char(const struct byteset *s, uint8_t *b, uint8_t *m)
+{
+    unsigned n = 0, c0 = 0;
+    for (unsigned c = 0; c < 256; c++) {
+        if (byteset_has(s, c)) {
+            c0 = n == 0 ? c : c0;
+            n++;
+        }
+    }
+    if (n == 1) {
+        *b = (uint8_t)c0;
+        *m = 0;
+        return true;
+    }
+    /* {A, a}: c0 is the uppercase one */
+    if (n == 2 && c0 >= 'A' && c0 <= 'Z' && byteset_has(s, c0 | 0x20u)) {
+        *b = (uint8_t)(c0 | 0x20u);
+        *m = 0x20;
+        return true;
+    }
+    return false;
+}
+
+/* Appends the one string `n` matches, when it matches exactly one and has
+ * no assertion. */
+static bool lit_of(const struct node *n, int depth, struct sbuf *s)
+{
+    if (depth > MAX_DEPTH)
+        return false;
+    switch (n->type) {
+    case N_SET: {
+        uint8_t b, m;
+        return set_char(&n->u.set, &b, &m) && sbuf_push(s, b, m);
+    }
+    case N_CAT:
+        for (uint32_t i = 0; i < n->u.list.n; i++)
+            if (!lit_of(n->u.list.kids[i], depth + 1, s))
+                return false;
+        return true;
+    case N_ALT:
+        return n->u.list.n == 1 && lit_of(n->u.list.kids[0], depth + 1, s);
+    case N_REPEAT:
+        if (n->u.rep.min != n->u.rep.max || n->u.rep.min > GPU_LIT_MAX_LEN)
+            return false;
+        for (uint32_t i = 0; i < n->u.rep.min; i++)
+            if (!lit_of(n->u.rep.kid, depth + 1, s))
+                return false;
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* ---- building ---------------------------------------------------------- */
+
+struct entry {
+    uint32_t off, len, rule, group;
+    uint32_t klo, khi;
+};
+
+struct build {
+    struct entry *v;
+    size_t n, cap;
+    struct sbuf pool;
+};
+
+/* Rule r's string into b, or its group unmarked in `route`. */
+static int add_rule(const struct catalog *cat, uint32_t r, uint8_t *route, struct build *b)
+{
+    struct catalog_rule cr;
+    catalog_rule(cat, r, &cr);
+    struct rule_src src = {.id = "r",
+                           .kind = (enum rule_kind)cr.kind,
+                           .pattern = cr.src,
+                           .len = cr.src_len,
+                           .flags = cr.flags};
+    struct parse_result pr = {0};
+    struct sbuf s = {0};
+    uint32_t pos;
+    char msg[240];
+    bool good = parse_rule(&src, &pr, &pos, msg, sizeof(msg)) == 0 && pr.root != NULL &&
+                lit_of(pr.root, 0, &s) && s.n >= GPU_LIT_MIN_KEY;
+    parse_result_finish(&pr);
+    int rc = 0;
+    if (good && b->n == b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 256;
+        struct entry *v = realloc(b->v, cap * sizeof(*v));
+        if (v == NULL)
+            rc = -ENOMEM;
+        else
+            b->v = v, b->cap = cap;
+    }
+    if (good && rc == 0) {
+        b->v[b->n++] = (struct entry){.off = b->pool.n, .len = s.n, .rule = r, .group = cr.group};
+        for (uint32_t i = 0; i < s.n && rc == 0; i++) {
+            if (b->pool.n >= UINT32_MAX / 2 - GPU_LIT_MAX_LEN) {
+                rc = -ENOMEM;
+                break;
+            }
+            /* the pool has no length limit of its own */
+            if (b->pool.n == b->pool.cap) {
+                uint32_t cap = b->pool.cap ? 2 * b->pool.cap : 4096;
+                uint8_t *nb = realloc(b->pool.b, cap), *nm = NULL;
+                if (nb != NULL)
+                    b->pool.b = nb;
+                nm = nb != NULL ? realloc(b->pool.m, cap) : NULL;
+                if (nm == NULL) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                b->pool.m = nm;
+                b->pool.cap = cap;
+            }
+            b->pool.b[b->pool.n] = s.b[i];
+            b->pool.m[b->pool.n++] = s.m[i];
+        }
+    }
+    if (!good)
+        route[cr.group] = 0;
+    free(s.b);
+    free(s.m);
+    return rc;
+}
+
+static int cmp_entry(const void *x, const void *y)
+{
+    const struct entry *a = x, *b = y;
+    if (a->khi != b->khi)
+        return a->khi < b->khi ? -1 : 1;
+    if (a->klo != b->klo)
+        return a->klo < b->klo ? -1 : 1;
+    return a->rule < b->rule ? -1 : a->rule > b->rule;
+}
+
+/* The key of the K bytes at p, rolled in as the kernel rolls data bytes:
+ * the last 4 in lo (the latest in the low byte), the K - 4 before in hi. */
+static void key_of(const uint8_t *p, uint32_t K, uint32_t fold, uint32_t *lo, uint32_t *hi)
+{
+    uint32_t l = 0, h = 0;
+    for (uint32_t i = 0; i < K; i++) {
+        h = h << 8 | l >> 24;
+        l = l << 8 | (p[i] | fold);
+    }
+    *lo = l;
+    *hi = K > 4 ? h & (0xffffffffu >> (8 * (8 - K))) : 0;
+}
+
+/* Keeps the entries of routed groups; counts the groups. */
+static void keep_routed(struct gpu_lit *t, struct build *b)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < b->n; i++)
+        if (t->route[b->v[i].group])
+            b->v[k++] = b->v[i];
+    b->n = k;
+    t->n_groups = 0;
+    for (uint32_t g = 0; g < t->n_dfa; g++)
+        t->n_groups += t->route[g];
+    if (b->n == 0) {
+        memset(t->route, 0, t->n_dfa);
+        t->n_groups = 0;
+    }
+}
+
+static uint32_t log2_u32(uint32_t v)
+{
+    uint32_t r = 0;
+    while (v >>= 1)
+        r++;
+    return r;
+}
+
+/* Fills the image: filter, slots, strings. */
+static int make_image(struct gpu_lit *t, struct build *b, uint32_t filter_words)
+{
+    t->min_len = UINT32_MAX;
+    t->maxlen = 0;
+    uint64_t total = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        const struct entry *e = &b->v[i];
+        t->min_len = e->len < t->min_len ? e->len : t->min_len;
+        t->maxlen = e->len > t->maxlen ? e->len : t->maxlen;
+        for (uint32_t k = 0; k < e->len; k++)
+            t->fold |= b->pool.m[e->off + k];
+        total += e->len;
+    }
+    t->klen = t->min_len < 8 ? t->min_len : 8;
+    for (size_t i = 0; i < b->n; i++)
+        key_of(b->pool.b + b->v[i].off, t->klen, t->fold, &b->v[i].klo, &b->v[i].khi);
+    qsort(b->v, b->n, sizeof(*b->v), cmp_entry);
+    uint32_t distinct = 0;
+    for (size_t i = 0; i < b->n; i++)
+        distinct += i == 0 || b->v[i].klo != b->v[i - 1].klo || b->v[i].khi != b->v[i - 1].khi;
+    uint32_t cap = 16;
+    while (cap < 2 * distinct)
+        cap *= 2;
+    uint64_t str_words = (total + 3) / 4;
+    uint64_t n_words = filter_words + 4ull * cap + 4ull * b->n + 2 * str_words;
+    if (n_words > UINT32_MAX / 8)
+        return -ENOMEM;
+    t->n_lits = (uint32_t)b->n;
+    t->filter_words = filter_words;
+    t->slots = filter_words;
+    t->slot_mask = cap - 1;
+    t->lits = t->slots + 4 * cap;
+    t->bytes = t->lits + 4 * t->n_lits;
+    t->masks = t->bytes + (uint32_t)str_words;
+    t->n_words = (uint32_t)n_words;
+    t->words = calloc(n_words, 4);
+    if (t->words == NULL)
+        return -ENOMEM;
+    uint32_t *w = t->words, wshift = 32 - log2_u32(filter_words), off = 0, worst = 0;
+    for (size_t i = 0; i < b->n;) {
+        size_t j = i, cost = 0;
+        while (j < b->n && b->v[j].klo == b->v[i].klo && b->v[j].khi == b->v[i].khi)
+            cost += b->v[j++].len + 2;
+        uint32_t a = mix(b->v[i].klo, b->v[i].khi), s = a & t->slot_mask;
+        w[a >> wshift] |= filter_bits(a);
+        while (w[t->slots + 4 * s + 3] != 0)
+            s = (s + 1) & t->slot_mask;
+        uint32_t *sl = &w[t->slots + 4 * s];
+        sl[0] = b->v[i].klo;
+        sl[1] = b->v[i].khi;
+        sl[2] = (uint32_t)i;
+        sl[3] = (uint32_t)(j - i);
+        worst = cost > worst ? (uint32_t)cost : worst;
+        i = j;
+    }
+    uint8_t *bytes = (uint8_t *)(w + t->bytes), *masks = (uint8_t *)(w + t->masks);
+    for (size_t i = 0; i < b->n; i++) {
+        const struct entry *e = &b->v[i];
+        uint32_t *l = &w[t->lits + 4 * i];
+        l[0] = off;
+        l[1] = e->len;
+        l[2] = e->rule;
+        l[3] = e->group;
+        memcpy(bytes + off, b->pool.b + e->off, e->len);
+        memcpy(masks + off, b->pool.m + e->off, e->len);
+        off += e->len;
+    }
+    /* The longest probe: the longest run of full slots, plus the empty
+     * one that ends it (the table is at most half full). */
+    uint32_t run = 0, longest = 0;
+    for (uint32_t s = 0; s < 2 * cap; s++) {
+        run = w[t->slots + 4 * (s & t->slot_mask) + 3] != 0 ? run + 1 : 0;
+        longest = run > longest ? run : longest;
+    }
+    t->pos_cost = 2 + t->klen + longest + 1 + worst;
+    return 0;
+}
+
+static void lit_free(struct gpu_lit *t)
+{
+    if (t == NULL)
+        return;
+    free(t->route);
+    free(t->words);
+    free(t);
+}
+
+static int lit_build(const struct catalog *cat, uint32_t filter_words, struct gpu_lit **out)
+{
+    struct gpu_lit *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return -ENOMEM;
+    memcpy(t->fp, catalog_fingerprint(cat), CATALOG_FP_LEN);
+    t->n_dfa = catalog_group_count(cat);
+    t->route = calloc(t->n_dfa + 1, 1);
+    struct build b = {0};
+    int rc = t->route != NULL ? 0 : -ENOMEM;
+    for (uint32_t g = 0; rc == 0 && g < t->n_dfa; g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        /* no flag at all: no assertion, not a factor group */
+        t->route[g] = cg.flags == 0 && cg.n_rules > 0;
+    }
+    for (uint32_t r = 0; rc == 0 && r < catalog_rule_count(cat); r++) {
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        if (cr.group < t->n_dfa && t->route[cr.group])
+            rc = add_rule(cat, r, t->route, &b);
+    }
+    if (rc == 0)
+        keep_routed(t, &b);
+    if (rc == 0 && t->n_groups > 0)
+        rc = make_image(t, &b, filter_words);
+    free(b.v);
+    free(b.pool.b);
+    free(b.pool.m);
+    if (rc != 0) {
+        lit_free(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+int gpu_lit_get(struct gpu_engine *eng, const struct catalog *cat, uint32_t filter_words,
+                struct gpu_lit **out)
+{
+    const uint8_t *fp = catalog_fingerprint(cat);
+    uint32_t victim = 0;
+    eng->tick++;
+    for (uint32_t i = 0; i < GPU_LIT_CACHE; i++) {
+        struct gpu_lit *t = eng->lits[i];
+        if (t != NULL && memcmp(t->fp, fp, CATALOG_FP_LEN) == 0 &&
+            (t->n_groups == 0 || t->filter_words == filter_words)) {
+            t->last_use = eng->tick;
+            *out = t;
+            return 0;
+        }
+        if (eng->lits[victim] != NULL && (t == NULL || t->last_use < eng->lits[victim]->last_use))
+            victim = i;
+    }
+    struct gpu_lit *t;
+    int rc = lit_build(cat, filter_words, &t);
+    if (rc != 0)
+        return rc;
+    lit_free(eng->lits[victim]);
+    eng->lits[victim] = t;
+    t->last_use = eng->tick;
+    *out = t;
+    return 0;
+}
+
+void gpu_lit_cache_finish(struct gpu_engine *eng)
+{
+    for (uint32_t i = 0; i < GPU_LIT_CACHE; i++) {
+        lit_free(eng->lits[i]);
+        eng->lits[i] = NULL;
+    }
+}
+
+/* ---- device copy ------------------------------------------------------- */
+
+static void flush_mapped(struct gpu_engine *eng, const struct gbuf *b)
+{
+    if (b->coherent)
+        return;
+    VkMappedMemoryRange mr = {
+        .sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE,
+        .memory = b->mem,
+        .size = VK_WHOLE_SIZE,
+    };
+    vkFlushMappedMemoryRanges(eng->dev, 1, &mr);
+}
+
+/* One copy from `src` into `dst`, submitted and waited for. */
+static int copy_now(struct gpu_engine *eng, const struct gbuf *src, const struct gbuf *dst,
+                    VkDeviceSize size, struct vks_error *err)
+{
+    VkCommandBufferAllocateInfo ai = {
+        .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+        .commandPool = eng->cpool,
+        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+        .commandBufferCount = 1,
+    };
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    VkFence fence = VK_NULL_HANDLE;
+    VkResult r = vkAllocateCommandBuffers(eng->dev, &ai, &cb);
+    VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    if (r == VK_SUCCESS)
+        r = vkCreateFence(eng->dev, &fci, NULL, &fence);
+    VkCommandBufferBeginInfo bi = {
+        .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+        .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT,
+    };
+    if (r == VK_SUCCESS)
+        r = vkBeginCommandBuffer(cb, &bi);
+    if (r == VK_SUCCESS) {
+        VkBufferCopy c = {.size = size};
+        vkCmdCopyBuffer(cb, src->buf, dst->buf, 1, &c);
+        r = vkEndCommandBuffer(cb);
+    }
+    VkSubmitInfo si = {
+        .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+        .commandBufferCount = 1,
+        .pCommandBuffers = &cb,
+    };
+    bool submitted = false;
+    if (r == VK_SUCCESS) {
+        r = vkQueueSubmit(eng->queue, 1, &si, fence);
+        submitted = r == VK_SUCCESS;
+    }
+    if (r == VK_SUCCESS)
+        r = vkWaitForFences(eng->dev, 1, &fence, VK_TRUE, eng->timeout_ns);
+    int rc = r == VK_SUCCESS ? 0 : gpu_vk_error(r, "uploading literal tables", err);
+    if (r != VK_SUCCESS && submitted) {
+        /* the copy may still read the staging buffer the caller frees */
+        eng->broken = true;
+        vkQueueWaitIdle(eng->queue);
+    }
+    if (fence != VK_NULL_HANDLE)
+        vkDestroyFence(eng->dev, fence, NULL);
+    if (cb != VK_NULL_HANDLE)
+        vkFreeCommandBuffers(eng->dev, eng->cpool, 1, &cb);
+    return rc;
+}
+
+int gpu_lit_upload(struct gpu_engine *eng, struct resident_catalog *rc, const struct gpu_lit *lit,
+                   struct vks_error *err)
+{
+    const VkBufferUsageFlags use =
+        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+    VkDeviceSize size = (VkDeviceSize)lit->n_words * 4;
+    int r = gbuf_create(eng, &rc->lit, size, use, GBUF_DEVICE, err);
+    if (r < 0)
+        return r;
+    if (rc->lit.map != NULL) {
+        memcpy(rc->lit.map, lit->words, size);
+        flush_mapped(eng, &rc->lit);
+        return 0;
+    }
+    struct gbuf st = {0};
+    r = gbuf_create(eng, &st, size, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, GBUF_STAGING, err);
+    if (r == 0) {
+        memcpy(st.map, lit->words, size);
+        flush_mapped(eng, &st);
+        r = copy_now(eng, &st, &rc->lit, size, err);
+    }
+    gbuf_destroy(eng, &st);
+    return r;
+}
+
+void gpu_lit_push_tables(struct batch_ctx *bc, uint32_t c)
+{
+    const struct gpu_lit *t = bc->lit[c];
+    bc->lit_pc[c] = (struct lit_push){
+        .slots = t->slots,
+        .slot_mask = t->slot_mask,
+        .lits = t->lits,
+        .bytes = t->bytes,
+        .masks = t->masks,
+        .klen = t->klen,
+        .fold = t->fold,
+        .maxlen = t->maxlen,
+        .hi_mask = t->klen > 4 ? 0xffffffffu >> (8 * (8 - t->klen)) : 0,
+        .wshift = 32 - log2_u32(t->filter_words),
+    };
+}
+
+void gpu_lit_push(const struct batch_ctx *bc, const struct scan_range *sr, uint32_t head,
+                  struct lit_push *pc)
+{
+    *pc = bc->lit_pc[sr->cat];
+    pc->items = sr->items;
+    pc->n_items = sr->n_items;
+    pc->head = head;
+    pc->bufs = 0;
+    pc->max_cost = sr->max_cost;
+    pc->hit_cap = (uint32_t)(bc->eng->hits.size / 16);
+}
