@@ -648,8 +648,7 @@ static int builder_init(struct builder *b, const struct nfa *nfa, uint32_t max_s
     b->stamp = calloc(n, sizeof(uint32_t));
     b->bkt = calloc(b->n_classes, sizeof(*b->bkt));
     b->rule_mask = calloc(nfa->n_rules ? nfa->n_rules : 1, sizeof(uint32_t));
-    b->canon = calloc(1u << 16, sizeof(*b->canon));
-    if (!b->in_r0 || !b->r0pk || !b->reach_pm || !b->stamp || !b->bkt || !b->rule_mask || !b->canon)
+    if (!b->in_r0 || !b->r0pk || !b->reach_pm || !b->stamp || !b->bkt || !b->rule_mask)
         return -ENOMEM;
     int rc = classes_of_sets(b);
     if (rc == 0)
@@ -657,9 +656,21 @@ static int builder_init(struct builder *b, const struct nfa *nfa, uint32_t max_s
     if (rc != 0)
         return rc;
     compute_reach_pm(b);
-    for (uint32_t s = 0; s < n; s++)
+    uint16_t any_pm = 0;
+    for (uint32_t s = 0; s < n; s++) {
+        any_pm |= b->reach_pm[s];
         if (b->in_r0[s])
             b->r0_pm |= b->reach_pm[s];
+    }
+    /* Every prev mask is an OR of reach_pm values, and canon_prev_cached
+     * reads the table only for a non-zero one: without assertions the
+     * 128 KiB table (an mmap and its page faults on every compile) is not
+     * needed. */
+    if (any_pm != 0) {
+        b->canon = calloc(1u << 16, sizeof(*b->canon));
+        if (b->canon == NULL)
+            return -ENOMEM;
+    }
     return prepare_r0(b);
 }
 

@@ -9,9 +9,10 @@
  *   v & 0x80      a state budget of 256 instead of 32 (printable seeds keep 32)
  *
  * Every compile runs on one thread with a budget of 32 states (256 with
- * v & 0x80), and inputs over 256 bytes are skipped, so an input cannot
- * spend long in subset construction or minimisation; rules over the budget
- * still go through the bit-parallel NFA path.
+ * v & 0x80), inputs over 128 bytes are skipped and rules that expand to
+ * more than 256 NFA positions are only parsed, so an input cannot spend
+ * long in subset construction, minimisation or a wide bit-NFA; rules over
+ * the state budget still go through the bit-parallel NFA path.
  *
  * Checked on every input: the call returns 0, every rule is either accepted
  * or rejected with a message and a position inside its pattern, the packed
@@ -25,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parse.h"
 #include "patfile.h"
 #include "refscan.h"
 #include "rules.h"
@@ -34,7 +36,18 @@
  * mostly repeat what short ones cover. */
 #define FUZZ_MAX_STATES     32u
 #define FUZZ_MAX_STATES_BIG 256u
-#define FUZZ_MAX_INPUT      256u
+#define FUZZ_MAX_INPUT      128
+/* Inputs whose rules expand to more NFA positions than this in all (a{30000},
+ * ((a|b){50}){50}) are parsed and size-checked but not compiled: a compile
+ * of thousands of positions takes 0.1-0.3 s under ASan, where the mean input
+ * takes about 1 ms, and the fuzzer keeps finding more of them. The limits
+ * that only such rules reach (the bit-NFA's width and edge count) have
+ * their own cases in tests/test_dfa.c and tests/test_rules.c. */
+#define FUZZ_MAX_POSITIONS 256u
+/* compile.c's MAX_RULE_POSITIONS: the size check the compiler makes */
+#define RULE_MAX_POSITIONS 200000u
+#define STR_(x)            #x
+#define STR(x)             STR_(x)
 
 /* A small text with words, line breaks, digits and a high byte. */
 static const uint8_t text[] = "The quick brown fox_42 jumps\nover the lazy dog.\n\tA3-BC "
@@ -138,6 +151,32 @@ static void compile_and_scan(const struct rule_src *rules, size_t n, bool compar
     rules_result_finish(&res);
 }
 
+/*
+ * Parses every rule as rules_compile would and adds up the positions they
+ * expand to; a rule over FUZZ_MAX_POSITIONS is also put through the size
+ * check. Returns true when the set is small enough to compile.
+ */
+static bool small_enough(const struct rule_src *rules, size_t n)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct parse_result pr;
+        uint32_t pos = 0;
+        char msg[256];
+        if (parse_rule(&rules[i], &pr, &pos, msg, sizeof(msg)) == 0) {
+            uint64_t p = parse_positions(pr.root);
+            total += p < FUZZ_MAX_POSITIONS ? p : FUZZ_MAX_POSITIONS + 1;
+            if (p > FUZZ_MAX_POSITIONS &&
+                parse_check(pr.root, RULE_MAX_POSITIONS, &pos, msg, sizeof(msg)) != 0)
+                require(msg[0] != '\0' && pos <= rules[i].len, "size check without a message");
+        } else {
+            require(msg[0] != '\0' && pos <= rules[i].len, "parse error without a message");
+        }
+        parse_result_finish(&pr);
+    }
+    return total <= FUZZ_MAX_POSITIONS;
+}
+
 static void fuzz_patfile(const uint8_t *data, size_t size, bool compare, uint32_t max_states)
 {
     struct patfile pf;
@@ -149,7 +188,7 @@ static void fuzz_patfile(const uint8_t *data, size_t size, bool compare, uint32_
         /* An id may still be bad (a NUL byte in it): rules_compile rejects it. */
         for (size_t i = 0; i < pf.n; i++)
             require(pf.rules[i].line >= 1, "pattern-file rule without a line");
-        if (pf.n > 0)
+        if (pf.n > 0 && small_enough(pf.rules, pf.n))
             compile_and_scan(pf.rules, pf.n, compare, max_states, data, size);
     }
     patfile_finish(&pf);
@@ -159,31 +198,45 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 /*
- * libFuzzer's entropic input scheduling spends more time than the target
- * itself here (its per-feature bookkeeping over ~20k features halves the
- * execution rate), so it is off unless the command line sets -entropic.
- * libFuzzer parses the flags after this hook, so an added flag counts.
+ * Flags this target runs best with, added unless the command line sets them
+ * (libFuzzer parses the flags after this hook, so an added flag counts):
+ * entropic scheduling off, as its per-feature bookkeeping over ~20k
+ * features halves the execution rate; and a maximum length equal to the
+ * harness's own cap, so that the mutator does not spend executions on
+ * inputs the harness skips.
  */
+static struct {
+    const char *prefix;
+    char flag[24];
+} defaults[] = {
+    {"-entropic=", "-entropic=0"},
+    {"-max_len=", "-max_len=" STR(FUZZ_MAX_INPUT)},
+};
+#define N_DEFAULTS (sizeof(defaults) / sizeof(defaults[0]))
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-    for (int k = 1; k < *argc; k++)
-        if (strncmp((*argv)[k], "-entropic=", 10) == 0)
-            return 0;
-    static char flag[] = "-entropic=0";
-    char **v = malloc(((size_t)*argc + 2) * sizeof(*v));
+    char **v = malloc(((size_t)*argc + N_DEFAULTS + 1) * sizeof(*v));
     if (v == NULL)
         return 0;
     memcpy(v, *argv, (size_t)*argc * sizeof(*v));
-    v[*argc] = flag;
-    v[*argc + 1] = NULL;
+    int n = *argc;
+    for (size_t d = 0; d < N_DEFAULTS; d++) {
+        bool set = false;
+        for (int k = 1; k < *argc && !set; k++)
+            set = strncmp((*argv)[k], defaults[d].prefix, strlen(defaults[d].prefix)) == 0;
+        if (!set)
+            v[n++] = defaults[d].flag;
+    }
+    v[n] = NULL;
     *argv = v; /* kept for the life of the process */
-    *argc += 1;
+    *argc = n;
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size == 0 || size > FUZZ_MAX_INPUT)
+    if (size == 0 || size > (size_t)FUZZ_MAX_INPUT)
         return 0;
     uint8_t v = (uint8_t)(data[0] - 0x20);
     bool compare = (v & 0x40) != 0;
@@ -199,6 +252,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         .len = size - 1,
         .flags = (v >> 2) & RULE_F_ALL,
     };
-    compile_and_scan(&r, 1, compare, max_states, data + 1, size - 1);
+    if (small_enough(&r, 1))
+        compile_and_scan(&r, 1, compare, max_states, data + 1, size - 1);
     return 0;
 }
