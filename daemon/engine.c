@@ -142,8 +142,9 @@ static int identify_fd(struct engine_buf *b)
     return 0;
 }
 
-/* Reads (or maps) the range identify_fd checked. */
-static int load_fd(struct engine_buf *b, struct loaded *ld)
+/* Reads (or maps) the range identify_fd checked; a mapping is populated
+ * ahead with `populate`. */
+static int load_fd(struct engine_buf *b, struct loaded *ld, bool populate)
 {
     uint64_t len = b->bytes;
     if (len == 0) {
@@ -156,7 +157,8 @@ static int load_fd(struct engine_buf *b, struct loaded *ld)
         long page = sysconf(_SC_PAGESIZE);
         uint64_t base = b->offset - b->offset % (uint64_t)page;
         size_t map_len = (size_t)(len + (b->offset - base));
-        void *p = mmap(NULL, map_len, PROT_READ, MAP_SHARED, b->fd, (off_t)base);
+        void *p = mmap(NULL, map_len, PROT_READ, MAP_SHARED | (populate ? MAP_POPULATE : 0), b->fd,
+                       (off_t)base);
         if (p != MAP_FAILED) {
             ld->map = p;
             ld->map_len = map_len;
@@ -412,7 +414,7 @@ static void load_buf(struct engine *e, struct bstate *st, struct dedup *dd, uint
         return;
     if (!readable(eb->fd)) {
         eb->has_id = false; /* nor stored in the cache */
-        load_fd(eb, &st->ld[st->n_loaded++]);
+        load_fd(eb, &st->ld[st->n_loaded++], false);
         return;
     }
     if (cache_lookup(e, j, eb, k))
@@ -432,7 +434,7 @@ static void load_buf(struct engine *e, struct bstate *st, struct dedup *dd, uint
         eb->len = eb->bytes;
         return;
     }
-    if (load_fd(eb, &st->ld[st->n_loaded++]) != 0)
+    if (load_fd(eb, &st->ld[st->n_loaded++], st->populate) != 0)
         dedup_drop(dd, ji, k);
 }
 
@@ -444,7 +446,7 @@ static int fetch_buf(struct bstate *st, struct engine_buf *eb)
         return 0;
     eb->deferred = false;
     eb->read_err = 0;
-    return load_fd(eb, &st->ld[st->n_loaded++]);
+    return load_fd(eb, &st->ld[st->n_loaded++], false);
 }
 
 void engine_batch_fetch(struct engine *e, struct engine_batch *b)
@@ -1122,6 +1124,7 @@ void engine_telemetry_add(struct stats_list *l, const struct engine_job *job,
     stats_add_u(l, "cache_hits", job->cache_hits);
     stats_add_u(l, "bytes_not_scanned", job->bytes_not_scanned);
     stats_add_u(l, "fd_upload_bytes", t->fd_upload_bytes);
+    stats_add_u(l, "worker_wait_ns", t->worker_wait_ns);
 }
 
 /* ---- create and close ------------------------------------------------- */
@@ -1169,6 +1172,11 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
             return rc;
         }
     }
+    const char *fu = getenv("VKSCAND_FD_UPLOAD");
+    e->fd_upload = fu == NULL                    ? FD_PREAD
+                   : strcmp(fu, "map") == 0      ? FD_MAP
+                   : strcmp(fu, "populate") == 0 ? FD_POPULATE
+                                                 : FD_PREAD;
     int rc = rcache_create(cfg->result_cache_bytes, &e->rc);
     if (rc != 0) {
         free(e);

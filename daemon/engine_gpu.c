@@ -326,7 +326,8 @@ static void gpu_start(struct gworker *w, struct engine_batch *b)
     b->tel.engine = w->index;
     /* descriptor buffers go from the page cache straight into staging,
      * read by the upload threads (docs/gpu.md "Upload") */
-    st->defer = w->gpu != NULL;
+    st->defer = w->gpu != NULL && w->e->fd_upload == FD_PREAD;
+    st->populate = w->e->fd_upload == FD_POPULATE;
     engine_batch_load(w->e, b);
     uint64_t t1 = engine_now_ns();
     struct gpend *p = &w->pend[(w->pend_head + w->n_pend) % GPU_MAX_INFLIGHT];
@@ -498,8 +499,10 @@ static void gpu_main(void *arg)
     for (;;) {
         uint8_t forget[FORGET_MAX][CATALOG_FP_LEN];
         pthread_mutex_lock(&e->mu);
+        uint64_t t0 = engine_now_ns();
         while (w->head == NULL && w->n_forget == 0 && !e->stop && w->n_pend == 0)
             pthread_cond_wait(&w->cond, &e->mu);
+        w->waited_ns += engine_now_ns() - t0;
         uint32_t n_forget = w->n_forget;
         memcpy(forget, w->forget, (size_t)n_forget * CATALOG_FP_LEN);
         w->n_forget = 0;
@@ -519,9 +522,11 @@ static void gpu_main(void *arg)
             w->resident = resident;
             pthread_mutex_unlock(&e->mu);
         }
-        if (b != NULL)
+        if (b != NULL) {
+            b->tel.worker_wait_ns = w->waited_ns; /* how long it had nothing to take */
+            w->waited_ns = 0;
             gpu_start(w, b);
-        else if (w->n_pend > 0)
+        } else if (w->n_pend > 0)
             gpu_finish_oldest(w);
         else if (n_forget == 0)
             break; /* stop, and nothing left */

@@ -68,6 +68,7 @@ struct gworker {
     struct gpend pend[GPU_MAX_INFLIGHT];
     uint32_t pend_head, n_pend;
     bool reopen;        /* a batch failed the engine: re-create it once none is pending */
+    uint64_t waited_ns; /* waiting for work since the last batch was taken */
     uint64_t busy_base; /* device busy time of the engines re-created since */
 
     /* Published, mu. */
@@ -134,6 +135,11 @@ struct engine {
     uint64_t dedup_buffers, dedup_bytes;                       /* mu */
     uint64_t cache_bytes_saved;                                /* mu */
     struct rcache *rc; /* the result cache (NULL: off); its own lock */
+    /* How GPU engines take descriptor buffers (read-only after create):
+     * FD_PREAD, read at upload (the default), or, for comparison
+     * ($VKSCAND_FD_UPLOAD=map or populate), mapped (or read) at load and
+     * copied at upload, the mapping populated ahead with populate. */
+    int fd_upload;
 
     /* Loop thread. */
     uint32_t rr; /* where the next tie-break starts */
@@ -144,6 +150,8 @@ struct engine {
     engine_done_cb done_cb;
     void *ctx;
 };
+
+enum { FD_PREAD = 0, FD_MAP, FD_POPULATE };
 
 /* Memory a fd buffer was read into: a mapping or a heap copy. */
 struct loaded {
@@ -184,6 +192,7 @@ struct bstate {
     /* Set by a GPU engine before the load: descriptor buffers that need no
      * host pass (engine_buf.deferred) are read by its upload threads. */
     bool defer;
+    bool populate;       /* mapped sealed memfds are populated ahead (MAP_POPULATE) */
     struct ctask *tasks; /* CPU engine */
     uint32_t n_tasks, next_task, done_tasks;
     struct jstate *js;
