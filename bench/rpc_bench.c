@@ -10,8 +10,10 @@
  *   small: 4 KiB scans, reported as round-trip latency p50 / p99 and requests/s;
  *   large: 64 MiB scans, reported as aggregate GB/s.
  * Each line also gives the means of the daemon's own telemetry per request
- * (docs/daemon.md): receipt to reply, queue wait, descriptor mapping, upload,
- * device run and readback, and how many requests shared a batch, so the
+ * (docs/daemon.md): receipt to reply, queue wait, descriptor reading, plan,
+ * upload, device run, readback, the batch on the engine thread (scan_us),
+ * how long that thread had waited for work before it (wait_us, GPU
+ * engines), and how many requests shared a batch, so the
  * client's round trip can be split into transport and daemon time.
  * Every scan bypasses the daemon's result cache (`cache: false`), because
  * the clients send the same bytes again and again: a sealed memfd seen
@@ -48,8 +50,9 @@ struct opts {
 };
 
 /* Telemetry keys summed per run; their means are reported. */
-static const char *const tel_keys[] = {"total_ns",  "queue_ns", "fd_read_ns",  "plan_ns",
-                                       "upload_ns", "run_ns",   "readback_ns", "batch_requests"};
+static const char *const tel_keys[] = {"total_ns",       "queue_ns",      "fd_read_ns",  "plan_ns",
+                                       "upload_ns",      "run_ns",        "readback_ns", "scan_ns",
+                                       "worker_wait_ns", "batch_requests"};
 #define N_TEL (sizeof(tel_keys) / sizeof(tel_keys[0]))
 
 struct job {
@@ -236,10 +239,11 @@ static int run(const struct opts *o, const uint8_t *fp, const uint8_t *data, siz
                    tel_keys[k], k + 1 < N_TEL ? "_us" : "", tel[k]);
         printf("}\n");
     } else {
-        printf("%-6s %-7s %8d %10zu %10.1f %10.1f %12.1f %9.3f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f "
-               "%9.1f %6.1f\n",
-               name, use_fd ? "memfd" : "inline", clients, n, p50, p99, rps, gbs, tel[0], tel[1],
-               tel[2], tel[3], tel[4], tel[5], tel[6], tel[7]);
+        printf("%-6s %-7s %8d %10zu %10.1f %10.1f %12.1f %9.3f", name, use_fd ? "memfd" : "inline",
+               clients, n, p50, p99, rps, gbs);
+        for (size_t k = 0; k < N_TEL; k++)
+            printf(k + 1 < N_TEL ? " %9.1f" : " %6.1f", tel[k]);
+        printf("\n");
     }
     fflush(stdout);
     free(all);
@@ -322,9 +326,10 @@ int main(int argc, char **argv)
     if (warm_up(c, &o, vks_catalog_fingerprint(cat), big, o.big, o.json) != 0)
         return 1;
     if (!o.json)
-        printf("%-6s %-7s %8s %10s %10s %10s %12s %9s %9s %9s %9s %9s %9s %9s %9s %6s\n", "load",
-               "input", "clients", "requests", "p50_us", "p99_us", "req/s", "GB/s", "daemon_us",
-               "queue_us", "fd_us", "plan_us", "upload_us", "run_us", "rdback_us", "batch");
+        printf("%-6s %-7s %8s %10s %10s %10s %12s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %6s\n",
+               "load", "input", "clients", "requests", "p50_us", "p99_us", "req/s", "GB/s",
+               "daemon_us", "queue_us", "fd_us", "plan_us", "upload_us", "run_us", "rdback_us",
+               "scan_us", "wait_us", "batch");
     int failed = 0;
     for (int use_fd = 0; use_fd < 2; use_fd++) {
         for (int i = 0; i < o.n_clients; i++) {
