@@ -28,10 +28,17 @@
 #define DEFAULT_BACKOFF_MS 50u
 #define MAX_BACKOFF_MS     2000u
 
+/* Memfds a client keeps for its large inline buffers (memfd_take): at
+ * most this many, and this many bytes in all. */
+#define MEMFD_KEEP       4u
+#define MEMFD_KEEP_BYTES (256ull << 20)
+
 struct vks_client {
     char *path;
     struct vks_client_options opt;
     char name[64];
+    int memfd[MEMFD_KEEP]; /* -1: none */
+    uint64_t memfd_size[MEMFD_KEEP];
     int fd;
     uint32_t next_id;
     struct proto_limits lim;
@@ -373,6 +380,8 @@ int vks_client_connect(const char *socket_path, const struct vks_client_options 
     if (c->opt.backoff_ms == 0)
         c->opt.backoff_ms = 1;
     c->fd = -1;
+    for (uint32_t i = 0; i < MEMFD_KEEP; i++)
+        c->memfd[i] = -1;
     c->next_id = 1;
     proto_buf_init(&c->out);
     c->lim = (struct proto_limits){.max_frame = c->opt.max_frame};
@@ -394,6 +403,10 @@ void vks_client_close(struct vks_client *c)
 {
     if (c == NULL)
         return;
+    for (uint32_t i = 0; i < MEMFD_KEEP; i++) {
+        if (c->memfd[i] >= 0)
+            close(c->memfd[i]);
+    }
     drop_connection(c);
     proto_buf_finish(&c->out);
     free(c->path);
@@ -712,15 +725,70 @@ static int make_memfd(const void *data, size_t len)
     return fd;
 }
 
+/* Writes all of data into fd from offset 0; 0 or -1. */
+static int write_all(int fd, const void *data, size_t len)
+{
+    const char *p = data;
+    for (size_t off = 0; off < len;) {
+        ssize_t k = pwrite(fd, p + off, len - off, (off_t)off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        off += (size_t)k;
+    }
+    return 0;
+}
+
+/*
+ * The client's kept memfd `slot` holding `len` bytes of `data` at offset 0,
+ * or -1 when none can be kept for it (the caller makes a fresh one). Kept
+ * memfds are written again by the next scan, so they are sealed against
+ * shrinking only (F_SEAL_SHRINK: a daemon that maps one cannot be cut short
+ * under it); writing into pages that already exist costs one copy, where a
+ * fresh memfd also allocates and zeroes its pages and frees them after the
+ * reply. Safe because a client has one request in flight: the daemon is
+ * done with the previous contents when the next scan writes.
+ */
+static int memfd_take(struct vks_client *c, uint32_t slot, const void *data, size_t len)
+{
+    uint64_t held = 0;
+    for (uint32_t i = 0; i < MEMFD_KEEP; i++)
+        held += i != slot ? c->memfd_size[i] : 0;
+    if (slot >= MEMFD_KEEP || held + len > MEMFD_KEEP_BYTES)
+        return -1;
+    if (c->memfd[slot] < 0) {
+        int fd = memfd_create("vkscan-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0)
+            return -1;
+        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+            close(fd);
+            return -1;
+        }
+        c->memfd[slot] = fd;
+        c->memfd_size[slot] = 0;
+    }
+    if (write_all(c->memfd[slot], data, len) != 0) {
+        close(c->memfd[slot]); /* its contents are unknown now */
+        c->memfd[slot] = -1;
+        c->memfd_size[slot] = 0;
+        return -1;
+    }
+    if (len > c->memfd_size[slot])
+        c->memfd_size[slot] = len;
+    return c->memfd[slot];
+}
+
 /* Translates the caller's buffers; fd buffers get consecutive descriptor
  * indexes in `fds`. Inline buffers of c->opt.memfd_threshold bytes or more
- * become sealed memfds while descriptors are left (the daemon's max_fds);
- * their descriptors are also listed in `own` (*n_own), for the caller to
- * close. */
+ * become memfds while descriptors are left (the daemon's max_fds): the
+ * client's kept ones (memfd_take), else fresh sealed ones, whose
+ * descriptors are also listed in `own` (*n_own), for the caller to close. */
 static int make_scan(struct vks_client *c, const struct vks_buffer *in, size_t n,
                      struct proto_scan *s, int *fds, size_t *n_fds, int *own, size_t *n_own,
                      struct vks_error *err)
 {
+    size_t kept = 0; /* kept memfds this scan uses (memfd_take's slots) */
     size_t max_fds = c->info.max_fds != 0 && c->info.max_fds < PROTO_MAX_FDS_CEILING
                          ? c->info.max_fds
                          : PROTO_MAX_FDS_CEILING;
@@ -733,10 +801,13 @@ static int make_scan(struct vks_client *c, const struct vks_buffer *in, size_t n
             if (in[i].data == NULL && in[i].len > 0)
                 return vks_error_set(err, -EINVAL, "buffer %zu has no data", i);
             if (in[i].len > 0 && (uint64_t)in[i].len >= c->opt.memfd_threshold &&
-                explicit_fds + *n_own < max_fds) {
-                int fd = make_memfd(in[i].data, in[i].len);
-                if (fd >= 0) {
+                explicit_fds + kept + *n_own < max_fds) {
+                int fd = memfd_take(c, (uint32_t)kept, in[i].data, in[i].len);
+                if (fd >= 0)
+                    kept++;
+                else if ((fd = make_memfd(in[i].data, in[i].len)) >= 0)
                     own[(*n_own)++] = fd;
+                if (fd >= 0) {
                     b->is_fd = true;
                     b->fd_index = (uint32_t)*n_fds;
                     b->has_length = true;

@@ -9,6 +9,7 @@
  * memfd. Results do not depend on the engine the daemon picks.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -119,6 +120,82 @@ static uint64_t stat_of(struct vks_client *c, const char *key)
     vks_stats_finish(&st);
     return u;
 }
+
+/* Open descriptors of this process that are libvkscan's memfds. */
+static int library_memfds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    ck_assert_ptr_nonnull(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        char path[300], target[256];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t k = readlink(path, target, sizeof(target) - 1);
+        if (k > 0) {
+            target[k] = '\0';
+            n += strstr(target, "memfd:vkscan-buffer") != NULL;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* A client keeps the memfds of its large inline buffers and writes the next
+ * scans into them: no more than 4 stay open, a fifth buffer of a scan gets
+ * a fresh one closed after the reply, close releases them, and every scan
+ * sees its own bytes (the daemon, on the GPU engine, reads them at upload:
+ * telemetry fd_upload_bytes). */
+START_TEST(large_inline_buffers_reuse_memfds)
+{
+    struct daemon d;
+    daemon_start_engine(&d, "gpu");
+    struct vks_client *c;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_connect(d.sock, NULL, &c, &err), 0);
+    struct vks_catalog *cat = load(c);
+    int before = library_memfds();
+    enum { N = 5 };
+    char *b[N];
+    struct vks_buffer bufs[N];
+    for (int i = 0; i < N; i++) {
+        b[i] = malloc(BIG + 64);
+        ck_assert_ptr_nonnull(b[i]);
+        memset(b[i], 'x', BIG + 64);
+        bufs[i] = (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = b[i], .len = BIG};
+    }
+    for (int round = 0; round < 3; round++) {
+        size_t n = round == 2 ? N : 1;
+        for (size_t i = 0; i < n; i++) {
+            memset(b[i], 'x', BIG + 64);
+            size_t at = 1000 + (size_t)round * 300000 + i * 7;
+            memcpy(b[i] + at, "needle", 6); /* moves every round: old bytes would show */
+            bufs[i].len = BIG + (size_t)(round == 1) * 64; /* grows the kept memfd */
+        }
+        struct vks_scan_result res;
+        int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), bufs, n, NULL, &res, &err);
+        ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+        ck_assert_uint_eq(res.n_hits, n);
+        for (size_t i = 0; i < n; i++) {
+            ck_assert_int_eq(res.buffers[i].code, 0);
+            ck_assert_uint_eq(res.buffers[i].bytes, bufs[i].len);
+            ck_assert_uint_eq(res.hits[i].buffer, i);
+            ck_assert_uint_eq(res.hits[i].end, 1000 + (size_t)round * 300000 + i * 7 + 6);
+        }
+        const struct vks_stat *up =
+            vks_stat_find(res.telemetry, res.n_telemetry, "fd_upload_bytes");
+        ck_assert_ptr_nonnull(up);
+        ck_assert_uint_eq(up->u, n * bufs[0].len);
+        vks_scan_result_finish(&res);
+        ck_assert_int_eq(library_memfds() - before, round == 2 ? 4 : 1);
+    }
+    vks_client_close(c);
+    ck_assert_int_eq(library_memfds(), before);
+    for (int i = 0; i < N; i++)
+        free(b[i]);
+    vks_catalog_destroy(cat);
+    daemon_stop(&d);
+}
+END_TEST
 
 START_TEST(large_inline_buffer_goes_by_memfd)
 {
@@ -377,6 +454,7 @@ Suite *libvkscan_suite(void)
     TCase *t = tcase_create("daemon");
     tcase_set_timeout(t, 300);
     tcase_add_test(t, large_inline_buffer_goes_by_memfd);
+    tcase_add_test(t, large_inline_buffers_reuse_memfds);
     tcase_add_test(t, option_structs_carry_their_size);
     tcase_add_test(t, program_built_against_v02_layout_runs);
     tcase_add_loop_test(t, starts_on_both_engines, 0, 2);

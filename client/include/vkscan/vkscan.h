@@ -86,11 +86,15 @@ struct vks_client_options {
     /* ---- added after 0.2 ---- */
     /*
      * Inline scan buffers of at least this many bytes are copied by the
-     * library into a sealed memfd (F_SEAL_SHRINK|GROW|WRITE|SEAL) and passed
-     * by descriptor, so the daemon maps them instead of reading them through
-     * the socket. 0: the default, 1 MiB (VKS_MEMFD_THRESHOLD_DEFAULT);
-     * UINT64_MAX: never. A scan keeps a buffer inline when the daemon's
-     * max_fds descriptors are already used by the request.
+     * library into a memfd and passed by descriptor, so the daemon reads
+     * them from the memfd instead of through the socket. A client keeps up
+     * to 4 such memfds (256 MiB in all; sealed with F_SEAL_SHRINK) and
+     * writes the next scans' large buffers into them, which spares the
+     * allocation of fresh pages; beyond that, a fresh memfd sealed with
+     * F_SEAL_SHRINK|GROW|WRITE|SEAL is made and closed after the reply.
+     * 0: the default, 1 MiB (VKS_MEMFD_THRESHOLD_DEFAULT); UINT64_MAX: never.
+     * A scan keeps a buffer inline when the daemon's max_fds descriptors are
+     * already used by the request.
      */
     uint64_t memfd_threshold;
     /* SO_SNDBUF and SO_RCVBUF asked of the socket (the kernel caps them at
