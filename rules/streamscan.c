@@ -625,22 +625,109 @@ struct piece {
     uint64_t lo, hi;
     struct cpuscan_part part;
     int rc;
+    struct piece *next; /* the pool's queue */
+    uint32_t *left;     /* the write's pieces not finished, under the pool's lock */
 };
 
-static void *piece_main(void *arg)
+static void piece_run(struct piece *p)
 {
-    struct piece *p = arg;
     struct cpuscan_scratch *scr = thread_scratch();
     p->rc = scr == NULL ? -ENOMEM
                         : cpuscan_segment(p->cat, p->w, p->n, p->lo, p->hi, SCAN_ALL, 0, NULL, NULL,
                                           scr, &p->part);
+}
+
+/* The workers that run pieces: started on demand, up to the threads asked
+ * for less one (the writing thread runs a piece too), and kept for the
+ * process, idle on a condition variable. A writer that waits for its
+ * pieces runs queued ones itself (its own or another write's), so a write
+ * finishes even when no worker could be started. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    struct piece *head, *tail;
+    uint32_t workers;
+} pool = {
+    PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0};
+
+/* Takes the next queued piece; under the lock. */
+static struct piece *pool_pop(void)
+{
+    struct piece *p = pool.head;
+    if (p != NULL && (pool.head = p->next) == NULL)
+        pool.tail = NULL;
+    return p;
+}
+
+/* Runs `p` (popped, lock not held) and counts it finished. */
+static void pool_run(struct piece *p)
+{
+    piece_run(p);
+    pthread_mutex_lock(&pool.mu);
+    if (--*p->left == 0)
+        pthread_cond_broadcast(&pool.done);
+    pthread_mutex_unlock(&pool.mu);
+}
+
+static void *pool_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&pool.mu);
+        struct piece *p;
+        while ((p = pool_pop()) == NULL)
+            pthread_cond_wait(&pool.work, &pool.mu);
+        pthread_mutex_unlock(&pool.mu);
+        pool_run(p);
+    }
     return NULL;
+}
+
+/* Queues p[1..k), runs p[0] and helps until all k are finished. */
+static void pool_pieces(struct piece *p, uint32_t k)
+{
+    uint32_t left = k - 1;
+    pthread_mutex_lock(&pool.mu);
+    while (pool.workers < k - 1) {
+        pthread_t th;
+        pthread_attr_t at;
+        bool ok = pthread_attr_init(&at) == 0;
+        ok = ok && pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED) == 0 &&
+             pthread_create(&th, &at, pool_main, NULL) == 0;
+        pthread_attr_destroy(&at);
+        if (!ok)
+            break; /* fewer workers: the writer runs the rest */
+        pool.workers++;
+    }
+    for (uint32_t i = 1; i < k; i++) {
+        p[i].left = &left;
+        p[i].next = NULL;
+        if (pool.tail != NULL)
+            pool.tail->next = &p[i];
+        else
+            pool.head = &p[i];
+        pool.tail = &p[i];
+    }
+    pthread_cond_broadcast(&pool.work);
+    pthread_mutex_unlock(&pool.mu);
+    piece_run(&p[0]);
+    pthread_mutex_lock(&pool.mu);
+    while (left > 0) {
+        struct piece *q = pool_pop();
+        if (q == NULL) {
+            pthread_cond_wait(&pool.done, &pool.mu);
+            continue;
+        }
+        pthread_mutex_unlock(&pool.mu);
+        pool_run(q);
+        pthread_mutex_lock(&pool.mu);
+    }
+    pthread_mutex_unlock(&pool.mu);
 }
 
 /* Block scan of the ends (lo, hi] of w[0..n), lo > the lookback, in up to
  * streamscan_set_threads pieces of at least its piece bytes, the first on
- * this thread;
- * the matches go to `raw` at stream offset base + end. */
+ * this thread; the matches go to `raw` at stream offset base + end. */
 static int middle(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo, uint64_t hi,
                   uint64_t base, struct scan_hits *raw)
 {
@@ -649,27 +736,15 @@ static int middle(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo,
     uint64_t fit = span / piece;
     uint32_t k = fit < threads ? (fit > 1 ? (uint32_t)fit : 1) : threads;
     struct piece one, *p = k == 1 ? &one : calloc(k, sizeof(*p));
-    pthread_t *th = k == 1 ? NULL : calloc(k, sizeof(*th));
-    bool *started = k == 1 ? NULL : calloc(k, sizeof(*started));
-    if (p == NULL || (k > 1 && (th == NULL || started == NULL))) {
-        if (p != &one)
-            free(p);
-        free(th);
-        free(started);
+    if (p == NULL)
         return -ENOMEM;
-    }
     for (uint32_t i = 0; i < k; i++)
         p[i] = (struct piece){
-            s->cat, w, n, lo + span * i / k, lo + span * (i + 1) / k, {{0}, 0, 0, false}, 0};
-    for (uint32_t i = 1; i < k; i++)
-        started[i] = pthread_create(&th[i], NULL, piece_main, &p[i]) == 0;
-    piece_main(&p[0]);
-    for (uint32_t i = 1; i < k; i++) {
-        if (started[i])
-            pthread_join(th[i], NULL);
-        else
-            piece_main(&p[i]); /* no thread: run it here */
-    }
+            .cat = s->cat, .w = w, .n = n, .lo = lo + span * i / k, .hi = lo + span * (i + 1) / k};
+    if (k == 1)
+        piece_run(&p[0]);
+    else
+        pool_pieces(p, k);
     int rc = 0;
     for (uint32_t i = 0; i < k; i++) {
         rc = rc ? rc : p[i].rc;
@@ -682,8 +757,6 @@ static int middle(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo,
         atomic_fetch_add(&n_parallel, 1);
     if (p != &one)
         free(p);
-    free(th);
-    free(started);
     return rc;
 }
 

@@ -67,10 +67,12 @@ uint64_t streamscan_offset(const struct streamscan *s);
 /*
  * Large writes (docs/engine.md, "Streams": the fast path). A write into a
  * catalog whose groups are all bounded scans most of its bytes as block
- * mode does (rules/cpuscan.h), in pieces of at least `piece` bytes (0: 1
- * MiB) on up to `threads` threads (0 or 1: the writing thread alone; the
- * others are started for the write and joined before it returns). For the
- * whole process; default 1. Thread-safe.
+ * mode does (rules/cpuscan.h), in pieces of at least `piece` bytes (0: 256
+ * KiB) on up to `threads` threads (0 or 1: the writing thread alone). The
+ * other threads are a pool of the process, started at the first write
+ * that needs them and kept idle afterwards; a writer runs queued pieces
+ * itself while it waits, so a write finishes even when none could be
+ * started. For the whole process; default 1. Thread-safe.
  */
 void streamscan_set_threads(uint32_t threads, size_t piece);
 
