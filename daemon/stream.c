@@ -547,6 +547,11 @@ static uint32_t pool_cap(struct server *srv)
 static void pump(struct server *srv)
 {
     uint32_t cap = pool_cap(srv);
+    /* a large write of a bounded catalog scans its middle in pieces on as
+     * many threads as the CPU engine has (streamscan's own pool: one large
+     * stream reaches block mode's rate; writes of many streams at once
+     * share the cores with the engine's threads) */
+    streamscan_set_threads(cap, 0);
     while (pool.inflight < cap) {
         struct tenant_streams *pick = NULL, *first = NULL;
         for (struct tenant_streams *t = tenants; t != NULL; t = t->next) {
