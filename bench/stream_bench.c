@@ -6,7 +6,7 @@
  *                [--streams N] [--write BYTES] [--rounds R] [--literals N]
  *                [--large BYTES] [--large-write BYTES] [--file PATH]
  *                [--regexes N] [--data DIR] [--socket PATH] [--no-hs]
- *                [--flows-set literals|regex]
+ *                [--flows-set literals|regex] [--stream-threads T] [--piece BYTES]
  *
  * state:  for every workload of bench/workloads.c (literals-1000,
  *         literals-10000, regex-N) and the real rule sets under --data,
@@ -16,15 +16,19 @@
  *         of --write bytes each, interleaved across streams (each thread
  *         walks its streams round-robin, a flow-reassembly shape), on
  *         --threads threads; vkscan's CPU stream scanner and Hyperscan's
- *         stream mode on the same streams and bytes. GB/s, medians of
- *         --iters, and both hit counts, which must be equal. With
+ *         stream mode on the same streams and bytes, and the CPU engine's
+ *         block scan of each write as its own buffer. GB/s, medians of
+ *         --iters, and both stream hit counts, which must be equal. With
  *         --flows-set regex: against regex-N (--regexes), an instance of
- *         one planted every ~4 KiB.
- * large:  one stream of --large bytes read from a file (--file, or written
- *         under /tmp and removed after) in writes of --large-write, against
+ *         one planted every ~4 KiB (flows and large).
+ * large:  one stream of --large bytes of a file (--file, or written under
+ *         /tmp and removed after) in writes of --large-write taken from its
+ *         mapping (in process; vkscand reads the fd ranges), against
  *         block mode over the same bytes: the CPU block scanner
  *         (rules/cpuscan.h) on --threads threads over the mapped file, and
- *         Hyperscan's stream mode over the same writes.
+ *         Hyperscan's stream mode over the same writes. The stream's writes
+ *         scan their middles in pieces of --piece bytes (default 256 KiB) on
+ *         --stream-threads threads (default --threads; streamscan.h).
  *
  * --socket PATH runs flows and large through a running vkscand instead of
  * in-process (libvkscan; one connection per thread; the daemon needs
@@ -45,6 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cpuplan.h"
 #include "cpuscan.h"
 #include "patfile.h"
 #include "hsrules.h"
@@ -55,7 +60,8 @@
 
 struct opts {
     uint32_t threads, iters, streams, rounds, literals, regexes;
-    uint64_t write, large, large_write;
+    uint32_t stream_threads; /* --stream-threads: a large write's pieces run on these */
+    uint64_t write, large, large_write, piece;
     const char *file, *data, *socket, *only;
     bool no_hs;
     bool flows_regex; /* --flows-set regex: flows against regex-N, not literals-N */
@@ -223,6 +229,12 @@ static void build_both(const struct ruleset *rs, unsigned hs_mode, struct built 
         catalog_destroy(b->cat);
         b->cat = our_build(rs, b->keep);
     }
+    /* the CPU engine's plan (a shadow compile may take seconds) is built
+     * and cached before any timing, as a running daemon has it */
+    struct cpuplan *plan = NULL;
+    if (cpuplan_get(b->cat, &plan) != 0)
+        die("cpuplan_get", "out of memory");
+    cpuplan_put(plan);
 }
 
 static void built_finish(struct built *b)
@@ -349,10 +361,12 @@ struct flows {
     atomic_uint_fast64_t hits;
 };
 
+enum { RUN_OURS, RUN_HS, RUN_BLOCK };
+
 struct flow_thread {
     struct flows *f;
     uint32_t t;
-    bool hs;
+    int run; /* RUN_* */
 };
 
 /* Write r of stream s: the corpus slice of stream (s + r) mod streams. */
@@ -424,6 +438,31 @@ static uint64_t flows_hs(const struct flows *f, uint32_t t)
     return hits;
 }
 
+/* Block mode on the same writes, each its own buffer (cpuscan_segment over
+ * the whole write): what a stream write costs against a scan of its bytes.
+ * Matches across writes are not found, so its hits are not compared. */
+static uint64_t flows_block(const struct flows *f, uint32_t t)
+{
+    const struct opts *o = f->o;
+    uint32_t n = (o->streams - t + o->threads - 1) / o->threads;
+    struct cpuscan_scratch *scr;
+    if (cpuscan_scratch_create(&scr) != 0)
+        die("cpuscan_scratch_create", "out of memory");
+    uint64_t hits = 0;
+    for (uint32_t r = 0; r < o->rounds; r++) {
+        for (uint32_t i = 0; i < n; i++) {
+            struct cpuscan_part part = {0};
+            if (cpuscan_segment(f->b->cat, slice(f, t + i * o->threads, r), o->write, 0, o->write,
+                                SCAN_ALL, 0, NULL, NULL, scr, &part) != 0)
+                die("cpuscan_segment", "out of memory");
+            hits += part.hits.n;
+            cpuscan_part_finish(&part);
+        }
+    }
+    cpuscan_scratch_destroy(scr);
+    return hits;
+}
+
 static uint64_t result_hits(struct vks_scan_result *res)
 {
     uint64_t n = res->n_hits;
@@ -467,15 +506,16 @@ static void *flow_main(void *arg)
 {
     struct flow_thread *ft = arg;
     const struct flows *f = ft->f;
-    uint64_t h = ft->hs          ? flows_hs(f, ft->t)
-                 : f->fp != NULL ? flows_daemon(f, ft->t)
-                                 : flows_ours(f, ft->t);
+    uint64_t h = ft->run == RUN_HS      ? flows_hs(f, ft->t)
+                 : ft->run == RUN_BLOCK ? flows_block(f, ft->t)
+                 : f->fp != NULL        ? flows_daemon(f, ft->t)
+                                        : flows_ours(f, ft->t);
     atomic_fetch_add(&ft->f->hits, h);
     return NULL;
 }
 
 /* Runs every stream once on --threads threads; returns seconds. */
-static double flows_once(struct flows *f, bool hs, uint64_t *hits)
+static double flows_once(struct flows *f, int run, uint64_t *hits)
 {
     uint32_t n = f->o->threads;
     pthread_t *th = xmalloc(n * sizeof(*th));
@@ -483,7 +523,7 @@ static double flows_once(struct flows *f, bool hs, uint64_t *hits)
     atomic_store(&f->hits, 0);
     double t0 = now_s();
     for (uint32_t t = 0; t < n; t++) {
-        ft[t] = (struct flow_thread){f, t, hs};
+        ft[t] = (struct flow_thread){f, t, run};
         pthread_create(&th[t], NULL, flow_main, &ft[t]);
     }
     for (uint32_t t = 0; t < n; t++)
@@ -545,26 +585,33 @@ static void run_flows(const struct opts *o)
     if (!o->no_hs && hs_alloc_scratch(b.db, &f.proto) != HS_SUCCESS)
         die("hs_alloc_scratch", "failed");
     double *ours = xmalloc(o->iters * sizeof(double)), *hs = xmalloc(o->iters * sizeof(double));
-    uint64_t h_ours = 0, h_hs = 0;
+    double *blk = xmalloc(o->iters * sizeof(double));
+    uint64_t h_ours = 0, h_hs = 0, h_blk = 0;
     for (uint32_t it = 0; it < o->iters; it++) {
-        ours[it] = flows_once(&f, false, &h_ours);
-        hs[it] = o->no_hs ? 0 : flows_once(&f, true, &h_hs);
+        ours[it] = flows_once(&f, RUN_OURS, &h_ours);
+        blk[it] = flows_once(&f, RUN_BLOCK, &h_blk);
+        hs[it] = o->no_hs ? 0 : flows_once(&f, RUN_HS, &h_hs);
     }
     double gb = (double)bytes * o->rounds / 1e9;
     double mo = gb / median(ours, o->iters), mh = o->no_hs ? 0 : gb / median(hs, o->iters);
+    double mb = gb / median(blk, o->iters);
     printf("\nflows: %u streams x %u writes of %" PRIu64 " bytes, %s (%zu rules), "
            "%u threads, %s, median of %u\n",
            o->streams, o->rounds, o->write, name, b.rules, o->threads,
            o->socket ? "through vkscand" : "in process", o->iters);
-    printf("%-22s %9s %9s %7s %12s %12s %s\n", "", "vkscanGB/s", "hsGB/s", "ratio", "vkscan hits",
-           "hs hits", "equal");
-    printf("%-22s %9.4f %9.4f %7.3f %12" PRIu64 " %12" PRIu64 " %s\n", "flows", mo, mh,
-           mh > 0 ? mo / mh : 0, h_ours, h_hs,
+    printf("%-8s %9s %9s %7s %9s %9s %12s %12s %s\n", "", "vkscanGB/s", "hsGB/s", "ratio",
+           "blockGB/s", "vks/blk", "vkscan hits", "hs hits", "equal");
+    printf("%-8s %9.4f %9.4f %7.3f %9.4f %9.3f %12" PRIu64 " %12" PRIu64 " %s\n", "flows", mo, mh,
+           mh > 0 ? mo / mh : 0, mb, mo / mb, h_ours, h_hs,
            o->no_hs         ? "-"
            : h_ours == h_hs ? "yes"
                             : "NO");
+    printf("block: the CPU engine's block scan of each write as its own buffer (cpuscan_segment, "
+           "%" PRIu64 " hits: none across writes), in process\n",
+           h_blk);
     free(ours);
     free(hs);
+    free(blk);
     hs_free_scratch(f.proto);
     free((void *)f.corpus);
     vks_catalog_destroy(vc);
@@ -595,8 +642,9 @@ static void write_large(const char *path, const uint8_t *piece, uint64_t plen, u
 
 /* One stream over the file in writes of --large-write (in process or
  * through vkscand), or Hyperscan's stream mode over the same writes. */
-static uint64_t large_stream(const struct opts *o, const struct built *b, int fd, uint64_t size,
-                             int engine, const uint8_t *fp, hs_scratch_t *scr)
+static uint64_t large_stream(const struct opts *o, const struct built *b, int fd,
+                             const uint8_t *map, uint64_t size, int engine, const uint8_t *fp,
+                             hs_scratch_t *scr)
 {
     uint8_t *buf = xmalloc(o->large_write);
     struct streamscan *s = NULL;
@@ -622,13 +670,19 @@ static uint64_t large_stream(const struct opts *o, const struct built *b, int fd
             hits += result_hits(&res);
             continue;
         }
-        if (pread(fd, buf, want, (off_t)at) != (ssize_t)want)
-            die("pread", "short read of the large file");
+        /* in process, both engines read the file's mapped pages, as block
+         * mode does (a copy per write would cost as much as the scan) */
+        const uint8_t *at_p = map + at;
+        if (map == NULL) {
+            if (pread(fd, buf, want, (off_t)at) != (ssize_t)want)
+                die("pread", "short read of the large file");
+            at_p = buf;
+        }
         if (engine == 1) {
-            hs_scan_stream(hst, (const char *)buf, (unsigned)want, 0, scr, count_hs, &hits);
+            hs_scan_stream(hst, (const char *)at_p, (unsigned)want, 0, scr, count_hs, &hits);
             continue;
         }
-        if (streamscan_write(s, buf, want, &h) != 0)
+        if (streamscan_write(s, at_p, want, &h) != 0)
             die("streamscan_write", "out of memory");
         hits += h.n;
         h.n = 0;
@@ -746,8 +800,16 @@ static double large_block_daemon(const struct opts *o, const uint8_t *fp, int fd
 
 static void run_large(const struct opts *o)
 {
-    struct ruleset rs = {0};
-    literal_rules(o->literals, &rs);
+    struct ruleset rs = {0}, inst = {0};
+    char name[32];
+    if (o->flows_regex) {
+        regex_rules(o->regexes, &rs, &inst);
+        snprintf(name, sizeof(name), "regex-%u", o->regexes);
+    } else {
+        literal_rules(o->literals, &rs);
+        snprintf(name, sizeof(name), "literals-%u", o->literals);
+    }
+    streamscan_set_threads(o->stream_threads ? o->stream_threads : o->threads, o->piece);
     struct built b;
     build_both(&rs, HS_MODE_STREAM, &b);
     char tmp[64] = "";
@@ -759,7 +821,7 @@ static void run_large(const struct opts *o)
             path = tmp;
         }
         uint64_t plen = o->large < (64u << 20) ? o->large : (64u << 20);
-        uint8_t *piece = literal_corpus(&rs, plen, o->threads);
+        uint8_t *piece = literal_corpus(o->flows_regex ? &inst : &rs, plen, o->threads);
         write_large(path, piece, plen, o->large);
         free(piece);
     }
@@ -782,21 +844,22 @@ static void run_large(const struct opts *o)
     uint64_t hs_s = 0, hb = 0, hh = 0;
     for (uint32_t it = 0; it < o->iters; it++) {
         double t0 = now_s();
-        hs_s = large_stream(o, &b, fd, o->large, o->socket ? 2 : 0, fp, NULL);
+        hs_s = large_stream(o, &b, fd, map, o->large, o->socket ? 2 : 0, fp, NULL);
         ts[it] = now_s() - t0;
         tb[it] = o->socket ? large_block_daemon(o, fp, fd, o->large, &hb)
                            : large_block(o, b.cat, map, o->large, &hb);
         t0 = now_s();
-        hh = o->no_hs ? 0 : large_stream(o, &b, fd, o->large, 1, NULL, scr);
+        hh = o->no_hs ? 0 : large_stream(o, &b, fd, map, o->large, 1, NULL, scr);
         th[it] = o->no_hs ? 0 : now_s() - t0;
     }
     double gb = (double)o->large / 1e9;
     double s = gb / median(ts, o->iters), bk = gb / median(tb, o->iters);
     double h = o->no_hs ? 0 : gb / median(th, o->iters);
     printf("\nlarge: one stream of %" PRIu64 " bytes from %s in writes of %" PRIu64
-           ", literals-%u, %s, median of %u\n",
-           o->large, path, o->large_write, o->literals,
-           o->socket ? "through vkscand" : "in process", o->iters);
+           ", %s (%zu rules), %s, stream pieces on %u threads, median of %u\n",
+           o->large, path, o->large_write, name, b.rules,
+           o->socket ? "through vkscand" : "in process",
+           o->stream_threads ? o->stream_threads : o->threads, o->iters);
     printf("%-22s %9s %9s %9s %9s %12s %12s %12s\n", "", "streamGB/s", "blockGB/s", "stream/blk",
            "hsGB/s", "stream hits", "block hits", "hs hits");
     printf("%-22s %9.4f %9.4f %9.3f %9.4f %12" PRIu64 " %12" PRIu64 " %12" PRIu64 "\n", "large", s,
@@ -816,6 +879,7 @@ static void run_large(const struct opts *o)
     vks_client_close(c);
     built_finish(&b);
     rs_free(&rs);
+    rs_free(&inst);
 }
 
 /* ---- main ------------------------------------------------------------------- */
@@ -843,7 +907,8 @@ static void usage(void)
             "                    [--streams N] [--write BYTES] [--rounds R] [--literals N]\n"
             "                    [--large BYTES] [--large-write BYTES] [--file PATH]\n"
             "                    [--regexes N] [--data DIR] [--socket PATH] [--no-hs]\n"
-            "                    [--flows-set literals|regex]\n");
+            "                    [--flows-set literals|regex] [--stream-threads T]\n"
+            "                    [--piece BYTES]\n");
     exit(2);
 }
 
@@ -886,6 +951,10 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->large = parse_size(v);
         else if (strcmp(a, "--large-write") == 0)
             o->large_write = parse_size(v);
+        else if (strcmp(a, "--stream-threads") == 0)
+            o->stream_threads = (uint32_t)strtoul(v, NULL, 10);
+        else if (strcmp(a, "--piece") == 0)
+            o->piece = parse_size(v);
         else if (strcmp(a, "--file") == 0)
             o->file = v;
         else if (strcmp(a, "--data") == 0)
