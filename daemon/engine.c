@@ -142,6 +142,14 @@ static int identify_fd(struct engine_buf *b)
     return 0;
 }
 
+/* A memfd sealed against shrinking: load_fd maps it (a truncation that
+ * could fault a mapping is impossible). */
+static bool sealed(int fd)
+{
+    int seals = fcntl(fd, F_GET_SEALS);
+    return seals > 0 && (seals & F_SEAL_SHRINK);
+}
+
 /* Reads (or maps) the range identify_fd checked; a mapping is populated
  * ahead with `populate`. */
 static int load_fd(struct engine_buf *b, struct loaded *ld, bool populate)
@@ -152,8 +160,7 @@ static int load_fd(struct engine_buf *b, struct loaded *ld, bool populate)
         b->len = 0;
         return 0;
     }
-    int seals = fcntl(b->fd, F_GET_SEALS);
-    if (seals > 0 && (seals & F_SEAL_SHRINK)) {
+    if (sealed(b->fd)) {
         long page = sysconf(_SC_PAGESIZE);
         uint64_t base = b->offset - b->offset % (uint64_t)page;
         size_t map_len = (size_t)(len + (b->offset - base));
@@ -428,7 +435,7 @@ static void load_buf(struct engine *e, struct bstate *st, struct dedup *dd, uint
         j->bytes_not_scanned += eb->bytes;
         return;
     }
-    if (st->defer && eb->bytes > 0 && can_defer(j)) {
+    if (st->defer && eb->bytes > 0 && can_defer(j) && (st->defer_sealed || !sealed(eb->fd))) {
         eb->deferred = true;
         eb->data = NULL;
         eb->len = eb->bytes;
@@ -1173,10 +1180,11 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
         }
     }
     const char *fu = getenv("VKSCAND_FD_UPLOAD");
-    e->fd_upload = fu == NULL                    ? FD_PREAD
+    e->fd_upload = fu == NULL                    ? FD_AUTO
+                   : strcmp(fu, "pread") == 0    ? FD_PREAD
                    : strcmp(fu, "map") == 0      ? FD_MAP
                    : strcmp(fu, "populate") == 0 ? FD_POPULATE
-                                                 : FD_PREAD;
+                                                 : FD_AUTO;
     int rc = rcache_create(cfg->result_cache_bytes, &e->rc);
     if (rc != 0) {
         free(e);

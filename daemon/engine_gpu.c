@@ -325,9 +325,12 @@ static void gpu_start(struct gworker *w, struct engine_batch *b)
     b->tel.gpu = true;
     b->tel.engine = w->index;
     /* descriptor buffers go from the page cache straight into staging,
-     * read by the upload threads (docs/gpu.md "Upload") */
-    st->defer = w->gpu != NULL && w->e->fd_upload == FD_PREAD;
-    st->populate = w->e->fd_upload == FD_POPULATE;
+     * read by the upload threads, or, sealed memfds, mapped and copied
+     * there (docs/daemon.md "Descriptor buffers") */
+    int how = w->e->fd_upload;
+    st->defer = w->gpu != NULL && (how == FD_AUTO || how == FD_PREAD);
+    st->defer_sealed = how == FD_PREAD;
+    st->populate = how == FD_POPULATE;
     engine_batch_load(w->e, b);
     uint64_t t1 = engine_now_ns();
     struct gpend *p = &w->pend[(w->pend_head + w->n_pend) % GPU_MAX_INFLIGHT];

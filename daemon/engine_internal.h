@@ -135,10 +135,13 @@ struct engine {
     uint64_t dedup_buffers, dedup_bytes;                       /* mu */
     uint64_t cache_bytes_saved;                                /* mu */
     struct rcache *rc; /* the result cache (NULL: off); its own lock */
-    /* How GPU engines take descriptor buffers (read-only after create):
-     * FD_PREAD, read at upload (the default), or, for comparison
-     * ($VKSCAND_FD_UPLOAD=map or populate), mapped (or read) at load and
-     * copied at upload, the mapping populated ahead with populate. */
+    /* How GPU engines take descriptor buffers (read-only after create;
+     * $VKSCAND_FD_UPLOAD, docs/daemon.md): FD_AUTO (the default) maps
+     * memfds sealed against shrinking at load and copies them at upload,
+     * and has the upload threads pread every other file straight into
+     * upload memory; FD_PREAD preads them all; FD_MAP and FD_POPULATE are
+     * the way before (mapped, or read into memory, at load; populate maps
+     * with MAP_POPULATE), for comparison. */
     int fd_upload;
 
     /* Loop thread. */
@@ -151,7 +154,7 @@ struct engine {
     void *ctx;
 };
 
-enum { FD_PREAD = 0, FD_MAP, FD_POPULATE };
+enum { FD_AUTO = 0, FD_PREAD, FD_MAP, FD_POPULATE };
 
 /* Memory a fd buffer was read into: a mapping or a heap copy. */
 struct loaded {
@@ -192,6 +195,7 @@ struct bstate {
     /* Set by a GPU engine before the load: descriptor buffers that need no
      * host pass (engine_buf.deferred) are read by its upload threads. */
     bool defer;
+    bool defer_sealed;   /* sealed memfds too (else they are mapped) */
     bool populate;       /* mapped sealed memfds are populated ahead (MAP_POPULATE) */
     struct ctask *tasks; /* CPU engine */
     uint32_t n_tasks, next_task, done_tasks;

@@ -588,13 +588,18 @@ END_TEST
 
 /* Descriptor buffers on the GPU engine are read by its upload threads
  * straight into upload memory (pread at the buffer's offset, in pieces split
- * at odd haystack offsets), not mapped or copied first: a regular file and
- * memfds, whole and in odd ranges, give exactly the hits of the same bytes
- * sent inline, and the telemetry says the bytes went the deferred way. */
+ * at odd haystack offsets), not mapped or copied first; by default a memfd
+ * sealed against shrinking is mapped instead, with VKSCAND_FD_UPLOAD=pread
+ * (loop 1) it is read too. A regular file and memfds, whole and in odd
+ * ranges, give exactly the hits of the same bytes sent inline, and the
+ * telemetry says which bytes went the deferred way. */
 START_TEST(test_fd_read_at_upload)
 {
     struct daemon d;
+    if (_i == 1)
+        setenv("VKSCAND_FD_UPLOAD", "pread", 1);
     daemon_start(&d, NULL, NULL);
+    unsetenv("VKSCAND_FD_UPLOAD");
     struct vks_client *c = connect_ok(&d);
     struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
     struct catalog *ref = local_catalog(rules, N_RULES - 1);
@@ -630,7 +635,7 @@ START_TEST(test_fd_read_at_upload)
     for (size_t i = 0; i < N; i++) {
         vb[i] = (struct vks_buffer){
             .kind = VKS_BUFFER_FD, .fd = v[i].fd, .offset = v[i].off, .length = v[i].len};
-        fd_bytes += v[i].len;
+        fd_bytes += v[i].fd != sealed || _i == 1 ? v[i].len : 0;
     }
     vb[N] = (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = data + 5, .len = 70001};
     struct vks_scan_options so;
@@ -2474,7 +2479,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_small_batches_on_cpu);
     tcase_add_test(tc, test_drop_frees_device_copy);
     tcase_add_test(tc, test_scan_memfd);
-    tcase_add_test(tc, test_fd_read_at_upload);
+    tcase_add_loop_test(tc, test_fd_read_at_upload, 0, 2);
     tcase_add_test(tc, test_fd_read_errors);
     tcase_add_test(tc, test_second_client_shares_catalog);
     tcase_add_test(tc, test_pipelined_by_id);
