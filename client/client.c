@@ -39,6 +39,7 @@ struct vks_client {
     char name[64];
     int memfd[MEMFD_KEEP]; /* -1: none */
     uint64_t memfd_size[MEMFD_KEEP];
+    uint8_t *memfd_map[MEMFD_KEEP]; /* its memfd_size bytes, mapped shared */
     int fd;
     uint32_t next_id;
     struct proto_limits lim;
@@ -51,6 +52,18 @@ struct vks_catalog {
     struct proto_reply *rep;
     bool sent;
 };
+
+/* Closes and unmaps kept memfd `slot`, if any. */
+static void memfd_drop(struct vks_client *c, uint32_t slot)
+{
+    if (c->memfd_map[slot] != NULL)
+        munmap(c->memfd_map[slot], (size_t)c->memfd_size[slot]);
+    if (c->memfd[slot] >= 0)
+        close(c->memfd[slot]);
+    c->memfd_map[slot] = NULL;
+    c->memfd[slot] = -1;
+    c->memfd_size[slot] = 0;
+}
 
 const char *vks_strerror(int code)
 {
@@ -403,10 +416,8 @@ void vks_client_close(struct vks_client *c)
 {
     if (c == NULL)
         return;
-    for (uint32_t i = 0; i < MEMFD_KEEP; i++) {
-        if (c->memfd[i] >= 0)
-            close(c->memfd[i]);
-    }
+    for (uint32_t i = 0; i < MEMFD_KEEP; i++)
+        memfd_drop(c, i);
     drop_connection(c);
     proto_buf_finish(&c->out);
     free(c->path);
@@ -725,30 +736,16 @@ static int make_memfd(const void *data, size_t len)
     return fd;
 }
 
-/* Writes all of data into fd from offset 0; 0 or -1. */
-static int write_all(int fd, const void *data, size_t len)
-{
-    const char *p = data;
-    for (size_t off = 0; off < len;) {
-        ssize_t k = pwrite(fd, p + off, len - off, (off_t)off);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        off += (size_t)k;
-    }
-    return 0;
-}
-
 /*
  * The client's kept memfd `slot` holding `len` bytes of `data` at offset 0,
  * or -1 when none can be kept for it (the caller makes a fresh one). Kept
  * memfds are written again by the next scan, so they are sealed against
  * shrinking only (F_SEAL_SHRINK: a daemon that maps one cannot be cut short
- * under it); writing into pages that already exist costs one copy, where a
- * fresh memfd also allocates and zeroes its pages and frees them after the
- * reply. Safe because a client has one request in flight: the daemon is
- * done with the previous contents when the next scan writes.
+ * under it), and stay mapped here: the next scan's bytes are one memcpy
+ * into pages that exist and are mapped, where a fresh memfd also allocates,
+ * zeroes and maps its pages and frees them after the reply. Safe because a
+ * client has one request in flight: the daemon is done with the previous
+ * contents when the next scan writes.
  */
 static int memfd_take(struct vks_client *c, uint32_t slot, const void *data, size_t len)
 {
@@ -766,16 +763,22 @@ static int memfd_take(struct vks_client *c, uint32_t slot, const void *data, siz
             return -1;
         }
         c->memfd[slot] = fd;
-        c->memfd_size[slot] = 0;
     }
-    if (write_all(c->memfd[slot], data, len) != 0) {
-        close(c->memfd[slot]); /* its contents are unknown now */
-        c->memfd[slot] = -1;
-        c->memfd_size[slot] = 0;
-        return -1;
-    }
-    if (len > c->memfd_size[slot])
+    if (len > c->memfd_size[slot]) { /* grow: never shrinks (sealed) */
+        if (c->memfd_map[slot] != NULL)
+            munmap(c->memfd_map[slot], (size_t)c->memfd_size[slot]);
+        c->memfd_map[slot] = NULL;
+        void *m = MAP_FAILED;
+        if (ftruncate(c->memfd[slot], (off_t)len) == 0)
+            m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, c->memfd[slot], 0);
+        if (m == MAP_FAILED) {
+            memfd_drop(c, slot);
+            return -1;
+        }
+        c->memfd_map[slot] = m;
         c->memfd_size[slot] = len;
+    }
+    memcpy(c->memfd_map[slot], data, len);
     return c->memfd[slot];
 }
 
