@@ -492,7 +492,8 @@ int gpu_lit_upload(struct gpu_engine *eng, struct resident_catalog *rc, const st
     int r = gbuf_create(eng, &rc->lit, size, use, GBUF_DEVICE, err);
     if (r < 0)
         return r;
-    if (rc->lit.map != NULL) {
+    /* staged_upload: the discrete devices' path also where memory maps */
+    if (rc->lit.map != NULL && !eng->opt.staged_upload) {
         memcpy(rc->lit.map, lit->words, size);
         flush_mapped(eng, &rc->lit);
         return 0;

@@ -58,7 +58,7 @@ void gpu_lit_cache_finish(struct gpu_engine *eng);
 
 /* Copies `lit`'s image into resident catalog `rc` (rc->lit, device-local;
  * through a temporary staging buffer and a waited submit where the memory
- * is not mapped). Returns 0 or a negative errno with `err` filled; on
+ * is not mapped, or with gpu_options.staged_upload). Returns 0 or a negative errno with `err` filled; on
  * failure rc->lit may hold a buffer that gbuf_destroy frees. */
 int gpu_lit_upload(struct gpu_engine *eng, struct resident_catalog *rc, const struct gpu_lit *lit,
                    struct vks_error *err);

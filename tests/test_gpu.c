@@ -889,16 +889,20 @@ START_TEST(test_literal_kernel)
 }
 END_TEST
 
-/* Strings that straddle segment and buffer boundaries, and the kernel
- * off: a group the option keeps on the DFA is scanned as before (0 groups
- * in telemetry), with the same hits. */
+/* Strings that straddle segment and buffer boundaries: _i 0 with the
+ * kernel; 1 with it, the tables copied through staging (the discrete
+ * devices' path), a second catalog beside it (a literal group with a
+ * regex group) and a ring of 16 hits, so the pass is re-run at collect
+ * from the kept push constants; 2 with the kernel off (0 groups in
+ * telemetry, the same hits from the DFA). */
 START_TEST(test_literal_boundaries)
 {
     struct trule t[] = {{"a", RULE_LITERAL, "needle12", 0},
                         {"b", RULE_LITERAL, "NeEdLe", RULE_F_CASELESS},
                         {"c", RULE_LITERAL, "dle12nee", 0},
                         {"d", RULE_REGEX, "\\x00\\xffneedle", 0}};
-    struct catalog *cat = compile_rules(t, 4);
+    struct trule t2[] = {{"e", RULE_LITERAL, "edle12", 0}, {"f", RULE_REGEX, "n[a-f]+dle1", 0}};
+    struct catalog *cat = compile_rules(t, 4), *cat2 = compile_rules(t2, 2);
     const uint32_t seg = 64;
     enum { N = 24 };
     struct gpu_buffer bufs[N];
@@ -911,21 +915,27 @@ START_TEST(test_literal_boundaries)
         memcpy(d + len - 8, "\x00\xffneedle", 8);
         memcpy(d, "needle12", 8);
         bufs[i] = (struct gpu_buffer){.data = d, .len = len, .mode = SCAN_ALL};
+        bufs[i].catalog = _i == 1 ? i % 2 : 0;
     }
-    const struct catalog *cats[] = {cat};
-    struct gpu_batch b = {cats, 1, bufs, N};
-    for (int k = 1; k >= -1; k -= 2) {
-        struct gpu_options opt = {.segment_bytes = seg, .lit_kernel = k};
-        struct gpu_engine *eng = engine(&opt);
-        struct gpu_result res = {0};
-        ck_assert_uint_ge(check_batch(eng, &b, &res), 4 * N);
-        ck_assert_uint_eq(res.tel.lit_groups, k > 0 ? catalog_group_count(cat) : 0);
-        gpu_result_finish(&res);
-        gpu_engine_destroy(eng);
-    }
+    const struct catalog *cats[] = {cat, cat2};
+    struct gpu_batch b = {cats, _i == 1 ? 2 : 1, bufs, N};
+    struct gpu_options opt = {.segment_bytes = seg,
+                              .lit_kernel = _i == 2 ? -1 : 1,
+                              .staged_upload = _i == 1,
+                              .hit_capacity = _i == 1 ? 16 : 0};
+    struct gpu_engine *eng = engine(&opt);
+    struct gpu_result res = {0};
+    ck_assert_uint_ge(check_batch(eng, &b, &res), 2 * N);
+    uint32_t want = _i == 2 ? 0 : catalog_group_count(cat) + (_i == 1);
+    ck_assert_uint_eq(res.tel.lit_groups, want);
+    if (_i == 1)
+        ck_assert_uint_ge(res.tel.hit_reruns, 1);
+    gpu_result_finish(&res);
+    gpu_engine_destroy(eng);
     for (uint32_t i = 0; i < N; i++)
         free((void *)bufs[i].data);
     catalog_destroy(cat);
+    catalog_destroy(cat2);
 }
 END_TEST
 
@@ -1731,7 +1741,7 @@ Suite *gpu_suite(void)
     tc = tcase_create("literal");
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_literal_kernel, 0, 4);
-    tcase_add_test(tc, test_literal_boundaries);
+    tcase_add_loop_test(tc, test_literal_boundaries, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }
