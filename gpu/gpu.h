@@ -106,8 +106,8 @@ struct gpu_options {
     bool staged_upload;      /* tests: go through staging also where device memory is mapped */
     /* The literal kernel (docs/gpu.md) for DFA groups of plain strings:
      * 0 where it saves passes or memory traffic (a catalog with 2 or more
-     * such groups, or one whose DFA rows do not fit shared memory), 1 for
-     * every such group, -1 never (each keeps its DFA pass). */
+     * such groups, or one with over 8 MiB of DFA rows), 1 for every such
+     * group, -1 never (each keeps its DFA pass). */
     int32_t lit_kernel;
     /* Batches on the device at once (gpu_batch_submit); each has its own
      * buffers. 0: GPU_DEFAULT_INFLIGHT; at most GPU_MAX_INFLIGHT. */

@@ -711,10 +711,15 @@ static uint32_t lit_cost(const struct gpu_lit *t, uint64_t walk)
     return cost > 0xfffffff0u ? 0xfffffff0u : (uint32_t)cost;
 }
 
-/* Whether some literal group of `t` has DFA rows that do not fit the
- * shared memory the DFA kernel caches them in. */
-static bool lit_spills(const struct batch_ctx *bc, const struct catalog *cat,
-                       const struct gpu_lit *t)
+/* A single literal group goes to the literal kernel when its DFA rows are
+ * more than this: the DFA kernel keeps the first rows in shared memory,
+ * where a scan spends most of its time, and runs a group of a few hundred
+ * KiB of rows at hundreds of GB/s on the H200 (literals-1000: 0.6 MB, 550
+ * GB/s); tables of many MiB miss the cache (dict-10: 7 MB a group). */
+#define LIT_DFA_BYTES (8u << 20)
+
+/* Whether some literal group of `t` has more than LIT_DFA_BYTES of rows. */
+static bool lit_spills(const struct catalog *cat, const struct gpu_lit *t)
 {
     for (uint32_t k = 0; k < t->n_dfa; k++) {
         struct catalog_group g;
@@ -722,8 +727,8 @@ static bool lit_spills(const struct batch_ctx *bc, const struct catalog *cat,
             continue;
         catalog_group(cat, k, &g);
         uint64_t entries = (uint64_t)g.n_states * g.n_classes;
-        uint64_t words = g.n_states <= 65536 ? (entries + 1) / 2 : entries;
-        if (words > bc->plan.smem_cap)
+        uint64_t bytes = g.n_states <= 65536 ? 2 * entries : 4 * entries;
+        if (bytes > LIT_DFA_BYTES)
             return true;
     }
     return false;
@@ -749,8 +754,7 @@ static int plan_lit(struct batch_ctx *bc, uint32_t c, uint32_t *seg)
     if (rc < 0)
         return rc;
     const struct gpu_lit *t = bc->lit[c];
-    if (t->n_groups == 0 ||
-        (eng->opt.lit_kernel == 0 && t->n_groups < 2 && !lit_spills(bc, cat, t)))
+    if (t->n_groups == 0 || (eng->opt.lit_kernel == 0 && t->n_groups < 2 && !lit_spills(cat, t)))
         return 0;
     uint64_t s = p->seg_bytes;
     if (p->step_budget != NO_BUDGET) {

@@ -814,8 +814,8 @@ static uint8_t *lit_haystack(uint32_t v, uint8_t *const *str, const uint32_t *sl
 /*
  * The literal kernel against refscan: _i 0 text words (a third caseless),
  * 1 binary strings over all 256 byte values, 2 strings of 1 to 64 bytes
- * (those under 4 bytes keep their groups on the DFA), 3 as 0 under the
- * automatic choice. Hit-dense buffers of 0 to 3000 bytes with strings at
+ * (those under 4 bytes keep their groups on the DFA), 3 as 0 in several
+ * groups under the automatic choice. Hit-dense buffers of 0 to 3000 bytes with strings at
  * both ends, small segments so that many straddle a segment boundary,
  * every report mode, single-match rules. Telemetry says how many groups
  * the kernel took; the test fails when none (or not all) went to it.
@@ -840,8 +840,10 @@ START_TEST(test_literal_kernel)
             t[i].flags |= RULE_F_SINGLEMATCH;
     }
     /* variant 2: small groups, so that the short strings (grouped by
-     * length) leave some groups to the kernel */
-    struct rules_options ro = {.max_states = v == 2 ? 3000 : 0};
+     * length) leave some groups to the kernel; 3: several groups, which
+     * the automatic choice gives the kernel (one such group it leaves on
+     * the DFA unless its rows are over 8 MiB) */
+    struct rules_options ro = {.max_states = v == 2 || _i == 3 ? 3000 : 0};
     struct catalog *cat = compile_rules_opt(t, N, &ro);
     uint32_t plain_groups = 0;
     for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
@@ -870,6 +872,8 @@ START_TEST(test_literal_kernel)
         ck_assert_uint_eq(res.tel.lit_groups, plain_groups);
     else
         ck_assert_uint_lt(res.tel.lit_groups, plain_groups);
+    if (_i == 3)
+        ck_assert_uint_ge(plain_groups, 2);
     gpu_result_finish(&res);
     /* resident now: the tables are not built or uploaded again */
     ck_assert_uint_ge(check_batch(eng, &b, &res), hits);
@@ -894,7 +898,8 @@ END_TEST
  * devices' path), a second catalog beside it (a literal group with a
  * regex group) and a ring of 16 hits, so the pass is re-run at collect
  * from the kept push constants; 2 with the kernel off (0 groups in
- * telemetry, the same hits from the DFA). */
+ * telemetry, the same hits from the DFA); 3 the automatic choice, which
+ * leaves one small group on the DFA. */
 START_TEST(test_literal_boundaries)
 {
     struct trule t[] = {{"a", RULE_LITERAL, "needle12", 0},
@@ -920,13 +925,16 @@ START_TEST(test_literal_boundaries)
     const struct catalog *cats[] = {cat, cat2};
     struct gpu_batch b = {cats, _i == 1 ? 2 : 1, bufs, N};
     struct gpu_options opt = {.segment_bytes = seg,
-                              .lit_kernel = _i == 2 ? -1 : 1,
+                              .lit_kernel = _i == 2   ? -1
+                                            : _i == 3 ? 0
+                                                      : 1,
                               .staged_upload = _i == 1,
                               .hit_capacity = _i == 1 ? 16 : 0};
     struct gpu_engine *eng = engine(&opt);
     struct gpu_result res = {0};
     ck_assert_uint_ge(check_batch(eng, &b, &res), 2 * N);
-    uint32_t want = _i == 2 ? 0 : catalog_group_count(cat) + (_i == 1);
+    uint32_t want = _i >= 2 ? 0 : catalog_group_count(cat) + (_i == 1);
+    ck_assert_uint_eq(catalog_group_count(cat), 1);
     ck_assert_uint_eq(res.tel.lit_groups, want);
     if (_i == 1)
         ck_assert_uint_ge(res.tel.hit_reruns, 1);
@@ -1741,7 +1749,7 @@ Suite *gpu_suite(void)
     tc = tcase_create("literal");
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_literal_kernel, 0, 4);
-    tcase_add_loop_test(tc, test_literal_boundaries, 0, 3);
+    tcase_add_loop_test(tc, test_literal_boundaries, 0, 4);
     suite_add_tcase(s, tc);
     return s;
 }
