@@ -344,7 +344,10 @@ static void lit_free(struct gpu_lit *t)
     free(t);
 }
 
-static int lit_build(const struct catalog *cat, uint32_t filter_words, struct gpu_lit **out)
+/* Builds the tables of `cat`; an image over `range` bytes (the device's
+ * storage-buffer range) is dropped, and its groups keep their DFAs. */
+static int lit_build(const struct catalog *cat, uint32_t filter_words, uint64_t range,
+                     struct gpu_lit **out)
 {
     struct gpu_lit *t = calloc(1, sizeof(*t));
     if (t == NULL)
@@ -370,6 +373,10 @@ static int lit_build(const struct catalog *cat, uint32_t filter_words, struct gp
         keep_routed(t, &b);
     if (rc == 0 && t->n_groups > 0)
         rc = make_image(t, &b, filter_words);
+    if (rc == 0 && t->n_groups > 0 && (uint64_t)t->n_words * 4 > range) {
+        memset(t->route, 0, t->n_dfa);
+        t->n_groups = 0;
+    }
     free(b.v);
     free(b.pool.b);
     free(b.pool.m);
@@ -399,7 +406,7 @@ int gpu_lit_get(struct gpu_engine *eng, const struct catalog *cat, uint32_t filt
             victim = i;
     }
     struct gpu_lit *t;
-    int rc = lit_build(cat, filter_words, &t);
+    int rc = lit_build(cat, filter_words, eng->info.max_storage_range, &t);
     if (rc != 0)
         return rc;
     lit_free(eng->lits[victim]);

@@ -47,7 +47,8 @@ struct gpu_lit {
  * from the engine's cache (eng->lits, keyed by fingerprint) or built and
  * cached. `*out` stays owned by the cache and is valid until the next
  * call (at most GPU_LIT_CACHE catalogs are kept, so a batch's own ones
- * stay). A catalog without literal groups gets tables with n_groups 0.
+ * stay). A catalog without literal groups, or whose tables would be over
+ * the device's storage-buffer range, gets tables with n_groups 0.
  * Returns 0 or -ENOMEM.
  */
 int gpu_lit_get(struct gpu_engine *eng, const struct catalog *cat, uint32_t filter_words,
