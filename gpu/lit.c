@@ -376,6 +376,9 @@ static int lit_build(const struct catalog *cat, uint32_t filter_words, uint64_t 
     if (rc == 0 && t->n_groups > 0 && (uint64_t)t->n_words * 4 > range) {
         memset(t->route, 0, t->n_dfa);
         t->n_groups = 0;
+        free(t->words);
+        t->words = NULL;
+        t->n_words = 0;
     }
     free(b.v);
     free(b.pool.b);
