@@ -812,19 +812,20 @@ static uint8_t *lit_haystack(uint32_t v, uint8_t *const *str, const uint32_t *sl
 }
 
 /*
- * The literal kernel against refscan: _i 0 text words (a third caseless),
- * 1 binary strings over all 256 byte values, 2 strings of 1 to 64 bytes
- * (those under 4 bytes keep their groups on the DFA), 3 as 0 in several
- * groups under the automatic choice. Hit-dense buffers of 0 to 3000 bytes with strings at
- * both ends, small segments so that many straddle a segment boundary,
- * every report mode, single-match rules. Telemetry says how many groups
- * the kernel took; the test fails when none (or not all) went to it.
+ * The literal kernel against refscan, 3,000 strings: _i 0 text words
+ * (a third caseless), 1 binary strings over all 256 byte values, 2
+ * strings of 1 to 64 bytes (those under 4 bytes keep their groups on the
+ * DFA), 3 as 0 in several groups under the automatic choice. Hit-dense
+ * buffers of 0 to 3000 bytes with strings at both ends, small segments so
+ * that many straddle a segment boundary, every report mode, single-match
+ * rules. Telemetry says how many groups the kernel took; the test fails
+ * when none (or not all) went to it.
  */
 START_TEST(test_literal_kernel)
 {
     rng = 0x51ed270b27a3c1d5ull + (uint64_t)_i;
     uint32_t v = _i == 3 ? 0 : (uint32_t)_i;
-    enum { N = 1500, MAXLEN = 64 };
+    enum { N = 3000, MAXLEN = 64 };
     struct trule *t = calloc(N, sizeof(*t));
     char(*pat)[4 * MAXLEN + 1] = calloc(N, sizeof(*pat));
     uint8_t **str = calloc(N, sizeof(*str));
