@@ -335,6 +335,77 @@ static int make_image(struct gpu_lit *t, struct build *b, uint32_t filter_words)
     return 0;
 }
 
+/* ---- report indexes ---------------------------------------------------- */
+
+struct rid {
+    const char *id;
+    uint32_t len, rule;
+};
+
+static int cmp_rid(const void *x, const void *y)
+{
+    const struct rid *a = x, *b = y;
+    uint32_t n = a->len < b->len ? a->len : b->len;
+    int d = memcmp(a->id, b->id, n);
+    if (d != 0)
+        return d;
+    if (a->len != b->len)
+        return a->len < b->len ? -1 : 1;
+    return a->rule < b->rule ? -1 : a->rule > b->rule;
+}
+
+/*
+ * Rules that share an id report as one, under the index the compiler gave
+ * the first of them (docs/catalog.md), which is what their groups' accept
+ * entries carry: the entries' string's `rule` becomes that index. Ids are
+ * classed by sorting; a class's index is read off the accept entries of
+ * the routed groups (every member of a class reports the same index).
+ */
+static int map_reports(const struct catalog *cat, const uint8_t *route, uint32_t n_dfa,
+                       struct entry *v, size_t n)
+{
+    uint32_t nr = catalog_rule_count(cat);
+    struct rid *ids = malloc((nr ? nr : 1) * sizeof(*ids));
+    uint32_t *cls = malloc((nr ? nr : 1) * sizeof(*cls));
+    uint32_t *rep = malloc((nr ? nr : 1) * sizeof(*rep));
+    int rc = ids != NULL && cls != NULL && rep != NULL ? 0 : -ENOMEM;
+    bool shared = false;
+    for (uint32_t r = 0; rc == 0 && r < nr; r++) {
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        ids[r] = (struct rid){cr.id, cr.id_len, r};
+    }
+    if (rc == 0)
+        qsort(ids, nr, sizeof(*ids), cmp_rid);
+    for (uint32_t i = 0, k = 0; rc == 0 && i < nr; i++) {
+        bool same = i > 0 && ids[i].len == ids[i - 1].len &&
+                    memcmp(ids[i].id, ids[i - 1].id, ids[i].len) == 0;
+        k += i > 0 && !same;
+        shared |= same;
+        cls[ids[i].rule] = k;
+        rep[k] = UINT32_MAX;
+    }
+    for (uint32_t g = 0; rc == 0 && shared && g < n_dfa; g++) {
+        struct catalog_group cg;
+        if (!route[g])
+            continue;
+        catalog_group(cat, g, &cg);
+        uint32_t first = cg.accept_index[0], end = cg.accept_index[cg.n_states - cg.first_accept];
+        for (uint32_t e = first; e < end; e++) {
+            uint32_t q = cg.accepts[e] >> 5;
+            if (q < nr)
+                rep[cls[q]] = q;
+        }
+    }
+    for (size_t i = 0; rc == 0 && shared && i < n; i++)
+        if (rep[cls[v[i].rule]] != UINT32_MAX)
+            v[i].rule = rep[cls[v[i].rule]];
+    free(ids);
+    free(cls);
+    free(rep);
+    return rc;
+}
+
 static void lit_free(struct gpu_lit *t)
 {
     if (t == NULL)
@@ -371,6 +442,8 @@ static int lit_build(const struct catalog *cat, uint32_t filter_words, uint64_t 
     }
     if (rc == 0)
         keep_routed(t, &b);
+    if (rc == 0 && t->n_groups > 0)
+        rc = map_reports(cat, t->route, t->n_dfa, b.v, b.n);
     if (rc == 0 && t->n_groups > 0)
         rc = make_image(t, &b, filter_words);
     if (rc == 0 && t->n_groups > 0 && (uint64_t)t->n_words * 4 > range) {

@@ -815,7 +815,8 @@ static uint8_t *lit_haystack(uint32_t v, uint8_t *const *str, const uint32_t *sl
  * The literal kernel against refscan, 3,000 strings: _i 0 text words
  * (a third caseless), 1 binary strings over all 256 byte values, 2
  * strings of 1 to 64 bytes (those under 4 bytes keep their groups on the
- * DFA), 3 as 0 in several groups under the automatic choice. Hit-dense
+ * DFA), 3 as 0 in several groups under the automatic choice; a tenth
+ * share an id with the rule before. Hit-dense
  * buffers of 0 to 3000 bytes with strings at both ends, small segments so
  * that many straddle a segment boundary, every report mode, single-match
  * rules. Telemetry says how many groups the kernel took; the test fails
@@ -835,7 +836,8 @@ START_TEST(test_literal_kernel)
         slen[i] = v == 2 ? 1 + rnd(MAXLEN) : 4 + rnd(v == 1 ? 29 : 13);
         str[i] = malloc(slen[i]);
         lit_string(v, str[i], slen[i]);
-        snprintf(t[i].id, sizeof(t[i].id), "l%u", i);
+        /* some rules share the id of the one before (report as one) */
+        snprintf(t[i].id, sizeof(t[i].id), "l%u", i > 0 && rnd(10) == 0 ? i - 1 : i);
         lit_rule(&t[i], pat[i], str[i], slen[i], v == 0 && rnd(3) == 0);
         if (rnd(16) == 0)
             t[i].flags |= RULE_F_SINGLEMATCH;
@@ -894,7 +896,9 @@ START_TEST(test_literal_kernel)
 }
 END_TEST
 
-/* Strings that straddle segment and buffer boundaries: _i 0 with the
+/* Strings that straddle segment and buffer boundaries, two rules with one
+ * id (each end reported once, under the first rule's index, as the DFA
+ * does), a caseless and a binary one: _i 0 with the
  * kernel; 1 with it, the tables copied through staging (the discrete
  * devices' path), a second catalog beside it (a literal group with a
  * regex group) and a ring of 16 hits, so the pass is re-run at collect
@@ -906,9 +910,10 @@ START_TEST(test_literal_boundaries)
     struct trule t[] = {{"a", RULE_LITERAL, "needle12", 0},
                         {"b", RULE_LITERAL, "NeEdLe", RULE_F_CASELESS},
                         {"c", RULE_LITERAL, "dle12nee", 0},
+                        {"a", RULE_LITERAL, "edle12", 0}, /* "a" again: reports as the first */
                         {"d", RULE_REGEX, "\\x00\\xffneedle", 0}};
     struct trule t2[] = {{"e", RULE_LITERAL, "edle12", 0}, {"f", RULE_REGEX, "n[a-f]+dle1", 0}};
-    struct catalog *cat = compile_rules(t, 4), *cat2 = compile_rules(t2, 2);
+    struct catalog *cat = compile_rules(t, 5), *cat2 = compile_rules(t2, 2);
     const uint32_t seg = 64;
     enum { N = 24 };
     struct gpu_buffer bufs[N];
