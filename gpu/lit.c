@@ -150,6 +150,30 @@ struct build {
     struct sbuf pool;
 };
 
+/* Appends string s to the pool (whose offsets must stay u32). */
+static int pool_append(struct sbuf *pool, const struct sbuf *s)
+{
+    if (pool->n > UINT32_MAX / 2 - s->n)
+        return -ENOMEM;
+    if (pool->n + s->n > pool->cap) {
+        uint32_t cap = pool->cap ? pool->cap : 4096;
+        while (cap < pool->n + s->n)
+            cap *= 2;
+        uint8_t *nb = realloc(pool->b, cap);
+        if (nb != NULL)
+            pool->b = nb;
+        uint8_t *nm = nb != NULL ? realloc(pool->m, cap) : NULL;
+        if (nm == NULL)
+            return -ENOMEM;
+        pool->m = nm;
+        pool->cap = cap;
+    }
+    memcpy(pool->b + pool->n, s->b, s->n);
+    memcpy(pool->m + pool->n, s->m, s->n);
+    pool->n += s->n;
+    return 0;
+}
+
 /* Rule r's string into b, or its group unmarked in `route`. */
 static int add_rule(const struct catalog *cat, uint32_t r, uint8_t *route, struct build *b)
 {
@@ -171,35 +195,16 @@ static int add_rule(const struct catalog *cat, uint32_t r, uint8_t *route, struc
     if (good && b->n == b->cap) {
         size_t cap = b->cap ? 2 * b->cap : 256;
         struct entry *v = realloc(b->v, cap * sizeof(*v));
-        if (v == NULL)
-            rc = -ENOMEM;
-        else
-            b->v = v, b->cap = cap;
+        rc = v != NULL ? 0 : -ENOMEM;
+        if (v != NULL) {
+            b->v = v;
+            b->cap = cap;
+        }
     }
     if (good && rc == 0) {
-        b->v[b->n++] = (struct entry){.off = b->pool.n, .len = s.n, .rule = r, .group = cr.group};
-        for (uint32_t i = 0; i < s.n && rc == 0; i++) {
-            if (b->pool.n >= UINT32_MAX / 2 - GPU_LIT_MAX_LEN) {
-                rc = -ENOMEM;
-                break;
-            }
-            /* the pool has no length limit of its own */
-            if (b->pool.n == b->pool.cap) {
-                uint32_t cap = b->pool.cap ? 2 * b->pool.cap : 4096;
-                uint8_t *nb = realloc(b->pool.b, cap), *nm = NULL;
-                if (nb != NULL)
-                    b->pool.b = nb;
-                nm = nb != NULL ? realloc(b->pool.m, cap) : NULL;
-                if (nm == NULL) {
-                    rc = -ENOMEM;
-                    break;
-                }
-                b->pool.m = nm;
-                b->pool.cap = cap;
-            }
-            b->pool.b[b->pool.n] = s.b[i];
-            b->pool.m[b->pool.n++] = s.m[i];
-        }
+        b->v[b->n] = (struct entry){.off = b->pool.n, .len = s.n, .rule = r, .group = cr.group};
+        rc = pool_append(&b->pool, &s);
+        b->n += rc == 0;
     }
     if (!good)
         route[cr.group] = 0;
@@ -256,7 +261,62 @@ static uint32_t log2_u32(uint32_t v)
     return r;
 }
 
-/* Fills the image: filter, slots, strings. */
+/* Sets each distinct key's filter bits and slot; returns the costliest
+ * slot's strings (their lengths plus 2 each: the kernel's loop count). */
+static uint32_t place_keys(struct gpu_lit *t, const struct build *b)
+{
+    uint32_t *w = t->words, wshift = 32 - log2_u32(t->filter_words), worst = 0;
+    for (size_t i = 0; i < b->n;) {
+        size_t j = i, cost = 0;
+        while (j < b->n && b->v[j].klo == b->v[i].klo && b->v[j].khi == b->v[i].khi)
+            cost += b->v[j++].len + 2;
+        uint32_t a = mix(b->v[i].klo, b->v[i].khi), s = a & t->slot_mask;
+        w[a >> wshift] |= filter_bits(a);
+        while (w[t->slots + 4 * s + 3] != 0)
+            s = (s + 1) & t->slot_mask;
+        uint32_t *sl = &w[t->slots + 4 * s];
+        sl[0] = b->v[i].klo;
+        sl[1] = b->v[i].khi;
+        sl[2] = (uint32_t)i;
+        sl[3] = (uint32_t)(j - i);
+        worst = cost > worst ? (uint32_t)cost : worst;
+        i = j;
+    }
+    return worst;
+}
+
+/* The strings' records, bytes and masks, in key order. */
+static void place_strings(struct gpu_lit *t, const struct build *b)
+{
+    uint32_t *w = t->words, off = 0;
+    uint8_t *bytes = (uint8_t *)(w + t->bytes), *masks = (uint8_t *)(w + t->masks);
+    for (size_t i = 0; i < b->n; i++) {
+        const struct entry *e = &b->v[i];
+        uint32_t *l = &w[t->lits + 4 * i];
+        l[0] = off;
+        l[1] = e->len;
+        l[2] = e->rule;
+        l[3] = e->group;
+        memcpy(bytes + off, b->pool.b + e->off, e->len);
+        memcpy(masks + off, b->pool.m + e->off, e->len);
+        off += e->len;
+    }
+}
+
+/* The longest probe: the longest run of full slots, plus the empty one
+ * that ends it (the table is at most half full). */
+static uint32_t longest_probe(const struct gpu_lit *t)
+{
+    uint32_t run = 0, longest = 0;
+    for (uint32_t s = 0; s < 2 * (t->slot_mask + 1); s++) {
+        run = t->words[t->slots + 4 * (s & t->slot_mask) + 3] != 0 ? run + 1 : 0;
+        longest = run > longest ? run : longest;
+    }
+    return longest + 1;
+}
+
+/* Key length and fold from the strings, then the image: filter, slots,
+ * strings. Sorts b's entries by key. */
 static int make_image(struct gpu_lit *t, struct build *b, uint32_t filter_words)
 {
     t->min_len = UINT32_MAX;
@@ -295,43 +355,10 @@ static int make_image(struct gpu_lit *t, struct build *b, uint32_t filter_words)
     t->words = calloc(n_words, 4);
     if (t->words == NULL)
         return -ENOMEM;
-    uint32_t *w = t->words, wshift = 32 - log2_u32(filter_words), off = 0, worst = 0;
-    for (size_t i = 0; i < b->n;) {
-        size_t j = i, cost = 0;
-        while (j < b->n && b->v[j].klo == b->v[i].klo && b->v[j].khi == b->v[i].khi)
-            cost += b->v[j++].len + 2;
-        uint32_t a = mix(b->v[i].klo, b->v[i].khi), s = a & t->slot_mask;
-        w[a >> wshift] |= filter_bits(a);
-        while (w[t->slots + 4 * s + 3] != 0)
-            s = (s + 1) & t->slot_mask;
-        uint32_t *sl = &w[t->slots + 4 * s];
-        sl[0] = b->v[i].klo;
-        sl[1] = b->v[i].khi;
-        sl[2] = (uint32_t)i;
-        sl[3] = (uint32_t)(j - i);
-        worst = cost > worst ? (uint32_t)cost : worst;
-        i = j;
-    }
-    uint8_t *bytes = (uint8_t *)(w + t->bytes), *masks = (uint8_t *)(w + t->masks);
-    for (size_t i = 0; i < b->n; i++) {
-        const struct entry *e = &b->v[i];
-        uint32_t *l = &w[t->lits + 4 * i];
-        l[0] = off;
-        l[1] = e->len;
-        l[2] = e->rule;
-        l[3] = e->group;
-        memcpy(bytes + off, b->pool.b + e->off, e->len);
-        memcpy(masks + off, b->pool.m + e->off, e->len);
-        off += e->len;
-    }
-    /* The longest probe: the longest run of full slots, plus the empty
-     * one that ends it (the table is at most half full). */
-    uint32_t run = 0, longest = 0;
-    for (uint32_t s = 0; s < 2 * cap; s++) {
-        run = w[t->slots + 4 * (s & t->slot_mask) + 3] != 0 ? run + 1 : 0;
-        longest = run > longest ? run : longest;
-    }
-    t->pos_cost = 2 + t->klen + longest + 1 + worst;
+    uint32_t worst = place_keys(t, b);
+    place_strings(t, b);
+    /* per position: the candidate loop, the key, the probes, the strings */
+    t->pos_cost = 2 + t->klen + longest_probe(t) + worst;
     return 0;
 }
 
