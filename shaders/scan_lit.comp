@@ -87,11 +87,12 @@ bool filter_pass(uint a)
     return (s_f[a >> pc.wshift] & m) == m;
 }
 
-/* Rolls byte c in; whether the key now ending there passes the filter. */
+/* Rolls byte c in (folded already); whether the key now ending there
+ * passes the filter. */
 bool roll(uint c)
 {
     g_hi = (g_hi << 8u) | (g_lo >> 24u);
-    g_lo = (g_lo << 8u) | (c | pc.fold);
+    g_lo = (g_lo << 8u) | c;
     return filter_pass(mix(g_lo, g_hi & pc.hi_mask));
 }
 
@@ -142,15 +143,15 @@ void confirm(uint s, uint off, uint buf, uint lo, uint hi)
     }
 }
 
-/* Filter bits of the 4 bytes of w at positions p .. p + 3: bit t set when
- * the key ending at p + t passes and is a whole key (p + t >= valid). */
-uint roll4(uint w, uint p, uint valid)
+/* Rolls the 4 (folded) bytes of w in: bit t set when the key ending at
+ * byte t passes the filter. */
+uint roll4(uint w)
 {
     /* unrolled by hand: lavapipe counts every loop iteration */
-    uint m = roll(w & 0xffu) && p >= valid ? 1u : 0u;
-    m |= roll((w >> 8u) & 0xffu) && p + 1u >= valid ? 2u : 0u;
-    m |= roll((w >> 16u) & 0xffu) && p + 2u >= valid ? 4u : 0u;
-    m |= roll(w >> 24u) && p + 3u >= valid ? 8u : 0u;
+    uint m = roll(w & 0xffu) ? 1u : 0u;
+    m |= roll((w >> 8u) & 0xffu) ? 2u : 0u;
+    m |= roll((w >> 16u) & 0xffu) ? 4u : 0u;
+    m |= roll(w >> 24u) ? 8u : 0u;
     return m;
 }
 
@@ -167,16 +168,18 @@ void scan_item(uvec4 it)
     g_lo = 0u;
     g_hi = 0u;
 
+    uint f4 = pc.fold * 0x01010101u;
     uint i = begin;
     while (i < hi && (i & 15u) != 0u) {
-        if (roll(byte_at(off + i)) && i >= valid)
+        if (roll(byte_at(off + i) | pc.fold) && i >= valid)
             confirm(i + 1u - pc.klen, off, buf, lo, hi);
         i++;
     }
     while (i + 16u <= hi) {
-        uvec4 v = hay[(off + i) >> 4u];
-        uint cand = roll4(v.x, i, valid) | (roll4(v.y, i + 4u, valid) << 4u) |
-                    (roll4(v.z, i + 8u, valid) << 8u) | (roll4(v.w, i + 12u, valid) << 12u);
+        uvec4 v = hay[(off + i) >> 4u] | uvec4(f4);
+        uint cand = roll4(v.x) | (roll4(v.y) << 4u) | (roll4(v.z) << 8u) | (roll4(v.w) << 12u);
+        if (i < valid) /* keys that do not hold klen bytes of this walk yet */
+            cand &= valid - i >= 16u ? 0u : 0xffffu << (valid - i);
         while (cand != 0u) {
             uint t = uint(findLSB(cand));
             cand &= cand - 1u;
@@ -185,7 +188,7 @@ void scan_item(uvec4 it)
         i += 16u;
     }
     while (i < hi) {
-        if (roll(byte_at(off + i)) && i >= valid)
+        if (roll(byte_at(off + i) | pc.fold) && i >= valid)
             confirm(i + 1u - pc.klen, off, buf, lo, hi);
         i++;
     }
