@@ -25,8 +25,10 @@
 #include "lit.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "parse.h"
 #include "rules.h"
@@ -210,6 +212,101 @@ static int add_rule(const struct catalog *cat, uint32_t r, uint8_t *route, struc
         route[cr.group] = 0;
     free(s.b);
     free(s.m);
+    return rc;
+}
+
+/* One thread's share of the rules: [lo, hi) of the routed groups, parsed
+ * into its own build, with its own copy of `route` (groups it found not
+ * literal cleared). */
+struct collect_job {
+    const struct catalog *cat;
+    uint32_t lo, hi, n_dfa;
+    uint8_t *route;
+    struct build b;
+    int rc;
+};
+
+static void *collect_run(void *arg)
+{
+    struct collect_job *j = arg;
+    for (uint32_t r = j->lo; j->rc == 0 && r < j->hi; r++) {
+        struct catalog_rule cr;
+        catalog_rule(j->cat, r, &cr);
+        if (cr.group < j->n_dfa && j->route[cr.group])
+            j->rc = add_rule(j->cat, r, j->route, &j->b);
+    }
+    return NULL;
+}
+
+/* Appends job j's strings to b (rule order is kept: shares are in order),
+ * and clears in `route` the groups it cleared. */
+static int collect_join(struct collect_job *j, uint8_t *route, struct build *b)
+{
+    for (uint32_t g = 0; g < j->n_dfa; g++)
+        route[g] &= j->route[g];
+    if (b->n + j->b.n > b->cap) {
+        size_t cap = b->n + j->b.n;
+        struct entry *v = realloc(b->v, cap * sizeof(*v));
+        if (v == NULL)
+            return -ENOMEM;
+        b->v = v;
+        b->cap = cap;
+    }
+    uint32_t base = b->pool.n;
+    int rc = pool_append(&b->pool, &j->b.pool);
+    for (size_t i = 0; rc == 0 && i < j->b.n; i++) {
+        b->v[b->n] = j->b.v[i];
+        b->v[b->n++].off += base;
+    }
+    return rc;
+}
+
+/* Threads that parse a catalog's rules (43,029 rules of dict-10: 0.19 s
+ * on one core), each given at least COLLECT_RULES of them. */
+#define COLLECT_THREADS 16u
+#define COLLECT_RULES   1024u
+
+/* Every routed group's strings into b, in rule order, parsed on up to
+ * COLLECT_THREADS threads (this one included; a share whose thread does
+ * not start runs here); `route` loses the groups that are not literal. */
+static int collect(const struct catalog *cat, uint8_t *route, uint32_t n_dfa, struct build *b)
+{
+    uint32_t nr = catalog_rule_count(cat);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t n = cores < 1 ? 1 : cores > (long)COLLECT_THREADS ? COLLECT_THREADS : (uint32_t)cores;
+    n = n < nr / COLLECT_RULES ? n : nr / COLLECT_RULES;
+    n = n ? n : 1;
+    struct collect_job *jobs = calloc(n, sizeof(*jobs));
+    pthread_t th[COLLECT_THREADS];
+    bool started[COLLECT_THREADS] = {false};
+    if (jobs == NULL)
+        return -ENOMEM;
+    for (uint32_t k = 0; k < n; k++) {
+        jobs[k] = (struct collect_job){.cat = cat,
+                                       .lo = (uint32_t)((uint64_t)nr * k / n),
+                                       .hi = (uint32_t)((uint64_t)nr * (k + 1) / n),
+                                       .n_dfa = n_dfa,
+                                       .route = malloc(n_dfa + 1)};
+        jobs[k].rc = jobs[k].route != NULL ? 0 : -ENOMEM;
+        if (jobs[k].route != NULL)
+            memcpy(jobs[k].route, route, n_dfa);
+        if (k > 0 && jobs[k].rc == 0)
+            started[k] = pthread_create(&th[k], NULL, collect_run, &jobs[k]) == 0;
+    }
+    collect_run(&jobs[0]);
+    int rc = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        if (started[k])
+            pthread_join(th[k], NULL);
+        else if (k > 0)
+            collect_run(&jobs[k]);
+        rc = rc != 0 ? rc : jobs[k].rc != 0 ? jobs[k].rc : collect_join(&jobs[k], route, b);
+        free(jobs[k].route);
+        free(jobs[k].b.v);
+        free(jobs[k].b.pool.b);
+        free(jobs[k].b.pool.m);
+    }
+    free(jobs);
     return rc;
 }
 
@@ -461,12 +558,8 @@ static int lit_build(const struct catalog *cat, uint32_t filter_words, uint64_t 
         /* no flag at all: no assertion, not a factor group */
         t->route[g] = cg.flags == 0 && cg.n_rules > 0;
     }
-    for (uint32_t r = 0; rc == 0 && r < catalog_rule_count(cat); r++) {
-        struct catalog_rule cr;
-        catalog_rule(cat, r, &cr);
-        if (cr.group < t->n_dfa && t->route[cr.group])
-            rc = add_rule(cat, r, t->route, &b);
-    }
+    if (rc == 0)
+        rc = collect(cat, t->route, t->n_dfa, &b);
     if (rc == 0)
         keep_routed(t, &b);
     if (rc == 0 && t->n_groups > 0)
