@@ -428,8 +428,15 @@ static void nfa_rebuild(const struct catalog_nfa *g, const uint8_t *h, uint32_t 
  * the heap for the call: the stream does not carry them. */
 #define STACK_WORDS 512u
 
+/* A gated bounded bit-NFA group kept by history: the fast path's head and
+ * tail walk it only around its factors (gated_head, gated_tail). */
+static bool gated_hist(const struct catalog_nfa *g, uint32_t hist)
+{
+    return (g->flags & CAT_GF_GATED) && !(g->flags & CAT_GF_CONFIRM) && by_hist(g, hist);
+}
+
 static int nfa_all(struct streamscan *s, const struct vbuf *v, size_t e, uint32_t told_end,
-                   struct scan_hits *raw)
+                   bool gated_apart, struct scan_hits *raw)
 {
     struct layout l = layout_of(s->cat);
     uint32_t n = catalog_nfa_count(s->cat), max = 0;
@@ -448,6 +455,8 @@ static int nfa_all(struct streamscan *s, const struct vbuf *v, size_t e, uint32_
     int rc = 0;
     for (uint32_t j = 0; j < n && rc == 0; j++) {
         catalog_nfa(s->cat, j, &at.g);
+        if (gated_apart && gated_hist(&at.g, l.hist))
+            continue; /* kept by history: no vector to skip */
         if (by_hist(&at.g, l.hist)) {
             nfa_rebuild(&at.g, h, s->hist_len, l.hist, rb, tmp);
             at.home = rb;
@@ -564,7 +573,7 @@ static void plan_once(struct streamscan *s)
 #define PIECE_DEFAULT    (1u << 20)
 
 static atomic_size_t fast_min = FAST_MIN_DEFAULT;
-static atomic_uint_fast64_t n_fast, n_pieces, n_parallel;
+static atomic_uint_fast64_t n_fast, n_pieces, n_parallel, n_gated;
 
 void streamscan_tune(size_t min_middle)
 {
@@ -576,6 +585,7 @@ void streamscan_counters(struct streamscan_counters *c)
     c->fast_writes = atomic_load(&n_fast);
     c->pieces = atomic_load(&n_pieces);
     c->parallel_writes = atomic_load(&n_parallel);
+    c->gated_writes = atomic_load(&n_gated);
 }
 
 static atomic_uint par_threads = 1;
@@ -771,10 +781,95 @@ static uint32_t dfa_rebuild(const struct catalog_group *g, const uint8_t *w, siz
     return st;
 }
 
+/* Whether gated group `nfa` has a candidate whose factor ends in
+ * [a, b] (`a` may be below 0 as an unsigned wrap: then from 0). */
+static bool has_cand(const struct refscan_gate *g, uint32_t nfa, uint64_t a, uint64_t b)
+{
+    if (a > b)
+        a = 0;
+    for (size_t i = 0; i < g->n; i++)
+        if (g->v[i].nfa == nfa && g->v[i].end >= a && g->v[i].end <= b)
+            return true;
+    return false;
+}
+
+/* The head's gated groups kept by history need the history and the head
+ * in one copy (stack, bounded). */
+#define GATED_COPY (2 * HIST_MAX + 8)
+
+static bool gated_ok(const struct streamscan *s, const struct layout *l, size_t h)
+{
+    if (l->hist == 0 || (size_t)l->hist + 1 + h + 1 > GATED_COPY)
+        return false;
+    for (uint32_t j = 0; j < catalog_nfa_count(s->cat); j++) {
+        struct catalog_nfa g;
+        catalog_nfa(s->cat, j, &g);
+        if (gated_hist(&g, l->hist) && g.n_words > STACK_WORDS)
+            return false; /* its scratch would not fit the stack */
+    }
+    for (uint32_t j = 0; j < catalog_nfa_count(s->cat); j++) {
+        struct catalog_nfa g;
+        catalog_nfa(s->cat, j, &g);
+        if (gated_hist(&g, l->hist))
+            return true;
+    }
+    return false;
+}
+
+struct gated_ctx {
+    struct scan_hits *raw;
+    uint64_t base; /* stream offset of the copy's byte 0 */
+};
+
+static int on_gated(void *ctx, uint32_t rule, uint64_t end)
+{
+    struct gated_ctx *c = ctx;
+    return scan_hits_push(c->raw, rule, c->base + end, 1);
+}
+
+/* The head (positions pos .. pos + h - 1) of the gated bit-NFA groups kept
+ * by history, walked only around their factors as block mode walks them:
+ * over a copy of the history and v[0..h] (v[h] is the lookahead of the
+ * head's last end; the write has more bytes than its head). Position pos,
+ * whose check depends on what the last write told, is checked from the
+ * state rebuilt from the history, and only for a group with a factor end
+ * in its last maxlen bytes: without one no match of it ends there. */
+static int gated_head(struct streamscan *s, const struct layout *l, const struct vbuf *v, size_t h,
+                      struct scan_hits *raw)
+{
+    uint8_t copy[GATED_COPY];
+    const uint8_t *hist = (const uint8_t *)s + l->hist_at;
+    size_t hl = s->hist_len, n = hl + h + 1;
+    memcpy(copy, hist, hl);
+    for (size_t j = 0; j <= h; j++)
+        copy[hl + j] = vbyte(v, j);
+    struct refscan_gate gate = {0};
+    int rc = refscan_factor_ends(s->cat, copy, n, hl ? hl - 1 : 0, hl + h - 1, &gate);
+    uint32_t tmp[2 * STACK_WORDS], *rb = tmp + STACK_WORDS;
+    struct gated_ctx c = {raw, pos_of(s) - hl};
+    uint32_t k0 = catalog_byte_kind(vbyte(v, 0));
+    for (uint32_t j = 0; j < catalog_nfa_count(s->cat) && rc == 0; j++) {
+        struct catalog_nfa g;
+        catalog_nfa(s->cat, j, &g);
+        if (!gated_hist(&g, l->hist))
+            continue;
+        if (hl > 0 && has_cand(&gate, j, hl - g.maxlen, hl)) {
+            struct nvec a, b;
+            nfa_rebuild(&g, hist, (uint32_t)hl, l->hist, rb, tmp);
+            nfa_load(&g, rb, tmp, &a, &b);
+            rc = nfa_check(&g, &a, s->prev, 1u << k0, s->told, pos_of(s), raw);
+        }
+        if (rc == 0)
+            rc = refscan_gated_range(s->cat, j, copy, n, hl, hl + h - 1, &gate, on_gated, &c);
+    }
+    refscan_gate_finish(&gate);
+    return rc;
+}
+
 /* The tail: every group's state after w[0..n) rebuilt, position `end`
  * checked with `told_end`, and the carried states replaced. */
 static int tail(struct streamscan *s, const struct layout *l, const uint8_t *w, size_t n,
-                uint64_t end, uint32_t told_end, struct scan_hits *raw)
+                uint64_t end, uint32_t told_end, bool gated_apart, struct scan_hits *raw)
 {
     int rc = 0;
     for (uint32_t gi = 0; gi < catalog_group_count(s->cat) && rc == 0; gi++) {
@@ -795,9 +890,14 @@ static int tail(struct streamscan *s, const struct layout *l, const uint8_t *w, 
         return -ENOMEM;
     uint32_t *tmp = heap ? heap : stack, *rb = tmp + (heap ? max : STACK_WORDS);
     uint32_t *home = nfa_words(s), p = catalog_byte_kind(w[n - 1]) + 1;
+    struct refscan_gate gate = {0};
+    if (gated_apart && rc == 0) /* factor ends that can make a match end at n */
+        rc = refscan_factor_ends(s->cat, w, n, n - 1, n, &gate);
     for (uint32_t j = 0; j < nn && rc == 0; j++) {
         struct catalog_nfa g;
         catalog_nfa(s->cat, j, &g);
+        if (gated_apart && gated_hist(&g, l->hist) && !has_cand(&gate, j, n - g.maxlen, n))
+            continue; /* no match of it can end at n, and it keeps no vector */
         /* its last maxlen bytes and the byte before them */
         nfa_rebuild(&g, w + n - g.maxlen - 1, g.maxlen + 1, 0, rb, tmp);
         struct nvec a, b;
@@ -808,6 +908,7 @@ static int tail(struct streamscan *s, const struct layout *l, const uint8_t *w, 
             home += g.n_words;
         }
     }
+    refscan_gate_finish(&gate);
     free(heap);
     return rc;
 }
@@ -853,7 +954,7 @@ static int deliver(struct streamscan *s, struct scan_hits *raw, struct scan_hits
 /* Walks every group over v[0..e) from the carried state: checks positions
  * pos .. pos + e (pos + e with `told_end`; 0: not checked). */
 static int walk_all(struct streamscan *s, const struct layout *l, const struct vbuf *v, size_t e,
-                    uint32_t told_end, struct scan_hits *raw)
+                    uint32_t told_end, bool gated_apart, struct scan_hits *raw)
 {
     bool lits = false;
     int rc = 0;
@@ -866,7 +967,7 @@ static int walk_all(struct streamscan *s, const struct layout *l, const struct v
     if (rc == 0 && lits && e > 0)
         rc = lit_write(s, l, v, e, raw);
     if (rc == 0)
-        rc = nfa_all(s, v, e, told_end, raw);
+        rc = nfa_all(s, v, e, told_end, gated_apart, raw);
     return rc;
 }
 
@@ -898,18 +999,23 @@ int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struc
     size_t h = head_of(s, e);
     int rc;
     if (h == 0) {
-        rc = walk_all(s, &l, &v, e, told_end, &raw);
+        rc = walk_all(s, &l, &v, e, told_end, false, &raw);
     } else {
         /* the head from the carried state, the middle as block mode, the
          * tail's state rebuilt (the fast path, above) */
         size_t held = s->held, ew = e - held;
         uint64_t base = s->total;
         atomic_fetch_add(&n_fast, 1);
-        rc = walk_all(s, &l, &v, h, 0, &raw);
+        bool apart = gated_ok(s, &l, h);
+        rc = walk_all(s, &l, &v, h, 0, apart, &raw);
+        if (rc == 0 && apart) {
+            atomic_fetch_add(&n_gated, 1);
+            rc = gated_head(s, &l, &v, h, &raw);
+        }
         if (rc == 0)
             rc = middle(s, buf, len, h - held - 1, ew - 1, base, &raw);
         if (rc == 0)
-            rc = tail(s, &l, buf, ew, pos_of(s) + e, told_end, &raw);
+            rc = tail(s, &l, buf, ew, pos_of(s) + e, told_end, apart, &raw);
     }
     if (rc != 0) {
         scan_hits_finish(&raw);
@@ -945,7 +1051,7 @@ int streamscan_close(struct streamscan *s, struct scan_hits *out)
     if (rc == 0 && lits && s->held)
         rc = lit_write(s, &l, &nl, 1, &raw);
     if (rc == 0)
-        rc = nfa_all(s, NULL, 0, 0, &raw);
+        rc = nfa_all(s, NULL, 0, 0, false, &raw);
     if (rc != 0) {
         scan_hits_finish(&raw);
         return rc;

@@ -85,9 +85,10 @@ void streamscan_tune(size_t min_middle);
 
 /* What the fast path did in this process (tests assert it was taken):
  * writes that took it, pieces of middles scanned, writes whose middle ran
- * on more than one thread. */
+ * on more than one thread, writes whose head and tail walked gated bit-NFA
+ * groups only around their factors. */
 struct streamscan_counters {
-    uint64_t fast_writes, pieces, parallel_writes;
+    uint64_t fast_writes, pieces, parallel_writes, gated_writes;
 };
 void streamscan_counters(struct streamscan_counters *c);
 

@@ -727,6 +727,117 @@ START_TEST(test_fast_kinds)
 }
 END_TEST
 
+/* Gated bit-NFA groups kept by history (regex-500's shape under the
+ * committed compiler: 8 such groups): the fast path's head and tail walk
+ * them only around their factors' ends (gated_head, the tail's factor
+ * check), in 64 to 4096 byte writes with matches planted across the
+ * boundaries, against block mode and Hyperscan. A rule set of regex-500's
+ * kinds under a small DFA budget, so the compiler gates them. */
+START_TEST(test_fast_gated)
+{
+    rng_state = 0x6a7ed5u;
+    enum { N = 24 };
+    struct run ru = {.n = N};
+    struct str inst[N] = {{0}};
+    struct rule_src src[N];
+    for (size_t i = 0; i < N; i++) {
+        struct trule *r = &ru.rules[i];
+        char pre[8], suf[8];
+        for (int k = 0; k < 4; k++) {
+            pre[k] = (char)('a' + rnd(26));
+            suf[k] = (char)('a' + rnd(26));
+        }
+        pre[4] = suf[4] = '\0';
+        char pat[96], one[64];
+        switch (i % 4) {
+        case 0:
+            snprintf(pat, sizeof(pat), "%s[0-9]{2,4}%s", pre, suf);
+            snprintf(one, sizeof(one), "%s%.*s%s", pre, (int)(2 + rnd(3)), "1234", suf);
+            break;
+        case 1:
+            snprintf(pat, sizeof(pat), "%s[a-z]{0,6}%s\\b", pre, suf);
+            snprintf(one, sizeof(one), "%sxy%s ", pre, suf);
+            break;
+        case 2:
+            snprintf(pat, sizeof(pat), "%s\\s[a-z]{2,5}%s", pre, suf);
+            snprintf(one, sizeof(one), "%s abc%s", pre, suf);
+            break;
+        default:
+            snprintf(pat, sizeof(pat), "(?i)%s[0-9a-f]{4}%s", pre, suf);
+            snprintf(one, sizeof(one), "%sBEEF%s", pre, suf);
+            break;
+        }
+        snprintf(r->id, sizeof(r->id), "g%zu", i);
+        r->kind = RULE_REGEX;
+        puts_(&r->pat, pat);
+        puts_(&r->hs, pat);
+        puts_(&inst[i], one);
+        src[i] = (struct rule_src){r->id, RULE_REGEX, r->pat.p, r->pat.n, 0, 0};
+    }
+    struct rules_options opt = {.threads = 1, .bitnfa_counters = 1};
+    struct vks_error err = {0};
+    ck_assert_msg(rules_compile(src, N, &opt, &ru.res, &err) == 0, "compile: %s", err.msg);
+    hs_build(&ru);
+    ck_assert_ptr_nonnull(ru.db);
+    const struct catalog *cat = ru.res.catalog;
+    uint32_t gated = 0;
+    for (uint32_t j = 0; j < catalog_nfa_count(cat); j++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, j, &g);
+        gated += (g.flags & CAT_GF_GATED) && g.maxlen + 1 < (uint64_t)g.n_words * 4;
+    }
+    fprintf(stderr, "fast gated: %u DFA groups, %u bit-NFA groups, %u gated and kept by history\n",
+            catalog_group_count(cat), catalog_nfa_count(cat), gated);
+    ck_assert_uint_gt(gated, 0);
+    streamscan_tune(0);
+    streamscan_set_threads(2, 256);
+    struct str d = {0};
+    for (int i = 0; i < 20000; i++) {
+        if (rnd(6) == 0)
+            puts_(&d, inst[rnd(N)].p);
+        static const char fill[] = "abcdefgh 0123\n.-_XYZ";
+        put(&d, &fill[rnd(sizeof(fill) - 1)], 1);
+    }
+    size_t *cuts = calloc(d.n + 2, sizeof(size_t));
+    size_t nc = 0;
+    for (size_t at = 0; at < d.n; at += 64 + rnd(4000))
+        cuts[nc++] = at;
+    cuts[nc] = d.n;
+    /* at every write boundary an instance whose match ends one byte
+     * before it, at it (half of them: the tail's check, or for `\b` the
+     * next head's check at pos) or one byte after it */
+    for (size_t k = 1; k < nc; k++) {
+        const struct str *in = &inst[k % N];
+        size_t mlen = k % 4 == 1 ? in->n - 1 : in->n; /* `\b` before the space */
+        size_t end = cuts[k] + (rnd(2) ? 1 : rnd(3)) - 1;
+        if (cuts[k] - cuts[k - 1] > 40 && end + in->n - mlen < d.n)
+            memcpy(d.p + end - mlen, in->p, in->n);
+    }
+    struct streamscan_counters c0, c1;
+    streamscan_counters(&c0);
+    struct scan_hits block = {0}, got = {0}, theirs = {0};
+    ck_assert_int_eq(refscan_buffer(cat, (const uint8_t *)d.p, d.n, SCAN_ALL, &block), 0);
+    stream_all(cat, &d, cuts, nc, &got);
+    hs_stream_all(&ru, &d, cuts, nc, &theirs);
+    streamscan_counters(&c1);
+    normalise(&block, cat, NULL);
+    normalise(&got, cat, NULL);
+    normalise(&theirs, cat, ru.hs_ok);
+    ck_assert_uint_gt(block.n, 1000);
+    ck_assert(same(&got, &block, "gated fast path", "block mode"));
+    ck_assert(same(&got, &theirs, "gated fast path", "Hyperscan stream mode"));
+    ck_assert_uint_gt(c1.gated_writes - c0.gated_writes, nc / 2);
+    scan_hits_finish(&block);
+    scan_hits_finish(&got);
+    scan_hits_finish(&theirs);
+    free(cuts);
+    free(d.p);
+    for (size_t i = 0; i < N; i++)
+        free(inst[i].p);
+    run_finish(&ru);
+}
+END_TEST
+
 /* One large write and a long stream of large writes: the middle runs on
  * several threads, and a match straddles every internal split point and
  * every write boundary (instances placed across them), block mode's
@@ -1921,6 +2032,7 @@ Suite *stream_suite(void)
     tcase_add_test(tc, test_fast_random);
     tcase_add_test(tc, test_fast_kinds);
     tcase_add_test(tc, test_fast_large_writes);
+    tcase_add_test(tc, test_fast_gated);
     suite_add_tcase(s, tc);
     TCase *td = tcase_create("daemon");
     tcase_set_timeout(td, 300);
