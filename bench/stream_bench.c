@@ -7,6 +7,7 @@
  *                [--large BYTES] [--large-write BYTES] [--file PATH]
  *                [--regexes N] [--data DIR] [--socket PATH] [--no-hs]
  *                [--flows-set literals|regex] [--stream-threads T] [--piece BYTES]
+ *                [--fast-min BYTES]
  *
  * state:  for every workload of bench/workloads.c (literals-1000,
  *         literals-10000, regex-N) and the real rule sets under --data,
@@ -29,6 +30,8 @@
  *         Hyperscan's stream mode over the same writes. The stream's writes
  *         scan their middles in pieces of --piece bytes (default 256 KiB) on
  *         --stream-threads threads (default --threads; streamscan.h).
+ *         --fast-min: a write takes that path when its middle is longer
+ *         (default 1024; 1T: never, the walk of every group).
  *
  * --socket PATH runs flows and large through a running vkscand instead of
  * in-process (libvkscan; one connection per thread; the daemon needs
@@ -62,6 +65,7 @@ struct opts {
     uint32_t threads, iters, streams, rounds, literals, regexes;
     uint32_t stream_threads; /* --stream-threads: a large write's pieces run on these */
     uint64_t write, large, large_write, piece;
+    uint64_t fast_min; /* --fast-min: streamscan_tune (UINT64_MAX: default) */
     const char *file, *data, *socket, *only;
     bool no_hs;
     bool flows_regex; /* --flows-set regex: flows against regex-N, not literals-N */
@@ -908,7 +912,7 @@ static void usage(void)
             "                    [--large BYTES] [--large-write BYTES] [--file PATH]\n"
             "                    [--regexes N] [--data DIR] [--socket PATH] [--no-hs]\n"
             "                    [--flows-set literals|regex] [--stream-threads T]\n"
-            "                    [--piece BYTES]\n");
+            "                    [--piece BYTES] [--fast-min BYTES]\n");
     exit(2);
 }
 
@@ -923,7 +927,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
                        .write = 64u << 10,
                        .large = 1ull << 30,
                        .large_write = 1u << 20,
-                       .data = "../shared/data"};
+                       .data = "../shared/data",
+                       .fast_min = UINT64_MAX};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--no-hs") == 0) {
@@ -955,6 +960,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->stream_threads = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--piece") == 0)
             o->piece = parse_size(v);
+        else if (strcmp(a, "--fast-min") == 0)
+            o->fast_min = parse_size(v);
         else if (strcmp(a, "--file") == 0)
             o->file = v;
         else if (strcmp(a, "--data") == 0)
@@ -980,6 +987,7 @@ int main(int argc, char **argv)
 {
     struct opts o;
     parse_opts(argc, argv, &o);
+    streamscan_tune(o.fast_min >= SIZE_MAX ? SIZE_MAX : (size_t)o.fast_min);
     printf("Hyperscan %s; %u threads\n", hs_version(), o.threads);
     if (wanted(&o, "state"))
         run_state(&o);
