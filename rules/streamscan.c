@@ -17,6 +17,11 @@
  * exact and reports each (rule, end) once.
  *
  * The bit-NFA step is nfastep.h's, the one refscan.c walks.
+ *
+ * A large write into a catalog of bounded groups takes the fast path
+ * (below, and docs/engine.md "Streams"): its middle is the CPU engine's
+ * block scan (cpuscan_segment) in pieces on a thread pool, and only its
+ * head and tail touch the carried state.
  */
 #include "streamscan.h"
 #include "cpuplan.h"
