@@ -700,7 +700,11 @@ int proto_request_decode(struct proto_frame *frame, const struct proto_limits *l
     int rc = resolve_op(&d, &h, &req->op);
     if (head != NULL)
         head->op = req->op;
-    if (rc == 0 && frame->fd_error != 0)
+    if (rc == 0 && frame->fd_error == -VKS_E_BUSY)
+        rc = vks_error_set(err, frame->fd_error,
+                           "vkscand is out of file descriptors and could not take the ones "
+                           "sent with this request: retry later");
+    else if (rc == 0 && frame->fd_error != 0)
         rc = vks_error_set(err, frame->fd_error,
                            "more than %u descriptors came with one frame: send fewer per scan",
                            l.max_fds);

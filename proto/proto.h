@@ -114,9 +114,11 @@ enum proto_report {
 
 /*
  * One received frame: the msgpack body (without the length prefix) and the
- * descriptors that arrived with it. `fd_error` is 0, or -VKS_E_TOO_MANY_FDS
- * when descriptors were dropped (more than max_fds, or the kernel truncated
- * the control message); decoding such a frame fails with that code.
+ * descriptors that arrived with it. `fd_error` is 0, -VKS_E_TOO_MANY_FDS
+ * when descriptors were dropped (more than max_fds, or more than the control
+ * buffer holds), or -VKS_E_BUSY when the kernel could not install them
+ * (this process is out of descriptors); decoding such a frame fails with
+ * that code.
  */
 struct proto_frame {
     uint8_t *data; /* owned, `len` bytes */

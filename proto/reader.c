@@ -165,11 +165,19 @@ int proto_reader_feed(struct proto_reader *r, const void *data, size_t n, size_t
 }
 
 /* Appends the descriptors of every SCM_RIGHTS message to the current frame,
- * closing (and flagging) those over the limit. */
+ * closing (and flagging) those over the limit. A truncated control message
+ * with room to spare in our buffer means the kernel could not install the
+ * descriptors in this process (EMFILE/ENFILE): that is flagged BUSY, not
+ * blamed on the sender. */
 static void take_fds(struct proto_reader *r, struct msghdr *msg)
 {
-    if (msg->msg_flags & MSG_CTRUNC)
-        r->cur.fd_error = -VKS_E_TOO_MANY_FDS;
+    if (msg->msg_flags & MSG_CTRUNC) {
+        size_t got = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c))
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+                got += (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        r->cur.fd_error = got < PROTO_MAX_FDS_CEILING ? -VKS_E_BUSY : -VKS_E_TOO_MANY_FDS;
+    }
     for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
             continue;

@@ -636,6 +636,91 @@ START_TEST(test_accept_emfile)
 }
 END_TEST
 
+/* Sends a scan of memfd `mfd` (the descriptor goes with the frame's first
+ * byte). */
+static void send_fd_scan(int fd, const uint8_t *fp, uint32_t id, int mfd)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_head(&pk, id, "scan", 2);
+    pack_str(&pk, "catalog");
+    msgpack_pack_bin(&pk, 32);
+    msgpack_pack_bin_body(&pk, fp, 32);
+    pack_str(&pk, "buffers");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 1);
+    pack_str(&pk, "fd");
+    msgpack_pack_uint32(&pk, 0);
+    uint8_t hdr[4] = {(uint8_t)(sb.size >> 24), (uint8_t)(sb.size >> 16), (uint8_t)(sb.size >> 8),
+                      (uint8_t)sb.size};
+    ck_assert_int_eq(proto_send(fd, hdr, 4, &mfd, 1, 10000, NULL), 0);
+    ck_assert_int_eq(proto_send(fd, sb.data, sb.size, NULL, 0, 10000, NULL), 0);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+/* A descriptor the daemon cannot take because it is out of them (found by
+ * bench/attack_all: libvkscan sends large inline buffers as memfds) was
+ * answered TOO_MANY_FDS, "more than 64 descriptors came with one frame",
+ * blaming a client that sent one. It is BUSY, and the connection goes on. */
+START_TEST(test_fd_scan_at_emfile)
+{
+    struct daemon d = {.pid = 0};
+    const char *const flags[] = {"--tenant-max-connections", "1000", "--cpu-threads", "2", NULL};
+    daemon_start_lim(&d, flags, 128);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    int fd = raw_connect(&d);
+    send_ping(fd, 1); /* accepted before the descriptors run out */
+    struct proto_reply *rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    proto_reply_destroy(rep);
+    int mfd = memfd_create("vka-emfile", MFD_CLOEXEC);
+    ck_assert_int_ge(mfd, 0);
+    ck_assert_int_eq(write(mfd, "a needle here", 13), 13);
+    enum { N = 200 };
+    int fds[N];
+    for (int i = 0; i < N; i++)
+        fds[i] = raw_connect(&d);
+    for (int i = 0; i < 100 && stat_of(c, "accept_fd_limit") == 0; i++)
+        usleep(20000);
+    ck_assert_uint_ge(stat_of(c, "accept_fd_limit"), 1);
+    send_fd_scan(fd, fp, 2, mfd);
+    rep = raw_reply(fd);
+    ck_assert_ptr_nonnull(rep);
+    ck_assert_uint_eq(rep->id, 2);
+    ck_assert_msg(rep->error.code == -VKS_E_BUSY, "error %d (%s), expected BUSY", -rep->error.code,
+                  rep->error.msg);
+    ck_assert_ptr_nonnull(strstr(rep->error.msg, "out of file descriptors"));
+    proto_reply_destroy(rep);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    /* Once descriptors are free, the same scan on the same connection. */
+    bool ok = false;
+    for (uint32_t i = 0; i < 100 && !ok; i++) {
+        send_fd_scan(fd, fp, 10 + i, mfd);
+        rep = raw_reply(fd);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_msg(rep->error.code == 0 || rep->error.code == -VKS_E_BUSY, "error %d (%s)",
+                      -rep->error.code, rep->error.msg);
+        ok = rep->error.code == 0;
+        if (ok)
+            ck_assert_uint_eq(rep->u.scan.n_hits, 1);
+        proto_reply_destroy(rep);
+        if (!ok)
+            usleep(50000);
+    }
+    ck_assert(ok);
+    close(mfd);
+    close(fd);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* ---- 11: stats are per tenant ----------------------------------------- */
 
 static int other_stats(const struct daemon *d, void *arg)
@@ -1283,6 +1368,7 @@ Suite *attack_suite(void)
     tcase_add_test(tc, test_tenant_connection_cap);
     tcase_add_test(tc, test_idle_timeout);
     tcase_add_test(tc, test_accept_emfile);
+    tcase_add_test(tc, test_fd_scan_at_emfile);
     tcase_add_test(tc, test_stats_per_tenant);
     tcase_add_test(tc, test_stats_admin_gids);
     tcase_add_test(tc, test_drain_answers_unread);
