@@ -5,6 +5,7 @@
  *
  *   compile_bench [--json] [--repeat N] [--data DIR] [--only NAME] [--max-states N]
  *                 [--bitnfa-counters N] [--no-hs] [--no-minimise] [--gate-bits N]
+ *                 [--gate-states N]
  *
  * Workloads: 1,000 and 10,000 random lowercase literals of 8-16 bytes;
  * regex-500, the 500 bounded regexes that scan_bench scans on the GPU
@@ -365,6 +366,7 @@ static double median(double *v, int n)
 
 static uint32_t bitnfa_counters; /* rules_options.bitnfa_counters; 0: default */
 static uint32_t gate_bits;       /* rules_options.gate_bits; 0: default */
+static uint32_t gate_states;     /* rules_options.gate_states; 1: gate every candidate */
 static bool no_minimise;         /* rules_options.no_minimise */
 
 /* Compiles rs with vkscan `repeat` times; on the first run also clears
@@ -390,6 +392,7 @@ static int measure_vk(const char *name, const struct ruleset *rs, const bool *ke
         struct rules_options ro = {.max_states = max_states,
                                    .bitnfa_counters = bitnfa_counters,
                                    .gate_bits = gate_bits,
+                                   .gate_states = gate_states,
                                    .no_minimise = no_minimise};
         rc = rules_compile(v, m, &ro, &res, &err);
         wall[k] = now_s() - t0;
@@ -646,7 +649,7 @@ static int usage(void)
 {
     fprintf(stderr, "usage: compile_bench [--json] [--repeat N] [--data DIR] [--only NAME]\n"
                     "                     [--max-states N] [--bitnfa-counters N] [--no-hs]\n"
-                    "                     [--no-minimise] [--gate-bits N]\n");
+                    "                     [--no-minimise] [--gate-bits N] [--gate-states N]\n");
     return 2;
 }
 
@@ -678,6 +681,8 @@ int main(int argc, char **argv)
             bitnfa_counters = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--gate-bits") == 0 && i + 1 < argc)
             gate_bits = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--gate-states") == 0 && i + 1 < argc)
+            gate_states = (uint32_t)strtoul(argv[++i], NULL, 10);
         else
             return usage();
     }

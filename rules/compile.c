@@ -37,6 +37,7 @@ struct prepared {
     uint32_t group;
     bool bitnfa;                /* goes to the bit-parallel NFA engine */
     bool wide;                  /* wide_counter: tried as a small DFA (SMALL_DFA) */
+    bool candidate;             /* selective factors: gated if its DFA is over gate_states */
     uint32_t bits;              /* its positions there, once known */
     struct factor_set *factors; /* bit-NFA rules with a bounded maxlen: NULL if none */
 };
@@ -219,6 +220,15 @@ static bool bad_id(const char *id)
  * one run at a time, and a DFA group's pass over every byte costs a
  * fraction of a bit-NFA's. Over it, the rule goes to the bit-NFA. */
 #define SMALL_DFA 4096u
+
+/* Default of rules_options.gate_states: a rule with selective factors whose
+ * DFA alone has more states than this is gated (choose_gated). */
+#define GATE_STATES 64u
+
+static uint32_t gate_states(const struct rules_options *opt)
+{
+    return opt->gate_states ? opt->gate_states : GATE_STATES;
+}
 
 static uint64_t wide_total(const struct node *n)
 {
@@ -489,8 +499,9 @@ static void *prebuild_thread(void *arg)
         if (rc == 0 && p->wide && p->factors != NULL)
             continue; /* a gated bit-NFA group walks only around its factors */
         struct group_out g;
+        uint32_t cap = p->wide ? SMALL_DFA : p->candidate ? gate_states(c->opt) : 0;
         if (rc == 0)
-            rc = build_group(c, &i, 1, false, p->wide ? SMALL_DFA : 0, &g);
+            rc = build_group(c, &i, 1, false, cap, &g);
         if (rc == 0) {
             p->bitnfa = false;
             p->positions = g.dfa.n_states;
@@ -498,6 +509,8 @@ static void *prebuild_thread(void *arg)
             free(g.rules);
         } else if (rc == -E2BIG && p->wide) {
             continue; /* stays on the bit-NFA */
+        } else if (rc == -E2BIG && p->candidate) {
+            p->bitnfa = true; /* over gate_states, with selective factors: gated */
         } else if (rc == -E2BIG) {
             c->prep[i].positions = UINT64_MAX; /* rejected below, in order */
         } else {
@@ -762,13 +775,24 @@ static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
 #define GATE_BITS 24u
 
 /*
- * A regex whose factors are selective is walked only around them, on a
+ * A regex whose factors are selective may be walked only around them, on a
  * gated bit-NFA group, even when its DFA would fit: one pass of the factor
- * group replaces a DFA group's pass over every byte. Plain sequences stay
- * DFAs: a literal is its own best factor, and literal sets are what the DFA
- * kernel does best. An unbounded rule whose lead is unbounded (`jwt`:
- * `ey\w{17,}\.ey...`) is confirmed from the buffer's start up to its last
- * factor, which costs a full walk only in buffers that hold a factor.
+ * group replaces DFA groups' passes over every byte. Which ones: those
+ * whose DFA alone has more than gate_states states (prebuild tries each
+ * under that cap), since such DFAs multiply when grouped and make the
+ * groups many, large and slow to build, while small ones group well and
+ * scan from shared memory. Measured (docs/PERFORMANCE.md, session 9),
+ * regex-500 (rules of 11-118 states) at 1 / 32 / 64 / 128: 2 / 3 / 9 / 11
+ * passes, H200 kernel 8.4 / 28.2 / 42.9 / 70.5 GB/s (Hyperscan on 16
+ * threads: 2.4-2.9), compile 0.04 / 0.9 / 2.1 / 3.1 s on the 2-core
+ * development machine (Hyperscan: 1.5 s); regex-500-secrets compiles in
+ * 0.4 / 1.4 / 4.7 / 9.9 s into 3 / 4 / 10 / 16 passes. 64 trades compile
+ * time for scan speed. Plain
+ * sequences stay DFAs: a literal is its own best factor, and literal sets
+ * are what the DFA kernel does best. An unbounded rule whose lead is
+ * unbounded (`jwt`: `ey\w{17,}\.ey...`) is confirmed from the buffer's
+ * start up to its last factor, which costs a full walk only in buffers
+ * that hold a factor.
  */
 static int choose_gated(struct ctx *c)
 {
@@ -779,8 +803,10 @@ static int choose_gated(struct ctx *c)
             continue;
         if (extract_factors(p) != 0)
             return -ENOMEM;
-        if (p->factors != NULL && factor_set_bits(p->factors) >= bits)
-            p->bitnfa = true;
+        if (p->factors != NULL && factor_set_bits(p->factors) >= bits) {
+            p->candidate = gate_states(c->opt) > 1;
+            p->bitnfa = !p->candidate; /* 1: gated without a try */
+        }
     }
     return 0;
 }

@@ -52,8 +52,11 @@ struct rules_options {
     uint32_t bitnfa_counters;
     /* A regex whose DFA would fit goes to a gated bit-NFA group instead when
      * its weakest literal factor has at least this many bits of selectivity
-     * (rules/factor.h, docs/engine.md); 0: 24; UINT32_MAX: never. */
+     * (rules/factor.h, docs/engine.md); 0: 24; UINT32_MAX: never ... */
     uint32_t gate_bits;
+    /* ... and its DFA alone has more than this many states; 0: 64; 1: any
+     * DFA (every such rule gated without trying its DFA: version 4). */
+    uint32_t gate_states;
     /* When set and non-zero (another thread sets it: vkscand's compile
      * deadline, a client that left, SIGTERM), rules_compile stops at the next
      * group and returns -ECANCELED. */

@@ -1576,8 +1576,9 @@ START_TEST(test_gated_segments)
 }
 END_TEST
 
-/* Unbounded rules gated by forward confirmation (CAT_GF_CONFIRM), with the
- * compiler's default choice (gating on): the CPU engine's scan ==
+/* Unbounded rules gated by forward confirmation (CAT_GF_CONFIRM), every
+ * rule with selective factors gated (gate_states 1: their DFAs are small,
+ * so the default would keep them DFAs): the CPU engine's scan ==
  * refscan_buffer == every group walked in full, in every mode. _i 1: every
  * rule forced onto the bit-NFA. */
 START_TEST(test_confirm_segments)
@@ -1601,7 +1602,7 @@ START_TEST(test_confirm_segments)
             rules[i].id, rules[i].kind, rules[i].pattern, strlen(rules[i].pattern), f, 0};
     }
     struct rules_result res = {0};
-    struct rules_options ro = {.force_bitnfa = _i == 1};
+    struct rules_options ro = {.force_bitnfa = _i == 1, .gate_states = 1};
     ck_assert_int_eq(rules_compile(src, N, &ro, &res, NULL), 0);
     ck_assert_uint_eq(res.n_rejects, 0);
     uint32_t confirm = 0;
