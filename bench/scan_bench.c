@@ -17,7 +17,8 @@
  *              [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]
  *              [--upload-threads N] [--upload-chunk BYTES] [--only NAME,NAME..]
  *              [--data DIR] [--no-hs] [--max-states N] [--bitnfa-counters N]
- *              [--gate-bits N] [--gate-states N] [--json] [--json-out FILE] [--engine gpu|cpu] [--cpu-plain]
+ *              [--gate-bits N] [--gate-states N] [--json] [--json-out FILE] [--engine gpu|cpu]
+ * [--cpu-plain]
  *
  * --engine cpu runs the same workloads through the CPU engine instead
  * (rules/cpuscan.h, as vkscand's CPU pool runs it: every buffer cut into
@@ -409,7 +410,7 @@ static double hs_run(const hs_database_t *db, const struct gpu_buffer *bufs, uin
 
 static uint32_t bitnfa_counters; /* --bitnfa-counters */
 static uint32_t gate_bits;       /* --gate-bits: rules_options.gate_bits */
-static uint32_t gate_states;     /* --gate-states: rules_options.gate_states; 1: gate every candidate */
+static uint32_t gate_states; /* --gate-states: rules_options.gate_states; 1: gate every candidate */
 
 static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32_t *rejected,
                                     double *secs, uint32_t max_states)
@@ -423,9 +424,10 @@ static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32
     struct rules_result res = {0};
     struct vks_error err;
     double t0 = now_s();
-    struct rules_options ro = {
-        .max_states = max_states, .bitnfa_counters = bitnfa_counters, .gate_bits = gate_bits,
-        .gate_states = gate_states};
+    struct rules_options ro = {.max_states = max_states,
+                               .bitnfa_counters = bitnfa_counters,
+                               .gate_bits = gate_bits,
+                               .gate_states = gate_states};
     if (rules_compile(v, m, &ro, &res, &err) < 0)
         die("rules_compile", err.msg);
     *secs = now_s() - t0;
