@@ -8,7 +8,7 @@
 #        inline buffer would fit a frame) under rpc_bench, 64 MiB scans,
 #        1 and 64 clients, inline (libvkscan moves it to a memfd) and memfd,
 #        result cache bypassed; then `vkscan status`. Once per FD_MODES
-#        (default "pread map populate", below).
+#        (default "auto pread map populate auto-16", below).
 #   cli: bench/cli_bench.sh, one 1 GiB file through `vkscan scan -c
 #        --no-cache` (the file is read by the daemon, not the cache).
 #
@@ -38,14 +38,19 @@ git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit /'
 has() { case " $WHAT " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # One vkscand per way of taking descriptor buffers ($VKSCAND_FD_UPLOAD,
-# docs/daemon.md): pread (read by the upload threads straight into staging,
-# the default), map (mapped at load, copied at upload), populate (mapped
-# with MAP_POPULATE at load).
+# docs/daemon.md): auto (the default: sealed memfds mapped at load and
+# copied at upload, other files read by the upload threads straight into
+# staging), pread (every file read at upload), map (the way before: sealed
+# memfds mapped, other files read into memory at load), populate (map, with
+# MAP_POPULATE); MODE-N runs MODE with N upload threads
+# ($VKSCAND_UPLOAD_THREADS; the default is one per core, at most 8).
 if has rpc; then
-    for mode in ${FD_MODES:-pread map populate}; do
+    for mode in ${FD_MODES:-auto pread map populate auto-16}; do
         rm -rf /tmp/vks-dp && mkdir -p /tmp/vks-dp
+        threads=${mode#*-}
+        [ "$threads" = "$mode" ] && threads=
         # shellcheck disable=SC2086
-        VKSCAND_FD_UPLOAD=$mode "$B/daemon/vkscand" --config "" --socket /tmp/vks-dp/s.sock \
+        VKSCAND_UPLOAD_THREADS=$threads VKSCAND_FD_UPLOAD=${mode%-*} "$B/daemon/vkscand" --config "" --socket /tmp/vks-dp/s.sock \
             --state-dir /tmp/vks-dp/st --max-frame 80M --log-level notice ${VKSCAND_ARGS:-} \
             >"$OUT/vkscand-$mode.log" 2>&1 &
         d=$!

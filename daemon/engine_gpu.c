@@ -443,6 +443,11 @@ static int create_gpu(struct engine *e, struct gworker *w, uint32_t timeout_ms,
                              .pipeline_cache_path = w->cache_path[0] ? w->cache_path : NULL,
                              .timeout_ms = timeout_ms,
                              .inflight = e->inflight};
+    /* for measurements (bench/h200_dataplane.sh): the upload threads, else
+     * gpu/'s default (one per core, at most 8) */
+    const char *ut = getenv("VKSCAND_UPLOAD_THREADS");
+    if (ut != NULL)
+        go.upload_threads = (uint32_t)strtoul(ut, NULL, 10);
     int rc = gpu_engine_create(&go, &w->gpu, err);
     if (rc == 0)
         pin_vulkan_modules();
