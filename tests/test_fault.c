@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "gpu.h"
@@ -320,6 +321,101 @@ static void pin_vulkan_modules(void)
         dlopen(libs[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
 }
 
+/* Where a read callback takes a buffer's bytes from; `fail` fails it. */
+struct src {
+    const uint8_t *bytes;
+    bool fail;
+    atomic_uint calls;
+};
+
+static int read_src(void *ctx, uint8_t *dst, uint64_t off, size_t len)
+{
+    struct src *s = ctx;
+    atomic_fetch_add(&s->calls, 1);
+    if (s->fail) {
+        memset(dst, 0x55, len); /* what was written before the failure */
+        return -EIO;
+    }
+    memcpy(dst, s->bytes + off, len);
+    return 0;
+}
+
+/* Runs bufs[0..n) (bytes, or through read_src when `read`) and returns
+ * the hits. */
+static struct gpu_result run_bufs(struct gpu_engine *eng, const struct catalog *cat,
+                                  struct src *srcs, const size_t *lens, size_t n, bool read)
+{
+    const struct catalog *cats[1] = {cat};
+    struct gpu_buffer gb[8];
+    for (size_t i = 0; i < n; i++) {
+        gb[i] = (struct gpu_buffer){.data = read ? NULL : srcs[i].bytes,
+                                    .len = lens[i],
+                                    .id = i,
+                                    .mode = SCAN_ALL,
+                                    .read = read ? read_src : NULL,
+                                    .read_ctx = &srcs[i]};
+    }
+    struct gpu_batch b = {cats, 1, gb, (uint32_t)n};
+    struct gpu_result res = {0};
+    struct vks_error err = {0};
+    int rc = gpu_batch_dispatch(eng, &b, &res, &err);
+    ck_assert_msg(rc == 0, "dispatch: %d %s", rc, err.msg);
+    return res;
+}
+
+/* Buffers read through a callback (gpu_buffer.read, the daemon's
+ * descriptor buffers) in many pieces (64 KiB staging chunks when staged)
+ * give exactly the hits of the same bytes in memory; a callback that fails
+ * leaves zeros, never the bytes it wrote, so its buffer has no hits and the
+ * others keep theirs. */
+START_TEST(read_callback)
+{
+    struct gpu_options opt = {.timeout_ms = 20000, .staged_upload = _i == 1, .upload_chunk = 65536};
+    struct gpu_engine *eng = NULL;
+    struct vks_error err = {0};
+    ck_assert_int_eq(gpu_engine_create(&opt, &eng, &err), 0);
+    struct catalog *cat = compile_one("n", RULE_LITERAL, "needle");
+    enum { N = 4 };
+    static const size_t lens[N] = {200001, 77777, 131075, 5};
+    struct src srcs[N];
+    uint8_t *bytes[N];
+    for (size_t i = 0; i < N; i++) {
+        bytes[i] = malloc(lens[i]);
+        memset(bytes[i], 'x', lens[i]);
+        for (size_t at = 65536 - 3 - i; at + 6 <= lens[i]; at += 65536)
+            memcpy(bytes[i] + at, "needle", 6); /* across every 64 KiB */
+        if (lens[i] >= 6)
+            memcpy(bytes[i] + lens[i] - 6, "needle", 6);
+        srcs[i] = (struct src){.bytes = bytes[i]};
+        atomic_init(&srcs[i].calls, 0);
+    }
+    struct gpu_result want = run_bufs(eng, cat, srcs, lens, N, false);
+    ck_assert_uint_ge(want.n_hits, 8);
+    for (int round = 0; round < 2; round++) {
+        srcs[1].fail = round == 1;
+        struct gpu_result got = run_bufs(eng, cat, srcs, lens, N, true);
+        size_t k = 0;
+        for (size_t h = 0; h < want.n_hits; h++) {
+            if (round == 1 && want.hits[h].buffer == 1)
+                continue; /* its read failed: nothing of it is found */
+            ck_assert_uint_lt(k, got.n_hits);
+            ck_assert_uint_eq(got.hits[k].buffer, want.hits[h].buffer);
+            ck_assert_uint_eq(got.hits[k].end, want.hits[h].end);
+            k++;
+        }
+        ck_assert_uint_eq(k, got.n_hits);
+        gpu_result_finish(&got);
+    }
+    for (size_t i = 0; i < N; i++) {
+        ck_assert_uint_ge(atomic_load(&srcs[i].calls), 2); /* read in both rounds */
+        free(bytes[i]);
+    }
+    gpu_result_finish(&want);
+    catalog_destroy(cat);
+    gpu_engine_destroy(eng);
+}
+END_TEST
+
 Suite *fault_suite(void)
 {
     pin_vulkan_modules();
@@ -337,6 +433,7 @@ Suite *fault_suite(void)
     tcase_add_loop_test(tc, wait_timeouts, 0, 2);
     tcase_add_loop_test(tc, device_lost, 0, 2);
     tcase_add_test(tc, failed_grow_keeps_buffer);
+    tcase_add_loop_test(tc, read_callback, 0, 2);
     tcase_add_loop_test(tc, inflight_failures, 0, 8);
     suite_add_tcase(s, tc);
     return s;
