@@ -41,6 +41,7 @@ struct vks_client {
     uint64_t memfd_size[MEMFD_KEEP];
     uint8_t *memfd_map[MEMFD_KEEP]; /* its memfd_size bytes, mapped shared */
     int fd;
+    uint32_t drops; /* connections dropped so far: streams live on one */
     uint32_t next_id;
     struct proto_limits lim;
     struct proto_reader *reader;
@@ -146,8 +147,10 @@ static void sleep_ms(uint32_t ms)
 
 static void drop_connection(struct vks_client *c)
 {
-    if (c->fd >= 0)
+    if (c->fd >= 0) {
         close(c->fd);
+        c->drops++;
+    }
     c->fd = -1;
     proto_reader_destroy(c->reader);
     c->reader = NULL;
@@ -982,8 +985,12 @@ const struct vks_stat *vks_stat_find(const struct vks_stat *stats, size_t n, con
 struct vks_stream {
     struct vks_client *c;
     uint32_t id;
+    uint32_t drops; /* c->drops when opened: another value, the stream is gone */
     uint64_t state_bytes;
     uint64_t offset;
+    /* Why the stream is unusable, or "": a write whose reply was lost may
+     * have been applied, so its matches and the offset are unknown. */
+    char broken[160];
 };
 
 void vks_stream_options_init(struct vks_stream_options *opt)
@@ -1015,6 +1022,7 @@ int vks_stream_open(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
         return rc;
     }
     s->c = c;
+    s->drops = c->drops;
     s->id = rep->u.stream.stream;
     s->state_bytes = rep->u.stream.state_bytes;
     proto_reply_destroy(rep);
@@ -1032,13 +1040,37 @@ uint64_t vks_stream_offset(const struct vks_stream *s)
     return s->offset;
 }
 
-/* Sends a stream.write or stream.close and fills `res` from its reply. */
+/* Whether `rc` came from the daemon's own error reply: the request was
+ * refused, so nothing of it was applied. */
+static bool daemon_refused(int rc)
+{
+    return -rc >= VKS_E_BASE && rc != -VKS_E_PROTOCOL && rc != -VKS_E_CLOSED;
+}
+
+/* Sends a stream.write or stream.close and fills `res` from its reply. A
+ * write whose reply is lost (timeout, garbled or undecodable reply, memory,
+ * lost connection) may have been applied by the daemon: the stream is then
+ * unusable, and says so, rather than lose matches and offsets silently. A
+ * stream whose connection was dropped is gone (its id may name another
+ * stream on the new connection). */
 static int stream_call(struct vks_stream *s, struct proto_request *req, const int *fds,
                        size_t n_fds, struct vks_scan_result *res, struct vks_error *err)
 {
     struct proto_reply *rep = NULL;
+    if (s->broken[0] == '\0' && (s->c->drops != s->drops || s->c->fd < 0))
+        snprintf(s->broken, sizeof(s->broken), "its connection to vkscand was lost");
+    if (s->broken[0] != '\0')
+        return vks_error_set(err, -VKS_E_CLOSED,
+                             "stream %u is unusable: %s, so its matches and offset since "
+                             "then are unknown: open a new stream and write from a known "
+                             "offset",
+                             s->id, s->broken);
     req->u.stream.stream = s->id;
     int rc = call(s->c, req, fds, n_fds, false, 0, &rep, err);
+    if (rc < 0 && !daemon_refused(rc) && req->op == PROTO_OP_STREAM_WRITE)
+        snprintf(s->broken, sizeof(s->broken),
+                 "the reply of the write at offset %llu was lost (%.80s)",
+                 (unsigned long long)s->offset, err != NULL ? err->msg : proto_strerror(rc));
     if (rc < 0)
         return rc;
     if (rep->u.scan.n_buffers > 0)
@@ -1088,9 +1120,13 @@ int vks_stream_close(struct vks_stream *s, struct vks_scan_result *res, struct v
     if (s == NULL)
         return 0;
     struct proto_request req = {.op = PROTO_OP_STREAM_CLOSE};
-    int rc = s->c->fd >= 0
-                 ? stream_call(s, &req, NULL, 0, res, err)
-                 : vks_error_set(err, -VKS_E_CLOSED, "the connection of stream %u is gone", s->id);
+    int rc;
+    if (s->c->fd < 0 || s->c->drops != s->drops) {
+        rc = vks_error_set(err, -VKS_E_CLOSED, "the connection of stream %u is gone", s->id);
+    } else {
+        s->broken[0] = '\0'; /* an unusable stream is still closed, to free the daemon's state */
+        rc = stream_call(s, &req, NULL, 0, res, err);
+    }
     free(s);
     return rc;
 }

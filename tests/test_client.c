@@ -31,6 +31,8 @@ struct peer {
     pthread_t thread;
     int hello_error;     /* reply to hello with this VKS_E_* code */
     int drop_first_scan; /* close the connection instead of answering one scan */
+    int garble_writes;   /* answer stream.write with a result that is not a map */
+    int stream_writes;   /* stream.write requests seen */
     /* What the peer saw. */
     int connections;
     int loads;
@@ -215,6 +217,15 @@ static int answer(struct peer *p, int cfd, const msgpack_object *req, int *fds)
             result_catalog(p, &pk, false);
         } else if (strcmp(name, "scan") == 0) {
             result_scan(p, &pk, req, fds);
+        } else if (strcmp(name, "stream.open") == 0) {
+            msgpack_pack_map(&pk, 2);
+            pk_str(&pk, "stream");
+            msgpack_pack_uint32(&pk, 1);
+            pk_str(&pk, "state_bytes");
+            msgpack_pack_uint64(&pk, 64);
+        } else if (strcmp(name, "stream.write") == 0 && p->garble_writes) {
+            p->stream_writes++;
+            pk_str(&pk, "not a result");
         } else {
             msgpack_pack_map(&pk, 0);
         }
@@ -451,6 +462,35 @@ START_TEST(reconnects_an_idempotent_scan)
 }
 END_TEST
 
+/* A stream.write whose reply cannot be decoded may have been applied: the
+ * stream says it is unusable from then on instead of writing on with a
+ * wrong offset and lost matches; even once the client has reconnected (a
+ * new connection may reuse the stream's id). */
+START_TEST(stream_unusable_after_lost_write_reply)
+{
+    struct peer p = {.garble_writes = 1};
+    struct vks_client *c;
+    struct vks_error err = {0};
+    uint8_t fp[VKS_FP_LEN] = {0};
+    peer_start(&p);
+    ck_assert_int_eq(vks_client_connect(p.path, NULL, &c, &err), 0);
+    struct vks_stream *s = NULL;
+    ck_assert_int_eq(vks_stream_open(c, fp, NULL, &s, &err), 0);
+    struct vks_scan_result res;
+    ck_assert_int_eq(vks_stream_write(s, "abc", 3, &res, &err), -VKS_E_PROTOCOL);
+    ck_assert_int_eq(vks_stream_write(s, "def", 3, &res, &err), -VKS_E_CLOSED);
+    ck_assert_ptr_nonnull(strstr(err.msg, "stream 1 is unusable"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "the reply of the write at offset 0 was lost"));
+    ck_assert_int_eq(vks_client_ping(c, &err), 0); /* reconnects */
+    ck_assert_int_eq(vks_stream_write(s, "def", 3, &res, &err), -VKS_E_CLOSED);
+    ck_assert_int_eq(p.stream_writes, 1); /* nothing sent after the lost reply */
+    ck_assert_int_eq(vks_stream_close(s, NULL, &err), -VKS_E_CLOSED);
+    ck_assert_ptr_nonnull(strstr(err.msg, "is gone"));
+    vks_client_close(c);
+    peer_stop(&p);
+}
+END_TEST
+
 START_TEST(gives_up_after_retries)
 {
     struct peer p = {0};
@@ -515,6 +555,7 @@ Suite *client_suite(void)
     tcase_add_test(t, load_then_scan_inline_and_memfd);
     tcase_add_test(t, large_inline_buffer_becomes_sealed_memfd);
     tcase_add_test(t, reconnects_an_idempotent_scan);
+    tcase_add_test(t, stream_unusable_after_lost_write_reply);
     tcase_add_test(t, gives_up_after_retries);
     tcase_add_test(t, version_error_at_connect);
     tcase_add_test(t, source_fingerprints);

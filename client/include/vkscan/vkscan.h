@@ -398,7 +398,13 @@ uint64_t vks_stream_offset(const struct vks_stream *s);
  * decides: one buffer status (index 0), hits with `buffer` 0 and `end`
  * counted from the stream's start. Free `res` with vks_scan_result_finish.
  * -VKS_E_TIMEOUT: the daemon closed the stream after
- * stream-idle-timeout-ms without requests.
+ * stream-idle-timeout-ms without requests. A write that fails without the
+ * daemon's own refusal (its reply timed out, could not be read or decoded,
+ * the connection was lost) may have been applied, so the stream's matches
+ * and offset are no longer known: every later write then fails with
+ * -VKS_E_CLOSED, "stream N is unusable", and the stream should be closed
+ * and a new one opened. The same holds once the client's connection was
+ * dropped for any reason, as streams live on one connection.
  */
 int vks_stream_write(struct vks_stream *s, const void *data, size_t len,
                      struct vks_scan_result *res, struct vks_error *err);
