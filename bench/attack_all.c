@@ -4,7 +4,7 @@
  * p99 <= 5 ms on the CPU path, daemon RSS under the bound of docs/daemon.md).
  *
  *   attack_all [--vkscand PATH] [--engine cpu|auto] [--seconds S] [--warmup S]
- *              [--max-p99-ms MS] [--json]
+ *              [--max-p99-ms MS] [--attacks NAME,NAME...] [--set KEY VALUE]... [--json]
  *
  * It starts vkscand itself (default: ../daemon/vkscand next to this
  * program) on a temporary socket with the limits below, lowered so that
@@ -30,6 +30,8 @@
  *             for max_states over the ceiling
  *   scanflood 4 MiB inline scans, 4 pipelined
  *
+ * --attacks runs only the named ones (to find which one costs the victim);
+ * --set KEY VALUE adds `--KEY VALUE` to the daemon's flags.
  * After `warmup` seconds of attacks the victim (this process, its own uid,
  * one connection opened before the attacks) scans 4 KiB buffers one at a
  * time for `seconds`, checking every reply's hits; a sampler reads the
@@ -739,6 +741,10 @@ static uint64_t rss_of(pid_t pid)
     return kb * 1024;
 }
 
+/* --set KEY VALUE: more daemon flags (--KEY VALUE), after the defaults. */
+static const char *extra_flags[32];
+static int n_extra;
+
 static int daemon_start(struct daemon *d, const char *bin, const char *engine)
 {
     snprintf(d->dir, sizeof(d->dir), "/tmp/vkatk-XXXXXX");
@@ -760,6 +766,8 @@ static int daemon_start(struct daemon *d, const char *bin, const char *engine)
         int n = 13;
         for (int i = 0; daemon_flags[i] != NULL; i++)
             argv[n++] = daemon_flags[i];
+        for (int i = 0; i < n_extra && n < 79; i++)
+            argv[n++] = extra_flags[i];
         argv[n] = NULL;
         int lf = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (lf >= 0)
@@ -817,7 +825,13 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The daemon's telemetry of the victim's scans, as means: where its time
+ * went (docs/daemon.md). */
+static const char *const tel_keys[] = {"total_ns", "queue_ns", "scan_ns", "batch_requests"};
+#define N_TEL (sizeof(tel_keys) / sizeof(tel_keys[0]))
+
 struct victim {
+    uint64_t tel[N_TEL];
     uint64_t *lat_ns;
     size_t n, cap;
     uint64_t errors, wrong;
@@ -851,6 +865,10 @@ static void victim_run(struct vks_client *c, const uint8_t *fp, double until, st
         }
         if (res.n_hits != 4)
             v->wrong++;
+        for (size_t k = 0; k < N_TEL; k++) {
+            const struct vks_stat *e = vks_stat_find(res.telemetry, res.n_telemetry, tel_keys[k]);
+            v->tel[k] += e != NULL ? e->u : 0;
+        }
         vks_scan_result_finish(&res);
         if (v->n == v->cap) {
             v->cap = v->cap ? 2 * v->cap : 65536;
@@ -884,10 +902,27 @@ static const char *const stat_keys[] = {"idle_closes",
                                         "scans"};
 #define N_STAT_KEYS (sizeof(stat_keys) / sizeof(stat_keys[0]))
 
+/* Whether attack `name` is in the comma-separated list (NULL: all). */
+static bool selected(const char *list, const char *name)
+{
+    if (list == NULL)
+        return true;
+    size_t n = strlen(name);
+    for (const char *p = list; *p != '\0';) {
+        const char *e = strchr(p, ',');
+        size_t len = e != NULL ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0)
+            return true;
+        p += len + (e != NULL);
+    }
+    return false;
+}
+
 static void usage(void)
 {
     fprintf(stderr, "usage: attack_all [--vkscand PATH] [--engine cpu|auto] [--seconds S] "
-                    "[--warmup S] [--max-p99-ms MS] [--json]\n");
+                    "[--warmup S] [--max-p99-ms MS] [--attacks NAME,...] [--set KEY VALUE]... "
+                    "[--json]\n");
     exit(2);
 }
 
@@ -900,6 +935,7 @@ int main(int argc, char **argv)
     const char *bin = getenv("VKSCAND") ? getenv("VKSCAND") : bin_buf, *engine = "cpu";
     double seconds = 20, warmup = 3, max_p99 = 5;
     bool json = false;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--vkscand") == 0 && i + 1 < argc)
             bin = argv[++i];
@@ -911,6 +947,15 @@ int main(int argc, char **argv)
             warmup = atof(argv[++i]);
         else if (strcmp(argv[i], "--max-p99-ms") == 0 && i + 1 < argc)
             max_p99 = atof(argv[++i]);
+        else if (strcmp(argv[i], "--set") == 0 && i + 2 < argc && n_extra < 30) {
+            static char keys[15][64];
+            int k = n_extra / 2;
+            snprintf(keys[k], sizeof(keys[0]), "--%s", argv[++i]);
+            extra_flags[n_extra] = keys[k];
+            extra_flags[n_extra + 1] = argv[++i];
+            n_extra += 2;
+        } else if (strcmp(argv[i], "--attacks") == 0 && i + 1 < argc)
+            only = argv[++i];
         else if (strcmp(argv[i], "--json") == 0)
             json = true;
         else
@@ -940,15 +985,17 @@ int main(int argc, char **argv)
     pthread_create(&s.th, NULL, sample, &s);
     double t_start = now_s(), until = t_start + warmup + seconds;
     pid_t kids[N_ATTACKER_UIDS];
+    int n_att = 0;
     for (int k = 0; k < N_ATTACKER_UIDS; k++)
-        kids[k] = start_attack(k, until + 1);
+        if (selected(only, attacks[k].name))
+            kids[n_att++] = start_attack(k, until + 1);
     while (now_s() < t_start + warmup)
         usleep(50000);
     struct victim v = {0};
     victim_run(c, vks_catalog_fingerprint(cat), until, &v);
-    for (int k = 0; k < N_ATTACKER_UIDS; k++)
+    for (int k = 0; k < n_att; k++)
         kill(kids[k], SIGTERM);
-    for (int k = 0; k < N_ATTACKER_UIDS; k++)
+    for (int k = 0; k < n_att; k++)
         waitpid(kids[k], NULL, 0);
     s.stop = true;
     pthread_join(s.th, NULL);
@@ -970,7 +1017,7 @@ int main(int argc, char **argv)
     waitpid(d.pid, &wst, 0);
 
     qsort(v.lat_ns, v.n, sizeof(*v.lat_ns), cmp_u64);
-    uint64_t tenants = geteuid() == 0 ? N_ATTACKER_UIDS + 1 : 1;
+    uint64_t tenants = geteuid() == 0 ? (uint64_t)n_att + 1 : 1;
     uint64_t bound = memory_bound(base, tenants);
     double p50 = pct_ms(v.lat_ns, v.n, 0.50), p99 = pct_ms(v.lat_ns, v.n, 0.99);
     double mx = v.n ? (double)v.lat_ns[v.n - 1] / 1e6 : 0;
@@ -987,11 +1034,17 @@ int main(int argc, char **argv)
         printf(",\"ok\":%s}\n", ok ? "true" : "false");
     } else {
         printf("engine %s, %.0f s of victim scans under %d attackers (%s)\n", engine, seconds,
-               N_ATTACKER_UIDS, geteuid() == 0 ? "one uid each" : "one uid");
+               n_att, geteuid() == 0 ? "one uid each" : "one uid");
         printf("victim 4 KiB scans: %zu, p50 %.3f ms, p99 %.3f ms, max %.3f ms, errors %llu, "
                "wrong replies %llu%s%s\n",
                v.n, p50, p99, mx, (unsigned long long)v.errors, (unsigned long long)v.wrong,
                v.errors ? ", first: " : "", v.errors ? v.first_error : "");
+        printf("victim telemetry means:");
+        for (size_t k = 0; k < N_TEL; k++)
+            printf(" %s %.3f%s", tel_keys[k],
+                   v.n ? (double)v.tel[k] / (double)v.n / (k < 3 ? 1e6 : 1) : 0,
+                   k < 3 ? " ms" : "");
+        printf("\n");
         printf("daemon RSS: base %.1f MiB, peak %.1f MiB, bound %.1f MiB (docs/daemon.md, %llu "
                "tenants)\n",
                (double)base / MIB, (double)s.peak / MIB, (double)bound / MIB,

@@ -152,10 +152,33 @@ static void cpu_finish(struct engine *e, struct engine_batch *b)
     (void)e;
 }
 
-/* Finds work for a pool thread (mu held): a batch to prepare or a task. */
-static bool cpu_take(struct engine *e, struct engine_batch **bp, struct ctask **tp)
+/* A batch whose tasks cover at most this many bytes is small: its tasks are
+ * taken before those of larger batches queued ahead of it. */
+#define SMALL_BATCH (256u << 10)
+
+static bool small_batch(const struct bstate *st)
 {
-    struct engine_batch *prev = NULL;
+    uint64_t sum = 0;
+    for (uint64_t i = 0; i < st->n_tasks && sum <= SMALL_BATCH; i++)
+        sum += st->tasks[i].hi - st->tasks[i].lo;
+    return sum <= SMALL_BATCH;
+}
+
+/*
+ * Finds work for a pool thread (mu held): a batch to prepare or a task, in
+ * queue order, except that a small batch's tasks (or a new batch, which is
+ * prepared to learn its size) go before the tasks of a large batch ahead,
+ * and that with two threads or more one thread never takes a large batch's
+ * task: a buffer that cannot be split (an unbounded rule) is one task that
+ * may run for 100 ms, and a small scan that the server let past a flood's
+ * batches (its express lane) would wait for one (bench/attack_all). *large
+ * says whether the task counts in cpu_large_running.
+ */
+static bool cpu_take(struct engine *e, struct engine_batch **bp, struct ctask **tp, bool *large)
+{
+    uint32_t n = __atomic_load_n(&e->n_cpu, __ATOMIC_RELAXED);
+    bool large_ok = n < 2 || e->cpu_large_running < n - 1;
+    struct engine_batch *prev = NULL, *pick = NULL, *pick_prev = NULL;
     for (struct engine_batch *b = e->cpu_head; b != NULL; prev = b, b = b->next) {
         struct bstate *st = b->priv;
         if (b->state == B_NEW) {
@@ -166,24 +189,36 @@ static bool cpu_take(struct engine *e, struct engine_batch **bp, struct ctask **
         }
         if (b->state != B_PREPARED || st->next_task >= st->n_tasks)
             continue;
-        struct ctask *t = &st->tasks[st->next_task++];
-        struct engine_job *j = st->jobs[t->job];
-        /* one past max_hits: a buffer scanned as one task still has the
-         * first hit past the limit, the merge's truncation marker */
-        t->limit = st->js[t->job].full ? 1 : (j->max_hits ? (uint64_t)j->max_hits + 1 : 0);
-        if (st->next_task == st->n_tasks) { /* all handed out: off the queue */
-            if (prev != NULL)
-                prev->next = b->next;
-            else
-                e->cpu_head = b->next;
-            if (e->cpu_tail == b)
-                e->cpu_tail = prev;
+        bool small = small_batch(st);
+        if (small || (pick == NULL && large_ok)) {
+            pick = b;
+            pick_prev = prev;
+            *large = !small;
+            if (small)
+                break;
         }
-        *bp = b;
-        *tp = t;
-        return true;
     }
-    return false;
+    if (pick == NULL)
+        return false;
+    if (*large)
+        e->cpu_large_running++;
+    struct bstate *st = pick->priv;
+    struct ctask *t = &st->tasks[st->next_task++];
+    struct engine_job *j = st->jobs[t->job];
+    /* one past max_hits: a buffer scanned as one task still has the
+     * first hit past the limit, the merge's truncation marker */
+    t->limit = st->js[t->job].full ? 1 : (j->max_hits ? (uint64_t)j->max_hits + 1 : 0);
+    if (st->next_task == st->n_tasks) { /* all handed out: off the queue */
+        if (pick_prev != NULL)
+            pick_prev->next = pick->next;
+        else
+            e->cpu_head = pick->next;
+        if (e->cpu_tail == pick)
+            e->cpu_tail = pick_prev;
+    }
+    *bp = pick;
+    *tp = t;
+    return true;
 }
 
 static void cpu_unlink(struct engine *e, struct engine_batch *b)
@@ -287,8 +322,9 @@ void engine_cpu_main(void *arg)
     for (;;) {
         struct engine_batch *b;
         struct ctask *t;
+        bool large = false;
         struct engine_task *task = task_turn ? task_take(e) : NULL;
-        if (task == NULL && !cpu_take(e, &b, &t) && (task = task_take(e)) == NULL) {
+        if (task == NULL && !cpu_take(e, &b, &t, &large) && (task = task_take(e)) == NULL) {
             if (e->pool_stop && e->cpu_head == NULL)
                 break;
             pthread_cond_wait(&e->cpu_cond, &e->mu);
@@ -332,6 +368,10 @@ void engine_cpu_main(void *arg)
                                               j->mode, t->limit, enough, &wt, scr, &t->part);
         uint64_t busy = engine_now_ns() - t0;
         pthread_mutex_lock(&e->mu);
+        if (large) {
+            e->cpu_large_running--;
+            pthread_cond_broadcast(&e->cpu_cond); /* a held-back large task may go */
+        }
         bool last = cpu_task_done(b, t);
         if (!last)
             e->cpu_busy_ns += busy;

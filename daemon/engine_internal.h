@@ -128,8 +128,11 @@ struct engine {
      * on that core too, so the CPU engine has every core. */
     bool cpu_spare;
     pthread_cond_t cpu_cond;
-    struct engine_batch *cpu_head, *cpu_tail;  /* mu: batches with work to hand out */
-    struct engine_task *task_head, *task_tail; /* mu: engine_cpu_task's queue */
+    struct engine_batch *cpu_head, *cpu_tail; /* mu: batches with work to hand out */
+    /* mu: threads on a task of a large batch; with two threads or more, one
+     * is kept for small batches (engine_cpu.c, cpu_take) */
+    uint32_t cpu_large_running;
+    struct engine_task *task_head, *task_tail;                 /* mu: engine_cpu_task's queue */
     uint64_t cpu_batches, cpu_bytes, cpu_busy_ns, cpu_retries; /* mu */
     uint64_t cpu_inflight_bytes;                               /* loop thread */
     uint64_t dedup_buffers, dedup_bytes;                       /* mu */

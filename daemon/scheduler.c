@@ -410,6 +410,25 @@ size_t sched_next_batch(struct sched *s, uint64_t max_bytes, uint32_t max_buffer
     return b.n;
 }
 
+size_t sched_next_small(struct sched *s, uint64_t max_job_bytes, struct sched_job **first)
+{
+    *first = NULL;
+    struct sched_tenant *t = s->cursor;
+    for (uint32_t i = 0; t != NULL && i < s->n_active; i++, t = t->act_next) {
+        if (t->head->bytes > max_job_bytes)
+            continue;
+        struct batch b = {.max_bytes = max_job_bytes, .max_buffers = UINT32_MAX};
+        t->deficit += t->head->bytes; /* batch_add takes it back */
+        batch_add(s, &b, t->head);
+        b.first->prev = NULL;
+        s->batches++;
+        s->batched_jobs++;
+        *first = b.first;
+        return 1;
+    }
+    return 0;
+}
+
 size_t sched_take_expired(struct sched *s, uint64_t now_ns, struct sched_job **first)
 {
     struct sched_job *out = NULL, **tail = &out;

@@ -126,6 +126,16 @@ void sched_remove(struct sched *s, struct sched_job *job);
 size_t sched_next_batch(struct sched *s, uint64_t max_bytes, uint32_t max_buffers,
                         struct sched_job **first);
 
+/*
+ * The express lane: when the engine is full, a tenant's small scan should
+ * not wait for a large batch to finish. Takes the head job of the first
+ * tenant in fair order whose head is at most `max_job_bytes`, as a batch of
+ * one; the tenant pays exactly its bytes, so the DRR rounds are unchanged.
+ * Returns 1 with the job in *first (now `running`), or 0 when no tenant's
+ * head is that small.
+ */
+size_t sched_next_small(struct sched *s, uint64_t max_job_bytes, struct sched_job **first);
+
 /* Feeds the throughput estimate: a batch of `bytes` ran in `ns`. */
 void sched_observe(struct sched *s, uint64_t bytes, uint64_t ns);
 

@@ -44,6 +44,7 @@ struct server {
     struct store *store;
     struct cpool *cpool; /* compiles (the store's), own threads */
     struct engine *engine;
+    struct engine_batch *express; /* the express-lane batch in the engine, or NULL */
     struct session **sessions;
     uint32_t n_sessions, cap_sessions;
     struct server_counters counters;
@@ -209,6 +210,34 @@ void server_resume_tenant(struct server *srv, uid_t uid)
 
 /* ---- batches ---------------------------------------------------------- */
 
+/* A scan of at most this many bytes may take the express lane. */
+#define EXPRESS_BYTES (64u << 10)
+
+/* Hands the jobs linked from `first` to the engine as one batch; NULL when
+ * out of memory (the jobs are then answered INTERNAL). */
+static struct engine_batch *submit_jobs(struct server *srv, struct sched_job *first)
+{
+    struct engine_batch *b = calloc(1, sizeof(*b));
+    struct engine_job **tail = b != NULL ? &b->jobs : NULL;
+    for (struct sched_job *j = first, *next; j != NULL; j = next) {
+        next = j->next;
+        struct engine_job *ej = session_job_engine(j);
+        ej->next = NULL;
+        if (b == NULL) {
+            ej->status = vks_error_set(&ej->err, -VKS_E_INTERNAL,
+                                       "out of memory "
+                                       "forming a batch: retry");
+            session_scan_done(ej, &(struct engine_telemetry){0});
+            continue;
+        }
+        *tail = ej;
+        tail = &ej->next;
+    }
+    if (b != NULL)
+        engine_submit(srv->engine, b);
+    return b;
+}
+
 void server_kick(struct server *srv)
 {
     if (srv->engine == NULL || !engine_ready(srv->engine))
@@ -222,25 +251,18 @@ void server_kick(struct server *srv)
                                     srv->cfg.batch_max_buffers, &first);
         if (n == 0)
             return;
-        struct engine_batch *b = calloc(1, sizeof(*b));
-        struct engine_job **tail = b != NULL ? &b->jobs : NULL;
-        for (struct sched_job *j = first, *next; j != NULL; j = next) {
-            next = j->next;
-            struct engine_job *ej = session_job_engine(j);
-            ej->next = NULL;
-            if (b == NULL) {
-                ej->status = vks_error_set(&ej->err, -VKS_E_INTERNAL,
-                                           "out of memory "
-                                           "forming a batch: retry");
-                session_scan_done(ej, &(struct engine_telemetry){0});
-                continue;
-            }
-            *tail = ej;
-            tail = &ej->next;
-        }
-        if (b != NULL)
-            engine_submit(srv->engine, b);
+        submit_jobs(srv, first);
     }
+    /* The engine is full, possibly of a flood's large batches: one small
+     * scan at a time goes past them (the CPU engine keeps a thread for small
+     * batches), so another tenant's 4 KiB scan does not wait for a large
+     * batch to finish (issue 8, bench/attack_all: 50 ms behind a flood of
+     * 4 MiB scans). With one CPU thread there is no such thread: the scan
+     * would only wait in the engine instead, past its queue deadline. */
+    struct sched_job *first;
+    if (srv->express == NULL && engine_get_info(srv->engine)->cpu_threads >= 2 &&
+        sched_next_small(srv->sched, EXPRESS_BYTES, &first) != 0)
+        srv->express = submit_jobs(srv, first);
 }
 
 static void resume_all(struct server *srv)
@@ -253,6 +275,8 @@ static void on_batch_done(struct engine *eng, struct engine_batch *b, void *ctx)
 {
     (void)eng;
     struct server *srv = ctx;
+    if (b == srv->express)
+        srv->express = NULL;
     const struct engine_telemetry *t = &b->tel;
     metrics_hist_observe(&srv->counters.hist_gpu, t->gpu ? t->gpu_tel.kernel_ns : t->scan_ns);
     sched_observe(srv->sched, t->bytes, t->wall_ns != 0 ? t->wall_ns : t->fd_read_ns + t->scan_ns);

@@ -1002,6 +1002,105 @@ START_TEST(test_small_scan_not_behind_backlog)
 }
 END_TEST
 
+/* ---- 10: a small scan beside buffers that cannot be split ------------ */
+
+struct tenant_c {
+    int go[2], done[2];
+};
+
+/* Tenant C: loads the catalog, waits for "go", scans 6 bytes, reports. */
+static int tenant_c_scan(const struct daemon *d, void *arg)
+{
+    struct tenant_c *tc = arg;
+    struct vks_client *c = NULL;
+    if (vks_client_connect(d->sock, NULL, &c, NULL) != 0)
+        return 1;
+    struct vks_catalog *cat = NULL;
+    if (vks_client_catalog_load(c, rules, N_RULES, NULL, &cat, NULL) != 0)
+        return 2;
+    char go;
+    if (write(tc->done[1], "r", 1) != 1 || read(tc->go[0], &go, 1) != 1)
+        return 3;
+    uint8_t data[] = "needle";
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = data, .len = 6};
+    struct vks_scan_result res = {0};
+    if (vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, NULL, &res, NULL) != 0 ||
+        res.n_hits != 1)
+        return 4;
+    if (write(tc->done[1], "d", 1) != 1)
+        return 5;
+    vks_scan_result_finish(&res);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    return 0;
+}
+
+/* The catalog's `ab[0-9]+c` is unbounded, so a buffer is one task on the CPU
+ * engine, however large: two of them used to take both threads, and another
+ * tenant's 6-byte scan waited for one to end (bench/attack_all: 50 ms behind
+ * 4 MiB scans). Now one thread is kept for small batches and the server lets
+ * one small scan past a full engine: C's reply comes before A's first. */
+START_TEST(test_small_scan_beside_unsplittable)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_small_scan_beside_unsplittable: needs root; skipped\n");
+        return;
+    }
+    struct daemon d;
+    const char *const flags[] = {
+        "--cpu-threads", "2", "--max-scan-bytes", "1G", "--tenant-max-bytes", "2G", NULL};
+    daemon_start(&d, flags);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    struct tenant_c tc;
+    ck_assert_int_eq(pipe(tc.go), 0);
+    ck_assert_int_eq(pipe(tc.done), 0);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        if (setgid(65534) != 0 || setuid(65534) != 0)
+            _exit(100);
+        _exit(tenant_c_scan(&d, &tc));
+    }
+    char ready;
+    ck_assert_int_eq(read(tc.done[0], &ready, 1), 1);
+    /* A: two scans of 256 MiB of "ab12" (a candidate every 4 bytes, no match). */
+    int mfd = memfd_create("vka-unsplit", MFD_CLOEXEC);
+    ck_assert_int_ge(mfd, 0);
+    static uint8_t chunk[1 << 20];
+    for (size_t i = 0; i < sizeof(chunk); i += 4)
+        memcpy(chunk + i, "ab12", 4);
+    for (int i = 0; i < 256; i++)
+        ck_assert_int_eq(write(mfd, chunk, sizeof(chunk)), (ssize_t)sizeof(chunk));
+    int a = raw_connect(&d);
+    send_fd_scan(a, fp, 1, mfd);
+    send_fd_scan(a, fp, 2, mfd);
+    close(mfd);
+    usleep(300000); /* let both start: the order below is what is checked */
+    ck_assert_int_eq(write(tc.go[1], "g", 1), 1);
+    char done;
+    ck_assert_int_eq(read(tc.done[0], &done, 1), 1);
+    ck_assert_int_eq(done, 'd');
+    /* C is done; A's scans are not (each is seconds of one thread). */
+    struct pollfd p = {.fd = a, .events = POLLIN};
+    ck_assert_msg(poll(&p, 1, 0) == 0, "A's 256 MiB scan was answered before C's 6 bytes");
+    for (int i = 0; i < 2; i++) {
+        struct proto_reply *rep = raw_reply(a);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_msg(rep->error.code == 0, "scan %u: %s", rep->id, rep->error.msg);
+        proto_reply_destroy(rep);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(child, &st, 0), child);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(a);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* ---- 15: client bytes echoed in replies are valid UTF-8 ------------- */
 
 START_TEST(test_replies_are_utf8)
@@ -1373,6 +1472,7 @@ Suite *attack_suite(void)
     tcase_add_test(tc, test_stats_admin_gids);
     tcase_add_test(tc, test_drain_answers_unread);
     tcase_add_test(tc, test_small_scan_not_behind_backlog);
+    tcase_add_test(tc, test_small_scan_beside_unsplittable);
     tcase_add_test(tc, test_replies_are_utf8);
     tcase_add_test(tc, test_fdatasync_failure_closes);
     tcase_add_test(tc, test_max_states_ceiling);
