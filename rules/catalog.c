@@ -413,6 +413,43 @@ void catalog_rule(const struct catalog *cat, uint32_t i, struct catalog_rule *ou
     out->fingerprint = (const uint8_t *)(e + CAT_R_FP);
 }
 
+struct rid {
+    const char *id;
+    uint32_t len, rule;
+};
+
+static int cmp_rid(const void *x, const void *y)
+{
+    const struct rid *a = x, *b = y;
+    if (a->len != b->len)
+        return a->len < b->len ? -1 : 1;
+    int d = memcmp(a->id, b->id, a->len);
+    if (d != 0)
+        return d;
+    return a->rule < b->rule ? -1 : a->rule > b->rule;
+}
+
+int catalog_report_indexes(const struct catalog *cat, uint32_t *report)
+{
+    uint32_t n = catalog_rule_count(cat);
+    struct rid *v = malloc((n ? n : 1) * sizeof(*v));
+    if (v == NULL)
+        return -ENOMEM;
+    for (uint32_t r = 0; r < n; r++) {
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        v[r] = (struct rid){cr.id, cr.id_len, r};
+    }
+    qsort(v, n, sizeof(*v), cmp_rid);
+    for (uint32_t i = 0, first = 0; i < n; i++) {
+        if (v[i].len != v[first].len || memcmp(v[i].id, v[first].id, v[i].len) != 0)
+            first = i;
+        report[v[i].rule] = v[first].rule;
+    }
+    free(v);
+    return 0;
+}
+
 uint32_t catalog_nfa_count(const struct catalog *cat)
 {
     return cat->words[CAT_H_NNFAS];

@@ -268,6 +268,12 @@ void catalog_group(const struct catalog *cat, uint32_t i, struct catalog_group *
 /* Fills `out` with a view of rule `i` (< catalog_rule_count). */
 void catalog_rule(const struct catalog *cat, uint32_t i, struct catalog_rule *out);
 
+/* The index each rule reports under (docs/catalog.md): rules that share an
+ * id report as one, under the smallest catalog index among them (the first
+ * in input order), as their accept entries say. Fills report[0 .. rule
+ * count). Returns 0 or -ENOMEM. */
+int catalog_report_indexes(const struct catalog *cat, uint32_t *report);
+
 /* Number of bit-NFA groups, and a view of group `i` (< catalog_nfa_count). */
 uint32_t catalog_nfa_count(const struct catalog *cat);
 void catalog_nfa(const struct catalog *cat, uint32_t i, struct catalog_nfa *out);

@@ -30,7 +30,8 @@ struct lit {
     uint32_t off; /* into bytes / mask */
     uint32_t len;
     uint32_t id;
-    uint32_t bucket; /* buckets hold the shortest strings first */
+    uint16_t bucket; /* buckets hold the shortest strings first */
+    uint16_t once;   /* CPULIT_ONCE, and another such string has its id */
 };
 
 /* Strings with one folded prefix key: lits[first .. first + n). */
@@ -222,6 +223,38 @@ static int build_slots(struct cpulit *m)
 }
 
 /* Copies the strings in key order, lowercasing caseless letters. */
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Keeps `once` only on CPULIT_ONCE strings whose id another such string
+ * has: the others need no check. */
+static int mark_once(struct cpulit *m)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < m->n_lits; i++)
+        n += m->lits[i].once;
+    if (n == 0)
+        return 0;
+    uint64_t *v = malloc(n * sizeof(*v));
+    if (v == NULL)
+        return -ENOMEM;
+    n = 0;
+    for (uint32_t i = 0; i < m->n_lits; i++)
+        if (m->lits[i].once)
+            v[n++] = (uint64_t)m->lits[i].id << 32 | i;
+    qsort(v, n, sizeof(*v), cmp_u64);
+    for (uint32_t i = 0; i < n; i++) {
+        bool shared =
+            (i > 0 && v[i - 1] >> 32 == v[i] >> 32) || (i + 1 < n && v[i + 1] >> 32 == v[i] >> 32);
+        m->lits[(uint32_t)v[i]].once = shared;
+    }
+    free(v);
+    return 0;
+}
+
 static int copy_entries(struct cpulit *m, const struct cpulit_entry *v, size_t n, uint64_t total)
 {
     struct order *ord = malloc(n * sizeof(*ord));
@@ -254,8 +287,11 @@ static int copy_entries(struct cpulit *m, const struct cpulit_entry *v, size_t n
     uint32_t off = 0;
     for (size_t i = 0; i < n; i++) {
         const struct cpulit_entry *e = &v[ord[i].index];
-        m->lits[i] =
-            (struct lit){.off = off, .len = e->len, .id = e->id, .bucket = bucket[ord[i].index]};
+        m->lits[i] = (struct lit){.off = off,
+                                  .len = e->len,
+                                  .id = e->id,
+                                  .bucket = (uint16_t)bucket[ord[i].index],
+                                  .once = (e->flags & CPULIT_ONCE) != 0};
         memcpy(m->bytes + off, e->bytes, e->len);
         for (uint32_t k = 0; e->fold != NULL && k < e->len; k++)
             m->fold |= e->fold[k] != 0 ? FOLD32 : 0;
@@ -268,7 +304,7 @@ static int copy_entries(struct cpulit *m, const struct cpulit_entry *v, size_t n
     m->n_lits = (uint32_t)n;
     free(ord);
     free(bucket);
-    return 0;
+    return mark_once(m);
 }
 
 int cpulit_create(const struct cpulit_entry *v, size_t n, struct cpulit **out)
@@ -293,6 +329,40 @@ int cpulit_create(const struct cpulit_entry *v, size_t n, struct cpulit **out)
     return 0;
 }
 
+static inline bool lit_matches(const struct cpulit *m, const struct lit *l, const uint8_t *t)
+{
+    const uint8_t *p = m->bytes + l->off, *q = m->mask + l->off;
+    uint32_t k = 0;
+    while (k < l->len && (t[k] | q[k]) == p[k])
+        k++;
+    return k == l->len;
+}
+
+/* Whether string `x` (a `once` one, matching at s) yields its end to
+ * another `once` string of its id matching at the same end: a shorter one
+ * (it starts after s) or one of equal length before it in lits (same
+ * start, same key). The one none yields to reports. */
+static bool yields(const struct cpulit *m, const uint8_t *buf, size_t s, uint32_t x)
+{
+    const struct lit *l = &m->lits[x];
+    uint64_t end = (uint64_t)s + l->len;
+    for (uint64_t t = s; t + m->min_len <= end; t++) {
+        uint64_t key = key_of(buf + t, m->K);
+        uint32_t h = slot_hash(key, m->slot_mask);
+        while (m->slots[h].n != 0 && m->slots[h].key != key)
+            h = (h + 1) & m->slot_mask;
+        const struct slot *sl = &m->slots[h];
+        for (uint32_t i = sl->first; i < sl->first + sl->n; i++) {
+            const struct lit *o = &m->lits[i];
+            if (!o->once || o->id != l->id || t + o->len != end || (t == s && i >= x))
+                continue;
+            if (lit_matches(m, o, buf + t))
+                return true;
+        }
+    }
+    return false;
+}
+
 /* Confirms the strings that may start at s. */
 static int verify(const struct cpulit *m, const uint8_t *buf, size_t s, uint64_t lo, uint64_t hi,
                   cpulit_fn fn, void *ctx)
@@ -309,11 +379,7 @@ static int verify(const struct cpulit *m, const uint8_t *buf, size_t s, uint64_t
         uint64_t end = (uint64_t)s + l->len;
         if (end > hi || end <= lo)
             continue;
-        const uint8_t *p = m->bytes + l->off, *q = m->mask + l->off, *t = buf + s;
-        uint32_t k = 0;
-        while (k < l->len && (t[k] | q[k]) == p[k])
-            k++;
-        if (k == l->len) {
+        if (lit_matches(m, l, buf + s) && !(l->once && yields(m, buf, s, i))) {
             int rc = fn(ctx, l->id, end);
             if (rc != 0)
                 return rc;

@@ -22,9 +22,18 @@
 struct cpulit_entry {
     const uint8_t *bytes;
     const uint8_t *fold;
-    uint32_t len; /* 1 .. CPULIT_MAX_LEN */
-    uint32_t id;  /* reported with each occurrence */
+    uint32_t len;   /* 1 .. CPULIT_MAX_LEN */
+    uint32_t id;    /* reported with each occurrence */
+    uint32_t flags; /* CPULIT_ONCE */
 };
+
+/* Entries with this flag that share an id report each (id, end) once:
+ * where several of them match at one end, only the shortest (of equal
+ * lengths, the first in the matcher's order) reports. Rules sharing an id
+ * are one rule (docs/catalog.md). Costs a look at the shorter entries'
+ * starts for each occurrence of such an entry; other entries are as
+ * before, even with equal ids. */
+#define CPULIT_ONCE 1u
 
 #define CPULIT_MAX_LEN 65536u
 
@@ -49,9 +58,9 @@ uint32_t cpulit_stride(const struct cpulit *m);
  * Calls fn(ctx, id, end) for every occurrence of every entry in buf that
  * starts at or after `begin` and ends at `end` with lo < end <= hi
  * (hi <= len, the buffer's length), in increasing start order (equal
- * starts: in entry order). Reads up to two bytes before `begin` and one
- * past `hi`, never outside buf[0..len). `fn` returning non-zero stops the
- * scan with that value.
+ * starts: in entry order), but for CPULIT_ONCE entries as said above. Reads up to two bytes before
+ * `begin` and one past `hi`, never outside buf[0..len). `fn` returning non-zero stops the scan with
+ * that value.
  */
 typedef int (*cpulit_fn)(void *ctx, uint32_t id, uint64_t end);
 int cpulit_scan(const struct cpulit *m, const uint8_t *buf, size_t len, size_t begin, uint64_t lo,

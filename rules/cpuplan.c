@@ -7,7 +7,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -316,8 +315,13 @@ static int entries_add(struct entries *e, const uint8_t *b, const uint8_t *m, ui
             return -ENOMEM;
         e->cap = cap;
     }
-    e->v[e->n] = (struct cpulit_entry){
-        .bytes = (const uint8_t *)(uintptr_t)e->pool.n, .fold = NULL, .len = len, .id = id};
+    /* a rule's string reports under its rule's report index, once per end
+     * among the rules sharing its id; factor ends need not be unique */
+    e->v[e->n] = (struct cpulit_entry){.bytes = (const uint8_t *)(uintptr_t)e->pool.n,
+                                       .fold = NULL,
+                                       .len = len,
+                                       .id = id,
+                                       .flags = id & CPUPLAN_FACTOR ? 0 : CPULIT_ONCE};
     e->group[e->n++] = group;
     for (uint32_t i = 0; i < len; i++)
         if (!sbuf_push(&e->pool, b[i], m[i], UINT32_MAX - 1))
@@ -373,9 +377,10 @@ static int parse_src(const struct catalog *cat, uint32_t r, struct parse_result 
 }
 
 /* Pass over the rules of groups still marked in `ok`: each adds its
- * strings (its literal, or its factor set) or unmarks its group. */
-static int collect(const struct catalog *cat, uint32_t ng, uint8_t *ok, bool factors,
-                   struct entries *e)
+ * strings (its literal under its report index, or its factor set) or
+ * unmarks its group. */
+static int collect(const struct catalog *cat, const uint32_t *report, uint32_t ng, uint8_t *ok,
+                   bool factors, struct entries *e)
 {
     struct fset *f = malloc(sizeof(*f));
     int rc = f != NULL ? 0 : -ENOMEM;
@@ -391,7 +396,7 @@ static int collect(const struct catalog *cat, uint32_t ng, uint8_t *ok, bool fac
             struct sbuf s = {0};
             good = lit_of(pr.root, 0, &s) && s.n >= MIN_LIT;
             if (good)
-                rc = entries_add(e, s.b, s.m, s.n, r, g);
+                rc = entries_add(e, s.b, s.m, s.n, report[r], g);
             free(s.b);
             free(s.m);
         } else if (good) {
@@ -461,10 +466,13 @@ static void small_rules_only(const struct catalog *cat, uint32_t ng, uint8_t *ta
 
 /* Compiles the rules of the groups marked in `take` (gated bit-NFA groups)
  * again, without gating (rules_options.gate_bits), and plans the result.
+ * Rules keep their ids (rules sharing one report as one in the shadow too)
+ * and the shadow's rules map to their report indexes here.
  * Clears `take` when there are too many or the result still has gated
  * groups (the catalog's own gate serves them then); -ENOMEM only for
  * memory. */
-static int plan_shadow(const struct catalog *cat, struct cpuplan *p, uint8_t *take)
+static int plan_shadow(const struct catalog *cat, const uint32_t *report, struct cpuplan *p,
+                       uint8_t *take)
 {
     uint32_t n = 0, nr = catalog_rule_count(cat);
     for (uint32_t r = 0; r < nr; r++) {
@@ -476,31 +484,37 @@ static int plan_shadow(const struct catalog *cat, struct cpuplan *p, uint8_t *ta
         return 0;
     struct rule_src *src = calloc(n, sizeof(*src));
     uint32_t *map = calloc(n, sizeof(*map));
-    char(*ids)[12] = calloc(n, sizeof(*ids)); /* distinct: equal ids share a rule */
-    if (src == NULL || map == NULL || ids == NULL) {
-        free(src);
-        free(map);
-        free(ids);
-        return -ENOMEM;
-    }
+    char **ids = calloc(n, sizeof(*ids)); /* the rules' own, NUL-terminated */
     uint32_t k = 0;
-    for (uint32_t r = 0; r < nr; r++) {
+    for (uint32_t r = 0; r < nr && src != NULL && map != NULL && ids != NULL; r++) {
         struct catalog_rule cr;
         catalog_rule(cat, r, &cr);
         if (cr.group >= p->n_dfa + p->n_nfa || !take[cr.group])
             continue;
-        snprintf(ids[k], sizeof(ids[k]), "s%u", k);
+        ids[k] = strndup(cr.id, cr.id_len);
+        if (ids[k] == NULL)
+            break;
         src[k] = (struct rule_src){.id = ids[k],
                                    .kind = (enum rule_kind)cr.kind,
                                    .pattern = cr.src,
                                    .len = cr.src_len,
                                    .flags = cr.flags};
-        map[k++] = r;
+        map[k++] = report[r];
+    }
+    if (k < n) {
+        for (uint32_t i = 0; ids != NULL && i < k; i++)
+            free(ids[i]);
+        free(src);
+        free(map);
+        free(ids);
+        return -ENOMEM;
     }
     struct rules_options ro = {.gate_bits = UINT32_MAX};
     struct rules_result res = {0};
     struct vks_error err;
     int rc = rules_compile(src, n, &ro, &res, &err);
+    for (uint32_t i = 0; i < n; i++)
+        free(ids[i]);
     free(src);
     free(ids);
     bool usable = rc == 0 && res.n_rejects == 0 && catalog_rule_count(res.catalog) == n;
@@ -530,11 +544,15 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
 {
     uint32_t ng = p->n_dfa + p->n_nfa;
     uint8_t *lit = malloc(ng), *win = malloc(ng), *shadow = calloc(ng, 1);
+    uint32_t nr = catalog_rule_count(cat);
+    uint32_t *report = malloc((nr ? nr : 1) * sizeof(*report));
     struct entries e = {0};
-    int rc = lit != NULL && win != NULL && shadow != NULL ? 0 : -ENOMEM;
+    int rc = lit != NULL && win != NULL && shadow != NULL && report != NULL ? 0 : -ENOMEM;
+    if (rc == 0)
+        rc = catalog_report_indexes(cat, report);
     if (rc == 0) {
         eligible(cat, lit, win);
-        rc = collect(cat, ng, lit, false, &e);
+        rc = collect(cat, report, ng, lit, false, &e);
     }
     for (uint32_t j = 0; rc == 0 && j < p->n_nfa; j++) {
         struct catalog_nfa cn;
@@ -544,11 +562,11 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
     if (rc == 0)
         small_rules_only(cat, ng, shadow);
     if (rc == 0)
-        rc = plan_shadow(cat, p, shadow);
+        rc = plan_shadow(cat, report, p, shadow);
     for (uint32_t g = 0; rc == 0 && g < ng; g++)
         win[g] = win[g] && !lit[g] && !shadow[g]; /* these need no factors */
     if (rc == 0)
-        rc = collect(cat, ng, win, true, &e);
+        rc = collect(cat, report, ng, win, true, &e);
     for (uint32_t g = 0; rc == 0 && g < ng; g++) {
         p->mode[g] = lit[g]      ? CPUPLAN_LIT
                      : shadow[g] ? CPUPLAN_SHADOW
@@ -566,6 +584,7 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
     if (rc == 0)
         rc = make_matcher(&e, p->mode, &p->lit);
     entries_finish(&e);
+    free(report);
     free(lit);
     free(win);
     free(shadow);

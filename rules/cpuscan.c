@@ -28,6 +28,8 @@ struct cpuscan_scratch {
     uint8_t fp[CATALOG_FP_LEN]; /* fingerprint (a freed catalog's address may */
     uint32_t n_rules;           /* come back for another one) */
     uint8_t *single;            /* per rule: RULE_F_SINGLEMATCH */
+    uint8_t *shared;            /* per rule: the report index of several rules */
+    struct scan_hits counted;   /* SCAN_COUNT: shared rules' ends, deduplicated last */
     struct rstate *tab;         /* open addressing, cap a power of two */
     uint32_t cap;
     uint32_t *used; /* slots in use, n_used of them */
@@ -89,6 +91,8 @@ void cpuscan_scratch_destroy(struct cpuscan_scratch *s)
     if (s == NULL)
         return;
     free(s->single);
+    free(s->shared);
+    scan_hits_finish(&s->counted);
     free(s->tab);
     free(s->used);
     cpuplan_put(s->plan);
@@ -108,14 +112,22 @@ static int scratch_prepare(struct cpuscan_scratch *s, const struct catalog *cat)
     if (rc != 0)
         return rc;
     free(s->single);
+    free(s->shared);
     s->single = malloc(n ? n : 1);
-    if (s->single == NULL)
-        return -ENOMEM;
-    for (uint32_t r = 0; r < n; r++) {
+    s->shared = calloc(n ? n : 1, 1);
+    uint32_t *report = malloc((n ? n : 1) * sizeof(*report));
+    rc = s->single != NULL && s->shared != NULL && report != NULL ? 0 : -ENOMEM;
+    if (rc == 0)
+        rc = catalog_report_indexes(cat, report);
+    for (uint32_t r = 0; rc == 0 && r < n; r++) {
         struct catalog_rule cr;
         catalog_rule(cat, r, &cr);
         s->single[r] = (cr.flags & RULE_F_SINGLEMATCH) != 0;
+        s->shared[report[r]] |= report[r] != r;
     }
+    free(report);
+    if (rc != 0)
+        return rc;
     memcpy(s->fp, fp, CATALOG_FP_LEN);
     s->n_rules = n;
     s->ready = true;
@@ -225,6 +237,8 @@ static void trim(struct walk *w)
     uint64_t plain = 0;
     for (size_t i = 0; i < p->hits.n; i++) {
         struct scan_hit h = p->hits.v[i];
+        if (k > 0 && p->hits.v[k - 1].rule == h.rule && p->hits.v[k - 1].end == h.end)
+            continue; /* a shared id's end from two groups */
         if (!single[h.rule] && plain == w->limit) {
             p->dropped++;
             continue;
@@ -255,13 +269,20 @@ static int on_match(void *ctx, uint32_t rule, uint64_t end)
     if (r->last == end)
         return 0; /* the same (rule, end) twice */
     r->last = end;
-    bool first = r->first == NONE;
+    /* a rule's walk reports its ends in order; rules sharing an id may be
+     * walked in several groups, each in order, so ends may come back
+     * lower and twice (not in a row): SCAN_ALL's duplicates go at the
+     * sort, SCAN_COUNT's through `counted` */
+    bool first = end < r->first;
+    bool was_none = r->first == NONE;
     if (first)
         r->first = end;
     if (w->mode == SCAN_FIRST)
         return 0;
     if (w->mode == SCAN_COUNT) {
-        if (first || !s->single[rule])
+        if (s->shared[rule])
+            return scan_hits_push(&s->counted, rule, end, 1);
+        if (was_none || !s->single[rule])
             r->count++;
         return 0;
     }
@@ -484,6 +505,39 @@ static int walk_catalog(const struct catalog *cat, const struct cpuplan *plan, c
     return rc;
 }
 
+/* SCAN_COUNT: the ends of shared rules (reported by several groups, maybe
+ * twice), each counted once. */
+static int count_shared(struct cpuscan_scratch *s)
+{
+    struct scan_hits *c = &s->counted;
+    if (c->n > 1)
+        qsort(c->v, c->n, sizeof(*c->v), cmp_rule_end);
+    for (size_t i = 0; i < c->n; i++) {
+        if (i > 0 && c->v[i].rule == c->v[i - 1].rule && c->v[i].end == c->v[i - 1].end)
+            continue;
+        bool first = i == 0 || c->v[i].rule != c->v[i - 1].rule;
+        struct rstate *r = lookup(s, c->v[i].rule); /* there: on_match added it */
+        if (r == NULL)
+            return -ENOMEM;
+        if (first || !s->single[c->v[i].rule])
+            r->count++;
+    }
+    return 0;
+}
+
+/* Sorts the part's hits from `base` by (end, rule), dropping repeats (a
+ * shared id's end reported by two groups). */
+static void sort_unique(struct cpuscan_part *part, size_t base)
+{
+    struct scan_hit *v = part->hits.v + base;
+    size_t n = part->hits.n - base, k = 0;
+    qsort(v, n, sizeof(*v), cmp_end_rule);
+    for (size_t i = 0; i < n; i++)
+        if (k == 0 || v[k - 1].rule != v[i].rule || v[k - 1].end != v[i].end)
+            v[k++] = v[i];
+    part->hits.n = base + k;
+}
+
 int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                     uint64_t hi, enum scan_mode mode, uint64_t limit, cpuscan_enough_fn enough,
                     void *ctx, struct cpuscan_scratch *s, struct cpuscan_part *part)
@@ -514,6 +568,8 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
         rc = walk_catalog(s->plan->shadow, s->plan->shadow_plan, buf, len, begin, lo, hi, &w);
         w.map = NULL;
     }
+    if (rc == 0 && mode == SCAN_COUNT)
+        rc = count_shared(s);
     if (rc == 0 && mode != SCAN_ALL) {
         for (uint32_t i = 0; i < s->n_used && rc == 0; i++) {
             const struct rstate *r = &s->tab[s->used[i]];
@@ -527,11 +583,12 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
         if (w.limit > 0)
             trim(&w);
         else if (part->hits.n > base)
-            qsort(part->hits.v + base, part->hits.n - base, sizeof(*part->hits.v), cmp_end_rule);
+            sort_unique(part, base);
         part->plain = 0;
         for (size_t i = base; i < part->hits.n; i++)
             part->plain += !s->single[part->hits.v[i].rule];
     }
+    s->counted.n = 0;
     scratch_reset(s);
     return rc < 0 ? rc : 0;
 }

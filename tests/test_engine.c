@@ -1700,7 +1700,7 @@ static size_t random_lits(struct cpulit_entry *v, uint8_t (*b)[20], uint8_t (*m)
             b[i][k] = c;
             m[i][k] = fold ? 0x20 : 0;
         }
-        v[i] = (struct cpulit_entry){b[i], m[i], len, (uint32_t)i};
+        v[i] = (struct cpulit_entry){b[i], m[i], len, (uint32_t)i, 0};
     }
     return n;
 }
@@ -1757,16 +1757,17 @@ START_TEST(test_cpulit_equals_naive)
 }
 END_TEST
 
-/* Compiles owned patterns; flags as letters. */
-static struct catalog *compile_src(char **pat, const char **flags, enum rule_kind *kind, size_t n,
-                                   bool bitnfa)
+/* Compiles owned patterns; flags as letters; rule i's id is "r<id[i]>"
+ * (id NULL: "r<i>"). */
+static struct catalog *compile_ids(char **pat, const char **flags, enum rule_kind *kind,
+                                   const uint32_t *id, size_t n, bool bitnfa)
 {
     struct rule_src *src = calloc(n, sizeof(*src));
     char(*ids)[24] = calloc(n, 24);
     for (size_t i = 0; i < n; i++) {
         uint32_t f = 0;
         ck_assert_int_eq(rules_parse_flags(flags[i], strlen(flags[i]), &f, NULL), 0);
-        snprintf(ids[i], 24, "r%zu", i);
+        snprintf(ids[i], 24, "r%u", id != NULL ? id[i] : (uint32_t)i);
         src[i] = (struct rule_src){ids[i], kind[i], pat[i], strlen(pat[i]), f, 0};
     }
     struct rules_result res = {0};
@@ -1779,6 +1780,12 @@ static struct catalog *compile_src(char **pat, const char **flags, enum rule_kin
     free(src);
     free(ids);
     return cat;
+}
+
+static struct catalog *compile_src(char **pat, const char **flags, enum rule_kind *kind, size_t n,
+                                   bool bitnfa)
+{
+    return compile_ids(pat, flags, kind, NULL, n, bitnfa);
 }
 
 /* Segmented scans on 1-3 threads, every mode, equal refscan_buffer. */
@@ -1950,6 +1957,209 @@ START_TEST(test_window_groups_equal_refscan)
 }
 END_TEST
 
+static int cmp_lit_hit(const void *a, const void *b)
+{
+    const struct lit_hit *x = a, *y = b;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* CPULIT_ONCE entries sharing ids (a third of the ids shared, suffixes,
+ * copies and case variants of each other): each (id, end) once, exactly
+ * the naive search's pairs; entries without the flag as before. */
+START_TEST(test_cpulit_once)
+{
+    static uint8_t b[300][20], m[300][20];
+    static struct cpulit_entry v[300];
+    static struct lit_hits got, want;
+    for (int round = 0; round < 40; round++) {
+        size_t n = random_lits(v, b, m, 300, 1 + rnd(4));
+        uint32_t nid = 1 + (uint32_t)n / 3;
+        for (size_t i = 0; i < n; i++) {
+            v[i].id = rnd(nid);
+            v[i].flags = round % 4 == 3 && i % 5 == 0 ? 0 : CPULIT_ONCE;
+        }
+        struct cpulit *lit;
+        ck_assert_int_eq(cpulit_create(v, n, &lit), 0);
+        size_t len = 2000 + rnd(3000);
+        uint8_t *buf = malloc(len);
+        for (size_t i = 0; i < len; i++)
+            buf[i] = lit_alpha[rnd(sizeof(lit_alpha))];
+        for (size_t p = 0; p < len; p += 1 + rnd(20)) {
+            const struct cpulit_entry *e = &v[rnd((uint32_t)n)];
+            for (uint32_t k = 0; k < e->len && p + k < len; k++)
+                buf[p + k] = e->fold[k] && rnd(2) ? e->bytes[k] ^ 0x20 : e->bytes[k];
+        }
+        size_t begin = rnd(2) ? 0 : rnd(64);
+        uint64_t lo = begin + rnd(40), hi = len - rnd(40);
+        got.n = want.n = 0;
+        ck_assert_int_eq(cpulit_scan(lit, buf, len, begin, lo, hi, lit_push, &got), 0);
+        /* the naive pairs: ONCE entries' (id, end) once, others each */
+        for (size_t s = begin; s < len; s++) {
+            for (size_t i = 0; i < n; i++) {
+                uint64_t end = s + v[i].len;
+                if (end <= lo || end > hi || !lit_at(&v[i], buf, len, s))
+                    continue;
+                bool dup = false;
+                for (size_t j = 0; j < want.n && (v[i].flags & CPULIT_ONCE); j++)
+                    dup |= want.v[j].id == (v[i].id | 1u << 31) && want.v[j].end == end;
+                if (!dup)
+                    lit_push(&want, v[i].id | (v[i].flags & CPULIT_ONCE ? 1u << 31 : 0), end);
+            }
+        }
+        for (size_t j = 0; j < want.n; j++)
+            want.v[j].id &= ~(1u << 31);
+        qsort(got.v, got.n, sizeof(*got.v), cmp_lit_hit);
+        qsort(want.v, want.n, sizeof(*want.v), cmp_lit_hit);
+        ck_assert_uint_eq(got.n, want.n);
+        for (size_t j = 0; j < want.n; j++) {
+            ck_assert_uint_eq(got.v[j].id, want.v[j].id);
+            ck_assert_uint_eq(got.v[j].end, want.v[j].end);
+        }
+        free(buf);
+        cpulit_destroy(lit);
+    }
+}
+END_TEST
+
+/* The colleague's case: a:needle12, b:zzzz, a:edle12 report as refscan
+ * does, under rule 0 and once at 10 (the literal path gave (0, 10),
+ * (2, 10), (2, 19)). */
+START_TEST(test_shared_id_literals)
+{
+    static const struct rdef r[] = {{"a", "needle12", NULL, RULE_LITERAL},
+                                    {"b", "zzzz", NULL, RULE_LITERAL},
+                                    {"a", "edle12", NULL, RULE_LITERAL}};
+    struct catalog *cat = compile(r, 3);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
+    ck_assert_uint_eq(plan->n_lit_groups, plan->n_dfa + plan->n_nfa);
+    cpuplan_put(plan);
+    const char *text = "xxneedle12yy edle12";
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+        struct scan_hits want = {0}, got = {0};
+        uint64_t dropped = 0;
+        ck_assert_int_eq(
+            refscan_buffer(cat, (const uint8_t *)text, strlen(text), (enum scan_mode)mode, &want),
+            0);
+        ck_assert_uint_eq(want.n, mode == SCAN_ALL ? 2 : 1);
+        ck_assert_uint_eq(want.v[0].rule, 0);
+        segmented(cat, (const uint8_t *)text, strlen(text), 1u << 20, 1, (enum scan_mode)mode, 0,
+                  UINT64_MAX, &got, &dropped);
+        assert_same(&got, &want, "shared id");
+        scan_hits_finish(&want);
+        scan_hits_finish(&got);
+    }
+    catalog_destroy(cat);
+}
+END_TEST
+
+/* Random literal rule sets whose rules share ids (a third of the ids
+ * shared; suffixes, copies and case variants of each other; caseless and
+ * single-match rules): the literal path equals refscan in every mode.
+ * _i 1: bit-NFA groups. */
+START_TEST(test_shared_id_groups_equal_refscan)
+{
+    static uint8_t b[200][20], m[200][20];
+    static struct cpulit_entry v[200];
+    for (int round = 0; round < 4; round++) {
+        size_t n = 0;
+        while (n < 6) {
+            n = random_lits(v, b, m, 150, 3);
+            size_t k = 0;
+            for (size_t i = 0; i < n; i++)
+                if (v[i].len >= 3)
+                    v[k++] = v[i];
+            n = k;
+        }
+        char **pat = calloc(n, sizeof(*pat));
+        const char **flags = calloc(n, sizeof(*flags));
+        enum rule_kind *kind = calloc(n, sizeof(*kind));
+        uint32_t *id = calloc(n, sizeof(*id));
+        uint32_t nid = 1 + (uint32_t)n / 3;
+        for (size_t i = 0; i < n; i++) {
+            pat[i] = calloc(v[i].len * 4 + 1, 1);
+            bool ci = false;
+            for (uint32_t k = 0; k < v[i].len; k++) {
+                sprintf(pat[i] + 4 * k, "\\x%02x", v[i].bytes[k]);
+                ci |= v[i].fold[k] != 0;
+            }
+            kind[i] = RULE_REGEX;
+            id[i] = rnd(nid);
+            /* single-match by id: rules of one id have one set of flags' H */
+            bool h = id[i] % 4 == 1;
+            flags[i] = ci ? (h ? "iH" : "i") : (h ? "H" : "");
+            for (uint32_t k = 0; ci && k < v[i].len; k++)
+                m[i][k] = v[i].bytes[k] >= 'a' && v[i].bytes[k] <= 'z' ? 0x20 : 0;
+        }
+        struct catalog *cat = compile_ids(pat, flags, kind, id, n, _i == 1);
+        struct cpuplan *plan;
+        ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
+        ck_assert_ptr_nonnull(plan->lit);
+        ck_assert_uint_ge(plan->n_lit_groups, 1);
+        cpuplan_put(plan);
+        size_t len = 20000;
+        uint8_t *buf = malloc(len);
+        for (size_t i = 0; i < len; i++)
+            buf[i] = lit_alpha[rnd(sizeof(lit_alpha))];
+        for (size_t p = 0; p < len; p += 1 + rnd(40)) {
+            const struct cpulit_entry *e = &v[rnd((uint32_t)n)];
+            for (uint32_t k = 0; k < e->len && p + k < len; k++)
+                buf[p + k] = m[e - v][k] && rnd(2) ? e->bytes[k] ^ 0x20 : e->bytes[k];
+        }
+        fast_equals_refscan(cat, buf, len, "shared-id literals");
+        free(buf);
+        catalog_destroy(cat);
+        for (size_t i = 0; i < n; i++)
+            free(pat[i]);
+        free(pat);
+        free(flags);
+        free(kind);
+        free(id);
+    }
+}
+END_TEST
+
+/* Window groups and shadow groups (_i 1: gated bit-NFA groups compiled
+ * again) whose rules share ids, some able to match at one end: refscan's
+ * hits, under each id's first rule, once. */
+START_TEST(test_shared_id_windows_equal_refscan)
+{
+    static char *const pats[] = {"abc[0-9]{2,4}xyz", "c[0-9]{2}xyz",        "qqa[a-z]{0,6}bcd",
+                                 "a[a-z]{0,3}bcd",   "beef[0-9a-f]{4}cafe", "f[0-9a-f]{2}cafe",
+                                 "pre(mid|zq)suf",   "x[yz]\\s?q"};
+    static const char *flags[] = {"", "", "", "", "i", "i", "H", "H"};
+    static const uint32_t id[] = {5, 1, 5, 2, 3, 3, 4, 4};
+    enum rule_kind kind[8];
+    for (int i = 0; i < 8; i++)
+        kind[i] = RULE_REGEX;
+    struct catalog *cat = compile_ids((char **)pats, flags, kind, id, 8, _i == 1);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
+    if (_i == 1)
+        ck_assert_uint_ge(plan->n_shadow_groups, 1);
+    else
+        ck_assert_uint_ge(plan->n_window_groups + plan->n_lit_groups, 1);
+    cpuplan_put(plan);
+    static const char *const plants[] = {"abc12xyz", "abc123xyz",    "qqabcd",       "qqaxbcd",
+                                         "axbcd",    "BEEF12aFcafe", "beef0000CAFE", "premidsuf",
+                                         "prezqsuf", "xyq",          "xz q",         "c77xyz"};
+    static const char alpha[] = "abcdeqrstxyz0123 \nEF";
+    size_t len = 30000;
+    uint8_t *buf = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+    for (size_t p = 0; p + 16 < len; p += 1 + rnd(50)) {
+        const char *x = plants[rnd(12)];
+        memcpy(buf + p, x, strlen(x));
+    }
+    fast_equals_refscan(cat, buf, len, "shared-id windows");
+    free(buf);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* One plan per catalog, shared: the cache hands out the same one. */
 START_TEST(test_plan_cached)
 {
@@ -1988,6 +2198,10 @@ Suite *engine_suite(void)
     tc = tcase_create("fast");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cpulit_equals_naive);
+    tcase_add_test(tc, test_cpulit_once);
+    tcase_add_test(tc, test_shared_id_literals);
+    tcase_add_loop_test(tc, test_shared_id_groups_equal_refscan, 0, 2);
+    tcase_add_loop_test(tc, test_shared_id_windows_equal_refscan, 0, 2);
     tcase_add_loop_test(tc, test_literal_groups_equal_refscan, 0, 2);
     tcase_add_loop_test(tc, test_window_groups_equal_refscan, 0, 2);
     tcase_add_test(tc, test_plan_cached);

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpuscan.h"
 #include "factor.h"
 #include "parse.h"
 #include "patfile.h"
@@ -1557,6 +1558,188 @@ START_TEST(test_random_multi_bitnfa)
 }
 END_TEST
 
+struct id_hit {
+    uint32_t id;
+    uint64_t end;
+};
+
+struct id_hits {
+    struct id_hit *v;
+    size_t n, cap;
+};
+
+static void id_hits_push(struct id_hits *h, uint32_t id, uint64_t end)
+{
+    if (h->n == h->cap) {
+        h->cap = h->cap ? 2 * h->cap : 1024;
+        h->v = xrealloc(h->v, h->cap * sizeof(*h->v));
+    }
+    h->v[h->n++] = (struct id_hit){id, end};
+}
+
+static int on_hs_id(unsigned id, unsigned long long from, unsigned long long to, unsigned flags,
+                    void *ctx)
+{
+    (void)from;
+    (void)flags;
+    id_hits_push(ctx, id, to);
+    return 0;
+}
+
+static int id_hit_cmp(const void *a, const void *b)
+{
+    const struct id_hit *x = a, *y = b;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* The CPU engine's literal fast path (rules/cpuplan.c) against Hyperscan
+ * for random literal sets whose rules share ids (about four rules an id,
+ * suffixes and case variants of each other, caseless, binary bytes): each
+ * (id, end) once, under the id's first rule, in every scan mode's terms
+ * that Hyperscan has (all matches). */
+START_TEST(test_cpu_engine_shared_literals)
+{
+    struct rng rng = {0x5eed1d5u};
+    static const char alpha[] = {'a', 'b', 'A', 'c', 'z', 0x01, (char)0xfe, '\n'};
+    uint64_t compared = 0;
+    for (int round = 0; round < 6; round++) {
+        size_t n = 80 + rng_below(&rng, 300), nid = n / 4 + 1;
+        struct rule_src *src = xrealloc(NULL, n * sizeof(*src));
+        char **pat = xrealloc(NULL, n * sizeof(*pat)), **hsx = xrealloc(NULL, n * sizeof(*hsx));
+        char(*ids)[16] = xrealloc(NULL, n * sizeof(*ids));
+        unsigned *hsid = xrealloc(NULL, n * sizeof(*hsid)),
+                 *hsfl = xrealloc(NULL, n * sizeof(*hsfl));
+        uint8_t(*raw)[16] = xrealloc(NULL, n * sizeof(*raw));
+        uint32_t *rawlen = xrealloc(NULL, n * sizeof(*rawlen));
+        for (size_t i = 0; i < n; i++) {
+            uint32_t len = 4 + rng_below(&rng, 9);
+            size_t from = i > 0 && rng_pct(&rng, 40) ? rng_below(&rng, (uint32_t)i) : i;
+            if (from != i && rawlen[from] >= 4) { /* a suffix or a case variant */
+                len = 4 + rng_below(&rng, rawlen[from] - 3);
+                memcpy(raw[i], raw[from] + rawlen[from] - len, len);
+                for (uint32_t k = 0; k < len; k++)
+                    if (isalpha(raw[i][k]) && rng_pct(&rng, 30))
+                        raw[i][k] ^= 0x20;
+            } else {
+                for (uint32_t k = 0; k < len; k++)
+                    raw[i][k] = (uint8_t)alpha[rng_below(&rng, sizeof(alpha))];
+            }
+            rawlen[i] = len;
+            uint32_t id =
+                from != i && rng_pct(&rng, 70) ? hsid[from] : rng_below(&rng, (uint32_t)nid);
+            bool ci = rng_pct(&rng, 30);
+            struct str t = {0};
+            for (uint32_t k = 0; k < len; k++)
+                str_printf(&t, "\\x%02x", raw[i][k]);
+            pat[i] = t.p;
+            hsx[i] = xstrndup(t.p, t.n);
+            snprintf(ids[i], sizeof(ids[i]), "s%u", id);
+            hsid[i] = id;
+            hsfl[i] = ci ? HS_FLAG_CASELESS : 0;
+            src[i] =
+                (struct rule_src){ids[i], RULE_REGEX, pat[i], t.n, ci ? RULE_F_CASELESS : 0, 0};
+        }
+        struct rules_options ro = {.gate_bits = UINT32_MAX};
+        struct rules_result res = {0};
+        ck_assert_int_eq(rules_compile(src, n, &ro, &res, NULL), 0);
+        ck_assert_uint_eq(res.n_rejects, 0);
+        const struct catalog *cat = res.catalog;
+        /* catalog rule -> id, and each id's first catalog rule */
+        uint32_t *first = xrealloc(NULL, nid * sizeof(*first)), *idof = xrealloc(NULL, n * 4);
+        for (size_t k = 0; k < nid; k++)
+            first[k] = UINT32_MAX;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t r = res.rule_index[i];
+            idof[r] = hsid[i];
+            first[hsid[i]] = r < first[hsid[i]] ? r : first[hsid[i]];
+        }
+        hs_database_t *db = NULL;
+        hs_compile_error_t *ce = NULL;
+        ck_assert_int_eq(hs_compile_multi((const char *const *)hsx, hsfl, hsid, (unsigned)n,
+                                          HS_MODE_BLOCK, NULL, &db, &ce),
+                         HS_SUCCESS);
+        hs_scratch_t *scratch = NULL;
+        ck_assert_int_eq(hs_alloc_scratch(db, &scratch), HS_SUCCESS);
+        size_t len = 20000;
+        uint8_t *buf = xrealloc(NULL, len);
+        for (size_t i = 0; i < len; i++)
+            buf[i] = (uint8_t)alpha[rng_below(&rng, sizeof(alpha))];
+        for (size_t p = 0; p + 16 < len; p += 1 + rng_below(&rng, 30)) {
+            uint32_t i = rng_below(&rng, (uint32_t)n);
+            for (uint32_t k = 0; k < rawlen[i]; k++)
+                buf[p + k] = isalpha(raw[i][k]) && hsfl[i] && rng_pct(&rng, 50) ? raw[i][k] ^ 0x20
+                                                                                : raw[i][k];
+        }
+        struct id_hits theirs = {0}, ours = {0};
+        ck_assert_int_eq(
+            hs_scan(db, (const char *)buf, (unsigned)len, 0, scratch, on_hs_id, &theirs),
+            HS_SUCCESS);
+        qsort(theirs.v, theirs.n, sizeof(*theirs.v), id_hit_cmp);
+        size_t m = 0;
+        for (size_t i = 0; i < theirs.n; i++)
+            if (m == 0 || id_hit_cmp(&theirs.v[m - 1], &theirs.v[i]) != 0)
+                theirs.v[m++] = theirs.v[i];
+        theirs.n = m;
+        /* the CPU engine in 3 segments, its parts merged */
+        struct cpuscan_scratch *sc;
+        ck_assert_int_eq(cpuscan_scratch_create(&sc), 0);
+        struct cpuscan_part parts[3] = {0};
+        for (int k = 0; k < 3; k++)
+            ck_assert_int_eq(cpuscan_segment(cat, buf, len, len * k / 3, len * (k + 1) / 3,
+                                             SCAN_ALL, 0, NULL, NULL, sc, &parts[k]),
+                             0);
+        struct scan_hits got = {0};
+        uint64_t dropped = 0;
+        ck_assert_int_eq(cpuscan_merge(cat, SCAN_ALL, parts, 3, UINT64_MAX, false, &got, &dropped),
+                         0);
+        for (size_t i = 0; i < got.n; i++) {
+            uint32_t id = idof[got.v[i].rule];
+            ck_assert_msg(got.v[i].rule == first[id], "rule %u of id s%u reported, not %u",
+                          got.v[i].rule, id, first[id]);
+            id_hits_push(&ours, id, got.v[i].end);
+        }
+        qsort(ours.v, ours.n, sizeof(*ours.v), id_hit_cmp); /* by id, not rule, at one end */
+        for (size_t i = 1; i < ours.n; i++)
+            ck_assert_msg(id_hit_cmp(&ours.v[i - 1], &ours.v[i]) != 0, "(s%u, %" PRIu64 ") twice",
+                          ours.v[i].id, ours.v[i].end);
+        ck_assert_uint_eq(ours.n, theirs.n);
+        for (size_t i = 0; i < ours.n; i++)
+            ck_assert_msg(id_hit_cmp(&ours.v[i], &theirs.v[i]) == 0,
+                          "hit %zu: ours (s%u, %" PRIu64 "), Hyperscan (s%u, %" PRIu64 ")", i,
+                          ours.v[i].id, ours.v[i].end, theirs.v[i].id, theirs.v[i].end);
+        compared += ours.n;
+        for (int k = 0; k < 3; k++)
+            cpuscan_part_finish(&parts[k]);
+        cpuscan_scratch_destroy(sc);
+        scan_hits_finish(&got);
+        free(ours.v);
+        free(theirs.v);
+        free(buf);
+        hs_free_scratch(scratch);
+        hs_free_database(db);
+        rules_result_finish(&res);
+        for (size_t i = 0; i < n; i++) {
+            free(pat[i]);
+            free(hsx[i]);
+        }
+        free(src);
+        free(pat);
+        free(hsx);
+        free(ids);
+        free(hsid);
+        free(hsfl);
+        free(raw);
+        free(rawlen);
+        free(first);
+        free(idof);
+    }
+    printf("hsdiff cpu engine shared-id literals: %" PRIu64 " hits agree\n", compared);
+    ck_assert_uint_gt(compared, 1000);
+}
+END_TEST
+
 /* Hand-picked cases for the semantics that are easy to get wrong; each is
  * compared like the random ones, and each must produce at least one hit. */
 START_TEST(test_known_semantics)
@@ -2538,6 +2721,10 @@ Suite *hsdiff_suite(void)
     tcase_add_test(gating, test_wide_small_dfa);
     tcase_add_test(gating, test_factor_walk_lanes);
     suite_add_tcase(s, gating);
+    TCase *cpu = tcase_create("cpu-engine");
+    tcase_set_timeout(cpu, 600);
+    tcase_add_test(cpu, test_cpu_engine_shared_literals);
+    suite_add_tcase(s, cpu);
     TCase *files = tcase_create("shared-data");
     tcase_set_timeout(files, 600);
     tcase_add_test(files, test_shared_gitleaks);

@@ -458,7 +458,10 @@ END_TEST
  * exactly as block mode finds them. */
 START_TEST(test_literal_groups)
 {
-    rng_state = 0x11731u;
+    /* _i 1: rules share ids (every 40th rule one id, caseless or not,
+     * strings suffixes of others): one rule to report, under its first
+     * rule's index, each end once */
+    rng_state = 0x11731u + (uint32_t)_i;
     enum { N = 200 };
     struct rule_src src[N];
     char pats[N][24], ids[N][8];
@@ -469,7 +472,12 @@ START_TEST(test_literal_groups)
         if (i % 10 == 0)
             pats[i][len - 1] = '\n';
         pats[i][len] = '\0';
-        snprintf(ids[i], sizeof(ids[i]), "l%d", i);
+        if (_i == 1 && i >= 40 && rnd(2) == 0) { /* a suffix of the id's first */
+            size_t from = (size_t)i % 40, fl = strlen(pats[from]);
+            len = 3 + rnd((uint32_t)fl - 2);
+            memmove(pats[i], pats[from] + fl - len, len + 1);
+        }
+        snprintf(ids[i], sizeof(ids[i]), "l%d", _i == 1 ? i % 40 : i);
         src[i] =
             (struct rule_src){ids[i], RULE_LITERAL, pats[i], len, i % 7 ? 0 : RULE_F_CASELESS, 0};
     }
@@ -2028,7 +2036,7 @@ Suite *stream_suite(void)
     tcase_add_test(tc, test_state_size);
     tcase_add_test(tc, test_state_size_many_groups);
     tcase_add_test(tc, test_history_groups);
-    tcase_add_test(tc, test_literal_groups);
+    tcase_add_loop_test(tc, test_literal_groups, 0, 2);
     tcase_add_test(tc, test_fast_random);
     tcase_add_test(tc, test_fast_kinds);
     tcase_add_test(tc, test_fast_large_writes);
