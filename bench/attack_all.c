@@ -385,7 +385,7 @@ static void report(const char *name, const struct counters *k)
 {
     fprintf(stderr,
             "attack %-9s connects %llu, closed by the daemon %llu, requests/frames sent %llu, "
-            "replies %llu, connect failures %llu\n",
+            "replies %llu, failed connects or requests %llu\n",
             name, (unsigned long long)k->connects, (unsigned long long)k->closes,
             (unsigned long long)k->sent, (unsigned long long)k->replies,
             (unsigned long long)k->errors);
