@@ -155,6 +155,8 @@ struct build {
 /* Appends string s to the pool (whose offsets must stay u32). */
 static int pool_append(struct sbuf *pool, const struct sbuf *s)
 {
+    if (s->n == 0) /* an empty piece: the pool may not exist yet */
+        return 0;
     if (pool->n > UINT32_MAX / 2 - s->n)
         return -ENOMEM;
     if (pool->n + s->n > pool->cap) {
