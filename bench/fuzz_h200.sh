@@ -17,7 +17,7 @@ set -u
 SECS=${1:?usage: fuzz_h200.sh SECONDS [JOBS]}
 JOBS=${2:-16}
 OUT=${OUT:-/tmp/vks-out}
-BIN=build-fuzz9/tests/fuzz_rules
+BIN=${BIN:-build-fuzz9/tests/fuzz_rules} # BIN: another fuzz build of the target
 [ -x "$BIN" ] || { echo "no $BIN: carry build-fuzz9" >&2; exit 2; }
 mkdir -p "$OUT/corpus-rules"
 cp tests/fuzz/seeds-rules/* "$OUT/corpus-rules/"
