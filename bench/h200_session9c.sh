@@ -46,7 +46,7 @@ for i in 1 2; do
     s=$(date +%s.%N)
     VKSCAN_TELEMETRY=1 timeout 60 "$B/client/vkscan" --socket /tmp/gl/s.sock scan -c --no-cache \
         -r build-data/gitleaks-regex.rules /tmp/gl/f.txt >"$OUT/gl$i.txt" 2>&1
-    echo "gitleaks-regex 256 MiB via vkscan, run $i: exit $? in $(echo "$(date +%s.%N) - $s" | bc) s"
+    echo "gitleaks-regex 256 MiB via vkscan, run $i: exit $? in $(awk -v a="$s" -v b="$(date +%s.%N)" 'BEGIN {print b - a}') s"
     tr ' ' '\n' <"$OUT/gl$i.txt" | grep -E '^(engine|cpu_segments|plan_ns|upload_ns|run_ns|kernel_launches|items_processed|total_ns|batch_buffers)=' | tr '\n' ' '
     echo
 done
