@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Session 9's last H200 call. fuzz_rules on 14 of the 16 cores for FUZZ_S
 # seconds (issue 8: 10^7 executions of the rules target), and meanwhile
-# GPU-side measurements that the fuzzer's load does not skew (kernel times,
-# no Hyperscan): test_gpu, the shared-memory hit buffer on and off, one
-# 256 MiB file of gitleaks-regex through the daemon with its telemetry;
+# what the fuzzer's load does not decide: test_gpu and one 256 MiB file
+# of gitleaks-regex through the daemon with its telemetry;
 # then, with the cores free again, rpc_bench through the data path.
 # Carry .gl, BUILD (release), FUZZ (the clang fuzz build), build-shared
 # and build-data.
@@ -26,15 +25,6 @@ fz=$!
 timeout 90 "$B/tests/test_gpu" >"$OUT/test_gpu.txt" 2>&1
 echo "test_gpu exit $?: $(grep -E 'Checks' "$OUT/test_gpu.txt" | tail -n 1)"
 grep -E ':[EF]:' "$OUT/test_gpu.txt" | head -n 5
-for hb in 0 1; do
-    timeout 100 "$B/bench/scan_bench" --data build-shared --no-hs --iters 5 --size 512M \
-        --only phrases-3k,gitleaks-keywords,dict-10,literals-1000,regex-500 ${HB_FLAG:---hit-buffer} $hb \
-        >"$OUT/scan_hb$hb.txt" 2>&1
-    echo "scan_bench hit buffer $hb exit $?"
-    grep -A6 -E '^median' "$OUT/scan_hb$hb.txt" | head -n 7
-    grep -A6 -E '^telemetry' "$OUT/scan_hb$hb.txt" | head -n 7
-done
-
 # gitleaks-regex, one file through the daemon (cli_bench did not finish it)
 rm -rf /tmp/gl && mkdir -p /tmp/gl
 for _ in $(seq 450); do cat build-data/default.hay; done | head -c 256M >/tmp/gl/f.txt
