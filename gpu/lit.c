@@ -532,6 +532,19 @@ static int map_reports(const struct catalog *cat, const uint8_t *route, uint32_t
     return rc;
 }
 
+/* The same from the rule table (catalog_report_indexes): literal groups
+ * have no accept entries to read it from. */
+static int map_report_indexes(const struct catalog *cat, struct entry *v, size_t n)
+{
+    uint32_t nr = catalog_rule_count(cat);
+    uint32_t *rep = malloc((nr ? nr : 1) * sizeof(*rep));
+    int rc = rep != NULL ? catalog_report_indexes(cat, rep) : -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        v[i].rule = rep[v[i].rule];
+    free(rep);
+    return rc;
+}
+
 static void lit_free(struct gpu_lit *t)
 {
     if (t == NULL)
@@ -557,20 +570,24 @@ static int lit_build(const struct catalog *cat, uint32_t filter_words, uint64_t 
     for (uint32_t g = 0; rc == 0 && g < t->n_dfa; g++) {
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        /* no flag at all: no assertion, not a factor group */
-        t->route[g] = cg.flags == 0 && cg.n_rules > 0;
+        /* no flag at all (no assertion, not a factor group), or a literal
+         * group (no DFA: this kernel is its only scanner) */
+        t->route[g] = (cg.flags == 0 || cg.flags == CAT_GF_LITERAL) && cg.n_rules > 0;
+        t->literal |= cg.flags == CAT_GF_LITERAL;
     }
     if (rc == 0)
         rc = collect(cat, t->route, t->n_dfa, &b);
     if (rc == 0)
         keep_routed(t, &b);
     if (rc == 0 && t->n_groups > 0)
-        rc = map_reports(cat, t->route, t->n_dfa, b.v, b.n);
+        rc = t->literal ? map_report_indexes(cat, b.v, b.n)
+                        : map_reports(cat, t->route, t->n_dfa, b.v, b.n);
     if (rc == 0 && t->n_groups > 0)
         rc = make_image(t, &b, filter_words);
     if (rc == 0 && t->n_groups > 0 && (uint64_t)t->n_words * 4 > range) {
         memset(t->route, 0, t->n_dfa);
         t->n_groups = 0;
+        t->literal = false; /* plan_lit refuses the catalog then */
         free(t->words);
         t->words = NULL;
         t->n_words = 0;

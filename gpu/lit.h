@@ -32,6 +32,7 @@ struct gpu_lit {
     uint32_t n_dfa;
     uint8_t *route;    /* per DFA group: 1 when the literal kernel can serve it */
     uint32_t n_groups; /* groups with route set; 0: none, nothing else is built */
+    bool literal;      /* some group is CAT_GF_LITERAL: only this kernel scans it */
     uint32_t n_lits, klen, fold, maxlen, min_len;
     uint32_t filter_words;                         /* power of two, from word 0 */
     uint32_t slots, slot_mask, lits, bytes, masks; /* word offsets of the sections */
@@ -59,8 +60,8 @@ void gpu_lit_cache_finish(struct gpu_engine *eng);
 
 /* Copies `lit`'s image into resident catalog `rc` (rc->lit, device-local;
  * through a temporary staging buffer and a waited submit where the memory
- * is not mapped, or with gpu_options.staged_upload). Returns 0 or a negative errno with `err` filled; on
- * failure rc->lit may hold a buffer that gbuf_destroy frees. */
+ * is not mapped, or with gpu_options.staged_upload). Returns 0 or a negative errno with `err`
+ * filled; on failure rc->lit may hold a buffer that gbuf_destroy frees. */
 int gpu_lit_upload(struct gpu_engine *eng, struct resident_catalog *rc, const struct gpu_lit *lit,
                    struct vks_error *err);
 

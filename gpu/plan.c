@@ -718,6 +718,18 @@ static uint32_t lit_cost(const struct gpu_lit *t, uint64_t walk)
  * GB/s); tables of many MiB miss the cache (dict-10: 7 MB a group). */
 #define LIT_DFA_BYTES (8u << 20)
 
+/* Whether `cat` has a literal group (CAT_GF_LITERAL). */
+static bool has_literal_group(const struct catalog *cat)
+{
+    for (uint32_t k = 0; k < catalog_group_count(cat); k++) {
+        struct catalog_group g;
+        catalog_group(cat, k, &g);
+        if (g.flags & CAT_GF_LITERAL)
+            return true;
+    }
+    return false;
+}
+
 /* Whether some literal group of `t` has more than LIT_DFA_BYTES of rows. */
 static bool lit_spills(const struct catalog *cat, const struct gpu_lit *t)
 {
@@ -748,13 +760,18 @@ static int plan_lit(struct batch_ctx *bc, uint32_t c, uint32_t *seg)
     const struct launch_plan *p = &bc->plan;
     bc->lit[c] = NULL;
     bc->lit_route[c] = false;
-    if (eng->opt.lit_kernel < 0)
-        return 0;
+    if (eng->opt.lit_kernel < 0) /* literal groups have no DFA to run instead */
+        return has_literal_group(cat) ? -ENOTSUP : 0;
     int rc = gpu_lit_get(eng, cat, lit_filter_words(eng), &bc->lit[c]);
     if (rc < 0)
         return rc;
     const struct gpu_lit *t = bc->lit[c];
-    if (t->n_groups == 0 || (eng->opt.lit_kernel == 0 && t->n_groups < 2 && !lit_spills(cat, t)))
+    /* literal groups (CAT_GF_LITERAL) have no DFA: this kernel always */
+    bool must = has_literal_group(cat);
+    if (must && !t->literal)
+        return -E2BIG; /* its tables were over the storage-buffer range */
+    if (!must &&
+        (t->n_groups == 0 || (eng->opt.lit_kernel == 0 && t->n_groups < 2 && !lit_spills(cat, t))))
         return 0;
     uint64_t s = p->seg_bytes;
     if (p->step_budget != NO_BUDGET) {
@@ -763,7 +780,7 @@ static int plan_lit(struct batch_ctx *bc, uint32_t c, uint32_t *seg)
         uint64_t walk = usable > 34 ? (usable - 34) * 16 / (16 * (uint64_t)t->pos_cost + 1) : 0;
         walk &= ~(uint64_t)15;
         if (walk < t->maxlen + 16u)
-            return 0;
+            return must ? -E2BIG : 0; /* a literal group has no DFA to fall back on */
         if (walk - t->maxlen + 1 < s)
             s = walk - t->maxlen + 1;
     }

@@ -78,8 +78,18 @@ static int validate_group(const uint32_t *w, size_t n, uint32_t g, uint32_t n_ru
             return bad(err, "accept index not increasing, or an accepting state accepts nothing",
                        g);
     const uint32_t *acc = w + e[CAT_G_ACCEPTS];
-    if (e[CAT_G_FLAGS] & ~(CAT_GF_ASSERTS | CAT_GF_FACTOR))
+    if (e[CAT_G_FLAGS] & ~(CAT_GF_ASSERTS | CAT_GF_FACTOR | CAT_GF_LITERAL))
         return bad(err, "unknown group flags", g);
+    if (e[CAT_G_FLAGS] & CAT_GF_LITERAL) {
+        /* no DFA of its own: one state that accepts nothing; its rules are
+         * read from their sources (a rule that is not a plain string is
+         * skipped by the scanners, never walked) */
+        if (e[CAT_G_FLAGS] != CAT_GF_LITERAL || ns != 1 || fa != 1 || e[CAT_G_NRULES] == 0 ||
+            e[CAT_G_NRULES] > n_rules || e[CAT_G_MAXLEN] < CAT_LITERAL_MIN_LEN ||
+            e[CAT_G_MAXLEN] > CAT_LITERAL_MAX_LEN)
+            return bad(err, "literal group has other flags, states, no rules or a bad length", g);
+        return 0;
+    }
     if (e[CAT_G_FLAGS] & CAT_GF_FACTOR) {
         /* entries name bit-NFA groups, with mask 0 */
         uint32_t nn = w[CAT_H_NNFAS];
@@ -242,6 +252,10 @@ static int validate(const uint32_t *w, size_t n, struct vks_error *err)
             return bad(err, "rule strings outside the string area", r);
         if (e[CAT_R_GROUP] >= ng + nn || e[CAT_R_KIND] > 2 || (e[CAT_R_FLAGS] & ~RULE_F_ALL))
             return bad(err, "rule has a bad group, kind or flags", r);
+        const uint32_t *ge = w + w[CAT_H_GROUPS] + (size_t)e[CAT_R_GROUP] * CAT_GROUP_WORDS;
+        if (e[CAT_R_GROUP] < ng && (ge[CAT_G_FLAGS] & CAT_GF_LITERAL) &&
+            (e[CAT_R_FLAGS] & RULE_F_SOMLEFT))
+            return bad(err, "rule of a literal group wants its start of match", r);
     }
     return 0;
 }

@@ -125,6 +125,17 @@ enum { CAT_A_RULE = 0, CAT_A_COND, CAT_A_NSRC, CAT_A_FIRST };
  * state dies. Set only together with CAT_GF_GATED. Walking the group in
  * full gives the same matches. */
 #define CAT_GF_CONFIRM (1u << 3)
+/* DFA group of plain strings without their DFA (compiler version 6,
+ * docs/catalog.md, "Literal groups"): NSTATES 1, NCLASSES 1, no accepting
+ * state, so a walker that does not know the flag finds nothing in it. Its
+ * rules are plain strings of 4 to 1024 bytes (caseless letters allowed, no
+ * assertion) read from their sources: refscan, the CPU engine and streams
+ * scan them with rules/cpulit.c, the GPU with its literal kernel. */
+#define CAT_GF_LITERAL (1u << 4)
+/* A literal group's rules are 4 to this many bytes (the GPU literal
+ * kernel's GPU_LIT_MIN_KEY and GPU_LIT_MAX_LEN). */
+#define CAT_LITERAL_MIN_LEN 4u
+#define CAT_LITERAL_MAX_LEN 1024u
 
 /* Rule table entry words (CAT_RULE_WORDS per rule). */
 enum {

@@ -48,7 +48,8 @@ struct group_out {
     uint32_t n_rules;
     uint32_t maxlen;
     bool asserts;
-    bool factor; /* CAT_GF_FACTOR: local rule k reports bit-NFA group k */
+    bool factor;  /* CAT_GF_FACTOR: local rule k reports bit-NFA group k */
+    bool literal; /* CAT_GF_LITERAL: no DFA of its own (a trivial one) */
 };
 
 struct nfa_group_out {
@@ -622,6 +623,105 @@ static uint64_t fill_states(struct fill f)
     return f.light + f.heavy;
 }
 
+/* ---- literal groups ---- */
+
+/* The length of the one string `n` matches (caseless letters allowed), or
+ * 0 when it matches more than one, asserts, or is over max. */
+static uint32_t plain_len(const struct node *n, int depth, uint32_t max)
+{
+    if (depth > 64)
+        return 0;
+    switch (n->type) {
+    case N_SET: {
+        uint32_t k = 0, c0 = 0;
+        for (unsigned c = 0; c < 256 && k <= 2; c++)
+            if (byteset_has(&n->u.set, c)) {
+                c0 = k == 0 ? c : c0;
+                k++;
+            }
+        bool pair = k == 2 && c0 >= 'A' && c0 <= 'Z' && byteset_has(&n->u.set, c0 | 0x20u);
+        return k == 1 || pair ? 1 : 0;
+    }
+    case N_CAT: {
+        uint32_t t = 0;
+        for (uint32_t i = 0; i < n->u.list.n; i++) {
+            uint32_t k = plain_len(n->u.list.kids[i], depth + 1, max);
+            if (k == 0 || t + k > max)
+                return 0;
+            t += k;
+        }
+        return t;
+    }
+    case N_ALT:
+        return n->u.list.n == 1 ? plain_len(n->u.list.kids[0], depth + 1, max) : 0;
+    case N_REPEAT: {
+        if (n->u.rep.min != n->u.rep.max || n->u.rep.min == 0 || n->u.rep.min > max)
+            return 0;
+        uint32_t k = plain_len(n->u.rep.kid, depth + 1, max);
+        return k != 0 && (uint64_t)k * n->u.rep.min <= max ? k * n->u.rep.min : 0;
+    }
+    default:
+        return 0;
+    }
+}
+
+/*
+ * Puts every rule into one literal group (CAT_GF_LITERAL) when all of them
+ * are plain strings of CAT_LITERAL_MIN_LEN..MAX_LEN bytes (as parsed from
+ * their source, which is what the scanners read) without start of match,
+ * and (automatic mode) their DFA rows would be large: an Aho-Corasick DFA
+ * has about one state per string byte and a row per state of about one
+ * class per distinct byte. Sets *done when it did.
+ */
+static int literal_group(struct ctx *c, bool *done)
+{
+    *done = false;
+    if (c->opt->literal_group < 0 || c->opt->force_bitnfa || c->n_prep == 0)
+        return 0;
+    uint64_t bytes = 0;
+    uint32_t maxlen = 0;
+    uint8_t seen[256] = {0};
+    for (uint32_t i = 0; i < c->n_prep; i++) {
+        const struct prepared *p = &c->prep[i];
+        if (c->src[p->input].flags & RULE_F_SOMLEFT)
+            return 0;
+        uint32_t len = plain_len(p->tree.root, 0, CAT_LITERAL_MAX_LEN);
+        if (len < CAT_LITERAL_MIN_LEN)
+            return 0;
+        bytes += len;
+        maxlen = len > maxlen ? len : maxlen;
+        for (size_t k = 0; k < c->src[p->input].len && k < 64; k++)
+            seen[(uint8_t)c->src[p->input].pattern[k]] = 1;
+    }
+    uint32_t classes = 1;
+    for (int b = 0; b < 256; b++)
+        classes += seen[b];
+    if (c->opt->literal_group == 0 && bytes * classes * 4 <= RULES_LITERAL_MIN_BYTES)
+        return 0;
+    struct group_out g = {.n_rules = c->n_prep, .maxlen = maxlen, .literal = true};
+    g.rules = malloc(c->n_prep * sizeof(*g.rules));
+    g.dfa.trans = calloc(1, sizeof(uint32_t));
+    g.dfa.acc_first = calloc(2, sizeof(uint32_t));
+    if (g.rules == NULL || g.dfa.trans == NULL || g.dfa.acc_first == NULL) {
+        dfa_finish(&g.dfa);
+        free(g.rules);
+        return -ENOMEM;
+    }
+    g.dfa.n_states = 1; /* one state, no accepting one: nothing to walk */
+    g.dfa.n_classes = 1;
+    g.dfa.first_accept = 1;
+    for (uint32_t i = 0; i < c->n_prep; i++)
+        g.rules[i] = i;
+    int rc = push_group(c, &g);
+    if (rc != 0) {
+        dfa_finish(&g.dfa);
+        free(g.rules);
+        return rc;
+    }
+    *done = true;
+    return 0;
+}
+
 static int group_rules(struct ctx *c)
 {
     uint32_t n, m = 0;
@@ -1108,7 +1208,10 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
             e[CAT_G_START_BOS + p] = d->start[p];
         e[CAT_G_MAXLEN] = go->maxlen;
         e[CAT_G_NRULES] = go->n_rules;
-        e[CAT_G_FLAGS] = go->factor ? CAT_GF_FACTOR : go->asserts ? CAT_GF_ASSERTS : 0;
+        e[CAT_G_FLAGS] = go->factor    ? CAT_GF_FACTOR
+                         : go->literal ? CAT_GF_LITERAL
+                         : go->asserts ? CAT_GF_ASSERTS
+                                       : 0;
         e[CAT_G_CLASSMAP] = at;
         memcpy(w + at, d->classmap, 256 * sizeof(uint32_t));
         at += 256;
@@ -1224,15 +1327,18 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
     int rc = c.prep && cat_index && res->rule_index ? 0 : -ENOMEM;
     for (size_t i = 0; i < n && rc == 0; i++)
         rc = prepare_rule(&c, (uint32_t)i);
+    bool literal = false;
     if (rc == 0)
+        rc = literal_group(&c, &literal);
+    if (rc == 0 && !literal)
         rc = choose_gated(&c);
-    if (rc == 0)
+    if (rc == 0 && !literal)
         rc = prebuild(&c);
-    if (rc == 0)
+    if (rc == 0 && !literal)
         rc = group_rules(&c);
-    if (rc == 0)
+    if (rc == 0 && !literal)
         rc = group_nfa_rules(&c);
-    if (rc == 0)
+    if (rc == 0 && !literal)
         rc = add_factor_group(&c);
     /* group numbers, now that groups are final: DFA groups, then bit-NFAs */
     for (uint32_t g = 0; g < c.n_groups && rc == 0; g++)

@@ -337,6 +337,17 @@ static void entries_finish(struct entries *e)
     free(e->pool.m);
 }
 
+/* Whether engine group g is a literal group (CAT_GF_LITERAL): no DFA of
+ * its own, so the literal matcher is its only scanner. */
+static bool literal_group(const struct catalog *cat, uint32_t g)
+{
+    if (g >= catalog_group_count(cat))
+        return false;
+    struct catalog_group cg;
+    catalog_group(cat, g, &cg);
+    return (cg.flags & CAT_GF_LITERAL) != 0;
+}
+
 /* Which engine groups may take each fast path, from their flags alone. */
 static void eligible(const struct catalog *cat, uint8_t *lit, uint8_t *win)
 {
@@ -345,7 +356,7 @@ static void eligible(const struct catalog *cat, uint8_t *lit, uint8_t *win)
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
         bool plain = (cg.flags & ~CAT_GF_ASSERTS) == 0 && cg.n_rules > 0;
-        lit[g] = plain && !(cg.flags & CAT_GF_ASSERTS);
+        lit[g] = (plain && !(cg.flags & CAT_GF_ASSERTS)) || (cg.flags & CAT_GF_LITERAL);
         win[g] = plain && cg.maxlen != CATALOG_UNBOUNDED;
     }
     for (uint32_t j = 0; j < catalog_nfa_count(cat); j++) {
@@ -407,8 +418,8 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
                          : (good = false, 0);
         }
         parse_result_finish(&pr);
-        if (!good)
-            ok[g] = 0;
+        if (!good && !literal_group(cat, g))
+            ok[g] = 0; /* a literal group's rule that is no string: skipped */
     }
     free(f);
     return rc;
@@ -540,6 +551,36 @@ static int plan_shadow(const struct catalog *cat, const uint32_t *report, struct
     return 0;
 }
 
+/* Without fast paths: literal groups still get the matcher (they have no
+ * automaton), every other group is walked. */
+static int plan_literal_groups(const struct catalog *cat, struct cpuplan *p)
+{
+    uint32_t ng = p->n_dfa + p->n_nfa, nr = catalog_rule_count(cat);
+    uint8_t *lit = calloc(ng + 1, 1);
+    uint32_t *report = malloc((nr ? nr : 1) * sizeof(*report));
+    struct entries e = {0};
+    int rc = lit != NULL && report != NULL ? 0 : -ENOMEM;
+    uint32_t n = 0;
+    for (uint32_t g = 0; rc == 0 && g < p->n_dfa; g++) {
+        lit[g] = literal_group(cat, g);
+        n += lit[g];
+    }
+    if (rc == 0 && n > 0)
+        rc = catalog_report_indexes(cat, report);
+    if (rc == 0 && n > 0)
+        rc = collect(cat, report, ng, lit, false, &e);
+    for (uint32_t g = 0; rc == 0 && g < ng; g++) {
+        p->mode[g] = lit[g] ? CPUPLAN_LIT : CPUPLAN_FULL;
+        p->n_lit_groups += lit[g] != 0;
+    }
+    if (rc == 0 && n > 0)
+        rc = make_matcher(&e, p->mode, &p->lit);
+    entries_finish(&e);
+    free(report);
+    free(lit);
+    return rc;
+}
+
 static int plan_fast(const struct catalog *cat, struct cpuplan *p)
 {
     uint32_t ng = p->n_dfa + p->n_nfa;
@@ -614,8 +655,8 @@ int cpuplan_build(const struct catalog *cat, bool fast, struct cpuplan **out)
     p->refs = 1;
     p->mode = calloc(p->n_dfa + p->n_nfa + 1, 1);
     int rc = p->mode != NULL ? 0 : -ENOMEM;
-    if (rc == 0 && fast)
-        rc = plan_fast(cat, p);
+    if (rc == 0)
+        rc = fast ? plan_fast(cat, p) : plan_literal_groups(cat, p);
     for (uint32_t j = 0; rc == 0 && !fast && j < p->n_nfa; j++) {
         struct catalog_nfa cn;
         catalog_nfa(cat, j, &cn);

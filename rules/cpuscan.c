@@ -46,8 +46,8 @@ static bool walkable(const struct catalog *cat)
     for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        if ((cg.flags & ~(CAT_GF_ASSERTS | CAT_GF_FACTOR)) != 0)
-            return false;
+        if ((cg.flags & ~(CAT_GF_ASSERTS | CAT_GF_FACTOR | CAT_GF_LITERAL)) != 0)
+            return false; /* literal groups: the plan's matcher (always LIT) */
     }
     for (uint32_t g = 0; g < catalog_nfa_count(cat); g++) {
         struct catalog_nfa cn;

@@ -3,6 +3,7 @@
  * is the definition the GPU kernel is checked against.
  */
 #include "refscan.h"
+#include "cpuplan.h"
 #include "nfastep.h"
 
 #include <errno.h>
@@ -697,16 +698,48 @@ void refscan_gate_finish(struct refscan_gate *g)
     memset(g, 0, sizeof(*g));
 }
 
+static int push_lit(void *ctx, uint32_t id, uint64_t end)
+{
+    if (id & CPUPLAN_FACTOR)
+        return 0; /* a window group's factor: that group is walked */
+    return push_cb(ctx, id, end);
+}
+
+/* The strings of literal groups (CAT_GF_LITERAL: no automaton) by the CPU
+ * engine's literal matcher, which the plan always builds for them: every
+ * (report index, end) of their rules. Strings of other groups it may hold
+ * are walked too; their hits come twice, once after finalizing. */
+static int literal_groups(const struct catalog *cat, const uint8_t *buf, size_t len,
+                          struct scan_hits *raw)
+{
+    bool any = false;
+    for (uint32_t g = 0; g < catalog_group_count(cat) && !any; g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        any = (cg.flags & CAT_GF_LITERAL) != 0;
+    }
+    if (!any || len == 0)
+        return 0;
+    struct cpuplan *plan = NULL;
+    int rc = cpuplan_get(cat, &plan);
+    if (rc == 0 && plan->lit != NULL)
+        rc = cpulit_scan(plan->lit, buf, len, 0, 0, len, push_lit, raw);
+    cpuplan_put(plan);
+    return rc;
+}
+
 int refscan_buffer(const struct catalog *cat, const uint8_t *buf, size_t len, enum scan_mode mode,
                    struct scan_hits *out)
 {
     struct scan_hits raw = {0};
     struct refscan_gate gate = {0};
     int rc = refscan_factor_ends(cat, buf, len, 0, len, &gate);
+    if (rc == 0)
+        rc = literal_groups(cat, buf, len, &raw);
     for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++) {
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        if (!(cg.flags & CAT_GF_FACTOR)) /* its entries never report */
+        if (!(cg.flags & (CAT_GF_FACTOR | CAT_GF_LITERAL))) /* these never report */
             rc = refscan_group_range(cat, g, buf, len, 0, 0, len, push_cb, &raw);
     }
     for (uint32_t g = 0; g < catalog_nfa_count(cat) && rc == 0; g++) {

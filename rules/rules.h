@@ -61,7 +61,16 @@ struct rules_options {
      * deadline, a client that left, SIGTERM), rules_compile stops at the next
      * group and returns -ECANCELED. */
     const volatile int *cancel;
+    /* Literal groups (CAT_GF_LITERAL, docs/catalog.md): 0 when the rules
+     * are all plain strings and their DFA tables would be large
+     * (RULES_LITERAL_MIN_BYTES), 1 whenever the rules are all plain
+     * strings (tests), -1 never. */
+    int literal_group;
 };
+
+/* Estimated DFA rows of a literal-only rule set over which it becomes one
+ * literal group (automatic mode): 8 MiB. */
+#define RULES_LITERAL_MIN_BYTES (8u << 20)
 
 /* Why a rule was left out. `pos` is the 0-based byte offset in the pattern
  * where the problem is (0 when it is not about one place). */

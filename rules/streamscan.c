@@ -112,8 +112,9 @@ static struct layout layout_of(const struct catalog *cat)
     for (uint32_t i = 0; i < n_groups; i++) {
         struct catalog_group g;
         catalog_group(cat, i, &g);
-        if (g.maxlen <= LIT_HIST && g.maxlen > l.hist)
-            l.hist = g.maxlen; /* a literal group may be matched from history */
+        if ((g.maxlen <= LIT_HIST || (g.flags & CAT_GF_LITERAL)) && g.maxlen > l.hist)
+            l.hist = g.maxlen; /* a literal group may be matched from history;
+                                * CAT_GF_LITERAL ones (<= 1024 bytes) must be */
         if (g.n_states > 65536)
             l.width = 4;
         else if (g.n_states > 256 && l.width < 2)

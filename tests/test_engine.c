@@ -1757,6 +1757,9 @@ START_TEST(test_cpulit_equals_naive)
 }
 END_TEST
 
+/* rules_options.literal_group for compile_ids (0: automatic). */
+static int literal_mode;
+
 /* Compiles owned patterns; flags as letters; rule i's id is "r<id[i]>"
  * (id NULL: "r<i>"). */
 static struct catalog *compile_ids(char **pat, const char **flags, enum rule_kind *kind,
@@ -1771,7 +1774,9 @@ static struct catalog *compile_ids(char **pat, const char **flags, enum rule_kin
         src[i] = (struct rule_src){ids[i], kind[i], pat[i], strlen(pat[i]), f, 0};
     }
     struct rules_result res = {0};
-    struct rules_options ro = {.force_bitnfa = bitnfa, .gate_bits = UINT32_MAX}; /* as chosen */
+    struct rules_options ro = {.force_bitnfa = bitnfa,
+                               .gate_bits = UINT32_MAX, /* as chosen */
+                               .literal_group = literal_mode};
     ck_assert_int_eq(rules_compile(src, n, &ro, &res, NULL), 0);
     ck_assert_uint_eq(res.n_rejects, 0);
     struct catalog *cat = res.catalog;
@@ -2160,6 +2165,115 @@ START_TEST(test_shared_id_windows_equal_refscan)
 }
 END_TEST
 
+/* Literal groups (CAT_GF_LITERAL, no DFA rows): random literal sets of
+ * 4 to 20 bytes (binary, caseless, shared ids, single-match by id) compiled
+ * as one literal group and as DFA groups: refscan over the literal group
+ * equals refscan over the DFAs in every mode, and the CPU engine equals
+ * both (fast_equals_refscan, segments and threads); the catalog holds one
+ * group of one state. Also: automatic mode picks it for a large set only,
+ * and a set with a regex never gets it. */
+START_TEST(test_literal_group_kind)
+{
+    static uint8_t b[200][20], m[200][20];
+    static struct cpulit_entry v[200];
+    for (int round = 0; round < 4; round++) {
+        size_t n = 0;
+        while (n < 6) {
+            n = random_lits(v, b, m, 150, 4);
+            size_t k = 0;
+            for (size_t i = 0; i < n; i++)
+                if (v[i].len >= 4)
+                    v[k++] = v[i];
+            n = k;
+        }
+        char **pat = calloc(n, sizeof(*pat));
+        const char **flags = calloc(n, sizeof(*flags));
+        enum rule_kind *kind = calloc(n, sizeof(*kind));
+        uint32_t *id = calloc(n, sizeof(*id));
+        uint32_t nid = round % 2 ? 1 + (uint32_t)n / 3 : (uint32_t)n;
+        for (size_t i = 0; i < n; i++) {
+            pat[i] = calloc(v[i].len * 4 + 1, 1);
+            bool ci = false;
+            for (uint32_t k = 0; k < v[i].len; k++) {
+                sprintf(pat[i] + 4 * k, "\\x%02x", v[i].bytes[k]);
+                ci |= v[i].fold[k] != 0;
+            }
+            kind[i] = RULE_REGEX;
+            id[i] = round % 2 ? rnd(nid) : (uint32_t)i;
+            bool h = id[i] % 5 == 1;
+            flags[i] = ci ? (h ? "iH" : "i") : (h ? "H" : "");
+            for (uint32_t k = 0; ci && k < v[i].len; k++)
+                m[i][k] = v[i].bytes[k] >= 'a' && v[i].bytes[k] <= 'z' ? 0x20 : 0;
+        }
+        literal_mode = 1;
+        struct catalog *lit = compile_ids(pat, flags, kind, id, n, false);
+        literal_mode = -1;
+        struct catalog *dfa = compile_ids(pat, flags, kind, id, n, false);
+        literal_mode = 0;
+        ck_assert_uint_eq(catalog_group_count(lit), 1);
+        ck_assert_uint_eq(catalog_nfa_count(lit), 0);
+        struct catalog_group cg;
+        catalog_group(lit, 0, &cg);
+        ck_assert_uint_eq(cg.flags, CAT_GF_LITERAL);
+        ck_assert_uint_eq(cg.n_states, 1);
+        ck_assert_uint_eq(cg.n_rules, n);
+        catalog_group(dfa, 0, &cg);
+        ck_assert_uint_eq(cg.flags & CAT_GF_LITERAL, 0);
+        size_t wl, wd;
+        catalog_words(lit, &wl);
+        catalog_words(dfa, &wd);
+        ck_assert_uint_lt(wl, wd);
+        size_t len = 20000;
+        uint8_t *buf = malloc(len);
+        for (size_t i = 0; i < len; i++)
+            buf[i] = lit_alpha[rnd(sizeof(lit_alpha))];
+        for (size_t p = 0; p < len; p += 1 + rnd(40)) {
+            const struct cpulit_entry *e = &v[rnd((uint32_t)n)];
+            for (uint32_t k = 0; k < e->len && p + k < len; k++)
+                buf[p + k] = m[e - v][k] && rnd(2) ? e->bytes[k] ^ 0x20 : e->bytes[k];
+        }
+        for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+            struct scan_hits a = {0}, d = {0};
+            ck_assert_int_eq(refscan_buffer(lit, buf, len, (enum scan_mode)mode, &a), 0);
+            ck_assert_int_eq(refscan_buffer(dfa, buf, len, (enum scan_mode)mode, &d), 0);
+            assert_same(&a, &d, "literal group vs DFA groups");
+            scan_hits_finish(&a);
+            scan_hits_finish(&d);
+        }
+        fast_equals_refscan(lit, buf, len, "literal group");
+        cpuplan_set_fast(false); /* the plan without fast paths keeps them */
+        fast_equals_refscan(lit, buf, len, "literal group, no fast paths");
+        cpuplan_set_fast(true);
+        free(buf);
+        catalog_destroy(lit);
+        catalog_destroy(dfa);
+        for (size_t i = 0; i < n; i++)
+            free(pat[i]);
+        free(pat);
+        free(flags);
+        free(kind);
+        free(id);
+    }
+    /* automatic: a small set keeps its DFA; a regex anywhere: DFAs */
+    char *small[] = {"needle", "haystack", "x\\d+y"};
+    const char *fl[] = {"", "", ""};
+    enum rule_kind kd[] = {RULE_LITERAL, RULE_LITERAL, RULE_REGEX};
+    struct catalog *c = compile_ids(small, fl, kd, NULL, 2, false);
+    struct catalog_group cg;
+    catalog_group(c, 0, &cg);
+    ck_assert_uint_eq(cg.flags & CAT_GF_LITERAL, 0);
+    catalog_destroy(c);
+    literal_mode = 1;
+    c = compile_ids(small, fl, kd, NULL, 3, false);
+    literal_mode = 0;
+    for (uint32_t g = 0; g < catalog_group_count(c); g++) {
+        catalog_group(c, g, &cg);
+        ck_assert_uint_eq(cg.flags & CAT_GF_LITERAL, 0);
+    }
+    catalog_destroy(c);
+}
+END_TEST
+
 /* One plan per catalog, shared: the cache hands out the same one. */
 START_TEST(test_plan_cached)
 {
@@ -2202,6 +2316,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_shared_id_literals);
     tcase_add_loop_test(tc, test_shared_id_groups_equal_refscan, 0, 2);
     tcase_add_loop_test(tc, test_shared_id_windows_equal_refscan, 0, 2);
+    tcase_add_test(tc, test_literal_group_kind);
     tcase_add_loop_test(tc, test_literal_groups_equal_refscan, 0, 2);
     tcase_add_loop_test(tc, test_window_groups_equal_refscan, 0, 2);
     tcase_add_test(tc, test_plan_cached);

@@ -825,7 +825,7 @@ static uint8_t *lit_haystack(uint32_t v, uint8_t *const *str, const uint32_t *sl
 START_TEST(test_literal_kernel)
 {
     rng = 0x51ed270b27a3c1d5ull + (uint64_t)_i;
-    uint32_t v = _i == 3 ? 0 : (uint32_t)_i;
+    uint32_t v = _i >= 3 ? 0 : (uint32_t)_i;
     enum { N = 3000, MAXLEN = 64 };
     struct trule *t = calloc(N, sizeof(*t));
     char(*pat)[4 * MAXLEN + 1] = calloc(N, sizeof(*pat));
@@ -846,15 +846,24 @@ START_TEST(test_literal_kernel)
      * length) leave some groups to the kernel; 3: several groups, which
      * the automatic choice gives the kernel (one such group it leaves on
      * the DFA unless its rows are over 8 MiB) */
-    struct rules_options ro = {.max_states = v == 2 || _i == 3 ? 3000 : 0};
+    /* 4: one literal group (CAT_GF_LITERAL, no DFA), the automatic choice:
+     * the kernel serves it though it is one group */
+    struct rules_options ro = {.max_states = v == 2 || _i == 3 ? 3000 : 0,
+                               .literal_group = _i == 4 ? 1 : 0};
     struct catalog *cat = compile_rules_opt(t, N, &ro);
+    if (_i == 4) {
+        struct catalog_group cg;
+        ck_assert_uint_eq(catalog_group_count(cat), 1);
+        catalog_group(cat, 0, &cg);
+        ck_assert_uint_eq(cg.flags, CAT_GF_LITERAL);
+    }
     uint32_t plain_groups = 0;
     for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        plain_groups += cg.flags == 0;
+        plain_groups += cg.flags == 0 || cg.flags == CAT_GF_LITERAL;
     }
-    struct gpu_options opt = {.lit_kernel = _i == 3 ? 0 : 1, .segment_bytes = _i == 3 ? 0 : 256};
+    struct gpu_options opt = {.lit_kernel = _i >= 3 ? 0 : 1, .segment_bytes = _i == 3 ? 0 : 256};
     struct gpu_engine *eng = engine(&opt);
     enum { NB = 12 };
     struct gpu_buffer bufs[NB];
@@ -1131,7 +1140,9 @@ static struct catalog *many_literals(uint32_t n, uint32_t max_states, char **sto
             pat[k] = (char)('a' + rnd(26));
         src[i] = (struct rule_src){id, RULE_LITERAL, pat, len, 0, i + 1};
     }
-    struct rules_options opt = {.max_states = max_states};
+    /* DFA groups: the large tables are what is tested (a literal group
+     * would hold no rows) */
+    struct rules_options opt = {.max_states = max_states, .literal_group = -1};
     struct rules_result res = {0};
     struct vks_error err = {0};
     ck_assert_msg(rules_compile(src, n, &opt, &res, &err) == 0, "%s", err.msg);
@@ -1754,7 +1765,7 @@ Suite *gpu_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("literal");
     tcase_set_timeout(tc, 240);
-    tcase_add_loop_test(tc, test_literal_kernel, 0, 4);
+    tcase_add_loop_test(tc, test_literal_kernel, 0, 5);
     tcase_add_loop_test(tc, test_literal_boundaries, 0, 4);
     suite_add_tcase(s, tc);
     return s;
