@@ -466,7 +466,7 @@ START_TEST(test_literal_groups)
     struct rule_src src[N];
     char pats[N][24], ids[N][8];
     for (int i = 0; i < N; i++) {
-        size_t len = 3 + rnd(12);
+        size_t len = (_i == 2 ? 4 : 3) + rnd(12);
         for (size_t k = 0; k < len; k++)
             pats[i][k] = (char)('a' + rnd(6));
         if (i % 10 == 0)
@@ -481,11 +481,17 @@ START_TEST(test_literal_groups)
         src[i] =
             (struct rule_src){ids[i], RULE_LITERAL, pats[i], len, i % 7 ? 0 : RULE_F_CASELESS, 0};
     }
-    struct rules_options opt = {.threads = 1};
+    /* _i 2: one literal group (CAT_GF_LITERAL, no DFA) */
+    struct rules_options opt = {.threads = 1, .literal_group = _i == 2 ? 1 : 0};
     struct rules_result res = {0};
     struct vks_error err = {0};
     ck_assert_int_eq(rules_compile(src, N, &opt, &res, &err), 0);
     const struct catalog *cat = res.catalog;
+    if (_i == 2) {
+        struct catalog_group cg;
+        catalog_group(cat, 0, &cg);
+        ck_assert_uint_eq(cg.flags, CAT_GF_LITERAL);
+    }
     struct cpuplan *plan = NULL;
     ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
     ck_assert_uint_gt(plan->n_lit_groups, 0); /* the path under test */
@@ -2036,7 +2042,7 @@ Suite *stream_suite(void)
     tcase_add_test(tc, test_state_size);
     tcase_add_test(tc, test_state_size_many_groups);
     tcase_add_test(tc, test_history_groups);
-    tcase_add_loop_test(tc, test_literal_groups, 0, 2);
+    tcase_add_loop_test(tc, test_literal_groups, 0, 3);
     tcase_add_test(tc, test_fast_random);
     tcase_add_test(tc, test_fast_kinds);
     tcase_add_test(tc, test_fast_large_writes);
