@@ -1598,7 +1598,9 @@ static int id_hit_cmp(const void *a, const void *b)
  * for random literal sets whose rules share ids (about four rules an id,
  * suffixes and case variants of each other, caseless, binary bytes): each
  * (id, end) once, under the id's first rule, in every scan mode's terms
- * that Hyperscan has (all matches). */
+ * that Hyperscan has (all matches); refscan gives the CPU engine's hits.
+ * _i 0: DFA groups; 1: one literal group (CAT_GF_LITERAL: refscan and the
+ * CPU engine match it with rules/cpulit.c). */
 START_TEST(test_cpu_engine_shared_literals)
 {
     struct rng rng = {0x5eed1d5u};
@@ -1641,11 +1643,15 @@ START_TEST(test_cpu_engine_shared_literals)
             src[i] =
                 (struct rule_src){ids[i], RULE_REGEX, pat[i], t.n, ci ? RULE_F_CASELESS : 0, 0};
         }
-        struct rules_options ro = {.gate_bits = UINT32_MAX};
+        /* _i 1: one literal group (CAT_GF_LITERAL, no DFA rows) */
+        struct rules_options ro = {.gate_bits = UINT32_MAX, .literal_group = _i == 1 ? 1 : -1};
         struct rules_result res = {0};
         ck_assert_int_eq(rules_compile(src, n, &ro, &res, NULL), 0);
         ck_assert_uint_eq(res.n_rejects, 0);
         const struct catalog *cat = res.catalog;
+        struct catalog_group cg0;
+        catalog_group(cat, 0, &cg0);
+        ck_assert_uint_eq(cg0.flags == CAT_GF_LITERAL, _i == 1);
         /* catalog rule -> id, and each id's first catalog rule */
         uint32_t *first = xrealloc(NULL, nid * sizeof(*first)), *idof = xrealloc(NULL, n * 4);
         for (size_t k = 0; k < nid; k++)
@@ -1710,6 +1716,13 @@ START_TEST(test_cpu_engine_shared_literals)
                           "hit %zu: ours (s%u, %" PRIu64 "), Hyperscan (s%u, %" PRIu64 ")", i,
                           ours.v[i].id, ours.v[i].end, theirs.v[i].id, theirs.v[i].end);
         compared += ours.n;
+        /* refscan (the reference) the same */
+        struct scan_hits ref = {0};
+        ck_assert_int_eq(refscan_buffer(cat, buf, len, SCAN_ALL, &ref), 0);
+        ck_assert_uint_eq(ref.n, got.n);
+        for (size_t i = 0; i < ref.n; i++)
+            ck_assert(ref.v[i].rule == got.v[i].rule && ref.v[i].end == got.v[i].end);
+        scan_hits_finish(&ref);
         for (int k = 0; k < 3; k++)
             cpuscan_part_finish(&parts[k]);
         cpuscan_scratch_destroy(sc);
@@ -2723,7 +2736,7 @@ Suite *hsdiff_suite(void)
     suite_add_tcase(s, gating);
     TCase *cpu = tcase_create("cpu-engine");
     tcase_set_timeout(cpu, 600);
-    tcase_add_test(cpu, test_cpu_engine_shared_literals);
+    tcase_add_loop_test(cpu, test_cpu_engine_shared_literals, 0, 2);
     suite_add_tcase(s, cpu);
     TCase *files = tcase_create("shared-data");
     tcase_set_timeout(files, 600);
