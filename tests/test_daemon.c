@@ -118,10 +118,13 @@ static void daemon_start(struct daemon *d, const char *dir, const char *const *e
         if (readfault_so != NULL)
             setenv("LD_PRELOAD", readfault_so, 1);
         if (vkfault_so != NULL) {
-            char ctl[sizeof(d->dir) + 16], opts[512];
+            char ctl[sizeof(d->dir) + 16];
             snprintf(ctl, sizeof(ctl), "%s/vkfault.ctl", d->dir);
             setenv("VKFAULT_CTL", ctl, 1);
             setenv("LD_PRELOAD", vkfault_so, 1);
+        }
+        if (readfault_so != NULL || vkfault_so != NULL) {
+            char opts[512];
             const char *asan = getenv("ASAN_OPTIONS"); /* libasan stays first for the exe */
             snprintf(opts, sizeof(opts), "%s%sverify_asan_link_order=0", asan ? asan : "",
                      asan ? ":" : "");
