@@ -126,6 +126,13 @@ static bool evict_one(struct batch_ctx *bc)
 }
 
 /* Device bytes a device-local buffer grows by to hold `size`. */
+/* Queue-state words: the fixed ones, a claim head per range, then the
+ * speculative ranges' (state at lo, state at hi) per item. */
+static uint64_t qs_words(const struct batch_ctx *bc)
+{
+    return QS_HEADS + bc->n_ranges + bc->n_spec;
+}
+
 static uint64_t need_size(const struct gbuf *b, uint64_t size)
 {
     return (uint64_t)gbuf_grow_size(b->size, size) - b->size;
@@ -205,7 +212,7 @@ static int check_limits(struct batch_ctx *bc, struct vks_error *err)
                              (unsigned long long)range);
     uint64_t grow_bytes = need_size(&eng->hay, bc->hay_bytes) + need_size(&eng->meta, meta_bytes) +
                           need_size(&eng->carry, (uint64_t)bc->n_carry * 4) +
-                          need_size(&eng->qs, (QS_HEADS + bc->n_ranges) * 4) +
+                          need_size(&eng->qs, qs_words(bc) * 4) +
                           need_size(&eng->hits, hit_ring_bytes(eng)) + cat_bytes;
     uint64_t held = held_bytes(bc);
     if (held + grow_bytes > eng->budget) {
@@ -340,11 +347,10 @@ static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
         rc = gbuf_reserve(eng, &eng->carry, (uint64_t)bc->n_carry * 4, USE_STORAGE_DST, GBUF_DEVICE,
                           err);
     if (rc == 0)
-        rc = gbuf_reserve(eng, &eng->qs, (QS_HEADS + bc->n_ranges) * 4, USE_STORAGE_DST | src,
-                          GBUF_DEVICE, err);
+        rc = gbuf_reserve(eng, &eng->qs, qs_words(bc) * 4, USE_STORAGE_DST | src, GBUF_DEVICE, err);
     if (rc == 0)
-        rc = gbuf_reserve(eng, &eng->qs_host, (QS_HEADS + bc->n_ranges) * 4,
-                          VK_BUFFER_USAGE_TRANSFER_DST_BIT, GBUF_READBACK, err);
+        rc = gbuf_reserve(eng, &eng->qs_host, qs_words(bc) * 4, VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                          GBUF_READBACK, err);
     if (rc == 0 && eng->hits.buf == VK_NULL_HANDLE) /* a frame's first batch, or trimmed */
         rc = gbuf_reserve(eng, &eng->hits, hit_ring_bytes(eng),
                           VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
@@ -667,7 +673,7 @@ static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
         .n_classes = g.n_classes,
         .acc_row = g.first_accept * g.n_classes,
         .first_accept = g.first_accept,
-        .maxlen = g.maxlen,
+        .maxlen = sr->spec_base == NO_CARRY ? g.maxlen : bc->spec_look[sr->cat] + 1,
         .classmap = (uint32_t)(g.classmap - base),
         .trans = (uint32_t)(g.trans - base),
         .accidx = (uint32_t)(g.accept_index - base),
@@ -678,6 +684,8 @@ static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
         .start_nl = g.start[2],
         .start_other = g.start[3],
         .packed = g.n_states <= 65536,
+        .spec = sr->spec_base == NO_CARRY ? NO_CARRY
+                                          : QS_HEADS + (uint32_t)bc->n_ranges + sr->spec_base,
     };
     vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, sr->pipe);
     vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, eng->layout, 0, 1,
@@ -726,7 +734,7 @@ static int record(struct batch_ctx *bc, bool copies, struct vks_error *err)
     barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
             VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
             VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_HOST_READ_BIT);
-    VkBufferCopy qc = {.size = (QS_HEADS + bc->n_ranges) * 4};
+    VkBufferCopy qc = {.size = qs_words(bc) * 4};
     vkCmdCopyBuffer(cb, eng->qs.buf, eng->qs_host.buf, 1, &qc);
     barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
             VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
@@ -902,6 +910,133 @@ static int copy_hits(struct batch_ctx *bc, uint64_t n, const uint32_t **out, str
     return 0;
 }
 
+/* ---- speculative segments ---------------------------------------------- */
+
+/* Buffer i's bytes while its batch is collected: the caller's, or (read
+ * by a callback) the copy in the frame's upload memory. */
+static const uint8_t *buffer_bytes(const struct batch_ctx *bc, uint32_t i)
+{
+    const struct gpu_buffer *b = &bc->batch->buffers[i];
+    if (b->data != NULL || b->len == 0)
+        return b->data;
+    const struct gpu_engine *eng = bc->eng;
+    const uint8_t *base = eng->direct && eng->hay.map != NULL ? eng->hay.map : eng->staging.map;
+    return base + eng->scratch.offs[i];
+}
+
+struct fix_ctx {
+    struct batch_scratch *s;
+    size_t *n;
+    uint32_t buf;
+};
+
+static int fix_hit(void *ctx, uint32_t rule, uint64_t end)
+{
+    struct fix_ctx *f = ctx;
+    if (gpu_grow_array((void **)&f->s->fix_hits, &f->s->fix_hits_cap, *f->n + 1,
+                       sizeof(struct gpu_hit)) < 0)
+        return -ENOMEM;
+    f->s->fix_hits[(*f->n)++] = (struct gpu_hit){f->buf, rule, 1, end};
+    return 0;
+}
+
+/* Re-walks segment j of speculative range sr, whose guess at lo was wrong,
+ * from the true state `*truth`; leaves the true state at hi there. */
+static int spec_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *it,
+                        const uint32_t *st, uint32_t *truth)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
+    struct fix_ctx f = {s, &bc->n_fix_hits, it[0]};
+    uint64_t upto;
+    uint32_t out;
+    int rc = refscan_group_resume(bc->batch->catalogs[sr->cat], sr->group, buffer_bytes(bc, it[0]),
+                                  b->len, it[1], it[2], *truth, st[0], fix_hit, &f, &upto, &out);
+    if (rc != 0 ||
+        gpu_grow_array((void **)&s->fixes, &s->fixes_cap, bc->n_fixes + 1, sizeof(*s->fixes)) < 0)
+        return -ENOMEM;
+    s->fixes[bc->n_fixes++] = (struct spec_fix){it[0], sr->group, it[1], upto};
+    bc->tel->spec_fixes++;
+    bc->tel->spec_fix_bytes += (upto > it[2] ? it[2] : upto) - it[1];
+    *truth = out != UINT32_MAX ? out : st[1];
+    return 0;
+}
+
+static int cmp_fix(const void *a, const void *b)
+{
+    const struct spec_fix *x = a, *y = b;
+    if (x->buf != y->buf)
+        return x->buf < y->buf ? -1 : 1;
+    if (x->layer != y->layer)
+        return x->layer < y->layer ? -1 : 1;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+static int cmp_fix_hit(const void *a, const void *b)
+{
+    const struct gpu_hit *x = a, *y = b;
+    return x->buffer < y->buffer ? -1 : x->buffer > y->buffer;
+}
+
+/*
+ * Speculative ranges (gpu/plan.c plan_spec): segment j of a buffer guessed
+ * its state at lo; the walk is exact from lo on when the guess equals the
+ * state segment j-1 ended in (the first segment of a buffer starts at 0
+ * and guesses nothing). Checks every guess in buffer order and re-walks
+ * the wrong ones on the host until the true and the guessed walk agree,
+ * recording which device hits to drop and the host's hits instead.
+ */
+static int spec_repair(struct batch_ctx *bc, const uint32_t *qs, struct vks_error *err)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    const uint32_t *spec = qs + QS_HEADS + bc->n_ranges;
+    bc->n_fixes = bc->n_fix_hits = 0;
+    for (size_t r = 0; r < bc->n_ranges; r++) {
+        const struct scan_range *sr = &s->ranges[r];
+        if (sr->spec_base == NO_CARRY)
+            continue;
+        uint32_t truth = 0;
+        for (uint32_t j = 0; j < sr->n_items; j++) {
+            const uint32_t *it = &s->meta[((size_t)sr->items + j) * 4];
+            const uint32_t *st = spec + sr->spec_base + 2 * j;
+            if (it[1] == 0 || st[0] == truth) {
+                truth = st[1];
+                continue;
+            }
+            if (spec_fix_one(bc, sr, it, st, &truth) < 0)
+                return vks_error_set(err, -ENOMEM,
+                                     "out of memory re-walking a speculative segment");
+        }
+    }
+    if (bc->n_fixes > 1)
+        qsort(s->fixes, bc->n_fixes, sizeof(*s->fixes), cmp_fix);
+    if (bc->n_fix_hits > 1)
+        qsort(s->fix_hits, bc->n_fix_hits, sizeof(*s->fix_hits), cmp_fix_hit);
+    return 0;
+}
+
+/* Whether raw hit h (buffer, rule, layer, end) lies in a re-walked part of
+ * a speculative segment, where the host's hits replace the device's. */
+static bool spec_dropped(const struct batch_ctx *bc, const uint32_t *h)
+{
+    const struct spec_fix *v = bc->eng->scratch.fixes;
+    size_t a = 0, z = bc->n_fixes;
+    while (a < z) { /* the first fix after (buf, layer, end) */
+        size_t m = (a + z) / 2;
+        const struct spec_fix *f = &v[m];
+        bool before = f->buf < h[0] ||
+                      (f->buf == h[0] && (f->layer < h[2] || (f->layer == h[2] && f->lo < h[3])));
+        if (before)
+            a = m + 1;
+        else
+            z = m;
+    }
+    if (a == 0)
+        return false;
+    const struct spec_fix *f = &v[a - 1];
+    return f->buf == h[0] && f->layer == h[2] && h[3] > f->lo && h[3] < f->upto;
+}
+
 static int append_hit(struct gpu_result *res, uint32_t buf, const struct scan_hit *h)
 {
     if (res->n_hits == res->cap) {
@@ -928,24 +1063,32 @@ static int finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
         return vks_error_set(err, -ENOMEM, "out of memory sorting %llu hits",
                              (unsigned long long)n);
     memset(s->counts, 0, ((size_t)b->n_buffers + 1) * 4);
-    for (uint64_t i = 0; i < n; i++)
-        s->counts[raw[i * 4] + 1]++;
+    for (uint64_t i = 0; i < n; i++) {
+        if (bc->n_fixes == 0 || !spec_dropped(bc, &raw[i * 4]))
+            s->counts[raw[i * 4] + 1]++;
+    }
     for (uint32_t i = 0; i < b->n_buffers; i++)
         s->counts[i + 1] += s->counts[i];
     for (uint64_t i = 0; i < n; i++) {
         const uint32_t *h = &raw[i * 4];
-        s->pairs[s->counts[h[0]]++] = (uint64_t)h[3] << 32 | h[1];
+        if (bc->n_fixes == 0 || !spec_dropped(bc, h))
+            s->pairs[s->counts[h[0]]++] = (uint64_t)h[3] << 32 | h[1];
     }
     uint64_t t = gpu_now_ns();
     bc->tel->readback_ns = t - bc->t_read;
-    size_t start = 0;
+    size_t start = 0, fh = 0;
     for (uint32_t i = 0; i < b->n_buffers; i++) {
         size_t end = s->counts[i];
-        if (end == start)
+        bool fixed = fh < bc->n_fix_hits && s->fix_hits[fh].buffer == i;
+        if (end == start && !fixed)
             continue;
         s->one.n = 0;
         for (size_t k = start; k < end; k++) {
             if (scan_hits_push(&s->one, (uint32_t)s->pairs[k], s->pairs[k] >> 32, 1) < 0)
+                return vks_error_set(err, -ENOMEM, "out of memory collecting hits");
+        }
+        for (; fh < bc->n_fix_hits && s->fix_hits[fh].buffer == i; fh++) {
+            if (scan_hits_push(&s->one, s->fix_hits[fh].rule, s->fix_hits[fh].end, 1) < 0)
                 return vks_error_set(err, -ENOMEM, "out of memory collecting hits");
         }
         scan_hits_finalize(&s->one, b->catalogs[b->buffers[i].catalog], b->buffers[i].mode);
@@ -969,7 +1112,7 @@ static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, str
     bc->t_read = gpu_now_ns();
     while (rc == 0) {
         invalidate(eng, &eng->qs_host);
-        tel->bytes_read_back += (QS_HEADS + bc->n_ranges) * 4;
+        tel->bytes_read_back += qs_words(bc) * 4;
         bc->cut = (qs[QS_ERROR] & QS_ERR_CUT) != 0;
         if (bc->cut)
             return vks_error_set(err, -EIO,
@@ -1005,6 +1148,8 @@ static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, str
     tel->bytes_read_back += n * 16;
     const uint32_t *raw = NULL;
     rc = copy_hits(bc, n, &raw, err);
+    if (rc == 0 && bc->n_spec > 0)
+        rc = spec_repair(bc, qs, err);
     if (rc < 0)
         return rc;
     return finish_hits(bc, raw, n, res, err);
@@ -1272,6 +1417,9 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(hits_raw);
     ADD(hit_reruns);
     ADD(cut_reruns);
+    ADD(spec_items);
+    ADD(spec_fixes);
+    ADD(spec_fix_bytes);
     ADD(plan_ns);
     ADD(upload_ns);
     ADD(kernel_ns);
@@ -1296,6 +1444,8 @@ void gpu_batch_scratch_finish(struct batch_scratch *s)
     free(s->ranges);
     free(s->counts);
     free(s->pairs);
+    free(s->fixes);
+    free(s->fix_hits);
     scan_hits_finish(&s->one);
     memset(s, 0, sizeof(*s));
 }

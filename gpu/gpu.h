@@ -42,6 +42,7 @@ enum gpu_hit_writer {
 #define GPU_MAX_BATCH_CATALOGS    8u
 #define GPU_PIPELINE_LRU          32u
 #define GPU_DEFAULT_TIMEOUT_MS    30000u
+#define GPU_SPEC_LOOKBACK         1024u
 #define GPU_MAX_RESIDENT_CATALOGS 64u
 #define GPU_MAX_INFLIGHT          16u
 #define GPU_DEFAULT_INFLIGHT      2u
@@ -96,9 +97,14 @@ struct gpu_options {
     uint32_t timeout_ms; /* per-batch fence wait; 0: GPU_DEFAULT_TIMEOUT_MS */
     uint32_t timeout_us; /* when non-zero, overrides timeout_ms (tests) */
     enum gpu_hit_writer hit_writer;
-    uint32_t hit_capacity;   /* initial hit ring size in hits; 0: 65536 */
-    uint32_t segment_bytes;  /* 0: chosen per batch by the launch policy */
-    uint32_t chain_bytes;    /* bytes of an unbounded walk per round; 0: the device's */
+    uint32_t hit_capacity;  /* initial hit ring size in hits; 0: 65536 */
+    uint32_t segment_bytes; /* 0: chosen per batch by the launch policy */
+    uint32_t chain_bytes;   /* bytes of an unbounded walk per round; 0: the device's */
+    /* Unbounded DFA groups are walked in segments that each guess their
+     * start state from this many bytes before them (docs/gpu.md,
+     * "Unbounded groups in parallel"); 0: GPU_SPEC_LOOKBACK; UINT32_MAX:
+     * never, each buffer is walked whole in chained rounds. */
+    uint32_t spec_lookback;
     uint32_t workgroup_size; /* 0: chosen by the launch policy */
     uint32_t max_workgroups; /* per launch; 0: chosen by the launch policy */
     uint32_t upload_threads; /* host threads copying into staging; 0: up to 8 */
@@ -188,6 +194,9 @@ struct gpu_telemetry {
     uint64_t hit_capacity;    /* ring size of the final pass */
     uint32_t hit_reruns;      /* passes re-run because the ring overflowed */
     uint32_t cut_reruns;      /* batches re-planned smaller because the driver cut a loop */
+    uint64_t spec_items;      /* speculative segments of unbounded DFA groups */
+    uint64_t spec_fixes;      /* of which the guessed start state was wrong: re-walked */
+    uint64_t spec_fix_bytes;  /* bytes the host re-walked for them */
     uint64_t plan_ns;         /* checks, launch policy, work items, pipelines */
     uint64_t upload_ns;       /* host side: staging filled and every chunk submitted */
     uint64_t kernel_ns;       /* GPU timestamps around the dispatches, all passes */

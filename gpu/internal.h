@@ -25,7 +25,7 @@ enum {
 struct scan_push {
     uint32_t items, n_items, head, bufs, carry_base, max_cost, hit_cap, layer;
     uint32_t n_classes, acc_row, first_accept, maxlen, classmap, trans, accidx, accepts;
-    uint32_t trans_words, start_bos, start_word, start_nl, start_other, packed;
+    uint32_t trans_words, start_bos, start_word, start_nl, start_other, packed, spec;
 };
 
 /* Push constants of shaders/scan_nfa.comp (bit-NFA ranges); no larger
@@ -138,7 +138,10 @@ struct scan_range {
     uint32_t items; /* meta index (uvec4) of the first item */
     uint32_t n_items;
     uint32_t carry_base; /* NO_CARRY for bounded groups */
-    uint32_t max_cost;   /* loop iterations of the costliest item */
+    /* Speculative ranges (unbounded DFA groups in segments, docs/gpu.md):
+     * the qs word of item 0's (state at lo, state at hi); else NO_CARRY. */
+    uint32_t spec_base;
+    uint32_t max_cost; /* loop iterations of the costliest item */
     uint32_t smem_words;
     uint32_t workgroups;
     VkPipeline pipe;
@@ -157,6 +160,16 @@ struct batch_scratch {
     uint64_t *pairs; /* (rule << 32 | end) sorted by buffer */
     size_t pairs_cap;
     struct scan_hits one; /* one buffer's hits through scan_hits_finalize */
+    /* Repaired speculative segments (batch.c spec_repair): the device's
+     * hits of (buf, layer) with ends in (lo, upto) are dropped, and the
+     * host's walk's hits there go in instead. */
+    struct spec_fix {
+        uint32_t buf, layer;
+        uint64_t lo, upto;
+    } * fixes;
+    size_t fixes_cap;
+    struct gpu_hit *fix_hits; /* sorted by buffer */
+    size_t fix_hits_cap;
 };
 
 /* One batch from its submit to its collect (one attempt of it, when the
@@ -173,6 +186,7 @@ struct batch_ctx {
     uint32_t seg[GPU_MAX_BATCH_CATALOGS];   /* segment bytes per catalog */
     uint32_t chain[GPU_MAX_BATCH_CATALOGS]; /* chained walk bytes per round */
     uint32_t acc_iters[GPU_MAX_BATCH_CATALOGS]; /* accept-loop iterations per byte, worst */
+    uint32_t spec_look[GPU_MAX_BATCH_CATALOGS]; /* speculative segments' lookback bytes */
     /* The literal tables of each catalog (owned by the engine's cache,
      * valid until the submit returns), whether this batch routes its
      * literal groups to the literal kernel, and then the tables' push
@@ -185,6 +199,8 @@ struct batch_ctx {
     size_t n_ranges;
     uint32_t rounds;
     uint32_t n_carry; /* words */
+    uint32_t n_spec;  /* qs words after the heads for speculative ranges' states */
+    size_t n_fixes, n_fix_hits;
     uint64_t items_total;
     uint64_t workers;
     uint64_t new_cat_bytes;

@@ -155,6 +155,7 @@ static int add_range(struct batch_ctx *bc, uint32_t c, uint32_t g, uint32_t roun
         .items = items,
         .n_items = n,
         .carry_base = carry,
+        .spec_base = NO_CARRY,
         .max_cost = max_cost,
     };
     bc->items_total += n;
@@ -164,11 +165,12 @@ static int add_range(struct batch_ctx *bc, uint32_t c, uint32_t g, uint32_t roun
 }
 
 /* Loop iterations the kernel may run for an item of `walk` bytes of
- * catalog c: 16 bytes per iteration, up to 15 + 15 unaligned ends, and the
- * accept loops of a match at every position. */
+ * catalog c: 16 bytes per iteration, up to 4 x 15 unaligned ends (the
+ * lookback and the item are two walks), and the accept loops of a match
+ * at every position. */
 static uint32_t walk_cost(const struct batch_ctx *bc, uint32_t c, uint64_t walk)
 {
-    uint64_t cost = (walk + 15) / 16 + 34 + (walk + 1) * bc->acc_iters[c];
+    uint64_t cost = (walk + 15) / 16 + 64 + (walk + 1) * bc->acc_iters[c];
     return cost > 0xfffffff0u ? 0xfffffff0u : (uint32_t)cost;
 }
 
@@ -242,6 +244,76 @@ static int plan_bounded(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded)
     return 0;
 }
 
+/* Whether DFA group k of catalog c is walked as an unbounded one. */
+static bool group_unbounded(const struct batch_ctx *bc, uint32_t c, uint32_t k,
+                            const struct catalog_group *g)
+{
+    return !group_bounded(bc, c, g) && !(g->flags & CAT_GF_FACTOR) && !lit_routed(bc, c, k);
+}
+
+/* Speculative segments of unbounded DFA groups (docs/gpu.md, "Unbounded
+ * groups in parallel"): at least this many end offsets each, so that the
+ * lookback costs a few percent. */
+#define SPEC_SEGMENT (16u * 1024u)
+
+/*
+ * Unbounded DFA groups of catalog c in segments, whatever the buffers'
+ * lengths: segment (lo, hi] is walked from `lookback` bytes before lo
+ * from a start state, as a bounded group's is, and records its states at
+ * lo and hi (qs words from spec_base). For most data the walk forgets the
+ * unknown past within the lookback and the guess at lo is the true state;
+ * the host checks every guess against where the segment before ended and
+ * re-walks the rare wrong ones (gpu/batch.c). So no item walks more than
+ * a segment and its lookback, however long the buffer. Returns 0,
+ * -ENOMEM, or 1 when speculation is off or the device's loop budget
+ * leaves it no room (the caller walks in chained rounds instead).
+ */
+static int plan_spec(struct batch_ctx *bc, uint32_t c)
+{
+    const struct gpu_engine *eng = bc->eng;
+    const struct gpu_batch *b = bc->batch;
+    if (eng->opt.spec_lookback == UINT32_MAX)
+        return 1;
+    uint64_t look = eng->opt.spec_lookback ? eng->opt.spec_lookback : GPU_SPEC_LOOKBACK;
+    uint64_t chain = bc->chain[c];
+    if (look > chain / 4)
+        look = (chain / 4) & ~(uint64_t)15;
+    uint64_t seg = eng->opt.segment_bytes ? eng->opt.segment_bytes : bc->plan.seg_bytes;
+    if (!eng->opt.segment_bytes && seg < SPEC_SEGMENT)
+        seg = SPEC_SEGMENT;
+    if (seg + look > chain)
+        seg = (chain - look) & ~(uint64_t)15;
+    if (seg < 16)
+        return 1;
+    struct batch_scratch *s = &bc->eng->scratch;
+    uint32_t first = (uint32_t)bc->n_meta;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        uint64_t len = b->buffers[i].len;
+        if (b->buffers[i].catalog != c)
+            continue;
+        for (uint64_t lo = 0; lo < len; lo += seg) {
+            uint64_t hi = lo + seg < len ? lo + seg : len;
+            if (push_item(s, &bc->n_meta, i, (uint32_t)lo, (uint32_t)hi, 0) < 0)
+                return -ENOMEM;
+        }
+    }
+    uint32_t n = (uint32_t)bc->n_meta - first;
+    uint32_t cost = walk_cost(bc, c, seg + look);
+    bc->spec_look[c] = (uint32_t)look;
+    struct catalog_group g;
+    for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
+        catalog_group(b->catalogs[c], k, &g);
+        if (!group_unbounded(bc, c, k, &g) || n == 0)
+            continue;
+        if (add_range(bc, c, k, 0, first, n, NO_CARRY, cost) < 0)
+            return -ENOMEM;
+        s->ranges[bc->n_ranges - 1].spec_base = bc->n_spec;
+        bc->n_spec += 2 * n;
+        bc->tel->spec_items += n;
+    }
+    return 0;
+}
+
 /* Unbounded groups walk each buffer from its start; a walk longer than
  * chain_bytes is cut into rounds that hand the DFA state over in carry[]. */
 static int plan_chained(struct batch_ctx *bc, uint32_t c, uint64_t longest)
@@ -266,7 +338,7 @@ static int plan_chained(struct batch_ctx *bc, uint32_t c, uint64_t longest)
         uint32_t n = (uint32_t)bc->n_meta - first, ug = 0;
         for (uint32_t k = 0; k < n_groups; k++) {
             catalog_group(b->catalogs[c], k, &g);
-            if (group_bounded(bc, c, &g) || (g.flags & CAT_GF_FACTOR) || lit_routed(bc, c, k))
+            if (!group_unbounded(bc, c, k, &g))
                 continue;
             uint32_t carry = (bc->n_carry / b->n_buffers + ug++) * b->n_buffers;
             if (add_range(bc, c, k, r, first, n, carry, cost) < 0)
@@ -845,7 +917,9 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
     int rc = 0;
     if (max_bounded > 0)
         rc = plan_bounded(bc, c, max_bounded);
-    if (rc == 0 && n_chained > 0) {
+    if (rc == 0 && n_chained > 0)
+        rc = plan_spec(bc, c);
+    if (rc == 1) {
         rc = plan_chained(bc, c, longest);
         bc->n_carry += n_chained * b->n_buffers;
     }

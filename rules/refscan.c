@@ -19,6 +19,23 @@ static uint32_t lookahead(const uint8_t *buf, size_t len, size_t i)
     return k == CAT_K_NL && i + 1 == len ? CAT_K_NL_LAST : k;
 }
 
+/* Reports the accept entries of state s at end i (lookahead buf[i]). */
+static int dfa_report(const struct catalog_group *g, uint32_t s, const uint8_t *buf, size_t len,
+                      size_t i, refscan_fn fn, void *ctx)
+{
+    uint32_t bit = 1u << lookahead(buf, len, i);
+    const uint32_t *a = g->accepts + g->accept_index[s - g->first_accept];
+    const uint32_t *end = g->accepts + g->accept_index[s - g->first_accept + 1];
+    for (; a < end; a++) {
+        if (CAT_ACCEPT_MASK(*a) & bit) {
+            int rc = fn(ctx, CAT_ACCEPT_RULE(*a), i);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
 int refscan_group_range(const struct catalog *cat, uint32_t group, const uint8_t *buf, size_t len,
                         size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx)
 {
@@ -29,19 +46,43 @@ int refscan_group_range(const struct catalog *cat, uint32_t group, const uint8_t
     uint32_t s = catalog_group_start(&g, buf, begin);
     for (size_t i = begin;; i++) {
         if (s >= g.first_accept && i > lo) {
-            uint32_t bit = 1u << lookahead(buf, len, i);
-            const uint32_t *a = g.accepts + g.accept_index[s - g.first_accept];
-            const uint32_t *end = g.accepts + g.accept_index[s - g.first_accept + 1];
-            for (; a < end; a++)
-                if (CAT_ACCEPT_MASK(*a) & bit) {
-                    int rc = fn(ctx, CAT_ACCEPT_RULE(*a), i);
-                    if (rc != 0)
-                        return rc;
-                }
+            int rc = dfa_report(&g, s, buf, len, i, fn, ctx);
+            if (rc != 0)
+                return rc;
         }
         if (i >= hi)
             return 0;
         s = g.trans[(size_t)s * g.n_classes + g.classmap[buf[i]]];
+    }
+}
+
+int refscan_group_resume(const struct catalog *cat, uint32_t group, const uint8_t *buf, size_t len,
+                         uint64_t lo, uint64_t hi, uint32_t state, uint32_t guess, refscan_fn fn,
+                         void *ctx, uint64_t *upto, uint32_t *out)
+{
+    struct catalog_group g;
+    catalog_group(cat, group, &g);
+    if (hi > len)
+        hi = len;
+    *out = UINT32_MAX;
+    for (uint64_t i = lo;; i++) {
+        if (state == guess) {
+            *upto = i;
+            return 0;
+        }
+        if (state >= g.first_accept && i > lo) {
+            int rc = dfa_report(&g, state, buf, len, i, fn, ctx);
+            if (rc != 0)
+                return rc;
+        }
+        if (i >= hi) {
+            *upto = hi + 1;
+            *out = state;
+            return 0;
+        }
+        size_t c = g.classmap[buf[i]];
+        state = g.trans[(size_t)state * g.n_classes + c];
+        guess = g.trans[(size_t)guess * g.n_classes + c];
     }
 }
 

@@ -56,6 +56,22 @@ int refscan_group_range(const struct catalog *cat, uint32_t group, const uint8_t
                         size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx);
 
 /*
+ * Repairs a speculative segment (lo, hi] of DFA group `group` (gpu/batch.c:
+ * a long buffer's unbounded group is walked in segments, each from a guess
+ * of its state at lo). `state` is the true state at lo (where the segment
+ * before ended), `guess` the state the segment's walk had there. Walks both
+ * from lo in step until they agree; from there the guessed walk was exact.
+ * Calls `fn` for the true walk's matches with ends in (lo, *upto), where
+ * *upto is the first offset at which the two agree, or hi + 1 when they
+ * never do; then *out is the true state at hi (else UINT32_MAX: the
+ * guessed walk's state at hi stands). The guessed walk's matches in (lo,
+ * *upto) are the ones to drop. `fn` returning non-zero stops the walk.
+ */
+int refscan_group_resume(const struct catalog *cat, uint32_t group, const uint8_t *buf, size_t len,
+                         uint64_t lo, uint64_t hi, uint32_t state, uint32_t guess, refscan_fn fn,
+                         void *ctx, uint64_t *upto, uint32_t *out);
+
+/*
  * The same for bit-NFA group `nfa` (< catalog_nfa_count): the scan starts
  * at `begin` with no position active, and the start edges see the byte at
  * begin-1 as the previous byte, as a DFA group's start state does.

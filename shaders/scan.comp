@@ -8,7 +8,12 @@
  * range is empty or their loop budget is spent. An item is one segment of a
  * buffer: uvec4(buffer, lo, hi, chain). Bounded groups start maxlen-1 bytes
  * before lo + 1 and report ends in (lo, hi]; chained (unbounded) ranges start
- * at lo from the state the previous round left in carry[].
+ * at lo from the state the previous round left in carry[]. Speculative
+ * ranges (pc.spec != NONE, unbounded groups on long buffers) start maxlen-1
+ * bytes before lo + 1 from a start state, as bounded ones do, and record
+ * the state they had at lo and at hi in qs[spec + 2 * item]: the host
+ * checks that each guess at lo equals where the segment before ended and
+ * re-walks the rare segments whose guess was wrong (gpu/batch.c).
  *
  * Built twice by glslc: HIT_SUBGROUP=0 (one atomic per hit) and
  * HIT_SUBGROUP=1 (one atomic per subgroup and accepting step).
@@ -72,6 +77,7 @@ layout(push_constant) uniform Push {
     uint start_nl;
     uint start_other;
     uint packed;      /* 1: s_tr holds two u16 transitions per word */
+    uint spec;        /* qs word of item 0's (state at lo, state at hi); NONE */
 } pc;
 
 shared uint s_cls[256];
@@ -158,7 +164,33 @@ uint step4(uint row, uint w, uint i, uint lo, uint len, uint buf)
     return step(row, w >> 24u, i + 3u, lo, len, buf);
 }
 
-void scan_item(uvec4 it)
+/* Walks bytes [from, to) of the buffer at `off` from `row`; reports ends
+ * in (lo, to) (the end at `to` is the caller's). */
+uint walk(uint row, uint from, uint to, uint off, uint lo, uint len, uint buf)
+{
+    uint i = from;
+    while (i < to && (i & 15u) != 0u) {
+        row = step(row, byte_at(off + i), i, lo, len, buf);
+        i++;
+    }
+    while (i + 16u <= to) {
+        uvec4 v = hay[(off + i) >> 4u];
+        row = step4(row, v.x, i, lo, len, buf);
+        row = step4(row, v.y, i + 4u, lo, len, buf);
+        row = step4(row, v.z, i + 8u, lo, len, buf);
+        row = step4(row, v.w, i + 12u, lo, len, buf);
+        i += 16u;
+    }
+    while (i < to) {
+        row = step(row, byte_at(off + i), i, lo, len, buf);
+        i++;
+    }
+    if (i != to)
+        atomicOr(qs[QS_ERROR], QS_ERR_CUT);
+    return row;
+}
+
+void scan_item(uvec4 it, uint idx)
 {
     uint buf = it.x;
     uint lo = it.y;
@@ -180,25 +212,11 @@ void scan_item(uvec4 it)
     }
     uint row = state * pc.n_classes;
 
-    uint i = begin;
-    while (i < hi && (i & 15u) != 0u) {
-        row = step(row, byte_at(off + i), i, lo, len, buf);
-        i++;
-    }
-    while (i + 16u <= hi) {
-        uvec4 v = hay[(off + i) >> 4u];
-        row = step4(row, v.x, i, lo, len, buf);
-        row = step4(row, v.y, i + 4u, lo, len, buf);
-        row = step4(row, v.z, i + 8u, lo, len, buf);
-        row = step4(row, v.w, i + 12u, lo, len, buf);
-        i += 16u;
-    }
-    while (i < hi) {
-        row = step(row, byte_at(off + i), i, lo, len, buf);
-        i++;
-    }
-    if (i != hi)
-        atomicOr(qs[QS_ERROR], QS_ERR_CUT);
+    /* the lookback [begin, lo) reports nothing (step reports ends > lo) */
+    row = walk(row, begin, lo, off, lo, len, buf);
+    if (pc.spec != NONE)
+        qs[pc.spec + 2u * idx] = row / pc.n_classes;
+    row = walk(row, lo, hi, off, lo, len, buf);
 
     if (row >= pc.acc_row && hi > lo) {
         uint k = K_EOD;
@@ -211,6 +229,8 @@ void scan_item(uvec4 it)
     }
     if (chained && hi < len)
         carry[pc.carry_base + it.w] = row / pc.n_classes;
+    if (pc.spec != NONE)
+        qs[pc.spec + 2u * idx + 1u] = row / pc.n_classes;
 }
 
 void main()
@@ -254,7 +274,7 @@ void main()
         uint idx = atomicAdd(qs[pc.head], 1u);
         if (idx >= pc.n_items)
             break;
-        scan_item(meta[pc.items + idx]);
+        scan_item(meta[pc.items + idx], idx);
         done++;
     }
     if (done != 0u) {

@@ -646,7 +646,8 @@ START_TEST(test_bitnfa_segments)
     }
     ck_assert_uint_eq(chained, 1);
     const uint32_t seg = 64;
-    struct gpu_options opt = {.segment_bytes = seg, .chain_bytes = 96};
+    /* chained rounds, not speculative segments (test_spec_segments) */
+    struct gpu_options opt = {.segment_bytes = seg, .chain_bytes = 96, .spec_lookback = UINT32_MAX};
     struct gpu_engine *eng = engine(&opt);
     enum { N = 12 };
     struct gpu_buffer bufs[N];
@@ -970,7 +971,8 @@ START_TEST(test_segment_boundaries)
     struct rules_options ro = {.gate_bits = UINT32_MAX}; /* "un" a chained DFA, not gated */
     struct catalog *cat = compile_rules_opt(t, 3, &ro);
     const uint32_t seg = 64;
-    struct gpu_options opt = {.segment_bytes = seg, .chain_bytes = 96};
+    /* chained rounds, not speculative segments (test_spec_segments) */
+    struct gpu_options opt = {.segment_bytes = seg, .chain_bytes = 96, .spec_lookback = UINT32_MAX};
     struct gpu_engine *eng = engine(&opt);
     enum { N = 24 };
     struct gpu_buffer bufs[N];
@@ -1049,8 +1051,11 @@ START_TEST(test_long_buffers)
     for (size_t k = 0; k < res.n_hits; k++)
         last |= res.hits[k].buffer == 0 && res.hits[k].end == lens[0] && res.hits[k].rule == 2;
     ck_assert(last);
-    if (gpu_engine_device(eng)->loop_budget != 0xffffffffu)
-        ck_assert_uint_ge(res.tel.rounds, 2);
+    /* "un" is walked in speculative segments; no segment after the first
+     * guesses the 'x' at 0, and the host re-walks them (exactly) */
+    ck_assert_uint_eq(res.tel.rounds, 1);
+    ck_assert_uint_ge(res.tel.spec_items, lens[0] / (64 * 1024));
+    ck_assert_uint_ge(res.tel.spec_fixes, 1);
     gpu_result_finish(&res);
     for (uint32_t i = 0; i < N; i++)
         free((void *)bufs[i].data);
@@ -1069,7 +1074,8 @@ START_TEST(test_loop_budget)
     gpu_engine_destroy(probe);
     struct trule t[] = {{"un", RULE_REGEX, "x[^y]*z", 0}, {"b", RULE_LITERAL, "zz", 0}};
     struct catalog *cat = compile_rules(t, 2);
-    struct gpu_options opt = {.chain_bytes = 4u << 20, .segment_bytes = 1u << 20};
+    struct gpu_options opt = {
+        .chain_bytes = 4u << 20, .segment_bytes = 1u << 20, .spec_lookback = UINT32_MAX};
     struct gpu_engine *eng = engine(&opt);
     size_t len = 2u << 20;
     uint8_t *p = calloc(1, len);
@@ -1088,6 +1094,111 @@ START_TEST(test_loop_budget)
     gpu_result_finish(&res);
     free(p);
     gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+END_TEST
+
+/* One buffer's end offsets of rule `rule` in `res`, as a bitmap test. */
+static size_t count_rule(const struct gpu_result *res, uint32_t buf, uint32_t rule)
+{
+    size_t n = 0;
+    for (size_t k = 0; k < res->n_hits; k++)
+        n += res->hits[k].buffer == buf && res->hits[k].rule == rule;
+    return n;
+}
+
+static int read_from(void *ctx, uint8_t *dst, uint64_t off, size_t len)
+{
+    memcpy(dst, (const uint8_t *)ctx + off, len);
+    return 0;
+}
+
+/* Unbounded DFA groups on long buffers are walked in speculative segments
+ * (docs/gpu.md): each guesses its start state from a short lookback, and
+ * the host re-walks the segments whose guess was wrong. The data makes
+ * both kinds: runs of `[a-z]*` state that a lookback sees whole (guesses
+ * right), an 'x' whose `x[^y]*z` state lasts across many segments (wrong,
+ * converging at the next 'y'), `(?s)q.*r` after one 'q' (wrong, never
+ * converging), matches right at segment ends, `^`/`$` and `\b`. Every
+ * hit equals refscan's, in every report mode, with the bytes in memory and
+ * read by a callback (the host re-walks from the upload copy), and a wrong
+ * repair would add or lose hits: the counts of `x[^y]*z` are asserted. */
+START_TEST(test_spec_segments)
+{
+    struct trule t[] = {{"xz", RULE_REGEX, "x[^y]*z", 0},
+                        {"qr", RULE_REGEX, "(?s)q.*r", 0},
+                        {"w", RULE_REGEX, "\\bab[a-z]*c\\b", 0},
+                        {"anch", RULE_REGEX, "^k[^k]*k$", 0},
+                        {"lit", RULE_LITERAL, "zz", 0}};
+    struct rules_options ro = {.gate_bits = UINT32_MAX}; /* plain DFA groups, none gated */
+    struct catalog *cat = compile_rules_opt(t, 5, &ro);
+    const size_t len = 200000;
+    uint8_t *p = malloc(len);
+    uint32_t rng = 77;
+    for (size_t i = 0; i < len; i++) {
+        rng = rng * 1103515245u + 12345u;
+        p[i] = "abcdefghz .\n"[(rng >> 16) % 12];
+    }
+    p[0] = 'k';
+    p[len - 1] = 'k';
+    for (size_t i = 1; i + 1 < len; i++)
+        if (p[i] == 'x' || p[i] == 'y' || p[i] == 'q' || p[i] == 'r' || p[i] == 'k')
+            p[i] = 'a';
+    /* x at 1000 lasts until the y at 150000: ~9 segments of 16 KiB guess
+     * wrong and converge only there */
+    p[1000] = 'x';
+    p[150000] = 'y';
+    p[120000] = 'q'; /* q.*r: wrong from here on, never converging */
+    for (size_t i = 130000; i < len; i += 7919)
+        p[i] = 'r';
+    for (size_t i = 16384 - 1; i < len; i += 16384) /* matches ending at segment ends */
+        memcpy(p + i - 2, "zz", 2);
+    size_t want_xz = 0;
+    for (size_t i = 1001; i < 150000; i++)
+        want_xz += p[i] == 'z';
+    uint32_t looks[] = {0, 16, 1024};
+    for (uint32_t l = 0; l < 3; l++) {
+        struct gpu_options opt = {.segment_bytes = 16384, .spec_lookback = looks[l]};
+        if (looks[l] == 0)
+            opt.spec_lookback = 1; /* 0 is the default; 1 byte of lookback */
+        struct gpu_engine *eng = engine(&opt);
+        for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+            struct gpu_buffer bufs[3] = {
+                {.data = p, .len = len, .mode = (enum scan_mode)mode},
+                {.data = p + 3, .len = len - 3, .mode = (enum scan_mode)mode},
+                {.data = p, .len = 16384 + 5, .mode = (enum scan_mode)mode},
+            };
+            const struct catalog *cats[] = {cat};
+            struct gpu_batch b = {cats, 1, bufs, 3};
+            struct gpu_result res = {0};
+            check_batch(eng, &b, &res);
+            ck_assert_uint_eq(res.tel.rounds, 1);
+            ck_assert_uint_ge(res.tel.spec_items, 2 * (len / 16384));
+            ck_assert_uint_ge(res.tel.spec_fixes, 4); /* x..z in both long buffers, q..r */
+            if (mode == SCAN_ALL)
+                ck_assert_uint_eq(count_rule(&res, 0, 0), want_xz);
+            /* the same bytes read by a callback into the upload memory */
+            bufs[0] = (struct gpu_buffer){
+                .len = len, .mode = (enum scan_mode)mode, .read = read_from, .read_ctx = p};
+            struct gpu_result res2 = {0};
+            struct vks_error err = {0};
+            ck_assert_int_eq(gpu_batch_dispatch(eng, &b, &res2, &err), 0);
+            size_t n0 = 0, n1 = 0;
+            for (size_t k = 0; k < res.n_hits; k++)
+                n0 += res.hits[k].buffer == 0;
+            for (size_t k = 0; k < res2.n_hits; k++) {
+                n1 += res2.hits[k].buffer == 0;
+                if (res2.hits[k].buffer == 0)
+                    ck_assert(k < res.n_hits && res2.hits[k].rule == res.hits[k].rule &&
+                              res2.hits[k].end == res.hits[k].end);
+            }
+            ck_assert_uint_eq(n0, n1);
+            gpu_result_finish(&res);
+            gpu_result_finish(&res2);
+        }
+        gpu_engine_destroy(eng);
+    }
+    free(p);
     catalog_destroy(cat);
 }
 END_TEST
@@ -1553,7 +1664,8 @@ static void pjob_init(struct pjob *j, const struct catalog *cat, uint32_t n_bufs
     X(submits) X(sync_points) X(pipeline_cache_hits) X(pipeline_compiles)            \
     X(catalog_cache_hits) X(catalog_uploads) X(catalog_evictions) X(rounds)          \
     X(items_total) X(items_processed) X(items_remaining) X(hits_raw) X(hit_reruns)   \
-    X(cut_reruns) X(plan_ns) X(upload_ns) X(kernel_ns) X(device_ns) X(readback_ns)   \
+    X(cut_reruns) X(spec_items) X(spec_fixes) X(spec_fix_bytes) X(plan_ns)           \
+    X(upload_ns) X(kernel_ns) X(device_ns) X(readback_ns)                            \
     X(finalize_ns) X(total_ns) X(wall_ns) X(device_idle_ns)
 #define TEL_MAXES(X) X(workgroups) X(hit_capacity) X(inflight)
 #define TEL_LATEST(X)                                                                \
@@ -1751,6 +1863,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_long_buffers);
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
+    tcase_add_test(tc, test_spec_segments);
     tcase_add_test(tc, test_anchored);
     tcase_add_test(tc, test_large_catalogs);
     tcase_add_test(tc, test_modes);
