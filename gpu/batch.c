@@ -990,7 +990,6 @@ static int spec_repair(struct batch_ctx *bc, const uint32_t *qs, struct vks_erro
 {
     struct batch_scratch *s = &bc->eng->scratch;
     const uint32_t *spec = qs + QS_HEADS + bc->n_ranges;
-    bc->n_fixes = bc->n_fix_hits = 0;
     for (size_t r = 0; r < bc->n_ranges; r++) {
         const struct scan_range *sr = &s->ranges[r];
         if (sr->spec_base == NO_CARRY)
@@ -1008,11 +1007,115 @@ static int spec_repair(struct batch_ctx *bc, const uint32_t *qs, struct vks_erro
                                      "out of memory re-walking a speculative segment");
         }
     }
+    return 0;
+}
+
+/* A confirmation item that reached its cap alive: (buffer, engine group,
+ * its start interval [a, b)). */
+struct live_item {
+    uint32_t buf, layer;
+    uint64_t a, b;
+};
+
+static int cmp_live(const void *x, const void *y)
+{
+    const struct live_item *p = x, *q = y;
+    if (p->buf != q->buf)
+        return p->buf < q->buf ? -1 : 1;
+    if (p->layer != q->layer)
+        return p->layer < q->layer ? -1 : 1;
+    return p->a < q->a ? -1 : p->a > q->a;
+}
+
+/* The confirmation range of engine group `layer` for buffer `buf`. */
+static const struct scan_range *confirm_range(const struct batch_ctx *bc, uint32_t buf,
+                                              uint32_t layer)
+{
+    const struct batch_scratch *s = &bc->eng->scratch;
+    for (size_t r = 0; r < bc->n_ranges; r++) {
+        const struct scan_range *sr = &s->ranges[r];
+        if (sr->nfa && sr->cap != NO_CARRY && sr->group == layer &&
+            sr->cat == bc->batch->buffers[buf].catalog)
+            return sr;
+    }
+    return NULL;
+}
+
+/* Walks the live items of one (buffer, group), v[0..n), as one forward
+ * confirmation on the host, from the first start to where it dies. */
+static int confirm_walk_host(struct batch_ctx *bc, const struct live_item *v, size_t n)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    uint64_t *iv = malloc(2 * n * sizeof(*iv));
+    if (iv == NULL)
+        return -ENOMEM;
+    for (size_t k = 0; k < n; k++) {
+        iv[2 * k] = v[k].a;
+        iv[2 * k + 1] = v[k].b;
+    }
+    const struct gpu_buffer *b = &bc->batch->buffers[v[0].buf];
+    const struct catalog *cat = bc->batch->catalogs[b->catalog];
+    struct fix_ctx f = {s, &bc->n_fix_hits, v[0].buf};
+    int rc = refscan_confirm_range(cat, v[0].layer - catalog_group_count(cat),
+                                   buffer_bytes(bc, v[0].buf), b->len, iv, n, fix_hit, &f);
+    free(iv);
+    return rc != 0 ? -ENOMEM : 0;
+}
+
+/*
+ * Confirmation items that reached their cap with a live state left a hit
+ * with rule NONE and end = their index (shaders/scan_nfa.comp). The host
+ * walks their start intervals again, per (buffer, group) as one forward
+ * confirmation to where it dies: linear in what it walks, however long
+ * the walks live. Its hits join the device's; the copies of the device's
+ * hits up to the caps go when the hits are finalized.
+ */
+static int confirm_finish(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
+                          struct vks_error *err)
+{
+    struct live_item *v = NULL;
+    size_t nv = 0, cap = 0;
+    int rc = 0;
+    for (uint64_t i = 0; i < n && rc == 0; i++) {
+        const uint32_t *h = &raw[i * 4];
+        if (h[1] != NO_CARRY)
+            continue;
+        const struct scan_range *sr = confirm_range(bc, h[0], h[2]);
+        if (sr == NULL || h[3] >= sr->n_items)
+            continue; /* cannot happen: the kernel writes these for such ranges only */
+        const uint32_t *it = &bc->eng->scratch.meta[((size_t)sr->items + h[3]) * 4];
+        if (gpu_grow_array((void **)&v, &cap, nv + 1, sizeof(*v)) < 0)
+            rc = -ENOMEM;
+        else
+            v[nv++] = (struct live_item){h[0], h[2], it[1], it[2]};
+    }
+    if (nv > 1)
+        qsort(v, nv, sizeof(*v), cmp_live);
+    for (size_t a = 0, z; a < nv && rc == 0; a = z) {
+        for (z = a + 1; z < nv && v[z].buf == v[a].buf && v[z].layer == v[a].layer; z++)
+            ;
+        rc = confirm_walk_host(bc, v + a, z - a);
+    }
+    bc->tel->confirm_host += nv;
+    free(v);
+    return rc < 0 ? vks_error_set(err, -ENOMEM, "out of memory finishing confirmation walks") : 0;
+}
+
+/* Host work on a collected pass before its hits are grouped: repaired
+ * speculative segments and confirmations finished on the host. */
+static int host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t *raw, uint64_t n,
+                       struct vks_error *err)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    bc->n_fixes = bc->n_fix_hits = 0;
+    int rc = bc->n_spec > 0 ? spec_repair(bc, qs, err) : 0;
+    if (rc == 0 && bc->has_confirm)
+        rc = confirm_finish(bc, raw, n, err);
     if (bc->n_fixes > 1)
         qsort(s->fixes, bc->n_fixes, sizeof(*s->fixes), cmp_fix);
     if (bc->n_fix_hits > 1)
         qsort(s->fix_hits, bc->n_fix_hits, sizeof(*s->fix_hits), cmp_fix_hit);
-    return 0;
+    return rc;
 }
 
 /* Whether raw hit h (buffer, rule, layer, end) lies in a re-walked part of
@@ -1035,6 +1138,13 @@ static bool spec_dropped(const struct batch_ctx *bc, const uint32_t *h)
         return false;
     const struct spec_fix *f = &v[a - 1];
     return f->buf == h[0] && f->layer == h[2] && h[3] > f->lo && h[3] < f->upto;
+}
+
+/* Whether raw hit h is a match to return: not a live confirmation's
+ * marker, not in a re-walked part of a speculative segment. */
+static bool kept(const struct batch_ctx *bc, const uint32_t *h)
+{
+    return h[1] != NO_CARRY && (bc->n_fixes == 0 || !spec_dropped(bc, h));
 }
 
 static int append_hit(struct gpu_result *res, uint32_t buf, const struct scan_hit *h)
@@ -1064,14 +1174,14 @@ static int finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
                              (unsigned long long)n);
     memset(s->counts, 0, ((size_t)b->n_buffers + 1) * 4);
     for (uint64_t i = 0; i < n; i++) {
-        if (bc->n_fixes == 0 || !spec_dropped(bc, &raw[i * 4]))
+        if (kept(bc, &raw[i * 4]))
             s->counts[raw[i * 4] + 1]++;
     }
     for (uint32_t i = 0; i < b->n_buffers; i++)
         s->counts[i + 1] += s->counts[i];
     for (uint64_t i = 0; i < n; i++) {
         const uint32_t *h = &raw[i * 4];
-        if (bc->n_fixes == 0 || !spec_dropped(bc, h))
+        if (kept(bc, h))
             s->pairs[s->counts[h[0]]++] = (uint64_t)h[3] << 32 | h[1];
     }
     uint64_t t = gpu_now_ns();
@@ -1148,8 +1258,8 @@ static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, str
     tel->bytes_read_back += n * 16;
     const uint32_t *raw = NULL;
     rc = copy_hits(bc, n, &raw, err);
-    if (rc == 0 && bc->n_spec > 0)
-        rc = spec_repair(bc, qs, err);
+    if (rc == 0)
+        rc = host_finish(bc, qs, raw, n, err);
     if (rc < 0)
         return rc;
     return finish_hits(bc, raw, n, res, err);
@@ -1420,6 +1530,7 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(spec_items);
     ADD(spec_fixes);
     ADD(spec_fix_bytes);
+    ADD(confirm_host);
     ADD(plan_ns);
     ADD(upload_ns);
     ADD(kernel_ns);

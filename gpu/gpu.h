@@ -43,6 +43,7 @@ enum gpu_hit_writer {
 #define GPU_PIPELINE_LRU          32u
 #define GPU_DEFAULT_TIMEOUT_MS    30000u
 #define GPU_SPEC_LOOKBACK         1024u
+#define GPU_CONFIRM_CAP           65536u
 #define GPU_MAX_RESIDENT_CATALOGS 64u
 #define GPU_MAX_INFLIGHT          16u
 #define GPU_DEFAULT_INFLIGHT      2u
@@ -105,6 +106,10 @@ struct gpu_options {
      * "Unbounded groups in parallel"); 0: GPU_SPEC_LOOKBACK; UINT32_MAX:
      * never, each buffer is walked whole in chained rounds. */
     uint32_t spec_lookback;
+    /* Bytes a forward confirmation (CAT_GF_CONFIRM) item walks past its
+     * starts on the device before the host finishes a walk still alive
+     * there (docs/engine.md); 0: GPU_CONFIRM_CAP. */
+    uint32_t confirm_cap;
     uint32_t workgroup_size; /* 0: chosen by the launch policy */
     uint32_t max_workgroups; /* per launch; 0: chosen by the launch policy */
     uint32_t upload_threads; /* host threads copying into staging; 0: up to 8 */
@@ -197,6 +202,7 @@ struct gpu_telemetry {
     uint64_t spec_items;      /* speculative segments of unbounded DFA groups */
     uint64_t spec_fixes;      /* of which the guessed start state was wrong: re-walked */
     uint64_t spec_fix_bytes;  /* bytes the host re-walked for them */
+    uint64_t confirm_host;    /* confirmation items alive at their cap: finished on the host */
     uint64_t plan_ns;         /* checks, launch policy, work items, pipelines */
     uint64_t upload_ns;       /* host side: staging filled and every chunk submitted */
     uint64_t kernel_ns;       /* GPU timestamps around the dispatches, all passes */

@@ -32,7 +32,7 @@ struct scan_push {
  * than struct scan_push, whose size the pipeline layout declares. */
 struct nfa_push {
     uint32_t items, n_items, head, bufs, carry_base, max_cost, hit_cap, layer;
-    uint32_t n_words, maxlen, classmap, reach, shift, n_exc, exc, n_acc, acc, ranges;
+    uint32_t n_words, maxlen, classmap, reach, shift, n_exc, exc, n_acc, acc, ranges, cap;
 };
 _Static_assert(sizeof(struct nfa_push) <= sizeof(struct scan_push), "push constant range");
 
@@ -142,6 +142,7 @@ struct scan_range {
      * the qs word of item 0's (state at lo, state at hi); else NO_CARRY. */
     uint32_t spec_base;
     uint32_t max_cost; /* loop iterations of the costliest item */
+    uint32_t cap;      /* confirmation ranges: bytes an item walks past hi (NO_CARRY: all) */
     uint32_t smem_words;
     uint32_t workgroups;
     VkPipeline pipe;
@@ -201,6 +202,7 @@ struct batch_ctx {
     uint32_t n_carry; /* words */
     uint32_t n_spec;  /* qs words after the heads for speculative ranges' states */
     size_t n_fixes, n_fix_hits;
+    bool has_confirm; /* a range has capped confirmation items (markers to look for) */
     uint64_t items_total;
     uint64_t workers;
     uint64_t new_cat_bytes;

@@ -157,6 +157,7 @@ static int add_range(struct batch_ctx *bc, uint32_t c, uint32_t g, uint32_t roun
         .carry_base = carry,
         .spec_base = NO_CARRY,
         .max_cost = max_cost,
+        .cap = NO_CARRY,
     };
     bc->items_total += n;
     if (round + 1 > bc->rounds)
@@ -482,6 +483,27 @@ static int confirm_piece(void *ctx, uint64_t a, uint64_t b)
     return push_item(&j->bc->eng->scratch, &j->bc->n_meta, j->buf, (uint32_t)a, (uint32_t)b, 0);
 }
 
+/* How far past its starts a confirmation item walks before it leaves a
+ * live walk to the host (gpu/batch.c confirm_finish): GPU_CONFIRM_CAP, or
+ * the option; NO_CARRY (no cap) when a whole buffer fits an item's loop
+ * budget, as before; else what the budget leaves beside a piece of
+ * starts (`*piece`, cut to fit), or 0: no confirmation items fit, the
+ * group is walked in chained rounds. */
+static uint64_t confirm_cap(const struct gpu_engine *eng, uint64_t avail, uint64_t longest,
+                            uint64_t *piece)
+{
+    uint64_t cap = eng->opt.confirm_cap ? eng->opt.confirm_cap : GPU_CONFIRM_CAP;
+    if (avail == UINT64_MAX)
+        return cap;
+    if (longest + 16 <= avail && !eng->opt.confirm_cap)
+        return NO_CARRY;
+    if (avail < 2 * CONFIRM_SPAN + 16)
+        return 0;
+    if (*piece > (avail - 16) / 2)
+        *piece = (avail - 16) / 2;
+    return cap < avail - 16 - *piece ? cap : avail - 16 - *piece;
+}
+
 /* Items of forward-confirmed (CAT_GF_CONFIRM) group k around its factors'
  * ends: starts in [e - lookback, e), merged and cut as above; each item
  * (buffer, a, b) is walked from a until the state dies at or after b (the
@@ -489,7 +511,7 @@ static int confirm_piece(void *ctx, uint64_t a, uint64_t b)
  * that overlap may report the same (rule, end): scan_hits_finalize drops
  * the copy. */
 static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struct catalog_nfa *g,
-                         const struct plan_gates *pg)
+                         const struct plan_gates *pg, uint64_t piece, bool grow)
 {
     const struct gpu_batch *b = bc->batch;
     int rc = 0;
@@ -507,10 +529,11 @@ static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const str
             continue;
         struct confirm_job j = {bc, i};
         size_t most = b->buffers[i].len / CONFIRM_SPAN;
-        rc = refscan_confirm_items(g->lookback, &gate->v[a].end, z - a,
-                                   sizeof(struct refscan_cand) / sizeof(uint64_t), CONFIRM_GAP,
-                                   bc->plan.seg_bytes, most > CONFIRM_MIN ? most : CONFIRM_MIN,
-                                   confirm_piece, &j);
+        if (!grow)
+            most = SIZE_MAX; /* pieces stay within the loop budget */
+        rc = refscan_confirm_items(
+            g->lookback, &gate->v[a].end, z - a, sizeof(struct refscan_cand) / sizeof(uint64_t),
+            CONFIRM_GAP, piece, most > CONFIRM_MIN ? most : CONFIRM_MIN, confirm_piece, &j);
     }
     return rc < 0 ? -ENOMEM : 0;
 }
@@ -686,16 +709,21 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
     }
     uint32_t group = catalog_group_count(cat) + k;
     uint32_t first = (uint32_t)bc->n_meta;
-    /* forward confirmation: an item may walk to its buffer's end */
-    if ((g.flags & CAT_GF_CONFIRM) && pg->v != NULL && longest + 16 <= avail) {
-        if (confirm_items(bc, c, k, &g, pg) < 0)
+    /* forward confirmation: an item walks at most `cap` bytes past its
+     * starts (to its buffer's end when the whole buffer fits an item) */
+    uint64_t piece = p->seg_bytes, cap = confirm_cap(bc->eng, avail, longest, &piece);
+    if ((g.flags & CAT_GF_CONFIRM) && pg->v != NULL && cap != 0) {
+        if (confirm_items(bc, c, k, &g, pg, piece, p->step_budget == NO_BUDGET) < 0)
             return -ENOMEM;
         uint32_t n = (uint32_t)bc->n_meta - first;
         if (n == 0)
             return 0;
-        if (add_range(bc, c, group, 0, first, n, NO_CARRY, nfa_item_cost(&g, longest)) < 0)
+        uint64_t walk = cap == NO_CARRY ? longest : longest < piece + cap ? longest : piece + cap;
+        if (add_range(bc, c, group, 0, first, n, NO_CARRY, nfa_item_cost(&g, walk)) < 0)
             return -ENOMEM;
         bc->eng->scratch.ranges[bc->n_ranges - 1].nfa = true;
+        bc->eng->scratch.ranges[bc->n_ranges - 1].cap = (uint32_t)cap;
+        bc->has_confirm |= cap != NO_CARRY;
         return 0;
     }
     bool bounded = g.maxlen != CATALOG_UNBOUNDED && (uint64_t)g.maxlen + 16 <= avail;
@@ -761,6 +789,7 @@ void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint3
         .n_acc = g.n_acc,
         .acc = (uint32_t)(g.acc - base),
         .ranges = (uint32_t)(g.ranges - base),
+        .cap = sr->cap,
     };
 }
 

@@ -148,16 +148,34 @@ static uint64_t confirm_from(uint32_t lookback, uint64_t e)
     return lookback == CATALOG_UNBOUNDED || e < lookback ? 0 : e - lookback;
 }
 
+/* The start intervals of a forward confirmation, ascending by start:
+ * [e - lookback, e) of factor ends e = v[k * stride] (ends), or [v[2k],
+ * v[2k + 1]) (pairs, stride 0). */
+struct start_ivs {
+    const uint64_t *v;
+    size_t n, stride;
+    uint32_t lookback;
+};
+
+static uint64_t iv_from(const struct start_ivs *q, size_t k)
+{
+    return q->stride == 0 ? q->v[2 * k] : confirm_from(q->lookback, q->v[k * q->stride]);
+}
+
+static uint64_t iv_until(const struct start_ivs *q, size_t k)
+{
+    return q->stride == 0 ? q->v[2 * k + 1] : q->v[k * q->stride];
+}
+
 /*
  * Forward confirmation (CAT_GF_CONFIRM): one walk in which start edges fire
- * only at offsets in [e - lookback, e) of some factor end e = ends[k *
- * stride], k < n (ascending). Where the state is empty and no start is
- * allowed the walk jumps to the next interval, so each (rule, end) is
- * reported once however the intervals overlap.
+ * only at offsets inside one of the intervals `q`. Where the state is
+ * empty and no start is allowed the walk jumps to the next interval, so
+ * each (rule, end) is reported once however the intervals overlap.
  */
 static int confirm_walk(const struct catalog_nfa *g, const uint8_t *buf, size_t len,
-                        const uint64_t *ends, size_t n, size_t stride, uint64_t lo, uint64_t hi,
-                        uint32_t *sv, uint32_t *tv, refscan_fn fn, void *ctx)
+                        const struct start_ivs *q, uint64_t lo, uint64_t hi, uint32_t *sv,
+                        uint32_t *tv, refscan_fn fn, void *ctx)
 {
     struct nvec a = {sv, 1, 0}, b = {tv, 1, 0};
     struct nvec *s = &a, *t = &b;
@@ -165,15 +183,15 @@ static int confirm_walk(const struct catalog_nfa *g, const uint8_t *buf, size_t 
         hi = len;
     size_t k = 0;
     uint64_t until = 0; /* starts are allowed below this offset */
-    uint64_t i = n > 0 ? confirm_from(g->lookback, ends[0]) : hi;
+    uint64_t i = q->n > 0 ? iv_from(q, 0) : hi;
     while (i <= hi) {
-        for (; k < n && confirm_from(g->lookback, ends[k * stride]) <= i; k++)
-            until = ends[k * stride] > until ? ends[k * stride] : until;
+        for (; k < q->n && iv_from(q, k) <= i; k++)
+            until = iv_until(q, k) > until ? iv_until(q, k) : until;
         bool alive = s->lo <= s->hi, starts = i < until;
         if (!alive && !starts) {
-            if (k == n)
+            if (k == q->n)
                 return 0;
-            i = confirm_from(g->lookback, ends[k * stride]);
+            i = iv_from(q, k);
             continue;
         }
         uint32_t pk = CAT_PK(prev_kind(buf, i), lookahead(buf, len, i));
@@ -190,10 +208,10 @@ static int confirm_walk(const struct catalog_nfa *g, const uint8_t *buf, size_t 
 }
 
 /* Either walk of bit-NFA group nfa: the plain one from `begin`, or forward
- * confirmation from the factor ends ends[0..n) when `ends` is not NULL. */
+ * confirmation from the start intervals `q` when it is not NULL. */
 static int nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
-                     size_t begin, uint64_t lo, uint64_t hi, const uint64_t *ends, size_t n,
-                     size_t stride, refscan_fn fn, void *ctx)
+                     size_t begin, uint64_t lo, uint64_t hi, struct start_ivs *q, refscan_fn fn,
+                     void *ctx)
 {
     struct catalog_nfa g;
     catalog_nfa(cat, nfa, &g);
@@ -206,16 +224,25 @@ static int nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf
         s = heap;
         t = heap + g.n_words;
     }
-    int rc = ends != NULL ? confirm_walk(&g, buf, len, ends, n, stride, lo, hi, s, t, fn, ctx)
-                          : nfa_walk(&g, buf, len, begin, lo, hi, s, t, fn, ctx);
+    if (q != NULL)
+        q->lookback = g.lookback;
+    int rc = q != NULL ? confirm_walk(&g, buf, len, q, lo, hi, s, t, fn, ctx)
+                       : nfa_walk(&g, buf, len, begin, lo, hi, s, t, fn, ctx);
     free(heap);
     return rc;
+}
+
+int refscan_confirm_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
+                          const uint64_t *iv, size_t n, refscan_fn fn, void *ctx)
+{
+    struct start_ivs q = {iv, n, 0, 0};
+    return nfa_range(cat, nfa, buf, len, 0, 0, len, &q, fn, ctx);
 }
 
 int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
                       size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx)
 {
-    return nfa_range(cat, nfa, buf, len, begin, lo, hi, NULL, 0, 0, fn, ctx);
+    return nfa_range(cat, nfa, buf, len, begin, lo, hi, NULL, fn, ctx);
 }
 
 int scan_hits_push(struct scan_hits *h, uint32_t rule, uint64_t end, uint32_t count)
@@ -635,9 +662,11 @@ int refscan_gated_range(const struct catalog *cat, uint32_t nfa, const uint8_t *
         z++;
     if (z == a)
         return 0;
-    if (n.flags & CAT_GF_CONFIRM)
-        return nfa_range(cat, nfa, buf, len, 0, lo, hi, &cands->v[a].end, z - a,
-                         sizeof(struct refscan_cand) / sizeof(uint64_t), fn, ctx);
+    if (n.flags & CAT_GF_CONFIRM) {
+        struct start_ivs q = {&cands->v[a].end, z - a,
+                              sizeof(struct refscan_cand) / sizeof(uint64_t), 0};
+        return nfa_range(cat, nfa, buf, len, 0, lo, hi, &q, fn, ctx);
+    }
     struct gated_walk w = {cat, nfa, n.maxlen, buf, len, fn, ctx};
     return refscan_gate_windows(n.maxlen, &cands->v[a].end, z - a,
                                 sizeof(struct refscan_cand) / sizeof(uint64_t), len, lo, hi,

@@ -165,6 +165,17 @@ int refscan_confirm_items(uint32_t lookback, const uint64_t *ends, size_t n, siz
                           uint64_t gap, uint64_t piece, size_t max_items, refscan_window_fn fn,
                           void *ctx);
 
+/*
+ * One forward-confirmation walk of CAT_GF_CONFIRM group `nfa` over the
+ * whole buffer, with starts allowed only in the intervals [iv[2k],
+ * iv[2k + 1]), k < n, ascending by start: the GPU host finishes with it
+ * the confirmation items that reached their walk's cap alive (gpu/batch.c).
+ * Calls `fn` for every match found, each (rule, end) once. Returns 0,
+ * -ENOMEM or what `fn` returned.
+ */
+int refscan_confirm_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
+                          const uint64_t *iv, size_t n, refscan_fn fn, void *ctx);
+
 void refscan_gate_finish(struct refscan_gate *g);
 
 /* Appends one hit; returns 0 or -ENOMEM. */

@@ -55,6 +55,7 @@ layout(push_constant) uniform Push {
     uint n_acc;
     uint acc;
     uint ranges;
+    uint cap; /* confirmations: bytes an item walks past hi; NONE: to the end */
 } pc;
 
 shared uint s_cls[256];
@@ -209,7 +210,7 @@ void step(uint c, uint pk, bool starts)
     }
 }
 
-void scan_item(uvec4 it)
+void scan_item(uvec4 it, uint idx)
 {
     uint buf = it.x;
     uint lo = it.y;
@@ -220,10 +221,15 @@ void scan_item(uvec4 it)
     bool chained = pc.carry_base != NONE;
     /* An unbounded group's item that is not chained is a forward
      * confirmation (CAT_GF_CONFIRM, gpu/plan.c): starts only in [lo, hi),
-     * then on until the state dies or the buffer ends. */
+     * then on until the state dies, the buffer ends or the walk reaches
+     * its cap, hi + pc.cap: an item alive there is left to the host, which
+     * learns of it from a hit with rule NONE and end = the item's index
+     * (gpu/batch.c confirm_finish). */
     bool confirm = !chained && pc.maxlen == NONE;
     uint begin = chained || confirm ? lo : (lo + 1u > pc.maxlen ? lo + 1u - pc.maxlen : 0u);
-    uint stop = confirm ? len : hi;
+    uint stop = hi;
+    if (confirm)
+        stop = pc.cap == NONE || len - hi <= pc.cap ? len : hi + pc.cap;
     uint cbase = pc.carry_base + it.w * pc.n_words;
     g_slo = 1u;
     g_shi = 0u;
@@ -252,6 +258,11 @@ void scan_item(uvec4 it)
         atomicOr(qs[QS_ERROR], QS_ERR_CUT);
     if (g_slo <= g_shi && stop > lo)
         report(buf, stop, pk_at(off, stop, len));
+    if (confirm && g_slo <= g_shi && stop < len) {
+        uint slot = atomicAdd(qs[QS_HIT_HEAD], 1u);
+        if (slot < pc.hit_cap)
+            hits[slot] = uvec4(buf, NONE, pc.layer, idx);
+    }
     if (chained && hi < len) {
         for (uint w = 0u; w < pc.n_words; w++)
             carry[cbase + w] = st[w];
@@ -278,7 +289,7 @@ void main()
         uint idx = atomicAdd(qs[pc.head], 1u);
         if (idx >= pc.n_items)
             break;
-        scan_item(meta[pc.items + idx]);
+        scan_item(meta[pc.items + idx], idx);
         done++;
     }
     if (done != 0u) {

@@ -443,6 +443,67 @@ START_TEST(test_confirm_nfa)
 }
 END_TEST
 
+/* Forward confirmations whose walks outlive their cap (docs/engine.md): a
+ * rule that never dies after its prefix (`(?s)BEGINKEY.*END`, as a PEM
+ * block in gitleaks' private-key rule) and one that lives through long
+ * runs (`tok[a-z]*9`), in buffers much longer than the cap, with live
+ * items close together and far apart. The device walks each item at most
+ * `cap` bytes past its starts and leaves the live ones to the host, which
+ * walks them again to where they die: hits equal refscan's in every mode,
+ * and the test asserts that the host finished some (without it the ends
+ * past the caps would be lost). */
+START_TEST(test_confirm_cap)
+{
+    static const struct trule rules[] = {
+        {"pem", RULE_REGEX, "(?s)BEGINKEY.*END", 0},
+        {"run", RULE_REGEX, "tok[a-z]*9", 0},
+        {"short", RULE_REGEX, "\\bkey[a-z]*=[0-9]+", 0},
+    };
+    struct rules_options ro = {.force_bitnfa = true};
+    struct catalog *cat = compile_rules_opt(rules, 3, &ro);
+    for (uint32_t k = 0; k < catalog_nfa_count(cat); k++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, k, &g);
+        ck_assert(g.flags & CAT_GF_CONFIRM);
+    }
+    rng = 0x5eedcafeull;
+    enum { NB = 4 };
+    struct gpu_buffer bufs[NB];
+    for (uint32_t i = 0; i < NB; i++) {
+        size_t len = 20000 + rnd(20000);
+        uint8_t *d = (uint8_t *)random_text(len);
+        for (size_t p = 0; p < len; p++) /* no stray END / 9 / = except where planted */
+            if (d[p] == 'E' || d[p] == '9' || d[p] == '=')
+                d[p] = 'x';
+        memcpy(d + 100 + i, "BEGINKEY", 8);
+        memcpy(d + 5000 + rnd(100), "BEGINKEY", 8);
+        for (size_t p = 3000; p + 4 < len; p += 1000 + rnd(3000))
+            memcpy(d + p, "END", 3);
+        size_t t = 7000 + rnd(1000);
+        memcpy(d + t, "tok", 3);
+        for (size_t p = t + 3; p < t + 9000 && p < len; p++)
+            d[p] = "abcdef9"[rnd(7)]; /* a run of [a-z9] far past the cap */
+        memcpy(d + len - 20, "key=12 tokab9", 13);
+        bufs[i] = (struct gpu_buffer){.data = d, .len = len, .mode = (enum scan_mode)(i % 3)};
+    }
+    const struct catalog *cats[1] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, NB};
+    uint32_t caps[] = {512, 1024};
+    for (uint32_t c = 0; c < 2; c++) {
+        struct gpu_options opt = {.confirm_cap = caps[c]};
+        struct gpu_engine *eng = engine(&opt);
+        struct gpu_result res = {0};
+        ck_assert_uint_ge(check_batch(eng, &b, &res), 10);
+        ck_assert_uint_ge(res.tel.confirm_host, NB);
+        gpu_result_finish(&res);
+        gpu_engine_destroy(eng);
+    }
+    for (uint32_t i = 0; i < NB; i++)
+        free((void *)bufs[i].data);
+    catalog_destroy(cat);
+}
+END_TEST
+
 struct confirm_spans {
     uint64_t bytes, most, last_b;
     size_t n;
@@ -1665,7 +1726,7 @@ static void pjob_init(struct pjob *j, const struct catalog *cat, uint32_t n_bufs
     X(catalog_cache_hits) X(catalog_uploads) X(catalog_evictions) X(rounds)          \
     X(items_total) X(items_processed) X(items_remaining) X(hits_raw) X(hit_reruns)   \
     X(cut_reruns) X(spec_items) X(spec_fixes) X(spec_fix_bytes) X(plan_ns)           \
-    X(upload_ns) X(kernel_ns) X(device_ns) X(readback_ns)                            \
+    X(confirm_host) X(upload_ns) X(kernel_ns) X(device_ns) X(readback_ns)                            \
     X(finalize_ns) X(total_ns) X(wall_ns) X(device_idle_ns)
 #define TEL_MAXES(X) X(workgroups) X(hit_capacity) X(inflight)
 #define TEL_LATEST(X)                                                                \
@@ -1857,6 +1918,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_bitnfa_segments);
     tcase_add_test(tc, test_gated_nfa);
     tcase_add_test(tc, test_confirm_nfa);
+    tcase_add_test(tc, test_confirm_cap);
     tcase_add_test(tc, test_confirm_items_bounded);
     tcase_add_test(tc, test_confirm_many);
     tcase_add_test(tc, test_gated_pieces);
