@@ -673,7 +673,7 @@ static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
         .n_classes = g.n_classes,
         .acc_row = g.first_accept * g.n_classes,
         .first_accept = g.first_accept,
-        .maxlen = sr->spec_base == NO_CARRY ? g.maxlen : bc->spec_look[sr->cat] + 1,
+        .maxlen = sr->spec_base == NO_CARRY ? g.maxlen : sr->look + 1,
         .classmap = (uint32_t)(g.classmap - base),
         .trans = (uint32_t)(g.trans - base),
         .accidx = (uint32_t)(g.accept_index - base),
@@ -962,6 +962,55 @@ static int spec_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const
     return 0;
 }
 
+/* Re-walks item `it` of bit-NFA speculative range sr from the true state
+ * vector `truth` (the guess `st` was wrong); leaves the true state at hi in
+ * `truth`. */
+static int nfa_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *it,
+                       const uint32_t *st, uint32_t *truth, uint32_t nw)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
+    const struct catalog *cat = bc->batch->catalogs[sr->cat];
+    struct fix_ctx f = {s, &bc->n_fix_hits, it[0]};
+    uint64_t upto;
+    bool agreed;
+    int rc = refscan_nfa_resume(cat, sr->group - catalog_group_count(cat), buffer_bytes(bc, it[0]),
+                                b->len, it[1], it[2], truth, st, fix_hit, &f, &upto, &agreed);
+    if (rc != 0 ||
+        gpu_grow_array((void **)&s->fixes, &s->fixes_cap, bc->n_fixes + 1, sizeof(*s->fixes)) < 0)
+        return -ENOMEM;
+    s->fixes[bc->n_fixes++] = (struct spec_fix){it[0], sr->group, it[1], upto};
+    bc->tel->spec_fixes++;
+    bc->tel->spec_fix_bytes += (upto > it[2] ? it[2] : upto) - it[1];
+    if (agreed)
+        memcpy(truth, st + nw, nw * sizeof(uint32_t));
+    return 0;
+}
+
+/* spec_repair for a bit-NFA range: the states are vectors of n_words
+ * words, (at lo, at hi) per item from `st`. */
+static int nfa_spec_repair(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *st)
+{
+    const struct catalog *cat = bc->batch->catalogs[sr->cat];
+    struct catalog_nfa g;
+    catalog_nfa(cat, sr->group - catalog_group_count(cat), &g);
+    uint32_t nw = g.n_words;
+    uint32_t *truth = calloc(nw, sizeof(uint32_t));
+    if (truth == NULL)
+        return -ENOMEM;
+    int rc = 0;
+    for (uint32_t j = 0; j < sr->n_items && rc == 0; j++) {
+        const uint32_t *it = &bc->eng->scratch.meta[((size_t)sr->items + j) * 4];
+        const uint32_t *v = st + 2 * (size_t)j * nw;
+        if (it[1] == 0 || memcmp(v, truth, nw * sizeof(uint32_t)) == 0)
+            memcpy(truth, v + nw, nw * sizeof(uint32_t));
+        else
+            rc = nfa_fix_one(bc, sr, it, v, truth, nw);
+    }
+    free(truth);
+    return rc;
+}
+
 static int cmp_fix(const void *a, const void *b)
 {
     const struct spec_fix *x = a, *y = b;
@@ -994,6 +1043,12 @@ static int spec_repair(struct batch_ctx *bc, const uint32_t *qs, struct vks_erro
         const struct scan_range *sr = &s->ranges[r];
         if (sr->spec_base == NO_CARRY)
             continue;
+        if (sr->nfa) {
+            if (nfa_spec_repair(bc, sr, spec + sr->spec_base) < 0)
+                return vks_error_set(err, -ENOMEM,
+                                     "out of memory re-walking a speculative segment");
+            continue;
+        }
         uint32_t truth = 0;
         for (uint32_t j = 0; j < sr->n_items; j++) {
             const uint32_t *it = &s->meta[((size_t)sr->items + j) * 4];

@@ -32,7 +32,7 @@ struct scan_push {
  * than struct scan_push, whose size the pipeline layout declares. */
 struct nfa_push {
     uint32_t items, n_items, head, bufs, carry_base, max_cost, hit_cap, layer;
-    uint32_t n_words, maxlen, classmap, reach, shift, n_exc, exc, n_acc, acc, ranges, cap;
+    uint32_t n_words, maxlen, classmap, reach, shift, n_exc, exc, n_acc, acc, ranges, cap, spec;
 };
 _Static_assert(sizeof(struct nfa_push) <= sizeof(struct scan_push), "push constant range");
 
@@ -141,6 +141,7 @@ struct scan_range {
     /* Speculative ranges (unbounded DFA groups in segments, docs/gpu.md):
      * the qs word of item 0's (state at lo, state at hi); else NO_CARRY. */
     uint32_t spec_base;
+    uint32_t look;     /* speculative ranges: lookback bytes before an item's lo */
     uint32_t max_cost; /* loop iterations of the costliest item */
     uint32_t cap;      /* confirmation ranges: bytes an item walks past hi (NO_CARRY: all) */
     uint32_t smem_words;
@@ -187,7 +188,6 @@ struct batch_ctx {
     uint32_t seg[GPU_MAX_BATCH_CATALOGS];   /* segment bytes per catalog */
     uint32_t chain[GPU_MAX_BATCH_CATALOGS]; /* chained walk bytes per round */
     uint32_t acc_iters[GPU_MAX_BATCH_CATALOGS]; /* accept-loop iterations per byte, worst */
-    uint32_t spec_look[GPU_MAX_BATCH_CATALOGS]; /* speculative segments' lookback bytes */
     /* The literal tables of each catalog (owned by the engine's cache,
      * valid until the submit returns), whether this batch routes its
      * literal groups to the literal kernel, and then the tables' push

@@ -300,7 +300,6 @@ static int plan_spec(struct batch_ctx *bc, uint32_t c)
     }
     uint32_t n = (uint32_t)bc->n_meta - first;
     uint32_t cost = walk_cost(bc, c, seg + look);
-    bc->spec_look[c] = (uint32_t)look;
     struct catalog_group g;
     for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
         catalog_group(b->catalogs[c], k, &g);
@@ -309,6 +308,7 @@ static int plan_spec(struct batch_ctx *bc, uint32_t c)
         if (add_range(bc, c, k, 0, first, n, NO_CARRY, cost) < 0)
             return -ENOMEM;
         s->ranges[bc->n_ranges - 1].spec_base = bc->n_spec;
+        s->ranges[bc->n_ranges - 1].look = (uint32_t)look;
         bc->n_spec += 2 * n;
         bc->tel->spec_items += n;
     }
@@ -683,6 +683,51 @@ static int plan_gates_find(struct batch_ctx *bc, uint32_t c, struct plan_gates *
 }
 
 /*
+ * Bit-NFA group `group` (engine index) of catalog c, ungated and unbounded
+ * (or bounded with a lookback over the loop budget): speculative segments
+ * as plan_spec's, each walked from `look` bytes early with an empty state,
+ * its state vectors at lo and hi in the queue state (2 * n_words words an
+ * item). Segments are at least 512 bytes per state word, so the vectors
+ * read back stay under 1/64 of the haystack. Returns 0, -ENOMEM, or 1:
+ * off or no room in the loop budget (the caller chains).
+ */
+static int plan_nfa_spec(struct batch_ctx *bc, uint32_t c, uint32_t group,
+                         const struct catalog_nfa *g, uint64_t avail)
+{
+    const struct gpu_engine *eng = bc->eng;
+    if (eng->opt.spec_lookback == UINT32_MAX)
+        return 1;
+    uint64_t look = eng->opt.spec_lookback ? eng->opt.spec_lookback : GPU_SPEC_LOOKBACK;
+    if (avail != UINT64_MAX && look > avail / 4)
+        look = avail / 4;
+    uint64_t seg = eng->opt.segment_bytes ? eng->opt.segment_bytes : bc->plan.seg_bytes;
+    if (!eng->opt.segment_bytes && seg < SPEC_SEGMENT)
+        seg = SPEC_SEGMENT;
+    if (!eng->opt.segment_bytes && seg < 512u * g->n_words)
+        seg = 512u * g->n_words;
+    if (avail != UINT64_MAX && seg + look + 16 > avail) {
+        if (avail < look + 32)
+            return 1;
+        seg = avail - look - 16;
+    }
+    uint32_t first = (uint32_t)bc->n_meta;
+    if (nfa_items(bc, c, 0, seg, false) < 0)
+        return -ENOMEM;
+    uint32_t n = (uint32_t)bc->n_meta - first;
+    if (n == 0)
+        return 0;
+    if (add_range(bc, c, group, 0, first, n, NO_CARRY, nfa_item_cost(g, seg + look)) < 0)
+        return -ENOMEM;
+    struct scan_range *sr = &bc->eng->scratch.ranges[bc->n_ranges - 1];
+    sr->nfa = true;
+    sr->spec_base = bc->n_spec;
+    sr->look = (uint32_t)look;
+    bc->n_spec += 2 * n * g->n_words;
+    bc->tel->spec_items += n;
+    return 0;
+}
+
+/*
  * Bit-NFA group k of catalog c: bounded groups are cut into segments that
  * start maxlen-1 bytes early (as DFA groups are), gated ones only around
  * their factors' ends; forward-confirmed ones (CAT_GF_CONFIRM) get one
@@ -745,6 +790,9 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
         bc->eng->scratch.ranges[bc->n_ranges - 1].nfa = true;
         return 0;
     }
+    int rc = plan_nfa_spec(bc, c, group, &g, avail);
+    if (rc <= 0)
+        return rc;
     uint64_t chain = p->step_budget == NO_BUDGET ? p->chain_bytes : avail;
     uint32_t carry = bc->n_carry;
     bc->n_carry += g.n_words * bc->batch->n_buffers;
@@ -790,7 +838,11 @@ void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint3
         .acc = (uint32_t)(g.acc - base),
         .ranges = (uint32_t)(g.ranges - base),
         .cap = sr->cap,
+        .spec = sr->spec_base == NO_CARRY ? NO_CARRY
+                                          : QS_HEADS + (uint32_t)bc->n_ranges + sr->spec_base,
     };
+    if (sr->spec_base != NO_CARRY)
+        pc->maxlen = sr->look + 1;
 }
 
 /* Filter words of the literal kernel: a power of two of at most 32 KiB

@@ -142,6 +142,75 @@ static int nfa_walk(const struct catalog_nfa *gp, const uint8_t *buf, size_t len
     }
 }
 
+/* The exact live-word bounds of v[0..n). */
+static struct nvec nvec_of(uint32_t *v, uint32_t n)
+{
+    struct nvec x = {v, 1, 0};
+    for (uint32_t w = 0; w < n; w++) {
+        if (v[w] == 0)
+            continue;
+        if (x.lo > x.hi)
+            x.lo = w;
+        x.hi = w;
+    }
+    return x;
+}
+
+static bool nvec_equal(const struct nvec *a, const struct nvec *b)
+{
+    if (a->lo > a->hi || b->lo > b->hi)
+        return a->lo > a->hi && b->lo > b->hi;
+    return a->lo == b->lo && a->hi == b->hi &&
+           memcmp(a->v + a->lo, b->v + b->lo, (a->hi - a->lo + 1) * sizeof(uint32_t)) == 0;
+}
+
+int refscan_nfa_resume(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
+                       uint64_t lo, uint64_t hi, uint32_t *state, const uint32_t *guess,
+                       refscan_fn fn, void *ctx, uint64_t *upto, bool *agreed)
+{
+    struct catalog_nfa g;
+    catalog_nfa(cat, nfa, &g);
+    uint32_t nw = g.n_words;
+    uint32_t *m = calloc(4 * (size_t)nw, sizeof(uint32_t));
+    if (m == NULL)
+        return -ENOMEM;
+    memcpy(m, state, nw * sizeof(uint32_t));
+    memcpy(m + 2 * nw, guess, nw * sizeof(uint32_t));
+    struct nvec a = nvec_of(m, nw), b = {m + nw, 1, 0};
+    struct nvec c = nvec_of(m + 2 * nw, nw), d = {m + 3 * nw, 1, 0};
+    struct nvec *s = &a, *t = &b, *u = &c, *v = &d;
+    if (hi > len)
+        hi = len;
+    int rc = 0;
+    for (uint64_t i = lo;; i++) {
+        if (nvec_equal(s, u)) {
+            *upto = i;
+            *agreed = true;
+            break;
+        }
+        uint32_t pk = CAT_PK(prev_kind(buf, i), lookahead(buf, len, i));
+        rc = i > lo ? nfa_report(&g, s, pk, i, fn, ctx) : 0;
+        if (rc != 0)
+            break;
+        if (i >= hi) {
+            *upto = hi + 1;
+            *agreed = false;
+            memcpy(state, s->v, nw * sizeof(uint32_t));
+            break;
+        }
+        nfa_step(&g, s, t, pk, buf[i]);
+        nfa_step(&g, u, v, pk, buf[i]);
+        struct nvec *x = s;
+        s = t;
+        t = x;
+        x = u;
+        u = v;
+        v = x;
+    }
+    free(m);
+    return rc;
+}
+
 /* The first start a factor end e allows: e - lookback, 0 when unbounded. */
 static uint64_t confirm_from(uint32_t lookback, uint64_t e)
 {

@@ -9,6 +9,7 @@
 #ifndef VKS_RULES_REFSCAN_H
 #define VKS_RULES_REFSCAN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -78,6 +79,17 @@ int refscan_group_resume(const struct catalog *cat, uint32_t group, const uint8_
  */
 int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
                       size_t begin, uint64_t lo, uint64_t hi, refscan_fn fn, void *ctx);
+
+/*
+ * refscan_group_resume for bit-NFA group `nfa` (speculative segments of
+ * ungated unbounded bit-NFA groups): `state` and `guess` are state vectors
+ * of the group's n_words words. When the walks never agree, *agreed is
+ * false and `state` is overwritten with the true state at hi. Returns 0,
+ * -ENOMEM or what `fn` returned.
+ */
+int refscan_nfa_resume(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
+                       uint64_t lo, uint64_t hi, uint32_t *state, const uint32_t *guess,
+                       refscan_fn fn, void *ctx, uint64_t *upto, bool *agreed);
 
 /*
  * Gated bit-NFA groups (CAT_GF_GATED, docs/engine.md): a match of such a

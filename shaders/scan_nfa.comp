@@ -56,6 +56,10 @@ layout(push_constant) uniform Push {
     uint acc;
     uint ranges;
     uint cap; /* confirmations: bytes an item walks past hi; NONE: to the end */
+    /* Speculative ranges (ungated unbounded groups, gpu/plan.c): qs word of
+     * item 0's state vectors at lo and at hi (2 * n_words words an item);
+     * the item starts maxlen - 1 bytes early with an empty state. NONE. */
+    uint spec;
 } pc;
 
 shared uint s_cls[256];
@@ -244,10 +248,16 @@ void scan_item(uvec4 it, uint idx)
             g_shi = w;
         }
     }
+    bool spec = pc.spec != NONE;
+    uint sbase = spec ? pc.spec + 2u * idx * pc.n_words : 0u;
     uint i = begin;
     while (i < stop) {
         if (confirm && i >= hi && g_slo > g_shi)
             break;
+        if (spec && i == lo) {
+            for (uint w = 0u; w < pc.n_words; w++)
+                qs[sbase + w] = st[w];
+        }
         uint pk = pk_at(off, i, len);
         if (g_slo <= g_shi && i > lo)
             report(buf, i, pk);
@@ -266,6 +276,10 @@ void scan_item(uvec4 it, uint idx)
     if (chained && hi < len) {
         for (uint w = 0u; w < pc.n_words; w++)
             carry[cbase + w] = st[w];
+    }
+    if (spec) {
+        for (uint w = 0u; w < pc.n_words; w++)
+            qs[sbase + pc.n_words + w] = st[w];
     }
 }
 

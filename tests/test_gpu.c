@@ -693,7 +693,8 @@ START_TEST(test_bitnfa_segments)
                         {"lit", RULE_LITERAL, "needle12", 0},
                         {"huge", RULE_REGEX, "ne[^#]{0,5000}Z9", 0}};
     /* "unb" has no factor (no 3 bytes in a row with at most 4 values each),
-     * so it is an unbounded group walked in chained rounds on every device:
+     * so it is an ungated unbounded group (chained rounds, or speculative
+     * segments) on every device:
      * a factored one would be confirmed forward from its factor
      * (test_confirm_nfa), and an H200 has no loop budget to chain "wide". */
     struct rules_options ro = {.gate_bits = UINT32_MAX};
@@ -731,6 +732,20 @@ START_TEST(test_bitnfa_segments)
     size_t n = check_batch(eng, &b, &res);
     ck_assert_uint_ge(n, 4 * N);
     ck_assert_uint_ge(res.tel.rounds, 2);
+    gpu_result_finish(&res);
+    /* speculative segments (docs/gpu.md): "unb" (and, over lavapipe's loop
+     * budget, "wide" and "huge") in segments of 200 bytes that guess their
+     * state vector from 8 bytes before them; most guesses inside a gap are
+     * wrong, and the host re-walks those segments */
+    gpu_engine_destroy(eng);
+    struct gpu_options spec = {.segment_bytes = 200, .spec_lookback = 8};
+    eng = engine(&spec);
+    n = check_batch(eng, &b, &res);
+    ck_assert_uint_ge(n, 4 * N);
+    if (gpu_engine_device(eng)->loop_budget == 0xffffffffu) /* lavapipe still chains "huge" */
+        ck_assert_uint_eq(res.tel.rounds, 1);
+    ck_assert_uint_ge(res.tel.spec_items, N * 12);
+    ck_assert_uint_ge(res.tel.spec_fixes, N);
     gpu_result_finish(&res);
     /* the default launch policy as well: real segment sizes */
     gpu_engine_destroy(eng);
