@@ -33,6 +33,7 @@ struct scan_push {
 struct nfa_push {
     uint32_t items, n_items, head, bufs, carry_base, max_cost, hit_cap, layer;
     uint32_t n_words, maxlen, classmap, reach, shift, n_exc, exc, n_acc, acc, ranges, cap, spec;
+    uint32_t x_narrow, x_span;
 };
 _Static_assert(sizeof(struct nfa_push) <= sizeof(struct scan_push), "push constant range");
 
@@ -134,6 +135,7 @@ struct scan_range {
     uint32_t group; /* engine group: DFA groups, then bit-NFA groups */
     bool nfa;       /* bit-NFA group group - catalog_group_count */
     bool lit;       /* the literal kernel: every routed group of catalog cat */
+    bool confirm;   /* a bounded group's forward confirmation (the kernel's confirm mode) */
     uint32_t round;
     uint32_t items; /* meta index (uvec4) of the first item */
     uint32_t n_items;

@@ -364,7 +364,9 @@ static uint64_t ranges_cost(const struct catalog_nfa *g, uint32_t first, uint32_
  * accept entry tested. */
 static uint64_t nfa_byte_cost(const struct catalog_nfa *g)
 {
-    uint64_t t = 1 + 3 * (uint64_t)g->n_words + g->n_exc + g->n_acc;
+    /* 20: the two passes over exceptions and the binary search for the
+     * first narrow one near the live words (log2 of up to 65536 entries) */
+    uint64_t t = 1 + 3 * (uint64_t)g->n_words + g->n_exc + g->n_acc + 20;
     for (uint32_t x = 0; x < g->n_exc; x++) {
         const uint32_t *e = g->exc + (size_t)x * CAT_X_WORDS;
         t += ranges_cost(g, e[CAT_X_FIRST], e[CAT_X_NSRC] + e[CAT_X_NTGT]);
@@ -682,6 +684,35 @@ static int plan_gates_find(struct batch_ctx *bc, uint32_t c, struct plan_gates *
     return rc;
 }
 
+/* plan_nfa's bounded gated group k (engine index `group`) with a lead:
+ * forward-confirmation items (a piece of starts and the walk to where its
+ * state dies, at most maxlen past the piece), the kernel's confirm mode.
+ * Returns 0, -ENOMEM, or 1 when a piece cannot fit the loop budget (the
+ * caller walks windows instead). */
+static int lead_items(struct batch_ctx *bc, uint32_t c, uint32_t k, uint32_t group,
+                      const struct catalog_nfa *g, uint64_t avail, const struct plan_gates *pg)
+{
+    uint64_t piece = bc->plan.seg_bytes;
+    if (avail != UINT64_MAX) {
+        if (avail < (uint64_t)g->maxlen + 16 + CONFIRM_SPAN)
+            return 1;
+        if (piece > avail - g->maxlen - 16)
+            piece = avail - g->maxlen - 16;
+    }
+    uint32_t first = (uint32_t)bc->n_meta;
+    if (confirm_items(bc, c, k, g, pg, piece, avail == UINT64_MAX) < 0)
+        return -ENOMEM;
+    uint32_t n = (uint32_t)bc->n_meta - first;
+    if (n == 0)
+        return 0;
+    if (add_range(bc, c, group, 0, first, n, NO_CARRY, nfa_item_cost(g, piece + g->maxlen)) < 0)
+        return -ENOMEM;
+    struct scan_range *sr = &bc->eng->scratch.ranges[bc->n_ranges - 1];
+    sr->nfa = true;
+    sr->confirm = true; /* cap NO_CARRY: the walk dies within maxlen */
+    return 0;
+}
+
 /*
  * Bit-NFA group `group` (engine index) of catalog c, ungated and unbounded
  * (or bounded with a lookback over the loop budget): speculative segments
@@ -772,6 +803,15 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
         return 0;
     }
     bool bounded = g.maxlen != CATALOG_UNBOUNDED && (uint64_t)g.maxlen + 16 <= avail;
+    /* a bounded gated group that knows its lead (compiler version 7) is
+     * confirmed forward as well: starts only in [e - lead, e), each walk
+     * dead within maxlen of its last start; refscan_gated_range walks it
+     * so on the CPU */
+    if (bounded && (g.flags & CAT_GF_GATED) && g.lookback != 0 && pg->v != NULL) {
+        int rc = lead_items(bc, c, k, group, &g, avail, pg);
+        if (rc <= 0)
+            return rc;
+    }
     if (bounded) {
         uint64_t seg = p->seg_bytes;
         if (avail - g.maxlen < seg)
@@ -838,11 +878,15 @@ void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint3
         .acc = (uint32_t)(g.acc - base),
         .ranges = (uint32_t)(g.ranges - base),
         .cap = sr->cap,
+        .x_narrow = g.x_narrow,
+        .x_span = g.x_span,
         .spec = sr->spec_base == NO_CARRY ? NO_CARRY
                                           : QS_HEADS + (uint32_t)bc->n_ranges + sr->spec_base,
     };
     if (sr->spec_base != NO_CARRY)
         pc->maxlen = sr->look + 1;
+    if (sr->confirm) /* the kernel's forward-confirmation mode */
+        pc->maxlen = CATALOG_UNBOUNDED;
 }
 
 /* Filter words of the literal kernel: a power of two of at most 32 KiB

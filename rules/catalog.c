@@ -16,6 +16,7 @@
 struct catalog {
     uint32_t *words;
     size_t n_words;
+    uint32_t *x_index; /* per bit-NFA group: x_narrow, x_span */
     uint8_t fp[CATALOG_FP_LEN];
     uint32_t rule_flags; /* OR of every rule's RULE_F_* */
     /* Start-of-match finders (som.h), made on first use by any thread: the
@@ -278,6 +279,38 @@ static uint32_t check_word(const uint8_t fp[CATALOG_FP_LEN])
     return c;
 }
 
+/* Finds each bit-NFA group's sorted narrow suffix of exceptions (struct
+ * catalog_nfa x_narrow, x_span): the longest run at the end whose sources
+ * span at most CAT_X_NARROW_SPAN words past their first and whose first
+ * words ascend. Any valid catalog has one, maybe empty (x_narrow = n_exc):
+ * its steps then test every exception, as before the compiler sorted them. */
+static int index_exceptions(struct catalog *cat)
+{
+    const uint32_t *w = cat->words;
+    uint32_t nn = w[CAT_H_NNFAS];
+    cat->x_index = calloc(2 * (size_t)nn + 2, sizeof(uint32_t));
+    if (cat->x_index == NULL)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < nn; i++) {
+        const uint32_t *e = w + w[CAT_H_NFAS] + (size_t)i * CAT_NFA_WORDS;
+        const uint32_t *x = w + e[CAT_N_EXC], *rg = w + e[CAT_N_RANGES];
+        uint32_t k = e[CAT_N_NEXC], span = 0, next = UINT32_MAX;
+        for (; k > 0; k--) {
+            const uint32_t *p = x + (size_t)(k - 1) * CAT_X_WORDS;
+            if (p[CAT_X_NSRC] == 0)
+                break;
+            uint32_t lo = catalog_exc_lo(p, rg), width = catalog_exc_hi(p, rg) - lo;
+            if (width > CAT_X_NARROW_SPAN || lo > next)
+                break;
+            next = lo;
+            span = width > span ? width : span;
+        }
+        cat->x_index[2 * i] = k;
+        cat->x_index[2 * i + 1] = span;
+    }
+    return 0;
+}
+
 static int wrap(uint32_t *words, size_t n, bool seal, struct catalog **out, struct vks_error *err)
 {
     *out = NULL;
@@ -306,6 +339,11 @@ static int wrap(uint32_t *words, size_t n, bool seal, struct catalog **out, stru
     }
     cat->words = words;
     cat->n_words = n;
+    if (index_exceptions(cat) < 0) {
+        free(words);
+        free(cat);
+        return vks_error_set(err, -ENOMEM, "out of memory for a catalog of %zu bytes", n * 4);
+    }
     memcpy(cat->fp, fp, sizeof(fp));
     for (uint32_t r = 0; r < words[CAT_H_NRULES]; r++)
         cat->rule_flags |= words[words[CAT_H_RULES] + (size_t)r * CAT_RULE_WORDS + CAT_R_FLAGS];
@@ -337,6 +375,7 @@ void catalog_destroy(struct catalog *cat)
     if (cat == NULL)
         return;
     som_set_destroy(atomic_load(&cat->som));
+    free(cat->x_index);
     free(cat->words);
     free(cat);
 }
@@ -483,6 +522,8 @@ void catalog_nfa(const struct catalog *cat, uint32_t i, struct catalog_nfa *out)
     out->n_acc = e[CAT_N_NACC];
     out->n_ranges = e[CAT_N_NRANGES];
     out->lookback = e[CAT_N_LOOKBACK];
+    out->x_narrow = cat->x_index[2 * i];
+    out->x_span = cat->x_index[2 * i + 1];
     out->classmap = w + e[CAT_N_CLASSMAP];
     out->reach = w + e[CAT_N_REACH];
     out->shift = w + e[CAT_N_SHIFT];

@@ -220,7 +220,12 @@ static inline uint32_t catalog_group_start(const struct catalog_group *g, const 
 struct catalog_nfa {
     uint32_t n_bits, n_words, n_classes, maxlen, n_rules, flags;
     uint32_t n_exc, n_acc, n_ranges;
-    uint32_t lookback;        /* CAT_GF_CONFIRM groups */
+    uint32_t lookback; /* CAT_GF_CONFIRM groups */
+    /* Exceptions exc[x_narrow..n_exc) have sources spanning at most x_span
+     * + 1 state words and are sorted by their first source word: a step
+     * tests only those that can meet its live words (catalog_nfa finds
+     * the longest such suffix; the compiler sorts exceptions so). */
+    uint32_t x_narrow, x_span;
     const uint32_t *classmap; /* 256 entries */
     const uint32_t *reach;    /* n_classes * n_words */
     const uint32_t *shift;    /* n_words */
@@ -241,6 +246,22 @@ struct catalog_rule {
     uint32_t maxlen;
     const uint8_t *fingerprint; /* CATALOG_FP_LEN bytes */
 };
+
+/* Exceptions whose sources span more than this many state words after
+ * their first are "wide": the compiler puts them before the narrow ones,
+ * which it sorts by first source word (docs/engine.md). */
+#define CAT_X_NARROW_SPAN 4u
+
+/* First and last state word of exception x's source ranges (n_src > 0). */
+static inline uint32_t catalog_exc_lo(const uint32_t *x, const uint32_t *ranges)
+{
+    return ranges[2 * (size_t)x[CAT_X_FIRST]] >> 5;
+}
+
+static inline uint32_t catalog_exc_hi(const uint32_t *x, const uint32_t *ranges)
+{
+    return ranges[2 * ((size_t)x[CAT_X_FIRST] + x[CAT_X_NSRC] - 1) + 1] >> 5;
+}
 
 struct catalog;
 

@@ -1105,6 +1105,44 @@ static uint32_t put_words(uint32_t *w, uint32_t at, const uint32_t *src, uint64_
     return at + (uint32_t)n;
 }
 
+/* Sort key of exception x: start edges first, then wide ones, then narrow
+ * ones by first source word (catalog.h CAT_X_NARROW_SPAN), each class in
+ * build order: the scanners test only the narrow ones near the live
+ * state words. */
+static uint64_t exc_key(const uint32_t *x, const uint32_t *ranges, uint32_t i)
+{
+    if (x[CAT_X_NSRC] == 0)
+        return i;
+    uint32_t lo = catalog_exc_lo(x, ranges), hi = catalog_exc_hi(x, ranges);
+    if (hi - lo > CAT_X_NARROW_SPAN)
+        return 1ull << 62 | i;
+    return 2ull << 62 | (uint64_t)lo << 32 | i;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Writes the exceptions of `g` at w[at..] in exc_key order. */
+static int put_exceptions(const struct bitnfa_group *g, uint32_t *w, uint32_t at)
+{
+    uint64_t *keys = malloc(((size_t)g->n_exc + 1) * sizeof(*keys));
+    if (keys == NULL)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < g->n_exc; i++)
+        keys[i] = exc_key(g->exc + (size_t)i * CAT_X_WORDS, g->ranges, i);
+    qsort(keys, g->n_exc, sizeof(*keys), cmp_u64);
+    for (uint32_t k = 0; k < g->n_exc; k++) {
+        uint32_t i = (uint32_t)(keys[k] & 0xffffffffu);
+        memcpy(w + at + (size_t)k * CAT_X_WORDS, g->exc + (size_t)i * CAT_X_WORDS,
+               CAT_X_WORDS * sizeof(uint32_t));
+    }
+    free(keys);
+    return 0;
+}
+
 /* Writes one bit-NFA group's tables at w[at..] and its table entry `e`;
  * accept entries name report indexes, sorted. Returns the new end. */
 static uint32_t pack_nfa(const struct nfa_group_out *go, const uint32_t *report, uint32_t *w,
@@ -1118,7 +1156,10 @@ static uint32_t pack_nfa(const struct nfa_group_out *go, const uint32_t *report,
     e[CAT_N_NRULES] = go->n_rules;
     e[CAT_N_FLAGS] = (g->asserts ? CAT_GF_ASSERTS : 0) | (go->gated ? CAT_GF_GATED : 0) |
                      (go->gated && go->maxlen == CATALOG_UNBOUNDED ? CAT_GF_CONFIRM : 0);
-    e[CAT_N_LOOKBACK] = go->gated && go->maxlen == CATALOG_UNBOUNDED ? go->lookback : 0;
+    /* gated groups: the most bytes from a match's start to the end of its
+     * factor (bounded groups too, since compiler version 7: their walks
+     * then start only there, docs/engine.md) */
+    e[CAT_N_LOOKBACK] = go->gated ? go->lookback : 0;
     e[CAT_N_NEXC] = g->n_exc;
     e[CAT_N_NACC] = g->n_acc;
     e[CAT_N_NRANGES] = g->n_ranges;
@@ -1129,7 +1170,9 @@ static uint32_t pack_nfa(const struct nfa_group_out *go, const uint32_t *report,
     e[CAT_N_SHIFT] = at;
     at = put_words(w, at, g->shift, g->n_words);
     e[CAT_N_EXC] = at;
-    at = put_words(w, at, g->exc, (uint64_t)g->n_exc * CAT_X_WORDS);
+    if (put_exceptions(g, w, at) < 0)
+        return UINT32_MAX;
+    at += g->n_exc * CAT_X_WORDS;
     e[CAT_N_ACC] = at;
     uint32_t *acc = w + at;
     at = put_words(w, at, g->acc, (uint64_t)g->n_acc * CAT_X_WORDS);
@@ -1194,6 +1237,11 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
     uint32_t at = w[CAT_H_RULES] + nr * CAT_RULE_WORDS;
     for (uint32_t g = 0; g < c->n_nfas; g++) {
         at = pack_nfa(&c->nfas[g], report, w, at, w + w[CAT_H_NFAS] + g * CAT_NFA_WORDS);
+        if (at == UINT32_MAX) {
+            free(report);
+            free(w);
+            return vks_error_set(err, -ENOMEM, "out of memory packing the catalog");
+        }
         if (c->nfas[g].g.n_bits > w[CAT_H_MAXBITS])
             w[CAT_H_MAXBITS] = c->nfas[g].g.n_bits;
     }

@@ -61,9 +61,43 @@ static inline bool span_meets(const struct nvec *s, const uint32_t *rg, uint32_t
     return n != 0 && s->lo <= s->hi && (rg[0] >> 5) <= s->hi && (rg[2 * n - 1] >> 5) >= s->lo;
 }
 
+/* Applies exception e when its condition holds and the state meets its
+ * sources (or it has none), widening the touched words [*lo, *hi]. */
+static inline void nfa_exc_apply(const struct catalog_nfa *g, const uint32_t *e,
+                                 const struct nvec *s, struct nvec *t, uint32_t pk, uint32_t *lo,
+                                 uint32_t *hi)
+{
+    uint32_t ns = e[CAT_X_NSRC], nt = e[CAT_X_NTGT];
+    const uint32_t *rg = g->ranges + 2 * (size_t)e[CAT_X_FIRST];
+    if (!(e[CAT_X_COND] & pk) || (ns && (!span_meets(s, rg, ns) || !any_in(s->v, rg, ns))))
+        return;
+    const uint32_t *tg = rg + 2 * (size_t)ns;
+    set_in(t->v, tg, nt);
+    *lo = tg[0] >> 5 < *lo ? tg[0] >> 5 : *lo;
+    *hi = tg[2 * nt - 1] >> 5 > *hi ? tg[2 * nt - 1] >> 5 : *hi;
+}
+
+/* The first narrow exception (index >= g->x_narrow) whose first source
+ * word is at least `from`: they are sorted by it. */
+static inline uint32_t nfa_narrow_from(const struct catalog_nfa *g, uint32_t from)
+{
+    uint32_t a = g->x_narrow, z = g->n_exc;
+    while (a < z) {
+        uint32_t m = a + (z - a) / 2;
+        if (catalog_exc_lo(g->exc + (size_t)m * CAT_X_WORDS, g->ranges) < from)
+            a = m + 1;
+        else
+            z = m;
+    }
+    return a;
+}
+
 /* One step of the bit-NFA on byte c: shift, exceptions, reach. Without
  * `starts` the start edges do not fire: no match starts at this byte
- * (forward confirmation, refscan.c). */
+ * (forward confirmation, refscan.c). Exceptions come as start edges, wide
+ * ones, then narrow ones sorted by their first source word (catalog.h):
+ * of those, only the ones whose sources can reach the live words
+ * [s->lo, s->hi] are tested. */
 static inline void nfa_step_starts(const struct catalog_nfa *g, const struct nvec *s,
                                    struct nvec *t, uint32_t pk, uint8_t c, bool starts)
 {
@@ -78,20 +112,22 @@ static inline void nfa_step_starts(const struct catalog_nfa *g, const struct nve
         lo = s->lo;
         hi = end;
     }
-    for (uint32_t x = 0; x < g->n_exc; x++) {
+    for (uint32_t x = 0; x < g->x_narrow; x++) {
         const uint32_t *e = g->exc + (size_t)x * CAT_X_WORDS;
-        uint32_t ns = e[CAT_X_NSRC], nt = e[CAT_X_NTGT];
-        if (ns != 0 && !any)
+        if (e[CAT_X_NSRC] != 0 && !any)
             break; /* entries without sources (start edges) come first */
-        if (ns == 0 && !starts)
+        if (e[CAT_X_NSRC] == 0 && !starts)
             continue;
-        const uint32_t *rg = g->ranges + 2 * (size_t)e[CAT_X_FIRST];
-        if (!(e[CAT_X_COND] & pk) || (ns && (!span_meets(s, rg, ns) || !any_in(s->v, rg, ns))))
-            continue;
-        const uint32_t *tg = rg + 2 * (size_t)ns;
-        set_in(t->v, tg, nt);
-        lo = tg[0] >> 5 < lo ? tg[0] >> 5 : lo;
-        hi = tg[2 * nt - 1] >> 5 > hi ? tg[2 * nt - 1] >> 5 : hi;
+        nfa_exc_apply(g, e, s, t, pk, &lo, &hi);
+    }
+    if (any && g->x_narrow < g->n_exc) {
+        uint32_t x = nfa_narrow_from(g, s->lo > g->x_span ? s->lo - g->x_span : 0);
+        for (; x < g->n_exc; x++) {
+            const uint32_t *e = g->exc + (size_t)x * CAT_X_WORDS;
+            if (catalog_exc_lo(e, g->ranges) > s->hi)
+                break;
+            nfa_exc_apply(g, e, s, t, pk, &lo, &hi);
+        }
     }
     const uint32_t *reach = g->reach + (size_t)g->classmap[c] * g->n_words;
     t->lo = 1;

@@ -731,7 +731,9 @@ int refscan_gated_range(const struct catalog *cat, uint32_t nfa, const uint8_t *
         z++;
     if (z == a)
         return 0;
-    if (n.flags & CAT_GF_CONFIRM) {
+    /* forward confirmation: unbounded groups, and bounded ones that know
+     * their lead (compiler version 7): starts only in [e - lead, e) */
+    if ((n.flags & CAT_GF_CONFIRM) || n.lookback != 0) {
         struct start_ivs q = {&cands->v[a].end, z - a,
                               sizeof(struct refscan_cand) / sizeof(uint64_t), 0};
         return nfa_range(cat, nfa, buf, len, 0, lo, hi, &q, fn, ctx);

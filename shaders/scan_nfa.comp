@@ -60,6 +60,10 @@ layout(push_constant) uniform Push {
      * item 0's state vectors at lo and at hi (2 * n_words words an item);
      * the item starts maxlen - 1 bytes early with an empty state. NONE. */
     uint spec;
+    /* exceptions x_narrow.. span at most x_span + 1 words and are sorted by
+     * their first source word (rules/catalog.h) */
+    uint x_narrow;
+    uint x_span;
 } pc;
 
 shared uint s_cls[256];
@@ -178,20 +182,43 @@ void step(uint c, uint pk, bool starts)
         lo = g_slo;
         hi = end;
     }
-    for (uint x = 0u; x < pc.n_exc; x++) {
-        uint e = pc.exc + 4u * x;
-        uint nsrc = cat[e + 1u];
-        if (nsrc != 0u && !any)
-            break; /* entries without sources (start edges) come first */
-        if ((cat[e] & pk) == 0u || (nsrc == 0u && !starts))
-            continue;
-        uint first = cat[e + 3u];
-        if (nsrc != 0u && (!span_meets(first, nsrc) || !any_in(first, nsrc)))
-            continue;
-        uint ntgt = cat[e + 2u];
-        set_in(first + nsrc, ntgt);
-        lo = min(lo, cat[pc.ranges + 2u * (first + nsrc)] >> 5u);
-        hi = max(hi, cat[pc.ranges + 2u * (first + nsrc + ntgt - 1u) + 1u] >> 5u);
+    /* start edges, wide exceptions, then the narrow ones near the live
+     * words only: from the first whose sources can reach g_slo (a binary
+     * search) to the first that starts past g_shi */
+    uint x = 0u;
+    uint xend = pc.x_narrow;
+    for (uint part = 0u; part < 2u; part++) {
+        for (; x < xend; x++) {
+            uint e = pc.exc + 4u * x;
+            uint nsrc = cat[e + 1u];
+            if (nsrc != 0u && !any)
+                break; /* entries without sources (start edges) come first */
+            uint first = cat[e + 3u];
+            if (part == 1u && (cat[pc.ranges + 2u * first] >> 5u) > g_shi)
+                break;
+            if ((cat[e] & pk) == 0u || (nsrc == 0u && !starts))
+                continue;
+            if (nsrc != 0u && (!span_meets(first, nsrc) || !any_in(first, nsrc)))
+                continue;
+            uint ntgt = cat[e + 2u];
+            set_in(first + nsrc, ntgt);
+            lo = min(lo, cat[pc.ranges + 2u * (first + nsrc)] >> 5u);
+            hi = max(hi, cat[pc.ranges + 2u * (first + nsrc + ntgt - 1u) + 1u] >> 5u);
+        }
+        if (!any || pc.x_narrow >= pc.n_exc)
+            break;
+        uint from = g_slo > pc.x_span ? g_slo - pc.x_span : 0u;
+        uint a = pc.x_narrow;
+        uint z = pc.n_exc;
+        while (a < z) {
+            uint m = a + (z - a) / 2u;
+            if ((cat[pc.ranges + 2u * cat[pc.exc + 4u * m + 3u]] >> 5u) < from)
+                a = m + 1u;
+            else
+                z = m;
+        }
+        x = a;
+        xend = pc.n_exc;
     }
     /* st's live words lie inside [lo, hi]: all of them are rewritten */
     uint row = pc.reach + s_cls[c] * pc.n_words;
