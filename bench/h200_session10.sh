@@ -7,7 +7,10 @@
 # and build-data (gitleaks-regex, gitleaks-keywords, dict-10 rules and
 # sherlock.txt as default.hay).
 #
-#   bench/h200_session10.sh BUILD [steps...]   steps: tests scan cli
+#   bench/h200_session10.sh BUILD [steps...]   steps: tests scan cli tel
+#
+# tel: each rule set of build-data once more through `vkscan scan -c
+# --no-cache` with VKSCAN_TELEMETRY=1 (where a scan's time goes), after cli.
 set -u
 B=${1:?usage: h200_session10.sh BUILD [steps...]}
 shift
@@ -47,4 +50,23 @@ if has cli; then
     echo "cli_bench exit $?"
     cat "$OUT/cli_bench.txt"
     grep -iE 'timeout|did not finish|error' "$OUT/cli/vkscand.log" | head -n 5
+fi
+if has tel; then
+    W=/tmp/cli-work
+    "$B/daemon/vkscand" --config "" --socket $W/t.sock --state-dir $W/tstate --log-level notice \
+        >"$OUT/tel_vkscand.log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 100); do grep -q "ready on" "$OUT/tel_vkscand.log" && break; sleep 0.1; done
+    for r in build-data/*.rules; do
+        n=$(basename "$r" .rules)
+        "$B/client/vkscan" --socket $W/t.sock scan -c --no-cache -r "$r" $W/default.big >/dev/null 2>&1
+        t0=$(date +%s.%N)
+        VKSCAN_TELEMETRY=1 "$B/client/vkscan" --socket $W/t.sock scan -c --no-cache -r "$r" \
+            $W/default.big 2>"$OUT/tel_$n.txt" >/dev/null
+        t1=$(date +%s.%N)
+        echo "tel $n: $(awk -v a=$t0 -v b=$t1 'BEGIN {printf "%.3f s", b - a}')"
+        tr ' ' '\n' <"$OUT/tel_$n.txt" | grep -E '^(fd_read_ns|plan_ns|upload_ns|run_ns|readback_ns|scan_ns|total_ns|wall_ns|spec_fixes|confirm_host|kernel_launches)=' | tr '\n' ' '
+        echo
+    done
+    kill $dpid
 fi

@@ -919,6 +919,8 @@ static bool wanted(const struct opts *o, const char *name)
 
 /* --lit-kernel: gpu_options.lit_kernel (1: every literal group, -1: none) */
 static int32_t lit_kernel;
+/* --gate-windows 1: gpu_options.gate_windows (bounded gated groups in windows) */
+static bool gate_windows;
 
 static void usage(void)
 {
@@ -930,7 +932,7 @@ static void usage(void)
             "                  [--data DIR] [--no-hs] [--json] [--json-out FILE]\n"
             "                  [--dump-rules DIR] [--max-states N] [--bitnfa-counters N]\n"
             "                  [--gate-bits N] [--gate-states N] [--engine gpu|cpu] [--cpu-plain]\n"
-            "                  [--lit-kernel 1|0|-1]\n");
+            "                  [--lit-kernel 1|0|-1] [--gate-windows 0|1]\n");
     exit(2);
 }
 
@@ -998,6 +1000,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->upload_chunk = (uint32_t)parse_size(v);
         } else if (strcmp(a, "--only") == 0) {
             o->only = v;
+        } else if (strcmp(a, "--gate-windows") == 0) {
+            gate_windows = strtol(v, NULL, 10) != 0;
         } else if (strcmp(a, "--lit-kernel") == 0) {
             lit_kernel = (int32_t)strtol(v, NULL, 10); /* gpu_options.lit_kernel */
         } else if (strcmp(a, "--dump-rules") == 0) {
@@ -1046,7 +1050,8 @@ int main(int argc, char **argv)
                              .upload_threads = o.upload_threads,
                              .max_workgroups = o.max_wgs,
                              .upload_chunk = o.upload_chunk,
-                             .lit_kernel = lit_kernel};
+                             .lit_kernel = lit_kernel,
+                             .gate_windows = gate_windows};
     struct gpu_engine *eng = NULL;
     struct vks_error err;
     if (o.cpu) /* no device: the CPU engine and Hyperscan */

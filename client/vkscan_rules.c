@@ -54,6 +54,8 @@ static void print_groups(const struct catalog *cat)
                 printf("confirmed from the buffer's start, ");
             else
                 printf("confirmed from %u bytes before a factor's end, ", n.lookback);
+        } else if ((n.flags & CAT_GF_GATED) && n.lookback != 0) {
+            printf("starts from %u bytes before a factor's end, ", n.lookback);
         }
         print_maxlen(n.maxlen);
     }

@@ -110,6 +110,10 @@ struct gpu_options {
      * starts on the device before the host finishes a walk still alive
      * there (docs/engine.md); 0: GPU_CONFIRM_CAP. */
     uint32_t confirm_cap;
+    /* Bounded gated bit-NFA groups are walked in windows of ends around
+     * their factors even when the catalog gives their lead (measurements:
+     * by default they are confirmed forward, docs/engine.md). */
+    bool gate_windows;
     uint32_t workgroup_size; /* 0: chosen by the launch policy */
     uint32_t max_workgroups; /* per launch; 0: chosen by the launch policy */
     uint32_t upload_threads; /* host threads copying into staging; 0: up to 8 */

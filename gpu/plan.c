@@ -513,7 +513,7 @@ static uint64_t confirm_cap(const struct gpu_engine *eng, uint64_t avail, uint64
  * that overlap may report the same (rule, end): scan_hits_finalize drops
  * the copy. */
 static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struct catalog_nfa *g,
-                         const struct plan_gates *pg, uint64_t piece, bool grow)
+                         const struct plan_gates *pg, uint64_t gap, uint64_t piece, bool grow)
 {
     const struct gpu_batch *b = bc->batch;
     int rc = 0;
@@ -535,7 +535,7 @@ static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const str
             most = SIZE_MAX; /* pieces stay within the loop budget */
         rc = refscan_confirm_items(
             g->lookback, &gate->v[a].end, z - a, sizeof(struct refscan_cand) / sizeof(uint64_t),
-            CONFIRM_GAP, piece, most > CONFIRM_MIN ? most : CONFIRM_MIN, confirm_piece, &j);
+            gap, piece, most > CONFIRM_MIN ? most : CONFIRM_MIN, confirm_piece, &j);
     }
     return rc < 0 ? -ENOMEM : 0;
 }
@@ -684,6 +684,20 @@ static int plan_gates_find(struct batch_ctx *bc, uint32_t c, struct plan_gates *
     return rc;
 }
 
+/* Whether a bounded gated group's lead makes confirmation items cheaper
+ * than windows of ends. A window walks 2 x maxlen around a lone candidate
+ * with every start edge firing, a confirmation lead + at most maxlen with
+ * starts only in the lead; when the two differ by little, windows win, as
+ * merged windows make fewer and longer items. H200, 1 GiB in 1 MiB
+ * buffers: regex-500's group (lead 13, maxlen 15) 24 ms of kernel in
+ * windows, 55 ms confirmed; gitleaks-regex's groups (leads 16-93, maxlen
+ * 73-1020) 375 ms in windows, 138 ms confirmed (docs/PERFORMANCE.md). */
+static bool lead_pays(const struct catalog_nfa *g)
+{
+    return g->lookback != 0 &&
+           ((uint64_t)g->maxlen >= 2ull * g->lookback || (uint64_t)g->maxlen >= g->lookback + 32ull);
+}
+
 /* plan_nfa's bounded gated group k (engine index `group`) with a lead:
  * forward-confirmation items (a piece of starts and the walk to where its
  * state dies, at most maxlen past the piece), the kernel's confirm mode.
@@ -700,7 +714,7 @@ static int lead_items(struct batch_ctx *bc, uint32_t c, uint32_t k, uint32_t gro
             piece = avail - g->maxlen - 16;
     }
     uint32_t first = (uint32_t)bc->n_meta;
-    if (confirm_items(bc, c, k, g, pg, piece, avail == UINT64_MAX) < 0)
+    if (confirm_items(bc, c, k, g, pg, CONFIRM_GAP, piece, avail == UINT64_MAX) < 0)
         return -ENOMEM;
     uint32_t n = (uint32_t)bc->n_meta - first;
     if (n == 0)
@@ -789,7 +803,7 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
      * starts (to its buffer's end when the whole buffer fits an item) */
     uint64_t piece = p->seg_bytes, cap = confirm_cap(bc->eng, avail, longest, &piece);
     if ((g.flags & CAT_GF_CONFIRM) && pg->v != NULL && cap != 0) {
-        if (confirm_items(bc, c, k, &g, pg, piece, p->step_budget == NO_BUDGET) < 0)
+        if (confirm_items(bc, c, k, &g, pg, CONFIRM_GAP, piece, p->step_budget == NO_BUDGET) < 0)
             return -ENOMEM;
         uint32_t n = (uint32_t)bc->n_meta - first;
         if (n == 0)
@@ -807,7 +821,8 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
      * confirmed forward as well: starts only in [e - lead, e), each walk
      * dead within maxlen of its last start; refscan_gated_range walks it
      * so on the CPU */
-    if (bounded && (g.flags & CAT_GF_GATED) && g.lookback != 0 && pg->v != NULL) {
+    if (bounded && (g.flags & CAT_GF_GATED) && lead_pays(&g) && pg->v != NULL &&
+        !bc->eng->opt.gate_windows) {
         int rc = lead_items(bc, c, k, group, &g, avail, pg);
         if (rc <= 0)
             return rc;
