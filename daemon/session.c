@@ -713,6 +713,9 @@ static void telemetry(struct stats_list *l, const struct request *r,
     stats_add_u(l, "upload_ns", g->upload_ns);
     stats_add_u(l, "run_ns", t->gpu ? g->kernel_ns : t->scan_ns);
     stats_add_u(l, "readback_ns", g->readback_ns);
+    stats_add_u(l, "device_ns", g->device_ns);
+    stats_add_u(l, "finalize_ns", g->finalize_ns);
+    stats_add_u(l, "hits_raw", g->hits_raw);
     stats_add_u(l, "scan_ns", t->scan_ns);
     stats_add_u(l, "total_ns", now - r->t_recv);
 }
