@@ -177,7 +177,7 @@ static uint32_t walk_cost(const struct batch_ctx *bc, uint32_t c, uint64_t walk)
 
 /* Worst accept-loop iterations per byte of catalog c: the most accept
  * entries of any state, twice with the subgroup writer (count, then
- * write). */
+ * write, shaders/scan.comp flush). */
 static uint32_t accept_iters(const struct gpu_engine *eng, const struct catalog *cat)
 {
     uint32_t most = 0;
@@ -190,7 +190,14 @@ static uint32_t accept_iters(const struct gpu_engine *eng, const struct catalog 
                 most = n;
         }
     }
-    return most * (eng->writer == GPU_HITS_SUBGROUP ? 2 : 1);
+    /* The subgroup writer loops over its queued steps twice (count, then
+     * write) and over each one's entries. A subgroup flushes together,
+     * every 4 bytes at most, with up to 7 steps queued in some lane: the
+     * loops of one flush run as long as its fullest lane's (lavapipe
+     * counts one SIMD group's iterations), up to 7/4 steps a byte. */
+    if (eng->writer == GPU_HITS_SUBGROUP)
+        return most ? 4 * most + 4 : 0;
+    return most;
 }
 
 /* Fits catalog c's segments and chained walks to the device's loop budget
@@ -533,9 +540,9 @@ static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const str
         size_t most = b->buffers[i].len / CONFIRM_SPAN;
         if (!grow)
             most = SIZE_MAX; /* pieces stay within the loop budget */
-        rc = refscan_confirm_items(
-            g->lookback, &gate->v[a].end, z - a, sizeof(struct refscan_cand) / sizeof(uint64_t),
-            gap, piece, most > CONFIRM_MIN ? most : CONFIRM_MIN, confirm_piece, &j);
+        rc = refscan_confirm_items(g->lookback, &gate->v[a].end, z - a,
+                                   sizeof(struct refscan_cand) / sizeof(uint64_t), gap, piece,
+                                   most > CONFIRM_MIN ? most : CONFIRM_MIN, confirm_piece, &j);
     }
     return rc < 0 ? -ENOMEM : 0;
 }
@@ -694,8 +701,8 @@ static int plan_gates_find(struct batch_ctx *bc, uint32_t c, struct plan_gates *
  * 73-1020) 375 ms in windows, 138 ms confirmed (docs/PERFORMANCE.md). */
 static bool lead_pays(const struct catalog_nfa *g)
 {
-    return g->lookback != 0 &&
-           ((uint64_t)g->maxlen >= 2ull * g->lookback || (uint64_t)g->maxlen >= g->lookback + 32ull);
+    return g->lookback != 0 && ((uint64_t)g->maxlen >= 2ull * g->lookback ||
+                                (uint64_t)g->maxlen >= g->lookback + 32ull);
 }
 
 /* plan_nfa's bounded gated group k (engine index `group`) with a lead:

@@ -98,6 +98,86 @@ uint kind_of(uint c)
     return word ? K_WORD : (c == 10u ? K_NL : K_OTHER);
 }
 
+#if HIT_SUBGROUP
+/* Accepting steps wait in a small per-invocation queue and are written in
+ * batches: the invocations of a subgroup flush together, with one atomic
+ * on the hit head for all their hits, whenever one of them has PEND - 4
+ * queued (checked after every 4 bytes of the main loop) and at the end of
+ * each item. Writing each accepting step at once cost a subgroup-wide
+ * atomic round trip per step in which any lane accepted: hit-dense sets
+ * ran several times slower than sparse ones. */
+const uint PEND = 8u;
+uint g_np;           /* queued steps */
+uint g_prow[PEND];   /* their states (row = state * n_classes) */
+uint g_pend[PEND];   /* their end offsets */
+uint g_pkind;        /* their lookahead kinds, 3 bits each */
+
+/* Writes the queued steps of the active invocations of the subgroup as
+ * matches of buffer `buf` and empties the queues. */
+void flush(uint buf)
+{
+    uint n = 0u;
+    /* a loop the driver cut short (lavapipe's budget) would lose hits
+     * silently: each loop checks that it ran to its end (QS_ERR_CUT, the
+     * host re-plans smaller and re-runs) */
+    bool cut = false;
+    uint p = 0u;
+    for (; p < g_np; p++) {
+        uint a = g_prow[p] / pc.n_classes - pc.first_accept;
+        uint bit = 1u << ((g_pkind >> (3u * p)) & 7u);
+        uint e1 = cat[pc.accidx + a + 1u];
+        uint e = cat[pc.accidx + a];
+        for (; e < e1; e++)
+            n += (cat[pc.accepts + e] & bit) != 0u ? 1u : 0u;
+        cut = cut || e != e1;
+    }
+    cut = cut || p != g_np;
+    uint total = subgroupAdd(n);
+    uint before = subgroupExclusiveAdd(n);
+    uint base = 0u;
+    if (total != 0u && subgroupElect())
+        base = atomicAdd(qs[QS_HIT_HEAD], total);
+    uint slot = subgroupBroadcastFirst(base) + before;
+    for (p = 0u; p < g_np; p++) {
+        uint a = g_prow[p] / pc.n_classes - pc.first_accept;
+        uint bit = 1u << ((g_pkind >> (3u * p)) & 7u);
+        uint e1 = cat[pc.accidx + a + 1u];
+        uint e = cat[pc.accidx + a];
+        for (; e < e1; e++) {
+            uint ent = cat[pc.accepts + e];
+            if ((ent & bit) == 0u)
+                continue;
+            if (slot < pc.hit_cap)
+                hits[slot] = uvec4(buf, ent >> 5u, pc.layer, g_pend[p]);
+            slot++;
+        }
+        cut = cut || e != e1;
+    }
+    if (cut || p != g_np)
+        atomicOr(qs[QS_ERROR], QS_ERR_CUT);
+    g_np = 0u;
+    g_pkind = 0u;
+}
+
+/* Queues the accept entries of state row/n_classes whose lookahead mask
+ * admits kind k, as matches of buffer `buf` ending at `end`. */
+void report(uint row, uint buf, uint end, uint k)
+{
+    g_prow[g_np] = row;
+    g_pend[g_np] = end;
+    g_pkind |= k << (3u * g_np);
+    g_np++;
+    if (g_np == PEND) /* the unaligned byte loops check nothing else */
+        flush(buf);
+}
+
+void pend_check(uint buf)
+{
+    /* subgroupAny through the ballot extension the writer needs anyway */
+    if (any(notEqual(subgroupBallot(g_np >= PEND - 4u), uvec4(0u))))
+        flush(buf);
+}
+#else
 /* Reports the accept entries of state row/n_classes whose lookahead mask
  * admits kind k, as matches of buffer `buf` ending at `end`. */
 void report(uint row, uint buf, uint end, uint k)
@@ -106,25 +186,6 @@ void report(uint row, uint buf, uint end, uint k)
     uint e0 = cat[pc.accidx + a];
     uint e1 = cat[pc.accidx + a + 1u];
     uint bit = 1u << k;
-#if HIT_SUBGROUP
-    uint n = 0u;
-    for (uint e = e0; e < e1; e++)
-        n += (cat[pc.accepts + e] & bit) != 0u ? 1u : 0u;
-    uint total = subgroupAdd(n);
-    uint before = subgroupExclusiveAdd(n);
-    uint base = 0u;
-    if (total != 0u && subgroupElect())
-        base = atomicAdd(qs[QS_HIT_HEAD], total);
-    uint slot = subgroupBroadcastFirst(base) + before;
-    for (uint e = e0; e < e1; e++) {
-        uint ent = cat[pc.accepts + e];
-        if ((ent & bit) == 0u)
-            continue;
-        if (slot < pc.hit_cap)
-            hits[slot] = uvec4(buf, ent >> 5u, pc.layer, end);
-        slot++;
-    }
-#else
     for (uint e = e0; e < e1; e++) {
         uint ent = cat[pc.accepts + e];
         if ((ent & bit) == 0u)
@@ -133,8 +194,16 @@ void report(uint row, uint buf, uint end, uint k)
         if (slot < pc.hit_cap)
             hits[slot] = uvec4(buf, ent >> 5u, pc.layer, end);
     }
-#endif
 }
+
+void flush(uint buf)
+{
+}
+
+void pend_check(uint buf)
+{
+}
+#endif
 
 /* One DFA step over byte c at position i: accepts of the current state are
  * checked first, with c as lookahead, then c is consumed. */
@@ -176,9 +245,13 @@ uint walk(uint row, uint from, uint to, uint off, uint lo, uint len, uint buf)
     while (i + 16u <= to) {
         uvec4 v = hay[(off + i) >> 4u];
         row = step4(row, v.x, i, lo, len, buf);
+        pend_check(buf);
         row = step4(row, v.y, i + 4u, lo, len, buf);
+        pend_check(buf);
         row = step4(row, v.z, i + 8u, lo, len, buf);
+        pend_check(buf);
         row = step4(row, v.w, i + 12u, lo, len, buf);
+        pend_check(buf);
         i += 16u;
     }
     while (i < to) {
@@ -227,6 +300,7 @@ void scan_item(uvec4 it, uint idx)
         }
         report(row, buf, hi, k);
     }
+    flush(buf);
     if (chained && hi < len)
         carry[pc.carry_base + it.w] = row / pc.n_classes;
     if (pc.spec != NONE)
@@ -238,6 +312,10 @@ void main()
     uint wg = gl_WorkGroupSize.x;
     uint lid = gl_LocalInvocationIndex;
     g_iters = 0u;
+#if HIT_SUBGROUP
+    g_np = 0u;
+    g_pkind = 0u;
+#endif
     for (uint k = lid; k < 256u; k += wg) {
         s_cls[k] = cat[pc.classmap + k];
         g_iters++;

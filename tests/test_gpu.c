@@ -1279,6 +1279,39 @@ START_TEST(test_spec_segments)
 }
 END_TEST
 
+/* A match at every byte, in buffers of every length from a few bytes to
+ * many segments, several rules accepting at once: the subgroup writer
+ * queues accepting steps and flushes them in batches (shaders/scan.comp),
+ * and no queued step may be lost at an item's end, at a full queue or
+ * when the lanes of a subgroup walk items of different lengths. */
+START_TEST(test_hit_dense)
+{
+    struct trule t[] = {{"dot", RULE_REGEX, "(?s).", 0},
+                        {"xx", RULE_LITERAL, "xx", 0},
+                        {"xy", RULE_REGEX, "[xy]{2}", 0}};
+    struct catalog *cat = compile_rules(t, 3);
+    struct gpu_engine *eng = engine(NULL);
+    enum { N = 40 };
+    struct gpu_buffer bufs[N];
+    uint8_t *data[N];
+    for (uint32_t i = 0; i < N; i++) {
+        size_t len = i == 0 ? 60000 : i < 20 ? i : 100 + 97 * i;
+        data[i] = malloc(len);
+        memset(data[i], i % 2 ? 'y' : 'x', len);
+        bufs[i] = (struct gpu_buffer){.data = data[i], .len = len, .mode = SCAN_ALL};
+    }
+    const struct catalog *cats[] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, N};
+    struct gpu_result res = {0};
+    ck_assert_uint_ge(check_batch(eng, &b, &res), 60000);
+    gpu_result_finish(&res);
+    for (uint32_t i = 0; i < N; i++)
+        free(data[i]);
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* ^ $ \b \B with and without multiline, on buffers full of newlines,
  * including buffers that end in one. */
 START_TEST(test_anchored)
@@ -1941,6 +1974,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
     tcase_add_test(tc, test_spec_segments);
+    tcase_add_test(tc, test_hit_dense);
     tcase_add_test(tc, test_anchored);
     tcase_add_test(tc, test_large_catalogs);
     tcase_add_test(tc, test_modes);
