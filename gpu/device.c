@@ -156,7 +156,7 @@ static void describe(VkPhysicalDevice pd, uint32_t index, struct gpu_device_info
     if (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT)
         info->subgroup_ops = sg.supportedOperations;
     uint32_t need = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_BALLOT_BIT |
-                    VK_SUBGROUP_FEATURE_ARITHMETIC_BIT;
+                    VK_SUBGROUP_FEATURE_ARITHMETIC_BIT | VK_SUBGROUP_FEATURE_VOTE_BIT;
     info->subgroup_hits = (info->subgroup_ops & need) == need;
     info->max_workgroup_size = p->limits.maxComputeWorkGroupSize[0];
     if (info->max_workgroup_size > p->limits.maxComputeWorkGroupInvocations)

@@ -191,12 +191,13 @@ static uint32_t accept_iters(const struct gpu_engine *eng, const struct catalog 
         }
     }
     /* The subgroup writer loops over its queued steps twice (count, then
-     * write) and over each one's entries. A subgroup flushes together,
-     * every 4 bytes at most, with up to 7 steps queued in some lane: the
-     * loops of one flush run as long as its fullest lane's (lavapipe
-     * counts one SIMD group's iterations), up to 7/4 steps a byte. */
+     * write) and over each one's entries. A subgroup flushes together
+     * when some lane has more than 8 queued, at most once per 9 bytes (a
+     * lane queues one step a byte), up to 24 steps: the loops of one
+     * flush run as long as its fullest lane's (lavapipe counts one SIMD
+     * group's iterations), under 6 x (entries + 1) a byte. */
     if (eng->writer == GPU_HITS_SUBGROUP)
-        return most ? 4 * most + 4 : 0;
+        return most ? 6 * most + 6 : 0;
     return most;
 }
 

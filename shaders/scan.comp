@@ -23,6 +23,7 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_ballot : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_vote : require
 #endif
 
 layout(local_size_x_id = 0) in;
@@ -101,16 +102,22 @@ uint kind_of(uint c)
 #if HIT_SUBGROUP
 /* Accepting steps wait in a small per-invocation queue and are written in
  * batches: the invocations of a subgroup flush together, with one atomic
- * on the hit head for all their hits, whenever one of them has PEND - 4
- * queued (checked after every 4 bytes of the main loop) and at the end of
- * each item. Writing each accepting step at once cost a subgroup-wide
- * atomic round trip per step in which any lane accepted: hit-dense sets
- * ran several times slower than sparse ones. */
-const uint PEND = 8u;
-uint g_np;           /* queued steps */
-uint g_prow[PEND];   /* their states (row = state * n_classes) */
-uint g_pend[PEND];   /* their end offsets */
-uint g_pkind;        /* their lookahead kinds, 3 bits each */
+ * on the hit head for all their hits, when one of them has more than
+ * PEND - 16 queued (checked before each 16 bytes, so a block never
+ * overflows the queue) and at the end of each item. Writing each
+ * accepting step at once cost a subgroup-wide atomic round trip per step
+ * in which any lane accepted: hit-dense sets ran several times slower
+ * than sparse ones (docs/gpu.md). */
+const uint PEND = 24u;
+uint g_np;          /* queued steps */
+uint g_prow[PEND];  /* their states (row = state * n_classes) */
+uint g_pend[PEND];  /* their end offsets */
+uint g_pkind[3];    /* their lookahead kinds, 3 bits each, 8 a word */
+
+uint pend_kind(uint p)
+{
+    return (g_pkind[p >> 3u] >> (3u * (p & 7u))) & 7u;
+}
 
 /* Writes the queued steps of the active invocations of the subgroup as
  * matches of buffer `buf` and empties the queues. */
@@ -124,7 +131,7 @@ void flush(uint buf)
     uint p = 0u;
     for (; p < g_np; p++) {
         uint a = g_prow[p] / pc.n_classes - pc.first_accept;
-        uint bit = 1u << ((g_pkind >> (3u * p)) & 7u);
+        uint bit = 1u << pend_kind(p);
         uint e1 = cat[pc.accidx + a + 1u];
         uint e = cat[pc.accidx + a];
         for (; e < e1; e++)
@@ -140,7 +147,7 @@ void flush(uint buf)
     uint slot = subgroupBroadcastFirst(base) + before;
     for (p = 0u; p < g_np; p++) {
         uint a = g_prow[p] / pc.n_classes - pc.first_accept;
-        uint bit = 1u << ((g_pkind >> (3u * p)) & 7u);
+        uint bit = 1u << pend_kind(p);
         uint e1 = cat[pc.accidx + a + 1u];
         uint e = cat[pc.accidx + a];
         for (; e < e1; e++) {
@@ -156,7 +163,9 @@ void flush(uint buf)
     if (cut || p != g_np)
         atomicOr(qs[QS_ERROR], QS_ERR_CUT);
     g_np = 0u;
-    g_pkind = 0u;
+    g_pkind[0] = 0u;
+    g_pkind[1] = 0u;
+    g_pkind[2] = 0u;
 }
 
 /* Queues the accept entries of state row/n_classes whose lookahead mask
@@ -165,16 +174,14 @@ void report(uint row, uint buf, uint end, uint k)
 {
     g_prow[g_np] = row;
     g_pend[g_np] = end;
-    g_pkind |= k << (3u * g_np);
+    g_pkind[g_np >> 3u] |= k << (3u * (g_np & 7u));
     g_np++;
-    if (g_np == PEND) /* the unaligned byte loops check nothing else */
-        flush(buf);
 }
 
+/* Room for 16 more steps in every lane's queue. */
 void pend_check(uint buf)
 {
-    /* subgroupAny through the ballot extension the writer needs anyway */
-    if (any(notEqual(subgroupBallot(g_np >= PEND - 4u), uvec4(0u))))
+    if (subgroupAny(g_np > PEND - 16u))
         flush(buf);
 }
 #else
@@ -243,17 +250,15 @@ uint walk(uint row, uint from, uint to, uint off, uint lo, uint len, uint buf)
         i++;
     }
     while (i + 16u <= to) {
+        pend_check(buf);
         uvec4 v = hay[(off + i) >> 4u];
         row = step4(row, v.x, i, lo, len, buf);
-        pend_check(buf);
         row = step4(row, v.y, i + 4u, lo, len, buf);
-        pend_check(buf);
         row = step4(row, v.z, i + 8u, lo, len, buf);
-        pend_check(buf);
         row = step4(row, v.w, i + 12u, lo, len, buf);
-        pend_check(buf);
         i += 16u;
     }
+    pend_check(buf);
     while (i < to) {
         row = step(row, byte_at(off + i), i, lo, len, buf);
         i++;
@@ -314,7 +319,9 @@ void main()
     g_iters = 0u;
 #if HIT_SUBGROUP
     g_np = 0u;
-    g_pkind = 0u;
+    g_pkind[0] = 0u;
+    g_pkind[1] = 0u;
+    g_pkind[2] = 0u;
 #endif
     for (uint k = lid; k < 256u; k += wg) {
         s_cls[k] = cat[pc.classmap + k];
