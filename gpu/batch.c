@@ -940,24 +940,33 @@ static int fix_hit(void *ctx, uint32_t rule, uint64_t end)
     return 0;
 }
 
+/* Records that the host re-walked item `it` (buffer, lo, hi) of range sr
+ * up to `upto`: the device's hits there are dropped (spec_dropped). */
+static int record_fix(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *it,
+                      uint64_t upto)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    if (gpu_grow_array((void **)&s->fixes, &s->fixes_cap, bc->n_fixes + 1, sizeof(*s->fixes)) < 0)
+        return -ENOMEM;
+    s->fixes[bc->n_fixes++] = (struct spec_fix){it[0], sr->group, it[1], upto};
+    bc->tel->spec_fixes++;
+    bc->tel->spec_fix_bytes += (upto > it[2] ? it[2] : upto) - it[1];
+    return 0;
+}
+
 /* Re-walks segment j of speculative range sr, whose guess at lo was wrong,
  * from the true state `*truth`; leaves the true state at hi there. */
 static int spec_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *it,
                         const uint32_t *st, uint32_t *truth)
 {
-    struct batch_scratch *s = &bc->eng->scratch;
     const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
-    struct fix_ctx f = {s, &bc->n_fix_hits, it[0]};
+    struct fix_ctx f = {&bc->eng->scratch, &bc->n_fix_hits, it[0]};
     uint64_t upto;
     uint32_t out;
     int rc = refscan_group_resume(bc->batch->catalogs[sr->cat], sr->group, buffer_bytes(bc, it[0]),
                                   b->len, it[1], it[2], *truth, st[0], fix_hit, &f, &upto, &out);
-    if (rc != 0 ||
-        gpu_grow_array((void **)&s->fixes, &s->fixes_cap, bc->n_fixes + 1, sizeof(*s->fixes)) < 0)
+    if (rc != 0 || record_fix(bc, sr, it, upto) < 0)
         return -ENOMEM;
-    s->fixes[bc->n_fixes++] = (struct spec_fix){it[0], sr->group, it[1], upto};
-    bc->tel->spec_fixes++;
-    bc->tel->spec_fix_bytes += (upto > it[2] ? it[2] : upto) - it[1];
     *truth = out != UINT32_MAX ? out : st[1];
     return 0;
 }
@@ -968,20 +977,15 @@ static int spec_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const
 static int nfa_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *it,
                        const uint32_t *st, uint32_t *truth, uint32_t nw)
 {
-    struct batch_scratch *s = &bc->eng->scratch;
     const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
     const struct catalog *cat = bc->batch->catalogs[sr->cat];
-    struct fix_ctx f = {s, &bc->n_fix_hits, it[0]};
+    struct fix_ctx f = {&bc->eng->scratch, &bc->n_fix_hits, it[0]};
     uint64_t upto;
     bool agreed;
     int rc = refscan_nfa_resume(cat, sr->group - catalog_group_count(cat), buffer_bytes(bc, it[0]),
                                 b->len, it[1], it[2], truth, st, fix_hit, &f, &upto, &agreed);
-    if (rc != 0 ||
-        gpu_grow_array((void **)&s->fixes, &s->fixes_cap, bc->n_fixes + 1, sizeof(*s->fixes)) < 0)
+    if (rc != 0 || record_fix(bc, sr, it, upto) < 0)
         return -ENOMEM;
-    s->fixes[bc->n_fixes++] = (struct spec_fix){it[0], sr->group, it[1], upto};
-    bc->tel->spec_fixes++;
-    bc->tel->spec_fix_bytes += (upto > it[2] ? it[2] : upto) - it[1];
     if (agreed)
         memcpy(truth, st + nw, nw * sizeof(uint32_t));
     return 0;
@@ -1065,23 +1069,6 @@ static int spec_repair(struct batch_ctx *bc, const uint32_t *qs, struct vks_erro
     return 0;
 }
 
-/* A confirmation item that reached its cap alive: (buffer, engine group,
- * its start interval [a, b)). */
-struct live_item {
-    uint32_t buf, layer;
-    uint64_t a, b;
-};
-
-static int cmp_live(const void *x, const void *y)
-{
-    const struct live_item *p = x, *q = y;
-    if (p->buf != q->buf)
-        return p->buf < q->buf ? -1 : 1;
-    if (p->layer != q->layer)
-        return p->layer < q->layer ? -1 : 1;
-    return p->a < q->a ? -1 : p->a > q->a;
-}
-
 /* The confirmation range of engine group `layer` for buffer `buf`. */
 static const struct scan_range *confirm_range(const struct batch_ctx *bc, uint32_t buf,
                                               uint32_t layer)
@@ -1098,15 +1085,15 @@ static const struct scan_range *confirm_range(const struct batch_ctx *bc, uint32
 
 /* Walks the live items of one (buffer, group), v[0..n), as one forward
  * confirmation on the host, from the first start to where it dies. */
-static int confirm_walk_host(struct batch_ctx *bc, const struct live_item *v, size_t n)
+static int confirm_walk_host(struct batch_ctx *bc, const struct spec_fix *v, size_t n)
 {
     struct batch_scratch *s = &bc->eng->scratch;
     uint64_t *iv = malloc(2 * n * sizeof(*iv));
     if (iv == NULL)
         return -ENOMEM;
     for (size_t k = 0; k < n; k++) {
-        iv[2 * k] = v[k].a;
-        iv[2 * k + 1] = v[k].b;
+        iv[2 * k] = v[k].lo;
+        iv[2 * k + 1] = v[k].upto;
     }
     const struct gpu_buffer *b = &bc->batch->buffers[v[0].buf];
     const struct catalog *cat = bc->batch->catalogs[b->catalog];
@@ -1128,7 +1115,7 @@ static int confirm_walk_host(struct batch_ctx *bc, const struct live_item *v, si
 static int confirm_finish(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
                           struct vks_error *err)
 {
-    struct live_item *v = NULL;
+    struct spec_fix *v = NULL;
     size_t nv = 0, cap = 0;
     int rc = 0;
     for (uint64_t i = 0; i < n && rc == 0; i++) {
@@ -1142,10 +1129,10 @@ static int confirm_finish(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
         if (gpu_grow_array((void **)&v, &cap, nv + 1, sizeof(*v)) < 0)
             rc = -ENOMEM;
         else
-            v[nv++] = (struct live_item){h[0], h[2], it[1], it[2]};
+            v[nv++] = (struct spec_fix){h[0], h[2], it[1], it[2]};
     }
     if (nv > 1)
-        qsort(v, nv, sizeof(*v), cmp_live);
+        qsort(v, nv, sizeof(*v), cmp_fix);
     for (size_t a = 0, z; a < nv && rc == 0; a = z) {
         for (z = a + 1; z < nv && v[z].buf == v[a].buf && v[z].layer == v[a].layer; z++)
             ;

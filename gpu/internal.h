@@ -166,7 +166,9 @@ struct batch_scratch {
     struct scan_hits one; /* one buffer's hits through scan_hits_finalize */
     /* Repaired speculative segments (batch.c spec_repair): the device's
      * hits of (buf, layer) with ends in (lo, upto) are dropped, and the
-     * host's walk's hits there go in instead. */
+     * host's walk's hits there go in instead. (confirm_finish keeps the
+     * start intervals [lo, upto) of live confirmation items in the same
+     * shape.) */
     struct spec_fix {
         uint32_t buf, layer;
         uint64_t lo, upto;
