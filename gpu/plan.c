@@ -213,7 +213,8 @@ static void fit_budget(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded)
         return;
     bc->acc_iters[c] = accept_iters(bc->eng, bc->batch->catalogs[c]);
     uint64_t fill = (256 + p->smem_cap) / p->wg + 8;
-    uint64_t usable = (p->step_budget - fill - 64 - bc->acc_iters[c]) >> bc->eng->cut_shift;
+    /* 96: walk_cost's 64 for unaligned ends and room for rounding */
+    uint64_t usable = (p->step_budget - fill - 96 - bc->acc_iters[c]) >> bc->eng->cut_shift;
     uint64_t bytes = usable * 16 / (16 * (uint64_t)bc->acc_iters[c] + 1);
     bytes &= ~(uint64_t)15;
     if (bytes < bc->chain[c])
@@ -585,6 +586,8 @@ static void *gate_worker(void *arg)
             return NULL;
         struct gate_job *j = &p->jobs[i];
         j->rc = refscan_factor_scan(j->cat, j->data, j->len, j->lo, j->hi, &j->out);
+        if (j->rc == 0) /* sorted here, on the walk's threads: gate_join only places */
+            refscan_gate_sort(&j->out);
     }
 }
 
@@ -603,9 +606,12 @@ static void gate_run(struct gate_job *jobs, size_t n)
     want = want < GATE_THREADS ? want : GATE_THREADS;
     want = want < n ? want : n;
     if (pthread_mutex_init(&p.lock, NULL) != 0) {
-        for (size_t i = 0; i < n; i++) /* no lock: walk them here, one by one */
+        for (size_t i = 0; i < n; i++) { /* no lock: walk them here, one by one */
             jobs[i].rc = refscan_factor_scan(jobs[i].cat, jobs[i].data, jobs[i].len, jobs[i].lo,
                                              jobs[i].hi, &jobs[i].out);
+            if (jobs[i].rc == 0)
+                refscan_gate_sort(&jobs[i].out);
+        }
         return;
     }
     for (; started + 1 < want; started++)
@@ -649,18 +655,52 @@ static struct gate_job *gate_jobs(const struct gpu_batch *b, uint32_t c, size_t 
     return jobs != NULL ? jobs : calloc(1, sizeof(*jobs));
 }
 
+/* Places the candidates of one buffer's pieces jobs[0..n) (each sorted by
+ * (group, end), their ends in ascending disjoint ranges) into `to`, sorted
+ * by (group, end): per group, the pieces' runs one after another. A sort
+ * of the whole buffer's candidates on this thread cost most of a 1 GiB
+ * text file's plan (gitleaks-regex: millions of factor ends). */
+static int gate_place(const struct gate_job *jobs, size_t n, uint32_t n_groups,
+                      struct refscan_gate *to)
+{
+    size_t total = 0;
+    size_t *at = calloc((size_t)n_groups + 1, sizeof(*at));
+    if (at == NULL)
+        return -ENOMEM;
+    for (size_t k = 0; k < n; k++) {
+        total += jobs[k].out.n;
+        for (size_t x = 0; x < jobs[k].out.n; x++)
+            at[jobs[k].out.v[x].nfa + 1]++;
+    }
+    for (uint32_t g = 0; g < n_groups; g++)
+        at[g + 1] += at[g];
+    to->v = malloc((total ? total : 1) * sizeof(*to->v));
+    if (to->v == NULL) {
+        free(at);
+        return -ENOMEM;
+    }
+    to->cap = total ? total : 1;
+    to->n = total;
+    for (size_t k = 0; k < n; k++)
+        for (size_t x = 0; x < jobs[k].out.n; x++)
+            to->v[at[jobs[k].out.v[x].nfa]++] = jobs[k].out.v[x];
+    free(at);
+    return 0;
+}
+
 /* Joins the pieces' candidates into pg->v[buffer], sorted; frees them. */
-static int gate_join(struct gate_job *jobs, size_t n, struct plan_gates *pg)
+static int gate_join(struct gate_job *jobs, size_t n, uint32_t n_groups, struct plan_gates *pg)
 {
     int rc = 0;
-    for (size_t k = 0; k < n; k++) {
-        struct refscan_gate *to = &pg->v[jobs[k].buf];
-        rc = rc != 0 ? rc : jobs[k].rc;
-        for (size_t x = 0; rc == 0 && x < jobs[k].out.n; x++)
-            rc = refscan_gate_push(to, jobs[k].out.v[x].nfa, jobs[k].out.v[x].end);
-        refscan_gate_finish(&jobs[k].out);
-        if (rc == 0 && (k + 1 == n || jobs[k + 1].buf != jobs[k].buf))
-            refscan_gate_sort(to);
+    for (size_t a = 0, z; a < n; a = z) {
+        for (z = a + 1; z < n && jobs[z].buf == jobs[a].buf; z++)
+            ;
+        for (size_t k = a; k < z; k++)
+            rc = rc != 0 ? rc : jobs[k].rc;
+        if (rc == 0)
+            rc = gate_place(jobs + a, z - a, n_groups, &pg->v[jobs[a].buf]);
+        for (size_t k = a; k < z; k++)
+            refscan_gate_finish(&jobs[k].out);
     }
     return rc;
 }
@@ -687,7 +727,7 @@ static int plan_gates_find(struct batch_ctx *bc, uint32_t c, struct plan_gates *
     if (jobs == NULL)
         return -ENOMEM;
     gate_run(jobs, n);
-    int rc = gate_join(jobs, n, pg);
+    int rc = gate_join(jobs, n, catalog_nfa_count(cat), pg);
     free(jobs);
     return rc;
 }
