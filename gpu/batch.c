@@ -210,6 +210,13 @@ static int check_limits(struct batch_ctx *bc, struct vks_error *err)
                              "over the device's storage buffer range of %llu: split the batch",
                              (unsigned long long)bc->hay_bytes, (unsigned long long)meta_bytes,
                              (unsigned long long)range);
+    if (qs_words(bc) * 4 > range || (uint64_t)bc->n_carry * 4 > range)
+        return vks_error_set(err, -E2BIG,
+                             "batch needs %llu bytes of queue state (speculative segments' "
+                             "states) and %llu of carried states, over the device's storage "
+                             "buffer range of %llu: split the batch",
+                             (unsigned long long)(qs_words(bc) * 4),
+                             (unsigned long long)bc->n_carry * 4, (unsigned long long)range);
     uint64_t grow_bytes = need_size(&eng->hay, bc->hay_bytes) + need_size(&eng->meta, meta_bytes) +
                           need_size(&eng->carry, (uint64_t)bc->n_carry * 4) +
                           need_size(&eng->qs, qs_words(bc) * 4) +
