@@ -60,13 +60,15 @@ if has tel; then
     for r in build-data/*.rules; do
         n=$(basename "$r" .rules)
         "$B/client/vkscan" --socket $W/t.sock scan -c --no-cache -r "$r" $W/default.big >/dev/null 2>&1
-        t0=$(date +%s.%N)
-        VKSCAN_TELEMETRY=1 "$B/client/vkscan" --socket $W/t.sock scan -c --no-cache -r "$r" \
-            $W/default.big 2>"$OUT/tel_$n.txt" >/dev/null
-        t1=$(date +%s.%N)
-        echo "tel $n: $(awk -v a=$t0 -v b=$t1 'BEGIN {printf "%.3f s", b - a}')"
-        tr ' ' '\n' <"$OUT/tel_$n.txt" | grep -E '^(fd_read_ns|plan_ns|upload_ns|run_ns|readback_ns|scan_ns|total_ns|wall_ns|spec_fixes|confirm_host|kernel_launches)=' | tr '\n' ' '
-        echo
+        for k in $(seq ${TEL_RUNS:-1}); do
+            t0=$(date +%s.%N)
+            VKSCAN_TELEMETRY=1 "$B/client/vkscan" --socket $W/t.sock scan -c --no-cache -r "$r" \
+                $W/default.big 2>"$OUT/tel_$n.txt" >/dev/null
+            t1=$(date +%s.%N)
+            echo "tel $n: $(awk -v a=$t0 -v b=$t1 'BEGIN {printf "%.3f s", b - a}')"
+            tr ' ' '\n' <"$OUT/tel_$n.txt" | grep -E '^(fd_read_ns|plan_ns|upload_ns|run_ns|readback_ns|scan_ns|total_ns|wall_ns|spec_fixes|confirm_host|kernel_launches|device_ns|finalize_ns|hits_raw|hit_reruns|hits)=' | tr '\n' ' '
+            echo
+        done
     done
     kill $dpid
 fi

@@ -358,10 +358,20 @@ static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
     if (rc == 0)
         rc = gbuf_reserve(eng, &eng->qs_host, qs_words(bc) * 4, VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                           GBUF_READBACK, err);
-    if (rc == 0 && eng->hits.buf == VK_NULL_HANDLE) /* a frame's first batch, or trimmed */
-        rc = gbuf_reserve(eng, &eng->hits, hit_ring_bytes(eng),
-                          VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
-                          eng->direct ? GBUF_READBACK : GBUF_DEVICE, err);
+    /* a frame's first batch (or trimmed), or a ring smaller than the hit
+     * rate batches have had asks for this one */
+    uint64_t ring = hit_ring_bytes(eng), expect = ((bc->hay_bytes * eng->hit_rate_seen) >> 16) * 16;
+    expect = expect + expect / 4 < eng->info.max_storage_range ? expect + expect / 4 : 0;
+    ring = expect > ring ? expect : ring;
+    const VkBufferUsageFlags ring_use =
+        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT;
+    const enum gbuf_kind ring_kind = eng->direct ? GBUF_READBACK : GBUF_DEVICE;
+    if (rc == 0 && eng->hits.buf == VK_NULL_HANDLE)
+        rc = gbuf_reserve(eng, &eng->hits, ring, ring_use, ring_kind, err);
+    if (rc == 0 && eng->hits.size < expect) { /* a guess: where it does not fit, re-runs grow it */
+        struct vks_error ignored;
+        (void)gbuf_reserve(eng, &eng->hits, ring, ring_use, ring_kind, &ignored);
+    }
     bool direct = eng->direct && eng->hay.map != NULL && eng->meta.map != NULL;
     if (rc == 0 && !direct)
         rc = gbuf_reserve(eng, &eng->staging, bc->hay_bytes + bc->n_meta * 16 + bc->new_cat_bytes,
@@ -1167,100 +1177,6 @@ static int host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t 
     return rc;
 }
 
-/* Whether raw hit h (buffer, rule, layer, end) lies in a re-walked part of
- * a speculative segment, where the host's hits replace the device's. */
-static bool spec_dropped(const struct batch_ctx *bc, const uint32_t *h)
-{
-    const struct spec_fix *v = bc->eng->scratch.fixes;
-    size_t a = 0, z = bc->n_fixes;
-    while (a < z) { /* the first fix after (buf, layer, end) */
-        size_t m = (a + z) / 2;
-        const struct spec_fix *f = &v[m];
-        bool before = f->buf < h[0] ||
-                      (f->buf == h[0] && (f->layer < h[2] || (f->layer == h[2] && f->lo < h[3])));
-        if (before)
-            a = m + 1;
-        else
-            z = m;
-    }
-    if (a == 0)
-        return false;
-    const struct spec_fix *f = &v[a - 1];
-    return f->buf == h[0] && f->layer == h[2] && h[3] > f->lo && h[3] < f->upto;
-}
-
-/* Whether raw hit h is a match to return: not a live confirmation's
- * marker, not in a re-walked part of a speculative segment. */
-static bool kept(const struct batch_ctx *bc, const uint32_t *h)
-{
-    return h[1] != NO_CARRY && (bc->n_fixes == 0 || !spec_dropped(bc, h));
-}
-
-static int append_hit(struct gpu_result *res, uint32_t buf, const struct scan_hit *h)
-{
-    if (res->n_hits == res->cap) {
-        size_t n = res->cap ? res->cap * 2 : 256;
-        struct gpu_hit *p = realloc(res->hits, n * sizeof(*p));
-        if (p == NULL)
-            return -ENOMEM;
-        res->hits = p;
-        res->cap = n;
-    }
-    res->hits[res->n_hits++] = (struct gpu_hit){buf, h->rule, h->count, h->end};
-    return 0;
-}
-
-/* Groups the raw hits by buffer (counting sort) and gives each buffer's
- * hits the report mode through scan_hits_finalize, as refscan does. */
-static int finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
-                       struct gpu_result *res, struct vks_error *err)
-{
-    struct batch_scratch *s = &bc->eng->scratch;
-    const struct gpu_batch *b = bc->batch;
-    if (gpu_grow_array((void **)&s->counts, &s->counts_cap, (size_t)b->n_buffers + 1, 4) < 0 ||
-        gpu_grow_array((void **)&s->pairs, &s->pairs_cap, n, 8) < 0)
-        return vks_error_set(err, -ENOMEM, "out of memory sorting %llu hits",
-                             (unsigned long long)n);
-    memset(s->counts, 0, ((size_t)b->n_buffers + 1) * 4);
-    for (uint64_t i = 0; i < n; i++) {
-        if (kept(bc, &raw[i * 4]))
-            s->counts[raw[i * 4] + 1]++;
-    }
-    for (uint32_t i = 0; i < b->n_buffers; i++)
-        s->counts[i + 1] += s->counts[i];
-    for (uint64_t i = 0; i < n; i++) {
-        const uint32_t *h = &raw[i * 4];
-        if (kept(bc, h))
-            s->pairs[s->counts[h[0]]++] = (uint64_t)h[3] << 32 | h[1];
-    }
-    uint64_t t = gpu_now_ns();
-    bc->tel->readback_ns = t - bc->t_read;
-    size_t start = 0, fh = 0;
-    for (uint32_t i = 0; i < b->n_buffers; i++) {
-        size_t end = s->counts[i];
-        bool fixed = fh < bc->n_fix_hits && s->fix_hits[fh].buffer == i;
-        if (end == start && !fixed)
-            continue;
-        s->one.n = 0;
-        for (size_t k = start; k < end; k++) {
-            if (scan_hits_push(&s->one, (uint32_t)s->pairs[k], s->pairs[k] >> 32, 1) < 0)
-                return vks_error_set(err, -ENOMEM, "out of memory collecting hits");
-        }
-        for (; fh < bc->n_fix_hits && s->fix_hits[fh].buffer == i; fh++) {
-            if (scan_hits_push(&s->one, s->fix_hits[fh].rule, s->fix_hits[fh].end, 1) < 0)
-                return vks_error_set(err, -ENOMEM, "out of memory collecting hits");
-        }
-        scan_hits_finalize(&s->one, b->catalogs[b->buffers[i].catalog], b->buffers[i].mode);
-        for (size_t k = 0; k < s->one.n; k++) {
-            if (append_hit(res, i, &s->one.v[k]) < 0)
-                return vks_error_set(err, -ENOMEM, "out of memory returning hits");
-        }
-        start = end;
-    }
-    bc->tel->finalize_ns = gpu_now_ns() - t;
-    return 0;
-}
-
 /* Reads the pass that was waited for (status `rc`), re-running it until
  * the ring held every hit, then reads the hits back. */
 static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, struct vks_error *err)
@@ -1288,6 +1204,10 @@ static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, str
                                  (unsigned long long)tel->items_remaining,
                                  (unsigned long long)bc->items_total);
         tel->hits_raw = qs[QS_HIT_HEAD];
+        if (bc->hay_bytes > 0) {
+            uint64_t rate = ((uint64_t)qs[QS_HIT_HEAD] << 16) / bc->hay_bytes;
+            eng->hit_rate_seen = rate > eng->hit_rate_seen ? rate : eng->hit_rate_seen;
+        }
         if (qs[QS_HIT_HEAD] <= eng->hits.size / 16)
             break;
         tel->hit_reruns++;
@@ -1311,7 +1231,7 @@ static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, str
         rc = host_finish(bc, qs, raw, n, err);
     if (rc < 0)
         return rc;
-    return finish_hits(bc, raw, n, res, err);
+    return gpu_finish_hits(bc, raw, n, res, err);
 }
 
 /* Everything up to the submit of the first pass: plan, limits, residency,
@@ -1606,6 +1526,12 @@ void gpu_batch_scratch_finish(struct batch_scratch *s)
     free(s->pairs);
     free(s->fixes);
     free(s->fix_hits);
+    free(s->bin_base);
+    free(s->bin_cnt);
+    free(s->bin_start);
+    free(s->bin_kept);
+    free(s->task_bin);
+    free(s->keys);
     scan_hits_finish(&s->one);
     memset(s, 0, sizeof(*s));
 }

@@ -117,8 +117,11 @@ struct gpu_options {
     uint32_t workgroup_size; /* 0: chosen by the launch policy */
     uint32_t max_workgroups; /* per launch; 0: chosen by the launch policy */
     uint32_t upload_threads; /* host threads copying into staging; 0: up to 8 */
-    uint32_t upload_chunk;   /* staging bytes per copy submit; 0: max(16 MiB, size / 64) */
-    bool staged_upload;      /* tests: go through staging also where device memory is mapped */
+    /* Raw hits at which a batch's hits are sorted on those threads
+     * (gpu/hits.c) instead of the collecting one; 0: 65536. */
+    uint32_t hits_parallel_min;
+    uint32_t upload_chunk; /* staging bytes per copy submit; 0: max(16 MiB, size / 64) */
+    bool staged_upload;    /* tests: go through staging also where device memory is mapped */
     /* The literal kernel (docs/gpu.md) for DFA groups of plain strings:
      * 0 where it saves passes or memory traffic (a catalog with 2 or more
      * such groups, or one with over 8 MiB of DFA rows), 1 for every such

@@ -176,6 +176,11 @@ struct batch_scratch {
     size_t fixes_cap;
     struct gpu_hit *fix_hits; /* sorted by buffer */
     size_t fix_hits_cap;
+    /* hits.c's pool path: bins of (buffer, end range), their keys */
+    uint32_t *bin_base, *bin_cnt, *bin_kept, *task_bin;
+    size_t bin_base_cap, bin_cnt_cap, bin_kept_cap, task_bin_cap;
+    uint64_t *bin_start, *keys;
+    size_t bin_start_cap, keys_cap;
 };
 
 /* One batch from its submit to its collect (one attempt of it, when the
@@ -299,6 +304,10 @@ struct gpu_engine {
 
     struct gpu_frame frames[GPU_MAX_INFLIGHT];
     uint32_t n_frames;
+    /* The most raw hits per haystack byte a batch has had (16.16 fixed
+     * point): a frame sizes its ring from it before a batch runs, so that
+     * each frame does not re-run its first hit-dense batch to grow it. */
+    uint64_t hit_rate_seen;
     uint32_t n_busy;        /* frames submitted and not collected */
     uint64_t seq;           /* next submission's sequence number */
     VkDescriptorPool fpool; /* descriptor sets of frames 1.. (frame 0 has eng->sets) */
@@ -323,6 +332,12 @@ int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err);
 /* plan.c: the push constants of bit-NFA range `sr` (batch.c records it). */
 void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint32_t head,
                   struct nfa_push *pc);
+
+/* hits.c: the collected pass's raw hits (and the host's fix hits) into
+ * res, per buffer in (end, rule) order with its report mode; sets the
+ * readback and finalize telemetry. */
+int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struct gpu_result *res,
+                    struct vks_error *err);
 
 /* Grows `*p` (elements of `elem` bytes, capacity `*cap`) to hold `need`,
  * doubling; returns 0 or -ENOMEM, leaving `*p` intact on failure. */

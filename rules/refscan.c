@@ -401,9 +401,62 @@ static void radix_sort_u64(uint64_t *k, uint64_t *tmp, size_t n)
 #define KEY_RULE_BITS      24u
 #define KEY_END_LIMIT      ((uint64_t)1 << (64 - KEY_RULE_BITS))
 
+int scan_reporter_init(struct scan_reporter *r, const struct catalog *cat)
+{
+    uint32_t n = catalog_rule_count(cat);
+    *r = (struct scan_reporter){.cat = cat, .n_rules = n};
+    r->stamp = calloc(n ? n : 1, sizeof(*r->stamp));
+    r->first = malloc((n ? n : 1) * sizeof(*r->first));
+    r->single = calloc(n ? n : 1, 1);
+    if (r->stamp == NULL || r->first == NULL || r->single == NULL) {
+        scan_reporter_finish(r);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+void scan_reporter_buffer(struct scan_reporter *r)
+{
+    if (++r->gen == 0) { /* wrapped: no stamp may equal a new generation */
+        memset(r->stamp, 0, (size_t)r->n_rules * sizeof(*r->stamp));
+        r->gen = 1;
+    }
+}
+
+enum scan_take scan_reporter_take(struct scan_reporter *r, enum scan_mode mode, uint32_t rule,
+                                  uint64_t k, uint64_t *first)
+{
+    if (r->stamp[rule] != r->gen) {
+        r->stamp[rule] = r->gen;
+        r->first[rule] = k;
+        return SCAN_TAKE_NEW;
+    }
+    if (r->single[rule] == 0) {
+        struct catalog_rule cr;
+        catalog_rule(r->cat, rule, &cr);
+        r->single[rule] = (cr.flags & RULE_F_SINGLEMATCH) ? 2 : 1;
+    }
+    if (r->single[rule] == 2 || mode == SCAN_FIRST)
+        return SCAN_TAKE_DROP;
+    if (mode == SCAN_COUNT) {
+        *first = r->first[rule];
+        return SCAN_TAKE_COUNT;
+    }
+    return SCAN_TAKE_NEW;
+}
+
+void scan_reporter_finish(struct scan_reporter *r)
+{
+    free(r->stamp);
+    free(r->first);
+    free(r->single);
+    r->stamp = NULL;
+    r->first = NULL;
+    r->single = NULL;
+}
+
 /* The radix path of scan_hits_finalize, with the same result: keys
- * (end, rule) in one sort, duplicates adjacent, and per rule its first
- * entry's index (count mode) or whether it was seen (single-match rules).
+ * (end, rule) in one sort, duplicates adjacent, then the report modes.
  * Returns false when it cannot run (keys do not fit, no memory). */
 static bool finalize_radix(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode)
 {
@@ -412,49 +465,41 @@ static bool finalize_radix(struct scan_hits *h, const struct catalog *cat, enum 
         return false;
     size_t n = h->n;
     uint64_t *key = malloc(2 * n * sizeof(*key));
-    uint32_t *first = malloc((size_t)n_rules * sizeof(*first)); /* entry + 1, 0: unseen */
-    uint8_t *single = malloc(n_rules ? n_rules : 1);
-    bool ok = key != NULL && first != NULL && single != NULL;
+    struct scan_reporter rep;
+    bool ok = key != NULL;
     for (size_t i = 0; ok && i < n; i++) {
         if (h->v[i].end >= KEY_END_LIMIT || h->v[i].rule >= n_rules)
             ok = false;
         else
             key[i] = h->v[i].end << KEY_RULE_BITS | h->v[i].rule;
     }
-    if (!ok) {
+    if (!ok || scan_reporter_init(&rep, cat) < 0) {
         free(key);
-        free(first);
-        free(single);
         return false;
     }
-    memset(first, 0, (size_t)n_rules * sizeof(*first));
+    scan_reporter_buffer(&rep);
     radix_sort_u64(key, key + n, n);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         if (i > 0 && key[i] == key[i - 1])
             continue; /* one report per (rule, end) */
         uint32_t rule = (uint32_t)(key[i] & ((1u << KEY_RULE_BITS) - 1));
-        uint64_t end = key[i] >> KEY_RULE_BITS;
-        if (first[rule] == 0) {
-            struct catalog_rule r;
-            catalog_rule(cat, rule, &r);
-            single[rule] = (r.flags & RULE_F_SINGLEMATCH) || mode == SCAN_FIRST;
-        } else if (single[rule]) {
-            continue;
-        } else if (mode == SCAN_COUNT) {
-            h->v[first[rule] - 1].count++;
-            continue;
+        uint64_t first;
+        switch (scan_reporter_take(&rep, mode, rule, k, &first)) {
+        case SCAN_TAKE_NEW:
+            /* k <= i: entries are written behind the keys being read */
+            h->v[k++] = (struct scan_hit){.rule = rule, .count = 1, .end = key[i] >> KEY_RULE_BITS};
+            break;
+        case SCAN_TAKE_COUNT:
+            h->v[first].count++;
+            break;
+        case SCAN_TAKE_DROP:
+            break;
         }
-        /* k <= i: entries are written behind the keys being read */
-        h->v[k] = (struct scan_hit){.rule = rule, .count = 1, .end = end};
-        if (first[rule] == 0)
-            first[rule] = (uint32_t)k + 1;
-        k++;
     }
     h->n = k;
     free(key);
-    free(first);
-    free(single);
+    scan_reporter_finish(&rep);
     return true;
 }
 

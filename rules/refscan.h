@@ -206,4 +206,35 @@ void scan_hits_finalize_sorting(struct scan_hits *h, const struct catalog *cat,
 
 void scan_hits_finish(struct scan_hits *h);
 
+/*
+ * Report modes over deduplicated hits in (end, rule) order, one buffer after
+ * another: what scan_hits_finalize applies after its sort, for callers that
+ * sort themselves (the GPU host's parallel finish, gpu/hits.c). Per rule it
+ * keeps whether the rule was seen in the current buffer (a generation stamp,
+ * so a new buffer costs nothing) and where its first entry went.
+ */
+struct scan_reporter {
+    const struct catalog *cat;
+    uint32_t n_rules;
+    uint32_t gen;    /* the current buffer's stamp, from 1 */
+    uint32_t *stamp; /* gen of the buffer the rule was last seen in */
+    uint64_t *first; /* output index of the rule's first entry there */
+    uint8_t *single; /* RULE_F_SINGLEMATCH: 0 not looked up, 1 no, 2 yes */
+};
+
+enum scan_take {
+    SCAN_TAKE_NEW,   /* append the hit as a new entry (count 1) */
+    SCAN_TAKE_COUNT, /* add one to entry *first (count mode) */
+    SCAN_TAKE_DROP,  /* leave it out (single-match, first mode) */
+};
+
+/* Returns 0 or -ENOMEM; then scan_reporter_buffer before each buffer. */
+int scan_reporter_init(struct scan_reporter *r, const struct catalog *cat);
+void scan_reporter_buffer(struct scan_reporter *r);
+/* What becomes of the next hit of `rule` (rule < n_rules) in `mode`; `k` is
+ * the index the entry gets if it is new, *first the one to count into. */
+enum scan_take scan_reporter_take(struct scan_reporter *r, enum scan_mode mode, uint32_t rule,
+                                  uint64_t k, uint64_t *first);
+void scan_reporter_finish(struct scan_reporter *r);
+
 #endif

@@ -387,7 +387,10 @@ START_TEST(test_confirm_nfa)
     static const char *const plants[] = {"key=12",    "keyab=9", "q12zq9 ab;", "zq9;",
                                          "TOKab1END", "tokEND",  "bob@corp",   "@corpx",
                                          "\nline x",  "abc",     "def",        "key"};
-    struct gpu_options opt = {.segment_bytes = 48, .chain_bytes = 80};
+    /* _i 1: the pool's way of finishing hits (gpu/hits.c), which must drop
+     * the copies that overlapping confirmation items report */
+    struct gpu_options opt = {
+        .segment_bytes = 48, .chain_bytes = 80, .hits_parallel_min = (uint32_t)_i};
     struct gpu_engine *eng = engine(&opt);
     struct rules_options ro = {.force_bitnfa = true};
     struct catalog *cat = compile_rules_opt(rules, sizeof(rules) / sizeof(rules[0]), &ro);
@@ -490,7 +493,9 @@ START_TEST(test_confirm_cap)
     struct gpu_batch b = {cats, 1, bufs, NB};
     uint32_t caps[] = {512, 1024};
     for (uint32_t c = 0; c < 2; c++) {
-        struct gpu_options opt = {.confirm_cap = caps[c]};
+        /* _i 1: the hits of the copies that overlapping items report
+         * are dropped on the pool's way too (gpu/hits.c) */
+        struct gpu_options opt = {.confirm_cap = caps[c], .hits_parallel_min = (uint32_t)_i};
         struct gpu_engine *eng = engine(&opt);
         struct gpu_result res = {0};
         ck_assert_uint_ge(check_batch(eng, &b, &res), 10);
@@ -1312,6 +1317,92 @@ START_TEST(test_hit_dense)
 }
 END_TEST
 
+/* The pool's way of finishing hits (gpu/hits.c: raw hits binned by 4 MiB
+ * of ends, each bin sorted on an upload thread, then the report modes in
+ * one pass) gives refscan's hits: random batches of every mode and several
+ * catalogs; and a hit-dense buffer of three bins with an unbounded rule in
+ * speculative segments, whose repairs drop device hits and add the host's,
+ * and whose count and first modes must carry a rule across bins. */
+START_TEST(test_hits_pool)
+{
+    struct gpu_options opt = {.hits_parallel_min = 1, .upload_threads = 3};
+    struct gpu_engine *eng = engine(&opt);
+    for (uint32_t seed = 0; seed < 8; seed++)
+        random_round(eng, 9100 + seed, 30, 3000);
+    struct trule t[] = {{"ab", RULE_LITERAL, "ab", 0},
+                        {"bx", RULE_REGEX, "b[^a]", 0},
+                        {"ba1", RULE_LITERAL, "ba", RULE_F_SINGLEMATCH},
+                        {"xz", RULE_REGEX, "x[^y]*z", 0}};
+    struct rules_options ro = {.gate_bits = UINT32_MAX};
+    struct catalog *cat = compile_rules_opt(t, 4, &ro);
+    const size_t len = (17u << 19) + 77; /* 8.5 MiB: bins 0, 1 and 2 */
+    uint8_t *p = malloc(len);
+    uint32_t r = 5;
+    for (size_t i = 0; i < len; i++) {
+        r = r * 1103515245u + 12345u;
+        p[i] = "ab cz."[(r >> 16) % 6];
+    }
+    p[100] = 'x'; /* x[^y]*z lives until the y: segments guess wrong */
+    p[3u << 20] = 'y';
+    p[(4u << 20) + 9] = 'x';
+    p[(4u << 20) + 40000] = 'y';
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+        struct gpu_buffer bufs[] = {
+            {.data = p, .len = len, .mode = (enum scan_mode)mode},
+            {.data = p + 5, .len = 3000, .mode = (enum scan_mode)mode},
+            {.data = p + (4u << 20) - 100, .len = 200, .mode = (enum scan_mode)mode},
+        };
+        const struct catalog *cats[] = {cat};
+        struct gpu_batch b = {cats, 1, bufs, 3};
+        struct gpu_result res = {0};
+        size_t n = check_batch(eng, &b, &res);
+        ck_assert_uint_ge(res.tel.hits_raw, 1u << 20);
+        ck_assert_uint_gt(res.tel.spec_fixes, 0);
+        if (mode == SCAN_ALL)
+            ck_assert_uint_gt(n, 1u << 20);
+        gpu_result_finish(&res);
+    }
+    free(p);
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+END_TEST
+
+/* A frame sizes its hit ring from the hit rate batches have had: after
+ * one hit-dense batch grew frame 0's ring (one re-run), a batch on frame
+ * 1, whose ring is new, runs once. */
+START_TEST(test_ring_learned)
+{
+    struct trule t[] = {{"dot", RULE_REGEX, "(?s).", 0}, {"xx", RULE_LITERAL, "xx", 0}};
+    struct catalog *cat = compile_rules(t, 2);
+    struct gpu_engine *eng = engine(&(struct gpu_options){.inflight = 2, .hit_capacity = 64});
+    enum { LEN = 50000 };
+    uint8_t *p = malloc(LEN);
+    memset(p, 'x', LEN);
+    struct gpu_buffer buf = {.data = p, .len = LEN, .mode = SCAN_ALL};
+    const struct catalog *cats[] = {cat};
+    struct gpu_batch b = {cats, 1, &buf, 1};
+    struct gpu_result first = {0}, a = {0}, c = {0};
+    ck_assert_uint_eq(check_batch(eng, &b, &first), 2 * LEN - 1);
+    ck_assert_uint_eq(first.tel.hit_reruns, 1);
+    struct vks_error err = {0};
+    ck_assert_int_eq(gpu_batch_submit(eng, &b, &a, &err), 0); /* frame 0 */
+    ck_assert_int_eq(gpu_batch_submit(eng, &b, &c, &err), 0); /* frame 1: a new ring */
+    struct gpu_result *out = NULL;
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(gpu_batch_collect(eng, &out, &err), 0);
+        check_result(&b, out);
+        ck_assert_uint_eq(out->tel.hit_reruns, 0);
+    }
+    gpu_result_finish(&first);
+    gpu_result_finish(&a);
+    gpu_result_finish(&c);
+    free(p);
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* ^ $ \b \B with and without multiline, on buffers full of newlines,
  * including buffers that end in one. */
 START_TEST(test_anchored)
@@ -1965,8 +2056,8 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_bitnfa_random);
     tcase_add_test(tc, test_bitnfa_segments);
     tcase_add_test(tc, test_gated_nfa);
-    tcase_add_test(tc, test_confirm_nfa);
-    tcase_add_test(tc, test_confirm_cap);
+    tcase_add_loop_test(tc, test_confirm_nfa, 0, 2);
+    tcase_add_loop_test(tc, test_confirm_cap, 0, 2);
     tcase_add_test(tc, test_confirm_items_bounded);
     tcase_add_test(tc, test_confirm_many);
     tcase_add_test(tc, test_gated_pieces);
@@ -1975,6 +2066,8 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_loop_budget);
     tcase_add_test(tc, test_spec_segments);
     tcase_add_test(tc, test_hit_dense);
+    tcase_add_test(tc, test_hits_pool);
+    tcase_add_test(tc, test_ring_learned);
     tcase_add_test(tc, test_anchored);
     tcase_add_test(tc, test_large_catalogs);
     tcase_add_test(tc, test_modes);

@@ -1,0 +1,411 @@
+/*
+ * A collected batch's raw hits into the hits a caller gets: per buffer,
+ * every (rule, end) once, in (end, rule) order, with the buffer's report
+ * mode (refscan's scan_hits_finalize semantics, docs/gpu.md "Hits").
+ *
+ * The ring holds raw hits in the order workers flushed them, interleaved
+ * across items and buffers, with copies where items overlap. A batch of
+ * few hits goes the short way: a counting sort by buffer, then
+ * scan_hits_finalize per buffer. A batch of many (one 1 GiB text file
+ * against a dictionary: 5 M) is finished on the engine's thread pool:
+ *
+ *   1. bin: each thread counts its slice of the ring into bins of
+ *      (buffer, end >> BIN_SHIFT); a prefix over (bin, thread) gives every
+ *      thread its own place in each bin, and a second pass scatters keys
+ *      (end's low bits, rule) there: no locks, no atomics;
+ *   2. sort: each bin (at most a few MiB of ends, so its keys stay in
+ *      cache) is radix-sorted and its copies dropped, bins spread over the
+ *      threads by their key counts;
+ *   3. report: one pass over the bins in order applies the report modes
+ *      (scan_reporter) and writes the result.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define BIN_SHIFT     22u /* ends per bin: 4 MiB of a buffer */
+#define HITS_PAR_MIN  65536u
+#define SORT_SMALL    48u /* bins this short take an insertion sort */
+#define DIGIT_BITS    11u
+#define TASKS_PER_THR 4u
+
+/* Whether raw hit h (buffer, rule, layer, end) lies in a re-walked part of
+ * a speculative segment, where the host's hits replace the device's. */
+static bool spec_dropped(const struct batch_ctx *bc, const uint32_t *h)
+{
+    const struct spec_fix *v = bc->eng->scratch.fixes;
+    size_t a = 0, z = bc->n_fixes;
+    while (a < z) { /* the first fix after (buf, layer, end) */
+        size_t m = (a + z) / 2;
+        const struct spec_fix *f = &v[m];
+        bool before = f->buf < h[0] ||
+                      (f->buf == h[0] && (f->layer < h[2] || (f->layer == h[2] && f->lo < h[3])));
+        if (before)
+            a = m + 1;
+        else
+            z = m;
+    }
+    if (a == 0)
+        return false;
+    const struct spec_fix *f = &v[a - 1];
+    return f->buf == h[0] && f->layer == h[2] && h[3] > f->lo && h[3] < f->upto;
+}
+
+/* Whether raw hit h is a match to return: not a live confirmation's
+ * marker, not in a re-walked part of a speculative segment. */
+static bool kept(const struct batch_ctx *bc, const uint32_t *h)
+{
+    return h[1] != NO_CARRY && (bc->n_fixes == 0 || !spec_dropped(bc, h));
+}
+
+static int append_hit(struct gpu_result *res, uint32_t buf, const struct scan_hit *h)
+{
+    if (res->n_hits == res->cap) {
+        size_t n = res->cap ? res->cap * 2 : 256;
+        struct gpu_hit *p = realloc(res->hits, n * sizeof(*p));
+        if (p == NULL)
+            return -ENOMEM;
+        res->hits = p;
+        res->cap = n;
+    }
+    res->hits[res->n_hits++] = (struct gpu_hit){buf, h->rule, h->count, h->end};
+    return 0;
+}
+
+/* The short way: a counting sort by buffer, scan_hits_finalize per buffer. */
+static int finish_serial(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
+                         struct gpu_result *res, struct vks_error *err)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    const struct gpu_batch *b = bc->batch;
+    if (gpu_grow_array((void **)&s->counts, &s->counts_cap, (size_t)b->n_buffers + 1, 4) < 0 ||
+        gpu_grow_array((void **)&s->pairs, &s->pairs_cap, n, 8) < 0)
+        return vks_error_set(err, -ENOMEM, "out of memory sorting %llu hits",
+                             (unsigned long long)n);
+    memset(s->counts, 0, ((size_t)b->n_buffers + 1) * 4);
+    for (uint64_t i = 0; i < n; i++) {
+        if (kept(bc, &raw[i * 4]))
+            s->counts[raw[i * 4] + 1]++;
+    }
+    for (uint32_t i = 0; i < b->n_buffers; i++)
+        s->counts[i + 1] += s->counts[i];
+    for (uint64_t i = 0; i < n; i++) {
+        const uint32_t *h = &raw[i * 4];
+        if (kept(bc, h))
+            s->pairs[s->counts[h[0]]++] = (uint64_t)h[3] << 32 | h[1];
+    }
+    size_t start = 0, fh = 0;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        size_t end = s->counts[i];
+        bool fixed = fh < bc->n_fix_hits && s->fix_hits[fh].buffer == i;
+        if (end == start && !fixed)
+            continue;
+        s->one.n = 0;
+        for (size_t k = start; k < end; k++) {
+            if (scan_hits_push(&s->one, (uint32_t)s->pairs[k], s->pairs[k] >> 32, 1) < 0)
+                return vks_error_set(err, -ENOMEM, "out of memory collecting hits");
+        }
+        for (; fh < bc->n_fix_hits && s->fix_hits[fh].buffer == i; fh++) {
+            if (scan_hits_push(&s->one, s->fix_hits[fh].rule, s->fix_hits[fh].end, 1) < 0)
+                return vks_error_set(err, -ENOMEM, "out of memory collecting hits");
+        }
+        scan_hits_finalize(&s->one, b->catalogs[b->buffers[i].catalog], b->buffers[i].mode);
+        for (size_t k = 0; k < s->one.n; k++) {
+            if (append_hit(res, i, &s->one.v[k]) < 0)
+                return vks_error_set(err, -ENOMEM, "out of memory returning hits");
+        }
+        start = end;
+    }
+    return 0;
+}
+
+/* ---- the pool's way ---------------------------------------------------- */
+
+struct hit_job {
+    const struct batch_ctx *bc;
+    const uint32_t *raw;
+    uint64_t n;
+    uint32_t slices; /* of the ring, one per thread; the fix hits are one more */
+    uint32_t n_bins;
+    unsigned rule_bits;
+    const uint32_t *n_rules; /* per batch catalog */
+    const uint32_t *base;    /* per buffer: its first bin; [n_buffers]: n_bins */
+    uint32_t *cnt;           /* (slice, bin): a count, then where the slice writes next */
+    uint64_t *start;         /* per bin: where its keys begin; [n_bins]: all */
+    uint32_t *kept;          /* per bin: keys left after dropping copies */
+    uint64_t *keys, *tmp;
+    const uint32_t *task_bin; /* sort tasks: first bin of each, [n_tasks]: n_bins */
+};
+
+/* Bin of one raw hit and its key, or false for a hit that is not kept
+ * (markers, re-walked spans; a rule or buffer out of range cannot come
+ * from the kernel, and is left out rather than trusted). */
+static bool bin_of(const struct hit_job *j, uint32_t buf, uint32_t rule, uint64_t end,
+                   uint32_t *bin, uint64_t *key)
+{
+    const struct gpu_batch *b = j->bc->batch;
+    if (buf >= b->n_buffers || rule >= j->n_rules[b->buffers[buf].catalog])
+        return false;
+    uint64_t sub = end >> BIN_SHIFT;
+    uint32_t first = j->base[buf], span = j->base[buf + 1] - first;
+    if (sub >= span)
+        return false;
+    *bin = first + (uint32_t)sub;
+    *key = (end & (((uint64_t)1 << BIN_SHIFT) - 1)) << j->rule_bits | rule;
+    return true;
+}
+
+/* Slice t of the ring (or, t == slices - 1 of slices + 1, the fix hits):
+ * count (scatter false) or place (scatter true) its kept hits. */
+static void bin_slice(struct hit_job *j, uint32_t t, bool scatter)
+{
+    uint32_t *cnt = j->cnt + (size_t)t * j->n_bins;
+    uint32_t bin;
+    uint64_t key;
+    if (t == j->slices) {
+        const struct batch_ctx *bc = j->bc;
+        for (size_t i = 0; i < bc->n_fix_hits; i++) {
+            const struct gpu_hit *h = &bc->eng->scratch.fix_hits[i];
+            if (!bin_of(j, h->buffer, h->rule, h->end, &bin, &key))
+                continue;
+            if (scatter)
+                j->keys[cnt[bin]++] = key;
+            else
+                cnt[bin]++;
+        }
+        return;
+    }
+    uint64_t lo = j->n * t / j->slices, hi = j->n * (t + 1) / j->slices;
+    for (uint64_t i = lo; i < hi; i++) {
+        const uint32_t *h = &j->raw[i * 4];
+        if (!kept(j->bc, h) || !bin_of(j, h[0], h[1], h[3], &bin, &key))
+            continue;
+        if (scatter)
+            j->keys[cnt[bin]++] = key;
+        else
+            cnt[bin]++;
+    }
+}
+
+static void count_task(void *ctx, uint32_t t)
+{
+    bin_slice(ctx, t, false);
+}
+
+static void scatter_task(void *ctx, uint32_t t)
+{
+    bin_slice(ctx, t, true);
+}
+
+/* LSD radix sort of k[0..n) on DIGIT_BITS-bit digits, skipping digits in
+ * which every key agrees; tmp holds n keys. */
+static void sort_keys(uint64_t *k, uint64_t *tmp, size_t n)
+{
+    if (n < SORT_SMALL) {
+        for (size_t i = 1; i < n; i++) {
+            uint64_t x = k[i];
+            size_t p = i;
+            for (; p > 0 && k[p - 1] > x; p--)
+                k[p] = k[p - 1];
+            k[p] = x;
+        }
+        return;
+    }
+    uint64_t all_or = 0, all_and = ~0ull;
+    for (size_t i = 0; i < n; i++) {
+        all_or |= k[i];
+        all_and &= k[i];
+    }
+    uint32_t count[1u << DIGIT_BITS];
+    const uint64_t digit = ((uint64_t)1 << DIGIT_BITS) - 1;
+    uint64_t *src = k, *dst = tmp;
+    for (unsigned shift = 0; shift < 64 && (all_or >> shift) != 0; shift += DIGIT_BITS) {
+        if ((((all_or ^ all_and) >> shift) & digit) == 0)
+            continue;
+        memset(count, 0, sizeof(count));
+        for (size_t i = 0; i < n; i++)
+            count[(src[i] >> shift) & digit]++;
+        uint32_t sum = 0;
+        for (size_t d = 0; d <= digit; d++) {
+            uint32_t c = count[d];
+            count[d] = sum;
+            sum += c;
+        }
+        for (size_t i = 0; i < n; i++)
+            dst[count[(src[i] >> shift) & digit]++] = src[i];
+        uint64_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != k)
+        memcpy(k, src, n * sizeof(*k));
+}
+
+/* Sort task t: its bins sorted, copies dropped (each (rule, end) of a
+ * buffer lies in one bin, so this is every copy). */
+static void sort_task(void *ctx, uint32_t t)
+{
+    struct hit_job *j = ctx;
+    for (uint32_t b = j->task_bin[t]; b < j->task_bin[t + 1]; b++) {
+        uint64_t s = j->start[b], m = j->start[b + 1] - s;
+        uint64_t *k = j->keys + s;
+        sort_keys(k, j->tmp + s, m);
+        uint32_t w = 0;
+        for (uint64_t i = 0; i < m; i++)
+            if (w == 0 || k[i] != k[w - 1])
+                k[w++] = k[i];
+        j->kept[b] = w;
+    }
+}
+
+/* Report modes over the sorted bins, buffer by buffer, into res. */
+static int report(struct hit_job *j, struct gpu_result *res, struct vks_error *err)
+{
+    const struct gpu_batch *b = j->bc->batch;
+    struct scan_reporter rep[GPU_MAX_BATCH_CATALOGS];
+    bool have[GPU_MAX_BATCH_CATALOGS] = {false};
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < j->n_bins; i++)
+        total += j->kept[i];
+    int rc = 0;
+    if (gpu_grow_array((void **)&res->hits, &res->cap, res->n_hits + total, sizeof(*res->hits)) < 0)
+        rc = vks_error_set(err, -ENOMEM, "out of memory returning %llu hits",
+                           (unsigned long long)total);
+    const uint64_t rule_mask = ((uint64_t)1 << j->rule_bits) - 1;
+    for (uint32_t i = 0; i < b->n_buffers && rc == 0; i++) {
+        uint32_t c = b->buffers[i].catalog;
+        enum scan_mode mode = b->buffers[i].mode;
+        bool any = false;
+        for (uint32_t bin = j->base[i]; bin < j->base[i + 1] && !any; bin++)
+            any = j->kept[bin] != 0;
+        if (!any)
+            continue;
+        if (!have[c]) {
+            if (scan_reporter_init(&rep[c], b->catalogs[c]) < 0) {
+                rc = vks_error_set(err, -ENOMEM, "out of memory applying report modes");
+                break;
+            }
+            have[c] = true;
+        }
+        scan_reporter_buffer(&rep[c]);
+        for (uint32_t bin = j->base[i]; bin < j->base[i + 1]; bin++) {
+            const uint64_t *k = j->keys + j->start[bin];
+            uint64_t high = (uint64_t)(bin - j->base[i]) << BIN_SHIFT;
+            for (uint32_t x = 0; x < j->kept[bin]; x++) {
+                uint32_t rule = (uint32_t)(k[x] & rule_mask);
+                uint64_t first;
+                switch (scan_reporter_take(&rep[c], mode, rule, res->n_hits, &first)) {
+                case SCAN_TAKE_NEW:
+                    res->hits[res->n_hits++] =
+                        (struct gpu_hit){i, rule, 1, high | k[x] >> j->rule_bits};
+                    break;
+                case SCAN_TAKE_COUNT:
+                    res->hits[first].count++;
+                    break;
+                case SCAN_TAKE_DROP:
+                    break;
+                }
+            }
+        }
+    }
+    for (uint32_t c = 0; c < GPU_MAX_BATCH_CATALOGS; c++)
+        if (have[c])
+            scan_reporter_finish(&rep[c]);
+    return rc;
+}
+
+static unsigned bits_for(uint64_t v)
+{
+    unsigned n = 0;
+    while (n < 64 && (v >> n) != 0)
+        n++;
+    return n;
+}
+
+static int finish_pool(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
+                       struct gpu_result *res, struct vks_error *err)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    const struct gpu_batch *b = bc->batch;
+    struct upload_pool *pool = bc->eng->pool;
+    uint32_t n_rules[GPU_MAX_BATCH_CATALOGS] = {0}, most = 0;
+    for (uint32_t c = 0; c < b->n_catalogs; c++) {
+        n_rules[c] = catalog_rule_count(b->catalogs[c]);
+        most = n_rules[c] > most ? n_rules[c] : most;
+    }
+    struct hit_job j = {.bc = bc, .raw = raw, .n = n, .n_rules = n_rules};
+    j.rule_bits = bits_for(most ? most - 1 : 0);
+    if (j.rule_bits + BIN_SHIFT > 64)
+        return finish_serial(bc, raw, n, res, err);
+    j.slices = upload_pool_threads(pool);
+    uint64_t bins = 0;
+    for (uint32_t i = 0; i < b->n_buffers; i++)
+        bins += (b->buffers[i].len >> BIN_SHIFT) + 1;
+    uint64_t keys = n + bc->n_fix_hits;
+    if (bins >= UINT32_MAX / (j.slices + 1) || keys >= UINT32_MAX)
+        return finish_serial(bc, raw, n, res, err);
+    j.n_bins = (uint32_t)bins;
+    size_t n_tasks_most = (size_t)j.slices * TASKS_PER_THR;
+    if (gpu_grow_array((void **)&s->bin_base, &s->bin_base_cap, (size_t)b->n_buffers + 1, 4) < 0 ||
+        gpu_grow_array((void **)&s->bin_cnt, &s->bin_cnt_cap, (size_t)(j.slices + 1) * bins, 4) <
+            0 ||
+        gpu_grow_array((void **)&s->bin_start, &s->bin_start_cap, bins + 1, 8) < 0 ||
+        gpu_grow_array((void **)&s->bin_kept, &s->bin_kept_cap, bins, 4) < 0 ||
+        gpu_grow_array((void **)&s->task_bin, &s->task_bin_cap, n_tasks_most + 1, 4) < 0 ||
+        gpu_grow_array((void **)&s->keys, &s->keys_cap, 2 * keys + 1, 8) < 0)
+        return vks_error_set(err, -ENOMEM, "out of memory sorting %llu hits",
+                             (unsigned long long)keys);
+    uint32_t *base = s->bin_base;
+    base[0] = 0;
+    for (uint32_t i = 0; i < b->n_buffers; i++)
+        base[i + 1] = base[i] + (uint32_t)(b->buffers[i].len >> BIN_SHIFT) + 1;
+    j.base = base;
+    j.cnt = s->bin_cnt;
+    j.start = s->bin_start;
+    j.kept = s->bin_kept;
+    j.keys = s->keys;
+    j.tmp = s->keys + keys;
+    memset(j.cnt, 0, (size_t)(j.slices + 1) * bins * 4);
+
+    upload_pool_run(pool, count_task, &j, j.slices + 1);
+    uint64_t at = 0;
+    for (uint32_t bin = 0; bin < j.n_bins; bin++) {
+        j.start[bin] = at;
+        for (uint32_t t = 0; t <= j.slices; t++) {
+            uint32_t *c = &j.cnt[(size_t)t * j.n_bins + bin];
+            uint32_t m = *c;
+            *c = (uint32_t)at;
+            at += m;
+        }
+    }
+    j.start[j.n_bins] = at;
+    upload_pool_run(pool, scatter_task, &j, j.slices + 1);
+
+    /* sort tasks of about equal keys, whole bins each */
+    uint32_t *tb = s->task_bin, n_tasks = 0;
+    uint64_t per = at / n_tasks_most + 1;
+    tb[0] = 0;
+    for (uint32_t bin = 0; bin < j.n_bins; bin++) {
+        if (j.start[bin + 1] - j.start[tb[n_tasks]] >= per && n_tasks + 1 < n_tasks_most)
+            tb[++n_tasks] = bin + 1;
+    }
+    if (tb[n_tasks] < j.n_bins)
+        tb[++n_tasks] = j.n_bins;
+    j.task_bin = tb;
+    upload_pool_run(pool, sort_task, &j, n_tasks);
+    return report(&j, res, err);
+}
+
+int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struct gpu_result *res,
+                    struct vks_error *err)
+{
+    uint64_t t = gpu_now_ns();
+    bc->tel->readback_ns = t - bc->t_read;
+    uint32_t least = bc->eng->opt.hits_parallel_min ? bc->eng->opt.hits_parallel_min : HITS_PAR_MIN;
+    int rc = n + bc->n_fix_hits >= least ? finish_pool(bc, raw, n, res, err)
+                                         : finish_serial(bc, raw, n, res, err);
+    bc->tel->finalize_ns = gpu_now_ns() - t;
+    return rc;
+}
