@@ -177,7 +177,13 @@ START_TEST(failed_grow_keeps_buffer)
     struct gpu_engine *eng = engine();
     size_t n = 0;
     struct vks_error err = {0};
-    ck_assert_int_eq(scan(eng, cat, "a needle", &n, &err), 0);
+    /* one hit in 2 KiB: a rate that gives the next batch no larger ring
+     * before it runs (batch.c sizes rings from the rates seen) */
+    char sparse[2048];
+    memset(sparse, '.', sizeof(sparse) - 1);
+    memcpy(sparse, "a needle", 8);
+    sparse[sizeof(sparse) - 1] = '\0';
+    ck_assert_int_eq(scan(eng, cat, sparse, &n, &err), 0);
     ck_assert_uint_eq(n, 1);
     /* Six hits need a bigger ring than 4: its allocation is the first one
      * this batch makes (everything else is resident). */
