@@ -386,19 +386,13 @@ static bool readable(int fd)
 }
 
 /* Whether a GPU engine may read the job's descriptor buffers itself, at
- * upload: nothing on the host walks their bytes first (the plan walks the
- * factor groups of gated catalogs; starts are found on the host). */
+ * upload: nothing on the host walks their bytes first (starts are found on
+ * the host). Gated catalogs qualify: for a buffer read at upload the GPU
+ * engine finds the factor ends on the device (gpu_options.factor_pass, the
+ * daemon leaves it at 0), and the host repairs read the upload's copy. */
 static bool can_defer(const struct engine_job *j)
 {
-    if (wants_starts(j))
-        return false;
-    struct catalog_group g;
-    for (uint32_t k = 0; k < catalog_group_count(j->cat); k++) {
-        catalog_group(j->cat, k, &g);
-        if (g.flags & CAT_GF_FACTOR)
-            return false;
-    }
-    return true;
+    return !wants_starts(j);
 }
 
 /* Loads buffer `k` of job `ji`: inline ones are there already; a

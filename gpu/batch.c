@@ -25,6 +25,17 @@ static const VkBufferUsageFlags USE_STORAGE_DST =
 
 /* ---- validation and planning ------------------------------------------ */
 
+static bool catalog_has_factor_group(const struct catalog *cat)
+{
+    struct catalog_group g;
+    for (uint32_t k = 0; k < catalog_group_count(cat); k++) {
+        catalog_group(cat, k, &g);
+        if (g.flags & CAT_GF_FACTOR)
+            return true;
+    }
+    return false;
+}
+
 static int validate(const struct gpu_engine *eng, const struct gpu_batch *b, struct vks_error *err)
 {
     if (eng->broken)
@@ -55,6 +66,13 @@ static int validate(const struct gpu_engine *eng, const struct gpu_batch *b, str
                                  (int)gb->mode);
         if (gb->len > 0 && gb->data == NULL && gb->read == NULL)
             return vks_error_set(err, -EINVAL, "buffer %u has %zu bytes but no data", i, gb->len);
+        if (gb->len > 0 && gb->data == NULL && eng->opt.factor_pass < 0 &&
+            catalog_has_factor_group(b->catalogs[gb->catalog]))
+            return vks_error_set(err, -EINVAL,
+                                 "buffer %u is read by callback, but its catalog's factor ends "
+                                 "are found on the host (factor_pass -1), which needs its bytes: "
+                                 "give them, or let the device find them",
+                                 i);
     }
     return 0;
 }
@@ -373,9 +391,22 @@ static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
         (void)gbuf_reserve(eng, &eng->hits, ring, ring_use, ring_kind, &ignored);
     }
     bool direct = eng->direct && eng->hay.map != NULL && eng->meta.map != NULL;
+    uint64_t stage = bc->hay_bytes + bc->n_meta * 16 + bc->new_cat_bytes;
+    if (rc == 0 && !direct && bc->hay_resident && eng->staging.buf != VK_NULL_HANDLE &&
+        eng->staging.size < stage) {
+        /* after the factor pass: the host may still read buffers from the
+         * haystack's copy here (buffer_bytes), so a grown staging keeps it */
+        struct gbuf grown;
+        rc = gbuf_create(eng, &grown, gbuf_grow_size(eng->staging.size, stage), src, GBUF_STAGING,
+                         err);
+        if (rc == 0) {
+            memcpy(grown.map, eng->staging.map, bc->hay_bytes);
+            gbuf_destroy(eng, &eng->staging);
+            eng->staging = grown;
+        }
+    }
     if (rc == 0 && !direct)
-        rc = gbuf_reserve(eng, &eng->staging, bc->hay_bytes + bc->n_meta * 16 + bc->new_cat_bytes,
-                          src, GBUF_STAGING, err);
+        rc = gbuf_reserve(eng, &eng->staging, stage, src, GBUF_STAGING, err);
     return rc;
 }
 
@@ -586,7 +617,7 @@ static void upload_small(struct batch_ctx *bc)
         }
         bc->tel->catalog_bytes_uploaded += words * 4;
     }
-    bc->tel->meta_bytes_uploaded = bc->n_meta * 16;
+    bc->tel->meta_bytes_uploaded += bc->n_meta * 16;
     bc->tel->haystack_bytes_uploaded = bc->hay_bytes;
 }
 
@@ -703,6 +734,7 @@ static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
         .packed = g.n_states <= 65536,
         .spec = sr->spec_base == NO_CARRY ? NO_CARRY
                                           : QS_HEADS + (uint32_t)bc->n_ranges + sr->spec_base,
+        .mask_or = sr->factor ? CAT_ACCEPT_ALWAYS : 0,
     };
     vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, sr->pipe);
     vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, eng->layout, 0, 1,
@@ -1177,9 +1209,9 @@ static int host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t 
     return rc;
 }
 
-/* Reads the pass that was waited for (status `rc`), re-running it until
- * the ring held every hit, then reads the hits back. */
-static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, struct vks_error *err)
+/* Checks the pass that was waited for (status `rc`), re-running it until
+ * the ring held every hit; tel->hits_raw is then its hit count. */
+static int read_queue(struct batch_ctx *bc, int rc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     struct gpu_telemetry *tel = bc->tel;
@@ -1221,17 +1253,144 @@ static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, str
         bc->t_read = gpu_now_ns();
     }
     tel->hit_capacity = eng->hits.size / 16;
+    return rc;
+}
+
+/* Reads the pass that was waited for (status `rc`) and its hits. */
+static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, struct vks_error *err)
+{
+    rc = read_queue(bc, rc, err);
     if (rc < 0)
         return rc;
+    struct gpu_telemetry *tel = bc->tel;
     uint64_t n = tel->hits_raw;
     tel->bytes_read_back += n * 16;
     const uint32_t *raw = NULL;
     rc = copy_hits(bc, n, &raw, err);
     if (rc == 0)
-        rc = host_finish(bc, qs, raw, n, err);
+        rc = host_finish(bc, bc->eng->qs_host.map, raw, n, err);
     if (rc < 0)
         return rc;
     return gpu_finish_hits(bc, raw, n, res, err);
+}
+
+/* ---- the factor pass ---------------------------------------------------- */
+
+static void free_gates(struct batch_ctx *bc)
+{
+    for (uint32_t i = 0; bc->gates != NULL && i < bc->batch->n_buffers; i++)
+        refscan_gate_finish(&bc->gates[i]);
+    free(bc->gates);
+    bc->gates = NULL;
+}
+
+/* The factor pass's raw hits (buffer, group, layer, end) into bc->gates:
+ * per buffer sorted by (group, end), each once. */
+static int gather_gates(struct batch_ctx *bc, const uint32_t *raw, uint64_t n)
+{
+    uint32_t nb = bc->batch->n_buffers;
+    struct batch_scratch *s = &bc->eng->scratch;
+    bc->gates = calloc(nb ? nb : 1, sizeof(*bc->gates));
+    if (bc->gates == NULL ||
+        gpu_grow_array((void **)&s->counts, &s->counts_cap, (size_t)nb + 1, 4) < 0 ||
+        gpu_grow_array((void **)&s->keys, &s->keys_cap, 2 * n + 1, 8) < 0)
+        return -ENOMEM;
+    memset(s->counts, 0, ((size_t)nb + 1) * 4);
+    for (uint64_t i = 0; i < n; i++)
+        if (raw[i * 4] < nb)
+            s->counts[raw[i * 4] + 1]++;
+    for (uint32_t i = 0; i < nb; i++)
+        s->counts[i + 1] += s->counts[i];
+    uint64_t *key = s->keys, *tmp = s->keys + n;
+    for (uint64_t i = 0; i < n; i++) {
+        const uint32_t *h = &raw[i * 4];
+        if (h[0] < nb)
+            key[s->counts[h[0]]++] = (uint64_t)h[1] << 40 | h[3];
+    }
+    size_t start = 0;
+    for (uint32_t i = 0; i < nb; i++) {
+        size_t end = s->counts[i], m = end - start;
+        if (m == 0)
+            continue;
+        gpu_sort_u64(key + start, tmp, m);
+        struct refscan_gate *g = &bc->gates[i];
+        g->v = malloc(m * sizeof(*g->v));
+        if (g->v == NULL)
+            return -ENOMEM;
+        g->cap = m;
+        for (size_t k = start; k < end; k++)
+            if (k == start || key[k] != key[k - 1])
+                g->v[g->n++] = (struct refscan_cand){.nfa = (uint32_t)(key[k] >> 40),
+                                                     .end = key[k] & ((1ull << 40) - 1)};
+        bc->tel->factor_ends += g->n;
+        start = end;
+    }
+    return 0;
+}
+
+/*
+ * The factor pass (docs/gpu.md): the factor groups of the catalogs in
+ * bc->gates_of walked on the device over their buffers, every entry
+ * reported; the ends read back into bc->gates. The haystack it uploads
+ * stays for the pass after it (bc->hay_resident); the catalogs it made
+ * resident are uploaded and unpinned again.
+ */
+static int factor_pass(struct batch_ctx *bc, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    struct gpu_telemetry *tel = bc->tel;
+    uint64_t t0 = gpu_now_ns();
+    uint32_t lit_groups = tel->lit_groups;
+    bc->factor_phase = true;
+    int rc = gpu_plan_batch(bc, err);
+    bc->factor_phase = false;
+    tel->lit_groups = lit_groups;
+    if (rc == 0)
+        rc = check_limits(bc, err);
+    if (rc == 0)
+        rc = gpu_pick_pipelines(bc, err);
+    if (rc == 0)
+        rc = make_resident(bc, err);
+    if (rc == 0)
+        rc = reserve_buffers(bc, err);
+    if (rc < 0)
+        return rc;
+    uint64_t t1 = gpu_now_ns();
+    upload_small(bc);
+    rc = upload_haystack(bc, err);
+    flush(eng, &eng->staging);
+    flush(eng, &eng->hay);
+    flush(eng, &eng->meta);
+    tel->upload_ns += gpu_now_ns() - t1;
+    if (rc == 0) {
+        update_sets(bc);
+        rc = record(bc, true, err);
+    }
+    if (rc == 0)
+        rc = submit_pass(bc, err);
+    if (rc < 0)
+        return rc;
+    mark_uploaded(bc);
+    bc->hay_resident = true;
+    rc = wait_pass(bc, err);
+    bc->chunks_out = false; /* the fence came after them in queue order */
+    rc = read_queue(bc, rc, err);
+    const uint32_t *raw = NULL;
+    uint64_t n = tel->hits_raw;
+    tel->bytes_read_back += n * 16;
+    if (rc == 0)
+        rc = copy_hits(bc, n, &raw, err);
+    if (rc == 0 && gather_gates(bc, raw, n) < 0)
+        rc = vks_error_set(err, -ENOMEM, "out of memory sorting %llu factor ends",
+                           (unsigned long long)n);
+    release_cats(bc); /* the main pass pins them again */
+    /* the main pass's counts are the batch's (it may have no items) */
+    tel->hits_raw = 0;
+    tel->hit_reruns = 0;
+    tel->items_processed = tel->items_remaining = 0;
+    tel->occupancy = 0;
+    tel->factor_ns = gpu_now_ns() - t0;
+    return rc;
 }
 
 /* Everything up to the submit of the first pass: plan, limits, residency,
@@ -1240,8 +1399,14 @@ static int dispatch_submit(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     struct gpu_telemetry *tel = bc->tel;
+    int rc = gpu_plan_factor_choice(bc) ? factor_pass(bc, err) : 0;
+    if (rc < 0) {
+        free_gates(bc);
+        return rc;
+    }
     uint64_t t0 = gpu_now_ns();
-    int rc = gpu_plan_batch(bc, err);
+    rc = gpu_plan_batch(bc, err);
+    free_gates(bc);
     if (rc == 0)
         rc = check_limits(bc, err);
     if (rc == 0)
@@ -1261,11 +1426,11 @@ static int dispatch_submit(struct batch_ctx *bc, struct vks_error *err)
         return rc;
     uint64_t t1 = gpu_now_ns();
     upload_small(bc);
-    rc = upload_haystack(bc, err);
+    rc = bc->hay_resident ? 0 : upload_haystack(bc, err);
     flush(eng, &eng->staging);
     flush(eng, &eng->hay);
     flush(eng, &eng->meta);
-    tel->upload_ns = gpu_now_ns() - t1;
+    tel->upload_ns += gpu_now_ns() - t1;
     if (rc == 0) {
         update_sets(bc);
         rc = record(bc, true, err);
@@ -1302,26 +1467,35 @@ static int dispatch_finish(struct batch_ctx *bc, struct gpu_result *res, struct 
     return rc;
 }
 
+/* How far a batch is re-planned after cut loops: items of 1/256 the
+ * modelled budget at the least. The shift stays with the engine, so on a
+ * loaded lavapipe host (where a subgroup's claims can pass the model) a
+ * long-lived engine keeps room for a few more re-plans. */
+#define CUT_SHIFT_MAX 8u
+
 /* Starts one attempt of `batch` on frame `fr` (swapped in). */
 static int attempt_submit(struct gpu_engine *eng, struct gpu_frame *fr,
                           const struct gpu_batch *batch, struct gpu_result *res,
                           struct vks_error *err)
 {
     struct batch_ctx *bc = &fr->bc;
-    *bc = (struct batch_ctx){.eng = eng, .batch = batch, .tel = &res->tel};
-    for (uint32_t c = 0; c < GPU_MAX_BATCH_CATALOGS; c++)
-        bc->cat_slot[c] = bc->alias[c] = -1;
-    int rc = dispatch_submit(bc, err);
-    if (rc < 0)
-        dispatch_abort(bc);
-    return rc;
+    for (uint32_t cuts = 0;; cuts++) {
+        *bc = (struct batch_ctx){.eng = eng, .batch = batch, .tel = &res->tel};
+        for (uint32_t c = 0; c < GPU_MAX_BATCH_CATALOGS; c++)
+            bc->cat_slot[c] = bc->alias[c] = -1;
+        int rc = dispatch_submit(bc, err);
+        if (rc < 0)
+            dispatch_abort(bc);
+        /* the factor pass ran here, and the driver cut its loops (lavapipe):
+         * plan smaller and start again, as retry_cut does for the main pass */
+        if (rc != -EIO || !bc->cut || eng->cut_shift >= CUT_SHIFT_MAX)
+            return rc;
+        eng->cut_shift++;
+        memset(&res->tel, 0, sizeof(res->tel));
+        res->tel.cut_reruns = cuts + 1;
+        vks_error_clear(err);
+    }
 }
-
-/* How far a batch is re-planned after cut loops: items of 1/256 the
- * modelled budget at the least. The shift stays with the engine, so on a
- * loaded lavapipe host (where a subgroup's claims can pass the model) a
- * long-lived engine keeps room for a few more re-plans. */
-#define CUT_SHIFT_MAX 8u
 
 /* The cost model undercounts some driver's loops (lavapipe, hit-dense
  * catalogs): nothing was reported from the cut pass, so plan smaller items,
@@ -1500,6 +1674,8 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(spec_fixes);
     ADD(spec_fix_bytes);
     ADD(confirm_host);
+    ADD(factor_ns);
+    ADD(factor_ends);
     ADD(plan_ns);
     ADD(upload_ns);
     ADD(kernel_ns);

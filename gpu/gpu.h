@@ -121,7 +121,13 @@ struct gpu_options {
      * (gpu/hits.c) instead of the collecting one; 0: 65536. */
     uint32_t hits_parallel_min;
     uint32_t upload_chunk; /* staging bytes per copy submit; 0: max(16 MiB, size / 64) */
-    bool staged_upload;    /* tests: go through staging also where device memory is mapped */
+    /* Where the factor ends of gated bit-NFA groups are found (docs/gpu.md,
+     * "The factor pass"): 0 on the device for a catalog whose buffers in
+     * the batch hold GPU_FACTOR_PASS_MIN bytes or more (or whose bytes
+     * are read by callback), else on the host; 1 always on the device; -1
+     * always on the host (then buffers of such catalogs need their data). */
+    int32_t factor_pass;
+    bool staged_upload; /* tests: go through staging also where device memory is mapped */
     /* The literal kernel (docs/gpu.md) for DFA groups of plain strings:
      * 0 where it saves passes or memory traffic (a catalog with 2 or more
      * such groups, or one with over 8 MiB of DFA rows), 1 for every such
@@ -172,6 +178,8 @@ struct gpu_hit {
     uint64_t end;
 };
 
+#define GPU_FACTOR_PASS_MIN (4u << 20)
+
 struct gpu_telemetry {
     uint64_t bytes_uploaded;          /* everything host -> device */
     uint64_t haystack_bytes_uploaded; /* buffer bytes (with alignment padding) */
@@ -214,10 +222,16 @@ struct gpu_telemetry {
     uint64_t upload_ns;       /* host side: staging filled and every chunk submitted */
     uint64_t kernel_ns;       /* GPU timestamps around the dispatches, all passes */
     uint64_t device_ns;       /* host wall time from the last submit to its fence, all passes */
-    uint64_t readback_ns;     /* queue state and the hit prefix read, hits grouped by buffer */
-    uint64_t finalize_ns;     /* report modes applied per buffer */
-    uint64_t total_ns;        /* host time in the submit and collect calls */
-    uint64_t wall_ns;         /* from the submit call's start to the collect call's end */
+    uint64_t readback_ns;     /* queue state and the hit prefix read, host repairs */
+    uint64_t finalize_ns;     /* hits sorted by buffer, copies dropped, report modes applied */
+    /* The factor pass (gated catalogs' factor ends found on the device, before
+     * the pass that runs their gated groups): its wall time from plan to
+     * sorted ends, and the ends it found. Its kernel and device time are in
+     * kernel_ns and device_ns as well. */
+    uint64_t factor_ns;
+    uint64_t factor_ends;
+    uint64_t total_ns; /* host time in the submit and collect calls */
+    uint64_t wall_ns;  /* from the submit call's start to the collect call's end */
     /* How long the device had none of this engine's work before this
      * batch's pass was submitted (0 when another batch was still on it);
      * as the host sees it: a fence is seen signalled when it is waited for. */

@@ -201,7 +201,7 @@ static void scatter_task(void *ctx, uint32_t t)
 
 /* LSD radix sort of k[0..n) on DIGIT_BITS-bit digits, skipping digits in
  * which every key agrees; tmp holds n keys. */
-static void sort_keys(uint64_t *k, uint64_t *tmp, size_t n)
+void gpu_sort_u64(uint64_t *k, uint64_t *tmp, size_t n)
 {
     if (n < SORT_SMALL) {
         for (size_t i = 1; i < n; i++) {
@@ -251,7 +251,7 @@ static void sort_task(void *ctx, uint32_t t)
     for (uint32_t b = j->task_bin[t]; b < j->task_bin[t + 1]; b++) {
         uint64_t s = j->start[b], m = j->start[b + 1] - s;
         uint64_t *k = j->keys + s;
-        sort_keys(k, j->tmp + s, m);
+        gpu_sort_u64(k, j->tmp + s, m);
         uint32_t w = 0;
         for (uint64_t i = 0; i < m; i++)
             if (w == 0 || k[i] != k[w - 1])

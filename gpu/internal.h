@@ -26,6 +26,7 @@ struct scan_push {
     uint32_t items, n_items, head, bufs, carry_base, max_cost, hit_cap, layer;
     uint32_t n_classes, acc_row, first_accept, maxlen, classmap, trans, accidx, accepts;
     uint32_t trans_words, start_bos, start_word, start_nl, start_other, packed, spec;
+    uint32_t mask_or; /* CAT_ACCEPT_ALWAYS for the factor pass's ranges */
 };
 
 /* Push constants of shaders/scan_nfa.comp (bit-NFA ranges); no larger
@@ -136,6 +137,7 @@ struct scan_range {
     bool nfa;       /* bit-NFA group group - catalog_group_count */
     bool lit;       /* the literal kernel: every routed group of catalog cat */
     bool confirm;   /* a bounded group's forward confirmation (the kernel's confirm mode) */
+    bool factor;    /* the factor pass: a factor group's every entry reported */
     uint32_t round;
     uint32_t items; /* meta index (uvec4) of the first item */
     uint32_t n_items;
@@ -212,6 +214,15 @@ struct batch_ctx {
     uint32_t n_spec;  /* qs words after the heads for speculative ranges' states */
     size_t n_fixes, n_fix_hits;
     bool has_confirm; /* a range has capped confirmation items (markers to look for) */
+    /* The factor pass (docs/gpu.md): while factor_phase, the plan holds only
+     * the factor groups of the catalogs in gates_of; after it, `gates` holds
+     * every buffer's factor ends (sorted by group, end) for those catalogs,
+     * the haystack is on the device (hay_resident) and the plan uses them
+     * instead of walking the factor groups on the host. */
+    bool factor_phase;
+    bool hay_resident;
+    bool gates_of[GPU_MAX_BATCH_CATALOGS];
+    struct refscan_gate *gates;
     uint64_t items_total;
     uint64_t workers;
     uint64_t new_cat_bytes;
@@ -327,6 +338,9 @@ void gpu_frame_swap(struct gpu_engine *eng, struct gpu_frame *fr);
  * engine's scratch, picks the launch plan (through the plan cache) and each
  * range's pipeline. Both return 0 or a negative errno with `err` filled. */
 int gpu_plan_batch(struct batch_ctx *bc, struct vks_error *err);
+/* Sets bc->gates_of for the catalogs whose factor ends the device finds
+ * (gpu_options.factor_pass); whether there is any. */
+bool gpu_plan_factor_choice(struct batch_ctx *bc);
 int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err);
 
 /* plan.c: the push constants of bit-NFA range `sr` (batch.c records it). */
@@ -336,6 +350,9 @@ void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint3
 /* hits.c: the collected pass's raw hits (and the host's fix hits) into
  * res, per buffer in (end, rule) order with its report mode; sets the
  * readback and finalize telemetry. */
+/* hits.c: sorts k[0..n) ascending (LSD radix; tmp holds n keys). */
+void gpu_sort_u64(uint64_t *k, uint64_t *tmp, size_t n);
+
 int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struct gpu_result *res,
                     struct vks_error *err);
 

@@ -1068,6 +1068,80 @@ static int lit_items(struct batch_ctx *bc, uint32_t c, uint32_t seg)
     return 0;
 }
 
+/* Index of catalog cat's factor group (CAT_GF_FACTOR), or UINT32_MAX. */
+static uint32_t factor_group(const struct catalog *cat)
+{
+    struct catalog_group g;
+    for (uint32_t k = 0; k < catalog_group_count(cat); k++) {
+        catalog_group(cat, k, &g);
+        if (g.flags & CAT_GF_FACTOR)
+            return k;
+    }
+    return UINT32_MAX;
+}
+
+static bool has_gated(const struct catalog *cat)
+{
+    for (uint32_t k = 0; k < catalog_nfa_count(cat); k++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, k, &g);
+        if (g.flags & CAT_GF_GATED)
+            return true;
+    }
+    return false;
+}
+
+bool gpu_plan_factor_choice(struct batch_ctx *bc)
+{
+    const struct gpu_batch *b = bc->batch;
+    int32_t mode = bc->eng->opt.factor_pass;
+    bool any = false;
+    for (uint32_t c = 0; c < b->n_catalogs; c++) {
+        bc->gates_of[c] = false;
+        const struct catalog *cat = b->catalogs[c];
+        if (mode < 0 || factor_group(cat) == UINT32_MAX || !has_gated(cat))
+            continue;
+        uint64_t bytes = 0;
+        bool read = false;
+        for (uint32_t i = 0; i < b->n_buffers; i++) {
+            if (b->buffers[i].catalog != c)
+                continue;
+            bytes += b->buffers[i].len;
+            read |= b->buffers[i].data == NULL && b->buffers[i].len > 0;
+        }
+        bc->gates_of[c] = bytes > 0 && (mode > 0 || read || bytes >= GPU_FACTOR_PASS_MIN);
+        any |= bc->gates_of[c];
+    }
+    return any;
+}
+
+/* The factor pass's items of catalog c: its factor group alone, every
+ * buffer in segments, reporting every entry (scan_range.factor). */
+static int plan_factor(struct batch_ctx *bc, uint32_t c)
+{
+    const struct gpu_batch *b = bc->batch;
+    const struct catalog *cat = b->catalogs[c];
+    uint32_t k = factor_group(cat);
+    struct catalog_group g;
+    catalog_group(cat, k, &g);
+    fit_budget(bc, c, g.maxlen);
+    uint32_t seg = bc->seg[c], first = (uint32_t)bc->n_meta;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        uint64_t len = b->buffers[i].catalog == c ? b->buffers[i].len : 0;
+        for (uint64_t lo = 0; lo < len; lo += seg) {
+            uint64_t hi = lo + seg < len ? lo + seg : len;
+            if (push_item(&bc->eng->scratch, &bc->n_meta, i, (uint32_t)lo, (uint32_t)hi, 0) < 0)
+                return -ENOMEM;
+        }
+    }
+    uint32_t n = (uint32_t)bc->n_meta - first;
+    if (add_range(bc, c, k, 0, first, n, NO_CARRY, walk_cost(bc, c, (uint64_t)seg + g.maxlen)) < 0)
+        return -ENOMEM;
+    if (n > 0)
+        bc->eng->scratch.ranges[bc->n_ranges - 1].factor = true;
+    return 0;
+}
+
 static int plan_catalog(struct batch_ctx *bc, uint32_t c)
 {
     const struct gpu_batch *b = bc->batch;
@@ -1081,6 +1155,10 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
     uint32_t lit_seg = 0;
     if (plan_lit(bc, c, &lit_seg) < 0)
         return -ENOMEM;
+    if (bc->factor_phase) { /* the literal tables are looked up, not run */
+        bc->lit_route[c] = false;
+        return bc->gates_of[c] ? plan_factor(bc, c) : 0;
+    }
     uint32_t max_bounded = 0, n_chained = 0;
     struct catalog_group g;
     for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
@@ -1114,11 +1192,14 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
     if (rc == 0 && bc->lit_route[c])
         rc = lit_items(bc, c, lit_seg);
     struct plan_gates pg = {NULL};
-    if (rc == 0)
+    if (rc == 0 && bc->gates_of[c])
+        pg.v = bc->gates; /* the factor pass's ends, owned by the batch */
+    else if (rc == 0)
         rc = plan_gates_find(bc, c, &pg);
     for (uint32_t k = 0; k < catalog_nfa_count(b->catalogs[c]) && rc == 0; k++)
         rc = plan_nfa(bc, c, k, longest, &pg);
-    plan_gates_finish(&pg, b->n_buffers);
+    if (!bc->gates_of[c])
+        plan_gates_finish(&pg, b->n_buffers);
     return rc;
 }
 
@@ -1154,6 +1235,14 @@ int gpu_plan_batch(struct batch_ctx *bc, struct vks_error *err)
     s->offs[b->n_buffers] = off;
     bc->hay_bytes = off;
     bc->n_meta = b->n_buffers;
+    /* planned afresh: the factor pass's plan came before this one */
+    bc->n_ranges = 0;
+    bc->rounds = 0;
+    bc->n_carry = 0;
+    bc->n_spec = 0;
+    bc->items_total = 0;
+    bc->workers = 0;
+    bc->has_confirm = false;
     get_plan(eng, b, off, max_len, bc);
     for (uint32_t c = 0; c < b->n_catalogs; c++) {
         if (plan_catalog(bc, c) < 0)

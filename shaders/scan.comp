@@ -79,6 +79,7 @@ layout(push_constant) uniform Push {
     uint start_other;
     uint packed;      /* 1: s_tr holds two u16 transitions per word */
     uint spec;        /* qs word of item 0's (state at lo, state at hi); NONE */
+    uint mask_or;     /* 31: every accept entry counts (the factor pass), else 0 */
 } pc;
 
 shared uint s_cls[256];
@@ -135,7 +136,7 @@ void flush(uint buf)
         uint e1 = cat[pc.accidx + a + 1u];
         uint e = cat[pc.accidx + a];
         for (; e < e1; e++)
-            n += (cat[pc.accepts + e] & bit) != 0u ? 1u : 0u;
+            n += ((cat[pc.accepts + e] | pc.mask_or) & bit) != 0u ? 1u : 0u;
         cut = cut || e != e1;
     }
     cut = cut || p != g_np;
@@ -151,7 +152,7 @@ void flush(uint buf)
         uint e1 = cat[pc.accidx + a + 1u];
         uint e = cat[pc.accidx + a];
         for (; e < e1; e++) {
-            uint ent = cat[pc.accepts + e];
+            uint ent = cat[pc.accepts + e] | pc.mask_or;
             if ((ent & bit) == 0u)
                 continue;
             if (slot < pc.hit_cap)
@@ -194,7 +195,7 @@ void report(uint row, uint buf, uint end, uint k)
     uint e1 = cat[pc.accidx + a + 1u];
     uint bit = 1u << k;
     for (uint e = e0; e < e1; e++) {
-        uint ent = cat[pc.accepts + e];
+        uint ent = cat[pc.accepts + e] | pc.mask_or;
         if ((ent & bit) == 0u)
             continue;
         uint slot = atomicAdd(qs[QS_HIT_HEAD], 1u);

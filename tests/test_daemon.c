@@ -734,6 +734,75 @@ START_TEST(test_fd_read_errors)
 }
 END_TEST
 
+/* A gated catalog's file by descriptor: the GPU engine's upload threads
+ * read it (fd_upload_bytes), the device finds the factor ends
+ * (factor_ends, docs/gpu.md "The factor pass") and the hits are
+ * refscan's, in every report mode. */
+START_TEST(test_fd_gated)
+{
+    static const struct vks_rule gated[] = {
+        {"api", VKS_RULE_REGEX, "apikey[=:][a-z0-9]{20,40}x", 0, NULL},
+        {"tok", VKS_RULE_REGEX, "token[^\\n]{0,30}end", 0, "i"},
+        {"lit", VKS_RULE_LITERAL, "needle", 0, NULL},
+    };
+    struct catalog *ref = local_catalog(gated, 3);
+    bool any = false;
+    for (uint32_t k = 0; k < catalog_nfa_count(ref); k++) {
+        struct catalog_nfa g;
+        catalog_nfa(ref, k, &g);
+        any |= (g.flags & CAT_GF_GATED) != 0;
+    }
+    ck_assert_msg(any, "the rules give no gated group: the test needs one");
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, gated, 3, false);
+    enum { SIZE = (5 << 20) + 321 };
+    uint8_t *data = malloc(SIZE);
+    ck_assert_ptr_nonnull(data);
+    static const char *const plants[] = {"apikey=abcdefghij0123456789x", "TOKEN is 7 end", "needle",
+                                         "apikey:", "tOkEn"};
+    for (size_t i = 0; i < SIZE; i++)
+        data[i] = (uint8_t)("abcdefghijklmnopqrstuvwxyz0123456789 \n"[rnd(38)]);
+    for (size_t p = rnd(50); p + 40 < SIZE; p += 100 + rnd(3000)) {
+        const char *x = plants[rnd(5)];
+        memcpy(data + p, x, strlen(x));
+    }
+    char path[sizeof(d.dir) + 16];
+    snprintf(path, sizeof(path), "%s/gated", d.dir);
+    int file = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ck_assert_int_ge(file, 0);
+    ck_assert_int_eq(write(file, data, SIZE), SIZE);
+    struct vks_buffer vb = {.kind = VKS_BUFFER_FD, .fd = file, .offset = 0, .length = SIZE};
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    so.no_cache = true;
+    for (int mode = 0; mode < 3; mode++) {
+        so.mode = mode == 0 ? VKS_REPORT_ALL : mode == 1 ? VKS_REPORT_FIRST : VKS_REPORT_COUNT;
+        struct vks_scan_result res = {0};
+        struct vks_error err = {0};
+        int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, &so, &res, &err);
+        ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+        ck_assert_int_eq(res.buffers[0].code, 0);
+        enum scan_mode sm = mode == 0 ? SCAN_ALL : mode == 1 ? SCAN_FIRST : SCAN_COUNT;
+        check_hits(ref, &res, 0, data, SIZE, sm);
+        if (mode == 0)
+            ck_assert_uint_gt(res.n_hits, 500);
+        ck_assert_uint_eq(tel_of(&res, "engine"), 0);
+        ck_assert_uint_eq(tel_of(&res, "fd_upload_bytes"), SIZE);
+        ck_assert_uint_gt(tel_of(&res, "factor_ends"), 500);
+        vks_scan_result_finish(&res);
+    }
+    close(file);
+    free(data);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
 START_TEST(test_second_client_shares_catalog)
 {
     struct daemon d;
@@ -2484,6 +2553,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_scan_memfd);
     tcase_add_loop_test(tc, test_fd_read_at_upload, 0, 2);
     tcase_add_test(tc, test_fd_read_errors);
+    tcase_add_test(tc, test_fd_gated);
     tcase_add_test(tc, test_second_client_shares_catalog);
     tcase_add_test(tc, test_pipelined_by_id);
     tcase_add_test(tc, test_clients_share_batches);

@@ -455,6 +455,13 @@ END_TEST
  * walks them again to where they die: hits equal refscan's in every mode,
  * and the test asserts that the host finished some (without it the ends
  * past the caps would be lost). */
+/* A gpu_read_fn over bytes in memory at ctx. */
+static int read_from(void *ctx, uint8_t *dst, uint64_t off, size_t len)
+{
+    memcpy(dst, (const uint8_t *)ctx + off, len);
+    return 0;
+}
+
 START_TEST(test_confirm_cap)
 {
     static const struct trule rules[] = {
@@ -494,12 +501,36 @@ START_TEST(test_confirm_cap)
     uint32_t caps[] = {512, 1024};
     for (uint32_t c = 0; c < 2; c++) {
         /* _i 1: the hits of the copies that overlapping items report
-         * are dropped on the pool's way too (gpu/hits.c) */
-        struct gpu_options opt = {.confirm_cap = caps[c], .hits_parallel_min = (uint32_t)_i};
+         * are dropped on the pool's way too (gpu/hits.c), and the factor
+         * ends are found on the device, uploads through staging: the host
+         * finishes the live walks of a buffer read by callback from the
+         * haystack's copy there, kept when the main pass grows it */
+        struct gpu_options opt = {.confirm_cap = caps[c],
+                                  .hits_parallel_min = (uint32_t)_i,
+                                  .factor_pass = _i ? 1 : 0,
+                                  .staged_upload = _i == 1};
         struct gpu_engine *eng = engine(&opt);
         struct gpu_result res = {0};
         ck_assert_uint_ge(check_batch(eng, &b, &res), 10);
         ck_assert_uint_ge(res.tel.confirm_host, NB);
+        if (_i == 1) {
+            ck_assert_uint_gt(res.tel.factor_ends, 0);
+            struct gpu_buffer keep = bufs[0];
+            bufs[0].data = NULL;
+            bufs[0].read = read_from;
+            bufs[0].read_ctx = (void *)keep.data;
+            struct gpu_result res2 = {0};
+            struct vks_error err = {0};
+            ck_assert_int_eq(gpu_batch_dispatch(eng, &b, &res2, &err), 0);
+            bufs[0] = keep;
+            ck_assert_uint_ge(res2.tel.confirm_host, NB);
+            ck_assert_uint_eq(res2.n_hits, res.n_hits);
+            for (size_t k = 0; k < res.n_hits; k++)
+                ck_assert(res2.hits[k].buffer == res.hits[k].buffer &&
+                          res2.hits[k].rule == res.hits[k].rule &&
+                          res2.hits[k].end == res.hits[k].end);
+            gpu_result_finish(&res2);
+        }
         gpu_result_finish(&res);
         gpu_engine_destroy(eng);
     }
@@ -1188,11 +1219,90 @@ static size_t count_rule(const struct gpu_result *res, uint32_t buf, uint32_t ru
     return n;
 }
 
-static int read_from(void *ctx, uint8_t *dst, uint64_t off, size_t len)
+/* The factor pass (docs/gpu.md): the device finds the factor ends of
+ * gated groups, the plan of the pass after it uses them, and the hits are
+ * refscan's whichever finds them, also for a buffer read by callback.
+ * _i 0: on the device; 1: on the device, uploads through staging; 2: on
+ * the host, which refuses a buffer read by callback. (test_confirm_cap
+ * runs the factor pass with host-finished confirmations.) */
+START_TEST(test_factor_pass)
 {
-    memcpy(dst, (const uint8_t *)ctx + off, len);
-    return 0;
+    static const struct trule rules[] = {
+        {"key", RULE_REGEX, "\\bkey[^\\n]{0,12}end", 0},
+        {"tok", RULE_REGEX, "tok(?:en|EN)[a-z0-9]{4,10}\\b", RULE_F_CASELESS},
+        {"alt", RULE_REGEX, "(?:abc|xyz)[0-9]{2,12}Q", RULE_F_SINGLEMATCH},
+        {"start", RULE_REGEX, "\\bkey[a-z]*=[0-9]+", 0},
+        {"mid", RULE_REGEX, "q[0-9]{1,5}zq9[^\\n]*;", 0},
+        {"lead", RULE_REGEX, "[a-z]+@corp[a-z]*", 0},
+        {"pem", RULE_REGEX, "(?s)BEGINKEY.*END", 0},
+    };
+    static const char *const plants[] = {"key = 1 end", "TOKEN0123abcd9 ", "xyz123Q",  "key=12",
+                                         "q12zq9 ab;",  "bob@corp",        "BEGINKEY", "END"};
+    struct rules_options ro = {.force_bitnfa = true};
+    struct catalog *cat = compile_rules_opt(rules, sizeof(rules) / sizeof(rules[0]), &ro);
+    uint32_t gated = 0;
+    for (uint32_t k = 0; k < catalog_nfa_count(cat); k++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, k, &g);
+        gated += (g.flags & CAT_GF_GATED) != 0;
+    }
+    ck_assert_uint_gt(gated, 1);
+    struct gpu_options opt = {.segment_bytes = _i == 1 ? 0 : 256,
+                              .factor_pass = _i == 2 ? -1 : 1,
+                              .staged_upload = _i == 1};
+    struct gpu_engine *eng = engine(&opt);
+    rng = 0xfac7012ull + (uint64_t)_i;
+    enum { NB = 9 };
+    struct gpu_buffer bufs[NB];
+    for (uint32_t i = 0; i < NB; i++) {
+        size_t len = i == 0 ? 0 : i == NB - 1 ? 200000 : 100 + rnd(5000);
+        uint8_t *d = (uint8_t *)random_text(len);
+        for (size_t p = rnd(30); len > 20 && p + 16 < len; p += 1 + rnd(i % 3 == 1 ? 20 : 900)) {
+            const char *x = plants[rnd(8)];
+            memcpy(d + p, x, strlen(x));
+        }
+        enum scan_mode mode = i == NB - 1 ? SCAN_ALL : (enum scan_mode)(i % 3);
+        bufs[i] = (struct gpu_buffer){.data = d, .len = len, .id = i, .mode = mode, .catalog = 0};
+    }
+    const struct catalog *cats[1] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, NB};
+    struct gpu_result res = {0};
+    ck_assert_uint_ge(check_batch(eng, &b, &res), 100);
+    if (_i == 2) {
+        ck_assert_uint_eq(res.tel.factor_ends, 0);
+    } else {
+        ck_assert_uint_gt(res.tel.factor_ends, 100);
+        ck_assert_uint_gt(res.tel.factor_ns, 0);
+    }
+    /* the long buffer's bytes read by callback instead */
+    struct gpu_buffer keep = bufs[NB - 1];
+    bufs[NB - 1].data = NULL;
+    bufs[NB - 1].read = read_from;
+    bufs[NB - 1].read_ctx = (void *)keep.data;
+    struct gpu_result res2 = {0};
+    struct vks_error err = {0};
+    int rc = gpu_batch_dispatch(eng, &b, &res2, &err);
+    if (_i == 2) {
+        ck_assert_int_eq(rc, -EINVAL);
+        ck_assert(strstr(err.msg, "callback") != NULL);
+    } else {
+        ck_assert_msg(rc == 0, "read by callback: %d %s", rc, err.msg);
+        ck_assert_uint_eq(res2.n_hits, res.n_hits);
+        for (size_t k = 0; k < res.n_hits; k++)
+            ck_assert(res2.hits[k].buffer == res.hits[k].buffer &&
+                      res2.hits[k].rule == res.hits[k].rule &&
+                      res2.hits[k].end == res.hits[k].end &&
+                      res2.hits[k].count == res.hits[k].count);
+    }
+    bufs[NB - 1] = keep;
+    gpu_result_finish(&res);
+    gpu_result_finish(&res2);
+    for (uint32_t i = 0; i < NB; i++)
+        free((void *)bufs[i].data);
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
 }
+END_TEST
 
 /* Unbounded DFA groups on long buffers are walked in speculative segments
  * (docs/gpu.md): each guesses its start state from a short lookback, and
@@ -2065,6 +2175,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
     tcase_add_test(tc, test_spec_segments);
+    tcase_add_loop_test(tc, test_factor_pass, 0, 3);
     tcase_add_test(tc, test_hit_dense);
     tcase_add_test(tc, test_hits_pool);
     tcase_add_test(tc, test_ring_learned);
