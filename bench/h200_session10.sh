@@ -7,7 +7,7 @@
 # and build-data (gitleaks-regex, gitleaks-keywords, dict-10 rules and
 # sherlock.txt as default.hay).
 #
-#   bench/h200_session10.sh BUILD [steps...]   steps: tests scan cli tel
+#   bench/h200_session10.sh BUILD [steps...]   steps: tests scan factor cli tel
 #
 # tel: each rule set of build-data once more through `vkscan scan -c
 # --no-cache` with VKSCAN_TELEMETRY=1 (where a scan's time goes), after cli.
@@ -43,6 +43,15 @@ if has scan; then
     S=${SCAN_ONLY:-gitleaks-regex,regex-500,gitleaks-keywords}
     scan buf1m 150 --iters 5 --size 1G --buffer 1048576 --only "$S"
     scan buf1g 150 --iters 5 --size 1G --buffer 1073741824 --only "$S"
+fi
+if has factor; then
+    # the factor pass on the device against the host walk (session 11)
+    S=${FACTOR_ONLY:-gitleaks-regex,regex-500,regex-500-secrets}
+    for fp in -1 1; do
+        scan factor$fp-1m 200 --iters 5 --size 1G --buffer 1048576 --only "$S" --factor-pass $fp
+        scan factor$fp-1g 200 --iters 5 --size 1G --buffer 1073741824 --only "$S" --factor-pass $fp
+        grep -A8 '^telemetry' "$OUT/scan_factor$fp-1g.txt"
+    done
 fi
 if has cli; then
     OUT=$OUT/cli WORK=/tmp/cli-work VKSCAN_ARGS=--no-cache timeout ${CLI_LIMIT:-240} \

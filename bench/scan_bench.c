@@ -842,10 +842,11 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
            "launch", "compile s");
     for (size_t i = 0; i < n; i++) {
         const struct gpu_telemetry *t = &r[i].tel;
-        printf("%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %6u %6u %8u %6.2f %8u %8.2f\n", r[i].name,
-               t->plan_ns / 1e6, t->upload_ns / 1e6, t->device_ns / 1e6, t->kernel_ns / 1e6,
-               t->readback_ns / 1e6, t->finalize_ns / 1e6, t->segment_bytes, t->workgroup_size,
-               t->workgroups, t->occupancy, t->kernel_launches, r[i].compile_s);
+        printf("%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %6u %6u %8u %6.2f %8u %8.2f\n",
+               r[i].name, t->plan_ns / 1e6, t->factor_ns / 1e6, t->upload_ns / 1e6,
+               t->device_ns / 1e6, t->kernel_ns / 1e6, t->readback_ns / 1e6, t->finalize_ns / 1e6,
+               t->segment_bytes, t->workgroup_size, t->workgroups, t->occupancy, t->kernel_launches,
+               r[i].compile_s);
     }
 }
 
@@ -924,6 +925,9 @@ static bool wanted(const struct opts *o, const char *name)
 static int32_t lit_kernel;
 /* --gate-windows 1: gpu_options.gate_windows (bounded gated groups in windows) */
 static bool gate_windows;
+/* --factor-pass 1|0|-1: gpu_options.factor_pass (factor ends on the device
+ * always, by batch size, or on the host) */
+static int32_t factor_pass;
 
 static void usage(void)
 {
@@ -935,7 +939,8 @@ static void usage(void)
             "                  [--data DIR] [--no-hs] [--json] [--json-out FILE]\n"
             "                  [--dump-rules DIR] [--max-states N] [--bitnfa-counters N]\n"
             "                  [--gate-bits N] [--gate-states N] [--engine gpu|cpu] [--cpu-plain]\n"
-            "                  [--lit-kernel 1|0|-1] [--gate-windows 0|1]\n");
+            "                  [--lit-kernel 1|0|-1] [--gate-windows 0|1]\n"
+            "                  [--factor-pass 1|0|-1]\n");
     exit(2);
 }
 
@@ -1005,6 +1010,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->only = v;
         } else if (strcmp(a, "--gate-windows") == 0) {
             gate_windows = strtol(v, NULL, 10) != 0;
+        } else if (strcmp(a, "--factor-pass") == 0) {
+            factor_pass = (int32_t)strtol(v, NULL, 10);
         } else if (strcmp(a, "--lit-kernel") == 0) {
             lit_kernel = (int32_t)strtol(v, NULL, 10); /* gpu_options.lit_kernel */
         } else if (strcmp(a, "--dump-rules") == 0) {
@@ -1054,7 +1061,8 @@ int main(int argc, char **argv)
                              .max_workgroups = o.max_wgs,
                              .upload_chunk = o.upload_chunk,
                              .lit_kernel = lit_kernel,
-                             .gate_windows = gate_windows};
+                             .gate_windows = gate_windows,
+                             .factor_pass = factor_pass};
     struct gpu_engine *eng = NULL;
     struct vks_error err;
     if (o.cpu) /* no device: the CPU engine and Hyperscan */
