@@ -1419,7 +1419,10 @@ static int dispatch_submit(struct batch_ctx *bc, struct vks_error *err)
     tel->hit_writer = eng->writer;
     if (rc < 0 || bc->items_total == 0)
         return rc;
+    uint32_t cache_hits = tel->catalog_cache_hits;
     rc = make_resident(bc, err);
+    if (bc->hay_resident) /* the factor pass counted this batch's catalogs */
+        tel->catalog_cache_hits = cache_hits;
     if (rc == 0)
         rc = reserve_buffers(bc, err);
     if (rc < 0)

@@ -38,10 +38,14 @@ static struct catalog *compile_one(const char *id, enum rule_kind kind, const ch
  * on a discrete GPU, also where lavapipe could map device memory; then a
  * batch that fails before its copies ran has uploaded nothing. */
 static bool staged;
+static int32_t factor_pass; /* 1: gated catalogs' factor ends on the device */
 
 static struct gpu_engine *engine(void)
 {
-    struct gpu_options opt = {.timeout_ms = 20000, .hit_capacity = 4, .staged_upload = staged};
+    struct gpu_options opt = {.timeout_ms = 20000,
+                              .hit_capacity = 4,
+                              .staged_upload = staged,
+                              .factor_pass = factor_pass};
     struct gpu_engine *eng = NULL;
     struct vks_error err = {0};
     int rc = gpu_engine_create(&opt, &eng, &err);
@@ -82,21 +86,44 @@ static const char hay[] = "xx needle yy needle zz needle .. needle -- needle ++ 
  * batch runs without reaching the armed call. Each time: the failed batch
  * reports an error (or, if the failure was absorbed, exact hits), and the
  * next batch, unarmed, gives exact hits. */
+/* every_position's fresh catalogs and haystack: by default one more
+ * alternative beside "needle" over `hay`; the gated variant (a counted
+ * repeat whose DFA is large, walked around its factor) makes each batch
+ * two passes on the device, the factor pass and the main one. */
+static const char *fresh_pat = "needle|zz%dq";
+static const char *fresh_hay = hay;
+static const char gated_hay[] = "xx apikey=abcdefghijklmnopqrstuv1234x needle apikey:0123456789"
+                                "abcdefghij0123x apikey=short x needle apikey=";
+
+static bool catalog_gated(const struct catalog *cat)
+{
+    for (uint32_t k = 0; k < catalog_nfa_count(cat); k++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, k, &g);
+        if (g.flags & CAT_GF_GATED)
+            return true;
+    }
+    return false;
+}
+
 static void every_position(enum vkfault_op op, bool fatal)
 {
+    const char *hay = fresh_hay;
     struct catalog *cat = compile_one("n", RULE_LITERAL, "needle");
     size_t want = cpu_hits(cat, hay);
-    ck_assert_uint_eq(want, 6);
+    ck_assert_uint_ge(want, 2);
     struct gpu_engine *eng = engine();
     int failures = 0;
     for (int nth = 1; nth < 64; nth++) {
         /* A fresh catalog each time (one more rule changes the
          * fingerprint), so the failing batch is the one that uploads it. */
-        char id[16], pat[32];
+        char id[16], pat[64];
         snprintf(id, sizeof(id), "r%d", nth);
-        snprintf(pat, sizeof(pat), "needle|zz%dq", nth);
+        snprintf(pat, sizeof(pat), fresh_pat, nth);
         struct catalog *fresh = compile_one(id, RULE_REGEX, pat);
         size_t fresh_want = cpu_hits(fresh, hay);
+        if (fresh_hay == gated_hay)
+            ck_assert_msg(catalog_gated(fresh) && fresh_want >= 2, "%s: not gated or no hits", pat);
         int fired = vkfault_fired(op);
         vkfault_arm(op, nth);
         struct vks_error err = {0};
@@ -165,6 +192,25 @@ START_TEST(device_lost)
 {
     staged = _i;
     every_position(VKFAULT_LOST, true);
+}
+END_TEST
+
+/* Every allocation, submit and wait of a batch with the factor pass
+ * (gpu/batch.c factor_pass: its own plan, upload, submit and wait before
+ * the main pass) fails in turn: a clear error or exact hits, and the
+ * engine goes on (or, for a lost wait, is re-created). _i: bit 0 staged
+ * uploads, bits 1-2 the operation. */
+START_TEST(factor_pass_failures)
+{
+    staged = _i & 1;
+    factor_pass = 1;
+    fresh_pat = "apikey[=:][a-z0-9]{20,40}x|zz%dq";
+    fresh_hay = gated_hay;
+    static const enum vkfault_op ops[] = {VKFAULT_ALLOC, VKFAULT_SUBMIT, VKFAULT_WAIT};
+    every_position(ops[_i >> 1], ops[_i >> 1] == VKFAULT_WAIT);
+    factor_pass = 0;
+    fresh_pat = "needle|zz%dq";
+    fresh_hay = hay;
 }
 END_TEST
 
@@ -250,7 +296,7 @@ static void every_position_inflight(enum vkfault_op op, bool fatal)
     ck_assert_int_eq(gpu_engine_create(&opt, &eng, &err), 0);
     int failures = 0;
     for (int nth = 1; nth < 64; nth++) {
-        char id[16], pat[32];
+        char id[16], pat[64];
         snprintf(id, sizeof(id), "f%d", nth);
         snprintf(pat, sizeof(pat), "needle|yy%dq", nth);
         struct catalog *fresh = compile_one(id, RULE_REGEX, pat);
@@ -438,6 +484,7 @@ Suite *fault_suite(void)
     tcase_add_loop_test(tc, submit_failures, 0, 2);
     tcase_add_loop_test(tc, wait_timeouts, 0, 2);
     tcase_add_loop_test(tc, device_lost, 0, 2);
+    tcase_add_loop_test(tc, factor_pass_failures, 0, 6);
     tcase_add_test(tc, failed_grow_keeps_buffer);
     tcase_add_loop_test(tc, read_callback, 0, 2);
     tcase_add_loop_test(tc, inflight_failures, 0, 8);
