@@ -25,17 +25,6 @@ static const VkBufferUsageFlags USE_STORAGE_DST =
 
 /* ---- validation and planning ------------------------------------------ */
 
-static bool catalog_has_factor_group(const struct catalog *cat)
-{
-    struct catalog_group g;
-    for (uint32_t k = 0; k < catalog_group_count(cat); k++) {
-        catalog_group(cat, k, &g);
-        if (g.flags & CAT_GF_FACTOR)
-            return true;
-    }
-    return false;
-}
-
 static int validate(const struct gpu_engine *eng, const struct gpu_batch *b, struct vks_error *err)
 {
     if (eng->broken)
@@ -67,7 +56,7 @@ static int validate(const struct gpu_engine *eng, const struct gpu_batch *b, str
         if (gb->len > 0 && gb->data == NULL && gb->read == NULL)
             return vks_error_set(err, -EINVAL, "buffer %u has %zu bytes but no data", i, gb->len);
         if (gb->len > 0 && gb->data == NULL && eng->opt.factor_pass < 0 &&
-            catalog_has_factor_group(b->catalogs[gb->catalog]))
+            gpu_factor_group(b->catalogs[gb->catalog]) != UINT32_MAX)
             return vks_error_set(err, -EINVAL,
                                  "buffer %u is read by callback, but its catalog's factor ends "
                                  "are found on the host (factor_pass -1), which needs its bytes: "
@@ -1274,6 +1263,29 @@ static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, str
     return gpu_finish_hits(bc, raw, n, res, err);
 }
 
+/* Uploads the items, new catalogs and (unless the factor pass left it on
+ * the device) the haystack, records the pass and submits it. */
+static int upload_submit(struct batch_ctx *bc, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    uint64_t t = gpu_now_ns();
+    upload_small(bc);
+    int rc = bc->hay_resident ? 0 : upload_haystack(bc, err);
+    flush(eng, &eng->staging);
+    flush(eng, &eng->hay);
+    flush(eng, &eng->meta);
+    bc->tel->upload_ns += gpu_now_ns() - t;
+    if (rc == 0) {
+        update_sets(bc);
+        rc = record(bc, true, err);
+    }
+    if (rc == 0)
+        rc = submit_pass(bc, err);
+    if (rc == 0)
+        mark_uploaded(bc);
+    return rc;
+}
+
 /* ---- the factor pass ---------------------------------------------------- */
 
 static void free_gates(struct batch_ctx *bc)
@@ -1337,7 +1349,6 @@ static int gather_gates(struct batch_ctx *bc, const uint32_t *raw, uint64_t n)
  */
 static int factor_pass(struct batch_ctx *bc, struct vks_error *err)
 {
-    struct gpu_engine *eng = bc->eng;
     struct gpu_telemetry *tel = bc->tel;
     uint64_t t0 = gpu_now_ns();
     uint32_t lit_groups = tel->lit_groups;
@@ -1355,22 +1366,9 @@ static int factor_pass(struct batch_ctx *bc, struct vks_error *err)
         rc = reserve_buffers(bc, err);
     if (rc < 0)
         return rc;
-    uint64_t t1 = gpu_now_ns();
-    upload_small(bc);
-    rc = upload_haystack(bc, err);
-    flush(eng, &eng->staging);
-    flush(eng, &eng->hay);
-    flush(eng, &eng->meta);
-    tel->upload_ns += gpu_now_ns() - t1;
-    if (rc == 0) {
-        update_sets(bc);
-        rc = record(bc, true, err);
-    }
-    if (rc == 0)
-        rc = submit_pass(bc, err);
+    rc = upload_submit(bc, err);
     if (rc < 0)
         return rc;
-    mark_uploaded(bc);
     bc->hay_resident = true;
     rc = wait_pass(bc, err);
     bc->chunks_out = false; /* the fence came after them in queue order */
@@ -1427,22 +1425,7 @@ static int dispatch_submit(struct batch_ctx *bc, struct vks_error *err)
         rc = reserve_buffers(bc, err);
     if (rc < 0)
         return rc;
-    uint64_t t1 = gpu_now_ns();
-    upload_small(bc);
-    rc = bc->hay_resident ? 0 : upload_haystack(bc, err);
-    flush(eng, &eng->staging);
-    flush(eng, &eng->hay);
-    flush(eng, &eng->meta);
-    tel->upload_ns += gpu_now_ns() - t1;
-    if (rc == 0) {
-        update_sets(bc);
-        rc = record(bc, true, err);
-    }
-    if (rc == 0)
-        rc = submit_pass(bc, err);
-    if (rc == 0)
-        mark_uploaded(bc);
-    return rc;
+    return upload_submit(bc, err);
 }
 
 /* Undoes a batch whose first pass was not submitted. Haystack chunks it

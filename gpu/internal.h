@@ -341,6 +341,8 @@ int gpu_plan_batch(struct batch_ctx *bc, struct vks_error *err);
 /* Sets bc->gates_of for the catalogs whose factor ends the device finds
  * (gpu_options.factor_pass); whether there is any. */
 bool gpu_plan_factor_choice(struct batch_ctx *bc);
+/* Index of cat's factor group (CAT_GF_FACTOR), or UINT32_MAX. */
+uint32_t gpu_factor_group(const struct catalog *cat);
 int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err);
 
 /* plan.c: the push constants of bit-NFA range `sr` (batch.c records it). */

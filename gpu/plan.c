@@ -1069,7 +1069,7 @@ static int lit_items(struct batch_ctx *bc, uint32_t c, uint32_t seg)
 }
 
 /* Index of catalog cat's factor group (CAT_GF_FACTOR), or UINT32_MAX. */
-static uint32_t factor_group(const struct catalog *cat)
+uint32_t gpu_factor_group(const struct catalog *cat)
 {
     struct catalog_group g;
     for (uint32_t k = 0; k < catalog_group_count(cat); k++) {
@@ -1099,7 +1099,7 @@ bool gpu_plan_factor_choice(struct batch_ctx *bc)
     for (uint32_t c = 0; c < b->n_catalogs; c++) {
         bc->gates_of[c] = false;
         const struct catalog *cat = b->catalogs[c];
-        if (mode < 0 || factor_group(cat) == UINT32_MAX || !has_gated(cat))
+        if (mode < 0 || gpu_factor_group(cat) == UINT32_MAX || !has_gated(cat))
             continue;
         uint64_t bytes = 0;
         bool read = false;
@@ -1121,7 +1121,7 @@ static int plan_factor(struct batch_ctx *bc, uint32_t c)
 {
     const struct gpu_batch *b = bc->batch;
     const struct catalog *cat = b->catalogs[c];
-    uint32_t k = factor_group(cat);
+    uint32_t k = gpu_factor_group(cat);
     struct catalog_group g;
     catalog_group(cat, k, &g);
     fit_budget(bc, c, g.maxlen);
