@@ -455,6 +455,17 @@ END_TEST
  * walks them again to where they die: hits equal refscan's in every mode,
  * and the test asserts that the host finished some (without it the ends
  * past the caps would be lost). */
+/* Asserts that two results hold the same hits, in the same order. */
+static void assert_same_hits(const struct gpu_result *a, const struct gpu_result *b)
+{
+    ck_assert_uint_eq(a->n_hits, b->n_hits);
+    for (size_t k = 0; k < a->n_hits; k++)
+        ck_assert_msg(a->hits[k].buffer == b->hits[k].buffer &&
+                          a->hits[k].rule == b->hits[k].rule && a->hits[k].end == b->hits[k].end &&
+                          a->hits[k].count == b->hits[k].count,
+                      "hit %zu differs", k);
+}
+
 /* A gpu_read_fn over bytes in memory at ctx. */
 static int read_from(void *ctx, uint8_t *dst, uint64_t off, size_t len)
 {
@@ -524,11 +535,7 @@ START_TEST(test_confirm_cap)
             ck_assert_int_eq(gpu_batch_dispatch(eng, &b, &res2, &err), 0);
             bufs[0] = keep;
             ck_assert_uint_ge(res2.tel.confirm_host, NB);
-            ck_assert_uint_eq(res2.n_hits, res.n_hits);
-            for (size_t k = 0; k < res.n_hits; k++)
-                ck_assert(res2.hits[k].buffer == res.hits[k].buffer &&
-                          res2.hits[k].rule == res.hits[k].rule &&
-                          res2.hits[k].end == res.hits[k].end);
+            assert_same_hits(&res2, &res);
             gpu_result_finish(&res2);
         }
         gpu_result_finish(&res);
@@ -1287,12 +1294,7 @@ START_TEST(test_factor_pass)
         ck_assert(strstr(err.msg, "callback") != NULL);
     } else {
         ck_assert_msg(rc == 0, "read by callback: %d %s", rc, err.msg);
-        ck_assert_uint_eq(res2.n_hits, res.n_hits);
-        for (size_t k = 0; k < res.n_hits; k++)
-            ck_assert(res2.hits[k].buffer == res.hits[k].buffer &&
-                      res2.hits[k].rule == res.hits[k].rule &&
-                      res2.hits[k].end == res.hits[k].end &&
-                      res2.hits[k].count == res.hits[k].count);
+        assert_same_hits(&res2, &res);
     }
     bufs[NB - 1] = keep;
     gpu_result_finish(&res);
