@@ -1324,7 +1324,7 @@ static int gather_gates(struct batch_ctx *bc, const uint32_t *raw, uint64_t n)
         size_t end = s->counts[i], m = end - start;
         if (m == 0)
             continue;
-        gpu_sort_u64(key + start, tmp, m);
+        scan_sort_u64(key + start, tmp, m);
         struct refscan_gate *g = &bc->gates[i];
         g->v = malloc(m * sizeof(*g->v));
         if (g->v == NULL)

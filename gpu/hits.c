@@ -27,8 +27,6 @@
 
 #define BIN_SHIFT     22u /* ends per bin: 4 MiB of a buffer */
 #define HITS_PAR_MIN  65536u
-#define SORT_SMALL    48u /* bins this short take an insertion sort */
-#define DIGIT_BITS    11u
 #define TASKS_PER_THR 4u
 
 /* Whether raw hit h (buffer, rule, layer, end) lies in a re-walked part of
@@ -199,50 +197,6 @@ static void scatter_task(void *ctx, uint32_t t)
     bin_slice(ctx, t, true);
 }
 
-/* LSD radix sort of k[0..n) on DIGIT_BITS-bit digits, skipping digits in
- * which every key agrees; tmp holds n keys. */
-void gpu_sort_u64(uint64_t *k, uint64_t *tmp, size_t n)
-{
-    if (n < SORT_SMALL) {
-        for (size_t i = 1; i < n; i++) {
-            uint64_t x = k[i];
-            size_t p = i;
-            for (; p > 0 && k[p - 1] > x; p--)
-                k[p] = k[p - 1];
-            k[p] = x;
-        }
-        return;
-    }
-    uint64_t all_or = 0, all_and = ~0ull;
-    for (size_t i = 0; i < n; i++) {
-        all_or |= k[i];
-        all_and &= k[i];
-    }
-    uint32_t count[1u << DIGIT_BITS];
-    const uint64_t digit = ((uint64_t)1 << DIGIT_BITS) - 1;
-    uint64_t *src = k, *dst = tmp;
-    for (unsigned shift = 0; shift < 64 && (all_or >> shift) != 0; shift += DIGIT_BITS) {
-        if ((((all_or ^ all_and) >> shift) & digit) == 0)
-            continue;
-        memset(count, 0, sizeof(count));
-        for (size_t i = 0; i < n; i++)
-            count[(src[i] >> shift) & digit]++;
-        uint32_t sum = 0;
-        for (size_t d = 0; d <= digit; d++) {
-            uint32_t c = count[d];
-            count[d] = sum;
-            sum += c;
-        }
-        for (size_t i = 0; i < n; i++)
-            dst[count[(src[i] >> shift) & digit]++] = src[i];
-        uint64_t *t = src;
-        src = dst;
-        dst = t;
-    }
-    if (src != k)
-        memcpy(k, src, n * sizeof(*k));
-}
-
 /* Sort task t: its bins sorted, copies dropped (each (rule, end) of a
  * buffer lies in one bin, so this is every copy). */
 static void sort_task(void *ctx, uint32_t t)
@@ -251,7 +205,7 @@ static void sort_task(void *ctx, uint32_t t)
     for (uint32_t b = j->task_bin[t]; b < j->task_bin[t + 1]; b++) {
         uint64_t s = j->start[b], m = j->start[b + 1] - s;
         uint64_t *k = j->keys + s;
-        gpu_sort_u64(k, j->tmp + s, m);
+        scan_sort_u64(k, j->tmp + s, m);
         uint32_t w = 0;
         for (uint64_t i = 0; i < m; i++)
             if (w == 0 || k[i] != k[w - 1])

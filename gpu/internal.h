@@ -352,9 +352,6 @@ void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint3
 /* hits.c: the collected pass's raw hits (and the host's fix hits) into
  * res, per buffer in (end, rule) order with its report mode; sets the
  * readback and finalize telemetry. */
-/* hits.c: sorts k[0..n) ascending (LSD radix; tmp holds n keys). */
-void gpu_sort_u64(uint64_t *k, uint64_t *tmp, size_t n);
-
 int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struct gpu_result *res,
                     struct vks_error *err);
 

@@ -349,50 +349,51 @@ static int cmp_rule_end(const void *a, const void *b)
     return x->end < y->end ? -1 : x->end > y->end;
 }
 
-/* Sorts `n` keys ascending: LSD radix on 16-bit digits, skipping the digits
- * in which every key agrees. `tmp` holds `n` keys. */
-static void radix_sort_u64(uint64_t *k, uint64_t *tmp, size_t n)
+#define SORT_SHORT      48u /* lists this short take an insertion sort */
+#define SORT_DIGIT_BITS 11u /* 2,048 counters: in L1 */
+
+/* LSD radix sort of k[0..n) on SORT_DIGIT_BITS-bit digits, skipping digits in
+ * which every key agrees; tmp holds n keys. */
+void scan_sort_u64(uint64_t *k, uint64_t *tmp, size_t n)
 {
+    if (n < SORT_SHORT) {
+        for (size_t i = 1; i < n; i++) {
+            uint64_t x = k[i];
+            size_t p = i;
+            for (; p > 0 && k[p - 1] > x; p--)
+                k[p] = k[p - 1];
+            k[p] = x;
+        }
+        return;
+    }
     uint64_t all_or = 0, all_and = ~0ull;
     for (size_t i = 0; i < n; i++) {
         all_or |= k[i];
         all_and &= k[i];
     }
-    static const unsigned bits = 16;
-    uint32_t *count = malloc(((size_t)1 << bits) * sizeof(*count));
-    if (count == NULL) { /* fall back to a comparison sort */
-        for (size_t i = 1; i < n; i++) {
-            uint64_t x = k[i];
-            size_t j = i;
-            for (; j > 0 && k[j - 1] > x; j--)
-                k[j] = k[j - 1];
-            k[j] = x;
-        }
-        return;
-    }
+    uint32_t count[1u << SORT_DIGIT_BITS];
+    const uint64_t digit = ((uint64_t)1 << SORT_DIGIT_BITS) - 1;
     uint64_t *src = k, *dst = tmp;
-    for (unsigned shift = 0; shift < 64; shift += bits) {
-        uint64_t mask = (((uint64_t)1 << bits) - 1) << shift;
-        if (((all_or ^ all_and) & mask) == 0)
-            continue; /* every key has the same digit here */
-        memset(count, 0, ((size_t)1 << bits) * sizeof(*count));
+    for (unsigned shift = 0; shift < 64 && (all_or >> shift) != 0; shift += SORT_DIGIT_BITS) {
+        if ((((all_or ^ all_and) >> shift) & digit) == 0)
+            continue;
+        memset(count, 0, sizeof(count));
         for (size_t i = 0; i < n; i++)
-            count[(src[i] >> shift) & 0xffff]++;
+            count[(src[i] >> shift) & digit]++;
         uint32_t sum = 0;
-        for (size_t d = 0; d < ((size_t)1 << bits); d++) {
+        for (size_t d = 0; d <= digit; d++) {
             uint32_t c = count[d];
             count[d] = sum;
             sum += c;
         }
         for (size_t i = 0; i < n; i++)
-            dst[count[(src[i] >> shift) & 0xffff]++] = src[i];
+            dst[count[(src[i] >> shift) & digit]++] = src[i];
         uint64_t *t = src;
         src = dst;
         dst = t;
     }
     if (src != k)
         memcpy(k, src, n * sizeof(*k));
-    free(count);
 }
 
 /* Hit lists this long take the radix path (below it, sorting is cheap and a
@@ -478,7 +479,7 @@ static bool finalize_radix(struct scan_hits *h, const struct catalog *cat, enum 
         return false;
     }
     scan_reporter_buffer(&rep);
-    radix_sort_u64(key, key + n, n);
+    scan_sort_u64(key, key + n, n);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         if (i > 0 && key[i] == key[i - 1])

@@ -206,6 +206,11 @@ void scan_hits_finalize_sorting(struct scan_hits *h, const struct catalog *cat,
 
 void scan_hits_finish(struct scan_hits *h);
 
+/* Sorts k[0..n) ascending (LSD radix on 11-bit digits, skipping digits in
+ * which every key agrees; insertion sort for short lists); tmp holds n
+ * keys. No allocation. */
+void scan_sort_u64(uint64_t *k, uint64_t *tmp, size_t n);
+
 /*
  * Report modes over deduplicated hits in (end, rule) order, one buffer after
  * another: what scan_hits_finalize applies after its sort, for callers that
