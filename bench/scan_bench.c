@@ -837,9 +837,9 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
                r[i].nfa_groups, r[i].nfa_rules, r[i].gated_groups, r[i].factor_groups, lit,
                r[i].dfa_groups + r[i].nfa_groups - r[i].gated_groups - lit + (lit > 0));
     }
-    printf("\n%-22s %8s %8s %8s %8s %8s %8s %6s %6s %8s %6s %8s %8s\n", "telemetry", "plan ms",
-           "up ms", "dev ms", "kern ms", "read ms", "fin ms", "seg", "wg", "wgroups", "occ",
-           "launch", "compile s");
+    printf("\n%-22s %8s %8s %8s %8s %8s %8s %8s %6s %6s %8s %6s %8s %8s\n", "telemetry",
+           "plan ms", "fac ms", "up ms", "dev ms", "kern ms", "read ms", "fin ms", "seg", "wg",
+           "wgroups", "occ", "launch", "compile s");
     for (size_t i = 0; i < n; i++) {
         const struct gpu_telemetry *t = &r[i].tel;
         printf("%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %6u %6u %8u %6.2f %8u %8.2f\n",

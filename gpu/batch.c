@@ -1694,6 +1694,11 @@ void gpu_batch_scratch_finish(struct batch_scratch *s)
     free(s->bin_kept);
     free(s->task_bin);
     free(s->keys);
+    free(s->bin_buf);
+    free(s->key_cnt);
+    free(s->once_tab);
+    free(s->bin_out);
+    free(s->single);
     scan_hits_finish(&s->one);
     memset(s, 0, sizeof(*s));
 }

@@ -15,9 +15,14 @@
  *      (end's low bits, rule) there: no locks, no atomics;
  *   2. sort: each bin (at most a few MiB of ends, so its keys stay in
  *      cache) is radix-sorted and its copies dropped, bins spread over the
- *      threads by their key counts;
- *   3. report: one pass over the bins in order applies the report modes
- *      (scan_reporter) and writes the result.
+ *      threads by their key counts; where a report mode or a single-match
+ *      rule keeps only a rule's first hit in a buffer ("once" hits), each
+ *      task keeps the first per rule of its part and counts the rest in;
+ *   3. merge: only for once hits, one pass in order across the tasks'
+ *      parts (scan_reporter), which leaves each bin its count of hits;
+ *   4. write: every bin at its place in the result, on the threads.
+ * Only the merge is serial, and only buffers that can have once hits go
+ * through it, each with what the tasks' squeeze left.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -121,6 +126,8 @@ static int finish_serial(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
 
 /* ---- the pool's way ---------------------------------------------------- */
 
+#define ONCE_TAB_MAX (16u << 20) /* entries of the per-task first-hit tables */
+
 struct hit_job {
     const struct batch_ctx *bc;
     const uint32_t *raw;
@@ -128,13 +135,24 @@ struct hit_job {
     uint32_t slices; /* of the ring, one per thread; the fix hits are one more */
     uint32_t n_bins;
     unsigned rule_bits;
+    uint64_t rule_mask;
     const uint32_t *n_rules; /* per batch catalog */
     const uint32_t *base;    /* per buffer: its first bin; [n_buffers]: n_bins */
+    const uint32_t *bin_buf; /* per bin: its buffer */
     uint32_t *cnt;           /* (slice, bin): a count, then where the slice writes next */
     uint64_t *start;         /* per bin: where its keys begin; [n_bins]: all */
     uint32_t *kept;          /* per bin: keys left after dropping copies */
     uint64_t *keys, *tmp;
     const uint32_t *task_bin; /* sort tasks: first bin of each, [n_tasks]: n_bins */
+    /* report modes: a "once" hit is one of a rule that reports only its
+     * first hit per buffer (SCAN_FIRST, SCAN_COUNT, RULE_F_SINGLEMATCH) */
+    bool squeeze;                                  /* some hit may be a once hit */
+    const uint8_t *single[GPU_MAX_BATCH_CATALOGS]; /* per rule; NULL: none single */
+    uint32_t most;                                 /* rules of the largest catalog */
+    uint32_t *once_tab; /* per sort task: stamp[most], at[most] */
+    uint32_t *count;    /* per key: its count, 0 once it is dropped (squeeze) */
+    uint64_t *out;      /* per bin: where its hits go in res->hits */
+    struct gpu_hit *hits;
 };
 
 /* Bin of one raw hit and its key, or false for a hit that is not kept
@@ -197,11 +215,47 @@ static void scatter_task(void *ctx, uint32_t t)
     bin_slice(ctx, t, true);
 }
 
+static bool is_once(const struct hit_job *j, const struct gpu_buffer *gb, uint32_t rule)
+{
+    const uint8_t *single = j->single[gb->catalog];
+    return gb->mode != SCAN_ALL || (single != NULL && single[rule]);
+}
+
+/* Of bin's m sorted keys, keeps every hit of the rules that report all and
+ * the first of each once rule in this task's part of the buffer, adding
+ * the others' counts to it (SCAN_COUNT); returns the keys kept. */
+static uint32_t squeeze_bin(struct hit_job *j, uint32_t t, uint32_t bin, uint64_t *k, uint32_t m)
+{
+    uint32_t buf = j->bin_buf[bin];
+    const struct gpu_buffer *gb = &j->bc->batch->buffers[buf];
+    uint32_t *stamp = j->once_tab + (size_t)t * 2 * j->most, *at = stamp + j->most;
+    uint64_t first = j->start[bin];
+    uint32_t w = 0;
+    for (uint32_t x = 0; x < m; x++) {
+        uint32_t rule = (uint32_t)(k[x] & j->rule_mask);
+        if (is_once(j, gb, rule)) {
+            if (stamp[rule] == buf + 1) {
+                const uint8_t *single = j->single[gb->catalog];
+                if (gb->mode == SCAN_COUNT && (single == NULL || !single[rule]))
+                    j->count[at[rule]]++;
+                continue;
+            }
+            stamp[rule] = buf + 1;
+            at[rule] = (uint32_t)(first + w);
+        }
+        k[w] = k[x];
+        j->count[first + w++] = 1;
+    }
+    return w;
+}
+
 /* Sort task t: its bins sorted, copies dropped (each (rule, end) of a
- * buffer lies in one bin, so this is every copy). */
+ * buffer lies in one bin, so this is every copy), once hits squeezed. */
 static void sort_task(void *ctx, uint32_t t)
 {
     struct hit_job *j = ctx;
+    if (j->squeeze)
+        memset(j->once_tab + (size_t)t * 2 * j->most, 0, (size_t)j->most * 4);
     for (uint32_t b = j->task_bin[t]; b < j->task_bin[t + 1]; b++) {
         uint64_t s = j->start[b], m = j->start[b + 1] - s;
         uint64_t *k = j->keys + s;
@@ -210,31 +264,44 @@ static void sort_task(void *ctx, uint32_t t)
         for (uint64_t i = 0; i < m; i++)
             if (w == 0 || k[i] != k[w - 1])
                 k[w++] = k[i];
-        j->kept[b] = w;
+        j->kept[b] = j->squeeze ? squeeze_bin(j, t, b, k, w) : w;
     }
 }
 
-/* Report modes over the sorted bins, buffer by buffer, into res. */
-static int report(struct hit_job *j, struct gpu_result *res, struct vks_error *err)
+/* Write task t: its bins' hits at their places in the result. */
+static void write_task(void *ctx, uint32_t t)
+{
+    struct hit_job *j = ctx;
+    for (uint32_t b = j->task_bin[t]; b < j->task_bin[t + 1]; b++) {
+        uint32_t buf = j->bin_buf[b];
+        const uint64_t *k = j->keys + j->start[b];
+        const uint32_t *count = j->squeeze ? j->count + j->start[b] : NULL;
+        uint64_t high = (uint64_t)(b - j->base[buf]) << BIN_SHIFT, o = j->out[b];
+        for (uint32_t x = 0; x < j->kept[b]; x++) {
+            uint32_t c = count != NULL ? count[x] : 1;
+            if (c != 0)
+                j->hits[o++] = (struct gpu_hit){buf, (uint32_t)(k[x] & j->rule_mask), c,
+                                                high | k[x] >> j->rule_bits};
+        }
+    }
+}
+
+/* The first hit of each once rule in each buffer, across the tasks' parts
+ * of it: in (end, rule) order, the first stays and takes the counts of the
+ * others (which are dropped). Then every bin's place in the result. */
+static int merge_once(struct hit_job *j, struct vks_error *err)
 {
     const struct gpu_batch *b = j->bc->batch;
     struct scan_reporter rep[GPU_MAX_BATCH_CATALOGS];
     bool have[GPU_MAX_BATCH_CATALOGS] = {false};
-    uint64_t total = 0;
-    for (uint32_t i = 0; i < j->n_bins; i++)
-        total += j->kept[i];
     int rc = 0;
-    if (gpu_grow_array((void **)&res->hits, &res->cap, res->n_hits + total, sizeof(*res->hits)) < 0)
-        rc = vks_error_set(err, -ENOMEM, "out of memory returning %llu hits",
-                           (unsigned long long)total);
-    const uint64_t rule_mask = ((uint64_t)1 << j->rule_bits) - 1;
     for (uint32_t i = 0; i < b->n_buffers && rc == 0; i++) {
-        uint32_t c = b->buffers[i].catalog;
-        enum scan_mode mode = b->buffers[i].mode;
-        bool any = false;
-        for (uint32_t bin = j->base[i]; bin < j->base[i + 1] && !any; bin++)
-            any = j->kept[bin] != 0;
-        if (!any)
+        const struct gpu_buffer *gb = &b->buffers[i];
+        uint32_t c = gb->catalog;
+        bool any_once = gb->mode != SCAN_ALL || j->single[c] != NULL;
+        for (uint32_t bin = j->base[i]; bin < j->base[i + 1]; bin++)
+            j->out[bin] = j->kept[bin];
+        if (!j->squeeze || !any_once)
             continue;
         if (!have[c]) {
             if (scan_reporter_init(&rep[c], b->catalogs[c]) < 0) {
@@ -246,19 +313,23 @@ static int report(struct hit_job *j, struct gpu_result *res, struct vks_error *e
         scan_reporter_buffer(&rep[c]);
         for (uint32_t bin = j->base[i]; bin < j->base[i + 1]; bin++) {
             const uint64_t *k = j->keys + j->start[bin];
-            uint64_t high = (uint64_t)(bin - j->base[i]) << BIN_SHIFT;
+            uint32_t *count = j->count + j->start[bin];
             for (uint32_t x = 0; x < j->kept[bin]; x++) {
-                uint32_t rule = (uint32_t)(k[x] & rule_mask);
+                uint32_t rule = (uint32_t)(k[x] & j->rule_mask);
+                if (!is_once(j, gb, rule))
+                    continue;
                 uint64_t first;
-                switch (scan_reporter_take(&rep[c], mode, rule, res->n_hits, &first)) {
+                switch (scan_reporter_take(&rep[c], gb->mode, rule, j->start[bin] + x, &first)) {
                 case SCAN_TAKE_NEW:
-                    res->hits[res->n_hits++] =
-                        (struct gpu_hit){i, rule, 1, high | k[x] >> j->rule_bits};
                     break;
                 case SCAN_TAKE_COUNT:
-                    res->hits[first].count++;
+                    j->count[first] += count[x];
+                    count[x] = 0;
+                    j->out[bin]--;
                     break;
                 case SCAN_TAKE_DROP:
+                    count[x] = 0;
+                    j->out[bin]--;
                     break;
                 }
             }
@@ -278,6 +349,35 @@ static unsigned bits_for(uint64_t v)
     return n;
 }
 
+/* Which of the batch's rules report once per buffer (RULE_F_SINGLEMATCH),
+ * per catalog; whether any hit of the batch may be a once hit. */
+static int find_single(struct hit_job *j, struct batch_scratch *s)
+{
+    const struct gpu_batch *b = j->bc->batch;
+    size_t need = 0;
+    for (uint32_t c = 0; c < b->n_catalogs; c++)
+        if (catalog_rule_flags_any(b->catalogs[c]) & RULE_F_SINGLEMATCH)
+            need += j->n_rules[c];
+    if (need > 0 && gpu_grow_array((void **)&s->single, &s->single_cap, need, 1) < 0)
+        return -ENOMEM;
+    size_t at = 0;
+    for (uint32_t c = 0; c < b->n_catalogs; c++) {
+        j->single[c] = NULL;
+        if (!(catalog_rule_flags_any(b->catalogs[c]) & RULE_F_SINGLEMATCH))
+            continue;
+        for (uint32_t r = 0; r < j->n_rules[c]; r++) {
+            struct catalog_rule cr;
+            catalog_rule(b->catalogs[c], r, &cr);
+            s->single[at + r] = (cr.flags & RULE_F_SINGLEMATCH) != 0;
+        }
+        j->single[c] = &s->single[at];
+        at += j->n_rules[c];
+    }
+    for (uint32_t i = 0; i < b->n_buffers && !j->squeeze; i++)
+        j->squeeze = b->buffers[i].mode != SCAN_ALL || j->single[b->buffers[i].catalog] != NULL;
+    return 0;
+}
+
 static int finish_pool(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
                        struct gpu_result *res, struct vks_error *err)
 {
@@ -289,8 +389,9 @@ static int finish_pool(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
         n_rules[c] = catalog_rule_count(b->catalogs[c]);
         most = n_rules[c] > most ? n_rules[c] : most;
     }
-    struct hit_job j = {.bc = bc, .raw = raw, .n = n, .n_rules = n_rules};
+    struct hit_job j = {.bc = bc, .raw = raw, .n = n, .n_rules = n_rules, .most = most};
     j.rule_bits = bits_for(most ? most - 1 : 0);
+    j.rule_mask = ((uint64_t)1 << j.rule_bits) - 1;
     if (j.rule_bits + BIN_SHIFT > 64)
         return finish_serial(bc, raw, n, res, err);
     j.slices = upload_pool_threads(pool);
@@ -300,27 +401,44 @@ static int finish_pool(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     uint64_t keys = n + bc->n_fix_hits;
     if (bins >= UINT32_MAX / (j.slices + 1) || keys >= UINT32_MAX)
         return finish_serial(bc, raw, n, res, err);
+    if (find_single(&j, s) < 0)
+        return vks_error_set(err, -ENOMEM, "out of memory reading the rules' report flags");
     j.n_bins = (uint32_t)bins;
     size_t n_tasks_most = (size_t)j.slices * TASKS_PER_THR;
+    if (j.squeeze && n_tasks_most * 2 * most > ONCE_TAB_MAX)
+        n_tasks_most = ONCE_TAB_MAX / (2 * (size_t)most) > 0 ? ONCE_TAB_MAX / (2 * (size_t)most) : 1;
     if (gpu_grow_array((void **)&s->bin_base, &s->bin_base_cap, (size_t)b->n_buffers + 1, 4) < 0 ||
         gpu_grow_array((void **)&s->bin_cnt, &s->bin_cnt_cap, (size_t)(j.slices + 1) * bins, 4) <
             0 ||
         gpu_grow_array((void **)&s->bin_start, &s->bin_start_cap, bins + 1, 8) < 0 ||
         gpu_grow_array((void **)&s->bin_kept, &s->bin_kept_cap, bins, 4) < 0 ||
+        gpu_grow_array((void **)&s->bin_buf, &s->bin_buf_cap, bins, 4) < 0 ||
+        gpu_grow_array((void **)&s->bin_out, &s->bin_out_cap, bins, 8) < 0 ||
         gpu_grow_array((void **)&s->task_bin, &s->task_bin_cap, n_tasks_most + 1, 4) < 0 ||
-        gpu_grow_array((void **)&s->keys, &s->keys_cap, 2 * keys + 1, 8) < 0)
+        gpu_grow_array((void **)&s->keys, &s->keys_cap, 2 * keys + 1, 8) < 0 ||
+        (j.squeeze &&
+         (gpu_grow_array((void **)&s->key_cnt, &s->key_cnt_cap, keys + 1, 4) < 0 ||
+          gpu_grow_array((void **)&s->once_tab, &s->once_tab_cap, n_tasks_most * 2 * most, 4) <
+              0)))
         return vks_error_set(err, -ENOMEM, "out of memory sorting %llu hits",
                              (unsigned long long)keys);
     uint32_t *base = s->bin_base;
     base[0] = 0;
-    for (uint32_t i = 0; i < b->n_buffers; i++)
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
         base[i + 1] = base[i] + (uint32_t)(b->buffers[i].len >> BIN_SHIFT) + 1;
+        for (uint32_t bin = base[i]; bin < base[i + 1]; bin++)
+            s->bin_buf[bin] = i;
+    }
     j.base = base;
+    j.bin_buf = s->bin_buf;
     j.cnt = s->bin_cnt;
     j.start = s->bin_start;
     j.kept = s->bin_kept;
     j.keys = s->keys;
     j.tmp = s->keys + keys;
+    j.count = s->key_cnt;
+    j.once_tab = s->once_tab;
+    j.out = s->bin_out;
     memset(j.cnt, 0, (size_t)(j.slices + 1) * bins * 4);
 
     upload_pool_run(pool, count_task, &j, j.slices + 1);
@@ -337,7 +455,7 @@ static int finish_pool(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     j.start[j.n_bins] = at;
     upload_pool_run(pool, scatter_task, &j, j.slices + 1);
 
-    /* sort tasks of about equal keys, whole bins each */
+    /* tasks of about equal keys, whole bins each: sort, then write */
     uint32_t *tb = s->task_bin, n_tasks = 0;
     uint64_t per = at / n_tasks_most + 1;
     tb[0] = 0;
@@ -349,7 +467,22 @@ static int finish_pool(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
         tb[++n_tasks] = j.n_bins;
     j.task_bin = tb;
     upload_pool_run(pool, sort_task, &j, n_tasks);
-    return report(&j, res, err);
+    int rc = merge_once(&j, err);
+    if (rc != 0)
+        return rc;
+    uint64_t total = res->n_hits;
+    for (uint32_t bin = 0; bin < j.n_bins; bin++) {
+        uint64_t m = j.out[bin];
+        j.out[bin] = total;
+        total += m;
+    }
+    if (gpu_grow_array((void **)&res->hits, &res->cap, total, sizeof(*res->hits)) < 0)
+        return vks_error_set(err, -ENOMEM, "out of memory returning %llu hits",
+                             (unsigned long long)(total - res->n_hits));
+    j.hits = res->hits;
+    upload_pool_run(pool, write_task, &j, n_tasks);
+    res->n_hits = total;
+    return 0;
 }
 
 int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struct gpu_result *res,

@@ -183,6 +183,12 @@ struct batch_scratch {
     size_t bin_base_cap, bin_cnt_cap, bin_kept_cap, task_bin_cap;
     uint64_t *bin_start, *keys;
     size_t bin_start_cap, keys_cap;
+    uint32_t *bin_buf, *key_cnt, *once_tab; /* per bin, per key, per (task, rule) x 2 */
+    size_t bin_buf_cap, key_cnt_cap, once_tab_cap;
+    uint64_t *bin_out; /* per bin: where its hits go in the result */
+    size_t bin_out_cap;
+    uint8_t *single; /* per (catalog, rule): RULE_F_SINGLEMATCH */
+    size_t single_cap;
 };
 
 /* One batch from its submit to its collect (one attempt of it, when the

@@ -1437,10 +1437,13 @@ END_TEST
  * and whose count and first modes must carry a rule across bins. */
 START_TEST(test_hits_pool)
 {
-    struct gpu_options opt = {.hits_parallel_min = 1, .upload_threads = 3};
+    /* 3 threads: a task per bin; 1 thread: 4 tasks for 5 bins, so a task
+     * squeezes once hits across bins and buffers */
+    unsigned threads = _i == 0 ? 3 : 1;
+    struct gpu_options opt = {.hits_parallel_min = 1, .upload_threads = threads};
     struct gpu_engine *eng = engine(&opt);
     for (uint32_t seed = 0; seed < 8; seed++)
-        random_round(eng, 9100 + seed, 30, 3000);
+        random_round(eng, 9100 + seed + 8 * _i, 30, 3000);
     struct trule t[] = {{"ab", RULE_LITERAL, "ab", 0},
                         {"bx", RULE_REGEX, "b[^a]", 0},
                         {"ba1", RULE_LITERAL, "ba", RULE_F_SINGLEMATCH},
@@ -2179,7 +2182,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_spec_segments);
     tcase_add_loop_test(tc, test_factor_pass, 0, 3);
     tcase_add_test(tc, test_hit_dense);
-    tcase_add_test(tc, test_hits_pool);
+    tcase_add_loop_test(tc, test_hits_pool, 0, 2);
     tcase_add_test(tc, test_ring_learned);
     tcase_add_test(tc, test_anchored);
     tcase_add_test(tc, test_large_catalogs);
