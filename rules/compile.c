@@ -874,6 +874,11 @@ static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
  * 3-letter word (21 bits: "key", "api") is too common in text. */
 #define GATE_BITS 24u
 
+/* Default of rules_options.gate_rare_bits: a candidate whose factors are at
+ * least this rare in text (factor_set_text_bits) is gated without trying
+ * its DFA. */
+#define GATE_RARE_BITS 24u
+
 /*
  * A regex whose factors are selective may be walked only around them, on a
  * gated bit-NFA group, even when its DFA would fit: one pass of the factor
@@ -897,6 +902,7 @@ static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
 static int choose_gated(struct ctx *c)
 {
     uint32_t bits = c->opt->gate_bits ? c->opt->gate_bits : GATE_BITS;
+    uint32_t rare = c->opt->gate_rare_bits ? c->opt->gate_rare_bits : GATE_RARE_BITS;
     for (uint32_t i = 0; i < c->n_prep && bits != UINT32_MAX; i++) {
         struct prepared *p = &c->prep[i];
         if (p->bitnfa || is_sequence(p->root))
@@ -904,8 +910,9 @@ static int choose_gated(struct ctx *c)
         if (extract_factors(p) != 0)
             return -ENOMEM;
         if (p->factors != NULL && factor_set_bits(p->factors) >= bits) {
-            p->candidate = gate_states(c->opt) > 1;
-            p->bitnfa = !p->candidate; /* 1: gated without a try */
+            bool rarely = factor_set_text_bits(p->factors) >= rare;
+            p->candidate = gate_states(c->opt) > 1 && !rarely;
+            p->bitnfa = !p->candidate; /* gated without a try */
         }
     }
     return 0;

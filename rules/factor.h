@@ -66,6 +66,13 @@ size_t factor_format(const struct factor *f, char *buf, size_t cap);
  * single byte, 7 per caseless letter or 2-value set, 6 per wider set). */
 uint32_t factor_set_bits(const struct factor_set *fs);
 
+/* How rare the set is in text, in bits: -log2 of the chance that one of
+ * its factors ends at a given byte, under a model in which lowercase
+ * letters, spaces and newlines are as frequent as in English prose or
+ * code and every other byte has the chance of a random one (1/256). A
+ * 6-byte `shpat_` is 34 bits, 4 lowercase letters 21, `(?i)key` 15. */
+uint32_t factor_set_text_bits(const struct factor_set *fs);
+
 /* The largest `pre` of the set's factors (FACTOR_PRE_UNBOUNDED if any is). */
 uint32_t factor_set_pre(const struct factor_set *fs);
 

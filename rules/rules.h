@@ -57,6 +57,10 @@ struct rules_options {
     /* ... and its DFA alone has more than this many states; 0: 64; 1: any
      * DFA (every such rule gated without trying its DFA: version 4). */
     uint32_t gate_states;
+    /* ... or, whatever its DFA, when its factors are rare in text: at least
+     * this many bits by factor_set_text_bits (rules/factor.h); 0: 24;
+     * UINT32_MAX: never (compiler version 7's rule). */
+    uint32_t gate_rare_bits;
     /* When set and non-zero (another thread sets it: vkscand's compile
      * deadline, a client that left, SIGTERM), rules_compile stops at the next
      * group and returns -ECANCELED. */

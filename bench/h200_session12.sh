@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Session 12's H200 call: the GPU tests; the gate sweep (rules_options.
+# gate_rare_bits: candidates whose factors are rare in text gated without
+# trying their DFA) on the regex sets, 1 GiB as 1 MiB buffers and as one
+# buffer; the hit-dense sets after the finish's report modes went onto the
+# upload threads; then the CLI path (bench/h200_session10.sh cli tel).
+# Carry .gl (with .gl/extra), BUILD, build-shared, build-data.
+#
+#   bench/h200_session12.sh BUILD [steps...]   steps: tests gate dense cli
+#
+# GATES: the gate_rare_bits values to sweep (default: off 28 24 20 16).
+set -u
+B=${1:?usage: h200_session12.sh BUILD [steps...]}
+shift
+WHAT=${*:-tests gate dense cli}
+OUT=${OUT:-/tmp/vks-out}
+mkdir -p "$OUT"
+for f in .gl/*.deb; do dpkg -x "$f" / >/dev/null 2>&1; done
+ldconfig
+for f in .gl/extra/*.deb; do dpkg -x "$f" /opt/vks-extra >/dev/null 2>&1; done
+export LD_LIBRARY_PATH=/opt/vks-extra/usr/lib/x86_64-linux-gnu
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+has() { case " $WHAT " in *" $1 "*) return 0 ;; esac; return 1; }
+if has tests; then
+    for t in test_gpu test_fault; do
+        timeout 120 "$B/tests/$t" >"$OUT/$t.txt" 2>&1
+        echo "$t exit $?: $(grep -E 'Checks' "$OUT/$t.txt" | tail -n 1)"
+        grep -E ':[EF]:' "$OUT/$t.txt" | head -n 5
+    done
+fi
+scan() {
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" "$B/bench/scan_bench" --data build-shared "$@" >"$OUT/scan_$name.txt" 2>&1
+    echo "scan_bench $name exit $?"
+    grep -A6 -E '^median of iters' "$OUT/scan_$name.txt" | grep -v '^ *$'
+    grep -A4 -E '^engines' "$OUT/scan_$name.txt" | grep -v '^engines' | awk '{print "  passes", $1, $NF}'
+    grep -A4 -E '^telemetry' "$OUT/scan_$name.txt" | grep -v '^ *$'
+    grep -E '^[a-z].* (no|NO)$' "$OUT/scan_$name.txt"
+}
+if has gate; then
+    for g in ${GATES:-4294967295 28 24 20 16}; do
+        scan gate$g-1m 150 --iters 5 --size 1G --buffer 1048576 \
+            --only regex-500,gitleaks-regex --gate-rare-bits $g
+    done
+    for g in ${GATES1G:-4294967295 20}; do
+        scan gate$g-1g 150 --iters 5 --size 1G --buffer 1073741824 \
+            --only regex-500,gitleaks-regex --gate-rare-bits $g
+    done
+fi
+if has dense; then
+    scan dense-1m 150 --iters 5 --size 1G --buffer 1048576 \
+        --only phrases-3k,dict-10,gitleaks-keywords,literals-1000
+fi
+if has cli; then
+    TEL_RUNS=${TEL_RUNS:-3} bash bench/h200_session10.sh "$B" cli tel
+fi
