@@ -17,7 +17,7 @@
  *              [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]
  *              [--upload-threads N] [--upload-chunk BYTES] [--only NAME,NAME..]
  *              [--data DIR] [--no-hs] [--max-states N] [--bitnfa-counters N]
- *              [--gate-bits N] [--gate-states N] [--gate-rare-bits N] [--json] [--json-out FILE] [--engine gpu|cpu]
+ *              [--gate-bits N] [--gate-states N] [--gate-rare-bits N] [--gated-group-bits N] [--json] [--json-out FILE] [--engine gpu|cpu]
  * [--cpu-plain]
  *
  * --engine cpu runs the same workloads through the CPU engine instead
@@ -412,6 +412,7 @@ static uint32_t bitnfa_counters; /* --bitnfa-counters */
 static uint32_t gate_bits;       /* --gate-bits: rules_options.gate_bits */
 static uint32_t gate_states; /* --gate-states: rules_options.gate_states; 1: gate every candidate */
 static uint32_t gate_rare;   /* --gate-rare-bits: rules_options.gate_rare_bits */
+static uint32_t gated_bits;  /* --gated-group-bits: rules_options.gated_group_bits */
 
 static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32_t *rejected,
                                     double *secs, uint32_t max_states)
@@ -429,7 +430,8 @@ static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32
                                .bitnfa_counters = bitnfa_counters,
                                .gate_bits = gate_bits,
                                .gate_states = gate_states,
-                               .gate_rare_bits = gate_rare};
+                               .gate_rare_bits = gate_rare,
+                               .gated_group_bits = gated_bits};
     if (rules_compile(v, m, &ro, &res, &err) < 0)
         die("rules_compile", err.msg);
     *secs = now_s() - t0;
@@ -940,7 +942,7 @@ static void usage(void)
             "                  [--upload-threads N] [--upload-chunk BYTES] [--only NAME,..]\n"
             "                  [--data DIR] [--no-hs] [--json] [--json-out FILE]\n"
             "                  [--dump-rules DIR] [--max-states N] [--bitnfa-counters N]\n"
-            "                  [--gate-bits N] [--gate-states N] [--gate-rare-bits N] [--engine gpu|cpu] [--cpu-plain]\n"
+            "                  [--gate-bits N] [--gate-states N] [--gate-rare-bits N] [--gated-group-bits N] [--engine gpu|cpu] [--cpu-plain]\n"
             "                  [--lit-kernel 1|0|-1] [--gate-windows 0|1]\n"
             "                  [--factor-pass 1|0|-1]\n");
     exit(2);
@@ -1025,6 +1027,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             bitnfa_counters = o->bitnfa_counters;
         } else if (strcmp(a, "--gate-bits") == 0) {
             gate_bits = (uint32_t)strtoul(v, NULL, 10); /* 4294967295: no DFA rule gated */
+        } else if (strcmp(a, "--gated-group-bits") == 0) {
+            gated_bits = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(a, "--gate-rare-bits") == 0) {
             gate_rare = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(a, "--gate-states") == 0) {

@@ -33,6 +33,11 @@
  * words: one pass over the data costs a few word operations per byte); a
  * larger rule gets a group of its own. */
 #define BITNFA_GROUP_BITS 4096u
+/* The same for gated groups (rules/compile.c): they walk only windows
+ * around their factors' ends, so they cost no pass of their own, but each
+ * window walks every rule of its group, the rules whose factor is not
+ * there included. */
+#define BITNFA_GATED_BITS 256u
 /* The most follow edges one build may collect. Ordinary rules have about
  * one per position; nullable items inside a large repeat ((a?){20000})
  * have one per pair of positions, which would take minutes and gigabytes. */

@@ -1051,6 +1051,8 @@ static int group_nfa_rules(struct ctx *c)
     }
     if (rc == 0)
         rc = find_factors(c, order, m);
+    uint32_t gated_bits = c->opt->gated_group_bits ? c->opt->gated_group_bits : BITNFA_GATED_BITS;
+    gated_bits = gated_bits < BITNFA_GROUP_BITS ? gated_bits : BITNFA_GROUP_BITS;
     uint32_t begin = 0, fill = 0;
     for (uint32_t i = 0; i <= m && rc == 0; i++) {
         bool end = i == m;
@@ -1059,8 +1061,9 @@ static int group_nfa_rules(struct ctx *c)
                                 (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED) ||
                             gate_class(&c->prep[order[i]]) != gate_class(&c->prep[order[i - 1]]));
         uint32_t bits = end ? 0 : c->prep[order[i]].bits;
-        if (i > begin &&
-            (end || kind_change || fill + bits > BITNFA_GROUP_BITS || i - begin == 64)) {
+        uint32_t cap = begin < m && gate_class(&c->prep[order[begin]]) != 0 ? gated_bits
+                                                                              : BITNFA_GROUP_BITS;
+        if (i > begin && (end || kind_change || fill + bits > cap || i - begin == 64)) {
             rc = place_nfa(c, order + begin, i - begin);
             begin = i;
             fill = 0;

@@ -61,6 +61,9 @@ struct rules_options {
      * this many bits by factor_set_text_bits (rules/factor.h); 0: 24;
      * UINT32_MAX: never (compiler version 7's rule). */
     uint32_t gate_rare_bits;
+    /* Positions of one gated bit-NFA group (its windows walk every rule of
+     * it); 0: BITNFA_GATED_BITS (rules/bitnfa.h); at most BITNFA_GROUP_BITS. */
+    uint32_t gated_group_bits;
     /* When set and non-zero (another thread sets it: vkscand's compile
      * deadline, a client that left, SIGTERM), rules_compile stops at the next
      * group and returns -ECANCELED. */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bitnfa.h"
 #include "catalog.h"
 #include "refscan.h"
 #include "rules.h"
@@ -28,8 +29,9 @@ static struct catalog *compile(const struct rule_src *r, size_t n)
     struct rules_result res;
     struct vks_error err;
     /* the samples' shapes (which rules are DFAs, which bit-NFAs) predate
-     * gating regexes with selective factors: keep them */
-    struct rules_options opt = {.gate_bits = UINT32_MAX};
+     * gating regexes with selective factors and gated groups of at most
+     * BITNFA_GATED_BITS positions: keep them */
+    struct rules_options opt = {.gate_bits = UINT32_MAX, .gated_group_bits = BITNFA_GROUP_BITS};
     ck_assert_int_eq(rules_compile(r, n, &opt, &res, &err), 0);
     ck_assert_uint_eq(res.n_rejects, 0);
     struct catalog *cat = res.catalog;
@@ -510,6 +512,46 @@ static uint32_t *factor_group(uint32_t *w)
     return NULL;
 }
 
+/* Gated groups are packed up to BITNFA_GATED_BITS positions (each window
+ * walks every rule of its group): by default nfa_sample's two gated rules
+ * (over 330 and about 125 positions) get a group each, every group gated,
+ * and the catalog finds what the one-group catalog finds. */
+START_TEST(gated_groups_small)
+{
+    struct catalog *one = compile(nfa_sample, N_NFA_SAMPLE);
+    struct rules_options opt = {.gate_bits = UINT32_MAX};
+    struct rules_result res;
+    struct vks_error err;
+    ck_assert_int_eq(rules_compile(nfa_sample, N_NFA_SAMPLE, &opt, &res, &err), 0);
+    struct catalog *two = res.catalog;
+    res.catalog = NULL;
+    rules_result_finish(&res);
+    ck_assert_uint_eq(catalog_nfa_count(one), 1);
+    ck_assert_uint_eq(catalog_nfa_count(two), 2);
+    uint32_t bits = 0;
+    for (uint32_t i = 0; i < 2; i++) {
+        struct catalog_nfa g;
+        catalog_nfa(two, i, &g);
+        ck_assert(g.flags & CAT_GF_GATED);
+        ck_assert_uint_eq(g.n_rules, 1);
+        bits += g.n_bits;
+    }
+    ck_assert_uint_gt(bits, BITNFA_GATED_BITS); /* they could not share one */
+    const char *hay = "tok = \"x\" key: 0123456789abcdef0123456789abcdef bar foo_ key\n"
+                      "0123456789abcdef0123456789abcdefg tok\"";
+    struct scan_hits ha = {0}, hb = {0};
+    ck_assert_int_eq(refscan_buffer(one, (const uint8_t *)hay, strlen(hay), SCAN_ALL, &ha), 0);
+    ck_assert_int_eq(refscan_buffer(two, (const uint8_t *)hay, strlen(hay), SCAN_ALL, &hb), 0);
+    ck_assert_uint_ge(ha.n, 4);
+    ck_assert_uint_eq(ha.n, hb.n);
+    ck_assert(memcmp(ha.v, hb.v, ha.n * sizeof(*ha.v)) == 0);
+    scan_hits_finish(&ha);
+    scan_hits_finish(&hb);
+    catalog_destroy(one);
+    catalog_destroy(two);
+}
+END_TEST
+
 START_TEST(factor_round_trip)
 {
     struct catalog *a = compile(nfa_sample, N_NFA_SAMPLE);
@@ -828,6 +870,7 @@ Suite *catalog_suite(void)
     tcase_add_test(tc, bitnfa_damage_rejected);
     tcase_add_test(tc, bitnfa_random_damage);
     tcase_add_test(tc, factor_round_trip);
+    tcase_add_test(tc, gated_groups_small);
     tcase_add_test(tc, exceptions_sorted);
     tcase_add_test(tc, factor_damage_rejected);
     suite_add_tcase(s, tc);
