@@ -441,6 +441,21 @@ static int window_items(void *ctx, uint64_t lo, uint64_t hi)
     return 0;
 }
 
+/* The first of a buffer's factor ends (sorted by group, then end) whose
+ * group is k or later: a catalog may have hundreds of gated groups. */
+static size_t gate_lower(const struct refscan_gate *gate, uint32_t k)
+{
+    size_t a = 0, z = gate->n;
+    while (a < z) {
+        size_t m = a + (z - a) / 2;
+        if (gate->v[m].nfa < k)
+            a = m + 1;
+        else
+            z = m;
+    }
+    return a;
+}
+
 /* Items of gated bit-NFA group k only around its factors' ends. */
 static int gated_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struct catalog_nfa *g,
                        uint64_t seg, const struct plan_gates *pg)
@@ -450,12 +465,7 @@ static int gated_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struc
         if (b->buffers[i].catalog != c)
             continue;
         const struct refscan_gate *gate = &pg->v[i];
-        size_t a = 0;
-        while (a < gate->n && gate->v[a].nfa < k)
-            a++;
-        size_t z = a;
-        while (z < gate->n && gate->v[z].nfa == k)
-            z++;
+        size_t a = gate_lower(gate, k), z = gate_lower(gate, k + 1);
         if (z == a)
             continue;
         struct window_job j = {bc, i, seg};
@@ -530,12 +540,7 @@ static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const str
         if (b->buffers[i].catalog != c)
             continue;
         const struct refscan_gate *gate = &pg->v[i];
-        size_t a = 0;
-        while (a < gate->n && gate->v[a].nfa < k)
-            a++;
-        size_t z = a;
-        while (z < gate->n && gate->v[z].nfa == k)
-            z++;
+        size_t a = gate_lower(gate, k), z = gate_lower(gate, k + 1);
         if (z == a) /* no factor of this group: nothing to confirm */
             continue;
         struct confirm_job j = {bc, i};

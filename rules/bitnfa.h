@@ -37,7 +37,7 @@
  * around their factors' ends, so they cost no pass of their own, but each
  * window walks every rule of its group, the rules whose factor is not
  * there included. */
-#define BITNFA_GATED_BITS 256u
+#define BITNFA_GATED_BITS 128u
 /* The most follow edges one build may collect. Ordinary rules have about
  * one per position; nullable items inside a large repeat ((a?){20000})
  * have one per pair of positions, which would take minutes and gigabytes. */

@@ -877,7 +877,7 @@ static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
 /* Default of rules_options.gate_rare_bits: a candidate whose factors are at
  * least this rare in text (factor_set_text_bits) is gated without trying
  * its DFA. */
-#define GATE_RARE_BITS 24u
+#define GATE_RARE_BITS 20u
 
 /*
  * A regex whose factors are selective may be walked only around them, on a

@@ -58,7 +58,7 @@ struct rules_options {
      * DFA (every such rule gated without trying its DFA: version 4). */
     uint32_t gate_states;
     /* ... or, whatever its DFA, when its factors are rare in text: at least
-     * this many bits by factor_set_text_bits (rules/factor.h); 0: 24;
+     * this many bits by factor_set_text_bits (rules/factor.h); 0: 20;
      * UINT32_MAX: never (compiler version 7's rule). */
     uint32_t gate_rare_bits;
     /* Positions of one gated bit-NFA group (its windows walk every rule of
