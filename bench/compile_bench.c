@@ -66,10 +66,6 @@ static uint32_t rng_below(struct rng *r, uint32_t n)
     return (uint32_t)(rng_next(r) % n);
 }
 
-static bool rng_pct(struct rng *r, uint32_t pct)
-{
-    return rng_below(r, 100) < pct;
-}
 
 static void *xrealloc(void *p, size_t n)
 {
@@ -132,89 +128,16 @@ static void gen_literals(struct ruleset *rs, size_t n, uint64_t seed)
     }
 }
 
-struct buf {
-    char s[512];
-    size_t n;
-};
-
-static VKS_PRINTF(2, 3) void buf_printf(struct buf *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(b->s + b->n, sizeof(b->s) - b->n, fmt, ap);
-    va_end(ap);
-    if (k > 0)
-        b->n += (size_t)k < sizeof(b->s) - b->n ? (size_t)k : sizeof(b->s) - 1 - b->n;
-}
-
-static void put_word(struct buf *b, struct rng *r, uint32_t lo, uint32_t hi)
-{
-    uint32_t len = lo + rng_below(r, hi - lo + 1);
-    for (uint32_t k = 0; k < len; k++)
-        buf_printf(b, "%c", 'a' + (int)rng_below(r, 26));
-}
-
-/* One piece after the prefix of a secret-scanning-like regex. */
-static void put_piece(struct buf *b, struct rng *r)
-{
-    uint32_t m = 8 + rng_below(r, 13);
-    switch (rng_below(r, 9)) {
-    case 0:
-        buf_printf(b, "[a-z0-9]{%u}", 8 + rng_below(r, 33));
-        break;
-    case 1:
-        buf_printf(b, "[A-Za-z0-9_-]{%u,%u}", m, m + rng_below(r, 21));
-        break;
-    case 2:
-        buf_printf(b, "\\d{%u}", 2 + rng_below(r, 7));
-        break;
-    case 3:
-        buf_printf(b, "[a-f0-9]{%u}", rng_pct(r, 50) ? 32 : 40);
-        break;
-    case 4:
-        buf_printf(b, "(?:");
-        for (uint32_t k = 0, n = 2 + rng_below(r, 3); k < n; k++) {
-            buf_printf(b, k ? "|" : "");
-            put_word(b, r, 3, 6);
-        }
-        buf_printf(b, ")");
-        break;
-    case 5:
-        buf_printf(b, "\\s{0,3}[=:]\\s{0,3}");
-        break;
-    case 6:
-        buf_printf(b, "[^\\s\"']{4,%u}", 8 + rng_below(r, 17));
-        break;
-    case 7:
-        buf_printf(b, "[-_.]");
-        break;
-    default:
-        buf_printf(b, "[[:alnum:]]{%u,}", 4 + rng_below(r, 8));
-    }
-}
-
 static void gen_regexes(struct ruleset *rs, size_t n, uint64_t seed)
 {
-    struct rng r = {seed};
-    char id[32];
+    uint64_t st = seed;
+    char id[32], pat[WORKLOAD_SECRET_MAX];
     for (size_t i = 0; i < n; i++) {
-        struct buf b = {.n = 0};
-        uint32_t flags = 0;
-        if (rng_pct(&r, 10))
-            buf_printf(&b, "(?i)");
-        else if (rng_pct(&r, 10))
-            flags |= RULE_F_CASELESS;
-        if (rng_pct(&r, 20))
-            buf_printf(&b, "\\b");
-        put_word(&b, &r, 3, 8);
-        if (rng_pct(&r, 40))
-            buf_printf(&b, "%c", "_-"[rng_below(&r, 2)]);
-        for (uint32_t k = 0, np = 1 + rng_below(&r, 3); k < np; k++)
-            put_piece(&b, &r);
-        if (rng_pct(&r, 20))
-            buf_printf(&b, "\\b");
+        uint32_t flags;
+        size_t len = workload_secret(&st, pat, &flags);
+        flags = flags ? RULE_F_CASELESS : 0;
         snprintf(id, sizeof(id), "re%zu", i);
-        ruleset_add(rs, id, RULE_REGEX, b.s, b.n, flags, 0);
+        ruleset_add(rs, id, RULE_REGEX, pat, len, flags, 0);
     }
 }
 
@@ -627,7 +550,7 @@ static int build(const struct workload *w, const char *data, struct ruleset *rs)
         else if (strncmp(w->name, "phrases", 7) == 0)
             gen_phrases(rs, w->count);
         else
-            gen_regexes(rs, w->count, 0x5eed0002u);
+            gen_regexes(rs, w->count, workload_secrets_seed());
         return 0;
     }
     char path[4096];

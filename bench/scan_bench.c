@@ -2,7 +2,8 @@
  * scan_bench: the GPU engine against Hyperscan on the same data.
  *
  * Workloads: N random literals of 8-16 bytes planted in random text, a set
- * of bounded regexes with planted instances, binary-20k (20,000 random byte
+ * of bounded regexes with planted instances, regex-N-secrets (compile_bench's
+ * secret-scanning-shaped regexes, on sherlock.txt), binary-20k (20,000 random byte
  * strings of 8-32 bytes, planted), phrases-3k (3,000 caseless common-word
  * phrases on sherlock.txt, about 32 M matches per GiB), and the real rule sets of
  * ../shared/data on their haystacks repeated to --size. Every corpus is a
@@ -308,19 +309,35 @@ static char *read_file(const char *path, size_t *len)
 }
 
 /* A real rule set from ../shared/data on its haystack, repeated to size. */
+/* o->size bytes of the haystack file `hay` (under --data), repeated. */
+static bool hay_corpus(const char *hay, struct corpus *c, const struct opts *o)
+{
+    char path[1024];
+    size_t hlen;
+    snprintf(path, sizeof(path), "%s/%s", o->data, hay);
+    char *h = read_file(path, &hlen);
+    if (h == NULL || hlen == 0) {
+        free(h);
+        return false;
+    }
+    c->size = o->size;
+    c->p = xmalloc(c->size);
+    for (uint64_t at = 0; at < c->size; at += hlen)
+        memcpy(c->p + at, h, c->size - at < hlen ? c->size - at : hlen);
+    free(h);
+    return true;
+}
+
 static bool real_workload(const char *rules, const char *hay, struct ruleset *rs, struct corpus *c,
                           const struct opts *o)
 {
     char path[1024];
-    size_t len, hlen;
+    size_t len;
     snprintf(path, sizeof(path), "%s/%s", o->data, rules);
     char *text = read_file(path, &len);
-    snprintf(path, sizeof(path), "%s/%s", o->data, hay);
-    char *h = read_file(path, &hlen);
-    if (text == NULL || h == NULL || hlen == 0) {
+    if (text == NULL || !hay_corpus(hay, c, o)) {
         fprintf(stderr, "scan_bench: %s or %s not found under %s: skipped\n", rules, hay, o->data);
         free(text);
-        free(h);
         return false;
     }
     struct patfile pf;
@@ -335,11 +352,25 @@ static bool real_workload(const char *rules, const char *hay, struct ruleset *rs
     }
     patfile_finish(&pf);
     free(text);
-    c->size = o->size;
-    c->p = xmalloc(c->size);
-    for (uint64_t at = 0; at < c->size; at += hlen)
-        memcpy(c->p + at, h, c->size - at < hlen ? c->size - at : hlen);
-    free(h);
+    return true;
+}
+
+/* regex-N-secrets of bench/workloads.c (compile_bench's set) over English
+ * text: like gitleaks-regex on it, a set whose matches are rare there. */
+static bool secrets_workload(uint32_t n, struct ruleset *rs, struct corpus *c, const struct opts *o)
+{
+    if (!hay_corpus("rebar/haystacks/sherlock.txt", c, o)) {
+        fprintf(stderr, "scan_bench: rebar/haystacks/sherlock.txt not found under %s: "
+                        "regex-%u-secrets skipped\n", o->data, n);
+        return false;
+    }
+    uint64_t s = workload_secrets_seed();
+    for (uint32_t i = 0; i < n; i++) {
+        char *pat = xmalloc(WORKLOAD_SECRET_MAX);
+        uint32_t flags;
+        size_t len = workload_secret(&s, pat, &flags);
+        rs_add(rs, RULE_REGEX, pat, len, flags ? RULE_F_CASELESS : 0);
+    }
     return true;
 }
 
@@ -1097,6 +1128,15 @@ int main(int argc, char **argv)
         struct corpus c;
         regex_workload(o.regexes, &rs, &c, &o);
         run_any(eng, name, &rs, &c, o.buffer, &o, &res[n++]);
+        rs_free(&rs);
+        free(c.p);
+    }
+    snprintf(name, sizeof(name), "regex-%u-secrets", o.regexes);
+    if (o.regexes > 0 && wanted(&o, name)) {
+        struct ruleset rs = {0};
+        struct corpus c = {0};
+        if (secrets_workload(o.regexes, &rs, &c, &o))
+            run_any(eng, name, &rs, &c, o.real_buffer, &o, &res[n++]);
         rs_free(&rs);
         free(c.p);
     }

@@ -1,6 +1,7 @@
 #include "workloads.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,4 +200,112 @@ int workload_read_file(const char *path, char **text, size_t *len)
     *text = buf;
     *len = n;
     return 0;
+}
+
+/* ---- regex-N-secrets ---------------------------------------------------- */
+
+/* splitmix64 (the secrets set predates workload_next and keeps its stream) */
+static uint64_t mix_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+static uint32_t mix_below(uint64_t *s, uint32_t n)
+{
+    return (uint32_t)(mix_next(s) % n);
+}
+
+static bool mix_pct(uint64_t *s, uint32_t pct)
+{
+    return mix_below(s, 100) < pct;
+}
+
+struct pat_buf {
+    char *s;
+    size_t n;
+};
+
+__attribute__((format(printf, 2, 3))) static void put(struct pat_buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(b->s + b->n, WORKLOAD_SECRET_MAX - b->n, fmt, ap);
+    va_end(ap);
+    if (k > 0)
+        b->n += (size_t)k < WORKLOAD_SECRET_MAX - b->n ? (size_t)k : WORKLOAD_SECRET_MAX - 1 - b->n;
+}
+
+static void put_word(struct pat_buf *b, uint64_t *s, uint32_t lo, uint32_t hi)
+{
+    uint32_t len = lo + mix_below(s, hi - lo + 1);
+    for (uint32_t k = 0; k < len; k++)
+        put(b, "%c", 'a' + (int)mix_below(s, 26));
+}
+
+/* One piece after the prefix of a secret-scanning-like regex. */
+static void put_piece(struct pat_buf *b, uint64_t *s)
+{
+    uint32_t m = 8 + mix_below(s, 13);
+    switch (mix_below(s, 9)) {
+    case 0:
+        put(b, "[a-z0-9]{%u}", 8 + mix_below(s, 33));
+        break;
+    case 1:
+        put(b, "[A-Za-z0-9_-]{%u,%u}", m, m + mix_below(s, 21));
+        break;
+    case 2:
+        put(b, "\\d{%u}", 2 + mix_below(s, 7));
+        break;
+    case 3:
+        put(b, "[a-f0-9]{%u}", mix_pct(s, 50) ? 32 : 40);
+        break;
+    case 4:
+        put(b, "(?:");
+        for (uint32_t k = 0, n = 2 + mix_below(s, 3); k < n; k++) {
+            put(b, k ? "|" : "");
+            put_word(b, s, 3, 6);
+        }
+        put(b, ")");
+        break;
+    case 5:
+        put(b, "\\s{0,3}[=:]\\s{0,3}");
+        break;
+    case 6:
+        put(b, "[^\\s\"']{4,%u}", 8 + mix_below(s, 17));
+        break;
+    case 7:
+        put(b, "[-_.]");
+        break;
+    default:
+        put(b, "[[:alnum:]]{%u,}", 4 + mix_below(s, 8));
+    }
+}
+
+uint64_t workload_secrets_seed(void)
+{
+    return 0x5eed0002u;
+}
+
+size_t workload_secret(uint64_t *s, char pat[WORKLOAD_SECRET_MAX], uint32_t *flags)
+{
+    struct pat_buf b = {pat, 0};
+    pat[0] = '\0';
+    *flags = 0;
+    if (mix_pct(s, 10))
+        put(&b, "(?i)");
+    else if (mix_pct(s, 10))
+        *flags = 1; /* RULE_F_CASELESS */
+    if (mix_pct(s, 20))
+        put(&b, "\\b");
+    put_word(&b, s, 3, 8);
+    if (mix_pct(s, 40))
+        put(&b, "%c", "_-"[mix_below(s, 2)]);
+    for (uint32_t k = 0, np = 1 + mix_below(s, 3); k < np; k++)
+        put_piece(&b, s);
+    if (mix_pct(s, 20))
+        put(&b, "\\b");
+    return b.n;
 }

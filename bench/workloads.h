@@ -50,4 +50,15 @@ size_t workload_binary(uint64_t *s, uint8_t bytes[WORKLOAD_BINARY_MAX],
 char **workload_phrases(uint32_t n);
 void workload_phrases_free(char **phrases, uint32_t n);
 
+/*
+ * regex-N-secrets: regexes shaped like secret-scanning rules (a word, then
+ * counted repeats of broad classes such as [A-Za-z0-9_-]{20,40}, gaps,
+ * alternations; 10% caseless by (?i), 10% by the flag). Start with
+ * *s = workload_secrets_seed(); each call writes the next pattern into pat,
+ * sets *flags to 0 or 1 (caseless: RULE_F_CASELESS), and returns its length.
+ */
+#define WORKLOAD_SECRET_MAX 512
+uint64_t workload_secrets_seed(void);
+size_t workload_secret(uint64_t *s, char pat[WORKLOAD_SECRET_MAX], uint32_t *flags);
+
 #endif
