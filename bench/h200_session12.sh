@@ -6,9 +6,13 @@
 # upload threads; then the CLI path (bench/h200_session10.sh cli tel).
 # Carry .gl (with .gl/extra), BUILD, build-shared, build-data.
 #
-#   bench/h200_session12.sh BUILD [steps...]   steps: tests gate dense cli
+#   bench/h200_session12.sh BUILD [steps...]
+#   steps: tests gate dense all all1g groups cli
 #
 # GATES: the gate_rare_bits values to sweep (default: off 28 24 20 16).
+# all: every workload as 1 MiB buffers; all1g: as one 1 GiB buffer (no
+# Hyperscan: one buffer is one thread for it); groups: gated_group_bits
+# 64 and 256 against the default on the regex sets.
 set -u
 B=${1:?usage: h200_session12.sh BUILD [steps...]}
 shift
@@ -40,16 +44,29 @@ scan() {
 }
 if has gate; then
     for g in ${GATES:-4294967295 28 24 20 16}; do
-        scan gate$g-1m 150 --iters 5 --size 1G --buffer 1048576 \
+        scan gate$g-1m 150 --iters 5 --size 1G --buffer 1048576 --real-buffer 1048576 \
             --only regex-500,gitleaks-regex --gate-rare-bits $g
     done
     for g in ${GATES1G:-4294967295 20}; do
-        scan gate$g-1g 150 --iters 5 --size 1G --buffer 1073741824 \
+        scan gate$g-1g 150 --iters 5 --size 1G --buffer 1073741824 --real-buffer 1073741824 \
             --only regex-500,gitleaks-regex --gate-rare-bits $g
     done
 fi
+ALL=literals-1000,literals-10000,regex-500,regex-500-secrets,binary-20k,phrases-3k,dict-10,gitleaks-keywords,gitleaks-regex
+if has all; then
+    scan all-1m 300 --iters 5 --size 1G --buffer 1048576 --real-buffer 1048576 --only "$ALL"
+fi
+if has all1g; then
+    scan all-1g 300 --iters 5 --size 1G --buffer 1073741824 --real-buffer 1073741824 --no-hs --only "$ALL"
+fi
+if has groups; then
+    for g in 64 256; do
+        scan groups$g-1m 150 --iters 5 --size 1G --buffer 1048576 --real-buffer 1048576 \
+            --only regex-500,regex-500-secrets,gitleaks-regex --gated-group-bits $g
+    done
+fi
 if has dense; then
-    scan dense-1m 150 --iters 5 --size 1G --buffer 1048576 \
+    scan dense-1m 150 --iters 5 --size 1G --buffer 1048576 --real-buffer 1048576 \
         --only phrases-3k,dict-10,gitleaks-keywords,literals-1000
 fi
 if has cli; then

@@ -187,11 +187,11 @@ struct scan {
 /* VKSCAN_TELEMETRY set: the reply's telemetry of each request on standard
  * error, one line (where a scan's time went: queue, fd reads, upload, run,
  * readback). */
-static void print_telemetry(const struct batch *b)
+static void print_telemetry(const struct batch *b, double rpc_s)
 {
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&mu);
-    fprintf(stderr, "vkscan: telemetry (%zu buffers):", b->n);
+    fprintf(stderr, "vkscan: telemetry (%zu buffers): client_rpc_ns=%.0f", b->n, rpc_s * 1e9);
     for (size_t i = 0; i < b->res.n_telemetry; i++) {
         const struct vks_stat *t = &b->res.telemetry[i];
         if (t->is_float)
@@ -216,9 +216,10 @@ static int scan_batch(struct worker *w, struct batch *b)
     so.starts = s->opt.only_matching; /* rules without L need them too */
     bool reloaded = false;
     for (unsigned attempt = 0;; attempt++) {
+        double t = now_s();
         int rc = vks_client_scan(w->client, s->fp, b->bufs, b->n, &so, &b->res, &b->err);
         if (rc == 0 && s->telemetry)
-            print_telemetry(b);
+            print_telemetry(b, now_s() - t);
         if (rc == -VKS_E_BUSY && attempt < 8) {
             usleep(50000u << (attempt < 5 ? attempt : 5));
             continue;
@@ -1310,8 +1311,10 @@ static int run_scan(struct scan_opts *opt, int n_paths, char **paths)
     int status = walk_create(&opt->walk, &s.walk) != 0 ? 2 : 0;
     if (status == 0)
         status = cli_daemon_connect(SCAN_IO_MS, false, &s.main);
+    double t_connected = now_s();
     if (status == 0)
         status = scan_load(&s);
+    double t_loaded = now_s();
     if (status == 0) {
         scan_limits(&s);
         if (scan_start(&s) != 0) {
@@ -1335,7 +1338,13 @@ static int run_scan(struct scan_opts *opt, int n_paths, char **paths)
             print_summary(&s, now_s() - s.t0);
         status = scan_status(&s);
     }
+    double t_scanned = now_s();
     scan_finish(&s);
+    if (s.telemetry) /* where the command's own time went, after the requests' lines */
+        fprintf(stderr,
+                "vkscan: client: connect_ns=%.0f rules_ns=%.0f scan_ns=%.0f finish_ns=%.0f\n",
+                (t_connected - s.t0) * 1e9, (t_loaded - t_connected) * 1e9,
+                (t_scanned - t_loaded) * 1e9, (now_s() - t_scanned) * 1e9);
     return status;
 }
 
