@@ -75,7 +75,7 @@ if has tel; then
                 $W/default.big 2>"$OUT/tel_$n.txt" >/dev/null
             t1=$(date +%s.%N)
             echo "tel $n: $(awk -v a=$t0 -v b=$t1 'BEGIN {printf "%.3f s", b - a}')"
-            tr ' ' '\n' <"$OUT/tel_$n.txt" | grep -E '^(fd_read_ns|plan_ns|upload_ns|run_ns|readback_ns|scan_ns|total_ns|wall_ns|spec_fixes|confirm_host|kernel_launches|device_ns|finalize_ns|hits_raw|hit_reruns|hits)=' | tr '\n' ' '
+            tr ' ' '\n' <"$OUT/tel_$n.txt" | grep -E "^(client_rpc_ns|connect_ns|rules_ns|finish_ns|queue_ns|factor_ns|fd_read_ns|plan_ns|upload_ns|run_ns|readback_ns|scan_ns|total_ns|wall_ns|spec_fixes|confirm_host|kernel_launches|device_ns|finalize_ns|hits_raw|hit_reruns|hits)=" | tr '\n' ' '
             echo
         done
     done
