@@ -18,7 +18,7 @@
  *              [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]
  *              [--upload-threads N] [--upload-chunk BYTES] [--only NAME,NAME..]
  *              [--data DIR] [--no-hs] [--max-states N] [--bitnfa-counters N]
- *              [--gate-bits N] [--gate-states N] [--gate-rare-bits N] [--gated-group-bits N] [--json] [--json-out FILE] [--engine gpu|cpu]
+ *              [--gate-bits N] [--gate-states N] [--gate-rare-bits N] [--gated-group-bits N] [--profile 1] [--json] [--json-out FILE] [--engine gpu|cpu]
  * [--cpu-plain]
  *
  * --engine cpu runs the same workloads through the CPU engine instead
@@ -443,6 +443,7 @@ static uint32_t bitnfa_counters; /* --bitnfa-counters */
 static uint32_t gate_bits;       /* --gate-bits: rules_options.gate_bits */
 static uint32_t gate_states; /* --gate-states: rules_options.gate_states; 1: gate every candidate */
 static uint32_t gate_rare;   /* --gate-rare-bits: rules_options.gate_rare_bits */
+static bool profile;         /* --profile 1: gpu_options.profile (each dispatch timed alone) */
 static uint32_t gated_bits;  /* --gated-group-bits: rules_options.gated_group_bits */
 
 static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32_t *rejected,
@@ -883,6 +884,23 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
                t->segment_bytes, t->workgroup_size, t->workgroups, t->occupancy, t->kernel_launches,
                r[i].compile_s);
     }
+    if (!profile)
+        return;
+    /* --profile: where the device time of one batch went, dispatch by
+     * dispatch with a barrier between them (so slower than the kernel
+     * column): ms (dispatches) by kind */
+    printf("\n%-22s %14s %14s %14s %14s %14s\n", "profile ms (n)", "dfa", "factor", "gated nfa",
+           "other nfa", "literal");
+    for (size_t i = 0; i < n; i++) {
+        const struct gpu_telemetry *t = &r[i].tel;
+        printf("%-22s", r[i].name);
+        for (int k = 0; k < GPU_PROF_KINDS; k++) {
+            char cell[32];
+            snprintf(cell, sizeof(cell), "%.2f (%u)", t->prof_ns[k] / 1e6, t->prof_dispatches[k]);
+            printf(" %14s", cell);
+        }
+        printf("\n");
+    }
 }
 
 static void print_json(FILE *f, const struct result *r, size_t n, const struct gpu_device_info *d,
@@ -963,7 +981,6 @@ static bool gate_windows;
 /* --factor-pass 1|0|-1: gpu_options.factor_pass (factor ends on the device
  * always, by batch size, or on the host) */
 static int32_t factor_pass;
-
 static void usage(void)
 {
     fprintf(stderr,
@@ -973,9 +990,9 @@ static void usage(void)
             "                  [--upload-threads N] [--upload-chunk BYTES] [--only NAME,..]\n"
             "                  [--data DIR] [--no-hs] [--json] [--json-out FILE]\n"
             "                  [--dump-rules DIR] [--max-states N] [--bitnfa-counters N]\n"
-            "                  [--gate-bits N] [--gate-states N] [--gate-rare-bits N] [--gated-group-bits N] [--engine gpu|cpu] [--cpu-plain]\n"
+            "                  [--gate-bits N] [--gate-states N] [--gate-rare-bits N] [--gated-group-bits N] [--profile 1] [--engine gpu|cpu] [--cpu-plain]\n"
             "                  [--lit-kernel 1|0|-1] [--gate-windows 0|1]\n"
-            "                  [--factor-pass 1|0|-1]\n");
+            "                  [--factor-pass 1|0|-1] [--profile 1]\n");
     exit(2);
 }
 
@@ -1045,6 +1062,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->only = v;
         } else if (strcmp(a, "--gate-windows") == 0) {
             gate_windows = strtol(v, NULL, 10) != 0;
+        } else if (strcmp(a, "--profile") == 0) {
+            profile = strtol(v, NULL, 10) != 0;
         } else if (strcmp(a, "--factor-pass") == 0) {
             factor_pass = (int32_t)strtol(v, NULL, 10);
         } else if (strcmp(a, "--lit-kernel") == 0) {
@@ -1101,7 +1120,8 @@ int main(int argc, char **argv)
                              .upload_chunk = o.upload_chunk,
                              .lit_kernel = lit_kernel,
                              .gate_windows = gate_windows,
-                             .factor_pass = factor_pass};
+                             .factor_pass = factor_pass,
+                             .profile = profile};
     struct gpu_engine *eng = NULL;
     struct vks_error err;
     if (o.cpu) /* no device: the CPU engine and Hyperscan */

@@ -674,6 +674,20 @@ static void record_copies(struct batch_ctx *bc, VkCommandBuffer cb)
     }
 }
 
+static uint8_t prof_kind(const struct batch_ctx *bc, const struct scan_range *sr)
+{
+    if (sr->lit)
+        return GPU_PROF_LIT;
+    if (sr->factor)
+        return GPU_PROF_FACTOR;
+    if (!sr->nfa)
+        return GPU_PROF_DFA;
+    const struct catalog *cat = bc->batch->catalogs[sr->cat];
+    struct catalog_nfa g;
+    catalog_nfa(cat, sr->group - catalog_group_count(cat), &g);
+    return (g.flags & CAT_GF_GATED) || sr->confirm ? GPU_PROF_GATED : GPU_PROF_NFA;
+}
+
 static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
 {
     struct gpu_engine *eng = bc->eng;
@@ -753,8 +767,10 @@ static int record(struct batch_ctx *bc, bool copies, struct vks_error *err)
             VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_HOST_WRITE_BIT,
             VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
             VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    bool prof = eng->opt.profile && eng->qpool != VK_NULL_HANDLE;
+    bc->n_prof = 0;
     if (eng->qpool != VK_NULL_HANDLE) {
-        vkCmdResetQueryPool(cb, eng->qpool, 0, 2);
+        vkCmdResetQueryPool(cb, eng->qpool, 0, prof ? 2 + GPU_PROF_RANGES : 2);
         vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, eng->qpool, 0);
     }
     for (uint32_t round = 0; round < bc->rounds; round++) {
@@ -763,8 +779,17 @@ static int record(struct batch_ctx *bc, bool copies, struct vks_error *err)
                     VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                     VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
         for (uint32_t k = 0; k < bc->n_ranges; k++) {
-            if (eng->scratch.ranges[k].round == round)
-                push_range(bc, cb, k);
+            if (eng->scratch.ranges[k].round != round)
+                continue;
+            push_range(bc, cb, k);
+            if (prof && bc->n_prof < GPU_PROF_RANGES) { /* this dispatch alone, then its end */
+                barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                        VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                        VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+                vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, eng->qpool,
+                                    2 + bc->n_prof);
+                bc->prof_kind[bc->n_prof++] = prof_kind(bc, &eng->scratch.ranges[k]);
+            }
         }
     }
     if (eng->qpool != VK_NULL_HANDLE)
@@ -848,6 +873,26 @@ static int submit_pass(struct batch_ctx *bc, struct vks_error *err)
 }
 
 /* Waits for the submitted pass within the timeout. */
+/* gpu_options.profile: each timed dispatch's time since the one before it
+ * (or the pass's start) into its kind's sum. */
+static void read_profile(struct batch_ctx *bc, uint64_t start)
+{
+    struct gpu_engine *eng = bc->eng;
+    uint64_t ts[GPU_PROF_RANGES];
+    if (vkGetQueryPoolResults(eng->dev, eng->qpool, 2, bc->n_prof, sizeof(ts), ts, 8,
+                              VK_QUERY_RESULT_64_BIT) != VK_SUCCESS)
+        return;
+    uint64_t mask = eng->ts_valid_bits < 64 ? (1ull << eng->ts_valid_bits) - 1 : ~0ull;
+    uint64_t prev = start;
+    for (uint32_t j = 0; j < bc->n_prof; j++) {
+        uint64_t v = ts[j] & mask;
+        if (v >= prev)
+            bc->tel->prof_ns[bc->prof_kind[j]] += (uint64_t)((double)(v - prev) * eng->ts_period);
+        bc->tel->prof_dispatches[bc->prof_kind[j]]++;
+        prev = v;
+    }
+}
+
 static int wait_pass(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
@@ -879,6 +924,8 @@ static int wait_pass(struct batch_ctx *bc, struct vks_error *err)
     bc->tel->kernel_ns += have_ts && ts[1] >= ts[0]
                               ? (uint64_t)((double)(ts[1] - ts[0]) * eng->ts_period)
                               : t - bc->t_submit;
+    if (have_ts && bc->n_prof > 0)
+        read_profile(bc, ts[0]);
     return 0;
 }
 
@@ -1671,6 +1718,10 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(total_ns);
     ADD(wall_ns);
     ADD(device_idle_ns);
+    for (int k = 0; k < GPU_PROF_KINDS; k++) {
+        s.prof_ns[k] += sum->prof_ns[k];
+        s.prof_dispatches[k] += sum->prof_dispatches[k];
+    }
     MAX(workgroups);
     MAX(hit_capacity);
     MAX(inflight);

@@ -556,7 +556,7 @@ static int create_commands(struct gpu_engine *eng, struct vks_error *err)
         VkQueryPoolCreateInfo qci = {
             .sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
             .queryType = VK_QUERY_TYPE_TIMESTAMP,
-            .queryCount = 2,
+            .queryCount = eng->opt.profile ? 2 + GPU_PROF_RANGES : 2,
         };
         r = vkCreateQueryPool(eng->dev, &qci, NULL, &eng->qpool);
     }

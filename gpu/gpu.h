@@ -128,6 +128,11 @@ struct gpu_options {
      * always on the host (then buffers of such catalogs need their data). */
     int32_t factor_pass;
     bool staged_upload; /* tests: go through staging also where device memory is mapped */
+    /* Benchmarks: a barrier and a timestamp after each of a pass's first
+     * GPU_PROF_RANGES dispatches, so that gpu_telemetry.prof_ns says which
+     * kind of dispatch the device time went to. Serialises dispatches that
+     * would overlap: slower, for finding where time goes only. */
+    bool profile;
     /* The literal kernel (docs/gpu.md) for DFA groups of plain strings:
      * 0 where it saves passes or memory traffic (a catalog with 2 or more
      * such groups, or one with over 8 MiB of DFA rows), 1 for every such
@@ -179,6 +184,12 @@ struct gpu_hit {
 };
 
 #define GPU_FACTOR_PASS_MIN (4u << 20)
+
+/* Kinds of dispatch gpu_options.profile times: DFA groups (plain and
+ * speculative), the factor pass, gated bit-NFA windows and forward
+ * confirmations, other bit-NFA groups, the literal kernel. */
+enum { GPU_PROF_DFA, GPU_PROF_FACTOR, GPU_PROF_GATED, GPU_PROF_NFA, GPU_PROF_LIT, GPU_PROF_KINDS };
+#define GPU_PROF_RANGES 510u
 
 struct gpu_telemetry {
     uint64_t bytes_uploaded;          /* everything host -> device */
@@ -237,6 +248,9 @@ struct gpu_telemetry {
      * as the host sees it: a fence is seen signalled when it is waited for. */
     uint64_t device_idle_ns;
     uint32_t inflight; /* batches on the device right after this one's submit, itself included */
+    /* gpu_options.profile: device time and dispatches by kind, all passes */
+    uint64_t prof_ns[GPU_PROF_KINDS];
+    uint32_t prof_dispatches[GPU_PROF_KINDS];
 };
 
 struct gpu_result {

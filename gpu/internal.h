@@ -194,6 +194,9 @@ struct batch_scratch {
 /* One batch from its submit to its collect (one attempt of it, when the
  * driver cut a loop and it is re-planned). */
 struct batch_ctx {
+    /* gpu_options.profile: the kind of each timed dispatch of the pass */
+    uint8_t prof_kind[GPU_PROF_RANGES];
+    uint32_t n_prof;
     bool cut; /* the driver cut a scan loop short: re-plan smaller and re-run */
     struct gpu_engine *eng;
     const struct gpu_batch *batch;

@@ -1521,6 +1521,48 @@ START_TEST(test_ring_learned)
 }
 END_TEST
 
+/* gpu_options.profile times every dispatch alone, by kind: a catalog of a
+ * DFA group and a gated bit-NFA group (its factor pass on the device) has
+ * device time in those three kinds, one dispatch counted per launch, and
+ * the same hits as without it. */
+START_TEST(test_profile)
+{
+    struct trule t[] = {{"lit", RULE_LITERAL, "zzqq", 0},
+                        {"gap", RULE_REGEX, "tok[a-z]{2,40}end", 0}};
+    struct rules_options ro = {.gate_rare_bits = 1};
+    struct catalog *cat = compile_rules_opt(t, 2, &ro);
+    ck_assert_uint_eq(catalog_nfa_count(cat), 1);
+    struct gpu_engine *eng = engine(&(struct gpu_options){.profile = true, .factor_pass = 1});
+    enum { LEN = 200000 };
+    uint8_t *p = malloc(LEN);
+    for (size_t i = 0; i < LEN; i++)
+        p[i] = "abcdefgh zq"[i % 11];
+    for (size_t at = 1000; at + 64 < LEN; at += 9000) {
+        memcpy(p + at, "tokabcend", 9);
+        memcpy(p + at + 30, "zzqq", 4);
+    }
+    struct gpu_buffer buf = {.data = p, .len = LEN, .mode = SCAN_ALL};
+    const struct catalog *cats[] = {cat};
+    struct gpu_batch b = {cats, 1, &buf, 1};
+    struct gpu_result res = {0};
+    ck_assert_uint_gt(check_batch(eng, &b, &res), 40);
+    uint32_t n = 0;
+    for (int k = 0; k < GPU_PROF_KINDS; k++)
+        n += res.tel.prof_dispatches[k];
+    ck_assert_uint_eq(n, res.tel.kernel_launches);
+    ck_assert_uint_gt(res.tel.prof_dispatches[GPU_PROF_FACTOR], 0);
+    ck_assert_uint_gt(res.tel.prof_dispatches[GPU_PROF_GATED], 0);
+    ck_assert_uint_gt(res.tel.prof_ns[GPU_PROF_FACTOR], 0);
+    ck_assert_uint_gt(res.tel.prof_ns[GPU_PROF_GATED] + res.tel.prof_ns[GPU_PROF_DFA] +
+                          res.tel.prof_ns[GPU_PROF_LIT],
+                      0);
+    gpu_result_finish(&res);
+    free(p);
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* ^ $ \b \B with and without multiline, on buffers full of newlines,
  * including buffers that end in one. */
 START_TEST(test_anchored)
@@ -2187,6 +2229,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_hit_dense);
     tcase_add_loop_test(tc, test_hits_pool, 0, 2);
     tcase_add_test(tc, test_ring_learned);
+    tcase_add_test(tc, test_profile);
     tcase_add_test(tc, test_anchored);
     tcase_add_test(tc, test_large_catalogs);
     tcase_add_test(tc, test_modes);
