@@ -1343,50 +1343,6 @@ static void free_gates(struct batch_ctx *bc)
     bc->gates = NULL;
 }
 
-/* The factor pass's raw hits (buffer, group, layer, end) into bc->gates:
- * per buffer sorted by (group, end), each once. */
-static int gather_gates(struct batch_ctx *bc, const uint32_t *raw, uint64_t n)
-{
-    uint32_t nb = bc->batch->n_buffers;
-    struct batch_scratch *s = &bc->eng->scratch;
-    bc->gates = calloc(nb ? nb : 1, sizeof(*bc->gates));
-    if (bc->gates == NULL ||
-        gpu_grow_array((void **)&s->counts, &s->counts_cap, (size_t)nb + 1, 4) < 0 ||
-        gpu_grow_array((void **)&s->keys, &s->keys_cap, 2 * n + 1, 8) < 0)
-        return -ENOMEM;
-    memset(s->counts, 0, ((size_t)nb + 1) * 4);
-    for (uint64_t i = 0; i < n; i++)
-        if (raw[i * 4] < nb)
-            s->counts[raw[i * 4] + 1]++;
-    for (uint32_t i = 0; i < nb; i++)
-        s->counts[i + 1] += s->counts[i];
-    uint64_t *key = s->keys, *tmp = s->keys + n;
-    for (uint64_t i = 0; i < n; i++) {
-        const uint32_t *h = &raw[i * 4];
-        if (h[0] < nb)
-            key[s->counts[h[0]]++] = (uint64_t)h[1] << 40 | h[3];
-    }
-    size_t start = 0;
-    for (uint32_t i = 0; i < nb; i++) {
-        size_t end = s->counts[i], m = end - start;
-        if (m == 0)
-            continue;
-        scan_sort_u64(key + start, tmp, m);
-        struct refscan_gate *g = &bc->gates[i];
-        g->v = malloc(m * sizeof(*g->v));
-        if (g->v == NULL)
-            return -ENOMEM;
-        g->cap = m;
-        for (size_t k = start; k < end; k++)
-            if (k == start || key[k] != key[k - 1])
-                g->v[g->n++] = (struct refscan_cand){.nfa = (uint32_t)(key[k] >> 40),
-                                                     .end = key[k] & ((1ull << 40) - 1)};
-        bc->tel->factor_ends += g->n;
-        start = end;
-    }
-    return 0;
-}
-
 /*
  * The factor pass (docs/gpu.md): the factor groups of the catalogs in
  * bc->gates_of walked on the device over their buffers, every entry
@@ -1425,7 +1381,7 @@ static int factor_pass(struct batch_ctx *bc, struct vks_error *err)
     tel->bytes_read_back += n * 16;
     if (rc == 0)
         rc = copy_hits(bc, n, &raw, err);
-    if (rc == 0 && gather_gates(bc, raw, n) < 0)
+    if (rc == 0 && gpu_gather_gates(bc, raw, n) < 0)
         rc = vks_error_set(err, -ENOMEM, "out of memory sorting %llu factor ends",
                            (unsigned long long)n);
     release_cats(bc); /* the main pass pins them again */

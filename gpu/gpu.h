@@ -117,8 +117,9 @@ struct gpu_options {
     uint32_t workgroup_size; /* 0: chosen by the launch policy */
     uint32_t max_workgroups; /* per launch; 0: chosen by the launch policy */
     uint32_t upload_threads; /* host threads copying into staging; 0: up to 8 */
-    /* Raw hits at which a batch's hits are sorted on those threads
-     * (gpu/hits.c) instead of the collecting one; 0: 65536. */
+    /* Raw hits (or factor ends of the factor pass) at which a batch's hits
+     * (its ends) are sorted on those threads (gpu/hits.c) instead of the
+     * collecting one; 0: 65536. */
     uint32_t hits_parallel_min;
     uint32_t upload_chunk; /* staging bytes per copy submit; 0: max(16 MiB, size / 64) */
     /* Where the factor ends of gated bit-NFA groups are found (docs/gpu.md,

@@ -496,3 +496,194 @@ int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struc
     bc->tel->finalize_ns = gpu_now_ns() - t;
     return rc;
 }
+
+/* ---- the factor pass's ends (gpu_gather_gates) -------------------------- */
+
+#define GATES_PAR_MIN 65536u
+#define GATES_BINS_MAX (1u << 20) /* (slice, bin) counters of the pool's way */
+
+struct gate_job {
+    const uint32_t *raw;
+    uint64_t n;
+    uint32_t slices, n_groups, n_buffers, n_bins; /* a bin: (buffer, group) */
+    uint32_t *cnt;                                 /* (slice, bin) */
+    uint64_t *start;                               /* per bin; [n_bins]: all */
+    uint32_t *kept;
+    uint64_t *keys, *tmp;
+    const uint32_t *task_bin;
+};
+
+static void gate_slice(struct gate_job *j, uint32_t t, bool scatter)
+{
+    uint32_t *cnt = j->cnt + (size_t)t * j->n_bins;
+    uint64_t lo = j->n * t / j->slices, hi = j->n * (t + 1) / j->slices;
+    for (uint64_t i = lo; i < hi; i++) {
+        const uint32_t *h = &j->raw[i * 4];
+        if (h[0] >= j->n_buffers || h[1] >= j->n_groups)
+            continue;
+        uint32_t bin = h[0] * j->n_groups + h[1];
+        if (scatter)
+            j->keys[cnt[bin]++] = h[3];
+        else
+            cnt[bin]++;
+    }
+}
+
+static void gate_count_task(void *ctx, uint32_t t)
+{
+    gate_slice(ctx, t, false);
+}
+
+static void gate_scatter_task(void *ctx, uint32_t t)
+{
+    gate_slice(ctx, t, true);
+}
+
+static void gate_sort_task(void *ctx, uint32_t t)
+{
+    struct gate_job *j = ctx;
+    for (uint32_t b = j->task_bin[t]; b < j->task_bin[t + 1]; b++) {
+        uint64_t s = j->start[b], m = j->start[b + 1] - s;
+        uint64_t *k = j->keys + s;
+        scan_sort_u64(k, j->tmp + s, m);
+        uint32_t w = 0;
+        for (uint64_t i = 0; i < m; i++)
+            if (w == 0 || k[i] != k[w - 1])
+                k[w++] = k[i];
+        j->kept[b] = w;
+    }
+}
+
+/* Every buffer's ends of the sorted bins into its gate list. */
+static int gates_from_bins(struct batch_ctx *bc, const struct gate_job *j)
+{
+    for (uint32_t i = 0; i < j->n_buffers; i++) {
+        size_t m = 0;
+        for (uint32_t g = 0; g < j->n_groups; g++)
+            m += j->kept[i * j->n_groups + g];
+        if (m == 0)
+            continue;
+        struct refscan_gate *gate = &bc->gates[i];
+        gate->v = malloc(m * sizeof(*gate->v));
+        if (gate->v == NULL)
+            return -ENOMEM;
+        gate->cap = m;
+        for (uint32_t g = 0; g < j->n_groups; g++) {
+            uint32_t b = i * j->n_groups + g;
+            const uint64_t *k = j->keys + j->start[b];
+            for (uint32_t x = 0; x < j->kept[b]; x++)
+                gate->v[gate->n++] = (struct refscan_cand){.nfa = g, .end = k[x]};
+        }
+        bc->tel->factor_ends += gate->n;
+    }
+    return 0;
+}
+
+/* The short way, for few ends or many (buffer, group) pairs: a counting
+ * sort by buffer, then each buffer's (group, end) keys radix-sorted. */
+static int gather_serial(struct batch_ctx *bc, const uint32_t *raw, uint64_t n)
+{
+    uint32_t nb = bc->batch->n_buffers;
+    struct batch_scratch *s = &bc->eng->scratch;
+    if (gpu_grow_array((void **)&s->counts, &s->counts_cap, (size_t)nb + 1, 4) < 0 ||
+        gpu_grow_array((void **)&s->keys, &s->keys_cap, 2 * n + 1, 8) < 0)
+        return -ENOMEM;
+    memset(s->counts, 0, ((size_t)nb + 1) * 4);
+    for (uint64_t i = 0; i < n; i++)
+        if (raw[i * 4] < nb)
+            s->counts[raw[i * 4] + 1]++;
+    for (uint32_t i = 0; i < nb; i++)
+        s->counts[i + 1] += s->counts[i];
+    uint64_t *key = s->keys, *tmp = s->keys + n;
+    for (uint64_t i = 0; i < n; i++) {
+        const uint32_t *h = &raw[i * 4];
+        if (h[0] < nb)
+            key[s->counts[h[0]]++] = (uint64_t)h[1] << 32 | h[3];
+    }
+    size_t start = 0;
+    for (uint32_t i = 0; i < nb; i++) {
+        size_t end = s->counts[i], m = end - start;
+        if (m == 0)
+            continue;
+        scan_sort_u64(key + start, tmp, m);
+        struct refscan_gate *g = &bc->gates[i];
+        g->v = malloc(m * sizeof(*g->v));
+        if (g->v == NULL)
+            return -ENOMEM;
+        g->cap = m;
+        for (size_t k = start; k < end; k++)
+            if (k == start || key[k] != key[k - 1])
+                g->v[g->n++] =
+                    (struct refscan_cand){.nfa = (uint32_t)(key[k] >> 32), .end = (uint32_t)key[k]};
+        bc->tel->factor_ends += g->n;
+        start = end;
+    }
+    return 0;
+}
+
+static uint32_t gate_groups(const struct gpu_batch *b)
+{
+    uint32_t most = 0;
+    for (uint32_t c = 0; c < b->n_catalogs; c++) {
+        uint32_t k = catalog_nfa_count(b->catalogs[c]);
+        most = k > most ? k : most;
+    }
+    return most;
+}
+
+int gpu_gather_gates(struct batch_ctx *bc, const uint32_t *raw, uint64_t n)
+{
+    const struct gpu_batch *b = bc->batch;
+    struct batch_scratch *s = &bc->eng->scratch;
+    struct upload_pool *pool = bc->eng->pool;
+    struct gate_job j = {.raw = raw, .n = n, .n_buffers = b->n_buffers, .n_groups = gate_groups(b)};
+    bc->gates = calloc(b->n_buffers ? b->n_buffers : 1, sizeof(*bc->gates));
+    if (bc->gates == NULL)
+        return -ENOMEM;
+    uint64_t bins = (uint64_t)j.n_buffers * j.n_groups;
+    if (bins == 0 || n == 0)
+        return 0;
+    uint32_t least = bc->eng->opt.hits_parallel_min ? bc->eng->opt.hits_parallel_min : GATES_PAR_MIN;
+    if (n < least || bins * upload_pool_threads(pool) > GATES_BINS_MAX || n >= UINT32_MAX)
+        return gather_serial(bc, raw, n);
+    j.slices = upload_pool_threads(pool);
+    j.n_bins = (uint32_t)bins;
+    size_t n_tasks_most = (size_t)j.slices * TASKS_PER_THR;
+    if (gpu_grow_array((void **)&s->bin_cnt, &s->bin_cnt_cap, (size_t)j.slices * bins, 4) < 0 ||
+        gpu_grow_array((void **)&s->bin_start, &s->bin_start_cap, bins + 1, 8) < 0 ||
+        gpu_grow_array((void **)&s->bin_kept, &s->bin_kept_cap, bins, 4) < 0 ||
+        gpu_grow_array((void **)&s->task_bin, &s->task_bin_cap, n_tasks_most + 1, 4) < 0 ||
+        gpu_grow_array((void **)&s->keys, &s->keys_cap, 2 * n + 1, 8) < 0)
+        return -ENOMEM;
+    j.cnt = s->bin_cnt;
+    j.start = s->bin_start;
+    j.kept = s->bin_kept;
+    j.keys = s->keys;
+    j.tmp = s->keys + n;
+    memset(j.cnt, 0, (size_t)j.slices * bins * 4);
+    upload_pool_run(pool, gate_count_task, &j, j.slices);
+    uint64_t at = 0;
+    for (uint32_t bin = 0; bin < j.n_bins; bin++) {
+        j.start[bin] = at;
+        for (uint32_t t = 0; t < j.slices; t++) {
+            uint32_t *c = &j.cnt[(size_t)t * j.n_bins + bin];
+            uint32_t m = *c;
+            *c = (uint32_t)at;
+            at += m;
+        }
+    }
+    j.start[j.n_bins] = at;
+    uint32_t *tb = s->task_bin, n_tasks = 0;
+    uint64_t per = at / n_tasks_most + 1;
+    tb[0] = 0;
+    for (uint32_t bin = 0; bin < j.n_bins; bin++) {
+        if (j.start[bin + 1] - j.start[tb[n_tasks]] >= per && n_tasks + 1 < n_tasks_most)
+            tb[++n_tasks] = bin + 1;
+    }
+    if (tb[n_tasks] < j.n_bins)
+        tb[++n_tasks] = j.n_bins;
+    j.task_bin = tb;
+    upload_pool_run(pool, gate_scatter_task, &j, j.slices);
+    upload_pool_run(pool, gate_sort_task, &j, n_tasks);
+    return gates_from_bins(bc, &j);
+}

@@ -361,6 +361,10 @@ void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint3
 /* hits.c: the collected pass's raw hits (and the host's fix hits) into
  * res, per buffer in (end, rule) order with its report mode; sets the
  * readback and finalize telemetry. */
+/* The factor pass's raw hits (buffer, group, layer, end) into bc->gates:
+ * per buffer sorted by (group, end), each once; on the upload threads
+ * when there are many. Returns 0 or -ENOMEM. */
+int gpu_gather_gates(struct batch_ctx *bc, const uint32_t *raw, uint64_t n);
 int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struct gpu_result *res,
                     struct vks_error *err);
 

@@ -1257,9 +1257,12 @@ START_TEST(test_factor_pass)
         gated += (g.flags & CAT_GF_GATED) != 0;
     }
     ck_assert_uint_gt(gated, 1);
+    /* 3: the ends (and hits) sorted on the upload threads */
     struct gpu_options opt = {.segment_bytes = _i == 1 ? 0 : 256,
                               .factor_pass = _i == 2 ? -1 : 1,
-                              .staged_upload = _i == 1};
+                              .staged_upload = _i == 1,
+                              .hits_parallel_min = _i == 3 ? 1 : 0,
+                              .upload_threads = _i == 3 ? 3 : 0};
     struct gpu_engine *eng = engine(&opt);
     rng = 0xfac7012ull + (uint64_t)_i;
     enum { NB = 9 };
@@ -1304,6 +1307,51 @@ START_TEST(test_factor_pass)
     gpu_result_finish(&res2);
     for (uint32_t i = 0; i < NB; i++)
         free((void *)bufs[i].data);
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+END_TEST
+
+/* The factor pass's ends go to their own gated group, on one thread and
+ * on the upload threads: three rules in three gated groups whose factors
+ * are planted far apart, so that a window planned from another group's
+ * ends would miss every match. */
+START_TEST(test_factor_ends_groups)
+{
+    static const struct trule rules[] = {
+        {"a", RULE_REGEX, "alpha[0-9]{2,8}x", 0},
+        {"b", RULE_REGEX, "omega[a-f]{3,9}y", 0},
+        {"c", RULE_REGEX, "gamma[0-9]{1,4}z", 0},
+    };
+    struct rules_options ro = {.gated_group_bits = 1};
+    struct catalog *cat = compile_rules_opt(rules, 3, &ro);
+    ck_assert_uint_eq(catalog_nfa_count(cat), 3);
+    struct gpu_engine *eng = engine(&(struct gpu_options){
+        .factor_pass = 1, .hits_parallel_min = _i == 1 ? 1 : 0, .upload_threads = 3});
+    enum { LEN = 300000 };
+    uint8_t *d = malloc(LEN);
+    for (size_t i = 0; i < LEN; i++)
+        d[i] = "klmnrstuv "[i % 10];
+    for (size_t at = 1000; at + 10000 < LEN; at += 10000) {
+        memcpy(d + at, "alpha123x", 9);
+        memcpy(d + at + 3000, "omegaabcy", 9);
+        memcpy(d + at + 6000, "gamma9z", 7);
+    }
+    struct gpu_buffer bufs[] = {{.data = d, .len = LEN, .mode = SCAN_ALL},
+                                {.data = d + 500, .len = 40000, .mode = SCAN_COUNT}};
+    const struct catalog *cats[] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, 2};
+    struct gpu_result res = {0};
+    ck_assert_uint_ge(check_batch(eng, &b, &res), 3 * 29);
+    ck_assert_uint_ge(res.tel.factor_ends, 3 * 29);
+    uint32_t per_rule[3] = {0};
+    for (size_t k = 0; k < res.n_hits; k++)
+        if (res.hits[k].buffer == 0)
+            per_rule[res.hits[k].rule]++;
+    for (int r = 0; r < 3; r++)
+        ck_assert_uint_eq(per_rule[r], 29);
+    gpu_result_finish(&res);
+    free(d);
     gpu_engine_destroy(eng);
     catalog_destroy(cat);
 }
@@ -2225,7 +2273,8 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
     tcase_add_test(tc, test_spec_segments);
-    tcase_add_loop_test(tc, test_factor_pass, 0, 3);
+    tcase_add_loop_test(tc, test_factor_pass, 0, 4);
+    tcase_add_loop_test(tc, test_factor_ends_groups, 0, 2);
     tcase_add_test(tc, test_hit_dense);
     tcase_add_loop_test(tc, test_hits_pool, 0, 2);
     tcase_add_test(tc, test_ring_learned);
