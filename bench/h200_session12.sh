@@ -7,7 +7,7 @@
 # Carry .gl (with .gl/extra), BUILD, build-shared, build-data.
 #
 #   bench/h200_session12.sh BUILD [steps...]
-#   steps: tests gate dense all all1g groups cli
+#   steps: tests gate dense all all1g groups prof regex cli cli16
 #
 # GATES: the gate_rare_bits values to sweep (default: off 28 24 20 16).
 # all: every workload as 1 MiB buffers; all1g: as one 1 GiB buffer (no
@@ -65,10 +65,26 @@ if has groups; then
             --only regex-500,regex-500-secrets,gitleaks-regex --gated-group-bits $g
     done
 fi
+REGEX=regex-500,regex-500-secrets,gitleaks-regex
+if has prof; then
+    # where the device time goes, dispatch by dispatch (gpu_options.profile)
+    scan prof-1m 200 --iters 3 --size 1G --buffer 1048576 --real-buffer 1048576 --profile 1 \
+        --only "$REGEX,dict-10,phrases-3k,binary-20k"
+    grep -A8 '^profile' "$OUT/scan_prof-1m.txt"
+fi
+if has regex; then
+    scan regex-1m 150 --iters 5 --size 1G --buffer 1048576 --real-buffer 1048576 --only "$REGEX"
+    scan regex-1g 150 --iters 5 --size 1G --buffer 1073741824 --real-buffer 1073741824 --no-hs \
+        --only "$REGEX"
+fi
 if has dense; then
     scan dense-1m 150 --iters 5 --size 1G --buffer 1048576 --real-buffer 1048576 \
         --only phrases-3k,dict-10,gitleaks-keywords,literals-1000
 fi
 if has cli; then
     TEL_RUNS=${TEL_RUNS:-3} bash bench/h200_session10.sh "$B" cli tel
+fi
+if has cli16; then
+    # the same with 16 upload threads in vkscand (default: one per core, at most 8)
+    OUT=$OUT/cli16 VKSCAND_UPLOAD_THREADS=16 TEL_RUNS=1 bash bench/h200_session10.sh "$B" cli tel
 fi
