@@ -444,7 +444,7 @@ static int create_gpu(struct engine *e, struct gworker *w, uint32_t timeout_ms,
                              .timeout_ms = timeout_ms,
                              .inflight = e->inflight};
     /* for measurements (bench/h200_dataplane.sh): the upload threads, else
-     * gpu/'s default (one per core, at most 8) */
+     * gpu/'s default (one per core, at most GPU_UPLOAD_THREADS_MAX) */
     const char *ut = getenv("VKSCAND_UPLOAD_THREADS");
     if (ut != NULL)
         go.upload_threads = (uint32_t)strtoul(ut, NULL, 10);

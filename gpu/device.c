@@ -630,7 +630,7 @@ static int engine_setup(struct gpu_engine *eng, const struct gpu_options *opt,
     uint32_t threads = opt->upload_threads;
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = n < 1 ? 1 : (n > 8 ? 8 : (uint32_t)n);
+        threads = n < 1 ? 1 : (n > GPU_UPLOAD_THREADS_MAX ? GPU_UPLOAD_THREADS_MAX : (uint32_t)n);
     }
     if (upload_pool_create(threads, &eng->pool) < 0)
         return vks_error_set(err, -ENOMEM, "out of memory starting upload threads");

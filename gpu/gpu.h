@@ -46,6 +46,10 @@ enum gpu_hit_writer {
 #define GPU_CONFIRM_CAP           65536u
 #define GPU_MAX_RESIDENT_CATALOGS 64u
 #define GPU_MAX_INFLIGHT          16u
+/* The default upload threads' cap: on the H200 host (16 cores) 16 threads
+ * filled 1 GiB of staging from the page cache in 30 ms against 41 ms for 8
+ * (docs/PERFORMANCE.md, session 12). */
+#define GPU_UPLOAD_THREADS_MAX 16u
 #define GPU_DEFAULT_INFLIGHT      2u
 
 struct gpu_heap_info {
@@ -116,7 +120,9 @@ struct gpu_options {
     bool gate_windows;
     uint32_t workgroup_size; /* 0: chosen by the launch policy */
     uint32_t max_workgroups; /* per launch; 0: chosen by the launch policy */
-    uint32_t upload_threads; /* host threads copying into staging; 0: up to 8 */
+    /* Host threads copying into staging (and finishing hits); 0: one per
+     * core, at most GPU_UPLOAD_THREADS_MAX. */
+    uint32_t upload_threads;
     /* Raw hits (or factor ends of the factor pass) at which a batch's hits
      * (its ends) are sorted on those threads (gpu/hits.c) instead of the
      * collecting one; 0: 65536. */
