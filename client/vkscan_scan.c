@@ -10,6 +10,7 @@
  * vkscan_ruleset.c; with -z, archives and compressed files are opened by
  * vkscan_archive.c and each member is scanned as a file of its own.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -1179,8 +1180,34 @@ static void print_reject(struct scan *s, const struct vks_reject *r)
 
 /* Whether some rule has flag L: the daemon refuses such a catalog for
  * streams, so pipes are then read whole into a memfd. */
+/* Whether a line of the pattern text may end in flags holding `L`: the
+ * letters after its last '/', '"' or '}' (a regex's, literal's or hex
+ * string's flags), trailing blanks left out. Over-approximates: a line it
+ * passes is parsed. */
+static bool may_want_starts(const char *text, size_t len)
+{
+    const char *p = text, *end = text + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *e = nl != NULL ? nl : end;
+        const char *z = e;
+        while (z > p && (z[-1] == ' ' || z[-1] == '\t' || z[-1] == '\r'))
+            z--;
+        bool L = false;
+        const char *a = z;
+        while (a > p && isalpha((unsigned char)a[-1]))
+            L |= *--a == 'L';
+        if (L && a > p && (a[-1] == '/' || a[-1] == '"' || a[-1] == '}'))
+            return true;
+        p = e + 1;
+    }
+    return false;
+}
+
 static bool wants_starts(const struct ruleset *rs)
 {
+    if (!may_want_starts(rs->text, rs->len))
+        return false; /* no second parse of a large rule file */
     struct patfile pf;
     bool any = false;
     if (patfile_parse(rs->text, rs->len, &pf, NULL) == 0) {
