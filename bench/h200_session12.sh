@@ -7,7 +7,7 @@
 # Carry .gl (with .gl/extra), BUILD, build-shared, build-data.
 #
 #   bench/h200_session12.sh BUILD [steps...]
-#   steps: tests gate dense all all1g groups prof regex cli cli16
+#   steps: tests gate dense all all1g groups prof regex cli cli16 caps
 #
 # GATES: the gate_rare_bits values to sweep (default: off 28 24 20 16).
 # all: every workload as 1 MiB buffers; all1g: as one 1 GiB buffer (no
@@ -87,4 +87,14 @@ fi
 if has cli16; then
     # the same with 16 upload threads in vkscand (default: one per core, at most 8)
     OUT=$OUT/cli16 VKSCAND_UPLOAD_THREADS=16 TEL_RUNS=1 bash bench/h200_session10.sh "$B" cli tel
+fi
+if has caps; then
+    # confirmation caps and speculative lookback against the 1 MiB-buffer gap
+    # of the gated sets (call 6: 3-4x the device time of one 1 GiB buffer)
+    for a in "" "--confirm-cap 65536" "--confirm-cap 4096" "--spec-lookback 256"; do
+        n=caps$(echo "$a" | tr -dc 'a-z0-9')
+        scan $n 150 --iters 3 --size 1G --buffer 1048576 --real-buffer 1048576 --no-hs --profile 1 \
+            --only regex-500-secrets,gitleaks-regex $a
+        grep -A3 '^profile' "$OUT/scan_$n.txt"
+    done
 fi

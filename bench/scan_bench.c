@@ -18,8 +18,10 @@
  *              [--iters N] [--segment BYTES] [--wg N] [--max-workgroups N]
  *              [--upload-threads N] [--upload-chunk BYTES] [--only NAME,NAME..]
  *              [--data DIR] [--no-hs] [--max-states N] [--bitnfa-counters N]
- *              [--gate-bits N] [--gate-states N] [--gate-rare-bits N] [--gated-group-bits N] [--profile 1] [--json] [--json-out FILE] [--engine gpu|cpu]
- * [--cpu-plain]
+ *              [--gate-bits N] [--gate-states N] [--gate-rare-bits N]
+ *              [--gated-group-bits N] [--profile 1] [--json] [--json-out FILE]
+ *              [--engine gpu|cpu] [--cpu-plain] [--confirm-cap BYTES]
+ *              [--spec-lookback BYTES]
  *
  * --engine cpu runs the same workloads through the CPU engine instead
  * (rules/cpuscan.h, as vkscand's CPU pool runs it: every buffer cut into
@@ -444,6 +446,8 @@ static uint32_t gate_bits;       /* --gate-bits: rules_options.gate_bits */
 static uint32_t gate_states; /* --gate-states: rules_options.gate_states; 1: gate every candidate */
 static uint32_t gate_rare;   /* --gate-rare-bits: rules_options.gate_rare_bits */
 static bool profile;         /* --profile 1: gpu_options.profile (each dispatch timed alone) */
+static uint32_t confirm_cap; /* --confirm-cap: gpu_options.confirm_cap (0: the engine's rule) */
+static uint32_t spec_look;   /* --spec-lookback: gpu_options.spec_lookback */
 static uint32_t gated_bits;  /* --gated-group-bits: rules_options.gated_group_bits */
 
 static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32_t *rejected,
@@ -889,8 +893,8 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
     /* --profile: where the device time of one batch went, dispatch by
      * dispatch with a barrier between them (so slower than the kernel
      * column): ms (dispatches) by kind */
-    printf("\n%-22s %14s %14s %14s %14s %14s\n", "profile ms (n)", "dfa", "factor", "gated nfa",
-           "other nfa", "literal");
+    printf("\n%-22s %14s %14s %14s %14s %14s %10s %10s %8s %8s\n", "profile ms (n)", "dfa",
+           "factor", "gated nfa", "other nfa", "literal", "items", "spec", "fixes", "host");
     for (size_t i = 0; i < n; i++) {
         const struct gpu_telemetry *t = &r[i].tel;
         printf("%-22s", r[i].name);
@@ -899,7 +903,9 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
             snprintf(cell, sizeof(cell), "%.2f (%u)", t->prof_ns[k] / 1e6, t->prof_dispatches[k]);
             printf(" %14s", cell);
         }
-        printf("\n");
+        printf(" %10llu %10llu %8llu %8llu\n", (unsigned long long)t->items_total,
+               (unsigned long long)t->spec_items, (unsigned long long)t->spec_fixes,
+               (unsigned long long)t->confirm_host);
     }
 }
 
@@ -990,9 +996,11 @@ static void usage(void)
             "                  [--upload-threads N] [--upload-chunk BYTES] [--only NAME,..]\n"
             "                  [--data DIR] [--no-hs] [--json] [--json-out FILE]\n"
             "                  [--dump-rules DIR] [--max-states N] [--bitnfa-counters N]\n"
-            "                  [--gate-bits N] [--gate-states N] [--gate-rare-bits N] [--gated-group-bits N] [--profile 1] [--engine gpu|cpu] [--cpu-plain]\n"
+            "                  [--gate-bits N] [--gate-states N] [--gate-rare-bits N]\n"
+            "                  [--gated-group-bits N] [--engine gpu|cpu] [--cpu-plain]\n"
             "                  [--lit-kernel 1|0|-1] [--gate-windows 0|1]\n"
-            "                  [--factor-pass 1|0|-1] [--profile 1]\n");
+            "                  [--factor-pass 1|0|-1] [--profile 1] [--confirm-cap BYTES]\n"
+            "                  [--spec-lookback BYTES]\n");
     exit(2);
 }
 
@@ -1062,6 +1070,10 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->only = v;
         } else if (strcmp(a, "--gate-windows") == 0) {
             gate_windows = strtol(v, NULL, 10) != 0;
+        } else if (strcmp(a, "--confirm-cap") == 0) {
+            confirm_cap = (uint32_t)parse_size(v);
+        } else if (strcmp(a, "--spec-lookback") == 0) {
+            spec_look = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(a, "--profile") == 0) {
             profile = strtol(v, NULL, 10) != 0;
         } else if (strcmp(a, "--factor-pass") == 0) {
@@ -1121,7 +1133,9 @@ int main(int argc, char **argv)
                              .lit_kernel = lit_kernel,
                              .gate_windows = gate_windows,
                              .factor_pass = factor_pass,
-                             .profile = profile};
+                             .profile = profile,
+                             .confirm_cap = confirm_cap,
+                             .spec_lookback = spec_look};
     struct gpu_engine *eng = NULL;
     struct vks_error err;
     if (o.cpu) /* no device: the CPU engine and Hyperscan */
