@@ -771,7 +771,10 @@ static int record(struct batch_ctx *bc, bool copies, struct vks_error *err)
     bc->n_prof = 0;
     if (eng->qpool != VK_NULL_HANDLE) {
         vkCmdResetQueryPool(cb, eng->qpool, 0, prof ? 2 + GPU_PROF_RANGES : 2);
-        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, eng->qpool, 0);
+        /* at TRANSFER, not TOP_OF_PIPE: written once every earlier copy on
+         * the queue is done (the upload's chunks included), so the kernel
+         * time does not count the tail of the upload (session 12) */
+        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, eng->qpool, 0);
     }
     for (uint32_t round = 0; round < bc->rounds; round++) {
         if (round > 0)

@@ -238,7 +238,7 @@ struct gpu_telemetry {
     uint64_t confirm_host;    /* confirmation items alive at their cap: finished on the host */
     uint64_t plan_ns;         /* checks, launch policy, work items, pipelines */
     uint64_t upload_ns;       /* host side: staging filled and every chunk submitted */
-    uint64_t kernel_ns;       /* GPU timestamps around the dispatches, all passes */
+    uint64_t kernel_ns; /* GPU timestamps around the dispatches (from the end of the copies before them), all passes */
     uint64_t device_ns;       /* host wall time from the last submit to its fence, all passes */
     uint64_t readback_ns;     /* queue state and the hit prefix read, host repairs */
     uint64_t finalize_ns;     /* hits sorted by buffer, copies dropped, report modes applied */
