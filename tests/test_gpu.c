@@ -1357,6 +1357,61 @@ START_TEST(test_factor_ends_groups)
 }
 END_TEST
 
+/* A set of many rules with rare factors (secret-scanner prefixes): each is
+ * gated without trying its DFA and the groups stay small, so the catalog
+ * has hundreds of gated groups and a batch a dispatch for each group with
+ * a factor end; every planted instance is found, as refscan finds it, on
+ * one thread and on the upload threads (factor ends and hits). */
+START_TEST(test_many_gated_groups)
+{
+    enum { NR = 600, LEN = 400000 };
+    static char pats[NR][48], pre[NR][8];
+    struct trule *t = calloc(NR, sizeof(*t));
+    uint64_t r = 0x5ec7e75ull;
+    for (uint32_t i = 0; i < NR; i++) {
+        for (int k = 0; k < 6; k++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            pre[i][k] = (char)('a' + (r >> 33) % 26);
+        }
+        pre[i][6] = '\0';
+        snprintf(pats[i], sizeof(pats[i]), "%s_[a-z0-9]{20,32}\\b", pre[i]);
+        snprintf(t[i].id, sizeof(t[i].id), "g%u", i);
+        t[i].kind = RULE_REGEX;
+        t[i].pat = pats[i];
+    }
+    struct catalog *cat = compile_rules(t, NR);
+    ck_assert_uint_gt(catalog_nfa_count(cat), 100);
+    uint8_t *d = malloc(LEN);
+    for (size_t i = 0; i < LEN; i++)
+        d[i] = "the quick brown fox jumps over a lazy dog "[i % 42];
+    uint32_t planted = 0;
+    for (size_t at = 100; at + 64 < LEN; at += 997, planted++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        char inst[48];
+        int n = snprintf(inst, sizeof(inst), "%s_0123456789abcdef0123x ", pre[(r >> 33) % NR]);
+        memcpy(d + at, inst, (size_t)n);
+    }
+    struct gpu_buffer bufs[] = {{.data = d, .len = LEN, .mode = SCAN_ALL},
+                                {.data = d + 5000, .len = 60000, .mode = SCAN_COUNT}};
+    const struct catalog *cats[] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, 2};
+    struct gpu_engine *eng = engine(&(struct gpu_options){
+        .factor_pass = 1, .hits_parallel_min = _i == 1 ? 1 : 0, .upload_threads = 3});
+    struct gpu_result res = {0};
+    check_batch(eng, &b, &res);
+    uint32_t in0 = 0;
+    for (size_t k = 0; k < res.n_hits; k++)
+        in0 += res.hits[k].buffer == 0;
+    ck_assert_uint_eq(in0, planted);
+    ck_assert_uint_gt(res.tel.kernel_launches, 100);
+    gpu_result_finish(&res);
+    gpu_engine_destroy(eng);
+    free(d);
+    free(t);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* Unbounded DFA groups on long buffers are walked in speculative segments
  * (docs/gpu.md): each guesses its start state from a short lookback, and
  * the host re-walks the segments whose guess was wrong. The data makes
@@ -2275,6 +2330,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_spec_segments);
     tcase_add_loop_test(tc, test_factor_pass, 0, 4);
     tcase_add_loop_test(tc, test_factor_ends_groups, 0, 2);
+    tcase_add_loop_test(tc, test_many_gated_groups, 0, 2);
     tcase_add_test(tc, test_hit_dense);
     tcase_add_loop_test(tc, test_hits_pool, 0, 2);
     tcase_add_test(tc, test_ring_learned);
