@@ -1374,7 +1374,7 @@ START_TEST(test_many_gated_groups)
             pre[i][k] = (char)('a' + (r >> 33) % 26);
         }
         pre[i][6] = '\0';
-        snprintf(pats[i], sizeof(pats[i]), "%s_[a-z0-9]{20,32}\\b", pre[i]);
+        snprintf(pats[i], sizeof(pats[i]), "%.6s_[a-z0-9]{20,32}\\b", pre[i]);
         snprintf(t[i].id, sizeof(t[i].id), "g%u", i);
         t[i].kind = RULE_REGEX;
         t[i].pat = pats[i];
@@ -1388,7 +1388,7 @@ START_TEST(test_many_gated_groups)
     for (size_t at = 100; at + 64 < LEN; at += 997, planted++) {
         r = r * 6364136223846793005ull + 1442695040888963407ull;
         char inst[48];
-        int n = snprintf(inst, sizeof(inst), "%s_0123456789abcdef0123x ", pre[(r >> 33) % NR]);
+        int n = snprintf(inst, sizeof(inst), "%.6s_0123456789abcdef0123x ", pre[(r >> 33) % NR]);
         memcpy(d + at, inst, (size_t)n);
     }
     struct gpu_buffer bufs[] = {{.data = d, .len = LEN, .mode = SCAN_ALL},
