@@ -215,6 +215,51 @@ static void scatter_task(void *ctx, uint32_t t)
     bin_slice(ctx, t, true);
 }
 
+/* Counts per (row, bin) into where each row writes next in each bin, bin
+ * after bin; start[bin] is where the bin begins, start[n_bins] all keys. */
+static uint64_t bins_prefix(uint32_t *cnt, uint64_t *start, uint32_t n_bins, uint32_t rows)
+{
+    uint64_t at = 0;
+    for (uint32_t bin = 0; bin < n_bins; bin++) {
+        start[bin] = at;
+        for (uint32_t t = 0; t < rows; t++) {
+            uint32_t *c = &cnt[(size_t)t * n_bins + bin];
+            uint32_t m = *c;
+            *c = (uint32_t)at;
+            at += m;
+        }
+    }
+    start[n_bins] = at;
+    return at;
+}
+
+/* Tasks of about equal keys, whole bins each: tb[t] is task t's first bin,
+ * tb[n] = n_bins; returns n (at most `most`). */
+static uint32_t split_tasks(const uint64_t *start, uint32_t n_bins, size_t most, uint32_t *tb)
+{
+    uint32_t n = 0;
+    uint64_t per = start[n_bins] / most + 1;
+    tb[0] = 0;
+    for (uint32_t bin = 0; bin < n_bins; bin++) {
+        if (start[bin + 1] - start[tb[n]] >= per && n + 1 < most)
+            tb[++n] = bin + 1;
+    }
+    if (tb[n] < n_bins)
+        tb[++n] = n_bins;
+    return n;
+}
+
+/* Sorts k[0..m) and drops its copies; returns the keys left. */
+static uint32_t sort_unique(uint64_t *k, uint64_t *tmp, uint64_t m)
+{
+    scan_sort_u64(k, tmp, m);
+    uint32_t w = 0;
+    for (uint64_t i = 0; i < m; i++)
+        if (w == 0 || k[i] != k[w - 1])
+            k[w++] = k[i];
+    return w;
+}
+
 static bool is_once(const struct hit_job *j, const struct gpu_buffer *gb, uint32_t rule)
 {
     const uint8_t *single = j->single[gb->catalog];
@@ -257,13 +302,9 @@ static void sort_task(void *ctx, uint32_t t)
     if (j->squeeze)
         memset(j->once_tab + (size_t)t * 2 * j->most, 0, (size_t)j->most * 4);
     for (uint32_t b = j->task_bin[t]; b < j->task_bin[t + 1]; b++) {
-        uint64_t s = j->start[b], m = j->start[b + 1] - s;
+        uint64_t s = j->start[b];
         uint64_t *k = j->keys + s;
-        scan_sort_u64(k, j->tmp + s, m);
-        uint32_t w = 0;
-        for (uint64_t i = 0; i < m; i++)
-            if (w == 0 || k[i] != k[w - 1])
-                k[w++] = k[i];
+        uint32_t w = sort_unique(k, j->tmp + s, j->start[b + 1] - s);
         j->kept[b] = j->squeeze ? squeeze_bin(j, t, b, k, w) : w;
     }
 }
@@ -442,30 +483,11 @@ static int finish_pool(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     memset(j.cnt, 0, (size_t)(j.slices + 1) * bins * 4);
 
     upload_pool_run(pool, count_task, &j, j.slices + 1);
-    uint64_t at = 0;
-    for (uint32_t bin = 0; bin < j.n_bins; bin++) {
-        j.start[bin] = at;
-        for (uint32_t t = 0; t <= j.slices; t++) {
-            uint32_t *c = &j.cnt[(size_t)t * j.n_bins + bin];
-            uint32_t m = *c;
-            *c = (uint32_t)at;
-            at += m;
-        }
-    }
-    j.start[j.n_bins] = at;
+    bins_prefix(j.cnt, j.start, j.n_bins, j.slices + 1);
     upload_pool_run(pool, scatter_task, &j, j.slices + 1);
-
     /* tasks of about equal keys, whole bins each: sort, then write */
-    uint32_t *tb = s->task_bin, n_tasks = 0;
-    uint64_t per = at / n_tasks_most + 1;
-    tb[0] = 0;
-    for (uint32_t bin = 0; bin < j.n_bins; bin++) {
-        if (j.start[bin + 1] - j.start[tb[n_tasks]] >= per && n_tasks + 1 < n_tasks_most)
-            tb[++n_tasks] = bin + 1;
-    }
-    if (tb[n_tasks] < j.n_bins)
-        tb[++n_tasks] = j.n_bins;
-    j.task_bin = tb;
+    uint32_t n_tasks = split_tasks(j.start, j.n_bins, n_tasks_most, s->task_bin);
+    j.task_bin = s->task_bin;
     upload_pool_run(pool, sort_task, &j, n_tasks);
     int rc = merge_once(&j, err);
     if (rc != 0)
@@ -543,14 +565,8 @@ static void gate_sort_task(void *ctx, uint32_t t)
 {
     struct gate_job *j = ctx;
     for (uint32_t b = j->task_bin[t]; b < j->task_bin[t + 1]; b++) {
-        uint64_t s = j->start[b], m = j->start[b + 1] - s;
-        uint64_t *k = j->keys + s;
-        scan_sort_u64(k, j->tmp + s, m);
-        uint32_t w = 0;
-        for (uint64_t i = 0; i < m; i++)
-            if (w == 0 || k[i] != k[w - 1])
-                k[w++] = k[i];
-        j->kept[b] = w;
+        uint64_t s = j->start[b];
+        j->kept[b] = sort_unique(j->keys + s, j->tmp + s, j->start[b + 1] - s);
     }
 }
 
@@ -662,27 +678,9 @@ int gpu_gather_gates(struct batch_ctx *bc, const uint32_t *raw, uint64_t n)
     j.tmp = s->keys + n;
     memset(j.cnt, 0, (size_t)j.slices * bins * 4);
     upload_pool_run(pool, gate_count_task, &j, j.slices);
-    uint64_t at = 0;
-    for (uint32_t bin = 0; bin < j.n_bins; bin++) {
-        j.start[bin] = at;
-        for (uint32_t t = 0; t < j.slices; t++) {
-            uint32_t *c = &j.cnt[(size_t)t * j.n_bins + bin];
-            uint32_t m = *c;
-            *c = (uint32_t)at;
-            at += m;
-        }
-    }
-    j.start[j.n_bins] = at;
-    uint32_t *tb = s->task_bin, n_tasks = 0;
-    uint64_t per = at / n_tasks_most + 1;
-    tb[0] = 0;
-    for (uint32_t bin = 0; bin < j.n_bins; bin++) {
-        if (j.start[bin + 1] - j.start[tb[n_tasks]] >= per && n_tasks + 1 < n_tasks_most)
-            tb[++n_tasks] = bin + 1;
-    }
-    if (tb[n_tasks] < j.n_bins)
-        tb[++n_tasks] = j.n_bins;
-    j.task_bin = tb;
+    bins_prefix(j.cnt, j.start, j.n_bins, j.slices);
+    uint32_t n_tasks = split_tasks(j.start, j.n_bins, n_tasks_most, s->task_bin);
+    j.task_bin = s->task_bin;
     upload_pool_run(pool, gate_scatter_task, &j, j.slices);
     upload_pool_run(pool, gate_sort_task, &j, n_tasks);
     return gates_from_bins(bc, &j);
