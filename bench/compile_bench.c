@@ -66,7 +66,6 @@ static uint32_t rng_below(struct rng *r, uint32_t n)
     return (uint32_t)(rng_next(r) % n);
 }
 
-
 static void *xrealloc(void *p, size_t n)
 {
     void *q = realloc(p, n ? n : 1);
@@ -576,7 +575,8 @@ static int usage(void)
 {
     fprintf(stderr, "usage: compile_bench [--json] [--repeat N] [--data DIR] [--only NAME]\n"
                     "                     [--max-states N] [--bitnfa-counters N] [--no-hs]\n"
-                    "                     [--no-minimise] [--gate-bits N] [--gate-states N] [--gate-rare-bits N] [--gated-group-bits N]\n");
+                    "                     [--no-minimise] [--gate-bits N] [--gate-states N] "
+                    "[--gate-rare-bits N] [--gated-group-bits N]\n");
     return 2;
 }
 

@@ -274,20 +274,18 @@ static void binary_workload(uint32_t n, struct ruleset *rs, struct corpus *c, co
     free(len);
 }
 
-static char *read_file(const char *path, size_t *len);
+static bool hay_corpus(const char *hay, struct corpus *c, const struct opts *o);
 
 /* phrases-N of bench/workloads.c: caseless phrases of common words on
  * English text (sherlock.txt repeated to --size). */
 static bool phrase_workload(uint32_t n, struct ruleset *rs, struct corpus *c, const struct opts *o)
 {
-    char path[1024];
-    size_t hlen;
-    snprintf(path, sizeof(path), "%s/rebar/haystacks/sherlock.txt", o->data);
-    char *h = read_file(path, &hlen);
     char **ph = workload_phrases(n);
-    if (h == NULL || hlen == 0 || ph == NULL) {
-        fprintf(stderr, "scan_bench: %s not found: phrases skipped\n", path);
-        free(h);
+    if (ph == NULL || !hay_corpus("rebar/haystacks/sherlock.txt", c, o)) {
+        fprintf(stderr,
+                "scan_bench: rebar/haystacks/sherlock.txt not found under %s: "
+                "phrases skipped\n",
+                o->data);
         workload_phrases_free(ph, n);
         return false;
     }
@@ -296,11 +294,6 @@ static bool phrase_workload(uint32_t n, struct ruleset *rs, struct corpus *c, co
         ph[i] = NULL; /* the rule set owns it now */
     }
     workload_phrases_free(ph, n);
-    c->size = o->size;
-    c->p = xmalloc(c->size);
-    for (uint64_t at = 0; at < c->size; at += hlen)
-        memcpy(c->p + at, h, c->size - at < hlen ? c->size - at : hlen);
-    free(h);
     return true;
 }
 
@@ -310,7 +303,6 @@ static char *read_file(const char *path, size_t *len)
     return workload_read_file(path, &text, len) == 0 ? text : NULL;
 }
 
-/* A real rule set from ../shared/data on its haystack, repeated to size. */
 /* o->size bytes of the haystack file `hay` (under --data), repeated. */
 static bool hay_corpus(const char *hay, struct corpus *c, const struct opts *o)
 {
@@ -330,6 +322,7 @@ static bool hay_corpus(const char *hay, struct corpus *c, const struct opts *o)
     return true;
 }
 
+/* A real rule set from ../shared/data on its haystack, repeated to size. */
 static bool real_workload(const char *rules, const char *hay, struct ruleset *rs, struct corpus *c,
                           const struct opts *o)
 {
@@ -362,8 +355,10 @@ static bool real_workload(const char *rules, const char *hay, struct ruleset *rs
 static bool secrets_workload(uint32_t n, struct ruleset *rs, struct corpus *c, const struct opts *o)
 {
     if (!hay_corpus("rebar/haystacks/sherlock.txt", c, o)) {
-        fprintf(stderr, "scan_bench: rebar/haystacks/sherlock.txt not found under %s: "
-                        "regex-%u-secrets skipped\n", o->data, n);
+        fprintf(stderr,
+                "scan_bench: rebar/haystacks/sherlock.txt not found under %s: "
+                "regex-%u-secrets skipped\n",
+                o->data, n);
         return false;
     }
     uint64_t s = workload_secrets_seed();
@@ -877,9 +872,9 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
                r[i].nfa_groups, r[i].nfa_rules, r[i].gated_groups, r[i].factor_groups, lit,
                r[i].dfa_groups + r[i].nfa_groups - r[i].gated_groups - lit + (lit > 0));
     }
-    printf("\n%-22s %8s %8s %8s %8s %8s %8s %8s %6s %6s %8s %6s %8s %8s\n", "telemetry",
-           "plan ms", "fac ms", "up ms", "dev ms", "kern ms", "read ms", "fin ms", "seg", "wg",
-           "wgroups", "occ", "launch", "compile s");
+    printf("\n%-22s %8s %8s %8s %8s %8s %8s %8s %6s %6s %8s %6s %8s %8s\n", "telemetry", "plan ms",
+           "fac ms", "up ms", "dev ms", "kern ms", "read ms", "fin ms", "seg", "wg", "wgroups",
+           "occ", "launch", "compile s");
     for (size_t i = 0; i < n; i++) {
         const struct gpu_telemetry *t = &r[i].tel;
         printf("%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %6u %6u %8u %6.2f %8u %8.2f\n",

@@ -50,7 +50,7 @@ enum gpu_hit_writer {
  * filled 1 GiB of staging from the page cache in 30 ms against 41 ms for 8
  * (docs/PERFORMANCE.md, session 12). */
 #define GPU_UPLOAD_THREADS_MAX 16u
-#define GPU_DEFAULT_INFLIGHT      2u
+#define GPU_DEFAULT_INFLIGHT   2u
 
 struct gpu_heap_info {
     uint64_t size;
@@ -238,10 +238,10 @@ struct gpu_telemetry {
     uint64_t confirm_host;    /* confirmation items alive at their cap: finished on the host */
     uint64_t plan_ns;         /* checks, launch policy, work items, pipelines */
     uint64_t upload_ns;       /* host side: staging filled and every chunk submitted */
-    uint64_t kernel_ns; /* GPU timestamps around the dispatches (from the end of the copies before them), all passes */
-    uint64_t device_ns;       /* host wall time from the last submit to its fence, all passes */
-    uint64_t readback_ns;     /* queue state and the hit prefix read, host repairs */
-    uint64_t finalize_ns;     /* hits sorted by buffer, copies dropped, report modes applied */
+    uint64_t kernel_ns;   /* GPU timestamps around the dispatches, after the copies, all passes */
+    uint64_t device_ns;   /* host wall time from the last submit to its fence, all passes */
+    uint64_t readback_ns; /* queue state and the hit prefix read, host repairs */
+    uint64_t finalize_ns; /* hits sorted by buffer, copies dropped, report modes applied */
     /* The factor pass (gated catalogs' factor ends found on the device, before
      * the pass that runs their gated groups): its wall time from plan to
      * sorted ends, and the ends it found. Its kernel and device time are in

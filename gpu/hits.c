@@ -149,9 +149,9 @@ struct hit_job {
     bool squeeze;                                  /* some hit may be a once hit */
     const uint8_t *single[GPU_MAX_BATCH_CATALOGS]; /* per rule; NULL: none single */
     uint32_t most;                                 /* rules of the largest catalog */
-    uint32_t *once_tab; /* per sort task: stamp[most], at[most] */
-    uint32_t *count;    /* per key: its count, 0 once it is dropped (squeeze) */
-    uint64_t *out;      /* per bin: where its hits go in res->hits */
+    uint32_t *once_tab;                            /* per sort task: stamp[most], at[most] */
+    uint32_t *count; /* per key: its count, 0 once it is dropped (squeeze) */
+    uint64_t *out;   /* per bin: where its hits go in res->hits */
     struct gpu_hit *hits;
 };
 
@@ -446,8 +446,9 @@ static int finish_pool(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
         return vks_error_set(err, -ENOMEM, "out of memory reading the rules' report flags");
     j.n_bins = (uint32_t)bins;
     size_t n_tasks_most = (size_t)j.slices * TASKS_PER_THR;
-    if (j.squeeze && n_tasks_most * 2 * most > ONCE_TAB_MAX)
-        n_tasks_most = ONCE_TAB_MAX / (2 * (size_t)most) > 0 ? ONCE_TAB_MAX / (2 * (size_t)most) : 1;
+    size_t tab_tasks = most ? ONCE_TAB_MAX / (2 * (size_t)most) : SIZE_MAX; /* whose tables fit */
+    if (j.squeeze && n_tasks_most > tab_tasks)
+        n_tasks_most = tab_tasks > 0 ? tab_tasks : 1;
     if (gpu_grow_array((void **)&s->bin_base, &s->bin_base_cap, (size_t)b->n_buffers + 1, 4) < 0 ||
         gpu_grow_array((void **)&s->bin_cnt, &s->bin_cnt_cap, (size_t)(j.slices + 1) * bins, 4) <
             0 ||
@@ -459,8 +460,7 @@ static int finish_pool(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
         gpu_grow_array((void **)&s->keys, &s->keys_cap, 2 * keys + 1, 8) < 0 ||
         (j.squeeze &&
          (gpu_grow_array((void **)&s->key_cnt, &s->key_cnt_cap, keys + 1, 4) < 0 ||
-          gpu_grow_array((void **)&s->once_tab, &s->once_tab_cap, n_tasks_most * 2 * most, 4) <
-              0)))
+          gpu_grow_array((void **)&s->once_tab, &s->once_tab_cap, n_tasks_most * 2 * most, 4) < 0)))
         return vks_error_set(err, -ENOMEM, "out of memory sorting %llu hits",
                              (unsigned long long)keys);
     uint32_t *base = s->bin_base;
@@ -521,15 +521,15 @@ int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struc
 
 /* ---- the factor pass's ends (gpu_gather_gates) -------------------------- */
 
-#define GATES_PAR_MIN 65536u
+#define GATES_PAR_MIN  65536u
 #define GATES_BINS_MAX (1u << 20) /* (slice, bin) counters of the pool's way */
 
 struct gate_job {
     const uint32_t *raw;
     uint64_t n;
     uint32_t slices, n_groups, n_buffers, n_bins; /* a bin: (buffer, group) */
-    uint32_t *cnt;                                 /* (slice, bin) */
-    uint64_t *start;                               /* per bin; [n_bins]: all */
+    uint32_t *cnt;                                /* (slice, bin) */
+    uint64_t *start;                              /* per bin; [n_bins]: all */
     uint32_t *kept;
     uint64_t *keys, *tmp;
     const uint32_t *task_bin;
@@ -659,7 +659,8 @@ int gpu_gather_gates(struct batch_ctx *bc, const uint32_t *raw, uint64_t n)
     uint64_t bins = (uint64_t)j.n_buffers * j.n_groups;
     if (bins == 0 || n == 0)
         return 0;
-    uint32_t least = bc->eng->opt.hits_parallel_min ? bc->eng->opt.hits_parallel_min : GATES_PAR_MIN;
+    uint32_t least =
+        bc->eng->opt.hits_parallel_min ? bc->eng->opt.hits_parallel_min : GATES_PAR_MIN;
     if (n < least || bins * upload_pool_threads(pool) > GATES_BINS_MAX || n >= UINT32_MAX)
         return gather_serial(bc, raw, n);
     j.slices = upload_pool_threads(pool);

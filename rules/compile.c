@@ -1061,8 +1061,8 @@ static int group_nfa_rules(struct ctx *c)
                                 (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED) ||
                             gate_class(&c->prep[order[i]]) != gate_class(&c->prep[order[i - 1]]));
         uint32_t bits = end ? 0 : c->prep[order[i]].bits;
-        uint32_t cap = begin < m && gate_class(&c->prep[order[begin]]) != 0 ? gated_bits
-                                                                              : BITNFA_GROUP_BITS;
+        uint32_t cap =
+            begin < m && gate_class(&c->prep[order[begin]]) != 0 ? gated_bits : BITNFA_GROUP_BITS;
         if (i > begin && (end || kind_change || fill + bits > cap || i - begin == 64)) {
             rc = place_nfa(c, order + begin, i - begin);
             begin = i;
