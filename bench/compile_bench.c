@@ -291,6 +291,7 @@ static uint32_t gate_bits;       /* rules_options.gate_bits; 0: default */
 static uint32_t gate_states;     /* rules_options.gate_states; 1: gate every candidate */
 static uint32_t gate_rare;       /* rules_options.gate_rare_bits; 0: default */
 static uint32_t gated_bits;      /* rules_options.gated_group_bits; 0: default */
+static uint32_t heavy;           /* rules_options.heavy_states; 0: default */
 static bool no_minimise;         /* rules_options.no_minimise */
 
 /* Compiles rs with vkscan `repeat` times; on the first run also clears
@@ -319,6 +320,7 @@ static int measure_vk(const char *name, const struct ruleset *rs, const bool *ke
                                    .gate_states = gate_states,
                                    .gate_rare_bits = gate_rare,
                                    .gated_group_bits = gated_bits,
+                                   .heavy_states = heavy,
                                    .no_minimise = no_minimise};
         rc = rules_compile(v, m, &ro, &res, &err);
         wall[k] = now_s() - t0;
@@ -576,7 +578,8 @@ static int usage(void)
     fprintf(stderr, "usage: compile_bench [--json] [--repeat N] [--data DIR] [--only NAME]\n"
                     "                     [--max-states N] [--bitnfa-counters N] [--no-hs]\n"
                     "                     [--no-minimise] [--gate-bits N] [--gate-states N] "
-                    "[--gate-rare-bits N] [--gated-group-bits N]\n");
+                    "[--gate-rare-bits N] [--gated-group-bits N]\n"
+                    "                     [--heavy-states N]\n");
     return 2;
 }
 
@@ -610,6 +613,8 @@ int main(int argc, char **argv)
             gate_bits = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--gated-group-bits") == 0 && i + 1 < argc)
             gated_bits = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--heavy-states") == 0 && i + 1 < argc)
+            heavy = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--gate-rare-bits") == 0 && i + 1 < argc)
             gate_rare = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--gate-states") == 0 && i + 1 < argc)

@@ -19,7 +19,7 @@
  *              [--upload-threads N] [--upload-chunk BYTES] [--only NAME,NAME..]
  *              [--data DIR] [--no-hs] [--max-states N] [--bitnfa-counters N]
  *              [--gate-bits N] [--gate-states N] [--gate-rare-bits N]
- *              [--gated-group-bits N] [--profile 1] [--json] [--json-out FILE]
+ *              [--gated-group-bits N] [--heavy-states N] [--profile 1] [--json] [--json-out FILE]
  *              [--engine gpu|cpu] [--cpu-plain] [--confirm-cap BYTES]
  *              [--spec-lookback BYTES]
  *
@@ -444,6 +444,7 @@ static bool profile;         /* --profile 1: gpu_options.profile (each dispatch 
 static uint32_t confirm_cap; /* --confirm-cap: gpu_options.confirm_cap (0: the engine's rule) */
 static uint32_t spec_look;   /* --spec-lookback: gpu_options.spec_lookback */
 static uint32_t gated_bits;  /* --gated-group-bits: rules_options.gated_group_bits */
+static uint32_t heavy;       /* --heavy-states: rules_options.heavy_states */
 
 static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32_t *rejected,
                                     double *secs, uint32_t max_states)
@@ -462,7 +463,8 @@ static struct catalog *compile_ours(const struct ruleset *rs, bool *keep, uint32
                                .gate_bits = gate_bits,
                                .gate_states = gate_states,
                                .gate_rare_bits = gate_rare,
-                               .gated_group_bits = gated_bits};
+                               .gated_group_bits = gated_bits,
+                               .heavy_states = heavy};
     if (rules_compile(v, m, &ro, &res, &err) < 0)
         die("rules_compile", err.msg);
     *secs = now_s() - t0;
@@ -992,7 +994,8 @@ static void usage(void)
             "                  [--data DIR] [--no-hs] [--json] [--json-out FILE]\n"
             "                  [--dump-rules DIR] [--max-states N] [--bitnfa-counters N]\n"
             "                  [--gate-bits N] [--gate-states N] [--gate-rare-bits N]\n"
-            "                  [--gated-group-bits N] [--engine gpu|cpu] [--cpu-plain]\n"
+            "                  [--gated-group-bits N] [--heavy-states N] [--engine gpu|cpu] "
+            "[--cpu-plain]\n"
             "                  [--lit-kernel 1|0|-1] [--gate-windows 0|1]\n"
             "                  [--factor-pass 1|0|-1] [--profile 1] [--confirm-cap BYTES]\n"
             "                  [--spec-lookback BYTES]\n");
@@ -1086,6 +1089,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             gate_bits = (uint32_t)strtoul(v, NULL, 10); /* 4294967295: no DFA rule gated */
         } else if (strcmp(a, "--gated-group-bits") == 0) {
             gated_bits = (uint32_t)strtoul(v, NULL, 10);
+        } else if (strcmp(a, "--heavy-states") == 0) {
+            heavy = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(a, "--gate-rare-bits") == 0) {
             gate_rare = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(a, "--gate-states") == 0) {

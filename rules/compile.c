@@ -31,7 +31,8 @@ struct prepared {
     uint32_t maxlen; /* CATALOG_UNBOUNDED when unbounded */
     uint64_t positions;
     struct parse_result tree;
-    struct node *root; /* after prefix stripping */
+    struct node *root; /* after prefix stripping; NULL while released */
+    uint32_t plain;    /* plain_len of the tree: its bytes when a plain string, else 0 */
     char *canon;       /* canonical source */
     size_t canon_len;
     uint32_t group;
@@ -288,6 +289,8 @@ static bool wide_counter(const struct node *n, uint32_t total)
     return false;
 }
 
+static uint32_t plain_len(const struct node *n, int depth, uint32_t max);
+
 static int prepare_rule(struct ctx *c, uint32_t i)
 {
     const struct rule_src *r = &c->src[i];
@@ -309,6 +312,7 @@ static int prepare_rule(struct ctx *c, uint32_t i)
         return add_reject(c, i, pos, msg);
     }
     p->input = i;
+    p->plain = plain_len(p->tree.root, 0, CAT_LITERAL_MAX_LEN);
     p->root = parse_strip_prefix(p->tree.root);
     uint32_t ml = parse_maxlen(p->root);
     p->maxlen = ml == REPEAT_INF ? CATALOG_UNBOUNDED : ml;
@@ -322,6 +326,26 @@ static int prepare_rule(struct ctx *c, uint32_t i)
         return -ENOMEM;
     }
     c->n_prep++;
+    return 0;
+}
+
+/* Parses again the rules whose trees rules_compile freed (root NULL): the
+ * same source gives the same tree, which parse_check already accepted. */
+static int restore_trees(struct ctx *c)
+{
+    for (uint32_t i = 0; i < c->n_prep; i++) {
+        struct prepared *p = &c->prep[i];
+        if (p->root != NULL)
+            continue;
+        char msg[200];
+        uint32_t pos = 0;
+        int rc = parse_rule(&c->src[p->input], &p->tree, &pos, msg, sizeof(msg));
+        if (rc != 0) {
+            parse_result_finish(&p->tree);
+            return rc == -ENOMEM ? rc : -EIO;
+        }
+        p->root = parse_strip_prefix(p->tree.root);
+    }
     return 0;
 }
 
@@ -598,18 +622,20 @@ static int cmp_prep(const void *a, const void *b, void *arg)
  * (counters over broad classes) multiply: their DFAs run in parallel inside
  * the group, and the product bounds the combined DFA. Estimating those as a
  * product keeps such rules apart up front, instead of learning it from a
- * failed build at full budget (halving) for each of them.
+ * failed build at full budget (halving) for each of them. "Large" is
+ * rules_options.heavy_states (RULES_HEAVY_STATES): at 2,048 four gitleaks
+ * rules of 45 to 755 states each went into one group of 37,712 states and
+ * 7.2 MB of rows, 700 ms of the set's 900 ms compile; at 512 the two
+ * largest are kept apart and the set's groups total 16,892 states.
  */
-#define HEAVY_STATES 2048u
-
 struct fill {
     uint64_t light; /* sum of the small rules' states */
     uint64_t heavy; /* product of the large rules' states, 0 when none */
 };
 
-static struct fill fill_add(struct fill f, uint64_t states)
+static struct fill fill_add(struct fill f, uint64_t states, uint64_t heavy)
 {
-    if (states < HEAVY_STATES)
+    if (states < heavy)
         f.light += states;
     else
         f.heavy = f.heavy == 0                    ? states
@@ -685,7 +711,7 @@ static int literal_group(struct ctx *c, bool *done)
         const struct prepared *p = &c->prep[i];
         if (c->src[p->input].flags & RULE_F_SOMLEFT)
             return 0;
-        uint32_t len = plain_len(p->tree.root, 0, CAT_LITERAL_MAX_LEN);
+        uint32_t len = p->plain;
         if (len < CAT_LITERAL_MIN_LEN)
             return 0;
         bytes += len;
@@ -733,6 +759,7 @@ static int group_rules(struct ctx *c)
             order[m++] = order[i];
     n = m;
     uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
+    uint64_t heavy = c->opt->heavy_states ? c->opt->heavy_states : RULES_HEAVY_STATES;
     int rc = 0;
     uint32_t begin = 0;
     struct fill f = {0, 0};
@@ -741,11 +768,11 @@ static int group_rules(struct ctx *c)
         bool kind_change = !end && i > begin &&
                            (c->prep[order[i]].maxlen == CATALOG_UNBOUNDED) !=
                                (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED);
-        struct fill g = end ? f : fill_add(f, c->prep[order[i]].positions);
+        struct fill g = end ? f : fill_add(f, c->prep[order[i]].positions, heavy);
         if (i > begin && (end || kind_change || fill_states(g) > budget)) {
             rc = place(c, order + begin, i - begin);
             begin = i;
-            g = fill_add((struct fill){0, 0}, end ? 0 : c->prep[order[i]].positions);
+            g = fill_add((struct fill){0, 0}, end ? 0 : c->prep[order[i]].positions, heavy);
         }
         f = g;
     }
@@ -1383,11 +1410,31 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
     uint32_t *cat_index = malloc((n ? n : 1) * sizeof(*cat_index));
     res->rule_index = malloc((n ? n : 1) * sizeof(*res->rule_index));
     int rc = c.prep && cat_index && res->rule_index ? 0 : -ENOMEM;
-    for (size_t i = 0; i < n && rc == 0; i++)
+    /* While every rule so far is a plain string the set may become one
+     * literal group, which needs no trees: each is freed as soon as it is
+     * parsed, so a large literal set never holds its trees at once (20,000
+     * binary strings: 110 MB of them). The first rule that is not plain, or
+     * a set too small for the literal group, parses the freed ones again. */
+    bool may_literal = opt->literal_group >= 0 && !opt->force_bitnfa;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        uint32_t before = c.n_prep;
         rc = prepare_rule(&c, (uint32_t)i);
+        if (rc != 0 || c.n_prep == before || !may_literal)
+            continue;
+        struct prepared *p = &c.prep[before];
+        if (p->plain >= CAT_LITERAL_MIN_LEN && !(rules[i].flags & RULE_F_SOMLEFT)) {
+            parse_result_finish(&p->tree);
+            p->root = NULL;
+        } else {
+            may_literal = false;
+            rc = restore_trees(&c);
+        }
+    }
     bool literal = false;
     if (rc == 0)
         rc = literal_group(&c, &literal);
+    if (rc == 0 && !literal && may_literal)
+        rc = restore_trees(&c);
     if (rc == 0 && !literal)
         rc = choose_gated(&c);
     if (rc == 0 && !literal)

@@ -40,6 +40,7 @@ struct rule_src {
 #define RULES_DEFAULT_STATES  65536u
 #define RULES_DEFAULT_MAXRULE 1000000u
 #define RULES_MAX_REPEAT      1000u
+#define RULES_HEAVY_STATES    512u
 
 struct rules_options {
     uint32_t max_states; /* per group; 0 means RULES_DEFAULT_STATES */
@@ -64,6 +65,10 @@ struct rules_options {
     /* Positions of one gated bit-NFA group (its windows walk every rule of
      * it); 0: BITNFA_GATED_BITS (rules/bitnfa.h); at most BITNFA_GROUP_BITS. */
     uint32_t gated_group_bits;
+    /* While grouping DFA rules, one whose DFA alone has at least this many
+     * states counts as a factor of its group's size rather than a term
+     * (compile.c "fill"); 0: RULES_HEAVY_STATES. */
+    uint32_t heavy_states;
     /* When set and non-zero (another thread sets it: vkscand's compile
      * deadline, a client that left, SIGTERM), rules_compile stops at the next
      * group and returns -ECANCELED. */

@@ -472,6 +472,45 @@ START_TEST(grouping_under_budget)
 }
 END_TEST
 
+/* rules_compile frees the tree of each plain string while the set may still
+ * become a literal group, and parses them again when a later rule (here a
+ * regex at position `_i` of 3) rules that out: every string must still be
+ * found, and the catalog must not depend on where the regex came. */
+START_TEST(released_trees_parsed_again)
+{
+    enum { N = 120 };
+    static char pats[N + 1][20], ids[N + 1][8];
+    struct rule_src r[N + 1];
+    uint32_t at = (uint32_t)(_i == 0 ? 0 : _i == 1 ? N / 2 : N);
+    for (uint32_t i = 0, k = 0; i <= N; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "L%u", i);
+        if (i == at)
+            snprintf(pats[i], sizeof(pats[i]), "q[0-9]{3}z");
+        else
+            snprintf(pats[i], sizeof(pats[i]), "lit%03uxy%03u", k, (k * 11) % 1000), k++;
+        r[i] = (struct rule_src){.id = ids[i],
+                                 .kind = i == at ? RULE_REGEX : RULE_LITERAL,
+                                 .pattern = pats[i],
+                                 .len = strlen(pats[i])};
+    }
+    struct rules_result res;
+    struct vks_error err;
+    ck_assert_int_eq(rules_compile(r, N + 1, NULL, &res, &err), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    static char hay[(N + 2) * 20];
+    size_t n = 0;
+    for (uint32_t i = 0; i <= N; i++)
+        n += (size_t)snprintf(hay + n, sizeof(hay) - n, "%s ", i == at ? "q123z" : pats[i]);
+    struct scan_hits h = {0};
+    ck_assert_int_eq(refscan_buffer(res.catalog, (const uint8_t *)hay, n, SCAN_ALL, &h), 0);
+    ck_assert_uint_eq(h.n, N + 1);
+    for (size_t i = 0; i < h.n; i++)
+        ck_assert_uint_eq(h.v[i].rule, res.rule_index[i]); /* the haystack is in input order */
+    scan_hits_finish(&h);
+    rules_result_finish(&res);
+}
+END_TEST
+
 Suite *rules_suite(void)
 {
     Suite *s = suite_create("rules");
@@ -483,6 +522,7 @@ Suite *rules_suite(void)
     tcase_add_test(tc, pattern_file);
     tcase_add_test(tc, bad_rules_do_not_stop_the_rest);
     tcase_add_test(tc, grouping_under_budget);
+    tcase_add_loop_test(tc, released_trees_parsed_again, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }
