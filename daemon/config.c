@@ -121,6 +121,8 @@ static const struct opt opts[] = {
      "bytes of state of one stream"},
     {"stream-idle-timeout-ms", NUM(OPT_U32, stream_idle_timeout_ms), 0, 7 * 24 * 3600u * 1000, true,
      "close streams idle this long (0: never)"},
+    {"stream-gpu-min-bytes", NUM(OPT_SIZE, stream_gpu_min_bytes), 0, 1 * GIB, true,
+     "a stream write whose middle is longer runs it in a GPU batch (0: never)"},
     {"compile-threads", NUM(OPT_U32, compile_threads), 1, 64, false, "threads compiling rule sets"},
     {"tenant-max-compiles", NUM(OPT_U32, tenant_max_compiles), 1, 64, true,
      "compiles of one uid running at once"},
@@ -177,6 +179,7 @@ void config_defaults(struct daemon_config *cfg)
     cfg->stream_max_per_tenant = 1024;
     cfg->stream_max_state_bytes = 1 * MIB;
     cfg->stream_idle_timeout_ms = 600 * 1000;
+    cfg->stream_gpu_min_bytes = 64 * KIB;
     cfg->compile_threads = 2;
     cfg->tenant_max_compiles = 1;
     cfg->max_states = 1u << 20;

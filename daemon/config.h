@@ -99,12 +99,13 @@ struct daemon_config {
     uint32_t stream_max_per_tenant;  /* open streams of one uid, all connections */
     uint64_t stream_max_state_bytes; /* state of one stream (streamscan_size) */
     uint32_t stream_idle_timeout_ms; /* a stream without requests is closed; 0 = never */
-    uint32_t compile_threads;        /* threads of the compile pool; not reloadable */
-    uint32_t tenant_max_compiles;    /* compiles of one uid running at once */
-    uint32_t max_states;             /* ceiling of a catalog.load's max_states */
-    uint32_t compile_timeout_ms;     /* longest compile; 0 = none */
-    uint32_t batch_max_ms;           /* estimated run time of one engine batch */
-    struct config_ids admin_gids;    /* groups whose members see service-wide stats */
+    uint64_t stream_gpu_min_bytes; /* writes with a middle this long go to GPU batches; 0 = never */
+    uint32_t compile_threads;      /* threads of the compile pool; not reloadable */
+    uint32_t tenant_max_compiles;  /* compiles of one uid running at once */
+    uint32_t max_states;           /* ceiling of a catalog.load's max_states */
+    uint32_t compile_timeout_ms;   /* longest compile; 0 = none */
+    uint32_t batch_max_ms;         /* estimated run time of one engine batch */
+    struct config_ids admin_gids;  /* groups whose members see service-wide stats */
 
     /* Prometheus endpoint (daemon/metrics_http.c): "" = off, else
      * HOST:PORT (an IPv4 or IPv6 literal) serving GET /metrics; not

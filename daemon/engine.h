@@ -45,6 +45,7 @@ struct engine_fid {
 };
 
 struct engine_hit;
+struct engine_telemetry;
 
 /* One input buffer of a job. Inline buffers point into the request frame;
  * fd buffers name a descriptor the request owns (borrowed by the engine
@@ -118,6 +119,9 @@ struct engine_job {
      * bytes. */
     uint32_t deduplicated, cache_hits;
     uint64_t bytes_not_scanned;
+    /* The server's: called on the loop thread with the job's results when
+     * its batch comes back; NULL: a scan request's (session_scan_done). */
+    void (*done)(struct engine_job *job, const struct engine_telemetry *tel);
 };
 
 /* What one batch cost; copied into every scan reply of the batch. */

@@ -38,6 +38,7 @@
 
 struct sched;
 struct sched_tenant;
+struct engine_job;
 
 struct sched_job {
     struct sched_job *next, *prev; /* tenant queue while queued; batch list after */
@@ -49,6 +50,10 @@ struct sched_job {
     bool queued;          /* in a tenant queue */
     bool running;         /* taken into a batch, not yet done */
     size_t heap_idx;      /* scheduler: position in the deadline heap + 1; 0 = not in it */
+    /* The server's: the engine job of this job when it is taken into a
+     * batch; NULL: a scan request's (session_job_engine). A stream write's
+     * middle sets its own (daemon/stream.c). */
+    struct engine_job *(*engine_job)(struct sched_job *job);
 };
 
 struct sched_limits {

@@ -221,13 +221,16 @@ static struct engine_batch *submit_jobs(struct server *srv, struct sched_job *fi
     struct engine_job **tail = b != NULL ? &b->jobs : NULL;
     for (struct sched_job *j = first, *next; j != NULL; j = next) {
         next = j->next;
-        struct engine_job *ej = session_job_engine(j);
+        struct engine_job *ej = j->engine_job ? j->engine_job(j) : session_job_engine(j);
         ej->next = NULL;
         if (b == NULL) {
             ej->status = vks_error_set(&ej->err, -VKS_E_INTERNAL,
                                        "out of memory "
                                        "forming a batch: retry");
-            session_scan_done(ej, &(struct engine_telemetry){0});
+            if (ej->done != NULL)
+                ej->done(ej, &(struct engine_telemetry){0});
+            else
+                session_scan_done(ej, &(struct engine_telemetry){0});
             continue;
         }
         *tail = ej;
@@ -282,7 +285,10 @@ static void on_batch_done(struct engine *eng, struct engine_batch *b, void *ctx)
     sched_observe(srv->sched, t->bytes, t->wall_ns != 0 ? t->wall_ns : t->fd_read_ns + t->scan_ns);
     for (struct engine_job *j = b->jobs, *next; j != NULL; j = next) {
         next = j->next; /* the job's memory goes with its request */
-        session_scan_done(j, &b->tel);
+        if (j->done != NULL)
+            j->done(j, &b->tel);
+        else
+            session_scan_done(j, &b->tel);
     }
     free(b);
     resume_all(srv);

@@ -823,6 +823,11 @@ void session_scan_expired(struct sched_job *job)
 
 /* ---- streams (daemon/stream.c) ---------------------------------------- */
 
+struct sched_tenant *session_tenant(struct session *s)
+{
+    return s->tenant;
+}
+
 void session_send_reply(struct session *s, const struct proto_reply *rep)
 {
     send_reply(s, rep);

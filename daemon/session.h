@@ -65,6 +65,10 @@ void session_send_reply(struct session *s, const struct proto_reply *rep);
 void session_send_error(struct session *s, uint32_t id, enum proto_op op, int code,
                         const char *msg);
 
+/* The session's scheduler tenant (its uid's), for daemon/stream.c's GPU
+ * middles: borrowed while the session lives. */
+struct sched_tenant *session_tenant(struct session *s);
+
 /* daemon/stream.c is done with the stream.write or stream.close whose token
  * it got: frees the request (and its session reference). */
 void session_stream_done(void *token);

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 
 #include "engine.h"
 #include "log.h"
+#include "scheduler.h"
 #include "session.h"
 #include "session_host.h"
 #include "stats.h"
@@ -66,7 +68,18 @@ struct work {
     uint64_t bytes;
     int rc;
     char msg[256];
+    /* An inline write whose middle runs in a scan batch, as a block scan
+     * of the write (docs/engine.md "Streams"): streamscan leaves it in
+     * `mid`; the job is queued like a scan request of the tenant. */
+    size_t batch_min; /* stream-gpu-min-bytes while a GPU engine runs; 0: never */
+    struct streamscan_middle mid;
+    bool mid_cpu; /* the batch failed: the middle runs on a CPU engine thread */
+    struct sched_job sj;
+    struct engine_job ej;
+    struct engine_buf ebuf;
 };
+
+#define CONTAINER(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
 struct stream_set {
     struct server *srv;
@@ -101,6 +114,7 @@ static struct {
 
 static struct {
     uint64_t open, opened, closed, expired, dropped, writes, bytes, hits, state_bytes, engine_runs;
+    uint64_t batch_writes, batch_bytes, batch_gpu, batch_fallbacks;
 } counters;
 
 static struct tenant_streams *tenant_of(uid_t uid, bool create)
@@ -349,7 +363,12 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
 static void work_run(struct work *w)
 {
     const struct proto_buffer *b = &w->req->u.stream.buffer;
-    if (w->req->op == PROTO_OP_STREAM_CLOSE) {
+    if (w->mid_cpu) { /* its batch failed: the middle here, then the write's end */
+        w->rc = streamscan_middle_run(w->st->scan, b->data, (size_t)b->len, &w->mid);
+        if (w->rc == 0)
+            w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
+        streamscan_middle_finish(&w->mid);
+    } else if (w->req->op == PROTO_OP_STREAM_CLOSE) {
         w->rc = streamscan_close(w->st->scan, &w->hits);
     } else if (!b->is_fd && b->len > w->max) {
         snprintf(w->msg, sizeof(w->msg),
@@ -358,7 +377,10 @@ static void work_run(struct work *w)
                  (unsigned long long)b->len, (unsigned long long)w->max);
         w->rc = -VKS_E_LIMIT;
     } else if (!b->is_fd) {
-        w->rc = streamscan_write(w->st->scan, b->data, (size_t)b->len, &w->hits);
+        w->rc = w->batch_min != 0
+                    ? streamscan_write_begin(w->st->scan, b->data, (size_t)b->len, w->batch_min,
+                                             &w->hits, &w->mid)
+                    : streamscan_write(w->st->scan, b->data, (size_t)b->len, &w->hits);
         w->bytes = w->rc == 0 ? b->len : 0;
     } else {
         w->rc = write_fd(w, b);
@@ -417,6 +439,8 @@ static bool answer_write(struct work *w)
 
 static void start_next(struct stream *st);
 static void pump(struct server *srv);
+static void submit(struct server *srv, struct work *w);
+static int middle_queue(struct work *w);
 
 /* Back on the loop: the reply, then the stream's next request. `status` is
  * UV_ECANCELED when the request never ran (the daemon is going away). */
@@ -424,6 +448,14 @@ static void work_done(struct work *w, int status)
 {
     struct stream *st = w->st;
     struct server *srv = st->srv;
+    if (w->mid.pending && status == 0 && w->rc == 0 && st->set != NULL && !w->mid_cpu) {
+        if (middle_queue(w) == 0)
+            return; /* answered when its batch comes back */
+        w->mid_cpu = true;
+        submit(srv, w);
+        return;
+    }
+    streamscan_middle_finish(&w->mid); /* a middle never run: its stream is gone */
     st->running = false;
     st->t_active = uv_now(server_loop(srv));
     bool live = st->set != NULL && status == 0;
@@ -487,6 +519,67 @@ static void on_done(uv_async_t *a)
     if (srv != NULL)
         pump(srv);
     (void)a;
+}
+
+/* ---- middles in scan batches ---- */
+
+static struct engine_job *middle_job(struct sched_job *j)
+{
+    return &CONTAINER(j, struct work, sj)->ej;
+}
+
+/* Back on the loop with the batch's hits for the write's bytes: those of
+ * the middle go to the write, which is then answered; a failed batch hands
+ * the middle to a CPU engine thread (a partial set of hits already added
+ * is found again there, and delivered once). */
+static void middle_done(struct engine_job *j, const struct engine_telemetry *tel)
+{
+    struct work *w = CONTAINER(j, struct work, ej);
+    struct server *srv = w->st->srv;
+    sched_job_done(server_sched(srv), &w->sj);
+    int rc = j->status;
+    for (size_t i = 0; i < j->n_hits && rc == 0; i++)
+        rc = streamscan_middle_add(&w->mid, j->hits[i].rule, j->hits[i].end);
+    if (rc != 0)
+        log_warn("stream %u: the batch of a write's middle failed (%s): scanning it on the CPU",
+                 w->st->id, j->status != 0 ? j->err.msg : "out of memory");
+    engine_job_finish(j);
+    if (rc != 0) {
+        counters.batch_fallbacks++;
+        w->mid_cpu = true;
+        submit(srv, w);
+        return;
+    }
+    counters.batch_writes++;
+    counters.batch_bytes += w->ebuf.len;
+    counters.batch_gpu += tel->gpu;
+    w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
+    streamscan_middle_finish(&w->mid);
+    work_done(w, 0);
+    pump(srv);
+}
+
+/* Queues the write's middle as a scan of its bytes by the write's tenant,
+ * batched with other scans of its catalog. Returns 0 or -ENOMEM. */
+static int middle_queue(struct work *w)
+{
+    struct stream *st = w->st;
+    struct server *srv = st->srv;
+    const struct proto_buffer *b = &w->req->u.stream.buffer;
+    w->ebuf = (struct engine_buf){.data = b->data, .len = b->len, .fd = -1};
+    w->ej = (struct engine_job){.cat = streamscan_catalog(st->scan),
+                                .mode = SCAN_ALL,
+                                .bufs = &w->ebuf,
+                                .n_bufs = 1,
+                                .uid = (uint32_t)st->uid,
+                                .done = middle_done};
+    w->sj = (struct sched_job){
+        .key = st->entry, .bytes = b->len, .n_buffers = 1, .engine_job = middle_job};
+    int rc = sched_push(server_sched(srv), session_tenant(w->s), &w->sj);
+    if (rc != 0)
+        return rc;
+    server_kick(srv);
+    return 0;
 }
 
 /* The tenant's oldest ready request, or NULL. */
@@ -606,11 +699,15 @@ void stream_op(struct stream_set *set, struct session *s, const struct proto_req
         return;
     }
     st->t_active = uv_now(server_loop(set->srv));
+    const struct daemon_config *cfg = server_config(set->srv);
+    struct engine *e = server_engine(set->srv);
+    bool gpu = e != NULL && engine_ready(e) && engine_get_info(e)->gpu;
     *w = (struct work){.st = st,
                        .s = s,
                        .req = req,
                        .token = token,
-                       .max = server_config(set->srv)->max_scan_bytes};
+                       .max = cfg->max_scan_bytes,
+                       .batch_min = gpu ? (size_t)cfg->stream_gpu_min_bytes : 0};
     st->closing = req->op == PROTO_OP_STREAM_CLOSE;
     if (st->q_tail != NULL)
         st->q_tail->next = w;
@@ -654,5 +751,10 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "stream.bytes", counters.bytes);
     stats_add_u(l, "stream.hits", counters.hits);
     stats_add_u(l, "stream.state_bytes", counters.state_bytes);
+    stats_add_u(l, "limit.stream_gpu_min_bytes", cfg->stream_gpu_min_bytes);
     stats_add_u(l, "stream.engine_runs", counters.engine_runs);
+    stats_add_u(l, "stream.batch_writes", counters.batch_writes);
+    stats_add_u(l, "stream.batch_bytes", counters.batch_bytes);
+    stats_add_u(l, "stream.batch_gpu", counters.batch_gpu);
+    stats_add_u(l, "stream.batch_fallbacks", counters.batch_fallbacks);
 }

@@ -206,6 +206,11 @@ void streamscan_destroy(struct streamscan *s)
     free(s);
 }
 
+const struct catalog *streamscan_catalog(const struct streamscan *s)
+{
+    return s->cat;
+}
+
 uint64_t streamscan_offset(const struct streamscan *s)
 {
     return s->total;
@@ -579,7 +584,7 @@ static void plan_once(struct streamscan *s)
 #define PIECE_DEFAULT    (1u << 20)
 
 static atomic_size_t fast_min = FAST_MIN_DEFAULT;
-static atomic_uint_fast64_t n_fast, n_pieces, n_parallel, n_gated;
+static atomic_uint_fast64_t n_fast, n_pieces, n_parallel, n_gated, n_split;
 
 void streamscan_tune(size_t min_middle)
 {
@@ -592,6 +597,7 @@ void streamscan_counters(struct streamscan_counters *c)
     c->pieces = atomic_load(&n_pieces);
     c->parallel_writes = atomic_load(&n_parallel);
     c->gated_writes = atomic_load(&n_gated);
+    c->split_writes = atomic_load(&n_split);
 }
 
 static atomic_uint par_threads = 1;
@@ -988,8 +994,14 @@ static size_t head_of(const struct streamscan *s, size_t e)
     return e > h && e - h > atomic_load(&fast_min) ? h : 0;
 }
 
-int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struct scan_hits *out)
+/* A write, but for the middle of a fast-path write when `split` allows one
+ * of more than `split` bytes: that is then left to the caller (mid->pending,
+ * its range in mid, the write's other matches in mid->raw, undelivered). */
+static int write_split(struct streamscan *s, const uint8_t *buf, size_t len, size_t split,
+                       struct scan_hits *out, struct streamscan_middle *mid)
 {
+    if (mid != NULL)
+        *mid = (struct streamscan_middle){0};
     if (s->closed)
         return -EPIPE;
     if (len == 0)
@@ -1003,6 +1015,7 @@ int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struc
     plan_once(s);
     struct layout l = layout_of(s->cat);
     size_t h = head_of(s, e);
+    bool apart_mid = false;
     int rc;
     if (h == 0) {
         rc = walk_all(s, &l, &v, e, told_end, false, &raw);
@@ -1010,7 +1023,7 @@ int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struc
         /* the head from the carried state, the middle as block mode, the
          * tail's state rebuilt (the fast path, above) */
         size_t held = s->held, ew = e - held;
-        uint64_t base = s->total;
+        uint64_t base = s->total, lo = h - held - 1, hi = ew - 1;
         atomic_fetch_add(&n_fast, 1);
         bool apart = gated_ok(s, &l, h);
         rc = walk_all(s, &l, &v, h, 0, apart, &raw);
@@ -1018,13 +1031,18 @@ int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struc
             atomic_fetch_add(&n_gated, 1);
             rc = gated_head(s, &l, &v, h, &raw);
         }
-        if (rc == 0)
-            rc = middle(s, buf, len, h - held - 1, ew - 1, base, &raw);
+        apart_mid = mid != NULL && hi - lo > split && !any_single(s->cat);
+        if (rc == 0 && apart_mid)
+            *mid = (struct streamscan_middle){.pending = true, .lo = lo, .hi = hi, .base = base};
+        else if (rc == 0)
+            rc = middle(s, buf, len, lo, hi, base, &raw);
         if (rc == 0)
             rc = tail(s, &l, buf, ew, pos_of(s) + e, told_end, apart, &raw);
     }
     if (rc != 0) {
         scan_hits_finish(&raw);
+        if (mid != NULL)
+            *mid = (struct streamscan_middle){0};
         return rc;
     }
     hist_push(s, &v, e);
@@ -1033,7 +1051,48 @@ int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struc
     s->total += len;
     s->held = e < m;
     s->told = (uint8_t)told_end;
+    if (apart_mid) {
+        atomic_fetch_add(&n_split, 1);
+        mid->raw = raw;
+        return 0;
+    }
     return deliver(s, &raw, out);
+}
+
+int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struct scan_hits *out)
+{
+    return write_split(s, buf, len, 0, out, NULL);
+}
+
+int streamscan_write_begin(struct streamscan *s, const uint8_t *buf, size_t len, size_t min_middle,
+                           struct scan_hits *out, struct streamscan_middle *mid)
+{
+    return write_split(s, buf, len, min_middle, out, mid);
+}
+
+int streamscan_middle_add(struct streamscan_middle *mid, uint32_t rule, uint64_t end)
+{
+    if (end <= mid->lo || end > mid->hi)
+        return 0;
+    return scan_hits_push(&mid->raw, rule, mid->base + end, 1);
+}
+
+int streamscan_middle_run(struct streamscan *s, const uint8_t *buf, size_t len,
+                          struct streamscan_middle *mid)
+{
+    return middle(s, buf, len, mid->lo, mid->hi, mid->base, &mid->raw);
+}
+
+int streamscan_write_end(struct streamscan *s, struct streamscan_middle *mid, struct scan_hits *out)
+{
+    mid->pending = false;
+    return deliver(s, &mid->raw, out);
+}
+
+void streamscan_middle_finish(struct streamscan_middle *mid)
+{
+    scan_hits_finish(&mid->raw);
+    *mid = (struct streamscan_middle){0};
 }
 
 int streamscan_close(struct streamscan *s, struct scan_hits *out)

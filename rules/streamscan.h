@@ -21,6 +21,7 @@
 #ifndef VKS_RULES_STREAMSCAN_H
 #define VKS_RULES_STREAMSCAN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,6 +65,9 @@ int streamscan_close(struct streamscan *s, struct scan_hits *out);
 /* Bytes written so far. */
 uint64_t streamscan_offset(const struct streamscan *s);
 
+/* The catalog the stream was opened on. */
+const struct catalog *streamscan_catalog(const struct streamscan *s);
+
 /*
  * Large writes (docs/engine.md, "Streams": the fast path). A write into a
  * catalog whose groups are all bounded scans most of its bytes as block
@@ -83,12 +87,47 @@ void streamscan_set_threads(uint32_t threads, size_t piece);
  */
 void streamscan_tune(size_t min_middle);
 
+/*
+ * A fast-path write whose middle runs elsewhere (vkscand: in a GPU batch,
+ * docs/engine.md "Streams"). streamscan_write_begin is streamscan_write,
+ * except that when the write's middle has more than `min_middle` ends and
+ * the catalog has no single-match rules, the middle is not scanned:
+ * mid->pending is set, and the middle is a block scan of buf[0..len) whose
+ * ends in (mid->lo, mid->hi] the caller hands to streamscan_middle_add, in
+ * any order, with end offsets counted from buf[0] (block mode's, as
+ * refscan_buffer or the GPU engine give them: buf[0] taken as the start of
+ * the data is right for every end in that range). The write's other
+ * matches wait in mid->raw; streamscan_write_end delivers them all to
+ * `out`. The stream's state is already past the write when begin returns,
+ * but nothing else may be written to it until the end: the single-match
+ * and ordering rules need the write's matches delivered first.
+ * streamscan_middle_run scans the middle on this thread instead (the
+ * caller's fallback). streamscan_middle_finish frees what a middle holds
+ * (after streamscan_write_end, or when the stream is dropped).
+ */
+struct streamscan_middle {
+    bool pending;
+    uint64_t lo, hi; /* the ends (lo, hi] of buf */
+    uint64_t base;   /* stream offset of buf[0] */
+    struct scan_hits raw;
+};
+
+int streamscan_write_begin(struct streamscan *s, const uint8_t *buf, size_t len, size_t min_middle,
+                           struct scan_hits *out, struct streamscan_middle *mid);
+int streamscan_middle_add(struct streamscan_middle *mid, uint32_t rule, uint64_t end);
+int streamscan_middle_run(struct streamscan *s, const uint8_t *buf, size_t len,
+                          struct streamscan_middle *mid);
+int streamscan_write_end(struct streamscan *s, struct streamscan_middle *mid,
+                         struct scan_hits *out);
+void streamscan_middle_finish(struct streamscan_middle *mid);
+
 /* What the fast path did in this process (tests assert it was taken):
  * writes that took it, pieces of middles scanned, writes whose middle ran
  * on more than one thread, writes whose head and tail walked gated bit-NFA
- * groups only around their factors. */
+ * groups only around their factors, writes whose middle was left to the
+ * caller (streamscan_write_begin). */
 struct streamscan_counters {
-    uint64_t fast_writes, pieces, parallel_writes, gated_writes;
+    uint64_t fast_writes, pieces, parallel_writes, gated_writes, split_writes;
 };
 void streamscan_counters(struct streamscan_counters *c);
 

@@ -332,6 +332,29 @@ static bool same(const struct scan_hits *a, const struct scan_hits *b, const cha
 /* Streams the data in the cut writes; every write's hits must be sorted,
  * end inside what has been written and no earlier than one byte before the
  * write (a match waiting on its next byte). */
+/* test_split_random: writes through streamscan_write_begin, each middle
+ * left to the caller scanned here as the daemon's GPU batch scans it: a
+ * block scan of the whole write (refscan_buffer), its ends handed over in
+ * reverse order. */
+static bool split_mode;
+
+static int write_split(struct streamscan *s, const uint8_t *p, size_t n, struct scan_hits *all)
+{
+    struct streamscan_middle mid;
+    int rc = streamscan_write_begin(s, p, n, 0, all, &mid);
+    if (rc != 0 || !mid.pending)
+        return rc;
+    struct scan_hits block = {0};
+    ck_assert_int_eq(refscan_buffer(streamscan_catalog(s), p, n, SCAN_ALL, &block), 0);
+    for (size_t i = block.n; i-- > 0 && rc == 0;)
+        rc = streamscan_middle_add(&mid, block.v[i].rule, block.v[i].end);
+    scan_hits_finish(&block);
+    if (rc == 0)
+        rc = streamscan_write_end(s, &mid, all);
+    streamscan_middle_finish(&mid);
+    return rc;
+}
+
 static void stream_all(const struct catalog *cat, const struct str *d, const size_t *c, size_t nc,
                        struct scan_hits *all)
 {
@@ -340,8 +363,10 @@ static void stream_all(const struct catalog *cat, const struct str *d, const siz
     for (size_t k = 0; k <= nc; k++) {
         size_t before = all->n;
         uint64_t start = k ? c[k - 1] : 0;
-        int rc = k < nc ? streamscan_write(s, (const uint8_t *)d->p + c[k], c[k + 1] - c[k], all)
-                        : streamscan_close(s, all);
+        int rc = k == nc ? streamscan_close(s, all)
+                 : split_mode
+                     ? write_split(s, (const uint8_t *)d->p + c[k], c[k + 1] - c[k], all)
+                     : streamscan_write(s, (const uint8_t *)d->p + c[k], c[k + 1] - c[k], all);
         ck_assert_int_eq(rc, 0);
         uint64_t top = k < nc ? c[k + 1] : d->n;
         start = k < nc ? c[k] : d->n;
@@ -637,6 +662,39 @@ START_TEST(test_fast_random)
     ck_assert_msg(diffs == 0, "%u differences; reproducers above", diffs);
     ck_assert_uint_gt(c1.fast_writes - c0.fast_writes, cases);
     ck_assert_uint_gt(c1.parallel_writes - c0.parallel_writes, cases / 2);
+    ck_assert_uint_gt(st.hits, 10 * cases);
+    ck_assert_uint_gt(st.hs_compared, cases);
+}
+END_TEST
+
+/* The fast path with every middle left to the caller (the daemon's GPU
+ * route, streamscan_write_begin) and scanned as a block scan of the whole
+ * write: 0 differences from block mode and Hyperscan's stream mode. Fails
+ * when the middle takes the end hi + 1 (whose lookahead the next write
+ * decides). An end at lo taken too is harmless (the head found the same
+ * match there, and deliver drops the copy). */
+START_TEST(test_split_random)
+{
+    rng_state = env_u64("VKS_STREAM_SEED", 0x5b1177edull) | 1;
+    uint64_t cases = env_u64("VKS_STREAM_CASES", 150);
+    gen_bounded = true;
+    split_mode = true;
+    streamscan_tune(0);
+    struct streamscan_counters c0, c1;
+    streamscan_counters(&c0);
+    struct stats st = {0};
+    unsigned diffs = 0;
+    for (uint64_t i = 0; i < cases && diffs < 5; i++)
+        diffs += one_case(&st);
+    streamscan_counters(&c1);
+    split_mode = false;
+    fprintf(stderr,
+            "stream split middles: %" PRIu64 " cases, %" PRIu64 " writes (%" PRIu64
+            " with the middle left to the caller), %" PRIu64 " block hits, %" PRIu64
+            " Hyperscan comparisons\n",
+            st.cases, st.writes, c1.split_writes - c0.split_writes, st.hits, st.hs_compared);
+    ck_assert_msg(diffs == 0, "%u differences; reproducers above", diffs);
+    ck_assert_uint_gt(c1.split_writes - c0.split_writes, cases);
     ck_assert_uint_gt(st.hits, 10 * cases);
     ck_assert_uint_gt(st.hs_compared, cases);
 }
@@ -1263,6 +1321,98 @@ START_TEST(test_daemon_stream_equals_block)
     ck_assert_uint_eq(runs, stat_of(c, "stream.writes") + stat_of(c, "stream.closed"));
     ck_assert_uint_gt(runs, 4 * 40);
     free(data.p);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
+/* Writes whose middles run in the GPU engine's batches (lavapipe here;
+ * stream-gpu-min-bytes 1, docs/engine.md "Streams"): a bounded catalog
+ * (the fast path needs one) with `\b`, `$`, multi-line `^`, a counted
+ * class and a gap, and no single-match rule; two streams written in turn
+ * with writes of 1 byte to 6 KiB, inline and by descriptor, matches
+ * planted densely. Every write's hits equal a block scan of the
+ * concatenation by the same daemon, and the stats show that middles ran in
+ * batches on the GPU engine and none fell back to the CPU. Fails when a
+ * middle's hits are dropped, doubled, or offset wrongly (the block scan's
+ * ends are counted from the write's first byte). */
+static const struct vks_rule brules[] = {
+    {"lit", VKS_RULE_LITERAL, "needle", 0, NULL},
+    {"word", VKS_RULE_REGEX, "foo\\b", 0, NULL},
+    {"eol", VKS_RULE_REGEX, "zq$", 0, NULL},
+    {"gap", VKS_RULE_REGEX, "a[^z]{0,12}q", 0, NULL},
+    {"num", VKS_RULE_REGEX, "\\bk[0-9]{2,4}x", 0, NULL},
+    {"bol", VKS_RULE_REGEX, "^st", 0, "m"},
+};
+
+START_TEST(test_daemon_stream_gpu_batches)
+{
+    struct daemon d;
+    const char *const extra[] = {"--engine", "gpu", "--stream-gpu-min-bytes", "1", NULL};
+    daemon_start(&d, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, brules, sizeof(brules) / sizeof(brules[0]));
+    rng_state = 0x6a7b5eedu;
+    static const char *const plants[] = {"needle", "foo ", "foo",   "zq",     "zq\n", "abq",
+                                         "a",      "q",    "k123x", "k9x",    "\nst", "st",
+                                         "x",      " ",    "\n",    "k12345x"};
+    struct str data[2] = {{0}, {0}};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 12000; i++)
+            puts_(&data[k], plants[rnd(16)]);
+    struct vks_stream *s[2] = {open_ok(c, cat), open_ok(c, cat)};
+    struct scan_hits got[2] = {{0}, {0}};
+    size_t at[2] = {0, 0};
+    while (at[0] < data[0].n || at[1] < data[1].n) {
+        int k = at[0] < data[0].n && (at[1] >= data[1].n || rnd(2) == 0) ? 0 : 1;
+        size_t n = 1 + rnd(rnd(4) == 0 ? 16 : 6144);
+        n = n > data[k].n - at[k] ? data[k].n - at[k] : n;
+        struct vks_scan_result res;
+        struct vks_error err = {0};
+        int rc;
+        if (rnd(8) == 0) {
+            FILE *f = tmpfile();
+            ck_assert_ptr_nonnull(f);
+            fwrite(data[k].p + at[k], 1, n, f);
+            fflush(f);
+            rc = vks_stream_write_fd(s[k], fileno(f), 0, n, &res, &err);
+            fclose(f);
+        } else {
+            rc = vks_stream_write(s[k], data[k].p + at[k], n, &res, &err);
+        }
+        ck_assert_msg(rc == 0, "stream.write: %d %s", rc, err.msg);
+        at[k] += n;
+        collect(&res, &got[k], at[k]);
+        vks_scan_result_finish(&res);
+    }
+    for (int k = 0; k < 2; k++) {
+        struct vks_scan_result res;
+        struct vks_error err = {0};
+        ck_assert_int_eq(vks_stream_close(s[k], &res, &err), 0);
+        collect(&res, &got[k], data[k].n);
+        vks_scan_result_finish(&res);
+        struct vks_buffer b = {.kind = VKS_BUFFER_INLINE, .data = data[k].p, .len = data[k].n};
+        struct vks_scan_result block;
+        ck_assert_int_eq(
+            vks_client_scan(c, vks_catalog_fingerprint(cat), &b, 1, NULL, &block, &err), 0);
+        ck_assert_uint_eq(got[k].n, block.n_hits);
+        for (size_t i = 0; i < got[k].n; i++) {
+            ck_assert_uint_eq(got[k].v[i].rule, block.hits[i].rule);
+            ck_assert_uint_eq(got[k].v[i].end, block.hits[i].end);
+        }
+        ck_assert_uint_gt(got[k].n, 2000);
+        vks_scan_result_finish(&block);
+        scan_hits_finish(&got[k]);
+        free(data[k].p);
+    }
+    uint64_t batched = stat_of(c, "stream.batch_writes");
+    printf("stream gpu batches: %" PRIu64 " of %" PRIu64 " writes, %" PRIu64 " bytes\n", batched,
+           stat_of(c, "stream.writes"), stat_of(c, "stream.batch_bytes"));
+    ck_assert_uint_gt(batched, 10);
+    ck_assert_uint_eq(stat_of(c, "stream.batch_gpu"), batched);
+    ck_assert_uint_eq(stat_of(c, "stream.batch_fallbacks"), 0);
+    ck_assert_uint_eq(stat_of(c, "limit.stream_gpu_min_bytes"), 1);
     vks_catalog_destroy(cat);
     vks_client_close(c);
     daemon_stop(&d);
@@ -2044,6 +2194,7 @@ Suite *stream_suite(void)
     tcase_add_test(tc, test_history_groups);
     tcase_add_loop_test(tc, test_literal_groups, 0, 3);
     tcase_add_test(tc, test_fast_random);
+    tcase_add_test(tc, test_split_random);
     tcase_add_test(tc, test_fast_kinds);
     tcase_add_test(tc, test_fast_large_writes);
     tcase_add_test(tc, test_fast_gated);
@@ -2052,6 +2203,7 @@ Suite *stream_suite(void)
     tcase_set_timeout(td, 300);
     tcase_add_test(td, test_daemon_stream_equals_block);
     tcase_add_test(td, test_daemon_straddle_and_close);
+    tcase_add_test(td, test_daemon_stream_gpu_batches);
     tcase_add_test(td, test_daemon_bad_ids);
     tcase_add_test(td, test_daemon_limits);
     tcase_add_test(td, test_daemon_idle_timeout);
