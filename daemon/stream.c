@@ -71,7 +71,10 @@ struct work {
     /* An inline write whose middle runs in a scan batch, as a block scan
      * of the write (docs/engine.md "Streams"): streamscan leaves it in
      * `mid`; the job is queued like a scan request of the tenant. */
-    size_t batch_min; /* stream-gpu-min-bytes while a GPU engine runs; 0: never */
+    size_t batch_min;    /* stream-gpu-min-bytes while a GPU engine runs; 0: never */
+    const uint8_t *wbuf; /* the write's bytes: the frame's, or `fdbuf` */
+    size_t wlen;
+    uint8_t *fdbuf; /* a descriptor write read whole for its batch (owned) */
     struct streamscan_middle mid;
     bool mid_cpu; /* the batch failed: the middle runs on a CPU engine thread */
     struct sched_job sj;
@@ -114,7 +117,7 @@ static struct {
 
 static struct {
     uint64_t open, opened, closed, expired, dropped, writes, bytes, hits, state_bytes, engine_runs;
-    uint64_t batch_writes, batch_bytes, batch_gpu, batch_fallbacks;
+    uint64_t batch_writes, batch_fd_writes, batch_bytes, batch_gpu, batch_fallbacks;
 } counters;
 
 static struct tenant_streams *tenant_of(uid_t uid, bool create)
@@ -338,10 +341,35 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
                  (unsigned long long)len, (unsigned long long)w->max);
         return -VKS_E_LIMIT;
     }
-    uint8_t *buf = malloc(len < READ_CHUNK ? (len ? len : 1) : READ_CHUNK);
+    /* a write that may run its middle in a batch is read whole (at most
+     * max-scan-bytes; the batch scans it in place), others in pieces */
+    bool whole = w->batch_min != 0 && len > w->batch_min;
+    uint8_t *buf = malloc(whole ? len : len < READ_CHUNK ? (len ? len : 1) : READ_CHUNK);
     if (buf == NULL)
         return -ENOMEM;
     int rc = 0;
+    for (uint64_t done = 0; whole && done < len;) {
+        ssize_t n = pread(b->fd, buf + done, (size_t)(len - done), (off_t)(b->offset + done));
+        if (n <= 0) {
+            snprintf(w->msg, sizeof(w->msg), "reading the descriptor failed at byte %llu: %s",
+                     (unsigned long long)(b->offset + done), n < 0 ? strerror(errno) : "EOF");
+            free(buf);
+            return -VKS_E_BAD_FD; /* nothing was written to the stream */
+        }
+        done += (uint64_t)n;
+    }
+    if (whole) {
+        rc = streamscan_write_begin(w->st->scan, buf, (size_t)len, w->batch_min, &w->hits, &w->mid);
+        w->bytes = rc == 0 ? len : 0;
+        if (rc == 0 && w->mid.pending) {
+            w->fdbuf = buf;
+            w->wbuf = buf;
+            w->wlen = (size_t)len;
+        } else {
+            free(buf);
+        }
+        return rc;
+    }
     for (uint64_t done = 0; done < len && rc == 0;) {
         size_t want = len - done < READ_CHUNK ? (size_t)(len - done) : READ_CHUNK;
         ssize_t n = pread(b->fd, buf, want, (off_t)(b->offset + done));
@@ -364,7 +392,7 @@ static void work_run(struct work *w)
 {
     const struct proto_buffer *b = &w->req->u.stream.buffer;
     if (w->mid_cpu) { /* its batch failed: the middle here, then the write's end */
-        w->rc = streamscan_middle_run(w->st->scan, b->data, (size_t)b->len, &w->mid);
+        w->rc = streamscan_middle_run(w->st->scan, w->wbuf, w->wlen, &w->mid);
         if (w->rc == 0)
             w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
         streamscan_middle_finish(&w->mid);
@@ -382,6 +410,8 @@ static void work_run(struct work *w)
                                              &w->hits, &w->mid)
                     : streamscan_write(w->st->scan, b->data, (size_t)b->len, &w->hits);
         w->bytes = w->rc == 0 ? b->len : 0;
+        w->wbuf = b->data;
+        w->wlen = (size_t)b->len;
     } else {
         w->rc = write_fd(w, b);
     }
@@ -473,6 +503,7 @@ static void work_done(struct work *w, int status)
     }
     void *token = w->token;
     scan_hits_finish(&w->hits);
+    free(w->fdbuf);
     free(w);
     if (!keep)
         stream_remove(st->set, st); /* a stream no connection holds is freed here */
@@ -551,6 +582,7 @@ static void middle_done(struct engine_job *j, const struct engine_telemetry *tel
         return;
     }
     counters.batch_writes++;
+    counters.batch_fd_writes += w->fdbuf != NULL;
     counters.batch_bytes += w->ebuf.len;
     counters.batch_gpu += tel->gpu;
     w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
@@ -565,8 +597,7 @@ static int middle_queue(struct work *w)
 {
     struct stream *st = w->st;
     struct server *srv = st->srv;
-    const struct proto_buffer *b = &w->req->u.stream.buffer;
-    w->ebuf = (struct engine_buf){.data = b->data, .len = b->len, .fd = -1};
+    w->ebuf = (struct engine_buf){.data = w->wbuf, .len = w->wlen, .fd = -1};
     w->ej = (struct engine_job){.cat = streamscan_catalog(st->scan),
                                 .mode = SCAN_ALL,
                                 .bufs = &w->ebuf,
@@ -574,7 +605,7 @@ static int middle_queue(struct work *w)
                                 .uid = (uint32_t)st->uid,
                                 .done = middle_done};
     w->sj = (struct sched_job){
-        .key = st->entry, .bytes = b->len, .n_buffers = 1, .engine_job = middle_job};
+        .key = st->entry, .bytes = w->wlen, .n_buffers = 1, .engine_job = middle_job};
     int rc = sched_push(server_sched(srv), session_tenant(w->s), &w->sj);
     if (rc != 0)
         return rc;
@@ -754,6 +785,7 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "limit.stream_gpu_min_bytes", cfg->stream_gpu_min_bytes);
     stats_add_u(l, "stream.engine_runs", counters.engine_runs);
     stats_add_u(l, "stream.batch_writes", counters.batch_writes);
+    stats_add_u(l, "stream.batch_fd_writes", counters.batch_fd_writes);
     stats_add_u(l, "stream.batch_bytes", counters.batch_bytes);
     stats_add_u(l, "stream.batch_gpu", counters.batch_gpu);
     stats_add_u(l, "stream.batch_fallbacks", counters.batch_fallbacks);

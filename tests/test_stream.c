@@ -1359,7 +1359,7 @@ START_TEST(test_daemon_stream_gpu_batches)
                                          "x",      " ",    "\n",    "k12345x"};
     struct str data[2] = {{0}, {0}};
     for (int k = 0; k < 2; k++)
-        for (int i = 0; i < 12000; i++)
+        for (int i = 0; i < 24000; i++)
             puts_(&data[k], plants[rnd(16)]);
     struct vks_stream *s[2] = {open_ok(c, cat), open_ok(c, cat)};
     struct scan_hits got[2] = {{0}, {0}};
@@ -1371,12 +1371,13 @@ START_TEST(test_daemon_stream_gpu_batches)
         struct vks_scan_result res;
         struct vks_error err = {0};
         int rc;
-        if (rnd(8) == 0) {
+        if (rnd(4) == 0) {
             FILE *f = tmpfile();
             ck_assert_ptr_nonnull(f);
+            fwrite("junk", 1, 4, f);
             fwrite(data[k].p + at[k], 1, n, f);
             fflush(f);
-            rc = vks_stream_write_fd(s[k], fileno(f), 0, n, &res, &err);
+            rc = vks_stream_write_fd(s[k], fileno(f), 4, n, &res, &err);
             fclose(f);
         } else {
             rc = vks_stream_write(s[k], data[k].p + at[k], n, &res, &err);
@@ -1401,7 +1402,7 @@ START_TEST(test_daemon_stream_gpu_batches)
             ck_assert_uint_eq(got[k].v[i].rule, block.hits[i].rule);
             ck_assert_uint_eq(got[k].v[i].end, block.hits[i].end);
         }
-        ck_assert_uint_gt(got[k].n, 2000);
+        ck_assert_uint_gt(got[k].n, 4000);
         vks_scan_result_finish(&block);
         scan_hits_finish(&got[k]);
         free(data[k].p);
@@ -1409,7 +1410,8 @@ START_TEST(test_daemon_stream_gpu_batches)
     uint64_t batched = stat_of(c, "stream.batch_writes");
     printf("stream gpu batches: %" PRIu64 " of %" PRIu64 " writes, %" PRIu64 " bytes\n", batched,
            stat_of(c, "stream.writes"), stat_of(c, "stream.batch_bytes"));
-    ck_assert_uint_gt(batched, 10);
+    ck_assert_uint_gt(batched, 20);
+    ck_assert_uint_gt(stat_of(c, "stream.batch_fd_writes"), 5); /* read whole for the batch */
     ck_assert_uint_eq(stat_of(c, "stream.batch_gpu"), batched);
     ck_assert_uint_eq(stat_of(c, "stream.batch_fallbacks"), 0);
     ck_assert_uint_eq(stat_of(c, "limit.stream_gpu_min_bytes"), 1);
