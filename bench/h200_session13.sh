@@ -4,7 +4,8 @@
 # at compiler version 9, gitleaks-regex grouped as version 8 grouped it
 # (--heavy-states 2048) against the new default (512), and stream_bench
 # through vkscand with the writes' middles in GPU batches
-# (stream-gpu-min-bytes 64K, the default) against middles on the CPU (0).
+# (stream-gpu-min-bytes 16K: 64 KiB flow writes have middles just under
+# the default 64K) against middles on the CPU (0).
 # Carry .gl (with .gl/extra), BUILD, build-shared, build-data.
 #
 #   bench/h200_session13.sh BUILD [steps...]
@@ -27,7 +28,8 @@ if has tests; then
         echo "$t exit $?: $(grep -E 'Checks' "$OUT/$t.txt" | tail -n 1)"
         grep -E ':[EF]:' "$OUT/$t.txt" | head -n 5
     done
-    VKSCAND=$B/daemon/vkscand CK_RUN_CASE=daemon timeout 200 "$B/tests/test_stream" \
+    VKSCAND=$B/daemon/vkscand VKSCAN=$B/client/vkscan CK_RUN_CASE=daemon timeout 200 \
+        "$B/tests/test_stream" \
         >"$OUT/test_stream.txt" 2>&1
     echo "test_stream (daemon) exit $?: $(grep -E 'Checks' "$OUT/test_stream.txt" | tail -n 1)"
     grep -E ':[EF]:|gpu batches' "$OUT/test_stream.txt" | head -n 5
@@ -57,10 +59,10 @@ fi
 if has stream; then
     W=/tmp/sb-work
     rm -rf $W && mkdir -p $W
-    for min in 64K 0; do
+    for min in ${MINS:-16K 0}; do
         "$B/daemon/vkscand" --config "" --socket $W/s.sock --state-dir $W/state --engine gpu \
-            --log-level notice --stream-max-per-tenant 20000 --max-scan-bytes 1G \
-            --tenant-max-bytes 8G --stream-gpu-min-bytes $min >"$OUT/vkscand_$min.log" 2>&1 &
+            --log-level notice --stream-max-per-tenant 20000 --max-scan-bytes 8G \
+            --tenant-max-bytes 16G --stream-gpu-min-bytes $min >"$OUT/vkscand_$min.log" 2>&1 &
         pid=$!
         for _ in $(seq 200); do grep -q "ready on" "$OUT/vkscand_$min.log" && break; sleep 0.1; done
         timeout 240 "$B/bench/stream_bench" --socket $W/s.sock --threads 16 --iters 3 \
