@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -72,9 +73,9 @@ struct work {
      * of the write (docs/engine.md "Streams"): streamscan leaves it in
      * `mid`; the job is queued like a scan request of the tenant. */
     size_t batch_min;    /* stream-gpu-min-bytes while a GPU engine runs; 0: never */
-    const uint8_t *wbuf; /* the write's bytes: the frame's, or `fdbuf` */
+    const uint8_t *wbuf; /* the write's bytes: the frame's, or `sparse` */
     size_t wlen;
-    uint8_t *fdbuf; /* a descriptor write read whole for its batch (owned) */
+    void *sparse; /* a descriptor write's mapping (owned): only its head and tail read */
     struct streamscan_middle mid;
     bool mid_cpu; /* the batch failed: the middle runs on a CPU engine thread */
     struct sched_job sj;
@@ -318,6 +319,24 @@ static struct stream *find(struct stream_set *set, struct session *s,
     return NULL;
 }
 
+/* Reads `n` bytes at `at` of the write's range into `dst`; 0 or
+ * -VKS_E_BAD_FD with w->msg set. */
+static int read_range(struct work *w, const struct proto_buffer *b, void *dst, uint64_t at,
+                      uint64_t n)
+{
+    for (uint64_t done = 0; done < n;) {
+        ssize_t k =
+            pread(b->fd, (uint8_t *)dst + done, (size_t)(n - done), (off_t)(b->offset + at + done));
+        if (k <= 0) {
+            snprintf(w->msg, sizeof(w->msg), "reading the descriptor failed at byte %llu: %s",
+                     (unsigned long long)(b->offset + at + done), k < 0 ? strerror(errno) : "EOF");
+            return -VKS_E_BAD_FD;
+        }
+        done += (uint64_t)k;
+    }
+    return 0;
+}
+
 /* Reads the fd range of a write and scans it in pieces (pool thread). */
 static int write_fd(struct work *w, const struct proto_buffer *b)
 {
@@ -341,35 +360,43 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
                  (unsigned long long)len, (unsigned long long)w->max);
         return -VKS_E_LIMIT;
     }
-    /* a write that may run its middle in a batch is read whole (at most
-     * max-scan-bytes; the batch scans it in place), others in pieces */
-    bool whole = w->batch_min != 0 && len > w->batch_min;
-    uint8_t *buf = malloc(whole ? len : len < READ_CHUNK ? (len ? len : 1) : READ_CHUNK);
+    /* A write that runs its middle in a batch: only the bytes its head and
+     * tail walk are read here, into an anonymous mapping of the write's
+     * size whose other pages are never touched; the GPU engine's upload
+     * threads read the middle from the descriptor themselves. */
+    uint8_t last;
+    size_t hd, tl;
+    if (w->batch_min != 0 && len > w->batch_min && read_range(w, b, &last, len - 1, 1) == 0 &&
+        streamscan_split_plan(w->st->scan, (size_t)len, last, w->batch_min, &hd, &tl)) {
+        void *map = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (map == MAP_FAILED)
+            return -ENOMEM;
+        int rc = read_range(w, b, map, 0, hd);
+        if (rc == 0)
+            rc = read_range(w, b, (uint8_t *)map + len - tl, len - tl, tl);
+        if (rc == 0)
+            rc = streamscan_write_begin(w->st->scan, map, (size_t)len, w->batch_min, &w->hits,
+                                        &w->mid);
+        if (rc == 0 && !w->mid.pending) { /* streamscan_split_plan said it would be */
+            snprintf(w->msg, sizeof(w->msg), "internal error: the write's middle was not split");
+            rc = -VKS_E_INTERNAL;
+        }
+        if (rc != 0) {
+            munmap(map, (size_t)len);
+            return rc;
+        }
+        w->bytes = len;
+        w->sparse = map;
+        w->wbuf = map;
+        w->wlen = (size_t)len;
+        return 0;
+    }
+    w->msg[0] = '\0'; /* a failed read of the last byte is met again below */
+    uint8_t *buf = malloc(len < READ_CHUNK ? (len ? len : 1) : READ_CHUNK);
     if (buf == NULL)
         return -ENOMEM;
     int rc = 0;
-    for (uint64_t done = 0; whole && done < len;) {
-        ssize_t n = pread(b->fd, buf + done, (size_t)(len - done), (off_t)(b->offset + done));
-        if (n <= 0) {
-            snprintf(w->msg, sizeof(w->msg), "reading the descriptor failed at byte %llu: %s",
-                     (unsigned long long)(b->offset + done), n < 0 ? strerror(errno) : "EOF");
-            free(buf);
-            return -VKS_E_BAD_FD; /* nothing was written to the stream */
-        }
-        done += (uint64_t)n;
-    }
-    if (whole) {
-        rc = streamscan_write_begin(w->st->scan, buf, (size_t)len, w->batch_min, &w->hits, &w->mid);
-        w->bytes = rc == 0 ? len : 0;
-        if (rc == 0 && w->mid.pending) {
-            w->fdbuf = buf;
-            w->wbuf = buf;
-            w->wlen = (size_t)len;
-        } else {
-            free(buf);
-        }
-        return rc;
-    }
     for (uint64_t done = 0; done < len && rc == 0;) {
         size_t want = len - done < READ_CHUNK ? (size_t)(len - done) : READ_CHUNK;
         ssize_t n = pread(b->fd, buf, want, (off_t)(b->offset + done));
@@ -392,7 +419,9 @@ static void work_run(struct work *w)
 {
     const struct proto_buffer *b = &w->req->u.stream.buffer;
     if (w->mid_cpu) { /* its batch failed: the middle here, then the write's end */
-        w->rc = streamscan_middle_run(w->st->scan, w->wbuf, w->wlen, &w->mid);
+        w->rc = w->sparse != NULL ? read_range(w, b, w->sparse, 0, w->wlen) : 0;
+        if (w->rc == 0)
+            w->rc = streamscan_middle_run(w->st->scan, w->wbuf, w->wlen, &w->mid);
         if (w->rc == 0)
             w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
         streamscan_middle_finish(&w->mid);
@@ -503,7 +532,8 @@ static void work_done(struct work *w, int status)
     }
     void *token = w->token;
     scan_hits_finish(&w->hits);
-    free(w->fdbuf);
+    if (w->sparse != NULL)
+        munmap(w->sparse, w->wlen);
     free(w);
     if (!keep)
         stream_remove(st->set, st); /* a stream no connection holds is freed here */
@@ -568,12 +598,15 @@ static void middle_done(struct engine_job *j, const struct engine_telemetry *tel
     struct work *w = CONTAINER(j, struct work, ej);
     struct server *srv = w->st->srv;
     sched_job_done(server_sched(srv), &w->sj);
-    int rc = j->status;
+    int rc = j->status != 0 ? j->status : w->ebuf.status;
     for (size_t i = 0; i < j->n_hits && rc == 0; i++)
         rc = streamscan_middle_add(&w->mid, j->hits[i].rule, j->hits[i].end);
     if (rc != 0)
         log_warn("stream %u: the batch of a write's middle failed (%s): scanning it on the CPU",
-                 w->st->id, j->status != 0 ? j->err.msg : "out of memory");
+                 w->st->id,
+                 j->status != 0        ? j->err.msg
+                 : w->ebuf.status != 0 ? w->ebuf.msg
+                                       : "out of memory");
     engine_job_finish(j);
     if (rc != 0) {
         counters.batch_fallbacks++;
@@ -582,7 +615,7 @@ static void middle_done(struct engine_job *j, const struct engine_telemetry *tel
         return;
     }
     counters.batch_writes++;
-    counters.batch_fd_writes += w->fdbuf != NULL;
+    counters.batch_fd_writes += w->sparse != NULL;
     counters.batch_bytes += w->ebuf.len;
     counters.batch_gpu += tel->gpu;
     w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
@@ -597,9 +630,17 @@ static int middle_queue(struct work *w)
 {
     struct stream *st = w->st;
     struct server *srv = st->srv;
-    w->ebuf = (struct engine_buf){.data = w->wbuf, .len = w->wlen, .fd = -1};
+    const struct proto_buffer *b = &w->req->u.stream.buffer;
+    if (w->sparse != NULL) /* the engine reads the descriptor itself */
+        w->ebuf = (struct engine_buf){
+            .fd = b->fd, .offset = b->offset, .length = w->wlen, .has_length = true};
+    else
+        w->ebuf = (struct engine_buf){.data = w->wbuf, .len = w->wlen, .fd = -1};
+    /* no result cache: a stream's bytes are rarely seen twice, and a
+     * cached fd range would hide what a stream costs */
     w->ej = (struct engine_job){.cat = streamscan_catalog(st->scan),
                                 .mode = SCAN_ALL,
+                                .no_cache = true,
                                 .bufs = &w->ebuf,
                                 .n_bufs = 1,
                                 .uid = (uint32_t)st->uid,

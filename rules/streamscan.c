@@ -1064,6 +1064,31 @@ int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struc
     return write_split(s, buf, len, 0, out, NULL);
 }
 
+bool streamscan_split_plan(const struct streamscan *s, size_t len, uint8_t last, size_t min_middle,
+                           size_t *head, size_t *tail)
+{
+    if (s->closed || len == 0 || any_single(s->cat))
+        return false;
+    size_t m = len + (s->held ? 1 : 0);
+    size_t e = last == '\n' ? m - 1 : m;
+    size_t h = head_of(s, e);
+    if (h == 0)
+        return false;
+    size_t held = s->held, lo = h - held - 1, hi = e - held - 1;
+    if (hi - lo <= min_middle)
+        return false;
+    /* the head: v[0..h] (gated_head's lookahead byte); the tail: the
+     * rebuilt states' last maxlen + 1 bytes, the factor ends before the
+     * last byte (two lookbacks: a gated group's and its factors'), the
+     * history, the final '\n' */
+    uint64_t lb = cpuscan_lookback(s->cat);
+    struct layout l = layout_of(s->cat);
+    uint64_t t = 2 * lb + l.hist + 130;
+    *head = h + 2 < len ? h + 2 : len;
+    *tail = t < len ? (size_t)t : len;
+    return true;
+}
+
 int streamscan_write_begin(struct streamscan *s, const uint8_t *buf, size_t len, size_t min_middle,
                            struct scan_hits *out, struct streamscan_middle *mid)
 {

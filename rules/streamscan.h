@@ -114,6 +114,17 @@ struct streamscan_middle {
 
 int streamscan_write_begin(struct streamscan *s, const uint8_t *buf, size_t len, size_t min_middle,
                            struct scan_hits *out, struct streamscan_middle *mid);
+
+/*
+ * Before a write of `len` bytes whose last byte is `last`: whether
+ * streamscan_write_begin(..., min_middle, ...) will leave its middle to the
+ * caller, and then which bytes it reads: buf[0..*head) and
+ * buf[len - *tail..len). The rest of buf may be left unread by the caller
+ * (vkscand reads only those two ranges of a descriptor write and lets the
+ * GPU engine read the middle itself).
+ */
+bool streamscan_split_plan(const struct streamscan *s, size_t len, uint8_t last, size_t min_middle,
+                           size_t *head, size_t *tail);
 int streamscan_middle_add(struct streamscan_middle *mid, uint32_t rule, uint64_t end);
 int streamscan_middle_run(struct streamscan *s, const uint8_t *buf, size_t len,
                           struct streamscan_middle *mid);

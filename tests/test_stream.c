@@ -340,8 +340,23 @@ static bool split_mode;
 
 static int write_split(struct streamscan *s, const uint8_t *p, size_t n, struct scan_hits *all)
 {
+    /* what streamscan_split_plan says the write reads: the rest of the
+     * copy begin gets is poisoned, as vkscand leaves it unread */
+    size_t hd = 0, tl = 0;
+    bool plan = n > 0 && streamscan_split_plan(s, n, p[n - 1], 0, &hd, &tl);
+    uint8_t *poisoned = NULL;
+    if (plan) {
+        ck_assert_uint_le(hd, n);
+        ck_assert_uint_le(tl, n);
+        poisoned = malloc(n);
+        ck_assert_ptr_nonnull(poisoned);
+        for (size_t i = 0; i < n; i++)
+            poisoned[i] = i < hd || i >= n - tl ? p[i] : (uint8_t)rnd(256);
+    }
     struct streamscan_middle mid;
-    int rc = streamscan_write_begin(s, p, n, 0, all, &mid);
+    int rc = streamscan_write_begin(s, plan ? poisoned : p, n, 0, all, &mid);
+    free(poisoned);
+    ck_assert_int_eq(mid.pending, plan);
     if (rc != 0 || !mid.pending)
         return rc;
     struct scan_hits block = {0};
