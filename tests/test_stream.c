@@ -1153,7 +1153,8 @@ static bool wait_ready(struct daemon *d, int timeout_ms)
     return false;
 }
 
-/* Starts vkscand on the CPU engine with `extra` flags (NULL-terminated). */
+/* Starts vkscand on the CPU engine with `extra` flags (NULL-terminated;
+ * a later --engine wins). */
 static void daemon_start(struct daemon *d, const char *const *extra)
 {
     memset(d, 0, sizeof(*d));
@@ -1632,6 +1633,66 @@ START_TEST(test_daemon_pipelined_writes_and_leaving)
     ck_assert_uint_eq(res.n_hits, 1);
     vks_scan_result_finish(&res);
     ck_assert_int_eq(vks_stream_close(s, NULL, &err), 0);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
+/* Pipelined writes whose middles go to the GPU engine's batches (lavapipe
+ * here): 40 writes of 8 KiB on one stream sent before any reply, each with
+ * a needle planted at its own offset, come back in order, each with its
+ * needle at its stream offset and nothing else; then four pipelined 8 MiB
+ * writes and the client leaves while they are queued or in a batch. The
+ * daemon frees the stream once its batch is back and serves the next
+ * client. Fails if a batched write is answered out of order, if its hits
+ * come back at write offsets, or if a middle in flight at the disconnect
+ * leaks the stream or crashes the daemon. */
+START_TEST(test_daemon_gpu_middles_pipelined_and_leaving)
+{
+    struct daemon d;
+    daemon_start(&d, (const char *const[]){"--engine", "gpu", "--stream-gpu-min-bytes", "1", NULL});
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, brules, 1); /* "needle" */
+    int a = raw_connect(&d);
+    int id = raw_stream(a, PROTO_OP_STREAM_OPEN, 0, vks_catalog_fingerprint(cat), NULL);
+    ck_assert_int_gt(id, 0);
+    enum { N = 40, W = 8192 };
+    static char w[N][W];
+    for (uint32_t i = 0; i < N; i++) {
+        memset(w[i], '.', W);
+        memcpy(w[i] + 1500 + 97 * i, "needle", 6);
+        raw_send(a, 100 + i, PROTO_OP_STREAM_WRITE, (uint32_t)id, w[i], W);
+    }
+    for (uint32_t i = 0; i < N; i++) {
+        struct proto_reply *rep = raw_recv(a);
+        ck_assert_uint_eq(rep->id, 100 + i);
+        ck_assert_int_eq(rep->error.code, 0);
+        ck_assert_uint_eq(rep->u.scan.n_hits, 1);
+        ck_assert_uint_eq(rep->u.scan.hits[0].end, (uint64_t)W * i + 1500 + 97 * i + 6);
+        proto_reply_destroy(rep);
+    }
+    ck_assert_uint_ge(stat_of(c, "stream.batch_writes"), N);
+    ck_assert_uint_eq(stat_of(c, "stream.batch_gpu"), stat_of(c, "stream.batch_writes"));
+    size_t big = 8u << 20;
+    char *data = malloc(big);
+    memset(data, 'a', big);
+    memcpy(data + big / 2, "needle", 6);
+    for (int i = 0; i < 4; i++)
+        raw_send(a, 500 + (uint32_t)i, PROTO_OP_STREAM_WRITE, (uint32_t)id, data, big);
+    close(a);
+    free(data);
+    for (int i = 0; i < 600 && stat_of(c, "stream.open") != 0; i++)
+        usleep(50000);
+    ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
+    struct vks_stream *s = open_ok(c, cat);
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_stream_write(s, "needle", 6, &res, &err), 0);
+    ck_assert_uint_eq(res.n_hits, 1);
+    vks_scan_result_finish(&res);
+    ck_assert_int_eq(vks_stream_close(s, NULL, &err), 0);
+    ck_assert_uint_eq(stat_of(c, "stream.batch_fallbacks"), 0);
     vks_catalog_destroy(cat);
     vks_client_close(c);
     daemon_stop(&d);
@@ -2226,6 +2287,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_idle_timeout);
     tcase_add_test(td, test_daemon_disconnect_with_open_streams);
     tcase_add_test(td, test_daemon_pipelined_writes_and_leaving);
+    tcase_add_test(td, test_daemon_gpu_middles_pipelined_and_leaving);
     tcase_add_test(td, test_cli_pipe);
     tcase_add_test(td, test_cli_large_file_in_pieces);
     tcase_add_test(td, test_cli_tail);
