@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Why a workload's kernel is 2-5x slower when other workloads ran before it
+# in the same scan_bench process (docs/PERFORMANCE.md, session 12 call 7,
+# session 13 calls 1-2): regex-500 and regex-500-secrets alone, after
+# literals-1000, and after gitleaks-keywords, each a process of its own,
+# with --profile 1 (device time per kind of dispatch) so the slower kind
+# shows. Carry .gl (with .gl/extra), BUILD, build-shared, build-data.
+#
+#   bench/h200_order.sh BUILD
+set -u
+B=${1:?usage: h200_order.sh BUILD}
+OUT=${OUT:-/tmp/vks-out}
+mkdir -p "$OUT"
+for f in .gl/*.deb; do dpkg -x "$f" / >/dev/null 2>&1; done
+ldconfig
+for f in .gl/extra/*.deb; do dpkg -x "$f" /opt/vks-extra >/dev/null 2>&1; done
+export LD_LIBRARY_PATH=/opt/vks-extra/usr/lib/x86_64-linux-gnu
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+run() {
+    local name=$1
+    shift
+    timeout 150 "$B/bench/scan_bench" --data build-shared --iters 5 --size 1G --buffer 1048576 \
+        --real-buffer 1048576 --no-hs "$@" >"$OUT/order_$name.txt" 2>&1
+    echo "== $name exit $?"
+    sed -n '/^median of iters/,/^$/p' "$OUT/order_$name.txt" | grep -v '^$'
+    sed -n '/^profile/,/^$/p' "$OUT/order_$name.txt" | grep -v '^$'
+}
+run alone --profile 1 --only regex-500,regex-500-secrets
+run after-lit --profile 1 --only literals-1000,regex-500,regex-500-secrets
+run after-kw --profile 1 --only gitleaks-keywords,regex-500,regex-500-secrets
+run alone-noprof --only regex-500,regex-500-secrets
+run after-lit-noprof --only literals-1000,regex-500,regex-500-secrets
