@@ -2,7 +2,7 @@
 # Why a workload's kernel is 2-5x slower when other workloads ran before it
 # in the same scan_bench process (docs/PERFORMANCE.md, session 12 call 7,
 # session 13 calls 1-2): regex-500 and regex-500-secrets alone, after
-# literals-1000, and after gitleaks-keywords, each a process of its own,
+# literals-1000, and after literals-10000 (scan_bench runs its table order), each a process of its own,
 # with --profile 1 (device time per kind of dispatch) so the slower kind
 # shows. Carry .gl (with .gl/extra), BUILD, build-shared, build-data.
 #
@@ -27,6 +27,6 @@ run() {
 }
 run alone --profile 1 --only regex-500,regex-500-secrets
 run after-lit --profile 1 --only literals-1000,regex-500,regex-500-secrets
-run after-kw --profile 1 --only gitleaks-keywords,regex-500,regex-500-secrets
+run after-lit10k --profile 1 --only literals-10000,regex-500,regex-500-secrets
 run alone-noprof --only regex-500,regex-500-secrets
 run after-lit-noprof --only literals-1000,regex-500,regex-500-secrets
