@@ -6,9 +6,13 @@
 # with --profile 1 (device time per kind of dispatch) so the slower kind
 # shows. Carry .gl (with .gl/extra), BUILD, build-shared, build-data.
 #
-#   bench/h200_order.sh BUILD
+#   bench/h200_order.sh BUILD [hs]
+# hs: instead, the first four workloads with and without Hyperscan's runs
+# between them (does a previous workload's Hyperscan run slow the next
+# workload's kernel?).
 set -u
-B=${1:?usage: h200_order.sh BUILD}
+B=${1:?usage: h200_order.sh BUILD [hs]}
+MODE=${2:-order}
 OUT=${OUT:-/tmp/vks-out}
 mkdir -p "$OUT"
 for f in .gl/*.deb; do dpkg -x "$f" / >/dev/null 2>&1; done
@@ -20,13 +24,20 @@ run() {
     local name=$1
     shift
     timeout 150 "$B/bench/scan_bench" --data build-shared --iters 5 --size 1G --buffer 1048576 \
-        --real-buffer 1048576 --no-hs "$@" >"$OUT/order_$name.txt" 2>&1
+        --real-buffer 1048576 "$@" >"$OUT/order_$name.txt" 2>&1
     echo "== $name exit $?"
     sed -n '/^median of iters/,/^$/p' "$OUT/order_$name.txt" | grep -v '^$'
     sed -n '/^profile/,/^$/p' "$OUT/order_$name.txt" | grep -v '^$'
 }
-run alone --profile 1 --only regex-500,regex-500-secrets
-run after-lit --profile 1 --only literals-1000,regex-500,regex-500-secrets
-run after-lit10k --profile 1 --only literals-10000,regex-500,regex-500-secrets
-run alone-noprof --only regex-500,regex-500-secrets
-run after-lit-noprof --only literals-1000,regex-500,regex-500-secrets
+if [ "$MODE" = hs ]; then
+    F=literals-1000,literals-10000,regex-500,regex-500-secrets
+    run four-hs --only $F
+    run four-nohs --no-hs --only $F
+    run four-hs-again --only $F
+    exit 0
+fi
+run alone --no-hs --profile 1 --only regex-500,regex-500-secrets
+run after-lit --no-hs --profile 1 --only literals-1000,regex-500,regex-500-secrets
+run after-lit10k --no-hs --profile 1 --only literals-10000,regex-500,regex-500-secrets
+run alone-noprof --no-hs --only regex-500,regex-500-secrets
+run after-lit-noprof --no-hs --only literals-1000,regex-500,regex-500-secrets
