@@ -13,13 +13,7 @@
 set -u
 B=${1:?usage: h200_order.sh BUILD [hs]}
 MODE=${2:-order}
-OUT=${OUT:-/tmp/vks-out}
-mkdir -p "$OUT"
-for f in .gl/*.deb; do dpkg -x "$f" / >/dev/null 2>&1; done
-ldconfig
-for f in .gl/extra/*.deb; do dpkg -x "$f" /opt/vks-extra >/dev/null 2>&1; done
-export LD_LIBRARY_PATH=/opt/vks-extra/usr/lib/x86_64-linux-gnu
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+. "$(dirname "$0")/h200_env.sh"
 run() {
     local name=$1
     shift

@@ -14,13 +14,7 @@ set -u
 B=${1:?usage: h200_session13.sh BUILD [steps...]}
 shift
 WHAT=${*:-tests all heavy stream}
-OUT=${OUT:-/tmp/vks-out}
-mkdir -p "$OUT"
-for f in .gl/*.deb; do dpkg -x "$f" / >/dev/null 2>&1; done
-ldconfig
-for f in .gl/extra/*.deb; do dpkg -x "$f" /opt/vks-extra >/dev/null 2>&1; done
-export LD_LIBRARY_PATH=/opt/vks-extra/usr/lib/x86_64-linux-gnu
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+. "$(dirname "$0")/h200_env.sh"
 has() { case " $WHAT " in *" $1 "*) return 0 ;; esac; return 1; }
 if has tests; then
     for t in test_gpu test_fault; do

@@ -1591,6 +1591,31 @@ static struct proto_reply *raw_recv(int fd)
 /* Writes sent back to back (pipelined) run one at a time in order: every
  * reply comes in request order with the matches of its write; a client
  * that leaves with writes in flight leaves the daemon serving. */
+/* Sends four 8 MiB writes to stream `id` on raw connection `a` and leaves
+ * at once; the daemon must free the stream (stream.open back to 0) and go
+ * on serving: a new stream of `cat` on `c` finds "needle". */
+static void leave_with_big_writes(struct vks_client *c, struct vks_catalog *cat, int a, int id)
+{
+    size_t big = 8u << 20;
+    char *data = malloc(big);
+    memset(data, 'a', big);
+    memcpy(data + big / 2, "needle", 6);
+    for (int i = 0; i < 4; i++)
+        raw_send(a, 500 + (uint32_t)i, PROTO_OP_STREAM_WRITE, (uint32_t)id, data, big);
+    close(a);
+    free(data);
+    for (int i = 0; i < 600 && stat_of(c, "stream.open") != 0; i++)
+        usleep(50000);
+    ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
+    struct vks_stream *s = open_ok(c, cat);
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_stream_write(s, "needle", 6, &res, &err), 0);
+    ck_assert_uint_eq(res.n_hits, 1);
+    vks_scan_result_finish(&res);
+    ck_assert_int_eq(vks_stream_close(s, NULL, &err), 0);
+}
+
 START_TEST(test_daemon_pipelined_writes_and_leaving)
 {
     struct daemon d;
@@ -1616,23 +1641,7 @@ START_TEST(test_daemon_pipelined_writes_and_leaving)
     }
     /* a big write in flight, then the client leaves */
     id = raw_stream(a, PROTO_OP_STREAM_OPEN, 0, vks_catalog_fingerprint(cat), NULL);
-    size_t big = 8u << 20;
-    char *data = malloc(big);
-    memset(data, 'a', big);
-    for (int i = 0; i < 4; i++)
-        raw_send(a, 500 + (uint32_t)i, PROTO_OP_STREAM_WRITE, (uint32_t)id, data, big);
-    close(a);
-    free(data);
-    for (int i = 0; i < 600 && stat_of(c, "stream.open") != 0; i++)
-        usleep(50000);
-    ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
-    struct vks_stream *s = open_ok(c, cat);
-    struct vks_scan_result res;
-    struct vks_error err = {0};
-    ck_assert_int_eq(vks_stream_write(s, "needle", 6, &res, &err), 0);
-    ck_assert_uint_eq(res.n_hits, 1);
-    vks_scan_result_finish(&res);
-    ck_assert_int_eq(vks_stream_close(s, NULL, &err), 0);
+    leave_with_big_writes(c, cat, a, id);
     vks_catalog_destroy(cat);
     vks_client_close(c);
     daemon_stop(&d);
@@ -1674,24 +1683,7 @@ START_TEST(test_daemon_gpu_middles_pipelined_and_leaving)
     }
     ck_assert_uint_ge(stat_of(c, "stream.batch_writes"), N);
     ck_assert_uint_eq(stat_of(c, "stream.batch_gpu"), stat_of(c, "stream.batch_writes"));
-    size_t big = 8u << 20;
-    char *data = malloc(big);
-    memset(data, 'a', big);
-    memcpy(data + big / 2, "needle", 6);
-    for (int i = 0; i < 4; i++)
-        raw_send(a, 500 + (uint32_t)i, PROTO_OP_STREAM_WRITE, (uint32_t)id, data, big);
-    close(a);
-    free(data);
-    for (int i = 0; i < 600 && stat_of(c, "stream.open") != 0; i++)
-        usleep(50000);
-    ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
-    struct vks_stream *s = open_ok(c, cat);
-    struct vks_scan_result res;
-    struct vks_error err = {0};
-    ck_assert_int_eq(vks_stream_write(s, "needle", 6, &res, &err), 0);
-    ck_assert_uint_eq(res.n_hits, 1);
-    vks_scan_result_finish(&res);
-    ck_assert_int_eq(vks_stream_close(s, NULL, &err), 0);
+    leave_with_big_writes(c, cat, a, id);
     ck_assert_uint_eq(stat_of(c, "stream.batch_fallbacks"), 0);
     vks_catalog_destroy(cat);
     vks_client_close(c);
