@@ -9,7 +9,7 @@
 # Carry .gl (with .gl/extra), BUILD, build-shared, build-data.
 #
 #   bench/h200_session13.sh BUILD [steps...]
-#   steps: tests all heavy stream
+#   steps: tests all regex1g heavy stream (regex1g: one 1 GiB buffer, no Hyperscan)
 set -u
 B=${1:?usage: h200_session13.sh BUILD [steps...]}
 shift
@@ -41,6 +41,10 @@ scan() {
 ALL=literals-1000,literals-10000,regex-500,regex-500-secrets,binary-20k,phrases-3k,dict-10,gitleaks-keywords,gitleaks-regex
 if has all; then
     scan all-1m 300 --iters 5 --size 1G --buffer 1048576 --real-buffer 1048576 --only "$ALL"
+fi
+if has regex1g; then
+    scan regex-1g 150 --iters 5 --size 1G --buffer 1073741824 --real-buffer 1073741824 --no-hs \
+        --only regex-500,regex-500-secrets,gitleaks-regex,gitleaks-keywords,dict-10,phrases-3k
 fi
 if has heavy; then
     for h in 2048 512; do
