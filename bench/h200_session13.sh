@@ -9,7 +9,8 @@
 # Carry .gl (with .gl/extra), BUILD, build-shared, build-data.
 #
 #   bench/h200_session13.sh BUILD [steps...]
-#   steps: tests all regex1g heavy stream (regex1g: one 1 GiB buffer, no Hyperscan)
+#   steps: tests all each regex1g heavy stream (each: every workload in its own
+#   process; regex1g: one 1 GiB buffer, no Hyperscan)
 set -u
 B=${1:?usage: h200_session13.sh BUILD [steps...]}
 shift
@@ -41,6 +42,14 @@ scan() {
 ALL=literals-1000,literals-10000,regex-500,regex-500-secrets,binary-20k,phrases-3k,dict-10,gitleaks-keywords,gitleaks-regex
 if has all; then
     scan all-1m 300 --iters 5 --size 1G --buffer 1048576 --real-buffer 1048576 --only "$ALL"
+fi
+if has each; then
+    # every workload in a process of its own (the in-process spread of
+    # calls 1-7), Hyperscan in the same process after the GPU runs
+    for w in ${ALL//,/ }; do
+        scan each-$w 60 --iters 5 --size 1G --buffer 1048576 --real-buffer 1048576 --only "$w" |
+            grep -E "^$w "
+    done
 fi
 if has regex1g; then
     scan regex-1g 150 --iters 5 --size 1G --buffer 1073741824 --real-buffer 1073741824 --no-hs \
