@@ -9,7 +9,10 @@
  * per thread at a time, taking tenants in turn: a tenant with many busy
  * streams gets no more of the pool than one with a single stream. The pool
  * threads alternate between these and scan batches. A thread reports a
- * finished request through `pool.async`, and the loop answers it.
+ * finished request through `pool.async`, and the loop answers it. A write
+ * whose middle goes to a scan batch (streamscan_write_begin) comes back to
+ * the loop once to queue the batch job and once more, through middle_done,
+ * to be answered.
  */
 #include "stream.h"
 

@@ -3,7 +3,10 @@
  * and stream.close of one connection. A stream holds a rules/streamscan
  * state and a reference to its catalog; its writes run on the CPU engine's
  * threads (engine_cpu_task), one at a time per stream and in arrival order,
- * tenants served in turn (docs/engine.md "Streams"), whatever the engine.
+ * tenants served in turn (docs/engine.md "Streams"). While a GPU engine
+ * runs, the middle of a large write (stream-gpu-min-bytes) is queued as a
+ * scan of its tenant and scanned in the GPU's batches; the write is
+ * answered when its batch is back.
  *
  * Limits (vkscand.conf, docs/daemon.md): streams per tenant over all its
  * connections (stream-max-per-tenant), bytes of state per stream
