@@ -383,6 +383,7 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
                                         &w->mid);
         if (rc == 0 && !w->mid.pending) { /* streamscan_split_plan said it would be */
             snprintf(w->msg, sizeof(w->msg), "internal error: the write's middle was not split");
+            w->bytes = len; /* the state moved past unread bytes: the stream must close */
             rc = -VKS_E_INTERNAL;
         }
         if (rc != 0) {
@@ -619,7 +620,7 @@ static void middle_done(struct engine_job *j, const struct engine_telemetry *tel
     }
     counters.batch_writes++;
     counters.batch_fd_writes += w->sparse != NULL;
-    counters.batch_bytes += w->ebuf.len;
+    counters.batch_bytes += w->wlen;
     counters.batch_gpu += tel->gpu;
     w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
     streamscan_middle_finish(&w->mid);
