@@ -1456,6 +1456,8 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
         rc = pack(&c, cat_index, &res->catalog, err);
     else if (rc == -ENOMEM)
         vks_error_set(err, rc, "out of memory compiling %zu rules", n);
+    else if (rc == -EIO) /* restore_trees: not expected */
+        vks_error_set(err, rc, "internal error: a rule parsed differently the second time");
     if (rc == 0) {
         for (size_t i = 0; i < n; i++)
             res->rule_index[i] = UINT32_MAX;
