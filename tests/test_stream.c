@@ -653,20 +653,31 @@ END_TEST
  * bytes on 3 threads: matches straddle pieces, heads and write boundaries.
  * Fails when the fast path differs from block mode or Hyperscan, or is not
  * taken. */
-START_TEST(test_fast_random)
+/* `cases` random bounded rule sets from `seed` through one_case, every
+ * write with a middle taking the fast path; the counters around the run in
+ * c0 and c1. Returns the cases that differed. */
+static unsigned bounded_run(uint64_t seed, struct stats *st, struct streamscan_counters *c0,
+                            struct streamscan_counters *c1)
 {
-    rng_state = env_u64("VKS_STREAM_SEED", 0x5eedfa57ull) | 1;
+    rng_state = env_u64("VKS_STREAM_SEED", seed) | 1;
     uint64_t cases = env_u64("VKS_STREAM_CASES", 150);
     gen_bounded = true;
     streamscan_tune(0);
-    streamscan_set_threads(3, 16);
-    struct streamscan_counters c0, c1;
-    streamscan_counters(&c0);
-    struct stats st = {0};
+    streamscan_counters(c0);
     unsigned diffs = 0;
     for (uint64_t i = 0; i < cases && diffs < 5; i++)
-        diffs += one_case(&st);
-    streamscan_counters(&c1);
+        diffs += one_case(st);
+    streamscan_counters(c1);
+    return diffs;
+}
+
+START_TEST(test_fast_random)
+{
+    streamscan_set_threads(3, 16);
+    struct streamscan_counters c0, c1;
+    struct stats st = {0};
+    unsigned diffs = bounded_run(0x5eedfa57ull, &st, &c0, &c1);
+    uint64_t cases = st.cases;
     fprintf(stderr,
             "stream fast path: %" PRIu64 " cases, %" PRIu64 " writes (%" PRIu64 " fast, %" PRIu64
             " on several threads, %" PRIu64 " pieces), %" PRIu64 " block hits, %" PRIu64
@@ -690,18 +701,11 @@ END_TEST
  * match there, and deliver drops the copy). */
 START_TEST(test_split_random)
 {
-    rng_state = env_u64("VKS_STREAM_SEED", 0x5b1177edull) | 1;
-    uint64_t cases = env_u64("VKS_STREAM_CASES", 150);
-    gen_bounded = true;
     split_mode = true;
-    streamscan_tune(0);
     struct streamscan_counters c0, c1;
-    streamscan_counters(&c0);
     struct stats st = {0};
-    unsigned diffs = 0;
-    for (uint64_t i = 0; i < cases && diffs < 5; i++)
-        diffs += one_case(&st);
-    streamscan_counters(&c1);
+    unsigned diffs = bounded_run(0x5b1177edull, &st, &c0, &c1);
+    uint64_t cases = st.cases;
     split_mode = false;
     fprintf(stderr,
             "stream split middles: %" PRIu64 " cases, %" PRIu64 " writes (%" PRIu64
