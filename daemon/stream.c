@@ -11,8 +11,9 @@
  * threads alternate between these and scan batches. A thread reports a
  * finished request through `pool.async`, and the loop answers it. A write
  * whose middle goes to a scan batch (streamscan_write_begin) comes back to
- * the loop once to queue the batch job and once more, through middle_done,
- * to be answered.
+ * the loop to queue the batch job; when the batch is back (middle_done) it
+ * runs on an engine thread again to take the batch's hits, and the loop
+ * answers it.
  */
 #include "stream.h"
 
@@ -80,7 +81,8 @@ struct work {
     size_t wlen;
     void *sparse; /* a descriptor write's mapping (owned): only its head and tail read */
     struct streamscan_middle mid;
-    bool mid_cpu; /* the batch failed: the middle runs on a CPU engine thread */
+    bool mid_cpu;  /* the batch failed: the middle runs on a CPU engine thread */
+    bool mid_hits; /* the batch is back: its hits go to the write on a CPU engine thread */
     struct sched_job sj;
     struct engine_job ej;
     struct engine_buf ebuf;
@@ -422,7 +424,14 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
 static void work_run(struct work *w)
 {
     const struct proto_buffer *b = &w->req->u.stream.buffer;
-    if (w->mid_cpu) { /* its batch failed: the middle here, then the write's end */
+    if (w->mid_hits) { /* the batch's hits (maybe millions: sorted off the loop) */
+        for (size_t i = 0; i < w->ej.n_hits && w->rc == 0; i++)
+            w->rc = streamscan_middle_add(&w->mid, w->ej.hits[i].rule, w->ej.hits[i].end);
+        engine_job_finish(&w->ej);
+        if (w->rc == 0)
+            w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
+        streamscan_middle_finish(&w->mid);
+    } else if (w->mid_cpu) { /* its batch failed: the middle here, then the write's end */
         w->rc = w->sparse != NULL ? read_range(w, b, w->sparse, 0, w->wlen) : 0;
         if (w->rc == 0)
             w->rc = streamscan_middle_run(w->st->scan, w->wbuf, w->wlen, &w->mid);
@@ -511,7 +520,7 @@ static void work_done(struct work *w, int status)
 {
     struct stream *st = w->st;
     struct server *srv = st->srv;
-    if (w->mid.pending && status == 0 && w->rc == 0 && st->set != NULL && !w->mid_cpu) {
+    if (w->mid.pending && status == 0 && w->rc == 0 && st->set != NULL) {
         if (middle_queue(w) == 0)
             return; /* answered when its batch comes back */
         w->mid_cpu = true;
@@ -593,39 +602,29 @@ static struct engine_job *middle_job(struct sched_job *j)
     return &CONTAINER(j, struct work, sj)->ej;
 }
 
-/* Back on the loop with the batch's hits for the write's bytes: those of
- * the middle go to the write, which is then answered; a failed batch hands
- * the middle to a CPU engine thread (a partial set of hits already added
- * is found again there, and delivered once). */
+/* Back on the loop when the batch is: the write goes to a CPU engine
+ * thread again, which adds the hits of the middle and answers it, or, when
+ * the batch failed, scans the middle itself. */
 static void middle_done(struct engine_job *j, const struct engine_telemetry *tel)
 {
     struct work *w = CONTAINER(j, struct work, ej);
     struct server *srv = w->st->srv;
     sched_job_done(server_sched(srv), &w->sj);
     int rc = j->status != 0 ? j->status : w->ebuf.status;
-    for (size_t i = 0; i < j->n_hits && rc == 0; i++)
-        rc = streamscan_middle_add(&w->mid, j->hits[i].rule, j->hits[i].end);
-    if (rc != 0)
-        log_warn("stream %u: the batch of a write's middle failed (%s): scanning it on the CPU",
-                 w->st->id,
-                 j->status != 0        ? j->err.msg
-                 : w->ebuf.status != 0 ? w->ebuf.msg
-                                       : "out of memory");
-    engine_job_finish(j);
     if (rc != 0) {
+        log_warn("stream %u: the batch of a write's middle failed (%s): scanning it on the CPU",
+                 w->st->id, j->status != 0 ? j->err.msg : w->ebuf.msg);
+        engine_job_finish(j);
         counters.batch_fallbacks++;
         w->mid_cpu = true;
-        submit(srv, w);
-        return;
+    } else {
+        counters.batch_writes++;
+        counters.batch_fd_writes += w->sparse != NULL;
+        counters.batch_bytes += w->wlen;
+        counters.batch_gpu += tel->gpu;
+        w->mid_hits = true;
     }
-    counters.batch_writes++;
-    counters.batch_fd_writes += w->sparse != NULL;
-    counters.batch_bytes += w->wlen;
-    counters.batch_gpu += tel->gpu;
-    w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
-    streamscan_middle_finish(&w->mid);
-    work_done(w, 0);
-    pump(srv);
+    submit(srv, w);
 }
 
 /* Queues the write's middle as a scan of its bytes by the write's tenant,
