@@ -7,7 +7,7 @@
  *                [--large BYTES] [--large-write BYTES] [--file PATH]
  *                [--regexes N] [--data DIR] [--socket PATH] [--no-hs]
  *                [--flows-set literals|regex] [--stream-threads T] [--piece BYTES]
- *                [--fast-min BYTES]
+ *                [--fast-min BYTES] [--window N] [--flows-fd]
  *
  * state:  for every workload of bench/workloads.c (literals-1000,
  *         literals-10000, regex-N) and the real rule sets under --data,
@@ -35,7 +35,11 @@
  *
  * --socket PATH runs flows and large through a running vkscand instead of
  * in-process (libvkscan; one connection per thread; the daemon needs
- * stream-max-per-tenant >= --streams). Deterministic: fixed seeds.
+ * stream-max-per-tenant >= --streams). Through vkscand, --window N keeps
+ * up to N pipelined writes in flight per connection (vks_stream_write_send;
+ * default 1: each write waits for its reply), and --flows-fd sends the
+ * flows' writes as ranges of one sealed memfd holding the corpus instead
+ * of inline bytes. Deterministic: fixed seeds.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -69,6 +73,8 @@ struct opts {
     const char *file, *data, *socket, *only;
     bool no_hs;
     bool flows_regex; /* --flows-set regex: flows against regex-N, not literals-N */
+    uint32_t window;  /* --window: pipelined writes in flight per connection */
+    bool flows_fd;    /* --flows-fd: writes as ranges of a memfd of the corpus */
 };
 
 static double now_s(void)
@@ -362,6 +368,7 @@ struct flows {
     const uint8_t *corpus; /* streams * write bytes */
     hs_scratch_t *proto;
     const uint8_t *fp; /* --socket: the catalog */
+    int corpus_fd;     /* --flows-fd: a sealed memfd of the corpus */
     atomic_uint_fast64_t hits;
 };
 
@@ -474,7 +481,32 @@ static uint64_t result_hits(struct vks_scan_result *res)
     return n;
 }
 
-/* The same streams through vkscand, one connection per thread. */
+/* Sends write r of the i-th stream of thread t (pipelined). */
+static void daemon_send(const struct flows *f, struct vks_stream *s, uint32_t t, uint32_t i,
+                        uint32_t r)
+{
+    const struct opts *o = f->o;
+    const uint8_t *p = slice(f, t + i * o->threads, r);
+    struct vks_error err;
+    int rc = f->corpus_fd >= 0 ? vks_stream_write_fd_send(s, f->corpus_fd,
+                                                          (uint64_t)(p - f->corpus), o->write, &err)
+                               : vks_stream_write_send(s, p, o->write, &err);
+    if (rc != 0)
+        die("vks_stream_write_send", err.msg);
+}
+
+static uint64_t daemon_recv(struct vks_stream *s)
+{
+    struct vks_scan_result res;
+    struct vks_error err;
+    if (vks_stream_write_recv(s, &res, &err) != 0)
+        die("vks_stream_write_recv", err.msg);
+    return result_hits(&res);
+}
+
+/* The same streams through vkscand, one connection per thread, with up to
+ * --window writes in flight: `ring` holds the streams of the writes in
+ * flight in the order they were sent, which is also each stream's order. */
 static uint64_t flows_daemon(const struct flows *f, uint32_t t)
 {
     const struct opts *o = f->o;
@@ -487,20 +519,29 @@ static uint64_t flows_daemon(const struct flows *f, uint32_t t)
     for (uint32_t i = 0; i < n; i++)
         if (vks_stream_open(c, f->fp, NULL, &v[i], &err) != 0)
             die("vks_stream_open", err.msg);
+    uint32_t win = o->window, head = 0, used = 0;
+    uint32_t *ring = xmalloc(win * sizeof(*ring));
     uint64_t hits = 0;
-    struct vks_scan_result res;
     for (uint32_t r = 0; r < o->rounds; r++) {
         for (uint32_t i = 0; i < n; i++) {
-            if (vks_stream_write(v[i], slice(f, t + i * o->threads, r), o->write, &res, &err) != 0)
-                die("vks_stream_write", err.msg);
-            hits += result_hits(&res);
+            if (used == win) {
+                hits += daemon_recv(v[ring[head]]);
+                head = (head + 1) % win;
+                used--;
+            }
+            daemon_send(f, v[i], t, i, r);
+            ring[(head + used++) % win] = i;
         }
     }
+    for (; used > 0; used--, head = (head + 1) % win)
+        hits += daemon_recv(v[ring[head]]);
+    struct vks_scan_result res;
     for (uint32_t i = 0; i < n; i++) {
         if (vks_stream_close(v[i], &res, &err) != 0)
             die("vks_stream_close", err.msg);
         hits += result_hits(&res);
     }
+    free(ring);
     free(v);
     vks_client_close(c);
     return hits;
@@ -578,8 +619,22 @@ static void run_flows(const struct opts *o)
     struct built b;
     build_both(&rs, HS_MODE_STREAM, &b);
     uint64_t bytes = (uint64_t)o->streams * o->write;
-    struct flows f = {
-        .o = o, .b = &b, .corpus = literal_corpus(o->flows_regex ? &inst : &rs, bytes, o->threads)};
+    struct flows f = {.o = o,
+                      .b = &b,
+                      .corpus = literal_corpus(o->flows_regex ? &inst : &rs, bytes, o->threads),
+                      .corpus_fd = -1};
+    if (o->socket != NULL && o->flows_fd) {
+        f.corpus_fd = memfd_create("stream_bench-flows", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        for (uint64_t at = 0; f.corpus_fd >= 0 && at < bytes;) {
+            ssize_t k = write(f.corpus_fd, f.corpus + at, bytes - at);
+            if (k <= 0)
+                die("write", "cannot fill the flows' memfd");
+            at += (uint64_t)k;
+        }
+        if (f.corpus_fd < 0 || fcntl(f.corpus_fd, F_ADD_SEALS,
+                                     F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+            die("memfd_create", strerror(errno));
+    }
     struct vks_client *c = NULL;
     struct vks_catalog *vc = NULL;
     if (o->socket != NULL) {
@@ -603,6 +658,9 @@ static void run_flows(const struct opts *o)
            "%u threads, %s, median of %u\n",
            o->streams, o->rounds, o->write, name, b.rules, o->threads,
            o->socket ? "through vkscand" : "in process", o->iters);
+    if (o->socket != NULL)
+        printf("through vkscand: %u writes in flight per connection, %s\n", o->window,
+               o->flows_fd ? "as ranges of a memfd" : "inline");
     printf("%-8s %9s %9s %7s %9s %9s %12s %12s %s\n", "", "vkscanGB/s", "hsGB/s", "ratio",
            "blockGB/s", "vks/blk", "vkscan hits", "hs hits", "equal");
     printf("%-8s %9.4f %9.4f %7.3f %9.4f %9.3f %12" PRIu64 " %12" PRIu64 " %s\n", "flows", mo, mh,
@@ -617,6 +675,8 @@ static void run_flows(const struct opts *o)
     free(hs);
     free(blk);
     hs_free_scratch(f.proto);
+    if (f.corpus_fd >= 0)
+        close(f.corpus_fd);
     free((void *)f.corpus);
     vks_catalog_destroy(vc);
     vks_client_close(c);
@@ -912,7 +972,8 @@ static void usage(void)
             "                    [--large BYTES] [--large-write BYTES] [--file PATH]\n"
             "                    [--regexes N] [--data DIR] [--socket PATH] [--no-hs]\n"
             "                    [--flows-set literals|regex] [--stream-threads T]\n"
-            "                    [--piece BYTES] [--fast-min BYTES]\n");
+            "                    [--piece BYTES] [--fast-min BYTES] [--window N]\n"
+            "                    [--flows-fd]\n");
     exit(2);
 }
 
@@ -928,11 +989,15 @@ static void parse_opts(int argc, char **argv, struct opts *o)
                        .large = 1ull << 30,
                        .large_write = 1u << 20,
                        .data = "../shared/data",
-                       .fast_min = UINT64_MAX};
+                       .fast_min = UINT64_MAX,
+                       .window = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--no-hs") == 0) {
-            o->no_hs = true;
+        if (strcmp(a, "--no-hs") == 0 || strcmp(a, "--flows-fd") == 0) {
+            if (a[2] == 'n')
+                o->no_hs = true;
+            else
+                o->flows_fd = true;
             continue;
         }
         if (v == NULL)
@@ -960,6 +1025,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->stream_threads = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--piece") == 0)
             o->piece = parse_size(v);
+        else if (strcmp(a, "--window") == 0)
+            o->window = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--fast-min") == 0)
             o->fast_min = parse_size(v);
         else if (strcmp(a, "--file") == 0)
@@ -979,7 +1046,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
     }
     if (o->threads == 0 || o->threads > o->streams || o->iters == 0 || o->rounds == 0 ||
         o->write < 4096 || o->write > UINT32_MAX || o->large < 4096 || o->large_write == 0 ||
-        o->large_write > UINT32_MAX || o->literals == 0 || o->regexes == 0)
+        o->large_write > UINT32_MAX || o->literals == 0 || o->regexes == 0 || o->window == 0)
         usage();
 }
 

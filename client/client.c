@@ -1,10 +1,14 @@
 /*
- * libvkscan: one synchronous connection to vkscand (vkscan/vkscan.h).
+ * libvkscan: one connection to vkscand (vkscan/vkscan.h).
  *
- * Every call goes through call(): encode, send, wait for the reply with the
- * same id (older replies, left over from a call that timed out, are
- * dropped), decode. A broken connection is closed at once; idempotent calls
- * reconnect and retry with a doubling backoff.
+ * Every call but a pipelined stream write goes through call(): encode,
+ * send, wait for the reply with the same id, decode. A broken connection
+ * is closed at once; idempotent calls reconnect and retry with a doubling
+ * backoff. Pipelined writes (vks_stream_write_send) leave their ids in
+ * `pend`; a reply that arrives while the client waits for another one, or
+ * while it sends, is kept in `stash` if its id is pending and dropped
+ * otherwise. Sending reads the replies that arrived first, and reads more
+ * while the socket is full, so that neither side blocks on the other.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -47,6 +51,16 @@ struct vks_client {
     struct proto_reader *reader;
     struct proto_buf out;
     struct vks_server_info info;
+    /* pipelined writes: ids sent and not received, replies read early */
+    uint32_t *pend;
+    size_t n_pend, cap_pend;
+    struct stashed *stash;
+};
+
+/* A reply read before anyone asked for it. */
+struct stashed {
+    struct stashed *next;
+    struct proto_reply *rep;
 };
 
 struct vks_catalog {
@@ -154,6 +168,45 @@ static void drop_connection(struct vks_client *c)
     c->fd = -1;
     proto_reader_destroy(c->reader);
     c->reader = NULL;
+    while (c->stash != NULL) { /* the writes of this connection's streams are gone */
+        struct stashed *x = c->stash;
+        c->stash = x->next;
+        proto_reply_destroy(x->rep);
+        free(x);
+    }
+    c->n_pend = 0;
+}
+
+static bool pending(const struct vks_client *c, uint32_t id)
+{
+    for (size_t i = 0; i < c->n_pend; i++)
+        if (c->pend[i] == id)
+            return true;
+    return false;
+}
+
+static void pend_remove(struct vks_client *c, uint32_t id)
+{
+    for (size_t i = 0; i < c->n_pend; i++)
+        if (c->pend[i] == id) {
+            c->pend[i] = c->pend[--c->n_pend];
+            return;
+        }
+}
+
+/* Takes the stashed reply with `id`, or NULL. */
+static struct proto_reply *unstash(struct vks_client *c, uint32_t id)
+{
+    for (struct stashed **p = &c->stash; *p != NULL; p = &(*p)->next) {
+        if ((*p)->rep->id != id)
+            continue;
+        struct stashed *x = *p;
+        struct proto_reply *rep = x->rep;
+        *p = x->next;
+        free(x);
+        return rep;
+    }
+    return NULL;
 }
 
 /* A non-blocking connect: Unix sockets answer at once, except EAGAIN when the
@@ -197,25 +250,21 @@ static int open_socket(struct vks_client *c, struct vks_error *err)
                : 0;
 }
 
-/* Reads until the frame with `id` has arrived or the deadline passes. */
-static int read_reply(struct vks_client *c, uint32_t id, int64_t deadline, struct proto_reply **out,
-                      struct vks_error *err)
+/*
+ * Reads and decodes the replies the socket holds, until the one with `id`
+ * (0: none) is complete, and returns 1 with it in *out. Others are stashed
+ * when pending, dropped otherwise. Returns 0 when the socket is empty
+ * (-EAGAIN of a non-blocking read), or an error.
+ */
+static int read_some(struct vks_client *c, uint32_t id, struct proto_reply **out,
+                     struct vks_error *err)
 {
     for (;;) {
         int rc = proto_reader_recv(c->reader, c->fd, err);
         if (rc == PROTO_RECV_EOF)
             return vks_error_set(err, -ECONNRESET, "vkscand closed the connection");
-        if (rc == -EAGAIN) {
-            int64_t left = deadline - now_ms();
-            if (left <= 0)
-                return vks_error_set(err, -ETIMEDOUT,
-                                     "no reply from vkscand within the timeout: raise "
-                                     "io_timeout_ms or check the daemon");
-            struct pollfd p = {.fd = c->fd, .events = POLLIN};
-            if (poll(&p, 1, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR)
-                return vks_error_set(err, -errno, "poll(): %s", strerror(errno));
-            continue;
-        }
+        if (rc == -EAGAIN)
+            return 0;
         if (rc == -ENOMEM) {
             /* The reader refuses further input: this connection is done. */
             drop_connection(c);
@@ -226,8 +275,9 @@ static int read_reply(struct vks_client *c, uint32_t id, int64_t deadline, struc
         if (rc != PROTO_RECV_FRAME)
             continue;
         struct proto_frame f;
+        struct proto_reply *rep = NULL;
         proto_reader_take(c->reader, &f);
-        rc = proto_reply_decode(&f, &c->lim, out, err);
+        rc = proto_reply_decode(&f, &c->lim, &rep, err);
         if (rc == -ENOMEM) /* the frame was read whole: the connection stays in step */
             return vks_error_set(err, -ENOMEM, "out of memory decoding a reply from vkscand");
         if (rc < 0) {
@@ -236,11 +286,92 @@ static int read_reply(struct vks_client *c, uint32_t id, int64_t deadline, struc
             return vks_error_set(err, -VKS_E_PROTOCOL, "vkscand sent a malformed reply (%s): %s",
                                  proto_strerror(rc), why);
         }
-        if ((*out)->id == id)
-            return 0;
-        proto_reply_destroy(*out); /* a late reply to an abandoned request */
-        *out = NULL;
+        if (id != 0 && rep->id == id) {
+            *out = rep;
+            return 1;
+        }
+        struct stashed *x = pending(c, rep->id) ? malloc(sizeof(*x)) : NULL;
+        if (x == NULL) {
+            if (pending(c, rep->id)) {
+                proto_reply_destroy(rep); /* a pipelined write's reply is lost */
+                return vks_error_set(err, -ENOMEM, "out of memory keeping a reply");
+            }
+            proto_reply_destroy(rep); /* a reply to no request of ours */
+            continue;
+        }
+        *x = (struct stashed){.next = c->stash, .rep = rep};
+        c->stash = x;
     }
+}
+
+/* Waits until the reply with `id` has arrived (or was stashed before) or
+ * the deadline passes. */
+static int read_reply(struct vks_client *c, uint32_t id, int64_t deadline, struct proto_reply **out,
+                      struct vks_error *err)
+{
+    if ((*out = unstash(c, id)) != NULL)
+        return 0;
+    for (;;) {
+        int rc = read_some(c, id, out, err);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
+        int64_t left = deadline - now_ms();
+        if (left <= 0)
+            return vks_error_set(err, -ETIMEDOUT,
+                                 "no reply from vkscand within the timeout: raise "
+                                 "io_timeout_ms or check the daemon");
+        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        if (poll(&p, 1, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR)
+            return vks_error_set(err, -errno, "poll(): %s", strerror(errno));
+    }
+}
+
+/* Sends c->out (with `fds` on its first byte). With pipelined writes in
+ * flight it first takes the replies that arrived, and keeps taking them
+ * while the socket is full: the daemon stops reading a client whose
+ * replies pile up, and closes one that leaves too many unread. */
+static int send_out(struct vks_client *c, const int *fds, size_t n_fds, struct vks_error *err)
+{
+    if (c->n_pend == 0)
+        return proto_send(c->fd, c->out.data, c->out.len, fds, n_fds, (int)c->opt.io_timeout_ms,
+                          err);
+    int64_t deadline = now_ms() + c->opt.io_timeout_ms;
+    size_t off = 0;
+    for (;;) {
+        int rc = read_some(c, 0, NULL, err);
+        if (rc < 0)
+            return rc;
+        rc = proto_send_some(c->fd, c->out.data, c->out.len, &off, fds, n_fds, err);
+        if (rc != -EAGAIN)
+            return rc;
+        int64_t left = deadline - now_ms();
+        if (left <= 0)
+            return vks_error_set(err, -ETIMEDOUT,
+                                 "sending a request timed out: vkscand stopped reading");
+        struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLOUT};
+        if (poll(&p, 1, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR)
+            return vks_error_set(err, -errno, "poll(): %s", strerror(errno));
+    }
+}
+
+static uint32_t take_id(struct vks_client *c)
+{
+    uint32_t id = c->next_id++;
+    if (c->next_id == 0)
+        c->next_id = 1;
+    return id;
+}
+
+/* A reply that carries an error becomes the call's error. */
+static int reply_error(struct proto_reply **rep, struct vks_error *err)
+{
+    int rc = (*rep)->error.code;
+    if (rc == 0)
+        return 0;
+    vks_error_set(err, rc, "vkscand: %s", (*rep)->error.msg);
+    proto_reply_destroy(*rep);
+    *rep = NULL;
+    return rc;
 }
 
 /* Whether an error means "the connection is gone", which a retry can heal. */
@@ -254,25 +385,17 @@ static bool is_lost(int rc)
 static int exchange(struct vks_client *c, struct proto_request *req, const int *fds, size_t n_fds,
                     uint32_t extra_ms, struct proto_reply **out, struct vks_error *err)
 {
-    req->id = c->next_id++;
-    if (c->next_id == 0)
-        c->next_id = 1;
+    req->id = take_id(c);
     proto_buf_reset(&c->out);
     int rc = proto_request_encode(&c->out, req, err);
     if (rc < 0)
         return rc;
     int64_t deadline = now_ms() + c->opt.io_timeout_ms + extra_ms;
-    rc = proto_send(c->fd, c->out.data, c->out.len, fds, n_fds, (int)c->opt.io_timeout_ms, err);
+    rc = send_out(c, fds, n_fds, err);
     if (rc < 0)
         return rc;
     rc = read_reply(c, req->id, deadline, out, err);
-    if (rc == 0 && (*out)->error.code != 0) {
-        rc = (*out)->error.code;
-        vks_error_set(err, rc, "vkscand: %s", (*out)->error.msg);
-        proto_reply_destroy(*out);
-        *out = NULL;
-    }
-    return rc;
+    return rc == 0 ? reply_error(out, err) : rc;
 }
 
 static int do_hello(struct vks_client *c, struct vks_error *err);
@@ -423,6 +546,7 @@ void vks_client_close(struct vks_client *c)
         memfd_drop(c, i);
     drop_connection(c);
     proto_buf_finish(&c->out);
+    free(c->pend);
     free(c->path);
     free(c);
 }
@@ -991,6 +1115,9 @@ struct vks_stream {
     /* Why the stream is unusable, or "": a write whose reply was lost may
      * have been applied, so its matches and the offset are unknown. */
     char broken[160];
+    /* pipelined writes in flight, oldest first: a ring of request ids */
+    uint32_t *q;
+    uint32_t q_head, q_n, q_cap;
 };
 
 void vks_stream_options_init(struct vks_stream_options *opt)
@@ -1047,32 +1174,112 @@ static bool daemon_refused(int rc)
     return -rc >= VKS_E_BASE && rc != -VKS_E_PROTOCOL && rc != -VKS_E_CLOSED;
 }
 
-/* Sends a stream.write or stream.close and fills `res` from its reply. A
- * write whose reply is lost (timeout, garbled or undecodable reply, memory,
- * lost connection) may have been applied by the daemon: the stream is then
- * unusable, and says so, rather than lose matches and offsets silently. A
- * stream whose connection was dropped is gone (its id may name another
- * stream on the new connection). */
-static int stream_call(struct vks_stream *s, struct proto_request *req, const int *fds,
-                       size_t n_fds, struct vks_scan_result *res, struct vks_error *err)
+/* 0 when the stream can take a request, else its error. */
+static int stream_usable(struct vks_stream *s, struct vks_error *err)
 {
-    struct proto_reply *rep = NULL;
     if (s->broken[0] == '\0' && (s->c->drops != s->drops || s->c->fd < 0))
         snprintf(s->broken, sizeof(s->broken), "its connection to vkscand was lost");
-    if (s->broken[0] != '\0')
-        return vks_error_set(err, -VKS_E_CLOSED,
-                             "stream %u is unusable: %s, so its matches and offset since "
-                             "then are unknown: open a new stream and write from a known "
-                             "offset",
-                             s->id, s->broken);
-    req->u.stream.stream = s->id;
-    int rc = call(s->c, req, fds, n_fds, false, 0, &rep, err);
-    if (rc < 0 && !daemon_refused(rc) && req->op == PROTO_OP_STREAM_WRITE)
+    if (s->broken[0] == '\0')
+        return 0;
+    s->q_n = 0; /* the replies of its writes in flight are gone with it */
+    return vks_error_set(err, -VKS_E_CLOSED,
+                         "stream %u is unusable: %s, so its matches and offset since "
+                         "then are unknown: open a new stream and write from a known "
+                         "offset",
+                         s->id, s->broken);
+}
+
+/* A write whose reply is lost (timeout, garbled or undecodable reply,
+ * memory, lost connection) may have been applied by the daemon: the stream
+ * is then unusable, and says so, rather than lose matches and offsets
+ * silently. After a timeout or a garbled reply the connection is out of
+ * step and is dropped; so is one that broke. */
+static int stream_lost(struct vks_stream *s, bool write, int rc, struct vks_error *err)
+{
+    if (daemon_refused(rc))
+        return rc;
+    if (write)
         snprintf(s->broken, sizeof(s->broken),
                  "the reply of the write at offset %llu was lost (%.80s)",
                  (unsigned long long)s->offset, err != NULL ? err->msg : proto_strerror(rc));
+    if (rc == -ETIMEDOUT || rc == -VKS_E_PROTOCOL || is_lost(rc))
+        drop_connection(s->c);
+    if (!is_lost(rc))
+        return rc;
+    char why[sizeof(err->msg)]; /* err->msg cannot be both source and target */
+    snprintf(why, sizeof(why), "%s",
+             err != NULL && err->msg[0] != '\0' ? err->msg : proto_strerror(rc));
+    return vks_error_set(err, rc, "connection to vkscand at %s lost: %s", s->c->path, why);
+}
+
+/* Sends a stream.write or stream.close without waiting for its reply; the
+ * id joins the stream's queue and the client's pending set. */
+static int stream_send(struct vks_stream *s, struct proto_request *req, const int *fds,
+                       size_t n_fds, struct vks_error *err)
+{
+    struct vks_client *c = s->c;
+    int rc = stream_usable(s, err);
     if (rc < 0)
         return rc;
+    if (s->q_n == s->q_cap || c->n_pend == c->cap_pend) {
+        uint32_t qc = s->q_n == s->q_cap ? (s->q_cap ? 2 * s->q_cap : 8) : s->q_cap;
+        uint32_t *q = qc != s->q_cap ? malloc(qc * sizeof(*q)) : s->q;
+        size_t pc = c->n_pend == c->cap_pend ? (c->cap_pend ? 2 * c->cap_pend : 16) : c->cap_pend;
+        uint32_t *pend = pc != c->cap_pend ? realloc(c->pend, pc * sizeof(*pend)) : c->pend;
+        if (pend != NULL) {
+            c->pend = pend;
+            c->cap_pend = pc;
+        }
+        if (q == NULL || pend == NULL) {
+            if (q != s->q)
+                free(q);
+            return vks_error_set(err, -ENOMEM, "out of memory queueing a stream request");
+        }
+        if (q != s->q) { /* unroll the ring */
+            for (uint32_t i = 0; i < s->q_n; i++)
+                q[i] = s->q[(s->q_head + i) % s->q_cap];
+            free(s->q);
+            s->q = q;
+            s->q_head = 0;
+            s->q_cap = qc;
+        }
+    }
+    req->id = take_id(c);
+    req->u.stream.stream = s->id;
+    proto_buf_reset(&c->out);
+    rc = proto_request_encode(&c->out, req, err);
+    if (rc < 0)
+        return rc; /* nothing was sent */
+    rc = send_out(c, fds, n_fds, err);
+    if (rc < 0) { /* part of the frame may have gone: the connection is out of step */
+        stream_lost(s, req->op == PROTO_OP_STREAM_WRITE, rc, err);
+        drop_connection(c);
+        return rc;
+    }
+    s->q[(s->q_head + s->q_n++) % s->q_cap] = req->id;
+    c->pend[c->n_pend++] = req->id;
+    return 0;
+}
+
+/* Waits for the reply of the stream's oldest request in flight and fills
+ * `res` (NULL: discarded) from it. */
+static int stream_recv(struct vks_stream *s, bool write, struct vks_scan_result *res,
+                       struct vks_error *err)
+{
+    struct vks_client *c = s->c;
+    int rc = stream_usable(s, err);
+    if (rc < 0)
+        return rc;
+    uint32_t id = s->q[s->q_head];
+    struct proto_reply *rep = NULL;
+    rc = read_reply(c, id, now_ms() + c->opt.io_timeout_ms, &rep, err);
+    s->q_head = (s->q_head + 1) % s->q_cap;
+    s->q_n--;
+    pend_remove(c, id);
+    if (rc == 0)
+        rc = reply_error(&rep, err);
+    if (rc < 0)
+        return stream_lost(s, write, rc, err);
     if (rep->u.scan.n_buffers > 0)
         s->offset += rep->u.scan.buffers[0].bytes;
     if (res == NULL) {
@@ -1082,35 +1289,107 @@ static int stream_call(struct vks_stream *s, struct proto_request *req, const in
     return fill_scan_result(rep, res, err);
 }
 
+/* A stream.write or stream.close, to its reply. */
+static int stream_call(struct vks_stream *s, struct proto_request *req, const int *fds,
+                       size_t n_fds, struct vks_scan_result *res, struct vks_error *err)
+{
+    if (s->q_n > 0 && stream_usable(s, err) == 0)
+        return vks_error_set(err, -EBUSY,
+                             "stream %u has %u pipelined writes in flight: take their replies "
+                             "with vks_stream_write_recv first",
+                             s->id, s->q_n);
+    int rc = stream_send(s, req, fds, n_fds, err);
+    return rc < 0 ? rc : stream_recv(s, req->op == PROTO_OP_STREAM_WRITE, res, err);
+}
+
+/* The request of a write of `len` bytes at `data`, or of a descriptor
+ * range when *fd >= 0 on return (a large inline write moves into a sealed
+ * memfd, which the caller closes). */
+static int write_request(struct vks_stream *s, const void *data, size_t len,
+                         struct proto_request *req, int *fd, struct vks_error *err)
+{
+    *fd = -1;
+    *req = (struct proto_request){.op = PROTO_OP_STREAM_WRITE};
+    if (data == NULL && len > 0)
+        return vks_error_set(err, -EINVAL, "stream write of %zu bytes has no data", len);
+    if (len > 0 && (uint64_t)len >= s->c->opt.memfd_threshold &&
+        (*fd = make_memfd(data, len)) >= 0) { /* large writes travel as a sealed memfd */
+        req->u.stream.buffer =
+            (struct proto_buffer){.is_fd = true, .offset = 0, .length = len, .has_length = true};
+        return 0;
+    }
+    req->u.stream.buffer = (struct proto_buffer){.data = data, .len = len};
+    return 0;
+}
+
+static int fd_request(int fd, uint64_t offset, uint64_t length, struct proto_request *req,
+                      struct vks_error *err)
+{
+    *req = (struct proto_request){.op = PROTO_OP_STREAM_WRITE};
+    if (fd < 0)
+        return vks_error_set(err, -EINVAL, "stream write: descriptor %d is invalid", fd);
+    req->u.stream.buffer = (struct proto_buffer){
+        .is_fd = true, .offset = offset, .length = length, .has_length = length != 0};
+    return 0;
+}
+
 int vks_stream_write(struct vks_stream *s, const void *data, size_t len,
                      struct vks_scan_result *res, struct vks_error *err)
 {
     memset(res, 0, sizeof(*res));
-    if (data == NULL && len > 0)
-        return vks_error_set(err, -EINVAL, "stream write of %zu bytes has no data", len);
-    if (len > 0 && (uint64_t)len >= s->c->opt.memfd_threshold) {
-        int fd = make_memfd(data, len); /* large writes travel as a sealed memfd */
-        if (fd >= 0) {
-            int rc = vks_stream_write_fd(s, fd, 0, len, res, err);
-            close(fd);
-            return rc;
-        }
-    }
-    struct proto_request req = {.op = PROTO_OP_STREAM_WRITE};
-    req.u.stream.buffer = (struct proto_buffer){.data = data, .len = len};
-    return stream_call(s, &req, NULL, 0, res, err);
+    struct proto_request req;
+    int fd;
+    int rc = write_request(s, data, len, &req, &fd, err);
+    if (rc == 0)
+        rc = stream_call(s, &req, fd >= 0 ? &fd : NULL, fd >= 0, res, err);
+    if (fd >= 0)
+        close(fd);
+    return rc;
 }
 
 int vks_stream_write_fd(struct vks_stream *s, int fd, uint64_t offset, uint64_t length,
                         struct vks_scan_result *res, struct vks_error *err)
 {
     memset(res, 0, sizeof(*res));
-    if (fd < 0)
-        return vks_error_set(err, -EINVAL, "stream write: descriptor %d is invalid", fd);
-    struct proto_request req = {.op = PROTO_OP_STREAM_WRITE};
-    req.u.stream.buffer = (struct proto_buffer){
-        .is_fd = true, .offset = offset, .length = length, .has_length = length != 0};
-    return stream_call(s, &req, &fd, 1, res, err);
+    struct proto_request req;
+    int rc = fd_request(fd, offset, length, &req, err);
+    return rc < 0 ? rc : stream_call(s, &req, &fd, 1, res, err);
+}
+
+int vks_stream_write_send(struct vks_stream *s, const void *data, size_t len, struct vks_error *err)
+{
+    struct proto_request req;
+    int fd;
+    int rc = write_request(s, data, len, &req, &fd, err);
+    if (rc == 0)
+        rc = stream_send(s, &req, fd >= 0 ? &fd : NULL, fd >= 0, err);
+    if (fd >= 0)
+        close(fd); /* the message in the socket holds its own reference */
+    return rc;
+}
+
+int vks_stream_write_fd_send(struct vks_stream *s, int fd, uint64_t offset, uint64_t length,
+                             struct vks_error *err)
+{
+    struct proto_request req;
+    int rc = fd_request(fd, offset, length, &req, err);
+    return rc < 0 ? rc : stream_send(s, &req, &fd, 1, err);
+}
+
+int vks_stream_write_recv(struct vks_stream *s, struct vks_scan_result *res, struct vks_error *err)
+{
+    memset(res, 0, sizeof(*res));
+    if (s->q_n == 0)
+        return vks_error_set(err, -EINVAL,
+                             "stream %u has no pipelined write in flight: send one with "
+                             "vks_stream_write_send",
+                             s->id);
+    return stream_recv(s, true, res, err);
+}
+
+uint32_t vks_stream_inflight(const struct vks_stream *s)
+{
+    return s->q_n;
 }
 
 int vks_stream_close(struct vks_stream *s, struct vks_scan_result *res, struct vks_error *err)
@@ -1123,10 +1402,18 @@ int vks_stream_close(struct vks_stream *s, struct vks_scan_result *res, struct v
     int rc;
     if (s->c->fd < 0 || s->c->drops != s->drops) {
         rc = vks_error_set(err, -VKS_E_CLOSED, "the connection of stream %u is gone", s->id);
+    } else if (s->q_n > 0) {
+        /* the one failure that leaves the stream open: its writes' hits
+         * are still to be taken */
+        return vks_error_set(err, -EBUSY,
+                             "stream %u has %u pipelined writes in flight: take their replies "
+                             "with vks_stream_write_recv, then close it",
+                             s->id, s->q_n);
     } else {
         s->broken[0] = '\0'; /* an unusable stream is still closed, to free the daemon's state */
         rc = stream_call(s, &req, NULL, 0, res, err);
     }
+    free(s->q);
     free(s);
     return rc;
 }

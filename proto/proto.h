@@ -220,6 +220,17 @@ void proto_buf_reset(struct proto_buf *b);
 int proto_send(int sock, const void *data, size_t len, const int *fds, size_t n_fds, int timeout_ms,
                struct vks_error *err);
 
+/*
+ * The non-blocking step of proto_send: writes what the socket takes of
+ * data[*off..len), advancing *off (the descriptors go with byte 0, so
+ * start with *off = 0). Returns 0 once all is sent, -EAGAIN when the
+ * socket is full (poll for POLLOUT and call again), or another -errno.
+ * A client that has requests in flight reads replies while it waits
+ * (client.c), so that neither side blocks on a full socket.
+ */
+int proto_send_some(int sock, const void *data, size_t len, size_t *off, const int *fds,
+                    size_t n_fds, struct vks_error *err);
+
 /* ---- requests --------------------------------------------------------- */
 
 /* Strings in decoded messages are NUL-terminated unless a length is given

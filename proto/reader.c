@@ -290,8 +290,8 @@ static int wait_writable(int sock, int64_t deadline, struct vks_error *err)
     }
 }
 
-int proto_send(int sock, const void *data, size_t len, const int *fds, size_t n_fds, int timeout_ms,
-               struct vks_error *err)
+int proto_send_some(int sock, const void *data, size_t len, size_t *off, const int *fds,
+                    size_t n_fds, struct vks_error *err)
 {
     union {
         struct cmsghdr align;
@@ -302,14 +302,11 @@ int proto_send(int sock, const void *data, size_t len, const int *fds, size_t n_
                              "%zu descriptors with %zu bytes: at most %u, and "
                              "descriptors need at least one byte to travel with",
                              n_fds, len, PROTO_MAX_FDS_CEILING);
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
     const uint8_t *p = data;
-    size_t off = 0;
-    bool fds_sent = n_fds == 0;
-    while (off < len) {
-        struct iovec iov = {.iov_base = (void *)(p + off), .iov_len = len - off};
+    while (*off < len) {
+        struct iovec iov = {.iov_base = (void *)(p + *off), .iov_len = len - *off};
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-        if (!fds_sent) {
+        if (*off == 0 && n_fds > 0) {
             memset(ctl.buf, 0, sizeof(ctl.buf));
             msg.msg_control = ctl.buf;
             msg.msg_controllen = CMSG_SPACE(sizeof(int) * n_fds);
@@ -321,17 +318,29 @@ int proto_send(int sock, const void *data, size_t len, const int *fds, size_t n_
         }
         ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n >= 0) {
-            off += (size_t)n;
-            fds_sent = true;
+            *off += (size_t)n;
             continue;
         }
         if (errno == EINTR)
             continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return vks_error_set(err, -errno, "sending a frame failed: %s", strerror(errno));
-        int rc = wait_writable(sock, deadline, err);
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return -EAGAIN;
+        return vks_error_set(err, -errno, "sending a frame failed: %s", strerror(errno));
+    }
+    return 0;
+}
+
+int proto_send(int sock, const void *data, size_t len, const int *fds, size_t n_fds, int timeout_ms,
+               struct vks_error *err)
+{
+    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    size_t off = 0;
+    for (;;) {
+        int rc = proto_send_some(sock, data, len, &off, fds, n_fds, err);
+        if (rc != -EAGAIN)
+            return rc;
+        rc = wait_writable(sock, deadline, err);
         if (rc < 0)
             return rc;
     }
-    return 0;
 }

@@ -1273,6 +1273,32 @@ static void collect(const struct vks_scan_result *res, struct scan_hits *all, ui
     }
 }
 
+/* Closes `s`, adds the close's hits to `got`, and checks them against a
+ * block scan of `data` by the same daemon (at least `min_hits`); frees
+ * `got` and `data`. */
+static void close_equals_block(struct vks_client *c, struct vks_catalog *cat, struct vks_stream *s,
+                               struct str *data, struct scan_hits *got, size_t min_hits)
+{
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_stream_close(s, &res, &err), 0);
+    collect(&res, got, data->n);
+    vks_scan_result_finish(&res);
+    struct vks_buffer b = {.kind = VKS_BUFFER_INLINE, .data = data->p, .len = data->n};
+    struct vks_scan_result block;
+    ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), &b, 1, NULL, &block, &err),
+                     0);
+    ck_assert_uint_eq(got->n, block.n_hits);
+    for (size_t i = 0; i < got->n; i++) {
+        ck_assert_uint_eq(got->v[i].rule, block.hits[i].rule);
+        ck_assert_uint_eq(got->v[i].end, block.hits[i].end);
+    }
+    ck_assert_uint_gt(got->n, min_hits);
+    vks_scan_result_finish(&block);
+    scan_hits_finish(got);
+    free(data->p);
+}
+
 /* Random data in random writes (inline and fd) through the daemon: the
  * stream's hits equal a block scan of the concatenation by the same daemon. */
 START_TEST(test_daemon_stream_equals_block)
@@ -1407,26 +1433,8 @@ START_TEST(test_daemon_stream_gpu_batches)
         collect(&res, &got[k], at[k]);
         vks_scan_result_finish(&res);
     }
-    for (int k = 0; k < 2; k++) {
-        struct vks_scan_result res;
-        struct vks_error err = {0};
-        ck_assert_int_eq(vks_stream_close(s[k], &res, &err), 0);
-        collect(&res, &got[k], data[k].n);
-        vks_scan_result_finish(&res);
-        struct vks_buffer b = {.kind = VKS_BUFFER_INLINE, .data = data[k].p, .len = data[k].n};
-        struct vks_scan_result block;
-        ck_assert_int_eq(
-            vks_client_scan(c, vks_catalog_fingerprint(cat), &b, 1, NULL, &block, &err), 0);
-        ck_assert_uint_eq(got[k].n, block.n_hits);
-        for (size_t i = 0; i < got[k].n; i++) {
-            ck_assert_uint_eq(got[k].v[i].rule, block.hits[i].rule);
-            ck_assert_uint_eq(got[k].v[i].end, block.hits[i].end);
-        }
-        ck_assert_uint_gt(got[k].n, 4000);
-        vks_scan_result_finish(&block);
-        scan_hits_finish(&got[k]);
-        free(data[k].p);
-    }
+    for (int k = 0; k < 2; k++)
+        close_equals_block(c, cat, s[k], &data[k], &got[k], 4000);
     uint64_t batched = stat_of(c, "stream.batch_writes");
     printf("stream gpu batches: %" PRIu64 " of %" PRIu64 " writes, %" PRIu64 " bytes\n", batched,
            stat_of(c, "stream.writes"), stat_of(c, "stream.batch_bytes"));
@@ -1689,6 +1697,131 @@ START_TEST(test_daemon_gpu_middles_pipelined_and_leaving)
     ck_assert_uint_eq(stat_of(c, "stream.batch_gpu"), stat_of(c, "stream.batch_writes"));
     leave_with_big_writes(c, cat, a, id);
     ck_assert_uint_eq(stat_of(c, "stream.batch_fallbacks"), 0);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
+/* libvkscan's pipelined writes (vks_stream_write_send / _recv) on 8
+ * streams of one client, the GPU engine batching the middles (lavapipe;
+ * stream-gpu-min-bytes 1) and a daemon that reads at most 6 requests of
+ * the client ahead (tenant-max-requests), so sends wait while replies
+ * arrive: up to 48 writes in flight at random (1 byte to 6 KiB, inline and
+ * by descriptor), received at random, with a block scan through the same
+ * client in the middle (its reply waits behind the streams'), and a phase
+ * that sends 200 writes before receiving any. Each stream's hits equal a
+ * block scan of its concatenation; writes and closes on a stream with
+ * writes in flight fail with EBUSY and leave it usable; several middles
+ * share a scan batch. Fails when a reply read early is lost or handed to
+ * the wrong stream, when a stream's replies come back out of order, or
+ * when a client that sends without reading deadlocks. */
+START_TEST(test_daemon_lib_pipelined_streams)
+{
+    struct daemon d;
+    const char *const extra[] = {
+        "--engine", "gpu", "--stream-gpu-min-bytes", "1", "--tenant-max-requests", "6", NULL};
+    daemon_start(&d, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, brules, sizeof(brules) / sizeof(brules[0]));
+    rng_state = 0x51be11edu;
+    static const char *const plants[] = {"needle", "foo ", "foo",   "zq",     "zq\n", "abq",
+                                         "a",      "q",    "k123x", "k9x",    "\nst", "st",
+                                         "x",      " ",    "\n",    "k12345x"};
+    enum { NS = 8 };
+    struct str data[NS];
+    struct vks_stream *s[NS];
+    struct scan_hits got[NS];
+    size_t sent[NS], done[NS];
+    size_t lens[NS][512]; /* the lengths in flight, oldest first, as a ring */
+    uint32_t head[NS];
+    memset(data, 0, sizeof(data));
+    memset(got, 0, sizeof(got));
+    for (int k = 0; k < NS; k++) {
+        for (int i = 0; i < 40000; i++)
+            puts_(&data[k], plants[rnd(16)]);
+        s[k] = open_ok(c, cat);
+        sent[k] = done[k] = 0;
+        head[k] = 0;
+    }
+    struct vks_error err = {0};
+    struct vks_scan_result res;
+    uint32_t inflight = 0, round = 0;
+    bool blocked_checked = false, scanned = false;
+    for (;;) {
+        bool more = false;
+        for (int k = 0; k < NS; k++)
+            more |= sent[k] < data[k].n || vks_stream_inflight(s[k]) > 0;
+        if (!more)
+            break;
+        round++;
+        uint32_t cap = round > 400 && round < 700 ? 200 : 48; /* the burst phase */
+        int k = (int)rnd(NS);
+        bool can_send = sent[k] < data[k].n && inflight < cap;
+        if (can_send && (vks_stream_inflight(s[k]) == 0 || rnd(3) != 0 || cap == 200)) {
+            size_t n = 1 + rnd(rnd(4) == 0 ? 16 : 6144);
+            n = n > data[k].n - sent[k] ? data[k].n - sent[k] : n;
+            int rc;
+            if (rnd(5) == 0) {
+                FILE *f = tmpfile();
+                ck_assert_ptr_nonnull(f);
+                fwrite("junk", 1, 4, f);
+                fwrite(data[k].p + sent[k], 1, n, f);
+                fflush(f);
+                rc = vks_stream_write_fd_send(s[k], fileno(f), 4, n, &err);
+                fclose(f); /* the request in the socket holds its own reference */
+            } else {
+                rc = vks_stream_write_send(s[k], data[k].p + sent[k], n, &err);
+            }
+            ck_assert_msg(rc == 0, "stream write send: %d %s", rc, err.msg);
+            uint32_t q = vks_stream_inflight(s[k]);
+            ck_assert_uint_lt(q, 512);
+            lens[k][(head[k] + q - 1) % 512] = n;
+            sent[k] += n;
+            inflight++;
+            if (!blocked_checked && q >= 2) {
+                blocked_checked = true;
+                ck_assert_int_eq(vks_stream_write(s[k], "x", 1, &res, &err), -EBUSY);
+                ck_assert_int_eq(vks_stream_close(s[k], NULL, &err), -EBUSY); /* still open */
+                ck_assert_uint_eq(vks_stream_inflight(s[k]), q);
+            }
+            continue;
+        }
+        if (cap == 200 && inflight < cap && !can_send)
+            continue;
+        if (vks_stream_inflight(s[k]) == 0)
+            continue;
+        if (!scanned && inflight > 20) { /* a block scan's reply waits behind the streams' */
+            scanned = true;
+            struct vks_buffer b = {.kind = VKS_BUFFER_INLINE, .data = "needle", .len = 6};
+            ck_assert_int_eq(
+                vks_client_scan(c, vks_catalog_fingerprint(cat), &b, 1, NULL, &res, &err), 0);
+            ck_assert_uint_eq(res.n_hits, 1);
+            vks_scan_result_finish(&res);
+        }
+        int rc = vks_stream_write_recv(s[k], &res, &err);
+        ck_assert_msg(rc == 0, "stream write recv: %d %s", rc, err.msg);
+        done[k] += lens[k][head[k]];
+        head[k] = (head[k] + 1) % 512;
+        inflight--;
+        ck_assert_uint_eq(res.n_buffers, 1);
+        ck_assert_uint_eq(res.buffers[0].bytes, lens[k][(head[k] + 511) % 512]);
+        ck_assert_uint_eq(vks_stream_offset(s[k]), done[k]);
+        collect(&res, &got[k], done[k]);
+        vks_scan_result_finish(&res);
+    }
+    ck_assert(blocked_checked && scanned);
+    ck_assert_int_eq(vks_stream_write_recv(s[0], &res, &err), -EINVAL);
+    for (int k = 0; k < NS; k++)
+        close_equals_block(c, cat, s[k], &data[k], &got[k], 6000);
+    uint64_t batches = stat_of(c, "batches"), jobs = stat_of(c, "batched_scans");
+    printf("pipelined streams: %" PRIu64 " middles in batches, %" PRIu64 " scans in %" PRIu64
+           " batches\n",
+           stat_of(c, "stream.batch_writes"), jobs, batches);
+    ck_assert_uint_gt(stat_of(c, "stream.batch_writes"), 100);
+    ck_assert_uint_gt(jobs, batches); /* some batch took several streams' middles */
+    ck_assert_uint_eq(stat_of(c, "stream.batch_fallbacks"), 0);
+    ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
     vks_catalog_destroy(cat);
     vks_client_close(c);
     daemon_stop(&d);
@@ -2284,6 +2417,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_disconnect_with_open_streams);
     tcase_add_test(td, test_daemon_pipelined_writes_and_leaving);
     tcase_add_test(td, test_daemon_gpu_middles_pipelined_and_leaving);
+    tcase_add_test(td, test_daemon_lib_pipelined_streams);
     tcase_add_test(td, test_cli_pipe);
     tcase_add_test(td, test_cli_large_file_in_pieces);
     tcase_add_test(td, test_cli_tail);

@@ -415,8 +415,39 @@ int vks_stream_write_fd(struct vks_stream *s, int fd, uint64_t offset, uint64_t 
                         struct vks_scan_result *res, struct vks_error *err);
 
 /*
- * Ends the stream and frees `s` (also on failure; NULL allowed). `res` (may
- * be NULL) receives the matches only the end of data decides.
+ * Pipelined writes (added after 0.3, version node VKSCAN_0.4). vks_stream_write_send sends a write
+ * and returns without waiting for its reply: the bytes are copied into the
+ * request (or, from memfd_threshold bytes, into a sealed memfd), so `data`
+ * may be reused at once; a descriptor may be closed once _fd_send returns.
+ * vks_stream_write_recv waits for the reply of the stream's oldest write in
+ * flight and fills `res` as vks_stream_write does; replies come back in the
+ * order the stream's writes were sent. Many writes in flight on many
+ * streams of one client are what lets vkscand batch them: on a GPU, the
+ * writes of many streams run in one launch (docs/protocol.md, "Streams").
+ * The client takes the replies that arrived each time it sends, and while
+ * the socket is full, so it never blocks on a daemon that waits for it to
+ * read; the daemon stops reading past tenant-max-requests requests in
+ * flight, so a send then waits, at most io_timeout_ms.
+ *
+ * A write the daemon refused (its error reply) was not applied, and later
+ * writes of the stream were: the stream goes on past the gap. Any other
+ * failure makes the stream unusable, as above. While a stream has writes in
+ * flight, vks_stream_write, vks_stream_write_fd and vks_stream_close fail
+ * with -EBUSY (close then leaves the stream open): take the replies first.
+ * vks_stream_write_recv with none in flight fails with -EINVAL.
+ */
+int vks_stream_write_send(struct vks_stream *s, const void *data, size_t len,
+                          struct vks_error *err);
+int vks_stream_write_fd_send(struct vks_stream *s, int fd, uint64_t offset, uint64_t length,
+                             struct vks_error *err);
+int vks_stream_write_recv(struct vks_stream *s, struct vks_scan_result *res, struct vks_error *err);
+/* Writes sent and not yet received. */
+uint32_t vks_stream_inflight(const struct vks_stream *s);
+
+/*
+ * Ends the stream and frees `s` (also on failure, except -EBUSY above;
+ * NULL allowed). `res` (may be NULL) receives the matches only the end of
+ * data decides.
  */
 int vks_stream_close(struct vks_stream *s, struct vks_scan_result *res, struct vks_error *err);
 

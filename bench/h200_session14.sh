@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Session 14's H200 calls: pipelined stream writes (libvkscan's
+# vks_stream_write_send / _recv) from stream_bench's flows through vkscand.
+# Carry .gl (with .gl/extra), BUILD, build-shared, build-data.
+#
+#   bench/h200_session14.sh BUILD [steps...]
+#   steps: tests (test_gpu, and test_stream's daemon case on the GPU)
+#          flows (10,000 streams of 64 KiB writes against literals-10000:
+#          for each stream-gpu-min-bytes in MINS (default "16K 0"), each
+#          window in WINDOWS (default "1 64"), inline and (FD=1) by memfd
+#          range)
+#          each (every scan_bench workload in its own process)
+set -u
+B=${1:?usage: h200_session14.sh BUILD [steps...]}
+shift
+WHAT=${*:-tests flows}
+. "$(dirname "$0")/h200_env.sh"
+has() { case " $WHAT " in *" $1 "*) return 0 ;; esac; return 1; }
+if has tests; then
+    timeout 120 "$B/tests/test_gpu" >"$OUT/test_gpu.txt" 2>&1
+    echo "test_gpu exit $?: $(grep -E 'Checks' "$OUT/test_gpu.txt" | tail -n 1)"
+    grep -E ':[EF]:' "$OUT/test_gpu.txt" | head -n 5
+    VKSCAND=$B/daemon/vkscand VKSCAN=$B/client/vkscan CK_RUN_CASE=daemon timeout 200 \
+        "$B/tests/test_stream" >"$OUT/test_stream.txt" 2>&1
+    echo "test_stream (daemon) exit $?: $(grep -E 'Checks' "$OUT/test_stream.txt" | tail -n 1)"
+    grep -E ':[EF]:|gpu batches|pipelined' "$OUT/test_stream.txt" | head -n 5
+fi
+if has flows; then
+    W=/tmp/sb-work
+    MS=${MINS:-16K 0} WS=${WINDOWS:-1 64}
+    for min in $MS; do
+        rm -rf $W && mkdir -p $W
+        "$B/daemon/vkscand" --config "" --socket $W/s.sock --state-dir $W/state --engine gpu \
+            --log-level notice --stream-max-per-tenant 20000 --max-scan-bytes 8G \
+            --tenant-max-bytes 16G --stream-gpu-min-bytes $min ${DAEMON_ARGS:-} \
+            >"$OUT/vkscand_$min.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 200); do grep -q "ready on" "$OUT/vkscand_$min.log" && break; sleep 0.1; done
+        for win in $WS; do
+            for fd in ${FDS:-0 1}; do
+                name=flows_${min}_w${win}_fd$fd
+                hs=--no-hs
+                [ "$win" = "${WS%% *}" ] && [ "$fd" = 0 ] && [ "$min" = "${MS%% *}" ] && hs=
+                timeout 200 "$B/bench/stream_bench" --socket $W/s.sock --threads 16 --iters 3 \
+                    --only flows --streams 10000 --write 64K --rounds 2 --literals 10000 \
+                    --window $win $([ "$fd" = 1 ] && echo --flows-fd) $hs --data build-shared \
+                    >"$OUT/$name.txt" 2>&1
+                echo "$name exit $?: $(grep -E '^flows ' "$OUT/$name.txt")"
+            done
+        done
+        "$B/client/vkscan" --socket $W/s.sock status --json 2>/dev/null | tr ',' '\n' |
+            grep -E '"(stream\.(batch_writes|batch_gpu|writes)|batches|batched_scans)"' | tr '\n' ' '
+        echo
+        kill $pid
+        wait $pid 2>/dev/null
+        grep -iE 'error|warn' "$OUT/vkscand_$min.log" | head -n 3
+    done
+fi
+ALL=literals-1000,literals-10000,regex-500,regex-500-secrets,binary-20k,phrases-3k,dict-10,gitleaks-keywords,gitleaks-regex
+if has each; then
+    for w in ${ALL//,/ }; do
+        timeout 60 "$B/bench/scan_bench" --data build-shared --iters 5 --size 1G --buffer 1048576 \
+            --real-buffer 1048576 --only "$w" >"$OUT/scan_each-$w.txt" 2>&1
+        echo "scan_bench $w exit $?"
+        sed -n '/^median of iters/,/^$/p' "$OUT/scan_each-$w.txt" | grep -E "^$w "
+    done
+fi
