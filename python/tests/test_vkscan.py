@@ -339,6 +339,29 @@ def test_stream_equals_block_scan(client):
     assert len(got) > 100
 
 
+def test_stream_pipelined_send_recv(client):
+    # pieces of two streams sent before any reply: each stream's replies
+    # come back in the order sent, with its own offsets
+    cat = client.load("lit:/needle/\nword:/foo\\b/\n")
+    a, b = cat.stream(), cat.stream()
+    for i in range(20):
+        a.send(b"xx needle")
+        b.send(b"foo " if i % 2 else b"....")
+    assert a.inflight == 20 and b.inflight == 20
+    with pytest.raises(vkscan.Error):
+        a.close()  # pieces in flight: the stream stays open
+    with pytest.raises(vkscan.Error):
+        a.write(b"x")
+    for i in range(20):
+        assert [(m.rule, m.end) for m in b.recv()] == ([("word", 4 * i + 3)] if i % 2 else [])
+        assert [(m.rule, m.end) for m in a.recv()] == [("lit", 9 * i + 9)]
+    assert a.inflight == 0 and a.offset == 180
+    assert a.close() == [] and b.close() == []
+    c = cat.stream()
+    c.send(b"needle")
+    del c  # dropped with a piece in flight: its reply is taken, the stream closed
+
+
 def test_starts_of_flag_L_rules(client):
     cat = client.load("a:/foo.*bar/L\nb:/bar/\n")
     got = cat.scan(b"xfoo foo bar")

@@ -406,10 +406,27 @@ class Stream:
         """Scans the next piece; the matches it completes, in end order."""
         return self._matches(self._raw.write(data))
 
+    def send(self, data: Union[bytes, bytearray, memoryview]) -> None:
+        """Sends the next piece without waiting for its matches (pipelining:
+        the daemon batches the pieces of many streams); take them, in the
+        order sent, with recv(). `data` may be reused at once."""
+        self._raw.send(data)
+
+    def recv(self) -> List[Match]:
+        """The matches of the oldest piece sent with send()."""
+        return self._matches(self._raw.recv())
+
+    @property
+    def inflight(self) -> int:
+        """Pieces sent with send() whose matches recv() has not taken."""
+        return int(self._raw.inflight)
+
     def close(self) -> List[Match]:
-        """Ends the stream; the matches only the end of data decides."""
+        """Ends the stream; the matches only the end of data decides. With
+        pieces in flight it raises (EBUSY) and the stream stays open."""
+        hits = self._raw.close()
         self.closed = True
-        return self._matches(self._raw.close())
+        return self._matches(hits)
 
 
 def _scan_item(x: Any, opened: List[int]) -> Any:

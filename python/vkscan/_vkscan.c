@@ -594,8 +594,57 @@ static PyObject *stream_write(Stream *self, PyObject *arg)
     return l;
 }
 
+/* stream.write without waiting for the reply (vks_stream_write_send). */
+static PyObject *stream_send(Stream *self, PyObject *arg)
+{
+    if (self->st == NULL)
+        return raise_code(-VKS_E_BAD_VALUE, "the stream is closed: open a new one");
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (client_enter(self->client) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    struct vks_error err = {0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = vks_stream_write_send(self->st, view.buf, (size_t)view.len, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->client->lock);
+    PyBuffer_Release(&view);
+    if (rc != 0)
+        return raise_err(rc, &err);
+    Py_RETURN_NONE;
+}
+
+/* The reply of the oldest write sent (vks_stream_write_recv). */
+static PyObject *stream_recv(Stream *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->st == NULL)
+        return raise_code(-VKS_E_BAD_VALUE, "the stream is closed: open a new one");
+    if (client_enter(self->client) < 0)
+        return NULL;
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = vks_stream_write_recv(self->st, &res, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->client->lock);
+    if (rc != 0)
+        return raise_err(rc, &err);
+    PyObject *l = stream_hits(&res);
+    vks_scan_result_finish(&res);
+    return l;
+}
+
+static PyObject *stream_inflight(Stream *self, void *unused)
+{
+    (void)unused;
+    return PyLong_FromUnsignedLong(self->st != NULL ? vks_stream_inflight(self->st) : 0);
+}
+
 /* Ends the stream; with its client closed there is no connection to tell,
- * and the handle (a few bytes, borrowing the freed client) is left. */
+ * and the handle (a few bytes, borrowing the freed client) is left. With
+ * writes in flight it raises (EBUSY) and the stream stays open. */
 static PyObject *stream_close(Stream *self, PyObject *unused)
 {
     (void)unused;
@@ -611,7 +660,7 @@ static PyObject *stream_close(Stream *self, PyObject *unused)
     struct vks_error err = {0};
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = vks_stream_close(self->st, &res, &err);
-    Py_END_ALLOW_THREADS self->st = NULL;
+    Py_END_ALLOW_THREADS if (rc != -EBUSY) self->st = NULL;
     PyThread_release_lock(self->client->lock);
     if (rc != 0)
         return raise_err(rc, &err);
@@ -628,6 +677,16 @@ static PyObject *stream_offset(Stream *self, void *unused)
 
 static void stream_dealloc(Stream *self)
 {
+    /* a stream dropped with writes in flight: their replies are taken
+     * (and dropped with it) so that the close can free the daemon's state */
+    while (self->st != NULL && self->client->c != NULL && vks_stream_inflight(self->st) > 0) {
+        PyObject *r = stream_recv(self, NULL);
+        if (r == NULL) {
+            PyErr_Clear();
+            break;
+        }
+        Py_DECREF(r);
+    }
     if (self->st != NULL) {
         PyObject *r = stream_close(self, NULL);
         if (r == NULL)
@@ -641,11 +700,14 @@ static void stream_dealloc(Stream *self)
 static PyMethodDef stream_methods[] = {
     {"write", (PyCFunction)stream_write, METH_O, "stream.write: [(rule, end)]."},
     {"close", (PyCFunction)stream_close, METH_NOARGS, "stream.close: [(rule, end)]."},
+    {"send", (PyCFunction)stream_send, METH_O, "stream.write, pipelined: no reply yet."},
+    {"recv", (PyCFunction)stream_recv, METH_NOARGS, "the oldest sent write's [(rule, end)]."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef stream_getset[] = {
     {"offset", (getter)stream_offset, NULL, "Bytes written so far.", NULL},
+    {"inflight", (getter)stream_inflight, NULL, "Writes sent, replies not taken.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
