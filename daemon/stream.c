@@ -96,6 +96,11 @@ struct stream_set {
     uint32_t next_id;
     uint32_t n_expired;
     struct stream *list;
+    /* the streams of `list` by id: open addressing, linear probing, at
+     * most half full (a flow reassembler writes to thousands of streams
+     * of one connection in turn) */
+    struct stream **tab;
+    uint32_t tab_cap, tab_n; /* tab_cap: 0 or a power of two */
 };
 
 /* Open streams per uid, over all connections, and their ready requests.
@@ -125,6 +130,78 @@ static struct {
     uint64_t open, opened, closed, expired, dropped, writes, bytes, hits, state_bytes, engine_runs;
     uint64_t batch_writes, batch_fd_writes, batch_bytes, batch_gpu, batch_fallbacks;
 } counters;
+
+static uint32_t slot_of(uint32_t id, uint32_t cap)
+{
+    return (id * 2654435761u) & (cap - 1);
+}
+
+static struct stream *set_lookup(const struct stream_set *set, uint32_t id)
+{
+    if (set == NULL || set->tab_cap == 0)
+        return NULL;
+    for (uint32_t i = slot_of(id, set->tab_cap);; i = (i + 1) & (set->tab_cap - 1)) {
+        struct stream *st = set->tab[i];
+        if (st == NULL || st->id == id)
+            return st;
+    }
+}
+
+/* Adds `st` to the table (growing it first); -ENOMEM. */
+static int set_insert(struct stream_set *set, struct stream *st)
+{
+    if (2 * (set->tab_n + 1) > set->tab_cap) {
+        uint32_t cap = set->tab_cap ? 2 * set->tab_cap : 16;
+        struct stream **tab = calloc(cap, sizeof(*tab));
+        if (tab == NULL)
+            return -ENOMEM;
+        for (uint32_t i = 0; i < set->tab_cap; i++) {
+            struct stream *x = set->tab[i];
+            if (x == NULL)
+                continue;
+            uint32_t j = slot_of(x->id, cap);
+            while (tab[j] != NULL)
+                j = (j + 1) & (cap - 1);
+            tab[j] = x;
+        }
+        free(set->tab);
+        set->tab = tab;
+        set->tab_cap = cap;
+    }
+    uint32_t i = slot_of(st->id, set->tab_cap);
+    while (set->tab[i] != NULL)
+        i = (i + 1) & (set->tab_cap - 1);
+    set->tab[i] = st;
+    set->tab_n++;
+    return 0;
+}
+
+/* Removes `st`, moving the entries after it back so that every probe
+ * chain stays unbroken (no tombstones). */
+static void set_delete(struct stream_set *set, const struct stream *st)
+{
+    if (set->tab_cap == 0)
+        return;
+    uint32_t mask = set->tab_cap - 1, i = slot_of(st->id, set->tab_cap);
+    while (set->tab[i] != st) {
+        if (set->tab[i] == NULL)
+            return; /* not expected: every listed stream is in the table */
+        i = (i + 1) & mask;
+    }
+    set->tab[i] = NULL;
+    set->tab_n--;
+    for (uint32_t j = (i + 1) & mask; set->tab[j] != NULL; j = (j + 1) & mask) {
+        uint32_t home = slot_of(set->tab[j]->id, set->tab_cap);
+        /* the entry at j may move to the hole at i unless its home lies
+         * cyclically in (i, j] */
+        bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (stays)
+            continue;
+        set->tab[i] = set->tab[j];
+        set->tab[j] = NULL;
+        i = j;
+    }
+}
 
 static struct tenant_streams *tenant_of(uid_t uid, bool create)
 {
@@ -203,6 +280,7 @@ static void stream_remove(struct stream_set *set, struct stream *st)
         for (; *p != st; p = &(*p)->next)
             ;
         *p = st->next;
+        set_delete(set, st);
         if (st->scan == NULL)
             set->n_expired--;
     }
@@ -228,6 +306,7 @@ void stream_set_destroy(struct stream_set *set)
             set->n_expired--;
         stream_remove(NULL, st);
     }
+    free(set->tab);
     free(set);
 }
 
@@ -266,16 +345,23 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
     struct stream *st = calloc(1, sizeof(*st));
     if (t == NULL)
         t = tenant_of(set->uid, true); /* made only for a stream that opens */
-    if (t == NULL || st == NULL || streamscan_create(cat, &st->scan) != 0) {
+    if (st != NULL) {
+        for (st->id = set->next_id; st->id == 0 || set_lookup(set, st->id) != NULL; st->id++)
+            ; /* after a wrap, past ids still in use */
+    }
+    if (t == NULL || st == NULL || set_insert(set, st) != 0 ||
+        streamscan_create(cat, &st->scan) != 0) {
         if (t != NULL && t->n == 0) {
             t->n = 1;
             tenant_put(set->uid); /* forgets the empty entry */
         }
+        if (st != NULL && set_lookup(set, st->id) == st)
+            set_delete(set, st);
         free(st);
         session_send_error(s, req->id, req->op, -ENOMEM, "out of memory opening a stream");
         return;
     }
-    st->id = set->next_id++;
+    set->next_id = st->id + 1;
     if (set->next_id == 0)
         set->next_id = 1;
     st->set = set;
@@ -303,9 +389,8 @@ static struct stream *find(struct stream_set *set, struct session *s,
 {
     char msg[256];
     uint32_t id = req->u.stream.stream;
-    for (struct stream *st = set ? set->list : NULL; st != NULL; st = st->next) {
-        if (st->id != id || st->closing)
-            continue;
+    struct stream *st = set_lookup(set, id);
+    if (st != NULL && !st->closing) {
         if (st->scan != NULL)
             return st;
         snprintf(msg, sizeof(msg),

@@ -94,15 +94,11 @@ static size_t align4(size_t n)
     return (n + 3) & ~(size_t)3;
 }
 
+/* Whether some rule reports once per stream (flag H); O(1): streams open
+ * and write far more often than catalogs load. */
 static bool any_single(const struct catalog *cat)
 {
-    for (uint32_t r = 0; r < catalog_rule_count(cat); r++) {
-        struct catalog_rule cr;
-        catalog_rule(cat, r, &cr);
-        if (cr.flags & RULE_F_SINGLEMATCH)
-            return true;
-    }
-    return false;
+    return (catalog_rule_flags_any(cat) & RULE_F_SINGLEMATCH) != 0;
 }
 
 static struct layout layout_of(const struct catalog *cat)

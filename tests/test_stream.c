@@ -1705,7 +1705,7 @@ END_TEST
 
 /* libvkscan's pipelined writes (vks_stream_write_send / _recv) on 8
  * streams of one client, the GPU engine batching the middles (lavapipe;
- * stream-gpu-min-bytes 1) and a daemon that reads at most 6 requests of
+ * stream-gpu-min-bytes 1) and a daemon that reads at most 16 requests of
  * the client ahead (tenant-max-requests), so sends wait while replies
  * arrive: up to 48 writes in flight at random (1 byte to 6 KiB, inline and
  * by descriptor), received at random, with a block scan through the same
@@ -1720,7 +1720,7 @@ START_TEST(test_daemon_lib_pipelined_streams)
 {
     struct daemon d;
     const char *const extra[] = {
-        "--engine", "gpu", "--stream-gpu-min-bytes", "1", "--tenant-max-requests", "6", NULL};
+        "--engine", "gpu", "--stream-gpu-min-bytes", "1", "--tenant-max-requests", "16", NULL};
     daemon_start(&d, extra);
     struct vks_client *c = connect_ok(&d);
     struct vks_catalog *cat = load_rules(c, brules, sizeof(brules) / sizeof(brules[0]));
@@ -1822,6 +1822,59 @@ START_TEST(test_daemon_lib_pipelined_streams)
     ck_assert_uint_gt(jobs, batches); /* some batch took several streams' middles */
     ck_assert_uint_eq(stat_of(c, "stream.batch_fallbacks"), 0);
     ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
+/* Many streams on one connection (the daemon finds a write's stream by id
+ * in a table): 300 opened, every third closed, the rest written in a
+ * shuffled order, each write of stream k holding "needle" at k's own
+ * place, then 100 more opened; every write's hit is at its stream's
+ * offset, and the ids are not open on another connection. Fails when a lookup returns
+ * another stream or loses one after a removal moved the table's entries. */
+START_TEST(test_daemon_many_streams_one_connection)
+{
+    struct daemon d;
+    daemon_start(&d, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, drules, 1); /* "needle" */
+    enum { N = 400 };
+    static struct vks_stream *s[N];
+    static uint64_t at[N];
+    rng_state = 0x7ab1e5u;
+    for (int k = 0; k < 300; k++)
+        s[k] = open_ok(c, cat);
+    struct vks_error err = {0};
+    struct vks_scan_result res;
+    for (int k = 0; k < 300; k += 3) {
+        ck_assert_int_eq(vks_stream_close(s[k], NULL, &err), 0);
+        s[k] = NULL;
+    }
+    for (int k = 300; k < N; k++)
+        s[k] = open_ok(c, cat);
+    char w[64];
+    for (int round = 0; round < 3 * N; round++) {
+        int k = (int)rnd(N);
+        if (s[k] == NULL)
+            continue;
+        memset(w, '.', sizeof(w));
+        memcpy(w + k % 50, "needle", 6);
+        ck_assert_int_eq(vks_stream_write(s[k], w, sizeof(w), &res, &err), 0);
+        ck_assert_uint_eq(res.n_hits, 1);
+        ck_assert_uint_eq(res.hits[0].end, at[k] + (uint64_t)(k % 50) + 6);
+        vks_scan_result_finish(&res);
+        at[k] += sizeof(w);
+    }
+    int fd = raw_connect(&d); /* ids belong to their connection */
+    ck_assert_int_eq(raw_stream(fd, PROTO_OP_STREAM_WRITE, 1, NULL, "x"), -VKS_E_BAD_VALUE);
+    close(fd);
+    for (int k = 0; k < N; k++)
+        if (s[k] != NULL)
+            ck_assert_int_eq(vks_stream_close(s[k], NULL, &err), 0);
+    ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
+    ck_assert_uint_eq(stat_of(c, "stream.opened"), N);
     vks_catalog_destroy(cat);
     vks_client_close(c);
     daemon_stop(&d);
@@ -2418,6 +2471,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_pipelined_writes_and_leaving);
     tcase_add_test(td, test_daemon_gpu_middles_pipelined_and_leaving);
     tcase_add_test(td, test_daemon_lib_pipelined_streams);
+    tcase_add_test(td, test_daemon_many_streams_one_connection);
     tcase_add_test(td, test_cli_pipe);
     tcase_add_test(td, test_cli_large_file_in_pieces);
     tcase_add_test(td, test_cli_tail);
