@@ -7,7 +7,7 @@
  *                [--large BYTES] [--large-write BYTES] [--file PATH]
  *                [--regexes N] [--data DIR] [--socket PATH] [--no-hs]
  *                [--flows-set literals|regex] [--stream-threads T] [--piece BYTES]
- *                [--fast-min BYTES] [--window N] [--flows-fd]
+ *                [--fast-min BYTES] [--window N] [--flows-fd] [--batch N]
  *
  * state:  for every workload of bench/workloads.c (literals-1000,
  *         literals-10000, regex-N) and the real rule sets under --data,
@@ -37,9 +37,11 @@
  * in-process (libvkscan; one connection per thread; the daemon needs
  * stream-max-per-tenant >= --streams). Through vkscand, --window N keeps
  * up to N pipelined writes in flight per connection (vks_stream_write_send;
- * default 1: each write waits for its reply), and --flows-fd sends the
- * flows' writes as ranges of one sealed memfd holding the corpus instead
- * of inline bytes. Deterministic: fixed seeds.
+ * default 1: each write waits for its reply), --batch N sends N writes
+ * (of N streams) per request instead (vks_stream_write_many; not with
+ * --window), and --flows-fd sends the flows' writes as ranges of one sealed
+ * memfd holding the corpus instead of inline bytes. Deterministic: fixed
+ * seeds.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -74,6 +76,7 @@ struct opts {
     bool no_hs;
     bool flows_regex; /* --flows-set regex: flows against regex-N, not literals-N */
     uint32_t window;  /* --window: pipelined writes in flight per connection */
+    uint32_t batch;   /* --batch: writes per vks_stream_write_many */
     bool flows_fd;    /* --flows-fd: writes as ranges of a memfd of the corpus */
 };
 
@@ -504,6 +507,38 @@ static uint64_t daemon_recv(struct vks_stream *s)
     return result_hits(&res);
 }
 
+/* One round of thread t's streams in vks_stream_write_many requests of up
+ * to --batch writes. */
+static uint64_t daemon_round_many(const struct flows *f, struct vks_stream **v, uint32_t n,
+                                  uint32_t t, uint32_t r)
+{
+    const struct opts *o = f->o;
+    struct vks_buffer *b = xmalloc(o->batch * sizeof(*b));
+    uint64_t hits = 0;
+    for (uint32_t i = 0; i < n; i += o->batch) {
+        uint32_t k = n - i < o->batch ? n - i : o->batch;
+        for (uint32_t j = 0; j < k; j++) {
+            const uint8_t *p = slice(f, t + (i + j) * o->threads, r);
+            b[j] = f->corpus_fd >= 0
+                       ? (struct vks_buffer){.kind = VKS_BUFFER_FD,
+                                             .fd = f->corpus_fd,
+                                             .offset = (uint64_t)(p - f->corpus),
+                                             .length = o->write}
+                       : (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = p, .len = o->write};
+        }
+        struct vks_scan_result res;
+        struct vks_error err;
+        if (vks_stream_write_many(v + i, b, k, &res, &err) != 0)
+            die("vks_stream_write_many", err.msg);
+        for (uint32_t j = 0; j < res.n_buffers; j++)
+            if (res.buffers[j].code != 0)
+                die("vks_stream_write_many", res.buffers[j].message);
+        hits += result_hits(&res);
+    }
+    free(b);
+    return hits;
+}
+
 /* The same streams through vkscand, one connection per thread, with up to
  * --window writes in flight: `ring` holds the streams of the writes in
  * flight in the order they were sent, which is also each stream's order. */
@@ -522,7 +557,9 @@ static uint64_t flows_daemon(const struct flows *f, uint32_t t)
     uint32_t win = o->window, head = 0, used = 0;
     uint32_t *ring = xmalloc(win * sizeof(*ring));
     uint64_t hits = 0;
-    for (uint32_t r = 0; r < o->rounds; r++) {
+    for (uint32_t r = 0; r < o->rounds && o->batch > 1; r++)
+        hits += daemon_round_many(f, v, n, t, r);
+    for (uint32_t r = 0; r < o->rounds && o->batch <= 1; r++) {
         for (uint32_t i = 0; i < n; i++) {
             if (used == win) {
                 hits += daemon_recv(v[ring[head]]);
@@ -659,7 +696,8 @@ static void run_flows(const struct opts *o)
            o->streams, o->rounds, o->write, name, b.rules, o->threads,
            o->socket ? "through vkscand" : "in process", o->iters);
     if (o->socket != NULL)
-        printf("through vkscand: %u writes in flight per connection, %s\n", o->window,
+        printf("through vkscand: %u writes %s per connection, %s\n",
+               o->batch > 1 ? o->batch : o->window, o->batch > 1 ? "per request" : "in flight",
                o->flows_fd ? "as ranges of a memfd" : "inline");
     printf("%-8s %9s %9s %7s %9s %9s %12s %12s %s\n", "", "vkscanGB/s", "hsGB/s", "ratio",
            "blockGB/s", "vks/blk", "vkscan hits", "hs hits", "equal");
@@ -973,7 +1011,7 @@ static void usage(void)
             "                    [--regexes N] [--data DIR] [--socket PATH] [--no-hs]\n"
             "                    [--flows-set literals|regex] [--stream-threads T]\n"
             "                    [--piece BYTES] [--fast-min BYTES] [--window N]\n"
-            "                    [--flows-fd]\n");
+            "                    [--flows-fd] [--batch N]\n");
     exit(2);
 }
 
@@ -1025,6 +1063,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             o->stream_threads = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--piece") == 0)
             o->piece = parse_size(v);
+        else if (strcmp(a, "--batch") == 0)
+            o->batch = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--window") == 0)
             o->window = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--fast-min") == 0)
@@ -1046,7 +1086,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
     }
     if (o->threads == 0 || o->threads > o->streams || o->iters == 0 || o->rounds == 0 ||
         o->write < 4096 || o->write > UINT32_MAX || o->large < 4096 || o->large_write == 0 ||
-        o->large_write > UINT32_MAX || o->literals == 0 || o->regexes == 0 || o->window == 0)
+        o->large_write > UINT32_MAX || o->literals == 0 || o->regexes == 0 || o->window == 0 ||
+        (o->batch > 1 && o->window > 1))
         usage();
 }
 

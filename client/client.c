@@ -1356,6 +1356,73 @@ int vks_stream_write_fd(struct vks_stream *s, int fd, uint64_t offset, uint64_t 
     return rc < 0 ? rc : stream_call(s, &req, &fd, 1, res, err);
 }
 
+int vks_stream_write_many(struct vks_stream *const *streams, const struct vks_buffer *buffers,
+                          size_t n, struct vks_scan_result *res, struct vks_error *err)
+{
+    memset(res, 0, sizeof(*res));
+    if (n == 0)
+        return 0;
+    if (streams == NULL || buffers == NULL || n > UINT32_MAX)
+        return vks_error_set(err, -EINVAL, "stream.writes needs 1..2^32-1 streams and buffers");
+    struct vks_client *c = streams[0]->c;
+    for (size_t i = 0; i < n; i++) {
+        struct vks_stream *s = streams[i];
+        if (s->c != c)
+            return vks_error_set(err, -EINVAL,
+                                 "write %zu: stream %u belongs to another client: one "
+                                 "vks_stream_write_many goes over one connection",
+                                 i, s->id);
+        int rc = stream_usable(s, err);
+        if (rc < 0)
+            return rc;
+        if (s->q_n > 0)
+            return vks_error_set(err, -EBUSY,
+                                 "stream %u has %u pipelined writes in flight: take their "
+                                 "replies with vks_stream_write_recv first",
+                                 s->id, s->q_n);
+    }
+    int fds[PROTO_MAX_FDS_CEILING];
+    int own[PROTO_MAX_FDS_CEILING];
+    size_t n_fds = 0, n_own = 0;
+    struct proto_scan tmp = {.n_buffers = (uint32_t)n};
+    struct proto_request req = {.op = PROTO_OP_STREAM_WRITES};
+    struct proto_reply *rep = NULL;
+    uint32_t *ids = malloc(n * sizeof(*ids));
+    tmp.buffers = calloc(n, sizeof(*tmp.buffers));
+    int rc = ids == NULL || tmp.buffers == NULL
+                 ? vks_error_set(err, -ENOMEM, "out of memory for %zu writes", n)
+                 : make_scan(c, buffers, n, &tmp, fds, &n_fds, own, &n_own, err);
+    if (rc == 0) {
+        for (size_t i = 0; i < n; i++)
+            ids[i] = streams[i]->id;
+        req.u.writes = (struct proto_stream_writes){.streams = ids,
+                                                    .n_streams = (uint32_t)n,
+                                                    .buffers = tmp.buffers,
+                                                    .n_buffers = (uint32_t)n};
+        rc = exchange(c, &req, fds, n_fds, 0, &rep, err);
+        if (rc < 0 && !daemon_refused(rc)) {
+            for (size_t i = 1; i < n; i++) /* the first says why, below */
+                snprintf(streams[i]->broken, sizeof(streams[i]->broken),
+                         "the reply of a stream.writes was lost");
+            stream_lost(streams[0], true, rc, err);
+        }
+    }
+    for (size_t i = 0; i < n_own; i++)
+        close(own[i]);
+    free(ids);
+    free(tmp.buffers);
+    if (rc < 0)
+        return rc;
+    for (uint32_t i = 0; i < rep->u.scan.n_buffers && i < n; i++) {
+        const struct proto_buffer_status *b = &rep->u.scan.buffers[i];
+        streams[i]->offset += b->bytes;
+        if (b->code != 0 && b->bytes > 0) /* applied in part: the daemon closed the stream */
+            snprintf(streams[i]->broken, sizeof(streams[i]->broken),
+                     "a write failed after %llu of its bytes", (unsigned long long)b->bytes);
+    }
+    return fill_scan_result(rep, res, err);
+}
+
 int vks_stream_write_send(struct vks_stream *s, const void *data, size_t len, struct vks_error *err)
 {
     struct proto_request req;

@@ -245,6 +245,11 @@ struct engine_task {
  */
 void engine_cpu_task(struct engine *eng, struct engine_task *t);
 
+/* engine_cpu_task for the `n` tasks linked from `first` through `next`,
+ * under one lock and one wake-up: a loop that hands out many tasks at once
+ * spares a futex call per task. */
+void engine_cpu_tasks(struct engine *eng, struct engine_task *first, uint32_t n);
+
 /* Frees a job's results. */
 void engine_job_finish(struct engine_job *job);
 

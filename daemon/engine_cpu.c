@@ -299,17 +299,30 @@ static struct engine_task *task_take(struct engine *e)
     return t;
 }
 
+void engine_cpu_tasks(struct engine *e, struct engine_task *first, uint32_t n)
+{
+    if (first == NULL)
+        return;
+    struct engine_task *last = first;
+    while (last->next != NULL)
+        last = last->next;
+    pthread_mutex_lock(&e->mu);
+    if (e->task_tail != NULL)
+        e->task_tail->next = first;
+    else
+        e->task_head = first;
+    e->task_tail = last;
+    if (n > 1)
+        pthread_cond_broadcast(&e->cpu_cond);
+    else
+        pthread_cond_signal(&e->cpu_cond);
+    pthread_mutex_unlock(&e->mu);
+}
+
 void engine_cpu_task(struct engine *e, struct engine_task *t)
 {
     t->next = NULL;
-    pthread_mutex_lock(&e->mu);
-    if (e->task_tail != NULL)
-        e->task_tail->next = t;
-    else
-        e->task_head = t;
-    e->task_tail = t;
-    pthread_cond_signal(&e->cpu_cond);
-    pthread_mutex_unlock(&e->mu);
+    engine_cpu_tasks(e, t, 1);
 }
 
 void engine_cpu_main(void *arg)

@@ -717,6 +717,7 @@ int server_create(const struct daemon_config *cfg, int argc, char **argv, struct
         free(srv);
         return vks_error_set(err, rc, "cannot create the event loop: %s", uv_strerror(rc));
     }
+    uv_loop_configure(&srv->loop, UV_METRICS_IDLE_TIME); /* loop_busy_ns; best effort */
     struct sched_limits sl = sched_limits_of(cfg);
     rc = cpool_create(&srv->loop, cfg->compile_threads, cfg->tenant_max_compiles, &srv->cpool);
     if (rc != 0) {

@@ -955,6 +955,7 @@ static void handle_frame(struct session *s, struct proto_frame *f)
         return;
     case PROTO_OP_STREAM_WRITE:
     case PROTO_OP_STREAM_CLOSE:
+    case PROTO_OP_STREAM_WRITES:
         op_stream(s, req, t); /* takes req */
         return;
     case PROTO_OP_NONE:

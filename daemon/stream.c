@@ -42,8 +42,8 @@
 struct work;
 
 struct stream {
-    struct stream *next;
-    struct stream_set *set; /* NULL once its connection closed while a write ran */
+    struct stream *next, **pprev; /* in set->list: unlinked in O(1) */
+    struct stream_set *set;       /* NULL once its connection closed while a write ran */
     struct server *srv;
     uid_t uid;
     uint32_t id;
@@ -67,7 +67,10 @@ struct work {
     struct stream *st;
     struct session *s;
     const struct proto_request *req;
-    void *token;
+    const struct proto_buffer *buf; /* the write's bytes or range (NULL: a close) */
+    void *token;                    /* NULL for an item of a stream.writes */
+    struct many *many;              /* the stream.writes this write is item `index` of */
+    uint32_t index;
     uint64_t max; /* max-scan-bytes */
     struct scan_hits hits;
     uint64_t bytes;
@@ -89,6 +92,25 @@ struct work {
 };
 
 #define CONTAINER(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
+/* One stream.writes: its items run as writes of their streams (in parallel
+ * across streams, in order within one) and are answered together, as a
+ * scan of as many buffers, once the last is done. */
+struct item {
+    struct scan_hits hits;
+    uint64_t bytes;
+    int rc;
+    char msg[240];
+};
+
+struct many {
+    struct session *s;
+    const struct proto_request *req;
+    void *token;
+    uint32_t max_hits;
+    uint32_t left; /* items not done yet */
+    struct item *items;
+};
 
 struct stream_set {
     struct server *srv;
@@ -259,13 +281,22 @@ static void stream_release(struct stream *st)
 
 /* Answers the requests still queued on `st` with `msg` (none when the
  * connection is gone) and hands them back to the session. */
+static void many_item_done(struct many *m);
+
 static void drop_queue(struct stream *st, const char *msg)
 {
     for (struct work *w = st->q_head, *next; w != NULL; w = next) {
         next = w->next;
-        if (msg != NULL)
-            session_send_error(w->s, w->req->id, w->req->op, -VKS_E_BAD_VALUE, msg);
-        session_stream_done(w->token);
+        if (w->many != NULL) {
+            struct item *it = &w->many->items[w->index];
+            it->rc = -VKS_E_BAD_VALUE;
+            snprintf(it->msg, sizeof(it->msg), "%s", msg != NULL ? msg : "");
+            many_item_done(w->many);
+        } else {
+            if (msg != NULL)
+                session_send_error(w->s, w->req->id, w->req->op, -VKS_E_BAD_VALUE, msg);
+            session_stream_done(w->token);
+        }
         free(w);
     }
     st->q_head = st->q_tail = NULL;
@@ -276,10 +307,9 @@ static void drop_queue(struct stream *st, const char *msg)
 static void stream_remove(struct stream_set *set, struct stream *st)
 {
     if (set != NULL) {
-        struct stream **p = &set->list;
-        for (; *p != st; p = &(*p)->next)
-            ;
-        *p = st->next;
+        *st->pprev = st->next;
+        if (st->next != NULL)
+            st->next->pprev = st->pprev;
         set_delete(set, st);
         if (st->scan == NULL)
             set->n_expired--;
@@ -302,6 +332,8 @@ void stream_set_destroy(struct stream_set *set)
         counters.dropped += set->list->scan != NULL;
         struct stream *st = set->list;
         set->list = st->next;
+        if (set->list != NULL)
+            set->list->pprev = &set->list;
         if (st->scan == NULL)
             set->n_expired--;
         stream_remove(NULL, st);
@@ -372,6 +404,9 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
     st->state_bytes = size;
     st->t_active = uv_now(server_loop(set->srv));
     st->next = set->list;
+    st->pprev = &set->list;
+    if (set->list != NULL)
+        set->list->pprev = &st->next;
     set->list = st;
     t->n++;
     counters.open++;
@@ -382,30 +417,27 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
     session_send_reply(s, &rep);
 }
 
-/* The stream `id` names, or NULL after an error reply. An expired stream
- * gets its TIMEOUT error once, then is forgotten. */
-static struct stream *find(struct stream_set *set, struct session *s,
-                           const struct proto_request *req)
+/* The stream `id` names, or NULL with the error (`*code`, `msg`). An
+ * expired stream gets its TIMEOUT error once, then is forgotten. */
+static struct stream *lookup(struct stream_set *set, uint32_t id, int *code, char *msg, size_t cap)
 {
-    char msg[256];
-    uint32_t id = req->u.stream.stream;
     struct stream *st = set_lookup(set, id);
     if (st != NULL && !st->closing) {
         if (st->scan != NULL)
             return st;
-        snprintf(msg, sizeof(msg),
+        snprintf(msg, cap,
                  "stream %u was closed after it was idle for %u ms (stream-idle-timeout-ms) and "
                  "its matches across that point are lost: open a new stream",
                  id, server_config(set->srv)->stream_idle_timeout_ms);
-        session_send_error(s, req->id, req->op, -VKS_E_TIMEOUT, msg);
+        *code = -VKS_E_TIMEOUT;
         stream_remove(set, st);
         return NULL;
     }
-    snprintf(msg, sizeof(msg),
+    snprintf(msg, cap,
              "stream %u is not open on this connection: open one with stream.open (stream ids "
              "belong to the connection that opened them)",
              id);
-    session_send_error(s, req->id, req->op, -VKS_E_BAD_VALUE, msg);
+    *code = -VKS_E_BAD_VALUE;
     return NULL;
 }
 
@@ -508,7 +540,7 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
 /* The write or close itself, on a pool thread. */
 static void work_run(struct work *w)
 {
-    const struct proto_buffer *b = &w->req->u.stream.buffer;
+    const struct proto_buffer *b = w->buf;
     if (w->mid_hits) { /* the batch's hits (maybe millions: sorted off the loop) */
         for (size_t i = 0; i < w->ej.n_hits && w->rc == 0; i++)
             w->rc = streamscan_middle_add(&w->mid, w->ej.hits[i].rule, w->ej.hits[i].end);
@@ -523,7 +555,7 @@ static void work_run(struct work *w)
         if (w->rc == 0)
             w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
         streamscan_middle_finish(&w->mid);
-    } else if (w->req->op == PROTO_OP_STREAM_CLOSE) {
+    } else if (b == NULL) {
         w->rc = streamscan_close(w->st->scan, &w->hits);
     } else if (!b->is_fd && b->len > w->max) {
         snprintf(w->msg, sizeof(w->msg),
@@ -574,24 +606,40 @@ static void reply_hits(struct work *w)
     free(v);
 }
 
-/* Answers a finished write; false when the stream cannot go on. */
+/* Answers a finished write, or keeps its result for its stream.writes;
+ * false when the stream cannot go on. */
 static bool answer_write(struct work *w)
 {
     counters.writes++;
     counters.bytes += w->bytes;
+    struct item *it = w->many != NULL ? &w->many->items[w->index] : NULL;
+    if (it != NULL) {
+        it->bytes = w->bytes;
+        it->rc = w->rc == -ENOMEM ? -VKS_E_INTERNAL : w->rc;
+    }
     if (w->rc == 0) {
-        reply_hits(w);
+        if (it != NULL) { /* the hits move to the item */
+            struct scan_hits h = it->hits;
+            it->hits = w->hits;
+            w->hits = h;
+        } else {
+            reply_hits(w);
+        }
         return true;
     }
-    if (w->bytes == 0 && w->rc != -ENOMEM) {
-        session_send_error(w->s, w->req->id, w->req->op, w->rc, w->msg); /* stream intact */
-        return true;
-    }
+    bool intact = w->bytes == 0 && w->rc != -ENOMEM;
     char m[400];
-    snprintf(m, sizeof(m), "the write failed after %llu bytes (%s): the stream is closed",
-             (unsigned long long)w->bytes, w->msg[0] ? w->msg : "out of memory");
-    session_send_error(w->s, w->req->id, w->req->op, w->rc == -ENOMEM ? -VKS_E_INTERNAL : w->rc, m);
-    return false;
+    if (intact)
+        snprintf(m, sizeof(m), "%s", w->msg);
+    else
+        snprintf(m, sizeof(m), "the write failed after %llu bytes (%s): the stream is closed",
+                 (unsigned long long)w->bytes, w->msg[0] ? w->msg : "out of memory");
+    if (it != NULL)
+        snprintf(it->msg, sizeof(it->msg), "%.239s", m);
+    else
+        session_send_error(w->s, w->req->id, w->req->op,
+                           intact || w->rc != -ENOMEM ? w->rc : -VKS_E_INTERNAL, m);
+    return intact;
 }
 
 static void start_next(struct stream *st);
@@ -627,8 +675,13 @@ static void work_done(struct work *w, int status)
         keep = false;
     } else if (live) {
         keep = answer_write(w);
+    } else if (w->many != NULL) { /* not answered: its connection is gone */
+        struct item *it = &w->many->items[w->index];
+        it->rc = -VKS_E_BAD_VALUE;
+        snprintf(it->msg, sizeof(it->msg), "stream %u was closed before this write ran", st->id);
     }
     void *token = w->token;
+    struct many *m = w->many;
     scan_hits_finish(&w->hits);
     if (w->sparse != NULL)
         munmap(w->sparse, w->wlen);
@@ -637,7 +690,11 @@ static void work_done(struct work *w, int status)
         stream_remove(st->set, st); /* a stream no connection holds is freed here */
     else
         start_next(st);
-    session_stream_done(token); /* last: it may close the session, and its streams */
+    /* last: it may close the session, and its streams */
+    if (m != NULL)
+        many_item_done(m);
+    else
+        session_stream_done(token);
 }
 
 /* On a CPU engine thread: runs the request and hands it to the loop. */
@@ -718,7 +775,7 @@ static int middle_queue(struct work *w)
 {
     struct stream *st = w->st;
     struct server *srv = st->srv;
-    const struct proto_buffer *b = &w->req->u.stream.buffer;
+    const struct proto_buffer *b = w->buf;
     if (w->sparse != NULL) /* the engine reads the descriptor itself */
         w->ebuf = (struct engine_buf){
             .fd = b->fd, .offset = b->offset, .length = w->wlen, .has_length = true};
@@ -766,25 +823,42 @@ static void uv_work_done(uv_work_t *uv, int status)
 }
 
 /* Hands `w` to the CPU engine, or to libuv's pool when there is none. */
-static void submit(struct server *srv, struct work *w)
+/* Hands the `n` requests linked from `first` (through `next`) to the CPU
+ * engine at once, or to libuv's pool when there is none. */
+static void submit_list(struct server *srv, struct work *first, uint32_t n)
 {
     struct engine *e = server_engine(srv);
-    pool.inflight++;
+    pool.inflight += n;
     if (e != NULL && !pool.open && uv_async_init(server_loop(srv), &pool.async, on_done) == 0) {
         uv_unref((uv_handle_t *)&pool.async);
         pool.open = true;
     }
     if (e != NULL && pool.open) {
-        w->task.run = task_run;
-        engine_cpu_task(e, &w->task);
+        struct engine_task *head = NULL, **tail = &head;
+        for (struct work *w = first; w != NULL; w = w->next) {
+            w->task.run = task_run;
+            *tail = &w->task;
+            tail = &w->task.next;
+        }
+        *tail = NULL;
+        engine_cpu_tasks(e, head, n);
         return;
     }
-    w->uv.data = w;
-    int rc = uv_queue_work(server_loop(srv), &w->uv, uv_run_work, uv_work_done);
-    if (rc != 0) { /* not expected: libuv's queue takes any number of items */
-        w->rc = -ENOMEM;
-        uv_work_done(&w->uv, 0);
+    for (struct work *w = first, *next; w != NULL; w = next) {
+        next = w->next;
+        w->uv.data = w;
+        int rc = uv_queue_work(server_loop(srv), &w->uv, uv_run_work, uv_work_done);
+        if (rc != 0) { /* not expected: libuv's queue takes any number of items */
+            w->rc = -ENOMEM;
+            uv_work_done(&w->uv, 0);
+        }
     }
+}
+
+static void submit(struct server *srv, struct work *w)
+{
+    w->next = NULL;
+    submit_list(srv, w, 1);
 }
 
 /* Requests handed out at once: one per CPU engine thread. */
@@ -805,7 +879,9 @@ static void pump(struct server *srv)
      * stream reaches block mode's rate; writes of many streams at once
      * share the cores with the engine's threads) */
     streamscan_set_threads(cap, 0);
-    while (pool.inflight < cap) {
+    struct work *head = NULL, **tail = &head;
+    uint32_t n = 0;
+    while (pool.inflight + n < cap) {
         struct tenant_streams *pick = NULL, *first = NULL;
         for (struct tenant_streams *t = tenants; t != NULL; t = t->next) {
             if (t->ready_head == NULL)
@@ -816,13 +892,19 @@ static void pump(struct server *srv)
                 pick = t;
         }
         if (pick == NULL && (pick = first) == NULL)
-            return;
+            break;
         pool.last = pick->uid;
-        submit(srv, take_ready(pick));
+        struct work *w = take_ready(pick);
+        w->next = NULL;
+        *tail = w;
+        tail = &w->next;
+        n++;
     }
+    submit_list(srv, head, n); /* one wake-up for all */
 }
 
-/* The stream's next request becomes ready, unless one is ready or runs. */
+/* The stream's next request becomes ready, unless one is ready or runs;
+ * the caller pumps. */
 static void start_next(struct stream *st)
 {
     struct work *w = st->q_head;
@@ -844,37 +926,146 @@ static void start_next(struct stream *st)
     else
         t->ready_head = w;
     t->ready_tail = w;
-    pump(st->srv);
 }
 
-void stream_op(struct stream_set *set, struct session *s, const struct proto_request *req,
-               void *token)
+static void stream_writes(struct stream_set *set, struct session *s,
+                          const struct proto_request *req, void *token);
+
+/* Queues `w` on `st` (stream_op's and stream_writes' common part). */
+static void enqueue(struct stream *st, struct work *w)
 {
-    struct stream *st = find(set, s, req);
-    struct work *w = st != NULL ? calloc(1, sizeof(*w)) : NULL;
-    if (st != NULL && w == NULL)
-        session_send_error(s, req->id, req->op, -ENOMEM, "out of memory queueing the request");
-    if (w == NULL) {
-        session_stream_done(token);
-        return;
-    }
-    st->t_active = uv_now(server_loop(set->srv));
-    const struct daemon_config *cfg = server_config(set->srv);
-    struct engine *e = server_engine(set->srv);
+    st->t_active = uv_now(server_loop(st->srv));
+    const struct daemon_config *cfg = server_config(st->srv);
+    struct engine *e = server_engine(st->srv);
     bool gpu = e != NULL && engine_ready(e) && engine_get_info(e)->gpu;
-    *w = (struct work){.st = st,
-                       .s = s,
-                       .req = req,
-                       .token = token,
-                       .max = cfg->max_scan_bytes,
-                       .batch_min = gpu ? (size_t)cfg->stream_gpu_min_bytes : 0};
-    st->closing = req->op == PROTO_OP_STREAM_CLOSE;
+    w->st = st;
+    w->max = cfg->max_scan_bytes;
+    w->batch_min = gpu ? (size_t)cfg->stream_gpu_min_bytes : 0;
     if (st->q_tail != NULL)
         st->q_tail->next = w;
     else
         st->q_head = w;
     st->q_tail = w;
     start_next(st);
+}
+
+void stream_op(struct stream_set *set, struct session *s, const struct proto_request *req,
+               void *token)
+{
+    if (req->op == PROTO_OP_STREAM_WRITES) {
+        stream_writes(set, s, req, token);
+        return;
+    }
+    char msg[256];
+    int code = 0;
+    struct stream *st = lookup(set, req->u.stream.stream, &code, msg, sizeof(msg));
+    struct work *w = st != NULL ? calloc(1, sizeof(*w)) : NULL;
+    if (st == NULL)
+        session_send_error(s, req->id, req->op, code, msg);
+    else if (w == NULL)
+        session_send_error(s, req->id, req->op, -ENOMEM, "out of memory queueing the request");
+    if (w == NULL) {
+        session_stream_done(token);
+        return;
+    }
+    *w = (struct work){.s = s, .req = req, .token = token};
+    if (req->op != PROTO_OP_STREAM_CLOSE)
+        w->buf = &req->u.stream.buffer;
+    st->closing = req->op == PROTO_OP_STREAM_CLOSE;
+    enqueue(st, w);
+    pump(set->srv);
+}
+
+/* ---- stream.writes ---- */
+
+/* Answers the stream.writes once its last item is done: a scan reply with
+ * a buffer status per item and its hits (`buffer`: the item), at most
+ * max-hits in all (the items past it truncated). */
+static void many_finish(struct many *m)
+{
+    const struct proto_stream_writes *wr = &m->req->u.writes;
+    uint32_t n = wr->n_buffers, max = m->max_hits;
+    size_t total = 0;
+    for (uint32_t i = 0; i < n; i++)
+        total += m->items[i].hits.n;
+    uint32_t keep = total < max ? (uint32_t)total : max;
+    struct proto_hit *v = calloc(keep ? keep : 1, sizeof(*v));
+    struct proto_buffer_status *bs = calloc(n ? n : 1, sizeof(*bs));
+    if (v == NULL || bs == NULL) {
+        session_send_error(m->s, m->req->id, m->req->op, -ENOMEM, "out of memory for the hits");
+    } else {
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            const struct item *it = &m->items[i];
+            uint32_t from = k;
+            for (size_t j = 0; j < it->hits.n && k < keep; j++)
+                v[k++] = (struct proto_hit){
+                    .buffer = i, .rule = it->hits.v[j].rule, .end = it->hits.v[j].end, .count = 1};
+            bs[i] = (struct proto_buffer_status){.code = it->rc,
+                                                 .message = it->rc != 0 ? it->msg : NULL,
+                                                 .bytes = it->bytes,
+                                                 .hits = k - from,
+                                                 .truncated = k - from < it->hits.n};
+        }
+        counters.hits += k;
+        struct proto_reply rep = {.id = m->req->id, .op = m->req->op};
+        rep.u.scan =
+            (struct proto_scan_reply){.hits = v, .n_hits = k, .buffers = bs, .n_buffers = n};
+        session_send_reply(m->s, &rep);
+    }
+    free(v);
+    free(bs);
+    for (uint32_t i = 0; i < n; i++)
+        scan_hits_finish(&m->items[i].hits);
+    void *token = m->token;
+    free(m->items);
+    free(m);
+    session_stream_done(token);
+}
+
+static void many_item_done(struct many *m)
+{
+    if (--m->left == 0)
+        many_finish(m);
+}
+
+static void stream_writes(struct stream_set *set, struct session *s,
+                          const struct proto_request *req, void *token)
+{
+    const struct proto_stream_writes *wr = &req->u.writes;
+    struct many *m = calloc(1, sizeof(*m));
+    struct item *items = calloc(wr->n_buffers ? wr->n_buffers : 1, sizeof(*items));
+    if (m == NULL || items == NULL) {
+        free(m);
+        free(items);
+        session_send_error(s, req->id, req->op, -ENOMEM, "out of memory queueing the writes");
+        session_stream_done(token);
+        return;
+    }
+    *m = (struct many){.s = s,
+                       .req = req,
+                       .token = token,
+                       .items = items,
+                       .max_hits = set != NULL ? server_config(set->srv)->max_hits : 0};
+    m->left = wr->n_buffers + 1; /* + 1 until every item is queued */
+    for (uint32_t i = 0; i < wr->n_buffers; i++) {
+        struct item *it = &items[i];
+        struct stream *st = lookup(set, wr->streams[i], &it->rc, it->msg, sizeof(it->msg));
+        struct work *w = st != NULL ? calloc(1, sizeof(*w)) : NULL;
+        if (st != NULL && w == NULL) {
+            it->rc = -VKS_E_INTERNAL;
+            snprintf(it->msg, sizeof(it->msg), "out of memory queueing the write");
+        }
+        if (w == NULL) {
+            m->left--;
+            continue;
+        }
+        *w = (struct work){.s = s, .req = req, .buf = &wr->buffers[i], .many = m, .index = i};
+        enqueue(st, w);
+    }
+    if (set != NULL)
+        pump(set->srv); /* the items' first turn, handed out at once */
+    many_item_done(m);
 }
 
 void stream_set_sweep(struct stream_set *set, uint64_t now_ms)

@@ -383,19 +383,21 @@ static int read_buffer(struct dec *d, struct proto_buffer *b, uint32_t i,
     return check_buffer(d, b, i, seen, f);
 }
 
-static int read_buffers(struct dec *d, struct proto_scan *s, const struct proto_frame *f)
+static int read_buffers(struct dec *d, struct proto_buffer **out, uint32_t *n_out,
+                        const struct proto_frame *f)
 {
     uint32_t n;
     int rc =
         mp_read_array_code(&d->m, d->m.lim->max_buffers, -VKS_E_TOO_MANY_BUFFERS, &n, "buffers");
     if (rc < 0)
         return rc;
-    s->buffers = proto_mem_alloc(d->mem, n, sizeof(*s->buffers));
-    if (s->buffers == NULL)
+    struct proto_buffer *v = proto_mem_alloc(d->mem, n, sizeof(*v));
+    if (v == NULL)
         return vks_error_set(d->m.err, -ENOMEM, "out of memory for %u buffers", n);
-    s->n_buffers = n;
+    *out = v;
+    *n_out = n;
     for (uint32_t i = 0; i < n; i++) {
-        rc = read_buffer(d, &s->buffers[i], i, f);
+        rc = read_buffer(d, &v[i], i, f);
         if (rc < 0)
             return rc;
     }
@@ -422,7 +424,7 @@ static int read_mode(struct dec *d, enum proto_report *mode)
 
 static int read_scan_buffers(struct dec *d, struct proto_request *req, const struct proto_frame *fr)
 {
-    return read_buffers(d, &req->u.scan, fr);
+    return read_buffers(d, &req->u.scan.buffers, &req->u.scan.n_buffers, fr);
 }
 
 static int read_scan_mode(struct dec *d, struct proto_request *req, const struct proto_frame *fr)
@@ -454,6 +456,48 @@ static int read_stream_buffer(struct dec *d, struct proto_request *req,
                               const struct proto_frame *fr)
 {
     return read_buffer(d, &req->u.stream.buffer, 0, fr);
+}
+
+static int read_writes_buffers(struct dec *d, struct proto_request *req,
+                               const struct proto_frame *fr)
+{
+    return read_buffers(d, &req->u.writes.buffers, &req->u.writes.n_buffers, fr);
+}
+
+static int read_writes_streams(struct dec *d, struct proto_request *req,
+                               const struct proto_frame *fr)
+{
+    (void)fr;
+    struct proto_stream_writes *w = &req->u.writes;
+    uint32_t n;
+    int rc =
+        mp_read_array_code(&d->m, d->m.lim->max_buffers, -VKS_E_TOO_MANY_BUFFERS, &n, "streams");
+    if (rc < 0)
+        return rc;
+    w->streams = proto_mem_alloc(d->mem, n ? n : 1, sizeof(*w->streams));
+    if (w->streams == NULL)
+        return vks_error_set(d->m.err, -ENOMEM, "out of memory for %u stream ids", n);
+    w->n_streams = n;
+    for (uint32_t i = 0; i < n && rc == 0; i++)
+        rc = mp_read_u32(&d->m, &w->streams[i], "streams");
+    if (rc == 0)
+        mp_leave(&d->m);
+    return rc;
+}
+
+/* stream.writes needs `streams` and `buffers`, one stream per buffer. */
+static int check_writes(struct dec *d, struct proto_request *req, uint32_t seen)
+{
+    if (!(seen & 1u))
+        return missing(d, "streams", "stream.writes");
+    if (!(seen & 2u))
+        return missing(d, "buffers", "stream.writes");
+    if (req->u.writes.n_streams != req->u.writes.n_buffers)
+        return vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                             "stream.writes has %u streams and %u buffers: give one stream id "
+                             "per buffer",
+                             req->u.writes.n_streams, req->u.writes.n_buffers);
+    return 0;
 }
 
 /* stream.open needs `catalog`; stream.write `stream` and `buffer`;
@@ -517,6 +561,10 @@ static const struct field stream_write_fields[] = {
     {"stream", FT_U32, RQ(u.stream.stream), NULL},
     {"buffer", FT_CUSTOM, 0, read_stream_buffer},
 };
+static const struct field stream_writes_fields[] = {
+    {"streams", FT_CUSTOM, 0, read_writes_streams},
+    {"buffers", FT_CUSTOM, 0, read_writes_buffers},
+};
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -548,6 +596,9 @@ static const struct field *op_fields(enum proto_op op, size_t *n)
     case PROTO_OP_STREAM_CLOSE:
         *n = 1;
         return stream_write_fields;
+    case PROTO_OP_STREAM_WRITES:
+        *n = N_OF(stream_writes_fields);
+        return stream_writes_fields;
     default:
         *n = 0;
         return NULL;
@@ -606,6 +657,8 @@ static int op_check(struct dec *d, struct proto_request *req, uint32_t seen)
     case PROTO_OP_STREAM_WRITE:
     case PROTO_OP_STREAM_CLOSE:
         return check_stream(d, req, seen);
+    case PROTO_OP_STREAM_WRITES:
+        return check_writes(d, req, seen);
     default:
         return 0;
     }
@@ -710,10 +763,11 @@ int proto_request_decode(struct proto_frame *frame, const struct proto_limits *l
                            l.max_fds);
     if (rc == 0)
         rc = decode_request(&d, req, frame);
-    if (rc == 0 && frame->n_fds > 0 && req->op != PROTO_OP_SCAN && req->op != PROTO_OP_STREAM_WRITE)
+    if (rc == 0 && frame->n_fds > 0 && req->op != PROTO_OP_SCAN &&
+        req->op != PROTO_OP_STREAM_WRITE && req->op != PROTO_OP_STREAM_WRITES)
         rc = vks_error_set(err, -VKS_E_BAD_FD,
-                           "%zu descriptors came with a `%s` request: only scan and "
-                           "stream.write take them",
+                           "%zu descriptors came with a `%s` request: only scan, "
+                           "stream.write and stream.writes take them",
                            frame->n_fds, proto_op_name(req->op));
     if (rc < 0)
         return request_fail(req, d.mem, frame, rc);
@@ -1124,6 +1178,7 @@ static int read_result(struct dec *d, struct proto_reply *rep)
         case PROTO_OP_SCAN:
         case PROTO_OP_STREAM_WRITE:
         case PROTO_OP_STREAM_CLOSE:
+        case PROTO_OP_STREAM_WRITES:
             rc = result_scan(d, rep, k, kn);
             break;
         case PROTO_OP_STREAM_OPEN:

@@ -243,6 +243,7 @@ static uint32_t request_fields(const struct proto_request *req)
     case PROTO_OP_STREAM_CLOSE:
         return 1;
     case PROTO_OP_STREAM_WRITE:
+    case PROTO_OP_STREAM_WRITES:
         return 2;
     default:
         return 0;
@@ -280,6 +281,23 @@ static int enc_request_body(struct enc *e, const struct proto_request *req, stru
     case PROTO_OP_STREAM_CLOSE:
         kv_u64(e, "stream", req->u.stream.stream);
         return 0;
+    case PROTO_OP_STREAM_WRITES: {
+        const struct proto_stream_writes *w = &req->u.writes;
+        if (w->n_streams != w->n_buffers)
+            return invalid(e, err, "stream.writes needs one stream per buffer");
+        key(e, "streams");
+        msgpack_pack_array(&e->pk, w->n_streams);
+        for (uint32_t i = 0; i < w->n_streams; i++)
+            msgpack_pack_uint32(&e->pk, w->streams[i]);
+        key(e, "buffers");
+        msgpack_pack_array(&e->pk, w->n_buffers);
+        for (uint32_t i = 0; i < w->n_buffers; i++) {
+            if (!w->buffers[i].is_fd && w->buffers[i].data == NULL && w->buffers[i].len > 0)
+                return invalid(e, err, "an inline buffer has no data");
+            enc_buffer(e, &w->buffers[i]);
+        }
+        return 0;
+    }
     default:
         return 0;
     }
@@ -459,6 +477,7 @@ static int enc_result(struct enc *e, const struct proto_reply *rep, struct vks_e
     case PROTO_OP_SCAN:
     case PROTO_OP_STREAM_WRITE:
     case PROTO_OP_STREAM_CLOSE:
+    case PROTO_OP_STREAM_WRITES:
         enc_scan_reply(e, &rep->u.scan);
         return 0;
     case PROTO_OP_STREAM_OPEN:

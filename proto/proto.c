@@ -53,6 +53,7 @@ static const char *const op_names[PROTO_OP_COUNT] = {
     [PROTO_OP_STREAM_OPEN] = "stream.open",
     [PROTO_OP_STREAM_WRITE] = "stream.write",
     [PROTO_OP_STREAM_CLOSE] = "stream.close",
+    [PROTO_OP_STREAM_WRITES] = "stream.writes",
 };
 
 const char *proto_op_name(enum proto_op op)

@@ -87,9 +87,10 @@ enum proto_op {
     PROTO_OP_CATALOG_DROP,
     PROTO_OP_SCAN,
     PROTO_OP_STATS,
-    PROTO_OP_STREAM_OPEN,  /* "stream.open" (issue 13) */
-    PROTO_OP_STREAM_WRITE, /* "stream.write" */
-    PROTO_OP_STREAM_CLOSE, /* "stream.close" */
+    PROTO_OP_STREAM_OPEN,   /* "stream.open" (issue 13) */
+    PROTO_OP_STREAM_WRITE,  /* "stream.write" */
+    PROTO_OP_STREAM_CLOSE,  /* "stream.close" */
+    PROTO_OP_STREAM_WRITES, /* "stream.writes": writes to many streams in one request */
     PROTO_OP_COUNT
 };
 
@@ -301,6 +302,15 @@ struct proto_stream {
     struct proto_buffer buffer;
 };
 
+/* stream.writes: `streams[i]` takes `buffers[i]`, in order (`streams` and
+ * `buffers` of the same length, at most max_buffers). */
+struct proto_stream_writes {
+    uint32_t *streams;
+    uint32_t n_streams;
+    struct proto_buffer *buffers;
+    uint32_t n_buffers;
+};
+
 struct proto_request {
     uint32_t id;
     enum proto_op op;
@@ -309,7 +319,8 @@ struct proto_request {
         struct proto_catalog_load load;
         struct proto_catalog_ref ref; /* has, drop */
         struct proto_scan scan;
-        struct proto_stream stream; /* stream.open, stream.write, stream.close */
+        struct proto_stream stream;        /* stream.open, stream.write, stream.close */
+        struct proto_stream_writes writes; /* stream.writes */
     } u;
     /* Decoder-owned storage; zero in requests built for encoding. */
     struct proto_frame frame;

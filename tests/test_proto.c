@@ -236,6 +236,51 @@ START_TEST(rt_scan_inline)
 }
 END_TEST
 
+/* stream.writes: one stream id per buffer, in order; the decoder refuses
+ * lists of different lengths and a missing list. */
+START_TEST(rt_stream_writes)
+{
+    uint32_t ids[3] = {7, 3, 7};
+    struct proto_buffer bufs[3] = {{.data = (const uint8_t *)"ab", .len = 2},
+                                   {.data = (const uint8_t *)"", .len = 0},
+                                   {.data = (const uint8_t *)"xyz", .len = 3}};
+    struct proto_request in = {.id = 12, .op = PROTO_OP_STREAM_WRITES};
+    in.u.writes = (struct proto_stream_writes){
+        .streams = ids, .n_streams = 3, .buffers = bufs, .n_buffers = 3};
+    struct proto_request *out = roundtrip_request(&in);
+    const struct proto_stream_writes *w = &out->u.writes;
+    ck_assert_uint_eq(w->n_streams, 3);
+    ck_assert_uint_eq(w->n_buffers, 3);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_uint_eq(w->streams[i], ids[i]);
+        ck_assert_uint_eq(w->buffers[i].len, bufs[i].len);
+    }
+    ck_assert_mem_eq(w->buffers[2].data, "xyz", 3);
+    proto_request_destroy(out);
+
+    struct raw r;
+    raw_init(&r);
+    map_head(&r, 4, 40, "stream.writes");
+    raw_str(&r, "streams");
+    msgpack_pack_array(&r.pk, 2);
+    msgpack_pack_uint32(&r.pk, 1);
+    msgpack_pack_uint32(&r.pk, 2);
+    raw_str(&r, "buffers");
+    msgpack_pack_array(&r.pk, 1);
+    msgpack_pack_map(&r.pk, 1);
+    raw_str(&r, "data");
+    msgpack_pack_bin(&r.pk, 1);
+    msgpack_pack_bin_body(&r.pk, "q", 1);
+    expect_fail(&r, NULL, -VKS_E_BAD_VALUE);
+
+    raw_init(&r);
+    map_head(&r, 3, 41, "stream.writes");
+    raw_str(&r, "streams");
+    msgpack_pack_array(&r.pk, 0);
+    expect_fail(&r, NULL, -VKS_E_MISSING_FIELD);
+}
+END_TEST
+
 START_TEST(rt_replies)
 {
     struct proto_device dev = {
@@ -949,6 +994,7 @@ Suite *proto_suite(void)
     tcase_add_test(t, rt_catalog_load_rules);
     tcase_add_test(t, rt_catalog_load_text_has_drop);
     tcase_add_test(t, rt_scan_inline);
+    tcase_add_test(t, rt_stream_writes);
     tcase_add_test(t, rt_replies);
     tcase_add_test(t, rt_scan_and_stats_replies);
     tcase_add_test(t, rt_hit_starts);

@@ -1881,6 +1881,147 @@ START_TEST(test_daemon_many_streams_one_connection)
 }
 END_TEST
 
+/* vks_stream_write_many: 6 streams written in requests of 1 to 40 writes
+ * each (a stream may come several times in one request, in order), inline
+ * and by descriptor, the GPU engine batching the middles (lavapipe,
+ * stream-gpu-min-bytes 1). Every stream's hits equal a block scan of its
+ * concatenation, each write's buffer result has its bytes, and the hits
+ * name their write. Then, on a raw connection, one stream.writes with an
+ * unknown stream id, an inline write over max-scan-bytes and a good write:
+ * the first two fail alone (BAD_VALUE, LIMIT), the third is applied. Fails
+ * when the items of one request are mixed up, applied out of order, or one
+ * bad item fails the others. */
+START_TEST(test_daemon_stream_write_many)
+{
+    struct daemon d;
+    const char *const extra[] = {
+        "--engine", "gpu", "--stream-gpu-min-bytes", "1", "--max-scan-bytes", "256K", NULL};
+    daemon_start(&d, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, brules, sizeof(brules) / sizeof(brules[0]));
+    rng_state = 0x3a11ba7cu;
+    static const char *const plants[] = {"needle", "foo ", "foo",   "zq",     "zq\n", "abq",
+                                         "a",      "q",    "k123x", "k9x",    "\nst", "st",
+                                         "x",      " ",    "\n",    "k12345x"};
+    enum { NS = 6, MAXW = 40 };
+    struct str data[NS];
+    struct vks_stream *s[NS];
+    struct scan_hits got[NS];
+    size_t at[NS];
+    memset(data, 0, sizeof(data));
+    memset(got, 0, sizeof(got));
+    for (int k = 0; k < NS; k++) {
+        for (int i = 0; i < 30000; i++)
+            puts_(&data[k], plants[rnd(16)]);
+        s[k] = open_ok(c, cat);
+        at[k] = 0;
+    }
+    struct vks_error err = {0};
+    struct vks_scan_result res;
+    FILE *f[MAXW];
+    uint32_t requests = 0;
+    for (;;) {
+        struct vks_stream *ws[MAXW];
+        struct vks_buffer wb[MAXW];
+        int wk[MAXW];
+        size_t wend[MAXW], nf = 0, n = 0, want = 1 + rnd(MAXW);
+        for (size_t tries = 0; n < want && tries < 4 * MAXW; tries++) {
+            int k = (int)rnd(NS);
+            if (at[k] == data[k].n)
+                continue;
+            size_t len = 1 + rnd(rnd(4) == 0 ? 16 : 6144);
+            len = len > data[k].n - at[k] ? data[k].n - at[k] : len;
+            ws[n] = s[k];
+            wk[n] = k;
+            if (rnd(4) == 0) {
+                f[nf] = tmpfile();
+                ck_assert_ptr_nonnull(f[nf]);
+                fwrite("junk", 1, 4, f[nf]);
+                fwrite(data[k].p + at[k], 1, len, f[nf]);
+                fflush(f[nf]);
+                wb[n] = (struct vks_buffer){
+                    .kind = VKS_BUFFER_FD, .fd = fileno(f[nf]), .offset = 4, .length = len};
+                nf++;
+            } else {
+                wb[n] = (struct vks_buffer){
+                    .kind = VKS_BUFFER_INLINE, .data = data[k].p + at[k], .len = len};
+            }
+            at[k] += len;
+            wend[n++] = at[k];
+        }
+        if (n == 0)
+            break;
+        int rc = vks_stream_write_many(ws, wb, n, &res, &err);
+        ck_assert_msg(rc == 0, "stream write many: %d %s", rc, err.msg);
+        requests++;
+        ck_assert_uint_eq(res.n_buffers, n);
+        for (size_t i = 0; i < n; i++) {
+            ck_assert_int_eq(res.buffers[i].code, 0);
+            ck_assert_uint_eq(res.buffers[i].bytes,
+                              wb[i].kind == VKS_BUFFER_FD ? wb[i].length : wb[i].len);
+        }
+        for (size_t h = 0; h < res.n_hits; h++) {
+            /* a write's hits end inside it, or at its first byte (`\b`,
+             * `$` decided by the byte after the last write) */
+            uint32_t i = res.hits[h].buffer;
+            ck_assert_uint_lt(i, n);
+            uint64_t len = wb[i].kind == VKS_BUFFER_FD ? wb[i].length : wb[i].len;
+            ck_assert_uint_le(res.hits[h].end, wend[i]);
+            ck_assert_uint_ge(res.hits[h].end + len, wend[i]);
+            scan_hits_push(&got[wk[i]], res.hits[h].rule, res.hits[h].end, 1);
+        }
+        vks_scan_result_finish(&res);
+        for (size_t i = 0; i < nf; i++)
+            fclose(f[i]);
+    }
+    for (int k = 0; k < NS; k++) {
+        ck_assert_uint_eq(vks_stream_offset(s[k]), data[k].n);
+        close_equals_block(c, cat, s[k], &data[k], &got[k], 3000);
+    }
+    ck_assert_uint_gt(requests, 8);
+    ck_assert_uint_gt(stat_of(c, "stream.batch_writes"), 50);
+
+    /* one request, three items: an unknown id, one over max-scan-bytes, a good one */
+    struct vks_stream *g = open_ok(c, cat);
+    struct vks_stream *two[2] = {g, g};
+    static char big[300000];
+    memset(big, 'x', sizeof(big));
+    struct vks_buffer bb[2] = {{.kind = VKS_BUFFER_INLINE, .data = big, .len = sizeof(big)},
+                               {.kind = VKS_BUFFER_INLINE, .data = "needle", .len = 6}};
+    ck_assert_int_eq(vks_stream_write_many(two, bb, 2, &res, &err), 0);
+    ck_assert_int_eq(res.buffers[0].code, -VKS_E_LIMIT);
+    ck_assert_uint_eq(res.buffers[0].bytes, 0);
+    ck_assert_int_eq(res.buffers[1].code, 0);
+    ck_assert_uint_eq(res.n_hits, 1);
+    ck_assert_uint_eq(res.hits[0].buffer, 1);
+    ck_assert_uint_eq(res.hits[0].end, 6); /* the refused write was not applied */
+    vks_scan_result_finish(&res);
+    int a = raw_connect(&d);
+    int id = raw_stream(a, PROTO_OP_STREAM_OPEN, 0, vks_catalog_fingerprint(cat), NULL);
+    uint32_t ids[2] = {(uint32_t)id + 1000, (uint32_t)id};
+    struct proto_buffer pb[2] = {{.data = (const uint8_t *)"needle", .len = 6},
+                                 {.data = (const uint8_t *)"xneedle", .len = 7}};
+    struct proto_request req = {.id = 9, .op = PROTO_OP_STREAM_WRITES};
+    req.u.writes =
+        (struct proto_stream_writes){.streams = ids, .n_streams = 2, .buffers = pb, .n_buffers = 2};
+    struct proto_reply *rep = raw_call(a, &req);
+    ck_assert_int_eq(rep->error.code, 0);
+    ck_assert_uint_eq(rep->u.scan.n_buffers, 2);
+    ck_assert_int_eq(rep->u.scan.buffers[0].code, -VKS_E_BAD_VALUE);
+    ck_assert_ptr_nonnull(strstr(rep->u.scan.buffers[0].message, "not open"));
+    ck_assert_int_eq(rep->u.scan.buffers[1].code, 0);
+    ck_assert_uint_eq(rep->u.scan.n_hits, 1);
+    ck_assert_uint_eq(rep->u.scan.hits[0].buffer, 1);
+    ck_assert_uint_eq(rep->u.scan.hits[0].end, 7);
+    proto_reply_destroy(rep);
+    close(a);
+    ck_assert_int_eq(vks_stream_close(g, NULL, &err), 0);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
 START_TEST(test_daemon_limits)
 {
     struct daemon d;
@@ -2472,6 +2613,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_gpu_middles_pipelined_and_leaving);
     tcase_add_test(td, test_daemon_lib_pipelined_streams);
     tcase_add_test(td, test_daemon_many_streams_one_connection);
+    tcase_add_test(td, test_daemon_stream_write_many);
     tcase_add_test(td, test_cli_pipe);
     tcase_add_test(td, test_cli_large_file_in_pieces);
     tcase_add_test(td, test_cli_tail);

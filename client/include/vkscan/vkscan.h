@@ -445,6 +445,23 @@ int vks_stream_write_recv(struct vks_stream *s, struct vks_scan_result *res, str
 uint32_t vks_stream_inflight(const struct vks_stream *s);
 
 /*
+ * Writes to many streams in one request (added after 0.3, VKSCAN_0.4):
+ * `buffers[i]` (inline or a descriptor range, as in vks_client_scan) to
+ * `streams[i]`, all streams of one client, in order where a stream comes
+ * more than once; the daemon runs the writes of different streams in
+ * parallel. One request instead of n is what lets one connection feed the
+ * daemon at its scanning rate with small writes (a flow reassembler's
+ * shape). `res` holds one buffer result per write (index i: the bytes it
+ * applied, or its own error code and message) and the hits of all, `buffer`
+ * naming the write, offsets counted from each stream's start. A write that
+ * fails with bytes applied leaves its stream unusable, as a failed
+ * vks_stream_write does; one refused whole leaves it intact. -EBUSY when a
+ * stream has pipelined writes in flight.
+ */
+int vks_stream_write_many(struct vks_stream *const *streams, const struct vks_buffer *buffers,
+                          size_t n, struct vks_scan_result *res, struct vks_error *err);
+
+/*
  * Ends the stream and frees `s` (also on failure, except -EBUSY above;
  * NULL allowed). `res` (may be NULL) receives the matches only the end of
  * data decides.
