@@ -7,8 +7,9 @@
 #   steps: tests (test_gpu, and test_stream's daemon case on the GPU)
 #          flows (10,000 streams of 64 KiB writes against literals-10000:
 #          for each stream-gpu-min-bytes in MINS (default "16K 0"), each
-#          window in WINDOWS (default "1 64"), inline and (FD=1) by memfd
-#          range)
+#          mode in MODES (default "w1 w64": wN pipelined writes in flight,
+#          bN writes per stream.writes), inline and by memfd range (FDS),
+#          with the daemon's loop-thread busy and CPU share over the run)
 #          each (every scan_bench workload in its own process)
 set -u
 B=${1:?usage: h200_session14.sh BUILD [steps...]}
@@ -26,8 +27,10 @@ if has tests; then
     grep -E ':[EF]:|gpu batches|pipelined' "$OUT/test_stream.txt" | head -n 5
 fi
 if has flows; then
+    # MODES: wN (N pipelined writes in flight per connection), bN (N writes
+    # per stream.writes request); FDS: 0 inline, 1 memfd ranges
     W=/tmp/sb-work
-    MS=${MINS:-16K 0} WS=${WINDOWS:-1 64}
+    MS=${MINS:-16K 0} MO=${MODES:-w1 w64}
     for min in $MS; do
         rm -rf $W && mkdir -p $W
         "$B/daemon/vkscand" --config "" --socket $W/s.sock --state-dir $W/state --engine gpu \
@@ -36,16 +39,23 @@ if has flows; then
             >"$OUT/vkscand_$min.log" 2>&1 &
         pid=$!
         for _ in $(seq 200); do grep -q "ready on" "$OUT/vkscand_$min.log" && break; sleep 0.1; done
-        for win in $WS; do
+        for mode in $MO; do
             for fd in ${FDS:-0 1}; do
-                name=flows_${min}_w${win}_fd$fd
+                name=flows_${min}_${mode}_fd$fd
                 hs=--no-hs
-                [ "$win" = "${WS%% *}" ] && [ "$fd" = 0 ] && [ "$min" = "${MS%% *}" ] && hs=
+                [ "$mode" = "${MO%% *}" ] && [ "$fd" = 0 ] && [ "$min" = "${MS%% *}" ] && hs=
+                case $mode in w*) m="--window ${mode#w}" ;; b*) m="--batch ${mode#b}" ;; esac
+                l0=$("$B/client/vkscan" --socket $W/s.sock status --json 2>/dev/null | tr ',' '\n' |
+                    grep -E '"(uptime_ns|loop_busy_ns|loop_cpu_ns)"' | sed 's/.*://' | tr '\n' ' ')
                 timeout 200 "$B/bench/stream_bench" --socket $W/s.sock --threads 16 --iters 3 \
                     --only flows --streams 10000 --write 64K --rounds 2 --literals 10000 \
-                    --window $win $([ "$fd" = 1 ] && echo --flows-fd) $hs --data build-shared \
+                    $m $([ "$fd" = 1 ] && echo --flows-fd) $hs --data build-shared \
                     >"$OUT/$name.txt" 2>&1
-                echo "$name exit $?: $(grep -E '^flows ' "$OUT/$name.txt")"
+                rc=$?
+                l1=$("$B/client/vkscan" --socket $W/s.sock status --json 2>/dev/null | tr ',' '\n' |
+                    grep -E '"(uptime_ns|loop_busy_ns|loop_cpu_ns)"' | sed 's/.*://' | tr '\n' ' ')
+                loop=$(echo "$l0 $l1" | awk '{printf "loop busy %.0f%% cpu %.0f%%", 100 * ($5 - $2) / ($4 - $1), 100 * ($6 - $3) / ($4 - $1)}')
+                echo "$name exit $rc: $(grep -E '^flows ' "$OUT/$name.txt") | $loop"
             done
         done
         "$B/client/vkscan" --socket $W/s.sock status --json 2>/dev/null | tr ',' '\n' |
