@@ -952,16 +952,22 @@ static int make_scan(struct vks_client *c, const struct vks_buffer *in, size_t n
         }
         if (in[i].kind != VKS_BUFFER_FD || in[i].fd < 0)
             return vks_error_set(err, -EINVAL, "buffer %zu: kind or descriptor is invalid", i);
-        if (*n_fds >= PROTO_MAX_FDS_CEILING)
+        /* ranges of one descriptor share its entry: a frame carries each
+         * descriptor once */
+        size_t at = 0;
+        while (at < *n_fds && fds[at] != in[i].fd)
+            at++;
+        if (at == *n_fds && *n_fds >= PROTO_MAX_FDS_CEILING)
             return vks_error_set(err, -VKS_E_TOO_MANY_FDS,
-                                 "more than %u fd buffers in one scan: split the scan",
+                                 "more than %u descriptors in one request: split it",
                                  PROTO_MAX_FDS_CEILING);
         b->is_fd = true;
-        b->fd_index = (uint32_t)*n_fds;
+        b->fd_index = (uint32_t)at;
         b->offset = in[i].offset;
         b->has_length = in[i].length != 0;
         b->length = in[i].length;
-        fds[(*n_fds)++] = in[i].fd;
+        if (at == *n_fds)
+            fds[(*n_fds)++] = in[i].fd;
     }
     return 0;
 }

@@ -143,6 +143,7 @@ static struct {
                        * daemon waits for them before the engine closes */
     bool open;
     uint32_t inflight;  /* handed to the engine, not answered yet (loop) */
+    bool kick;          /* middles were queued since the last server_kick (loop) */
     uid_t last;         /* the tenant served last (loop) */
     pthread_mutex_t mu; /* guards the done list */
     struct work *done_head, *done_tail;
@@ -734,6 +735,10 @@ static void on_done(uv_async_t *a)
     }
     if (srv != NULL)
         pump(srv);
+    if (srv != NULL && pool.kick) { /* one batch for the middles of many writes */
+        pool.kick = false;
+        server_kick(srv);
+    }
     (void)a;
 }
 
@@ -795,7 +800,7 @@ static int middle_queue(struct work *w)
     int rc = sched_push(server_sched(srv), session_tenant(w->s), &w->sj);
     if (rc != 0)
         return rc;
-    server_kick(srv);
+    pool.kick = true; /* on_done kicks once for all the middles it queued */
     return 0;
 }
 
@@ -820,9 +825,12 @@ static void uv_work_done(uv_work_t *uv, int status)
     struct server *srv = w->st->srv;
     work_done(w, status);
     pump(srv);
+    if (pool.kick) {
+        pool.kick = false;
+        server_kick(srv);
+    }
 }
 
-/* Hands `w` to the CPU engine, or to libuv's pool when there is none. */
 /* Hands the `n` requests linked from `first` (through `next`) to the CPU
  * engine at once, or to libuv's pool when there is none. */
 static void submit_list(struct server *srv, struct work *first, uint32_t n)
@@ -861,12 +869,16 @@ static void submit(struct server *srv, struct work *w)
     submit_list(srv, w, 1);
 }
 
-/* Requests handed out at once: one per CPU engine thread. */
+/* Requests handed out at once: two per CPU engine thread, so that a
+ * thread that finishes one takes the next from the engine's queue at once
+ * instead of waiting for the loop to answer and hand out more (H200,
+ * docs/PERFORMANCE.md "Session 14": one per thread left the threads idle a
+ * third of the time with the loop a third busy). */
 static uint32_t pool_cap(struct server *srv)
 {
     struct engine *e = server_engine(srv);
     uint32_t n = e != NULL && engine_ready(e) ? engine_get_info(e)->cpu_threads : 1;
-    return n ? n : 1;
+    return 2 * (n ? n : 1);
 }
 
 /* Hands ready requests to the engine while it has room, taking tenants in
@@ -878,7 +890,7 @@ static void pump(struct server *srv)
      * many threads as the CPU engine has (streamscan's own pool: one large
      * stream reaches block mode's rate; writes of many streams at once
      * share the cores with the engine's threads) */
-    streamscan_set_threads(cap, 0);
+    streamscan_set_threads(cap / 2, 0);
     struct work *head = NULL, **tail = &head;
     uint32_t n = 0;
     while (pool.inflight + n < cap) {

@@ -1996,6 +1996,28 @@ START_TEST(test_daemon_stream_write_many)
     ck_assert_uint_eq(res.hits[0].buffer, 1);
     ck_assert_uint_eq(res.hits[0].end, 6); /* the refused write was not applied */
     vks_scan_result_finish(&res);
+    /* 300 one-byte ranges of one descriptor: the frame carries it once */
+    enum { NR = 300 };
+    static struct vks_stream *gs[NR];
+    static struct vks_buffer gb[NR];
+    FILE *one = tmpfile();
+    ck_assert_ptr_nonnull(one);
+    for (int i = 0; i < NR; i++)
+        fputc(i >= 100 && i < 106 ? "needle"[i - 100] : '.', one);
+    fflush(one);
+    for (int i = 0; i < NR; i++) {
+        gs[i] = g;
+        gb[i] = (struct vks_buffer){
+            .kind = VKS_BUFFER_FD, .fd = fileno(one), .offset = (uint64_t)i, .length = 1};
+    }
+    ck_assert_int_eq(vks_stream_write_many(gs, gb, NR, &res, &err), 0);
+    ck_assert_uint_eq(res.n_buffers, NR);
+    ck_assert_uint_eq(res.n_hits, 1);
+    ck_assert_uint_eq(res.hits[0].buffer, 105);
+    ck_assert_uint_eq(res.hits[0].end, 6 + 106);
+    ck_assert_uint_eq(vks_stream_offset(g), 6 + NR);
+    vks_scan_result_finish(&res);
+    fclose(one);
     int a = raw_connect(&d);
     int id = raw_stream(a, PROTO_OP_STREAM_OPEN, 0, vks_catalog_fingerprint(cat), NULL);
     uint32_t ids[2] = {(uint32_t)id + 1000, (uint32_t)id};
