@@ -46,15 +46,18 @@ if has flows; then
                 [ "$mode" = "${MO%% *}" ] && [ "$fd" = 0 ] && [ "$min" = "${MS%% *}" ] && hs=
                 case $mode in w*) m="--window ${mode#w}" ;; b*) m="--batch ${mode#b}" ;; esac
                 l0=$("$B/client/vkscan" --socket $W/s.sock status --json 2>/dev/null | tr ',' '\n' |
-                    grep -E '"(uptime_ns|loop_busy_ns|loop_cpu_ns)"' | sed 's/.*://' | tr '\n' ' ')
+                    grep -E '"(uptime_ns|loop_busy_ns|loop_cpu_ns|stream.run_ns|cpu_threads)"' |
+                    sed 's/.*://' | tr '\n' ' ')
                 timeout 200 "$B/bench/stream_bench" --socket $W/s.sock --threads 16 --iters 3 \
                     --only flows --streams 10000 --write 64K --rounds 2 --literals 10000 \
                     $m $([ "$fd" = 1 ] && echo --flows-fd) $hs --data build-shared \
                     >"$OUT/$name.txt" 2>&1
                 rc=$?
                 l1=$("$B/client/vkscan" --socket $W/s.sock status --json 2>/dev/null | tr ',' '\n' |
-                    grep -E '"(uptime_ns|loop_busy_ns|loop_cpu_ns)"' | sed 's/.*://' | tr '\n' ' ')
-                loop=$(echo "$l0 $l1" | awk '{printf "loop busy %.0f%% cpu %.0f%%", 100 * ($5 - $2) / ($4 - $1), 100 * ($6 - $3) / ($4 - $1)}')
+                    grep -E '"(uptime_ns|loop_busy_ns|loop_cpu_ns|stream.run_ns|cpu_threads)"' |
+                    sed 's/.*://' | tr '\n' ' ')
+                # fields: uptime busy cpu cpu_threads run_ns (stats order)
+                loop=$(echo "$l0 $l1" | awk '{w = $6 - $1; printf "loop busy %.0f%% cpu %.0f%%, %d threads %.0f%% in writes", 100 * ($7 - $2) / w, 100 * ($8 - $3) / w, $9, 100 * ($10 - $5) / ($9 * w)}')
                 echo "$name exit $rc: $(grep -E '^flows ' "$OUT/$name.txt") | $loop"
             done
         done

@@ -19,6 +19,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -698,11 +700,22 @@ static void work_done(struct work *w, int status)
         session_stream_done(token);
 }
 
+static _Atomic uint64_t run_ns; /* stream.run_ns: time in work_run on the threads */
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* On a CPU engine thread: runs the request and hands it to the loop. */
 static void task_run(struct engine_task *t)
 {
     struct work *w = (struct work *)t;
+    uint64_t t0 = mono_ns();
     work_run(w);
+    atomic_fetch_add_explicit(&run_ns, mono_ns() - t0, memory_order_relaxed);
     pthread_mutex_lock(&pool.mu);
     w->next = NULL;
     if (pool.done_tail != NULL)
@@ -1116,6 +1129,7 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "stream.state_bytes", counters.state_bytes);
     stats_add_u(l, "limit.stream_gpu_min_bytes", cfg->stream_gpu_min_bytes);
     stats_add_u(l, "stream.engine_runs", counters.engine_runs);
+    stats_add_u(l, "stream.run_ns", atomic_load_explicit(&run_ns, memory_order_relaxed));
     stats_add_u(l, "stream.batch_writes", counters.batch_writes);
     stats_add_u(l, "stream.batch_fd_writes", counters.batch_fd_writes);
     stats_add_u(l, "stream.batch_bytes", counters.batch_bytes);
