@@ -81,6 +81,7 @@ struct work {
     /* An inline write whose middle runs in a scan batch, as a block scan
      * of the write (docs/engine.md "Streams"): streamscan leaves it in
      * `mid`; the job is queued like a scan request of the tenant. */
+    uint64_t cost;       /* bytes it counts in pool.inflight_bytes while handed out */
     size_t batch_min;    /* stream-gpu-min-bytes while a GPU engine runs; 0: never */
     const uint8_t *wbuf; /* the write's bytes: the frame's, or `sparse` */
     size_t wlen;
@@ -144,10 +145,11 @@ static struct {
                        * Requests in flight hold their sessions, so a draining
                        * daemon waits for them before the engine closes */
     bool open;
-    uint32_t inflight;  /* handed to the engine, not answered yet (loop) */
-    bool kick;          /* middles were queued since the last server_kick (loop) */
-    uid_t last;         /* the tenant served last (loop) */
-    pthread_mutex_t mu; /* guards the done list */
+    uint32_t inflight;       /* handed to the engine, not answered yet (loop) */
+    uint64_t inflight_bytes; /* their `cost` (loop) */
+    bool kick;               /* middles were queued since the last server_kick (loop) */
+    uid_t last;              /* the tenant served last (loop) */
+    pthread_mutex_t mu;      /* guards the done list */
     struct work *done_head, *done_tail;
 } pool = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -742,6 +744,7 @@ static void on_done(uv_async_t *a)
     struct server *srv = NULL;
     for (struct work *w; (w = take_done()) != NULL;) {
         pool.inflight--;
+        pool.inflight_bytes -= w->cost;
         counters.engine_runs++;
         srv = w->st->srv;
         work_done(w, 0);
@@ -835,6 +838,7 @@ static void uv_work_done(uv_work_t *uv, int status)
 {
     pool.inflight--;
     struct work *w = uv->data;
+    pool.inflight_bytes -= w->cost;
     struct server *srv = w->st->srv;
     work_done(w, status);
     pump(srv);
@@ -850,6 +854,8 @@ static void submit_list(struct server *srv, struct work *first, uint32_t n)
 {
     struct engine *e = server_engine(srv);
     pool.inflight += n;
+    for (struct work *w = first; w != NULL; w = w->next)
+        pool.inflight_bytes += w->cost;
     if (e != NULL && !pool.open && uv_async_init(server_loop(srv), &pool.async, on_done) == 0) {
         uv_unref((uv_handle_t *)&pool.async);
         pool.open = true;
@@ -882,31 +888,50 @@ static void submit(struct server *srv, struct work *w)
     submit_list(srv, w, 1);
 }
 
-/* Requests handed out at once: two per CPU engine thread, so that a
- * thread that finishes one takes the next from the engine's queue at once
- * instead of waiting for the loop to answer and hand out more (H200,
- * docs/PERFORMANCE.md "Session 14": one per thread left the threads idle a
- * third of the time with the loop a third busy). */
-static uint32_t pool_cap(struct server *srv)
+/* Requests handed out at once. At least one per CPU engine thread; past
+ * that, up to POOL_DEPTH per thread while the handed-out bytes stay under
+ * POOL_BYTES per thread, so that a thread that finishes a small write
+ * takes the next from the engine's queue at once instead of waiting for
+ * the loop to answer and hand out more (H200, docs/PERFORMANCE.md
+ * "Session 14": with one per thread, 10,000 flows of 64 KiB writes kept
+ * 15 threads 8-16% busy), while large writes, whose turns are what tenant
+ * fairness is about, still go out about one per thread. */
+#define POOL_DEPTH 16u
+#define POOL_BYTES (512u << 10)
+
+static uint32_t pool_threads(struct server *srv)
 {
     struct engine *e = server_engine(srv);
     uint32_t n = e != NULL && engine_ready(e) ? engine_get_info(e)->cpu_threads : 1;
-    return 2 * (n ? n : 1);
+    return n ? n : 1;
+}
+
+/* The bytes a request counts while handed out (a descriptor range with no
+ * length: as much as a thread's share). */
+static uint64_t work_cost(const struct work *w)
+{
+    const struct proto_buffer *b = w->buf;
+    if (b == NULL)
+        return 0;
+    if (!b->is_fd)
+        return b->len;
+    return b->has_length ? b->length : POOL_BYTES;
 }
 
 /* Hands ready requests to the engine while it has room, taking tenants in
  * turn from the one after the last served. */
 static void pump(struct server *srv)
 {
-    uint32_t cap = pool_cap(srv);
+    uint32_t threads = pool_threads(srv);
     /* a large write of a bounded catalog scans its middle in pieces on as
      * many threads as the CPU engine has (streamscan's own pool: one large
      * stream reaches block mode's rate; writes of many streams at once
      * share the cores with the engine's threads) */
-    streamscan_set_threads(cap / 2, 0);
+    streamscan_set_threads(threads, 0);
     struct work *head = NULL, **tail = &head;
     uint32_t n = 0;
-    while (pool.inflight + n < cap) {
+    uint64_t bytes = pool.inflight_bytes;
+    while (pool.inflight + n < POOL_DEPTH * threads) {
         struct tenant_streams *pick = NULL, *first = NULL;
         for (struct tenant_streams *t = tenants; t != NULL; t = t->next) {
             if (t->ready_head == NULL)
@@ -918,8 +943,13 @@ static void pump(struct server *srv)
         }
         if (pick == NULL && (pick = first) == NULL)
             break;
+        uint64_t cost = work_cost(pick->ready_head);
+        if (pool.inflight + n >= threads && bytes + cost > (uint64_t)POOL_BYTES * threads)
+            break;
+        bytes += cost;
         pool.last = pick->uid;
         struct work *w = take_ready(pick);
+        w->cost = cost;
         w->next = NULL;
         *tail = w;
         tail = &w->next;
