@@ -5,7 +5,8 @@
  *
  *   compile_bench [--json] [--repeat N] [--data DIR] [--only NAME] [--max-states N]
  *                 [--bitnfa-counters N] [--no-hs] [--no-minimise] [--gate-bits N]
- *                 [--gate-states N]
+ *                 [--gate-states N] [--gate-rare-bits N] [--gated-group-bits N]
+ *                 [--heavy-states N] [--fp]
  *
  * Workloads: 1,000 and 10,000 random lowercase literals of 8-16 bytes;
  * regex-500, the 500 bounded regexes that scan_bench scans on the GPU
@@ -30,7 +31,9 @@
  * shared machine varies 2-4x from run to run, and vkscan's CPU time counts
  * all its threads, so the check is not easier for it), catalog at most
  * max(4x the Hyperscan database, 8 MiB) ("size"), peak at most 4x the
- * catalog ("peak").
+ * catalog ("peak"). --fp prints each catalog's fingerprint after the table
+ * (the JSON always has it), to check that a compiler change left the output
+ * as it was.
  */
 #include <errno.h>
 #include <hs/hs.h>
@@ -223,6 +226,7 @@ struct figures {
     uint32_t nfa_rules;  /* rules on the bit-NFA engine */
     uint32_t passes;     /* groups that walk every byte: DFA groups and ungated bit-NFA groups */
     uint64_t states;
+    char fp[2 * CATALOG_FP_LEN + 1]; /* the catalog's fingerprint (hex) */
     struct side vk, hs;
     bool has_hs;
 };
@@ -354,6 +358,7 @@ static int measure_vk(const char *name, const struct ruleset *rs, const bool *ke
         }
         out->states = catalog_total_states(res.catalog);
         out->vk.bytes = words * 4;
+        catalog_fingerprint_hex(catalog_fingerprint(res.catalog), out->fp);
         rules_result_finish(&res);
     }
     if (rc == 0) {
@@ -472,6 +477,8 @@ static bool size_ok(const struct figures *f)
     return f->vk.bytes <= lim;
 }
 
+static bool print_fp; /* --fp: each catalog's fingerprint after the table */
+
 static void print_text(const struct figures *f, size_t n)
 {
     printf("%-18s %6s %4s %4s | %7s %7s %7s %7s | %10s %9s %6s | %9s %5s %9s | %4s %4s %4s | "
@@ -493,6 +500,8 @@ static void print_text(const struct figures *f, size_t n)
                verdict(size_ok(x), x->has_hs), verdict(x->vk.peak <= 4 * x->vk.bytes, true),
                x->groups, x->states, x->nfa_groups, x->nfa_rules, x->passes);
     }
+    for (size_t i = 0; print_fp && i < n; i++)
+        printf("fingerprint %-18s %s\n", f[i].name, f[i].fp);
 }
 
 static void print_side(const char *key, const struct side *s)
@@ -507,9 +516,9 @@ static void print_json(const struct figures *f, size_t n)
     for (size_t i = 0; i < n; i++) {
         printf("%s\n  {\"name\": \"%s\", \"rules\": %zu, \"rejects\": %zu, \"hs_rejects\": %zu, "
                "\"groups\": %u, \"states\": %" PRIu64 ", \"nfa_groups\": %u, \"nfa_rules\": %u, "
-               "\"passes\": %u, ",
+               "\"passes\": %u, \"fingerprint\": \"%s\", ",
                i ? "," : "", f[i].name, f[i].rules, f[i].rejects, f[i].hs_rejects, f[i].groups,
-               f[i].states, f[i].nfa_groups, f[i].nfa_rules, f[i].passes);
+               f[i].states, f[i].nfa_groups, f[i].nfa_rules, f[i].passes, f[i].fp);
         print_side("vkscan", &f[i].vk);
         if (f[i].has_hs) {
             printf(", ");
@@ -579,7 +588,7 @@ static int usage(void)
                     "                     [--max-states N] [--bitnfa-counters N] [--no-hs]\n"
                     "                     [--no-minimise] [--gate-bits N] [--gate-states N] "
                     "[--gate-rare-bits N] [--gated-group-bits N]\n"
-                    "                     [--heavy-states N]\n");
+                    "                     [--heavy-states N] [--fp]\n");
     return 2;
 }
 
@@ -605,6 +614,8 @@ int main(int argc, char **argv)
             max_states = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--no-hs") == 0)
             with_hs = false;
+        else if (strcmp(argv[i], "--fp") == 0)
+            print_fp = true;
         else if (strcmp(argv[i], "--no-minimise") == 0)
             no_minimise = true;
         else if (strcmp(argv[i], "--bitnfa-counters") == 0 && i + 1 < argc)

@@ -60,11 +60,14 @@ struct builder {
     struct u32vec r0step[4]; /* per p: (class, target) pairs sorted by class */
     uint32_t *r0step_first[4];
 
-    /* DFA states */
+    /* DFA states: state s's set is pool.v[set_off[s] .. set_off[s + 1]),
+     * encoded (encode_set) */
     uint32_t n_states, cap_states;
-    uint32_t *set_off, *set_len, *hash;
+    uint32_t *set_off, *hash;
     uint8_t *prev;
     struct u32vec pool;
+    uint32_t set_words; /* words of a set as a bitmap of the NFA's states */
+    struct u32vec enc;  /* intern's encoding of b->list */
     uint32_t *ht;
     size_t ht_cap;
     uint32_t *trans;
@@ -340,12 +343,9 @@ static uint32_t hash_state(const uint32_t *v, size_t n, uint32_t prev)
 static int grow_states(struct builder *b)
 {
     uint32_t cap = b->cap_states ? b->cap_states * 2 : 1024;
-    uint32_t *off = realloc(b->set_off, cap * sizeof(*off));
+    uint32_t *off = realloc(b->set_off, ((size_t)cap + 1) * sizeof(*off));
     if (off)
         b->set_off = off;
-    uint32_t *len = realloc(b->set_len, cap * sizeof(*len));
-    if (len)
-        b->set_len = len;
     uint32_t *hash = realloc(b->hash, cap * sizeof(*hash));
     if (hash)
         b->hash = hash;
@@ -358,7 +358,7 @@ static int grow_states(struct builder *b)
     uint32_t *af = realloc(b->acc_first, ((size_t)cap + 1) * sizeof(*af));
     if (af)
         b->acc_first = af;
-    if (!off || !len || !hash || !prev || !trans || !af)
+    if (!off || !hash || !prev || !trans || !af)
         return -ENOMEM;
     b->cap_states = cap;
     /* rehash into a table at least twice the state capacity */
@@ -378,18 +378,62 @@ static int grow_states(struct builder *b)
     return 0;
 }
 
+/*
+ * A state's set as stored in the pool: the sorted list of its NFA states
+ * when shorter than set_words, else a bitmap of set_words words. One set
+ * has one encoding, so equal sets are equal words; a length of set_words
+ * means a bitmap. Sets of a small NFA with a large DFA are long lists of
+ * few states: a rule of 51 NFA states that reached the budget of 65,536
+ * DFA states held 8 MiB of lists, 0.5 MiB as bitmaps.
+ */
+static int encode_set(struct builder *b, const uint32_t **v, size_t *n)
+{
+    if (*n < b->set_words)
+        return 0;
+    b->enc.n = 0;
+    while (b->enc.cap < b->set_words)
+        if (vec_grow(&b->enc) != 0)
+            return -ENOMEM;
+    memset(b->enc.v, 0, b->set_words * sizeof(uint32_t));
+    for (size_t i = 0; i < *n; i++)
+        b->enc.v[(*v)[i] >> 5] |= 1u << ((*v)[i] & 31u);
+    *v = b->enc.v;
+    *n = b->set_words;
+    return 0;
+}
+
+/* Appends the sorted NFA states of DFA state s to `out`. */
+static int decode_set(const struct builder *b, uint32_t s, struct u32vec *out)
+{
+    const uint32_t *w = b->pool.v + b->set_off[s];
+    uint32_t len = b->set_off[s + 1] - b->set_off[s];
+    if (len < b->set_words) {
+        for (uint32_t i = 0; i < len; i++)
+            if (vec_push(out, w[i]) != 0)
+                return -ENOMEM;
+        return 0;
+    }
+    for (uint32_t i = 0; i < len; i++)
+        for (uint32_t bits = w[i]; bits != 0; bits &= bits - 1)
+            if (vec_push(out, i << 5 | (uint32_t)__builtin_ctz(bits)) != 0)
+                return -ENOMEM;
+    return 0;
+}
+
 /* Finds or adds the state (b->list sorted, prev). Returns its id in *id;
  * -E2BIG past the budget. */
 static int intern(struct builder *b, uint32_t prev, uint32_t *id)
 {
-    uint32_t *v = b->list.v;
+    const uint32_t *v = b->list.v;
     size_t n = b->list.n;
+    if (encode_set(b, &v, &n) != 0)
+        return -ENOMEM;
     uint32_t h = hash_state(v, n, prev);
     if (b->ht_cap != 0) {
         size_t j = h & (b->ht_cap - 1);
         for (; b->ht[j] != 0; j = (j + 1) & (b->ht_cap - 1)) {
             uint32_t s = b->ht[j] - 1;
-            if (b->hash[s] == h && b->prev[s] == prev && b->set_len[s] == n &&
+            if (b->hash[s] == h && b->prev[s] == prev && b->set_off[s + 1] - b->set_off[s] == n &&
                 (n == 0 || memcmp(b->pool.v + b->set_off[s], v, n * sizeof(*v)) == 0)) {
                 *id = s;
                 return 0;
@@ -401,8 +445,6 @@ static int intern(struct builder *b, uint32_t prev, uint32_t *id)
     if (b->n_states == b->cap_states && grow_states(b) != 0)
         return -ENOMEM;
     uint32_t s = b->n_states++;
-    b->set_off[s] = (uint32_t)b->pool.n;
-    b->set_len[s] = (uint32_t)n;
     b->hash[s] = h;
     b->prev[s] = (uint8_t)prev;
     while (b->pool.cap - b->pool.n < n)
@@ -411,6 +453,7 @@ static int intern(struct builder *b, uint32_t prev, uint32_t *id)
     if (n != 0)
         memcpy(b->pool.v + b->pool.n, v, n * sizeof(*v));
     b->pool.n += n;
+    b->set_off[s + 1] = (uint32_t)b->pool.n;
     size_t j = h & (b->ht_cap - 1);
     while (b->ht[j] != 0)
         j = (j + 1) & (b->ht_cap - 1);
@@ -546,17 +589,10 @@ static int expand(struct builder *b, uint32_t s)
 {
     uint32_t p = b->prev[s];
     /* copy E: the pool may move while states are added */
+    b->ecopy.n = 0;
+    if (decode_set(b, s, &b->ecopy) != 0)
+        return -ENOMEM;
     struct u32vec e = b->ecopy;
-    e.n = 0;
-    while (e.cap < b->set_len[s])
-        if (vec_grow(&e) != 0) {
-            b->ecopy = e;
-            return -ENOMEM;
-        }
-    b->ecopy = e;
-    if (b->set_len[s] != 0)
-        memcpy(e.v, b->pool.v + b->set_off[s], b->set_len[s] * sizeof(*e.v));
-    e.n = b->set_len[s];
     uint16_t pm = b->r0_pm;
     for (size_t i = 0; i < e.n; i++)
         pm |= b->reach_pm[e.v[i]];
@@ -612,7 +648,7 @@ static void builder_free(struct builder *b)
         free(b->r0step_first[p]);
     }
     free(b->set_off);
-    free(b->set_len);
+    free(b->enc.v);
     free(b->hash);
     free(b->prev);
     free(b->pool.v);
@@ -640,6 +676,7 @@ static int builder_init(struct builder *b, const struct nfa *nfa, uint32_t max_s
     b->nfa = nfa;
     b->max_states = max_states;
     b->cond = nfa->has_cond;
+    b->set_words = (nfa->n_states + 31) / 32;
     compute_classes(b);
     size_t n = nfa->n_states;
     b->in_r0 = calloc(n, 1);
@@ -765,6 +802,8 @@ int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out)
     int rc = builder_init(&b, nfa, max_states);
     if (rc == 0 && grow_states(&b) != 0)
         rc = -ENOMEM;
+    if (rc == 0)
+        b.set_off[0] = 0;
     for (uint32_t p = 0; p < 4 && rc == 0; p++) {
         b.list.n = 0;
         rc = intern(&b, canon_prev_cached(&b, p, b.r0_pm), &b.start[p]);
