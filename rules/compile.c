@@ -33,7 +33,13 @@ struct prepared {
     struct parse_result tree;
     struct node *root; /* after prefix stripping; NULL while released */
     uint32_t plain;    /* plain_len of the tree: its bytes when a plain string, else 0 */
-    char *canon;       /* canonical source */
+    bool seq;          /* is_sequence(root): a plain sequence of byte sets */
+    /* A string sequence (each set one byte or a caseless letter) keeps no
+     * tree: `str_len` bytes, then as many flags, 1 where the byte is a
+     * caseless letter (string_tree makes the tree again). NULL otherwise. */
+    uint8_t *str;
+    uint32_t str_len;
+    char *canon; /* canonical source */
     size_t canon_len;
     uint32_t group;
     bool bitnfa;                /* goes to the bit-parallel NFA engine */
@@ -290,6 +296,7 @@ static bool wide_counter(const struct node *n, uint32_t total)
 }
 
 static uint32_t plain_len(const struct node *n, int depth, uint32_t max);
+static bool is_sequence(const struct node *n);
 
 static int prepare_rule(struct ctx *c, uint32_t i)
 {
@@ -317,6 +324,7 @@ static int prepare_rule(struct ctx *c, uint32_t i)
     uint32_t ml = parse_maxlen(p->root);
     p->maxlen = ml == REPEAT_INF ? CATALOG_UNBOUNDED : ml;
     p->positions = parse_positions(p->root);
+    p->seq = is_sequence(p->root);
     uint32_t total = c->opt->bitnfa_counters ? c->opt->bitnfa_counters : WIDE_TOTAL;
     p->wide = !c->opt->force_bitnfa && wide_counter(p->root, total);
     p->bitnfa = c->opt->force_bitnfa || p->wide;
@@ -329,24 +337,105 @@ static int prepare_rule(struct ctx *c, uint32_t i)
     return 0;
 }
 
-/* Parses again the rules whose trees rules_compile freed (root NULL): the
- * same source gives the same tree, which parse_check already accepted. */
-static int restore_trees(struct ctx *c)
+/* The one byte of a set, or with *fold the upper case of a caseless
+ * letter; -1 when the set is neither. */
+static int set_char(const struct byteset *s, bool *fold)
 {
-    for (uint32_t i = 0; i < c->n_prep; i++) {
-        struct prepared *p = &c->prep[i];
-        if (p->root != NULL)
-            continue;
-        char msg[200];
-        uint32_t pos = 0;
-        int rc = parse_rule(&c->src[p->input], &p->tree, &pos, msg, sizeof(msg));
-        if (rc != 0) {
-            parse_result_finish(&p->tree);
-            return rc == -ENOMEM ? rc : -EIO;
+    int first = -1, n = 0;
+    for (unsigned b = 0; b < 256 && n <= 2; b++)
+        if (byteset_has(s, b)) {
+            first = n == 0 ? (int)b : first;
+            n++;
         }
-        p->root = parse_strip_prefix(p->tree.root);
+    *fold = n == 2 && first >= 'A' && first <= 'Z' && byteset_has(s, (unsigned)first | 0x20u);
+    return n == 1 || *fold ? first : -1;
+}
+
+/*
+ * Frees the tree of a string sequence (a literal, a hex string without
+ * wildcards, a regex of plain letters), keeping its bytes (p->str): such a
+ * rule's tree is needed only to build its group, and trees of 48-byte nodes
+ * were most of a literal set's compile peak (phrases-3k: 3.3 MB for a 1.3
+ * MB catalog). Leaves other rules alone.
+ */
+static int release_tree(struct prepared *p)
+{
+    const struct node *r = p->root;
+    if (!p->seq)
+        return 0;
+    uint32_t n = r->type == N_SET ? 1 : r->u.list.n;
+    uint8_t *str = malloc(2 * (size_t)n);
+    if (str == NULL)
+        return -ENOMEM;
+    for (uint32_t k = 0; k < n; k++) {
+        bool fold;
+        int ch = set_char(r->type == N_SET ? &r->u.set : &r->u.list.kids[k]->u.set, &fold);
+        if (ch < 0) {
+            free(str);
+            return 0;
+        }
+        str[k] = (uint8_t)ch;
+        str[n + k] = fold;
     }
+    p->str = str;
+    p->str_len = n;
+    parse_result_finish(&p->tree);
+    p->root = NULL;
     return 0;
+}
+
+/* The tree of a released string sequence (p->str) in `nodes` (str_len + 1
+ * of them) and `kids` (str_len): a concatenation of its byte sets, which
+ * the NFA builder turns into the same states as the parsed tree. */
+static const struct node *string_tree(const struct prepared *p, struct node *nodes,
+                                      struct node **kids)
+{
+    uint32_t n = p->str_len;
+    memset(nodes, 0, ((size_t)n + 1) * sizeof(*nodes));
+    for (uint32_t k = 0; k < n; k++) {
+        nodes[k + 1].type = N_SET;
+        byteset_add(&nodes[k + 1].u.set, p->str[k]);
+        if (p->str[n + k])
+            byteset_add(&nodes[k + 1].u.set, p->str[k] | 0x20u);
+        kids[k] = &nodes[k + 1];
+    }
+    nodes[0].type = N_CAT;
+    nodes[0].u.list.kids = kids;
+    nodes[0].u.list.n = n;
+    return &nodes[0];
+}
+
+/* Parses again the tree of a rule whose tree was released (root NULL): the
+ * same source gives the same tree, which parse_check already accepted. */
+static int hold_tree(struct ctx *c, struct prepared *p)
+{
+    if (p->root != NULL)
+        return 0;
+    char msg[200];
+    uint32_t pos = 0;
+    int rc = parse_rule(&c->src[p->input], &p->tree, &pos, msg, sizeof(msg));
+    if (rc != 0) {
+        parse_result_finish(&p->tree);
+        return rc == -ENOMEM ? rc : -EIO;
+    }
+    p->root = parse_strip_prefix(p->tree.root);
+    return 0;
+}
+
+/* Gives the strings whose trees rules_compile freed while the set might be
+ * a literal group (root and str NULL) their bytes, parsing them again. */
+static int restore_strings(struct ctx *c)
+{
+    int rc = 0;
+    for (uint32_t i = 0; i < c->n_prep && rc == 0; i++) {
+        struct prepared *p = &c->prep[i];
+        if (p->root != NULL || p->str != NULL)
+            continue;
+        rc = hold_tree(c, p);
+        if (rc == 0)
+            rc = release_tree(p);
+    }
+    return rc;
 }
 
 /* The indexes of the rules not rejected so far, sorted by `cmp` (malloc'd;
@@ -407,12 +496,20 @@ static int build_group(struct ctx *c, const uint32_t *idx, uint32_t n, bool mini
     memset(g, 0, sizeof(*g));
     if (c->opt->cancel != NULL && __atomic_load_n(c->opt->cancel, __ATOMIC_RELAXED) != 0)
         return -ECANCELED;
+    uint32_t longest = 0;
+    for (uint32_t k = 0; k < n; k++)
+        if (c->prep[idx[k]].root == NULL && c->prep[idx[k]].str_len > longest)
+            longest = c->prep[idx[k]].str_len;
     struct nfa_builder *b = nfa_builder_create();
-    if (b == NULL)
-        return -ENOMEM;
-    int rc = 0;
-    for (uint32_t k = 0; k < n && rc == 0; k++)
-        rc = nfa_builder_add(b, c->prep[idx[k]].root, k);
+    struct node *nodes = malloc(((size_t)longest + 1) * sizeof(*nodes));
+    struct node **kids = malloc(((size_t)longest + 1) * sizeof(*kids));
+    int rc = b == NULL || nodes == NULL || kids == NULL ? -ENOMEM : 0;
+    for (uint32_t k = 0; k < n && rc == 0; k++) {
+        const struct prepared *p = &c->prep[idx[k]];
+        rc = nfa_builder_add(b, p->root != NULL ? p->root : string_tree(p, nodes, kids), k);
+    }
+    free(nodes);
+    free(kids);
     struct nfa nfa;
     if (rc == 0)
         rc = nfa_builder_finish(b, &nfa);
@@ -518,7 +615,7 @@ static void *prebuild_thread(void *arg)
         if (stop)
             return NULL;
         struct prepared *p = &c->prep[i];
-        if ((p->bitnfa && !p->wide) || is_sequence(p->root))
+        if ((p->bitnfa && !p->wide) || p->seq)
             continue;
         int rc = p->wide ? extract_factors(p) : 0;
         if (rc == 0 && p->wide && p->factors != NULL)
@@ -835,18 +932,21 @@ split:
     return rc != 0 ? rc : place_nfa(c, idx + n / 2, n - n / 2);
 }
 
-/* Sets p->factors to the rule's factor set, or NULL when it has none. */
+/* Sets p->factors to the rule's factor set, trimmed to its factors
+ * (FACTOR_SET_SIZE), or NULL when it has none. */
 static int extract_factors(struct prepared *p)
 {
     if (p->factors != NULL)
         return 0;
-    p->factors = malloc(sizeof(*p->factors));
-    int rc = p->factors == NULL ? -ENOMEM : factor_extract(p->root, p->factors);
+    struct factor_set *fs = malloc(sizeof(*fs));
+    int rc = fs == NULL ? -ENOMEM : factor_extract(p->root, fs);
     if (rc != 0) {
-        free(p->factors);
-        p->factors = NULL;
+        free(fs);
+        return rc == -ENOMEM ? rc : 0;
     }
-    return rc == -ENOMEM ? rc : 0;
+    struct factor_set *small = realloc(fs, FACTOR_SET_SIZE(fs->n));
+    p->factors = small != NULL ? small : fs;
+    return 0;
 }
 
 /* How a bit-NFA rule is walked, which its group shares: 0 in full (no
@@ -932,7 +1032,7 @@ static int choose_gated(struct ctx *c)
     uint32_t rare = c->opt->gate_rare_bits ? c->opt->gate_rare_bits : GATE_RARE_BITS;
     for (uint32_t i = 0; i < c->n_prep && bits != UINT32_MAX; i++) {
         struct prepared *p = &c->prep[i];
-        if (p->bitnfa || is_sequence(p->root))
+        if (p->bitnfa || p->seq)
             continue;
         if (extract_factors(p) != 0)
             return -ENOMEM;
@@ -1061,6 +1161,9 @@ static int group_nfa_rules(struct ctx *c)
         struct prepared *p = &c->prep[order[i]];
         if (!p->bitnfa)
             continue;
+        rc = hold_tree(c, p);
+        if (rc != 0)
+            break;
         struct bitnfa_group g;
         const struct node *root = p->root;
         rc = bitnfa_build(&root, 1, BITNFA_MAX_BITS, &g, &p->bits);
@@ -1363,6 +1466,7 @@ static void ctx_free(struct ctx *c)
 {
     for (uint32_t i = 0; i < c->n_prep; i++) {
         parse_result_finish(&c->prep[i].tree);
+        free(c->prep[i].str);
         free(c->prep[i].canon);
         free(c->prep[i].factors);
     }
@@ -1411,30 +1515,37 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
     res->rule_index = malloc((n ? n : 1) * sizeof(*res->rule_index));
     int rc = c.prep && cat_index && res->rule_index ? 0 : -ENOMEM;
     /* While every rule so far is a plain string the set may become one
-     * literal group, which needs no trees: each is freed as soon as it is
-     * parsed, so a large literal set never holds its trees at once (20,000
-     * binary strings: 110 MB of them). The first rule that is not plain, or
-     * a set too small for the literal group, parses the freed ones again. */
+     * literal group, which needs neither trees nor bytes: each tree is freed
+     * as soon as it is parsed, so a large literal set never holds its trees
+     * at once (20,000 binary strings: 110 MB of them). The first rule that
+     * is not plain, or a set too small for the literal group, parses the
+     * freed ones again. Every string sequence then keeps only its bytes
+     * (release_tree). */
     bool may_literal = opt->literal_group >= 0 && !opt->force_bitnfa;
     for (size_t i = 0; i < n && rc == 0; i++) {
         uint32_t before = c.n_prep;
         rc = prepare_rule(&c, (uint32_t)i);
-        if (rc != 0 || c.n_prep == before || !may_literal)
+        if (rc != 0 || c.n_prep == before)
             continue;
         struct prepared *p = &c.prep[before];
-        if (p->plain >= CAT_LITERAL_MIN_LEN && !(rules[i].flags & RULE_F_SOMLEFT)) {
+        bool plain =
+            p->plain >= CAT_LITERAL_MIN_LEN && !(rules[i].flags & RULE_F_SOMLEFT) && !p->bitnfa;
+        if (may_literal && plain) {
             parse_result_finish(&p->tree);
             p->root = NULL;
-        } else {
-            may_literal = false;
-            rc = restore_trees(&c);
+            continue;
         }
+        if (may_literal)
+            rc = restore_strings(&c);
+        may_literal = false;
+        if (rc == 0 && !p->bitnfa)
+            rc = release_tree(p);
     }
     bool literal = false;
     if (rc == 0)
         rc = literal_group(&c, &literal);
     if (rc == 0 && !literal && may_literal)
-        rc = restore_trees(&c);
+        rc = restore_strings(&c);
     if (rc == 0 && !literal)
         rc = choose_gated(&c);
     if (rc == 0 && !literal)
@@ -1456,7 +1567,7 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
         rc = pack(&c, cat_index, &res->catalog, err);
     else if (rc == -ENOMEM)
         vks_error_set(err, rc, "out of memory compiling %zu rules", n);
-    else if (rc == -EIO) /* restore_trees: not expected */
+    else if (rc == -EIO) /* hold_tree: not expected */
         vks_error_set(err, rc, "internal error: a rule parsed differently the second time");
     if (rc == 0) {
         for (size_t i = 0; i < n; i++)
