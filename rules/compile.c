@@ -233,6 +233,22 @@ static bool bad_id(const char *id)
  * DFA alone has more states than this is gated (choose_gated). */
 #define GATE_STATES 64u
 
+/*
+ * Every other rule is tried alone (prebuild) as a DFA of at most this many
+ * states, or the budget when smaller; over it the rule goes to the bit-NFA,
+ * as it did over the budget. A rule of 51 NFA states in regex-500-secrets
+ * built 65,536 DFA states before it failed (3 MB in the build, on one of
+ * the prebuild threads, with more threads more such builds at once); no
+ * rule of the workloads that fits alone has more than 4,632.
+ */
+#define LONE_STATES 16384u
+
+static uint32_t lone_states(const struct rules_options *opt)
+{
+    uint32_t budget = opt->max_states ? opt->max_states : RULES_DEFAULT_STATES;
+    return budget < LONE_STATES ? budget : LONE_STATES;
+}
+
 static uint32_t gate_states(const struct rules_options *opt)
 {
     return opt->gate_states ? opt->gate_states : GATE_STATES;
@@ -342,10 +358,10 @@ static int prepare_rule(struct ctx *c, uint32_t i)
 static int set_char(const struct byteset *s, bool *fold)
 {
     int first = -1, n = 0;
-    for (unsigned b = 0; b < 256 && n <= 2; b++)
-        if (byteset_has(s, b)) {
-            first = n == 0 ? (int)b : first;
-            n++;
+    for (int w = 3; w >= 0; w--)
+        if (s->w[w] != 0) {
+            n += __builtin_popcountll(s->w[w]);
+            first = w * 64 + __builtin_ctzll(s->w[w]);
         }
     *fold = n == 2 && first >= 'A' && first <= 'Z' && byteset_has(s, (unsigned)first | 0x20u);
     return n == 1 || *fold ? first : -1;
@@ -621,7 +637,9 @@ static void *prebuild_thread(void *arg)
         if (rc == 0 && p->wide && p->factors != NULL)
             continue; /* a gated bit-NFA group walks only around its factors */
         struct group_out g;
-        uint32_t cap = p->wide ? SMALL_DFA : p->candidate ? gate_states(c->opt) : 0;
+        uint32_t cap = p->wide        ? SMALL_DFA
+                       : p->candidate ? gate_states(c->opt)
+                                      : lone_states(c->opt);
         if (rc == 0)
             rc = build_group(c, &i, 1, false, cap, &g);
         if (rc == 0) {
@@ -679,12 +697,27 @@ static int prebuild(struct ctx *c)
     return w.rc;
 }
 
+/*
+ * A group's first build stops at FIRST_FACTOR times its estimated size
+ * (fill_states), at least FIRST_FLOOR states: a group over that is split
+ * in halves, which are built with the whole budget, as after a failed
+ * build at the budget. gitleaks-regex's group of 6 rules estimated at 924
+ * states failed only at 65,536 (14.4 MB of rows, most of the compile's
+ * peak and half its time). The groups that fit are up to 24.5x their
+ * estimate: 21,567 states against 882 (gitleaks-regex at gate_states 1,
+ * whose shape tests/test_hsdiff.c checks), 17,753 against 1,129
+ * (regex-500).
+ */
+#define FIRST_FACTOR 32u
+#define FIRST_FLOOR  16384u
+
 /* Builds rules idx[0..n) as one group, splitting in halves while the DFA
- * is over budget. A single rule over budget goes to the bit-NFA. */
-static int place(struct ctx *c, uint32_t *idx, uint32_t n)
+ * is over budget (the first build: over `cap` states when not 0). A single
+ * rule over budget goes to the bit-NFA. */
+static int place(struct ctx *c, uint32_t *idx, uint32_t n, uint32_t cap)
 {
     struct group_out g;
-    int rc = build_group(c, idx, n, true, 0, &g);
+    int rc = build_group(c, idx, n, true, n == 1 ? 0 : cap, &g);
     if (rc == 0) {
         rc = push_group(c, &g);
         if (rc != 0) {
@@ -699,8 +732,8 @@ static int place(struct ctx *c, uint32_t *idx, uint32_t n)
         c->prep[idx[0]].bitnfa = true;
         return 0;
     }
-    rc = place(c, idx, n / 2);
-    return rc != 0 ? rc : place(c, idx + n / 2, n - n / 2);
+    rc = place(c, idx, n / 2, 0);
+    return rc != 0 ? rc : place(c, idx + n / 2, n - n / 2, 0);
 }
 
 /* Bounded rules before unbounded ones, each by maxlen, so a group's segment
@@ -756,14 +789,8 @@ static uint32_t plain_len(const struct node *n, int depth, uint32_t max)
         return 0;
     switch (n->type) {
     case N_SET: {
-        uint32_t k = 0, c0 = 0;
-        for (unsigned c = 0; c < 256 && k <= 2; c++)
-            if (byteset_has(&n->u.set, c)) {
-                c0 = k == 0 ? c : c0;
-                k++;
-            }
-        bool pair = k == 2 && c0 >= 'A' && c0 <= 'Z' && byteset_has(&n->u.set, c0 | 0x20u);
-        return k == 1 || pair ? 1 : 0;
+        bool fold;
+        return set_char(&n->u.set, &fold) >= 0 ? 1 : 0;
     }
     case N_CAT: {
         uint32_t t = 0;
@@ -867,7 +894,9 @@ static int group_rules(struct ctx *c)
                                (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED);
         struct fill g = end ? f : fill_add(f, c->prep[order[i]].positions, heavy);
         if (i > begin && (end || kind_change || fill_states(g) > budget)) {
-            rc = place(c, order + begin, i - begin);
+            uint64_t cap = fill_states(f) * FIRST_FACTOR;
+            cap = cap > FIRST_FLOOR ? cap : FIRST_FLOOR;
+            rc = place(c, order + begin, i - begin, cap < budget ? (uint32_t)cap : 0);
             begin = i;
             g = fill_add((struct fill){0, 0}, end ? 0 : c->prep[order[i]].positions, heavy);
         }
