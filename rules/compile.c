@@ -421,35 +421,78 @@ static const struct node *string_tree(const struct prepared *p, struct node *nod
     return &nodes[0];
 }
 
-/* Parses again the tree of a rule whose tree was released (root NULL): the
- * same source gives the same tree, which parse_check already accepted. */
-static int hold_tree(struct ctx *c, struct prepared *p)
+/* The tree of rule p for one use: p->root, or when released (NULL) the
+ * rule parsed again into *tmp, which the caller finishes, also on failure
+ * (an empty one when p->root is used). The same source gives the same
+ * tree, which parse_check already accepted. Thread-safe for distinct p. */
+static int borrow_tree(const struct ctx *c, const struct prepared *p, struct parse_result *tmp,
+                       const struct node **root)
 {
+    memset(tmp, 0, sizeof(*tmp));
+    *root = p->root;
     if (p->root != NULL)
         return 0;
     char msg[200];
     uint32_t pos = 0;
-    int rc = parse_rule(&c->src[p->input], &p->tree, &pos, msg, sizeof(msg));
-    if (rc != 0) {
-        parse_result_finish(&p->tree);
+    int rc = parse_rule(&c->src[p->input], tmp, &pos, msg, sizeof(msg));
+    if (rc != 0)
         return rc == -ENOMEM ? rc : -EIO;
-    }
-    p->root = parse_strip_prefix(p->tree.root);
+    *root = parse_strip_prefix(tmp->root);
     return 0;
 }
 
+/* Gives a rule whose tree was released its tree again, until
+ * release_trees. */
+static int hold_tree(struct ctx *c, struct prepared *p)
+{
+    if (p->root != NULL)
+        return 0;
+    const struct node *root;
+    int rc = borrow_tree(c, p, &p->tree, &root);
+    if (rc != 0) {
+        parse_result_finish(&p->tree);
+        return rc;
+    }
+    p->root = (struct node *)root;
+    return 0;
+}
+
+/*
+ * Frees every rule's tree. Trees are parsed again where they are needed
+ * (borrow_tree: the factors, a group's NFA; hold_tree: the bit-NFA
+ * groups), so a compile holds a few at a time: regex-500-secrets' 500
+ * trees were 1.4 MB, more than its catalog, for the whole compile.
+ */
+static void release_trees(struct ctx *c)
+{
+    for (uint32_t i = 0; i < c->n_prep; i++) {
+        parse_result_finish(&c->prep[i].tree);
+        c->prep[i].root = NULL;
+    }
+}
+
+/* Whether rules_compile frees p's tree while the set may be a literal
+ * group, without keeping its bytes (literal_group's test). */
+static bool maybe_literal(const struct ctx *c, const struct prepared *p)
+{
+    return p->plain >= CAT_LITERAL_MIN_LEN && !(c->src[p->input].flags & RULE_F_SOMLEFT) &&
+           !p->bitnfa;
+}
+
 /* Gives the strings whose trees rules_compile freed while the set might be
- * a literal group (root and str NULL) their bytes, parsing them again. */
+ * a literal group their bytes, parsing them again. */
 static int restore_strings(struct ctx *c)
 {
     int rc = 0;
     for (uint32_t i = 0; i < c->n_prep && rc == 0; i++) {
         struct prepared *p = &c->prep[i];
-        if (p->root != NULL || p->str != NULL)
+        if (p->str != NULL || !maybe_literal(c, p))
             continue;
         rc = hold_tree(c, p);
         if (rc == 0)
             rc = release_tree(p);
+        parse_result_finish(&p->tree);
+        p->root = NULL;
     }
     return rc;
 }
@@ -522,7 +565,15 @@ static int build_group(struct ctx *c, const uint32_t *idx, uint32_t n, bool mini
     int rc = b == NULL || nodes == NULL || kids == NULL ? -ENOMEM : 0;
     for (uint32_t k = 0; k < n && rc == 0; k++) {
         const struct prepared *p = &c->prep[idx[k]];
-        rc = nfa_builder_add(b, p->root != NULL ? p->root : string_tree(p, nodes, kids), k);
+        struct parse_result again = {0};
+        const struct node *root = p->root;
+        if (root == NULL && p->str != NULL)
+            root = string_tree(p, nodes, kids);
+        else
+            rc = borrow_tree(c, p, &again, &root);
+        if (rc == 0)
+            rc = nfa_builder_add(b, root, k);
+        parse_result_finish(&again);
     }
     free(nodes);
     free(kids);
@@ -617,7 +668,7 @@ struct prebuild_work {
     pthread_mutex_t lock;
 };
 
-static int extract_factors(struct prepared *p);
+static int extract_factors(const struct ctx *c, struct prepared *p);
 
 static void *prebuild_thread(void *arg)
 {
@@ -633,7 +684,7 @@ static void *prebuild_thread(void *arg)
         struct prepared *p = &c->prep[i];
         if ((p->bitnfa && !p->wide) || p->seq)
             continue;
-        int rc = p->wide ? extract_factors(p) : 0;
+        int rc = p->wide ? extract_factors(c, p) : 0;
         if (rc == 0 && p->wide && p->factors != NULL)
             continue; /* a gated bit-NFA group walks only around its factors */
         struct group_out g;
@@ -963,15 +1014,21 @@ split:
 
 /* Sets p->factors to the rule's factor set, trimmed to its factors
  * (FACTOR_SET_SIZE), or NULL when it has none. */
-static int extract_factors(struct prepared *p)
+static int extract_factors(const struct ctx *c, struct prepared *p)
 {
     if (p->factors != NULL)
         return 0;
+    struct parse_result again;
+    const struct node *root;
     struct factor_set *fs = malloc(sizeof(*fs));
-    int rc = fs == NULL ? -ENOMEM : factor_extract(p->root, fs);
+    int rc = fs == NULL ? -ENOMEM : borrow_tree(c, p, &again, &root);
+    if (rc == 0)
+        rc = factor_extract(root, fs);
+    if (fs != NULL)
+        parse_result_finish(&again);
     if (rc != 0) {
         free(fs);
-        return rc == -ENOMEM ? rc : 0;
+        return rc == -ENOMEM || rc == -EIO ? rc : 0;
     }
     struct factor_set *small = realloc(fs, FACTOR_SET_SIZE(fs->n));
     p->factors = small != NULL ? small : fs;
@@ -1003,9 +1060,10 @@ static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
         return -ENOMEM;
     uint32_t k = 0;
     for (uint32_t i = 0; i < m; i++) {
-        if (extract_factors(&c->prep[order[i]]) != 0) {
+        int rc = extract_factors(c, &c->prep[order[i]]);
+        if (rc != 0) {
             free(tmp);
-            return -ENOMEM;
+            return rc;
         }
     }
     for (uint32_t cls = 0; cls < 4; cls++) {
@@ -1063,8 +1121,9 @@ static int choose_gated(struct ctx *c)
         struct prepared *p = &c->prep[i];
         if (p->bitnfa || p->seq)
             continue;
-        if (extract_factors(p) != 0)
-            return -ENOMEM;
+        int rc = extract_factors(c, p);
+        if (rc != 0)
+            return rc;
         if (p->factors != NULL && factor_set_bits(p->factors) >= bits) {
             bool rarely = factor_set_text_bits(p->factors) >= rare;
             p->candidate = gate_states(c->opt) > 1 && !rarely;
@@ -1543,13 +1602,14 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
     uint32_t *cat_index = malloc((n ? n : 1) * sizeof(*cat_index));
     res->rule_index = malloc((n ? n : 1) * sizeof(*res->rule_index));
     int rc = c.prep && cat_index && res->rule_index ? 0 : -ENOMEM;
-    /* While every rule so far is a plain string the set may become one
-     * literal group, which needs neither trees nor bytes: each tree is freed
-     * as soon as it is parsed, so a large literal set never holds its trees
-     * at once (20,000 binary strings: 110 MB of them). The first rule that
-     * is not plain, or a set too small for the literal group, parses the
-     * freed ones again. Every string sequence then keeps only its bytes
-     * (release_tree). */
+    /* Every tree is freed as soon as its rule is prepared, and parsed again
+     * where it is needed (borrow_tree), so a compile never holds its trees
+     * at once (20,000 binary strings: 110 MB of them; regex-500-secrets:
+     * 1.4 MB, more than its catalog). A string sequence keeps its bytes
+     * (release_tree), except while every rule so far is a plain string: the
+     * set may become one literal group, which needs neither. The first rule
+     * that is not plain, or a set too small for the literal group, parses
+     * the strings again for their bytes (restore_strings). */
     bool may_literal = opt->literal_group >= 0 && !opt->force_bitnfa;
     for (size_t i = 0; i < n && rc == 0; i++) {
         uint32_t before = c.n_prep;
@@ -1557,18 +1617,15 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
         if (rc != 0 || c.n_prep == before)
             continue;
         struct prepared *p = &c.prep[before];
-        bool plain =
-            p->plain >= CAT_LITERAL_MIN_LEN && !(rules[i].flags & RULE_F_SOMLEFT) && !p->bitnfa;
-        if (may_literal && plain) {
-            parse_result_finish(&p->tree);
-            p->root = NULL;
-            continue;
+        if (!may_literal || !maybe_literal(&c, p)) {
+            if (may_literal)
+                rc = restore_strings(&c);
+            may_literal = false;
+            if (rc == 0 && !p->bitnfa)
+                rc = release_tree(p);
         }
-        if (may_literal)
-            rc = restore_strings(&c);
-        may_literal = false;
-        if (rc == 0 && !p->bitnfa)
-            rc = release_tree(p);
+        parse_result_finish(&p->tree);
+        p->root = NULL;
     }
     bool literal = false;
     if (rc == 0)
@@ -1583,6 +1640,7 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
         rc = group_rules(&c);
     if (rc == 0 && !literal)
         rc = group_nfa_rules(&c);
+    release_trees(&c);
     if (rc == 0 && !literal)
         rc = add_factor_group(&c);
     /* group numbers, now that groups are final: DFA groups, then bit-NFAs */
@@ -1596,7 +1654,7 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
         rc = pack(&c, cat_index, &res->catalog, err);
     else if (rc == -ENOMEM)
         vks_error_set(err, rc, "out of memory compiling %zu rules", n);
-    else if (rc == -EIO) /* hold_tree: not expected */
+    else if (rc == -EIO) /* borrow_tree: not expected */
         vks_error_set(err, rc, "internal error: a rule parsed differently the second time");
     if (rc == 0) {
         for (size_t i = 0; i < n; i++)
