@@ -441,8 +441,8 @@ static int borrow_tree(const struct ctx *c, const struct prepared *p, struct par
     return 0;
 }
 
-/* Gives a rule whose tree was released its tree again, until
- * release_trees. */
+/* Gives a rule whose tree was released (root NULL) its tree again, in
+ * p->tree (restore_strings). */
 static int hold_tree(struct ctx *c, struct prepared *p)
 {
     if (p->root != NULL)
@@ -455,20 +455,6 @@ static int hold_tree(struct ctx *c, struct prepared *p)
     }
     p->root = (struct node *)root;
     return 0;
-}
-
-/*
- * Frees every rule's tree. Trees are parsed again where they are needed
- * (borrow_tree: the factors, a group's NFA; hold_tree: the bit-NFA
- * groups), so a compile holds a few at a time: regex-500-secrets' 500
- * trees were 1.4 MB, more than its catalog, for the whole compile.
- */
-static void release_trees(struct ctx *c)
-{
-    for (uint32_t i = 0; i < c->n_prep; i++) {
-        parse_result_finish(&c->prep[i].tree);
-        c->prep[i].root = NULL;
-    }
 }
 
 /* Whether rules_compile frees p's tree while the set may be a literal
@@ -901,16 +887,10 @@ static int literal_group(struct ctx *c, bool *done)
         return 0;
     struct group_out g = {.n_rules = c->n_prep, .maxlen = maxlen, .literal = true};
     g.rules = malloc(c->n_prep * sizeof(*g.rules));
-    g.dfa.trans = calloc(1, sizeof(uint32_t));
-    g.dfa.acc_first = calloc(2, sizeof(uint32_t));
-    if (g.rules == NULL || g.dfa.trans == NULL || g.dfa.acc_first == NULL) {
-        dfa_finish(&g.dfa);
+    if (g.rules == NULL || dfa_init_empty(&g.dfa) != 0) {
         free(g.rules);
         return -ENOMEM;
     }
-    g.dfa.n_states = 1; /* one state, no accepting one: nothing to walk */
-    g.dfa.n_classes = 1;
-    g.dfa.first_accept = 1;
     for (uint32_t i = 0; i < c->n_prep; i++)
         g.rules[i] = i;
     int rc = push_group(c, &g);
@@ -978,14 +958,18 @@ static int push_nfa(struct ctx *c, struct nfa_group_out *g)
 static int place_nfa(struct ctx *c, uint32_t *idx, uint32_t n)
 {
     const struct node *roots[64] = {NULL};
+    struct parse_result trees[64];
     struct nfa_group_out g = {0};
-    uint32_t bits = 0;
-    int rc;
+    uint32_t bits = 0, k = 0;
+    int rc = 0;
     if (n > 64)
         goto split;
-    for (uint32_t k = 0; k < n; k++)
-        roots[k] = c->prep[idx[k]].root;
-    rc = bitnfa_build(roots, n, n == 1 ? BITNFA_MAX_BITS : BITNFA_GROUP_BITS, &g.g, &bits);
+    for (; k < n && rc == 0; k++)
+        rc = borrow_tree(c, &c->prep[idx[k]], &trees[k], &roots[k]);
+    if (rc == 0)
+        rc = bitnfa_build(roots, n, n == 1 ? BITNFA_MAX_BITS : BITNFA_GROUP_BITS, &g.g, &bits);
+    while (k > 0)
+        parse_result_finish(&trees[--k]);
     if (rc == -E2BIG || (rc == -EFBIG && n > 1))
         goto split;
     if (rc == -EFBIG)
@@ -1249,12 +1233,13 @@ static int group_nfa_rules(struct ctx *c)
         struct prepared *p = &c->prep[order[i]];
         if (!p->bitnfa)
             continue;
-        rc = hold_tree(c, p);
-        if (rc != 0)
-            break;
-        struct bitnfa_group g;
-        const struct node *root = p->root;
-        rc = bitnfa_build(&root, 1, BITNFA_MAX_BITS, &g, &p->bits);
+        struct bitnfa_group g = {0};
+        struct parse_result tree;
+        const struct node *root;
+        rc = borrow_tree(c, p, &tree, &root);
+        if (rc == 0)
+            rc = bitnfa_build(&root, 1, BITNFA_MAX_BITS, &g, &p->bits);
+        parse_result_finish(&tree);
         bitnfa_group_finish(&g);
         if (rc == -E2BIG) {
             rc = reject_too_wide(c, order[i], p->bits);
@@ -1640,7 +1625,6 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
         rc = group_rules(&c);
     if (rc == 0 && !literal)
         rc = group_nfa_rules(&c);
-    release_trees(&c);
     if (rc == 0 && !literal)
         rc = add_factor_group(&c);
     /* group numbers, now that groups are final: DFA groups, then bit-NFAs */
