@@ -24,8 +24,9 @@
  * been freed, glibc raises its mmap threshold (to 32 MiB), after which such
  * arrays came from the heap, where a finished build's pages stayed resident
  * and the next, larger build's were new ones. regex-500-secrets' compile
- * peaked at 5.5x its catalog that way, 3.7x with its arrays mapped. A DFA's
- * trans and acc_first are such arrays (dfa_finish frees them).
+ * peaked at 5.5x its catalog that way, 4.0x with its arrays mapped
+ * (session 14, docs/PERFORMANCE.md). A DFA's trans and acc_first are such
+ * arrays (dfa_finish frees them).
  */
 #if defined(__SANITIZE_ADDRESS__)
 #define MAPPED_BYTES SIZE_MAX /* AddressSanitizer checks malloc's blocks only */
@@ -413,11 +414,10 @@ static uint32_t hash_state(const uint32_t *v, size_t n, uint32_t prev)
 /*
  * The per-state arrays first hold the whole budget, up to RESERVE_BYTES:
  * they are written in state order, so the pages a small build never
- * reaches cost no memory, and a large one is not copied as it grows.
- * Grown by doubling, they left each old copy behind, touched, once an
- * earlier large free had raised glibc's mmap threshold (any compile after
- * another): phrases-3k's peak fell from 4.2x to 3.5x its catalog in a
- * compile_bench run of every workload.
+ * reaches cost no memory, and a large one does not grow in steps. Grown by
+ * doubling from the heap, they left each old copy behind, touched (before
+ * they were mapped, above): phrases-3k's peak fell from 4.2x to 3.5x its
+ * catalog in a compile_bench run of every workload.
  */
 #define RESERVE_BYTES (16u << 20)
 
