@@ -5,7 +5,8 @@
  *
  *   compile_bench [--json] [--repeat N] [--data DIR] [--only NAME] [--max-states N]
  *                 [--bitnfa-counters N] [--no-hs] [--no-minimise] [--gate-bits N]
- *                 [--gate-states N]
+ *                 [--gate-states N] [--gate-rare-bits N] [--gated-group-bits N]
+ *                 [--heavy-states N] [--fp] [--hs-interleave]
  *
  * Workloads: 1,000 and 10,000 random lowercase literals of 8-16 bytes;
  * regex-500, the 500 bounded regexes that scan_bench scans on the GPU
@@ -30,7 +31,16 @@
  * shared machine varies 2-4x from run to run, and vkscan's CPU time counts
  * all its threads, so the check is not easier for it), catalog at most
  * max(4x the Hyperscan database, 8 MiB) ("size"), peak at most 4x the
- * catalog ("peak").
+ * catalog ("peak"). --fp prints each catalog's fingerprint after the table
+ * (the JSON always has it), to check that a compiler change left the output
+ * as it was.
+ *
+ * Every workload's vkscan compiles run before any Hyperscan compile: the
+ * heap Hyperscan's compiles left behind (large blocks freed, glibc's mmap
+ * threshold raised) made the next workload's vkscan peak up to 1.7x higher
+ * (gitleaks-regex 2.6x -> 4.0-4.7x its catalog, session 14). vkscand has
+ * no Hyperscan in it. --hs-interleave restores the old order (Hyperscan
+ * right after each workload's vkscan compiles).
  */
 #include <errno.h>
 #include <hs/hs.h>
@@ -223,6 +233,7 @@ struct figures {
     uint32_t nfa_rules;  /* rules on the bit-NFA engine */
     uint32_t passes;     /* groups that walk every byte: DFA groups and ungated bit-NFA groups */
     uint64_t states;
+    char fp[2 * CATALOG_FP_LEN + 1]; /* the catalog's fingerprint (hex) */
     struct side vk, hs;
     bool has_hs;
 };
@@ -354,6 +365,7 @@ static int measure_vk(const char *name, const struct ruleset *rs, const bool *ke
         }
         out->states = catalog_total_states(res.catalog);
         out->vk.bytes = words * 4;
+        catalog_fingerprint_hex(catalog_fingerprint(res.catalog), out->fp);
         rules_result_finish(&res);
     }
     if (rc == 0) {
@@ -436,28 +448,35 @@ static int measure_hs(const struct ruleset *rs, bool *keep, int repeat, struct f
     return rc;
 }
 
-static int measure(const char *name, const struct ruleset *rs, int repeat, uint32_t max_states,
-                   bool with_hs, struct figures *out)
+/* vkscan's compiles of one workload; keep[] (rs->n, the caller's) comes
+ * back with the rules vkscan accepts. */
+static int measure_vk_side(const char *name, const struct ruleset *rs, int repeat,
+                           uint32_t max_states, bool *keep, struct figures *out)
 {
     *out = (struct figures){.name = name};
     bool *all = xrealloc(NULL, rs->n * sizeof(bool));
-    bool *keep = xrealloc(NULL, rs->n * sizeof(bool));
     for (size_t i = 0; i < rs->n; i++)
         all[i] = true;
     int rc = measure_vk(name, rs, all, keep, repeat, max_states, out);
-    if (rc == 0 && with_hs) {
-        size_t vk_rules = out->rules;
-        rc = measure_hs(rs, keep, repeat, out);
-        if (rc == 0 && out->hs_rejects > 0) { /* the same set for both */
-            size_t rejects = out->rejects;
-            memcpy(all, keep, rs->n * sizeof(bool));
-            rc = measure_vk(name, rs, all, keep, repeat, max_states, out);
-            out->rejects = rejects;
-        }
-        (void)vk_rules;
-    }
     free(all);
-    free(keep);
+    return rc;
+}
+
+/* Hyperscan's compiles of the rules keep[] names, and vkscan's again when
+ * Hyperscan rejects some, so both compile the same set (its peak is then
+ * measured after Hyperscan's compiles). */
+static int measure_hs_side(const char *name, const struct ruleset *rs, int repeat,
+                           uint32_t max_states, bool *keep, struct figures *out)
+{
+    int rc = measure_hs(rs, keep, repeat, out);
+    if (rc == 0 && out->hs_rejects > 0) {
+        size_t rejects = out->rejects;
+        bool *all = xrealloc(NULL, rs->n * sizeof(bool));
+        memcpy(all, keep, rs->n * sizeof(bool));
+        rc = measure_vk(name, rs, all, keep, repeat, max_states, out);
+        out->rejects = rejects;
+        free(all);
+    }
     return rc;
 }
 
@@ -471,6 +490,8 @@ static bool size_ok(const struct figures *f)
     size_t lim = 4 * f->hs.bytes > (8u << 20) ? 4 * f->hs.bytes : (8u << 20);
     return f->vk.bytes <= lim;
 }
+
+static bool print_fp; /* --fp: each catalog's fingerprint after the table */
 
 static void print_text(const struct figures *f, size_t n)
 {
@@ -493,6 +514,8 @@ static void print_text(const struct figures *f, size_t n)
                verdict(size_ok(x), x->has_hs), verdict(x->vk.peak <= 4 * x->vk.bytes, true),
                x->groups, x->states, x->nfa_groups, x->nfa_rules, x->passes);
     }
+    for (size_t i = 0; print_fp && i < n; i++)
+        printf("fingerprint %-18s %s\n", f[i].name, f[i].fp);
 }
 
 static void print_side(const char *key, const struct side *s)
@@ -507,9 +530,9 @@ static void print_json(const struct figures *f, size_t n)
     for (size_t i = 0; i < n; i++) {
         printf("%s\n  {\"name\": \"%s\", \"rules\": %zu, \"rejects\": %zu, \"hs_rejects\": %zu, "
                "\"groups\": %u, \"states\": %" PRIu64 ", \"nfa_groups\": %u, \"nfa_rules\": %u, "
-               "\"passes\": %u, ",
+               "\"passes\": %u, \"fingerprint\": \"%s\", ",
                i ? "," : "", f[i].name, f[i].rules, f[i].rejects, f[i].hs_rejects, f[i].groups,
-               f[i].states, f[i].nfa_groups, f[i].nfa_rules, f[i].passes);
+               f[i].states, f[i].nfa_groups, f[i].nfa_rules, f[i].passes, f[i].fp);
         print_side("vkscan", &f[i].vk);
         if (f[i].has_hs) {
             printf(", ");
@@ -579,13 +602,13 @@ static int usage(void)
                     "                     [--max-states N] [--bitnfa-counters N] [--no-hs]\n"
                     "                     [--no-minimise] [--gate-bits N] [--gate-states N] "
                     "[--gate-rare-bits N] [--gated-group-bits N]\n"
-                    "                     [--heavy-states N]\n");
+                    "                     [--heavy-states N] [--fp] [--hs-interleave]\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
-    bool json = false, with_hs = true;
+    bool json = false, with_hs = true, interleave = false;
     int repeat = 1;
     uint32_t max_states = 0; /* the compiler's default budget */
     const char *only = NULL;
@@ -605,6 +628,10 @@ int main(int argc, char **argv)
             max_states = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--no-hs") == 0)
             with_hs = false;
+        else if (strcmp(argv[i], "--fp") == 0)
+            print_fp = true;
+        else if (strcmp(argv[i], "--hs-interleave") == 0)
+            interleave = true;
         else if (strcmp(argv[i], "--no-minimise") == 0)
             no_minimise = true;
         else if (strcmp(argv[i], "--bitnfa-counters") == 0 && i + 1 < argc)
@@ -624,20 +651,40 @@ int main(int argc, char **argv)
     }
     if (repeat < 1 || repeat > 64)
         return usage();
-    size_t nw = sizeof(workloads) / sizeof(workloads[0]), nf = 0;
-    struct figures figs[sizeof(workloads) / sizeof(workloads[0])];
+    enum { NW = sizeof(workloads) / sizeof(workloads[0]) };
+    struct figures figs[NW];
+    struct ruleset sets[NW] = {{0}};
+    bool *keeps[NW] = {NULL};
+    size_t nf = 0;
     int status = 0;
-    for (size_t i = 0; i < nw; i++) {
+    for (size_t i = 0; i < NW; i++) {
         const struct workload *w = &workloads[i];
         if (!wanted(only, w->name))
             continue;
-        struct ruleset rs = {0};
-        if (build(w, data, &rs) == 0 &&
-            measure(w->name, &rs, repeat, max_states, with_hs, &figs[nf]) == 0)
+        struct ruleset *rs = &sets[nf];
+        if (build(w, data, rs) != 0) {
+            status |= w->file == NULL;
+            ruleset_free(rs);
+            continue;
+        }
+        keeps[nf] = xrealloc(NULL, rs->n * sizeof(bool));
+        int rc = measure_vk_side(w->name, rs, repeat, max_states, keeps[nf], &figs[nf]);
+        if (rc == 0 && with_hs && interleave)
+            rc = measure_hs_side(w->name, rs, repeat, max_states, keeps[nf], &figs[nf]);
+        if (rc == 0) {
             nf++;
-        else if (w->file == NULL)
+            continue;
+        }
+        status |= w->file == NULL;
+        free(keeps[nf]);
+        ruleset_free(rs);
+    }
+    for (size_t i = 0; i < nf && with_hs && !interleave; i++)
+        if (measure_hs_side(figs[i].name, &sets[i], repeat, max_states, keeps[i], &figs[i]) != 0)
             status = 1;
-        ruleset_free(&rs);
+    for (size_t i = 0; i < nf; i++) {
+        free(keeps[i]);
+        ruleset_free(&sets[i]);
     }
     if (json)
         print_json(figs, nf);

@@ -33,7 +33,13 @@ struct prepared {
     struct parse_result tree;
     struct node *root; /* after prefix stripping; NULL while released */
     uint32_t plain;    /* plain_len of the tree: its bytes when a plain string, else 0 */
-    char *canon;       /* canonical source */
+    bool seq;          /* is_sequence(root): a plain sequence of byte sets */
+    /* A string sequence (each set one byte or a caseless letter) keeps no
+     * tree: `str_len` bytes, then as many flags, 1 where the byte is a
+     * caseless letter (string_tree makes the tree again). NULL otherwise. */
+    uint8_t *str;
+    uint32_t str_len;
+    char *canon; /* canonical source */
     size_t canon_len;
     uint32_t group;
     bool bitnfa;                /* goes to the bit-parallel NFA engine */
@@ -227,6 +233,22 @@ static bool bad_id(const char *id)
  * DFA alone has more states than this is gated (choose_gated). */
 #define GATE_STATES 64u
 
+/*
+ * Every other rule is tried alone (prebuild) as a DFA of at most this many
+ * states, or the budget when smaller; over it the rule goes to the bit-NFA,
+ * as it did over the budget. A rule of 51 NFA states in regex-500-secrets
+ * built 65,536 DFA states before it failed (3 MB in the build, on one of
+ * the prebuild threads, with more threads more such builds at once); no
+ * rule of the workloads that fits alone has more than 4,632.
+ */
+#define LONE_STATES 16384u
+
+static uint32_t lone_states(const struct rules_options *opt)
+{
+    uint32_t budget = opt->max_states ? opt->max_states : RULES_DEFAULT_STATES;
+    return budget < LONE_STATES ? budget : LONE_STATES;
+}
+
 static uint32_t gate_states(const struct rules_options *opt)
 {
     return opt->gate_states ? opt->gate_states : GATE_STATES;
@@ -290,6 +312,7 @@ static bool wide_counter(const struct node *n, uint32_t total)
 }
 
 static uint32_t plain_len(const struct node *n, int depth, uint32_t max);
+static bool is_sequence(const struct node *n);
 
 static int prepare_rule(struct ctx *c, uint32_t i)
 {
@@ -317,6 +340,7 @@ static int prepare_rule(struct ctx *c, uint32_t i)
     uint32_t ml = parse_maxlen(p->root);
     p->maxlen = ml == REPEAT_INF ? CATALOG_UNBOUNDED : ml;
     p->positions = parse_positions(p->root);
+    p->seq = is_sequence(p->root);
     uint32_t total = c->opt->bitnfa_counters ? c->opt->bitnfa_counters : WIDE_TOTAL;
     p->wide = !c->opt->force_bitnfa && wide_counter(p->root, total);
     p->bitnfa = c->opt->force_bitnfa || p->wide;
@@ -329,24 +353,134 @@ static int prepare_rule(struct ctx *c, uint32_t i)
     return 0;
 }
 
-/* Parses again the rules whose trees rules_compile freed (root NULL): the
- * same source gives the same tree, which parse_check already accepted. */
-static int restore_trees(struct ctx *c)
+/* The one byte of a set, or with *fold the upper case of a caseless
+ * letter; -1 when the set is neither. */
+static int set_char(const struct byteset *s, bool *fold)
 {
-    for (uint32_t i = 0; i < c->n_prep; i++) {
-        struct prepared *p = &c->prep[i];
-        if (p->root != NULL)
-            continue;
-        char msg[200];
-        uint32_t pos = 0;
-        int rc = parse_rule(&c->src[p->input], &p->tree, &pos, msg, sizeof(msg));
-        if (rc != 0) {
-            parse_result_finish(&p->tree);
-            return rc == -ENOMEM ? rc : -EIO;
+    int first = -1, n = 0;
+    for (int w = 3; w >= 0; w--)
+        if (s->w[w] != 0) {
+            n += __builtin_popcountll(s->w[w]);
+            first = w * 64 + __builtin_ctzll(s->w[w]);
         }
-        p->root = parse_strip_prefix(p->tree.root);
+    *fold = n == 2 && first >= 'A' && first <= 'Z' && byteset_has(s, (unsigned)first | 0x20u);
+    return n == 1 || *fold ? first : -1;
+}
+
+/*
+ * Frees the tree of a string sequence (a literal, a hex string without
+ * wildcards, a regex of plain letters), keeping its bytes (p->str): such a
+ * rule's tree is needed only to build its group, and trees of 48-byte nodes
+ * were most of a literal set's compile peak (phrases-3k: 3.3 MB for a 1.3
+ * MB catalog). Leaves other rules alone.
+ */
+static int release_tree(struct prepared *p)
+{
+    const struct node *r = p->root;
+    if (!p->seq)
+        return 0;
+    uint32_t n = r->type == N_SET ? 1 : r->u.list.n;
+    uint8_t *str = malloc(2 * (size_t)n);
+    if (str == NULL)
+        return -ENOMEM;
+    for (uint32_t k = 0; k < n; k++) {
+        bool fold;
+        int ch = set_char(r->type == N_SET ? &r->u.set : &r->u.list.kids[k]->u.set, &fold);
+        if (ch < 0) {
+            free(str);
+            return 0;
+        }
+        str[k] = (uint8_t)ch;
+        str[n + k] = fold;
     }
+    p->str = str;
+    p->str_len = n;
+    parse_result_finish(&p->tree);
+    p->root = NULL;
     return 0;
+}
+
+/* The tree of a released string sequence (p->str) in `nodes` (str_len + 1
+ * of them) and `kids` (str_len): a concatenation of its byte sets, which
+ * the NFA builder turns into the same states as the parsed tree. */
+static const struct node *string_tree(const struct prepared *p, struct node *nodes,
+                                      struct node **kids)
+{
+    uint32_t n = p->str_len;
+    memset(nodes, 0, ((size_t)n + 1) * sizeof(*nodes));
+    for (uint32_t k = 0; k < n; k++) {
+        nodes[k + 1].type = N_SET;
+        byteset_add(&nodes[k + 1].u.set, p->str[k]);
+        if (p->str[n + k])
+            byteset_add(&nodes[k + 1].u.set, p->str[k] | 0x20u);
+        kids[k] = &nodes[k + 1];
+    }
+    nodes[0].type = N_CAT;
+    nodes[0].u.list.kids = kids;
+    nodes[0].u.list.n = n;
+    return &nodes[0];
+}
+
+/* The tree of rule p for one use: p->root, or when released (NULL) the
+ * rule parsed again into *tmp, which the caller finishes, also on failure
+ * (an empty one when p->root is used). The same source gives the same
+ * tree, which parse_check already accepted. Thread-safe for distinct p. */
+static int borrow_tree(const struct ctx *c, const struct prepared *p, struct parse_result *tmp,
+                       const struct node **root)
+{
+    memset(tmp, 0, sizeof(*tmp));
+    *root = p->root;
+    if (p->root != NULL)
+        return 0;
+    char msg[200];
+    uint32_t pos = 0;
+    int rc = parse_rule(&c->src[p->input], tmp, &pos, msg, sizeof(msg));
+    if (rc != 0)
+        return rc == -ENOMEM ? rc : -EIO;
+    *root = parse_strip_prefix(tmp->root);
+    return 0;
+}
+
+/* Gives a rule whose tree was released (root NULL) its tree again, in
+ * p->tree (restore_strings). */
+static int hold_tree(struct ctx *c, struct prepared *p)
+{
+    if (p->root != NULL)
+        return 0;
+    const struct node *root;
+    int rc = borrow_tree(c, p, &p->tree, &root);
+    if (rc != 0) {
+        parse_result_finish(&p->tree);
+        return rc;
+    }
+    p->root = (struct node *)root;
+    return 0;
+}
+
+/* Whether rules_compile frees p's tree while the set may be a literal
+ * group, without keeping its bytes (literal_group's test). */
+static bool maybe_literal(const struct ctx *c, const struct prepared *p)
+{
+    return p->plain >= CAT_LITERAL_MIN_LEN && !(c->src[p->input].flags & RULE_F_SOMLEFT) &&
+           !p->bitnfa;
+}
+
+/* Gives the strings whose trees rules_compile freed while the set might be
+ * a literal group their bytes, parsing them again. */
+static int restore_strings(struct ctx *c)
+{
+    int rc = 0;
+    for (uint32_t i = 0; i < c->n_prep && rc == 0; i++) {
+        struct prepared *p = &c->prep[i];
+        if (p->str != NULL || !maybe_literal(c, p))
+            continue;
+        rc = hold_tree(c, p);
+        if (rc == 0)
+            rc = release_tree(p);
+        parse_result_finish(&p->tree);
+        p->root = NULL;
+    }
+    return rc;
 }
 
 /* The indexes of the rules not rejected so far, sorted by `cmp` (malloc'd;
@@ -407,12 +541,28 @@ static int build_group(struct ctx *c, const uint32_t *idx, uint32_t n, bool mini
     memset(g, 0, sizeof(*g));
     if (c->opt->cancel != NULL && __atomic_load_n(c->opt->cancel, __ATOMIC_RELAXED) != 0)
         return -ECANCELED;
+    uint32_t longest = 0;
+    for (uint32_t k = 0; k < n; k++)
+        if (c->prep[idx[k]].root == NULL && c->prep[idx[k]].str_len > longest)
+            longest = c->prep[idx[k]].str_len;
     struct nfa_builder *b = nfa_builder_create();
-    if (b == NULL)
-        return -ENOMEM;
-    int rc = 0;
-    for (uint32_t k = 0; k < n && rc == 0; k++)
-        rc = nfa_builder_add(b, c->prep[idx[k]].root, k);
+    struct node *nodes = malloc(((size_t)longest + 1) * sizeof(*nodes));
+    struct node **kids = malloc(((size_t)longest + 1) * sizeof(*kids));
+    int rc = b == NULL || nodes == NULL || kids == NULL ? -ENOMEM : 0;
+    for (uint32_t k = 0; k < n && rc == 0; k++) {
+        const struct prepared *p = &c->prep[idx[k]];
+        struct parse_result again = {0};
+        const struct node *root = p->root;
+        if (root == NULL && p->str != NULL)
+            root = string_tree(p, nodes, kids);
+        else
+            rc = borrow_tree(c, p, &again, &root);
+        if (rc == 0)
+            rc = nfa_builder_add(b, root, k);
+        parse_result_finish(&again);
+    }
+    free(nodes);
+    free(kids);
     struct nfa nfa;
     if (rc == 0)
         rc = nfa_builder_finish(b, &nfa);
@@ -504,7 +654,7 @@ struct prebuild_work {
     pthread_mutex_t lock;
 };
 
-static int extract_factors(struct prepared *p);
+static int extract_factors(const struct ctx *c, struct prepared *p);
 
 static void *prebuild_thread(void *arg)
 {
@@ -518,13 +668,15 @@ static void *prebuild_thread(void *arg)
         if (stop)
             return NULL;
         struct prepared *p = &c->prep[i];
-        if ((p->bitnfa && !p->wide) || is_sequence(p->root))
+        if ((p->bitnfa && !p->wide) || p->seq)
             continue;
-        int rc = p->wide ? extract_factors(p) : 0;
+        int rc = p->wide ? extract_factors(c, p) : 0;
         if (rc == 0 && p->wide && p->factors != NULL)
             continue; /* a gated bit-NFA group walks only around its factors */
         struct group_out g;
-        uint32_t cap = p->wide ? SMALL_DFA : p->candidate ? gate_states(c->opt) : 0;
+        uint32_t cap = p->wide        ? SMALL_DFA
+                       : p->candidate ? gate_states(c->opt)
+                                      : lone_states(c->opt);
         if (rc == 0)
             rc = build_group(c, &i, 1, false, cap, &g);
         if (rc == 0) {
@@ -582,12 +734,27 @@ static int prebuild(struct ctx *c)
     return w.rc;
 }
 
+/*
+ * A group's first build stops at FIRST_FACTOR times its estimated size
+ * (fill_states), at least FIRST_FLOOR states: a group over that is split
+ * in halves, which are built with the whole budget, as after a failed
+ * build at the budget. gitleaks-regex's group of 6 rules estimated at 924
+ * states failed only at 65,536 (14.4 MB of rows, most of the compile's
+ * peak and half its time). The groups that fit are up to 24.5x their
+ * estimate: 21,567 states against 882 (gitleaks-regex at gate_states 1,
+ * whose shape tests/test_hsdiff.c checks), 17,753 against 1,129
+ * (regex-500).
+ */
+#define FIRST_FACTOR 32u
+#define FIRST_FLOOR  16384u
+
 /* Builds rules idx[0..n) as one group, splitting in halves while the DFA
- * is over budget. A single rule over budget goes to the bit-NFA. */
-static int place(struct ctx *c, uint32_t *idx, uint32_t n)
+ * is over budget (the first build: over `cap` states when not 0). A single
+ * rule over budget goes to the bit-NFA. */
+static int place(struct ctx *c, uint32_t *idx, uint32_t n, uint32_t cap)
 {
     struct group_out g;
-    int rc = build_group(c, idx, n, true, 0, &g);
+    int rc = build_group(c, idx, n, true, n == 1 ? 0 : cap, &g);
     if (rc == 0) {
         rc = push_group(c, &g);
         if (rc != 0) {
@@ -602,8 +769,8 @@ static int place(struct ctx *c, uint32_t *idx, uint32_t n)
         c->prep[idx[0]].bitnfa = true;
         return 0;
     }
-    rc = place(c, idx, n / 2);
-    return rc != 0 ? rc : place(c, idx + n / 2, n - n / 2);
+    rc = place(c, idx, n / 2, 0);
+    return rc != 0 ? rc : place(c, idx + n / 2, n - n / 2, 0);
 }
 
 /* Bounded rules before unbounded ones, each by maxlen, so a group's segment
@@ -659,14 +826,8 @@ static uint32_t plain_len(const struct node *n, int depth, uint32_t max)
         return 0;
     switch (n->type) {
     case N_SET: {
-        uint32_t k = 0, c0 = 0;
-        for (unsigned c = 0; c < 256 && k <= 2; c++)
-            if (byteset_has(&n->u.set, c)) {
-                c0 = k == 0 ? c : c0;
-                k++;
-            }
-        bool pair = k == 2 && c0 >= 'A' && c0 <= 'Z' && byteset_has(&n->u.set, c0 | 0x20u);
-        return k == 1 || pair ? 1 : 0;
+        bool fold;
+        return set_char(&n->u.set, &fold) >= 0 ? 1 : 0;
     }
     case N_CAT: {
         uint32_t t = 0;
@@ -726,16 +887,10 @@ static int literal_group(struct ctx *c, bool *done)
         return 0;
     struct group_out g = {.n_rules = c->n_prep, .maxlen = maxlen, .literal = true};
     g.rules = malloc(c->n_prep * sizeof(*g.rules));
-    g.dfa.trans = calloc(1, sizeof(uint32_t));
-    g.dfa.acc_first = calloc(2, sizeof(uint32_t));
-    if (g.rules == NULL || g.dfa.trans == NULL || g.dfa.acc_first == NULL) {
-        dfa_finish(&g.dfa);
+    if (g.rules == NULL || dfa_init_empty(&g.dfa) != 0) {
         free(g.rules);
         return -ENOMEM;
     }
-    g.dfa.n_states = 1; /* one state, no accepting one: nothing to walk */
-    g.dfa.n_classes = 1;
-    g.dfa.first_accept = 1;
     for (uint32_t i = 0; i < c->n_prep; i++)
         g.rules[i] = i;
     int rc = push_group(c, &g);
@@ -770,7 +925,9 @@ static int group_rules(struct ctx *c)
                                (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED);
         struct fill g = end ? f : fill_add(f, c->prep[order[i]].positions, heavy);
         if (i > begin && (end || kind_change || fill_states(g) > budget)) {
-            rc = place(c, order + begin, i - begin);
+            uint64_t cap = fill_states(f) * FIRST_FACTOR;
+            cap = cap > FIRST_FLOOR ? cap : FIRST_FLOOR;
+            rc = place(c, order + begin, i - begin, cap < budget ? (uint32_t)cap : 0);
             begin = i;
             g = fill_add((struct fill){0, 0}, end ? 0 : c->prep[order[i]].positions, heavy);
         }
@@ -801,14 +958,18 @@ static int push_nfa(struct ctx *c, struct nfa_group_out *g)
 static int place_nfa(struct ctx *c, uint32_t *idx, uint32_t n)
 {
     const struct node *roots[64] = {NULL};
+    struct parse_result trees[64];
     struct nfa_group_out g = {0};
-    uint32_t bits = 0;
-    int rc;
+    uint32_t bits = 0, k = 0;
+    int rc = 0;
     if (n > 64)
         goto split;
-    for (uint32_t k = 0; k < n; k++)
-        roots[k] = c->prep[idx[k]].root;
-    rc = bitnfa_build(roots, n, n == 1 ? BITNFA_MAX_BITS : BITNFA_GROUP_BITS, &g.g, &bits);
+    for (; k < n && rc == 0; k++)
+        rc = borrow_tree(c, &c->prep[idx[k]], &trees[k], &roots[k]);
+    if (rc == 0)
+        rc = bitnfa_build(roots, n, n == 1 ? BITNFA_MAX_BITS : BITNFA_GROUP_BITS, &g.g, &bits);
+    while (k > 0)
+        parse_result_finish(&trees[--k]);
     if (rc == -E2BIG || (rc == -EFBIG && n > 1))
         goto split;
     if (rc == -EFBIG)
@@ -835,18 +996,27 @@ split:
     return rc != 0 ? rc : place_nfa(c, idx + n / 2, n - n / 2);
 }
 
-/* Sets p->factors to the rule's factor set, or NULL when it has none. */
-static int extract_factors(struct prepared *p)
+/* Sets p->factors to the rule's factor set, trimmed to its factors
+ * (FACTOR_SET_SIZE), or NULL when it has none. */
+static int extract_factors(const struct ctx *c, struct prepared *p)
 {
     if (p->factors != NULL)
         return 0;
-    p->factors = malloc(sizeof(*p->factors));
-    int rc = p->factors == NULL ? -ENOMEM : factor_extract(p->root, p->factors);
+    struct parse_result again;
+    const struct node *root;
+    struct factor_set *fs = malloc(sizeof(*fs));
+    int rc = fs == NULL ? -ENOMEM : borrow_tree(c, p, &again, &root);
+    if (rc == 0)
+        rc = factor_extract(root, fs);
+    if (fs != NULL)
+        parse_result_finish(&again);
     if (rc != 0) {
-        free(p->factors);
-        p->factors = NULL;
+        free(fs);
+        return rc == -ENOMEM || rc == -EIO ? rc : 0;
     }
-    return rc == -ENOMEM ? rc : 0;
+    struct factor_set *small = realloc(fs, FACTOR_SET_SIZE(fs->n));
+    p->factors = small != NULL ? small : fs;
+    return 0;
 }
 
 /* How a bit-NFA rule is walked, which its group shares: 0 in full (no
@@ -874,9 +1044,10 @@ static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
         return -ENOMEM;
     uint32_t k = 0;
     for (uint32_t i = 0; i < m; i++) {
-        if (extract_factors(&c->prep[order[i]]) != 0) {
+        int rc = extract_factors(c, &c->prep[order[i]]);
+        if (rc != 0) {
             free(tmp);
-            return -ENOMEM;
+            return rc;
         }
     }
     for (uint32_t cls = 0; cls < 4; cls++) {
@@ -932,10 +1103,11 @@ static int choose_gated(struct ctx *c)
     uint32_t rare = c->opt->gate_rare_bits ? c->opt->gate_rare_bits : GATE_RARE_BITS;
     for (uint32_t i = 0; i < c->n_prep && bits != UINT32_MAX; i++) {
         struct prepared *p = &c->prep[i];
-        if (p->bitnfa || is_sequence(p->root))
+        if (p->bitnfa || p->seq)
             continue;
-        if (extract_factors(p) != 0)
-            return -ENOMEM;
+        int rc = extract_factors(c, p);
+        if (rc != 0)
+            return rc;
         if (p->factors != NULL && factor_set_bits(p->factors) >= bits) {
             bool rarely = factor_set_text_bits(p->factors) >= rare;
             p->candidate = gate_states(c->opt) > 1 && !rarely;
@@ -1061,9 +1233,13 @@ static int group_nfa_rules(struct ctx *c)
         struct prepared *p = &c->prep[order[i]];
         if (!p->bitnfa)
             continue;
-        struct bitnfa_group g;
-        const struct node *root = p->root;
-        rc = bitnfa_build(&root, 1, BITNFA_MAX_BITS, &g, &p->bits);
+        struct bitnfa_group g = {0};
+        struct parse_result tree;
+        const struct node *root;
+        rc = borrow_tree(c, p, &tree, &root);
+        if (rc == 0)
+            rc = bitnfa_build(&root, 1, BITNFA_MAX_BITS, &g, &p->bits);
+        parse_result_finish(&tree);
         bitnfa_group_finish(&g);
         if (rc == -E2BIG) {
             rc = reject_too_wide(c, order[i], p->bits);
@@ -1363,6 +1539,7 @@ static void ctx_free(struct ctx *c)
 {
     for (uint32_t i = 0; i < c->n_prep; i++) {
         parse_result_finish(&c->prep[i].tree);
+        free(c->prep[i].str);
         free(c->prep[i].canon);
         free(c->prep[i].factors);
     }
@@ -1410,31 +1587,36 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
     uint32_t *cat_index = malloc((n ? n : 1) * sizeof(*cat_index));
     res->rule_index = malloc((n ? n : 1) * sizeof(*res->rule_index));
     int rc = c.prep && cat_index && res->rule_index ? 0 : -ENOMEM;
-    /* While every rule so far is a plain string the set may become one
-     * literal group, which needs no trees: each is freed as soon as it is
-     * parsed, so a large literal set never holds its trees at once (20,000
-     * binary strings: 110 MB of them). The first rule that is not plain, or
-     * a set too small for the literal group, parses the freed ones again. */
+    /* Every tree is freed as soon as its rule is prepared, and parsed again
+     * where it is needed (borrow_tree), so a compile never holds its trees
+     * at once (20,000 binary strings: 110 MB of them; regex-500-secrets:
+     * 1.4 MB, more than its catalog). A string sequence keeps its bytes
+     * (release_tree), except while every rule so far is a plain string: the
+     * set may become one literal group, which needs neither. The first rule
+     * that is not plain, or a set too small for the literal group, parses
+     * the strings again for their bytes (restore_strings). */
     bool may_literal = opt->literal_group >= 0 && !opt->force_bitnfa;
     for (size_t i = 0; i < n && rc == 0; i++) {
         uint32_t before = c.n_prep;
         rc = prepare_rule(&c, (uint32_t)i);
-        if (rc != 0 || c.n_prep == before || !may_literal)
+        if (rc != 0 || c.n_prep == before)
             continue;
         struct prepared *p = &c.prep[before];
-        if (p->plain >= CAT_LITERAL_MIN_LEN && !(rules[i].flags & RULE_F_SOMLEFT)) {
-            parse_result_finish(&p->tree);
-            p->root = NULL;
-        } else {
+        if (!may_literal || !maybe_literal(&c, p)) {
+            if (may_literal)
+                rc = restore_strings(&c);
             may_literal = false;
-            rc = restore_trees(&c);
+            if (rc == 0 && !p->bitnfa)
+                rc = release_tree(p);
         }
+        parse_result_finish(&p->tree);
+        p->root = NULL;
     }
     bool literal = false;
     if (rc == 0)
         rc = literal_group(&c, &literal);
     if (rc == 0 && !literal && may_literal)
-        rc = restore_trees(&c);
+        rc = restore_strings(&c);
     if (rc == 0 && !literal)
         rc = choose_gated(&c);
     if (rc == 0 && !literal)
@@ -1456,7 +1638,7 @@ int rules_compile(const struct rule_src *rules, size_t n, const struct rules_opt
         rc = pack(&c, cat_index, &res->catalog, err);
     else if (rc == -ENOMEM)
         vks_error_set(err, rc, "out of memory compiling %zu rules", n);
-    else if (rc == -EIO) /* restore_trees: not expected */
+    else if (rc == -EIO) /* borrow_tree: not expected */
         vks_error_set(err, rc, "internal error: a rule parsed differently the second time");
     if (rc == 0) {
         for (size_t i = 0; i < n; i++)

@@ -13,8 +13,79 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "catalog.h"
+
+/*
+ * The large arrays of a build and a minimisation (rows, state tables, their
+ * maps) are mapped from the kernel from MAPPED_BYTES up, grown with mremap
+ * and unmapped when done, whatever the heap's policy: once a large block has
+ * been freed, glibc raises its mmap threshold (to 32 MiB), after which such
+ * arrays came from the heap, where a finished build's pages stayed resident
+ * and the next, larger build's were new ones. regex-500-secrets' compile
+ * peaked at 5.5x its catalog that way, 4.0x with its arrays mapped
+ * (session 14, docs/PERFORMANCE.md). A DFA's trans and acc_first are such
+ * arrays (dfa_finish frees them).
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define MAPPED_BYTES SIZE_MAX /* AddressSanitizer checks malloc's blocks only */
+#else
+#define MAPPED_BYTES (256u << 10)
+#endif
+
+struct arr_head {
+    size_t mapped; /* mapped bytes, the header's page included; 0: from malloc */
+    size_t bytes;  /* asked for; the header keeps the data 16-byte aligned */
+};
+
+/* realloc for such arrays: NULL starts one; NULL when out of memory, the
+ * array unchanged. */
+static void *arr_realloc(void *p, size_t n)
+{
+    struct arr_head *h = p != NULL ? (struct arr_head *)p - 1 : NULL, *m;
+    size_t want = sizeof(*h) + (n ? n : 1);
+    if (h != NULL && h->mapped != 0) {
+        m = mremap(h, h->mapped, want, MREMAP_MAYMOVE);
+    } else if (want < MAPPED_BYTES) {
+        m = realloc(h, want);
+        if (m == NULL)
+            return NULL;
+        m->mapped = 0;
+        m->bytes = n;
+        return m + 1;
+    } else {
+        m = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m != MAP_FAILED && h != NULL) {
+            memcpy(m + 1, h + 1, h->bytes < n ? h->bytes : n);
+            free(h);
+        }
+    }
+    if (m == MAP_FAILED)
+        return NULL;
+    m->mapped = want;
+    m->bytes = n;
+    return m + 1;
+}
+
+static void *arr_calloc(size_t n, size_t size)
+{
+    uint32_t *p = arr_realloc(NULL, n * size);
+    if (p != NULL && ((struct arr_head *)p - 1)->mapped == 0)
+        memset(p, 0, n * size); /* mapped pages are zero */
+    return p;
+}
+
+static void arr_free(void *p)
+{
+    if (p == NULL)
+        return;
+    struct arr_head *h = (struct arr_head *)p - 1;
+    if (h->mapped != 0)
+        munmap(h, h->mapped);
+    else
+        free(h);
+}
 
 #define N_NEXT   5 /* CAT_K_* */
 #define PK(p, k) (1u << ((p)*N_NEXT + (k)))
@@ -60,11 +131,14 @@ struct builder {
     struct u32vec r0step[4]; /* per p: (class, target) pairs sorted by class */
     uint32_t *r0step_first[4];
 
-    /* DFA states */
+    /* DFA states: state s's set is pool.v[set_off[s] .. set_off[s + 1]),
+     * encoded (encode_set) */
     uint32_t n_states, cap_states;
-    uint32_t *set_off, *set_len, *hash;
+    uint32_t *set_off, *hash;
     uint8_t *prev;
     struct u32vec pool;
+    uint32_t set_words; /* words of a set as a bitmap of the NFA's states */
+    struct u32vec enc;  /* intern's encoding of b->list */
     uint32_t *ht;
     size_t ht_cap;
     uint32_t *trans;
@@ -337,33 +411,28 @@ static uint32_t hash_state(const uint32_t *v, size_t n, uint32_t prev)
     return (uint32_t)(h ^ (h >> 32));
 }
 
-static int grow_states(struct builder *b)
+/*
+ * The per-state arrays first hold the whole budget, up to RESERVE_BYTES:
+ * they are written in state order, so the pages a small build never
+ * reaches cost no memory, and a large one does not grow in steps. Grown by
+ * doubling from the heap, they left each old copy behind, touched (before
+ * they were mapped, above): phrases-3k's peak fell from 4.2x to 3.5x its
+ * catalog in a compile_bench run of every workload.
+ */
+#define RESERVE_BYTES (16u << 20)
+
+static uint32_t first_cap(const struct builder *b)
 {
-    uint32_t cap = b->cap_states ? b->cap_states * 2 : 1024;
-    uint32_t *off = realloc(b->set_off, cap * sizeof(*off));
-    if (off)
-        b->set_off = off;
-    uint32_t *len = realloc(b->set_len, cap * sizeof(*len));
-    if (len)
-        b->set_len = len;
-    uint32_t *hash = realloc(b->hash, cap * sizeof(*hash));
-    if (hash)
-        b->hash = hash;
-    uint8_t *prev = realloc(b->prev, cap);
-    if (prev)
-        b->prev = prev;
-    uint32_t *trans = realloc(b->trans, (size_t)cap * b->n_classes * sizeof(*trans));
-    if (trans)
-        b->trans = trans;
-    uint32_t *af = realloc(b->acc_first, ((size_t)cap + 1) * sizeof(*af));
-    if (af)
-        b->acc_first = af;
-    if (!off || !len || !hash || !prev || !trans || !af)
-        return -ENOMEM;
-    b->cap_states = cap;
-    /* rehash into a table at least twice the state capacity */
-    size_t ht_cap = (size_t)cap * 2;
-    uint32_t *ht = calloc(ht_cap, sizeof(*ht));
+    uint64_t fit = RESERVE_BYTES / ((uint64_t)b->n_classes * sizeof(uint32_t) + 17);
+    uint64_t cap = fit < 1024 ? 1024 : fit;
+    return cap < b->max_states ? (uint32_t)cap : b->max_states > 0 ? b->max_states : 1;
+}
+
+/* Rehashes the states into a table of twice the size (at least 2048). */
+static int grow_table(struct builder *b)
+{
+    size_t ht_cap = b->ht_cap ? b->ht_cap * 2 : 2048;
+    uint32_t *ht = arr_calloc(ht_cap, sizeof(*ht));
     if (ht == NULL)
         return -ENOMEM;
     for (uint32_t s = 0; s < b->n_states; s++) {
@@ -372,9 +441,87 @@ static int grow_states(struct builder *b)
             j = (j + 1) & (ht_cap - 1);
         ht[j] = s + 1;
     }
-    free(b->ht);
+    arr_free(b->ht);
     b->ht = ht;
     b->ht_cap = ht_cap;
+    return 0;
+}
+
+static int grow_states(struct builder *b)
+{
+    uint64_t want = b->cap_states ? (uint64_t)b->cap_states * 2 : first_cap(b);
+    uint32_t cap = want < UINT32_MAX ? (uint32_t)want : UINT32_MAX - 1;
+    uint32_t *off = arr_realloc(b->set_off, ((size_t)cap + 1) * sizeof(*off));
+    if (off)
+        b->set_off = off;
+    uint32_t *hash = arr_realloc(b->hash, cap * sizeof(*hash));
+    if (hash)
+        b->hash = hash;
+    uint8_t *prev = arr_realloc(b->prev, cap);
+    if (prev)
+        b->prev = prev;
+    uint32_t *trans = arr_realloc(b->trans, (size_t)cap * b->n_classes * sizeof(*trans));
+    if (trans)
+        b->trans = trans;
+    uint32_t *af = arr_realloc(b->acc_first, ((size_t)cap + 1) * sizeof(*af));
+    if (af)
+        b->acc_first = af;
+    if (!off || !hash || !prev || !trans || !af)
+        return -ENOMEM;
+    b->cap_states = cap;
+    return 0;
+}
+
+/*
+ * A state's set as stored in the pool: the sorted list of its NFA states
+ * when shorter than set_words, else a bitmap of set_words words. One set
+ * has one encoding, so equal sets are equal words; a length of set_words
+ * means a bitmap. Sets of a small NFA with a large DFA are long lists of
+ * few states: a rule of 51 NFA states that reached the budget of 65,536
+ * DFA states held 8 MiB of lists, 0.5 MiB as bitmaps.
+ */
+static int encode_set(struct builder *b, const uint32_t **v, size_t *n)
+{
+    if (*n < b->set_words)
+        return 0;
+    b->enc.n = 0;
+    while (b->enc.cap < b->set_words)
+        if (vec_grow(&b->enc) != 0)
+            return -ENOMEM;
+    memset(b->enc.v, 0, b->set_words * sizeof(uint32_t));
+    for (size_t i = 0; i < *n; i++)
+        b->enc.v[(*v)[i] >> 5] |= 1u << ((*v)[i] & 31u);
+    *v = b->enc.v;
+    *n = b->set_words;
+    return 0;
+}
+
+static int pool_grow(struct u32vec *v)
+{
+    size_t cap = v->cap ? v->cap * 2 : 1024;
+    uint32_t *n = arr_realloc(v->v, cap * sizeof(*n));
+    if (n == NULL)
+        return -ENOMEM;
+    v->v = n;
+    v->cap = cap;
+    return 0;
+}
+
+/* Appends the sorted NFA states of DFA state s to `out`. */
+static int decode_set(const struct builder *b, uint32_t s, struct u32vec *out)
+{
+    const uint32_t *w = b->pool.v + b->set_off[s];
+    uint32_t len = b->set_off[s + 1] - b->set_off[s];
+    if (len < b->set_words) {
+        for (uint32_t i = 0; i < len; i++)
+            if (vec_push(out, w[i]) != 0)
+                return -ENOMEM;
+        return 0;
+    }
+    for (uint32_t i = 0; i < len; i++)
+        for (uint32_t bits = w[i]; bits != 0; bits &= bits - 1)
+            if (vec_push(out, i << 5 | (uint32_t)__builtin_ctz(bits)) != 0)
+                return -ENOMEM;
     return 0;
 }
 
@@ -382,14 +529,16 @@ static int grow_states(struct builder *b)
  * -E2BIG past the budget. */
 static int intern(struct builder *b, uint32_t prev, uint32_t *id)
 {
-    uint32_t *v = b->list.v;
+    const uint32_t *v = b->list.v;
     size_t n = b->list.n;
+    if (encode_set(b, &v, &n) != 0)
+        return -ENOMEM;
     uint32_t h = hash_state(v, n, prev);
     if (b->ht_cap != 0) {
         size_t j = h & (b->ht_cap - 1);
         for (; b->ht[j] != 0; j = (j + 1) & (b->ht_cap - 1)) {
             uint32_t s = b->ht[j] - 1;
-            if (b->hash[s] == h && b->prev[s] == prev && b->set_len[s] == n &&
+            if (b->hash[s] == h && b->prev[s] == prev && b->set_off[s + 1] - b->set_off[s] == n &&
                 (n == 0 || memcmp(b->pool.v + b->set_off[s], v, n * sizeof(*v)) == 0)) {
                 *id = s;
                 return 0;
@@ -400,17 +549,18 @@ static int intern(struct builder *b, uint32_t prev, uint32_t *id)
         return -E2BIG;
     if (b->n_states == b->cap_states && grow_states(b) != 0)
         return -ENOMEM;
+    if (((size_t)b->n_states + 1) * 2 > b->ht_cap && grow_table(b) != 0)
+        return -ENOMEM;
     uint32_t s = b->n_states++;
-    b->set_off[s] = (uint32_t)b->pool.n;
-    b->set_len[s] = (uint32_t)n;
     b->hash[s] = h;
     b->prev[s] = (uint8_t)prev;
     while (b->pool.cap - b->pool.n < n)
-        if (vec_grow(&b->pool) != 0)
+        if (pool_grow(&b->pool) != 0)
             return -ENOMEM;
     if (n != 0)
         memcpy(b->pool.v + b->pool.n, v, n * sizeof(*v));
     b->pool.n += n;
+    b->set_off[s + 1] = (uint32_t)b->pool.n;
     size_t j = h & (b->ht_cap - 1);
     while (b->ht[j] != 0)
         j = (j + 1) & (b->ht_cap - 1);
@@ -546,17 +696,10 @@ static int expand(struct builder *b, uint32_t s)
 {
     uint32_t p = b->prev[s];
     /* copy E: the pool may move while states are added */
+    b->ecopy.n = 0;
+    if (decode_set(b, s, &b->ecopy) != 0)
+        return -ENOMEM;
     struct u32vec e = b->ecopy;
-    e.n = 0;
-    while (e.cap < b->set_len[s])
-        if (vec_grow(&e) != 0) {
-            b->ecopy = e;
-            return -ENOMEM;
-        }
-    b->ecopy = e;
-    if (b->set_len[s] != 0)
-        memcpy(e.v, b->pool.v + b->set_off[s], b->set_len[s] * sizeof(*e.v));
-    e.n = b->set_len[s];
     uint16_t pm = b->r0_pm;
     for (size_t i = 0; i < e.n; i++)
         pm |= b->reach_pm[e.v[i]];
@@ -611,15 +754,15 @@ static void builder_free(struct builder *b)
         free(b->r0step[p].v);
         free(b->r0step_first[p]);
     }
-    free(b->set_off);
-    free(b->set_len);
-    free(b->hash);
-    free(b->prev);
-    free(b->pool.v);
-    free(b->ht);
-    free(b->trans);
+    arr_free(b->set_off);
+    free(b->enc.v);
+    arr_free(b->hash);
+    arr_free(b->prev);
+    arr_free(b->pool.v);
+    arr_free(b->ht);
+    arr_free(b->trans);
     free(b->acc.v);
-    free(b->acc_first);
+    arr_free(b->acc_first);
     free(b->stamp);
     free(b->work.v);
     free(b->list.v);
@@ -640,6 +783,7 @@ static int builder_init(struct builder *b, const struct nfa *nfa, uint32_t max_s
     b->nfa = nfa;
     b->max_states = max_states;
     b->cond = nfa->has_cond;
+    b->set_words = (nfa->n_states + 31) / 32;
     compute_classes(b);
     size_t n = nfa->n_states;
     b->in_r0 = calloc(n, 1);
@@ -704,11 +848,11 @@ static void permute_rows(uint32_t *trans, uint32_t n, uint32_t k, const uint32_t
 static int renumber_accepting_last(struct dfa *d)
 {
     uint32_t n = d->n_states, k = d->n_classes;
-    uint32_t *map = malloc(n * sizeof(*map));
-    uint32_t *inv = malloc((size_t)n * sizeof(*inv));
-    uint32_t *first = malloc(((size_t)n + 1) * sizeof(*first));
+    uint32_t *map = arr_realloc(NULL, n * sizeof(*map));
+    uint32_t *inv = arr_realloc(NULL, (size_t)n * sizeof(*inv));
+    uint32_t *first = arr_realloc(NULL, ((size_t)n + 1) * sizeof(*first));
     uint32_t *acc = malloc((d->n_acc ? d->n_acc : 1) * sizeof(*acc));
-    uint8_t *done = calloc(n ? n : 1, 1);
+    uint8_t *done = arr_calloc(n ? n : 1, 1);
     uint32_t *spare = malloc(2 * (size_t)k * sizeof(*spare));
     int rc = !map || !inv || !first || !acc || !done || !spare ? -ENOMEM : 0;
     if (rc == 0) {
@@ -738,20 +882,20 @@ static int renumber_accepting_last(struct dfa *d)
         for (int p = 0; p < 4; p++)
             d->start[p] = map[d->start[p]];
         size_t cells = (size_t)n * k;
-        uint32_t *trimmed = realloc(d->trans, (cells != 0 ? cells : 1) * sizeof(*trimmed));
+        uint32_t *trimmed = arr_realloc(d->trans, (cells != 0 ? cells : 1) * sizeof(*trimmed));
         if (trimmed != NULL)
             d->trans = trimmed;
         free(d->acc);
-        free(d->acc_first);
+        arr_free(d->acc_first);
         d->acc = acc;
         d->acc_first = first;
         acc = first = NULL;
     }
-    free(map);
-    free(inv);
-    free(first);
+    arr_free(map);
+    arr_free(inv);
+    arr_free(first);
     free(acc);
-    free(done);
+    arr_free(done);
     free(spare);
     return rc;
 }
@@ -763,8 +907,10 @@ int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out)
     struct builder b;
     memset(out, 0, sizeof(*out));
     int rc = builder_init(&b, nfa, max_states);
-    if (rc == 0 && grow_states(&b) != 0)
+    if (rc == 0 && (grow_states(&b) != 0 || grow_table(&b) != 0))
         rc = -ENOMEM;
+    if (rc == 0)
+        b.set_off[0] = 0;
     for (uint32_t p = 0; p < 4 && rc == 0; p++) {
         b.list.n = 0;
         rc = intern(&b, canon_prev_cached(&b, p, b.r0_pm), &b.start[p]);
@@ -791,20 +937,38 @@ int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out)
         b.trans = NULL;
         b.acc.v = NULL;
         b.acc_first = NULL;
-        rc = renumber_accepting_last(out);
     }
+    /* the state sets and their hash table go before the renumbering's
+     * maps are taken: they were a third of a 28,156-state build's peak */
     builder_free(&b);
+    if (rc == 0)
+        rc = renumber_accepting_last(out);
     if (rc != 0)
         dfa_finish(out);
     return rc;
+}
+
+int dfa_init_empty(struct dfa *d)
+{
+    memset(d, 0, sizeof(*d));
+    d->trans = arr_calloc(1, sizeof(uint32_t));
+    d->acc_first = arr_calloc(2, sizeof(uint32_t));
+    if (d->trans == NULL || d->acc_first == NULL) {
+        dfa_finish(d);
+        return -ENOMEM;
+    }
+    d->n_states = 1;
+    d->n_classes = 1;
+    d->first_accept = 1;
+    return 0;
 }
 
 void dfa_finish(struct dfa *d)
 {
     if (d == NULL)
         return;
-    free(d->trans);
-    free(d->acc_first);
+    arr_free(d->trans);
+    arr_free(d->acc_first);
     free(d->acc);
     memset(d, 0, sizeof(*d));
 }
@@ -898,14 +1062,14 @@ int dfa_minimise(struct dfa *d)
         return 0;
     struct part pt = {0};
     uint32_t n = d->n_states;
-    pt.block = calloc(n, sizeof(uint32_t));
-    pt.next_block = calloc(n, sizeof(uint32_t));
-    pt.size = calloc(n, sizeof(uint32_t));
+    pt.block = arr_calloc(n, sizeof(uint32_t));
+    pt.next_block = arr_calloc(n, sizeof(uint32_t));
+    pt.size = arr_calloc(n, sizeof(uint32_t));
     pt.ht_cap = 16;
     while (pt.ht_cap < (size_t)n * 2)
         pt.ht_cap *= 2;
-    pt.ht = calloc(pt.ht_cap, sizeof(uint32_t));
-    uint32_t *rep = malloc(n * sizeof(uint32_t));
+    pt.ht = arr_calloc(pt.ht_cap, sizeof(uint32_t));
+    uint32_t *rep = arr_realloc(NULL, n * sizeof(uint32_t));
     int rc = -ENOMEM;
     if (!pt.block || !pt.next_block || !pt.size || !pt.ht || !rep)
         goto out;
@@ -927,12 +1091,12 @@ int dfa_minimise(struct dfa *d)
     for (uint32_t s = n; s-- > 0;)
         rep[pt.block[s]] = s;
     uint32_t k = d->n_classes;
-    uint32_t *trans = malloc((size_t)nb * k * sizeof(*trans));
-    uint32_t *first = malloc(((size_t)nb + 1) * sizeof(*first));
+    uint32_t *trans = arr_realloc(NULL, (size_t)nb * k * sizeof(*trans));
+    uint32_t *first = arr_realloc(NULL, ((size_t)nb + 1) * sizeof(*first));
     uint32_t *acc = malloc((d->n_acc ? d->n_acc : 1) * sizeof(*acc));
     if (!trans || !first || !acc) {
-        free(trans);
-        free(first);
+        arr_free(trans);
+        arr_free(first);
         free(acc);
         rc = -ENOMEM;
         goto out;
@@ -949,8 +1113,8 @@ int dfa_minimise(struct dfa *d)
     }
     for (int p = 0; p < 4; p++)
         d->start[p] = pt.block[d->start[p]];
-    free(d->trans);
-    free(d->acc_first);
+    arr_free(d->trans);
+    arr_free(d->acc_first);
     free(d->acc);
     d->trans = trans;
     d->acc_first = first;
@@ -959,11 +1123,11 @@ int dfa_minimise(struct dfa *d)
     d->n_states = nb;
     rc = renumber_accepting_last(d);
 out:
-    free(pt.block);
-    free(pt.next_block);
-    free(pt.size);
-    free(pt.ht);
-    free(rep);
+    arr_free(pt.block);
+    arr_free(pt.next_block);
+    arr_free(pt.size);
+    arr_free(pt.ht);
+    arr_free(rep);
     return rc;
 }
 

@@ -51,6 +51,12 @@ extern _Thread_local const volatile int *dfa_cancel;
  * refinement round); on failure the DFA is unchanged. */
 int dfa_minimise(struct dfa *d);
 
+/* Makes `d` a DFA of one state that accepts nothing (a literal group's: no
+ * walk of its own). Returns 0 or -ENOMEM. dfa_finish frees it. */
+int dfa_init_empty(struct dfa *d);
+
+/* Frees the tables of `d` (its trans and acc_first are dfa.c's own
+ * allocations, not malloc's); accepts NULL and a zeroed DFA. */
 void dfa_finish(struct dfa *d);
 
 /* Runs the DFA over buf[0..len) exactly as the catalog scanner does; for tests. */

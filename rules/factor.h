@@ -43,6 +43,11 @@ struct factor_set {
     struct factor f[FACTOR_MAX_COUNT];
 };
 
+/* Bytes of a factor set of n factors: the functions below read only f[0..n),
+ * so a set may be kept in an allocation of this size (the compiler keeps one
+ * per rule: 8 KiB each at FACTOR_MAX_COUNT, most rules have one or two). */
+#define FACTOR_SET_SIZE(n) (offsetof(struct factor_set, f) + (size_t)(n) * sizeof(struct factor))
+
 /*
  * Finds a factor set of the tree `root` (the one the engines run, after
  * parse_strip_prefix): every string the tree matches contains one of the

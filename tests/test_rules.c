@@ -5,6 +5,8 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "parse.h"
@@ -511,6 +513,66 @@ START_TEST(released_trees_parsed_again)
 }
 END_TEST
 
+/* The trees of string sequences are freed after parsing and made again from
+ * their bytes (caseless letters included) to build a DFA group, or parsed
+ * again when such a rule goes to the bit-NFA engine (_i == 1: a budget of
+ * 16 states puts every string over 16 bytes there): each rule is found
+ * once, in input order, with the other forms of rules around them. */
+START_TEST(strings_kept_as_bytes)
+{
+    static const struct {
+        enum rule_kind kind;
+        const char *pat;
+        uint32_t flags;
+        const char *text;
+    } cases[] = {
+        {RULE_LITERAL, "Secret-Token-ABC-0042", RULE_F_CASELESS, "sEcReT-tOkEn-abc-0042"},
+        {RULE_HEX, "de ad be ef 00 11", 0, "\\xde\\xad\\xbe\\xef\\x00\\x11"},
+        {RULE_REGEX, "[Aa][Pp][Ii]_key_value_of_length", 0, "aPi_key_value_of_length"},
+        {RULE_REGEX, "q[0-9]{3}z", 0, "q123z"},
+        {RULE_REGEX, "[0-9]x[0-9]yz", 0, "7x8yz"},
+        {RULE_LITERAL, "plain literal string here", 0, "plain literal string here"},
+        {RULE_REGEX, "(?i)mixed CASE phrase", 0, "MIXED case PHRASE"},
+    };
+    enum { N = sizeof(cases) / sizeof(cases[0]) };
+    struct rule_src r[N];
+    static char ids[N][8];
+    uint8_t hay[512]; /* each text (\xHH: that byte) and a space */
+    size_t n = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        snprintf(ids[i], sizeof(ids[i]), "S%u", i);
+        r[i] = (struct rule_src){.id = ids[i],
+                                 .kind = cases[i].kind,
+                                 .pattern = cases[i].pat,
+                                 .len = strlen(cases[i].pat),
+                                 .flags = cases[i].flags};
+        for (const char *t = cases[i].text; *t != '\0'; t++) {
+            if (t[0] == '\\' && t[1] == 'x') {
+                hay[n++] = (uint8_t)strtoul((char[3]){t[2], t[3], 0}, NULL, 16);
+                t += 3;
+            } else {
+                hay[n++] = (uint8_t)*t;
+            }
+        }
+        hay[n++] = ' ';
+    }
+    struct rules_options opt = {.max_states = _i == 1 ? 16 : 0};
+    struct rules_result res;
+    struct vks_error err;
+    ck_assert_int_eq(rules_compile(r, N, &opt, &res, &err), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    if (_i == 1)
+        ck_assert_uint_gt(catalog_nfa_count(res.catalog), 0);
+    struct scan_hits h = {0};
+    ck_assert_int_eq(refscan_buffer(res.catalog, hay, n, SCAN_ALL, &h), 0);
+    ck_assert_uint_eq(h.n, N);
+    for (size_t i = 0; i < h.n; i++)
+        ck_assert_uint_eq(h.v[i].rule, res.rule_index[i]);
+    scan_hits_finish(&h);
+    rules_result_finish(&res);
+}
+END_TEST
+
 Suite *rules_suite(void)
 {
     Suite *s = suite_create("rules");
@@ -523,6 +585,7 @@ Suite *rules_suite(void)
     tcase_add_test(tc, bad_rules_do_not_stop_the_rest);
     tcase_add_test(tc, grouping_under_budget);
     tcase_add_loop_test(tc, released_trees_parsed_again, 0, 3);
+    tcase_add_loop_test(tc, strings_kept_as_bytes, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
