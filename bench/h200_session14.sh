@@ -11,6 +11,9 @@
 #          bN writes per stream.writes), inline and by memfd range (FDS),
 #          with the daemon's loop-thread busy and CPU share over the run)
 #          each (every scan_bench workload in its own process)
+#          perf (vkscand under perf record -e cpu-clock during flows b64 by
+#          memfd: the top symbols of the loop thread and of all threads;
+#          carry build-perf: perf and its libraries, glibc left out)
 set -u
 B=${1:?usage: h200_session14.sh BUILD [steps...]}
 shift
@@ -68,6 +71,26 @@ if has flows; then
         wait $pid 2>/dev/null
         grep -iE 'error|warn' "$OUT/vkscand_$min.log" | head -n 3
     done
+fi
+if has perf; then
+    W=/tmp/sb-perf
+    rm -rf $W && mkdir -p $W
+    P="env LD_LIBRARY_PATH=$PWD/build-perf/lib:${LD_LIBRARY_PATH:-} build-perf/perf"
+    $P record -e cpu-clock -F 999 -g -o $W/perf.data -- "$B/daemon/vkscand" --config "" \
+        --socket $W/s.sock --state-dir $W/state --engine gpu --log-level notice \
+        --stream-max-per-tenant 20000 --stream-gpu-min-bytes 0 >"$OUT/perf_vkscand.log" 2>&1 &
+    for _ in $(seq 200); do grep -q "ready on" "$OUT/perf_vkscand.log" && break; sleep 0.1; done
+    timeout 200 "$B/bench/stream_bench" --socket $W/s.sock --threads 16 --iters 3 --only flows \
+        --streams 10000 --write 64K --rounds 2 --literals 10000 --batch 64 --flows-fd --no-hs \
+        --data build-shared >"$OUT/perf_flows.txt" 2>&1
+    grep -E '^flows ' "$OUT/perf_flows.txt"
+    pkill -INT -f "$B/daemon/vkscand"
+    sleep 4
+    head -n 5 "$OUT/perf_vkscand.log"
+    $P report -i $W/perf.data --no-children --sort comm,symbol -g none 2>/dev/null |
+        grep '%' | head -n 40 >"$OUT/perf_all.txt"
+    cat "$OUT/perf_all.txt"
+    $P report -i $W/perf.data --no-children --sort tid -g none 2>/dev/null | grep '%' | head -n 12
 fi
 ALL=literals-1000,literals-10000,regex-500,regex-500-secrets,binary-20k,phrases-3k,dict-10,gitleaks-keywords,gitleaks-regex
 if has each; then
