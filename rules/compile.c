@@ -33,18 +33,18 @@ struct prepared {
     struct parse_result tree;
     struct node *root; /* after prefix stripping; NULL while released */
     uint32_t plain;    /* plain_len of the tree: its bytes when a plain string, else 0 */
-    bool seq;          /* is_sequence(root): a plain sequence of byte sets */
     /* A string sequence (each set one byte or a caseless letter) keeps no
      * tree: `str_len` bytes, then as many flags, 1 where the byte is a
      * caseless letter (string_tree makes the tree again). NULL otherwise. */
-    uint8_t *str;
     uint32_t str_len;
+    uint8_t *str;
     char *canon; /* canonical source */
     size_t canon_len;
     uint32_t group;
     bool bitnfa;                /* goes to the bit-parallel NFA engine */
     bool wide;                  /* wide_counter: tried as a small DFA (SMALL_DFA) */
     bool candidate;             /* selective factors: gated if its DFA is over gate_states */
+    bool seq;                   /* is_sequence(root): a plain sequence of byte sets */
     uint32_t bits;              /* its positions there, once known */
     struct factor_set *factors; /* bit-NFA rules with a bounded maxlen: NULL if none */
 };
