@@ -38,7 +38,8 @@
  * stream-max-per-tenant >= --streams). Through vkscand, --window N keeps
  * up to N pipelined writes in flight per connection (vks_stream_write_send;
  * default 1: each write waits for its reply), --batch N sends N writes
- * (of N streams) per request instead (vks_stream_write_many; not with
+ * (of N streams) per request instead, and opens and closes N streams per
+ * request (vks_stream_write_many, _open_many, _close_many; not with
  * --window), and --flows-fd sends the flows' writes as ranges of one sealed
  * memfd holding the corpus instead of inline bytes. Deterministic: fixed
  * seeds.
@@ -554,7 +555,10 @@ static uint64_t flows_daemon(const struct flows *f, uint32_t t)
         die("vks_client_connect", err.msg);
     struct vks_stream **v = xmalloc(n * sizeof(*v));
     double t0 = now_s();
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n && o->batch > 1; i += o->batch) /* --batch: opens too */
+        if (vks_stream_open_many(c, f->fp, n - i < o->batch ? n - i : o->batch, v + i, &err) != 0)
+            die("vks_stream_open_many", err.msg);
+    for (uint32_t i = 0; i < n && o->batch <= 1; i++)
         if (vks_stream_open(c, f->fp, NULL, &v[i], &err) != 0)
             die("vks_stream_open", err.msg);
     double t1 = now_s();
@@ -578,7 +582,12 @@ static uint64_t flows_daemon(const struct flows *f, uint32_t t)
         hits += daemon_recv(v[ring[head]]);
     double t2 = now_s();
     struct vks_scan_result res;
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < n && o->batch > 1; i += o->batch) {
+        if (vks_stream_close_many(v + i, n - i < o->batch ? n - i : o->batch, &res, &err) != 0)
+            die("vks_stream_close_many", err.msg);
+        hits += result_hits(&res);
+    }
+    for (uint32_t i = 0; i < n && o->batch <= 1; i++) {
         if (vks_stream_close(v[i], &res, &err) != 0)
             die("vks_stream_close", err.msg);
         hits += result_hits(&res);

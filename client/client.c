@@ -1163,6 +1163,49 @@ int vks_stream_open(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
     return 0;
 }
 
+int vks_stream_open_many(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN], size_t n,
+                         struct vks_stream **out, struct vks_error *err)
+{
+    if (n == 0 || n > UINT32_MAX || out == NULL)
+        return vks_error_set(err, -EINVAL, "stream.open of %zu streams: open 1 or more", n);
+    memset(out, 0, n * sizeof(*out));
+    for (size_t i = 0; i < n; i++)
+        if ((out[i] = calloc(1, sizeof(*out[i]))) == NULL) {
+            for (size_t j = 0; j < i; j++)
+                free(out[j]);
+            memset(out, 0, n * sizeof(*out));
+            return vks_error_set(err, -ENOMEM, "out of memory for %zu streams", n);
+        }
+    struct proto_request req = {.op = PROTO_OP_STREAM_OPEN};
+    struct proto_reply *rep = NULL;
+    memcpy(req.u.stream.catalog, catalog, VKS_FP_LEN);
+    req.u.stream.count = (uint32_t)n;
+    int rc = call(c, &req, NULL, 0, false, 0, &rep, err);
+    if (rc == 0 && rep->u.stream.n_streams != n) {
+        uint32_t got = rep->u.stream.n_streams;
+        proto_reply_destroy(rep);
+        rc = vks_error_set(err, -VKS_E_PROTOCOL,
+                           "vkscand answered a stream.open of %zu streams with %u ids (a daemon "
+                           "before stream.open `count`?)",
+                           n, got);
+    }
+    if (rc < 0) {
+        for (size_t i = 0; i < n; i++) {
+            free(out[i]);
+            out[i] = NULL;
+        }
+        return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        out[i]->c = c;
+        out[i]->drops = c->drops;
+        out[i]->id = rep->u.stream.streams[i];
+        out[i]->state_bytes = rep->u.stream.state_bytes;
+    }
+    proto_reply_destroy(rep);
+    return 0;
+}
+
 uint64_t vks_stream_state_bytes(const struct vks_stream *s)
 {
     return s->state_bytes;
@@ -1488,6 +1531,55 @@ int vks_stream_close(struct vks_stream *s, struct vks_scan_result *res, struct v
     }
     free(s->q);
     free(s);
+    return rc;
+}
+
+int vks_stream_close_many(struct vks_stream *const *streams, size_t n, struct vks_scan_result *res,
+                          struct vks_error *err)
+{
+    if (res != NULL)
+        memset(res, 0, sizeof(*res));
+    if (n == 0)
+        return 0;
+    if (streams == NULL || n > UINT32_MAX)
+        return vks_error_set(err, -EINVAL, "stream.close of %zu streams", n);
+    struct vks_client *c = streams[0]->c;
+    for (size_t i = 0; i < n; i++) {
+        if (streams[i]->c != c)
+            return vks_error_set(err, -EINVAL,
+                                 "stream %u belongs to another client: one "
+                                 "vks_stream_close_many goes over one connection",
+                                 streams[i]->id);
+        if (streams[i]->q_n > 0)
+            return vks_error_set(err, -EBUSY,
+                                 "stream %u has %u pipelined writes in flight: take their "
+                                 "replies with vks_stream_write_recv, then close it",
+                                 streams[i]->id, streams[i]->q_n);
+    }
+    int rc;
+    uint32_t *ids = malloc(n * sizeof(*ids));
+    if (c->fd < 0 || streams[0]->drops != c->drops) {
+        rc = vks_error_set(err, -VKS_E_CLOSED, "the connection of the streams is gone");
+    } else if (ids == NULL) {
+        rc = vks_error_set(err, -ENOMEM, "out of memory closing %zu streams", n);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            ids[i] = streams[i]->id;
+        struct proto_request req = {.op = PROTO_OP_STREAM_CLOSE};
+        req.u.stream.streams = ids;
+        req.u.stream.n_streams = (uint32_t)n;
+        struct proto_reply *rep = NULL;
+        rc = exchange(c, &req, NULL, 0, 0, &rep, err);
+        if (rc < 0 && !daemon_refused(rc))
+            rc = stream_lost(streams[0], false, rc, err);
+        else if (rc == 0)
+            rc = res != NULL ? fill_scan_result(rep, res, err) : (proto_reply_destroy(rep), 0);
+    }
+    free(ids);
+    for (size_t i = 0; i < n; i++) { /* the streams end here whatever the reply said */
+        free(streams[i]->q);
+        free(streams[i]);
+    }
     return rc;
 }
 

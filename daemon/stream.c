@@ -110,6 +110,7 @@ struct many {
     struct session *s;
     const struct proto_request *req;
     void *token;
+    uint32_t n; /* items */
     uint32_t max_hits;
     uint32_t left; /* items not done yet */
     struct item *items;
@@ -348,41 +349,13 @@ void stream_set_destroy(struct stream_set *set)
     free(set);
 }
 
-void stream_open(struct stream_set *set, struct session *s, const struct proto_request *req,
-                 struct store_entry *entry)
+/* Opens one stream over `entry` (its checks done); 0 or -ENOMEM. */
+static int open_one(struct stream_set *set, struct store_entry *entry, size_t size,
+                    struct stream **out)
 {
-    const struct daemon_config *cfg = server_config(set->srv);
     const struct catalog *cat = store_entry_catalog(entry);
-    size_t size = streamscan_size(cat);
-    struct tenant_streams *t = tenant_of(set->uid, false);
-    char msg[256];
-    if (t != NULL && t->n >= cfg->stream_max_per_tenant) {
-        snprintf(msg, sizeof(msg),
-                 "uid %u has %u streams open, the limit (stream-max-per-tenant) is %u: close "
-                 "streams you are done with",
-                 (unsigned)set->uid, t->n, cfg->stream_max_per_tenant);
-        session_send_error(s, req->id, req->op, -VKS_E_BUSY, msg);
-        return;
-    }
-    if (catalog_rule_flags_any(cat) & RULE_F_SOMLEFT) {
-        /* a start may lie in any earlier write, which a stream does not keep */
-        session_send_error(s, req->id, req->op, -VKS_E_BAD_VALUE,
-                           "the catalog has rules with flag L (start of match), which streams "
-                           "cannot report: load the rules without L for streaming, or scan "
-                           "whole buffers");
-        return;
-    }
-    if (size > cfg->stream_max_state_bytes) {
-        snprintf(msg, sizeof(msg),
-                 "a stream of this catalog needs %zu bytes of state, the limit "
-                 "(stream-max-state-bytes) is %llu: split the rule set or scan whole buffers",
-                 size, (unsigned long long)cfg->stream_max_state_bytes);
-        session_send_error(s, req->id, req->op, -VKS_E_LIMIT, msg);
-        return;
-    }
+    struct tenant_streams *t = tenant_of(set->uid, true);
     struct stream *st = calloc(1, sizeof(*st));
-    if (t == NULL)
-        t = tenant_of(set->uid, true); /* made only for a stream that opens */
     if (st != NULL) {
         for (st->id = set->next_id; st->id == 0 || set_lookup(set, st->id) != NULL; st->id++)
             ; /* after a wrap, past ids still in use */
@@ -396,8 +369,7 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
         if (st != NULL && set_lookup(set, st->id) == st)
             set_delete(set, st);
         free(st);
-        session_send_error(s, req->id, req->op, -ENOMEM, "out of memory opening a stream");
-        return;
+        return -ENOMEM;
     }
     set->next_id = st->id + 1;
     if (set->next_id == 0)
@@ -418,9 +390,67 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
     counters.open++;
     counters.opened++;
     counters.state_bytes += size;
+    *out = st;
+    return 0;
+}
+
+void stream_open(struct stream_set *set, struct session *s, const struct proto_request *req,
+                 struct store_entry *entry)
+{
+    const struct daemon_config *cfg = server_config(set->srv);
+    const struct catalog *cat = store_entry_catalog(entry);
+    size_t size = streamscan_size(cat);
+    uint32_t count = req->u.stream.count ? req->u.stream.count : 1;
+    struct tenant_streams *t = tenant_of(set->uid, false);
+    uint32_t open = t != NULL ? t->n : 0;
+    char msg[256];
+    if (open + (uint64_t)count > cfg->stream_max_per_tenant) {
+        snprintf(msg, sizeof(msg),
+                 "uid %u has %u streams open and asks for %u more, the limit "
+                 "(stream-max-per-tenant) is %u: close streams you are done with",
+                 (unsigned)set->uid, open, count, cfg->stream_max_per_tenant);
+        session_send_error(s, req->id, req->op, -VKS_E_BUSY, msg);
+        return;
+    }
+    if (catalog_rule_flags_any(cat) & RULE_F_SOMLEFT) {
+        /* a start may lie in any earlier write, which a stream does not keep */
+        session_send_error(s, req->id, req->op, -VKS_E_BAD_VALUE,
+                           "the catalog has rules with flag L (start of match), which streams "
+                           "cannot report: load the rules without L for streaming, or scan "
+                           "whole buffers");
+        return;
+    }
+    if (size > cfg->stream_max_state_bytes) {
+        snprintf(msg, sizeof(msg),
+                 "a stream of this catalog needs %zu bytes of state, the limit "
+                 "(stream-max-state-bytes) is %llu: split the rule set or scan whole buffers",
+                 size, (unsigned long long)cfg->stream_max_state_bytes);
+        session_send_error(s, req->id, req->op, -VKS_E_LIMIT, msg);
+        return;
+    }
+    uint32_t *ids = count > 1 ? calloc(count, sizeof(*ids)) : NULL;
+    struct stream *st = NULL;
+    uint32_t k = 0;
+    while (k < count && (count == 1 || ids != NULL) && open_one(set, entry, size, &st) == 0) {
+        if (ids != NULL)
+            ids[k] = st->id;
+        k++;
+    }
+    if (k < count) { /* all or none */
+        for (uint32_t i = 0; i < k && ids != NULL; i++)
+            stream_remove(set, set_lookup(set, ids[i]));
+        counters.opened -= k;
+        free(ids);
+        session_send_error(s, req->id, req->op, -ENOMEM, "out of memory opening a stream");
+        return;
+    }
     struct proto_reply rep = {.id = req->id, .op = req->op};
-    rep.u.stream = (struct proto_stream_reply){.stream = st->id, .state_bytes = size};
+    rep.u.stream = (struct proto_stream_reply){.stream = ids != NULL ? ids[0] : st->id,
+                                               .state_bytes = size,
+                                               .streams = ids,
+                                               .n_streams = ids != NULL ? count : 0};
     session_send_reply(s, &rep);
+    free(ids);
 }
 
 /* The stream `id` names, or NULL with the error (`*code`, `msg`). An
@@ -672,11 +702,20 @@ static void work_done(struct work *w, int status)
     bool live = st->set != NULL && status == 0;
     bool keep = live;
     if (live && w->req->op == PROTO_OP_STREAM_CLOSE) {
-        if (w->rc == 0)
+        struct item *it = w->many != NULL ? &w->many->items[w->index] : NULL;
+        if (it != NULL) { /* one of a stream.close's `streams`: its hits move to the item */
+            struct scan_hits h = it->hits;
+            it->hits = w->hits;
+            w->hits = h;
+            it->rc = w->rc == 0 ? 0 : -VKS_E_INTERNAL;
+            if (w->rc != 0)
+                snprintf(it->msg, sizeof(it->msg), "out of memory closing the stream");
+        } else if (w->rc == 0) {
             reply_hits(w);
-        else
+        } else {
             session_send_error(w->s, w->req->id, w->req->op, -ENOMEM,
                                "out of memory closing the stream");
+        }
         counters.closed++;
         keep = false;
     } else if (live) {
@@ -984,8 +1023,9 @@ static void start_next(struct stream *st)
     t->ready_tail = w;
 }
 
-static void stream_writes(struct stream_set *set, struct session *s,
-                          const struct proto_request *req, void *token);
+static void stream_many(struct stream_set *set, struct session *s, const struct proto_request *req,
+                        void *token);
+static bool close_here(struct stream *st, struct work *w);
 
 /* Queues `w` on `st` (stream_op's and stream_writes' common part). */
 static void enqueue(struct stream *st, struct work *w)
@@ -1008,8 +1048,8 @@ static void enqueue(struct stream *st, struct work *w)
 void stream_op(struct stream_set *set, struct session *s, const struct proto_request *req,
                void *token)
 {
-    if (req->op == PROTO_OP_STREAM_WRITES) {
-        stream_writes(set, s, req, token);
+    if (req->op == PROTO_OP_STREAM_WRITES || req->u.stream.n_streams > 0) {
+        stream_many(set, s, req, token);
         return;
     }
     char msg[256];
@@ -1028,18 +1068,8 @@ void stream_op(struct stream_set *set, struct session *s, const struct proto_req
     if (req->op != PROTO_OP_STREAM_CLOSE)
         w->buf = &req->u.stream.buffer;
     st->closing = req->op == PROTO_OP_STREAM_CLOSE;
-    if (st->closing && !st->running && st->q_head == NULL) {
-        /* nothing before it: the close (the held byte and the end-anchored
-         * matches, microseconds) runs here rather than take two hand-offs
-         * to a thread and back; a flow reassembler closes as often as it
-         * opens (H200, docs/PERFORMANCE.md "Session 14") */
-        w->st = st;
-        st->running = true;
-        w->rc = streamscan_close(st->scan, &w->hits);
-        counters.loop_closes++;
-        work_done(w, 0);
+    if (st->closing && close_here(st, w))
         return;
-    }
     enqueue(st, w);
     pump(set->srv);
 }
@@ -1051,8 +1081,7 @@ void stream_op(struct stream_set *set, struct session *s, const struct proto_req
  * max-hits in all (the items past it truncated). */
 static void many_finish(struct many *m)
 {
-    const struct proto_stream_writes *wr = &m->req->u.writes;
-    uint32_t n = wr->n_buffers, max = m->max_hits;
+    uint32_t n = m->n, max = m->max_hits;
     size_t total = 0;
     for (uint32_t i = 0; i < n; i++)
         total += m->items[i].hits.n;
@@ -1097,38 +1126,68 @@ static void many_item_done(struct many *m)
         many_finish(m);
 }
 
-static void stream_writes(struct stream_set *set, struct session *s,
-                          const struct proto_request *req, void *token)
+/* A close of `st` run on the loop: nothing is queued before it, and it
+ * only settles the held byte and the end-anchored matches (microseconds),
+ * where a thread would cost two hand-offs; a flow reassembler closes as
+ * often as it opens (H200, docs/PERFORMANCE.md "Session 14"). */
+static bool close_here(struct stream *st, struct work *w)
 {
-    const struct proto_stream_writes *wr = &req->u.writes;
+    if (st->running || st->q_head != NULL)
+        return false;
+    w->st = st;
+    st->running = true;
+    w->rc = streamscan_close(st->scan, &w->hits);
+    counters.loop_closes++;
+    work_done(w, 0);
+    return true;
+}
+
+/* stream.writes (`writes`) or stream.close with `streams`: one item per
+ * stream id, answered together. */
+static void stream_many(struct stream_set *set, struct session *s, const struct proto_request *req,
+                        void *token)
+{
+    bool writes = req->op == PROTO_OP_STREAM_WRITES;
+    const uint32_t *ids = writes ? req->u.writes.streams : req->u.stream.streams;
+    uint32_t n = writes ? req->u.writes.n_buffers : req->u.stream.n_streams;
     struct many *m = calloc(1, sizeof(*m));
-    struct item *items = calloc(wr->n_buffers ? wr->n_buffers : 1, sizeof(*items));
+    struct item *items = calloc(n ? n : 1, sizeof(*items));
     if (m == NULL || items == NULL) {
         free(m);
         free(items);
-        session_send_error(s, req->id, req->op, -ENOMEM, "out of memory queueing the writes");
+        session_send_error(s, req->id, req->op, -ENOMEM, "out of memory queueing the requests");
         session_stream_done(token);
         return;
     }
     *m = (struct many){.s = s,
                        .req = req,
                        .token = token,
+                       .n = n,
                        .items = items,
                        .max_hits = set != NULL ? server_config(set->srv)->max_hits : 0};
-    m->left = wr->n_buffers + 1; /* + 1 until every item is queued */
-    for (uint32_t i = 0; i < wr->n_buffers; i++) {
+    m->left = n + 1; /* + 1 until every item is queued */
+    for (uint32_t i = 0; i < n; i++) {
         struct item *it = &items[i];
-        struct stream *st = lookup(set, wr->streams[i], &it->rc, it->msg, sizeof(it->msg));
+        struct stream *st = lookup(set, ids[i], &it->rc, it->msg, sizeof(it->msg));
         struct work *w = st != NULL ? calloc(1, sizeof(*w)) : NULL;
         if (st != NULL && w == NULL) {
             it->rc = -VKS_E_INTERNAL;
-            snprintf(it->msg, sizeof(it->msg), "out of memory queueing the write");
+            snprintf(it->msg, sizeof(it->msg), "out of memory queueing the request");
         }
         if (w == NULL) {
             m->left--;
             continue;
         }
-        *w = (struct work){.s = s, .req = req, .buf = &wr->buffers[i], .many = m, .index = i};
+        *w = (struct work){.s = s,
+                           .req = req,
+                           .buf = writes ? &req->u.writes.buffers[i] : NULL,
+                           .many = m,
+                           .index = i};
+        if (!writes) {
+            st->closing = true;
+            if (close_here(st, w))
+                continue;
+        }
         enqueue(st, w);
     }
     if (set != NULL)

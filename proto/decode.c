@@ -464,25 +464,38 @@ static int read_writes_buffers(struct dec *d, struct proto_request *req,
     return read_buffers(d, &req->u.writes.buffers, &req->u.writes.n_buffers, fr);
 }
 
-static int read_writes_streams(struct dec *d, struct proto_request *req,
-                               const struct proto_frame *fr)
+/* A `streams` array of ids (at most max_buffers). */
+static int read_ids(struct dec *d, uint32_t **out, uint32_t *n_out)
 {
-    (void)fr;
-    struct proto_stream_writes *w = &req->u.writes;
     uint32_t n;
     int rc =
         mp_read_array_code(&d->m, d->m.lim->max_buffers, -VKS_E_TOO_MANY_BUFFERS, &n, "streams");
     if (rc < 0)
         return rc;
-    w->streams = proto_mem_alloc(d->mem, n ? n : 1, sizeof(*w->streams));
-    if (w->streams == NULL)
+    uint32_t *v = proto_mem_alloc(d->mem, n ? n : 1, sizeof(*v));
+    if (v == NULL)
         return vks_error_set(d->m.err, -ENOMEM, "out of memory for %u stream ids", n);
-    w->n_streams = n;
+    *out = v;
+    *n_out = n;
     for (uint32_t i = 0; i < n && rc == 0; i++)
-        rc = mp_read_u32(&d->m, &w->streams[i], "streams");
+        rc = mp_read_u32(&d->m, &v[i], "streams");
     if (rc == 0)
         mp_leave(&d->m);
     return rc;
+}
+
+static int read_writes_streams(struct dec *d, struct proto_request *req,
+                               const struct proto_frame *fr)
+{
+    (void)fr;
+    return read_ids(d, &req->u.writes.streams, &req->u.writes.n_streams);
+}
+
+static int read_close_streams(struct dec *d, struct proto_request *req,
+                              const struct proto_frame *fr)
+{
+    (void)fr;
+    return read_ids(d, &req->u.stream.streams, &req->u.stream.n_streams);
 }
 
 /* stream.writes needs `streams` and `buffers`, one stream per buffer. */
@@ -505,6 +518,16 @@ static int check_writes(struct dec *d, struct proto_request *req, uint32_t seen)
 static int check_stream(struct dec *d, struct proto_request *req, uint32_t seen)
 {
     const char *op = proto_op_name(req->op);
+    if (req->op == PROTO_OP_STREAM_CLOSE && (seen & 3u) == 3u)
+        return vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                             "stream.close has both `stream` and `streams`: give one");
+    if (req->op == PROTO_OP_STREAM_CLOSE && (seen & 2u))
+        return 0;
+    if (req->op == PROTO_OP_STREAM_OPEN && (seen & 2u) &&
+        (req->u.stream.count == 0 || req->u.stream.count > d->m.lim->max_buffers))
+        return vks_error_set(d->m.err, -VKS_E_BAD_VALUE,
+                             "stream.open `count` is %u: open 1 to %u streams per request",
+                             req->u.stream.count, d->m.lim->max_buffers);
     if (!(seen & 1u))
         return missing(d, req->op == PROTO_OP_STREAM_OPEN ? "catalog" : "stream", op);
     if (req->op == PROTO_OP_STREAM_WRITE && !(seen & 2u))
@@ -556,6 +579,11 @@ static const struct field scan_fields[] = {
 };
 static const struct field stream_open_fields[] = {
     {"catalog", FT_FP, RQ(u.stream.catalog), NULL},
+    {"count", FT_U32, RQ(u.stream.count), NULL},
+};
+static const struct field stream_close_fields[] = {
+    {"stream", FT_U32, RQ(u.stream.stream), NULL},
+    {"streams", FT_CUSTOM, 0, read_close_streams},
 };
 static const struct field stream_write_fields[] = {
     {"stream", FT_U32, RQ(u.stream.stream), NULL},
@@ -594,8 +622,8 @@ static const struct field *op_fields(enum proto_op op, size_t *n)
         *n = N_OF(stream_write_fields);
         return stream_write_fields;
     case PROTO_OP_STREAM_CLOSE:
-        *n = 1;
-        return stream_write_fields;
+        *n = N_OF(stream_close_fields);
+        return stream_close_fields;
     case PROTO_OP_STREAM_WRITES:
         *n = N_OF(stream_writes_fields);
         return stream_writes_fields;
@@ -1148,6 +1176,8 @@ static int result_stream(struct dec *d, struct proto_reply *rep, const uint8_t *
         return mp_read_u32(&d->m, &rep->u.stream.stream, "stream");
     if (key_is(k, kn, "state_bytes"))
         return mp_read_uint(&d->m, UINT64_MAX, &rep->u.stream.state_bytes, "state_bytes");
+    if (key_is(k, kn, "streams"))
+        return read_ids(d, &rep->u.stream.streams, &rep->u.stream.n_streams);
     return mp_skip(&d->m, "(unknown field)");
 }
 

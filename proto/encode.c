@@ -240,6 +240,7 @@ static uint32_t request_fields(const struct proto_request *req)
     case PROTO_OP_SCAN:
         return 6 + (req->u.scan.no_cache ? 1 : 0) + (req->u.scan.starts ? 1 : 0);
     case PROTO_OP_STREAM_OPEN:
+        return 1 + (req->u.stream.count != 0 ? 1 : 0);
     case PROTO_OP_STREAM_CLOSE:
         return 1;
     case PROTO_OP_STREAM_WRITE:
@@ -272,6 +273,8 @@ static int enc_request_body(struct enc *e, const struct proto_request *req, stru
         return enc_scan(e, &req->u.scan, err);
     case PROTO_OP_STREAM_OPEN:
         kv_fp(e, "catalog", req->u.stream.catalog);
+        if (req->u.stream.count != 0)
+            kv_u64(e, "count", req->u.stream.count);
         return 0;
     case PROTO_OP_STREAM_WRITE:
         kv_u64(e, "stream", req->u.stream.stream);
@@ -279,7 +282,14 @@ static int enc_request_body(struct enc *e, const struct proto_request *req, stru
         enc_buffer(e, &req->u.stream.buffer);
         return 0;
     case PROTO_OP_STREAM_CLOSE:
-        kv_u64(e, "stream", req->u.stream.stream);
+        if (req->u.stream.n_streams == 0) {
+            kv_u64(e, "stream", req->u.stream.stream);
+            return 0;
+        }
+        key(e, "streams");
+        msgpack_pack_array(&e->pk, req->u.stream.n_streams);
+        for (uint32_t i = 0; i < req->u.stream.n_streams; i++)
+            msgpack_pack_uint32(&e->pk, req->u.stream.streams[i]);
         return 0;
     case PROTO_OP_STREAM_WRITES: {
         const struct proto_stream_writes *w = &req->u.writes;
@@ -481,9 +491,15 @@ static int enc_result(struct enc *e, const struct proto_reply *rep, struct vks_e
         enc_scan_reply(e, &rep->u.scan);
         return 0;
     case PROTO_OP_STREAM_OPEN:
-        msgpack_pack_map(&e->pk, 2);
+        msgpack_pack_map(&e->pk, 2 + (rep->u.stream.n_streams != 0 ? 1 : 0));
         kv_u64(e, "stream", rep->u.stream.stream);
         kv_u64(e, "state_bytes", rep->u.stream.state_bytes);
+        if (rep->u.stream.n_streams != 0) {
+            key(e, "streams");
+            msgpack_pack_array(&e->pk, rep->u.stream.n_streams);
+            for (uint32_t i = 0; i < rep->u.stream.n_streams; i++)
+                msgpack_pack_uint32(&e->pk, rep->u.stream.streams[i]);
+        }
         return 0;
     case PROTO_OP_STATS:
         enc_stats(e, rep->u.stats.stats, rep->u.stats.n_stats);

@@ -300,6 +300,9 @@ struct proto_stream {
     uint8_t catalog[PROTO_FP_LEN];
     uint32_t stream;
     struct proto_buffer buffer;
+    uint32_t count;    /* stream.open: streams to open at once (0 or absent: one) */
+    uint32_t *streams; /* stream.close: ids to close at once, instead of `stream` */
+    uint32_t n_streams;
 };
 
 /* stream.writes: `streams[i]` takes `buffers[i]`, in order (`streams` and
@@ -454,8 +457,10 @@ struct proto_scan_reply {
 /* stream.open's result; stream.write and stream.close answer with a scan
  * result (one buffer status, the offsets counted from the stream's start). */
 struct proto_stream_reply {
-    uint32_t stream;      /* id, unique on this connection */
-    uint64_t state_bytes; /* bytes of state the daemon holds for it */
+    uint32_t stream;      /* id, unique on this connection (the first, with `count`) */
+    uint64_t state_bytes; /* bytes of state the daemon holds for it (for each) */
+    uint32_t *streams;    /* with `count`: every id opened, in order */
+    uint32_t n_streams;
 };
 
 struct proto_stats_reply {

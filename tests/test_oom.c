@@ -496,7 +496,7 @@ static int proto_work(void *ctx, struct vks_error *err)
     if (rc == 0)
         rc = reply_roundtrip(&rep, err);
     rep = (struct proto_reply){.id = 14, .op = PROTO_OP_STREAM_OPEN};
-    rep.u.stream = (struct proto_stream_reply){5, 4096};
+    rep.u.stream = (struct proto_stream_reply){.stream = 5, .state_bytes = 4096};
     if (rc == 0)
         rc = reply_roundtrip(&rep, err);
     if (rc == 0) {

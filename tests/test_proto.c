@@ -273,6 +273,29 @@ START_TEST(rt_stream_writes)
     msgpack_pack_bin_body(&r.pk, "q", 1);
     expect_fail(&r, NULL, -VKS_E_BAD_VALUE);
 
+    /* stream.open `count`, stream.close `streams` */
+    struct proto_request op = {.id = 13, .op = PROTO_OP_STREAM_OPEN};
+    memcpy(op.u.stream.catalog, fp_a, PROTO_FP_LEN);
+    op.u.stream.count = 5;
+    out = roundtrip_request(&op);
+    ck_assert_uint_eq(out->u.stream.count, 5);
+    proto_request_destroy(out);
+    struct proto_request cl = {.id = 14, .op = PROTO_OP_STREAM_CLOSE};
+    cl.u.stream.streams = ids;
+    cl.u.stream.n_streams = 3;
+    out = roundtrip_request(&cl);
+    ck_assert_uint_eq(out->u.stream.n_streams, 3);
+    ck_assert_uint_eq(out->u.stream.streams[1], 3);
+    proto_request_destroy(out);
+    uint32_t opened[3] = {4, 5, 9};
+    struct proto_reply orep = {.id = 13, .op = PROTO_OP_STREAM_OPEN};
+    orep.u.stream = (struct proto_stream_reply){
+        .stream = 4, .state_bytes = 100, .streams = opened, .n_streams = 3};
+    struct proto_reply *ro = roundtrip_reply(&orep);
+    ck_assert_uint_eq(ro->u.stream.n_streams, 3);
+    ck_assert_uint_eq(ro->u.stream.streams[2], 9);
+    proto_reply_destroy(ro);
+
     raw_init(&r);
     map_head(&r, 3, 41, "stream.writes");
     raw_str(&r, "streams");

@@ -1276,14 +1276,10 @@ static void collect(const struct vks_scan_result *res, struct scan_hits *all, ui
 /* Closes `s`, adds the close's hits to `got`, and checks them against a
  * block scan of `data` by the same daemon (at least `min_hits`); frees
  * `got` and `data`. */
-static void close_equals_block(struct vks_client *c, struct vks_catalog *cat, struct vks_stream *s,
-                               struct str *data, struct scan_hits *got, size_t min_hits)
+static void equals_block(struct vks_client *c, struct vks_catalog *cat, struct str *data,
+                         struct scan_hits *got, size_t min_hits)
 {
-    struct vks_scan_result res;
     struct vks_error err = {0};
-    ck_assert_int_eq(vks_stream_close(s, &res, &err), 0);
-    collect(&res, got, data->n);
-    vks_scan_result_finish(&res);
     struct vks_buffer b = {.kind = VKS_BUFFER_INLINE, .data = data->p, .len = data->n};
     struct vks_scan_result block;
     ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), &b, 1, NULL, &block, &err),
@@ -1297,6 +1293,17 @@ static void close_equals_block(struct vks_client *c, struct vks_catalog *cat, st
     vks_scan_result_finish(&block);
     scan_hits_finish(got);
     free(data->p);
+}
+
+static void close_equals_block(struct vks_client *c, struct vks_catalog *cat, struct vks_stream *s,
+                               struct str *data, struct scan_hits *got, size_t min_hits)
+{
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_stream_close(s, &res, &err), 0);
+    collect(&res, got, data->n);
+    vks_scan_result_finish(&res);
+    equals_block(c, cat, data, got, min_hits);
 }
 
 /* Random data in random writes (inline and fd) through the daemon: the
@@ -1884,15 +1891,14 @@ START_TEST(test_daemon_many_streams_one_connection)
 }
 END_TEST
 
-/* vks_stream_write_many: 6 streams written in requests of 1 to 40 writes
- * each (a stream may come several times in one request, in order), inline
- * and by descriptor, the GPU engine batching the middles (lavapipe,
- * stream-gpu-min-bytes 1). Every stream's hits equal a block scan of its
- * concatenation, each write's buffer result has its bytes, and the hits
- * name their write. Then, on a raw connection, one stream.writes with an
- * unknown stream id, an inline write over max-scan-bytes and a good write:
- * the first two fail alone (BAD_VALUE, LIMIT), the third is applied. Fails
- * when the items of one request are mixed up, applied out of order, or one
+/* vks_stream_write_many: 6 streams (opened in one request,
+ * vks_stream_open_many, and closed in one, vks_stream_close_many) written in requests of 1 to 40
+ * writes each (a stream may come several times in one request, in order), inline and by descriptor,
+ * the GPU engine batching the middles (lavapipe, stream-gpu-min-bytes 1). Every stream's hits equal
+ * a block scan of its concatenation, each write's buffer result has its bytes, and the hits name
+ * their write. Then, on a raw connection, one stream.writes with an unknown stream id, an inline
+ * write over max-scan-bytes and a good write: the first two fail alone (BAD_VALUE, LIMIT), the
+ * third is applied. Fails when the items of one request are mixed up, applied out of order, or one
  * bad item fails the others. */
 START_TEST(test_daemon_stream_write_many)
 {
@@ -1907,18 +1913,27 @@ START_TEST(test_daemon_stream_write_many)
                                          "a",      "q",    "k123x", "k9x",    "\nst", "st",
                                          "x",      " ",    "\n",    "k12345x"};
     enum { NS = 6, MAXW = 40 };
+    struct vks_error err0 = {0};
     struct str data[NS];
     struct vks_stream *s[NS];
     struct scan_hits got[NS];
     size_t at[NS];
     memset(data, 0, sizeof(data));
     memset(got, 0, sizeof(got));
+    ck_assert_int_eq(vks_stream_open_many(c, vks_catalog_fingerprint(cat), NS, s, &err0), 0);
     for (int k = 0; k < NS; k++) {
         for (int i = 0; i < 30000; i++)
             puts_(&data[k], plants[rnd(16)]);
-        s[k] = open_ok(c, cat);
+        ck_assert_uint_gt(vks_stream_state_bytes(s[k]), 0);
+        for (int j = 0; j < k; j++)
+            ck_assert_ptr_ne(s[j], s[k]);
         at[k] = 0;
     }
+    /* past stream-max-per-tenant (1024): refused whole */
+    static struct vks_stream *lots[1100];
+    ck_assert_int_eq(vks_stream_open_many(c, vks_catalog_fingerprint(cat), 1100, lots, &err0),
+                     -VKS_E_BUSY);
+    ck_assert_uint_eq(stat_of(c, "stream.open"), NS);
     struct vks_error err = {0};
     struct vks_scan_result res;
     FILE *f[MAXW];
@@ -1977,10 +1992,18 @@ START_TEST(test_daemon_stream_write_many)
         for (size_t i = 0; i < nf; i++)
             fclose(f[i]);
     }
-    for (int k = 0; k < NS; k++) {
+    for (int k = 0; k < NS; k++)
         ck_assert_uint_eq(vks_stream_offset(s[k]), data[k].n);
-        close_equals_block(c, cat, s[k], &data[k], &got[k], 3000);
+    ck_assert_int_eq(vks_stream_close_many(s, NS, &res, &err), 0);
+    ck_assert_uint_eq(res.n_buffers, NS);
+    for (size_t h = 0; h < res.n_hits; h++) {
+        ck_assert_uint_lt(res.hits[h].buffer, NS);
+        scan_hits_push(&got[res.hits[h].buffer], res.hits[h].rule, res.hits[h].end, 1);
     }
+    vks_scan_result_finish(&res);
+    for (int k = 0; k < NS; k++)
+        equals_block(c, cat, &data[k], &got[k], 3000);
+    ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
     ck_assert_uint_gt(requests, 8);
     ck_assert_uint_gt(stat_of(c, "stream.batch_writes"), 50);
 
@@ -2039,6 +2062,18 @@ START_TEST(test_daemon_stream_write_many)
     ck_assert_uint_eq(rep->u.scan.hits[0].buffer, 1);
     ck_assert_uint_eq(rep->u.scan.hits[0].end, 7);
     proto_reply_destroy(rep);
+    /* one stream.close of an unknown id and the open one: the first fails alone */
+    struct proto_request cr = {.id = 10, .op = PROTO_OP_STREAM_CLOSE};
+    cr.u.stream.streams = ids;
+    cr.u.stream.n_streams = 2;
+    rep = raw_call(a, &cr);
+    ck_assert_int_eq(rep->error.code, 0);
+    ck_assert_uint_eq(rep->u.scan.n_buffers, 2);
+    ck_assert_int_eq(rep->u.scan.buffers[0].code, -VKS_E_BAD_VALUE);
+    ck_assert_int_eq(rep->u.scan.buffers[1].code, 0);
+    proto_reply_destroy(rep);
+    ck_assert_int_eq(raw_stream(a, PROTO_OP_STREAM_WRITE, (uint32_t)id, NULL, "x"),
+                     -VKS_E_BAD_VALUE); /* closed */
     close(a);
     ck_assert_int_eq(vks_stream_close(g, NULL, &err), 0);
     vks_catalog_destroy(cat);

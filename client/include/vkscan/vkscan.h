@@ -387,6 +387,12 @@ int vks_stream_open(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
                     const struct vks_stream_options *opt, struct vks_stream **out,
                     struct vks_error *err);
 
+/* Opens `n` streams over `catalog` in one request (added after 0.3,
+ * VKSCAN_0.4), into out[0..n): all or none; -VKS_E_BUSY when the tenant
+ * would pass stream-max-per-tenant. */
+int vks_stream_open_many(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN], size_t n,
+                         struct vks_stream **out, struct vks_error *err);
+
 /* Bytes of state the daemon holds for the stream (like hs_stream_size). */
 uint64_t vks_stream_state_bytes(const struct vks_stream *s);
 
@@ -467,6 +473,16 @@ int vks_stream_write_many(struct vks_stream *const *streams, const struct vks_bu
  * data decides.
  */
 int vks_stream_close(struct vks_stream *s, struct vks_scan_result *res, struct vks_error *err);
+
+/*
+ * Closes `n` streams of one client in one request (added after 0.3,
+ * VKSCAN_0.4) and frees them (also on failure, except -EBUSY: a stream
+ * with pipelined writes in flight, nothing closed). `res` (may be NULL)
+ * holds one buffer result per stream (index i: streams[i]'s own error, or
+ * 0) and the matches only the end of data decides, each with `buffer` i.
+ */
+int vks_stream_close_many(struct vks_stream *const *streams, size_t n, struct vks_scan_result *res,
+                          struct vks_error *err);
 
 /* ---- statistics ------------------------------------------------------- */
 
