@@ -874,7 +874,9 @@ static int make_memfd(const void *data, size_t len)
  * client has one request in flight: the daemon is done with the previous
  * contents when the next scan writes.
  */
-static int memfd_take(struct vks_client *c, uint32_t slot, const void *data, size_t len)
+/* Kept memfd `slot` with room for `len` bytes, mapped at c->memfd_map[slot];
+ * its descriptor or -1. */
+static int memfd_slot(struct vks_client *c, uint32_t slot, size_t len)
 {
     uint64_t held = 0;
     for (uint32_t i = 0; i < MEMFD_KEEP; i++)
@@ -905,8 +907,15 @@ static int memfd_take(struct vks_client *c, uint32_t slot, const void *data, siz
         c->memfd_map[slot] = m;
         c->memfd_size[slot] = len;
     }
-    memcpy(c->memfd_map[slot], data, len);
     return c->memfd[slot];
+}
+
+static int memfd_take(struct vks_client *c, uint32_t slot, const void *data, size_t len)
+{
+    int fd = memfd_slot(c, slot, len);
+    if (fd >= 0)
+        memcpy(c->memfd_map[slot], data, len);
+    return fd;
 }
 
 /* Translates the caller's buffers; fd buffers get consecutive descriptor
@@ -922,14 +931,43 @@ static int make_scan(struct vks_client *c, const struct vks_buffer *in, size_t n
     size_t max_fds = c->info.max_fds != 0 && c->info.max_fds < PROTO_MAX_FDS_CEILING
                          ? c->info.max_fds
                          : PROTO_MAX_FDS_CEILING;
-    size_t explicit_fds = 0;
-    for (size_t i = 0; i < n; i++)
+    size_t explicit_fds = 0, n_small = 0;
+    uint64_t small = 0; /* inline bytes of the buffers under the threshold */
+    for (size_t i = 0; i < n; i++) {
         explicit_fds += in[i].kind == VKS_BUFFER_FD;
+        if (in[i].kind == VKS_BUFFER_INLINE && in[i].len > 0 &&
+            (uint64_t)in[i].len < c->opt.memfd_threshold) {
+            small += in[i].len;
+            n_small++;
+        }
+    }
+    /* Small inline buffers that add up to the threshold travel packed in
+     * one kept memfd, as ranges of it (many writes of a flow reassembler,
+     * many small files): one copy here instead of the socket's two. */
+    int pack_fd = -1;
+    uint32_t pack_index = 0;
+    uint64_t pack_at = 0;
+    if (n_small > 1 && small >= c->opt.memfd_threshold && small <= SIZE_MAX &&
+        explicit_fds + *n_fds < max_fds && (pack_fd = memfd_slot(c, 0, (size_t)small)) >= 0) {
+        kept = 1;
+        pack_index = (uint32_t)*n_fds;
+        fds[(*n_fds)++] = pack_fd;
+    }
     for (size_t i = 0; i < n; i++) {
         struct proto_buffer *b = &s->buffers[i];
         if (in[i].kind == VKS_BUFFER_INLINE) {
             if (in[i].data == NULL && in[i].len > 0)
                 return vks_error_set(err, -EINVAL, "buffer %zu has no data", i);
+            if (pack_fd >= 0 && in[i].len > 0 && (uint64_t)in[i].len < c->opt.memfd_threshold) {
+                memcpy(c->memfd_map[0] + pack_at, in[i].data, in[i].len);
+                *b = (struct proto_buffer){.is_fd = true,
+                                           .fd_index = pack_index,
+                                           .offset = pack_at,
+                                           .length = in[i].len,
+                                           .has_length = true};
+                pack_at += in[i].len;
+                continue;
+            }
             if (in[i].len > 0 && (uint64_t)in[i].len >= c->opt.memfd_threshold &&
                 explicit_fds + kept + *n_own < max_fds) {
                 int fd = memfd_take(c, (uint32_t)kept, in[i].data, in[i].len);

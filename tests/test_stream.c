@@ -2076,6 +2076,42 @@ START_TEST(test_daemon_stream_write_many)
                      -VKS_E_BAD_VALUE); /* closed */
     close(a);
     ck_assert_int_eq(vks_stream_close(g, NULL, &err), 0);
+
+    /* small inline writes that add up to memfd_threshold travel packed in
+     * one memfd (the daemon reads them as descriptor ranges: batch_fd_writes) */
+    struct vks_client_options co;
+    vks_client_options_init(&co);
+    co.memfd_threshold = 8192;
+    struct vks_client *pc = NULL;
+    ck_assert_int_eq(vks_client_connect(d.sock, &co, &pc, &err), 0);
+    enum { NP = 12, PL = 3000 };
+    struct vks_stream *ps[NP];
+    ck_assert_int_eq(vks_stream_open_many(pc, vks_catalog_fingerprint(cat), NP, ps, &err), 0);
+    static char pw[NP][PL];
+    struct vks_buffer pb2[NP];
+    for (int i = 0; i < NP; i++) {
+        memset(pw[i], '.', PL);
+        memcpy(pw[i] + 1000 + 37 * i, "needle", 6);
+        pb2[i] = (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = pw[i], .len = PL};
+    }
+    uint64_t fd_before = stat_of(c, "stream.batch_fd_writes");
+    ck_assert_int_eq(vks_stream_write_many(ps, pb2, NP, &res, &err), 0);
+    ck_assert_uint_eq(res.n_hits, NP);
+    for (size_t h = 0; h < res.n_hits; h++)
+        ck_assert_uint_eq(res.hits[h].end, 1000 + 37 * res.hits[h].buffer + 6);
+    vks_scan_result_finish(&res);
+    ck_assert_uint_eq(stat_of(c, "stream.batch_fd_writes") - fd_before, NP);
+    ck_assert_int_eq(vks_stream_close_many(ps, NP, NULL, &err), 0);
+    /* and a scan of many small buffers, the same way */
+    ck_assert_int_eq(vks_client_scan(pc, vks_catalog_fingerprint(cat), pb2, NP, NULL, &res, &err),
+                     0);
+    ck_assert_uint_eq(res.n_hits, NP);
+    for (size_t h = 0; h < res.n_hits; h++) {
+        ck_assert_uint_eq(res.hits[h].buffer, h);
+        ck_assert_uint_eq(res.hits[h].end, 1000 + 37 * h + 6);
+    }
+    vks_scan_result_finish(&res);
+    vks_client_close(pc);
     vks_catalog_destroy(cat);
     vks_client_close(c);
     daemon_stop(&d);

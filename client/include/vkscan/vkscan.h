@@ -94,7 +94,11 @@ struct vks_client_options {
      * F_SEAL_SHRINK|GROW|WRITE|SEAL is made and closed after the reply.
      * 0: the default, 1 MiB (VKS_MEMFD_THRESHOLD_DEFAULT); UINT64_MAX: never.
      * A scan keeps a buffer inline when the daemon's max_fds descriptors are
-     * already used by the request.
+     * already used by the request. Smaller inline buffers of one request
+     * (vks_client_scan, vks_stream_write_many) that add up to the threshold
+     * are copied together into one kept memfd and sent as ranges of it (one
+     * copy instead of the socket's two: the daemon's loop thread does not
+     * read their bytes).
      */
     uint64_t memfd_threshold;
     /* SO_SNDBUF and SO_RCVBUF asked of the socket (the kernel caps them at
