@@ -94,7 +94,7 @@ if has perf; then
 fi
 ALL=literals-1000,literals-10000,regex-500,regex-500-secrets,binary-20k,phrases-3k,dict-10,gitleaks-keywords,gitleaks-regex
 if has each; then
-    for w in ${ALL//,/ }; do
+    for w in ${EACH:-${ALL//,/ }}; do
         timeout 60 "$B/bench/scan_bench" --data build-shared --iters 5 --size 1G --buffer 1048576 \
             --real-buffer 1048576 --only "$w" >"$OUT/scan_each-$w.txt" 2>&1
         echo "scan_bench $w exit $?"
