@@ -362,6 +362,26 @@ def test_stream_pipelined_send_recv(client):
     del c  # dropped with a piece in flight: its reply is taken, the stream closed
 
 
+def test_stream_write_many_and_close_many(client):
+    # writes to streams in one request, a stream twice in order; the close
+    # of many returns each stream's end-decided matches (the test daemon
+    # takes 3 buffers per request)
+    cat = client.load("lit:/needle/\nword:/foo\\b/\n")
+    a, b, c = cat.stream(), cat.stream(), cat.stream()
+    got = client.write_many([(a, b"xneedle"), (b, b"nee"), (b, b"dle foo")])
+    assert [[(m.rule, m.end) for m in r] for r in got] == [[("lit", 7)], [], [("lit", 6)]]
+    assert b.offset == 10
+    assert client.write_many([(c, b"foo")]) == [[]]
+    got = client.write_many([(a, b"..needle"), (c, b" ")])
+    assert [(m.rule, m.end) for m in got[0]] == [("lit", 15)]
+    assert [(m.rule, m.end) for m in got[1]] == [("word", 3)]
+    last = client.close_many([a, b, c])
+    assert [[(m.rule, m.end) for m in r] for r in last] == [[], [("word", 10)], []]
+    assert a.closed and b.closed and c.closed
+    with pytest.raises(vkscan.Error):
+        client.write_many([(a, b"x")])  # closed streams are refused
+
+
 def test_starts_of_flag_L_rules(client):
     cat = client.load("a:/foo.*bar/L\nb:/bar/\n")
     got = cat.scan(b"xfoo foo bar")

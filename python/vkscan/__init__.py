@@ -239,6 +239,25 @@ class Client:
         """The daemon's counters (docs/daemon.md, stats keys)."""
         return self._raw.stats()
 
+    def write_many(self, writes: Iterable[Tuple["Stream", Union[bytes, bytearray, memoryview]]]
+                   ) -> List[Union[List["Match"], "Error"]]:
+        """Writes to many streams of this client in one request
+        (docs/protocol.md "stream.writes"): one result per (stream, data)
+        pair, in order: the matches that write completes, or the Error it
+        failed with alone (the others are applied)."""
+        pairs = list(writes)
+        hits, statuses = self._raw.stream_write_many([(st._raw, d) for st, d in pairs])
+        return _many_results(hits, statuses, [st.catalog.rules for st, _ in pairs])
+
+    def close_many(self, streams: Iterable["Stream"]) -> List[Union[List["Match"], "Error"]]:
+        """Closes many streams of this client in one request: per stream, the
+        matches only the end of its data decides, or its own Error."""
+        sts = list(streams)
+        hits, statuses = self._raw.stream_close_many([st._raw for st in sts])
+        for st in sts:
+            st.closed = True
+        return _many_results(hits, statuses, [st.catalog.rules for st in sts])
+
     def load(self, rules: RulesInput, *, max_states: int = 0,
              always_send: bool = False) -> "Catalog":
         """Loads a rule set: pattern text (str or bytes holding
@@ -427,6 +446,20 @@ class Stream:
         hits = self._raw.close()
         self.closed = True
         return self._matches(hits)
+
+
+def _many_results(hits: List[Tuple[int, int, int]], statuses: List[Tuple[int, Optional[str], int]],
+                  rules: List[List[str]]) -> List[Union[List["Match"], "Error"]]:
+    out: List[Union[List[Match], Error]] = [[] for _ in statuses]
+    for (i, r, end) in hits:
+        names = rules[i]
+        m = out[i]
+        if isinstance(m, list):
+            m.append(Match(names[r] if r < len(names) else str(r), end, None, 0, r, 1))
+    for i, (code, message, _) in enumerate(statuses):
+        if code != 0:
+            out[i] = error_for_code(abs(code), message or "")
+    return out
 
 
 def _scan_item(x: Any, opened: List[int]) -> Any:

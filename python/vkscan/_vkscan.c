@@ -669,6 +669,142 @@ static PyObject *stream_close(Stream *self, PyObject *unused)
     return l;
 }
 
+/* (hits [(index, rule, end)], statuses [(code, message, bytes)]) of a
+ * stream.writes or a stream.close of many streams. */
+static PyObject *many_result(const struct vks_scan_result *res)
+{
+    PyObject *hits = PyList_New((Py_ssize_t)res->n_hits);
+    PyObject *st = PyList_New((Py_ssize_t)res->n_buffers);
+    bool ok = hits != NULL && st != NULL;
+    for (size_t i = 0; ok && i < res->n_hits; i++) {
+        const struct vks_hit *h = &res->hits[i];
+        PyObject *t = Py_BuildValue("(IIK)", h->buffer, h->rule, (unsigned long long)h->end);
+        ok = t != NULL;
+        if (ok)
+            PyList_SET_ITEM(hits, (Py_ssize_t)i, t);
+    }
+    for (size_t i = 0; ok && i < res->n_buffers; i++) {
+        const struct vks_buffer_result *b = &res->buffers[i];
+        PyObject *t = Py_BuildValue("(izK)", b->code, b->message, (unsigned long long)b->bytes);
+        ok = t != NULL;
+        if (ok)
+            PyList_SET_ITEM(st, (Py_ssize_t)i, t);
+    }
+    PyObject *r = ok ? Py_BuildValue("(OO)", hits, st) : NULL;
+    Py_XDECREF(hits);
+    Py_XDECREF(st);
+    return r;
+}
+
+/* The RawStreams of `seq` (all of `client`, open), into a new array. */
+static struct vks_stream **streams_of(Client *client, PyObject *seq, Py_ssize_t n)
+{
+    struct vks_stream **v = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*v));
+    if (v == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyObject_TypeCheck(o, &StreamType) || ((Stream *)o)->client != client ||
+            ((Stream *)o)->st == NULL) {
+            PyMem_Free(v);
+            raise_code(-VKS_E_BAD_VALUE, "expected open streams of this client");
+            return NULL;
+        }
+        v[i] = ((Stream *)o)->st;
+    }
+    return v;
+}
+
+/* stream.writes: [(RawStream, bytes-like)] in one request. */
+static PyObject *client_stream_write_many(Client *self, PyObject *arg)
+{
+    PyObject *seq = PySequence_Fast(arg, "writes must be a sequence of (stream, data)");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *streams = PyList_New(n), *result = NULL;
+    struct vks_buffer *bufs = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*bufs));
+    Py_buffer *views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*views));
+    struct vks_stream **v = NULL;
+    Py_ssize_t n_views = 0;
+    if (streams == NULL || bufs == NULL || views == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(seq, i), *st, *data;
+        if (!PyArg_ParseTuple(it, "OO", &st, &data) ||
+            PyObject_GetBuffer(data, &views[n_views], PyBUF_SIMPLE) < 0)
+            goto out;
+        Py_INCREF(st);
+        PyList_SET_ITEM(streams, i, st);
+        bufs[i] = (struct vks_buffer){.kind = VKS_BUFFER_INLINE,
+                                      .data = views[n_views].buf,
+                                      .len = (size_t)views[n_views].len};
+        n_views++;
+    }
+    PyObject *sf = PySequence_Fast(streams, "");
+    if (sf == NULL)
+        goto out;
+    v = streams_of(self, sf, n);
+    Py_DECREF(sf);
+    if (v == NULL || client_enter(self) < 0)
+        goto out;
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = vks_stream_write_many(v, bufs, (size_t)n, &res, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->lock);
+    if (rc != 0) {
+        raise_err(rc, &err);
+        goto out;
+    }
+    result = many_result(&res);
+    vks_scan_result_finish(&res);
+out:
+    for (Py_ssize_t i = 0; i < n_views; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(bufs);
+    PyMem_Free(v);
+    Py_XDECREF(streams);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* stream.close of many RawStreams in one request; each is closed after. */
+static PyObject *client_stream_close_many(Client *self, PyObject *arg)
+{
+    PyObject *seq = PySequence_Fast(arg, "streams must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *result = NULL;
+    struct vks_stream **v = streams_of(self, seq, n);
+    if (v == NULL || client_enter(self) < 0)
+        goto out;
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = vks_stream_close_many(v, (size_t)n, &res, &err);
+    Py_END_ALLOW_THREADS PyThread_release_lock(self->lock);
+    if (rc != -EBUSY)
+        for (Py_ssize_t i = 0; i < n; i++) /* freed by the call */
+            ((Stream *)PySequence_Fast_GET_ITEM(seq, i))->st = NULL;
+    if (rc != 0) {
+        raise_err(rc, &err);
+        goto out;
+    }
+    result = many_result(&res);
+    vks_scan_result_finish(&res);
+out:
+    PyMem_Free(v);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyObject *stream_offset(Stream *self, void *unused)
 {
     (void)unused;
@@ -735,6 +871,10 @@ static PyMethodDef client_methods[] = {
     {"drop", (PyCFunction)client_drop, METH_O, "catalog.drop by fingerprint."},
     {"stream_open", (PyCFunction)client_stream_open, METH_O,
      "stream.open by fingerprint: (RawStream, state_bytes)."},
+    {"stream_write_many", (PyCFunction)client_stream_write_many, METH_O,
+     "stream.writes of [(RawStream, data)]: (hits, statuses)."},
+    {"stream_close_many", (PyCFunction)client_stream_close_many, METH_O,
+     "stream.close of [RawStream]: (hits, statuses)."},
     {"scan", (PyCFunction)(void (*)(void))client_scan, METH_VARARGS | METH_KEYWORDS,
      "Scan buffers (bytes-like, or (fd, offset, length) tuples)."},
     {NULL, NULL, 0, NULL},
