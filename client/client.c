@@ -1159,10 +1159,31 @@ struct vks_stream {
     /* Why the stream is unusable, or "": a write whose reply was lost may
      * have been applied, so its matches and the offset are unknown. */
     char broken[160];
-    /* pipelined writes in flight, oldest first: a ring of request ids */
+    /* pipelined writes in flight, oldest first: a ring of request ids, in
+     * q_inline until more are in flight (a stream that is only written
+     * synchronously never allocates) */
     uint32_t *q;
     uint32_t q_head, q_n, q_cap;
+    uint32_t q_inline[4];
 };
+
+/* A stream handle, not open yet. */
+static struct vks_stream *stream_new(void)
+{
+    struct vks_stream *s = calloc(1, sizeof(*s));
+    if (s != NULL) {
+        s->q = s->q_inline;
+        s->q_cap = 4;
+    }
+    return s;
+}
+
+static void stream_free(struct vks_stream *s)
+{
+    if (s->q != s->q_inline)
+        free(s->q);
+    free(s);
+}
 
 void vks_stream_options_init(struct vks_stream_options *opt)
 {
@@ -1180,7 +1201,7 @@ int vks_stream_open(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
         read_options(&so, sizeof(so), opt, sizeof(size_t));
     }
     *out = NULL;
-    struct vks_stream *s = calloc(1, sizeof(*s));
+    struct vks_stream *s = stream_new();
     if (s == NULL)
         return vks_error_set(err, -ENOMEM, "out of memory for a stream");
     struct proto_request req = {.op = PROTO_OP_STREAM_OPEN};
@@ -1208,7 +1229,7 @@ int vks_stream_open_many(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN]
         return vks_error_set(err, -EINVAL, "stream.open of %zu streams: open 1 or more", n);
     memset(out, 0, n * sizeof(*out));
     for (size_t i = 0; i < n; i++)
-        if ((out[i] = calloc(1, sizeof(*out[i]))) == NULL) {
+        if ((out[i] = stream_new()) == NULL) {
             for (size_t j = 0; j < i; j++)
                 free(out[j]);
             memset(out, 0, n * sizeof(*out));
@@ -1309,7 +1330,7 @@ static int stream_send(struct vks_stream *s, struct proto_request *req, const in
     if (rc < 0)
         return rc;
     if (s->q_n == s->q_cap || c->n_pend == c->cap_pend) {
-        uint32_t qc = s->q_n == s->q_cap ? (s->q_cap ? 2 * s->q_cap : 8) : s->q_cap;
+        uint32_t qc = s->q_n == s->q_cap ? 2 * s->q_cap : s->q_cap;
         uint32_t *q = qc != s->q_cap ? malloc(qc * sizeof(*q)) : s->q;
         size_t pc = c->n_pend == c->cap_pend ? (c->cap_pend ? 2 * c->cap_pend : 16) : c->cap_pend;
         uint32_t *pend = pc != c->cap_pend ? realloc(c->pend, pc * sizeof(*pend)) : c->pend;
@@ -1325,7 +1346,8 @@ static int stream_send(struct vks_stream *s, struct proto_request *req, const in
         if (q != s->q) { /* unroll the ring */
             for (uint32_t i = 0; i < s->q_n; i++)
                 q[i] = s->q[(s->q_head + i) % s->q_cap];
-            free(s->q);
+            if (s->q != s->q_inline)
+                free(s->q);
             s->q = q;
             s->q_head = 0;
             s->q_cap = qc;
@@ -1567,8 +1589,7 @@ int vks_stream_close(struct vks_stream *s, struct vks_scan_result *res, struct v
         s->broken[0] = '\0'; /* an unusable stream is still closed, to free the daemon's state */
         rc = stream_call(s, &req, NULL, 0, res, err);
     }
-    free(s->q);
-    free(s);
+    stream_free(s);
     return rc;
 }
 
@@ -1615,8 +1636,7 @@ int vks_stream_close_many(struct vks_stream *const *streams, size_t n, struct vk
     }
     free(ids);
     for (size_t i = 0; i < n; i++) { /* the streams end here whatever the reply said */
-        free(streams[i]->q);
-        free(streams[i]);
+        stream_free(streams[i]);
     }
     return rc;
 }
