@@ -480,8 +480,9 @@ int vks_stream_close(struct vks_stream *s, struct vks_scan_result *res, struct v
 
 /*
  * Closes `n` streams of one client in one request (added after 0.3,
- * VKSCAN_0.4) and frees them (also on failure, except -EBUSY: a stream
- * with pipelined writes in flight, nothing closed). `res` (may be NULL)
+ * VKSCAN_0.4) and frees them (also on failure, except -EBUSY, a stream
+ * with pipelined writes in flight, and -EINVAL, streams of two clients:
+ * then nothing is closed). `res` (may be NULL)
  * holds one buffer result per stream (index i: streams[i]'s own error, or
  * 0) and the matches only the end of data decides, each with `buffer` i.
  */
