@@ -2517,7 +2517,11 @@ START_TEST(test_daemon_tenants_take_turns)
             n >= 200 ? n - 200 : n, n >= 200 ? " (A was nearly done: inconclusive)" : "");
     ck_assert_int_lt(n, 150); /* B itself worked */
     if (n < 200)
-        ck_assert_int_le(n, 3); /* its own, A's running one, one more at most */
+        /* its own, A's running one, one more at most, and one of A's that
+         * may finish between B's stats call and its write when the machine
+         * is loaded (CI runs two tests at once; an ASan run saw 4); a
+         * daemon that served A's queue first would show A's 16 others */
+        ck_assert_int_le(n, 4);
     free(data);
     close(a);
     vks_catalog_destroy(cat);
