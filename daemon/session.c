@@ -41,8 +41,22 @@ struct request {
     struct store_entry *entry;
     uint64_t t_queued, t_dispatched;
     uint32_t max_hits;
-    uint64_t held; /* frame bytes counted with sched_tenant_hold */
+    uint64_t held;   /* frame bytes counted with sched_tenant_hold */
+    uint32_t weight; /* what it counts in n_reqs: its writes or closes for a
+                      * stream.writes or a stream.close of many, else 1 */
 };
+
+/* A stream.writes of 4,096 writes holds as much daemon memory (a queued
+ * write each) as 4,096 stream.writes requests do: it counts as many
+ * toward tenant-max-requests, so a client cannot queue max_buffers times
+ * more than the limit says by batching. */
+static uint32_t request_weight(const struct proto_request *req)
+{
+    uint32_t n = req->op == PROTO_OP_STREAM_WRITES  ? req->u.writes.n_buffers
+                 : req->op == PROTO_OP_STREAM_CLOSE ? req->u.stream.n_streams
+                                                    : 1;
+    return n ? n : 1;
+}
 
 struct session {
     struct server *srv;
@@ -120,7 +134,8 @@ static struct request *request_new(struct session *s, struct proto_request *req,
     if (s->reqs != NULL)
         s->reqs->prev = r;
     s->reqs = r;
-    s->n_reqs++;
+    r->weight = request_weight(req);
+    s->n_reqs += r->weight;
     s->refs++;
     return r;
 }
@@ -134,7 +149,7 @@ static void request_free(struct request *r)
         s->reqs = r->next;
     if (r->next != NULL)
         r->next->prev = r->prev;
-    s->n_reqs--;
+    s->n_reqs -= r->weight;
     if (r->entry != NULL)
         store_entry_unref(server_store(s->srv), r->entry);
     engine_job_finish(&r->ej);

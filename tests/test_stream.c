@@ -2118,6 +2118,65 @@ START_TEST(test_daemon_stream_write_many)
 }
 END_TEST
 
+/* The writes of one stream.writes count toward tenant-max-requests as
+ * that many requests: with the limit at 8, one request of 8 writes of 2
+ * MiB each (ranges of one memfd, to one stream: they run one after the
+ * other) makes the daemon stop reading the connection until they are
+ * done, so a ping sent in the same send() behind it is answered after it.
+ * Fails when batching lets a client queue max_buffers times what the
+ * limit allows (the request would count as one, and the ping would be
+ * answered at once). */
+START_TEST(test_daemon_stream_writes_count_as_requests)
+{
+    struct daemon d;
+    daemon_start(&d, (const char *const[]){"--tenant-max-requests", "8", NULL});
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, drules, N_DRULES);
+    int a = raw_connect(&d);
+    int id = raw_stream(a, PROTO_OP_STREAM_OPEN, 0, vks_catalog_fingerprint(cat), NULL);
+    ck_assert_int_gt(id, 0);
+    uint64_t bp0 = stat_of(c, "backpressure");
+    size_t big = 2u << 20;
+    FILE *f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    for (size_t i = 0; i < big; i++)
+        fputc("ab q"[i % 4], f); /* `a[^z]*q` matches all along */
+    fflush(f);
+    int mfd = fileno(f);
+    uint32_t ids[8];
+    struct proto_buffer pb[8];
+    for (int i = 0; i < 8; i++) {
+        ids[i] = (uint32_t)id;
+        pb[i] = (struct proto_buffer){
+            .is_fd = true, .fd_index = 0, .offset = 0, .length = big, .has_length = true};
+    }
+    struct proto_request w = {.id = 20, .op = PROTO_OP_STREAM_WRITES};
+    w.u.writes =
+        (struct proto_stream_writes){.streams = ids, .n_streams = 8, .buffers = pb, .n_buffers = 8};
+    struct proto_request ping = {.id = 21, .op = PROTO_OP_PING};
+    struct proto_buf b;
+    proto_buf_init(&b);
+    ck_assert_int_eq(proto_request_encode(&b, &w, NULL), 0);
+    ck_assert_int_eq(proto_request_encode(&b, &ping, NULL), 0);
+    ck_assert_int_eq(proto_send(a, b.data, b.len, &mfd, 1, 10000, NULL), 0);
+    proto_buf_finish(&b);
+    struct proto_reply *rep = raw_recv(a);
+    ck_assert_uint_eq(rep->id, 20); /* the ping waited behind the 8 writes */
+    ck_assert_int_eq(rep->error.code, 0);
+    ck_assert_uint_eq(rep->u.scan.n_buffers, 8);
+    proto_reply_destroy(rep);
+    rep = raw_recv(a);
+    ck_assert_uint_eq(rep->id, 21);
+    proto_reply_destroy(rep);
+    ck_assert_uint_gt(stat_of(c, "backpressure"), bp0);
+    fclose(f);
+    close(a);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
 START_TEST(test_daemon_limits)
 {
     struct daemon d;
@@ -2714,6 +2773,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_lib_pipelined_streams);
     tcase_add_test(td, test_daemon_many_streams_one_connection);
     tcase_add_test(td, test_daemon_stream_write_many);
+    tcase_add_test(td, test_daemon_stream_writes_count_as_requests);
     tcase_add_test(td, test_cli_pipe);
     tcase_add_test(td, test_cli_large_file_in_pieces);
     tcase_add_test(td, test_cli_tail);
