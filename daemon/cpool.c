@@ -80,6 +80,7 @@ static void finish_locked(struct cpool *p, struct cpool_job *j, int status)
 static void *worker(void *arg)
 {
     struct cpool *p = arg;
+    pthread_setname_np(pthread_self(), "vks-cpool");
     pthread_mutex_lock(&p->lock);
     for (;;) {
         struct cpool_job *j = NULL;

@@ -328,6 +328,7 @@ void engine_cpu_task(struct engine *e, struct engine_task *t)
 void engine_cpu_main(void *arg)
 {
     struct engine *e = arg;
+    pthread_setname_np(pthread_self(), "vks-cpu");
     struct cpuscan_scratch *scr = NULL;
     int scr_rc = cpuscan_scratch_create(&scr);
     bool task_turn = false;

@@ -504,6 +504,7 @@ static void gpu_main(void *arg)
 {
     struct gworker *w = arg;
     struct engine *e = w->e;
+    pthread_setname_np(pthread_self(), "vks-gpu");
     for (;;) {
         uint8_t forget[FORGET_MAX][CATALOG_FP_LEN];
         pthread_mutex_lock(&e->mu);

@@ -50,6 +50,7 @@ static void drain(struct upload_pool *p)
 static void *worker(void *arg)
 {
     struct upload_pool *p = arg;
+    pthread_setname_np(pthread_self(), "vks-upload"); /* top -H, perf: whose time */
     pthread_mutex_lock(&p->lock);
     uint64_t seen = p->generation;
     while (!p->stop) {
