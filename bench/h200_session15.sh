@@ -44,15 +44,21 @@ tel_runs() { # SOCK: RUNS scans of each set with VKSCAN_TELEMETRY, one line each
 if has prof; then
     P="env LD_LIBRARY_PATH=$PWD/build-perf/lib:${LD_LIBRARY_PATH:-} build-perf/perf"
     rm -rf $W/state
-    $P record -e cpu-clock -F 2999 -o $W/perf.data -- "$B/daemon/vkscand" --config "" \
+    PB=${PROF_B:-$B} # a build with frame pointers gives call chains (-g)
+    $P record -e cpu-clock -F 2999 -g -o $W/perf.data -- "$PB/daemon/vkscand" --config "" \
         --socket $W/p.sock --state-dir $W/state --log-level notice >"$OUT/prof_vkscand.log" 2>&1 &
     for _ in $(seq 200); do grep -q "ready on" "$OUT/prof_vkscand.log" && break; sleep 0.1; done
     tel_runs $W/p.sock
-    pkill -INT -f "$B/daemon/vkscand"
+    pkill -INT -f "$PB/daemon/vkscand"
     sleep 4
-    $P report -i $W/perf.data --no-children --sort comm,symbol 2>/dev/null | grep '%' |
-        head -n 60 >"$OUT/prof_symbols.txt"
+    $P report -i $W/perf.data --no-children -g none --sort comm,symbol 2>/dev/null | grep '%' |
+        head -n 45 >"$OUT/prof_symbols.txt"
     cat "$OUT/prof_symbols.txt"
+    echo "== finish phases (a build with the FIN timing lines)"
+    grep -E "^(FIN|sortns)" "$OUT/prof_vkscand.log" | tail -n 24
+    echo "== inclusive, engine threads"
+    $P report -i $W/perf.data --children -g none --comm vks-gpu,vks-upload --sort symbol \
+        2>/dev/null | grep '%' | head -n 45
     $P report -i $W/perf.data --no-children --sort comm 2>/dev/null | grep '%' | head -n 12
 fi
 if has import; then
@@ -64,7 +70,7 @@ if has import; then
     "$B/bench/import_bench" --size 1073741824 --iters 5 2>&1
 fi
 if has cli; then
-    OUT=$OUT/cli WORK=$W/cli VKSCAN_ARGS=--no-cache timeout 240 \
+    OUT=$W/cliout WORK=$W/cli VKSCAN_ARGS=--no-cache timeout 240 \
         bench/cli_bench.sh "$B" build-data 1024 "${ITERS:-5}" auto >"$OUT/cli_bench.txt" 2>&1
     echo "cli_bench exit $?"
     cat "$OUT/cli_bench.txt"

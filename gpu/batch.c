@@ -1674,6 +1674,7 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(device_ns);
     ADD(readback_ns);
     ADD(finalize_ns);
+    ADD(hits_counted);
     ADD(total_ns);
     ADD(wall_ns);
     ADD(device_idle_ns);
@@ -1698,6 +1699,8 @@ void gpu_batch_scratch_finish(struct batch_scratch *s)
     free(s->pairs);
     free(s->fixes);
     free(s->fix_hits);
+    free(s->ctab);
+    free(s->cbase);
     free(s->bin_base);
     free(s->bin_cnt);
     free(s->bin_start);

@@ -127,6 +127,13 @@ struct gpu_options {
      * (its ends) are sorted on those threads (gpu/hits.c) instead of the
      * collecting one; 0: 65536. */
     uint32_t hits_parallel_min;
+    /* Batches whose buffers all report per rule (modes count and first)
+     * and whose device hits cannot repeat a (rule, end) (only literal and
+     * bounded DFA ranges, and no rule id shared where that could repeat
+     * one: gpu/plan.c hits_unique) are finished by counting per (buffer,
+     * rule) on those threads, without the sort (gpu/hits.c); 0 so, -1:
+     * always the sort. */
+    int32_t count_direct;
     uint32_t upload_chunk; /* staging bytes per copy submit; 0: max(16 MiB, size / 64) */
     /* Where the factor ends of gated bit-NFA groups are found (docs/gpu.md,
      * "The factor pass"): 0 on the device for a catalog whose buffers in
@@ -238,10 +245,11 @@ struct gpu_telemetry {
     uint64_t confirm_host;    /* confirmation items alive at their cap: finished on the host */
     uint64_t plan_ns;         /* checks, launch policy, work items, pipelines */
     uint64_t upload_ns;       /* host side: staging filled and every chunk submitted */
-    uint64_t kernel_ns;   /* GPU timestamps around the dispatches, after the copies, all passes */
-    uint64_t device_ns;   /* host wall time from the last submit to its fence, all passes */
-    uint64_t readback_ns; /* queue state and the hit prefix read, host repairs */
-    uint64_t finalize_ns; /* hits sorted by buffer, copies dropped, report modes applied */
+    uint64_t kernel_ns;    /* GPU timestamps around the dispatches, after the copies, all passes */
+    uint64_t device_ns;    /* host wall time from the last submit to its fence, all passes */
+    uint64_t readback_ns;  /* queue state and the hit prefix read, host repairs */
+    uint64_t finalize_ns;  /* hits sorted by buffer, copies dropped, report modes applied */
+    uint64_t hits_counted; /* raw hits finished by counting per rule (no sort), else 0 */
     /* The factor pass (gated catalogs' factor ends found on the device, before
      * the pass that runs their gated groups): its wall time from plan to
      * sorted ends, and the ends it found. Its kernel and device time are in

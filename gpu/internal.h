@@ -188,6 +188,10 @@ struct batch_scratch {
     uint64_t *bin_out; /* per bin: where its hits go in the result */
     size_t bin_out_cap;
     uint8_t *single; /* per (catalog, rule): RULE_F_SINGLEMATCH */
+    uint32_t *ctab;  /* counting finish: per (thread, buffer, rule) a count and a first end */
+    size_t ctab_cap;
+    uint64_t *cbase; /* counting finish: per buffer its first table entry, [n]: entries */
+    size_t cbase_cap;
     size_t single_cap;
 };
 
@@ -223,6 +227,10 @@ struct batch_ctx {
     uint32_t n_spec;  /* qs words after the heads for speculative ranges' states */
     size_t n_fixes, n_fix_hits;
     bool has_confirm; /* a range has capped confirmation items (markers to look for) */
+    /* The pass's ranges cannot report a (rule, end) of a buffer twice:
+     * literal and bounded DFA ranges only (items own disjoint ends), of
+     * catalogs whose rules report under their own indexes (gpu_lit) */
+    bool hits_unique;
     /* The factor pass (docs/gpu.md): while factor_phase, the plan holds only
      * the factor groups of the catalogs in gates_of; after it, `gates` holds
      * every buffer's factor ends (sorted by group, end) for those catalogs,

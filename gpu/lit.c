@@ -545,6 +545,30 @@ static int map_report_indexes(const struct catalog *cat, struct entry *v, size_t
     return rc;
 }
 
+/* Whether every rule of `cat` reports under its own index (no two share
+ * an id), and whether rules that share one are all in one DFA group, whose
+ * states hold one merged accept entry per report index: either way no
+ * DFA walk reports a (rule, end) twice, which the counting finish relies
+ * on; strings of the literal kernel need the first. */
+static int own_reports(const struct catalog *cat, struct gpu_lit *t)
+{
+    uint32_t nr = catalog_rule_count(cat);
+    uint32_t *rep = malloc((nr ? nr : 1) * sizeof(*rep));
+    int rc = rep != NULL ? catalog_report_indexes(cat, rep) : -ENOMEM;
+    t->own_reports = t->one_group_reports = rc == 0;
+    for (uint32_t r = 0; rc == 0 && r < nr && t->one_group_reports; r++) {
+        if (rep[r] == r)
+            continue;
+        t->own_reports = false;
+        struct catalog_rule a, b;
+        catalog_rule(cat, r, &a);
+        catalog_rule(cat, rep[r], &b);
+        t->one_group_reports = a.group == b.group && a.group < t->n_dfa;
+    }
+    free(rep);
+    return rc;
+}
+
 static void lit_free(struct gpu_lit *t)
 {
     if (t == NULL)
@@ -575,6 +599,8 @@ static int lit_build(const struct catalog *cat, uint32_t filter_words, uint64_t 
         t->route[g] = (cg.flags == 0 || cg.flags == CAT_GF_LITERAL) && cg.n_rules > 0;
         t->literal |= cg.flags == CAT_GF_LITERAL;
     }
+    if (rc == 0)
+        rc = own_reports(cat, t);
     if (rc == 0)
         rc = collect(cat, t->route, t->n_dfa, &b);
     if (rc == 0)

@@ -30,9 +30,11 @@ struct gpu_lit {
     uint8_t fp[CATALOG_FP_LEN];
     uint64_t last_use;
     uint32_t n_dfa;
-    uint8_t *route;    /* per DFA group: 1 when the literal kernel can serve it */
-    uint32_t n_groups; /* groups with route set; 0: none, nothing else is built */
-    bool literal;      /* some group is CAT_GF_LITERAL: only this kernel scans it */
+    uint8_t *route;         /* per DFA group: 1 when the literal kernel can serve it */
+    uint32_t n_groups;      /* groups with route set; 0: none, nothing else is built */
+    bool literal;           /* some group is CAT_GF_LITERAL: only this kernel scans it */
+    bool own_reports;       /* no two rules share an id: each reports under its own index */
+    bool one_group_reports; /* rules sharing an id are in one DFA group (merged accepts) */
     uint32_t n_lits, klen, fold, maxlen, min_len;
     uint32_t filter_words;                         /* power of two, from word 0 */
     uint32_t slots, slot_mask, lits, bytes, masks; /* word offsets of the sections */

@@ -1208,6 +1208,34 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
     return rc;
 }
 
+/* Whether the planned pass can report no (rule, end) of a buffer twice:
+ * only literal-kernel ranges and bounded DFA ranges, whose items own
+ * disjoint ends of a buffer, of catalogs whose rules each report under
+ * their own index, or (DFA groups only) whose rules that share an id are
+ * in one group, where a state has one merged accept entry per report
+ * index; the literal kernel matches such rules' strings apart. No
+ * speculative, chained, confirmation, bit-NFA or factor range. */
+static bool hits_unique(const struct batch_ctx *bc)
+{
+    const struct gpu_batch *b = bc->batch;
+    if (bc->factor_phase || bc->n_spec != 0 || bc->n_carry != 0 || bc->has_confirm)
+        return false;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        uint32_t c = b->buffers[i].catalog;
+        const struct gpu_lit *t = bc->lit[c];
+        if (b->buffers[i].len > 0 &&
+            (t == NULL || !(t->own_reports || (t->one_group_reports && !bc->lit_route[c]))))
+            return false;
+    }
+    const struct scan_range *r = bc->eng->scratch.ranges;
+    for (size_t k = 0; k < bc->n_ranges; k++) {
+        if (r[k].nfa || r[k].confirm || r[k].factor || r[k].carry_base != NO_CARRY ||
+            r[k].spec_base != NO_CARRY)
+            return false;
+    }
+    return true;
+}
+
 /* Lays the buffers out in the haystack (16-byte aligned), writes the buffer
  * table and the work items, and picks each range's pipeline shape. */
 int gpu_plan_batch(struct batch_ctx *bc, struct vks_error *err)
@@ -1253,6 +1281,7 @@ int gpu_plan_batch(struct batch_ctx *bc, struct vks_error *err)
         if (plan_catalog(bc, c) < 0)
             return vks_error_set(err, -ENOMEM, "out of memory planning work items");
     }
+    bc->hits_unique = hits_unique(bc);
     return 0;
 }
 

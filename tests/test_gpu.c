@@ -1589,6 +1589,81 @@ START_TEST(test_hits_pool)
 }
 END_TEST
 
+/* Count and first modes of hit-dense buffers are finished by counting per
+ * (buffer, rule) when no (rule, end) can repeat (gpu/hits.c
+ * finish_counts): a literal group on the literal kernel and a bounded DFA
+ * group, several buffers and two catalogs in one batch, and a DFA group
+ * whose rules share an id (one merged accept entry), give refscan's hits
+ * and count every raw hit (hits_counted); the same batches with the
+ * counting off, or with a mode that lists every hit, and shared ids on the
+ * literal kernel (strings matched apart) or an unbounded rule, take the
+ * sort and give the same hits. */
+START_TEST(test_hits_counted)
+{
+    static const char *const words[] = {"ab", "ba", "abc", "cab", "bb", "a a", "cc", "bca"};
+    struct trule lit[8], dfa[] = {{"d1", RULE_REGEX, "a[bc]{1,3}", 0},
+                                  {"d2", RULE_LITERAL, "ca", RULE_F_SINGLEMATCH},
+                                  {"d3", RULE_REGEX, "\\bb[a ]", 0}};
+    for (int i = 0; i < 8; i++) {
+        lit[i] = (struct trule){"", RULE_LITERAL, words[i], i == 3 ? RULE_F_SINGLEMATCH : 0};
+        snprintf(lit[i].id, sizeof(lit[i].id), "w%d", i);
+    }
+    /* the shared ids' strings end together: "abca" in "cabca" */
+    struct trule shared[] = {{"s", RULE_LITERAL, "cabca", 0},
+                             {"s", RULE_LITERAL, "abca", 0},
+                             {"t", RULE_LITERAL, "bcab", 0}};
+    struct trule shared_dfa[] = {
+        {"s", RULE_LITERAL, "ab", 0}, {"s", RULE_REGEX, "[ab]b", 0}, {"t", RULE_LITERAL, "ca", 0}};
+    struct trule unbounded[] = {{"u", RULE_REGEX, "a[^c]*b", 0}, {"v", RULE_LITERAL, "cc", 0}};
+    struct rules_options lo = {.literal_group = 1};
+    struct catalog *cl = compile_rules_opt(lit, 8, &lo);
+    struct catalog *cd = compile_rules(dfa, 3);
+    struct catalog *cs = compile_rules(shared, 3);
+    struct catalog *cg = compile_rules(shared_dfa, 3);
+    struct catalog *cu = compile_rules(unbounded, 2);
+    enum { LEN = 300000 };
+    uint8_t *p = malloc(LEN);
+    uint32_t r = 11;
+    for (size_t i = 0; i < LEN; i++) {
+        r = r * 1103515245u + 12345u;
+        p[i] = "abc "[(r >> 16) % 4];
+    }
+    for (int run = 0; run < 2; run++) {
+        struct gpu_engine *eng = engine(&(struct gpu_options){
+            .upload_threads = 3, .lit_kernel = 1, .count_direct = run == 0 ? 0 : -1});
+        const struct catalog *sets[][2] = {{cl, cd}, {cg, cd}, {cs, cd}, {cu, cl}};
+        for (size_t k = 0; k < 4; k++) {
+            for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+                struct gpu_buffer bufs[] = {
+                    {.data = p, .len = LEN, .mode = (enum scan_mode)mode, .catalog = 0},
+                    {.data = p + 7, .len = LEN - 7, .mode = (enum scan_mode)mode, .catalog = 1},
+                    {.data = p + 100, .len = 5000, .mode = (enum scan_mode)mode, .catalog = 0},
+                    {.data = p, .len = 0, .mode = (enum scan_mode)mode, .catalog = 1},
+                };
+                struct gpu_batch b = {sets[k], 2, bufs, 4};
+                struct gpu_result res = {0};
+                size_t n = check_batch(eng, &b, &res);
+                ck_assert_uint_gt(n, 0);
+                ck_assert_uint_ge(res.tel.hits_raw, 65536);
+                bool counted = run == 0 && k <= 1 && mode != SCAN_ALL;
+                ck_assert_msg(
+                    counted ? res.tel.hits_counted == res.tel.hits_raw : res.tel.hits_counted == 0,
+                    "set %zu mode %d count_direct %d: %" PRIu64 " of %" PRIu64 " raw hits counted",
+                    k, mode, run == 0 ? 0 : -1, res.tel.hits_counted, res.tel.hits_raw);
+                gpu_result_finish(&res);
+            }
+        }
+        gpu_engine_destroy(eng);
+    }
+    free(p);
+    catalog_destroy(cl);
+    catalog_destroy(cd);
+    catalog_destroy(cs);
+    catalog_destroy(cg);
+    catalog_destroy(cu);
+}
+END_TEST
+
 /* A frame sizes its hit ring from the hit rate batches have had: after
  * one hit-dense batch grew frame 0's ring (one re-run), a batch on frame
  * 1, whose ring is new, runs once. */
@@ -2129,7 +2204,7 @@ static void pjob_init(struct pjob *j, const struct catalog *cat, uint32_t n_bufs
     X(items_total) X(items_processed) X(items_remaining) X(hits_raw) X(hit_reruns)   \
     X(cut_reruns) X(spec_items) X(spec_fixes) X(spec_fix_bytes) X(plan_ns)           \
     X(confirm_host) X(upload_ns) X(kernel_ns) X(device_ns) X(readback_ns)                            \
-    X(finalize_ns) X(total_ns) X(wall_ns) X(device_idle_ns)
+    X(finalize_ns) X(hits_counted) X(total_ns) X(wall_ns) X(device_idle_ns)
 #define TEL_MAXES(X) X(workgroups) X(hit_capacity) X(inflight)
 #define TEL_LATEST(X)                                                                \
     X(resident_allocations) X(resident_bytes) X(device_bytes) X(resident_catalogs)   \
@@ -2333,6 +2408,7 @@ Suite *gpu_suite(void)
     tcase_add_loop_test(tc, test_many_gated_groups, 0, 2);
     tcase_add_test(tc, test_hit_dense);
     tcase_add_loop_test(tc, test_hits_pool, 0, 2);
+    tcase_add_test(tc, test_hits_counted);
     tcase_add_test(tc, test_ring_learned);
     tcase_add_test(tc, test_profile);
     tcase_add_test(tc, test_anchored);

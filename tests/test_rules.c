@@ -573,6 +573,49 @@ START_TEST(strings_kept_as_bytes)
 }
 END_TEST
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* scan_sort_u64 (the hit finish's sort) against qsort: short lists, lists
+ * on both sides of the wide-digit threshold, keys differing in a few low,
+ * middle or high bits, in 38 bits (a GPU bin's 22 bits of end and 16 of
+ * rule), and in all 64. */
+START_TEST(radix_sort_orders)
+{
+    const size_t sizes[] = {0, 1, 47, 48, 1000, 16383, 16384, 40000};
+    const struct {
+        unsigned lo, bits;
+    } spans[] = {{0, 3}, {20, 5}, {0, 38}, {7, 38}, {0, 64}, {50, 14}};
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        for (size_t pi = 0; pi < sizeof(spans) / sizeof(spans[0]); pi++) {
+            size_t n = sizes[si];
+            uint64_t *k = malloc((2 * n + 1) * sizeof(*k)), *ref = malloc((n + 1) * sizeof(*ref));
+            ck_assert_ptr_nonnull(k);
+            ck_assert_ptr_nonnull(ref);
+            uint64_t mask = spans[pi].bits == 64 ? ~0ull : ((1ull << spans[pi].bits) - 1);
+            for (size_t i = 0; i < n; i++) {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                k[i] = 0xa5ull << 56 ^ ((seed & mask) << spans[pi].lo);
+                ref[i] = k[i];
+            }
+            qsort(ref, n, sizeof(*ref), cmp_u64);
+            scan_sort_u64(k, k + n, n);
+            for (size_t i = 0; i < n; i++)
+                ck_assert_msg(k[i] == ref[i], "n %zu span %u+%u: key %zu out of order", n,
+                              spans[pi].lo, spans[pi].bits, i);
+            free(k);
+            free(ref);
+        }
+    }
+}
+END_TEST
+
 Suite *rules_suite(void)
 {
     Suite *s = suite_create("rules");
@@ -586,6 +629,7 @@ Suite *rules_suite(void)
     tcase_add_test(tc, grouping_under_budget);
     tcase_add_loop_test(tc, released_trees_parsed_again, 0, 3);
     tcase_add_loop_test(tc, strings_kept_as_bytes, 0, 2);
+    tcase_add_test(tc, radix_sort_orders);
     suite_add_tcase(s, tc);
     return s;
 }
