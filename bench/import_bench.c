@@ -69,6 +69,11 @@ static uint32_t pick_type(const struct gpu *g, uint32_t bits, VkMemoryPropertyFl
     return UINT32_MAX;
 }
 
+static bool has_type(const struct gpu *g, VkMemoryPropertyFlags want)
+{
+    return pick_type(g, UINT32_MAX, want) != UINT32_MAX;
+}
+
 static void gpu_open(struct gpu *g, uint32_t index)
 {
     VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO,
@@ -93,7 +98,8 @@ static void gpu_open(struct gpu *g, uint32_t index)
     VkExtensionProperties *ext = calloc(ne, sizeof(*ext));
     vkEnumerateDeviceExtensionProperties(g->pd, NULL, &ne, ext);
     for (uint32_t i = 0; i < ne; i++)
-        g->has_import |= strcmp(ext[i].extensionName, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME) == 0;
+        g->has_import |=
+            strcmp(ext[i].extensionName, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME) == 0;
     free(ext);
     if (g->has_import) {
         VkPhysicalDeviceExternalMemoryHostPropertiesEXT hp = {
@@ -132,8 +138,8 @@ static void gpu_open(struct gpu *g, uint32_t index)
     if (g->has_import)
         g->host_props = (PFN_vkGetMemoryHostPointerPropertiesEXT)vkGetDeviceProcAddr(
             g->dev, "vkGetMemoryHostPointerPropertiesEXT");
-    printf("device %s, import %s, alignment %llu\n", pp.deviceName,
-           g->has_import ? "yes" : "no", (unsigned long long)g->align);
+    printf("device %s, import %s, alignment %llu\n", pp.deviceName, g->has_import ? "yes" : "no",
+           (unsigned long long)g->align);
 }
 
 struct gbuf {
@@ -173,8 +179,8 @@ static void gbuf_make(struct gpu *g, struct gbuf *b, VkDeviceSize size, VkBuffer
 static bool import_range(struct gpu *g, void *p, VkDeviceSize size,
                          VkExternalMemoryHandleTypeFlagBits type, struct gbuf *b)
 {
-    VkMemoryHostPointerPropertiesEXT hp = {.sType =
-                                               VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
+    VkMemoryHostPointerPropertiesEXT hp = {
+        .sType = VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
     VkResult r = g->host_props(g->dev, type, p, &hp);
     if (r != VK_SUCCESS || hp.memoryTypeBits == 0)
         return false;
@@ -231,9 +237,8 @@ static VkCommandBuffer copy_cmd(struct gpu *g, VkBuffer src, VkDeviceSize src_of
 
 static void submit(struct gpu *g, VkCommandBuffer cb, VkFence fence)
 {
-    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
-                       .commandBufferCount = 1,
-                       .pCommandBuffers = &cb};
+    VkSubmitInfo si = {
+        .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cb};
     VkResult r = vkQueueSubmit(g->queue, 1, &si, fence);
     if (r != VK_SUCCESS)
         die("vkQueueSubmit", r);
@@ -247,6 +252,7 @@ struct pread_job {
     uint8_t *dst;
     uint64_t size, chunk, piece;
     uint32_t pieces_per_chunk, n_tasks;
+    bool dma; /* false: fill only, no copies */
     _Atomic uint32_t next;
     _Atomic uint32_t left[MAX_CHUNKS];
     VkCommandBuffer cmd[MAX_CHUNKS];
@@ -272,7 +278,7 @@ static void *pread_worker(void *arg)
             }
             a += (uint64_t)got;
         }
-        if (--j->left[k] == 0) {
+        if (--j->left[k] == 0 && j->dma) {
             pthread_mutex_lock(&j->queue);
             submit(j->g, j->cmd[k], VK_NULL_HANDLE);
             pthread_mutex_unlock(&j->queue);
@@ -281,9 +287,10 @@ static void *pread_worker(void *arg)
 }
 
 static double run_pread(struct gpu *g, int fd, uint64_t size, uint64_t chunk, uint32_t threads,
-                        struct gbuf *staging, struct gbuf *hay, VkFence fence)
+                        struct gbuf *staging, struct gbuf *hay, VkFence fence, bool dma)
 {
-    struct pread_job j = {.g = g, .fd = fd, .dst = staging->map, .size = size, .chunk = chunk};
+    struct pread_job j = {
+        .g = g, .fd = fd, .dst = staging->map, .size = size, .chunk = chunk, .dma = dma};
     uint32_t n = (uint32_t)((size + chunk - 1) / chunk);
     j.pieces_per_chunk = threads;
     j.n_tasks = n * threads;
@@ -308,6 +315,28 @@ static double run_pread(struct gpu *g, int fd, uint64_t size, uint64_t chunk, ui
     vkResetFences(g->dev, 1, &fence);
     vkFreeCommandBuffers(g->dev, g->pool, n, j.cmd);
     pthread_mutex_destroy(&j.queue);
+    return t;
+}
+
+/* Every chunk's copy from staging (already filled), submitted at once: the
+ * copy engine's rate alone. */
+static double run_copies(struct gpu *g, uint64_t size, uint64_t chunk, struct gbuf *staging,
+                         struct gbuf *hay, VkFence fence)
+{
+    uint32_t n = (uint32_t)((size + chunk - 1) / chunk);
+    VkCommandBuffer cmd[MAX_CHUNKS];
+    for (uint32_t k = 0; k < n; k++) {
+        uint64_t lo = k * chunk, len = lo + chunk < size ? chunk : size - lo;
+        cmd[k] = copy_cmd(g, staging->buf, lo, hay->buf, lo, len);
+    }
+    double t0 = now_s();
+    VkSubmitInfo si = {
+        .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = n, .pCommandBuffers = cmd};
+    vkQueueSubmit(g->queue, 1, &si, fence);
+    vkWaitForFences(g->dev, 1, &fence, VK_TRUE, UINT64_MAX);
+    double t = now_s() - t0;
+    vkResetFences(g->dev, 1, &fence);
+    vkFreeCommandBuffers(g->dev, g->pool, n, cmd);
     return t;
 }
 
@@ -424,9 +453,8 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--populate") == 0)
             populate = true;
         else {
-            fprintf(stderr,
-                    "usage: import_bench [--file PATH] [--size BYTES] [--chunk BYTES] "
-                    "[--iters N] [--threads N] [--populate] [--device N]\n");
+            fprintf(stderr, "usage: import_bench [--file PATH] [--size BYTES] [--chunk BYTES] "
+                            "[--iters N] [--threads N] [--populate] [--device N]\n");
             return 2;
         }
     }
@@ -451,7 +479,8 @@ int main(int argc, char **argv)
               VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
     gbuf_make(&g, &staging, size, VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
               VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
-    memset(staging.map, 0, size); /* touched once, as the daemon's staging is after its first batch */
+    memset(staging.map, 0,
+           size); /* touched once, as the daemon's staging is after its first batch */
     VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     VkFence fence;
     vkCreateFence(g.dev, &fci, NULL, &fence);
@@ -460,16 +489,54 @@ int main(int argc, char **argv)
            populate ? ", MAP_POPULATE" : "");
 
     double v[MAX_ITERS];
-    run_pread(&g, fd, size, chunk, threads, &staging, &hay, fence); /* warm-up */
+    run_pread(&g, fd, size, chunk, threads, &staging, &hay, fence, true); /* warm-up */
     for (int i = 0; i < iters; i++)
-        v[i] = run_pread(&g, fd, size, chunk, threads, &staging, &hay, fence);
+        v[i] = run_pread(&g, fd, size, chunk, threads, &staging, &hay, fence, true);
     double m = median(v, iters);
     printf("pread file   total %8.2f ms  %6.2f GB/s\n", m * 1e3, (double)size / m / 1e9);
+    for (int i = 0; i < iters; i++)
+        v[i] = run_pread(&g, fd, size, chunk, threads, &staging, &hay, fence, false);
+    m = median(v, iters);
+    printf("pread file   fill only (no copies) %8.2f ms  %6.2f GB/s\n", m * 1e3,
+           (double)size / m / 1e9);
+    for (int i = 0; i < iters; i++)
+        v[i] = run_copies(&g, size, chunk, &staging, &hay, fence);
+    m = median(v, iters);
+    printf("copies only (staging filled)       %8.2f ms  %6.2f GB/s\n", m * 1e3,
+           (double)size / m / 1e9);
+    /* staging in host-cached memory: the fill writes cached lines, the
+     * copy engine reads them over PCIe (snooped) */
+    const VkMemoryPropertyFlags cached = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
+                                         VK_MEMORY_PROPERTY_HOST_COHERENT_BIT |
+                                         VK_MEMORY_PROPERTY_HOST_CACHED_BIT;
+    if (has_type(&g, cached)) {
+        struct gbuf cst;
+        gbuf_make(&g, &cst, size, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, cached);
+        memset(cst.map, 0, size);
+        run_pread(&g, fd, size, chunk, threads, &cst, &hay, fence, true);
+        for (int i = 0; i < iters; i++)
+            v[i] = run_pread(&g, fd, size, chunk, threads, &cst, &hay, fence, true);
+        m = median(v, iters);
+        printf("pread file   cached staging total %8.2f ms  %6.2f GB/s\n", m * 1e3,
+               (double)size / m / 1e9);
+        for (int i = 0; i < iters; i++)
+            v[i] = run_pread(&g, fd, size, chunk, threads, &cst, &hay, fence, false);
+        m = median(v, iters);
+        printf("pread file   cached staging fill only %8.2f ms  %6.2f GB/s\n", m * 1e3,
+               (double)size / m / 1e9);
+        for (int i = 0; i < iters; i++)
+            v[i] = run_copies(&g, size, chunk, &cst, &hay, fence);
+        m = median(v, iters);
+        printf("copies only (cached staging)       %8.2f ms  %6.2f GB/s\n", m * 1e3,
+               (double)size / m / 1e9);
+    } else {
+        printf("no host-cached coherent memory type\n");
+    }
 
     int mfd = make_memfd(fd, size);
     if (mfd >= 0) {
         for (int i = 0; i < iters; i++)
-            v[i] = run_pread(&g, mfd, size, chunk, threads, &staging, &hay, fence);
+            v[i] = run_pread(&g, mfd, size, chunk, threads, &staging, &hay, fence, true);
         m = median(v, iters);
         printf("pread memfd  total %8.2f ms  %6.2f GB/s\n", m * 1e3, (double)size / m / 1e9);
     }
