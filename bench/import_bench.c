@@ -175,15 +175,22 @@ static void gbuf_make(struct gpu *g, struct gbuf *b, VkDeviceSize size, VkBuffer
     }
 }
 
-/* Imports [p, p + size) (aligned) as a transfer source; false when refused. */
+/* Why the last import was refused, for the report. */
+static char g_refusal[96];
+
+/* Imports [p, p + size) (aligned) as a transfer source; false when refused
+ * (g_refusal says at which step). */
 static bool import_range(struct gpu *g, void *p, VkDeviceSize size,
                          VkExternalMemoryHandleTypeFlagBits type, struct gbuf *b)
 {
     VkMemoryHostPointerPropertiesEXT hp = {
         .sType = VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
     VkResult r = g->host_props(g->dev, type, p, &hp);
-    if (r != VK_SUCCESS || hp.memoryTypeBits == 0)
+    if (r != VK_SUCCESS || hp.memoryTypeBits == 0) {
+        snprintf(g_refusal, sizeof(g_refusal), "host pointer properties: VkResult %d, types 0x%x",
+                 (int)r, hp.memoryTypeBits);
         return false;
+    }
     VkExternalMemoryBufferCreateInfo ext = {
         .sType = VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO, .handleTypes = type};
     VkBufferCreateInfo bci = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
@@ -191,8 +198,10 @@ static bool import_range(struct gpu *g, void *p, VkDeviceSize size,
                               .size = size,
                               .usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
                               .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
-    if (vkCreateBuffer(g->dev, &bci, NULL, &b->buf) != VK_SUCCESS)
+    if (vkCreateBuffer(g->dev, &bci, NULL, &b->buf) != VK_SUCCESS) {
+        snprintf(g_refusal, sizeof(g_refusal), "vkCreateBuffer");
         return false;
+    }
     VkImportMemoryHostPointerInfoEXT imp = {
         .sType = VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT,
         .handleType = type,
@@ -204,6 +213,7 @@ static bool import_range(struct gpu *g, void *p, VkDeviceSize size,
                                 .memoryTypeIndex = ti};
     r = vkAllocateMemory(g->dev, &mai, NULL, &b->mem);
     if (r != VK_SUCCESS) {
+        snprintf(g_refusal, sizeof(g_refusal), "vkAllocateMemory: VkResult %d", (int)r);
         vkDestroyBuffer(g->dev, b->buf, NULL);
         return false;
     }
@@ -577,8 +587,8 @@ int main(int argc, char **argv)
                     mp[i] = t.map;
                 }
                 if (refused) {
-                    printf("import %-5s %-11s chunk %5llu MiB: refused\n", source_names[s],
-                           types[ty].name, (unsigned long long)(ch / MIB));
+                    printf("import %-5s %-11s chunk %5llu MiB: refused (%s)\n", source_names[s],
+                           types[ty].name, (unsigned long long)(ch / MIB), g_refusal);
                     continue;
                 }
                 double mt = median(tot, iters);

@@ -421,8 +421,16 @@ struct plan_gates {
     struct refscan_gate *v; /* n_buffers entries, empty for other catalogs */
 };
 
+/* Where item generators put their items: the batch's meta (the engine's
+ * scratch and bc->n_meta), or a group's own list while groups are planned
+ * on the upload threads (plan_pre). */
+struct item_sink {
+    struct batch_scratch *s;
+    size_t *n;
+};
+
 struct window_job {
-    struct batch_ctx *bc;
+    struct item_sink out;
     uint32_t buf;
     uint64_t seg;
 };
@@ -434,8 +442,7 @@ static int window_items(void *ctx, uint64_t lo, uint64_t hi)
     struct window_job *j = ctx;
     for (uint64_t x = lo; x < hi; x += j->seg) {
         uint64_t y = x + j->seg < hi ? x + j->seg : hi;
-        if (push_item(&j->bc->eng->scratch, &j->bc->n_meta, j->buf, (uint32_t)x, (uint32_t)y, 0) <
-            0)
+        if (push_item(j->out.s, j->out.n, j->buf, (uint32_t)x, (uint32_t)y, 0) < 0)
             return -ENOMEM;
     }
     return 0;
@@ -457,8 +464,9 @@ static size_t gate_lower(const struct refscan_gate *gate, uint32_t k)
 }
 
 /* Items of gated bit-NFA group k only around its factors' ends. */
-static int gated_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struct catalog_nfa *g,
-                       uint64_t seg, const struct plan_gates *pg)
+static int gated_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
+                       const struct catalog_nfa *g, uint64_t seg, const struct plan_gates *pg,
+                       struct item_sink out)
 {
     const struct gpu_batch *b = bc->batch;
     for (uint32_t i = 0; i < b->n_buffers; i++) {
@@ -468,7 +476,7 @@ static int gated_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struc
         size_t a = gate_lower(gate, k), z = gate_lower(gate, k + 1);
         if (z == a)
             continue;
-        struct window_job j = {bc, i, seg};
+        struct window_job j = {out, i, seg};
         int rc = refscan_gate_windows(g->maxlen, &gate->v[a].end, z - a,
                                       sizeof(struct refscan_cand) / sizeof(uint64_t),
                                       b->buffers[i].len, 0, b->buffers[i].len, window_items, &j);
@@ -494,14 +502,14 @@ static int gated_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struc
 #define CONFIRM_MIN  16u
 
 struct confirm_job {
-    struct batch_ctx *bc;
+    struct item_sink out;
     uint32_t buf;
 };
 
 static int confirm_piece(void *ctx, uint64_t a, uint64_t b)
 {
     struct confirm_job *j = ctx;
-    return push_item(&j->bc->eng->scratch, &j->bc->n_meta, j->buf, (uint32_t)a, (uint32_t)b, 0);
+    return push_item(j->out.s, j->out.n, j->buf, (uint32_t)a, (uint32_t)b, 0);
 }
 
 /* How far past its starts a confirmation item walks before it leaves a
@@ -531,8 +539,9 @@ static uint64_t confirm_cap(const struct gpu_engine *eng, uint64_t avail, uint64
  * kernel runs an unbounded group's item that is not chained so). Items
  * that overlap may report the same (rule, end): scan_hits_finalize drops
  * the copy. */
-static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const struct catalog_nfa *g,
-                         const struct plan_gates *pg, uint64_t gap, uint64_t piece, bool grow)
+static int confirm_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
+                         const struct catalog_nfa *g, const struct plan_gates *pg, uint64_t gap,
+                         uint64_t piece, bool grow, struct item_sink out)
 {
     const struct gpu_batch *b = bc->batch;
     int rc = 0;
@@ -543,7 +552,7 @@ static int confirm_items(struct batch_ctx *bc, uint32_t c, uint32_t k, const str
         size_t a = gate_lower(gate, k), z = gate_lower(gate, k + 1);
         if (z == a) /* no factor of this group: nothing to confirm */
             continue;
-        struct confirm_job j = {bc, i};
+        struct confirm_job j = {out, i};
         size_t most = b->buffers[i].len / CONFIRM_SPAN;
         if (!grow)
             most = SIZE_MAX; /* pieces stay within the loop budget */
@@ -751,33 +760,85 @@ static bool lead_pays(const struct catalog_nfa *g)
                                 (uint64_t)g->maxlen >= g->lookback + 32ull);
 }
 
-/* plan_nfa's bounded gated group k (engine index `group`) with a lead:
- * forward-confirmation items (a piece of starts and the walk to where its
- * state dies, at most maxlen past the piece), the kernel's confirm mode.
- * Returns 0, -ENOMEM, or 1 when a piece cannot fit the loop budget (the
- * caller walks windows instead). */
-static int lead_items(struct batch_ctx *bc, uint32_t c, uint32_t k, uint32_t group,
-                      const struct catalog_nfa *g, uint64_t avail, const struct plan_gates *pg)
+/* How plan_nfa plans bit-NFA group k of catalog c, and with what: the
+ * decisions alone, so that the costly item lists of gated groups can be
+ * made on the upload threads first (plan_pre) and used in order after. */
+enum nfa_way {
+    WAY_CONFIRM, /* CAT_GF_CONFIRM: forward confirmation, capped at `cap` */
+    WAY_LEAD,    /* bounded, gated, its lead pays: confirmation items, walk dies in maxlen */
+    WAY_WINDOWS, /* bounded, gated: windows of `seg` ends around the factors */
+    WAY_BOUNDED, /* bounded, ungated: segments of `seg` */
+    WAY_OTHER,   /* speculative segments or chained rounds */
+};
+
+struct nfa_plan {
+    enum nfa_way way;
+    struct catalog_nfa g;
+    uint64_t avail; /* loop budget of an item, in bytes (UINT64_MAX: none) */
+    uint64_t piece; /* WAY_CONFIRM, WAY_LEAD: a piece of starts */
+    uint64_t cap;   /* WAY_CONFIRM */
+    uint64_t seg;   /* WAY_WINDOWS, WAY_BOUNDED */
+    bool grow;      /* WAY_CONFIRM, WAY_LEAD: refscan_confirm_items may grow pieces */
+};
+
+static void nfa_plan(const struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longest,
+                     const struct plan_gates *pg, struct nfa_plan *np)
 {
-    uint64_t piece = bc->plan.seg_bytes;
-    if (avail != UINT64_MAX) {
-        if (avail < (uint64_t)g->maxlen + 16 + CONFIRM_SPAN)
-            return 1;
-        if (piece > avail - g->maxlen - 16)
-            piece = avail - g->maxlen - 16;
+    const struct launch_plan *p = &bc->plan;
+    struct catalog_nfa *g = &np->g;
+    catalog_nfa(bc->batch->catalogs[c], k, g);
+    uint64_t avail = UINT64_MAX, per = nfa_byte_cost(g);
+    if (p->step_budget != NO_BUDGET) {
+        /* what gpu_pick_pipelines adds on top of an item's cost, and then some */
+        uint64_t fill = 256 / p->wg + 32 + 5 * (uint64_t)g->n_words + 64;
+        uint64_t usable = p->step_budget > fill ? (p->step_budget - fill) >> bc->eng->cut_shift : 0;
+        avail = usable / per;
+        avail = avail > 1 ? avail - 1 : 1;
     }
-    uint32_t first = (uint32_t)bc->n_meta;
-    if (confirm_items(bc, c, k, g, pg, CONFIRM_GAP, piece, avail == UINT64_MAX) < 0)
-        return -ENOMEM;
-    uint32_t n = (uint32_t)bc->n_meta - first;
-    if (n == 0)
-        return 0;
-    if (add_range(bc, c, group, 0, first, n, NO_CARRY, nfa_item_cost(g, piece + g->maxlen)) < 0)
-        return -ENOMEM;
-    struct scan_range *sr = &bc->eng->scratch.ranges[bc->n_ranges - 1];
-    sr->nfa = true;
-    sr->confirm = true; /* cap NO_CARRY: the walk dies within maxlen */
-    return 0;
+    np->avail = avail;
+    /* forward confirmation: an item walks at most `cap` bytes past its
+     * starts (to its buffer's end when the whole buffer fits an item) */
+    np->piece = p->seg_bytes;
+    np->cap = confirm_cap(bc->eng, avail, longest, &np->piece);
+    if ((g->flags & CAT_GF_CONFIRM) && pg->v != NULL && np->cap != 0) {
+        np->way = WAY_CONFIRM;
+        np->grow = p->step_budget == NO_BUDGET;
+        return;
+    }
+    bool bounded = g->maxlen != CATALOG_UNBOUNDED && (uint64_t)g->maxlen + 16 <= avail;
+    /* a bounded gated group that knows its lead (compiler version 7) is
+     * confirmed forward as well: starts only in [e - lead, e), each walk
+     * dead within maxlen of its last start; refscan_gated_range walks it
+     * so on the CPU. Where a piece cannot fit the loop budget it takes
+     * windows instead. */
+    if (bounded && (g->flags & CAT_GF_GATED) && lead_pays(g) && pg->v != NULL &&
+        !bc->eng->opt.gate_windows &&
+        (avail == UINT64_MAX || avail >= (uint64_t)g->maxlen + 16 + CONFIRM_SPAN)) {
+        np->way = WAY_LEAD;
+        np->piece = p->seg_bytes;
+        if (avail != UINT64_MAX && np->piece > avail - g->maxlen - 16)
+            np->piece = avail - g->maxlen - 16;
+        np->grow = avail == UINT64_MAX;
+        return;
+    }
+    if (bounded) {
+        np->seg = p->seg_bytes;
+        if (avail - g->maxlen < np->seg)
+            np->seg = avail - g->maxlen;
+        np->way = (g->flags & CAT_GF_GATED) && pg->v != NULL ? WAY_WINDOWS : WAY_BOUNDED;
+        return;
+    }
+    np->way = WAY_OTHER;
+}
+
+/* The items of a group planned WAY_CONFIRM, WAY_LEAD or WAY_WINDOWS. */
+static int nfa_way_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
+                         const struct nfa_plan *np, const struct plan_gates *pg,
+                         struct item_sink out)
+{
+    if (np->way == WAY_WINDOWS)
+        return gated_items(bc, c, k, &np->g, np->seg, pg, out);
+    return confirm_items(bc, c, k, &np->g, pg, CONFIRM_GAP, np->piece, np->grow, out);
 }
 
 /*
@@ -835,75 +896,85 @@ static int plan_nfa_spec(struct batch_ctx *bc, uint32_t c, uint32_t group,
  * (lavapipe), walk each buffer in chained rounds that hand the state vector
  * over in carry[]. The loop budget sets the bytes one item may walk.
  */
+/* A group's items made ahead on the upload threads (plan_pre). */
+struct pre_items {
+    struct batch_scratch s; /* only meta and meta_cap are used */
+    size_t n;
+    int rc;
+};
+
 static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longest,
-                    const struct plan_gates *pg)
+                    const struct plan_gates *pg, struct pre_items *pre)
 {
     const struct launch_plan *p = &bc->plan;
-    const struct catalog *cat = bc->batch->catalogs[c];
-    struct catalog_nfa g;
-    catalog_nfa(cat, k, &g);
-    uint64_t avail = UINT64_MAX, per = nfa_byte_cost(&g);
-    if (p->step_budget != NO_BUDGET) {
-        /* what gpu_pick_pipelines adds on top of an item's cost, and then some */
-        uint64_t fill = 256 / p->wg + 32 + 5 * (uint64_t)g.n_words + 64;
-        uint64_t usable = p->step_budget > fill ? (p->step_budget - fill) >> bc->eng->cut_shift : 0;
-        avail = usable / per;
-        avail = avail > 1 ? avail - 1 : 1;
-    }
-    uint32_t group = catalog_group_count(cat) + k;
+    struct nfa_plan np;
+    nfa_plan(bc, c, k, longest, pg, &np);
+    const struct catalog_nfa *g = &np.g;
+    uint32_t group = catalog_group_count(bc->batch->catalogs[c]) + k;
     uint32_t first = (uint32_t)bc->n_meta;
-    /* forward confirmation: an item walks at most `cap` bytes past its
-     * starts (to its buffer's end when the whole buffer fits an item) */
-    uint64_t piece = p->seg_bytes, cap = confirm_cap(bc->eng, avail, longest, &piece);
-    if ((g.flags & CAT_GF_CONFIRM) && pg->v != NULL && cap != 0) {
-        if (confirm_items(bc, c, k, &g, pg, CONFIRM_GAP, piece, p->step_budget == NO_BUDGET) < 0)
-            return -ENOMEM;
-        uint32_t n = (uint32_t)bc->n_meta - first;
-        if (n == 0)
-            return 0;
-        uint64_t walk = cap == NO_CARRY ? longest : longest < piece + cap ? longest : piece + cap;
-        if (add_range(bc, c, group, 0, first, n, NO_CARRY, nfa_item_cost(&g, walk)) < 0)
-            return -ENOMEM;
-        bc->eng->scratch.ranges[bc->n_ranges - 1].nfa = true;
-        bc->eng->scratch.ranges[bc->n_ranges - 1].cap = (uint32_t)cap;
-        bc->has_confirm |= cap != NO_CARRY;
-        return 0;
-    }
-    bool bounded = g.maxlen != CATALOG_UNBOUNDED && (uint64_t)g.maxlen + 16 <= avail;
-    /* a bounded gated group that knows its lead (compiler version 7) is
-     * confirmed forward as well: starts only in [e - lead, e), each walk
-     * dead within maxlen of its last start; refscan_gated_range walks it
-     * so on the CPU */
-    if (bounded && (g.flags & CAT_GF_GATED) && lead_pays(&g) && pg->v != NULL &&
-        !bc->eng->opt.gate_windows) {
-        int rc = lead_items(bc, c, k, group, &g, avail, pg);
-        if (rc <= 0)
-            return rc;
-    }
-    if (bounded) {
-        uint64_t seg = p->seg_bytes;
-        if (avail - g.maxlen < seg)
-            seg = avail - g.maxlen;
-        /* a gated group: only windows around its factors' ends */
-        int rc = (g.flags & CAT_GF_GATED) && pg->v != NULL ? gated_items(bc, c, k, &g, seg, pg)
-                                                           : nfa_items(bc, c, 0, seg, false);
+    if (np.way == WAY_CONFIRM || np.way == WAY_LEAD || np.way == WAY_WINDOWS) {
+        struct item_sink main = {&bc->eng->scratch, &bc->n_meta};
+        int rc;
+        if (pre != NULL) { /* made ahead: append them */
+            rc = pre->rc;
+            if (rc == 0 && gpu_grow_array((void **)&bc->eng->scratch.meta,
+                                          &bc->eng->scratch.meta_cap, bc->n_meta + pre->n, 16) < 0)
+                rc = -ENOMEM;
+            if (rc == 0 && pre->n > 0) {
+                memcpy(&bc->eng->scratch.meta[bc->n_meta * 4], pre->s.meta, pre->n * 16);
+                bc->n_meta += pre->n;
+            }
+        } else {
+            rc = nfa_way_items(bc, c, k, &np, pg, main);
+        }
         if (rc < 0)
             return -ENOMEM;
         uint32_t n = (uint32_t)bc->n_meta - first;
-        uint32_t cost = nfa_item_cost(&g, seg + g.maxlen);
         if (n == 0)
             return 0;
+        uint64_t walk = 0;
+        uint32_t cost;
+        if (np.way == WAY_CONFIRM) {
+            walk = np.cap == NO_CARRY            ? longest
+                   : longest < np.piece + np.cap ? longest
+                                                 : np.piece + np.cap;
+            cost = nfa_item_cost(g, walk);
+        } else if (np.way == WAY_LEAD) {
+            cost = nfa_item_cost(g, np.piece + g->maxlen);
+        } else {
+            cost = nfa_item_cost(g, np.seg + g->maxlen);
+        }
         if (add_range(bc, c, group, 0, first, n, NO_CARRY, cost) < 0)
+            return -ENOMEM;
+        struct scan_range *sr = &bc->eng->scratch.ranges[bc->n_ranges - 1];
+        sr->nfa = true;
+        if (np.way == WAY_CONFIRM) {
+            sr->cap = (uint32_t)np.cap;
+            bc->has_confirm |= np.cap != NO_CARRY;
+        } else if (np.way == WAY_LEAD) {
+            sr->confirm = true; /* cap NO_CARRY: the walk dies within maxlen */
+        }
+        return 0;
+    }
+    if (np.way == WAY_BOUNDED) {
+        if (nfa_items(bc, c, 0, np.seg, false) < 0)
+            return -ENOMEM;
+        uint32_t n = (uint32_t)bc->n_meta - first;
+        if (n == 0)
+            return 0;
+        if (add_range(bc, c, group, 0, first, n, NO_CARRY, nfa_item_cost(g, np.seg + g->maxlen)) <
+            0)
             return -ENOMEM;
         bc->eng->scratch.ranges[bc->n_ranges - 1].nfa = true;
         return 0;
     }
-    int rc = plan_nfa_spec(bc, c, group, &g, avail);
+    uint64_t avail = np.avail;
+    int rc = plan_nfa_spec(bc, c, group, g, avail);
     if (rc <= 0)
         return rc;
     uint64_t chain = p->step_budget == NO_BUDGET ? p->chain_bytes : avail;
     uint32_t carry = bc->n_carry;
-    bc->n_carry += g.n_words * bc->batch->n_buffers;
+    bc->n_carry += g->n_words * bc->batch->n_buffers;
     for (uint64_t lo = 0; lo < longest; lo += chain) {
         first = (uint32_t)bc->n_meta;
         if (nfa_items(bc, c, lo, chain, true) < 0)
@@ -912,11 +983,82 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
         if (n == 0)
             continue;
         if (add_range(bc, c, group, (uint32_t)(lo / chain), first, n, carry,
-                      nfa_item_cost(&g, chain)) < 0)
+                      nfa_item_cost(g, chain)) < 0)
             return -ENOMEM;
         bc->eng->scratch.ranges[bc->n_ranges - 1].nfa = true;
     }
     return 0;
+}
+
+/* Gated groups of catalog c planned ahead: their item lists (windows or
+ * confirmation pieces from every buffer's factor ends, most of a gated
+ * catalog's plan: 176 groups and 0.9 M factor ends per GiB for
+ * gitleaks-regex) made one group per task on the upload threads, each into
+ * its own list; plan_nfa then appends them in group order, so the plan is
+ * the one a single thread makes. */
+struct pre_job {
+    const struct batch_ctx *bc;
+    uint32_t c;
+    uint64_t longest;
+    const struct plan_gates *pg;
+    const uint32_t *ks; /* the groups, one per task */
+    struct pre_items *out;
+};
+
+static void pre_task(void *ctx, uint32_t t)
+{
+    struct pre_job *j = ctx;
+    struct nfa_plan np;
+    nfa_plan(j->bc, j->c, j->ks[t], j->longest, j->pg, &np);
+    struct pre_items *pi = &j->out[j->ks[t]];
+    pi->rc = nfa_way_items(j->bc, j->c, j->ks[t], &np, j->pg, (struct item_sink){&pi->s, &pi->n});
+}
+
+/* Returns per NFA group its items made ahead (NULL entries' groups are
+ * planned in place), or NULL when none are (few gated groups, one
+ * thread, or no memory: all are planned in place then). */
+static struct pre_items *plan_pre(struct batch_ctx *bc, uint32_t c, uint64_t longest,
+                                  const struct plan_gates *pg, bool **made)
+{
+    uint32_t n_nfa = catalog_nfa_count(bc->batch->catalogs[c]);
+    *made = NULL;
+    if (pg->v == NULL || n_nfa < 2 || bc->eng->pool == NULL ||
+        upload_pool_threads(bc->eng->pool) < 2)
+        return NULL;
+    uint32_t *ks = malloc(n_nfa * sizeof(*ks));
+    struct pre_items *out = calloc(n_nfa, sizeof(*out));
+    bool *m = calloc(n_nfa, sizeof(*m));
+    if (ks == NULL || out == NULL || m == NULL) {
+        free(ks);
+        free(out);
+        free(m);
+        return NULL;
+    }
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < n_nfa; k++) {
+        struct nfa_plan np;
+        nfa_plan(bc, c, k, longest, pg, &np);
+        if (np.way == WAY_CONFIRM || np.way == WAY_LEAD || np.way == WAY_WINDOWS) {
+            ks[n++] = k;
+            m[k] = true;
+        }
+    }
+    if (n >= 2) {
+        struct pre_job j = {bc, c, longest, pg, ks, out};
+        upload_pool_run(bc->eng->pool, pre_task, &j, n);
+    } else {
+        memset(m, 0, n_nfa * sizeof(*m));
+    }
+    free(ks);
+    *made = m;
+    return out;
+}
+
+static void pre_free(struct pre_items *pre, uint32_t n_nfa)
+{
+    for (uint32_t k = 0; pre != NULL && k < n_nfa; k++)
+        free(pre[k].s.meta);
+    free(pre);
 }
 
 void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint32_t head,
@@ -1201,8 +1343,12 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
         pg.v = bc->gates; /* the factor pass's ends, owned by the batch */
     else if (rc == 0)
         rc = plan_gates_find(bc, c, &pg);
+    bool *made = NULL;
+    struct pre_items *pre = rc == 0 ? plan_pre(bc, c, longest, &pg, &made) : NULL;
     for (uint32_t k = 0; k < catalog_nfa_count(b->catalogs[c]) && rc == 0; k++)
-        rc = plan_nfa(bc, c, k, longest, &pg);
+        rc = plan_nfa(bc, c, k, longest, &pg, made != NULL && made[k] ? &pre[k] : NULL);
+    pre_free(pre, catalog_nfa_count(b->catalogs[c]));
+    free(made);
     if (!bc->gates_of[c])
         plan_gates_finish(&pg, b->n_buffers);
     return rc;
