@@ -350,6 +350,39 @@ static double run_copies(struct gpu *g, uint64_t size, uint64_t chunk, struct gb
     return t;
 }
 
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_d);
+    return v[n / 2];
+}
+
+/* pread into `staging` with the copies, the fill alone, and the copies
+ * alone (staging filled): medians of `iters`, after a warm-up. */
+static void time_staging(struct gpu *g, int fd, uint64_t size, uint64_t chunk, uint32_t threads,
+                         int iters, struct gbuf *staging, struct gbuf *hay, VkFence fence,
+                         const char *what)
+{
+    double v[MAX_ITERS], m;
+    run_pread(g, fd, size, chunk, threads, staging, hay, fence, true); /* warm-up */
+    for (int pass = 0; pass < 3; pass++) {
+        for (int i = 0; i < iters; i++)
+            v[i] = pass == 2
+                       ? run_copies(g, size, chunk, staging, hay, fence)
+                       : run_pread(g, fd, size, chunk, threads, staging, hay, fence, pass == 0);
+        m = median(v, iters);
+        static const char *const name[] = {"total", "fill only (no copies)",
+                                           "copies only (staging filled)"};
+        printf("pread file   %s%-28s %8.2f ms  %6.2f GB/s\n", what, name[pass], m * 1e3,
+               (double)size / m / 1e9);
+    }
+}
+
 /* ---- import --------------------------------------------------------------- */
 
 struct import_times {
@@ -407,18 +440,6 @@ static struct import_times run_import(struct gpu *g, int fd, uint64_t size, uint
     free(src);
     free(cmd);
     return t;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_d);
-    return v[n / 2];
 }
 
 static int make_memfd(int from, uint64_t size)
@@ -499,21 +520,8 @@ int main(int argc, char **argv)
            populate ? ", MAP_POPULATE" : "");
 
     double v[MAX_ITERS];
-    run_pread(&g, fd, size, chunk, threads, &staging, &hay, fence, true); /* warm-up */
-    for (int i = 0; i < iters; i++)
-        v[i] = run_pread(&g, fd, size, chunk, threads, &staging, &hay, fence, true);
-    double m = median(v, iters);
-    printf("pread file   total %8.2f ms  %6.2f GB/s\n", m * 1e3, (double)size / m / 1e9);
-    for (int i = 0; i < iters; i++)
-        v[i] = run_pread(&g, fd, size, chunk, threads, &staging, &hay, fence, false);
-    m = median(v, iters);
-    printf("pread file   fill only (no copies) %8.2f ms  %6.2f GB/s\n", m * 1e3,
-           (double)size / m / 1e9);
-    for (int i = 0; i < iters; i++)
-        v[i] = run_copies(&g, size, chunk, &staging, &hay, fence);
-    m = median(v, iters);
-    printf("copies only (staging filled)       %8.2f ms  %6.2f GB/s\n", m * 1e3,
-           (double)size / m / 1e9);
+    time_staging(&g, fd, size, chunk, threads, iters, &staging, &hay, fence, "");
+    double m;
     /* staging in host-cached memory: the fill writes cached lines, the
      * copy engine reads them over PCIe (snooped) */
     const VkMemoryPropertyFlags cached = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
@@ -523,22 +531,7 @@ int main(int argc, char **argv)
         struct gbuf cst;
         gbuf_make(&g, &cst, size, VK_BUFFER_USAGE_TRANSFER_SRC_BIT, cached);
         memset(cst.map, 0, size);
-        run_pread(&g, fd, size, chunk, threads, &cst, &hay, fence, true);
-        for (int i = 0; i < iters; i++)
-            v[i] = run_pread(&g, fd, size, chunk, threads, &cst, &hay, fence, true);
-        m = median(v, iters);
-        printf("pread file   cached staging total %8.2f ms  %6.2f GB/s\n", m * 1e3,
-               (double)size / m / 1e9);
-        for (int i = 0; i < iters; i++)
-            v[i] = run_pread(&g, fd, size, chunk, threads, &cst, &hay, fence, false);
-        m = median(v, iters);
-        printf("pread file   cached staging fill only %8.2f ms  %6.2f GB/s\n", m * 1e3,
-               (double)size / m / 1e9);
-        for (int i = 0; i < iters; i++)
-            v[i] = run_copies(&g, size, chunk, &cst, &hay, fence);
-        m = median(v, iters);
-        printf("copies only (cached staging)       %8.2f ms  %6.2f GB/s\n", m * 1e3,
-               (double)size / m / 1e9);
+        time_staging(&g, fd, size, chunk, threads, iters, &cst, &hay, fence, "cached staging ");
     } else {
         printf("no host-cached coherent memory type\n");
     }
