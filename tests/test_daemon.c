@@ -674,6 +674,65 @@ START_TEST(test_fd_read_at_upload)
 }
 END_TEST
 
+/* Hit-dense scans in count and first modes are finished by counting per
+ * rule on the GPU engine's threads (telemetry hits_counted, docs/gpu.md
+ * "Counting instead of sorting"): through the socket, a sealed memfd and
+ * an inline buffer in one request give the reference scanner's hits in
+ * every mode, and every raw hit is counted in modes first and count,
+ * none in mode all. */
+START_TEST(test_counted_hits)
+{
+    static const struct vks_rule dense[] = {
+        {"ab", VKS_RULE_LITERAL, "ab", 0, NULL},
+        {"cx", VKS_RULE_REGEX, "c[ab]", 0, NULL},
+        {"sp", VKS_RULE_LITERAL, " a", 0, NULL},
+    };
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, dense, 3, false);
+    struct catalog *ref = local_catalog(dense, 3);
+    enum { SIZE = (1 << 20) + 333 };
+    uint8_t *data = malloc(SIZE);
+    ck_assert_ptr_nonnull(data);
+    uint32_t r = 7;
+    for (size_t i = 0; i < SIZE; i++) {
+        r = r * 1103515245u + 12345u;
+        data[i] = "abc "[(r >> 16) % 4];
+    }
+    int sealed = make_memfd(data, SIZE, true);
+    struct vks_buffer vb[2] = {
+        {.kind = VKS_BUFFER_FD, .fd = sealed, .offset = 0, .length = SIZE},
+        {.kind = VKS_BUFFER_INLINE, .data = data + 11, .len = 90001},
+    };
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    so.no_cache = true;
+    for (int mode = 0; mode < 3; mode++) {
+        so.mode = mode == 0 ? VKS_REPORT_ALL : mode == 1 ? VKS_REPORT_FIRST : VKS_REPORT_COUNT;
+        struct vks_scan_result res = {0};
+        struct vks_error err = {0};
+        int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), vb, 2, &so, &res, &err);
+        ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+        enum scan_mode sm = mode == 0 ? SCAN_ALL : mode == 1 ? SCAN_FIRST : SCAN_COUNT;
+        check_hits(ref, &res, 0, data, SIZE, sm);
+        check_hits(ref, &res, 1, data + 11, 90001, sm);
+        ck_assert_uint_eq(tel_of(&res, "engine"), 0);
+        uint64_t raw = tel_of(&res, "hits_raw");
+        ck_assert_uint_gt(raw, 65536);
+        ck_assert_uint_eq(tel_of(&res, "hits_counted"), mode == 0 ? 0 : raw);
+        vks_scan_result_finish(&res);
+    }
+    close(sealed);
+    free(data);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
 /* A deferred read that fails (EIO; a file that ended early, as one
  * truncated under the scan) fails its own buffer with BAD_FD and the
  * reason, and drops its hits; a duplicate of it in the batch fails too; the
@@ -2555,6 +2614,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_drop_frees_device_copy);
     tcase_add_test(tc, test_scan_memfd);
     tcase_add_loop_test(tc, test_fd_read_at_upload, 0, 2);
+    tcase_add_test(tc, test_counted_hits);
     tcase_add_test(tc, test_fd_read_errors);
     tcase_add_test(tc, test_fd_gated);
     tcase_add_test(tc, test_second_client_shares_catalog);
