@@ -644,12 +644,10 @@ int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struc
     bc->tel->readback_ns = t - bc->t_read;
     bc->tel->hits_counted = 0;
     uint32_t least = bc->eng->opt.hits_parallel_min ? bc->eng->opt.hits_parallel_min : HITS_PAR_MIN;
-    int rc = 1;
-    if (n + bc->n_fix_hits >= least)
-        rc = finish_counts(bc, raw, n, res, err);
-    if (rc == 1)
-        rc = n + bc->n_fix_hits >= least ? finish_pool(bc, raw, n, res, err)
-                                         : finish_serial(bc, raw, n, res, err);
+    bool many = n + bc->n_fix_hits >= least;
+    int rc = many ? finish_counts(bc, raw, n, res, err) : finish_serial(bc, raw, n, res, err);
+    if (rc == 1) /* not a batch to count */
+        rc = finish_pool(bc, raw, n, res, err);
     bc->tel->finalize_ns = gpu_now_ns() - t;
     return rc;
 }

@@ -831,6 +831,12 @@ static void nfa_plan(const struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_
     np->way = WAY_OTHER;
 }
 
+/* Whether a group planned so has item lists made from factor ends. */
+static bool way_gated(enum nfa_way w)
+{
+    return w == WAY_CONFIRM || w == WAY_LEAD || w == WAY_WINDOWS;
+}
+
 /* The items of a group planned WAY_CONFIRM, WAY_LEAD or WAY_WINDOWS. */
 static int nfa_way_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
                          const struct nfa_plan *np, const struct plan_gates *pg,
@@ -898,6 +904,8 @@ static int plan_nfa_spec(struct batch_ctx *bc, uint32_t c, uint32_t group,
  */
 /* A group's items made ahead on the upload threads (plan_pre). */
 struct pre_items {
+    bool made;              /* else the group is planned in place */
+    struct nfa_plan np;     /* its decisions, taken before the threads start */
     struct batch_scratch s; /* only meta and meta_cap are used */
     size_t n;
     int rc;
@@ -912,7 +920,7 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
     const struct catalog_nfa *g = &np.g;
     uint32_t group = catalog_group_count(bc->batch->catalogs[c]) + k;
     uint32_t first = (uint32_t)bc->n_meta;
-    if (np.way == WAY_CONFIRM || np.way == WAY_LEAD || np.way == WAY_WINDOWS) {
+    if (way_gated(np.way)) {
         struct item_sink main = {&bc->eng->scratch, &bc->n_meta};
         int rc;
         if (pre != NULL) { /* made ahead: append them */
@@ -932,19 +940,13 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
         uint32_t n = (uint32_t)bc->n_meta - first;
         if (n == 0)
             return 0;
-        uint64_t walk = 0;
-        uint32_t cost;
-        if (np.way == WAY_CONFIRM) {
-            walk = np.cap == NO_CARRY            ? longest
-                   : longest < np.piece + np.cap ? longest
-                                                 : np.piece + np.cap;
-            cost = nfa_item_cost(g, walk);
-        } else if (np.way == WAY_LEAD) {
-            cost = nfa_item_cost(g, np.piece + g->maxlen);
-        } else {
-            cost = nfa_item_cost(g, np.seg + g->maxlen);
-        }
-        if (add_range(bc, c, group, 0, first, n, NO_CARRY, cost) < 0)
+        /* bytes the costliest item walks */
+        uint64_t walk = np.way == WAY_LEAD      ? np.piece + g->maxlen
+                        : np.way == WAY_WINDOWS ? np.seg + g->maxlen
+                        : np.cap == NO_CARRY
+                            ? longest
+                            : (longest < np.piece + np.cap ? longest : np.piece + np.cap);
+        if (add_range(bc, c, group, 0, first, n, NO_CARRY, nfa_item_cost(g, walk)) < 0)
             return -ENOMEM;
         struct scan_range *sr = &bc->eng->scratch.ranges[bc->n_ranges - 1];
         sr->nfa = true;
@@ -999,7 +1001,6 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
 struct pre_job {
     const struct batch_ctx *bc;
     uint32_t c;
-    uint64_t longest;
     const struct plan_gates *pg;
     const uint32_t *ks; /* the groups, one per task */
     struct pre_items *out;
@@ -1008,49 +1009,39 @@ struct pre_job {
 static void pre_task(void *ctx, uint32_t t)
 {
     struct pre_job *j = ctx;
-    struct nfa_plan np;
-    nfa_plan(j->bc, j->c, j->ks[t], j->longest, j->pg, &np);
     struct pre_items *pi = &j->out[j->ks[t]];
-    pi->rc = nfa_way_items(j->bc, j->c, j->ks[t], &np, j->pg, (struct item_sink){&pi->s, &pi->n});
+    pi->rc =
+        nfa_way_items(j->bc, j->c, j->ks[t], &pi->np, j->pg, (struct item_sink){&pi->s, &pi->n});
 }
 
-/* Returns per NFA group its items made ahead (NULL entries' groups are
- * planned in place), or NULL when none are (few gated groups, one
- * thread, or no memory: all are planned in place then). */
+/* Per NFA group of catalog c, its items made ahead where pre[k].made, or
+ * NULL when none are (fewer than two gated groups, one thread, no memory:
+ * every group is planned in place then). */
 static struct pre_items *plan_pre(struct batch_ctx *bc, uint32_t c, uint64_t longest,
-                                  const struct plan_gates *pg, bool **made)
+                                  const struct plan_gates *pg)
 {
     uint32_t n_nfa = catalog_nfa_count(bc->batch->catalogs[c]);
-    *made = NULL;
     if (pg->v == NULL || n_nfa < 2 || bc->eng->pool == NULL ||
         upload_pool_threads(bc->eng->pool) < 2)
         return NULL;
     uint32_t *ks = malloc(n_nfa * sizeof(*ks));
     struct pre_items *out = calloc(n_nfa, sizeof(*out));
-    bool *m = calloc(n_nfa, sizeof(*m));
-    if (ks == NULL || out == NULL || m == NULL) {
+    uint32_t n = 0;
+    for (uint32_t k = 0; ks != NULL && out != NULL && k < n_nfa; k++) {
+        nfa_plan(bc, c, k, longest, pg, &out[k].np);
+        if (way_gated(out[k].np.way))
+            ks[n++] = k;
+    }
+    if (n < 2) {
         free(ks);
         free(out);
-        free(m);
         return NULL;
     }
-    uint32_t n = 0;
-    for (uint32_t k = 0; k < n_nfa; k++) {
-        struct nfa_plan np;
-        nfa_plan(bc, c, k, longest, pg, &np);
-        if (np.way == WAY_CONFIRM || np.way == WAY_LEAD || np.way == WAY_WINDOWS) {
-            ks[n++] = k;
-            m[k] = true;
-        }
-    }
-    if (n >= 2) {
-        struct pre_job j = {bc, c, longest, pg, ks, out};
-        upload_pool_run(bc->eng->pool, pre_task, &j, n);
-    } else {
-        memset(m, 0, n_nfa * sizeof(*m));
-    }
+    for (uint32_t t = 0; t < n; t++)
+        out[ks[t]].made = true;
+    struct pre_job j = {bc, c, pg, ks, out};
+    upload_pool_run(bc->eng->pool, pre_task, &j, n);
     free(ks);
-    *made = m;
     return out;
 }
 
@@ -1343,12 +1334,10 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
         pg.v = bc->gates; /* the factor pass's ends, owned by the batch */
     else if (rc == 0)
         rc = plan_gates_find(bc, c, &pg);
-    bool *made = NULL;
-    struct pre_items *pre = rc == 0 ? plan_pre(bc, c, longest, &pg, &made) : NULL;
+    struct pre_items *pre = rc == 0 ? plan_pre(bc, c, longest, &pg) : NULL;
     for (uint32_t k = 0; k < catalog_nfa_count(b->catalogs[c]) && rc == 0; k++)
-        rc = plan_nfa(bc, c, k, longest, &pg, made != NULL && made[k] ? &pre[k] : NULL);
+        rc = plan_nfa(bc, c, k, longest, &pg, pre != NULL && pre[k].made ? &pre[k] : NULL);
     pre_free(pre, catalog_nfa_count(b->catalogs[c]));
-    free(made);
     if (!bc->gates_of[c])
         plan_gates_finish(&pg, b->n_buffers);
     return rc;

@@ -286,6 +286,23 @@ static void check_hits(const struct catalog *cat, const struct vks_scan_result *
     scan_hits_finish(&want);
 }
 
+/* Scans vb[0..n) with the result cache off in report mode `mode` (0 all,
+ * 1 first, 2 count), asserting the request succeeds; the mode for
+ * refscan. */
+static enum scan_mode scan_in_mode(struct vks_client *c, const struct vks_catalog *cat,
+                                   const struct vks_buffer *vb, size_t n, int mode,
+                                   struct vks_scan_result *res)
+{
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    so.no_cache = true;
+    so.mode = mode == 0 ? VKS_REPORT_ALL : mode == 1 ? VKS_REPORT_FIRST : VKS_REPORT_COUNT;
+    struct vks_error err = {0};
+    int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), vb, n, &so, res, &err);
+    ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+    return mode == 0 ? SCAN_ALL : mode == 1 ? SCAN_FIRST : SCAN_COUNT;
+}
+
 static struct vks_catalog *load_ok(struct vks_client *c, const struct vks_rule *r, size_t n,
                                    bool always_send)
 {
@@ -641,16 +658,9 @@ START_TEST(test_fd_read_at_upload)
         fd_bytes += v[i].fd != sealed || _i == 1 ? v[i].len : 0;
     }
     vb[N] = (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = data + 5, .len = 70001};
-    struct vks_scan_options so;
-    vks_scan_options_init(&so);
-    so.no_cache = true;
     for (int mode = 0; mode < 3; mode++) {
-        so.mode = mode == 0 ? VKS_REPORT_ALL : mode == 1 ? VKS_REPORT_FIRST : VKS_REPORT_COUNT;
         struct vks_scan_result res = {0};
-        struct vks_error err = {0};
-        int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), vb, N + 1, &so, &res, &err);
-        ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
-        enum scan_mode sm = mode == 0 ? SCAN_ALL : mode == 1 ? SCAN_FIRST : SCAN_COUNT;
+        enum scan_mode sm = scan_in_mode(c, cat, vb, N + 1, mode, &res);
         for (size_t i = 0; i < N; i++) {
             ck_assert_int_eq(res.buffers[i].code, 0);
             ck_assert_uint_eq(res.buffers[i].bytes, v[i].len);
@@ -705,16 +715,9 @@ START_TEST(test_counted_hits)
         {.kind = VKS_BUFFER_FD, .fd = sealed, .offset = 0, .length = SIZE},
         {.kind = VKS_BUFFER_INLINE, .data = data + 11, .len = 90001},
     };
-    struct vks_scan_options so;
-    vks_scan_options_init(&so);
-    so.no_cache = true;
     for (int mode = 0; mode < 3; mode++) {
-        so.mode = mode == 0 ? VKS_REPORT_ALL : mode == 1 ? VKS_REPORT_FIRST : VKS_REPORT_COUNT;
         struct vks_scan_result res = {0};
-        struct vks_error err = {0};
-        int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), vb, 2, &so, &res, &err);
-        ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
-        enum scan_mode sm = mode == 0 ? SCAN_ALL : mode == 1 ? SCAN_FIRST : SCAN_COUNT;
+        enum scan_mode sm = scan_in_mode(c, cat, vb, 2, mode, &res);
         check_hits(ref, &res, 0, data, SIZE, sm);
         check_hits(ref, &res, 1, data + 11, 90001, sm);
         ck_assert_uint_eq(tel_of(&res, "engine"), 0);
@@ -833,17 +836,10 @@ START_TEST(test_fd_gated)
     ck_assert_int_ge(file, 0);
     ck_assert_int_eq(write(file, data, SIZE), SIZE);
     struct vks_buffer vb = {.kind = VKS_BUFFER_FD, .fd = file, .offset = 0, .length = SIZE};
-    struct vks_scan_options so;
-    vks_scan_options_init(&so);
-    so.no_cache = true;
     for (int mode = 0; mode < 3; mode++) {
-        so.mode = mode == 0 ? VKS_REPORT_ALL : mode == 1 ? VKS_REPORT_FIRST : VKS_REPORT_COUNT;
         struct vks_scan_result res = {0};
-        struct vks_error err = {0};
-        int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, &so, &res, &err);
-        ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+        enum scan_mode sm = scan_in_mode(c, cat, &vb, 1, mode, &res);
         ck_assert_int_eq(res.buffers[0].code, 0);
-        enum scan_mode sm = mode == 0 ? SCAN_ALL : mode == 1 ? SCAN_FIRST : SCAN_COUNT;
         check_hits(ref, &res, 0, data, SIZE, sm);
         if (mode == 0)
             ck_assert_uint_gt(res.n_hits, 500);
