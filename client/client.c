@@ -94,7 +94,7 @@ const char *vks_version(void)
 
 /* The 0.2 layouts: what a struct_size of 0 stands for (vkscan.h, ABI). */
 #define CLIENT_OPTIONS_BASE offsetof(struct vks_client_options, memfd_threshold)
-#define LOAD_OPTIONS_BASE   offsetof(struct vks_load_options, reserved)
+#define LOAD_OPTIONS_BASE   offsetof(struct vks_load_options, ids_only)
 #define SCAN_OPTIONS_BASE   offsetof(struct vks_scan_options, no_cache)
 
 /*
@@ -610,6 +610,7 @@ static int make_load(const struct vks_rule *in, size_t n, const struct vks_load_
 {
     memset(load, 0, sizeof(*load));
     load->max_states = opt != NULL ? opt->max_states : 0;
+    load->ids_only = opt != NULL && opt->ids_only;
     if (n > UINT32_MAX)
         return vks_error_set(err, -EINVAL, "%zu rules do not fit one catalog", n);
     load->rules = calloc(n ? n : 1, sizeof(*load->rules));
@@ -672,6 +673,7 @@ static int make_text_load(const char *text, size_t len, const struct vks_load_op
     load->text = text;
     load->text_len = (uint32_t)len;
     load->max_states = opt != NULL ? opt->max_states : 0;
+    load->ids_only = opt != NULL && opt->ids_only;
     return 0;
 }
 
@@ -706,6 +708,7 @@ static int load_catalog(struct vks_client *c, struct proto_catalog_load *load, b
     struct proto_request req = {.op = PROTO_OP_CATALOG_HAS};
     struct proto_reply *rep = NULL;
     req.u.ref.by_source = true;
+    req.u.ref.ids_only = load->ids_only;
     int rc = source_fp(load, req.u.ref.fp, err);
     if (rc == 0 && !always_send) {
         rc = call(c, &req, NULL, 0, true, 0, &rep, err);
@@ -814,7 +817,8 @@ const char *vks_catalog_rule_id(const struct vks_catalog *cat, size_t i)
 
 const uint8_t *vks_catalog_rule_fingerprint(const struct vks_catalog *cat, size_t i)
 {
-    return i < cat->rep->u.catalog.n_rules ? cat->rep->u.catalog.rules[i].fp : NULL;
+    const struct proto_catalog_result *c = &cat->rep->u.catalog;
+    return i < c->n_rules && !c->ids_only ? c->rules[i].fp : NULL;
 }
 
 size_t vks_catalog_reject_count(const struct vks_catalog *cat)

@@ -156,6 +156,7 @@ struct scan {
     struct scan_opts opt;
     struct vks_client *main;
     struct vks_catalog *cat;
+    struct vks_load_options load_opt; /* ids only */
     struct ruleset rs;
     struct walk *walk;
     bool color;
@@ -228,7 +229,8 @@ static int scan_batch(struct worker *w, struct batch *b)
         if (rc != -VKS_E_UNKNOWN_CATALOG || reloaded)
             return rc;
         struct vks_catalog *cat = NULL;
-        rc = vks_client_catalog_load_text(w->client, s->rs.text, s->rs.len, NULL, &cat, &b->err);
+        rc = vks_client_catalog_load_text(w->client, s->rs.text, s->rs.len, &s->load_opt, &cat,
+                                          &b->err);
         if (rc != 0)
             return rc;
         bool same = memcmp(vks_catalog_fingerprint(cat), s->fp, VKS_FP_LEN) == 0;
@@ -1228,7 +1230,11 @@ static int scan_load(struct scan *s)
         return rc;
     const char *what = s->opt.n_rules == 1 && s->opt.n_exprs == 0 ? s->opt.rules[0] : "the rules";
     struct vks_error err = {0};
-    rc = vks_client_catalog_load_text(s->main, s->rs.text, s->rs.len, NULL, &s->cat, &err);
+    /* the command prints rule ids, never their fingerprints: 0.4 MB of reply
+     * for 43 k rules instead of 1.9 */
+    vks_load_options_init(&s->load_opt);
+    s->load_opt.ids_only = true;
+    rc = vks_client_catalog_load_text(s->main, s->rs.text, s->rs.len, &s->load_opt, &s->cat, &err);
     if (rc != 0) {
         fprintf(stderr, "vkscan: %s: %s\n", what, err.msg);
         return 2;

@@ -457,57 +457,47 @@ static void op_stats(struct session *s, const struct proto_request *req)
 /* ---- catalogs --------------------------------------------------------- */
 
 /* Encodes a catalog.load / catalog.has result: the catalog's rules (ids and
- * fingerprints) and the rejected rules. */
+ * fingerprints, packed once per catalog by the store) and the rejected
+ * rules. */
 static void reply_catalog(struct session *s, const struct proto_request *req,
                           const struct store_result *res)
 {
     struct proto_reply rep = {.id = req->id, .op = req->op};
     struct proto_catalog_result *c = &rep.u.catalog;
     c->known = res->known;
-    struct proto_rule_info *rules = NULL;
     struct proto_reject *rejects = NULL;
-    char *ids = NULL;
     if (res->known) {
-        const struct catalog *cat = store_entry_catalog(res->entry);
-        uint32_t n = catalog_rule_count(cat);
-        rules = calloc(n ? n : 1, sizeof(*rules));
-        ids = malloc((size_t)n * (RULES_MAX_ID + 1) + 1);
+        struct vks_error err = {0};
         rejects = calloc(res->n_rejects ? res->n_rejects : 1, sizeof(*rejects));
-        if (rules == NULL || ids == NULL || rejects == NULL) {
+        if (rejects == NULL) {
             send_error(s, req->id, req->op, -ENOMEM, "out of memory building the reply");
-            goto out;
+            return;
+        }
+        bool ids = req->op == PROTO_OP_CATALOG_LOAD ? req->u.load.ids_only : req->u.ref.ids_only;
+        int rc = store_entry_rules_packed(server_store(s->srv), res->entry, ids, &c->rules_packed,
+                                          &c->rules_packed_len, &err);
+        if (rc < 0) {
+            send_error(s, req->id, req->op, rc, err.msg);
+            free(rejects);
+            return;
         }
         memcpy(c->fingerprint, store_entry_fp(res->entry), PROTO_FP_LEN);
         if (res->source != NULL)
             memcpy(c->source, res->source, PROTO_FP_LEN);
         c->cached = res->cached; /* per tenant: never says what others loaded */
         c->compile_ns = res->compile_ns;
-        char *p = ids;
-        for (uint32_t i = 0; i < n; i++) {
-            struct catalog_rule r;
-            catalog_rule(cat, i, &r);
-            uint32_t len = r.id_len > RULES_MAX_ID ? RULES_MAX_ID : r.id_len;
-            memcpy(p, r.id, len);
-            p[len] = '\0';
-            rules[i].id = p;
-            p += len + 1;
-            memcpy(rules[i].fp, r.fingerprint, PROTO_FP_LEN);
-        }
+        c->n_rules = catalog_rule_count(store_entry_catalog(res->entry));
+        c->ids_only = ids;
         for (size_t i = 0; i < res->n_rejects; i++) {
             const struct rule_reject *r = &res->rejects[i];
             rejects[i] = (struct proto_reject){
                 .index = r->index, .line = r->line, .pos = r->pos, .id = r->id, .message = r->msg};
         }
-        c->rules = rules;
-        c->n_rules = n;
         c->rejects = rejects;
         c->n_rejects = (uint32_t)res->n_rejects;
     }
     send_reply(s, &rep);
-out:
-    free(rules);
     free(rejects);
-    free(ids);
 }
 
 static void on_catalog(void *ctx, int status, const struct store_result *res,

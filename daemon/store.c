@@ -163,6 +163,8 @@ static void body_drop(struct store *st, struct store_entry *e)
         return;
     catalog_destroy(e->cat);
     e->cat = NULL;
+    proto_buf_finish(&e->rules_packed[0]);
+    proto_buf_finish(&e->rules_packed[1]);
     st->stats.host_bytes -= e->bytes;
     st->stats.in_memory--;
 }
@@ -252,6 +254,44 @@ const struct catalog *store_entry_catalog(const struct store_entry *e)
 const uint8_t *store_entry_fp(const struct store_entry *e)
 {
     return e->fp;
+}
+
+int store_entry_rules_packed(struct store *st, struct store_entry *e, bool ids_only,
+                             const uint8_t **p, size_t *len, struct vks_error *err)
+{
+    struct proto_buf *b = &e->rules_packed[ids_only];
+    if (b->len == 0) {
+        uint32_t n = catalog_rule_count(e->cat);
+        struct proto_rule_info *rules = calloc(n ? n : 1, sizeof(*rules));
+        char *ids = malloc((size_t)n * (RULES_MAX_ID + 1) + 1);
+        int rc = rules == NULL || ids == NULL
+                     ? vks_error_set(err, -ENOMEM, "out of memory packing a catalog's rules")
+                     : 0;
+        char *q = ids;
+        for (uint32_t i = 0; rc == 0 && i < n; i++) {
+            struct catalog_rule r;
+            catalog_rule(e->cat, i, &r);
+            uint32_t l = r.id_len > RULES_MAX_ID ? RULES_MAX_ID : r.id_len;
+            memcpy(q, r.id, l);
+            q[l] = '\0';
+            rules[i].id = q;
+            q += l + 1;
+            memcpy(rules[i].fp, r.fingerprint, PROTO_FP_LEN);
+        }
+        if (rc == 0)
+            rc = proto_pack_rules(b, rules, n, ids_only, err);
+        free(rules);
+        free(ids);
+        if (rc < 0) {
+            proto_buf_finish(b);
+            return rc;
+        }
+        e->bytes += b->len;
+        st->stats.host_bytes += b->len;
+    }
+    *p = b->data;
+    *len = b->len;
+    return 0;
 }
 
 /* ---- bodies and waiters ----------------------------------------------- */

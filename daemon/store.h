@@ -152,6 +152,14 @@ void store_entry_unref(struct store *st, struct store_entry *e);
 const struct catalog *store_entry_catalog(const struct store_entry *e);
 const uint8_t *store_entry_fp(const struct store_entry *e);
 
+/* The loaded catalog's rules (ids and fingerprints, or with `ids_only` the
+ * ids, in catalog order) packed for a catalog result's `rules`
+ * (proto_pack_rules): made on the first call and kept with the body, in its
+ * host bytes, so a catalog.has of a 43 k-rule catalog is a copy. The bytes
+ * stay valid while the entry is referenced. */
+int store_entry_rules_packed(struct store *st, struct store_entry *e, bool ids_only,
+                             const uint8_t **p, size_t *len, struct vks_error *err);
+
 /* Number of catalogs `uid` holds. */
 uint32_t store_tenant_catalogs(const struct store *st, uid_t uid);
 

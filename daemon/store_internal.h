@@ -51,7 +51,9 @@ struct store_entry {
     bool in_lru;
     uint8_t fp[CATALOG_FP_LEN];
     struct catalog *cat; /* NULL while only on disk */
-    size_t bytes;
+    size_t bytes;        /* of cat and rules_packed, in host_bytes */
+    struct proto_buf
+        rules_packed[2]; /* a catalog result's rules, [1]: ids only; made on first use */
     unsigned refs;
     uid_t *owners;
     size_t n_owners, cap_owners;

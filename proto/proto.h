@@ -259,6 +259,7 @@ struct proto_catalog_load {
     const char *text;
     uint32_t text_len;
     uint32_t max_states; /* per-group DFA state budget; 0: the daemon's default */
+    bool ids_only;       /* the result's rules without fingerprints */
 };
 
 /* catalog.has and catalog.drop: a catalog fingerprint, or (has only) the
@@ -266,6 +267,7 @@ struct proto_catalog_load {
 struct proto_catalog_ref {
     bool by_source; /* has: `fp` is a source fingerprint */
     uint8_t fp[PROTO_FP_LEN];
+    bool ids_only; /* has: the result's rules without fingerprints */
 };
 
 /* One scan input: inline bytes, or a range of a descriptor passed with the
@@ -414,6 +416,11 @@ struct proto_catalog_result {
     uint64_t compile_ns;           /* 0 when cached */
     struct proto_rule_info *rules; /* accepted rules, catalog order = hit rule index */
     uint32_t n_rules;
+    bool ids_only; /* rules[].fp are not sent (zero): the request asked `ids_only` */
+    /* Encoding only: when set, `rules` is not read and these bytes (from
+     * proto_pack_rules, n_rules of them) are sent as the rules array. */
+    const uint8_t *rules_packed;
+    size_t rules_packed_len;
     struct proto_reject *rejects;
     uint32_t n_rejects;
 };
@@ -491,6 +498,13 @@ struct proto_reply {
  * required) or -E2BIG; on failure `out` is unchanged.
  */
 int proto_reply_encode(struct proto_buf *out, const struct proto_reply *rep, struct vks_error *err);
+
+/* Appends `rules` as the msgpack array of a catalog result (not a frame),
+ * `[id, fingerprint]` each or, with `ids_only`, the ids: a server that
+ * answers many catalog.has for one catalog packs its rules once and sends
+ * them as proto_catalog_result.rules_packed. */
+int proto_pack_rules(struct proto_buf *out, const struct proto_rule_info *rules, uint32_t n,
+                     bool ids_only, struct vks_error *err);
 
 /* Appends an error reply: shorthand for proto_reply_encode. `code` is
  * negative (-VKS_E_*). */

@@ -302,6 +302,66 @@ START_TEST(option_structs_carry_their_size)
 }
 END_TEST
 
+/* ids_only: the daemon sends a catalog's rule ids without fingerprints,
+ * for a load that compiles and for one answered by catalog.has; the ids
+ * and their order are those of the full form, which still comes with its
+ * fingerprints on the same daemon. */
+START_TEST(catalog_ids_only)
+{
+    struct daemon d;
+    daemon_start(&d);
+    struct vks_client *c;
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_connect(d.sock, NULL, &c, &err), 0);
+    const char text[] = "r-one:/needle/\nr-two:/ne+dle/i\nr-three:/xyz/\n";
+    struct vks_load_options lo;
+    vks_load_options_init(&lo);
+    lo.ids_only = true;
+    struct vks_catalog *cats[3] = {NULL};
+    for (int i = 0; i < 3; i++) { /* compiles (ids only), has (full), has (ids only) */
+        struct vks_load_options *o = i == 1 ? NULL : &lo;
+        ck_assert_msg(vks_client_catalog_load_text(c, text, strlen(text), o, &cats[i], &err) == 0,
+                      "load %d: %s", i, err.msg);
+        ck_assert(vks_catalog_rules_sent(cats[i]) == (i == 0));
+        ck_assert_uint_eq(vks_catalog_rule_count(cats[i]), 3);
+    }
+    for (size_t r = 0; r < 3; r++) {
+        ck_assert_str_eq(vks_catalog_rule_id(cats[0], r), vks_catalog_rule_id(cats[1], r));
+        ck_assert_str_eq(vks_catalog_rule_id(cats[2], r), vks_catalog_rule_id(cats[1], r));
+        ck_assert_ptr_null(vks_catalog_rule_fingerprint(cats[0], r));
+        ck_assert_ptr_null(vks_catalog_rule_fingerprint(cats[2], r));
+        ck_assert_ptr_nonnull(vks_catalog_rule_fingerprint(cats[1], r));
+    }
+    ck_assert_str_eq(vks_catalog_rule_id(cats[0], 1), "r-two");
+    ck_assert_mem_eq(vks_catalog_fingerprint(cats[0]), vks_catalog_fingerprint(cats[1]),
+                     VKS_FP_LEN);
+    const uint8_t *fp0 = vks_catalog_rule_fingerprint(cats[1], 0);
+    const uint8_t *fp1 = vks_catalog_rule_fingerprint(cats[1], 1);
+    ck_assert(memcmp(fp0, fp1, VKS_FP_LEN) != 0);
+    char *b = big_buffer();
+    struct vks_buffer buf = {.kind = VKS_BUFFER_INLINE, .data = b, .len = BIG};
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    so.mode = VKS_REPORT_COUNT;
+    so.rule_ids = true;
+    struct vks_scan_result res;
+    ck_assert_msg(vks_client_scan(c, vks_catalog_fingerprint(cats[0]), &buf, 1, &so, &res, &err) ==
+                      0,
+                  "scan: %s", err.msg);
+    ck_assert_uint_eq(res.n_hits, 2); /* r-one and r-two, twice each */
+    for (size_t i = 0; i < res.n_hits; i++) {
+        ck_assert_uint_eq(res.hits[i].count, 2);
+        ck_assert_str_eq(res.hits[i].rule_id, vks_catalog_rule_id(cats[0], res.hits[i].rule));
+    }
+    vks_scan_result_finish(&res);
+    free(b);
+    for (int i = 0; i < 3; i++)
+        vks_catalog_destroy(cats[i]);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
 /* tests/abi_v02.c declares the 0.2 structs itself and runs against this
  * library: connect, load, a 1 MiB scan (by memfd) and stats. */
 START_TEST(program_built_against_v02_layout_runs)
@@ -457,6 +517,7 @@ Suite *libvkscan_suite(void)
     tcase_add_test(t, large_inline_buffer_goes_by_memfd);
     tcase_add_test(t, large_inline_buffers_reuse_memfds);
     tcase_add_test(t, option_structs_carry_their_size);
+    tcase_add_test(t, catalog_ids_only);
     tcase_add_test(t, program_built_against_v02_layout_runs);
     tcase_add_loop_test(t, starts_on_both_engines, 0, 2);
     tcase_add_test(t, starts_bypass_result_cache);

@@ -1009,6 +1009,66 @@ START_TEST(replies_are_valid_utf8)
 }
 END_TEST
 
+/* A catalog result's rules in each shape the encoder writes: fixstr and
+ * str 8 ids on the direct path, an id that is not UTF-8 through the packer
+ * (U+FFFD), pre-packed bytes, and ids only; and the request flag. */
+START_TEST(rt_catalog_rules_shapes)
+{
+    char long_id[201];
+    memset(long_id, 'x', 200);
+    long_id[200] = '\0';
+    struct proto_rule_info infos[3] = {{.id = "short"}, {.id = long_id}, {.id = "bad\xff"}};
+    for (int i = 0; i < 3; i++)
+        memset(infos[i].fp, 0x10 + i, PROTO_FP_LEN);
+    struct proto_buf packed[2];
+    for (int ids = 0; ids < 2; ids++) {
+        proto_buf_init(&packed[ids]);
+        ck_assert_int_eq(proto_pack_rules(&packed[ids], infos, 3, ids, NULL), 0);
+    }
+    ck_assert_uint_lt(packed[1].len, packed[0].len - 3 * PROTO_FP_LEN);
+    for (int form = 0; form < 4; form++) { /* struct / packed, with fps / ids only */
+        bool ids = form & 1;
+        struct proto_reply rep = {.id = 2, .op = PROTO_OP_CATALOG_HAS};
+        rep.u.catalog = (struct proto_catalog_result){
+            .known = true, .rules = infos, .n_rules = 3, .ids_only = ids};
+        if (form >= 2) {
+            rep.u.catalog.rules = NULL;
+            rep.u.catalog.rules_packed = packed[ids].data;
+            rep.u.catalog.rules_packed_len = packed[ids].len;
+        }
+        struct proto_reply *out = roundtrip_reply(&rep);
+        const struct proto_catalog_result *c = &out->u.catalog;
+        ck_assert(c->known);
+        ck_assert_uint_eq(c->n_rules, 3);
+        ck_assert(c->ids_only == ids);
+        ck_assert_str_eq(c->rules[0].id, "short");
+        ck_assert_str_eq(c->rules[1].id, long_id);
+        ck_assert_str_eq(c->rules[2].id, "bad\xef\xbf\xbd");
+        for (int i = 0; i < 3; i++)
+            ck_assert_uint_eq(c->rules[i].fp[PROTO_FP_LEN - 1], ids ? 0 : 0x10 + i);
+        proto_reply_destroy(out);
+    }
+    proto_buf_finish(&packed[0]);
+    proto_buf_finish(&packed[1]);
+
+    struct proto_request has = {.id = 7, .op = PROTO_OP_CATALOG_HAS};
+    has.u.ref = (struct proto_catalog_ref){.by_source = true, .ids_only = true};
+    struct proto_request *rq = roundtrip_request(&has);
+    ck_assert(rq->u.ref.by_source && rq->u.ref.ids_only);
+    proto_request_destroy(rq);
+    has.u.ref.ids_only = false;
+    rq = roundtrip_request(&has);
+    ck_assert(!rq->u.ref.ids_only);
+    proto_request_destroy(rq);
+    struct proto_request load = {.id = 8, .op = PROTO_OP_CATALOG_LOAD};
+    load.u.load = (struct proto_catalog_load){
+        .has_text = true, .text = "a:/x/", .text_len = 5, .ids_only = true};
+    rq = roundtrip_request(&load);
+    ck_assert(rq->u.load.ids_only);
+    proto_request_destroy(rq);
+}
+END_TEST
+
 Suite *proto_suite(void)
 {
     Suite *s = suite_create("proto");
@@ -1019,6 +1079,7 @@ Suite *proto_suite(void)
     tcase_add_test(t, rt_scan_inline);
     tcase_add_test(t, rt_stream_writes);
     tcase_add_test(t, rt_replies);
+    tcase_add_test(t, rt_catalog_rules_shapes);
     tcase_add_test(t, rt_scan_and_stats_replies);
     tcase_add_test(t, rt_hit_starts);
     tcase_add_test(t, rt_error_reply);
