@@ -11,6 +11,7 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -33,6 +34,86 @@ struct unpack {
     bool stop;      /* total_max passed: no more reading */
     char buf[CHUNK];
 };
+
+/*
+ * libarchive, opened when the first archive is read: linked, it and what
+ * it pulls in (libxml2, ICU, libstdc++, five codecs) cost every vkscan
+ * command 2 ms of start-up on the development machine, archives or not.
+ */
+static struct {
+    bool tried, ok;
+    char why[192];
+    __typeof__(&archive_error_string) error_string;
+    __typeof__(&archive_read_new) read_new;
+    __typeof__(&archive_read_support_filter_gzip) read_support_filter_gzip;
+    __typeof__(&archive_read_support_filter_xz) read_support_filter_xz;
+    __typeof__(&archive_read_support_filter_zstd) read_support_filter_zstd;
+    __typeof__(&archive_read_support_filter_bzip2) read_support_filter_bzip2;
+    __typeof__(&archive_read_support_filter_lz4) read_support_filter_lz4;
+    __typeof__(&archive_read_support_format_tar) read_support_format_tar;
+    __typeof__(&archive_read_support_format_zip) read_support_format_zip;
+    __typeof__(&archive_read_support_format_empty) read_support_format_empty;
+    __typeof__(&archive_read_support_format_raw) read_support_format_raw;
+    __typeof__(&archive_read_open_fd) read_open_fd;
+    __typeof__(&archive_read_data) read_data;
+    __typeof__(&archive_read_next_header) read_next_header;
+    __typeof__(&archive_format) format;
+    __typeof__(&archive_filter_count) filter_count;
+    __typeof__(&archive_read_free) read_free;
+    __typeof__(&archive_entry_filetype) entry_filetype;
+    __typeof__(&archive_entry_hardlink) entry_hardlink;
+    __typeof__(&archive_entry_pathname) entry_pathname;
+} la;
+
+/* dlsym into a function pointer (POSIX guarantees the representation). */
+static bool la_sym(void *h, void *slot, const char *name)
+{
+    void *p = dlsym(h, name);
+    memcpy(slot, &p, sizeof(p));
+    return p != NULL;
+}
+
+static bool la_open(void)
+{
+    if (la.tried)
+        return la.ok;
+    la.tried = true;
+    void *h = dlopen("libarchive.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL)
+        h = dlopen("libarchive.so", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        snprintf(la.why, sizeof(la.why), "%s", dlerror());
+        return false;
+    }
+    bool ok = true;
+    ok = ok && la_sym(h, &la.error_string, "archive_error_string");
+    ok = ok && la_sym(h, &la.read_new, "archive_read_new");
+    ok = ok && la_sym(h, &la.read_support_filter_gzip, "archive_read_support_filter_gzip");
+    ok = ok && la_sym(h, &la.read_support_filter_xz, "archive_read_support_filter_xz");
+    ok = ok && la_sym(h, &la.read_support_filter_zstd, "archive_read_support_filter_zstd");
+    ok = ok && la_sym(h, &la.read_support_filter_bzip2, "archive_read_support_filter_bzip2");
+    ok = ok && la_sym(h, &la.read_support_filter_lz4, "archive_read_support_filter_lz4");
+    ok = ok && la_sym(h, &la.read_support_format_tar, "archive_read_support_format_tar");
+    ok = ok && la_sym(h, &la.read_support_format_zip, "archive_read_support_format_zip");
+    ok = ok && la_sym(h, &la.read_support_format_empty, "archive_read_support_format_empty");
+    ok = ok && la_sym(h, &la.read_support_format_raw, "archive_read_support_format_raw");
+    ok = ok && la_sym(h, &la.read_open_fd, "archive_read_open_fd");
+    ok = ok && la_sym(h, &la.read_data, "archive_read_data");
+    ok = ok && la_sym(h, &la.read_next_header, "archive_read_next_header");
+    ok = ok && la_sym(h, &la.format, "archive_format");
+    ok = ok && la_sym(h, &la.filter_count, "archive_filter_count");
+    ok = ok && la_sym(h, &la.read_free, "archive_read_free");
+    ok = ok && la_sym(h, &la.entry_filetype, "archive_entry_filetype");
+    ok = ok && la_sym(h, &la.entry_hardlink, "archive_entry_hardlink");
+    ok = ok && la_sym(h, &la.entry_pathname, "archive_entry_pathname");
+    if (!ok) {
+        snprintf(la.why, sizeof(la.why), "this libarchive lacks a function vkscan needs");
+        dlclose(h);
+        return false;
+    }
+    la.ok = true; /* h stays open until exit */
+    return true;
+}
 
 bool unpack_sniff(int fd)
 {
@@ -97,7 +178,7 @@ __attribute__((format(printf, 3, 4))) static void problem(struct unpack *u, cons
 /* libarchive's reason for the last failure. */
 static const char *why(struct archive *a)
 {
-    const char *s = archive_error_string(a);
+    const char *s = la.error_string(a);
     return s != NULL ? s : "unreadable";
 }
 
@@ -116,21 +197,21 @@ static void over_total(struct unpack *u)
 
 static struct archive *reader_open(int fd)
 {
-    struct archive *a = archive_read_new();
+    struct archive *a = la.read_new();
     if (a == NULL)
         return NULL;
-    archive_read_support_filter_gzip(a);
-    archive_read_support_filter_xz(a);
-    archive_read_support_filter_zstd(a);
-    archive_read_support_filter_bzip2(a);
-    archive_read_support_filter_lz4(a);
-    archive_read_support_format_tar(a);
-    archive_read_support_format_zip(a);
-    archive_read_support_format_empty(a);
-    archive_read_support_format_raw(a);
+    la.read_support_filter_gzip(a);
+    la.read_support_filter_xz(a);
+    la.read_support_filter_zstd(a);
+    la.read_support_filter_bzip2(a);
+    la.read_support_filter_lz4(a);
+    la.read_support_format_tar(a);
+    la.read_support_format_zip(a);
+    la.read_support_format_empty(a);
+    la.read_support_format_raw(a);
     /* a failure here shows at the first header, with libarchive's reason */
     if (lseek(fd, 0, SEEK_SET) == 0)
-        archive_read_open_fd(a, fd, CHUNK);
+        la.read_open_fd(a, fd, CHUNK);
     return a;
 }
 
@@ -164,7 +245,7 @@ static bool read_member(struct unpack *u, struct archive *a, const char *path, c
     uint64_t size = 0;
     bool too_big = false;
     for (;;) {
-        la_ssize_t n = archive_read_data(a, u->buf, sizeof(u->buf));
+        la_ssize_t n = la.read_data(a, u->buf, sizeof(u->buf));
         if (n == 0)
             break;
         if (n < 0) {
@@ -224,22 +305,22 @@ static void read_archive(struct unpack *u, int fd, const char *path, int depth)
     }
     while (!u->stop) {
         struct archive_entry *e;
-        int r = archive_read_next_header(a, &e);
+        int r = la.read_next_header(a, &e);
         if (r == ARCHIVE_EOF)
             break;
         if (r < ARCHIVE_WARN) {
             problem(u, path, "corrupt or unsupported archive: %s (the rest is skipped)", why(a));
             break;
         }
-        bool raw = archive_format(a) == ARCHIVE_FORMAT_RAW;
-        if (raw && archive_filter_count(a) <= 1) {
+        bool raw = la.format(a) == ARCHIVE_FORMAT_RAW;
+        if (raw && la.filter_count(a) <= 1) {
             /* tar or zip magic, but neither format could read it */
             problem(u, path, "corrupt archive: its first header cannot be read (skipped)");
             break;
         }
-        if (archive_entry_filetype(e) != AE_IFREG || archive_entry_hardlink(e) != NULL)
+        if (la.entry_filetype(e) != AE_IFREG || la.entry_hardlink(e) != NULL)
             continue; /* directories, links; a hard link's bytes are its target's */
-        const char *inside = archive_entry_pathname(e);
+        const char *inside = la.entry_pathname(e);
         char member[1024], *name = NULL;
         if (raw)
             raw_name(path, member, sizeof(member));
@@ -254,7 +335,7 @@ static void read_archive(struct unpack *u, int fd, const char *path, int depth)
         if (!go_on)
             break;
     }
-    archive_read_free(a);
+    la.read_free(a);
 }
 
 void unpack_members(int fd, const char *path, const struct unpack_limits *lim,
@@ -266,6 +347,10 @@ void unpack_members(int fd, const char *path, const struct unpack_limits *lim,
         return;
     }
     *u = (struct unpack){.lim = lim, .v = v, .top = path, .top_len = strlen(path)};
-    read_archive(u, fd, path, 0);
+    if (la_open())
+        read_archive(u, fd, path, 0);
+    else
+        problem(u, path, "cannot read archives without libarchive (%s): install libarchive13",
+                la.why);
     free(u);
 }
