@@ -443,6 +443,7 @@ static uint32_t gate_bits;       /* --gate-bits: rules_options.gate_bits */
 static uint32_t gate_states; /* --gate-states: rules_options.gate_states; 1: gate every candidate */
 static uint32_t gate_rare;   /* --gate-rare-bits: rules_options.gate_rare_bits */
 static bool profile;         /* --profile 1: gpu_options.profile (each dispatch timed alone) */
+static int32_t serialize;    /* --serialize 0|1|-1: gpu_options.serialize */
 static uint32_t confirm_cap; /* --confirm-cap: gpu_options.confirm_cap (0: the engine's rule) */
 static uint32_t spec_look;   /* --spec-lookback: gpu_options.spec_lookback */
 static uint32_t gated_bits;  /* --gated-group-bits: rules_options.gated_group_bits */
@@ -1052,7 +1053,8 @@ static void usage(void)
             "                  [--gated-group-bits N] [--heavy-states N] [--engine gpu|cpu] "
             "[--cpu-plain]\n"
             "                  [--lit-kernel 1|0|-1] [--gate-windows 0|1]\n"
-            "                  [--factor-pass 1|0|-1] [--profile 1] [--confirm-cap BYTES]\n"
+            "                  [--factor-pass 1|0|-1] [--profile 1] [--serialize 0|1|-1] "
+            "[--confirm-cap BYTES]\n"
             "                  [--spec-lookback BYTES] [--hs-interleave]\n");
     exit(2);
 }
@@ -1133,6 +1135,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             spec_look = (uint32_t)strtoul(v, NULL, 10);
         } else if (strcmp(a, "--profile") == 0) {
             profile = strtol(v, NULL, 10) != 0;
+        } else if (strcmp(a, "--serialize") == 0) {
+            serialize = (int32_t)strtol(v, NULL, 10); /* gpu_options.serialize */
         } else if (strcmp(a, "--factor-pass") == 0) {
             factor_pass = (int32_t)strtol(v, NULL, 10);
         } else if (strcmp(a, "--lit-kernel") == 0) {
@@ -1193,6 +1197,7 @@ int main(int argc, char **argv)
                              .gate_windows = gate_windows,
                              .factor_pass = factor_pass,
                              .profile = profile,
+                             .serialize = serialize,
                              .confirm_cap = confirm_cap,
                              .spec_lookback = spec_look};
     struct gpu_engine *eng = NULL;

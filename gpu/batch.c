@@ -781,9 +781,17 @@ static int record(struct batch_ctx *bc, bool copies, struct vks_error *err)
             barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
                     VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                     VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+        int last_kind = -1;
         for (uint32_t k = 0; k < bc->n_ranges; k++) {
             if (eng->scratch.ranges[k].round != round)
                 continue;
+            int kind = prof_kind(bc, &eng->scratch.ranges[k]);
+            if (!prof && last_kind >= 0 &&
+                (eng->opt.serialize == 1 || (eng->opt.serialize == 0 && kind != last_kind)))
+                barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                        VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                        VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+            last_kind = kind;
             push_range(bc, cb, k);
             if (prof && bc->n_prof < GPU_PROF_RANGES) { /* this dispatch alone, then its end */
                 barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,

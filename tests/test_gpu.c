@@ -1741,6 +1741,52 @@ START_TEST(test_profile)
 }
 END_TEST
 
+/* gpu_options.serialize: barriers between kinds of dispatch (the default),
+ * after every dispatch, or none, on a pass with literal, DFA and gated
+ * bit-NFA dispatches: the same hits as the reference scanner each way, and
+ * the same launches. */
+START_TEST(test_serialize)
+{
+    struct trule t[] = {{"lit", RULE_LITERAL, "zzqq", 0},
+                        {"gap", RULE_REGEX, "tok[a-z]{2,40}end", 0},
+                        {"open", RULE_REGEX, "q[^x]*hz", 0},
+                        {"two", RULE_REGEX, "(ab|cd)+e", 0}};
+    struct rules_options ro = {.gate_rare_bits = 1};
+    struct catalog *cat = compile_rules_opt(t, 4, &ro);
+    enum { LEN = 150000 };
+    uint8_t *p = malloc(LEN);
+    for (size_t i = 0; i < LEN; i++)
+        p[i] = "abcdefgh zq"[i % 11];
+    for (size_t at = 700; at + 64 < LEN; at += 7000) {
+        memcpy(p + at, "tokabcend", 9);
+        memcpy(p + at + 30, "zzqq hz", 7);
+    }
+    uint64_t hits = 0, launches = 0;
+    const int32_t modes[] = {0, 1, -1};
+    for (int m = 0; m < 3; m++) {
+        struct gpu_engine *eng =
+            engine(&(struct gpu_options){.serialize = modes[m], .factor_pass = 1});
+        struct gpu_buffer buf = {.data = p, .len = LEN, .mode = SCAN_ALL};
+        const struct catalog *cats[] = {cat};
+        struct gpu_batch b = {cats, 1, &buf, 1};
+        struct gpu_result res = {0};
+        uint64_t n = check_batch(eng, &b, &res);
+        ck_assert_uint_gt(n, 40);
+        ck_assert_uint_gt(res.tel.kernel_launches, 2);
+        if (m == 0) {
+            hits = n;
+            launches = res.tel.kernel_launches;
+        }
+        ck_assert_uint_eq(n, hits);
+        ck_assert_uint_eq(res.tel.kernel_launches, launches);
+        gpu_result_finish(&res);
+        gpu_engine_destroy(eng);
+    }
+    free(p);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* ^ $ \b \B with and without multiline, on buffers full of newlines,
  * including buffers that end in one. */
 START_TEST(test_anchored)
@@ -2411,6 +2457,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_hits_counted);
     tcase_add_test(tc, test_ring_learned);
     tcase_add_test(tc, test_profile);
+    tcase_add_test(tc, test_serialize);
     tcase_add_test(tc, test_anchored);
     tcase_add_test(tc, test_large_catalogs);
     tcase_add_test(tc, test_modes);
