@@ -787,7 +787,7 @@ static int record(struct batch_ctx *bc, bool copies, struct vks_error *err)
                 continue;
             int kind = prof_kind(bc, &eng->scratch.ranges[k]);
             if (!prof && last_kind >= 0 &&
-                (eng->opt.serialize == 1 || (eng->opt.serialize == 0 && kind != last_kind)))
+                (eng->opt.serialize == 1 || (eng->opt.serialize == 2 && kind != last_kind)))
                 barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                         VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);

@@ -147,14 +147,13 @@ struct gpu_options {
      * kind of dispatch the device time went to. Serialises dispatches that
      * would overlap: slower, for finding where time goes only. */
     bool profile;
-    /* Barriers between the dispatches of one round: 0 where the kind
-     * changes (DFA, factor, gated NFA, other NFA, literal), so only
-     * dispatches of one kind overlap; 1 after every dispatch; -1 none.
-     * Measured on the H200 (docs/PERFORMANCE.md, session 17): DFA walks
-     * overlapping gated NFA dispatches ran regex-500-secrets' kernel at
-     * 110 GB/s and gitleaks-regex's at 38, against 184 and 58 with the
-     * barrier; one barrier after every dispatch cost regex-500 two thirds. */
-    int32_t serialize;
+    /* Benchmarks: barriers between the dispatches of one round, which are
+     * independent: 0 none (they may overlap), 1 after every dispatch, 2
+     * where the kind changes (DFA, factor, gated NFA, other NFA, literal).
+     * On a warm H200 (docs/PERFORMANCE.md, session 17) 2 changed nothing
+     * for gitleaks-regex and cost regex-500-secrets 3%; 1 cost regex-500
+     * two thirds and gitleaks-regex a fifth. */
+    uint32_t serialize;
     /* The literal kernel (docs/gpu.md) for DFA groups of plain strings:
      * 0 where it saves passes or memory traffic (a catalog with 2 or more
      * such groups, or one with over 8 MiB of DFA rows), 1 for every such

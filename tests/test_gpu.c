@@ -1741,8 +1741,8 @@ START_TEST(test_profile)
 }
 END_TEST
 
-/* gpu_options.serialize: barriers between kinds of dispatch (the default),
- * after every dispatch, or none, on a pass with literal, DFA and gated
+/* gpu_options.serialize: no barriers between dispatches (the default),
+ * one after every dispatch, or one between kinds of dispatch, on a pass with literal, DFA and gated
  * bit-NFA dispatches: the same hits as the reference scanner each way, and
  * the same launches. */
 START_TEST(test_serialize)
@@ -1762,7 +1762,7 @@ START_TEST(test_serialize)
         memcpy(p + at + 30, "zzqq hz", 7);
     }
     uint64_t hits = 0, launches = 0;
-    const int32_t modes[] = {0, 1, -1};
+    const uint32_t modes[] = {0, 1, 2};
     for (int m = 0; m < 3; m++) {
         struct gpu_engine *eng =
             engine(&(struct gpu_options){.serialize = modes[m], .factor_pass = 1});
