@@ -298,6 +298,7 @@ static PyObject *client_load_text(Client *self, PyObject *args, PyObject *kw)
     vks_load_options_init(&lo);
     lo.max_states = max_states;
     lo.always_send = always_send != 0;
+    lo.ids_only = true; /* Catalog.rules holds the ids only: the smaller reply */
     struct vks_catalog *cat = NULL;
     struct vks_error err = {0};
     int rc;
@@ -355,6 +356,7 @@ static PyObject *client_load_rules(Client *self, PyObject *args, PyObject *kw)
     vks_load_options_init(&lo);
     lo.max_states = max_states;
     lo.always_send = always_send != 0;
+    lo.ids_only = true; /* Catalog.rules holds the ids only: the smaller reply */
     struct vks_catalog *cat = NULL;
     struct vks_error err = {0};
     int rc;
