@@ -95,6 +95,9 @@ const char *vks_version(void)
 /* The 0.2 layouts: what a struct_size of 0 stands for (vkscan.h, ABI). */
 #define CLIENT_OPTIONS_BASE offsetof(struct vks_client_options, memfd_threshold)
 #define LOAD_OPTIONS_BASE   offsetof(struct vks_load_options, ids_only)
+/* ids_only came from 0.2's padding: the struct keeps its 0.2 size */
+_Static_assert(sizeof(struct vks_load_options) == 48 || sizeof(size_t) != 8,
+               "vks_load_options changed size");
 #define SCAN_OPTIONS_BASE   offsetof(struct vks_scan_options, no_cache)
 
 /*

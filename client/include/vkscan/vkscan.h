@@ -186,7 +186,8 @@ struct vks_load_options {
      * `ids_only`): a 43 k-rule catalog's reply is 0.4 MB instead of 1.9;
      * vks_catalog_rule_fingerprint then returns NULL. */
     bool ids_only;
-    uint64_t reserved[3]; /* room to grow: must be 0 */
+    uint8_t reserved8[2]; /* must be 0 */
+    uint64_t reserved[4]; /* room to grow: must be 0 */
 };
 
 /* Fills `opt` with the defaults (all zero), struct_size included. */
