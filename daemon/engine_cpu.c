@@ -367,9 +367,12 @@ void engine_cpu_main(void *arg)
                 cpu_unlink(e, b);
             /* other threads for the tasks past the first: this one takes
              * work again right after (a 4 KiB scan woke every thread twice,
-             * for nothing, session 17) */
+             * for nothing, session 17), an engine task first if one waits
+             * (task_turn), so then one more thread for the batch's task */
             if (st->n_tasks > 1)
                 pthread_cond_broadcast(&e->cpu_cond);
+            else if (st->n_tasks == 1 && e->task_head != NULL)
+                pthread_cond_signal(&e->cpu_cond);
             pthread_mutex_unlock(&e->mu);
             if (empty)
                 cpu_complete(e, b, engine_now_ns() - t0);
