@@ -98,7 +98,7 @@ const char *vks_version(void)
 /* ids_only came from 0.2's padding: the struct keeps its 0.2 size */
 _Static_assert(sizeof(struct vks_load_options) == 48 || sizeof(size_t) != 8,
                "vks_load_options changed size");
-#define SCAN_OPTIONS_BASE   offsetof(struct vks_scan_options, no_cache)
+#define SCAN_OPTIONS_BASE offsetof(struct vks_scan_options, no_cache)
 
 /*
  * Copies the caller's option struct `src` over `dst` (already holding the

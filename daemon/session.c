@@ -468,17 +468,16 @@ static void reply_catalog(struct session *s, const struct proto_request *req,
     struct proto_reject *rejects = NULL;
     if (res->known) {
         struct vks_error err = {0};
-        rejects = calloc(res->n_rejects ? res->n_rejects : 1, sizeof(*rejects));
-        if (rejects == NULL) {
-            send_error(s, req->id, req->op, -ENOMEM, "out of memory building the reply");
-            return;
-        }
         bool ids = req->op == PROTO_OP_CATALOG_LOAD ? req->u.load.ids_only : req->u.ref.ids_only;
         int rc = store_entry_rules_packed(server_store(s->srv), res->entry, ids, &c->rules_packed,
                                           &c->rules_packed_len, &err);
         if (rc < 0) {
             send_error(s, req->id, req->op, rc, err.msg);
-            free(rejects);
+            return;
+        }
+        rejects = calloc(res->n_rejects ? res->n_rejects : 1, sizeof(*rejects));
+        if (rejects == NULL) {
+            send_error(s, req->id, req->op, -ENOMEM, "out of memory building the reply");
             return;
         }
         memcpy(c->fingerprint, store_entry_fp(res->entry), PROTO_FP_LEN);

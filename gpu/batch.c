@@ -785,9 +785,9 @@ static int record(struct batch_ctx *bc, bool copies, struct vks_error *err)
         for (uint32_t k = 0; k < bc->n_ranges; k++) {
             if (eng->scratch.ranges[k].round != round)
                 continue;
-            int kind = prof_kind(bc, &eng->scratch.ranges[k]);
-            if (!prof && last_kind >= 0 &&
-                (eng->opt.serialize == 1 || (eng->opt.serialize == 2 && kind != last_kind)))
+            int kind = eng->opt.serialize == 2 ? prof_kind(bc, &eng->scratch.ranges[k]) : 0;
+            if (!prof && eng->opt.serialize != 0 && last_kind >= 0 &&
+                (eng->opt.serialize == 1 || kind != last_kind))
                 barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                         VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
