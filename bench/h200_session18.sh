@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Session 18's H200 calls. Carry .gl (with .gl/extra), BUILD (a release
+# build), build-shared and build-data.
+#
+#   bench/h200_session18.sh BUILD [steps...]
+#   steps: tests (test_gpu, test_stream's daemon case: h200_session14.sh)
+#          big   (scan_bench, each workload of $BIG as one 1 GiB buffer and as
+#                 1,024 buffers of 1 MiB, medians of $ITERS, Hyperscan on 16
+#                 threads; only the median table and the engines table kept)
+#          rpc   (vkscand defaults under rpc_bench: 4 KiB scans at 1, 8, 64 and
+#                 256 clients, 64 MiB memfd and inline at 1 and 64: through
+#                 h200_dataplane.sh)
+set -u
+B=${1:?usage: h200_session18.sh BUILD [steps...]}
+shift
+WHAT=${*:-tests big rpc}
+. "$(dirname "$0")/h200_env.sh"
+has() { case " $WHAT " in *" $1 "*) return 0 ;; esac; return 1; }
+git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit /'
+if has tests; then
+    bash "$(dirname "$0")/h200_session14.sh" "$B" tests
+fi
+if has big; then
+    for w in ${BIG:-binary-20k phrases-3k literals-10000}; do
+        for buf in ${BUFS:-1G 1M}; do
+            timeout 200 "$B/bench/scan_bench" --size 1G --buffer $buf --real-buffer $buf \
+                --iters "${ITERS:-7}" --threads 16 --data build-shared --only "$w" \
+                ${SB_ARGS:-} >"$OUT/sb.txt" 2>"$OUT/sb_err.txt"
+            echo "== $w --buffer $buf (exit $?)"
+            grep -A2 -E '^(median of iters|engines)' "$OUT/sb.txt" | grep -vE '^--'
+            grep -E 'NO$' "$OUT/sb.txt"
+        done
+    done
+    rm -f "$OUT/sb.txt" "$OUT/sb_err.txt"
+fi
+if has rpc; then
+    RPC_ARGS=${RPC_ARGS:---seconds 2 --clients 1,8,64,256 --workloads small} FD_MODES=auto \
+        OUT=$OUT/rpc bash "$(dirname "$0")/h200_dataplane.sh" "$B" rpc
+    RPC_ARGS="--seconds 2 --clients 1,64 --workloads large" FD_MODES=auto \
+        OUT=$OUT/rpc bash "$(dirname "$0")/h200_dataplane.sh" "$B" rpc
+fi
