@@ -6,7 +6,7 @@
  *   compile_bench [--json] [--repeat N] [--data DIR] [--only NAME] [--max-states N]
  *                 [--bitnfa-counters N] [--no-hs] [--no-minimise] [--gate-bits N]
  *                 [--gate-states N] [--gate-rare-bits N] [--gated-group-bits N]
- *                 [--heavy-states N] [--fp] [--hs-interleave]
+ *                 [--heavy-states N] [--fp] [--groups] [--hs-interleave]
  *
  * Workloads: 1,000 and 10,000 random lowercase literals of 8-16 bytes;
  * regex-500, the 500 bounded regexes that scan_bench scans on the GPU
@@ -33,7 +33,8 @@
  * max(4x the Hyperscan database, 8 MiB) ("size"), peak at most 4x the
  * catalog ("peak"). --fp prints each catalog's fingerprint after the table
  * (the JSON always has it), to check that a compiler change left the output
- * as it was.
+ * as it was. --groups prints each DFA group (states, classes, rules,
+ * maxlen, factor or literal) on stderr.
  *
  * Every workload's vkscan compiles run before any Hyperscan compile: the
  * heap Hyperscan's compiles left behind (large blocks freed, glibc's mmap
@@ -304,6 +305,7 @@ static uint32_t gate_rare;       /* rules_options.gate_rare_bits; 0: default */
 static uint32_t gated_bits;      /* rules_options.gated_group_bits; 0: default */
 static uint32_t heavy;           /* rules_options.heavy_states; 0: default */
 static bool no_minimise;         /* rules_options.no_minimise */
+static bool print_groups;        /* --groups: one line per DFA group of each catalog */
 
 /* Compiles rs with vkscan `repeat` times; on the first run also clears
  * keep[i] of the rules it rejects (keep indexes rs). */
@@ -366,6 +368,17 @@ static int measure_vk(const char *name, const struct ruleset *rs, const bool *ke
         out->states = catalog_total_states(res.catalog);
         out->vk.bytes = words * 4;
         catalog_fingerprint_hex(catalog_fingerprint(res.catalog), out->fp);
+        if (k == 0 && print_groups)
+            for (uint32_t g = 0; g < out->groups; g++) {
+                struct catalog_group cg;
+                catalog_group(res.catalog, g, &cg);
+                fprintf(stderr, "%s group %u: %u states, %u classes, %u rules, maxlen %s%u%s%s\n",
+                        name, g, cg.n_states, cg.n_classes, cg.n_rules,
+                        cg.maxlen == CATALOG_UNBOUNDED ? "unbounded " : "",
+                        cg.maxlen == CATALOG_UNBOUNDED ? 0 : cg.maxlen,
+                        cg.flags & CAT_GF_FACTOR ? ", factor" : "",
+                        cg.flags & CAT_GF_LITERAL ? ", literal" : "");
+            }
         rules_result_finish(&res);
     }
     if (rc == 0) {
@@ -598,11 +611,12 @@ static bool wanted(const char *only, const char *name)
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: compile_bench [--json] [--repeat N] [--data DIR] [--only NAME]\n"
-                    "                     [--max-states N] [--bitnfa-counters N] [--no-hs]\n"
-                    "                     [--no-minimise] [--gate-bits N] [--gate-states N] "
-                    "[--gate-rare-bits N] [--gated-group-bits N]\n"
-                    "                     [--heavy-states N] [--fp] [--hs-interleave]\n");
+    fprintf(stderr,
+            "usage: compile_bench [--json] [--repeat N] [--data DIR] [--only NAME]\n"
+            "                     [--max-states N] [--bitnfa-counters N] [--no-hs]\n"
+            "                     [--no-minimise] [--gate-bits N] [--gate-states N] "
+            "[--gate-rare-bits N] [--gated-group-bits N]\n"
+            "                     [--heavy-states N] [--fp] [--groups] [--hs-interleave]\n");
     return 2;
 }
 
@@ -630,6 +644,8 @@ int main(int argc, char **argv)
             with_hs = false;
         else if (strcmp(argv[i], "--fp") == 0)
             print_fp = true;
+        else if (strcmp(argv[i], "--groups") == 0)
+            print_groups = true;
         else if (strcmp(argv[i], "--hs-interleave") == 0)
             interleave = true;
         else if (strcmp(argv[i], "--no-minimise") == 0)

@@ -449,6 +449,7 @@ static uint32_t gate_states; /* --gate-states: rules_options.gate_states; 1: gat
 static uint32_t gate_rare;   /* --gate-rare-bits: rules_options.gate_rare_bits */
 static bool profile;         /* --profile 1: gpu_options.profile (each dispatch timed alone) */
 static uint32_t serialize;   /* --serialize 0|1|2: gpu_options.serialize */
+static uint32_t fuse_groups; /* --fuse N: gpu_options.fuse_groups (1: no fused DFA passes) */
 static uint32_t confirm_cap; /* --confirm-cap: gpu_options.confirm_cap (0: the engine's rule) */
 static uint32_t spec_look;   /* --spec-lookback: gpu_options.spec_lookback */
 static uint32_t gated_bits;  /* --gated-group-bits: rules_options.gated_group_bits */
@@ -950,14 +951,15 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
     /* passes: groups that walk every byte. The factor group runs on the host
      * at plan time; gated groups walk only around its factors' ends. */
     /* lit: DFA groups of plain strings that the literal kernel scans in
-     * one pass of its own instead (gpu/lit.h) */
-    printf("\n%-22s %10s %10s %10s %8s %8s %8s %8s\n", "engines", "dfa groups", "nfa groups",
-           "nfa rules", "gated", "factor", "lit", "passes");
+     * one pass of its own instead (gpu/lit.h); fused: DFA groups stepped in
+     * another group's pass (gpu_options.fuse_groups) */
+    printf("\n%-22s %10s %10s %10s %8s %8s %8s %8s %8s\n", "engines", "dfa groups", "nfa groups",
+           "nfa rules", "gated", "factor", "lit", "fused", "passes");
     for (size_t i = 0; i < n; i++) {
-        uint32_t lit = r[i].tel.lit_groups;
-        printf("%-22s %10u %10u %10u %8u %8u %8u %8u\n", r[i].name, r[i].dfa_groups,
-               r[i].nfa_groups, r[i].nfa_rules, r[i].gated_groups, r[i].factor_groups, lit,
-               r[i].dfa_groups + r[i].nfa_groups - r[i].gated_groups - lit + (lit > 0));
+        uint32_t lit = r[i].tel.lit_groups, fused = r[i].tel.fused_groups;
+        printf("%-22s %10u %10u %10u %8u %8u %8u %8u %8u\n", r[i].name, r[i].dfa_groups,
+               r[i].nfa_groups, r[i].nfa_rules, r[i].gated_groups, r[i].factor_groups, lit, fused,
+               r[i].dfa_groups + r[i].nfa_groups - r[i].gated_groups - lit + (lit > 0) - fused);
     }
     printf("\n%-22s %8s %8s %8s %8s %8s %8s %8s %6s %6s %8s %6s %8s %8s\n", "telemetry", "plan ms",
            "fac ms", "up ms", "dev ms", "kern ms", "read ms", "fin ms", "seg", "wg", "wgroups",
@@ -1085,7 +1087,7 @@ static void usage(void)
             "                  [--lit-kernel 1|0|-1] [--gate-windows 0|1]\n"
             "                  [--factor-pass 1|0|-1] [--profile 1] [--serialize 0|1|2] "
             "[--confirm-cap BYTES]\n"
-            "                  [--spec-lookback BYTES] [--hs-interleave]\n");
+            "                  [--spec-lookback BYTES] [--fuse N] [--hs-interleave]\n");
     exit(2);
 }
 
@@ -1170,6 +1172,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
             profile = strtol(v, NULL, 10) != 0;
         } else if (strcmp(a, "--serialize") == 0) {
             serialize = (uint32_t)strtoul(v, NULL, 10); /* gpu_options.serialize */
+        } else if (strcmp(a, "--fuse") == 0) {
+            fuse_groups = (uint32_t)strtoul(v, NULL, 10); /* gpu_options.fuse_groups */
         } else if (strcmp(a, "--factor-pass") == 0) {
             factor_pass = (int32_t)strtol(v, NULL, 10);
         } else if (strcmp(a, "--lit-kernel") == 0) {
@@ -1231,6 +1235,7 @@ int main(int argc, char **argv)
                              .factor_pass = factor_pass,
                              .profile = profile,
                              .serialize = serialize,
+                             .fuse_groups = fuse_groups,
                              .confirm_cap = confirm_cap,
                              .spec_lookback = spec_look};
     struct gpu_engine *eng = NULL;

@@ -688,6 +688,19 @@ static uint8_t prof_kind(const struct batch_ctx *bc, const struct scan_range *sr
     return (g.flags & CAT_GF_GATED) || sr->confirm ? GPU_PROF_GATED : GPU_PROF_NFA;
 }
 
+/* Binds range sr's pipeline and catalog, pushes its constants, dispatches. */
+static void dispatch(struct batch_ctx *bc, VkCommandBuffer cb, const struct scan_range *sr,
+                     const void *push, uint32_t size)
+{
+    struct gpu_engine *eng = bc->eng;
+    vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, sr->pipe);
+    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, eng->layout, 0, 1,
+                            &eng->sets[sr->cat], 0, NULL);
+    vkCmdPushConstants(cb, eng->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, size, push);
+    vkCmdDispatch(cb, sr->workgroups, 1, 1);
+    bc->tel->kernel_launches++;
+}
+
 static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
 {
     struct gpu_engine *eng = bc->eng;
@@ -699,13 +712,22 @@ static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
             gpu_lit_push(bc, sr, QS_HEADS + r, &lp);
         else
             gpu_nfa_push(bc, sr, QS_HEADS + r, &np);
-        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, sr->pipe);
-        vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, eng->layout, 0, 1,
-                                &eng->sets[sr->cat], 0, NULL);
-        vkCmdPushConstants(cb, eng->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                           sr->lit ? sizeof(lp) : sizeof(np), sr->lit ? (void *)&lp : (void *)&np);
-        vkCmdDispatch(cb, sr->workgroups, 1, 1);
-        bc->tel->kernel_launches++;
+        dispatch(bc, cb, sr, sr->lit ? (void *)&lp : (void *)&np,
+                 sr->lit ? sizeof(lp) : sizeof(np));
+        return;
+    }
+    if (sr->fuse) {
+        struct fuse_push fp = {
+            .items = sr->items,
+            .n_items = sr->n_items,
+            .head = QS_HEADS + r,
+            .bufs = 0,
+            .max_cost = sr->max_cost,
+            .hit_cap = (uint32_t)(eng->hits.size / 16),
+            .maxlen = sr->look,
+            .gtab = sr->gtab,
+        };
+        dispatch(bc, cb, sr, &fp, sizeof(fp));
         return;
     }
     struct catalog_group g;
@@ -739,12 +761,7 @@ static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
                                           : QS_HEADS + (uint32_t)bc->n_ranges + sr->spec_base,
         .mask_or = sr->factor ? CAT_ACCEPT_ALWAYS : 0,
     };
-    vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, sr->pipe);
-    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, eng->layout, 0, 1,
-                            &eng->sets[sr->cat], 0, NULL);
-    vkCmdPushConstants(cb, eng->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(pc), &pc);
-    vkCmdDispatch(cb, sr->workgroups, 1, 1);
-    bc->tel->kernel_launches++;
+    dispatch(bc, cb, sr, &pc, sizeof(pc));
 }
 
 /* Records the pass: (uploads of items and catalogs,) queue reset, the

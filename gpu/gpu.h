@@ -46,6 +46,8 @@ enum gpu_hit_writer {
 #define GPU_CONFIRM_CAP           65536u
 #define GPU_MAX_RESIDENT_CATALOGS 64u
 #define GPU_MAX_INFLIGHT          16u
+/* Bounded DFA groups of a catalog one pass steps together (scan.comp FUSED) */
+#define GPU_FUSE_MAX 4u
 /* The default upload threads' cap: on the H200 host (16 cores) 16 threads
  * filled 1 GiB of staging from the page cache in 30 ms against 41 ms for 8
  * (docs/PERFORMANCE.md, session 12). */
@@ -162,6 +164,11 @@ struct gpu_options {
     /* Batches on the device at once (gpu_batch_submit); each has its own
      * buffers. 0: GPU_DEFAULT_INFLIGHT; at most GPU_MAX_INFLIGHT. */
     uint32_t inflight;
+    /* Bounded DFA groups of one catalog stepped together in one pass over
+     * their shared items, each byte read once for all of them (docs/gpu.md,
+     * "Fused DFA groups"): 0 up to GPU_FUSE_MAX, 1 each group its own pass,
+     * else at most that many (capped at GPU_FUSE_MAX). */
+    uint32_t fuse_groups;
 };
 
 /*
@@ -225,6 +232,9 @@ struct gpu_telemetry {
     uint32_t resident_catalogs;
     uint32_t kernel_launches;
     uint32_t lit_groups; /* DFA groups the literal kernel scanned instead, all catalogs */
+    /* DFA groups stepped in the pass of another (gpu_options.fuse_groups):
+     * passes over the data saved, all catalogs */
+    uint32_t fused_groups;
     uint32_t submits;
     uint32_t sync_points;         /* host waits on the device */
     uint32_t pipeline_cache_hits; /* pipelines found in the LRU */

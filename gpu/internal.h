@@ -38,6 +38,15 @@ struct nfa_push {
 };
 _Static_assert(sizeof(struct nfa_push) <= sizeof(struct scan_push), "push constant range");
 
+/* Push constants of shaders/scan.comp built FUSED: several bounded DFA
+ * groups of one catalog over the same items, their parameters in a table
+ * of GPU_FUSE_WORDS uvec4 per group at meta index gtab (gpu/plan.c). */
+struct fuse_push {
+    uint32_t items, n_items, head, bufs, max_cost, hit_cap, maxlen, gtab;
+};
+_Static_assert(sizeof(struct fuse_push) <= sizeof(struct scan_push), "push constant range");
+#define GPU_FUSE_WORDS 4u
+
 /* Push constants of shaders/scan_lit.comp (gpu/lit.h). */
 struct lit_push {
     uint32_t items, n_items, head, bufs, max_cost, hit_cap, slots, slot_mask;
@@ -90,6 +99,7 @@ struct pipe_key {
     uint32_t step_budget;
     uint32_t nfa_words; /* 0: the DFA kernel; else the bit-NFA kernel's MAX_WORDS */
     uint32_t lit;       /* 1: the literal kernel (smem_words: its filter words) */
+    uint32_t fuse;      /* 2-4: the DFA kernel stepping that many groups (FUSED); else 0 */
 };
 
 struct pipe_entry {
@@ -138,6 +148,10 @@ struct scan_range {
     bool lit;       /* the literal kernel: every routed group of catalog cat */
     bool confirm;   /* a bounded group's forward confirmation (the kernel's confirm mode) */
     bool factor;    /* the factor pass: a factor group's every entry reported */
+    /* fused DFA ranges: groups stepped together (group is the first, the
+     * others are in the table at gtab); 0 for every other range */
+    uint32_t fuse;
+    uint32_t gtab;
     uint32_t round;
     uint32_t items; /* meta index (uvec4) of the first item */
     uint32_t n_items;
@@ -304,6 +318,8 @@ struct gpu_engine {
     VkPipelineLayout layout;
     VkPipelineCache pcache;
     VkShaderModule modules[3]; /* indexed by enum gpu_hit_writer */
+    /* the fused DFA kernel: [NG - 2][enum gpu_hit_writer] */
+    VkShaderModule fused_modules[GPU_FUSE_MAX - 1][3];
     VkShaderModule nfa_module; /* shaders/scan_nfa.comp */
     VkShaderModule lit_module; /* shaders/scan_lit.comp */
     struct gpu_lit *lits[GPU_LIT_CACHE];

@@ -1,5 +1,6 @@
 /*
- * Pipelines: the scan kernel's two SPIR-V builds (one per hit writer),
+ * Pipelines: the scan kernel's SPIR-V builds (one per hit writer, and per
+ * hit writer and count of groups for fused DFA groups),
  * compiled per shape (workgroup size, shared-table size, loop budget) into
  * a bounded LRU, backed by a VkPipelineCache kept in a file between runs.
  */
@@ -16,6 +17,36 @@ static const uint32_t scan_scalar_spv[] =
 static const uint32_t scan_subgroup_spv[] =
 #include "scan_subgroup.spv.inc"
     ;
+static const uint32_t scan_fused2_scalar_spv[] =
+#include "scan_fused2_scalar.spv.inc"
+    ;
+static const uint32_t scan_fused2_subgroup_spv[] =
+#include "scan_fused2_subgroup.spv.inc"
+    ;
+static const uint32_t scan_fused3_scalar_spv[] =
+#include "scan_fused3_scalar.spv.inc"
+    ;
+static const uint32_t scan_fused3_subgroup_spv[] =
+#include "scan_fused3_subgroup.spv.inc"
+    ;
+static const uint32_t scan_fused4_scalar_spv[] =
+#include "scan_fused4_scalar.spv.inc"
+    ;
+static const uint32_t scan_fused4_subgroup_spv[] =
+#include "scan_fused4_subgroup.spv.inc"
+    ;
+/* [NG - 2][writer - GPU_HITS_SCALAR] */
+static const struct {
+    const uint32_t *code;
+    size_t size;
+} fused_spv[GPU_FUSE_MAX - 1][2] = {
+    {{scan_fused2_scalar_spv, sizeof(scan_fused2_scalar_spv)},
+     {scan_fused2_subgroup_spv, sizeof(scan_fused2_subgroup_spv)}},
+    {{scan_fused3_scalar_spv, sizeof(scan_fused3_scalar_spv)},
+     {scan_fused3_subgroup_spv, sizeof(scan_fused3_subgroup_spv)}},
+    {{scan_fused4_scalar_spv, sizeof(scan_fused4_scalar_spv)},
+     {scan_fused4_subgroup_spv, sizeof(scan_fused4_subgroup_spv)}},
+};
 static const uint32_t scan_nfa_spv[] =
 #include "scan_nfa.spv.inc"
     ;
@@ -170,6 +201,13 @@ int gpu_pipeline_init(struct gpu_engine *eng, struct vks_error *err)
     if (rc == 0 && eng->info.subgroup_hits)
         rc = create_module(eng, scan_subgroup_spv, sizeof(scan_subgroup_spv),
                            &eng->modules[GPU_HITS_SUBGROUP], err);
+    for (uint32_t n = 0; n + 1 < GPU_FUSE_MAX && rc == 0; n++) {
+        rc = create_module(eng, fused_spv[n][0].code, fused_spv[n][0].size,
+                           &eng->fused_modules[n][GPU_HITS_SCALAR], err);
+        if (rc == 0 && eng->info.subgroup_hits)
+            rc = create_module(eng, fused_spv[n][1].code, fused_spv[n][1].size,
+                               &eng->fused_modules[n][GPU_HITS_SUBGROUP], err);
+    }
     if (rc == 0)
         rc = create_module(eng, scan_nfa_spv, sizeof(scan_nfa_spv), &eng->nfa_module, err);
     if (rc == 0)
@@ -210,6 +248,10 @@ void gpu_pipeline_finish(struct gpu_engine *eng)
     for (uint32_t i = 0; i < 3; i++) {
         if (eng->modules[i] != VK_NULL_HANDLE)
             vkDestroyShaderModule(eng->dev, eng->modules[i], NULL);
+        for (uint32_t n = 0; n + 1 < GPU_FUSE_MAX; n++) {
+            if (eng->fused_modules[n][i] != VK_NULL_HANDLE)
+                vkDestroyShaderModule(eng->dev, eng->fused_modules[n][i], NULL);
+        }
     }
     if (eng->nfa_module != VK_NULL_HANDLE)
         vkDestroyShaderModule(eng->dev, eng->nfa_module, NULL);
@@ -247,6 +289,7 @@ static int compile(struct gpu_engine *eng, const struct pipe_key *key, VkPipelin
                 .stage = VK_SHADER_STAGE_COMPUTE_BIT,
                 .module = key->lit         ? eng->lit_module
                           : key->nfa_words ? eng->nfa_module
+                          : key->fuse      ? eng->fused_modules[key->fuse - 2][key->writer]
                                            : eng->modules[key->writer],
                 .pName = "main",
                 .pSpecializationInfo = &si,

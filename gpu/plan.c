@@ -175,6 +175,14 @@ static uint32_t walk_cost(const struct batch_ctx *bc, uint32_t c, uint64_t walk)
     return cost > 0xfffffff0u ? 0xfffffff0u : (uint32_t)cost;
 }
 
+/* The same for an item of a fused range (shaders/scan.comp f_walk): an
+ * iteration per 4 bytes, up to 2 x 3 unaligned ends. */
+static uint32_t fused_cost(const struct batch_ctx *bc, uint32_t c, uint64_t walk)
+{
+    uint64_t cost = (walk + 3) / 4 + 64 + (walk + 1) * bc->acc_iters[c];
+    return cost > 0xfffffff0u ? 0xfffffff0u : (uint32_t)cost;
+}
+
 /* Worst accept-loop iterations per byte of catalog c: the most accept
  * entries of any state, twice with the subgroup writer (count, then
  * write, shaders/scan.comp flush). */
@@ -201,9 +209,42 @@ static uint32_t accept_iters(const struct gpu_engine *eng, const struct catalog 
     return most;
 }
 
+/* Whether DFA group k of catalog c may be stepped in a fused pass with
+ * others (when bounded): it reports, it is not the literal kernel's, and
+ * its states fit the fused kernel's u16 rows. */
+static bool fusable(const struct batch_ctx *bc, uint32_t c, uint32_t k,
+                    const struct catalog_group *g)
+{
+    return !(g->flags & CAT_GF_FACTOR) && !lit_routed(bc, c, k) && g->n_states <= 65536 &&
+           g->maxlen != CATALOG_UNBOUNDED && g->maxlen != 0;
+}
+
+/* Most groups the fused ranges of catalog c step together: n fusable
+ * groups in ceil(n / F) ranges of near-equal size (F: fuse_groups), or 1
+ * when fusion is off or has fewer than two groups to fuse. */
+static uint32_t fuse_width(const struct batch_ctx *bc, uint32_t c)
+{
+    uint32_t f = bc->eng->opt.fuse_groups;
+    if (f == 0 || f > GPU_FUSE_MAX)
+        f = GPU_FUSE_MAX;
+    if (f < 2)
+        return 1;
+    uint32_t n = 0;
+    struct catalog_group g;
+    for (uint32_t k = 0; k < catalog_group_count(bc->batch->catalogs[c]); k++) {
+        catalog_group(bc->batch->catalogs[c], k, &g);
+        n += fusable(bc, c, k, &g);
+    }
+    if (n < 2)
+        return 1;
+    uint32_t ranges = (n + f - 1) / f;
+    return (n + ranges - 1) / ranges;
+}
+
 /* Fits catalog c's segments and chained walks to the device's loop budget
- * (lavapipe); elsewhere they are the plan's. */
-static void fit_budget(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded)
+ * (lavapipe); elsewhere they are the plan's. `fuse`: most groups a range
+ * of the catalog steps together (each may report at every byte). */
+static void fit_budget(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded, uint32_t fuse)
 {
     const struct launch_plan *p = &bc->plan;
     bc->seg[c] = p->seg_bytes;
@@ -211,16 +252,122 @@ static void fit_budget(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded)
     bc->acc_iters[c] = 0;
     if (p->step_budget == NO_BUDGET)
         return;
-    bc->acc_iters[c] = accept_iters(bc->eng, bc->batch->catalogs[c]);
-    uint64_t fill = (256 + p->smem_cap) / p->wg + 8;
+    bc->acc_iters[c] = accept_iters(bc->eng, bc->batch->catalogs[c]) * fuse;
+    uint64_t fill = (256 * fuse + p->smem_cap) / p->wg + 8 + fuse;
     /* 96: walk_cost's 64 for unaligned ends and room for rounding */
     uint64_t usable = (p->step_budget - fill - 96 - bc->acc_iters[c]) >> bc->eng->cut_shift;
-    uint64_t bytes = usable * 16 / (16 * (uint64_t)bc->acc_iters[c] + 1);
+    /* loop iterations per 16 bytes: 1 (a group's walk), 4 (fused, fused_cost) */
+    uint64_t bytes = usable * 16 / (16 * (uint64_t)bc->acc_iters[c] + (fuse > 1 ? 4 : 1));
     bytes &= ~(uint64_t)15;
     if (bytes < bc->chain[c])
         bc->chain[c] = (uint32_t)bytes;
     if (max_bounded > 0 && bc->seg[c] + (uint64_t)max_bounded - 1 > bytes)
         bc->seg[c] = bytes > max_bounded + 16u ? (uint32_t)(bytes - max_bounded + 1) : 16u;
+}
+
+/* Fusable groups of one catalog that plan_bounded collects; any past them
+ * get ranges of their own. */
+#define FUSE_COLLECT 256u
+
+/* Shared-memory words of a group's transition rows (u16 entries, two a
+ * word; all fused groups have u16 states). */
+static uint32_t group_row_words(const struct catalog_group *g)
+{
+    uint64_t words = ((uint64_t)g->n_states * g->n_classes + 1) / 2;
+    return words > 0xffffffffu ? 0xffffffffu : (uint32_t)words;
+}
+
+/*
+ * Splits the shared transition words `cap` between n groups wanting
+ * want[i] words each: the smallest wants are met first, the rest shares
+ * what is left evenly (each group's first rows are its hottest). Writes
+ * each share to got[i] and returns their sum.
+ */
+static uint32_t smem_shares(const uint32_t *want, uint32_t *got, uint32_t n, uint32_t cap)
+{
+    bool done[GPU_FUSE_MAX] = {false};
+    uint32_t left = cap, total = 0;
+    for (uint32_t round = 0; round < n; round++) {
+        uint32_t best = UINT32_MAX;
+        for (uint32_t i = 0; i < n; i++) {
+            if (!done[i] && (best == UINT32_MAX || want[i] < want[best]))
+                best = i;
+        }
+        uint32_t share = left / (n - round);
+        got[best] = want[best] < share ? want[best] : share;
+        done[best] = true;
+        left -= got[best];
+        total += got[best];
+    }
+    return total;
+}
+
+/*
+ * Ranges of catalog c's fusable bounded groups fused[0..n) over the items
+ * [first, first + n_items): up to fuse_width groups a range, each with its
+ * group table in meta (GPU_FUSE_WORDS uvec4 per group, shaders/scan.comp
+ * G_*): (n_classes, acc_row, first_accept, layer), (classmap, trans,
+ * accidx, accepts), (trans_words, first s_tr word, s_tr words, 0), the
+ * four start states. A lone group keeps a range of its own.
+ */
+static int fuse_ranges(struct batch_ctx *bc, uint32_t c, const uint32_t *fused, uint32_t n,
+                       uint32_t first, uint32_t n_items, uint64_t walk)
+{
+    uint32_t cost = walk_cost(bc, c, walk);
+    const struct catalog *cat = bc->batch->catalogs[c];
+    struct batch_scratch *s = &bc->eng->scratch;
+    size_t words;
+    const uint32_t *base = catalog_words(cat, &words);
+    uint32_t width = fuse_width(bc, c);
+    uint32_t ranges = n ? (n + width - 1) / width : 0;
+    for (uint32_t r = 0, at = 0; r < ranges; r++) {
+        uint32_t m = (n - at + (ranges - r) - 1) / (ranges - r); /* near-equal sizes */
+        if (m == 1) {
+            if (add_range(bc, c, fused[at], 0, first, n_items, NO_CARRY, cost) < 0)
+                return -ENOMEM;
+            at++;
+            continue;
+        }
+        struct catalog_group g[GPU_FUSE_MAX];
+        uint32_t want[GPU_FUSE_MAX], got[GPU_FUSE_MAX], maxlen = 0;
+        for (uint32_t i = 0; i < m; i++) {
+            catalog_group(cat, fused[at + i], &g[i]);
+            want[i] = group_row_words(&g[i]);
+            if (g[i].maxlen > maxlen)
+                maxlen = g[i].maxlen;
+        }
+        /* the class maps take 256 words a group; make_plan's cap has one */
+        uint32_t cap =
+            bc->plan.smem_cap > 256 * (m - 1) + 1024 ? bc->plan.smem_cap - 256 * (m - 1) : 1024;
+        uint32_t total = smem_shares(want, got, m, cap);
+        uint32_t smem = (total + 1023u) & ~1023u; /* few pipeline shapes */
+        uint32_t gtab = (uint32_t)bc->n_meta;
+        for (uint32_t i = 0, soff = 0; i < m; i++) {
+            const struct catalog_group *q = &g[i];
+            uint32_t w[4][4] = {
+                {q->n_classes, q->first_accept * q->n_classes, q->first_accept, fused[at + i]},
+                {(uint32_t)(q->classmap - base), (uint32_t)(q->trans - base),
+                 (uint32_t)(q->accept_index - base), (uint32_t)(q->accepts - base)},
+                {q->n_states * q->n_classes, soff, got[i], 0},
+                {q->start[0], q->start[1], q->start[2], q->start[3]},
+            };
+            soff += got[i];
+            for (uint32_t j = 0; j < GPU_FUSE_WORDS; j++) {
+                if (push_item(s, &bc->n_meta, w[j][0], w[j][1], w[j][2], w[j][3]) < 0)
+                    return -ENOMEM;
+            }
+        }
+        if (add_range(bc, c, fused[at], 0, first, n_items, NO_CARRY, fused_cost(bc, c, walk)) < 0)
+            return -ENOMEM;
+        struct scan_range *sr = &s->ranges[bc->n_ranges - 1];
+        sr->fuse = m;
+        sr->gtab = gtab;
+        sr->look = maxlen;
+        sr->smem_words = smem < cap ? smem : total;
+        bc->tel->fused_groups += m - 1;
+        at += m;
+    }
+    return 0;
 }
 
 /* Bounded groups of catalog c share one segment list: segments own end
@@ -243,15 +390,23 @@ static int plan_bounded(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded)
     }
     uint32_t n = (uint32_t)bc->n_meta - first;
     uint32_t cost = walk_cost(bc, c, (uint64_t)seg + max_bounded);
+    uint32_t fused[FUSE_COLLECT], n_fused = 0;
+    bool fuse = fuse_width(bc, c) > 1;
     struct catalog_group g;
     for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
         catalog_group(b->catalogs[c], k, &g);
         if ((g.flags & CAT_GF_FACTOR) || lit_routed(bc, c, k)) /* factor: reports nothing */
             continue;
-        if (group_bounded(bc, c, &g) && add_range(bc, c, k, 0, first, n, NO_CARRY, cost) < 0)
+        if (!group_bounded(bc, c, &g))
+            continue;
+        if (fuse && fusable(bc, c, k, &g) && n_fused < FUSE_COLLECT) {
+            fused[n_fused++] = k;
+            continue;
+        }
+        if (add_range(bc, c, k, 0, first, n, NO_CARRY, cost) < 0)
             return -ENOMEM;
     }
-    return 0;
+    return fuse_ranges(bc, c, fused, n_fused, first, n, (uint64_t)seg + max_bounded);
 }
 
 /* Whether DFA group k of catalog c is walked as an unbounded one. */
@@ -1262,7 +1417,7 @@ static int plan_factor(struct batch_ctx *bc, uint32_t c)
     uint32_t k = gpu_factor_group(cat);
     struct catalog_group g;
     catalog_group(cat, k, &g);
-    fit_budget(bc, c, g.maxlen);
+    fit_budget(bc, c, g.maxlen, 1);
     uint32_t seg = bc->seg[c], first = (uint32_t)bc->n_meta;
     for (uint32_t i = 0; i < b->n_buffers; i++) {
         uint64_t len = b->buffers[i].catalog == c ? b->buffers[i].len : 0;
@@ -1305,7 +1460,7 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
             !lit_routed(bc, c, k))
             max_bounded = g.maxlen;
     }
-    fit_budget(bc, c, max_bounded);
+    fit_budget(bc, c, max_bounded, fuse_width(bc, c));
     max_bounded = 0;
     for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
         catalog_group(b->catalogs[c], k, &g);
@@ -1454,12 +1609,13 @@ int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err)
         uint32_t nfa_words = 0;
         if (sr->nfa)
             nfa_words = nfa_words_for(bc->batch->catalogs[sr->cat], sr->group);
-        else if (!sr->lit)
+        else if (!sr->lit && !sr->fuse)
             catalog_group(bc->batch->catalogs[sr->cat], sr->group, &g);
-        sr->smem_words = sr->nfa   ? 0
-                         : sr->lit ? bc->lit[sr->cat]->filter_words
-                                   : smem_words_for(p, &g);
-        uint32_t fill = (256 + sr->smem_words) / p->wg + 4;
+        if (!sr->fuse) /* fused ranges: planned with their groups' shares (fuse_ranges) */
+            sr->smem_words = sr->nfa   ? 0
+                             : sr->lit ? bc->lit[sr->cat]->filter_words
+                                       : smem_words_for(p, &g);
+        uint32_t fill = (256 * (sr->fuse ? sr->fuse : 1) + sr->smem_words) / p->wg + 4 + sr->fuse;
         if (p->step_budget != NO_BUDGET && fill + sr->max_cost + 8 > p->step_budget)
             return vks_error_set(err, -E2BIG,
                                  "a work item needs %u loop iterations, over the device's "
@@ -1477,7 +1633,8 @@ int gpu_pick_pipelines(struct batch_ctx *bc, struct vks_error *err)
                                .smem_words = sr->smem_words,
                                .step_budget = p->step_budget,
                                .nfa_words = nfa_words,
-                               .lit = sr->lit};
+                               .lit = sr->lit,
+                               .fuse = sr->fuse};
         bool hit;
         int rc = gpu_pipeline_get(eng, &key, &sr->pipe, &hit, err);
         if (rc < 0)

@@ -16,9 +16,14 @@
  * re-walks the rare segments whose guess was wrong (gpu/batch.c).
  *
  * Built twice by glslc: HIT_SUBGROUP=0 (one atomic per hit) and
- * HIT_SUBGROUP=1 (one atomic per subgroup and accepting step).
+ * HIT_SUBGROUP=1 (one atomic per subgroup and accepting step); and each of
+ * those again with FUSED=1: one dispatch steps NG bounded DFA groups of one
+ * catalog together over the same items, each byte read once for all of
+ * them (docs/gpu.md, "Fused DFA groups"). The groups' parameters are then
+ * a table in meta[] (gpu/plan.c fuse_table), not push constants.
  */
 #version 450
+#extension GL_EXT_control_flow_attributes : require
 #if HIT_SUBGROUP
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_ballot : require
@@ -55,6 +60,48 @@ layout(std430, set = 0, binding = 3) buffer Queue { uint qs[]; };
 layout(std430, set = 0, binding = 4) writeonly buffer Hits { uvec4 hits[]; };
 layout(std430, set = 0, binding = 5) buffer Carry { uint carry[]; };
 
+#if FUSED
+/* NG (glslc -DNG=2, 3 or 4): the groups stepped together. The steps of
+ * the groups are written out, not looped over, so that each group's
+ * parameters stay in registers (and lavapipe, which counts loop
+ * iterations, counts no loop per byte). */
+#if NG < 2 || NG > 4
+#error "NG must be 2, 3 or 4"
+#endif
+
+layout(push_constant) uniform Push {
+    uint items;    /* meta index of the range's first item */
+    uint n_items;
+    uint head;     /* qs word the workers claim from */
+    uint bufs;     /* meta index of the buffer table: uvec4(offset, len, 0, 0) */
+    uint max_cost; /* loop iterations of the costliest item */
+    uint hit_cap;
+    uint maxlen;   /* the longest maxlen of the groups: every walk's lookback */
+    uint gtab;     /* meta index of the group table: 4 uvec4 per group */
+} pc;
+
+/* Group g's table entries (gpu/plan.c fuse_table mirrors them). */
+const uint G_SHAPE = 0u;  /* (n_classes, acc_row, first_accept, layer) */
+const uint G_WORDS = 1u;  /* (classmap, trans, accidx, accepts) */
+const uint G_SMEM = 2u;   /* (trans_words, first s_tr word, s_tr words, 0) */
+const uint G_STARTS = 3u; /* (bos, word, nl, other) start states */
+
+shared uint s_cls[256u * NG];
+shared uint s_tr[SMEM_WORDS];
+
+/* Per group, in registers: the loops over groups are unrolled. */
+uint f_ncls[NG];  /* n_classes */
+uint f_accrow[NG];
+uint f_hot[NG];   /* u16 entries of the group present in s_tr */
+uint f_soff[NG];  /* its first s_tr word */
+uint f_trans[NG];
+uint f_row[NG];   /* each group's state * n_classes during a walk */
+
+uvec4 group_word(uint g, uint k)
+{
+    return meta[pc.gtab + 4u * g + k];
+}
+#else
 layout(push_constant) uniform Push {
     uint items;       /* meta index of the range's first item */
     uint n_items;
@@ -84,6 +131,7 @@ layout(push_constant) uniform Push {
 
 shared uint s_cls[256];
 shared uint s_tr[SMEM_WORDS];
+#endif
 
 uint g_iters; /* loop iterations run so far by this invocation */
 uint g_hot;   /* transition words present in s_tr */
@@ -98,6 +146,28 @@ uint kind_of(uint c)
     bool word = (c >= 0x61u && c <= 0x7au) || (c >= 0x41u && c <= 0x5au) ||
                 (c >= 0x30u && c <= 0x39u) || c == 0x5fu;
     return word ? K_WORD : (c == 10u ? K_NL : K_OTHER);
+}
+
+/* Where the accept entries of the state at `row` are: cat[acc + e] for e
+ * in [e0, e1), each ORed with `mask_or`, reported under `layer`. A fused
+ * walk's rows carry their group in bits 28 and up (f_step). */
+struct accept_span {
+    uint e0, e1, acc, mask_or, layer;
+};
+
+accept_span accepts_of(uint row)
+{
+#if FUSED
+    uint g = row >> 28u;
+    uvec4 sh = group_word(g, G_SHAPE);
+    uvec4 w = group_word(g, G_WORDS);
+    uint a = (row & 0x0fffffffu) / sh.x - sh.z;
+    return accept_span(cat[w.z + a], cat[w.z + a + 1u], w.w, 0u, sh.w);
+#else
+    uint a = row / pc.n_classes - pc.first_accept;
+    return accept_span(cat[pc.accidx + a], cat[pc.accidx + a + 1u], pc.accepts, pc.mask_or,
+                       pc.layer);
+#endif
 }
 
 #if HIT_SUBGROUP
@@ -131,13 +201,12 @@ void flush(uint buf)
     bool cut = false;
     uint p = 0u;
     for (; p < g_np; p++) {
-        uint a = g_prow[p] / pc.n_classes - pc.first_accept;
+        accept_span sp = accepts_of(g_prow[p]);
         uint bit = 1u << pend_kind(p);
-        uint e1 = cat[pc.accidx + a + 1u];
-        uint e = cat[pc.accidx + a];
-        for (; e < e1; e++)
-            n += ((cat[pc.accepts + e] | pc.mask_or) & bit) != 0u ? 1u : 0u;
-        cut = cut || e != e1;
+        uint e = sp.e0;
+        for (; e < sp.e1; e++)
+            n += ((cat[sp.acc + e] | sp.mask_or) & bit) != 0u ? 1u : 0u;
+        cut = cut || e != sp.e1;
     }
     cut = cut || p != g_np;
     uint total = subgroupAdd(n);
@@ -147,19 +216,18 @@ void flush(uint buf)
         base = atomicAdd(qs[QS_HIT_HEAD], total);
     uint slot = subgroupBroadcastFirst(base) + before;
     for (p = 0u; p < g_np; p++) {
-        uint a = g_prow[p] / pc.n_classes - pc.first_accept;
+        accept_span sp = accepts_of(g_prow[p]);
         uint bit = 1u << pend_kind(p);
-        uint e1 = cat[pc.accidx + a + 1u];
-        uint e = cat[pc.accidx + a];
-        for (; e < e1; e++) {
-            uint ent = cat[pc.accepts + e] | pc.mask_or;
+        uint e = sp.e0;
+        for (; e < sp.e1; e++) {
+            uint ent = cat[sp.acc + e] | sp.mask_or;
             if ((ent & bit) == 0u)
                 continue;
             if (slot < pc.hit_cap)
-                hits[slot] = uvec4(buf, ent >> 5u, pc.layer, g_pend[p]);
+                hits[slot] = uvec4(buf, ent >> 5u, sp.layer, g_pend[p]);
             slot++;
         }
-        cut = cut || e != e1;
+        cut = cut || e != sp.e1;
     }
     if (cut || p != g_np)
         atomicOr(qs[QS_ERROR], QS_ERR_CUT);
@@ -179,32 +247,40 @@ void report(uint row, uint buf, uint end, uint k)
     g_np++;
 }
 
+/* Room for `room` more steps in every lane's queue. */
+void pend_room(uint buf, uint room)
+{
+    if (subgroupAny(g_np > PEND - room))
+        flush(buf);
+}
+
 /* Room for 16 more steps in every lane's queue. */
 void pend_check(uint buf)
 {
-    if (subgroupAny(g_np > PEND - 16u))
-        flush(buf);
+    pend_room(buf, 16u);
 }
 #else
 /* Reports the accept entries of state row/n_classes whose lookahead mask
  * admits kind k, as matches of buffer `buf` ending at `end`. */
 void report(uint row, uint buf, uint end, uint k)
 {
-    uint a = row / pc.n_classes - pc.first_accept;
-    uint e0 = cat[pc.accidx + a];
-    uint e1 = cat[pc.accidx + a + 1u];
+    accept_span sp = accepts_of(row);
     uint bit = 1u << k;
-    for (uint e = e0; e < e1; e++) {
-        uint ent = cat[pc.accepts + e] | pc.mask_or;
+    for (uint e = sp.e0; e < sp.e1; e++) {
+        uint ent = cat[sp.acc + e] | sp.mask_or;
         if ((ent & bit) == 0u)
             continue;
         uint slot = atomicAdd(qs[QS_HIT_HEAD], 1u);
         if (slot < pc.hit_cap)
-            hits[slot] = uvec4(buf, ent >> 5u, pc.layer, end);
+            hits[slot] = uvec4(buf, ent >> 5u, sp.layer, end);
     }
 }
 
 void flush(uint buf)
+{
+}
+
+void pend_room(uint buf, uint room)
 {
 }
 
@@ -213,6 +289,7 @@ void pend_check(uint buf)
 }
 #endif
 
+#if !FUSED
 /* One DFA step over byte c at position i: accepts of the current state are
  * checked first, with c as lookahead, then c is consumed. */
 uint step(uint row, uint c, uint i, uint lo, uint len, uint buf)
@@ -368,3 +445,206 @@ void main()
         atomicAdd(qs[QS_ACTIVE], 1u);
     }
 }
+#else /* FUSED */
+
+/* One step of group g (a constant: every call is written out) over byte c
+ * at position i, as step() above; the row handed to report() carries g in
+ * bits 28 and up (rows are below 2^24: u16 states, at most 256 classes). */
+uint f_step(uint g, uint row, uint c, uint i, uint lo, uint len, uint buf)
+{
+    if (row >= f_accrow[g] && i > lo) {
+        uint k = kind_of(c);
+        if (k == K_NL && i + 1u == len)
+            k = K_NL_LAST;
+        report(row | (g << 28u), buf, i, k);
+    }
+    uint idx = row + s_cls[256u * g + c];
+    uint next;
+    if (idx < f_hot[g]) {
+        next = (s_tr[f_soff[g] + (idx >> 1u)] >> ((idx & 1u) * 16u)) & 0xffffu;
+    } else {
+        next = cat[f_trans[g] + idx];
+    }
+    return next * f_ncls[g];
+}
+
+/* Every group one step over byte c at i. */
+void f_byte(uint c, uint i, uint lo, uint len, uint buf)
+{
+    f_row[0] = f_step(0u, f_row[0], c, i, lo, len, buf);
+    f_row[1] = f_step(1u, f_row[1], c, i, lo, len, buf);
+#if NG > 2
+    f_row[2] = f_step(2u, f_row[2], c, i, lo, len, buf);
+#endif
+#if NG > 3
+    f_row[3] = f_step(3u, f_row[3], c, i, lo, len, buf);
+#endif
+}
+
+void f_byte4(uint w, uint i, uint lo, uint len, uint buf)
+{
+    f_byte(w & 0xffu, i, lo, len, buf);
+    f_byte((w >> 8u) & 0xffu, i + 1u, lo, len, buf);
+    f_byte((w >> 16u) & 0xffu, i + 2u, lo, len, buf);
+    f_byte(w >> 24u, i + 3u, lo, len, buf);
+}
+
+/* Walks bytes [from, to) with every group; reports ends in (lo, to). Four
+ * bytes an iteration (buffers start 16-byte aligned): a byte queues up to
+ * NG steps, so the queue is checked before each 4 bytes, and the loop body
+ * stays small (every step of every group is written out in it once; a
+ * 16-byte body made the shader several times larger, and lavapipe, which
+ * compiles it at the first dispatch, took tens of seconds). gpu/plan.c
+ * counts an iteration per 4 bytes (fused_cost). */
+void f_walk(uint from, uint to, uint off, uint lo, uint len, uint buf)
+{
+    uint i = from;
+    while (i < to && (i & 3u) != 0u) {
+        pend_room(buf, NG);
+        f_byte(byte_at(off + i), i, lo, len, buf);
+        i++;
+    }
+    while (i + 4u <= to) {
+        pend_room(buf, 4u * NG);
+        uint p = off + i;
+        f_byte4(hay[p >> 4u][(p >> 2u) & 3u], i, lo, len, buf);
+        i += 4u;
+    }
+    while (i < to) {
+        pend_room(buf, NG);
+        f_byte(byte_at(off + i), i, lo, len, buf);
+        i++;
+    }
+    if (i != to)
+        atomicOr(qs[QS_ERROR], QS_ERR_CUT);
+}
+
+/* Group g's registers, and its start row for start kind `sk` (0 start of
+ * data, 1 after a word byte, 2 after \n, 3 after another byte). */
+void f_load(uint g)
+{
+    uvec4 sh = group_word(g, G_SHAPE);
+    uvec4 sm = group_word(g, G_SMEM);
+    f_ncls[g] = sh.x;
+    f_accrow[g] = sh.y;
+    f_hot[g] = min(2u * sm.z, sm.x);
+    f_soff[g] = sm.y;
+    f_trans[g] = group_word(g, G_WORDS).y;
+}
+
+void f_start(uint g, uint sk)
+{
+    f_row[g] = group_word(g, G_STARTS)[sk] * f_ncls[g];
+}
+
+void f_end(uint g, uint buf, uint hi, uint k)
+{
+    if (f_row[g] >= f_accrow[g])
+        report(f_row[g] | (g << 28u), buf, hi, k);
+}
+
+/* A bounded item (lo, hi]: every group starts pc.maxlen - 1 bytes before
+ * lo + 1, the lookback of the longest of them. A group with a shorter
+ * maxlen starts earlier than it needs to, which changes nothing: no match
+ * of it that ends after lo starts before its own lookback. */
+void f_item(uvec4 it)
+{
+    uint buf = it.x;
+    uint lo = it.y;
+    uint hi = it.z;
+    uvec4 b = meta[pc.bufs + buf];
+    uint off = b.x;
+    uint len = b.y;
+    uint begin = lo + 1u > pc.maxlen ? lo + 1u - pc.maxlen : 0u;
+    uint sk = 0u;
+    if (begin != 0u) {
+        uint k = kind_of(byte_at(off + begin - 1u));
+        sk = k == K_WORD ? 1u : (k == K_NL ? 2u : 3u);
+    }
+    f_start(0u, sk);
+    f_start(1u, sk);
+#if NG > 2
+    f_start(2u, sk);
+#endif
+#if NG > 3
+    f_start(3u, sk);
+#endif
+    /* one walk: the lookback [begin, lo] reports nothing (ends > lo only) */
+    f_walk(begin, hi, off, lo, len, buf);
+    if (hi > lo) {
+        uint k = K_EOD;
+        if (hi < len) {
+            k = kind_of(byte_at(off + hi));
+            if (k == K_NL && hi + 1u == len)
+                k = K_NL_LAST;
+        }
+        pend_room(buf, NG);
+        f_end(0u, buf, hi, k);
+        f_end(1u, buf, hi, k);
+#if NG > 2
+        f_end(2u, buf, hi, k);
+#endif
+#if NG > 3
+        f_end(3u, buf, hi, k);
+#endif
+    }
+    flush(buf);
+}
+
+void main()
+{
+    uint wg = gl_WorkGroupSize.x;
+    uint lid = gl_LocalInvocationIndex;
+    g_iters = 0u;
+#if HIT_SUBGROUP
+    g_np = 0u;
+    g_pkind[0] = 0u;
+    g_pkind[1] = 0u;
+    g_pkind[2] = 0u;
+#endif
+    /* each group's class map, and the first rows of its transitions in
+     * its own slice of s_tr (gpu/plan.c sizes the slices) */
+    for (uint g = 0u; g < NG; g++) {
+        uvec4 w = group_word(g, G_WORDS);
+        uvec4 sm = group_word(g, G_SMEM);
+        for (uint k = lid; k < 256u; k += wg) {
+            s_cls[256u * g + k] = cat[w.x + k];
+            g_iters++;
+        }
+        uint hot = min(2u * sm.z, sm.x);
+        uint words = (hot + 1u) / 2u;
+        for (uint k = lid; k < words; k += wg) {
+            uint lo16 = cat[w.y + 2u * k];
+            uint hi16 = 2u * k + 1u < hot ? cat[w.y + 2u * k + 1u] : 0u;
+            s_tr[sm.y + k] = lo16 | (hi16 << 16u);
+            g_iters++;
+        }
+        g_iters++;
+    }
+    f_load(0u);
+    f_load(1u);
+#if NG > 2
+    f_load(2u);
+#endif
+#if NG > 3
+    f_load(3u);
+#endif
+    barrier();
+
+    uint done = 0u;
+    for (;;) {
+        if (STEP_BUDGET != 0xffffffffu && g_iters + pc.max_cost + 1u > STEP_BUDGET)
+            break;
+        g_iters += pc.max_cost + 1u;
+        uint idx = atomicAdd(qs[pc.head], 1u);
+        if (idx >= pc.n_items)
+            break;
+        f_item(meta[pc.items + idx]);
+        done++;
+    }
+    if (done != 0u) {
+        atomicAdd(qs[QS_DONE], done);
+        atomicAdd(qs[QS_ACTIVE], 1u);
+    }
+}
+#endif /* FUSED */

@@ -1535,6 +1535,101 @@ START_TEST(test_hit_dense)
 }
 END_TEST
 
+/* Fused DFA passes (gpu_options.fuse_groups, docs/gpu.md "Fused DFA
+ * groups"): catalogs split into many small DFA groups (a tiny state
+ * budget, no gating, no literal kernel) so that several bounded groups
+ * share each pass, 2, 3 and 4 to a pass, with both hit writers and small
+ * segments; every hit equals refscan's, and the fused ranges must have run
+ * (fused_groups: the passes saved). Then a hit-dense catalog of one rule a
+ * group, each reporting at every byte, which fills the per-lane hit queue
+ * NG steps a byte. */
+START_TEST(test_fused_groups)
+{
+    struct gpu_engine *probe = engine(NULL);
+    bool sub = gpu_engine_device(probe)->subgroup_hits;
+    gpu_engine_destroy(probe);
+    const struct rules_options ro = {.max_states = 24,
+                                     .gate_bits = UINT32_MAX,
+                                     .gate_rare_bits = UINT32_MAX,
+                                     .literal_group = -1};
+    const uint32_t widths[] = {0, 2, 3, 1};
+    for (uint32_t w = 0; w < 4; w++) {
+        for (int writer = GPU_HITS_SCALAR; writer <= (sub ? GPU_HITS_SUBGROUP : GPU_HITS_SCALAR);
+             writer++) {
+            struct gpu_options opt = {.hit_writer = (enum gpu_hit_writer)writer,
+                                      .segment_bytes = 64,
+                                      .fuse_groups = widths[w],
+                                      .lit_kernel = -1};
+            struct gpu_engine *eng = engine(&opt);
+            uint32_t saved = 0, launches = 0;
+            for (uint32_t seed = 1; seed <= 6; seed++) {
+                rng = 0x51ed270b7f4a7c15ull ^ (seed * 7 + w);
+                struct trule t[24];
+                uint32_t n = 10 + rnd(14);
+                for (uint32_t i = 0; i < n; i++) {
+                    snprintf(t[i].id, sizeof(t[i].id), "f%u", i);
+                    bool lit = rnd(2);
+                    t[i].kind = lit ? RULE_LITERAL : RULE_REGEX;
+                    t[i].pat = lit ? literals[rnd(sizeof(literals) / sizeof(literals[0]))]
+                                   : regexes[rnd(sizeof(regexes) / sizeof(regexes[0]))];
+                    t[i].flags = rnd(4) == 0 ? RULE_F_CASELESS : 0;
+                }
+                struct catalog *cat = compile_rules_opt(t, n, &ro);
+                struct bufset bs;
+                bufset_random(&bs, 1 + rnd(24), 900, 1);
+                const struct catalog *cats[] = {cat};
+                struct gpu_batch b = {cats, 1, bs.v, bs.n};
+                struct gpu_result res = {0};
+                check_batch(eng, &b, &res);
+                saved += res.tel.fused_groups;
+                launches += res.tel.kernel_launches;
+                gpu_result_finish(&res);
+                bufset_free(&bs);
+                catalog_destroy(cat);
+            }
+            if (widths[w] == 1)
+                ck_assert_uint_eq(saved, 0); /* off: one pass a group */
+            else
+                ck_assert_msg(saved > 0, "fuse_groups %u: no group was fused in %u launches",
+                              widths[w], launches);
+            gpu_engine_destroy(eng);
+        }
+    }
+
+    /* hit-dense: from byte 9 on, every byte ends a match of each rule; each
+     * rule's DFA needs about 11 states, so the budget of 16 keeps one a group */
+    struct trule d[] = {{"any10", RULE_REGEX, "(?s).{10}", 0},
+                        {"xy10", RULE_REGEX, "[xy]{10}", 0},
+                        {"x", RULE_REGEX, "(?s)[xy].{8}[xy]", 0},
+                        {"short", RULE_REGEX, "[xy]{2}", 0}};
+    struct rules_options one = ro;
+    one.max_states = 16;
+    struct catalog *cat = compile_rules_opt(d, 4, &one);
+    ck_assert_uint_ge(catalog_group_count(cat), 3);
+    struct gpu_engine *eng = engine(&(struct gpu_options){.lit_kernel = -1});
+    enum { N = 12 };
+    struct gpu_buffer bufs[N];
+    uint8_t *data[N];
+    for (uint32_t i = 0; i < N; i++) {
+        size_t len = i == 0 ? 50000 : i < 6 ? i : 61 + 131 * i;
+        data[i] = malloc(len);
+        for (size_t j = 0; j < len; j++)
+            data[i][j] = (uint8_t)((j * 7 + i) % 5 < 3 ? 'x' : 'y');
+        bufs[i] = (struct gpu_buffer){.data = data[i], .len = len, .mode = SCAN_ALL};
+    }
+    const struct catalog *cats[] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, N};
+    struct gpu_result res = {0};
+    ck_assert_uint_ge(check_batch(eng, &b, &res), 4 * (50000 - 9));
+    ck_assert_uint_ge(res.tel.fused_groups, 2);
+    gpu_result_finish(&res);
+    for (uint32_t i = 0; i < N; i++)
+        free(data[i]);
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* The pool's way of finishing hits (gpu/hits.c: raw hits binned by 4 MiB
  * of ends, each bin sorted on an upload thread, then the report modes in
  * one pass) gives refscan's hits: random batches of every mode and several
@@ -2474,6 +2569,10 @@ Suite *gpu_suite(void)
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_literal_kernel, 0, 5);
     tcase_add_loop_test(tc, test_literal_boundaries, 0, 4);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("fused");
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, test_fused_groups);
     suite_add_tcase(s, tc);
     return s;
 }
