@@ -7,6 +7,11 @@
 #          big   (scan_bench, each workload of $BIG as one 1 GiB buffer and as
 #                 1,024 buffers of 1 MiB, medians of $ITERS, Hyperscan on 16
 #                 threads; only the median table and the engines table kept)
+#          fuse  (scan_bench, 1,024 buffers of 1 MiB: gitleaks-regex with fused
+#                 DFA passes (--fuse 0, the default) and without (--fuse 1),
+#                 the workloads of $FUSE_W once (nothing to fuse: the single
+#                 kernel), gitleaks-regex's --profile 1 both ways, and one
+#                 1 GiB buffer fused)
 #          rpc   (vkscand defaults under rpc_bench: 4 KiB scans at 1, 8, 64 and
 #                 256 clients, 64 MiB memfd and inline at 1 and 64: through
 #                 h200_dataplane.sh)
@@ -31,6 +36,30 @@ if has big; then
             grep -E 'NO$' "$OUT/sb.txt"
         done
     done
+    rm -f "$OUT/sb.txt" "$OUT/sb_err.txt"
+fi
+sb() { # NAME ARGS...: one scan_bench run, its median, engines and telemetry rows
+    local name=$1
+    shift
+    timeout 200 "$B/bench/scan_bench" --size 1G --iters "${ITERS:-7}" --threads 16 \
+        --data build-shared "$@" >"$OUT/sb.txt" 2>"$OUT/sb_err.txt"
+    echo "== $name: $* (exit $?)"
+    grep -A2 -E '^(median of iters|engines|telemetry|profile)' "$OUT/sb.txt" | grep -vE '^--'
+    grep -E 'NO$' "$OUT/sb.txt"
+    tail -n 2 "$OUT/sb_err.txt" | grep -v iteration
+}
+if has fuse; then
+    for f in 0 1; do
+        sb "gitleaks-regex fuse $f" --buffer 1M --real-buffer 1M --only gitleaks-regex --fuse $f
+    done
+    for w in ${FUSE_W:-regex-500-secrets regex-500}; do # nothing to fuse: the single kernel
+        sb "$w" --buffer 1M --real-buffer 1M --only "$w"
+    done
+    for f in 0 1; do
+        sb "gitleaks-regex profile fuse $f" --buffer 1M --real-buffer 1M --only gitleaks-regex \
+            --fuse $f --profile 1 --iters 3
+    done
+    sb "gitleaks-regex 1G fuse 0" --buffer 1G --real-buffer 1G --only gitleaks-regex --iters 5
     rm -f "$OUT/sb.txt" "$OUT/sb_err.txt"
 fi
 if has rpc; then
