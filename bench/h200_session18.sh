@@ -12,6 +12,8 @@
 #                 the workloads of $FUSE_W once (nothing to fuse: the single
 #                 kernel), gitleaks-regex's --profile 1 both ways, and one
 #                 1 GiB buffer fused)
+#          phr   (phrases-3k, one 1 GiB buffer against 1 MiB buffers, no
+#                 Hyperscan, each iteration's kernel time and the telemetry)
 #          rpc   (vkscand defaults under rpc_bench: 4 KiB scans at 1, 8, 64 and
 #                 256 clients, 64 MiB memfd and inline at 1 and 64: through
 #                 h200_dataplane.sh)
@@ -46,7 +48,7 @@ sb() { # NAME ARGS...: one scan_bench run, its median, engines and telemetry row
     echo "== $name: $* (exit $?)"
     grep -A2 -E '^(median of iters|engines|telemetry|profile)' "$OUT/sb.txt" | grep -vE '^--'
     grep -E 'NO$' "$OUT/sb.txt"
-    tail -n 2 "$OUT/sb_err.txt" | grep -v iteration
+    grep -vE 'iteration|warm-up' "$OUT/sb_err.txt" | tail -n 2
 }
 if has fuse; then
     for f in 0 1; do
@@ -60,6 +62,14 @@ if has fuse; then
             --fuse $f --profile 1 --iters 3
     done
     sb "gitleaks-regex 1G fuse 0" --buffer 1G --real-buffer 1G --only gitleaks-regex --iters 5
+    rm -f "$OUT/sb.txt" "$OUT/sb_err.txt"
+fi
+if has phr; then
+    for buf in 1G 1M 1G; do
+        sb "phrases-3k $buf" --buffer $buf --real-buffer $buf --only phrases-3k --no-hs
+        grep -E 'iteration|warm-up' "$OUT/sb_err.txt" | tr '\n' ' ' | sed 's/phrases-3k //g'
+        echo
+    done
     rm -f "$OUT/sb.txt" "$OUT/sb_err.txt"
 fi
 if has rpc; then

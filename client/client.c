@@ -254,6 +254,24 @@ static int open_socket(struct vks_client *c, struct vks_error *err)
 }
 
 /*
+ * An error reply with id 0 answers no request of ours (libvkscan never
+ * sends id 0): vkscand refused the connection (BUSY at accept, over
+ * tenant-max-connections), timed it out (TIMEOUT: idle, or a frame not
+ * whole in time) or could not read a frame, and closes it. Its message
+ * becomes the call's error instead of the reset that follows it, and the
+ * connection is dropped. A timeout counts as a lost connection (-ECONNRESET:
+ * idempotent calls reconnect and retry); the others keep their code.
+ */
+static int closed_by_daemon(struct vks_client *c, struct proto_reply *rep, struct vks_error *err)
+{
+    int code = rep->error.code == -VKS_E_TIMEOUT ? -ECONNRESET : rep->error.code;
+    vks_error_set(err, code, "vkscand closed the connection: %s", rep->error.msg);
+    proto_reply_destroy(rep);
+    drop_connection(c);
+    return code;
+}
+
+/*
  * Reads and decodes the replies the socket holds, until the one with `id`
  * (0: none) is complete, and returns 1 with it in *out. Others are stashed
  * when pending, dropped otherwise. Returns 0 when the socket is empty
@@ -293,6 +311,8 @@ static int read_some(struct vks_client *c, uint32_t id, struct proto_reply **out
             *out = rep;
             return 1;
         }
+        if (rep->id == 0 && rep->error.code != 0)
+            return closed_by_daemon(c, rep, err);
         struct stashed *x = pending(c, rep->id) ? malloc(sizeof(*x)) : NULL;
         if (x == NULL) {
             if (pending(c, rep->id)) {

@@ -554,6 +554,12 @@ START_TEST(test_tenant_connection_cap)
     int over = raw_connect(&d);
     expect_error(over, 0, VKS_E_BUSY, true);
     close(over);
+    /* libvkscan reports the refusal itself, not the reset after it */
+    struct vks_client *refused = NULL;
+    struct vks_error rerr = {0};
+    ck_assert_int_eq(vks_client_connect(d.sock, NULL, &refused, &rerr), -VKS_E_BUSY);
+    ck_assert_ptr_null(refused);
+    ck_assert_msg(strstr(rerr.msg, "tenant-max-connections") != NULL, "%s", rerr.msg);
     /* Another uid still gets in. */
     ck_assert_int_eq(as_uid(&d, 65534, other_pings, NULL), 0);
     for (int i = 0; i < 4; i++)
