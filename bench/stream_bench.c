@@ -37,7 +37,8 @@
  * in-process (libvkscan; one connection per thread; the daemon needs
  * stream-max-per-tenant >= --streams). Through vkscand, --window N keeps
  * up to N pipelined writes in flight per connection (vks_stream_write_send;
- * default 1: each write waits for its reply), --batch N sends N writes
+ * default 1: each write waits for its reply; the large stream's too),
+ * --batch N sends N writes
  * (of N streams) per request instead, and opens and closes N streams per
  * request (vks_stream_write_many, _open_many, _close_many; not with
  * --window), and --flows-fd sends the flows' writes as ranges of one sealed
@@ -791,12 +792,19 @@ static uint64_t large_stream(const struct opts *o, const struct built *b, int fd
         die("vkscand", err.msg);
     struct scan_hits h = {0};
     uint64_t hits = 0;
+    uint32_t in_flight = 0; /* engine 2: pipelined writes (--window) */
     for (uint64_t at = 0; at < size; at += o->large_write) {
         size_t want = size - at < o->large_write ? (size_t)(size - at) : (size_t)o->large_write;
         if (engine == 2) { /* the daemon reads the range itself */
-            if (vks_stream_write_fd(vs, fd, at, want, &res, &err) != 0)
-                die("vks_stream_write_fd", err.msg);
-            hits += result_hits(&res);
+            if (in_flight == o->window) {
+                if (vks_stream_write_recv(vs, &res, &err) != 0)
+                    die("vks_stream_write_recv", err.msg);
+                hits += result_hits(&res);
+                in_flight--;
+            }
+            if (vks_stream_write_fd_send(vs, fd, at, want, &err) != 0)
+                die("vks_stream_write_fd_send", err.msg);
+            in_flight++;
             continue;
         }
         /* in process, both engines read the file's mapped pages, as block
@@ -820,6 +828,11 @@ static uint64_t large_stream(const struct opts *o, const struct built *b, int fd
         die("streamscan_close", "out of memory");
     if (engine == 1)
         hs_close_stream(hst, scr, count_hs, &hits);
+    for (; engine == 2 && in_flight > 0; in_flight--) {
+        if (vks_stream_write_recv(vs, &res, &err) != 0)
+            die("vks_stream_write_recv", err.msg);
+        hits += result_hits(&res);
+    }
     if (engine == 2) {
         if (vks_stream_close(vs, &res, &err) != 0)
             die("vks_stream_close", err.msg);
