@@ -14,6 +14,9 @@
 #                 1 GiB buffer fused)
 #          phr   (phrases-3k, one 1 GiB buffer against 1 MiB buffers, no
 #                 Hyperscan, each iteration's kernel time and the telemetry)
+#          large (issue 13: one $LARGE (16G) stream from a file in 16 MiB
+#                 descriptor writes through vkscand, --window 1 and 4 writes in
+#                 flight, against block mode through the same daemon; literals-10000)
 #          rpc   (vkscand defaults under rpc_bench: 4 KiB scans at 1, 8, 64 and
 #                 256 clients, 64 MiB memfd and inline at 1 and 64: through
 #                 h200_dataplane.sh)
@@ -71,6 +74,25 @@ if has phr; then
         echo
     done
     rm -f "$OUT/sb.txt" "$OUT/sb_err.txt"
+fi
+if has large; then
+    W=/tmp/sb-work
+    rm -rf $W && mkdir -p $W
+    "$B/daemon/vkscand" --config "" --socket $W/s.sock --state-dir $W/state --engine gpu \
+        --log-level notice --max-scan-bytes 20G --tenant-max-bytes 40G >"$OUT/vkscand_large.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 200); do grep -q "ready on" "$OUT/vkscand_large.log" && break; sleep 0.1; done
+    for w in ${WINDOWS:-1 4}; do
+        timeout 280 "$B/bench/stream_bench" --socket $W/s.sock --threads 16 --iters 3 --no-hs \
+            --only large --literals 10000 --large "${LARGE:-16G}" --large-write 16M \
+            --file /tmp/sb16g --window $w >"$OUT/large.txt" 2>&1
+        echo "stream_bench large --window $w exit $?"
+        grep -E -A3 '^large:' "$OUT/large.txt"
+    done
+    kill $pid
+    wait $pid 2>/dev/null
+    grep -iE 'error|warn' "$OUT/vkscand_large.log" | head -n 3
+    rm -f /tmp/sb16g "$OUT/large.txt"
 fi
 if has rpc; then
     RPC_ARGS=${RPC_ARGS:---seconds 2 --clients 1,8,64,256 --workloads small} FD_MODES=auto \
