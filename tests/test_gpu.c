@@ -1539,10 +1539,9 @@ END_TEST
  * groups"): catalogs split into many small DFA groups (a tiny state
  * budget, no gating, no literal kernel) so that several bounded groups
  * share each pass, 2, 3 and 4 to a pass, with both hit writers and small
- * segments; every hit equals refscan's, and the fused ranges must have run
- * (fused_groups: the passes saved). Then a hit-dense catalog of one rule a
- * group, each reporting at every byte, which fills the per-lane hit queue
- * NG steps a byte. */
+ * segments, one or two catalogs a batch; every hit equals refscan's, and the fused ranges must have
+ * run (fused_groups: the passes saved). Then a hit-dense catalog of one rule a group, each
+ * reporting at every byte, which fills the per-lane hit queue NG steps a byte. */
 START_TEST(test_fused_groups)
 {
     struct gpu_engine *probe = engine(NULL);
@@ -1564,28 +1563,33 @@ START_TEST(test_fused_groups)
             uint32_t saved = 0, launches = 0;
             for (uint32_t seed = 1; seed <= 6; seed++) {
                 rng = 0x51ed270b7f4a7c15ull ^ (seed * 7 + w);
-                struct trule t[24];
-                uint32_t n = 10 + rnd(14);
-                for (uint32_t i = 0; i < n; i++) {
-                    snprintf(t[i].id, sizeof(t[i].id), "f%u", i);
-                    bool lit = rnd(2);
-                    t[i].kind = lit ? RULE_LITERAL : RULE_REGEX;
-                    t[i].pat = lit ? literals[rnd(sizeof(literals) / sizeof(literals[0]))]
-                                   : regexes[rnd(sizeof(regexes) / sizeof(regexes[0]))];
-                    t[i].flags = rnd(4) == 0 ? RULE_F_CASELESS : 0;
+                /* even seeds: two catalogs in the batch, each with its tables */
+                uint32_t n_cats = 1 + (seed % 2 == 0);
+                struct catalog *cats[2];
+                for (uint32_t c = 0; c < n_cats; c++) {
+                    struct trule t[24];
+                    uint32_t n = 10 + rnd(14);
+                    for (uint32_t i = 0; i < n; i++) {
+                        snprintf(t[i].id, sizeof(t[i].id), "f%u", i);
+                        bool lit = rnd(2);
+                        t[i].kind = lit ? RULE_LITERAL : RULE_REGEX;
+                        t[i].pat = lit ? literals[rnd(sizeof(literals) / sizeof(literals[0]))]
+                                       : regexes[rnd(sizeof(regexes) / sizeof(regexes[0]))];
+                        t[i].flags = rnd(4) == 0 ? RULE_F_CASELESS : 0;
+                    }
+                    cats[c] = compile_rules_opt(t, n, &ro);
                 }
-                struct catalog *cat = compile_rules_opt(t, n, &ro);
                 struct bufset bs;
-                bufset_random(&bs, 1 + rnd(24), 900, 1);
-                const struct catalog *cats[] = {cat};
-                struct gpu_batch b = {cats, 1, bs.v, bs.n};
+                bufset_random(&bs, 1 + rnd(24), 900, n_cats);
+                struct gpu_batch b = {(const struct catalog *const *)cats, n_cats, bs.v, bs.n};
                 struct gpu_result res = {0};
                 check_batch(eng, &b, &res);
                 saved += res.tel.fused_groups;
                 launches += res.tel.kernel_launches;
                 gpu_result_finish(&res);
                 bufset_free(&bs);
-                catalog_destroy(cat);
+                for (uint32_t c = 0; c < n_cats; c++)
+                    catalog_destroy(cats[c]);
             }
             if (widths[w] == 1)
                 ck_assert_uint_eq(saved, 0); /* off: one pass a group */
