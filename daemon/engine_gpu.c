@@ -49,6 +49,18 @@ static void gpu_reopen(struct gworker *w)
     }
 }
 
+/* What gpu_collect keeps of a job between the batches of its slices
+ * (run_gpu_slices): its hit array's capacity, the hits kept, the buffer
+ * whose marker it pushed (-1: none). */
+struct collect_state {
+    size_t cap;
+    uint64_t kept;
+    int64_t marked;
+};
+
+static int collect_into(struct gpu_result *res, struct engine_job **jobs, const struct slot *slots,
+                        size_t *caps, uint64_t *kept, int64_t *marked);
+
 /* Keeps at most max_hits hits of each job after readback, plus one marker
  * per buffer with more (engine_job.max_hits). */
 static int gpu_collect(struct gpu_result *res, struct engine_job **jobs, size_t n,
@@ -65,6 +77,16 @@ static int gpu_collect(struct gpu_result *res, struct engine_job **jobs, size_t 
     }
     for (size_t i = 0; i < n; i++)
         marked[i] = -1;
+    int rc = collect_into(res, jobs, slots, caps, kept, marked);
+    free(caps);
+    free(kept);
+    free(marked);
+    return rc;
+}
+
+static int collect_into(struct gpu_result *res, struct engine_job **jobs, const struct slot *slots,
+                        size_t *caps, uint64_t *kept, int64_t *marked)
+{
     for (size_t h = 0; h < res->n_hits; h++) {
         const struct gpu_hit *g = &res->hits[h];
         const struct slot *s = &slots[g->buffer];
@@ -82,9 +104,6 @@ static int gpu_collect(struct gpu_result *res, struct engine_job **jobs, size_t 
         if (engine_job_push_hit(j, &caps[s->job], s->buf, g->rule, g->count, g->end) != 0)
             engine_job_fail(j, -VKS_E_INTERNAL, "out of memory collecting hits");
     }
-    free(caps);
-    free(kept);
-    free(marked);
     if (res->cap > RES_KEEP_HITS)
         gpu_result_finish(res);
     return 0;
@@ -98,9 +117,19 @@ static void gpu_unbuild(struct gpend *p)
     p->slots = NULL;
 }
 
+static int gpu_build_range(struct gpend *p, struct engine_job **jobs, size_t n, uint32_t b0,
+                           uint32_t b1);
+
 /* Builds the jobs j[0..n) into one GPU batch in `p`. Returns 0, -E2BIG
  * (more catalogs than a batch takes) or -ENOMEM. */
 static int gpu_build(struct gpend *p, struct engine_job **jobs, size_t n)
+{
+    return gpu_build_range(p, jobs, n, 0, UINT32_MAX);
+}
+
+/* The same, with only the buffers [b0, b1) of each job. */
+static int gpu_build_range(struct gpend *p, struct engine_job **jobs, size_t n, uint32_t b0,
+                           uint32_t b1)
 {
     size_t nb = 0;
     for (size_t i = 0; i < n; i++)
@@ -124,7 +153,7 @@ static int gpu_build(struct gpend *p, struct engine_job **jobs, size_t n)
             }
             p->cats[n_cats++] = j->cat;
         }
-        for (uint32_t b = 0; b < j->n_bufs; b++) {
+        for (uint32_t b = b0; b < j->n_bufs && b < b1; b++) {
             if (j->bufs[b].status != 0 || j->bufs[b].skip)
                 continue;
             struct engine_buf *eb = &j->bufs[b];
@@ -178,6 +207,68 @@ static int gpu_settle(struct gworker *w, struct gpu_result *res, const struct sl
     return 0;
 }
 
+/* Bytes of the first slice of a job too large for one batch: under the 4
+ * GiB a batch can index (gpu_plan_batch); halved while a slice does not
+ * fit the device's memory budget. */
+#define SLICE_BYTES (2ull << 30)
+
+/*
+ * A job whose buffers together are over what one batch takes (the 4 GiB a
+ * batch can index, the device-memory budget) runs on the GPU in slices of
+ * whole buffers, one batch each, in buffer order, its hits collected as
+ * one batch's would be. Returns 0 when the job ran so (or failed for
+ * good); 1 when it cannot be sliced (one buffer alone is too large, or a
+ * slice failed the device), with the job's hits from slices before reset:
+ * the caller hands it to the CPU engine.
+ */
+static int run_gpu_slices(struct gworker *w, struct engine_job *j, struct gpu_telemetry *tel)
+{
+    uint32_t live = 0;
+    for (uint32_t b = 0; b < j->n_bufs; b++)
+        live += j->bufs[b].status == 0 && !j->bufs[b].skip;
+    if (live < 2)
+        return 1;
+    struct collect_state cs = {.marked = -1};
+    uint64_t limit = SLICE_BYTES;
+    uint32_t slices = 0;
+    for (uint32_t b0 = 0; b0 < j->n_bufs;) {
+        uint64_t bytes = 0;
+        uint32_t b1 = b0;
+        while (b1 < j->n_bufs && (b1 == b0 || bytes + j->bufs[b1].len <= limit))
+            bytes += j->bufs[b1++].len;
+        struct gpend p = {0};
+        struct engine_job *one[1] = {j};
+        int rc = gpu_build_range(&p, one, 1, b0, b1);
+        struct vks_error err = {0};
+        if (rc == 0)
+            rc = gpu_batch_dispatch(w->gpu, &p.batch, &w->res, &err);
+        if (rc == -E2BIG && b1 - b0 > 1) {
+            gpu_unbuild(&p);
+            limit /= 2; /* over the memory budget: smaller slices */
+            continue;
+        }
+        if (rc == 0) {
+            gpu_telemetry_add(tel, &w->res.tel);
+            rc = collect_into(&w->res, one, p.slots, &cs.cap, &cs.kept, &cs.marked);
+        }
+        gpu_unbuild(&p);
+        if (rc != 0) {
+            if (rc == -ETIMEDOUT || rc == -ENODEV || rc == -EIO)
+                w->reopen = true;
+            log_warn("GPU engine %u: a scan of %u buffers over one batch's limits, in slices: "
+                     "slice %u failed (%s): the scan re-runs on the CPU engine",
+                     w->index, live, slices, rc == -ENOMEM ? "out of memory" : err.msg);
+            j->n_hits = 0; /* the CPU engine scans it all again */
+            j->hits_dropped = 0;
+            return 1;
+        }
+        slices++;
+        b0 = b1;
+    }
+    tel->slices += slices;
+    return 0;
+}
+
 /* Dispatches the jobs j[0..n) as one GPU batch and waits for it (no other
  * batch of the worker is pending). Returns 0, or -E2BIG when the batch of
  * several jobs does not fit the device (nothing ran), or -ENOMEM. */
@@ -194,6 +285,10 @@ static int run_gpu(struct gworker *w, struct engine_job **jobs, size_t n, struct
         return rc;
     struct vks_error err = {0};
     rc = gpu_batch_dispatch(w->gpu, &p.batch, &w->res, &err);
+    if (rc == -E2BIG && n == 1 && run_gpu_slices(w, jobs[0], tel) == 0) {
+        gpu_unbuild(&p);
+        return 0;
+    }
     rc = gpu_settle(w, &w->res, p.slots, jobs, n, rc, &err, tel);
     if (w->reopen) {
         w->reopen = false;
@@ -348,7 +443,7 @@ static void gpu_start(struct gworker *w, struct engine_batch *b)
         w->n_pend++;
         return;
     }
-    if (rc == -E2BIG && st->n_jobs > 1) { /* split it */
+    if (rc == -E2BIG) { /* split it: into jobs, or one job into slices (run_gpu) */
         gpu_unbuild(p);
         gpu_drain(w);
         gpu_run_sync(w, b, t1);

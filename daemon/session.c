@@ -709,6 +709,7 @@ static void telemetry(struct stats_list *l, const struct request *r,
     stats_add_u(l, "sync_points", g->sync_points);
     stats_add_u(l, "items_processed", g->items_processed);
     stats_add_u(l, "hit_reruns", g->hit_reruns);
+    stats_add_u(l, "gpu_slices", g->slices);
     stats_add_u(l, "spec_fixes", g->spec_fixes);
     stats_add_f(l, "occupancy", g->occupancy);
     stats_add_u(l, "queue_ns", r->t_dispatched - r->t_queued);

@@ -182,6 +182,30 @@ static void trim_idle_frames(struct gpu_engine *eng)
 
 /* Checks the device limits and the memory budget before any device work,
  * evicting unused catalogs when that makes the batch fit. */
+/* Device bytes this frame's buffers must grow by for batch bc (catalogs
+ * not counted). */
+static uint64_t grow_needed(const struct batch_ctx *bc, uint64_t meta_bytes)
+{
+    const struct gpu_engine *eng = bc->eng;
+    return need_size(&eng->hay, bc->hay_bytes) + need_size(&eng->meta, meta_bytes) +
+           need_size(&eng->carry, (uint64_t)bc->n_carry * 4) +
+           need_size(&eng->qs, qs_words(bc) * 4) + need_size(&eng->hits, hit_ring_bytes(eng));
+}
+
+/* The current frame's hit ring and its readback copy, when a hit-dense
+ * batch grew them past the initial ring: freed, so that their bytes count
+ * against the budget no longer (the next batch reserves what it needs;
+ * an overflow re-runs grow it again). A scan split into slices under a
+ * small budget (daemon/engine_gpu.c) otherwise found the first slice's
+ * ring held, and every later slice over the budget. */
+static void trim_ring(struct gpu_engine *eng)
+{
+    if (eng->hits.buf != VK_NULL_HANDLE && eng->hits.size > hit_ring_bytes(eng))
+        gbuf_destroy(eng, &eng->hits);
+    if (eng->hits_host.buf != VK_NULL_HANDLE && eng->hits_host.size > hit_ring_bytes(eng))
+        gbuf_destroy(eng, &eng->hits_host);
+}
+
 static int check_limits(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
@@ -224,13 +248,12 @@ static int check_limits(struct batch_ctx *bc, struct vks_error *err)
                              "buffer range of %llu: split the batch",
                              (unsigned long long)(qs_words(bc) * 4),
                              (unsigned long long)bc->n_carry * 4, (unsigned long long)range);
-    uint64_t grow_bytes = need_size(&eng->hay, bc->hay_bytes) + need_size(&eng->meta, meta_bytes) +
-                          need_size(&eng->carry, (uint64_t)bc->n_carry * 4) +
-                          need_size(&eng->qs, qs_words(bc) * 4) +
-                          need_size(&eng->hits, hit_ring_bytes(eng)) + cat_bytes;
+    uint64_t grow_bytes = grow_needed(bc, meta_bytes) + cat_bytes;
     uint64_t held = held_bytes(bc);
     if (held + grow_bytes > eng->budget) {
         trim_idle_frames(eng);
+        trim_ring(eng);
+        grow_bytes = grow_needed(bc, meta_bytes) + cat_bytes;
         held = held_bytes(bc);
     }
     if (held + grow_bytes > eng->budget)
@@ -1686,6 +1709,7 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(items_remaining);
     ADD(hits_raw);
     ADD(hit_reruns);
+    ADD(slices);
     ADD(cut_reruns);
     ADD(spec_items);
     ADD(spec_fixes);

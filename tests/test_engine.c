@@ -765,6 +765,45 @@ START_TEST(test_gpu_too_big_retried_on_cpu)
 }
 END_TEST
 
+/* One scan whose buffers fit the device one by one but not together (a
+ * device budget of 6 MiB, eight buffers of about 1 MB; on the H200 the same
+ * path takes a scan of files over the 4 GiB one batch indexes): it runs on
+ * the GPU in slices of whole buffers, one batch each (gpu_slices), with
+ * every buffer's hits exact, in every report mode; it used to go whole to
+ * the CPU engine (cpu_retry E2BIG). */
+START_TEST(test_gpu_scan_in_slices)
+{
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "gpu", "--device-budget", "6M"));
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load(c, bounded, N_BOUNDED);
+    struct catalog *ref = compile(bounded, N_BOUNDED);
+    enum { N = 8, LEN = 1000000 };
+    static uint8_t a[N][LEN];
+    struct vks_buffer vb[N];
+    for (int i = 0; i < N; i++) {
+        make_data(a[i], LEN);
+        vb[i] = inline_buf(a[i], LEN - 977 * i);
+    }
+    const enum vks_report modes[] = {VKS_REPORT_ALL, VKS_REPORT_COUNT};
+    const enum scan_mode smodes[] = {SCAN_ALL, SCAN_COUNT};
+    for (int m = 0; m < 2; m++) {
+        struct vks_scan_result res;
+        scan(c, cat, vb, N, modes[m], 0, &res);
+        for (int i = 0; i < N; i++)
+            check(ref, &res, (uint32_t)i, a[i], vb[i].len, smodes[m]);
+        ck_assert_uint_eq(tel_of(&res, "engine"), 0);
+        ck_assert_uint_eq(tel_of(&res, "cpu_retry"), 0);
+        ck_assert_uint_ge(tel_of(&res, "gpu_slices"), 2);
+        vks_scan_result_finish(&res);
+    }
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* ---- several GPU engines ----------------------------------------------- */
 
 /* `devices 0,0`: two GPU engines on one device. Scans alternate between
@@ -2333,6 +2372,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_auto_prefers_cpu_engine);
     tcase_add_test(tc, test_gpu_timeout_retried_on_cpu);
     tcase_add_test(tc, test_gpu_too_big_retried_on_cpu);
+    tcase_add_test(tc, test_gpu_scan_in_slices);
     tcase_add_test(tc, test_two_gpu_engines);
     tcase_add_test(tc, test_bad_devices);
     tcase_add_test(tc, test_small_batches_overflow_to_gpu);
