@@ -4,6 +4,8 @@
 #
 #   bench/h200_session18.sh BUILD [steps...]
 #   steps: tests (test_gpu, test_stream's daemon case: h200_session14.sh)
+#          engine (test_engine's daemon case through vkscand on the GPU)
+#          prof  (regex-500-secrets --profile 1: where its kernel time goes)
 #          big   (scan_bench, each workload of $BIG as one 1 GiB buffer and as
 #                 1,024 buffers of 1 MiB, medians of $ITERS, Hyperscan on 16
 #                 threads; only the median table and the engines table kept)
@@ -29,6 +31,12 @@ has() { case " $WHAT " in *" $1 "*) return 0 ;; esac; return 1; }
 git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit /'
 if has tests; then
     bash "$(dirname "$0")/h200_session14.sh" "$B" tests
+fi
+if has engine; then # test_engine's daemon case: GPU scans through vkscand (slices included)
+    VKSCAND=$B/daemon/vkscand VKSCAN=$B/client/vkscan CK_RUN_CASE=daemon timeout 240 \
+        "$B/tests/test_engine" >"$OUT/test_engine.txt" 2>&1
+    echo "test_engine (daemon) exit $?: $(grep -E 'Checks' "$OUT/test_engine.txt" | tail -n 1)"
+    grep -E ':[EF]:' "$OUT/test_engine.txt" | head -n 5
 fi
 if has big; then
     for w in ${BIG:-binary-20k phrases-3k literals-10000}; do
@@ -67,6 +75,11 @@ if has fuse; then
     sb "gitleaks-regex 1G fuse 0" --buffer 1G --real-buffer 1G --only gitleaks-regex --iters 5
     rm -f "$OUT/sb.txt" "$OUT/sb_err.txt"
 fi
+if has prof; then
+    sb "regex-500-secrets profile" --buffer 1M --real-buffer 1M --only regex-500-secrets \
+        --profile 1 --iters 3
+    rm -f "$OUT/sb.txt" "$OUT/sb_err.txt"
+fi
 if has phr; then
     for buf in 1G 1M 1G; do
         sb "phrases-3k $buf" --buffer $buf --real-buffer $buf --only phrases-3k --no-hs
@@ -89,6 +102,7 @@ if has large; then
         echo "stream_bench large --window $w exit $?"
         grep -E -A3 '^large:' "$OUT/large.txt"
     done
+    "$B/client/vkscan" --socket $W/s.sock status 2>&1 | grep -E 'engine|served'
     kill $pid
     wait $pid 2>/dev/null
     grep -iE 'error|warn' "$OUT/vkscand_large.log" | head -n 3
