@@ -259,6 +259,12 @@ static void fit_budget(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded, u
     /* loop iterations per 16 bytes: 1 (a group's walk), 4 (fused, fused_cost) */
     uint64_t bytes = usable * 16 / (16 * (uint64_t)bc->acc_iters[c] + (fuse > 1 ? 4 : 1));
     bytes &= ~(uint64_t)15;
+    /* a few bytes at least: with the budget halved by repeated cut loops
+     * (cut_shift) this reached 0, and chained rounds of 0 bytes divided by
+     * zero (found with an experimental plan that under-counted its loops);
+     * a walk still too long is cut again, down to the -EIO the re-runs end in */
+    if (bytes < 16)
+        bytes = 16;
     if (bytes < bc->chain[c])
         bc->chain[c] = (uint32_t)bytes;
     if (max_bounded > 0 && bc->seg[c] + (uint64_t)max_bounded - 1 > bytes)
