@@ -6,6 +6,8 @@
 #   steps: tests (test_gpu, test_stream's daemon case: h200_session14.sh)
 #          engine (test_engine's daemon case through vkscand on the GPU)
 #          prof  (regex-500-secrets --profile 1: where its kernel time goes)
+#          spec  (regex-500-secrets with --fuse 0 and 1: its bounded group in the
+#                 speculative pass or not; one 1 GiB buffer; the profile fused)
 #          big   (scan_bench, each workload of $BIG as one 1 GiB buffer and as
 #                 1,024 buffers of 1 MiB, medians of $ITERS, Hyperscan on 16
 #                 threads; only the median table and the engines table kept)
@@ -73,6 +75,17 @@ if has fuse; then
             --fuse $f --profile 1 --iters 3
     done
     sb "gitleaks-regex 1G fuse 0" --buffer 1G --real-buffer 1G --only gitleaks-regex --iters 5
+    rm -f "$OUT/sb.txt" "$OUT/sb_err.txt"
+fi
+if has spec; then # bounded groups in the speculative pass (spec_join), both ways
+    for w in ${SPEC_W:-regex-500-secrets}; do
+        for f in 0 1; do
+            sb "$w fuse $f" --buffer 1M --real-buffer 1M --only "$w" --fuse $f
+        done
+        sb "$w 1G fuse 0" --buffer 1G --real-buffer 1G --only "$w" --iters 5 --no-hs
+    done
+    sb "regex-500-secrets profile fuse 0" --buffer 1M --real-buffer 1M --only regex-500-secrets \
+        --profile 1 --iters 3
     rm -f "$OUT/sb.txt" "$OUT/sb_err.txt"
 fi
 if has prof; then
