@@ -747,11 +747,8 @@ static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
             .bufs = 0,
             .max_cost = sr->max_cost,
             .hit_cap = (uint32_t)(eng->hits.size / 16),
-            /* bounded ranges: the groups' longest maxlen; speculative: the lookback */
-            .maxlen = sr->spec_base == NO_CARRY ? sr->look : sr->look + 1,
+            .maxlen = sr->look,
             .gtab = sr->gtab,
-            .spec = sr->spec_base == NO_CARRY ? NO_CARRY
-                                              : QS_HEADS + (uint32_t)bc->n_ranges + sr->spec_base,
         };
         dispatch(bc, cb, sr, &fp, sizeof(fp));
         return;

@@ -43,7 +43,6 @@ _Static_assert(sizeof(struct nfa_push) <= sizeof(struct scan_push), "push consta
  * of GPU_FUSE_WORDS uvec4 per group at meta index gtab (gpu/plan.c). */
 struct fuse_push {
     uint32_t items, n_items, head, bufs, max_cost, hit_cap, maxlen, gtab;
-    uint32_t spec; /* qs word of item 0's (state at lo, at hi) of group 0; NO_CARRY */
 };
 _Static_assert(sizeof(struct fuse_push) <= sizeof(struct scan_push), "push constant range");
 #define GPU_FUSE_WORDS 4u

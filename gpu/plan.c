@@ -241,31 +241,6 @@ static uint32_t fuse_width(const struct batch_ctx *bc, uint32_t c)
     return (n + ranges - 1) / ranges;
 }
 
-/* Most groups any fused range of catalog c steps together, counting an
- * unbounded group with u16 states that bounded ones may join (spec_join):
- * what fit_budget charges per byte. */
-static uint32_t fuse_budget_width(const struct batch_ctx *bc, uint32_t c)
-{
-    uint32_t w = fuse_width(bc, c);
-    uint32_t f = bc->eng->opt.fuse_groups;
-    if (f == 0 || f > GPU_FUSE_MAX)
-        f = GPU_FUSE_MAX;
-    if (f < 2)
-        return 1;
-    struct catalog_group g;
-    bool host = false;
-    uint32_t bounded = 0;
-    for (uint32_t k = 0; k < catalog_group_count(bc->batch->catalogs[c]); k++) {
-        catalog_group(bc->batch->catalogs[c], k, &g);
-        bounded += fusable(bc, c, k, &g);
-        host |= g.maxlen == CATALOG_UNBOUNDED && g.n_states <= 65536 && !lit_routed(bc, c, k) &&
-                !(g.flags & CAT_GF_FACTOR);
-    }
-    if (host && bounded > 0)
-        w = f;
-    return w;
-}
-
 /* Fits catalog c's segments and chained walks to the device's loop budget
  * (lavapipe); elsewhere they are the plan's. `fuse`: most groups a range
  * of the catalog steps together (each may report at every byte). */
@@ -341,99 +316,69 @@ static uint32_t smem_shares(const uint32_t *want, uint32_t *got, uint32_t n, uin
  * accidx, accepts), (trans_words, first s_tr word, s_tr words, 0), the
  * four start states. A lone group keeps a range of its own.
  */
-/*
- * Makes the last range added (its items, cost and group fused[0] set) a
- * fused one over groups fused[0..m): writes their table to meta
- * (GPU_FUSE_WORDS uvec4 a group, shaders/scan.comp G_*): (n_classes,
- * acc_row, first_accept, layer), (classmap, trans, accidx, accepts),
- * (trans_words, first s_tr word, s_tr words, 0), the four start states;
- * splits the shared rows between them. Returns their longest maxlen (0
- * for an unbounded one), or -ENOMEM.
- */
-static int64_t fuse_table(struct batch_ctx *bc, uint32_t c, const uint32_t *fused, uint32_t m)
-{
-    const struct catalog *cat = bc->batch->catalogs[c];
-    struct batch_scratch *s = &bc->eng->scratch;
-    size_t words;
-    const uint32_t *base = catalog_words(cat, &words);
-    struct catalog_group g[GPU_FUSE_MAX];
-    uint32_t want[GPU_FUSE_MAX], got[GPU_FUSE_MAX], maxlen = 0;
-    for (uint32_t i = 0; i < m; i++) {
-        catalog_group(cat, fused[i], &g[i]);
-        want[i] = group_row_words(&g[i]);
-        if (g[i].maxlen != CATALOG_UNBOUNDED && g[i].maxlen > maxlen)
-            maxlen = g[i].maxlen;
-    }
-    /* the class maps take 256 words a group; make_plan's cap has one */
-    uint32_t cap =
-        bc->plan.smem_cap > 256 * (m - 1) + 1024 ? bc->plan.smem_cap - 256 * (m - 1) : 1024;
-    uint32_t total = smem_shares(want, got, m, cap);
-    uint32_t smem = (total + 1023u) & ~1023u; /* few pipeline shapes */
-    uint32_t gtab = (uint32_t)bc->n_meta;
-    for (uint32_t i = 0, soff = 0; i < m; i++) {
-        const struct catalog_group *q = &g[i];
-        uint32_t w[4][4] = {
-            {q->n_classes, q->first_accept * q->n_classes, q->first_accept, fused[i]},
-            {(uint32_t)(q->classmap - base), (uint32_t)(q->trans - base),
-             (uint32_t)(q->accept_index - base), (uint32_t)(q->accepts - base)},
-            {q->n_states * q->n_classes, soff, got[i], 0},
-            {q->start[0], q->start[1], q->start[2], q->start[3]},
-        };
-        soff += got[i];
-        for (uint32_t j = 0; j < GPU_FUSE_WORDS; j++) {
-            if (push_item(s, &bc->n_meta, w[j][0], w[j][1], w[j][2], w[j][3]) < 0)
-                return -ENOMEM;
-        }
-    }
-    struct scan_range *sr = &s->ranges[bc->n_ranges - 1];
-    sr->fuse = m;
-    sr->gtab = gtab;
-    sr->smem_words = smem < cap ? smem : total;
-    bc->tel->fused_groups += m - 1;
-    return maxlen;
-}
-
-/*
- * Ranges of catalog c's fusable bounded groups fused[0..n) over the items
- * [first, first + n_items), each walking `walk` bytes: up to fuse_width
- * groups a range (fuse_table). A lone group keeps a range of its own.
- */
 static int fuse_ranges(struct batch_ctx *bc, uint32_t c, const uint32_t *fused, uint32_t n,
                        uint32_t first, uint32_t n_items, uint64_t walk)
 {
     uint32_t cost = walk_cost(bc, c, walk);
+    const struct catalog *cat = bc->batch->catalogs[c];
+    struct batch_scratch *s = &bc->eng->scratch;
+    size_t words;
+    const uint32_t *base = catalog_words(cat, &words);
     uint32_t width = fuse_width(bc, c);
     uint32_t ranges = n ? (n + width - 1) / width : 0;
     for (uint32_t r = 0, at = 0; r < ranges; r++) {
         uint32_t m = (n - at + (ranges - r) - 1) / (ranges - r); /* near-equal sizes */
-        bool one = m == 1;
-        if (add_range(bc, c, fused[at], 0, first, n_items, NO_CARRY,
-                      one ? cost : fused_cost(bc, c, walk)) < 0)
-            return -ENOMEM;
-        if (!one) {
-            int64_t maxlen = fuse_table(bc, c, fused + at, m);
-            if (maxlen < 0)
+        if (m == 1) {
+            if (add_range(bc, c, fused[at], 0, first, n_items, NO_CARRY, cost) < 0)
                 return -ENOMEM;
-            bc->eng->scratch.ranges[bc->n_ranges - 1].look = (uint32_t)maxlen;
+            at++;
+            continue;
         }
+        struct catalog_group g[GPU_FUSE_MAX];
+        uint32_t want[GPU_FUSE_MAX], got[GPU_FUSE_MAX], maxlen = 0;
+        for (uint32_t i = 0; i < m; i++) {
+            catalog_group(cat, fused[at + i], &g[i]);
+            want[i] = group_row_words(&g[i]);
+            if (g[i].maxlen > maxlen)
+                maxlen = g[i].maxlen;
+        }
+        /* the class maps take 256 words a group; make_plan's cap has one */
+        uint32_t cap =
+            bc->plan.smem_cap > 256 * (m - 1) + 1024 ? bc->plan.smem_cap - 256 * (m - 1) : 1024;
+        uint32_t total = smem_shares(want, got, m, cap);
+        uint32_t smem = (total + 1023u) & ~1023u; /* few pipeline shapes */
+        uint32_t gtab = (uint32_t)bc->n_meta;
+        for (uint32_t i = 0, soff = 0; i < m; i++) {
+            const struct catalog_group *q = &g[i];
+            uint32_t w[4][4] = {
+                {q->n_classes, q->first_accept * q->n_classes, q->first_accept, fused[at + i]},
+                {(uint32_t)(q->classmap - base), (uint32_t)(q->trans - base),
+                 (uint32_t)(q->accept_index - base), (uint32_t)(q->accepts - base)},
+                {q->n_states * q->n_classes, soff, got[i], 0},
+                {q->start[0], q->start[1], q->start[2], q->start[3]},
+            };
+            soff += got[i];
+            for (uint32_t j = 0; j < GPU_FUSE_WORDS; j++) {
+                if (push_item(s, &bc->n_meta, w[j][0], w[j][1], w[j][2], w[j][3]) < 0)
+                    return -ENOMEM;
+            }
+        }
+        if (add_range(bc, c, fused[at], 0, first, n_items, NO_CARRY, fused_cost(bc, c, walk)) < 0)
+            return -ENOMEM;
+        struct scan_range *sr = &s->ranges[bc->n_ranges - 1];
+        sr->fuse = m;
+        sr->gtab = gtab;
+        sr->look = maxlen;
+        sr->smem_words = smem < cap ? smem : total;
+        bc->tel->fused_groups += m - 1;
         at += m;
     }
     return 0;
 }
 
-static bool in_list(const uint32_t *v, uint32_t n, uint32_t k)
-{
-    for (uint32_t i = 0; i < n; i++) {
-        if (v[i] == k)
-            return true;
-    }
-    return false;
-}
-
 /* Bounded groups of catalog c share one segment list: segments own end
  * offsets (s, t]; the kernel starts each maxlen-1 bytes early. */
-static int plan_bounded(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded,
-                        const uint32_t *joined, uint32_t n_joined)
+static int plan_bounded(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded)
 {
     const struct gpu_batch *b = bc->batch;
     struct batch_scratch *s = &bc->eng->scratch;
@@ -458,7 +403,7 @@ static int plan_bounded(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded,
         catalog_group(b->catalogs[c], k, &g);
         if ((g.flags & CAT_GF_FACTOR) || lit_routed(bc, c, k)) /* factor: reports nothing */
             continue;
-        if (!group_bounded(bc, c, &g) || in_list(joined, n_joined, k))
+        if (!group_bounded(bc, c, &g))
             continue;
         if (fuse && fusable(bc, c, k, &g) && n_fused < FUSE_COLLECT) {
             fused[n_fused++] = k;
@@ -494,14 +439,12 @@ static bool group_unbounded(const struct batch_ctx *bc, uint32_t c, uint32_t k,
  * -ENOMEM, or 1 when speculation is off or the device's loop budget
  * leaves it no room (the caller walks in chained rounds instead).
  */
-/* The segment and lookback bytes of catalog c's speculative segments;
- * false when speculation is off or the loop budget leaves it no room. */
-static bool spec_shape(const struct batch_ctx *bc, uint32_t c, uint64_t *seg_out,
-                       uint64_t *look_out)
+static int plan_spec(struct batch_ctx *bc, uint32_t c)
 {
     const struct gpu_engine *eng = bc->eng;
+    const struct gpu_batch *b = bc->batch;
     if (eng->opt.spec_lookback == UINT32_MAX)
-        return false;
+        return 1;
     uint64_t look = eng->opt.spec_lookback ? eng->opt.spec_lookback : GPU_SPEC_LOOKBACK;
     uint64_t chain = bc->chain[c];
     if (look > chain / 4)
@@ -511,52 +454,7 @@ static bool spec_shape(const struct batch_ctx *bc, uint32_t c, uint64_t *seg_out
         seg = SPEC_SEGMENT;
     if (seg + look > chain)
         seg = (chain - look) & ~(uint64_t)15;
-    *seg_out = seg;
-    *look_out = look;
-    return seg >= 16;
-}
-
-/*
- * Bounded groups of catalog c that join the speculative pass of its first
- * unbounded DFA group with u16 states (`*host`): fusable, and with a
- * maxlen the pass's lookback covers, up to fuse_groups - 1 of them, in
- * joined[] (their number returned). Their items are then the speculative
- * segments, walked from the lookback as bounded items are; only the host
- * records states at lo and hi for the host's check, so a wrong guess is
- * re-walked for the host group alone (its layer), and the joined groups'
- * reports are those of their own pass.
- */
-static uint32_t spec_join(const struct batch_ctx *bc, uint32_t c, uint32_t *host, uint32_t *joined)
-{
-    uint32_t f = bc->eng->opt.fuse_groups;
-    if (f == 0 || f > GPU_FUSE_MAX)
-        f = GPU_FUSE_MAX;
-    uint64_t seg, look;
-    *host = UINT32_MAX;
-    if (f < 2 || !spec_shape(bc, c, &seg, &look))
-        return 0;
-    const struct catalog *cat = bc->batch->catalogs[c];
-    struct catalog_group g;
-    for (uint32_t k = 0; k < catalog_group_count(cat) && *host == UINT32_MAX; k++) {
-        catalog_group(cat, k, &g);
-        if (group_unbounded(bc, c, k, &g) && g.n_states <= 65536)
-            *host = k;
-    }
-    uint32_t n = 0;
-    for (uint32_t k = 0; k < catalog_group_count(cat) && *host != UINT32_MAX && n + 1 < f; k++) {
-        catalog_group(cat, k, &g);
-        if (group_bounded(bc, c, &g) && fusable(bc, c, k, &g) && g.maxlen <= look + 1)
-            joined[n++] = k;
-    }
-    return n;
-}
-
-static int plan_spec(struct batch_ctx *bc, uint32_t c, uint32_t host, const uint32_t *joined,
-                     uint32_t n_joined)
-{
-    const struct gpu_batch *b = bc->batch;
-    uint64_t seg, look;
-    if (!spec_shape(bc, c, &seg, &look))
+    if (seg < 16)
         return 1;
     struct batch_scratch *s = &bc->eng->scratch;
     uint32_t first = (uint32_t)bc->n_meta;
@@ -577,16 +475,8 @@ static int plan_spec(struct batch_ctx *bc, uint32_t c, uint32_t host, const uint
         catalog_group(b->catalogs[c], k, &g);
         if (!group_unbounded(bc, c, k, &g) || n == 0)
             continue;
-        bool fuse = k == host && n_joined > 0;
-        if (add_range(bc, c, k, 0, first, n, NO_CARRY,
-                      fuse ? fused_cost(bc, c, seg + look) : cost) < 0)
+        if (add_range(bc, c, k, 0, first, n, NO_CARRY, cost) < 0)
             return -ENOMEM;
-        if (fuse) {
-            uint32_t v[GPU_FUSE_MAX] = {k};
-            memcpy(v + 1, joined, n_joined * sizeof(*v));
-            if (fuse_table(bc, c, v, 1 + n_joined) < 0)
-                return -ENOMEM;
-        }
         s->ranges[bc->n_ranges - 1].spec_base = bc->n_spec;
         s->ranges[bc->n_ranges - 1].look = (uint32_t)look;
         bc->n_spec += 2 * n;
@@ -1576,15 +1466,13 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
             !lit_routed(bc, c, k))
             max_bounded = g.maxlen;
     }
-    fit_budget(bc, c, max_bounded, fuse_budget_width(bc, c));
-    uint32_t host = UINT32_MAX, joined[GPU_FUSE_MAX];
-    uint32_t n_joined = spec_join(bc, c, &host, joined);
+    fit_budget(bc, c, max_bounded, fuse_width(bc, c));
     max_bounded = 0;
     for (uint32_t k = 0; k < catalog_group_count(b->catalogs[c]); k++) {
         catalog_group(b->catalogs[c], k, &g);
         /* the factor group (CAT_GF_FACTOR) reports nothing on the device:
          * its factor ends are found on the host (plan_gates_find) */
-        if ((g.flags & CAT_GF_FACTOR) || lit_routed(bc, c, k) || in_list(joined, n_joined, k))
+        if ((g.flags & CAT_GF_FACTOR) || lit_routed(bc, c, k))
             continue;
         if (!group_bounded(bc, c, &g))
             n_chained++;
@@ -1593,9 +1481,9 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
     }
     int rc = 0;
     if (max_bounded > 0)
-        rc = plan_bounded(bc, c, max_bounded, joined, n_joined);
+        rc = plan_bounded(bc, c, max_bounded);
     if (rc == 0 && n_chained > 0)
-        rc = plan_spec(bc, c, host, joined, n_joined);
+        rc = plan_spec(bc, c);
     if (rc == 1) {
         rc = plan_chained(bc, c, longest);
         bc->n_carry += n_chained * b->n_buffers;

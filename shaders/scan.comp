@@ -78,8 +78,6 @@ layout(push_constant) uniform Push {
     uint hit_cap;
     uint maxlen;   /* the longest maxlen of the groups: every walk's lookback */
     uint gtab;     /* meta index of the group table: 4 uvec4 per group */
-    uint spec;     /* NONE, or the qs word of item 0's (state at lo, at hi) of group 0:
-                    * group 0 is unbounded, in speculative segments, the others joined it */
 } pc;
 
 /* Group g's table entries (gpu/plan.c fuse_table mirrors them). */
@@ -546,12 +544,10 @@ void f_end(uint g, uint buf, uint hi, uint k)
 }
 
 /* A bounded item (lo, hi]: every group starts pc.maxlen - 1 bytes before
- * lo + 1, the lookback of the longest of them (of a speculative segment:
- * its lookback, and group 0 records its states at lo and hi as scan_item
- * does). A group with a shorter
+ * lo + 1, the lookback of the longest of them. A group with a shorter
  * maxlen starts earlier than it needs to, which changes nothing: no match
  * of it that ends after lo starts before its own lookback. */
-void f_item(uvec4 it, uint idx)
+void f_item(uvec4 it)
 {
     uint buf = it.x;
     uint lo = it.y;
@@ -573,11 +569,8 @@ void f_item(uvec4 it, uint idx)
 #if NG > 3
     f_start(3u, sk);
 #endif
-    /* the lookback [begin, lo) reports nothing (ends > lo only) */
-    f_walk(begin, lo, off, lo, len, buf);
-    if (pc.spec != NONE)
-        qs[pc.spec + 2u * idx] = f_row[0] / f_ncls[0];
-    f_walk(lo, hi, off, lo, len, buf);
+    /* one walk: the lookback [begin, lo] reports nothing (ends > lo only) */
+    f_walk(begin, hi, off, lo, len, buf);
     if (hi > lo) {
         uint k = K_EOD;
         if (hi < len) {
@@ -596,8 +589,6 @@ void f_item(uvec4 it, uint idx)
 #endif
     }
     flush(buf);
-    if (pc.spec != NONE)
-        qs[pc.spec + 2u * idx + 1u] = f_row[0] / f_ncls[0];
 }
 
 void main()
@@ -648,7 +639,7 @@ void main()
         uint idx = atomicAdd(qs[pc.head], 1u);
         if (idx >= pc.n_items)
             break;
-        f_item(meta[pc.items + idx], idx);
+        f_item(meta[pc.items + idx]);
         done++;
     }
     if (done != 0u) {

@@ -1600,47 +1600,6 @@ START_TEST(test_fused_groups)
         }
     }
 
-    /* bounded groups join an unbounded one's speculative segments (spec_join):
-     * one pass, the unbounded group's guesses checked (and wrong ones
-     * re-walked) as in a pass of its own; text without newlines makes the
-     * unbounded rule's matches span segments. (On lavapipe the first attempt
-     * of this shape may be cut by the loop budget and re-planned smaller, as
-     * without fusion; the final plan still fuses.) */
-    {
-        struct trule u[] = {{"unb", RULE_REGEX, "a[^\\n]*c", 0},
-                            {"bnd", RULE_REGEX, "b[ab]{0,5}a", 0},
-                            {"lit", RULE_LITERAL, "cab", 0}};
-        struct rules_options two = ro;
-        two.max_states = 16;
-        struct catalog *uc = compile_rules_opt(u, 3, &two);
-        ck_assert_uint_ge(catalog_group_count(uc), 2);
-        for (uint32_t f = 0; f < 2; f++) {
-            struct gpu_engine *eng = engine(&(struct gpu_options){
-                .lit_kernel = -1, .segment_bytes = 4096, .spec_lookback = 64, .fuse_groups = f});
-            enum { NB = 6 };
-            struct gpu_buffer bufs[NB];
-            uint8_t *data[NB];
-            for (uint32_t i = 0; i < NB; i++) {
-                size_t len = 3000 + 1777 * i;
-                data[i] = malloc(len);
-                for (size_t j = 0; j < len; j++)
-                    data[i][j] = (uint8_t) "abcb ab"[rnd(i % 2 ? 7 : 4)];
-                bufs[i] = (struct gpu_buffer){.data = data[i], .len = len, .mode = SCAN_ALL};
-            }
-            const struct catalog *ucs[] = {uc};
-            struct gpu_batch b = {ucs, 1, bufs, NB};
-            struct gpu_result res = {0};
-            ck_assert_uint_gt(check_batch(eng, &b, &res), 0);
-            ck_assert_uint_gt(res.tel.spec_items, 0);
-            ck_assert_uint_eq(res.tel.fused_groups, f == 0 ? 1 : 0);
-            gpu_result_finish(&res);
-            for (uint32_t i = 0; i < NB; i++)
-                free(data[i]);
-            gpu_engine_destroy(eng);
-        }
-        catalog_destroy(uc);
-    }
-
     /* hit-dense: from byte 9 on, every byte ends a match of each rule; each
      * rule's DFA needs about 11 states, so the budget of 16 keeps one a group */
     struct trule d[] = {{"any10", RULE_REGEX, "(?s).{10}", 0},
