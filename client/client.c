@@ -349,11 +349,33 @@ static int read_reply(struct vks_client *c, uint32_t id, int64_t deadline, struc
     }
 }
 
-/* Sends c->out (with `fds` on its first byte). With pipelined writes in
- * flight it first takes the replies that arrived, and keeps taking them
- * while the socket is full: the daemon stops reading a client whose
- * replies pile up, and closes one that leaves too many unread. */
+static int send_frames(struct vks_client *c, const int *fds, size_t n_fds, struct vks_error *err);
+
+/* Sends c->out (with `fds` on its first byte); a send that found the
+ * connection closed reports vkscand's reason when it left one. */
 static int send_out(struct vks_client *c, const int *fds, size_t n_fds, struct vks_error *err)
+{
+    int rc = send_frames(c, fds, n_fds, err);
+    if (rc == -EPIPE || rc == -ECONNRESET) {
+        /* vkscand may have answered with its reason (an id-0 error: a
+         * refused connection) and closed before this request went out:
+         * the reason is still in the socket */
+        struct vks_error why = {0};
+        int r2 = read_some(c, 0, NULL, &why);
+        if (r2 < 0 && c->fd < 0) {
+            if (err != NULL)
+                *err = why;
+            return r2;
+        }
+    }
+    return rc;
+}
+
+/* Sends c->out. With pipelined writes in flight it first takes the
+ * replies that arrived, and keeps taking them while the socket is full:
+ * the daemon stops reading a client whose replies pile up, and closes one
+ * that leaves too many unread. */
+static int send_frames(struct vks_client *c, const int *fds, size_t n_fds, struct vks_error *err)
 {
     if (c->n_pend == 0)
         return proto_send(c->fd, c->out.data, c->out.len, fds, n_fds, (int)c->opt.io_timeout_ms,
