@@ -377,7 +377,8 @@ static int fuse_ranges(struct batch_ctx *bc, uint32_t c, const uint32_t *fused, 
 }
 
 /* Bounded groups of catalog c share one segment list: segments own end
- * offsets (s, t]; the kernel starts each maxlen-1 bytes early. */
+ * offsets (s, t]; the kernel starts each maxlen-1 bytes early. Fusable
+ * ones are stepped several to a pass over it (fuse_ranges). */
 static int plan_bounded(struct batch_ctx *bc, uint32_t c, uint32_t max_bounded)
 {
     const struct gpu_batch *b = bc->batch;
