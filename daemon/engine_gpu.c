@@ -49,7 +49,7 @@ static void gpu_reopen(struct gworker *w)
     }
 }
 
-/* What gpu_collect keeps of a job between the batches of its slices
+/* What collecting keeps of a job, also between the batches of its slices
  * (run_gpu_slices): its hit array's capacity, the hits kept, the buffer
  * whose marker it pushed (-1: none). */
 struct collect_state {
@@ -58,34 +58,27 @@ struct collect_state {
     int64_t marked;
 };
 
-static int collect_into(struct gpu_result *res, struct engine_job **jobs, const struct slot *slots,
-                        size_t *caps, uint64_t *kept, int64_t *marked);
+static void collect_into(struct gpu_result *res, struct engine_job **jobs, const struct slot *slots,
+                         struct collect_state *cs);
 
 /* Keeps at most max_hits hits of each job after readback, plus one marker
  * per buffer with more (engine_job.max_hits). */
 static int gpu_collect(struct gpu_result *res, struct engine_job **jobs, size_t n,
                        const struct slot *slots)
 {
-    size_t *caps = calloc(n, sizeof(*caps));
-    uint64_t *kept = calloc(n, sizeof(*kept));
-    int64_t *marked = malloc(n * sizeof(*marked));
-    if (caps == NULL || kept == NULL || marked == NULL) {
-        free(caps);
-        free(kept);
-        free(marked);
+    struct collect_state *cs = calloc(n ? n : 1, sizeof(*cs));
+    if (cs == NULL)
         return -ENOMEM;
-    }
     for (size_t i = 0; i < n; i++)
-        marked[i] = -1;
-    int rc = collect_into(res, jobs, slots, caps, kept, marked);
-    free(caps);
-    free(kept);
-    free(marked);
-    return rc;
+        cs[i].marked = -1;
+    collect_into(res, jobs, slots, cs);
+    free(cs);
+    return 0;
 }
 
-static int collect_into(struct gpu_result *res, struct engine_job **jobs, const struct slot *slots,
-                        size_t *caps, uint64_t *kept, int64_t *marked)
+/* collect_state cs[i] for jobs[i]. */
+static void collect_into(struct gpu_result *res, struct engine_job **jobs, const struct slot *slots,
+                         struct collect_state *cs)
 {
     for (size_t h = 0; h < res->n_hits; h++) {
         const struct gpu_hit *g = &res->hits[h];
@@ -93,20 +86,20 @@ static int collect_into(struct gpu_result *res, struct engine_job **jobs, const 
         struct engine_job *j = jobs[s->job];
         if (j->status != 0 || j->bufs[s->buf].read_err != 0)
             continue; /* a buffer whose read failed: engine_batch_read_errors fails it */
-        if (kept[s->job] >= engine_job_budget(j)) {
+        struct collect_state *c = &cs[s->job];
+        if (c->kept >= engine_job_budget(j)) {
             j->hits_dropped++;
-            if (marked[s->job] == (int64_t)s->buf)
+            if (c->marked == (int64_t)s->buf)
                 continue;
-            marked[s->job] = s->buf;
+            c->marked = s->buf;
         } else {
-            kept[s->job]++;
+            c->kept++;
         }
-        if (engine_job_push_hit(j, &caps[s->job], s->buf, g->rule, g->count, g->end) != 0)
+        if (engine_job_push_hit(j, &c->cap, s->buf, g->rule, g->count, g->end) != 0)
             engine_job_fail(j, -VKS_E_INTERNAL, "out of memory collecting hits");
     }
     if (res->cap > RES_KEEP_HITS)
         gpu_result_finish(res);
-    return 0;
 }
 
 static void gpu_unbuild(struct gpend *p)
@@ -249,7 +242,7 @@ static int run_gpu_slices(struct gworker *w, struct engine_job *j, struct gpu_te
         }
         if (rc == 0) {
             gpu_telemetry_add(tel, &w->res.tel);
-            rc = collect_into(&w->res, one, p.slots, &cs.cap, &cs.kept, &cs.marked);
+            collect_into(&w->res, one, p.slots, &cs);
         }
         gpu_unbuild(&p);
         if (rc != 0) {

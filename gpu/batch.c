@@ -180,8 +180,6 @@ static void trim_idle_frames(struct gpu_engine *eng)
     }
 }
 
-/* Checks the device limits and the memory budget before any device work,
- * evicting unused catalogs when that makes the batch fit. */
 /* Device bytes this frame's buffers must grow by for batch bc (catalogs
  * not counted). */
 static uint64_t grow_needed(const struct batch_ctx *bc, uint64_t meta_bytes)
@@ -206,6 +204,8 @@ static void trim_ring(struct gpu_engine *eng)
         gbuf_destroy(eng, &eng->hits_host);
 }
 
+/* Checks the device limits and the memory budget before any device work,
+ * evicting unused catalogs when that makes the batch fit. */
 static int check_limits(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
