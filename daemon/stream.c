@@ -4,16 +4,20 @@
  * stream count is service-wide (one table, loop thread only).
  *
  * Where requests run. A stream's next request becomes ready when the one
- * before it is answered; ready requests wait in their tenant's queue and
- * are handed to the CPU engine's threads (engine_cpu_task), at most one
- * per thread at a time, taking tenants in turn: a tenant with many busy
- * streams gets no more of the pool than one with a single stream. The pool
- * threads alternate between these and scan batches. A thread reports a
- * finished request through `pool.async`, and the loop answers it. A write
- * whose middle goes to a scan batch (streamscan_write_begin) comes back to
- * the loop to queue the batch job; when the batch is back (middle_done) it
- * runs on an engine thread again to take the batch's hits, and the loop
- * answers it.
+ * before it has run; ready requests wait in their tenant's queue and are
+ * handed to the CPU engine's threads (engine_cpu_task), at most one per
+ * thread at a time, taking tenants in turn: a tenant with many busy streams
+ * gets no more of the pool than one with a single stream. The pool threads
+ * alternate between these and scan batches. A thread reports a finished
+ * request through `pool.async`, and the loop answers it. A write whose
+ * middle goes to a scan batch (streamscan_write_begin) comes back to the
+ * loop to queue the batch job; when the batch is back (middle_done) it runs
+ * on an engine thread again to take the batch's hits, and the loop answers
+ * it. The stream's state is past such a write as soon as its begin has
+ * run, so the stream's next write begins while the middle is in a batch
+ * (several middles of one stream share batches or overlap on the device);
+ * a stream's answers wait in `a_head` and go out in the order of its
+ * requests, and a close waits until every write before it is answered.
  */
 #include "stream.h"
 
@@ -54,8 +58,11 @@ struct stream {
     uint64_t t_active; /* uv_now of the last request */
     size_t state_bytes;
     struct work *q_head, *q_tail; /* writes and the close waiting their turn */
+    struct work *a_head, *a_tail; /* requests that have run, not answered yet: in order */
+    uint32_t hold;                /* settle() runs: not freed under it */
     bool running;                 /* one of them is ready or runs (on the CPU engine) */
     bool closing;                 /* a close is queued: the id takes no more requests */
+    bool orphaned; /* removed while its connection is open: what is in a_head gets an error */
 };
 
 /* One stream.write or stream.close: queued on its stream, then ready in
@@ -66,6 +73,7 @@ struct work {
     struct engine_task task; /* first: the task is the work */
     uv_work_t uv;            /* when no engine runs (not expected): libuv's pool */
     struct work *next;
+    struct work *a_next; /* in st->a_head */
     struct stream *st;
     struct session *s;
     const struct proto_request *req;
@@ -87,8 +95,11 @@ struct work {
     size_t wlen;
     void *sparse; /* a descriptor write's mapping (owned): only its head and tail read */
     struct streamscan_middle mid;
-    bool mid_cpu;  /* the batch failed: the middle runs on a CPU engine thread */
-    bool mid_hits; /* the batch is back: its hits go to the write on a CPU engine thread */
+    bool mid_cpu;    /* the batch failed: the middle runs on a CPU engine thread */
+    bool mid_hits;   /* the batch is back: its hits go to the write on a CPU engine thread */
+    bool finished;   /* nothing runs for it any more: answered in its turn */
+    bool cancelled;  /* it never ran (the daemon is going away) */
+    uint64_t offset; /* the stream's offset after it (taken where it ran) */
     struct sched_job sj;
     struct engine_job ej;
     struct engine_buf ebuf;
@@ -157,7 +168,7 @@ static struct {
 static struct {
     uint64_t open, opened, closed, expired, dropped, writes, bytes, hits, state_bytes, engine_runs;
     uint64_t batch_writes, batch_fd_writes, batch_bytes, batch_gpu, batch_fallbacks;
-    uint64_t loop_closes;
+    uint64_t loop_closes, overlapped;
 } counters;
 
 static uint32_t slot_of(uint32_t id, uint32_t cap)
@@ -309,8 +320,20 @@ static void drop_queue(struct stream *st, const char *msg)
     st->q_head = st->q_tail = NULL;
 }
 
-/* Unlinks and frees the stream; one whose write runs now is only unlinked
- * (set NULL) and freed when the write comes back. */
+/* Frees a stream no connection holds once nothing of it runs or waits to
+ * be answered; true when it did. */
+static bool stream_maybe_free(struct stream *st)
+{
+    if (st->set != NULL || st->running || st->a_head != NULL || st->hold != 0)
+        return false;
+    stream_release(st);
+    free(st);
+    return true;
+}
+
+/* Unlinks and frees the stream; one whose request runs now, or has run and
+ * waits for the answers before it, is only unlinked (set NULL) and freed
+ * when the last of them is answered. */
 static void stream_remove(struct stream_set *set, struct stream *st)
 {
     if (set != NULL) {
@@ -322,13 +345,11 @@ static void stream_remove(struct stream_set *set, struct stream *st)
             set->n_expired--;
     }
     st->set = NULL;
+    st->orphaned = set != NULL;
     char msg[128];
     snprintf(msg, sizeof(msg), "stream %u was closed before this request ran", st->id);
     drop_queue(st, set != NULL ? msg : NULL);
-    if (st->running)
-        return;
-    stream_release(st);
-    free(st);
+    stream_maybe_free(st);
 }
 
 void stream_set_destroy(struct stream_set *set)
@@ -610,6 +631,9 @@ static void work_run(struct work *w)
     } else {
         w->rc = write_fd(w, b);
     }
+    /* the answer may go out after the stream's next write has begun */
+    if (!w->mid_hits && !w->mid_cpu)
+        w->offset = streamscan_offset(w->st->scan);
 }
 
 /* Answers a write or close with its hits (at most max-hits: truncated). */
@@ -627,7 +651,7 @@ static void reply_hits(struct work *w)
         v[i] = (struct proto_hit){.rule = w->hits.v[i].rule, .end = w->hits.v[i].end, .count = 1};
     struct proto_buffer_status status = {.bytes = w->bytes, .hits = n, .truncated = w->hits.n > n};
     struct proto_stat tel[2] = {
-        {.key = "stream_offset", .u = streamscan_offset(st->scan)},
+        {.key = "stream_offset", .u = w->offset},
         {.key = "state_bytes", .u = st->state_bytes},
     };
     struct proto_reply rep = {.id = w->req->id, .op = w->req->op};
@@ -683,23 +707,14 @@ static void pump(struct server *srv);
 static void submit(struct server *srv, struct work *w);
 static int middle_queue(struct work *w);
 
-/* Back on the loop: the reply, then the stream's next request. `status` is
- * UV_ECANCELED when the request never ran (the daemon is going away). */
-static void work_done(struct work *w, int status)
+/* Answers a request that is done (or, its connection gone, only drops it)
+ * and frees it; the stream may be removed, not freed (settle holds it).
+ * The session's token goes last: it may close the session. */
+static void finish(struct work *w)
 {
     struct stream *st = w->st;
-    struct server *srv = st->srv;
-    if (w->mid.pending && status == 0 && w->rc == 0 && st->set != NULL) {
-        if (middle_queue(w) == 0)
-            return; /* answered when its batch comes back */
-        w->mid_cpu = true;
-        submit(srv, w);
-        return;
-    }
     streamscan_middle_finish(&w->mid); /* a middle never run: its stream is gone */
-    st->running = false;
-    st->t_active = uv_now(server_loop(srv));
-    bool live = st->set != NULL && status == 0;
+    bool live = st->set != NULL && !w->cancelled;
     bool keep = live;
     if (live && w->req->op == PROTO_OP_STREAM_CLOSE) {
         struct item *it = w->many != NULL ? &w->many->items[w->index] : NULL;
@@ -720,10 +735,17 @@ static void work_done(struct work *w, int status)
         keep = false;
     } else if (live) {
         keep = answer_write(w);
-    } else if (w->many != NULL) { /* not answered: its connection is gone */
+    } else if (w->many != NULL) { /* not answered: its stream or connection is gone */
         struct item *it = &w->many->items[w->index];
         it->rc = -VKS_E_BAD_VALUE;
         snprintf(it->msg, sizeof(it->msg), "stream %u was closed before this write ran", st->id);
+    } else if (st->orphaned) { /* a write before it failed and closed the stream */
+        char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "stream %u was closed by the failure of a write before this one: open a new "
+                 "stream",
+                 st->id);
+        session_send_error(w->s, w->req->id, w->req->op, -VKS_E_BAD_VALUE, msg);
     }
     void *token = w->token;
     struct many *m = w->many;
@@ -731,15 +753,59 @@ static void work_done(struct work *w, int status)
     if (w->sparse != NULL)
         munmap(w->sparse, w->wlen);
     free(w);
-    if (!keep)
-        stream_remove(st->set, st); /* a stream no connection holds is freed here */
-    else
-        start_next(st);
-    /* last: it may close the session, and its streams */
+    if (!keep && st->set != NULL)
+        stream_remove(st->set, st);
     if (m != NULL)
         many_item_done(m);
     else
         session_stream_done(token);
+}
+
+/* Answers the stream's done requests in their order, then starts its next
+ * request (or frees it, once no connection holds it); the caller pumps. */
+static void settle(struct stream *st)
+{
+    st->hold++;
+    for (struct work *w; (w = st->a_head) != NULL && w->finished;) {
+        if ((st->a_head = w->a_next) == NULL)
+            st->a_tail = NULL;
+        finish(w);
+    }
+    st->hold--;
+    if (!stream_maybe_free(st))
+        start_next(st);
+}
+
+/* Back on the loop. A request whose own run is back takes its place in
+ * the stream's answer order; a write whose middle goes to a batch is
+ * answered when the batch is back, and the stream's next request may begin
+ * now: its state is past the write. `status` is UV_ECANCELED when the
+ * request never ran (the daemon is going away). */
+static void work_done(struct work *w, int status)
+{
+    struct stream *st = w->st;
+    struct server *srv = st->srv;
+    if (!w->mid_hits && !w->mid_cpu) {
+        st->running = false;
+        st->t_active = uv_now(server_loop(srv));
+        w->a_next = NULL;
+        if (st->a_tail != NULL)
+            st->a_tail->a_next = w;
+        else
+            st->a_head = w;
+        st->a_tail = w;
+        if (w->mid.pending && status == 0 && w->rc == 0 && st->set != NULL) {
+            if (middle_queue(w) != 0) {
+                w->mid_cpu = true;
+                submit(srv, w);
+            }
+            start_next(st);
+            return;
+        }
+    }
+    w->cancelled = status != 0;
+    w->finished = true;
+    settle(st);
 }
 
 static _Atomic uint64_t run_ns; /* stream.run_ns: time in work_run on the threads */
@@ -1003,12 +1069,13 @@ static void pump(struct server *srv)
 static void start_next(struct stream *st)
 {
     struct work *w = st->q_head;
-    if (w == NULL || st->running)
-        return;
+    if (w == NULL || st->running || (w->buf == NULL && st->a_head != NULL))
+        return; /* one at a time; a close after every write is answered */
     st->q_head = w->next;
     if (st->q_head == NULL)
         st->q_tail = NULL;
     st->running = true;
+    counters.overlapped += st->a_head != NULL; /* one before it is in a batch */
     struct tenant_streams *t = tenant_of(st->uid, false);
     if (t == NULL) { /* not expected: an open stream counts in its tenant */
         w->rc = -ENOMEM;
@@ -1132,11 +1199,12 @@ static void many_item_done(struct many *m)
  * often as it opens (H200, docs/PERFORMANCE.md "Session 14"). */
 static bool close_here(struct stream *st, struct work *w)
 {
-    if (st->running || st->q_head != NULL)
+    if (st->running || st->q_head != NULL || st->a_head != NULL)
         return false;
     w->st = st;
     st->running = true;
     w->rc = streamscan_close(st->scan, &w->hits);
+    w->offset = streamscan_offset(st->scan);
     counters.loop_closes++;
     work_done(w, 0);
     return true;
@@ -1204,7 +1272,8 @@ void stream_set_sweep(struct stream_set *set, uint64_t now_ms)
         return;
     for (struct stream *st = set->list, *next; st != NULL; st = next) {
         next = st->next;
-        if (st->scan == NULL || st->running || st->q_head != NULL || now_ms - st->t_active < idle)
+        if (st->scan == NULL || st->running || st->q_head != NULL || st->a_head != NULL ||
+            now_ms - st->t_active < idle)
             continue;
         log_notice("uid %u: stream %u idle for %u ms (stream-idle-timeout-ms): closed",
                    (unsigned)set->uid, st->id, idle);
@@ -1238,4 +1307,5 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "stream.batch_bytes", counters.batch_bytes);
     stats_add_u(l, "stream.batch_gpu", counters.batch_gpu);
     stats_add_u(l, "stream.batch_fallbacks", counters.batch_fallbacks);
+    stats_add_u(l, "stream.overlapped_writes", counters.overlapped);
 }

@@ -99,8 +99,12 @@ void streamscan_tune(size_t min_middle);
  * the data is right for every end in that range). The write's other
  * matches wait in mid->raw; streamscan_write_end delivers them all to
  * `out`. The stream's state is already past the write when begin returns,
- * but nothing else may be written to it until the end: the single-match
- * and ordering rules need the write's matches delivered first.
+ * so the next write may begin before this one's end: a catalog that
+ * leaves a middle has no single-match rules, and streamscan_middle_run and
+ * streamscan_write_end read only the catalog (not the state), so they may
+ * run on another thread while the next write begins. The caller delivers
+ * the writes' matches in write order, and closes the stream only after the
+ * last write's end.
  * streamscan_middle_run scans the middle on this thread instead (the
  * caller's fallback). streamscan_middle_finish frees what a middle holds
  * (after streamscan_write_end, or when the stream is dropped).

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -1159,6 +1160,10 @@ static bool wait_ready(struct daemon *d, int timeout_ms)
 
 /* Starts vkscand on the CPU engine with `extra` flags (NULL-terminated;
  * a later --engine wins). */
+/* When set, the next daemon_start preloads this libreadfault into vkscand
+ * (tests/fault/readfault.c) and has it read descriptors with pread. */
+static const char *readfault_so;
+
 static void daemon_start(struct daemon *d, const char *const *extra)
 {
     memset(d, 0, sizeof(*d));
@@ -1184,6 +1189,10 @@ static void daemon_start(struct daemon *d, const char *const *extra)
             argv[n++] = extra[i];
         argv[n] = NULL;
         setenv("NOTIFY_SOCKET", d->notify, 1);
+        if (readfault_so != NULL) {
+            setenv("LD_PRELOAD", readfault_so, 1);
+            setenv("VKSCAND_FD_UPLOAD", "pread", 1);
+        }
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         execv(bin, (char *const *)argv);
         _exit(127);
@@ -1594,6 +1603,29 @@ static void raw_send(int fd, uint32_t id, enum proto_op op, uint32_t stream, con
     proto_buf_finish(&b);
 }
 
+/* A stream.write of `len` bytes at `off` of descriptor `wfd`. */
+static void raw_send_fd(int fd, uint32_t id, uint32_t stream, int wfd, uint64_t off, uint64_t len)
+{
+    struct proto_request req = {.id = id, .op = PROTO_OP_STREAM_WRITE};
+    req.u.stream.stream = stream;
+    req.u.stream.buffer = (struct proto_buffer){
+        .is_fd = true, .fd_index = 0, .offset = off, .length = len, .has_length = true};
+    struct proto_buf b;
+    proto_buf_init(&b);
+    ck_assert_int_eq(proto_request_encode(&b, &req, NULL), 0);
+    ck_assert_int_eq(proto_send(fd, b.data, b.len, &wfd, 1, 10000, NULL), 0);
+    proto_buf_finish(&b);
+}
+
+static uint64_t telemetry_of(const struct proto_reply *rep, const char *key)
+{
+    for (uint32_t i = 0; i < rep->u.scan.n_telemetry; i++)
+        if (strcmp(rep->u.scan.telemetry[i].key, key) == 0)
+            return rep->u.scan.telemetry[i].u;
+    ck_abort_msg("no telemetry %s in the reply", key);
+    return 0;
+}
+
 static struct proto_reply *raw_recv(int fd)
 {
     struct proto_reader *r = NULL;
@@ -1671,14 +1703,19 @@ START_TEST(test_daemon_pipelined_writes_and_leaving)
 END_TEST
 
 /* Pipelined writes whose middles go to the GPU engine's batches (lavapipe
- * here): 40 writes of 8 KiB on one stream sent before any reply, each with
- * a needle planted at its own offset, come back in order, each with its
- * needle at its stream offset and nothing else; then four pipelined 8 MiB
- * writes and the client leaves while they are queued or in a batch. The
- * daemon frees the stream once its batch is back and serves the next
- * client. Fails if a batched write is answered out of order, if its hits
- * come back at write offsets, or if a middle in flight at the disconnect
- * leaks the stream or crashes the daemon. */
+ * here): 40 writes of 8 KiB on one stream and its close, sent before any
+ * reply, each write with a needle planted at its own offset. The stream's
+ * next write begins while the middle before it is in a batch
+ * (stream.overlapped_writes), and still the replies come back in order,
+ * each with its needle at its stream offset and nothing else and with the
+ * stream offset after that write (not after a later one), and the close
+ * comes last. Then four pipelined 8 MiB writes and the client leaves while
+ * they are queued or in a batch. The daemon frees the stream once its
+ * batch is back and serves the next client. Fails if a batched write is
+ * answered out of order, if its hits come back at write offsets, if the
+ * close overtakes a write, if writes of a stream wait for each other's
+ * batches, or if a middle in flight at the disconnect leaks the stream or
+ * crashes the daemon. */
 START_TEST(test_daemon_gpu_middles_pipelined_and_leaving)
 {
     struct daemon d;
@@ -1695,18 +1732,106 @@ START_TEST(test_daemon_gpu_middles_pipelined_and_leaving)
         memcpy(w[i] + 1500 + 97 * i, "needle", 6);
         raw_send(a, 100 + i, PROTO_OP_STREAM_WRITE, (uint32_t)id, w[i], W);
     }
-    for (uint32_t i = 0; i < N; i++) {
+    memcpy(w[N - 1] + W - 6, "needle", 6); /* the last write ends in a needle */
+    raw_send(a, 100 + N, PROTO_OP_STREAM_CLOSE, (uint32_t)id, NULL, 0);
+    for (uint32_t i = 0; i <= N; i++) {
         struct proto_reply *rep = raw_recv(a);
         ck_assert_uint_eq(rep->id, 100 + i);
         ck_assert_int_eq(rep->error.code, 0);
-        ck_assert_uint_eq(rep->u.scan.n_hits, 1);
-        ck_assert_uint_eq(rep->u.scan.hits[0].end, (uint64_t)W * i + 1500 + 97 * i + 6);
+        ck_assert_uint_eq(telemetry_of(rep, "stream_offset"), (uint64_t)W * (i < N ? i + 1 : N));
+        if (i < N) {
+            ck_assert_uint_eq(rep->u.scan.n_hits, 1);
+            ck_assert_uint_eq(rep->u.scan.hits[0].end, (uint64_t)W * i + 1500 + 97 * i + 6);
+        } else {
+            ck_assert_uint_eq(rep->u.scan.n_hits, 0);
+        }
         proto_reply_destroy(rep);
     }
     ck_assert_uint_ge(stat_of(c, "stream.batch_writes"), N);
     ck_assert_uint_eq(stat_of(c, "stream.batch_gpu"), stat_of(c, "stream.batch_writes"));
+    uint64_t overlapped = stat_of(c, "stream.overlapped_writes");
+    printf("gpu middles pipelined: %" PRIu64 " of %d writes began while one before was in a "
+           "batch\n",
+           overlapped, N);
+    ck_assert_uint_gt(overlapped, 0);
+    id = raw_stream(a, PROTO_OP_STREAM_OPEN, 0, vks_catalog_fingerprint(cat), NULL);
+    ck_assert_int_gt(id, 0);
     leave_with_big_writes(c, cat, a, id);
     ck_assert_uint_eq(stat_of(c, "stream.batch_fallbacks"), 0);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
+/* A write whose middle cannot be read fails after its head and tail ran,
+ * and closes its stream, while writes behind it on the same stream were
+ * already sent (libreadfault: a read of more than 4 KiB of a memfd named
+ * "readfault-big" fails, so the GPU engine's read of the middle and the
+ * CPU fallback's both fail). Every request still gets its reply, in
+ * order: the first write's hits, the failed write's error naming the bytes
+ * and the close, and for each write behind it an error (it began on a
+ * stream that then failed, or it waited and was dropped), never a
+ * success and never silence; the daemon serves on. Fails if a write that
+ * began behind a failed one goes unanswered (the client would wait
+ * forever) or is answered as if its stream still stood. */
+START_TEST(test_daemon_gpu_middle_fails_behind)
+{
+    readfault_so = getenv("READFAULT_SO");
+    ck_assert_msg(readfault_so != NULL, "READFAULT_SO is not set: run through meson test");
+    struct daemon d;
+    daemon_start(&d, (const char *const[]){"--engine", "gpu", "--stream-gpu-min-bytes", "1", NULL});
+    readfault_so = NULL;
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_rules(c, brules, 1); /* "needle" */
+    int a = raw_connect(&d);
+    int id = raw_stream(a, PROTO_OP_STREAM_OPEN, 0, vks_catalog_fingerprint(cat), NULL);
+    ck_assert_int_gt(id, 0);
+    enum { W = 65536, BIG = 256 << 10, BEHIND = 6 };
+    static char w[W];
+    memset(w, '.', W);
+    memcpy(w + 1000, "needle", 6);
+    int mfd = memfd_create("readfault-big", MFD_CLOEXEC);
+    ck_assert_int_ge(mfd, 0);
+    char *big = calloc(1, BIG);
+    ck_assert_int_eq(write(mfd, big, BIG), BIG);
+    free(big);
+    raw_send(a, 200, PROTO_OP_STREAM_WRITE, (uint32_t)id, w, W);
+    raw_send_fd(a, 201, (uint32_t)id, mfd, 0, BIG);
+    for (uint32_t i = 0; i < BEHIND; i++)
+        raw_send(a, 202 + i, PROTO_OP_STREAM_WRITE, (uint32_t)id, w, W);
+    close(mfd);
+    for (uint32_t i = 0; i < 2 + BEHIND; i++) {
+        struct proto_reply *rep = raw_recv(a);
+        ck_assert_uint_eq(rep->id, 200 + i);
+        if (i == 0) {
+            ck_assert_int_eq(rep->error.code, 0);
+            ck_assert_uint_eq(rep->u.scan.n_hits, 1);
+            ck_assert_uint_eq(rep->u.scan.hits[0].end, 1006);
+        } else if (i == 1) {
+            ck_assert_int_eq(rep->error.code, -VKS_E_BAD_FD);
+            ck_assert_msg(strstr(rep->error.msg, "failed after 262144 bytes") != NULL &&
+                              strstr(rep->error.msg, "stream is closed") != NULL,
+                          "%s", rep->error.msg);
+        } else {
+            ck_assert_msg(rep->error.code == -VKS_E_BAD_VALUE, "write %u behind: code %d (%s)",
+                          i - 1, rep->error.code, rep->error.msg);
+            ck_assert_ptr_nonnull(strstr(rep->error.msg, "stream"));
+            printf("write %u behind the failed one: %s\n", i - 1, rep->error.msg);
+        }
+        proto_reply_destroy(rep);
+    }
+    ck_assert_uint_gt(stat_of(c, "stream.batch_fallbacks"), 0);
+    ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
+    /* the daemon serves on: a new stream on the same connection */
+    id = raw_stream(a, PROTO_OP_STREAM_OPEN, 0, vks_catalog_fingerprint(cat), NULL);
+    ck_assert_int_gt(id, 0);
+    raw_send(a, 300, PROTO_OP_STREAM_WRITE, (uint32_t)id, w, W);
+    struct proto_reply *rep = raw_recv(a);
+    ck_assert_int_eq(rep->error.code, 0);
+    ck_assert_uint_eq(rep->u.scan.n_hits, 1);
+    proto_reply_destroy(rep);
+    close(a);
     vks_catalog_destroy(cat);
     vks_client_close(c);
     daemon_stop(&d);
@@ -2770,6 +2895,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_disconnect_with_open_streams);
     tcase_add_test(td, test_daemon_pipelined_writes_and_leaving);
     tcase_add_test(td, test_daemon_gpu_middles_pipelined_and_leaving);
+    tcase_add_test(td, test_daemon_gpu_middle_fails_behind);
     tcase_add_test(td, test_daemon_lib_pipelined_streams);
     tcase_add_test(td, test_daemon_many_streams_one_connection);
     tcase_add_test(td, test_daemon_stream_write_many);

@@ -4,7 +4,9 @@
  * A pread() of a file whose name (the /proc/self/fd link: a memfd's name)
  * contains "readfault-eio" fails with EIO; one containing "readfault-short"
  * returns 0, as a read past the end of a file truncated under the scan
- * does. Every other read goes through.
+ * does; one containing "readfault-big" fails with EIO when it asks for more
+ * than 4 KiB (a stream write's head and tail are read, its middle is not:
+ * tests/test_stream.c). Every other read goes through.
  */
 #undef _FILE_OFFSET_BITS /* pread and pread64 are two symbols to take over */
 #include <dlfcn.h>
@@ -15,7 +17,7 @@
 #include <unistd.h>
 
 /* 0: pass through; 1: EIO; 2: end of file. */
-static int fault_of(int fd)
+static int fault_of(int fd, size_t len)
 {
     char link[64], name[512];
     snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
@@ -25,6 +27,8 @@ static int fault_of(int fd)
     name[n] = '\0';
     if (strstr(name, "readfault-eio") != NULL)
         return 1;
+    if (strstr(name, "readfault-big") != NULL)
+        return len > 4096 ? 1 : 0;
     return strstr(name, "readfault-short") != NULL ? 2 : 0;
 }
 
@@ -32,7 +36,7 @@ typedef ssize_t (*pread_fn)(int, void *, size_t, off64_t);
 
 static ssize_t faulty(const char *sym, int fd, void *buf, size_t len, off64_t off)
 {
-    int f = fault_of(fd);
+    int f = fault_of(fd, len);
     if (f == 1) {
         errno = EIO;
         return -1;
