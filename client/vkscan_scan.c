@@ -43,6 +43,7 @@
 #define SCAN_IO_MS      (10u * 60u * 1000u) /* wait for one scan reply */
 #define ARCHIVE_BYTES   (1ull << 30)        /* --max-archive-bytes by default */
 #define STREAM_PIECE    (16ull << 20)       /* bytes per stream write, at most */
+#define STREAM_WINDOW   4                   /* a large file's stream writes in flight */
 #define TAIL_POLL_US    200000u             /* --tail: sleep at the end of the file */
 
 /* ---- output helpers ------------------------------------------------------- */
@@ -751,6 +752,39 @@ static int sink_write(struct scan *s, struct sink *k, const uint8_t *buf, int fd
     return 0;
 }
 
+/* The reply of the stream's oldest write in flight, a descriptor write of
+ * `len` bytes sent with vks_stream_write_fd_send. */
+static int sink_recv(struct scan *s, struct sink *k, size_t len)
+{
+    struct vks_scan_result r;
+    struct vks_error err = {0};
+    int rc = vks_stream_write_recv(k->st, &r, &err);
+    if (rc != 0) {
+        warn_path(s, k->path, "%s (the rest is not scanned)", err.msg);
+        return rc;
+    }
+    k->buf = NULL;
+    k->len = 0;
+    sink_hits(s, k, &r);
+    vks_scan_result_finish(&r);
+    k->start += len;
+    s->bytes += len;
+    return 0;
+}
+
+/* After a failed write: takes the replies of the writes still in flight
+ * (errors once one failed: docs/protocol.md "Streams"), so the close that
+ * follows is not refused for them. */
+static void sink_drain(struct sink *k)
+{
+    for (uint32_t n = k->st != NULL ? vks_stream_inflight(k->st) : 0; n > 0; n--) {
+        struct vks_scan_result r;
+        struct vks_error err = {0};
+        if (vks_stream_write_recv(k->st, &r, &err) == 0)
+            vks_scan_result_finish(&r);
+    }
+}
+
 /* Ends the stream: the matches only the end decides, and -c / -l. */
 static void sink_close(struct scan *s, struct sink *k, bool ok)
 {
@@ -800,16 +834,40 @@ static void stream_input(struct scan *s, const char *label, int in)
 }
 
 /* A file over the daemon's max-scan-bytes: its descriptor in pieces of at
- * most that many bytes. With -n the pieces are read here too (for the line
- * count). Takes ownership of `fd` and `path`. */
+ * most that many bytes, STREAM_WINDOW of them in flight, so that vkscand
+ * begins a piece while the middle of the one before is on the GPU
+ * (docs/engine.md "Streams"). With -n the pieces are read here too (for
+ * the line count), one at a time. Takes ownership of `fd` and `path`. */
 static void stream_file(struct scan *s, char *path, int fd, uint64_t offset, uint64_t size)
 {
     batch_drain(s);
     struct sink k;
     bool ok = sink_open(s, &k, path) == 0;
     uint64_t piece = s->max_bytes < STREAM_PIECE ? s->max_bytes : STREAM_PIECE;
-    uint8_t *buf = ok && s->opt.line_numbers ? malloc((size_t)piece) : NULL;
-    ok = ok && (buf != NULL || !s->opt.line_numbers);
+    if (!s->opt.line_numbers) {
+        for (uint64_t sent = 0, done = 0; ok && done < size;) {
+            if (sent < size && vks_stream_inflight(k.st) < STREAM_WINDOW) {
+                uint64_t n = size - sent < piece ? size - sent : piece;
+                struct vks_error err = {0};
+                ok = vks_stream_write_fd_send(k.st, fd, offset + sent, n, &err) == 0;
+                if (!ok)
+                    warn_path(s, path, "%s (the rest is not scanned)", err.msg);
+                sent += n;
+                continue;
+            }
+            size_t n = (size_t)(size - done < piece ? size - done : piece);
+            ok = sink_recv(s, &k, n) == 0;
+            done += n;
+        }
+        if (!ok)
+            sink_drain(&k);
+        sink_close(s, &k, ok);
+        close(fd);
+        free(path);
+        return;
+    }
+    uint8_t *buf = ok ? malloc((size_t)piece) : NULL;
+    ok = ok && buf != NULL;
     for (uint64_t at = 0; ok && at < size; at += piece) {
         size_t n = (size_t)(size - at < piece ? size - at : piece);
         if (buf != NULL && pread(fd, buf, n, (off_t)(offset + at)) != (ssize_t)n) {

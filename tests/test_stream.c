@@ -2822,7 +2822,8 @@ static char *run_flat(const struct daemon *d, const char *const *args, bool pipe
 }
 
 /* `vkscan scan` of an endless pipe (its producer stops after 64 MiB) and of
- * a 64 MiB file over max-scan-bytes: every match found, across every piece
+ * a 64 MiB file over max-scan-bytes (with -n, read by the CLI; without, as
+ * pipelined descriptor writes): every match found, across every piece
  * boundary, and the CLI's peak RSS stays under half the input (it would be
  * over the input if the CLI buffered it). */
 START_TEST(test_cli_flat_memory)
@@ -2860,6 +2861,28 @@ START_TEST(test_cli_flat_memory)
     free(out);
     fprintf(stderr, "vkscan scan -c -n of a %u MiB file: peak RSS %ld KiB (bound %u KiB)\n", pieces,
             rss, FLAT_BOUND >> 10);
+    ck_assert_int_lt(rss, FLAT_BOUND >> 10);
+    /* without -n: descriptor writes, several in flight; every match with
+     * its end, in order (a reply taken for the wrong write, or a write
+     * lost, moves or drops ends) */
+    out = run_flat(&d, (const char *const[]){"-e", "n:/needle/", path, NULL}, false, &rss);
+    struct str want_all = {0};
+    put(&want_all, "", 0);
+    for (uint32_t i = 0; i < pieces; i++) {
+        char line[192];
+        uint64_t base = (uint64_t)i << 20;
+        if (i > 0) {
+            snprintf(line, sizeof(line), "%s:%" PRIu64 ":n\n", path, base + 3);
+            put(&want_all, line, strlen(line));
+        }
+        snprintf(line, sizeof(line), "%s:%" PRIu64 ":n\n", path, base + (1u << 19) + 6);
+        put(&want_all, line, strlen(line));
+    }
+    ck_assert_str_eq(out, want_all.p);
+    free(want_all.p);
+    free(out);
+    fprintf(stderr, "vkscan scan of a %u MiB file: peak RSS %ld KiB (bound %u KiB)\n", pieces, rss,
+            FLAT_BOUND >> 10);
     ck_assert_int_lt(rss, FLAT_BOUND >> 10);
     unlink(path);
     daemon_stop(&d);
