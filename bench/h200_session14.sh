@@ -24,7 +24,8 @@ if has tests; then
     timeout 120 "$B/tests/test_gpu" >"$OUT/test_gpu.txt" 2>&1
     echo "test_gpu exit $?: $(grep -E 'Checks' "$OUT/test_gpu.txt" | tail -n 1)"
     grep -E ':[EF]:' "$OUT/test_gpu.txt" | head -n 5
-    VKSCAND=$B/daemon/vkscand VKSCAN=$B/client/vkscan CK_RUN_CASE=daemon timeout 200 \
+    VKSCAND=$B/daemon/vkscand VKSCAN=$B/client/vkscan READFAULT_SO=$PWD/$B/tests/fault/libreadfault.so \
+        CK_RUN_CASE=daemon timeout 200 \
         "$B/tests/test_stream" >"$OUT/test_stream.txt" 2>&1
     echo "test_stream (daemon) exit $?: $(grep -E 'Checks' "$OUT/test_stream.txt" | tail -n 1)"
     grep -E ':[EF]:|gpu batches|pipelined' "$OUT/test_stream.txt" | head -n 5

@@ -108,14 +108,55 @@ if has large; then
         --log-level notice --max-scan-bytes 20G --tenant-max-bytes 40G >"$OUT/vkscand_large.log" 2>&1 &
     pid=$!
     for _ in $(seq 200); do grep -q "ready on" "$OUT/vkscand_large.log" && break; sleep 0.1; done
+    # stream.batch_*: where a batched write's time goes (session 19)
+    lstats() {
+        "$B/client/vkscan" --socket $W/s.sock status --json 2>/dev/null | tr ',' '\n' |
+            grep -E '"(batches|stream\.(batch_writes|batch_jobs|batch_begin_ns|batch_queue_ns|batch_engine_ns|batch_end_ns|overlapped_writes))"' |
+            tr -d '"}' | sort | tr '\n' ' '
+    }
     for w in ${WINDOWS:-1 4}; do
+        s0=$(lstats)
         timeout 280 "$B/bench/stream_bench" --socket $W/s.sock --threads 16 --iters 3 --no-hs \
             --only large --literals 10000 --large "${LARGE:-16G}" --large-write 16M \
             --file /tmp/sb16g --window $w >"$OUT/large.txt" 2>&1
         echo "stream_bench large --window $w exit $?"
         grep -E -A3 '^large:' "$OUT/large.txt"
+        s1=$(lstats)
+        # per batched write, ms: begin (queued on its stream -> middle queued),
+        # queue (in the scheduler), engine (the batch's wall), end (back -> answered)
+        echo "$s0 | $s1" | awk -F'|' '{
+            n = split($1, a, " "); for (i = 1; i <= n; i++) { split(a[i], kv, ":"); v0[kv[1]] = kv[2] }
+            n = split($2, b, " "); for (i = 1; i <= n; i++) { split(b[i], kv, ":"); v1[kv[1]] = kv[2] }
+            d = v1["stream.batch_writes"] - v0["stream.batch_writes"]; if (d == 0) d = 1
+            printf "  per batched write (%d): begin %.2f ms, queue %.2f, engine %.2f, end %.2f; %.1f jobs per batch seen; %d batches, %d overlapped\n", d,
+                (v1["stream.batch_begin_ns"] - v0["stream.batch_begin_ns"]) / d / 1e6,
+                (v1["stream.batch_queue_ns"] - v0["stream.batch_queue_ns"]) / d / 1e6,
+                (v1["stream.batch_engine_ns"] - v0["stream.batch_engine_ns"]) / d / 1e6,
+                (v1["stream.batch_end_ns"] - v0["stream.batch_end_ns"]) / d / 1e6,
+                (v1["stream.batch_jobs"] - v0["stream.batch_jobs"]) / d,
+                v1["batches"] - v0["batches"], v1["stream.overlapped_writes"] - v0["stream.overlapped_writes"] }'
     done
     "$B/client/vkscan" --socket $W/s.sock status 2>&1 | grep -E 'engine|served'
+    # the CLI on the same file: one request (max-scan-bytes 20G: block mode,
+    # in slices) and, through a daemon of max-scan-bytes 256M, as a stream of
+    # 16 MiB descriptor writes (four in flight since session 19); dict-10
+    if [ -n "${CLI_FILE:-}" ]; then
+        "$B/daemon/vkscand" --config "" --socket $W/t.sock --state-dir $W/state2 --engine gpu \
+            --log-level notice --max-scan-bytes 256M >"$OUT/vkscand_t.log" 2>&1 &
+        pid2=$!
+        for _ in $(seq 200); do grep -q "ready on" "$OUT/vkscand_t.log" && break; sleep 0.1; done
+        for sock in s t; do
+            for i in 1 2 3 4; do
+                t0=$(date +%s.%N)
+                out=$("$B/client/vkscan" --socket $W/$sock.sock scan -c --no-cache \
+                    -r build-data/dict-10.rules /tmp/sb16g 2>&1 | wc -l)
+                t1=$(date +%s.%N)
+                echo "cli $([ $sock = s ] && echo block || echo stream) run $i: $(echo "$t0 $t1" | awk '{printf "%.3f s, %.2f GB/s", $2 - $1, 17.179869184 / ($2 - $1)}'), $out lines"
+            done
+        done
+        kill $pid2
+        wait $pid2 2>/dev/null
+    fi
     kill $pid
     wait $pid 2>/dev/null
     grep -iE 'error|warn' "$OUT/vkscand_large.log" | head -n 3

@@ -100,6 +100,9 @@ struct work {
     bool finished;   /* nothing runs for it any more: answered in its turn */
     bool cancelled;  /* it never ran (the daemon is going away) */
     uint64_t offset; /* the stream's offset after it (taken where it ran) */
+    /* where a batched write's time goes (loop clock, ns): queued on its
+     * stream, middle queued, batch back; and the engine's wall time */
+    uint64_t t_in, t_mid, t_back, engine_ns;
     struct sched_job sj;
     struct engine_job ej;
     struct engine_buf ebuf;
@@ -169,6 +172,7 @@ static struct {
     uint64_t open, opened, closed, expired, dropped, writes, bytes, hits, state_bytes, engine_runs;
     uint64_t batch_writes, batch_fd_writes, batch_bytes, batch_gpu, batch_fallbacks;
     uint64_t loop_closes, overlapped;
+    uint64_t batch_begin_ns, batch_queue_ns, batch_engine_ns, batch_end_ns, batch_jobs;
 } counters;
 
 static uint32_t slot_of(uint32_t id, uint32_t cap)
@@ -734,6 +738,15 @@ static void finish(struct work *w)
         counters.closed++;
         keep = false;
     } else if (live) {
+        if (w->t_back != 0) { /* its middle ran in a batch */
+            uint64_t now = uv_hrtime();
+            counters.batch_begin_ns += w->t_mid - w->t_in;
+            counters.batch_queue_ns +=
+                w->t_back - w->t_mid -
+                (w->engine_ns < w->t_back - w->t_mid ? w->engine_ns : w->t_back - w->t_mid);
+            counters.batch_engine_ns += w->engine_ns;
+            counters.batch_end_ns += now - w->t_back;
+        }
         keep = answer_write(w);
     } else if (w->many != NULL) { /* not answered: its stream or connection is gone */
         struct item *it = &w->many->items[w->index];
@@ -891,6 +904,9 @@ static void middle_done(struct engine_job *j, const struct engine_telemetry *tel
         counters.batch_fd_writes += w->sparse != NULL;
         counters.batch_bytes += w->wlen;
         counters.batch_gpu += tel->gpu;
+        counters.batch_jobs += tel->jobs;
+        w->t_back = uv_hrtime();
+        w->engine_ns = tel->wall_ns;
         w->mid_hits = true;
     }
     submit(srv, w);
@@ -922,6 +938,7 @@ static int middle_queue(struct work *w)
     int rc = sched_push(server_sched(srv), session_tenant(w->s), &w->sj);
     if (rc != 0)
         return rc;
+    w->t_mid = uv_hrtime();
     pool.kick = true; /* on_done kicks once for all the middles it queued */
     return 0;
 }
@@ -1102,6 +1119,7 @@ static void enqueue(struct stream *st, struct work *w)
     struct engine *e = server_engine(st->srv);
     bool gpu = e != NULL && engine_ready(e) && engine_get_info(e)->gpu;
     w->st = st;
+    w->t_in = uv_hrtime();
     w->max = cfg->max_scan_bytes;
     w->batch_min = gpu ? (size_t)cfg->stream_gpu_min_bytes : 0;
     if (st->q_tail != NULL)
@@ -1308,4 +1326,9 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "stream.batch_gpu", counters.batch_gpu);
     stats_add_u(l, "stream.batch_fallbacks", counters.batch_fallbacks);
     stats_add_u(l, "stream.overlapped_writes", counters.overlapped);
+    stats_add_u(l, "stream.batch_begin_ns", counters.batch_begin_ns);
+    stats_add_u(l, "stream.batch_queue_ns", counters.batch_queue_ns);
+    stats_add_u(l, "stream.batch_engine_ns", counters.batch_engine_ns);
+    stats_add_u(l, "stream.batch_end_ns", counters.batch_end_ns);
+    stats_add_u(l, "stream.batch_jobs", counters.batch_jobs);
 }
