@@ -1192,6 +1192,13 @@ static void daemon_start(struct daemon *d, const char *const *extra)
         if (readfault_so != NULL) {
             setenv("LD_PRELOAD", readfault_so, 1);
             setenv("VKSCAND_FD_UPLOAD", "pread", 1);
+            /* Under ASan the runtime must stay first for the exe; the shim
+             * only wraps pread, so the order check is safely off. */
+            char opts[512];
+            const char *asan = getenv("ASAN_OPTIONS");
+            snprintf(opts, sizeof(opts), "%s%sverify_asan_link_order=0", asan ? asan : "",
+                     asan ? ":" : "");
+            setenv("ASAN_OPTIONS", opts, 1);
         }
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         execv(bin, (char *const *)argv);
