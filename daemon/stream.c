@@ -173,6 +173,9 @@ static struct {
     uint64_t batch_writes, batch_fd_writes, batch_bytes, batch_gpu, batch_fallbacks;
     uint64_t loop_closes, overlapped;
     uint64_t batch_begin_ns, batch_queue_ns, batch_engine_ns, batch_end_ns, batch_jobs;
+    /* the engine's phases of those batches, summed per write like batch_engine_ns */
+    uint64_t batch_fd_read_ns, batch_plan_ns, batch_upload_ns, batch_device_ns, batch_readback_ns,
+        batch_finalize_ns, batch_idle_ns;
 } counters;
 
 static uint32_t slot_of(uint32_t id, uint32_t cap)
@@ -905,6 +908,14 @@ static void middle_done(struct engine_job *j, const struct engine_telemetry *tel
         counters.batch_bytes += w->wlen;
         counters.batch_gpu += tel->gpu;
         counters.batch_jobs += tel->jobs;
+        const struct gpu_telemetry *g = &tel->gpu_tel;
+        counters.batch_fd_read_ns += tel->fd_read_ns;
+        counters.batch_plan_ns += g->plan_ns;
+        counters.batch_upload_ns += g->upload_ns;
+        counters.batch_device_ns += g->device_ns;
+        counters.batch_readback_ns += g->readback_ns;
+        counters.batch_finalize_ns += g->finalize_ns;
+        counters.batch_idle_ns += g->device_idle_ns;
         w->t_back = uv_hrtime();
         w->engine_ns = tel->wall_ns;
         w->mid_hits = true;
@@ -1331,4 +1342,11 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "stream.batch_engine_ns", counters.batch_engine_ns);
     stats_add_u(l, "stream.batch_end_ns", counters.batch_end_ns);
     stats_add_u(l, "stream.batch_jobs", counters.batch_jobs);
+    stats_add_u(l, "stream.batch_fd_read_ns", counters.batch_fd_read_ns);
+    stats_add_u(l, "stream.batch_plan_ns", counters.batch_plan_ns);
+    stats_add_u(l, "stream.batch_upload_ns", counters.batch_upload_ns);
+    stats_add_u(l, "stream.batch_device_ns", counters.batch_device_ns);
+    stats_add_u(l, "stream.batch_readback_ns", counters.batch_readback_ns);
+    stats_add_u(l, "stream.batch_finalize_ns", counters.batch_finalize_ns);
+    stats_add_u(l, "stream.batch_idle_ns", counters.batch_idle_ns);
 }
