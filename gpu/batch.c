@@ -145,6 +145,9 @@ static uint64_t need_size(const struct gbuf *b, uint64_t size)
     return (uint64_t)gbuf_grow_size(b->size, size) - b->size;
 }
 
+/* Hits a pass copies back in its own command buffer, at least (copy_hits). */
+#define HIT_COPY_MIN 4096u
+
 /* Initial size of a frame's hit ring. */
 static uint64_t hit_ring_bytes(const struct gpu_engine *eng)
 {
@@ -401,6 +404,21 @@ static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
     if (rc == 0 && eng->hits.size < expect) { /* a guess: where it does not fit, re-runs grow it */
         struct vks_error ignored;
         (void)gbuf_reserve(eng, &eng->hits, ring, ring_use, ring_kind, &ignored);
+    }
+    bc->hits_copied = 0;
+    if (rc == 0 && eng->hits.map == NULL) {
+        /* the hits the last pass's rate predicts, a quarter more and
+         * HIT_COPY_MIN: copied in the pass's own command buffer. A second
+         * submit for them would queue behind the batches submitted since
+         * (one queue), and the engine thread that waits for it submits no
+         * more meanwhile: with batches in flight, the device idled. */
+        uint64_t guess = (bc->hay_bytes * eng->hit_rate_last) >> 16;
+        guess += guess / 4 + HIT_COPY_MIN;
+        if (guess > eng->hits.size / 16)
+            guess = eng->hits.size / 16;
+        rc = gbuf_reserve(eng, &eng->hits_host, guess * 16, VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                          GBUF_READBACK, err);
+        bc->hits_copied = rc == 0 ? guess : 0;
     }
     bool direct = eng->direct && eng->hay.map != NULL && eng->meta.map != NULL;
     uint64_t stage = bc->hay_bytes + bc->n_meta * 16 + bc->new_cat_bytes;
@@ -850,6 +868,10 @@ static int record(struct batch_ctx *bc, bool copies, struct vks_error *err)
             VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_HOST_READ_BIT);
     VkBufferCopy qc = {.size = qs_words(bc) * 4};
     vkCmdCopyBuffer(cb, eng->qs.buf, eng->qs_host.buf, 1, &qc);
+    if (bc->hits_copied > 0) {
+        VkBufferCopy hc = {.size = bc->hits_copied * 16};
+        vkCmdCopyBuffer(cb, eng->hits.buf, eng->hits_host.buf, 1, &hc);
+    }
     barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
             VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
     r = vkEndCommandBuffer(cb);
@@ -1008,11 +1030,19 @@ static int grow_ring(struct batch_ctx *bc, uint64_t hits, struct vks_error *err)
 static int copy_hits(struct batch_ctx *bc, uint64_t n, const uint32_t **out, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
+    bc->tel->bytes_read_back += eng->hits.map != NULL ? n * 16 : bc->hits_copied * 16;
     if (eng->hits.map != NULL || n == 0) {
         invalidate(eng, &eng->hits);
         *out = eng->hits.map;
         return 0;
     }
+    if (n <= bc->hits_copied) { /* the pass copied them (reserve_buffers) */
+        invalidate(eng, &eng->hits_host);
+        *out = eng->hits_host.map;
+        return 0;
+    }
+    bc->tel->hit_copy_submits++;
+    bc->tel->bytes_read_back += n * 16;
     int rc = gbuf_reserve(eng, &eng->hits_host, n * 16, VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                           GBUF_READBACK, err);
     if (rc < 0)
@@ -1326,10 +1356,12 @@ static int read_queue(struct batch_ctx *bc, int rc, struct vks_error *err)
         if (bc->hay_bytes > 0) {
             uint64_t rate = ((uint64_t)qs[QS_HIT_HEAD] << 16) / bc->hay_bytes;
             eng->hit_rate_seen = rate > eng->hit_rate_seen ? rate : eng->hit_rate_seen;
+            eng->hit_rate_last = rate;
         }
         if (qs[QS_HIT_HEAD] <= eng->hits.size / 16)
             break;
         tel->hit_reruns++;
+        bc->hits_copied = 0; /* the re-run's hits: copy_hits, once it knows how many */
         rc = grow_ring(bc, qs[QS_HIT_HEAD], err);
         if (rc == 0) {
             update_sets(bc);
@@ -1351,7 +1383,6 @@ static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, str
         return rc;
     struct gpu_telemetry *tel = bc->tel;
     uint64_t n = tel->hits_raw;
-    tel->bytes_read_back += n * 16;
     const uint32_t *raw = NULL;
     rc = copy_hits(bc, n, &raw, err);
     if (rc == 0)
@@ -1429,7 +1460,6 @@ static int factor_pass(struct batch_ctx *bc, struct vks_error *err)
     rc = read_queue(bc, rc, err);
     const uint32_t *raw = NULL;
     uint64_t n = tel->hits_raw;
-    tel->bytes_read_back += n * 16;
     if (rc == 0)
         rc = copy_hits(bc, n, &raw, err);
     if (rc == 0 && gpu_gather_gates(bc, raw, n) < 0)
@@ -1709,6 +1739,7 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(items_remaining);
     ADD(hits_raw);
     ADD(hit_reruns);
+    ADD(hit_copy_submits);
     ADD(slices);
     ADD(cut_reruns);
     ADD(spec_items);

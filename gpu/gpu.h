@@ -255,6 +255,10 @@ struct gpu_telemetry {
     uint64_t hits_raw;        /* raw matches found (hit head) */
     uint64_t hit_capacity;    /* ring size of the final pass */
     uint32_t hit_reruns;      /* passes re-run because the ring overflowed */
+    /* discrete devices: passes whose hits were more than their command
+     * buffer copied back (a guess from the last pass's rate), copied by a
+     * submit and wait of their own */
+    uint32_t hit_copy_submits;
     /* Batches vkscand ran one scan in because its buffers together were over
      * one batch's limits (daemon/engine_gpu.c run_gpu_slices); 0: one batch.
      * Set by the daemon, summed by gpu_telemetry_add. */

@@ -258,6 +258,10 @@ struct batch_ctx {
     uint64_t workers;
     uint64_t new_cat_bytes;
     uint64_t t_read;   /* when the last pass's fence signalled */
+    /* Discrete devices: hits the pass's own command buffer copies to
+     * hits_host after its dispatches (reserve_buffers' guess); a pass with
+     * at most that many needs no second submit for them (copy_hits) */
+    uint64_t hits_copied;
     bool pinned;       /* holds a pin on each distinct cat_slot */
     bool submitted;    /* the pass is on the queue: gpu_batch_collect waits for it */
     bool chunks_out;   /* haystack chunk copies were submitted without a fence */
@@ -352,6 +356,7 @@ struct gpu_engine {
      * point): a frame sizes its ring from it before a batch runs, so that
      * each frame does not re-run its first hit-dense batch to grow it. */
     uint64_t hit_rate_seen;
+    uint64_t hit_rate_last; /* the last collected pass's hits per 64 KiB: hits_copied's guess */
     uint32_t n_busy;        /* frames submitted and not collected */
     uint64_t seq;           /* next submission's sequence number */
     VkDescriptorPool fpool; /* descriptor sets of frames 1.. (frame 0 has eng->sets) */

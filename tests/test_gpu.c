@@ -864,6 +864,46 @@ START_TEST(test_staged_upload)
 }
 END_TEST
 
+/* Discrete devices (forced): a pass copies back in its own command
+ * buffer the hits the last pass's rate predicts. A few hits need no second
+ * submit; a batch of many more than predicted takes one (and is exact);
+ * the next batch like it is predicted and takes none. */
+START_TEST(test_hit_copy_ahead)
+{
+    struct gpu_options opt = {.staged_upload = true, .inflight = 2};
+    struct gpu_engine *eng = engine(&opt);
+    const struct trule t[] = {{"ab", RULE_LITERAL, "ab", 0}, {"b.b", RULE_REGEX, "b.b", 0}};
+    struct catalog *cat = compile_rules(t, 2);
+    const struct catalog *cats[1] = {cat};
+    size_t len = 48000;
+    uint8_t *sparse = random_text(len), *dense = malloc(len);
+    ck_assert_ptr_nonnull(dense);
+    for (size_t i = 0; i < len; i++)
+        dense[i] = "ab"[i % 2]; /* a hit of each rule every other byte */
+    for (size_t i = 0; i < len; i++)
+        sparse[i] = sparse[i] == 'b' ? 'c' : sparse[i];
+    for (size_t i = 100; i < len; i += 1000)
+        sparse[i] = 'a', sparse[i + 1] = 'b'; /* 48 hits of "ab" */
+    const uint8_t *data[4] = {sparse, dense, dense, sparse};
+    const uint32_t submits[4] = {0, 1, 0, 0};
+    for (int k = 0; k < 4; k++) {
+        struct gpu_buffer gb = {.data = data[k], .len = len, .mode = SCAN_ALL};
+        struct gpu_batch b = {.catalogs = cats, .n_catalogs = 1, .buffers = &gb, .n_buffers = 1};
+        struct gpu_result res = {0};
+        size_t n = check_batch(eng, &b, &res);
+        ck_assert_uint_eq(n, data[k] == dense ? len - 1 : 48);
+        ck_assert_uint_eq(res.tel.hit_reruns, 0);
+        ck_assert_msg(res.tel.hit_copy_submits == submits[k], "batch %d: %u hit copy submits", k,
+                      res.tel.hit_copy_submits);
+        gpu_result_finish(&res);
+    }
+    free(sparse);
+    free(dense);
+    catalog_destroy(cat);
+    gpu_engine_destroy(eng);
+}
+END_TEST
+
 /* Default launch policy (no forced sizes): many buffers, hundreds in one
  * batch, a few catalogs. */
 START_TEST(test_many_buffers)
@@ -2535,6 +2575,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_random_subgroup);
     tcase_add_test(tc, test_many_buffers);
     tcase_add_test(tc, test_staged_upload);
+    tcase_add_test(tc, test_hit_copy_ahead);
     tcase_add_test(tc, test_segment_boundaries);
     tcase_add_test(tc, test_bitnfa_random);
     tcase_add_test(tc, test_bitnfa_segments);
