@@ -63,7 +63,8 @@ if has large; then
         wait $pid 2>/dev/null
         grep -iE 'error|warn' "$OUT/vkscand_large.log" | head -n 3
     done
-    rm -f /tmp/sb16g "$OUT/large.txt"
+    [ -n "${KEEP_FILE:-}" ] || rm -f /tmp/sb16g
+    rm -f "$OUT/large.txt"
 fi
 if has rpc; then
     bash "$(dirname "$0")/h200_session18.sh" "$B" rpc

@@ -42,7 +42,8 @@
 #define BATCH_BYTES     (64ull << 20)       /* bytes per request we aim for */
 #define SCAN_IO_MS      (10u * 60u * 1000u) /* wait for one scan reply */
 #define ARCHIVE_BYTES   (1ull << 30)        /* --max-archive-bytes by default */
-#define STREAM_PIECE    (16ull << 20)       /* bytes per stream write, at most */
+#define STREAM_PIECE    (16ull << 20)       /* bytes per stream write read here, at most */
+#define FILE_PIECE      (256ull << 20)      /* bytes per descriptor write of a large file */
 #define STREAM_WINDOW   4                   /* a large file's stream writes in flight */
 #define TAIL_POLL_US    200000u             /* --tail: sleep at the end of the file */
 
@@ -834,7 +835,7 @@ static void stream_input(struct scan *s, const char *label, int in)
 }
 
 /* A file over the daemon's max-scan-bytes: its descriptor in pieces of at
- * most that many bytes, STREAM_WINDOW of them in flight, so that vkscand
+ * most that many bytes (and FILE_PIECE), STREAM_WINDOW of them in flight, so that vkscand
  * begins a piece while the middle of the one before is on the GPU
  * (docs/engine.md "Streams"). With -n the pieces are read here too (for
  * the line count), one at a time. Takes ownership of `fd` and `path`. */
@@ -843,7 +844,11 @@ static void stream_file(struct scan *s, char *path, int fd, uint64_t offset, uin
     batch_drain(s);
     struct sink k;
     bool ok = sink_open(s, &k, path) == 0;
-    uint64_t piece = s->max_bytes < STREAM_PIECE ? s->max_bytes : STREAM_PIECE;
+    /* by descriptor no byte passes through here: pieces as large as the
+     * GPU batches them well (docs/PERFORMANCE.md "Session 22"); read here
+     * (-n), a piece is a buffer of ours */
+    uint64_t want = s->opt.line_numbers ? STREAM_PIECE : FILE_PIECE;
+    uint64_t piece = s->max_bytes < want ? s->max_bytes : want;
     if (!s->opt.line_numbers) {
         for (uint64_t sent = 0, done = 0; ok && done < size;) {
             if (sent < size && vks_stream_inflight(k.st) < STREAM_WINDOW) {
