@@ -11,6 +11,11 @@
 #                  and through one with max-scan-bytes 20G (one request in
 #                  slices); hs_file on 16 threads over the same file)
 #          flows  (h200_session14.sh flows: $MINS, $MODES, $FDS)
+#          perf   (vkscand under perf record -e cpu-clock during one 16 GiB
+#                  stream of $PWRITE (256M) writes, window $PWIN (8): the top
+#                  symbols of the engine thread (vks-gpu), of the upload
+#                  threads and of all; carry build-perf: perf and its
+#                  libraries, glibc left out)
 set -u
 B=${1:?usage: h200_session22.sh BUILD [steps...]}
 shift
@@ -57,6 +62,32 @@ if has cli16 && [ -f /tmp/sb16g ]; then
     kill $p1 $p2
     wait $p1 $p2 2>/dev/null
     grep -iE 'error|warn' "$OUT/vkscand_d.log" "$OUT/vkscand_b.log" | head -n 3
+    rm -f /tmp/sb16g
+fi
+if has perf; then
+    W=/tmp/sb-perf
+    rm -rf $W && mkdir -p $W
+    P="env LD_LIBRARY_PATH=$PWD/build-perf/lib:${LD_LIBRARY_PATH:-} build-perf/perf"
+    $P record -e cpu-clock -F 1999 -o $W/perf.data -- "$B/daemon/vkscand" --config "" \
+        --socket $W/s.sock --state-dir $W/state --engine gpu --log-level notice \
+        --max-scan-bytes 20G --tenant-max-bytes 40G >"$OUT/perf_vkscand.log" 2>&1 &
+    ppid=$!
+    for _ in $(seq 200); do grep -q "ready on" "$OUT/perf_vkscand.log" && break; sleep 0.1; done
+    timeout 200 "$B/bench/stream_bench" --socket $W/s.sock --threads 16 --iters 2 --no-hs \
+        --only large --literals 10000 --large 16G --large-write "${PWRITE:-256M}" \
+        --file /tmp/sb16g --window "${PWIN:-8}" 2>&1 | grep -E -A2 '^large:' | tail -n 1
+    "$B/client/vkscan" --socket $W/s.sock status --json 2>/dev/null | tr ',' '\n' |
+        grep -E '"stream\.batch_[a-z_]*_ns"|"stream\.batch_writes"' | tr '\n' ' '
+    echo
+    pkill -INT -f "vkscand --config  --socket $W/s.sock"
+    wait $ppid 2>/dev/null
+    for c in vks-gpu vks-upload; do
+        echo "-- $c"
+        $P report -i $W/perf.data --comm $c --no-children --sort symbol -g none 2>/dev/null |
+            grep '%' | head -n 25
+    done
+    echo "-- by thread name"
+    $P report -i $W/perf.data --no-children --sort comm -g none 2>/dev/null | grep '%' | head -n 12
     rm -f /tmp/sb16g
 fi
 if has flows; then
