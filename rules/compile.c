@@ -1072,6 +1072,23 @@ static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
  * 3-letter word (21 bits: "key", "api") is too common in text. */
 #define GATE_BITS 24u
 
+/*
+ * The same for an unbounded rule whose factors have a bounded lead (gate
+ * class 2), when rules_options.gate_bits is left at 0: any factor of 3
+ * positions of at most 2 values each ("(?i)woi"). Such a rule in a DFA
+ * group makes that group unbounded, and an unbounded group is walked over
+ * every byte in speculative segments (lookbacks, a convergence check, the
+ * rare re-walk), while gated it costs forward walks from its candidates
+ * that die at the first byte the rule cannot take, each capped
+ * (docs/engine.md "Forward confirmation"). Measured on the H200 (session
+ * 23, docs/PERFORMANCE.md): regex-500-secrets' two such rules (1,045 DFA
+ * states) were 2.7 of its kernel's 5.6 ms per GiB, and 0 gated. A bounded
+ * rule keeps the stronger threshold: its DFA group walks every byte
+ * without speculation, while its windows around a common factor would be
+ * walked in full.
+ */
+#define GATE_BITS_UNBOUNDED 21u
+
 /* Default of rules_options.gate_rare_bits: a candidate whose factors are at
  * least this rare in text (factor_set_text_bits) is gated without trying
  * its DFA. */
@@ -1100,6 +1117,7 @@ static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
 static int choose_gated(struct ctx *c)
 {
     uint32_t bits = c->opt->gate_bits ? c->opt->gate_bits : GATE_BITS;
+    uint32_t ubits = c->opt->gate_bits ? c->opt->gate_bits : GATE_BITS_UNBOUNDED;
     uint32_t rare = c->opt->gate_rare_bits ? c->opt->gate_rare_bits : GATE_RARE_BITS;
     for (uint32_t i = 0; i < c->n_prep && bits != UINT32_MAX; i++) {
         struct prepared *p = &c->prep[i];
@@ -1108,7 +1126,8 @@ static int choose_gated(struct ctx *c)
         int rc = extract_factors(c, p);
         if (rc != 0)
             return rc;
-        if (p->factors != NULL && factor_set_bits(p->factors) >= bits) {
+        uint32_t need = gate_class(p) == 2 ? ubits : bits;
+        if (p->factors != NULL && factor_set_bits(p->factors) >= need) {
             bool rarely = factor_set_text_bits(p->factors) >= rare;
             p->candidate = gate_states(c->opt) > 1 && !rarely;
             p->bitnfa = !p->candidate; /* gated without a try */

@@ -552,6 +552,76 @@ START_TEST(gated_groups_small)
 }
 END_TEST
 
+/* How many DFA groups of `cat` are unbounded (walked over every byte in
+ * speculative segments on the GPU), and how many bit-NFA groups are
+ * confirmed forward from their factors. */
+static void count_unbounded(const struct catalog *cat, uint32_t *dfa, uint32_t *confirm)
+{
+    *dfa = *confirm = 0;
+    for (uint32_t i = 0; i < catalog_group_count(cat); i++) {
+        struct catalog_group g;
+        catalog_group(cat, i, &g);
+        *dfa += g.maxlen == CATALOG_UNBOUNDED;
+    }
+    for (uint32_t i = 0; i < catalog_nfa_count(cat); i++) {
+        struct catalog_nfa n;
+        catalog_nfa(cat, i, &n);
+        *confirm += (n.flags & CAT_GF_CONFIRM) != 0;
+    }
+}
+
+/* An unbounded rule whose factor is a caseless 3-letter word (21 bits) is
+ * gated by default and confirmed forward from it (GATE_BITS_UNBOUNDED),
+ * where a bounded rule with the same factor, and the unbounded one at an
+ * explicit gate_bits of 24, stay in DFA groups; every catalog finds the
+ * same (rule, end) pairs. */
+START_TEST(weak_factor_unbounded_gated)
+{
+    static const char *pats[] = {"(?i)woi[[:alnum:]]{9,}", "(?i)ehu[0-9a-f]{4,12}x",
+                                 "plain[0-9]+"};
+    struct rule_src r[3];
+    for (int i = 0; i < 3; i++)
+        r[i] = (struct rule_src){
+            .id = pats[i], .kind = RULE_REGEX, .pattern = pats[i], .len = strlen(pats[i])};
+    struct catalog *cat[2];
+    for (int k = 0; k < 2; k++) {
+        struct rules_options opt = {.gate_bits = k == 0 ? 0 : 24};
+        struct rules_result res;
+        struct vks_error err;
+        ck_assert_int_eq(rules_compile(r, 3, &opt, &res, &err), 0);
+        ck_assert_uint_eq(res.n_rejects, 0);
+        cat[k] = res.catalog;
+        res.catalog = NULL;
+        rules_result_finish(&res);
+    }
+    uint32_t dfa, confirm;
+    count_unbounded(cat[0], &dfa, &confirm);
+    ck_assert_uint_eq(dfa, 0);     /* no speculative pass left */
+    ck_assert_uint_ge(confirm, 1); /* woi..., and plain[0-9]+ (24 bits) */
+    for (uint32_t i = 0; i < catalog_group_count(cat[0]); i++) {
+        struct catalog_group g;
+        catalog_group(cat[0], i, &g);
+        if (!(g.flags & CAT_GF_FACTOR))
+            ck_assert_uint_eq(g.n_rules, 1); /* ehu...x: bounded, a DFA rule */
+    }
+    count_unbounded(cat[1], &dfa, &confirm);
+    ck_assert_uint_eq(dfa, 1); /* woi... in a DFA group of its own */
+    const char *hay = "WoI123456789 woiabcdefghijklmn-woi12345678 ehu0a1bx EHUffffx "
+                      "plain0 plain12 woi\nwoiZZZZZZZZZZZZ";
+    struct scan_hits h[2] = {{0}, {0}};
+    for (int k = 0; k < 2; k++)
+        ck_assert_int_eq(
+            refscan_buffer(cat[k], (const uint8_t *)hay, strlen(hay), SCAN_ALL, &h[k]), 0);
+    ck_assert_uint_ge(h[0].n, 12);
+    ck_assert_uint_eq(h[0].n, h[1].n);
+    ck_assert(memcmp(h[0].v, h[1].v, h[0].n * sizeof(*h[0].v)) == 0);
+    for (int k = 0; k < 2; k++) {
+        scan_hits_finish(&h[k]);
+        catalog_destroy(cat[k]);
+    }
+}
+END_TEST
+
 START_TEST(factor_round_trip)
 {
     struct catalog *a = compile(nfa_sample, N_NFA_SAMPLE);
@@ -757,7 +827,7 @@ START_TEST(fingerprints_stable)
     char hx[65];
     rules_fingerprint(&sample[1], fp);
     catalog_fingerprint_hex(fp, hx);
-    ck_assert_str_eq(hx, "8457f382fc7ded4b6354ec91f79a32829bb838c4cf3585afbe9b966596cbb28f");
+    ck_assert_str_eq(hx, "7199d797764c6093cbdc4fad45465c9c6a1e5fa888cacd3f78e271e105327ec5");
     catalog_destroy(a);
     catalog_destroy(b);
 }
@@ -871,6 +941,7 @@ Suite *catalog_suite(void)
     tcase_add_test(tc, bitnfa_random_damage);
     tcase_add_test(tc, factor_round_trip);
     tcase_add_test(tc, gated_groups_small);
+    tcase_add_test(tc, weak_factor_unbounded_gated);
     tcase_add_test(tc, exceptions_sorted);
     tcase_add_test(tc, factor_damage_rejected);
     suite_add_tcase(s, tc);
