@@ -9,6 +9,7 @@
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1416,6 +1417,22 @@ static uint32_t pack_nfa(const struct nfa_group_out *go, const uint32_t *report,
     return put_words(w, at, g->ranges, (uint64_t)g->n_ranges * 2);
 }
 
+/*
+ * Backs a large new block (calloc's zero pages, mapped on first write) with
+ * one madvise(MADV_POPULATE_WRITE) instead of a page fault per 4 KiB page:
+ * every word of a packed catalog is written, and those faults were a tenth
+ * of a literal set's compile on the development machine (perf, dict-15's
+ * 4.3 MB catalog; session 23). Best effort: a kernel without it (before
+ * 5.14) faults as before.
+ */
+static void populate(void *p, size_t n)
+{
+    const uintptr_t page = 4096;
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (n >= (256u << 10) && hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
+}
+
 static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct vks_error *err)
 {
     /* catalog rule order = input order of the rules that made it into a group */
@@ -1455,6 +1472,7 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
         return vks_error_set(err, -ENOMEM, "out of memory packing a %llu-byte catalog",
                              (unsigned long long)words * 4);
     }
+    populate(w, words * sizeof(*w));
     uint32_t maxstates = 0, nacc = 0;
     w[CAT_H_MAGIC] = CATALOG_MAGIC;
     w[CAT_H_VERSION] = CATALOG_VERSION;

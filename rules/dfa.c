@@ -35,8 +35,10 @@
 #endif
 
 struct arr_head {
-    size_t mapped; /* mapped bytes, the header's page included; 0: from malloc */
-    size_t bytes;  /* asked for; the header keeps the data 16-byte aligned */
+    size_t mapped;    /* mapped bytes, the header's page included; 0: from malloc */
+    size_t bytes;     /* asked for */
+    size_t populated; /* mapped: bytes from the header known to be backed (arr_touch) */
+    size_t pad;       /* keeps the data 16-byte aligned */
 };
 
 /* realloc for such arrays: NULL starts one; NULL when out of memory, the
@@ -45,6 +47,11 @@ static void *arr_realloc(void *p, size_t n)
 {
     struct arr_head *h = p != NULL ? (struct arr_head *)p - 1 : NULL, *m;
     size_t want = sizeof(*h) + (n ? n : 1);
+    /* a new mapping is backed as far as it is written here: its header, and
+     * the heap copy moved into it; a remapped one keeps what it had */
+    size_t backed = h == NULL ? sizeof(*h)
+                    : h->mapped != 0 ? h->populated
+                                     : sizeof(*h) + (h->bytes < n ? h->bytes : n);
     if (h != NULL && h->mapped != 0) {
         m = mremap(h, h->mapped, want, MREMAP_MAYMOVE);
     } else if (want < MAPPED_BYTES) {
@@ -65,7 +72,37 @@ static void *arr_realloc(void *p, size_t n)
         return NULL;
     m->mapped = want;
     m->bytes = n;
+    m->populated = backed < want ? backed : want;
     return m + 1;
+}
+
+/*
+ * Backs the pages of a mapped array up to byte `upto` of its data ahead of
+ * their first write, a chunk at a time (at least POPULATE_CHUNK, or an
+ * eighth of what is backed), with one madvise(MADV_POPULATE_WRITE) instead
+ * of a page fault per page. Rows are written in state order, and a fault
+ * per 4 KiB page was 12-16% of a literal set's compile on the development
+ * machine (perf: literals-1k, dict-15, 350-1,300 faults a compile; session
+ * 23). A kernel without MADV_POPULATE_WRITE (before 5.14) faults as before.
+ */
+#define POPULATE_CHUNK (256u << 10)
+
+static void arr_touch(void *p, size_t upto)
+{
+    struct arr_head *h = (struct arr_head *)p - 1;
+    size_t end = sizeof(*h) + upto;
+    if (h->mapped == 0 || end <= h->populated)
+        return;
+    size_t page = 4096, step = h->populated / 8;
+    step = step > POPULATE_CHUNK ? step : POPULATE_CHUNK;
+    size_t from = h->populated & ~(page - 1);
+    size_t to = (end > h->populated + step ? end : h->populated + step) + page - 1;
+    to &= ~(page - 1);
+    if (to > h->mapped)
+        to = h->mapped;
+    if (madvise((char *)h + from, to - from, MADV_POPULATE_WRITE) != 0)
+        to = h->mapped; /* not supported: leave it to the faults */
+    h->populated = to;
 }
 
 static void *arr_calloc(size_t n, size_t size)
@@ -717,6 +754,7 @@ static int expand(struct builder *b, uint32_t s)
         }
     }
     uint32_t *row = NULL;
+    arr_touch(b->trans, ((size_t)s + 1) * b->n_classes * sizeof(*b->trans));
     for (uint32_t c = 0; c < b->n_classes && rc == 0; c++) {
         uint32_t id;
         bool start = e.n == 0;
