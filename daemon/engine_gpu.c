@@ -371,8 +371,11 @@ static void gpu_run_sync(struct gworker *w, struct engine_batch *b, uint64_t t1)
 
 static void gpu_drain(struct gworker *w);
 
-/* Collects the oldest pending batch, settles its jobs and hands it on. */
-static void gpu_finish_oldest(struct gworker *w)
+/* Collects the oldest pending batch, settles its jobs and hands it on.
+ * Returns the batch when the hits of its several jobs passed a device
+ * limit (it runs again the synchronous way: gpu_finish_oldest), with its
+ * start time in *t1; else NULL. */
+static struct engine_batch *gpu_collect_oldest(struct gworker *w, uint64_t *t1)
 {
     struct gpend *p = &w->pend[w->pend_head];
     struct engine_batch *b = p->b;
@@ -384,12 +387,42 @@ static void gpu_finish_oldest(struct gworker *w)
     w->n_pend--;
     rc = gpu_settle(w, res, p->slots, st->jobs, st->n_jobs, rc, &err, &b->tel.gpu_tel);
     gpu_unbuild(p);
-    if (rc == -E2BIG) { /* the hits of several jobs passed a device limit */
-        gpu_drain(w);
-        gpu_run_sync(w, b, p->t1);
-        return;
-    }
+    *t1 = p->t1;
+    if (rc == -E2BIG)
+        return b;
     gpu_done(w, b, p->t1);
+    return NULL;
+}
+
+static void gpu_finish_oldest(struct gworker *w)
+{
+    uint64_t t1;
+    struct engine_batch *b = gpu_collect_oldest(w, &t1);
+    if (b != NULL) {
+        gpu_drain(w);
+        gpu_run_sync(w, b, t1);
+    }
+}
+
+/*
+ * While a begun batch's upload runs on the upload threads, the worker
+ * copies pieces of it too, and collects (reads back, settles, hands on)
+ * each older batch the device has finished meanwhile, so that the
+ * collect no longer waits behind the upload (docs/gpu.md "Batches in
+ * flight"). A batch not finished when the upload has no piece left is
+ * collected later, as before: waiting for it here would leave the device
+ * without the begun batch. Returns a batch to re-run the synchronous way
+ * once the begun one is submitted (gpu_collect_oldest), or NULL.
+ */
+static struct engine_batch *gpu_overlap(struct gworker *w, uint64_t *t1)
+{
+    struct engine_batch *resync = NULL;
+    for (;;) {
+        if (w->n_pend > 0 && resync == NULL && gpu_batch_oldest_done(w->gpu))
+            resync = gpu_collect_oldest(w, t1);
+        else if (!gpu_batch_upload_help(w->gpu))
+            return resync;
+    }
 }
 
 static void gpu_drain(struct gworker *w)
@@ -399,9 +432,10 @@ static void gpu_drain(struct gworker *w)
 }
 
 /* Takes a batch off the queue: loads it and submits it to the device
- * without waiting (gpu_batch_submit), so that its upload overlaps the
- * batches already there. A batch that needs the synchronous way (several
- * GPU batches, no engine) runs after the pending ones. */
+ * without waiting (gpu_batch_begin, gpu_batch_end), so that its upload
+ * overlaps the batches already there and the collect of those the device
+ * has finished (gpu_overlap). A batch that needs the synchronous way
+ * (several GPU batches, no engine) runs after the pending ones. */
 static void gpu_start(struct gworker *w, struct engine_batch *b)
 {
     struct bstate *st = b->priv;
@@ -431,20 +465,30 @@ static void gpu_start(struct gworker *w, struct engine_batch *b)
         return;
     }
     struct vks_error err = {0};
-    rc = gpu_batch_submit(w->gpu, &p->batch, &p->res, &err);
+    struct engine_batch *resync = NULL;
+    uint64_t resync_t1 = 0;
+    rc = gpu_batch_begin(w->gpu, &p->batch, &p->res, &err);
+    if (rc == 0) {
+        /* collects move the ring's head and count together: p stays this
+         * batch's slot */
+        resync = gpu_overlap(w, &resync_t1);
+        rc = gpu_batch_end(w->gpu, &err);
+    }
     if (rc == 0) {
         w->n_pend++;
-        return;
-    }
-    if (rc == -E2BIG) { /* split it: into jobs, or one job into slices (run_gpu) */
+    } else if (rc == -E2BIG) { /* split it: into jobs, or one job into slices (run_gpu) */
         gpu_unbuild(p);
         gpu_drain(w);
         gpu_run_sync(w, b, t1);
-        return;
+    } else {
+        rc = gpu_settle(w, &p->res, p->slots, st->jobs, st->n_jobs, rc, &err, &b->tel.gpu_tel);
+        gpu_unbuild(p);
+        gpu_done(w, b, t1);
     }
-    rc = gpu_settle(w, &p->res, p->slots, st->jobs, st->n_jobs, rc, &err, &b->tel.gpu_tel);
-    gpu_unbuild(p);
-    gpu_done(w, b, t1);
+    if (resync != NULL) {
+        gpu_drain(w);
+        gpu_run_sync(w, resync, resync_t1);
+    }
 }
 
 /* Batches the worker keeps on its device at once. */

@@ -174,7 +174,7 @@ static void trim_idle_frames(struct gpu_engine *eng)
 {
     for (uint32_t i = 0; i < eng->n_frames; i++) {
         struct gpu_frame *fr = &eng->frames[i];
-        if (fr->busy)
+        if (fr->busy || fr == eng->begun) /* begun: its upload threads fill it */
             continue;
         struct gbuf *bufs[] = {&fr->hay,     &fr->staging, &fr->meta,  &fr->qs,
                                &fr->qs_host, &fr->hits,    &fr->carry, &fr->hits_host};
@@ -496,28 +496,27 @@ static void fill_piece(void *ctx, uint32_t i)
     fill_range(j, lo, hi);
 }
 
-static void fill_parallel(struct batch_ctx *bc, uint8_t *dst, uint64_t lo, uint64_t hi)
-{
-    struct fill_job j = {
-        .dst = dst, .batch = bc->batch, .offs = bc->eng->scratch.offs, .lo = lo, .hi = hi};
-    uint64_t pieces = (hi - lo) / MIB;
-    uint32_t t = upload_pool_threads(bc->eng->pool);
-    j.pieces = pieces < 1 ? 1 : (pieces > t ? t : (uint32_t)pieces);
-    if (j.pieces == 1)
-        fill_range(&j, lo, hi);
-    else
-        upload_pool_run(bc->eng->pool, fill_piece, &j, j.pieces);
-}
-
-static int submit(struct gpu_engine *eng, VkCommandBuffer cb, VkFence fence,
-                  struct gpu_telemetry *tel, struct vks_error *err)
+static VkResult queue_submit(struct gpu_engine *eng, VkCommandBuffer cb, VkFence fence)
 {
     VkSubmitInfo si = {
         .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
         .commandBufferCount = 1,
         .pCommandBuffers = &cb,
     };
-    VkResult r = vkQueueSubmit(eng->queue, 1, &si, fence);
+    return vkQueueSubmit(eng->queue, 1, &si, fence);
+}
+
+/* Submits cb on the engine's thread; under eng->qlock while a begun
+ * batch's upload threads may submit its haystack chunks. */
+static int submit(struct gpu_engine *eng, VkCommandBuffer cb, VkFence fence,
+                  struct gpu_telemetry *tel, struct vks_error *err)
+{
+    pthread_mutex_t *lock = eng->qlock;
+    if (lock != NULL)
+        pthread_mutex_lock(lock);
+    VkResult r = queue_submit(eng, cb, fence);
+    if (lock != NULL)
+        pthread_mutex_unlock(lock);
     tel->submits++;
     if (r != VK_SUCCESS) {
         if (r == VK_ERROR_DEVICE_LOST)
@@ -527,23 +526,39 @@ static int submit(struct gpu_engine *eng, VkCommandBuffer cb, VkFence fence,
     return 0;
 }
 
-/* The staged upload: chunk k's copy is submitted by whichever upload thread
- * fills its last piece, while the others go on filling chunk k+1; no thread
- * waits for a chunk to finish. */
-struct chunk_job {
-    struct batch_ctx *bc;
+/*
+ * A batch's haystack upload. On discrete devices (chunk > 0) each chunk's
+ * copy is submitted by whichever upload thread fills its last piece, while
+ * the others go on filling chunk k+1; no thread waits for a chunk to
+ * finish. Elsewhere (chunk 0) the tasks are pieces of the mapped haystack.
+ * Everything a task touches is in the job, captured at its start: while it
+ * runs in the background (gpu_batch_begin .. gpu_batch_end) the engine's
+ * fields hold the frame of the batch being collected, not this one's.
+ */
+struct upload_job {
     struct fill_job fill;
+    struct gpu_engine *eng; /* only its queue: constant */
+    VkCommandBuffer upcmd[MAX_UPLOAD_CHUNKS];
     uint64_t chunk;
     uint32_t pieces; /* per chunk */
+    uint32_t tasks;
+    bool bg;         /* started with upload_pool_start: upload_pool_wait joins it */
+    bool concurrent; /* and the pool's own threads run it meanwhile (eng->qlock) */
     atomic_uint left[MAX_UPLOAD_CHUNKS];
     pthread_mutex_t queue; /* vkQueueSubmit needs the queue externally synchronized */
-    int rc;                /* first failure, under `queue` */
-    struct vks_error *err;
+    /* under `queue`: */
+    VkResult vr; /* the first failed chunk submit */
+    uint32_t submits;
+    bool chunks_out; /* a chunk's copy is on the queue */
 };
 
-static void fill_chunk_piece(void *ctx, uint32_t i)
+static void upload_task(void *ctx, uint32_t i)
 {
-    struct chunk_job *j = ctx;
+    struct upload_job *j = ctx;
+    if (j->chunk == 0) {
+        fill_piece(&j->fill, i);
+        return;
+    }
     uint32_t k = i / j->pieces, p = i % j->pieces;
     uint64_t lo = k * j->chunk;
     uint64_t hi = lo + j->chunk < j->fill.hi ? lo + j->chunk : j->fill.hi;
@@ -551,10 +566,11 @@ static void fill_chunk_piece(void *ctx, uint32_t i)
     if (atomic_fetch_sub(&j->left[k], 1) != 1)
         return;
     pthread_mutex_lock(&j->queue);
-    if (j->rc == 0)
-        j->rc = submit(j->bc->eng, j->bc->eng->upcmd[k], VK_NULL_HANDLE, j->bc->tel, j->err);
-    if (j->rc == 0)
-        j->bc->chunks_out = true;
+    if (j->vr == VK_SUCCESS) {
+        j->vr = queue_submit(j->eng, j->upcmd[k], VK_NULL_HANDLE);
+        j->submits++;
+        j->chunks_out |= j->vr == VK_SUCCESS;
+    }
     pthread_mutex_unlock(&j->queue);
 }
 
@@ -581,17 +597,25 @@ static int record_chunks(struct gpu_engine *eng, uint64_t total, uint64_t chunk,
     return 0;
 }
 
-/* Discrete devices: the haystack goes through staging in at most
- * MAX_UPLOAD_CHUNKS chunks; the device copies chunk k while the upload
- * threads fill the next ones. */
-static int upload_haystack(struct batch_ctx *bc, struct vks_error *err)
+/* Splits the haystack upload of bc into the tasks of job j: pieces of the
+ * mapped haystack, or (discrete devices) at most MAX_UPLOAD_CHUNKS chunks
+ * through staging, their copies recorded here. */
+static int plan_upload(struct batch_ctx *bc, struct upload_job *j, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     uint64_t total = bc->hay_bytes;
-    if (total == 0)
-        return 0;
-    if (eng->direct && eng->hay.map != NULL) {
-        fill_parallel(bc, eng->hay.map, 0, total);
+    uint32_t threads = upload_pool_threads(eng->pool);
+    bool direct = eng->direct && eng->hay.map != NULL;
+    j->eng = eng;
+    j->fill = (struct fill_job){.dst = direct ? eng->hay.map : eng->staging.map,
+                                .batch = bc->batch,
+                                .offs = eng->scratch.offs,
+                                .lo = 0,
+                                .hi = total};
+    if (direct) {
+        uint64_t pieces = total / MIB;
+        j->fill.pieces = pieces < 1 ? 1 : (pieces > threads ? threads : (uint32_t)pieces);
+        j->tasks = j->fill.pieces;
         return 0;
     }
     uint64_t least = eng->opt.upload_chunk ? ALIGN16(eng->opt.upload_chunk) : 16 * MIB;
@@ -602,26 +626,15 @@ static int upload_haystack(struct batch_ctx *bc, struct vks_error *err)
     int rc = record_chunks(eng, total, chunk, n, err);
     if (rc < 0)
         return rc;
-    struct chunk_job j = {
-        .bc = bc,
-        .fill = {.dst = eng->staging.map,
-                 .batch = bc->batch,
-                 .offs = eng->scratch.offs,
-                 .lo = 0,
-                 .hi = total},
-        .chunk = chunk,
-        .err = err,
-    };
-    uint32_t threads = upload_pool_threads(eng->pool);
-    j.pieces = chunk / PIECE < threads ? (uint32_t)(chunk / PIECE) : threads;
-    if (j.pieces == 0)
-        j.pieces = 1;
+    memcpy(j->upcmd, eng->upcmd, n * sizeof(eng->upcmd[0]));
+    j->chunk = chunk;
+    j->pieces = chunk / PIECE < threads ? (uint32_t)(chunk / PIECE) : threads;
+    if (j->pieces == 0)
+        j->pieces = 1;
     for (uint32_t k = 0; k < n; k++)
-        atomic_init(&j.left[k], j.pieces);
-    pthread_mutex_init(&j.queue, NULL);
-    upload_pool_run(eng->pool, fill_chunk_piece, &j, n * j.pieces);
-    pthread_mutex_destroy(&j.queue);
-    return j.rc;
+        atomic_init(&j->left[k], j->pieces);
+    j->tasks = n * j->pieces;
+    return 0;
 }
 
 /* Writes the work items and new catalogs: straight into mapped device
@@ -1392,18 +1405,89 @@ static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, str
     return gpu_finish_hits(bc, raw, n, res, err);
 }
 
-/* Uploads the items, new catalogs and (unless the factor pass left it on
- * the device) the haystack, records the pass and submits it. */
-static int upload_submit(struct batch_ctx *bc, struct vks_error *err)
+/* Writes the items and new catalogs and starts the haystack's upload
+ * (unless the factor pass left it on the device): in the background when
+ * `bg` (upload_finish joins it), else to its end. */
+static int upload_start(struct batch_ctx *bc, bool bg, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     uint64_t t = gpu_now_ns();
+    bc->t_upload = t;
     upload_small(bc);
-    int rc = bc->hay_resident ? 0 : upload_haystack(bc, err);
+    int rc = 0;
+    if (!bc->hay_resident && bc->hay_bytes > 0) {
+        struct upload_job *j = calloc(1, sizeof(*j));
+        if (j == NULL)
+            return vks_error_set(err, -ENOMEM, "out of memory starting the upload");
+        rc = plan_upload(bc, j, err);
+        if (rc < 0) {
+            free(j);
+            return rc;
+        }
+        pthread_mutex_init(&j->queue, NULL);
+        bc->up = j;
+        j->bg = bg;
+        if (!bg)
+            upload_pool_run(eng->pool, upload_task, j, j->tasks);
+        else if (upload_pool_start(eng->pool, upload_task, j, j->tasks)) {
+            j->concurrent = true;
+            eng->qlock = &j->queue;
+        }
+    }
+    bc->tel->upload_ns += gpu_now_ns() - t;
+    return rc;
+}
+
+/* Joins the background upload of the begun batch (upload_finish frees it
+ * later): after this, the engine's thread is the queue's only user. */
+static void join_upload(struct gpu_engine *eng)
+{
+    struct upload_job *j = eng->begun != NULL ? eng->begun->bc.up : NULL;
+    if (j == NULL || !j->bg)
+        return;
+    upload_pool_wait(eng->pool);
+    j->bg = j->concurrent = false;
+    eng->qlock = NULL;
+}
+
+/* Waits for the batch's upload (taking part in what is left of it) and
+ * flushes what it wrote. Returns the first failed chunk submit's status. */
+static int upload_finish(struct batch_ctx *bc, struct vks_error *err)
+{
+    struct gpu_engine *eng = bc->eng;
+    uint64_t t = gpu_now_ns();
+    struct upload_job *j = bc->up;
+    int rc = 0;
+    if (j != NULL) {
+        if (j->bg) {
+            upload_pool_wait(eng->pool);
+            eng->qlock = NULL;
+        }
+        bc->tel->submits += j->submits;
+        bc->chunks_out |= j->chunks_out;
+        if (j->vr == VK_ERROR_DEVICE_LOST)
+            eng->broken = true;
+        if (j->vr != VK_SUCCESS)
+            rc = gpu_vk_error(j->vr, "vkQueueSubmit", err);
+        pthread_mutex_destroy(&j->queue);
+        free(j);
+        bc->up = NULL;
+    }
     flush(eng, &eng->staging);
     flush(eng, &eng->hay);
     flush(eng, &eng->meta);
     bc->tel->upload_ns += gpu_now_ns() - t;
+    return rc;
+}
+
+/* Once the upload is done: records the pass and submits it. */
+static int record_submit(struct batch_ctx *bc, struct vks_error *err)
+{
+    int rc = upload_finish(bc, err);
+    if (rc == 0 && bc->eng->broken) /* a batch collected during the upload */
+        rc = vks_error_set(err, -ENODEV,
+                           "a batch submitted before this one timed out or lost the device: "
+                           "destroy and re-create the engine");
     if (rc == 0) {
         update_sets(bc);
         rc = record(bc, true, err);
@@ -1413,6 +1497,14 @@ static int upload_submit(struct batch_ctx *bc, struct vks_error *err)
     if (rc == 0)
         mark_uploaded(bc);
     return rc;
+}
+
+/* Uploads the items, new catalogs and the haystack, records the pass and
+ * submits it. */
+static int upload_submit(struct batch_ctx *bc, struct vks_error *err)
+{
+    int rc = upload_start(bc, false, err);
+    return rc < 0 ? rc : record_submit(bc, err);
 }
 
 /* ---- the factor pass ---------------------------------------------------- */
@@ -1475,9 +1567,10 @@ static int factor_pass(struct batch_ctx *bc, struct vks_error *err)
     return rc;
 }
 
-/* Everything up to the submit of the first pass: plan, limits, residency,
- * upload, record. Nothing is submitted when the batch has no work. */
-static int dispatch_submit(struct batch_ctx *bc, struct vks_error *err)
+/* Everything up to the start of the main pass's upload: the factor pass,
+ * plan, limits, residency; the upload in the background when `bg`.
+ * dispatch_end does the rest. A batch with no work is not begun. */
+static int dispatch_begin(struct batch_ctx *bc, bool bg, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     struct gpu_telemetry *tel = bc->tel;
@@ -1507,9 +1600,20 @@ static int dispatch_submit(struct batch_ctx *bc, struct vks_error *err)
         tel->catalog_cache_hits = cache_hits;
     if (rc == 0)
         rc = reserve_buffers(bc, err);
-    if (rc < 0)
-        return rc;
-    return upload_submit(bc, err);
+    if (rc == 0)
+        rc = upload_start(bc, bg, err);
+    bc->begun = rc == 0;
+    return rc;
+}
+
+/* The rest of a begun batch: its upload joined, its pass recorded and
+ * submitted. */
+static int dispatch_end(struct batch_ctx *bc, struct vks_error *err)
+{
+    if (!bc->begun)
+        return 0;
+    bc->begun = false;
+    return record_submit(bc, err);
 }
 
 /* Undoes a batch whose first pass was not submitted. Haystack chunks it
@@ -1518,6 +1622,11 @@ static int dispatch_submit(struct batch_ctx *bc, struct vks_error *err)
 static void dispatch_abort(struct batch_ctx *bc)
 {
     struct gpu_engine *eng = bc->eng;
+    if (bc->up != NULL) { /* started, never joined */
+        struct vks_error ignored;
+        (void)upload_finish(bc, &ignored);
+    }
+    bc->begun = false;
     if (bc->chunks_out && !bc->submitted && !eng->broken &&
         vkQueueWaitIdle(eng->queue) != VK_SUCCESS)
         eng->broken = true;
@@ -1543,9 +1652,10 @@ static int dispatch_finish(struct batch_ctx *bc, struct gpu_result *res, struct 
  * long-lived engine keeps room for a few more re-plans. */
 #define CUT_SHIFT_MAX 8u
 
-/* Starts one attempt of `batch` on frame `fr` (swapped in). */
+/* Starts one attempt of `batch` on frame `fr` (swapped in): submits it,
+ * or when `bg` leaves it begun with its upload in the background. */
 static int attempt_submit(struct gpu_engine *eng, struct gpu_frame *fr,
-                          const struct gpu_batch *batch, struct gpu_result *res,
+                          const struct gpu_batch *batch, struct gpu_result *res, bool bg,
                           struct vks_error *err)
 {
     struct batch_ctx *bc = &fr->bc;
@@ -1553,7 +1663,9 @@ static int attempt_submit(struct gpu_engine *eng, struct gpu_frame *fr,
         *bc = (struct batch_ctx){.eng = eng, .batch = batch, .tel = &res->tel};
         for (uint32_t c = 0; c < GPU_MAX_BATCH_CATALOGS; c++)
             bc->cat_slot[c] = bc->alias[c] = -1;
-        int rc = dispatch_submit(bc, err);
+        int rc = dispatch_begin(bc, bg, err);
+        if (rc == 0 && !bg)
+            rc = dispatch_end(bc, err);
         if (rc < 0)
             dispatch_abort(bc);
         /* the factor pass ran here, and the driver cut its loops (lavapipe):
@@ -1575,6 +1687,8 @@ static int retry_cut(struct gpu_engine *eng, struct gpu_frame *fr, int rc, struc
 {
     struct gpu_result *res = fr->res;
     const struct gpu_batch *batch = fr->bc.batch;
+    if (rc == -EIO && fr->bc.cut)
+        join_upload(eng); /* the re-run uploads and waits on the queue alone */
     for (uint32_t retries = 0; rc == -EIO && fr->bc.cut && eng->cut_shift < CUT_SHIFT_MAX;) {
         struct gpu_telemetry cut = res->tel; /* what the cut pass moved still counts */
         eng->cut_shift++;
@@ -1582,7 +1696,7 @@ static int retry_cut(struct gpu_engine *eng, struct gpu_frame *fr, int rc, struc
         res->n_hits = 0;
         memset(&res->tel, 0, sizeof(res->tel));
         vks_error_clear(err);
-        rc = attempt_submit(eng, fr, batch, res, err);
+        rc = attempt_submit(eng, fr, batch, res, false, err);
         if (rc == 0)
             rc = dispatch_finish(&fr->bc, res, err);
         res->tel.cut_reruns = retries;
@@ -1592,6 +1706,7 @@ static int retry_cut(struct gpu_engine *eng, struct gpu_frame *fr, int rc, struc
         res->tel.bytes_read_back += cut.bytes_read_back;
         res->tel.device_idle_ns += cut.device_idle_ns;
         res->tel.inflight = cut.inflight;
+        res->tel.collect_overlapped = cut.collect_overlapped;
     }
     return rc;
 }
@@ -1617,19 +1732,23 @@ static void finish_tel(struct gpu_engine *eng, struct gpu_result *res, uint64_t 
 static struct gpu_frame *free_frame(struct gpu_engine *eng)
 {
     for (uint32_t i = 0; i < eng->n_frames; i++) {
-        if (!eng->frames[i].busy)
+        if (!eng->frames[i].busy && &eng->frames[i] != eng->begun)
             return &eng->frames[i];
     }
     return NULL;
 }
 
-int gpu_batch_submit(struct gpu_engine *eng, const struct gpu_batch *batch, struct gpu_result *res,
-                     struct vks_error *err)
+int gpu_batch_begin(struct gpu_engine *eng, const struct gpu_batch *batch, struct gpu_result *res,
+                    struct vks_error *err)
 {
     uint64_t t0 = gpu_now_ns();
     res->n_hits = 0;
     memset(&res->tel, 0, sizeof(res->tel));
     vks_error_clear(err);
+    if (eng->begun != NULL)
+        return vks_error_set(err, -EBUSY,
+                             "a batch is begun on the engine: end it (gpu_batch_end) before "
+                             "starting another");
     int rc = validate(eng, batch, err);
     if (rc < 0)
         return rc;
@@ -1640,32 +1759,90 @@ int gpu_batch_submit(struct gpu_engine *eng, const struct gpu_batch *batch, stru
                              "before submitting another",
                              eng->n_frames);
     gpu_frame_swap(eng, fr);
-    rc = attempt_submit(eng, fr, batch, res, err);
+    rc = attempt_submit(eng, fr, batch, res, true, err);
     gpu_frame_swap(eng, fr);
+    fr->host_ns = gpu_now_ns() - t0;
     if (rc < 0) {
-        finish_tel(eng, res, gpu_now_ns() - t0, t0, rc);
+        finish_tel(eng, res, fr->host_ns, t0, rc);
         return rc;
     }
     fr->res = res;
     fr->t_submit = t0;
-    fr->seq = eng->seq++;
-    fr->busy = true;
-    eng->n_busy++;
-    fr->host_ns = gpu_now_ns() - t0;
+    eng->begun = fr;
     return 0;
 }
 
-int gpu_batch_collect(struct gpu_engine *eng, struct gpu_result **res, struct vks_error *err)
+int gpu_batch_end(struct gpu_engine *eng, struct vks_error *err)
 {
-    struct gpu_frame *fr = NULL;
+    struct gpu_frame *fr = eng->begun;
+    if (fr == NULL)
+        return vks_error_set(err, -ENOENT, "no batch is begun: gpu_batch_begin one first");
+    uint64_t t0 = gpu_now_ns();
+    vks_error_clear(err);
+    gpu_frame_swap(eng, fr);
+    int rc = dispatch_end(&fr->bc, err);
+    if (rc < 0)
+        dispatch_abort(&fr->bc);
+    gpu_frame_swap(eng, fr);
+    eng->begun = NULL;
+    fr->host_ns += gpu_now_ns() - t0;
+    if (rc < 0) {
+        finish_tel(eng, fr->res, fr->host_ns, fr->t_submit, rc);
+        return rc;
+    }
+    fr->seq = eng->seq++;
+    fr->busy = true;
+    eng->n_busy++;
+    return 0;
+}
+
+int gpu_batch_submit(struct gpu_engine *eng, const struct gpu_batch *batch, struct gpu_result *res,
+                     struct vks_error *err)
+{
+    int rc = gpu_batch_begin(eng, batch, res, err);
+    return rc < 0 ? rc : gpu_batch_end(eng, err);
+}
+
+bool gpu_batch_upload_help(struct gpu_engine *eng)
+{
+    if (eng->begun == NULL || eng->begun->bc.up == NULL || !eng->begun->bc.up->bg)
+        return false;
+    return upload_pool_help(eng->pool);
+}
+
+static struct gpu_frame *oldest_frame(const struct gpu_engine *eng)
+{
+    const struct gpu_frame *fr = NULL;
     for (uint32_t i = 0; i < eng->n_frames; i++) {
         if (eng->frames[i].busy && (fr == NULL || eng->frames[i].seq < fr->seq))
             fr = &eng->frames[i];
     }
+    return (struct gpu_frame *)fr;
+}
+
+bool gpu_batch_oldest_done(const struct gpu_engine *eng)
+{
+    const struct gpu_frame *fr = oldest_frame(eng);
+    if (fr == NULL)
+        return false;
+    /* no pass submitted (no work), or a broken engine: collected at once */
+    if (!fr->bc.submitted || eng->broken)
+        return true;
+    return vkGetFenceStatus(eng->dev, fr->fence) == VK_SUCCESS;
+}
+
+int gpu_batch_collect(struct gpu_engine *eng, struct gpu_result **res, struct vks_error *err)
+{
+    struct gpu_frame *fr = oldest_frame(eng);
     if (fr == NULL)
         return vks_error_set(err, -ENOENT, "no batch is in flight: submit one before collecting");
     uint64_t t0 = gpu_now_ns();
     vks_error_clear(err);
+    const struct upload_job *up = eng->begun != NULL ? eng->begun->bc.up : NULL;
+    if (up != NULL && up->concurrent) { /* its upload threads fill while this one is read */
+        eng->begun->res->tel.collect_overlapped = 1;
+        eng->stats.collects_overlapped++;
+    }
     gpu_frame_swap(eng, fr);
     int rc = dispatch_finish(&fr->bc, fr->res, err);
     rc = retry_cut(eng, fr, rc, err);
@@ -1681,11 +1858,11 @@ int gpu_batch_collect(struct gpu_engine *eng, struct gpu_result **res, struct vk
 int gpu_batch_dispatch(struct gpu_engine *eng, const struct gpu_batch *batch,
                        struct gpu_result *res, struct vks_error *err)
 {
-    if (eng->n_busy > 0)
+    if (eng->n_busy > 0 || eng->begun != NULL)
         return vks_error_set(err, -EBUSY,
-                             "%u batches submitted with gpu_batch_submit are in flight: "
+                             "%u batches submitted with gpu_batch_submit are in flight%s: "
                              "collect them before a gpu_batch_dispatch",
-                             eng->n_busy);
+                             eng->n_busy, eng->begun != NULL ? " and one is begun" : "");
     int rc = gpu_batch_submit(eng, batch, res, err);
     if (rc < 0)
         return rc;
@@ -1758,6 +1935,7 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(total_ns);
     ADD(wall_ns);
     ADD(device_idle_ns);
+    ADD(collect_overlapped);
     for (int k = 0; k < GPU_PROF_KINDS; k++) {
         s.prof_ns[k] += sum->prof_ns[k];
         s.prof_dispatches[k] += sum->prof_dispatches[k];

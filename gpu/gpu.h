@@ -288,6 +288,10 @@ struct gpu_telemetry {
      * as the host sees it: a fence is seen signalled when it is waited for. */
     uint64_t device_idle_ns;
     uint32_t inflight; /* batches on the device right after this one's submit, itself included */
+    /* 1 when the batch before it was collected while this one's upload ran
+     * on the upload threads (gpu_batch_begin .. gpu_batch_end); summed by
+     * gpu_telemetry_add: batches so overlapped */
+    uint32_t collect_overlapped;
     /* gpu_options.profile: device time and dispatches by kind, all passes */
     uint64_t prof_ns[GPU_PROF_KINDS];
     uint32_t prof_dispatches[GPU_PROF_KINDS];
@@ -308,6 +312,7 @@ struct gpu_engine_stats {
     uint32_t max_inflight; /* most batches on the device at once */
     uint64_t busy_ns;      /* time with at least one pass on the device */
     uint64_t idle_ns;      /* time between passes with none (before the first: not counted) */
+    uint64_t collects_overlapped; /* collects run while a begun batch's upload ran */
 };
 
 /*
@@ -368,6 +373,39 @@ int gpu_batch_dispatch(struct gpu_engine *eng, const struct gpu_batch *batch,
 int gpu_batch_submit(struct gpu_engine *eng, const struct gpu_batch *batch, struct gpu_result *res,
                      struct vks_error *err);
 int gpu_batch_collect(struct gpu_engine *eng, struct gpu_result **res, struct vks_error *err);
+
+/*
+ * gpu_batch_submit in two halves, so that the caller can collect (and use)
+ * an older batch while this one's bytes are copied to the device
+ * (docs/gpu.md "Batches in flight"). gpu_batch_begin checks and plans
+ * `batch`, makes its catalogs resident and starts its upload on the upload
+ * threads, and returns without waiting for it; gpu_batch_end takes part in
+ * what is left of the upload, records the pass and submits it. In between
+ * the caller may call gpu_batch_collect (`collect_overlapped` in the begun
+ * batch's telemetry), gpu_batch_upload_help and gpu_batch_oldest_done, and
+ * nothing else of the engine. A factor pass (docs/gpu.md) runs whole in
+ * gpu_batch_begin: such a batch has nothing left to overlap.
+ *
+ * gpu_batch_begin: borrows as gpu_batch_submit; errors as
+ * gpu_batch_submit, and -EBUSY when a batch is begun already. On an error
+ * nothing is begun and `res` holds the telemetry. gpu_batch_end: returns
+ * gpu_batch_submit's status for the begun batch (-ENOENT when none); on an
+ * error nothing of it is on the device, it is not collected, and its `res`
+ * holds the telemetry. Every begun batch must be ended before the next
+ * begin, submit, dispatch or gpu_engine_destroy. Engine thread only.
+ */
+int gpu_batch_begin(struct gpu_engine *eng, const struct gpu_batch *batch, struct gpu_result *res,
+                    struct vks_error *err);
+int gpu_batch_end(struct gpu_engine *eng, struct vks_error *err);
+
+/* Copies one piece of the begun batch's upload on the calling thread;
+ * false when no piece was left to hand out (or no batch is begun). */
+bool gpu_batch_upload_help(struct gpu_engine *eng);
+
+/* Whether the oldest batch in flight has finished on the device, so that
+ * collecting it waits for no device work of its own (a pass re-run for a
+ * full hit ring excepted). False when none is in flight. */
+bool gpu_batch_oldest_done(const struct gpu_engine *eng);
 
 /* Batches submitted and not yet collected. */
 uint32_t gpu_engine_inflight(const struct gpu_engine *eng);

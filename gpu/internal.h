@@ -134,6 +134,7 @@ struct plan_entry {
 #define PLAN_CACHE 16u
 
 struct upload_pool;
+struct upload_job;
 struct gpu_lit;
 
 /* Catalogs whose literal tables the engine keeps (gpu/lit.c): at least a
@@ -266,6 +267,11 @@ struct batch_ctx {
     bool submitted;    /* the pass is on the queue: gpu_batch_collect waits for it */
     bool chunks_out;   /* haystack chunk copies were submitted without a fence */
     uint64_t t_submit; /* when the first pass was submitted */
+    /* The upload started by the batch's begin (batch.c upload_start), joined
+     * at its end (upload_finish); NULL before and after. Owned. */
+    struct upload_job *up;
+    uint64_t t_upload; /* when it started */
+    bool begun;        /* planned and its upload started: record and submit are left */
 };
 
 /*
@@ -366,6 +372,14 @@ struct gpu_engine {
     uint64_t busy_since; /* when on_device went from 0 to 1 */
     uint64_t idle_since; /* when it last went to 0; 0 before the first pass */
     struct gpu_engine_stats stats;
+    /* The frame of the batch gpu_batch_begin started and gpu_batch_end has
+     * not submitted yet (not busy, not swapped in); NULL when none. */
+    struct gpu_frame *begun;
+    /* While that batch's upload runs on the pool's threads (whose tasks
+     * submit haystack chunks), the lock every vkQueueSubmit on the engine's
+     * thread takes too: the queue is externally synchronized. NULL
+     * otherwise: the engine's thread is then the queue's only user. */
+    pthread_mutex_t *qlock;
 };
 
 /* Swaps frame `fr`'s resources with the engine's fields of the same names
@@ -430,10 +444,22 @@ int gpu_pipeline_init(struct gpu_engine *eng, struct vks_error *err);
 void gpu_pipeline_finish(struct gpu_engine *eng);
 
 /* Thread pool that runs `fn(ctx, i)` for i in [0, n) and returns when all
- * are done; the calling thread takes part. */
+ * are done; the calling thread takes part. Called by the engine's thread
+ * only (one run at a time). */
 typedef void (*pool_fn)(void *ctx, uint32_t i);
 int upload_pool_create(uint32_t threads, struct upload_pool **out);
 void upload_pool_run(struct upload_pool *p, pool_fn fn, void *ctx, uint32_t n);
+/* The same job in the background: upload_pool_start hands its tasks to the
+ * pool's threads and returns at once (whether the pool has threads of its
+ * own to run them: false means nothing runs before the wait);
+ * upload_pool_help runs one task of it on the caller's thread (false: none
+ * was left to hand out); upload_pool_wait runs the rest on the caller's
+ * thread and returns when all are done (at once when none was started).
+ * One background job at a time; upload_pool_run may run meanwhile, and the
+ * threads take its tasks first. `ctx` is borrowed until the wait returns. */
+bool upload_pool_start(struct upload_pool *p, pool_fn fn, void *ctx, uint32_t n);
+bool upload_pool_help(struct upload_pool *p);
+void upload_pool_wait(struct upload_pool *p);
 uint32_t upload_pool_threads(const struct upload_pool *p);
 void upload_pool_destroy(struct upload_pool *p);
 

@@ -3,6 +3,12 @@
  * into persistently mapped staging memory in parallel. One memcpy thread
  * moves about 10 GB/s into touched memory; PCIe Gen5 takes 50 GB/s, so the
  * copy into staging is split across threads (docs/gpu.md).
+ *
+ * Two jobs at most: the one upload_pool_run waits for (the caller takes
+ * part), and one started in the background (upload_pool_start, a batch's
+ * upload while the engine thread collects the batch before it), which the
+ * caller joins at upload_pool_wait. The threads hand out the waited-for
+ * job's tasks first: it is what the calling thread stands still for.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -10,18 +16,22 @@
 
 #include "internal.h"
 
+struct pool_job {
+    pool_fn fn;
+    void *ctx;
+    uint32_t next; /* next task index to hand out */
+    uint32_t n;
+    uint32_t running;
+};
+
 struct upload_pool {
     pthread_mutex_t lock;
     pthread_cond_t work;
     pthread_cond_t idle;
     pthread_t *threads;
     uint32_t n_threads;
-    uint64_t generation;
-    pool_fn fn;
-    void *ctx;
-    uint32_t next; /* next task index to hand out */
-    uint32_t n;
-    uint32_t running;
+    struct pool_job run; /* upload_pool_run's */
+    struct pool_job bg;  /* upload_pool_start's */
     bool stop;
 };
 
@@ -32,19 +42,26 @@ uint64_t gpu_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Runs tasks of the current job until none is left; called with the lock
- * held, returns with it held. */
-static void drain(struct upload_pool *p)
+static bool has_tasks(const struct pool_job *j)
 {
-    while (p->next < p->n) {
-        uint32_t i = p->next++;
-        p->running++;
-        pthread_mutex_unlock(&p->lock);
-        p->fn(p->ctx, i);
-        pthread_mutex_lock(&p->lock);
-        if (--p->running == 0 && p->next >= p->n)
-            pthread_cond_broadcast(&p->idle);
-    }
+    return j->next < j->n;
+}
+
+static bool done(const struct pool_job *j)
+{
+    return j->next >= j->n && j->running == 0;
+}
+
+/* Runs one task of `j`; called with the lock held, returns with it held. */
+static void run_one(struct upload_pool *p, struct pool_job *j)
+{
+    uint32_t i = j->next++;
+    j->running++;
+    pthread_mutex_unlock(&p->lock);
+    j->fn(j->ctx, i);
+    pthread_mutex_lock(&p->lock);
+    if (--j->running == 0 && j->next >= j->n)
+        pthread_cond_broadcast(&p->idle);
 }
 
 static void *worker(void *arg)
@@ -52,14 +69,13 @@ static void *worker(void *arg)
     struct upload_pool *p = arg;
     pthread_setname_np(pthread_self(), "vks-upload"); /* top -H, perf: whose time */
     pthread_mutex_lock(&p->lock);
-    uint64_t seen = p->generation;
     while (!p->stop) {
-        if (p->generation == seen) {
+        if (has_tasks(&p->run))
+            run_one(p, &p->run);
+        else if (has_tasks(&p->bg))
+            run_one(p, &p->bg);
+        else
             pthread_cond_wait(&p->work, &p->lock);
-            continue;
-        }
-        seen = p->generation;
-        drain(p);
     }
     pthread_mutex_unlock(&p->lock);
     return NULL;
@@ -91,15 +107,43 @@ int upload_pool_create(uint32_t threads, struct upload_pool **out)
 void upload_pool_run(struct upload_pool *p, pool_fn fn, void *ctx, uint32_t n)
 {
     pthread_mutex_lock(&p->lock);
-    p->fn = fn;
-    p->ctx = ctx;
-    p->next = 0;
-    p->n = n;
-    p->generation++;
+    p->run = (struct pool_job){.fn = fn, .ctx = ctx, .n = n};
     pthread_cond_broadcast(&p->work);
-    drain(p);
-    while (p->running != 0)
+    while (has_tasks(&p->run))
+        run_one(p, &p->run);
+    while (!done(&p->run))
         pthread_cond_wait(&p->idle, &p->lock);
+    p->run = (struct pool_job){0};
+    pthread_mutex_unlock(&p->lock);
+}
+
+bool upload_pool_start(struct upload_pool *p, pool_fn fn, void *ctx, uint32_t n)
+{
+    pthread_mutex_lock(&p->lock);
+    p->bg = (struct pool_job){.fn = fn, .ctx = ctx, .n = n};
+    pthread_cond_broadcast(&p->work);
+    pthread_mutex_unlock(&p->lock);
+    return p->n_threads > 0;
+}
+
+bool upload_pool_help(struct upload_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    bool ran = has_tasks(&p->bg);
+    if (ran)
+        run_one(p, &p->bg);
+    pthread_mutex_unlock(&p->lock);
+    return ran;
+}
+
+void upload_pool_wait(struct upload_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    while (has_tasks(&p->bg))
+        run_one(p, &p->bg);
+    while (!done(&p->bg))
+        pthread_cond_wait(&p->idle, &p->lock);
+    p->bg = (struct pool_job){0};
     pthread_mutex_unlock(&p->lock);
 }
 

@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -2389,7 +2390,8 @@ static void pjob_init(struct pjob *j, const struct catalog *cat, uint32_t n_bufs
     X(items_total) X(items_processed) X(items_remaining) X(hits_raw) X(hit_reruns)   \
     X(cut_reruns) X(spec_items) X(spec_fixes) X(spec_fix_bytes) X(plan_ns)           \
     X(confirm_host) X(upload_ns) X(kernel_ns) X(device_ns) X(readback_ns)                            \
-    X(finalize_ns) X(hits_counted) X(total_ns) X(wall_ns) X(device_idle_ns)
+    X(finalize_ns) X(hits_counted) X(total_ns) X(wall_ns) X(device_idle_ns)            \
+    X(collect_overlapped)
 #define TEL_MAXES(X) X(workgroups) X(hit_capacity) X(inflight)
 #define TEL_LATEST(X)                                                                \
     X(resident_allocations) X(resident_bytes) X(device_bytes) X(resident_catalogs)   \
@@ -2543,6 +2545,101 @@ START_TEST(test_pipelined_forget_destroy)
 }
 END_TEST
 
+/* ---- collect overlapped with the next upload (gpu_batch_begin / end) --- */
+
+#define OJOBS 6u
+
+/*
+ * The daemon's order with two batches in flight: batch i is begun (its
+ * upload started on the upload threads), batch i-1 collected and checked
+ * against refscan while that upload runs, then batch i ended (submitted).
+ * Every batch after the first counts its predecessor's collect as
+ * overlapped; without the split none would. Buffers of 1-2 MiB a batch
+ * so the upload has many pieces; _i: 0 mapped, 1 staged in 64 KiB chunks
+ * (the upload threads submit them while the collect submits too), 2
+ * staged, buffers read by callback and the hits finished on the pool (its
+ * waited-for jobs beside the background upload).
+ */
+START_TEST(test_collect_overlap)
+{
+    struct gpu_options opt = {.inflight = 2,
+                              .upload_threads = 4,
+                              .staged_upload = _i > 0,
+                              .upload_chunk = _i > 0 ? 64u << 10 : 0,
+                              .hits_parallel_min = _i == 2 ? 1 : 0};
+    struct gpu_engine *eng = engine(&opt);
+    rng = 91 + (uint64_t)_i;
+    struct catalog *cat = random_catalog(10);
+    struct pjob jobs[OJOBS];
+    struct gpu_buffer reads[OJOBS][4];
+    memset(jobs, 0, sizeof(jobs));
+    for (uint32_t i = 0; i < OJOBS; i++) {
+        jobs[i].cats[0] = cat;
+        bufset_random(&jobs[i].bufs, 4, 1, 1);
+        for (uint32_t b = 0; b < 4; b++) { /* 256 to 512 KiB each */
+            struct gpu_buffer *gb = &jobs[i].bufs.v[b];
+            free((void *)gb->data);
+            gb->len = (256u << 10) + rnd(256u << 10);
+            gb->data = random_text(gb->len);
+            reads[i][b] = *gb;
+            if (_i == 2) {
+                reads[i][b].data = NULL;
+                reads[i][b].read = read_from;
+                reads[i][b].read_ctx = (void *)gb->data;
+            }
+        }
+        jobs[i].batch = (struct gpu_batch){jobs[i].cats, 1, reads[i], 4};
+    }
+    struct vks_error err = {0};
+    struct gpu_result *out = NULL, spare = {0};
+    ck_assert_int_eq(gpu_batch_end(eng, &err), -ENOENT);
+    ck_assert(!gpu_batch_upload_help(eng));
+    ck_assert(!gpu_batch_oldest_done(eng));
+    ck_assert_int_eq(gpu_batch_submit(eng, &jobs[0].batch, &jobs[0].res, &err), 0);
+    for (uint32_t i = 1; i <= OJOBS; i++) {
+        if (i < OJOBS) {
+            int rc = gpu_batch_begin(eng, &jobs[i].batch, &jobs[i].res, &err);
+            ck_assert_msg(rc == 0, "begin %u: %d %s", i, rc, err.msg);
+            ck_assert_int_eq(gpu_batch_begin(eng, &jobs[0].batch, &spare, &err), -EBUSY);
+            ck_assert_int_eq(gpu_batch_dispatch(eng, &jobs[0].batch, &spare, &err), -EBUSY);
+            if (i % 2 == 0) /* the daemon's way: pieces on this thread until it is done */
+                while (!gpu_batch_oldest_done(eng))
+                    if (!gpu_batch_upload_help(eng))
+                        sched_yield();
+        }
+        int rc = gpu_batch_collect(eng, &out, &err);
+        ck_assert_msg(rc == 0, "collect %u: %d %s", i - 1, rc, err.msg);
+        ck_assert_ptr_eq(out, &jobs[i - 1].res);
+        struct gpu_batch mem = {jobs[i - 1].cats, 1, jobs[i - 1].bufs.v, 4};
+        ck_assert_uint_gt(check_result(&mem, out), 0);
+        if (i < OJOBS) {
+            rc = gpu_batch_end(eng, &err);
+            ck_assert_msg(rc == 0, "end %u: %d %s", i, rc, err.msg);
+            ck_assert_uint_eq(gpu_engine_inflight(eng), 1);
+        }
+    }
+    ck_assert_uint_eq(gpu_engine_inflight(eng), 0);
+    ck_assert_uint_eq(jobs[0].res.tel.collect_overlapped, 0);
+    for (uint32_t i = 1; i < OJOBS; i++) {
+        ck_assert_msg(jobs[i].res.tel.collect_overlapped == 1, "batch %u: not overlapped", i);
+        ck_assert_uint_gt(jobs[i].res.tel.haystack_bytes_uploaded, 1u << 20);
+        if (_i > 0) /* every 64 KiB chunk's copy was submitted */
+            ck_assert_uint_gt(jobs[i].res.tel.submits, 16);
+    }
+    struct gpu_engine_stats st;
+    gpu_engine_stats(eng, &st);
+    ck_assert_uint_eq(st.collects_overlapped, OJOBS - 1);
+    ck_assert_uint_eq(st.batches, OJOBS);
+    gpu_engine_destroy(eng);
+    gpu_result_finish(&spare);
+    for (uint32_t i = 0; i < OJOBS; i++) {
+        bufset_free(&jobs[i].bufs);
+        gpu_result_finish(&jobs[i].res);
+    }
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* The Vulkan loader unloads its drivers and layers at vkDestroyInstance;
  * what lavapipe keeps in its globals then looks leaked to LeakSanitizer
  * (128 bytes from an unnamed module per engine). Pinning the modules
@@ -2614,6 +2711,10 @@ Suite *gpu_suite(void)
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_literal_kernel, 0, 5);
     tcase_add_loop_test(tc, test_literal_boundaries, 0, 4);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("overlap");
+    tcase_set_timeout(tc, 240);
+    tcase_add_loop_test(tc, test_collect_overlap, 0, 3);
     suite_add_tcase(s, tc);
     tc = tcase_create("fused");
     tcase_set_timeout(tc, 240);
