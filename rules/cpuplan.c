@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dfa.h"
+#include "nfa.h"
 #include "parse.h"
 #include "rules.h"
 
@@ -471,6 +473,79 @@ static void small_rules_only(const struct catalog *cat, uint32_t ng, uint8_t *ta
     }
 }
 
+/*
+ * Few positions do not make a small DFA: `dtf[A-Za-z0-9_-]{20,37}` has 40
+ * and a DFA of over 16,384 states (each "dtf" inside the run starts a new
+ * count). The compiler leaves such a rule on a bit-NFA, gated, and one
+ * gated group makes the whole shadow unusable (plan_shadow): regex-500-
+ * secrets spent 8.4-15 s (2-core machine) compiling 470 rules again, and
+ * gitleaks-regex 1-1.6 s on 80, both for nothing. So before the compile,
+ * each rule's DFA is built alone, as the compiler's first step does, up
+ * to SHADOW_RULE_STATES states, and all of them together up to
+ * SHADOW_ALL_STATES; at the first rule over, nothing is compiled again.
+ * The total bounds the probe (about 0.5 us a state, plus each rule's parse
+ * and NFA: regex-500, whose shadow is used, 435 rules of at most 118
+ * states and 12,925 in all, 33 ms) and the shadow compile, which grows
+ * with it (regex-500's: 1.2-1.3 s). A rule between SHADOW_RULE_STATES and
+ * the compiler's own bound (16,384) would fit a DFA, but its shadow would
+ * cost seconds too.
+ */
+#define SHADOW_RULE_STATES 4096u
+#define SHADOW_ALL_STATES  32768u
+
+/* The states of the DFA of `root` alone, unminimised, as the compiler's
+ * first try builds it; cap + 1 when over `cap` (or not built). Returns 0
+ * or -ENOMEM. */
+static int lone_dfa_states(struct node *root, uint32_t cap, uint32_t *states)
+{
+    struct nfa_builder *b = nfa_builder_create();
+    if (b == NULL)
+        return -ENOMEM;
+    struct nfa nfa;
+    int rc = nfa_builder_add(b, parse_strip_prefix(root), 0);
+    if (rc == 0)
+        rc = nfa_builder_finish(b, &nfa);
+    nfa_builder_destroy(b);
+    if (rc != 0)
+        return rc;
+    struct dfa d;
+    rc = dfa_build(&nfa, cap, &d);
+    nfa_finish(&nfa);
+    *states = rc == 0 ? d.n_states : cap + 1; /* -E2BIG: over the cap */
+    if (rc == 0)
+        dfa_finish(&d);
+    return rc == -ENOMEM ? rc : 0;
+}
+
+/* Clears `take` unless the DFA of each rule of its marked groups fits
+ * SHADOW_RULE_STATES, and all of them SHADOW_ALL_STATES. Stops at the
+ * first rule over. Returns 0 or -ENOMEM. */
+static int small_dfas_only(const struct catalog *cat, uint32_t ng, uint8_t *take)
+{
+    uint32_t left = SHADOW_ALL_STATES;
+    bool fit = true;
+    int rc = 0;
+    for (uint32_t r = 0; r < catalog_rule_count(cat) && fit && rc == 0; r++) {
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        if (cr.group >= ng || !take[cr.group])
+            continue;
+        struct parse_result pr = {0};
+        uint32_t g, states = 0, cap = left < SHADOW_RULE_STATES ? left : SHADOW_RULE_STATES;
+        rc = parse_src(cat, r, &pr, &g);
+        fit = rc == 0 && pr.root != NULL && cap > 0;
+        rc = rc == -ENOMEM ? rc : 0;
+        if (fit)
+            rc = lone_dfa_states(pr.root, cap, &states);
+        fit = fit && rc == 0 && states <= cap;
+        left -= fit ? states : 0;
+        parse_result_finish(&pr);
+    }
+    if (!fit || rc != 0)
+        memset(take, 0, ng);
+    return rc;
+}
+
 /* Rules of gated groups compiled again with this many at most (a bound
  * on the plan's time). */
 #define SHADOW_MAX_RULES 5000u
@@ -520,10 +595,15 @@ static int plan_shadow(const struct catalog *cat, const uint32_t *report, struct
         free(ids);
         return -ENOMEM;
     }
-    struct rules_options ro = {.gate_bits = UINT32_MAX};
+    /* bitnfa_counters: the compiler puts a rule whose counted repeats add
+     * up to 64 (`uzv[a-f0-9]{32}[a-f0-9]{40}`) on a bit-NFA without trying
+     * its DFA, gated when it has factors, as every rule here has; its DFA
+     * fits (small_dfas_only), so it is tried. */
+    struct rules_options ro = {.gate_bits = UINT32_MAX, .bitnfa_counters = UINT32_MAX};
     struct rules_result res = {0};
     struct vks_error err;
     int rc = rules_compile(src, n, &ro, &res, &err);
+    p->n_shadow_compiled = n;
     for (uint32_t i = 0; i < n; i++)
         free(ids[i]);
     free(src);
@@ -602,6 +682,8 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
     }
     if (rc == 0)
         small_rules_only(cat, ng, shadow);
+    if (rc == 0)
+        rc = small_dfas_only(cat, ng, shadow);
     if (rc == 0)
         rc = plan_shadow(cat, report, p, shadow);
     for (uint32_t g = 0; rc == 0 && g < ng; g++)

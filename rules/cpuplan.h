@@ -45,6 +45,8 @@ struct cpuplan {
     uint8_t *mode;      /* per engine group: CPUPLAN_* */
     struct cpulit *lit; /* NULL when no group uses it */
     uint32_t n_lit_groups, n_window_groups, n_shadow_groups;
+    /* rules compiled again for the shadow (0: none were), used or not */
+    uint32_t n_shadow_compiled;
     bool gated_full; /* a gated bit-NFA group left to the catalog's factor groups */
     /* CPUPLAN_SHADOW groups: their rules compiled again (owned), its plan
      * (owned), and its rule indexes in this catalog */

@@ -2001,6 +2001,52 @@ START_TEST(test_window_groups_equal_refscan)
 }
 END_TEST
 
+/* The plan compiles gated groups again only when it can use the result
+ * (rules/cpuplan.c, small_dfas_only): `dtf[A-Za-z0-9_-]{20,37}` has 40
+ * positions but a DFA of over 16,384 states, which the compiler leaves
+ * gated even without gating, so its group is not compiled again (it
+ * was, for seconds, and thrown away); `uzv[a-f0-9]{32}[a-f0-9]{40}` has
+ * counters adding up to 72 but a small DFA, so it is compiled again and
+ * used. Hits equal refscan's either way. */
+START_TEST(test_shadow_only_when_usable)
+{
+    static char *const usable[] = {"abc[0-9]{2,4}xyz", "uzv[a-f0-9]{32}[a-f0-9]{40}"};
+    static char *const unusable[] = {"abc[0-9]{2,4}xyz", "dtf[A-Za-z0-9_-]{20,37}"};
+    static const char *flags[] = {"", ""};
+    enum rule_kind kind[] = {RULE_REGEX, RULE_REGEX};
+    struct catalog *cat =
+        compile_src(_i == 0 ? (char **)usable : (char **)unusable, flags, kind, 2, true);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
+    ck_assert_uint_ge(plan->n_nfa, 1);
+    ck_assert_uint_eq(plan->n_shadow_compiled > 0, plan->n_shadow_groups > 0);
+    if (_i == 0) {
+        ck_assert_uint_eq(plan->n_shadow_compiled, 2);
+        ck_assert_ptr_nonnull(plan->shadow);
+    } else {
+        ck_assert_uint_eq(plan->n_shadow_compiled, 0);
+        ck_assert_ptr_null(plan->shadow);
+        ck_assert_uint_ge(plan->n_window_groups, 1);
+    }
+    cpuplan_put(plan);
+    static const char *const plants[] = {
+        "abc12xyz", "dtfAb-_0123456789abcdefgh", "dtfdtfdtfdtfdtfdtfdtfdtfdtf",
+        "uzv0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef01234567"};
+    static const char alpha[] = "abcdefxyz0123-_ \nDTF";
+    size_t len = 30000;
+    uint8_t *buf = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+    for (size_t p = 0; p + 80 < len; p += 1 + rnd(200)) {
+        const char *x = plants[rnd(4)];
+        memcpy(buf + p, x, strlen(x));
+    }
+    fast_equals_refscan(cat, buf, len, _i == 0 ? "usable shadow" : "no shadow");
+    free(buf);
+    catalog_destroy(cat);
+}
+END_TEST
+
 static int cmp_lit_hit(const void *a, const void *b)
 {
     const struct lit_hit *x = a, *y = b;
@@ -2358,6 +2404,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_literal_group_kind);
     tcase_add_loop_test(tc, test_literal_groups_equal_refscan, 0, 2);
     tcase_add_loop_test(tc, test_window_groups_equal_refscan, 0, 2);
+    tcase_add_loop_test(tc, test_shadow_only_when_usable, 0, 2);
     tcase_add_test(tc, test_plan_cached);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
