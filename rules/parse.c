@@ -84,6 +84,7 @@ struct parser {
     size_t msgsz;
     bool regex;       /* regex rules: PCRE escapes; literals: C escapes */
     bool quote;       /* inside \Q...\E: every byte is literal */
+    bool class_caseless; /* inside a class under (?i): [:^lower:] folds before negating */
     uint32_t ngroups; /* capturing groups opened so far (for \N: backref or octal) */
     uint32_t *names;  /* group names seen: (offset, length) pairs */
     uint32_t nnames, capnames;
@@ -656,6 +657,11 @@ static bool parse_posix(struct parser *p, struct byteset *into)
         if (strlen(nm) == end - name && memcmp(nm, p->s + name, end - name) == 0) {
             struct byteset s = {{0}};
             posix_classes[k].fill(&s);
+            /* Hyperscan folds a negated POSIX item before negating it:
+             * (?i)[[:^lower:]] is every byte but the letters, not every
+             * byte (the fold of [^a-z]). Only upper and lower differ. */
+            if (neg && p->class_caseless)
+                set_fold_case(&s);
             if (neg)
                 set_invert(&s);
             set_union(into, &s);
@@ -719,6 +725,7 @@ static struct node *parse_class(struct parser *p, const struct pflags *fl)
         }
     }
     bool first = true;
+    p->class_caseless = fl->caseless;
     for (;;) {
         class_skip_quotes(p);
         if (p->i >= p->len) {

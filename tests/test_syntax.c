@@ -535,6 +535,11 @@ static const struct tcase cases[] = {
     {"[[:alpha:]-z]", 0, NULL, W_BOTH},
     {"[[:upper:]]", I, NULL, W_BOTH},
     {"[[:lower:]]", I, NULL, W_BOTH},
+    /* under (?i) a negated POSIX item is folded, then negated: letters out */
+    {"[[:^lower:]]", I, "aA1", W_BOTH},
+    {"[[:^upper:]x]", I, "aAxX1", W_BOTH},
+    {"[^[:^lower:]]", I, "aA1", W_BOTH},
+    {"a(?i:[[:^upper:]])", 0, "aBab1", W_BOTH},
     {"[[:alnum:][:blank:][:cntrl:]]", 0, NULL, W_BOTH},
     {"[[:graph:][:print:]]", 0, NULL, W_BOTH},
     {"[[:punct:][:space:][:xdigit:]]", 0, NULL, W_BOTH},
@@ -748,7 +753,7 @@ static const char *const cls_members[] = {
     "[:^digit:]",  "[:word:]", "[:space:]",   "[:punct:]", "[:foo:]", "[:upper:]", "[:lower:]",
     "[.a.]",       "[:alpha]", "a-z",         "A-Z",       "0-9",     "z-a",       "a-\\d",
     "\\d-z",       "!--",      "\\x20-\\x7e", "k-k",       "K-k",     "\xe9",      "\x80-\xff",
-    "\\xc9-\\xe9", "\xa0"};
+    "\\xc9-\\xe9", "\xa0",      "[:^lower:]", "[:^upper:]"};
 static const char *const quants[] = {"*",      "+",    "?",      "{2}", "{1,3}", "{2,}",
                                      "{,3}",   "{ 2}", "{3,2}",  "{0}", "*?",    "+?",
                                      "{1,2}?", "**",   "{2}{2}", " *",  " +",    "{1000,1002}"};
