@@ -32,6 +32,89 @@ static bool nullable(const struct node *n, bool free_only)
     return false;
 }
 
+/*
+ * The contexts an empty match can stand in: the byte before (buffer start,
+ * '\n', a word byte, another byte) times the byte after (buffer end, a
+ * final '\n', another '\n', a word byte, another byte), 20 bits.
+ */
+enum { CTX_PREV = 4, CTX_NEXT = 5, CTX_ALL = (1u << (CTX_PREV * CTX_NEXT)) - 1 };
+enum { P_BOS, P_NL, P_WORD, P_OTHER };
+enum { X_EOD, X_NLFINAL, X_NL, X_WORD, X_OTHER };
+
+static bool ctx_holds(enum assert_kind k, unsigned prev, unsigned next)
+{
+    switch (k) {
+    case A_BOS:
+        return prev == P_BOS;
+    case A_BOL:
+        return prev == P_BOS || prev == P_NL;
+    case A_EOD:
+        return next == X_EOD;
+    case A_DOLLAR:
+        return next == X_EOD || next == X_NLFINAL;
+    case A_EOL:
+        return next == X_EOD || next == X_NLFINAL || next == X_NL;
+    case A_WORDB:
+        return (prev == P_WORD) != (next == X_WORD);
+    case A_NOTWORDB:
+        return (prev == P_WORD) == (next == X_WORD);
+    }
+    return true;
+}
+
+static uint32_t assert_contexts(enum assert_kind k)
+{
+    uint32_t m = 0;
+    for (unsigned prev = 0; prev < CTX_PREV; prev++)
+        for (unsigned next = 0; next < CTX_NEXT; next++)
+            if (ctx_holds(k, prev, next))
+                m |= 1u << (prev * CTX_NEXT + next);
+    return m;
+}
+
+/*
+ * The contexts in which `n` matches the empty string: the assertions on
+ * one empty path must all hold at one offset, so `\b[A-Z]?\B` (both \b
+ * and \B on its empty path) cannot match empty, as Hyperscan finds too.
+ */
+static uint32_t empty_contexts(const struct node *n)
+{
+    uint32_t m = 0;
+    switch (n->type) {
+    case N_SET:
+        return 0;
+    case N_ASSERT:
+        return assert_contexts(n->u.as);
+    case N_REPEAT:
+        return n->u.rep.min == 0 ? CTX_ALL : empty_contexts(n->u.rep.kid);
+    case N_CAT:
+        m = CTX_ALL;
+        for (uint32_t k = 0; k < n->u.list.n && m != 0; k++)
+            m &= empty_contexts(n->u.list.kids[k]);
+        return m;
+    case N_ALT:
+        for (uint32_t k = 0; k < n->u.list.n && m != CTX_ALL; k++)
+            m |= empty_contexts(n->u.list.kids[k]);
+        return m;
+    }
+    return m;
+}
+
+/* The longest match of what parse_strip_prefix leaves of `root`: 0 when
+ * only assertions would remain (`[a-z]?\b\B`, `\b\B`), a rule with no
+ * byte to match. */
+static uint32_t stripped_maxlen(const struct node *root)
+{
+    if (root->type != N_CAT)
+        return parse_maxlen(root);
+    uint32_t k = 0, len = 0;
+    while (k + 1 < root->u.list.n && nullable(root->u.list.kids[k], true))
+        k++;
+    for (; k < root->u.list.n && len == 0; k++)
+        len = parse_maxlen(root->u.list.kids[k]);
+    return len;
+}
+
 static bool is_end_anchor(const struct node *n)
 {
     return n->type == N_ASSERT && (n->u.as == A_EOD || n->u.as == A_DOLLAR);
@@ -102,7 +185,7 @@ uint64_t parse_positions(const struct node *n)
 int parse_check(const struct node *root, uint32_t max_positions, uint32_t *pos, char *msg,
                 size_t msgsz)
 {
-    if (nullable(root, false)) {
+    if (empty_contexts(root) != 0 || stripped_maxlen(root) == 0) {
         *pos = 0;
         snprintf(msg, msgsz,
                  "pattern can match the empty string, which would match at every "

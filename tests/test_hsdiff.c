@@ -546,8 +546,12 @@ static void check_verdicts(struct run *ru, struct stats *st, char (*hs_why)[96])
         }
     }
     for (size_t i = 0; i < ru->n; i++) {
+        /* `nullable` takes assertions as empty: \b[A-Z]?\B is nullable there,
+         * but its empty path needs \b and \B at one offset, so it never
+         * matches empty and both engines accept it. A rule we accept that
+         * really matches empty shows as Hyperscan's reject or as hits. */
         bool hs_empty = !ru->hs_ok[i] && msg_has(hs_why[i], "empty");
-        if (ours_ok[i] && (ru->rules[i].nullable == 1 || hs_empty)) {
+        if (ours_ok[i] && hs_empty) {
             st->bad_rejects++;
             if (st->reports < max_reports()) {
                 report_header(ru, st, "we accept a rule that can match the empty string");
@@ -1783,6 +1787,7 @@ START_TEST(test_known_semantics)
         {"a(\\B)+b", 0, "ab a b"}, /* a repeated group of an assertion is the assertion */
         {"a(?:\\b)?b", 0, "ab"},
         {"\\xc3\\xa9", RULE_F_CASELESS, "\xc3\xa9 \xc3\x89"}, /* ASCII-only caseless */
+        {"\\b[A-Z]?\\B", 0, "AB x"}, /* its empty path needs \b and \B at once: never empty */
     };
     struct stats st = {0};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -535,6 +535,11 @@ static const struct tcase cases[] = {
     {"[[:alpha:]-z]", 0, NULL, W_BOTH},
     {"[[:upper:]]", I, NULL, W_BOTH},
     {"[[:lower:]]", I, NULL, W_BOTH},
+    /* an empty path whose assertions contradict (\b then \B) is no empty
+     * match: Hyperscan accepts these, and so do we */
+    {"\\b[A-Z]?\\B", 0, "AB x", W_BOTH},
+    {"\\b\\w*\\B", 0, "abc d", W_BOTH},
+    {"(?:\\b|x)(?:\\B|y)", 0, "xy ab", W_BOTH},
     /* under (?i) a negated POSIX item is folded, then negated: letters out */
     {"[[:^lower:]]", I, "aA1", W_BOTH},
     {"[[:^upper:]x]", I, "aAxX1", W_BOTH},
