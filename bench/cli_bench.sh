@@ -10,7 +10,8 @@
 # with pattern files *.rules and, for each, a haystack NAME.hay (or the one
 # file default.hay) that is repeated to SIZE_MIB (default 1024) MiB. ITERS
 # (default 5) runs of each; medians are printed. ENGINE: vkscand's --engine
-# (default auto). VKSCAN_ARGS: more `vkscan scan` options; --no-cache
+# (default auto). VKSCAND_ARGS: more vkscand options (--max-scan-bytes 256M
+# makes the CLI stream larger files in pieces). VKSCAN_ARGS: more `vkscan scan` options; --no-cache
 # measures scanning, since vkscand answers an unchanged file's rescan from
 # its result cache. Output: one line per rule set, and the raw times under
 # $OUT (default /tmp/cli-bench).
@@ -39,8 +40,9 @@ make_file() {
 
 sock=$WORK/vkscand.sock
 rm -rf "$WORK/state"
+# shellcheck disable=SC2086
 "$BUILD/daemon/vkscand" --config "" --socket "$sock" --state-dir "$WORK/state" \
-    --engine "$ENGINE" --log-level notice >"$OUT/vkscand.log" 2>&1 &
+    --engine "$ENGINE" --log-level notice ${VKSCAND_ARGS:-} >"$OUT/vkscand.log" 2>&1 &
 daemon=$!
 trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
 for _ in $(seq 600); do grep -q "ready on" "$OUT/vkscand.log" && break; sleep 0.1; done

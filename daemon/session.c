@@ -710,6 +710,7 @@ static void telemetry(struct stats_list *l, const struct request *r,
     stats_add_u(l, "items_processed", g->items_processed);
     stats_add_u(l, "hit_reruns", g->hit_reruns);
     stats_add_u(l, "hit_copy_submits", g->hit_copy_submits);
+    stats_add_u(l, "collect_overlapped", g->collect_overlapped);
     stats_add_u(l, "gpu_slices", g->slices);
     stats_add_u(l, "spec_fixes", g->spec_fixes);
     stats_add_f(l, "occupancy", g->occupancy);
