@@ -1598,6 +1598,96 @@ static int id_hit_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* 20,000 random binary strings of 8 to 32 bytes covering all 256 byte
+ * values (the shape of antivirus and IDS signature sets, and of
+ * scan_bench's binary-20k), compiled at the default options (one literal
+ * group, matched by rules/cpulit.c), against Hyperscan on 1 MiB of random
+ * bytes with 6,000 of the strings planted, some overlapping: no rule
+ * rejected, every (rule, end) equal. */
+START_TEST(test_binary_literals_20k)
+{
+    enum { N = 20000, LEN = 1 << 20, PLANTS = 6000 };
+    struct rng rng = {0xb1a7e5u};
+    struct rule_src *src = xrealloc(NULL, N * sizeof(*src));
+    char **pat = xrealloc(NULL, N * sizeof(*pat));
+    char(*ids)[16] = xrealloc(NULL, N * sizeof(*ids));
+    unsigned *hsid = xrealloc(NULL, N * sizeof(*hsid)), *hsfl = xrealloc(NULL, N * sizeof(*hsfl));
+    uint8_t(*raw)[32] = xrealloc(NULL, N * sizeof(*raw));
+    uint32_t *rawlen = xrealloc(NULL, N * sizeof(*rawlen));
+    uint32_t seen[256] = {0};
+    for (size_t i = 0; i < N; i++) {
+        rawlen[i] = 8 + rng_below(&rng, 25);
+        struct str t = {0};
+        for (uint32_t k = 0; k < rawlen[i]; k++) {
+            raw[i][k] = (uint8_t)rng_below(&rng, 256);
+            seen[raw[i][k]]++;
+            str_printf(&t, "\\x%02x", raw[i][k]);
+        }
+        pat[i] = t.p;
+        snprintf(ids[i], sizeof(ids[i]), "b%zu", i);
+        hsid[i] = (unsigned)i;
+        hsfl[i] = 0;
+        src[i] = (struct rule_src){ids[i], RULE_REGEX, pat[i], t.n, 0, 0};
+    }
+    for (int v = 0; v < 256; v++)
+        ck_assert_uint_gt(seen[v], 0);
+    struct rules_options ro = {0};
+    struct rules_result res = {0};
+    ck_assert_int_eq(rules_compile(src, N, &ro, &res, NULL), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    hs_database_t *db = NULL;
+    hs_compile_error_t *ce = NULL;
+    ck_assert_int_eq(hs_compile_multi((const char *const *)pat, hsfl, hsid, N, HS_MODE_BLOCK,
+                                      NULL, &db, &ce),
+                     HS_SUCCESS);
+    hs_scratch_t *scratch = NULL;
+    ck_assert_int_eq(hs_alloc_scratch(db, &scratch), HS_SUCCESS);
+    uint8_t *buf = xrealloc(NULL, LEN);
+    for (size_t i = 0; i < LEN; i++)
+        buf[i] = (uint8_t)rng_below(&rng, 256);
+    for (int k = 0; k < PLANTS; k++) {
+        uint32_t i = rng_below(&rng, N);
+        size_t at = rng_below(&rng, LEN - 32);
+        memcpy(buf + at, raw[i], rawlen[i]);
+    }
+    struct id_hits theirs = {0}, ours = {0};
+    ck_assert_int_eq(hs_scan(db, (const char *)buf, LEN, 0, scratch, on_hs_id, &theirs),
+                     HS_SUCCESS);
+    struct scan_hits ref = {0};
+    ck_assert_int_eq(refscan_buffer(res.catalog, buf, LEN, SCAN_ALL, &ref), 0);
+    uint32_t *input = xrealloc(NULL, N * sizeof(*input)); /* catalog rule -> input */
+    for (size_t i = 0; i < N; i++)
+        input[res.rule_index[i]] = (uint32_t)i;
+    for (size_t h = 0; h < ref.n; h++)
+        id_hits_push(&ours, input[ref.v[h].rule], ref.v[h].end);
+    qsort(theirs.v, theirs.n, sizeof(*theirs.v), id_hit_cmp);
+    qsort(ours.v, ours.n, sizeof(*ours.v), id_hit_cmp);
+    ck_assert_uint_ge(theirs.n, PLANTS / 2); /* later plants overwrite some */
+    ck_assert_uint_eq(ours.n, theirs.n);
+    for (size_t h = 0; h < ours.n; h++)
+        ck_assert_msg(ours.v[h].id == theirs.v[h].id && ours.v[h].end == theirs.v[h].end,
+                      "hit %zu: rule %u end %" PRIu64 " against Hyperscan's %u at %" PRIu64, h,
+                      ours.v[h].id, ours.v[h].end, theirs.v[h].id, theirs.v[h].end);
+    free(theirs.v);
+    free(ours.v);
+    free(input);
+    scan_hits_finish(&ref);
+    free(buf);
+    hs_free_scratch(scratch);
+    hs_free_database(db);
+    rules_result_finish(&res);
+    for (size_t i = 0; i < N; i++)
+        free(pat[i]);
+    free(pat);
+    free(src);
+    free(ids);
+    free(hsid);
+    free(hsfl);
+    free(raw);
+    free(rawlen);
+}
+END_TEST
+
 /* The CPU engine's literal fast path (rules/cpuplan.c) against Hyperscan
  * for random literal sets whose rules share ids (about four rules an id,
  * suffixes and case variants of each other, caseless, binary bytes): each
@@ -2742,6 +2832,7 @@ Suite *hsdiff_suite(void)
     TCase *cpu = tcase_create("cpu-engine");
     tcase_set_timeout(cpu, 600);
     tcase_add_loop_test(cpu, test_cpu_engine_shared_literals, 0, 2);
+    tcase_add_test(cpu, test_binary_literals_20k);
     suite_add_tcase(s, cpu);
     TCase *files = tcase_create("shared-data");
     tcase_set_timeout(files, 600);
