@@ -258,7 +258,7 @@ struct batch_ctx {
     uint64_t items_total;
     uint64_t workers;
     uint64_t new_cat_bytes;
-    uint64_t t_read;   /* when the last pass's fence signalled */
+    uint64_t t_read; /* when the last pass's fence signalled */
     /* Discrete devices: hits the pass's own command buffer copies to
      * hits_host after its dispatches (reserve_buffers' guess); a pass with
      * at most that many needs no second submit for them (copy_hits) */

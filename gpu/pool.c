@@ -104,16 +104,23 @@ int upload_pool_create(uint32_t threads, struct upload_pool **out)
     return 0;
 }
 
+/* With the lock held: the caller takes the pieces of `j` nobody has
+ * taken, waits for those running on other threads, and clears the job. */
+static void finish(struct upload_pool *p, struct pool_job *j)
+{
+    while (has_tasks(j))
+        run_one(p, j);
+    while (!done(j))
+        pthread_cond_wait(&p->idle, &p->lock);
+    *j = (struct pool_job){0};
+}
+
 void upload_pool_run(struct upload_pool *p, pool_fn fn, void *ctx, uint32_t n)
 {
     pthread_mutex_lock(&p->lock);
     p->run = (struct pool_job){.fn = fn, .ctx = ctx, .n = n};
     pthread_cond_broadcast(&p->work);
-    while (has_tasks(&p->run))
-        run_one(p, &p->run);
-    while (!done(&p->run))
-        pthread_cond_wait(&p->idle, &p->lock);
-    p->run = (struct pool_job){0};
+    finish(p, &p->run);
     pthread_mutex_unlock(&p->lock);
 }
 
@@ -139,11 +146,7 @@ bool upload_pool_help(struct upload_pool *p)
 void upload_pool_wait(struct upload_pool *p)
 {
     pthread_mutex_lock(&p->lock);
-    while (has_tasks(&p->bg))
-        run_one(p, &p->bg);
-    while (!done(&p->bg))
-        pthread_cond_wait(&p->idle, &p->lock);
-    p->bg = (struct pool_job){0};
+    finish(p, &p->bg);
     pthread_mutex_unlock(&p->lock);
 }
 

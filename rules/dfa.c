@@ -49,7 +49,7 @@ static void *arr_realloc(void *p, size_t n)
     size_t want = sizeof(*h) + (n ? n : 1);
     /* a new mapping is backed as far as it is written here: its header, and
      * the heap copy moved into it; a remapped one keeps what it had */
-    size_t backed = h == NULL ? sizeof(*h)
+    size_t backed = h == NULL        ? sizeof(*h)
                     : h->mapped != 0 ? h->populated
                                      : sizeof(*h) + (h->bytes < n ? h->bytes : n);
     if (h != NULL && h->mapped != 0) {

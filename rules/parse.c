@@ -82,11 +82,11 @@ struct parser {
     uint32_t err_pos;
     char *msg;
     size_t msgsz;
-    bool regex;       /* regex rules: PCRE escapes; literals: C escapes */
-    bool quote;       /* inside \Q...\E: every byte is literal */
+    bool regex;          /* regex rules: PCRE escapes; literals: C escapes */
+    bool quote;          /* inside \Q...\E: every byte is literal */
     bool class_caseless; /* inside a class under (?i): [:^lower:] folds before negating */
-    uint32_t ngroups; /* capturing groups opened so far (for \N: backref or octal) */
-    uint32_t *names;  /* group names seen: (offset, length) pairs */
+    uint32_t ngroups;    /* capturing groups opened so far (for \N: backref or octal) */
+    uint32_t *names;     /* group names seen: (offset, length) pairs */
     uint32_t nnames, capnames;
 };
 

@@ -577,8 +577,7 @@ static void count_unbounded(const struct catalog *cat, uint32_t *dfa, uint32_t *
  * same (rule, end) pairs. */
 START_TEST(weak_factor_unbounded_gated)
 {
-    static const char *pats[] = {"(?i)woi[[:alnum:]]{9,}", "(?i)ehu[0-9a-f]{4,12}x",
-                                 "plain[0-9]+"};
+    static const char *pats[] = {"(?i)woi[[:alnum:]]{9,}", "(?i)ehu[0-9a-f]{4,12}x", "plain[0-9]+"};
     struct rule_src r[3];
     for (int i = 0; i < 3; i++)
         r[i] = (struct rule_src){
@@ -610,8 +609,8 @@ START_TEST(weak_factor_unbounded_gated)
                       "plain0 plain12 woi\nwoiZZZZZZZZZZZZ";
     struct scan_hits h[2] = {{0}, {0}};
     for (int k = 0; k < 2; k++)
-        ck_assert_int_eq(
-            refscan_buffer(cat[k], (const uint8_t *)hay, strlen(hay), SCAN_ALL, &h[k]), 0);
+        ck_assert_int_eq(refscan_buffer(cat[k], (const uint8_t *)hay, strlen(hay), SCAN_ALL, &h[k]),
+                         0);
     ck_assert_uint_ge(h[0].n, 12);
     ck_assert_uint_eq(h[0].n, h[1].n);
     ck_assert(memcmp(h[0].v, h[1].v, h[0].n * sizeof(*h[0].v)) == 0);

@@ -1637,9 +1637,9 @@ START_TEST(test_binary_literals_20k)
     ck_assert_uint_eq(res.n_rejects, 0);
     hs_database_t *db = NULL;
     hs_compile_error_t *ce = NULL;
-    ck_assert_int_eq(hs_compile_multi((const char *const *)pat, hsfl, hsid, N, HS_MODE_BLOCK,
-                                      NULL, &db, &ce),
-                     HS_SUCCESS);
+    ck_assert_int_eq(
+        hs_compile_multi((const char *const *)pat, hsfl, hsid, N, HS_MODE_BLOCK, NULL, &db, &ce),
+        HS_SUCCESS);
     hs_scratch_t *scratch = NULL;
     ck_assert_int_eq(hs_alloc_scratch(db, &scratch), HS_SUCCESS);
     uint8_t *buf = xrealloc(NULL, LEN);

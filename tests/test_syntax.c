@@ -758,7 +758,7 @@ static const char *const cls_members[] = {
     "[:^digit:]",  "[:word:]", "[:space:]",   "[:punct:]", "[:foo:]", "[:upper:]", "[:lower:]",
     "[.a.]",       "[:alpha]", "a-z",         "A-Z",       "0-9",     "z-a",       "a-\\d",
     "\\d-z",       "!--",      "\\x20-\\x7e", "k-k",       "K-k",     "\xe9",      "\x80-\xff",
-    "\\xc9-\\xe9", "\xa0",      "[:^lower:]", "[:^upper:]"};
+    "\\xc9-\\xe9", "\xa0",     "[:^lower:]",  "[:^upper:]"};
 static const char *const quants[] = {"*",      "+",    "?",      "{2}", "{1,3}", "{2,}",
                                      "{,3}",   "{ 2}", "{3,2}",  "{0}", "*?",    "+?",
                                      "{1,2}?", "**",   "{2}{2}", " *",  " +",    "{1000,1002}"};
