@@ -1245,10 +1245,9 @@ int vks_stream_open(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
                     struct vks_error *err)
 {
     struct vks_stream_options so;
-    if (opt != NULL) { /* no options yet; read as the ABI says all the same */
-        vks_stream_options_init(&so);
+    vks_stream_options_init(&so);
+    if (opt != NULL)
         read_options(&so, sizeof(so), opt, sizeof(size_t));
-    }
     *out = NULL;
     struct vks_stream *s = stream_new();
     if (s == NULL)
@@ -1256,6 +1255,7 @@ int vks_stream_open(struct vks_client *c, const uint8_t catalog[VKS_FP_LEN],
     struct proto_request req = {.op = PROTO_OP_STREAM_OPEN};
     struct proto_reply *rep = NULL;
     memcpy(req.u.stream.catalog, catalog, VKS_FP_LEN);
+    req.u.stream.mode = (enum proto_report)so.mode;
     /* not retried: a stream opened on a connection that then broke is gone */
     int rc = call(c, &req, NULL, 0, false, 0, &rep, err);
     if (rc < 0) {

@@ -646,7 +646,7 @@ static void sink_hits(struct scan *s, struct sink *k, const struct vks_scan_resu
         if (s->opt.out == OUT_COUNT) {
             if (first)
                 k->order[k->n_order++] = h->rule;
-            k->count[h->rule]++;
+            k->count[h->rule] += h->count; /* the stream counts in vkscand */
             continue;
         }
         if (s->opt.report == VKS_REPORT_FIRST && !first)
@@ -717,8 +717,14 @@ static int sink_open(struct scan *s, struct sink *k, const char *path)
         s->errors++;
         return -ECONNREFUSED;
     }
+    /* -c, -l and --first need a count per rule, not every match: the
+     * daemon counts, and a hit-dense input does not come back match by
+     * match (nor past max-hits) */
+    struct vks_stream_options so;
+    vks_stream_options_init(&so);
+    so.mode = s->opt.report == VKS_REPORT_ALL ? VKS_REPORT_ALL : VKS_REPORT_COUNT;
     struct vks_error err = {0};
-    int rc = vks_stream_open(s->streams, s->fp, NULL, &k->st, &err);
+    int rc = vks_stream_open(s->streams, s->fp, &so, &k->st, &err);
     if (rc != 0)
         warn_path(s, path, "%s (skipped)", err.msg);
     else if (s->opt.only_matching && s->opt.out == OUT_MATCHES && !s->opt.quiet)

@@ -57,6 +57,7 @@ struct stream {
     struct store_entry *entry;
     uint64_t t_active; /* uv_now of the last request */
     size_t state_bytes;
+    enum scan_mode mode;          /* SCAN_ALL, or SCAN_COUNT: a hit per rule and write */
     struct work *q_head, *q_tail; /* writes and the close waiting their turn */
     struct work *a_head, *a_tail; /* requests that have run, not answered yet: in order */
     uint32_t hold;                /* settle() runs: not freed under it */
@@ -379,7 +380,7 @@ void stream_set_destroy(struct stream_set *set)
 
 /* Opens one stream over `entry` (its checks done); 0 or -ENOMEM. */
 static int open_one(struct stream_set *set, struct store_entry *entry, size_t size,
-                    struct stream **out)
+                    enum scan_mode mode, struct stream **out)
 {
     const struct catalog *cat = store_entry_catalog(entry);
     struct tenant_streams *t = tenant_of(set->uid, true);
@@ -408,6 +409,7 @@ static int open_one(struct stream_set *set, struct store_entry *entry, size_t si
     st->entry = entry;
     store_entry_ref(entry);
     st->state_bytes = size;
+    st->mode = mode;
     st->t_active = uv_now(server_loop(set->srv));
     st->next = set->list;
     st->pprev = &set->list;
@@ -448,6 +450,14 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
                            "whole buffers");
         return;
     }
+    if (req->u.stream.mode == PROTO_REPORT_FIRST) {
+        /* a first end per rule over the whole stream would be state per rule */
+        session_send_error(s, req->id, req->op, -VKS_E_BAD_VALUE,
+                           "a stream reports mode all or count, not first: open it with count "
+                           "and keep the first end of each rule from the first write that "
+                           "reports it");
+        return;
+    }
     if (size > cfg->stream_max_state_bytes) {
         snprintf(msg, sizeof(msg),
                  "a stream of this catalog needs %zu bytes of state, the limit "
@@ -459,7 +469,7 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
     uint32_t *ids = count > 1 ? calloc(count, sizeof(*ids)) : NULL;
     struct stream *st = NULL;
     uint32_t k = 0;
-    while (k < count && (count == 1 || ids != NULL) && open_one(set, entry, size, &st) == 0) {
+    while (k < count && (count == 1 || ids != NULL) && open_one(set, entry, size, (enum scan_mode)req->u.stream.mode, &st) == 0) {
         if (ids != NULL)
             ids[k] = st->id;
         k++;
@@ -601,10 +611,20 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
     return rc;
 }
 
+/* A stream in count mode answers one hit per rule: the write's first end
+ * of it and how many ends the write completed (maybe millions of raw hits:
+ * done where the write ran, off the loop). */
+static void count_hits(struct work *w)
+{
+    if (w->rc == 0 && w->st->mode == SCAN_COUNT)
+        scan_hits_finalize(&w->hits, streamscan_catalog(w->st->scan), SCAN_COUNT);
+}
+
 /* The write or close itself, on a pool thread. */
 static void work_run(struct work *w)
 {
     const struct proto_buffer *b = w->buf;
+    bool second = w->mid_hits || w->mid_cpu; /* the write's last step: its middle is back */
     if (w->mid_hits) { /* the batch's hits (maybe millions: sorted off the loop) */
         for (size_t i = 0; i < w->ej.n_hits && w->rc == 0; i++)
             w->rc = streamscan_middle_add(&w->mid, w->ej.hits[i].rule, w->ej.hits[i].end);
@@ -639,8 +659,10 @@ static void work_run(struct work *w)
         w->rc = write_fd(w, b);
     }
     /* the answer may go out after the stream's next write has begun */
-    if (!w->mid_hits && !w->mid_cpu)
+    if (!second)
         w->offset = streamscan_offset(w->st->scan);
+    if (second || !w->mid.pending)
+        count_hits(w);
 }
 
 /* Answers a write or close with its hits (at most max-hits: truncated). */
@@ -655,7 +677,8 @@ static void reply_hits(struct work *w)
         return;
     }
     for (uint32_t i = 0; i < n; i++)
-        v[i] = (struct proto_hit){.rule = w->hits.v[i].rule, .end = w->hits.v[i].end, .count = 1};
+        v[i] = (struct proto_hit){
+            .rule = w->hits.v[i].rule, .end = w->hits.v[i].end, .count = w->hits.v[i].count};
     struct proto_buffer_status status = {.bytes = w->bytes, .hits = n, .truncated = w->hits.n > n};
     struct proto_stat tel[2] = {
         {.key = "stream_offset", .u = w->offset},
@@ -1192,8 +1215,10 @@ static void many_finish(struct many *m)
             const struct item *it = &m->items[i];
             uint32_t from = k;
             for (size_t j = 0; j < it->hits.n && k < keep; j++)
-                v[k++] = (struct proto_hit){
-                    .buffer = i, .rule = it->hits.v[j].rule, .end = it->hits.v[j].end, .count = 1};
+                v[k++] = (struct proto_hit){.buffer = i,
+                                            .rule = it->hits.v[j].rule,
+                                            .end = it->hits.v[j].end,
+                                            .count = it->hits.v[j].count};
             bs[i] = (struct proto_buffer_status){.code = it->rc,
                                                  .message = it->rc != 0 ? it->msg : NULL,
                                                  .bytes = it->bytes,
@@ -1234,6 +1259,7 @@ static bool close_here(struct stream *st, struct work *w)
     st->running = true;
     w->rc = streamscan_close(st->scan, &w->hits);
     w->offset = streamscan_offset(st->scan);
+    count_hits(w);
     counters.loop_closes++;
     work_done(w, 0);
     return true;

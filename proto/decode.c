@@ -425,6 +425,12 @@ static int read_mode(struct dec *d, enum proto_report *mode)
     return 0;
 }
 
+static int read_stream_mode(struct dec *d, struct proto_request *req, const struct proto_frame *fr)
+{
+    (void)fr;
+    return read_mode(d, &req->u.stream.mode);
+}
+
 static int read_scan_buffers(struct dec *d, struct proto_request *req, const struct proto_frame *fr)
 {
     return read_buffers(d, &req->u.scan.buffers, &req->u.scan.n_buffers, fr);
@@ -586,6 +592,7 @@ static const struct field scan_fields[] = {
 static const struct field stream_open_fields[] = {
     {"catalog", FT_FP, RQ(u.stream.catalog), NULL},
     {"count", FT_U32, RQ(u.stream.count), NULL},
+    {"mode", FT_CUSTOM, 0, read_stream_mode},
 };
 static const struct field stream_close_fields[] = {
     {"stream", FT_U32, RQ(u.stream.stream), NULL},

@@ -243,7 +243,7 @@ static uint32_t request_fields(const struct proto_request *req)
     case PROTO_OP_SCAN:
         return 6 + (req->u.scan.no_cache ? 1 : 0) + (req->u.scan.starts ? 1 : 0);
     case PROTO_OP_STREAM_OPEN:
-        return 1 + (req->u.stream.count != 0 ? 1 : 0);
+        return 1 + (req->u.stream.count != 0 ? 1 : 0) + (req->u.stream.mode != 0 ? 1 : 0);
     case PROTO_OP_STREAM_CLOSE:
         return 1;
     case PROTO_OP_STREAM_WRITE:
@@ -280,6 +280,12 @@ static int enc_request_body(struct enc *e, const struct proto_request *req, stru
         kv_fp(e, "catalog", req->u.stream.catalog);
         if (req->u.stream.count != 0)
             kv_u64(e, "count", req->u.stream.count);
+        if ((unsigned)req->u.stream.mode > 2)
+            return invalid(e, err, "stream mode must be all or count");
+        if (req->u.stream.mode != 0) { /* only then: older daemons know no `mode` here */
+            key(e, "mode");
+            cstr(e, mode_names[req->u.stream.mode]);
+        }
         return 0;
     case PROTO_OP_STREAM_WRITE:
         kv_u64(e, "stream", req->u.stream.stream);

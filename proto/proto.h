@@ -303,6 +303,7 @@ struct proto_stream {
     uint32_t stream;
     struct proto_buffer buffer;
     uint32_t count;    /* stream.open: streams to open at once (0 or absent: one) */
+    enum proto_report mode; /* stream.open: ALL (default) or COUNT; FIRST is refused */
     uint32_t *streams; /* stream.close: ids to close at once, instead of `stream` */
     uint32_t n_streams;
 };

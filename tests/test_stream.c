@@ -1475,6 +1475,157 @@ START_TEST(test_daemon_stream_gpu_batches)
 }
 END_TEST
 
+/* Per-rule sums of count-mode hits: `res`'s hits of buffer `buf` (or of
+ * every buffer when buf is UINT32_MAX), each rule at most once per buffer,
+ * in end order. */
+static void count_add(const struct vks_scan_result *res, uint32_t buf, uint64_t *count,
+                      uint64_t *first, size_t n_rules)
+{
+    uint8_t seen[64] = {0};
+    uint64_t prev = 0;
+    uint32_t prev_buf = UINT32_MAX;
+    for (size_t i = 0; i < res->n_hits; i++) {
+        const struct vks_hit *h = &res->hits[i];
+        if (buf != UINT32_MAX && h->buffer != buf)
+            continue;
+        if (h->buffer != prev_buf) {
+            memset(seen, 0, sizeof(seen));
+            prev = 0;
+            prev_buf = h->buffer;
+        }
+        ck_assert_uint_lt(h->rule, n_rules);
+        ck_assert_msg(!seen[h->rule], "rule %u twice in one count-mode write", h->rule);
+        ck_assert_uint_ge(h->count, 1);
+        ck_assert_uint_ge(h->end, prev);
+        seen[h->rule] = 1;
+        prev = h->end;
+        if (count[h->rule] == 0 || h->end < first[h->rule])
+            first[h->rule] = h->end;
+        count[h->rule] += h->count;
+    }
+}
+
+/* The block scan of `data` in count mode against the stream's sums. */
+static void counts_equal_block(struct vks_client *c, struct vks_catalog *cat, const struct str *data,
+                               const uint64_t *count, const uint64_t *first, size_t n_rules)
+{
+    struct vks_error err = {0};
+    struct vks_buffer b = {.kind = VKS_BUFFER_INLINE, .data = data->p, .len = data->n};
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    so.mode = VKS_REPORT_COUNT;
+    struct vks_scan_result block;
+    ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), &b, 1, &so, &block, &err),
+                     0);
+    uint64_t want[64] = {0}, want_first[64] = {0};
+    count_add(&block, 0, want, want_first, n_rules);
+    for (size_t r = 0; r < n_rules; r++) {
+        ck_assert_msg(count[r] == want[r], "rule %zu: the stream counted %" PRIu64 ", block %" PRIu64,
+                      r, count[r], want[r]);
+        if (want[r] != 0)
+            ck_assert_uint_eq(first[r], want_first[r]);
+    }
+    vks_scan_result_finish(&block);
+}
+
+/* Count mode (stream.open `mode: count`): each write answers one hit per
+ * rule with the count of matches it completed, so a hit-dense stream is
+ * not cut at max-hits (an all-mode stream of the same bytes is) and the
+ * sums over the writes and the close equal a block scan's counts. On the
+ * CPU engine and with every middle in a GPU batch. */
+START_TEST(test_daemon_stream_count_mode)
+{
+    static const char *const plants[] = {"needle", "foo ", "foo",   "zq",     "zq\n", "abq",
+                                         "a",      "q",    "k123x", "k9x",    "\nst", "st",
+                                         "x",      " ",    "\n",    "k12345x"};
+    const size_t n_rules = sizeof(brules) / sizeof(brules[0]);
+    for (int gpu = 0; gpu < 2; gpu++) {
+        struct daemon d;
+        const char *const cpu_extra[] = {"--max-hits", "64", NULL};
+        const char *const gpu_extra[] = {"--engine", "gpu", "--stream-gpu-min-bytes", "1",
+                                         "--max-hits", "64", NULL};
+        daemon_start(&d, gpu ? gpu_extra : cpu_extra);
+        struct vks_client *c = connect_ok(&d);
+        struct vks_catalog *cat = load_rules(c, brules, n_rules);
+        rng_state = 0x5eed0c0u + (uint32_t)gpu;
+        struct str data = {0};
+        for (int i = 0; i < 20000; i++)
+            puts_(&data, plants[rnd(16)]);
+        struct vks_error err = {0};
+        struct vks_stream_options so;
+        vks_stream_options_init(&so);
+        struct vks_stream *s = NULL;
+        so.mode = VKS_REPORT_FIRST;
+        ck_assert_int_eq(vks_stream_open(c, vks_catalog_fingerprint(cat), &so, &s, &err),
+                         -VKS_E_BAD_VALUE);
+        ck_assert_ptr_nonnull(strstr(err.msg, "count"));
+        /* all mode: the one write's reply is cut at max-hits */
+        struct vks_stream *all = open_ok(c, cat);
+        struct vks_scan_result res;
+        ck_assert_int_eq(vks_stream_write(all, data.p, data.n, &res, &err), 0);
+        ck_assert(res.buffers[0].truncated);
+        ck_assert_uint_eq(res.n_hits, 64);
+        vks_scan_result_finish(&res);
+        ck_assert_int_eq(vks_stream_close(all, NULL, &err), 0);
+        /* count mode, in random writes (inline and fd) */
+        so.mode = VKS_REPORT_COUNT;
+        ck_assert_int_eq(vks_stream_open(c, vks_catalog_fingerprint(cat), &so, &s, &err), 0);
+        uint64_t count[64] = {0}, first[64] = {0};
+        for (size_t at = 0; at < data.n;) {
+            size_t n = 1 + rnd(rnd(4) == 0 ? 16 : 12000);
+            n = n > data.n - at ? data.n - at : n;
+            int rc;
+            if (rnd(3) == 0) {
+                FILE *f = tmpfile();
+                ck_assert_ptr_nonnull(f);
+                fwrite(data.p + at, 1, n, f);
+                fflush(f);
+                rc = vks_stream_write_fd(s, fileno(f), 0, n, &res, &err);
+                fclose(f);
+            } else {
+                rc = vks_stream_write(s, data.p + at, n, &res, &err);
+            }
+            ck_assert_msg(rc == 0, "stream.write: %d %s", rc, err.msg);
+            ck_assert(!res.buffers[0].truncated);
+            ck_assert_uint_le(res.n_hits, n_rules);
+            count_add(&res, 0, count, first, n_rules);
+            vks_scan_result_finish(&res);
+            at += n;
+        }
+        ck_assert_int_eq(vks_stream_close(s, &res, &err), 0);
+        count_add(&res, 0, count, first, n_rules);
+        vks_scan_result_finish(&res);
+        counts_equal_block(c, cat, &data, count, first, n_rules);
+        /* stream.writes: two count-mode streams of the same bytes in one request */
+        struct vks_stream *two[2];
+        for (int k = 0; k < 2; k++)
+            ck_assert_int_eq(vks_stream_open(c, vks_catalog_fingerprint(cat), &so, &two[k], &err),
+                             0);
+        struct vks_buffer bufs[2] = {{.kind = VKS_BUFFER_INLINE, .data = data.p, .len = data.n},
+                                     {.kind = VKS_BUFFER_INLINE, .data = data.p, .len = data.n}};
+        ck_assert_int_eq(vks_stream_write_many(two, bufs, 2, &res, &err), 0);
+        uint64_t cnt[2][64] = {{0}}, fst[2][64] = {{0}};
+        for (uint32_t k = 0; k < 2; k++) {
+            ck_assert(!res.buffers[k].truncated);
+            count_add(&res, k, cnt[k], fst[k], n_rules);
+        }
+        vks_scan_result_finish(&res);
+        for (int k = 0; k < 2; k++) {
+            ck_assert_int_eq(vks_stream_close(two[k], &res, &err), 0);
+            count_add(&res, 0, cnt[k], fst[k], n_rules);
+            vks_scan_result_finish(&res);
+            counts_equal_block(c, cat, &data, cnt[k], fst[k], n_rules);
+        }
+        if (gpu)
+            ck_assert_uint_gt(stat_of(c, "stream.batch_writes"), 2);
+        free(data.p);
+        vks_catalog_destroy(cat);
+        vks_client_close(c);
+        daemon_stop(&d);
+    }
+}
+END_TEST
+
 /* A match straddling two writes comes from the second; `foo\b` at the end
  * of the data comes from the close. */
 START_TEST(test_daemon_straddle_and_close)
@@ -2547,6 +2698,54 @@ START_TEST(test_cli_large_file_in_pieces)
 }
 END_TEST
 
+/* -c and -l of a hit-dense file over max-scan-bytes (a stream of pieces)
+ * and of a pipe, with max-hits far below a piece's matches: vkscand counts
+ * (stream.open `mode: count`), so nothing is cut and the counts are exact. */
+START_TEST(test_cli_count_hit_dense)
+{
+    struct daemon d;
+    daemon_start(&d, (const char *const[]){"--max-scan-bytes", "4096", "--max-hits", "16", NULL});
+    char path[128];
+    snprintf(path, sizeof(path), "%s/dense", d.dir);
+    struct str data = {0};
+    size_t a = 1, b = 1; /* -c lists rules in the order of their first match */
+    puts_(&data, "ab ");
+    rng_state = 0xc0417u;
+    while (data.n < 60000) {
+        uint32_t k = rnd(4);
+        puts_(&data, k == 0 ? "ab " : k == 1 ? "a" : k == 2 ? "b\n" : "xb");
+        a += k <= 1;
+        b += k == 0 || k >= 2;
+    }
+    put(&data, "", 1); /* NUL for the pipe */
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(data.p, 1, data.n - 1, f), data.n - 1);
+    fclose(f);
+    char want[512];
+    snprintf(want, sizeof(want), "%s:a:%zu\n%s:b:%zu\n", path, a, path, b);
+    int st;
+    char *out = run_cli(&d, (const char *const[]){"-c", "-e", "a:/a/", "-e", "b:/b/", path, NULL},
+                        NULL, &st);
+    ck_assert_int_eq(st, 0);
+    ck_assert_str_eq(out, want);
+    free(out);
+    snprintf(want, sizeof(want), "%s\n", path);
+    out = run_cli(&d, (const char *const[]){"-l", "-e", "a:/a/", path, NULL}, NULL, &st);
+    ck_assert_int_eq(st, 0);
+    ck_assert_str_eq(out, want);
+    free(out);
+    snprintf(want, sizeof(want), "(standard input):b:%zu\n", b);
+    out = run_cli(&d, (const char *const[]){"-c", "-e", "b:/b/", "-", NULL},
+                  (const char *const[]){data.p, NULL}, &st);
+    ck_assert_int_eq(st, 0);
+    ck_assert_str_eq(out, want);
+    free(out);
+    free(data.p);
+    daemon_stop(&d);
+}
+END_TEST
+
 /* --tail: a growing file is followed; a match across two appends is found,
  * and SIGINT ends the stream (the `\b` match at the very end comes from
  * the close). */
@@ -2919,6 +3118,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_stream_equals_block);
     tcase_add_test(td, test_daemon_straddle_and_close);
     tcase_add_test(td, test_daemon_stream_gpu_batches);
+    tcase_add_test(td, test_daemon_stream_count_mode);
     tcase_add_test(td, test_daemon_bad_ids);
     tcase_add_test(td, test_daemon_limits);
     tcase_add_test(td, test_daemon_idle_timeout);
@@ -2932,6 +3132,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_stream_writes_count_as_requests);
     tcase_add_test(td, test_cli_pipe);
     tcase_add_test(td, test_cli_large_file_in_pieces);
+    tcase_add_test(td, test_cli_count_hit_dense);
     tcase_add_test(td, test_cli_tail);
     tcase_add_test(td, test_cli_flat_memory);
     tcase_add_test(td, test_daemon_tenants_take_turns);

@@ -339,6 +339,24 @@ def test_stream_equals_block_scan(client):
     assert len(got) > 100
 
 
+def test_stream_count_mode(client):
+    # one Match per rule and piece, `count` of the piece's matches; the sums
+    # equal a block scan's counts
+    cat = client.load("a:/a/\nab:/ab/\n")
+    data = b"ab a xab aa " * 400
+    want = {m.rule: m.count for m in cat.scan(data, mode=vkscan.Report.COUNT)}
+    got = {"a": 0, "ab": 0}
+    with cat.stream(mode=vkscan.Report.COUNT) as st:
+        for i in range(0, len(data), 1000):
+            ms = st.write(data[i:i + 1000])
+            assert len({m.rule for m in ms}) == len(ms)
+            for m in ms:
+                got[m.rule] += m.count
+    assert got == want and want["a"] == 2000 and want["ab"] == 800
+    with pytest.raises(vkscan.Error):
+        cat.stream(mode=vkscan.Report.FIRST)
+
+
 def test_stream_pipelined_send_recv(client):
     # pieces of two streams sent before any reply: each stream's replies
     # come back in the order sent, with its own offsets

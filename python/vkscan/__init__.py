@@ -362,10 +362,12 @@ class Catalog:
             raise error_for_code(b.code, b.message or "")
         return res.matches
 
-    def stream(self) -> "Stream":
+    def stream(self, *, mode: int = Report.ALL) -> "Stream":
         """Opens a stream over this catalog (docs/protocol.md, "Streams"):
-        data written in pieces, matches across pieces found."""
-        return Stream(self)
+        data written in pieces, matches across pieces found. With
+        mode=Report.COUNT each piece answers one Match per rule: the first
+        end it completed and `count`, how many (Report.FIRST is refused)."""
+        return Stream(self, mode)
 
     def scan_many(self, inputs: Iterable[ScanInput], *, mode: int = Report.ALL,
                   max_hits: int = 0, timeout_ms: int = 0, starts: bool = False) -> ScanResult:
@@ -398,9 +400,9 @@ class Stream:
     connection, which must stay open. Use as a context manager: the exit
     closes it (its last matches are then in `last`)."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, mode: int = Report.ALL) -> None:
         self.catalog = catalog
-        self._raw, self.state_bytes = catalog.client._raw.stream_open(catalog.fingerprint)
+        self._raw, self.state_bytes = catalog.client._raw.stream_open(catalog.fingerprint, mode)
         self.closed = False
         self.last: List[Match] = []
 
@@ -416,10 +418,10 @@ class Stream:
         """Bytes written so far."""
         return int(self._raw.offset)
 
-    def _matches(self, hits: List[Tuple[int, int]]) -> List[Match]:
+    def _matches(self, hits: List[Tuple[int, int, int]]) -> List[Match]:
         rules = self.catalog.rules
-        return [Match(rules[r] if r < len(rules) else str(r), end, None, 0, r, 1)
-                for (r, end) in hits]
+        return [Match(rules[r] if r < len(rules) else str(r), end, None, 0, r, count)
+                for (r, end, count) in hits]
 
     def write(self, data: Union[bytes, bytearray, memoryview]) -> List[Match]:
         """Scans the next piece; the matches it completes, in end order."""
@@ -448,14 +450,15 @@ class Stream:
         return self._matches(hits)
 
 
-def _many_results(hits: List[Tuple[int, int, int]], statuses: List[Tuple[int, Optional[str], int]],
+def _many_results(hits: List[Tuple[int, int, int, int]],
+                  statuses: List[Tuple[int, Optional[str], int]],
                   rules: List[List[str]]) -> List[Union[List["Match"], "Error"]]:
     out: List[Union[List[Match], Error]] = [[] for _ in statuses]
-    for (i, r, end) in hits:
+    for (i, r, end, count) in hits:
         names = rules[i]
         m = out[i]
         if isinstance(m, list):
-            m.append(Match(names[r] if r < len(names) else str(r), end, None, 0, r, 1))
+            m.append(Match(names[r] if r < len(names) else str(r), end, None, 0, r, count))
     for i, (code, message, _) in enumerate(statuses):
         if code != 0:
             out[i] = error_for_code(abs(code), message or "")

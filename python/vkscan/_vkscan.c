@@ -539,7 +539,8 @@ static PyObject *stream_hits(const struct vks_scan_result *res)
     PyObject *l = PyList_New((Py_ssize_t)res->n_hits);
     for (size_t i = 0; l != NULL && i < res->n_hits; i++) {
         PyObject *t =
-            Py_BuildValue("(IK)", res->hits[i].rule, (unsigned long long)res->hits[i].end);
+            Py_BuildValue("(IKI)", res->hits[i].rule, (unsigned long long)res->hits[i].end,
+                          res->hits[i].count);
         if (t == NULL) {
             Py_CLEAR(l);
             break;
@@ -549,15 +550,21 @@ static PyObject *stream_hits(const struct vks_scan_result *res)
     return l;
 }
 
-static PyObject *client_stream_open(Client *self, PyObject *arg)
+static PyObject *client_stream_open(Client *self, PyObject *args)
 {
     uint8_t fp[VKS_FP_LEN];
-    if (get_fp(arg, fp) < 0 || client_enter(self) < 0)
+    PyObject *fpo;
+    int mode = VKS_REPORT_ALL;
+    if (!PyArg_ParseTuple(args, "O|i", &fpo, &mode) || get_fp(fpo, fp) < 0 ||
+        client_enter(self) < 0)
         return NULL;
+    struct vks_stream_options so;
+    vks_stream_options_init(&so);
+    so.mode = (enum vks_report)mode;
     struct vks_stream *st = NULL;
     struct vks_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = vks_stream_open(self->c, fp, NULL, &st, &err);
+    Py_BEGIN_ALLOW_THREADS rc = vks_stream_open(self->c, fp, &so, &st, &err);
     Py_END_ALLOW_THREADS PyThread_release_lock(self->lock);
     if (rc != 0)
         return raise_err(rc, &err);
@@ -680,7 +687,8 @@ static PyObject *many_result(const struct vks_scan_result *res)
     bool ok = hits != NULL && st != NULL;
     for (size_t i = 0; ok && i < res->n_hits; i++) {
         const struct vks_hit *h = &res->hits[i];
-        PyObject *t = Py_BuildValue("(IIK)", h->buffer, h->rule, (unsigned long long)h->end);
+        PyObject *t =
+            Py_BuildValue("(IIKI)", h->buffer, h->rule, (unsigned long long)h->end, h->count);
         ok = t != NULL;
         if (ok)
             PyList_SET_ITEM(hits, (Py_ssize_t)i, t);
@@ -871,7 +879,7 @@ static PyMethodDef client_methods[] = {
      "catalog.has / catalog.load of (id, kind, pattern, flags) tuples."},
     {"has", (PyCFunction)client_has, METH_O, "catalog.has by fingerprint."},
     {"drop", (PyCFunction)client_drop, METH_O, "catalog.drop by fingerprint."},
-    {"stream_open", (PyCFunction)client_stream_open, METH_O,
+    {"stream_open", (PyCFunction)client_stream_open, METH_VARARGS,
      "stream.open by fingerprint: (RawStream, state_bytes)."},
     {"stream_write_many", (PyCFunction)client_stream_write_many, METH_O,
      "stream.writes of [(RawStream, data)]: (hits, statuses)."},

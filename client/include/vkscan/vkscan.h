@@ -379,8 +379,16 @@ void vks_scan_result_finish(struct vks_scan_result *res);
 struct vks_stream;
 
 struct vks_stream_options {
-    size_t struct_size;   /* sizeof(struct vks_stream_options); see ABI above */
-    uint64_t reserved[4]; /* room to grow: must be 0 */
+    size_t struct_size; /* sizeof(struct vks_stream_options); see ABI above */
+    /* VKS_REPORT_ALL (default): every match a write completes, one hit
+     * each. VKS_REPORT_COUNT (added after 0.4): one hit per rule and write,
+     * `end` the first end the write completed and `count` how many; a
+     * daemon before it ignores the field and answers every match with
+     * count 1, so summing `count` is right with either. A stream cannot
+     * report FIRST (-VKS_E_BAD_VALUE): take a rule's first reported hit. */
+    enum vks_report mode;
+    uint32_t reserved32;  /* must be 0 */
+    uint64_t reserved[3]; /* room to grow: must be 0 */
 };
 
 /* Fills `opt` with the defaults, struct_size included. */
