@@ -120,7 +120,11 @@ static struct layout layout_of(const struct catalog *cat)
     for (uint32_t j = 0; j < n_nfas; j++) {
         struct catalog_nfa g;
         catalog_nfa(cat, j, &g);
-        if (g.maxlen < HIST_MAX && g.maxlen + 1 < (uint64_t)g.n_words * 4 && g.maxlen > l.hist)
+        /* a gated group kept by history is walked only around its factors
+         * (gated_walk), so it keeps history however small its vector */
+        bool gated = (g.flags & CAT_GF_GATED) && !(g.flags & CAT_GF_CONFIRM);
+        if (g.maxlen < HIST_MAX && (gated || g.maxlen + 1 < (uint64_t)g.n_words * 4) &&
+            g.maxlen > l.hist)
             l.hist = g.maxlen;
     }
     for (uint32_t j = 0; j < n_nfas; j++) {
@@ -436,7 +440,7 @@ static void nfa_rebuild(const struct catalog_nfa *g, const uint8_t *h, uint32_t 
 #define STACK_WORDS 512u
 
 /* A gated bounded bit-NFA group kept by history: the fast path's head and
- * tail walk it only around its factors (gated_head, gated_tail). */
+ * tail walk it only around its factors (gated_walk, tail). */
 static bool gated_hist(const struct catalog_nfa *g, uint32_t hist)
 {
     return (g->flags & CAT_GF_GATED) && !(g->flags & CAT_GF_CONFIRM) && by_hist(g, hist);
@@ -805,9 +809,10 @@ static bool has_cand(const struct refscan_gate *g, uint32_t nfa, uint64_t a, uin
  * in one copy (stack, bounded). */
 #define GATED_COPY (2 * HIST_MAX + 8)
 
-static bool gated_ok(const struct streamscan *s, const struct layout *l, size_t h)
+/* Some gated group is kept by history, and each such fits the stack's scratch. */
+static bool gated_any(const struct streamscan *s, const struct layout *l)
 {
-    if (l->hist == 0 || (size_t)l->hist + 1 + h + 1 > GATED_COPY)
+    if (l->hist == 0)
         return false;
     for (uint32_t j = 0; j < catalog_nfa_count(s->cat); j++) {
         struct catalog_nfa g;
@@ -824,6 +829,12 @@ static bool gated_ok(const struct streamscan *s, const struct layout *l, size_t 
     return false;
 }
 
+/* The fast path's head walks its gated groups apart when its copy fits the stack. */
+static bool gated_ok(const struct streamscan *s, const struct layout *l, size_t h)
+{
+    return (size_t)l->hist + 1 + h + 1 <= GATED_COPY && gated_any(s, l);
+}
+
 struct gated_ctx {
     struct scan_hits *raw;
     uint64_t base; /* stream offset of the copy's byte 0 */
@@ -835,42 +846,55 @@ static int on_gated(void *ctx, uint32_t rule, uint64_t end)
     return scan_hits_push(c->raw, rule, c->base + end, 1);
 }
 
-/* The head (positions pos .. pos + h - 1) of the gated bit-NFA groups kept
- * by history, walked only around their factors as block mode walks them:
- * over a copy of the history and v[0..h] (v[h] is the lookahead of the
- * head's last end; the write has more bytes than its head). Position pos,
- * whose check depends on what the last write told, is checked from the
- * state rebuilt from the history, and only for a group with a factor end
- * in its last maxlen bytes: without one no match of it ends there. */
-static int gated_head(struct streamscan *s, const struct layout *l, const struct vbuf *v, size_t h,
-                      struct scan_hits *raw)
+/* Positions pos .. pos + e - 1 of the gated bit-NFA groups kept by
+ * history, walked only around their factors as block mode walks them, over
+ * a copy of the history and v[0..e] (v[e], when the write has it, is the
+ * lookahead of the last end), and position pos + e with `told_end` (0: left
+ * to the caller, the fast path's tail). Position pos, whose check depends
+ * on what the last write told, is checked from the state rebuilt from the
+ * history, and only for a group with a factor end in its last maxlen bytes:
+ * without one no match of it ends there; position pos + e likewise from the
+ * copy's last bytes. */
+static int gated_walk(struct streamscan *s, const struct layout *l, const struct vbuf *v, size_t e,
+                      uint32_t told_end, struct scan_hits *raw)
 {
-    uint8_t copy[GATED_COPY];
+    uint8_t stack[GATED_COPY], *copy = stack;
     const uint8_t *hist = (const uint8_t *)s + l->hist_at;
-    size_t hl = s->hist_len, n = hl + h + 1;
+    size_t hl = s->hist_len, more = e < v->n + v->held ? 1 : 0, n = hl + e + more;
+    if (n > sizeof(stack) && (copy = malloc(n)) == NULL)
+        return -ENOMEM;
     memcpy(copy, hist, hl);
-    for (size_t j = 0; j <= h; j++)
+    for (size_t j = 0; j < e + more; j++)
         copy[hl + j] = vbyte(v, j);
     struct refscan_gate gate = {0};
-    int rc = refscan_factor_ends(s->cat, copy, n, hl ? hl - 1 : 0, hl + h - 1, &gate);
+    int rc = refscan_factor_ends(s->cat, copy, n, hl ? hl - 1 : 0, hl + e, &gate);
     uint32_t tmp[2 * STACK_WORDS], *rb = tmp + STACK_WORDS;
     struct gated_ctx c = {raw, pos_of(s) - hl};
-    uint32_t k0 = catalog_byte_kind(vbyte(v, 0));
+    uint32_t k0 = catalog_byte_kind(vbyte(v, 0)), p_end = catalog_byte_kind(copy[hl + e - 1]) + 1;
+    size_t take_end = hl + e; /* the bytes before pos + e a rebuild may walk */
     for (uint32_t j = 0; j < catalog_nfa_count(s->cat) && rc == 0; j++) {
         struct catalog_nfa g;
         catalog_nfa(s->cat, j, &g);
         if (!gated_hist(&g, l->hist))
             continue;
+        struct nvec a, b;
         if (hl > 0 && has_cand(&gate, j, hl - g.maxlen, hl)) {
-            struct nvec a, b;
             nfa_rebuild(&g, hist, (uint32_t)hl, l->hist, rb, tmp);
             nfa_load(&g, rb, tmp, &a, &b);
             rc = nfa_check(&g, &a, s->prev, 1u << k0, s->told, pos_of(s), raw);
         }
-        if (rc == 0)
-            rc = refscan_gated_range(s->cat, j, copy, n, hl, hl + h - 1, &gate, on_gated, &c);
+        if (rc == 0 && e > 1)
+            rc = refscan_gated_range(s->cat, j, copy, n, hl, hl + e - 1, &gate, on_gated, &c);
+        if (rc == 0 && told_end != 0 && has_cand(&gate, j, hl + e - g.maxlen, hl + e)) {
+            size_t take = take_end < (size_t)g.maxlen + 1 ? take_end : (size_t)g.maxlen + 1;
+            nfa_rebuild(&g, copy + take_end - take, (uint32_t)take, l->hist, rb, tmp);
+            nfa_load(&g, rb, tmp, &a, &b);
+            rc = nfa_check(&g, &a, p_end, told_end, 0, pos_of(s) + e, raw);
+        }
     }
     refscan_gate_finish(&gate);
+    if (copy != stack)
+        free(copy);
     return rc;
 }
 
@@ -1014,7 +1038,14 @@ static int write_split(struct streamscan *s, const uint8_t *buf, size_t len, siz
     bool apart_mid = false;
     int rc;
     if (h == 0) {
-        rc = walk_all(s, &l, &v, e, told_end, false, &raw);
+        /* the gated groups kept by history around their factors, the others
+         * byte by byte */
+        bool apart = e > 0 && gated_any(s, &l);
+        rc = walk_all(s, &l, &v, e, told_end, apart, &raw);
+        if (rc == 0 && apart) {
+            atomic_fetch_add(&n_gated, 1);
+            rc = gated_walk(s, &l, &v, e, told_end, &raw);
+        }
     } else {
         /* the head from the carried state, the middle as block mode, the
          * tail's state rebuilt (the fast path, above) */
@@ -1025,7 +1056,7 @@ static int write_split(struct streamscan *s, const uint8_t *buf, size_t len, siz
         rc = walk_all(s, &l, &v, h, 0, apart, &raw);
         if (rc == 0 && apart) {
             atomic_fetch_add(&n_gated, 1);
-            rc = gated_head(s, &l, &v, h, &raw);
+            rc = gated_walk(s, &l, &v, h, 0, &raw);
         }
         apart_mid = mid != NULL && hi - lo > split && !any_single(s->cat);
         if (rc == 0 && apart_mid)

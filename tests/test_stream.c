@@ -179,7 +179,7 @@ static size_t gen_cuts(size_t len, size_t *c)
 /* ---- the comparisons -------------------------------------------------------- */
 
 struct run {
-    struct trule rules[24];
+    struct trule rules[28];
     size_t n;
     struct rules_result res;
     uint32_t *in2cat; /* input -> catalog index, or UINT32_MAX */
@@ -232,12 +232,12 @@ static void hs_build(struct run *ru)
 {
     uint32_t nr = ru->res.catalog ? catalog_rule_count(ru->res.catalog) : 0;
     ru->hs_ok = calloc(nr + 1, sizeof(bool));
-    const char *expr[24];
-    unsigned flags[24], ids[24];
+    const char *expr[28];
+    unsigned flags[28], ids[28];
     for (size_t i = 0; i < ru->n; i++)
         if (ru->res.rule_index[i] != UINT32_MAX)
             ru->hs_ok[ru->res.rule_index[i]] = true;
-    for (int tries = 0; tries < 24; tries++) {
+    for (int tries = 0; tries < 28; tries++) {
         unsigned m = 0;
         for (size_t i = 0; i < ru->n; i++) {
             uint32_t c = ru->res.rule_index[i];
@@ -825,13 +825,17 @@ END_TEST
  * check), in 64 to 4096 byte writes with matches planted across the
  * boundaries, against block mode and Hyperscan. A rule set of regex-500's
  * kinds under a small DFA budget, so the compiler gates them. */
-START_TEST(test_fast_gated)
+static void gated_case(bool unbounded)
 {
-    rng_state = 0x6a7ed5u;
+    rng_state = unbounded ? 0x51073du : 0x6a7ed5u;
     enum { N = 24 };
-    struct run ru = {.n = N};
-    struct str inst[N] = {{0}};
-    struct rule_src src[N];
+    /* unbounded: two forward-confirmed rules more, which make the catalog
+     * unsegmentable, so every write walks from the carried state (the
+     * slow path): its gated groups only around their factors too */
+    size_t nr = unbounded ? N + 2 : N;
+    struct run ru = {.n = nr};
+    struct str inst[N + 2] = {{0}};
+    struct rule_src src[N + 2];
     for (size_t i = 0; i < N; i++) {
         struct trule *r = &ru.rules[i];
         char pre[8], suf[8];
@@ -866,9 +870,20 @@ START_TEST(test_fast_gated)
         puts_(&inst[i], one);
         src[i] = (struct rule_src){r->id, RULE_REGEX, r->pat.p, r->pat.n, 0, 0};
     }
+    static const char *const more[2][2] = {{"zqkey[a-z0-9]{6,}", "zqkeyab12cd34ef "},
+                                           {"(?i)tokv[=:]\\s*[0-9a-f]+\\b", "TOKV= 00beef11 "}};
+    for (size_t i = N; i < nr; i++) {
+        struct trule *r = &ru.rules[i];
+        snprintf(r->id, sizeof(r->id), "u%zu", i);
+        r->kind = RULE_REGEX;
+        puts_(&r->pat, more[i - N][0]);
+        puts_(&r->hs, more[i - N][0]);
+        puts_(&inst[i], more[i - N][1]);
+        src[i] = (struct rule_src){r->id, RULE_REGEX, r->pat.p, r->pat.n, 0, 0};
+    }
     struct rules_options opt = {.threads = 1, .bitnfa_counters = 1};
     struct vks_error err = {0};
-    ck_assert_msg(rules_compile(src, N, &opt, &ru.res, &err) == 0, "compile: %s", err.msg);
+    ck_assert_msg(rules_compile(src, nr, &opt, &ru.res, &err) == 0, "compile: %s", err.msg);
     hs_build(&ru);
     ck_assert_ptr_nonnull(ru.db);
     const struct catalog *cat = ru.res.catalog;
@@ -881,18 +896,19 @@ START_TEST(test_fast_gated)
     fprintf(stderr, "fast gated: %u DFA groups, %u bit-NFA groups, %u gated and kept by history\n",
             catalog_group_count(cat), catalog_nfa_count(cat), gated);
     ck_assert_uint_gt(gated, 0);
+    ck_assert(unbounded == (cpuscan_lookback(cat) == CPUSCAN_UNSEGMENTABLE));
     streamscan_tune(0);
     streamscan_set_threads(2, 256);
     struct str d = {0};
     for (int i = 0; i < 20000; i++) {
         if (rnd(6) == 0)
-            puts_(&d, inst[rnd(N)].p);
+            puts_(&d, inst[rnd((uint32_t)nr)].p);
         static const char fill[] = "abcdefgh 0123\n.-_XYZ";
         put(&d, &fill[rnd(sizeof(fill) - 1)], 1);
     }
     size_t *cuts = calloc(d.n + 2, sizeof(size_t));
     size_t nc = 0;
-    for (size_t at = 0; at < d.n; at += 64 + rnd(4000))
+    for (size_t at = 0; at < d.n; at += unbounded && rnd(3) == 0 ? 1 + rnd(40) : 64 + rnd(4000))
         cuts[nc++] = at;
     cuts[nc] = d.n;
     /* at every write boundary an instance whose match ends one byte
@@ -924,9 +940,23 @@ START_TEST(test_fast_gated)
     scan_hits_finish(&theirs);
     free(cuts);
     free(d.p);
-    for (size_t i = 0; i < N; i++)
+    for (size_t i = 0; i < nr; i++)
         free(inst[i].p);
     run_finish(&ru);
+}
+
+START_TEST(test_fast_gated)
+{
+    gated_case(false);
+}
+END_TEST
+
+/* The same rules with two unbounded ones (the slow path, every write from
+ * the carried state, some of 1 to 40 bytes): the gated groups kept by
+ * history are walked around their factors (gated_walk) there too. */
+START_TEST(test_slow_gated)
+{
+    gated_case(true);
 }
 END_TEST
 
@@ -3112,6 +3142,7 @@ Suite *stream_suite(void)
     tcase_add_test(tc, test_fast_kinds);
     tcase_add_test(tc, test_fast_large_writes);
     tcase_add_test(tc, test_fast_gated);
+    tcase_add_test(tc, test_slow_gated);
     suite_add_tcase(s, tc);
     TCase *td = tcase_create("daemon");
     tcase_set_timeout(td, 300);
