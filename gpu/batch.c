@@ -1294,6 +1294,7 @@ static int confirm_walk_host(struct batch_ctx *bc, const struct spec_fix *v, siz
 static int confirm_finish(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
                           struct vks_error *err)
 {
+    uint64_t t0 = gpu_now_ns();
     struct spec_fix *v = NULL;
     size_t nv = 0, cap = 0;
     int rc = 0;
@@ -1318,6 +1319,7 @@ static int confirm_finish(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
         rc = confirm_walk_host(bc, v + a, z - a);
     }
     bc->tel->confirm_host += nv;
+    bc->tel->confirm_host_ns += gpu_now_ns() - t0;
     free(v);
     return rc < 0 ? vks_error_set(err, -ENOMEM, "out of memory finishing confirmation walks") : 0;
 }
@@ -1923,6 +1925,7 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(spec_fixes);
     ADD(spec_fix_bytes);
     ADD(confirm_host);
+    ADD(confirm_host_ns);
     ADD(factor_ns);
     ADD(factor_ends);
     ADD(plan_ns);

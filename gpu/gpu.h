@@ -268,6 +268,7 @@ struct gpu_telemetry {
     uint64_t spec_fixes;     /* of which the guessed start state was wrong: re-walked */
     uint64_t spec_fix_bytes; /* bytes the host re-walked for them */
     uint64_t confirm_host;   /* confirmation items alive at their cap: finished on the host */
+    uint64_t confirm_host_ns; /* wall time of those host walks (part of readback_ns) */
     uint64_t plan_ns;        /* checks, launch policy, work items, pipelines */
     uint64_t upload_ns;      /* host side: staging filled and every chunk submitted */
     uint64_t kernel_ns;    /* GPU timestamps around the dispatches, after the copies, all passes */

@@ -2389,7 +2389,7 @@ static void pjob_init(struct pjob *j, const struct catalog *cat, uint32_t n_bufs
     X(catalog_cache_hits) X(catalog_uploads) X(catalog_evictions) X(rounds)          \
     X(items_total) X(items_processed) X(items_remaining) X(hits_raw) X(hit_reruns)   \
     X(cut_reruns) X(spec_items) X(spec_fixes) X(spec_fix_bytes) X(plan_ns)           \
-    X(confirm_host) X(upload_ns) X(kernel_ns) X(device_ns) X(readback_ns)                            \
+    X(confirm_host) X(confirm_host_ns) X(upload_ns) X(kernel_ns) X(device_ns) X(readback_ns)                            \
     X(finalize_ns) X(hits_counted) X(total_ns) X(wall_ns) X(device_idle_ns)            \
     X(collect_overlapped)
 #define TEL_MAXES(X) X(workgroups) X(hit_capacity) X(inflight)
