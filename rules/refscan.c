@@ -236,11 +236,124 @@ static uint64_t iv_until(const struct start_ivs *q, size_t k)
     return q->stride == 0 ? q->v[2 * k + 1] : q->v[k * q->stride];
 }
 
+/* Would state s report a rule at an end whose context is pk? */
+static bool nfa_accepts(const struct catalog_nfa *g, const struct nvec *s, uint32_t pk)
+{
+    for (uint32_t k = 0; s->lo <= s->hi && k < g->n_acc; k++) {
+        const uint32_t *e = g->acc + (size_t)k * CAT_X_WORDS;
+        const uint32_t *rg = g->ranges + 2 * (size_t)e[CAT_A_FIRST];
+        if ((e[CAT_A_COND] & pk) && span_meets(s, rg, e[CAT_A_NSRC]) &&
+            any_in(s->v, rg, e[CAT_A_NSRC]))
+            return true;
+    }
+    return false;
+}
+
+/*
+ * Runs that leave a live state as it is (docs/engine.md "Forward
+ * confirmation"): data that keeps a confirmation alive (`tok[a-z]*9`
+ * followed by megabytes of letters, `\s*` over spaces, `.*` over a line)
+ * mostly holds the walk in one state that each byte of the run maps to
+ * itself, reporting nothing. For such a state, a table over the 256 byte
+ * values says which bytes keep it (STAY) whatever the byte before them, so
+ * the walk skips them with one load per byte instead of a step. A byte's
+ * entry is found on first use with three trial steps (one per kind of
+ * previous byte: word, newline, other) and holds for every byte of the
+ * same class and kind; a few states' tables are kept per walk.
+ */
+enum { RUN_UNKNOWN, RUN_STAY, RUN_LEAVE };
+#define RUN_KEY_WORDS 8u /* states of at most this many live words have tables */
+#define RUN_SLOTS     8u
+
+struct run_slot {
+    uint32_t lo, hi;
+    uint32_t key[RUN_KEY_WORDS];
+    uint8_t tab[256];
+};
+
+struct run_cache {
+    struct run_slot slot[RUN_SLOTS];
+    uint32_t used, next;
+    /* Trial steps spent against bytes skipped: past zero (states that
+     * change every few bytes) the walk stops trying, so the tables never
+     * cost more than a bounded share of a plain walk. */
+    int64_t credit;
+};
+
+/* The table of live state s, made empty when s has none yet; NULL when s
+ * is too wide to keep. */
+static struct run_slot *run_slot_of(struct run_cache *rc, const struct nvec *s)
+{
+    uint32_t n = s->hi - s->lo + 1;
+    if (n > RUN_KEY_WORDS)
+        return NULL;
+    for (uint32_t k = 0; k < rc->used; k++) {
+        struct run_slot *x = &rc->slot[k];
+        if (x->lo == s->lo && x->hi == s->hi &&
+            memcmp(x->key, s->v + s->lo, n * sizeof(uint32_t)) == 0)
+            return x;
+    }
+    struct run_slot *x = &rc->slot[rc->next];
+    rc->next = (rc->next + 1) % RUN_SLOTS;
+    rc->used += rc->used < RUN_SLOTS;
+    x->lo = s->lo;
+    x->hi = s->hi;
+    memcpy(x->key, s->v + s->lo, n * sizeof(uint32_t));
+    memset(x->tab, RUN_UNKNOWN, sizeof(x->tab));
+    return x;
+}
+
+/* Fills the entries of every byte of c's class and kind: STAY when, after
+ * any previous byte, s reports nothing before c and steps to itself on it
+ * with no start edge. `t` is the walk's spare vector. */
+static void run_classify(const struct catalog_nfa *g, struct run_slot *x, const struct nvec *s,
+                         struct nvec *t, uint8_t c)
+{
+    uint32_t kind = catalog_byte_kind(c), cls = g->classmap[c];
+    bool stay = true;
+    for (uint32_t p = 1; p <= 3 && stay; p++) { /* P_WORD, P_NL, P_OTHER: never BOS inside */
+        uint32_t pk = CAT_PK(p, kind);
+        if (nfa_accepts(g, s, pk))
+            stay = false;
+        else {
+            nfa_step_starts(g, s, t, pk, c, false);
+            stay = nvec_equal(s, t);
+        }
+    }
+    for (uint32_t v = 0; v < 256; v++)
+        if (g->classmap[v] == cls && catalog_byte_kind((uint8_t)v) == kind)
+            x->tab[v] = stay ? RUN_STAY : RUN_LEAVE;
+}
+
+/* The first offset in [i, end) whose byte does not keep state s (end when
+ * all do). */
+static uint64_t run_skip(const struct catalog_nfa *g, struct run_cache *rc, const struct nvec *s,
+                         struct nvec *t, const uint8_t *buf, uint64_t i, uint64_t end)
+{
+    struct run_slot *x = run_slot_of(rc, s);
+    if (x == NULL)
+        return i;
+    uint64_t from = i;
+    for (;;) {
+        while (i < end && x->tab[buf[i]] == RUN_STAY)
+            i++;
+        if (i >= end || x->tab[buf[i]] == RUN_LEAVE)
+            break;
+        rc->credit -= 4;
+        run_classify(g, x, s, t, buf[i]);
+    }
+    rc->credit += (int64_t)((i - from) / 4);
+    return i;
+}
+
 /*
  * Forward confirmation (CAT_GF_CONFIRM): one walk in which start edges fire
  * only at offsets inside one of the intervals `q`. Where the state is
  * empty and no start is allowed the walk jumps to the next interval, so
- * each (rule, end) is reported once however the intervals overlap.
+ * each (rule, end) is reported once however the intervals overlap. Where
+ * a step left the state as it was and no start is allowed, run_skip
+ * passes over the bytes that keep it so (never the buffer's last byte,
+ * whose lookahead differs, nor past hi or the next interval).
  */
 static int confirm_walk(const struct catalog_nfa *g, const uint8_t *buf, size_t len,
                         const struct start_ivs *q, uint64_t lo, uint64_t hi, uint32_t *sv,
@@ -248,6 +361,10 @@ static int confirm_walk(const struct catalog_nfa *g, const uint8_t *buf, size_t 
 {
     struct nvec a = {sv, 1, 0}, b = {tv, 1, 0};
     struct nvec *s = &a, *t = &b;
+    struct run_cache runs;
+    runs.used = runs.next = 0;
+    runs.credit = 256;
+    bool same = false; /* the last step left the state as it was */
     if (hi > len)
         hi = len;
     size_t k = 0;
@@ -263,11 +380,23 @@ static int confirm_walk(const struct catalog_nfa *g, const uint8_t *buf, size_t 
             i = iv_from(q, k);
             continue;
         }
+        if (same && !starts && i > 0 && runs.credit > 0) {
+            uint64_t end = hi < len - 1 ? hi : len - 1;
+            if (k < q->n && iv_from(q, k) < end)
+                end = iv_from(q, k);
+            uint64_t j = run_skip(g, &runs, s, t, buf, i, end);
+            same = false;
+            if (j != i) {
+                i = j;
+                continue;
+            }
+        }
         uint32_t pk = CAT_PK(prev_kind(buf, i), lookahead(buf, len, i));
         int rc = i > lo ? nfa_report(g, s, pk, i, fn, ctx) : 0;
         if (rc != 0 || i >= hi)
             return rc;
         nfa_step_starts(g, s, t, pk, buf[i], starts);
+        same = alive && nvec_equal(s, t);
         struct nvec *x = s;
         s = t;
         t = x;
