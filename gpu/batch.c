@@ -1262,25 +1262,102 @@ static const struct scan_range *confirm_range(const struct batch_ctx *bc, uint32
     return NULL;
 }
 
-/* Walks the live items of one (buffer, group), v[0..n), as one forward
- * confirmation on the host, from the first start to where it dies. */
-static int confirm_walk_host(struct batch_ctx *bc, const struct spec_fix *v, size_t n)
+/* One (buffer, group) of confirm_finish: its live items v[0..n) and the
+ * hits of its walk, kept apart so that walks can run on several threads. */
+struct confirm_walk {
+    const struct spec_fix *v;
+    size_t n;
+    struct gpu_hit *hits;
+    size_t n_hits, cap;
+    int rc;
+};
+
+struct confirm_job {
+    const struct batch_ctx *bc;
+    struct confirm_walk *w;
+};
+
+static int confirm_hit(void *ctx, uint32_t rule, uint64_t end)
 {
-    struct batch_scratch *s = &bc->eng->scratch;
-    uint64_t *iv = malloc(2 * n * sizeof(*iv));
-    if (iv == NULL)
+    struct confirm_walk *w = ctx;
+    if (gpu_grow_array((void **)&w->hits, &w->cap, w->n_hits + 1, sizeof(*w->hits)) < 0)
         return -ENOMEM;
-    for (size_t k = 0; k < n; k++) {
-        iv[2 * k] = v[k].lo;
-        iv[2 * k + 1] = v[k].upto;
+    w->hits[w->n_hits++] = (struct gpu_hit){w->v[0].buf, rule, 1, end};
+    return 0;
+}
+
+/* Walks the live items of one (buffer, group) as one forward confirmation
+ * on the host, from the first start to where it dies. Reads only the
+ * batch's catalogs and bytes: a pool task. */
+static void confirm_walk_task(void *ctx, uint32_t t)
+{
+    const struct confirm_job *j = ctx;
+    struct confirm_walk *w = &j->w[t];
+    uint64_t *iv = malloc(2 * w->n * sizeof(*iv));
+    if (iv == NULL) {
+        w->rc = -ENOMEM;
+        return;
     }
-    const struct gpu_buffer *b = &bc->batch->buffers[v[0].buf];
-    const struct catalog *cat = bc->batch->catalogs[b->catalog];
-    struct fix_ctx f = {s, &bc->n_fix_hits, v[0].buf};
-    int rc = refscan_confirm_range(cat, v[0].layer - catalog_group_count(cat),
-                                   buffer_bytes(bc, v[0].buf), b->len, iv, n, fix_hit, &f);
+    for (size_t k = 0; k < w->n; k++) {
+        iv[2 * k] = w->v[k].lo;
+        iv[2 * k + 1] = w->v[k].upto;
+    }
+    const struct gpu_buffer *b = &j->bc->batch->buffers[w->v[0].buf];
+    const struct catalog *cat = j->bc->batch->catalogs[b->catalog];
+    w->rc = refscan_confirm_range(cat, w->v[0].layer - catalog_group_count(cat),
+                                  buffer_bytes(j->bc, w->v[0].buf), b->len, iv, w->n, confirm_hit,
+                                  w) != 0
+                ? -ENOMEM
+                : 0;
     free(iv);
-    return rc != 0 ? -ENOMEM : 0;
+}
+
+/* Runs the walks w[0..n) (on the upload threads when there are several)
+ * and appends their hits to the fix hits in walk order. */
+static int confirm_walk_all(struct batch_ctx *bc, struct confirm_walk *w, size_t n)
+{
+    struct confirm_job j = {bc, w};
+    struct upload_pool *pool = bc->eng->pool;
+    if (n > 1 && n <= UINT32_MAX && pool != NULL && upload_pool_threads(pool) > 1)
+        upload_pool_run(pool, confirm_walk_task, &j, (uint32_t)n);
+    else
+        for (size_t t = 0; t < n; t++)
+            confirm_walk_task(&j, (uint32_t)t);
+    struct batch_scratch *s = &bc->eng->scratch;
+    int rc = 0;
+    for (size_t t = 0; t < n && rc == 0; t++) {
+        rc = w[t].rc;
+        if (rc == 0 && gpu_grow_array((void **)&s->fix_hits, &s->fix_hits_cap,
+                                      bc->n_fix_hits + w[t].n_hits, sizeof(*s->fix_hits)) < 0)
+            rc = -ENOMEM;
+        if (rc == 0 && w[t].n_hits > 0)
+            memcpy(s->fix_hits + bc->n_fix_hits, w[t].hits, w[t].n_hits * sizeof(*w[t].hits));
+        bc->n_fix_hits += rc == 0 ? w[t].n_hits : 0;
+    }
+    for (size_t t = 0; t < n; t++)
+        free(w[t].hits);
+    return rc;
+}
+
+/* Splits the live items v[0..nv), sorted by (buffer, group), into one walk
+ * per (buffer, group) and runs them. */
+static int confirm_walk_host(struct batch_ctx *bc, const struct spec_fix *v, size_t nv)
+{
+    size_t n = 0;
+    for (size_t a = 0; a < nv; a++)
+        n += a == 0 || v[a].buf != v[a - 1].buf || v[a].layer != v[a - 1].layer;
+    struct confirm_walk *w = calloc(n ? n : 1, sizeof(*w));
+    if (w == NULL)
+        return -ENOMEM;
+    n = 0;
+    for (size_t a = 0, z; a < nv; a = z) {
+        for (z = a + 1; z < nv && v[z].buf == v[a].buf && v[z].layer == v[a].layer; z++)
+            ;
+        w[n++] = (struct confirm_walk){.v = v + a, .n = z - a};
+    }
+    int rc = confirm_walk_all(bc, w, n);
+    free(w);
+    return rc;
 }
 
 /*
@@ -1288,8 +1365,11 @@ static int confirm_walk_host(struct batch_ctx *bc, const struct spec_fix *v, siz
  * with rule NONE and end = their index (shaders/scan_nfa.comp). The host
  * walks their start intervals again, per (buffer, group) as one forward
  * confirmation to where it dies: linear in what it walks, however long
- * the walks live. Its hits join the device's; the copies of the device's
- * hits up to the caps go when the hits are finalized.
+ * the walks live. The (buffer, group) walks are independent, so several
+ * run at once on the upload threads, each into its own hit list; the lists
+ * are appended in (buffer, group) order, the order one thread gives. Their
+ * hits join the device's; the copies of the device's hits up to the caps
+ * go when the hits are finalized.
  */
 static int confirm_finish(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
                           struct vks_error *err)
@@ -1313,11 +1393,8 @@ static int confirm_finish(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     }
     if (nv > 1)
         qsort(v, nv, sizeof(*v), cmp_fix);
-    for (size_t a = 0, z; a < nv && rc == 0; a = z) {
-        for (z = a + 1; z < nv && v[z].buf == v[a].buf && v[z].layer == v[a].layer; z++)
-            ;
-        rc = confirm_walk_host(bc, v + a, z - a);
-    }
+    if (rc == 0 && nv > 0)
+        rc = confirm_walk_host(bc, v, nv);
     bc->tel->confirm_host += nv;
     bc->tel->confirm_host_ns += gpu_now_ns() - t0;
     free(v);

@@ -2640,6 +2640,90 @@ START_TEST(test_collect_overlap)
 }
 END_TEST
 
+/* Forward confirmations kept alive by adversarial data (the shapes of
+ * bench/confirm_bench.c): a factor, then a run the rule's loop takes (`\s*`
+ * over spaces, `.*` over a line, `[[:alnum:]]{8,}` over letters, base64
+ * after a PEM header), far longer than a small cap, sometimes ended by
+ * what completes the match. The host finishes the walks alive at the cap,
+ * skipping the runs (rules/refscan.c run_skip), one (buffer, group) per
+ * task on 4 upload threads, their hit lists merged: every buffer's hits
+ * equal those of a plain walk of each group over the whole buffer
+ * (refscan_nfa_range, no gate and no skip), so a lost hit, one filed under
+ * another buffer or a wrong skip fails. */
+static int push_raw(void *ctx, uint32_t rule, uint64_t end)
+{
+    return scan_hits_push(ctx, rule, end, 1);
+}
+
+START_TEST(test_confirm_runs)
+{
+    static const struct trule rules[] = {
+        {"tok", RULE_REGEX, "(?i)token[[:alnum:]]{8,}_end", 0},
+        {"ws", RULE_REGEX, "secret\\s*=\\s*[a-z0-9]+", 0},
+        {"dot", RULE_REGEX, "(?i)apikey.*#!", 0},
+        {"pem", RULE_REGEX, "(?s)-----BEGIN[ A-Z]{0,20}PRIVATE KEY-----[\\s\\S-]{64,}?KEY-----", 0},
+    };
+    static const char *const factor[] = {"TOKEN", "secret", "ApiKey",
+                                         "-----BEGIN RSA PRIVATE KEY-----\n"};
+    static const char *const run[] = {"abcXYZ019", " \t", "lazy dog,.;", "AKbE+/Y9\n"};
+    static const char *const tail[] = {"_end", " =x1", "#!", "KEY-----"};
+    struct rules_options ro = {.force_bitnfa = true};
+    struct catalog *cat = compile_rules_opt(rules, 4, &ro);
+    ck_assert_uint_ge(catalog_nfa_count(cat), 2);
+    rng = 0xc0ffee77ull;
+    enum { NB = 12 };
+    struct gpu_buffer bufs[NB];
+    for (uint32_t i = 0; i < NB; i++) {
+        size_t len = 3000 + rnd(3000);
+        uint8_t *d = random_text(len);
+        for (size_t p = 50 + rnd(100); p + 1600 < len; p += 100 + rnd(300)) {
+            uint32_t k = rnd(4), nr = (uint32_t)strlen(run[k]);
+            size_t nf = strlen(factor[k]), l = 300 + rnd(900);
+            memcpy(d + p, factor[k], nf);
+            for (p += nf; l-- > 0; p++)
+                d[p] = (uint8_t)run[k][rnd(nr)];
+            if (rnd(4) != 0) {
+                memcpy(d + p, tail[k], strlen(tail[k]));
+                p += strlen(tail[k]);
+            }
+        }
+        bufs[i] = (struct gpu_buffer){.data = d, .len = len, .mode = (enum scan_mode)(i % 3)};
+    }
+    const struct catalog *cats[1] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, NB};
+    struct gpu_options opt = {.confirm_cap = 256, .upload_threads = 4};
+    struct gpu_engine *eng = engine(&opt);
+    struct gpu_result res = {0};
+    struct vks_error err = {0};
+    ck_assert_int_eq(gpu_batch_dispatch(eng, &b, &res, &err), 0);
+    ck_assert_uint_ge(res.tel.confirm_host, NB);
+    size_t at = 0;
+    for (uint32_t i = 0; i < NB; i++) {
+        struct scan_hits want = {0};
+        for (uint32_t k = 0; k < catalog_nfa_count(cat); k++)
+            ck_assert_int_eq(refscan_nfa_range(cat, k, bufs[i].data, bufs[i].len, 0, 0, bufs[i].len,
+                                               push_raw, &want),
+                             0);
+        scan_hits_finalize(&want, cat, bufs[i].mode);
+        ck_assert_uint_gt(want.n, 0);
+        for (size_t k = 0; k < want.n; k++, at++) {
+            ck_assert_uint_lt(at, res.n_hits);
+            const struct gpu_hit *h = &res.hits[at];
+            ck_assert_msg(h->buffer == i && h->rule == want.v[k].rule && h->end == want.v[k].end &&
+                              h->count == want.v[k].count,
+                          "buffer %u hit %zu differs", i, k);
+        }
+        free(want.v);
+    }
+    ck_assert_uint_eq(at, res.n_hits);
+    gpu_result_finish(&res);
+    gpu_engine_destroy(eng);
+    for (uint32_t i = 0; i < NB; i++)
+        free((void *)bufs[i].data);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* The Vulkan loader unloads its drivers and layers at vkDestroyInstance;
  * what lavapipe keeps in its globals then looks leaked to LeakSanitizer
  * (128 bytes from an unnamed module per engine). Pinning the modules
@@ -2719,6 +2803,10 @@ Suite *gpu_suite(void)
     tc = tcase_create("fused");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_fused_groups);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("confirm_runs");
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, test_confirm_runs);
     suite_add_tcase(s, tc);
     return s;
 }
