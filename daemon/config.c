@@ -97,6 +97,10 @@ static const struct opt opts[] = {
      "engine auto on a GPU: past this CPU queue wait, small batches go to the GPU"},
     {"result-cache-bytes", NUM(OPT_SIZE, result_cache_bytes), 0, 64 * GIB, false,
      "memory for the hits of unchanged files, kept so rescans skip them (0: off)"},
+    {"preload-catalogs", NUM(OPT_U32, preload_catalogs), 0, 64, false,
+     "catalogs used last before the stop, read and made resident at start (0: none)"},
+    {"warm-bytes", NUM(OPT_SIZE, warm_bytes), 0, 1 * GIB, false,
+     "bytes of batch buffers each GPU engine sets up at start, per batch in flight (0: none)"},
     {"gpu-timeout-ms", NUM(OPT_U32, gpu_timeout_ms), 0, 3600u * 1000, false,
      "GPU batch timeout; a batch past it is re-run on the CPU (0: 30000)"},
     {"devices", STR(devices), 0, 0, false,
@@ -169,6 +173,8 @@ void config_defaults(struct daemon_config *cfg)
     cfg->cpu_segment_bytes = 4 * MIB;
     cfg->cpu_max_wait_us = 2000;
     cfg->result_cache_bytes = 64 * MIB;
+    cfg->preload_catalogs = 8;
+    cfg->warm_bytes = 64 * MIB;
     cfg->device_budget = 0;
     cfg->host_catalog_budget = 1 * GIB;
     cfg->max_unsent_bytes = 64 * MIB;

@@ -77,6 +77,10 @@ struct daemon_config {
     char devices[128];           /* "" (one engine on `device`), "all", or "N[,N...]" */
     uint64_t result_cache_bytes; /* hits of unchanged files kept for rescans (daemon/rcache.h);
                                   * 0: off; not reloadable */
+    uint32_t preload_catalogs;   /* catalogs used last, read at start and made resident on
+                                  * every GPU engine; 0: none; not reloadable */
+    uint64_t warm_bytes;         /* bytes each GPU engine's batch buffers hold from the start
+                                  * (on a GPU, not lavapipe); 0: none; not reloadable */
 
     /* Memory (reloadable). */
     uint64_t device_budget;       /* device bytes for resident catalogs; 0 = the engine's choice */

@@ -597,6 +597,52 @@ bool diskcache_busy(const struct store *st)
     return st->disk_running || st->disk_head != NULL;
 }
 
+/* ---- the catalogs used last ------------------------------------------- */
+
+void diskcache_save_recent(struct store *st)
+{
+    if (!st->disk)
+        return;
+    struct store_entry *v[DISKCACHE_RECENT_MAX];
+    uint32_t n = store_recent(st, v, DISKCACHE_RECENT_MAX);
+    char text[DISKCACHE_RECENT_MAX * (STORE_HEX_LEN + 1) + 1];
+    size_t len = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        catalog_fingerprint_hex(v[i]->fp, text + len);
+        len += STORE_HEX_LEN;
+        text[len++] = '\n';
+    }
+    char path[PATH_MAX];
+    struct vks_error err = {0};
+    if (snprintf(path, sizeof(path), "%s/recent", st->dir_cat) < (int)sizeof(path) &&
+        write_file(path, text, len, &err) != 0)
+        log_warn("catalog cache: %s: the next start preloads no catalog", err.msg);
+}
+
+/* Reads <state-dir>/catalogs/recent (diskcache_save_recent): the entries
+ * it names get last_use n..1, most recent first. */
+static void index_recent(struct store *st)
+{
+    char path[PATH_MAX];
+    uint8_t *data = NULL;
+    size_t len = 0;
+    if (snprintf(path, sizeof(path), "%s/recent", st->dir_cat) >= (int)sizeof(path) ||
+        read_file(path, &data, &len, DISKCACHE_RECENT_MAX * (STORE_HEX_LEN + 1), NULL) != 0)
+        return;
+    uint32_t n = (uint32_t)(len / (STORE_HEX_LEN + 1));
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t fp[CATALOG_FP_LEN];
+        const char *line = (const char *)data + (size_t)i * (STORE_HEX_LEN + 1);
+        struct store_entry *e = NULL;
+        if (line[STORE_HEX_LEN] == '\n' && hex_decode(line, CATALOG_FP_LEN, fp) == 0)
+            e = store_table_find(st, fp);
+        if (e != NULL && e->last_use == 0)
+            e->last_use = n - i;
+    }
+    st->tick = n;
+    free(data);
+}
+
 int diskcache_open(struct store *st, const char *state_dir, struct vks_error *err)
 {
     int n1 = snprintf(st->dir_cat, sizeof(st->dir_cat), "%s/catalogs", state_dir);
@@ -616,5 +662,6 @@ int diskcache_open(struct store *st, const char *state_dir, struct vks_error *er
     st->disk = true;
     index_catalogs(st);
     index_sources(st);
+    index_recent(st);
     return 0;
 }

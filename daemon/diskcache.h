@@ -55,4 +55,14 @@ void diskcache_delete(struct store *st, const struct store_entry *e);
 /* True while disk operations are queued or running. */
 bool diskcache_busy(const struct store *st);
 
+/*
+ * Writes <state-dir>/recent: the fingerprints of the catalogs used last,
+ * most recent first (at most DISKCACHE_RECENT_MAX), which the next start's
+ * store_preload reads first. Blocking (a few hundred bytes): called once,
+ * at exit. A failure is logged; the next start only preloads less.
+ */
+void diskcache_save_recent(struct store *st);
+
+#define DISKCACHE_RECENT_MAX 64u
+
 #endif

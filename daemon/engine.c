@@ -912,11 +912,25 @@ static void on_async(uv_async_t *h)
     e->open_reported |= report;
     struct engine_batch *done = e->done_head;
     e->done_head = e->done_tail = NULL;
+    struct engine_warm *warmed = e->warm_done;
+    e->warm_done = NULL;
     pthread_mutex_unlock(&e->mu);
     if (report || done != NULL)
         refresh_info(e);
-    if (report)
+    if (report) {
+        e->info.start_open_ns = e->t_open;
+        e->info.start_list_ns = e->t_list;
+        e->info.start_selftest_ns = e->t_selftest;
         e->ready_cb(e, e->open_status, &e->open_err, e->ctx);
+    }
+    if (warmed != NULL)
+        refresh_info(e); /* resident catalogs and device memory */
+    while (warmed != NULL) {
+        struct engine_warm *next = warmed->next;
+        warmed->done(warmed->ctx);
+        free(warmed);
+        warmed = next;
+    }
     while (done != NULL) {
         struct engine_batch *next = done->next;
         e->pending--;
@@ -1013,6 +1027,34 @@ void engine_submit(struct engine *e, struct engine_batch *batch)
     w->tail = batch;
     pthread_cond_signal(&w->cond);
     pthread_mutex_unlock(&e->mu);
+}
+
+void engine_warm(struct engine *e, const struct catalog *cat, void (*done)(void *ctx), void *ctx)
+{
+    struct engine_warm *r = calloc(1, sizeof(*r));
+    if (r == NULL) { /* a warm-up is a head start only: go without */
+        done(ctx);
+        return;
+    }
+    r->cat = cat;
+    r->done = done;
+    r->ctx = ctx;
+    pthread_mutex_lock(&e->mu);
+    for (uint32_t i = 0; i < e->n_gpu; i++) {
+        if (e->gw[i].started) {
+            r->todo |= 1u << i;
+            r->left++;
+            pthread_cond_signal(&e->gw[i].cond);
+        }
+    }
+    bool none = r->left == 0;
+    struct engine_warm **at = none ? &e->warm_done : &e->warm_head;
+    while (*at != NULL) /* in order: the catalog used last first */
+        at = &(*at)->next;
+    *at = r;
+    pthread_mutex_unlock(&e->mu);
+    if (none)
+        uv_async_send(&e->async); /* `done` runs from the loop, not in this call */
 }
 
 void engine_forget(struct engine *e, const uint8_t fp[CATALOG_FP_LEN])
@@ -1154,6 +1196,7 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
     e->seg_bytes = cfg->cpu_segment_bytes ? cfg->cpu_segment_bytes : 4u << 20;
     e->timeout_ms = cfg->gpu_timeout_ms;
     e->inflight = cfg->inflight_batches;
+    e->warm_bytes = cfg->warm_bytes;
     e->budget = cfg->device_budget;
     e->n_cpu = cfg->cpu_threads ? cfg->cpu_threads : default_threads(cfg->engine);
     e->cpu_spare = cfg->cpu_threads == 0 && cfg->engine == CONFIG_ENGINE_AUTO &&

@@ -168,6 +168,12 @@ struct engine_info {
     uint32_t gpu_engines;          /* GPU engines running */
     uint32_t active_devices;       /* bit i: device index i runs a GPU engine */
     uint32_t cpu_threads;          /* the CPU engine's threads */
+    /* How the start went, in ns (0 where the step did not run): opening
+     * the first GPU engine (Vulkan instance, device, pipeline cache file),
+     * listing the devices, and the GPU engines' self-test scans (which
+     * create the common pipelines; with several engines, opening the
+     * others too); set when `ready` reports. */
+    uint64_t start_open_ns, start_list_ns, start_selftest_ns;
 };
 
 struct engine;
@@ -196,6 +202,17 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
  * batch. Loop thread only.
  */
 void engine_forget(struct engine *e, const uint8_t fp[CATALOG_FP_LEN]);
+
+/*
+ * Makes `cat` resident on every GPU engine, with what its scans set up
+ * there on first use (literal tables, pipelines), by a scan of zero bytes
+ * that each engine runs when it has no batch to run. `done(ctx)` runs on
+ * the loop thread once every GPU engine is through with it (also when none
+ * runs, or when engine_close stops the engines first; a failed warm-up is
+ * logged and only leaves the work to the first scan). `cat` is borrowed
+ * until `done`. Loop thread, after `ready` reported 0.
+ */
+void engine_warm(struct engine *e, const struct catalog *cat, void (*done)(void *ctx), void *ctx);
 
 /* Queues a batch for the worker. The batch and everything it points to are
  * borrowed until `done` hands it back. Loop thread. */

@@ -11,6 +11,7 @@
 #include <link.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "log.h"
 #include "rules.h"
@@ -500,20 +501,26 @@ static uint32_t gpu_window(const struct gworker *w)
 
 /* ---- opening and warming ---------------------------------------------- */
 
-/* Scans a small fixed catalog on the GPU in every report mode and checks the
- * hits against the CPU scanner: compiles the common pipelines and refuses a
- * device that gives wrong answers. */
-static int warm_up(struct gworker *w, struct vks_error *err)
+/* The self-test's small fixed catalog (a literal, a regex, a hex string). */
+static int selftest_catalog(struct rules_result *rr, struct vks_error *err)
 {
     static const struct rule_src rules[] = {
         {.id = "warm-literal", .kind = RULE_LITERAL, .pattern = "vkscan", .len = 6},
         {.id = "warm-regex", .kind = RULE_REGEX, .pattern = "a[0-9]+b", .len = 8},
         {.id = "warm-hex", .kind = RULE_HEX, .pattern = "de ad ?? ef", .len = 11},
     };
+    struct rules_options ro = {0};
+    return rules_compile(rules, 3, &ro, rr, err);
+}
+
+/* Scans a small fixed catalog on the GPU in every report mode and checks the
+ * hits against the CPU scanner: compiles the common pipelines and refuses a
+ * device that gives wrong answers. */
+static int warm_up(struct gworker *w, struct vks_error *err)
+{
     static const uint8_t text[] = "-- vkscan a12b a3b \xde\xad\x00\xef vkscan\n";
     struct rules_result rr = {0};
-    struct rules_options ro = {0};
-    int rc = rules_compile(rules, 3, &ro, &rr, err);
+    int rc = selftest_catalog(&rr, err);
     if (rc != 0)
         return rc;
     for (int mode = SCAN_ALL; mode <= SCAN_COUNT && rc == 0; mode++) {
@@ -627,6 +634,160 @@ static int open_gpu(struct engine *e, struct gworker *w, struct vks_error *err)
     return 0;
 }
 
+/* ---- warming up ------------------------------------------------------- */
+
+/* Catalog warm-ups scan this many zero bytes; a catalog with factor
+ * groups, GPU_FACTOR_PASS_MIN, so that the factor pass's pipeline is
+ * created too. */
+#define WARM_CATALOG_BYTES 4096u
+
+static bool has_factor_groups(const struct catalog *cat)
+{
+    for (uint32_t i = 0; i < catalog_group_count(cat); i++) {
+        struct catalog_group g;
+        catalog_group(cat, i, &g);
+        if (g.flags & CAT_GF_FACTOR)
+            return true;
+    }
+    return false;
+}
+
+/* Scans `n` buffers of `len` zero bytes (one mapping of the zero page: no
+ * memory) against `cat`, each as a batch of its own, all in flight at once
+ * (each in a frame of its own: that frame's buffers are made and touched).
+ * Returns 0 or the first error; after a timeout or a lost device the
+ * engine is re-created before the next batch (w->reopen). */
+static int warm_scan(struct gworker *w, const struct catalog *cat, uint64_t len, uint32_t n,
+                     struct gpu_telemetry *tel, struct vks_error *err)
+{
+    const struct catalog *cats[1] = {cat};
+    void *zeros = mmap(NULL, len, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (zeros == MAP_FAILED)
+        return vks_error_set(err, -ENOMEM, "cannot map %llu zero bytes", (unsigned long long)len);
+    struct gpu_buffer gb = {.data = zeros, .len = len, .mode = SCAN_COUNT, .catalog = 0};
+    struct gpu_batch batch = {.catalogs = cats, .n_catalogs = 1, .buffers = &gb, .n_buffers = 1};
+    struct gpu_result res[GPU_MAX_INFLIGHT] = {0};
+    int rc = 0;
+    uint32_t sent = 0;
+    while (sent < n && rc == 0 && (rc = gpu_batch_submit(w->gpu, &batch, &res[sent], err)) == 0)
+        sent++;
+    for (uint32_t i = 0; i < sent; i++) {
+        struct gpu_result *r;
+        struct vks_error cerr = {0};
+        int c = gpu_batch_collect(w->gpu, &r, &cerr);
+        if (c != 0 && rc == 0) {
+            rc = c;
+            *err = cerr;
+        }
+        if (c == 0)
+            *tel = r->tel;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        gpu_result_finish(&res[i]);
+    munmap(zeros, len);
+    if (rc == -ETIMEDOUT || rc == -ENODEV || rc == -EIO)
+        w->reopen = true;
+    return rc;
+}
+
+/* Publishes the device's resident catalogs and memory after a warm-up. */
+static void warm_publish(struct gworker *w, const struct gpu_telemetry *t)
+{
+    pthread_mutex_lock(&w->e->mu);
+    w->resident = gpu_engine_resident_catalogs(w->gpu);
+    if (t->resident_bytes != 0)
+        w->device_used = t->resident_bytes;
+    pthread_mutex_unlock(&w->e->mu);
+}
+
+/*
+ * Scans warm-bytes of zeros in every frame (inflight-batches), so that the
+ * batch buffers the first scans of up to that size need are allocated and
+ * touched, and not made then (docs/daemon.md "Warm restart"). Once, when
+ * the worker is first idle. Not on a CPU device (lavapipe), where the
+ * engine is for tests: there it would only burn the cores they run on.
+ */
+static void warm_frames(struct gworker *w)
+{
+    uint64_t len = w->e->warm_bytes;
+    if (len == 0 || w->gpu == NULL || w->reopen ||
+        gpu_engine_device(w->gpu)->type == GPU_DEVICE_CPU)
+        return;
+    struct rules_result rr = {0};
+    struct vks_error err = {0};
+    struct gpu_telemetry tel = {0};
+    uint64_t t0 = engine_now_ns();
+    int rc = selftest_catalog(&rr, &err);
+    uint32_t frames = gpu_engine_max_inflight(w->gpu);
+    if (rc == 0)
+        rc = warm_scan(w, rr.catalog, len, frames, &tel, &err);
+    rules_result_finish(&rr);
+    if (rc == 0)
+        warm_publish(w, &tel);
+    if (rc != 0)
+        log_warn("GPU engine %u: setting up batch buffers for %llu bytes failed (%s): the first "
+                 "scans do it",
+                 w->index, (unsigned long long)len, err.msg);
+    else
+        log_info("GPU engine %u: batch buffers for %llu bytes x %u batches in flight set up in "
+                 "%.1f ms",
+                 w->index, (unsigned long long)len, frames, (double)(engine_now_ns() - t0) / 1e6);
+}
+
+/* Runs one engine_warm request on the worker's device (none in flight),
+ * unless it has none. */
+static void warm_catalog(struct gworker *w, const struct catalog *cat)
+{
+    if (w->gpu == NULL || w->reopen)
+        return;
+    bool cpu = gpu_engine_device(w->gpu)->type == GPU_DEVICE_CPU;
+    uint64_t len = WARM_CATALOG_BYTES;
+    if (!cpu && has_factor_groups(cat) && w->e->warm_bytes >= GPU_FACTOR_PASS_MIN)
+        len = GPU_FACTOR_PASS_MIN;
+    struct vks_error err = {0};
+    struct gpu_telemetry tel = {0};
+    uint64_t t0 = engine_now_ns();
+    int rc = warm_scan(w, cat, len, 1, &tel, &err);
+    char hex[2 * CATALOG_FP_LEN + 1];
+    catalog_fingerprint_hex(catalog_fingerprint(cat), hex);
+    if (rc != 0) {
+        log_warn("GPU engine %u: warming catalog %.16s up failed (%s): its first scan sets it up",
+                 w->index, hex, err.msg);
+        return;
+    }
+    warm_publish(w, &tel);
+    log_info("GPU engine %u: catalog %.16s resident, its pipelines created, in %.1f ms", w->index,
+             hex, (double)(engine_now_ns() - t0) / 1e6);
+}
+
+/* The first warm-up GPU engine `i` has not taken, or NULL. mu held. */
+static struct engine_warm *warm_for(const struct engine *e, uint32_t i)
+{
+    for (struct engine_warm *r = e->warm_head; r != NULL; r = r->next) {
+        if (r->todo & (1u << i))
+            return r;
+    }
+    return NULL;
+}
+
+/* The worker is through with `r`: the last one hands it to the loop. */
+static void warm_through(struct engine *e, struct engine_warm *r)
+{
+    pthread_mutex_lock(&e->mu);
+    bool last = --r->left == 0;
+    if (last) {
+        struct engine_warm **p = &e->warm_head;
+        while (*p != r)
+            p = &(*p)->next;
+        *p = r->next;
+        r->next = e->warm_done;
+        e->warm_done = r;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (last)
+        uv_async_send(&e->async);
+}
+
 /* ---- the GPU workers -------------------------------------------------- */
 
 /* The worker: keeps up to gpu_window batches on the device. It submits
@@ -637,11 +798,13 @@ static void gpu_main(void *arg)
     struct gworker *w = arg;
     struct engine *e = w->e;
     pthread_setname_np(pthread_self(), "vks-gpu");
+    bool frames_cold = true; /* warm_frames has not run */
     for (;;) {
         uint8_t forget[FORGET_MAX][CATALOG_FP_LEN];
         pthread_mutex_lock(&e->mu);
         uint64_t t0 = engine_now_ns();
-        while (w->head == NULL && w->n_forget == 0 && !e->stop && w->n_pend == 0)
+        while (w->head == NULL && w->n_forget == 0 && !e->stop && w->n_pend == 0 &&
+               warm_for(e, w->index) == NULL && !frames_cold)
             pthread_cond_wait(&w->cond, &e->mu);
         w->waited_ns += engine_now_ns() - t0;
         uint32_t n_forget = w->n_forget;
@@ -654,7 +817,20 @@ static void gpu_main(void *arg)
             if (w->head == NULL)
                 w->tail = NULL;
         }
+        /* Warm-ups only when idle: a batch goes first, and does the work
+         * itself where it needs it. Catalogs before the frames (the first
+         * scans' catalogs matter most), and before the forgets: a catalog
+         * dropped meanwhile leaves the device again. */
+        bool idle = b == NULL && w->n_pend == 0;
+        struct engine_warm *warm = NULL;
+        if (idle && (warm = warm_for(e, w->index)) != NULL)
+            warm->todo &= ~(1u << w->index);
+        bool stopping = e->stop; /* then warm-ups are only handed back */
         pthread_mutex_unlock(&e->mu);
+        if (warm != NULL && !stopping)
+            warm_catalog(w, warm->cat);
+        if (warm != NULL)
+            warm_through(e, warm);
         for (uint32_t i = 0; i < n_forget && w->gpu != NULL; i++)
             gpu_engine_forget(w->gpu, forget[i]);
         if (n_forget != 0 && w->gpu != NULL) {
@@ -667,10 +843,15 @@ static void gpu_main(void *arg)
             b->tel.worker_wait_ns = w->waited_ns; /* how long it had nothing to take */
             w->waited_ns = 0;
             gpu_start(w, b);
-        } else if (w->n_pend > 0)
+        } else if (w->n_pend > 0) {
             gpu_finish_oldest(w);
-        else if (n_forget == 0)
+        } else if (warm == NULL && frames_cold) {
+            frames_cold = false;
+            if (!stopping)
+                warm_frames(w);
+        } else if (n_forget == 0 && warm == NULL) {
             break; /* stop, and nothing left */
+        }
     }
     gpu_engine_destroy(w->gpu);
     w->gpu = NULL;
@@ -714,11 +895,15 @@ int engine_devices_parse(const char *s, uint32_t *idx, uint32_t cap, bool *all,
     return (int)n;
 }
 
-static void list_devices(struct engine *e)
+/* Lists the devices through `gpu`'s instance when one opened, else with
+ * an instance of its own. */
+static void list_devices(struct engine *e, const struct gpu_engine *gpu)
 {
     struct vks_error lerr = {0};
     uint32_t n = 0;
-    if (gpu_device_list(e->devices_found, MAX_DEVICES, &n, &lerr) == 0)
+    int rc = gpu != NULL ? gpu_engine_list_devices(gpu, e->devices_found, MAX_DEVICES, &n, &lerr)
+                         : gpu_device_list(e->devices_found, MAX_DEVICES, &n, &lerr);
+    if (rc == 0)
         e->n_devices_found = n < MAX_DEVICES ? n : MAX_DEVICES;
 }
 
@@ -757,10 +942,14 @@ static int setup_gpus(struct engine *e, struct vks_error *err)
         snprintf(first, sizeof(first), "%u", all ? 0u : idx[0]);
         worker_init(e, w0, 0, first);
     }
-    /* The first engine loads the driver (kept loaded: pin_vulkan_modules)
-     * before the devices are listed. */
+    /* The first engine loads the driver (kept loaded: pin_vulkan_modules);
+     * its instance lists the devices. */
+    uint64_t t0 = engine_now_ns();
     int rc = create_gpu(e, w0, e->timeout_ms, err);
-    list_devices(e);
+    uint64_t t1 = engine_now_ns();
+    list_devices(e, w0->gpu);
+    e->t_open = t1 - t0;
+    e->t_list = engine_now_ns() - t1;
     if (rc != 0)
         return rc;
     bool chosen = e->device[0] != '\0' || (e->devices[0] != '\0' && !all);
@@ -798,7 +987,9 @@ static int setup_gpus(struct engine *e, struct vks_error *err)
             if (i > 0 || w->gpu == NULL)
                 worker_init(e, w, (uint32_t)i, d);
         }
+        t0 = engine_now_ns();
         rc = open_gpu(e, w, err);
+        e->t_selftest += engine_now_ns() - t0;
         if (rc != 0) {
             char msg[sizeof(err->msg)];
             snprintf(msg, sizeof(msg), "%s", err->msg);

@@ -34,6 +34,16 @@ enum { B_NEW = 0, B_PREPARING, B_PREPARED };
 
 struct slot;
 
+/* An engine_warm request, shared by the GPU engines. */
+struct engine_warm {
+    struct engine_warm *next; /* mu: engine.warm_head, then engine.warm_done */
+    const struct catalog *cat;
+    uint32_t todo; /* mu: bit i: GPU engine i has not taken it */
+    uint32_t left; /* mu: GPU engines not through with it */
+    void (*done)(void *ctx);
+    void *ctx;
+};
+
 /* A batch a GPU worker submitted (gpu_batch_submit) and has not collected:
  * its gpu_batch, which the device reads until the collect, and where each
  * buffer's hits go. */
@@ -89,6 +99,7 @@ struct engine {
     uv_async_t async;
     pthread_mutex_t mu;
     struct engine_batch *done_head, *done_tail; /* mu: workers -> loop */
+    struct engine_warm *warm_head, *warm_done;  /* mu: engine_warm's, to the workers and back */
     bool stop;                                  /* mu: GPU workers */
     bool pool_stop;                             /* mu: CPU pool */
     uint64_t batches;                           /* mu: batch ids */
@@ -101,7 +112,8 @@ struct engine {
     uint64_t cpu_max_wait_ns;
     uint64_t seg_bytes;
     uint32_t timeout_ms;
-    uint32_t inflight; /* inflight-batches: batches on each GPU device at once */
+    uint32_t inflight;   /* inflight-batches: batches on each GPU device at once */
+    uint64_t warm_bytes; /* warm-bytes: each GPU engine's batch buffers set up at its start */
     uint64_t budget;
     char device[sizeof(((struct daemon_config *)0)->device)];
     char devices[sizeof(((struct daemon_config *)0)->devices)];
@@ -116,7 +128,8 @@ struct engine {
     uint32_t n_devices_found;
     int open_status;
     struct vks_error open_err;
-    bool open_done, open_reported; /* mu */
+    uint64_t t_open, t_list, t_selftest; /* setup thread until open_done (engine_info) */
+    bool open_done, open_reported;       /* mu */
 
     /* The CPU pool. */
     uv_thread_t *cpu; /* room for n_cpu + 1 when cpu_spare */

@@ -61,6 +61,7 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--check-config") == 0)
             return check_config(argc, argv);
     }
+    uint64_t main_ns = uv_hrtime();
     struct daemon_config cfg;
     struct vks_error err = {0};
     int rc = config_load(&cfg, argc, argv, stdout, &err);
@@ -73,7 +74,7 @@ int main(int argc, char **argv)
     log_set_level((enum log_level)cfg.log_level);
     signal(SIGPIPE, SIG_IGN);
     struct server *srv;
-    rc = server_create(&cfg, argc, argv, &srv, &err);
+    rc = server_create(&cfg, argc, argv, main_ns, &srv, &err);
     if (rc != 0) {
         log_err("vkscand cannot start: %s", err.msg);
         return EXIT_FAILURE;

@@ -49,6 +49,12 @@ struct server {
     uint32_t n_sessions, cap_sessions;
     struct server_counters counters;
     uint64_t start_ns;
+    /* Start-up phases (ns) for the ready line: main's start, reading the
+     * configuration, the disk cache index and the socket. */
+    uint64_t main_ns, t_config, t_index, t_socket;
+    uint64_t ready_ns;      /* when the engine reported ready */
+    uint32_t preload_warms; /* preloaded catalogs still warming on the GPU engines */
+    bool preload_listed;    /* the store read every catalog it preloads */
     bool draining, finished;
     bool handles_open;
     int exit_code;
@@ -629,6 +635,66 @@ static void on_signal(uv_signal_t *h, int signum)
         begin_drain(srv, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
+static double ms(uint64_t ns)
+{
+    return (double)ns / 1e6;
+}
+
+/* ---- preloading (docs/daemon.md "Warm restart") ------------------------ */
+
+struct preload {
+    struct server *srv;
+    struct store_entry *entry; /* referenced while the engines warm it */
+};
+
+static void preload_check_done(struct server *srv)
+{
+    if (!srv->preload_listed || srv->preload_warms > 0 || srv->counters.preload_done)
+        return;
+    srv->counters.preload_done = 1;
+    srv->counters.preload_ns = uv_hrtime() - srv->ready_ns;
+    struct store_stats ss;
+    store_get_stats(srv->store, &ss);
+    log_notice("preloaded %llu catalogs in %.1f ms after ready (%llu bytes in memory)",
+               (unsigned long long)srv->counters.preload_catalogs, ms(srv->counters.preload_ns),
+               (unsigned long long)ss.host_bytes);
+}
+
+static void on_preload_warm(void *ctx)
+{
+    struct preload *p = ctx;
+    struct server *srv = p->srv;
+    store_entry_unref(srv->store, p->entry);
+    free(p);
+    srv->counters.preload_catalogs++;
+    srv->preload_warms--;
+    preload_check_done(srv);
+}
+
+/* The store read a catalog used last (or, entry NULL, all of them): make
+ * it resident on the GPU engines too. */
+static void on_preload_read(void *ctx, int status, const struct store_result *res,
+                            const struct vks_error *err)
+{
+    (void)status, (void)err;
+    struct server *srv = ctx;
+    if (res->entry == NULL) {
+        srv->preload_listed = true;
+        preload_check_done(srv);
+        return;
+    }
+    struct preload *p = malloc(sizeof(*p));
+    if (p == NULL || srv->engine == NULL) {
+        free(p);
+        return; /* only a head start */
+    }
+    p->srv = srv;
+    p->entry = res->entry;
+    store_entry_ref(p->entry);
+    srv->preload_warms++;
+    engine_warm(srv->engine, store_entry_catalog(p->entry), on_preload_warm, p);
+}
+
 static void on_engine_ready(struct engine *eng, int status, const struct vks_error *err, void *ctx)
 {
     (void)eng;
@@ -654,8 +720,17 @@ static void on_engine_ready(struct engine *eng, int status, const struct vks_err
              srv->cfg.socket_path, info->gpu ? info->device.name : "CPU scanner", (int)getpid());
     notify_send(state);
     arm_sweep(srv);
-    log_notice("vkscand %s ready on %s, engine %s", VKS_VERSION, srv->cfg.socket_path,
-               info->gpu ? info->device.name : "CPU");
+    srv->ready_ns = uv_hrtime();
+    srv->counters.start_ready_ns = srv->ready_ns - srv->main_ns;
+    /* The engine's steps ran on its own thread, beside the loop's. */
+    log_notice("vkscand %s ready on %s, engine %s, in %.1f ms (config %.1f, disk cache index "
+               "%.1f, socket %.1f; engine thread: Vulkan instance and device %.1f, device list "
+               "%.1f, self-test and pipelines %.1f)",
+               VKS_VERSION, srv->cfg.socket_path, info->gpu ? info->device.name : "CPU",
+               ms(srv->counters.start_ready_ns), ms(srv->t_config), ms(srv->t_index),
+               ms(srv->t_socket), ms(info->start_open_ns), ms(info->start_list_ns),
+               ms(info->start_selftest_ns));
+    store_preload(srv->store, srv->cfg.preload_catalogs, on_preload_read, srv);
     server_kick(srv);
 }
 
@@ -696,8 +771,8 @@ static void on_catalog_forgotten(void *ctx, const uint8_t fp[CATALOG_FP_LEN])
     engine_forget(srv->engine, fp);
 }
 
-int server_create(const struct daemon_config *cfg, int argc, char **argv, struct server **out,
-                  struct vks_error *err)
+int server_create(const struct daemon_config *cfg, int argc, char **argv, uint64_t main_ns,
+                  struct server **out, struct vks_error *err)
 {
     struct server *srv = calloc(1, sizeof(*srv));
     if (srv == NULL)
@@ -707,6 +782,8 @@ int server_create(const struct daemon_config *cfg, int argc, char **argv, struct
     srv->argv = argv;
     srv->listen_fd = -1;
     srv->start_ns = uv_hrtime();
+    srv->main_ns = main_ns != 0 ? main_ns : srv->start_ns;
+    srv->t_config = srv->start_ns - srv->main_ns;
     struct server_counters *c = &srv->counters;
     metrics_hist_init(&c->hist_queue_wait, "queue_wait_ns", metrics_ns_bounds, 6);
     metrics_hist_init(&c->hist_gpu, "gpu_ns", metrics_ns_bounds, 6);
@@ -729,16 +806,22 @@ int server_create(const struct daemon_config *cfg, int argc, char **argv, struct
     rc = init_handles(srv, err);
     if (rc == 0 && sched_create(&sl, &srv->sched) != 0)
         rc = vks_error_set(err, -ENOMEM, "out of memory creating the scheduler");
-    if (rc == 0)
-        rc = store_create(&srv->loop, &so, &srv->store, err);
-    if (rc == 0) {
-        store_set_idle(srv->store, on_store_idle, srv);
-        rc = open_listener(srv, err);
-    }
+    /* The engine first: its thread opens the Vulkan device (most of the
+     * start) while this one reads the disk cache index and opens the
+     * socket. It reports through the loop, which runs after this. */
     if (rc == 0)
         rc = engine_create(&srv->loop, cfg, on_engine_ready, on_batch_done, srv, &srv->engine, err);
+    uint64_t t = uv_hrtime();
     if (rc == 0)
+        rc = store_create(&srv->loop, &so, &srv->store, err);
+    srv->t_index = uv_hrtime() - t;
+    t = uv_hrtime();
+    if (rc == 0) {
+        store_set_idle(srv->store, on_store_idle, srv);
         store_set_forget(srv->store, on_catalog_forgotten, srv);
+        rc = open_listener(srv, err);
+    }
+    srv->t_socket = uv_hrtime() - t;
     if (rc != 0) {
         server_destroy(srv);
         return rc;

@@ -23,14 +23,16 @@
 #include "session_host.h"
 
 /*
- * Opens the listening socket (socket activation first, else binds
+ * Starts the engine worker, opens the store (reading the disk cache) and
+ * the listening socket (socket activation first, else binds
  * cfg->socket_path, replacing a stale socket file but refusing to take over
- * a live daemon's), the store (reading the disk cache) and starts the engine
- * worker. `argv` is kept for SIGHUP, which re-reads flags and the config
- * file. Returns 0 or a negative code with `err` filled.
+ * a live daemon's). `argv` is kept for SIGHUP, which re-reads flags and the
+ * config file. `main_ns` is when main started (uv_hrtime; 0: now), for the
+ * start-up times logged at ready. Returns 0 or a negative code with `err`
+ * filled.
  */
-int server_create(const struct daemon_config *cfg, int argc, char **argv, struct server **out,
-                  struct vks_error *err);
+int server_create(const struct daemon_config *cfg, int argc, char **argv, uint64_t main_ns,
+                  struct server **out, struct vks_error *err);
 
 /* Runs the loop until SIGTERM/SIGINT has drained the server (or the engine
  * failed to start). Returns the process exit status. */

@@ -48,6 +48,10 @@ struct server_counters {
     uint64_t frame_budget_waits;         /* frames that waited for frame-budget */
     uint64_t tenant_refused;             /* connections over tenant-max-connections */
     uint64_t accept_fd_limit;            /* accept() hit EMFILE/ENFILE (then backed off) */
+    uint64_t start_ready_ns;             /* main's start to ready (0 before) */
+    uint64_t preload_catalogs;           /* catalogs preloaded at start, on every GPU engine */
+    uint64_t preload_ns;                 /* ready to the preload's end */
+    uint64_t preload_done;               /* 1 once the preload ended */
     struct metrics_hist hist_queue_wait; /* per scan answered: enqueue -> dispatch */
     struct metrics_hist hist_gpu;        /* per batch: run_ns (kernel, or the CPU scan) */
     struct metrics_hist hist_scan_total; /* per scan answered: receipt -> reply */

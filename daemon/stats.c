@@ -172,6 +172,13 @@ void stats_collect_as(struct server *srv, uid_t uid, bool admin, struct stats_li
     stats_add_u(l, "catalogs_resident", info->resident_catalogs);
     stats_add_u(l, "device_memory_used", info->device_memory_used);
     stats_add_u(l, "device_memory_budget", info->device_memory_budget);
+    stats_add_u(l, "startup_ns", c->start_ready_ns);
+    stats_add_u(l, "startup_engine_open_ns", info->start_open_ns);
+    stats_add_u(l, "startup_device_list_ns", info->start_list_ns);
+    stats_add_u(l, "startup_selftest_ns", info->start_selftest_ns);
+    stats_add_u(l, "preload_catalogs", c->preload_catalogs);
+    stats_add_u(l, "preload_done", c->preload_done);
+    stats_add_u(l, "preload_ns", c->preload_ns);
     stats_guards(srv, l);
     stats_add_hist(l, &c->hist_queue_wait);
     stats_add_hist(l, &c->hist_gpu);

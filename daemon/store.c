@@ -355,7 +355,7 @@ void store_catalog_read(struct store *st, struct store_entry *e, int status, str
 
 /* Calls `w` back once `e` has its body, now or after a disk read. Takes
  * ownership of `w`; holds a reference on `e` until the callback ran. */
-static void when_ready(struct store *st, struct store_entry *e, struct waiter *w)
+static void body_ready(struct store *st, struct store_entry *e, struct waiter *w)
 {
     store_entry_ref(e);
     if (e->cat != NULL) {
@@ -378,6 +378,13 @@ static void when_ready(struct store *st, struct store_entry *e, struct waiter *w
         next = x->next;
         deliver(st, e, x, -ENOMEM, &err);
     }
+}
+
+/* body_ready for a tenant's request: the entry counts as used now. */
+static void when_ready(struct store *st, struct store_entry *e, struct waiter *w)
+{
+    e->last_use = ++st->tick;
+    body_ready(st, e, w);
 }
 
 static struct waiter *waiter_new(store_cb cb, void *ctx)
@@ -705,6 +712,7 @@ static void compile_done(struct compile_job *j, int status)
     if (rc != 0) {
         j->cb(j->ctx, rc, &(struct store_result){0}, &err);
     } else {
+        e->last_use = ++st->tick;
         store_entry_ref(e);
         struct store_result res = {.known = true,
                                    .entry = e,
@@ -788,6 +796,7 @@ void store_cancel(struct store *st, void *ctx)
 
 void store_shutdown(struct store *st)
 {
+    st->shutdown = true; /* no more preloads */
     for (struct compile_job *j = st->compiles; j != NULL; j = j->next)
         stop_compile(st, j, STOP_SHUTDOWN);
 }
@@ -803,6 +812,76 @@ void store_sweep(struct store *st)
         if (t != 0 && now - t >= limit)
             stop_compile(st, j, STOP_TIMEOUT);
     }
+}
+
+/* ---- the catalogs used last ------------------------------------------ */
+
+uint32_t store_recent(const struct store *st, struct store_entry **out, uint32_t cap)
+{
+    /* Keeps the `cap` most recent in out[] (a small array: insertion). */
+    uint32_t n = 0;
+    for (unsigned b = 0; b < STORE_BUCKETS && cap > 0; b++) {
+        for (struct store_entry *e = st->table[b]; e != NULL; e = e->hnext) {
+            if (e->last_use == 0 || (n == cap && e->last_use <= out[n - 1]->last_use))
+                continue;
+            uint32_t i = n < cap ? n++ : n - 1;
+            while (i > 0 && out[i - 1]->last_use < e->last_use) {
+                out[i] = out[i - 1];
+                i--;
+            }
+            out[i] = e;
+        }
+    }
+    return n;
+}
+
+static void preload_next(struct store *st);
+
+static void preload_read(void *ctx, int status, const struct store_result *res,
+                         const struct vks_error *err)
+{
+    struct store *st = ctx;
+    (void)err; /* an unreadable file was counted and deleted; the next one is read */
+    if (status == 0)
+        st->preload.cb(st->preload.ctx, 0, res, NULL);
+    preload_next(st);
+}
+
+/* Reads the next catalog on the list, or reports the end. */
+static void preload_next(struct store *st)
+{
+    while (st->preload.next < st->preload.n && !st->shutdown &&
+           st->stats.host_bytes < st->opt.host_budget) {
+        struct store_entry *e = store_table_find(st, st->preload.fp[st->preload.next++]);
+        if (e == NULL) /* dropped since */
+            continue;
+        struct waiter *w = waiter_new(preload_read, st);
+        if (w == NULL)
+            break;
+        w->res.known = true;
+        body_ready(st, e, w); /* as used as before: no when_ready */
+        return;
+    }
+    store_cb cb = st->preload.cb;
+    st->preload.n = st->preload.next = 0;
+    st->preload.cb = NULL;
+    if (cb != NULL)
+        cb(st->preload.ctx, 0, &(struct store_result){0}, NULL);
+}
+
+void store_preload(struct store *st, uint32_t n, store_cb cb, void *ctx)
+{
+    struct store_entry *v[DISKCACHE_RECENT_MAX];
+    n = store_recent(st, v, n < DISKCACHE_RECENT_MAX ? n : DISKCACHE_RECENT_MAX);
+    free(st->preload.fp);
+    st->preload.fp = calloc(n ? n : 1, CATALOG_FP_LEN);
+    st->preload.n = st->preload.fp != NULL ? n : 0;
+    st->preload.next = 0;
+    for (uint32_t i = 0; i < st->preload.n; i++)
+        memcpy(st->preload.fp[i], v[i]->fp, CATALOG_FP_LEN);
+    st->preload.cb = cb;
+    st->preload.ctx = ctx;
+    preload_next(st);
 }
 
 /* ---- has, acquire, drop ----------------------------------------------- */
@@ -909,6 +988,8 @@ void store_destroy(struct store *st)
 {
     if (st == NULL)
         return;
+    diskcache_save_recent(st);
+    free(st->preload.fp);
     for (unsigned b = 0; b < STORE_BUCKETS; b++) {
         while (st->table[b] != NULL) {
             struct store_entry *e = st->table[b];

@@ -160,6 +160,20 @@ const uint8_t *store_entry_fp(const struct store_entry *e);
 int store_entry_rules_packed(struct store *st, struct store_entry *e, bool ids_only,
                              const uint8_t **p, size_t *len, struct vks_error *err);
 
+/*
+ * Reads into memory the catalogs used last (at most `n`, most recent
+ * first: those <state-dir>/catalogs/recent lists, written when the last
+ * run stopped, and those used since), one after the other, and calls `cb`
+ * with each (res->entry, referenced for the call: store_entry_ref keeps
+ * it), then once with res->entry NULL when done. Stops early at the host
+ * budget (host-catalog-budget) and at store_shutdown; an unreadable file
+ * is skipped (counted and deleted as for any read). Nothing else changes:
+ * the owners do not (no tenant may use a catalog it did not load), nor how
+ * recently each was used; the bodies stay in memory as any idle catalog
+ * does (host LRU). Called once, at start.
+ */
+void store_preload(struct store *st, uint32_t n, store_cb cb, void *ctx);
+
 /* Number of catalogs `uid` holds. */
 uint32_t store_tenant_catalogs(const struct store *st, uid_t uid);
 

@@ -61,6 +61,9 @@ struct store_entry {
     bool loading;
     bool dead; /* no owner left: out of the table, freed when unreferenced */
     bool owners_writing, owners_dirty;
+    /* When a tenant last used it (st->tick; 0: not since start, and not
+     * listed in <state-dir>/recent): what store_preload picks by. */
+    uint64_t last_use;
     struct store_source *sources;
     struct waiter *waiters;
 };
@@ -83,6 +86,15 @@ struct store {
     void (*idle)(void *ctx);
     void *idle_ctx;
     struct store_stats stats;
+    uint64_t tick; /* entries' last_use */
+    bool shutdown;
+    /* store_preload: the fingerprints left to read, one at a time. */
+    struct {
+        uint8_t (*fp)[CATALOG_FP_LEN];
+        uint32_t n, next;
+        store_cb cb;
+        void *ctx;
+    } preload;
 };
 
 /* The entry with catalog fingerprint `fp`, or NULL. */
@@ -109,6 +121,10 @@ struct store_source *store_source_find(const struct store *st, const uint8_t src
 struct store_source *store_source_add(struct store *st, struct store_entry *e,
                                       const uint8_t src[CATALOG_FP_LEN],
                                       struct rule_reject *rejects, size_t n_rejects);
+
+/* Entries by last_use, most recent first: at most `cap` live entries
+ * with a last_use, into `out`; returns how many. */
+uint32_t store_recent(const struct store *st, struct store_entry **out, uint32_t cap);
 
 /* The end of diskcache_read_catalog: `status` 0 with `cat` (ownership
  * taken), or an error with `err`; answers the entry's waiters. */

@@ -229,6 +229,22 @@ int gpu_device_list(struct gpu_device_info *out, uint32_t cap, uint32_t *n, stru
     return rc;
 }
 
+int gpu_engine_list_devices(const struct gpu_engine *eng, struct gpu_device_info *out, uint32_t cap,
+                            uint32_t *n, struct vks_error *err)
+{
+    VkPhysicalDevice *pds;
+    uint32_t np;
+    *n = 0;
+    int rc = list_physical(eng->inst, &pds, &np, err);
+    if (rc < 0)
+        return rc;
+    for (uint32_t i = 0; i < np && i < cap; i++)
+        describe(pds[i], i, &out[i]);
+    *n = np;
+    free(pds);
+    return 0;
+}
+
 static int type_rank(enum gpu_device_type t)
 {
     static const int rank[] = {

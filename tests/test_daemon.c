@@ -1382,6 +1382,97 @@ START_TEST(test_restart_uses_disk_cache)
 }
 END_TEST
 
+/* Waits (polling stats, not timing anything) until the start's preload
+ * ended; returns preload_catalogs. */
+static uint64_t wait_preloaded(struct vks_client *c)
+{
+    for (int i = 0; i < 1200 && stat_of(c, "preload_done") == 0; i++)
+        usleep(50000);
+    ck_assert_uint_eq(stat_of(c, "preload_done"), 1);
+    return stat_of(c, "preload_catalogs");
+}
+
+/* One scan of `data` with `fp`: its hits equal the reference, and the
+ * telemetry value of `key` is returned. */
+static uint64_t scan_checked(struct vks_client *c, const uint8_t *fp, const struct catalog *ref,
+                             const uint8_t *data, size_t len, const char *key)
+{
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = data, .len = len};
+    struct vks_scan_result res = {0};
+    struct vks_error err = {0};
+    int rc = vks_client_scan(c, fp, &vb, 1, NULL, &res, &err);
+    ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+    ck_assert_uint_eq(tel_of(&res, "engine"), 0); /* on the GPU engine (lavapipe) */
+    check_hits(ref, &res, 0, data, len, SCAN_ALL);
+    uint64_t v = tel_of(&res, key);
+    vks_scan_result_finish(&res);
+    return v;
+}
+
+/*
+ * Warm restart (docs/daemon.md): the catalogs used last before a stop are
+ * read from the disk cache at the next start and made resident on the GPU
+ * engine before any tenant asks, so the first scan uploads nothing; the
+ * catalog stays invisible to a tenant that never loaded it. With
+ * preload-catalogs 0 the first scan uploads it, as before.
+ */
+START_TEST(test_restart_preloads)
+{
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    ck_assert_uint_eq(wait_preloaded(c), 0); /* a fresh state directory: nothing to preload */
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    uint8_t fp[32];
+    memcpy(fp, vks_catalog_fingerprint(cat), 32);
+    vks_catalog_destroy(cat);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    static uint8_t data[3000];
+    make_haystack(data, sizeof(data));
+    ck_assert_uint_gt(scan_checked(c, fp, ref, data, sizeof(data), "catalog_bytes_uploaded"), 0);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0); /* writes the catalogs used last */
+
+    char dir[64];
+    snprintf(dir, sizeof(dir), "%s", d.dir);
+    daemon_start(&d, dir, NULL);
+    c = connect_ok(&d);
+    ck_assert_uint_eq(wait_preloaded(c), 1);
+    ck_assert_uint_eq(stat_of(c, "catalog_disk_hits"), 1);
+    ck_assert_uint_eq(stat_of(c, "catalogs_in_memory"), 1);
+    ck_assert_uint_gt(stat_of(c, "startup_ns"), 0);
+    ck_assert_uint_gt(stat_of(c, "startup_engine_open_ns"), 0);
+    /* The first scan finds the catalog on the device: nothing uploaded,
+     * read from disk once (by the preload), hits exact. */
+    ck_assert_uint_eq(scan_checked(c, fp, ref, data, sizeof(data), "catalog_bytes_uploaded"), 0);
+    ck_assert_uint_eq(scan_checked(c, fp, ref, data, sizeof(data), "catalog_cache_hits"), 1);
+    ck_assert_uint_eq(stat_of(c, "catalog_disk_hits"), 1);
+    if (geteuid() == 0) { /* preloaded is not loaded: another uid still cannot see it */
+        pid_t child = fork();
+        if (child == 0)
+            _exit(other_tenant(&d, 65534, fp));
+        int st;
+        waitpid(child, &st, 0);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "other tenant checks failed: mask %d",
+                      WEXITSTATUS(st));
+        unlink("/tmp/vkd-tenant-fp");
+    }
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+
+    const char *off[] = {"--preload-catalogs", "0", NULL};
+    daemon_start(&d, dir, off);
+    c = connect_ok(&d);
+    ck_assert_uint_eq(wait_preloaded(c), 0);
+    ck_assert_uint_eq(stat_of(c, "catalogs_in_memory"), 0);
+    ck_assert_uint_gt(scan_checked(c, fp, ref, data, sizeof(data), "catalog_bytes_uploaded"), 0);
+    catalog_destroy(ref);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
 /* ---- bad input -------------------------------------------------------- */
 
 START_TEST(test_bad_input)
@@ -2621,6 +2712,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_sigterm_drains);
     tcase_add_test(tc, test_restart_uses_disk_cache);
     tcase_add_test(tc, test_corrupt_disk_cache_heals);
+    tcase_add_test(tc, test_restart_preloads);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_sighup_reloads);
     tcase_add_test(tc, test_socket_activation);
