@@ -126,6 +126,10 @@ static struct layout layout_of(const struct catalog *cat)
         if (g.maxlen < HIST_MAX && (gated || g.maxlen + 1 < (uint64_t)g.n_words * 4) &&
             g.maxlen > l.hist)
             l.hist = g.maxlen;
+        /* a forward-confirmed group walks again from a factor's allowed
+         * starts, up to `lookback` bytes before the write (confirm_walk) */
+        if ((g.flags & CAT_GF_CONFIRM) && g.lookback < HIST_MAX && g.lookback > l.hist)
+            l.hist = g.lookback;
     }
     for (uint32_t j = 0; j < n_nfas; j++) {
         struct catalog_nfa g;
@@ -446,6 +450,20 @@ static bool gated_hist(const struct catalog_nfa *g, uint32_t hist)
     return (g->flags & CAT_GF_GATED) && !(g->flags & CAT_GF_CONFIRM) && by_hist(g, hist);
 }
 
+/* A forward-confirmed (unbounded) group whose starts the history covers:
+ * a write from the carried state walks it only from its factors' allowed
+ * starts and while its state lives (confirm_walk); it keeps its vector. */
+static bool confirm_hist(const struct catalog_nfa *g, uint32_t hist)
+{
+    return (g->flags & CAT_GF_CONFIRM) && g->lookback <= hist && g->n_words <= STACK_WORDS;
+}
+
+/* Walked apart from the byte-by-byte walk (gated_walk). */
+static bool walked_apart(const struct catalog_nfa *g, uint32_t hist)
+{
+    return gated_hist(g, hist) || confirm_hist(g, hist);
+}
+
 static int nfa_all(struct streamscan *s, const struct vbuf *v, size_t e, uint32_t told_end,
                    bool gated_apart, struct scan_hits *raw)
 {
@@ -468,6 +486,10 @@ static int nfa_all(struct streamscan *s, const struct vbuf *v, size_t e, uint32_
         catalog_nfa(s->cat, j, &at.g);
         if (gated_apart && gated_hist(&at.g, l.hist))
             continue; /* kept by history: no vector to skip */
+        if (gated_apart && confirm_hist(&at.g, l.hist)) {
+            home += at.g.n_words; /* gated_walk moves its vector */
+            continue;
+        }
         if (by_hist(&at.g, l.hist)) {
             nfa_rebuild(&at.g, h, s->hist_len, l.hist, rb, tmp);
             at.home = rb;
@@ -823,7 +845,7 @@ static bool gated_any(const struct streamscan *s, const struct layout *l)
     for (uint32_t j = 0; j < catalog_nfa_count(s->cat); j++) {
         struct catalog_nfa g;
         catalog_nfa(s->cat, j, &g);
-        if (gated_hist(&g, l->hist))
+        if (walked_apart(&g, l->hist))
             return true;
     }
     return false;
@@ -844,6 +866,85 @@ static int on_gated(void *ctx, uint32_t rule, uint64_t end)
 {
     struct gated_ctx *c = ctx;
     return scan_hits_push(c->raw, rule, c->base + end, 1);
+}
+
+/* The first candidate of group j ending after `after`, in the sorted gate. */
+static size_t cand_after(const struct refscan_gate *g, uint32_t j, uint64_t after)
+{
+    size_t k = 0;
+    while (k < g->n && (g->v[k].nfa < j || (g->v[k].nfa == j && g->v[k].end <= after)))
+        k++;
+    return k;
+}
+
+/* Forward-confirmed group `g` (vector `home`) over copy[hl..hl + e): the
+ * copy holds the history before pos, then the write. Its factor ends in
+ * (hl, hl + e] allow starts up to lookback bytes earlier, some in the
+ * history, which the carried state could not have fired: the walk begins
+ * at the first of them from an empty state, takes in the carried state at
+ * pos, fires starts only where allowed, jumps over the stretches where the
+ * state is empty and no start is, and reports from pos on (a match ends
+ * at or after its factor's end, past pos). Position hl + e is checked with
+ * `told_end`; the state there is carried on. Exact: what the full walk
+ * finds, as block mode's confirmation (refscan.c confirm_walk). */
+static int confirm_walk(struct streamscan *s, const struct catalog_nfa *g, uint32_t j,
+                        uint32_t *home, const uint8_t *copy, size_t hl, size_t e,
+                        uint32_t told_end, const struct refscan_gate *gate, uint32_t *va,
+                        uint32_t *vb, struct scan_hits *raw)
+{
+    memset(va, 0, (size_t)g->n_words * sizeof(uint32_t));
+    memset(vb, 0, (size_t)g->n_words * sizeof(uint32_t));
+    struct nvec a = {va, 1, 0}, b = {vb, 1, 0}, *cur = &a, *nxt = &b;
+    uint64_t lb = g->lookback, stop = hl + e, until = 0, pos = pos_of(s);
+    size_t c = cand_after(gate, j, hl);
+#define START_OF(k) (gate->v[k].end > lb ? gate->v[k].end - lb : 0)
+#define LIVE(k)     ((k) < gate->n && gate->v[k].nfa == j && gate->v[k].end <= stop)
+    uint64_t i = LIVE(c) && START_OF(c) < hl ? START_OF(c) : hl;
+    bool merged = false;
+    int rc = 0;
+    for (;;) {
+        for (; LIVE(c) && START_OF(c) <= i; c++)
+            until = gate->v[c].end > until ? gate->v[c].end : until;
+        if (i == hl && !merged) { /* the carried state joins */
+            merged = true;
+            cur->lo = 1;
+            cur->hi = 0;
+            for (uint32_t w = 0; w < g->n_words; w++) {
+                if ((cur->v[w] |= home[w]) == 0)
+                    continue;
+                if (cur->lo > cur->hi)
+                    cur->lo = w;
+                cur->hi = w;
+            }
+        }
+        bool alive = cur->lo <= cur->hi, starts = i < until;
+        uint32_t p = i ? catalog_byte_kind(copy[i - 1]) + 1 : 0 /* P_BOS */;
+        if (i == stop)
+            break;
+        uint32_t k = catalog_byte_kind(copy[i]);
+        if (alive && i >= hl &&
+            (rc = nfa_check(g, cur, p, 1u << k, i == hl ? s->told : 0, pos + (i - hl), raw)) != 0)
+            break;
+        if (!alive && !starts) { /* nothing to walk until the next allowed start */
+            uint64_t next = LIVE(c) ? START_OF(c) : stop;
+            next = next > stop ? stop : next;
+            i = !merged && next > hl ? hl : next;
+            continue;
+        }
+        nfa_step_starts(g, cur, nxt, CAT_PK(p, k), copy[i], starts);
+        struct nvec *x = cur;
+        cur = nxt;
+        nxt = x;
+        i++;
+    }
+#undef START_OF
+#undef LIVE
+    if (rc == 0 && told_end != 0) {
+        uint32_t p = stop ? catalog_byte_kind(copy[stop - 1]) + 1 : 0;
+        rc = nfa_check(g, cur, p, told_end, e ? 0 : s->told, pos + e, raw);
+    }
+    memcpy(home, cur->v, (size_t)g->n_words * sizeof(uint32_t));
+    return rc;
 }
 
 /* Positions pos .. pos + e - 1 of the gated bit-NFA groups kept by
@@ -872,9 +973,16 @@ static int gated_walk(struct streamscan *s, const struct layout *l, const struct
     struct gated_ctx c = {raw, pos_of(s) - hl};
     uint32_t k0 = catalog_byte_kind(vbyte(v, 0)), p_end = catalog_byte_kind(copy[hl + e - 1]) + 1;
     size_t take_end = hl + e; /* the bytes before pos + e a rebuild may walk */
+    uint32_t *home = nfa_words(s);
     for (uint32_t j = 0; j < catalog_nfa_count(s->cat) && rc == 0; j++) {
         struct catalog_nfa g;
         catalog_nfa(s->cat, j, &g);
+        uint32_t *vec = home;
+        home += by_hist(&g, l->hist) ? 0 : g.n_words;
+        if (confirm_hist(&g, l->hist) && e > 0) {
+            rc = confirm_walk(s, &g, j, vec, copy, hl, e, told_end, &gate, rb, tmp, raw);
+            continue;
+        }
         if (!gated_hist(&g, l->hist))
             continue;
         struct nvec a, b;

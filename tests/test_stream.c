@@ -870,7 +870,8 @@ static void gated_case(bool unbounded)
         puts_(&inst[i], one);
         src[i] = (struct rule_src){r->id, RULE_REGEX, r->pat.p, r->pat.n, 0, 0};
     }
-    static const char *const more[2][2] = {{"zqkey[a-z0-9]{6,}", "zqkeyab12cd34ef "},
+    static const char *const more[2][2] = {
+        {"zqkey[a-z0-9]{6,}", "zqkeyab12cd34efgh5678ijkl90mnopqrstuv1234wxyzab5678cdefghij90 "},
                                            {"(?i)tokv[=:]\\s*[0-9a-f]+\\b", "TOKV= 00beef11 "}};
     for (size_t i = N; i < nr; i++) {
         struct trule *r = &ru.rules[i];
@@ -897,6 +898,13 @@ static void gated_case(bool unbounded)
             catalog_group_count(cat), catalog_nfa_count(cat), gated);
     ck_assert_uint_gt(gated, 0);
     ck_assert(unbounded == (cpuscan_lookback(cat) == CPUSCAN_UNSEGMENTABLE));
+    uint32_t confirmed = 0;
+    for (uint32_t j = 0; j < catalog_nfa_count(cat); j++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, j, &g);
+        confirmed += (g.flags & CAT_GF_CONFIRM) != 0;
+    }
+    ck_assert(unbounded ? confirmed > 0 : confirmed == 0);
     streamscan_tune(0);
     streamscan_set_threads(2, 256);
     struct str d = {0};
@@ -915,7 +923,7 @@ static void gated_case(bool unbounded)
      * before it, at it (half of them: the tail's check, or for `\b` the
      * next head's check at pos) or one byte after it */
     for (size_t k = 1; k < nc; k++) {
-        const struct str *in = &inst[k % N];
+        const struct str *in = &inst[k % nr];
         size_t mlen = k % 4 == 1 ? in->n - 1 : in->n; /* `\b` before the space */
         size_t end = cuts[k] + (rnd(2) ? 1 : rnd(3)) - 1;
         if (cuts[k] - cuts[k - 1] > 40 && end + in->n - mlen < d.n)
