@@ -2,7 +2,7 @@
  * rpc_bench: vkscand round trips through libvkscan.
  *
  *   rpc_bench --socket PATH [--seconds S] [--clients 1,8,64] [--big-mib 64]
- *             [--workloads small,large] [--cache] [--json]
+ *             [--workloads small,large] [--inputs inline,memfd] [--cache] [--json]
  *
  * For each client count and each transport (inline bytes, memfd passed with
  * SCM_RIGHTS) it runs two workloads for S seconds each, every client on its
@@ -46,6 +46,7 @@ struct opts {
     size_t big;
     int json;
     int small, large; /* workloads to run */
+    int inputs;       /* bit 0: inline, bit 1: memfd */
     int cache;        /* let the daemon answer from its result cache */
 };
 
@@ -259,7 +260,8 @@ static int parse(int argc, char **argv, struct opts *o)
                        .n_clients = 3,
                        .big = 64u << 20,
                        .small = 1,
-                       .large = 1};
+                       .large = 1,
+                       .inputs = 3};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--json") == 0) {
@@ -276,6 +278,9 @@ static int parse(int argc, char **argv, struct opts *o)
             o->small = strstr(v, "small") != NULL;
             o->large = strstr(v, "large") != NULL;
             i++;
+        } else if (strcmp(a, "--inputs") == 0 && v) {
+            o->inputs = (strstr(v, "inline") != NULL) | (strstr(v, "memfd") != NULL) << 1;
+            i++;
         } else if (strcmp(a, "--clients") == 0 && v) {
             o->n_clients = 0;
             for (char *p = argv[++i]; *p && o->n_clients < 8;) {
@@ -283,8 +288,10 @@ static int parse(int argc, char **argv, struct opts *o)
                 p += *p == ',';
             }
         } else {
-            fprintf(stderr, "usage: rpc_bench --socket PATH [--seconds S] [--clients 1,8,64] "
-                            "[--big-mib N] [--workloads small,large] [--cache] [--json]\n");
+            fprintf(stderr,
+                    "usage: rpc_bench --socket PATH [--seconds S] [--clients 1,8,64] "
+                    "[--big-mib N] [--workloads small,large] [--inputs inline,memfd] [--cache] "
+                    "[--json]\n");
             return -1;
         }
     }
@@ -336,6 +343,8 @@ int main(int argc, char **argv)
                "scan_us", "wait_us", "batch");
     int failed = 0;
     for (int use_fd = 0; use_fd < 2; use_fd++) {
+        if (!(o.inputs >> use_fd & 1))
+            continue;
         for (int i = 0; i < o.n_clients; i++) {
             if (o.small)
                 failed |=

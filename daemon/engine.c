@@ -819,6 +819,11 @@ void engine_batch_post(struct engine *e, struct engine_batch *b)
     }
     pthread_mutex_lock(&e->mu);
     b->tel.batch_id = ++e->batches;
+    if (b->finished != NULL) { /* before the loop can see (and free) it */
+        pthread_mutex_unlock(&e->mu);
+        b->finished(b);
+        pthread_mutex_lock(&e->mu);
+    }
     b->next = NULL;
     if (e->done_tail != NULL)
         e->done_tail->next = b;

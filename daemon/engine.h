@@ -146,7 +146,13 @@ struct engine_telemetry {
 struct engine_batch {
     struct engine_job *jobs;
     struct engine_telemetry tel;
-    void *user;                /* the caller's */
+    void *user; /* the caller's */
+    /* The caller's, optional: called with the results settled on the thread
+     * that finished the batch (an engine's; the loop thread for a batch
+     * failed at submit), right before it is queued back to the loop. It
+     * may read the jobs and the telemetry, and must neither free nor
+     * change them: the loop's `done` still follows. */
+    void (*finished)(struct engine_batch *batch);
     struct engine_batch *next; /* engine queues */
     void *loaded;              /* engine: descriptor buffers to release off its thread */
     size_t n_loaded;

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,20 @@ struct request {
     uint64_t held;   /* frame bytes counted with sched_tenant_hold */
     uint32_t weight; /* what it counts in n_reqs: its writes or closes for a
                       * stream.writes or a stream.close of many, else 1 */
+    /* A scan reply made on the engine thread (session_scan_finished): the
+     * frame, what became of it, and what the loop counts for it. */
+    struct proto_buf early;
+    int early_state; /* enum early */
+    uint32_t early_hits;
+    uint64_t early_bytes, t_reply;
+};
+
+enum early {
+    EARLY_NONE,    /* the loop builds the reply (or an error) */
+    EARLY_ENCODED, /* encoded, not written: the loop queues `early` */
+    EARLY_SENT,    /* written whole to the socket */
+    EARLY_QUEUED,  /* written in part, the rest moved to the session's out */
+    EARLY_FAILED,  /* the socket failed while writing it: close */
 };
 
 /* A stream.writes of 4,096 writes holds as much daemon memory (a queued
@@ -80,8 +95,17 @@ struct session {
     pid_t pid;
     struct sched_tenant *tenant;
     struct proto_reader *reader;
+    /* The output: the socket's writes, the unsent bytes and `shut` (the
+     * session is closed: write nothing more) under out_mu, because an
+     * engine thread writes scan replies too (session_scan_finished). */
+    pthread_mutex_t out_mu;
+    bool shut;
     struct proto_buf out;
     size_t out_off;
+    size_t out_left;  /* out.len - out_off, stored under out_mu, read without
+                       * it (atomic): the loop asks on every poll update */
+    uint32_t n_early; /* replies written by engine threads, requests not yet
+                       * freed (atomic) */
     struct request *reqs;
     uint32_t n_reqs;
     struct stream_set *streams; /* stream.* (daemon/stream.c) */
@@ -103,6 +127,7 @@ static void session_unref(struct session *s)
         server_frame_release(srv, s->reserved);
     proto_reader_destroy(s->reader);
     proto_buf_finish(&s->out);
+    pthread_mutex_destroy(&s->out_mu);
     server_session_remove(srv, s);
     free(s);
     server_check_drained(srv);
@@ -113,9 +138,22 @@ uid_t session_uid(const struct session *s)
     return s->uid;
 }
 
+/* Bytes encoded and not yet written. An engine thread may add some; the
+ * loop then learns it from session_scan_done, which writes them. */
+static size_t unsent(const struct session *s)
+{
+    return __atomic_load_n(&s->out_left, __ATOMIC_RELAXED);
+}
+
+/* Publishes what `out` holds now (out_mu held). */
+static void out_changed(struct session *s)
+{
+    __atomic_store_n(&s->out_left, s->out.len - s->out_off, __ATOMIC_RELAXED);
+}
+
 bool session_idle(const struct session *s)
 {
-    return s->n_reqs == 0 && s->out_off == s->out.len;
+    return s->n_reqs == 0 && unsent(s) == 0;
 }
 
 /* ---- requests --------------------------------------------------------- */
@@ -154,6 +192,7 @@ static void request_free(struct request *r)
         store_entry_unref(server_store(s->srv), r->entry);
     engine_job_finish(&r->ej);
     free(r->bufs);
+    proto_buf_finish(&r->early);
     proto_request_destroy(r->req);
     bool was_over = sched_tenant_holds_too_much(server_sched(s->srv), s->tenant);
     sched_tenant_hold(s->tenant, -(int64_t)r->held);
@@ -211,7 +250,10 @@ static void send_reply(struct session *s, const struct proto_reply *rep)
     if (s->closed)
         return;
     struct vks_error err;
+    pthread_mutex_lock(&s->out_mu);
     int rc = proto_reply_encode(&s->out, rep, &err);
+    out_changed(s);
+    pthread_mutex_unlock(&s->out_mu);
     count_reply(s, rep->op, rc == 0);
     if (rc != 0) {
         log_err("uid %u: cannot encode the %s reply to request %u: %s", (unsigned)s->uid,
@@ -219,7 +261,10 @@ static void send_reply(struct session *s, const struct proto_reply *rep)
         char msg[300];
         snprintf(msg, sizeof(msg), "the reply could not be encoded (%.200s)%s", err.msg,
                  rc == -E2BIG ? ": ask for fewer hits (max_hits)" : "");
+        pthread_mutex_lock(&s->out_mu);
         proto_error_encode(&s->out, rep->id, rep->op, -VKS_E_INTERNAL, msg, NULL);
+        out_changed(s);
+        pthread_mutex_unlock(&s->out_mu);
         server_counters(s->srv)->errors++;
     }
     flush(s);
@@ -239,48 +284,69 @@ static void send_error(struct session *s, uint32_t id, enum proto_op op, int cod
     server_counters(s->srv)->errors++;
     count_reply(s, op, false);
     struct vks_error err;
-    if (proto_error_encode(&s->out, id, op, code, msg, &err) != 0)
+    pthread_mutex_lock(&s->out_mu);
+    int rc = proto_error_encode(&s->out, id, op, code, msg, &err);
+    out_changed(s);
+    pthread_mutex_unlock(&s->out_mu);
+    if (rc != 0)
         log_err("cannot encode an error reply: %s", err.msg);
     flush(s);
 }
 
-static void flush(struct session *s)
+/* Writes from `p` until done or the socket is full (out_mu held). Returns
+ * the bytes written, or -1 when the peer is gone (EPIPE, ECONNRESET). */
+static ssize_t write_some(int fd, const uint8_t *p, size_t len)
 {
-    while (s->out_off < s->out.len) {
-        ssize_t n = send(s->fd, s->out.data + s->out_off, s->out.len - s->out_off,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = send(fd, p + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             break;
-        if (n <= 0) {
-            session_close(s); /* EPIPE, ECONNRESET: the peer is gone */
-            return;
-        }
-        s->out_off += (size_t)n;
+        if (n <= 0)
+            return -1;
+        off += (size_t)n;
     }
-    if (s->out_off == s->out.len) {
+    return (ssize_t)off;
+}
+
+static void flush(struct session *s)
+{
+    pthread_mutex_lock(&s->out_mu);
+    ssize_t n = write_some(s->fd, s->out.data + s->out_off, s->out.len - s->out_off);
+    s->out_off += n > 0 ? (size_t)n : 0;
+    size_t left = s->out.len - s->out_off;
+    if (n >= 0 && left == 0) {
         proto_buf_reset(&s->out);
         s->out_off = 0;
+    } else if (n >= 0 && s->out_off > s->out.len / 2) {
+        memmove(s->out.data, s->out.data + s->out_off, left);
+        s->out.len = left;
+        s->out_off = 0;
+    }
+    out_changed(s);
+    pthread_mutex_unlock(&s->out_mu);
+    if (n < 0) {
+        session_close(s); /* the peer is gone */
+        return;
+    }
+    if (left == 0) {
         s->t_active = uv_now(server_loop(s->srv));
         if (s->fatal || (s->close_when_done && finished(s))) {
             session_close(s);
             return;
         }
-    } else if (s->out.len - s->out_off > server_config(s->srv)->max_unsent_bytes) {
+    } else if (left > server_config(s->srv)->max_unsent_bytes) {
         /* The client does not read its replies: Redis's output buffer limit.
          * Pausing reads alone is not enough, queued work keeps replying. */
         server_counters(s->srv)->output_limit_closes++;
         log_warn("uid %u pid %d: %zu reply bytes unread, over max-unsent-bytes (%llu): closing "
                  "the connection",
-                 (unsigned)s->uid, (int)s->pid, s->out.len - s->out_off,
+                 (unsigned)s->uid, (int)s->pid, left,
                  (unsigned long long)server_config(s->srv)->max_unsent_bytes);
         session_close(s);
         return;
-    } else if (s->out_off > s->out.len / 2) {
-        memmove(s->out.data, s->out.data + s->out_off, s->out.len - s->out_off);
-        s->out.len -= s->out_off;
-        s->out_off = 0;
     }
     update_poll(s);
 }
@@ -317,7 +383,7 @@ static bool may_read(struct session *s)
         cfg->max_unsent_bytes / 2 < OUT_HIGH_WATER ? cfg->max_unsent_bytes / 2 : OUT_HIGH_WATER;
     bool over = sched_tenant_over(server_sched(s->srv), s->tenant) ||
                 sched_tenant_holds_too_much(server_sched(s->srv), s->tenant) ||
-                s->n_reqs >= cfg->tenant_max_requests || s->out.len - s->out_off >= high;
+                s->n_reqs >= cfg->tenant_max_requests || unsent(s) >= high;
     if (over && !s->paused)
         server_counters(s->srv)->backpressure++;
     if (!over && !frame_budget(s))
@@ -337,7 +403,7 @@ static void update_poll(struct session *s)
     int ev = 0;
     if (may_read(s))
         ev |= UV_READABLE;
-    if (s->out_off < s->out.len)
+    if (unsent(s) > 0)
         ev |= UV_WRITABLE;
     if (!s->rdhup_seen)
         ev |= UV_DISCONNECT;
@@ -730,21 +796,44 @@ static void telemetry(struct stats_list *l, const struct request *r,
     stats_add_u(l, "total_ns", now - r->t_recv);
 }
 
-/* Builds and sends the scan reply: hits in (buffer, end, rule) order, cut at
- * max_hits, with each buffer's status and the batch telemetry. */
-static void reply_scan(struct request *r, const struct engine_telemetry *tel)
+/* A scan reply being built: the arrays it points into. */
+struct scan_reply {
+    struct proto_reply rep;
+    struct proto_hit *hits;
+    struct proto_buffer_status *bs;
+    char **ids;
+    uint64_t bytes; /* scanned */
+    struct stats_list l;
+};
+
+static void scan_reply_finish(const struct request *r, struct scan_reply *sr)
 {
-    struct session *s = r->s;
-    struct server_counters *c = server_counters(s->srv);
+    if (sr->ids != NULL) {
+        for (uint32_t i = 0; i < catalog_rule_count(r->ej.cat); i++)
+            free(sr->ids[i]);
+    }
+    free(sr->ids);
+    free(sr->hits);
+    free(sr->bs);
+}
+
+/* Builds the scan reply: hits in (buffer, end, rule) order, cut at
+ * max_hits, with each buffer's status and the batch telemetry. Reads only
+ * the request and the finished job, so any thread may build it; -ENOMEM
+ * (scan_reply_finish it all the same). */
+static int scan_reply_build(const struct request *r, const struct engine_telemetry *tel,
+                            uint64_t now, struct scan_reply *sr)
+{
     const struct proto_scan *sc = &r->req->u.scan;
     size_t n = r->ej.n_hits < r->max_hits ? r->ej.n_hits : r->max_hits;
-    struct proto_hit *hits = calloc(n ? n : 1, sizeof(*hits));
-    struct proto_buffer_status *bs = calloc(sc->n_buffers ? sc->n_buffers : 1, sizeof(*bs));
-    char **ids = sc->rule_ids ? calloc(catalog_rule_count(r->ej.cat) + 1u, sizeof(char *)) : NULL;
-    if (hits == NULL || bs == NULL || (sc->rule_ids && ids == NULL)) {
-        send_error(s, r->req->id, r->req->op, -ENOMEM, "out of memory building the reply");
-        goto out;
-    }
+    sr->hits = calloc(n ? n : 1, sizeof(*sr->hits));
+    sr->bs = calloc(sc->n_buffers ? sc->n_buffers : 1, sizeof(*sr->bs));
+    sr->ids = sc->rule_ids ? calloc(catalog_rule_count(r->ej.cat) + 1u, sizeof(char *)) : NULL;
+    if (sr->hits == NULL || sr->bs == NULL || (sc->rule_ids && sr->ids == NULL))
+        return -ENOMEM;
+    struct proto_hit *hits = sr->hits;
+    struct proto_buffer_status *bs = sr->bs;
+    char **ids = sr->ids;
     for (size_t i = 0; i < r->ej.n_hits; i++) {
         const struct engine_hit *h = &r->ej.hits[i];
         if (i >= n) {
@@ -766,39 +855,153 @@ static void reply_scan(struct request *r, const struct engine_telemetry *tel)
         if (ids != NULL)
             hits[i].rule_id = ids[h->rule] != NULL ? ids[h->rule] : "";
     }
-    uint64_t bytes = 0;
+    sr->bytes = 0;
     for (uint32_t i = 0; i < sc->n_buffers; i++) {
         bs[i].code = r->bufs[i].status;
         bs[i].message = r->bufs[i].status != 0 ? r->bufs[i].msg : NULL;
         bs[i].bytes = r->bufs[i].status == 0 ? r->bufs[i].bytes : 0;
         bs[i].cached = r->bufs[i].status == 0 && r->bufs[i].cached;
-        bytes += bs[i].bytes;
+        sr->bytes += bs[i].bytes;
     }
-    struct stats_list l = {.n = 0};
-    uint64_t now = uv_hrtime();
-    telemetry(&l, r, tel, now);
-    struct proto_reply rep = {.id = r->req->id, .op = r->req->op};
-    rep.u.scan = (struct proto_scan_reply){.hits = hits,
-                                           .n_hits = (uint32_t)n,
-                                           .buffers = bs,
-                                           .n_buffers = sc->n_buffers,
-                                           .telemetry = l.v,
-                                           .n_telemetry = l.n};
+    sr->l.n = 0;
+    telemetry(&sr->l, r, tel, now);
+    sr->rep = (struct proto_reply){.id = r->req->id, .op = r->req->op};
+    sr->rep.u.scan = (struct proto_scan_reply){.hits = hits,
+                                               .n_hits = (uint32_t)n,
+                                               .buffers = bs,
+                                               .n_buffers = sc->n_buffers,
+                                               .telemetry = sr->l.v,
+                                               .n_telemetry = sr->l.n};
+    return 0;
+}
+
+/* Counts an answered scan (stats, histograms). */
+static void count_scan(struct request *r, uint32_t hits, uint64_t bytes, uint64_t now)
+{
+    struct server_counters *c = server_counters(r->s->srv);
     c->scans++;
     c->scan_bytes += bytes;
-    c->scan_hits += n;
+    c->scan_hits += hits;
     metrics_hist_observe(&c->hist_queue_wait, r->t_dispatched - r->t_queued);
     metrics_hist_observe(&c->hist_scan_total, now - r->t_recv);
     metrics_hist_observe(&c->hist_scan_bytes, bytes);
-    send_reply(s, &rep);
-out:
-    if (ids != NULL) {
-        for (uint32_t i = 0; i < catalog_rule_count(r->ej.cat); i++)
-            free(ids[i]);
+}
+
+/* Builds and sends the scan reply on the loop thread. */
+static void reply_scan(struct request *r, const struct engine_telemetry *tel)
+{
+    struct session *s = r->s;
+    struct scan_reply sr = {.ids = NULL};
+    uint64_t now = uv_hrtime();
+    if (scan_reply_build(r, tel, now, &sr) != 0) {
+        send_error(s, r->req->id, r->req->op, -ENOMEM, "out of memory building the reply");
+    } else {
+        count_scan(r, sr.rep.u.scan.n_hits, sr.bytes, now);
+        send_reply(s, &sr.rep);
     }
-    free(ids);
-    free(hits);
-    free(bs);
+    scan_reply_finish(r, &sr);
+}
+
+/* Appends `n` bytes to `b`; -ENOMEM. */
+static int buf_append(struct proto_buf *b, const uint8_t *p, size_t n)
+{
+    if (b->cap - b->len < n) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap - b->len < n)
+            cap *= 2;
+        uint8_t *d = realloc(b->data, cap);
+        if (d == NULL)
+            return -ENOMEM;
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    return 0;
+}
+
+/* Writes the encoded reply `r->early` (out_mu held): only when nothing else
+ * waits in `out`, which would have to go first. What the socket does not
+ * take at once moves to `out` for the loop to write; when even that fails
+ * after a part went out, the connection is broken. */
+static int write_early(struct session *s, struct request *r)
+{
+    if (s->shut || s->out_off != s->out.len)
+        return EARLY_ENCODED;
+    ssize_t n = write_some(s->fd, r->early.data, r->early.len);
+    if (n < 0)
+        return EARLY_FAILED;
+    if ((size_t)n == r->early.len)
+        return EARLY_SENT;
+    size_t left = r->early.len - (size_t)n;
+    proto_buf_reset(&s->out);
+    s->out_off = 0;
+    int rc = buf_append(&s->out, r->early.data + n, left);
+    out_changed(s);
+    if (rc != 0)
+        return n > 0 ? EARLY_FAILED : EARLY_ENCODED;
+    return EARLY_QUEUED;
+}
+
+void session_scan_finished(struct engine_job *job, const struct engine_telemetry *tel)
+{
+    struct request *r = CONTAINER(job, struct request, ej);
+    struct session *s = r->s;
+    if (job->status != 0)
+        return;
+    struct scan_reply sr = {.ids = NULL};
+    uint64_t now = uv_hrtime();
+    struct vks_error err;
+    int rc = scan_reply_build(r, tel, now, &sr);
+    if (rc == 0)
+        rc = proto_reply_encode(&r->early, &sr.rep, &err);
+    if (rc == 0) {
+        r->early_hits = sr.rep.u.scan.n_hits;
+        r->early_bytes = sr.bytes;
+        r->t_reply = now;
+    }
+    scan_reply_finish(r, &sr);
+    if (rc != 0) {
+        proto_buf_reset(&r->early); /* the loop tries again, and answers the failure */
+        return;
+    }
+    pthread_mutex_lock(&s->out_mu);
+    r->early_state = write_early(s, r);
+    if (r->early_state == EARLY_SENT || r->early_state == EARLY_QUEUED)
+        __atomic_add_fetch(&s->n_early, 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&s->out_mu);
+}
+
+/* The loop's part of a reply an engine thread made. */
+static void early_done(struct request *r)
+{
+    struct session *s = r->s;
+    if (r->early_state == EARLY_SENT || r->early_state == EARLY_QUEUED)
+        __atomic_sub_fetch(&s->n_early, 1, __ATOMIC_RELAXED);
+    if (s->closed && r->early_state == EARLY_ENCODED) {
+        server_counters(s->srv)->cancelled++;
+        return;
+    }
+    count_reply(s, r->req->op, true);
+    count_scan(r, r->early_hits, r->early_bytes, r->t_reply);
+    if (s->closed)
+        return;
+    if (r->early_state == EARLY_FAILED) {
+        session_close(s); /* the peer is gone, or half a frame went out */
+        return;
+    }
+    if (r->early_state == EARLY_ENCODED) {
+        pthread_mutex_lock(&s->out_mu);
+        int rc = buf_append(&s->out, r->early.data, r->early.len);
+        out_changed(s);
+        pthread_mutex_unlock(&s->out_mu);
+        if (rc != 0) {
+            send_error(s, r->req->id, r->req->op, -ENOMEM, "out of memory queueing the reply");
+            return;
+        }
+    }
+    if (r->early_state != EARLY_SENT)
+        flush(s); /* what was queued; request_free updates the poll either way */
 }
 
 void session_scan_done(struct engine_job *job, const struct engine_telemetry *tel)
@@ -806,7 +1009,9 @@ void session_scan_done(struct engine_job *job, const struct engine_telemetry *te
     struct request *r = CONTAINER(job, struct request, ej);
     struct session *s = r->s;
     sched_job_done(server_sched(s->srv), &r->sj);
-    if (s->closed)
+    if (r->early_state != EARLY_NONE)
+        early_done(r);
+    else if (s->closed)
         server_counters(s->srv)->cancelled++;
     else if (job->status != 0)
         send_error(s, r->req->id, r->req->op, job->status, job->err.msg);
@@ -976,11 +1181,18 @@ static void handle_frame(struct session *s, struct proto_frame *f)
 
 /* Reads until the socket would block (-EAGAIN, proto.h's contract), at
  * most FRAMES_PER_WAKEUP frames so one busy client cannot starve the others;
- * PROTO_RECV_MORE only means the current frame is still incomplete. */
+ * PROTO_RECV_MORE only means the current frame is still incomplete.
+ * A frame that came while the session had nothing in flight is from a
+ * client that waits for its reply (one request at a time): reading stops
+ * after it instead of asking the socket once more for the -EAGAIN (a third
+ * recvmsg a request, for nothing); the poll is level-triggered, so bytes
+ * the client did send after it wake the loop again. A client with requests
+ * in flight pipelines: it is read on to -EAGAIN. */
 static void on_readable(struct session *s)
 {
     unsigned frames = 0;
-    while (frames < FRAMES_PER_WAKEUP && may_read(s)) {
+    bool more = true;
+    while (more && frames < FRAMES_PER_WAKEUP && may_read(s)) {
         struct vks_error err = {0};
         int rc = proto_reader_recv(s->reader, s->fd, &err);
         if (rc == -EAGAIN)
@@ -1004,6 +1216,7 @@ static void on_readable(struct session *s)
             }
             s->t_frame = 0;
             s->t_active = uv_now(server_loop(s->srv));
+            more = s->n_reqs > __atomic_load_n(&s->n_early, __ATOMIC_RELAXED);
             if (proto_reader_take(s->reader, &f) == 0)
                 handle_frame(s, &f);
             continue;
@@ -1177,9 +1390,12 @@ int session_create(struct server *srv, int fd, struct session **out)
     s->refs = 1; /* the poll handle's */
     s->t_active = uv_now(server_loop(srv));
     proto_buf_init(&s->out);
-    s->tenant = sched_tenant_get(server_sched(srv), cred.uid);
+    bool mu = pthread_mutex_init(&s->out_mu, NULL) == 0;
+    s->tenant = mu ? sched_tenant_get(server_sched(srv), cred.uid) : NULL;
     int rc = s->tenant == NULL ? UV_ENOMEM : uv_poll_init(server_loop(srv), &s->poll, fd);
     if (rc != 0) {
+        if (mu)
+            pthread_mutex_destroy(&s->out_mu);
         sched_tenant_put(server_sched(srv), s->tenant);
         proto_reader_destroy(s->reader);
         free(s);
@@ -1199,6 +1415,9 @@ void session_close(struct session *s)
     if (s->closed)
         return;
     s->closed = true;
+    pthread_mutex_lock(&s->out_mu); /* engine threads write to it no more */
+    s->shut = true;
+    pthread_mutex_unlock(&s->out_mu);
     struct server *srv = s->srv;
     if (s->reserved != 0) { /* a half-read frame holds the budget no longer */
         uint64_t held = s->reserved;

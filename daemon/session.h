@@ -9,7 +9,8 @@
  * queued scans and lets running ones finish unseen; the memory goes in the
  * last unref, never inside one of the session's own callbacks.
  *
- * Loop thread only.
+ * Loop thread only, but for session_scan_finished, which an engine thread
+ * calls to write a scan's reply itself.
  */
 #ifndef VKS_DAEMON_SESSION_H
 #define VKS_DAEMON_SESSION_H
@@ -55,6 +56,18 @@ void session_sweep(struct session *s, uint64_t now_ms);
  * hand-back of a finished one (replies, frees, releases the quota). */
 struct engine_job *session_job_engine(struct sched_job *job);
 void session_scan_done(struct engine_job *job, const struct engine_telemetry *tel);
+/*
+ * Engine thread, the one exception to "loop thread only": the scan's batch
+ * is finished (engine_batch.finished) and its `done` will follow on the
+ * loop. Encodes the reply and, when nothing else waits to be written on the
+ * connection, writes it to the socket there, so the client has it before
+ * the loop gets the batch back; session_scan_done then only counts and
+ * frees. Touches nothing of the session but what its output lock guards
+ * (the socket, the unsent bytes, whether it is closed) and the request,
+ * which the loop leaves alone while the scan runs. Failed jobs, and replies
+ * that cannot be encoded, are left to session_scan_done.
+ */
+void session_scan_finished(struct engine_job *job, const struct engine_telemetry *tel);
 
 /* A queued scan the scheduler dropped for passing its deadline. */
 void session_scan_expired(struct sched_job *job);

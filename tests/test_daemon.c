@@ -2678,6 +2678,65 @@ START_TEST(test_sched_fair_by_bytes)
 }
 END_TEST
 
+/* Scan replies written by the CPU engine's threads (session_scan_finished)
+ * meet a socket the client does not read: 32 pipelined scans of 256 KiB
+ * with a match every 140 bytes or so give about 1 MB of replies, over what
+ * the socket holds, so replies are cut mid-frame (the rest queued for the
+ * loop) or wait behind such a rest. Every reply must still arrive whole,
+ * once, with refscan's hits; fails if a thread's write interleaves with
+ * another reply or a cut reply's rest is lost. */
+START_TEST(test_engine_thread_replies_fill_socket)
+{
+    enum { N = 32, LEN = 256 << 10 };
+    struct daemon d;
+    const char *extra[] = {"--engine", "cpu", NULL};
+    daemon_start(&d, NULL, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    static uint8_t data[N][LEN];
+    int fd = raw_connect(&d);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    for (int i = 0; i < N; i++) {
+        make_haystack(data[i], LEN);
+        pack_scan(&pk, (uint32_t)i + 1, vks_catalog_fingerprint(cat), data[i], LEN);
+        raw_frame(fd, &sb, NULL, 0);
+        msgpack_sbuffer_clear(&sb);
+    }
+    msgpack_sbuffer_destroy(&sb);
+    bool seen[N + 1] = {false};
+    size_t total = 0;
+    for (int k = 0; k < N; k++) {
+        struct proto_reply *rep = raw_reply(fd);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_msg(rep->error.code == 0, "scan %u: %s", rep->id, rep->error.msg);
+        ck_assert(rep->id >= 1 && rep->id <= N && !seen[rep->id]);
+        seen[rep->id] = true;
+        struct scan_hits want = {0};
+        ck_assert_int_eq(refscan_buffer(ref, data[rep->id - 1], LEN, SCAN_ALL, &want), 0);
+        ck_assert_uint_eq(rep->u.scan.n_hits, want.n);
+        for (size_t h = 0; h < want.n; h++) {
+            ck_assert_uint_eq(rep->u.scan.hits[h].rule, want.v[h].rule);
+            ck_assert_uint_eq(rep->u.scan.hits[h].end, want.v[h].end);
+        }
+        total += want.n;
+        scan_hits_finish(&want);
+        proto_reply_destroy(rep);
+    }
+    ck_assert_uint_gt(total, (size_t)N * 1000); /* the replies were large */
+    close(fd);
+    ck_assert_uint_eq(stat_of(c, "scans"), N);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
 Suite *daemon_suite(void)
 {
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0) {
@@ -2717,6 +2776,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_sighup_reloads);
     tcase_add_test(tc, test_socket_activation);
     tcase_add_test(tc, test_allow_uids);
+    tcase_add_test(tc, test_engine_thread_replies_fill_socket);
     suite_add_tcase(s, tc);
     /* Every error code of proto/errors.h not sent elsewhere (issue 8). */
     tc = tcase_create("codes");
