@@ -174,7 +174,7 @@ void config_defaults(struct daemon_config *cfg)
     cfg->cpu_max_wait_us = 2000;
     cfg->result_cache_bytes = 64 * MIB;
     cfg->preload_catalogs = 8;
-    cfg->warm_bytes = 64 * MIB;
+    cfg->warm_bytes = 0; /* off: on the H200 the set-up delayed the first scans (daemon.md) */
     cfg->device_budget = 0;
     cfg->host_catalog_budget = 1 * GIB;
     cfg->max_unsent_bytes = 64 * MIB;
