@@ -1091,6 +1091,15 @@ static int deliver(struct streamscan *s, struct scan_hits *raw, struct scan_hits
     return rc;
 }
 
+/* A factor group (CAT_GF_FACTOR): its accepts name bit-NFA groups with
+ * mask 0, so walking it reports nothing; gated_walk finds its ends itself. */
+static bool factor_group(const struct catalog *cat, uint32_t gi)
+{
+    struct catalog_group g;
+    catalog_group(cat, gi, &g);
+    return (g.flags & CAT_GF_FACTOR) != 0;
+}
+
 /* Walks every group over v[0..e) from the carried state: checks positions
  * pos .. pos + e (pos + e with `told_end`; 0: not checked). */
 static int walk_all(struct streamscan *s, const struct layout *l, const struct vbuf *v, size_t e,
@@ -1101,7 +1110,7 @@ static int walk_all(struct streamscan *s, const struct layout *l, const struct v
     for (uint32_t g = 0; g < catalog_group_count(s->cat) && rc == 0; g++) {
         if (by_lit(s, g, l->hist))
             lits = true;
-        else
+        else if (!factor_group(s->cat, g)) /* its entries are never reported */
             rc = dfa_write(s, g, v, e, told_end, raw);
     }
     if (rc == 0 && lits && e > 0)
