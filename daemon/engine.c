@@ -150,6 +150,11 @@ static bool sealed(int fd)
     return seals > 0 && (seals & F_SEAL_SHRINK);
 }
 
+/* Sealed memfds below this are read, not mapped: copying a few KiB costs
+ * less than the mapping's faults and the unmap's TLB shootdown across the
+ * daemon's threads (4 KiB memfd scans under load, issue 10). */
+#define MAP_MIN (64u << 10)
+
 /* Reads (or maps) the range identify_fd checked; a mapping is populated
  * ahead with `populate`. */
 static int load_fd(struct engine_buf *b, struct loaded *ld, bool populate)
@@ -160,7 +165,7 @@ static int load_fd(struct engine_buf *b, struct loaded *ld, bool populate)
         b->len = 0;
         return 0;
     }
-    if (sealed(b->fd)) {
+    if (len >= MAP_MIN && sealed(b->fd)) {
         long page = sysconf(_SC_PAGESIZE);
         uint64_t base = b->offset - b->offset % (uint64_t)page;
         size_t map_len = (size_t)(len + (b->offset - base));
