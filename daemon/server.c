@@ -717,6 +717,8 @@ static void on_engine_ready(struct engine *eng, int status, const struct vks_err
 {
     (void)eng;
     struct server *srv = ctx;
+    if (!srv->listening)
+        return; /* server_create failed after the engine began (no socket): it is going away */
     if (status != 0) {
         log_err("%s", err->msg);
         srv->exit_code = 1;

@@ -173,9 +173,10 @@ enum {
  * mid-frame), -EAGAIN (a non-blocking socket had nothing to read), another
  * -errno from recvmsg, or a fatal error of proto_reader_feed (also returned
  * here as soon as a bad length prefix arrives). PROTO_RECV_MORE never means
- * that the socket is drained, only -EAGAIN does: a non-blocking reader (the
- * daemon) calls it again after PROTO_RECV_MORE and stops at -EAGAIN; a
- * blocking client polls for input after -EAGAIN.
+ * that the socket is drained, only -EAGAIN does: a non-blocking reader calls
+ * it again after PROTO_RECV_MORE and stops at -EAGAIN, or (the daemon, whose
+ * poll is level-triggered) after a whole frame, to be called again when the
+ * socket is readable; a blocking client polls for input after -EAGAIN.
  */
 int proto_reader_recv(struct proto_reader *r, int sock, struct vks_error *err);
 
