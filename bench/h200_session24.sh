@@ -14,6 +14,10 @@
 #                   $PIECE (default 256M), so the file streams in pieces:
 #                   count mode, gitleaks-regex's gated walks; then the same
 #                   file as one request; hs_file beside it; $ITERS runs)
+#          rpc     (4 KiB scans through vkscand at 1, 8, 64 and 256 clients,
+#                   inline and by memfd, with replies written on the engine
+#                   thread and, VKSCAND_LOOP_REPLIES=1, by the loop as
+#                   before; the loop thread's CPU ticks per run)
 # Every step's output goes to stdout; run it with a timeout and a file.
 set -u
 B=${1:?usage: h200_session24.sh BUILD [steps...]}
@@ -44,4 +48,28 @@ if has scli; then
         OUT=$OUT/cli VKSCAN_ARGS=--no-cache VKSCAND_ARGS="$args" \
             bash "$D/cli_bench.sh" "$B" build-cli 1024 "${ITERS:-3}"
     done
+fi
+if has rpc; then
+    for m in engine loop; do
+        rm -rf /tmp/v && mkdir -p /tmp/v
+        if [ $m = loop ]; then export VKSCAND_LOOP_REPLIES=1; else unset VKSCAND_LOOP_REPLIES; fi
+        "$B/daemon/vkscand" --config "" --socket /tmp/v/s.sock --state-dir /tmp/v/st \
+            --max-frame 80M --log-level notice >"$OUT/vkscand-$m.log" 2>&1 &
+        d=$!
+        for _ in $(seq 600); do grep -q "ready on" "$OUT/vkscand-$m.log" && break; sleep 0.1; done
+        for i in inline memfd; do
+            for c in 1 8 64 256; do
+                t0=$(awk '{print $14+$15}' /proc/$d/task/$d/stat)
+                timeout 60 "$B/bench/rpc_bench" --socket /tmp/v/s.sock --seconds 2 --clients $c \
+                    --workloads small --inputs $i --big-mib 1 | grep -E '^4KiB' | sed "s/^/$m $i /"
+                t1=$(awk '{print $14+$15}' /proc/$d/task/$d/stat)
+                echo "$m $i $c loop_cpu_ticks $((t1 - t0))"
+            done
+        done
+        "$B/client/vkscan" status --socket /tmp/v/s.sock | grep -iE 'served|busy'
+        kill -TERM $d
+        wait $d
+        echo "$m vkscand exit $?"
+    done
+    unset VKSCAND_LOOP_REPLIES
 fi
