@@ -1137,7 +1137,9 @@ void engine_stats_add(struct engine *e, struct stats_list *l)
         g[i].max_inflight = e->gw[i].max_inflight;
     uint64_t cb = e->cpu_batches, cy = e->cpu_bytes, cbusy = e->cpu_busy_ns, cr = e->cpu_retries;
     uint64_t dups = e->dedup_buffers, dup_bytes = e->dedup_bytes, saved = e->cache_bytes_saved;
+    uint64_t spin_hits = e->cpu_spin_hits;
     pthread_mutex_unlock(&e->mu);
+    stats_add_u(l, "cpu.spin_hits", spin_hits);
     stats_add_u(l, "dedup.buffers", dups);
     stats_add_u(l, "dedup.bytes_not_scanned", dup_bytes);
     struct rcache_stats rs = {0};
@@ -1209,6 +1211,7 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
     e->warm_bytes = cfg->warm_bytes;
     e->budget = cfg->device_budget;
     e->n_cpu = cfg->cpu_threads ? cfg->cpu_threads : default_threads(cfg->engine);
+    e->cpu_spin_ns = (uint64_t)cfg->cpu_spin_us * 1000;
     e->cpu_spare = cfg->cpu_threads == 0 && cfg->engine == CONFIG_ENGINE_AUTO &&
                    e->n_cpu < default_threads(CONFIG_ENGINE_CPU);
     snprintf(e->device, sizeof(e->device), "%s", cfg->device);
@@ -1306,6 +1309,7 @@ void engine_close(struct engine *e)
     }
     pthread_mutex_lock(&e->mu);
     e->pool_stop = true;
+    __atomic_add_fetch(&e->cpu_gen, 1, __ATOMIC_RELEASE); /* ends a spin (engine_cpu.c) */
     pthread_cond_broadcast(&e->cpu_cond);
     pthread_mutex_unlock(&e->mu);
     for (uint32_t i = 0; i < e->n_cpu_started; i++)

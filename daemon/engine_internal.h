@@ -141,6 +141,13 @@ struct engine {
      * on that core too, so the CPU engine has every core. */
     bool cpu_spare;
     pthread_cond_t cpu_cond;
+    /* Spinning (engine_cpu.c cpu_spin): one thread that runs out of work
+     * watches cpu_gen, bumped by every push (atomic), for cpu_spin_ns
+     * before it sleeps; while it does (cpu_spinning, mu) the first single
+     * push signals no one and clears it. cpu_spin_hits (mu): spins that
+     * found work. */
+    uint64_t cpu_gen, cpu_spin_ns, cpu_spin_hits;
+    bool cpu_spinning;
     struct engine_batch *cpu_head, *cpu_tail; /* mu: batches with work to hand out */
     /* mu: threads on a task of a large batch; with two threads or more, one
      * is kept for small batches (engine_cpu.c, cpu_take) */

@@ -509,6 +509,47 @@ START_TEST(test_small_batches_on_cpu)
 }
 END_TEST
 
+/* An idle CPU engine thread spins for the next request (cpu-spin-us): 4 KiB
+ * scans one after another on the CPU engine are taken by the spinning
+ * thread (cpu.spin_hits), with the hits of the reference; with
+ * cpu-spin-us 0 none is. A spin long enough to outlast any client's gap
+ * (1 s), so the count does not depend on the machine's speed. */
+START_TEST(test_cpu_spin_takes_next_request)
+{
+    for (int spin = 0; spin < 2; spin++) {
+        struct daemon d;
+        const char *extra[] = {"--engine", "cpu", "--cpu-spin-us", spin ? "1000000" : "0", NULL};
+        daemon_start(&d, NULL, extra);
+        struct vks_client *c = connect_ok(&d);
+        struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+        struct catalog *ref = local_catalog(rules, N_RULES - 1);
+        static uint8_t buf[4096];
+        make_haystack(buf, sizeof(buf));
+        for (int i = 0; i < 40; i++) {
+            struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = buf, .len = sizeof(buf)};
+            struct vks_scan_options so = {.mode = VKS_REPORT_ALL};
+            struct vks_scan_result res = {0};
+            struct vks_error err = {0};
+            int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, &so, &res, &err);
+            ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+            check_hits(ref, &res, 0, buf, sizeof(buf), SCAN_ALL);
+            ck_assert_uint_gt(res.n_hits, 0);
+            vks_scan_result_finish(&res);
+        }
+        uint64_t hits = stat_of(c, "cpu.spin_hits");
+        if (spin)
+            ck_assert_uint_ge(hits, 20);
+        else
+            ck_assert_uint_eq(hits, 0);
+        catalog_destroy(ref);
+        vks_catalog_destroy(cat);
+        vks_client_close(c);
+        ck_assert_int_eq(daemon_stop(&d), 0);
+        daemon_clean(&d);
+    }
+}
+END_TEST
+
 /* One inline scan; returns the telemetry value `key` of its reply. */
 static uint64_t scan_tel(struct vks_client *c, const struct vks_catalog *cat, const char *key)
 {
@@ -2757,6 +2798,7 @@ Suite *daemon_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_load_scan_inline);
     tcase_add_test(tc, test_small_batches_on_cpu);
+    tcase_add_test(tc, test_cpu_spin_takes_next_request);
     tcase_add_test(tc, test_drop_frees_device_copy);
     tcase_add_test(tc, test_scan_memfd);
     tcase_add_loop_test(tc, test_fd_read_at_upload, 0, 2);
