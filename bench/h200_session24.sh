@@ -17,7 +17,8 @@
 #          rpc     (4 KiB scans through vkscand at 1, 8, 64 and 256 clients,
 #                   inline and by memfd, with replies written on the engine
 #                   thread and, VKSCAND_LOOP_REPLIES=1, by the loop as
-#                   before; the loop thread's CPU ticks per run)
+#                   before; the loop thread's CPU ticks per run; $RPC_MODES
+#                   picks among `engine loop`, $VKSCAND_ARGS adds flags)
 # Every step's output goes to stdout; run it with a timeout and a file.
 set -u
 B=${1:?usage: h200_session24.sh BUILD [steps...]}
@@ -50,11 +51,11 @@ if has scli; then
     done
 fi
 if has rpc; then
-    for m in engine loop; do
+    for m in ${RPC_MODES:-engine loop}; do
         rm -rf /tmp/v && mkdir -p /tmp/v
         if [ $m = loop ]; then export VKSCAND_LOOP_REPLIES=1; else unset VKSCAND_LOOP_REPLIES; fi
         "$B/daemon/vkscand" --config "" --socket /tmp/v/s.sock --state-dir /tmp/v/st \
-            --max-frame 80M --log-level notice >"$OUT/vkscand-$m.log" 2>&1 &
+            --max-frame 80M --log-level notice ${VKSCAND_ARGS:-} >"$OUT/vkscand-$m.log" 2>&1 &
         d=$!
         for _ in $(seq 600); do grep -q "ready on" "$OUT/vkscand-$m.log" && break; sleep 0.1; done
         for i in inline memfd; do
