@@ -144,7 +144,15 @@ static void cpu_finish(struct engine *e, struct engine_batch *b)
             t = end;
         }
         scan_hits_finish(&out);
-        if (rc != 0)
+        if (rc == -E2BIG) { /* refscan_buffer_bounded: a catalog walked whole, a hit-dense buffer */
+            char msg[256];
+            snprintf(msg, sizeof(msg),
+                     "a buffer has more than %llu raw matches (4 x max-hits) of a catalog with "
+                     "unbounded rules, whose buffers are matched whole: scan smaller buffers, or "
+                     "raise max-hits",
+                     (unsigned long long)refscan_raw_limit());
+            engine_job_fail(j, -VKS_E_LIMIT, msg);
+        } else if (rc != 0)
             engine_job_fail(
                 j, -VKS_E_INTERNAL,
                 "out of memory collecting hits: lower max_hits or scan smaller buffers");

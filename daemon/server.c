@@ -17,6 +17,7 @@
 #include "cpool.h"
 #include "log.h"
 #include "notify.h"
+#include "refscan.h"
 #include "session.h"
 
 #define ACCEPTS_PER_WAKEUP 64
@@ -620,6 +621,15 @@ static void begin_drain(struct server *srv, const char *why)
     server_check_drained(srv);
 }
 
+/* The raw matches one whole-buffer walk may keep (rules/refscan.h): 4 x
+ * max-hits, at least 65,536, so that a hit-dense buffer of a catalog with
+ * unbounded rules fails with LIMIT instead of taking the host's memory. */
+static uint64_t raw_limit_of(const struct daemon_config *cfg)
+{
+    uint64_t v = 4 * (uint64_t)cfg->max_hits;
+    return v > 65536 ? v : 65536;
+}
+
 static void reload(struct server *srv)
 {
     notify_send("RELOADING=1");
@@ -635,6 +645,7 @@ static void reload(struct server *srv)
         struct store_options so = store_options_of(&srv->cfg, srv->cpool);
         store_set_options(srv->store, &so);
         cpool_set_tenant_max(srv->cpool, srv->cfg.tenant_max_compiles);
+        refscan_set_raw_limit(raw_limit_of(&srv->cfg));
         srv->counters.reloads++;
         arm_sweep(srv);
         log_notice("configuration reloaded");
@@ -832,6 +843,7 @@ int server_create(const struct daemon_config *cfg, int argc, char **argv, uint64
     /* The engine first: its thread opens the Vulkan device (most of the
      * start) while this one reads the disk cache index and opens the
      * socket. It reports through the loop, which runs after this. */
+    refscan_set_raw_limit(raw_limit_of(cfg));
     if (rc == 0)
         rc = engine_create(&srv->loop, cfg, on_engine_ready, on_batch_done, srv, &srv->engine, err);
     uint64_t t = uv_hrtime();

@@ -1280,6 +1280,9 @@ struct confirm_job {
 static int confirm_hit(void *ctx, uint32_t rule, uint64_t end)
 {
     struct confirm_walk *w = ctx;
+    uint64_t limit = refscan_raw_limit(); /* a walk that never dies may match at every byte */
+    if (limit != 0 && w->n_hits >= limit)
+        return -E2BIG;
     if (gpu_grow_array((void **)&w->hits, &w->cap, w->n_hits + 1, sizeof(*w->hits)) < 0)
         return -ENOMEM;
     w->hits[w->n_hits++] = (struct gpu_hit){w->v[0].buf, rule, 1, end};
@@ -1304,11 +1307,10 @@ static void confirm_walk_task(void *ctx, uint32_t t)
     }
     const struct gpu_buffer *b = &j->bc->batch->buffers[w->v[0].buf];
     const struct catalog *cat = j->bc->batch->catalogs[b->catalog];
-    w->rc = refscan_confirm_range(cat, w->v[0].layer - catalog_group_count(cat),
-                                  buffer_bytes(j->bc, w->v[0].buf), b->len, iv, w->n, confirm_hit,
-                                  w) != 0
-                ? -ENOMEM
-                : 0;
+    int rc = refscan_confirm_range(cat, w->v[0].layer - catalog_group_count(cat),
+                                   buffer_bytes(j->bc, w->v[0].buf), b->len, iv, w->n, confirm_hit,
+                                   w);
+    w->rc = rc == 0 || rc == -E2BIG ? rc : -ENOMEM;
     free(iv);
 }
 
@@ -1333,6 +1335,8 @@ static int confirm_walk_all(struct batch_ctx *bc, struct confirm_walk *w, size_t
         if (rc == 0 && w[t].n_hits > 0)
             memcpy(s->fix_hits + bc->n_fix_hits, w[t].hits, w[t].n_hits * sizeof(*w[t].hits));
         bc->n_fix_hits += rc == 0 ? w[t].n_hits : 0;
+        if (rc == 0 && refscan_raw_limit() != 0 && bc->n_fix_hits > refscan_raw_limit())
+            rc = -E2BIG;
     }
     for (size_t t = 0; t < n; t++)
         free(w[t].hits);
@@ -1398,6 +1402,11 @@ static int confirm_finish(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     bc->tel->confirm_host += nv;
     bc->tel->confirm_host_ns += gpu_now_ns() - t0;
     free(v);
+    if (rc == -E2BIG)
+        return vks_error_set(err, -E2BIG,
+                             "the host's confirmation walks found more than %llu matches (the "
+                             "raw-match bound, 4 x max-hits): split the batch",
+                             (unsigned long long)refscan_raw_limit());
     return rc < 0 ? vks_error_set(err, -ENOMEM, "out of memory finishing confirmation walks") : 0;
 }
 

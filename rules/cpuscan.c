@@ -549,7 +549,7 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
         /* refscan_buffer is the only walker for such catalogs: no limit
          * applies while it scans */
         part->final = true;
-        return refscan_buffer(cat, buf, len, mode, &part->hits);
+        return refscan_buffer_bounded(cat, buf, len, mode, &part->hits);
     }
     int rc = scratch_prepare(s, cat);
     if (rc != 0)

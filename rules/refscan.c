@@ -7,6 +7,7 @@
 #include "nfastep.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -443,8 +444,22 @@ int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *bu
     return nfa_range(cat, nfa, buf, len, begin, lo, hi, NULL, fn, ctx);
 }
 
+static _Atomic uint64_t raw_limit;
+
+void refscan_set_raw_limit(uint64_t max)
+{
+    raw_limit = max;
+}
+
+uint64_t refscan_raw_limit(void)
+{
+    return raw_limit;
+}
+
 int scan_hits_push(struct scan_hits *h, uint32_t rule, uint64_t end, uint32_t count)
 {
+    if (h->max != 0 && h->n >= h->max)
+        return -E2BIG;
     if (h->n == h->cap) {
         size_t cap = h->cap ? h->cap * 2 : 64;
         struct scan_hit *n = realloc(h->v, cap * sizeof(*n));
@@ -1058,10 +1073,10 @@ static int literal_groups(const struct catalog *cat, const uint8_t *buf, size_t 
     return rc;
 }
 
-int refscan_buffer(const struct catalog *cat, const uint8_t *buf, size_t len, enum scan_mode mode,
-                   struct scan_hits *out)
+static int buffer_walk(const struct catalog *cat, const uint8_t *buf, size_t len,
+                       enum scan_mode mode, size_t max, struct scan_hits *out)
 {
-    struct scan_hits raw = {0};
+    struct scan_hits raw = {.max = max};
     struct refscan_gate gate = {0};
     int rc = refscan_factor_ends(cat, buf, len, 0, len, &gate);
     if (rc == 0)
@@ -1087,6 +1102,19 @@ int refscan_buffer(const struct catalog *cat, const uint8_t *buf, size_t len, en
         rc = scan_hits_push(out, raw.v[i].rule, raw.v[i].end, raw.v[i].count);
     scan_hits_finish(&raw);
     return rc;
+}
+
+int refscan_buffer(const struct catalog *cat, const uint8_t *buf, size_t len, enum scan_mode mode,
+                   struct scan_hits *out)
+{
+    return buffer_walk(cat, buf, len, mode, 0, out);
+}
+
+int refscan_buffer_bounded(const struct catalog *cat, const uint8_t *buf, size_t len,
+                           enum scan_mode mode, struct scan_hits *out)
+{
+    uint64_t max = refscan_raw_limit();
+    return buffer_walk(cat, buf, len, mode, max > SIZE_MAX ? SIZE_MAX : (size_t)max, out);
 }
 
 void scan_hits_finish(struct scan_hits *h)

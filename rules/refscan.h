@@ -35,7 +35,19 @@ struct scan_hits {
     struct scan_hit *v;
     size_t n;
     size_t cap;
+    size_t max; /* scan_hits_push past this many: -E2BIG (0: no bound) */
 };
+
+/*
+ * The most raw matches one whole-buffer walk may collect before it fails
+ * with -E2BIG (refscan_buffer_bounded, the GPU host's finished
+ * confirmations): catalogs that only refscan walks (unbounded rules) keep
+ * every raw match of a buffer until it is finalized, so without a bound a
+ * hit-dense buffer costs 16-32 bytes of memory per byte scanned. 0 (the
+ * default): no bound. vkscand sets it from max-hits. Any thread.
+ */
+void refscan_set_raw_limit(uint64_t max);
+uint64_t refscan_raw_limit(void);
 
 /*
  * Scans `buf[0..len)` against every group of `cat` (DFA and bit-NFA) and appends the hits to
@@ -44,6 +56,11 @@ struct scan_hits {
  */
 int refscan_buffer(const struct catalog *cat, const uint8_t *buf, size_t len, enum scan_mode mode,
                    struct scan_hits *out);
+
+/* refscan_buffer, but -E2BIG (nothing appended) once the buffer has more
+ * than refscan_raw_limit() raw matches. */
+int refscan_buffer_bounded(const struct catalog *cat, const uint8_t *buf, size_t len,
+                           enum scan_mode mode, struct scan_hits *out);
 
 /*
  * Scans one group over buf[begin..end) of a buffer of `len` bytes and calls

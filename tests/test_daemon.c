@@ -550,6 +550,55 @@ START_TEST(test_cpu_spin_takes_next_request)
 }
 END_TEST
 
+/* A hit bomb against a catalog with an unbounded rule (matched whole, its
+ * raw matches kept until the buffer is finalized): past 4 x max-hits raw
+ * matches the scan fails with LIMIT, on the CPU engine and through the GPU
+ * engine's host confirmations, and the daemon goes on serving; under the
+ * bound count mode is exact. */
+START_TEST(test_hit_bomb_unbounded_rule)
+{
+    static const struct vks_rule bomb[] = {
+        {"tok", VKS_RULE_REGEX, "(?i)token[[:alnum:]]{8,}", 0, NULL},
+    };
+    size_t len = 5 + 100000;
+    uint8_t *buf = malloc(len);
+    memcpy(buf, "token", 5);
+    memset(buf + 5, 'a', len - 5);
+    for (int gpu = 0; gpu < 2; gpu++) {
+        struct daemon d;
+        const char *extra[] = {"--engine", gpu ? "gpu" : "cpu", "--max-hits", "16", NULL};
+        daemon_start(&d, NULL, extra);
+        struct vks_client *c = connect_ok(&d);
+        struct vks_catalog *cat = load_ok(c, bomb, 1, false);
+        for (int k = 0; k < 2; k++) {
+            /* 100,000 - 7 matches, over 65,536; then 50,000 - 7, under it */
+            size_t n = k == 0 ? len : 5 + 50000;
+            struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = buf, .len = n};
+            struct vks_scan_options so = {.mode = VKS_REPORT_COUNT};
+            struct vks_scan_result res = {0};
+            struct vks_error err = {0};
+            int rc = vks_client_scan(c, vks_catalog_fingerprint(cat), &vb, 1, &so, &res, &err);
+            if (k == 0) {
+                ck_assert_msg(rc == -VKS_E_LIMIT, "scan: %d %s", rc, err.msg);
+                ck_assert_ptr_nonnull(strstr(err.msg, "max-hits"));
+                continue;
+            }
+            ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+            ck_assert_uint_eq(res.n_buffers, 1);
+            ck_assert_int_eq(res.buffers[0].code, 0);
+            ck_assert_uint_eq(res.n_hits, 1);
+            ck_assert_uint_eq(res.hits[0].count, n - 5 - 7);
+            vks_scan_result_finish(&res);
+        }
+        vks_catalog_destroy(cat);
+        vks_client_close(c);
+        ck_assert_int_eq(daemon_stop(&d), 0);
+        daemon_clean(&d);
+    }
+    free(buf);
+}
+END_TEST
+
 /* One inline scan; returns the telemetry value `key` of its reply. */
 static uint64_t scan_tel(struct vks_client *c, const struct vks_catalog *cat, const char *key)
 {
@@ -2799,6 +2848,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_load_scan_inline);
     tcase_add_test(tc, test_small_batches_on_cpu);
     tcase_add_test(tc, test_cpu_spin_takes_next_request);
+    tcase_add_test(tc, test_hit_bomb_unbounded_rule);
     tcase_add_test(tc, test_drop_frees_device_copy);
     tcase_add_test(tc, test_scan_memfd);
     tcase_add_loop_test(tc, test_fd_read_at_upload, 0, 2);
