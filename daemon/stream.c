@@ -97,6 +97,7 @@ struct work {
     void *sparse; /* a descriptor write's mapping (owned): only its head and tail read */
     struct streamscan_middle mid;
     bool mid_cpu;    /* the batch failed: the middle runs on a CPU engine thread */
+    bool broken;     /* failed after its state moved (a hit bomb): the stream closes */
     bool mid_hits;   /* the batch is back: its hits go to the write on a CPU engine thread */
     bool finished;   /* nothing runs for it any more: answered in its turn */
     bool cancelled;  /* it never ran (the daemon is going away) */
@@ -626,6 +627,8 @@ static void work_run(struct work *w)
     const struct proto_buffer *b = w->buf;
     bool second = w->mid_hits || w->mid_cpu; /* the write's last step: its middle is back */
     if (w->mid_hits) { /* the batch's hits (maybe millions: sorted off the loop) */
+        if (w->ej.hits_dropped > 0)
+            w->rc = -E2BIG; /* more than middle_queue's bound */
         for (size_t i = 0; i < w->ej.n_hits && w->rc == 0; i++)
             w->rc = streamscan_middle_add(&w->mid, w->ej.hits[i].rule, w->ej.hits[i].end);
         engine_job_finish(&w->ej);
@@ -661,6 +664,15 @@ static void work_run(struct work *w)
     /* the answer may go out after the stream's next write has begun */
     if (!second)
         w->offset = streamscan_offset(w->st->scan);
+    if (w->rc == -E2BIG) { /* refscan_raw_limit: the state moved, the matches are not all kept */
+        snprintf(w->msg, sizeof(w->msg),
+                 "the write completes more than %llu matches (4 x max-hits), which vkscand does "
+                 "not hold: the stream is closed; write less at a time or raise max-hits",
+                 (unsigned long long)refscan_raw_limit());
+        w->rc = -VKS_E_LIMIT;
+        w->broken = true;
+        scan_hits_finish(&w->hits);
+    }
     if (second || !w->mid.pending)
         count_hits(w);
 }
@@ -717,9 +729,9 @@ static bool answer_write(struct work *w)
         }
         return true;
     }
-    bool intact = w->bytes == 0 && w->rc != -ENOMEM;
+    bool intact = w->bytes == 0 && w->rc != -ENOMEM && !w->broken;
     char m[400];
-    if (intact)
+    if (intact || w->broken)
         snprintf(m, sizeof(m), "%s", w->msg);
     else
         snprintf(m, sizeof(m), "the write failed after %llu bytes (%s): the stream is closed",
@@ -960,8 +972,10 @@ static int middle_queue(struct work *w)
         w->ebuf = (struct engine_buf){.data = w->wbuf, .len = w->wlen, .fd = -1};
     /* no result cache: a stream's bytes are rarely seen twice, and a
      * cached fd range would hide what a stream costs */
+    uint64_t bound = refscan_raw_limit(); /* past it the write fails (work_run) */
     w->ej = (struct engine_job){.cat = streamscan_catalog(st->scan),
                                 .mode = SCAN_ALL,
+                                .max_hits = bound < UINT32_MAX ? (uint32_t)bound : UINT32_MAX,
                                 .no_cache = true,
                                 .bufs = &w->ebuf,
                                 .n_bufs = 1,

@@ -1664,6 +1664,61 @@ START_TEST(test_daemon_stream_count_mode)
 }
 END_TEST
 
+/* A hit bomb written to a stream: past 4 x max-hits raw matches in one
+ * write (65,536 here) the write fails with LIMIT and closes its stream
+ * (its state had moved), for a bounded rule (the fast path, its middle on
+ * CPU pieces or in a GPU batch) and an unbounded one (the slow path); the
+ * daemon goes on serving, and a write under the bound is exact. */
+START_TEST(test_daemon_stream_hit_bomb)
+{
+    static const struct vks_rule bombs[2][1] = {{{"a", VKS_RULE_REGEX, "a", 0, NULL}},
+                                                {{"tok", VKS_RULE_REGEX, "(?i)token[[:alnum:]]{8,}", 0, NULL}}};
+    size_t len = 5 + 100000;
+    uint8_t *buf = malloc(len);
+    memcpy(buf, "token", 5);
+    memset(buf + 5, 'a', len - 5);
+    for (int gpu = 0; gpu < 2; gpu++) {
+        struct daemon d;
+        const char *const cpu_extra[] = {"--max-hits", "16", NULL};
+        const char *const gpu_extra[] = {"--engine", "gpu", "--stream-gpu-min-bytes", "1",
+                                         "--max-hits", "16", NULL};
+        daemon_start(&d, gpu ? gpu_extra : cpu_extra);
+        struct vks_client *c = connect_ok(&d);
+        for (int r = 0; r < 2; r++) {
+            struct vks_catalog *cat = load_rules(c, bombs[r], 1);
+            struct vks_stream_options so;
+            vks_stream_options_init(&so);
+            so.mode = VKS_REPORT_COUNT;
+            struct vks_stream *st = NULL;
+            struct vks_error err = {0};
+            struct vks_scan_result res;
+            ck_assert_int_eq(vks_stream_open(c, vks_catalog_fingerprint(cat), &so, &st, &err), 0);
+            int rc = vks_stream_write(st, buf, len, &res, &err);
+            ck_assert_msg(rc == -VKS_E_LIMIT, "rule %d gpu %d: %d %s", r, gpu, rc, err.msg);
+            ck_assert_ptr_nonnull(strstr(err.msg, "max-hits"));
+            vks_stream_close(st, NULL, &err); /* the daemon closed it: only the handle goes */
+            /* under the bound: exact */
+            ck_assert_int_eq(vks_stream_open(c, vks_catalog_fingerprint(cat), &so, &st, &err), 0);
+            size_t n = 5 + 50000;
+            ck_assert_int_eq(vks_stream_write(st, buf, n, &res, &err), 0);
+            uint64_t got = 0;
+            for (size_t i = 0; i < res.n_hits; i++)
+                got += res.hits[i].count;
+            vks_scan_result_finish(&res);
+            ck_assert_int_eq(vks_stream_close(st, &res, &err), 0);
+            for (size_t i = 0; i < res.n_hits; i++)
+                got += res.hits[i].count;
+            vks_scan_result_finish(&res);
+            ck_assert_uint_eq(got, r == 0 ? n - 5 : n - 5 - 7);
+            vks_catalog_destroy(cat);
+        }
+        vks_client_close(c);
+        daemon_stop(&d);
+    }
+    free(buf);
+}
+END_TEST
+
 /* A match straddling two writes comes from the second; `foo\b` at the end
  * of the data comes from the close. */
 START_TEST(test_daemon_straddle_and_close)
@@ -3158,6 +3213,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_straddle_and_close);
     tcase_add_test(td, test_daemon_stream_gpu_batches);
     tcase_add_test(td, test_daemon_stream_count_mode);
+    tcase_add_test(td, test_daemon_stream_hit_bomb);
     tcase_add_test(td, test_daemon_bad_ids);
     tcase_add_test(td, test_daemon_limits);
     tcase_add_test(td, test_daemon_idle_timeout);
