@@ -16,8 +16,8 @@
 #                   file as one request; hs_file beside it; $ITERS runs)
 #          rpc     (4 KiB scans through vkscand at 1, 8, 64 and 256 clients,
 #                   inline and by memfd, with replies written on the engine
-#                   thread and, VKSCAND_LOOP_REPLIES=1, by the loop as
-#                   before; the loop thread's CPU ticks per run; $RPC_MODES
+#                   thread (VKSCAND_ENGINE_REPLIES=1) and by the loop (the
+#                   default); the loop thread's CPU ticks per run; $RPC_MODES
 #                   picks among `engine loop`, $VKSCAND_ARGS adds flags)
 # Every step's output goes to stdout; run it with a timeout and a file.
 set -u
@@ -53,7 +53,7 @@ fi
 if has rpc; then
     for m in ${RPC_MODES:-engine loop}; do
         rm -rf /tmp/v && mkdir -p /tmp/v
-        if [ $m = loop ]; then export VKSCAND_LOOP_REPLIES=1; else unset VKSCAND_LOOP_REPLIES; fi
+        if [ $m = loop ]; then unset VKSCAND_ENGINE_REPLIES; else export VKSCAND_ENGINE_REPLIES=1; fi
         "$B/daemon/vkscand" --config "" --socket /tmp/v/s.sock --state-dir /tmp/v/st \
             --max-frame 80M --log-level notice ${VKSCAND_ARGS:-} >"$OUT/vkscand-$m.log" 2>&1 &
         d=$!
@@ -72,5 +72,5 @@ if has rpc; then
         wait $d
         echo "$m vkscand exit $?"
     done
-    unset VKSCAND_LOOP_REPLIES
+    unset VKSCAND_ENGINE_REPLIES
 fi

@@ -2780,7 +2780,9 @@ START_TEST(test_engine_thread_replies_fill_socket)
     enum { N = 32, LEN = 256 << 10 };
     struct daemon d;
     const char *extra[] = {"--engine", "cpu", NULL};
+    setenv("VKSCAND_ENGINE_REPLIES", "1", 1); /* the daemon inherits it (opt-in) */
     daemon_start(&d, NULL, extra);
+    unsetenv("VKSCAND_ENGINE_REPLIES");
     struct vks_client *c = connect_ok(&d);
     struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
     struct catalog *ref = local_catalog(rules, N_RULES - 1);
