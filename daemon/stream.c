@@ -470,7 +470,8 @@ void stream_open(struct stream_set *set, struct session *s, const struct proto_r
     uint32_t *ids = count > 1 ? calloc(count, sizeof(*ids)) : NULL;
     struct stream *st = NULL;
     uint32_t k = 0;
-    while (k < count && (count == 1 || ids != NULL) && open_one(set, entry, size, (enum scan_mode)req->u.stream.mode, &st) == 0) {
+    while (k < count && (count == 1 || ids != NULL) &&
+           open_one(set, entry, size, (enum scan_mode)req->u.stream.mode, &st) == 0) {
         if (ids != NULL)
             ids[k] = st->id;
         k++;

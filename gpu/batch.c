@@ -1307,9 +1307,9 @@ static void confirm_walk_task(void *ctx, uint32_t t)
     }
     const struct gpu_buffer *b = &j->bc->batch->buffers[w->v[0].buf];
     const struct catalog *cat = j->bc->batch->catalogs[b->catalog];
-    int rc = refscan_confirm_range(cat, w->v[0].layer - catalog_group_count(cat),
-                                   buffer_bytes(j->bc, w->v[0].buf), b->len, iv, w->n, confirm_hit,
-                                   w);
+    int rc =
+        refscan_confirm_range(cat, w->v[0].layer - catalog_group_count(cat),
+                              buffer_bytes(j->bc, w->v[0].buf), b->len, iv, w->n, confirm_hit, w);
     w->rc = rc == 0 || rc == -E2BIG ? rc : -ENOMEM;
     free(iv);
 }

@@ -303,9 +303,9 @@ struct proto_stream {
     uint8_t catalog[PROTO_FP_LEN];
     uint32_t stream;
     struct proto_buffer buffer;
-    uint32_t count;    /* stream.open: streams to open at once (0 or absent: one) */
+    uint32_t count;         /* stream.open: streams to open at once (0 or absent: one) */
     enum proto_report mode; /* stream.open: ALL (default) or COUNT; FIRST is refused */
-    uint32_t *streams; /* stream.close: ids to close at once, instead of `stream` */
+    uint32_t *streams;      /* stream.close: ids to close at once, instead of `stream` */
     uint32_t n_streams;
 };
 

@@ -891,9 +891,9 @@ static size_t cand_after(const struct refscan_gate *g, uint32_t j, uint64_t afte
  * `told_end`; the state there is carried on. Exact: what the full walk
  * finds, as block mode's confirmation (refscan.c confirm_walk). */
 static int confirm_walk(struct streamscan *s, const struct catalog_nfa *g, uint32_t j,
-                        uint32_t *home, const uint8_t *copy, size_t hl, size_t e,
-                        uint32_t told_end, const struct refscan_gate *gate, uint32_t *va,
-                        uint32_t *vb, struct scan_hits *raw)
+                        uint32_t *home, const uint8_t *copy, size_t hl, size_t e, uint32_t told_end,
+                        const struct refscan_gate *gate, uint32_t *va, uint32_t *vb,
+                        struct scan_hits *raw)
 {
     memset(va, 0, (size_t)g->n_words * sizeof(uint32_t));
     memset(vb, 0, (size_t)g->n_words * sizeof(uint32_t));

@@ -872,7 +872,7 @@ static void gated_case(bool unbounded)
     }
     static const char *const more[2][2] = {
         {"zqkey[a-z0-9]{6,}", "zqkeyab12cd34efgh5678ijkl90mnopqrstuv1234wxyzab5678cdefghij90 "},
-                                           {"(?i)tokv[=:]\\s*[0-9a-f]+\\b", "TOKV= 00beef11 "}};
+        {"(?i)tokv[=:]\\s*[0-9a-f]+\\b", "TOKV= 00beef11 "}};
     for (size_t i = N; i < nr; i++) {
         struct trule *r = &ru.rules[i];
         snprintf(r->id, sizeof(r->id), "u%zu", i);
@@ -1544,8 +1544,9 @@ static void count_add(const struct vks_scan_result *res, uint32_t buf, uint64_t 
 }
 
 /* The block scan of `data` in count mode against the stream's sums. */
-static void counts_equal_block(struct vks_client *c, struct vks_catalog *cat, const struct str *data,
-                               const uint64_t *count, const uint64_t *first, size_t n_rules)
+static void counts_equal_block(struct vks_client *c, struct vks_catalog *cat,
+                               const struct str *data, const uint64_t *count, const uint64_t *first,
+                               size_t n_rules)
 {
     struct vks_error err = {0};
     struct vks_buffer b = {.kind = VKS_BUFFER_INLINE, .data = data->p, .len = data->n};
@@ -1553,13 +1554,13 @@ static void counts_equal_block(struct vks_client *c, struct vks_catalog *cat, co
     vks_scan_options_init(&so);
     so.mode = VKS_REPORT_COUNT;
     struct vks_scan_result block;
-    ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), &b, 1, &so, &block, &err),
-                     0);
+    ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), &b, 1, &so, &block, &err), 0);
     uint64_t want[64] = {0}, want_first[64] = {0};
     count_add(&block, 0, want, want_first, n_rules);
     for (size_t r = 0; r < n_rules; r++) {
-        ck_assert_msg(count[r] == want[r], "rule %zu: the stream counted %" PRIu64 ", block %" PRIu64,
-                      r, count[r], want[r]);
+        ck_assert_msg(count[r] == want[r],
+                      "rule %zu: the stream counted %" PRIu64 ", block %" PRIu64, r, count[r],
+                      want[r]);
         if (want[r] != 0)
             ck_assert_uint_eq(first[r], want_first[r]);
     }
@@ -1580,8 +1581,8 @@ START_TEST(test_daemon_stream_count_mode)
     for (int gpu = 0; gpu < 2; gpu++) {
         struct daemon d;
         const char *const cpu_extra[] = {"--max-hits", "64", NULL};
-        const char *const gpu_extra[] = {"--engine", "gpu", "--stream-gpu-min-bytes", "1",
-                                         "--max-hits", "64", NULL};
+        const char *const gpu_extra[] = {
+            "--engine", "gpu", "--stream-gpu-min-bytes", "1", "--max-hits", "64", NULL};
         daemon_start(&d, gpu ? gpu_extra : cpu_extra);
         struct vks_client *c = connect_ok(&d);
         struct vks_catalog *cat = load_rules(c, brules, n_rules);
@@ -1671,8 +1672,9 @@ END_TEST
  * daemon goes on serving, and a write under the bound is exact. */
 START_TEST(test_daemon_stream_hit_bomb)
 {
-    static const struct vks_rule bombs[2][1] = {{{"a", VKS_RULE_REGEX, "a", 0, NULL}},
-                                                {{"tok", VKS_RULE_REGEX, "(?i)token[[:alnum:]]{8,}", 0, NULL}}};
+    static const struct vks_rule bombs[2][1] = {
+        {{"a", VKS_RULE_REGEX, "a", 0, NULL}},
+        {{"tok", VKS_RULE_REGEX, "(?i)token[[:alnum:]]{8,}", 0, NULL}}};
     size_t len = 5 + 100000;
     uint8_t *buf = malloc(len);
     memcpy(buf, "token", 5);
@@ -1680,8 +1682,8 @@ START_TEST(test_daemon_stream_hit_bomb)
     for (int gpu = 0; gpu < 2; gpu++) {
         struct daemon d;
         const char *const cpu_extra[] = {"--max-hits", "16", NULL};
-        const char *const gpu_extra[] = {"--engine", "gpu", "--stream-gpu-min-bytes", "1",
-                                         "--max-hits", "16", NULL};
+        const char *const gpu_extra[] = {
+            "--engine", "gpu", "--stream-gpu-min-bytes", "1", "--max-hits", "16", NULL};
         daemon_start(&d, gpu ? gpu_extra : cpu_extra);
         struct vks_client *c = connect_ok(&d);
         for (int r = 0; r < 2; r++) {

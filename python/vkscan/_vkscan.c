@@ -538,9 +538,8 @@ static PyObject *stream_hits(const struct vks_scan_result *res)
 {
     PyObject *l = PyList_New((Py_ssize_t)res->n_hits);
     for (size_t i = 0; l != NULL && i < res->n_hits; i++) {
-        PyObject *t =
-            Py_BuildValue("(IKI)", res->hits[i].rule, (unsigned long long)res->hits[i].end,
-                          res->hits[i].count);
+        PyObject *t = Py_BuildValue("(IKI)", res->hits[i].rule,
+                                    (unsigned long long)res->hits[i].end, res->hits[i].count);
         if (t == NULL) {
             Py_CLEAR(l);
             break;
