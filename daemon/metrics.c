@@ -31,9 +31,11 @@ void metrics_hist_observe(struct metrics_hist *h, uint64_t v)
     uint32_t i = 0;
     while (i < h->n_bounds && v > h->bounds[i])
         i++;
-    h->counts[i]++;
-    h->sum += v;
-    h->count++;
+    /* atomic: engine threads count the scans whose replies they write
+     * (daemon/session.c session_scan_finished) while the loop counts others */
+    __atomic_fetch_add(&h->counts[i], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&h->sum, v, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&h->count, 1, __ATOMIC_RELAXED);
 }
 
 uint32_t metrics_hist_stats(const struct metrics_hist *h, struct proto_stat *out, uint32_t cap)
@@ -43,10 +45,10 @@ uint32_t metrics_hist_stats(const struct metrics_hist *h, struct proto_stat *out
         return 0;
     uint64_t cum = 0;
     for (uint32_t i = 0; i <= h->n_bounds; i++) {
-        cum += h->counts[i];
+        cum += __atomic_load_n(&h->counts[i], __ATOMIC_RELAXED);
         out[i] = (struct proto_stat){.key = h->keys[i], .u = cum};
     }
-    out[h->n_bounds + 1] = (struct proto_stat){.key = h->keys[h->n_bounds + 1], .u = h->sum};
-    out[h->n_bounds + 2] = (struct proto_stat){.key = h->keys[h->n_bounds + 2], .u = h->count};
+    out[h->n_bounds + 1] = (struct proto_stat){.key = h->keys[h->n_bounds + 1], .u = __atomic_load_n(&h->sum, __ATOMIC_RELAXED)};
+    out[h->n_bounds + 2] = (struct proto_stat){.key = h->keys[h->n_bounds + 2], .u = __atomic_load_n(&h->count, __ATOMIC_RELAXED)};
     return n;
 }

@@ -58,7 +58,7 @@ struct server {
     bool preload_listed;    /* the store read every catalog it preloads */
     bool draining, finished;
     bool handles_open;
-    bool loop_replies; /* not $VKSCAND_ENGINE_REPLIES: no replies on engine threads */
+    bool loop_replies; /* not engine-replies: no replies on engine threads */
     int exit_code;
 };
 
@@ -813,11 +813,9 @@ int server_create(const struct daemon_config *cfg, int argc, char **argv, uint64
     srv->argv = argv;
     srv->listen_fd = -1;
     srv->start_ns = uv_hrtime();
-    /* Scan replies on the CPU engine's threads only when asked: the loop
-     * counts a scan after its reply is out, so a client's stats or metrics
-     * right after its reply could miss it (docs/daemon.md) */
-    const char *er = getenv("VKSCAND_ENGINE_REPLIES");
-    srv->loop_replies = er == NULL || strcmp(er, "0") == 0;
+    /* engine-replies: scan replies written by the CPU engine's threads
+     * (docs/daemon.md "Who writes replies") */
+    srv->loop_replies = !cfg->engine_replies;
     srv->main_ns = main_ns != 0 ? main_ns : srv->start_ns;
     srv->t_config = srv->start_ns - srv->main_ns;
     struct server_counters *c = &srv->counters;

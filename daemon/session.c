@@ -48,7 +48,8 @@ struct request {
     /* A scan reply made on the engine thread (session_scan_finished): the
      * frame, what became of it, and what the loop counts for it. */
     struct proto_buf early;
-    int early_state; /* enum early */
+    int early_state;    /* enum early */
+    bool early_counted; /* counted by the engine thread before its write */
     uint32_t early_hits;
     uint64_t early_bytes, t_reply;
 };
@@ -239,10 +240,7 @@ static void count_reply(struct session *s, enum proto_op op, bool ok)
 {
     struct server_counters *c = server_counters(s->srv);
     unsigned i = (unsigned)op < PROTO_OP_COUNT ? (unsigned)op : PROTO_OP_NONE;
-    if (ok)
-        c->replies_ok[i]++;
-    else
-        c->replies_error[i]++;
+    __atomic_fetch_add(ok ? &c->replies_ok[i] : &c->replies_error[i], 1, __ATOMIC_RELAXED);
 }
 
 static void send_reply(struct session *s, const struct proto_reply *rep)
@@ -879,9 +877,9 @@ static int scan_reply_build(const struct request *r, const struct engine_telemet
 static void count_scan(struct request *r, uint32_t hits, uint64_t bytes, uint64_t now)
 {
     struct server_counters *c = server_counters(r->s->srv);
-    c->scans++;
-    c->scan_bytes += bytes;
-    c->scan_hits += hits;
+    __atomic_fetch_add(&c->scans, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&c->scan_bytes, bytes, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&c->scan_hits, hits, __ATOMIC_RELAXED);
     metrics_hist_observe(&c->hist_queue_wait, r->t_dispatched - r->t_queued);
     metrics_hist_observe(&c->hist_scan_total, now - r->t_recv);
     metrics_hist_observe(&c->hist_scan_bytes, bytes);
@@ -966,6 +964,14 @@ void session_scan_finished(struct engine_job *job, const struct engine_telemetry
         return;
     }
     pthread_mutex_lock(&s->out_mu);
+    if (!s->shut && s->out_off == s->out.len) {
+        /* counted before the client can see the reply: a stats request it
+         * sends next finds the scan (the loop counts the others in
+         * early_done) */
+        count_reply(s, r->req->op, true);
+        count_scan(r, r->early_hits, r->early_bytes, now);
+        r->early_counted = true;
+    }
     r->early_state = write_early(s, r);
     if (r->early_state == EARLY_SENT || r->early_state == EARLY_QUEUED)
         __atomic_add_fetch(&s->n_early, 1, __ATOMIC_RELAXED);
@@ -982,8 +988,10 @@ static void early_done(struct request *r)
         server_counters(s->srv)->cancelled++;
         return;
     }
-    count_reply(s, r->req->op, true);
-    count_scan(r, r->early_hits, r->early_bytes, r->t_reply);
+    if (!r->early_counted) {
+        count_reply(s, r->req->op, true);
+        count_scan(r, r->early_hits, r->early_bytes, r->t_reply);
+    }
     if (s->closed)
         return;
     if (r->early_state == EARLY_FAILED) {

@@ -25,7 +25,10 @@
 struct server;
 struct session;
 
-/* Service-wide counters (the stats op). */
+/* Service-wide counters (the stats op). replies_ok, replies_error, scans,
+ * scan_bytes, scan_hits and the histograms are updated and read with atomics:
+ * an engine thread that writes a scan's reply counts it first
+ * (session_scan_finished), so a stats request sent after a reply sees it. */
 struct server_counters {
     uint64_t connections_total;
     uint64_t connections_refused;           /* over max-connections */

@@ -45,8 +45,8 @@ static void stats_requests(struct stats_list *l, const struct server_counters *c
         if (keys[op][0] == NULL)
             continue; /* an op without keys yet */
         stats_add_u(l, keys[op][0], c->requests[op]);
-        stats_add_u(l, keys[op][1], c->replies_ok[op]);
-        stats_add_u(l, keys[op][2], c->replies_error[op]);
+        stats_add_u(l, keys[op][1], __atomic_load_n(&c->replies_ok[op], __ATOMIC_RELAXED));
+        stats_add_u(l, keys[op][2], __atomic_load_n(&c->replies_error[op], __ATOMIC_RELAXED));
         total += c->requests[op];
     }
     stats_add_u(l, "requests", total);
@@ -143,9 +143,9 @@ void stats_collect_as(struct server *srv, uid_t uid, bool admin, struct stats_li
     stats_requests(l, c);
     stats_add_u(l, "errors", c->errors);
     stats_add_u(l, "frame_errors", c->frame_errors);
-    stats_add_u(l, "scans", c->scans);
-    stats_add_u(l, "bytes_scanned", c->scan_bytes);
-    stats_add_u(l, "scan_hits", c->scan_hits);
+    stats_add_u(l, "scans", __atomic_load_n(&c->scans, __ATOMIC_RELAXED));
+    stats_add_u(l, "bytes_scanned", __atomic_load_n(&c->scan_bytes, __ATOMIC_RELAXED));
+    stats_add_u(l, "scan_hits", __atomic_load_n(&c->scan_hits, __ATOMIC_RELAXED));
     stats_add_u(l, "timeouts", c->timeouts);
     stats_add_u(l, "cancelled", c->cancelled);
     stats_add_u(l, "backpressure", c->backpressure);

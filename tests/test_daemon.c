@@ -513,7 +513,10 @@ END_TEST
  * scans one after another on the CPU engine are taken by the spinning
  * thread (cpu.spin_hits), with the hits of the reference; with
  * cpu-spin-us 0 none is. A spin long enough to outlast any client's gap
- * (1 s), so the count does not depend on the machine's speed. */
+ * (1 s), so the count does not depend on the machine's speed. The engine
+ * thread writes each reply (engine-replies, the default), and a stats
+ * request sent right after a reply already counts its scan (it did not when
+ * the loop counted the scan after the engine thread's write). */
 START_TEST(test_cpu_spin_takes_next_request)
 {
     for (int spin = 0; spin < 2; spin++) {
@@ -525,6 +528,7 @@ START_TEST(test_cpu_spin_takes_next_request)
         struct catalog *ref = local_catalog(rules, N_RULES - 1);
         static uint8_t buf[4096];
         make_haystack(buf, sizeof(buf));
+        uint64_t hits_sum = 0;
         for (int i = 0; i < 40; i++) {
             struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = buf, .len = sizeof(buf)};
             struct vks_scan_options so = {.mode = VKS_REPORT_ALL};
@@ -534,6 +538,10 @@ START_TEST(test_cpu_spin_takes_next_request)
             ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
             check_hits(ref, &res, 0, buf, sizeof(buf), SCAN_ALL);
             ck_assert_uint_gt(res.n_hits, 0);
+            ck_assert_uint_eq(stat_of(c, "scans"), (uint64_t)i + 1);
+            ck_assert_uint_eq(stat_of(c, "requests.scan.ok"), (uint64_t)i + 1);
+            hits_sum += res.n_hits;
+            ck_assert_uint_eq(stat_of(c, "scan_hits"), hits_sum);
             vks_scan_result_finish(&res);
         }
         uint64_t hits = stat_of(c, "cpu.spin_hits");
@@ -2768,7 +2776,8 @@ START_TEST(test_sched_fair_by_bytes)
 }
 END_TEST
 
-/* Scan replies written by the CPU engine's threads (session_scan_finished)
+/* Scan replies written by the CPU engine's threads (session_scan_finished;
+ * engine-replies, the default; _i 1: by the loop, engine-replies no)
  * meet a socket the client does not read: 32 pipelined scans of 256 KiB
  * with a match every 140 bytes or so give about 1 MB of replies, over what
  * the socket holds, so replies are cut mid-frame (the rest queued for the
@@ -2779,10 +2788,8 @@ START_TEST(test_engine_thread_replies_fill_socket)
 {
     enum { N = 32, LEN = 256 << 10 };
     struct daemon d;
-    const char *extra[] = {"--engine", "cpu", NULL};
-    setenv("VKSCAND_ENGINE_REPLIES", "1", 1); /* the daemon inherits it (opt-in) */
+    const char *extra[] = {"--engine", "cpu", "--engine-replies", _i == 0 ? "yes" : "no", NULL};
     daemon_start(&d, NULL, extra);
-    unsetenv("VKSCAND_ENGINE_REPLIES");
     struct vks_client *c = connect_ok(&d);
     struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
     struct catalog *ref = local_catalog(rules, N_RULES - 1);
@@ -2870,7 +2877,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_sighup_reloads);
     tcase_add_test(tc, test_socket_activation);
     tcase_add_test(tc, test_allow_uids);
-    tcase_add_test(tc, test_engine_thread_replies_fill_socket);
+    tcase_add_loop_test(tc, test_engine_thread_replies_fill_socket, 0, 2);
     suite_add_tcase(s, tc);
     /* Every error code of proto/errors.h not sent elsewhere (issue 8). */
     tc = tcase_create("codes");
