@@ -172,6 +172,43 @@ static bool small_batch(const struct bstate *st)
     return sum <= SMALL_BATCH;
 }
 
+/* Tasks of at most this many bytes are tiny: a thread claims several at a
+ * time, up to CLAIM_MAX, so a batch of 4 KiB scans costs the pool one lock
+ * round per claim instead of per scan, and wakes one thread per claim (with
+ * 64 clients of 4 KiB scans, batches of about 22 tasks woke all 15 threads
+ * of the H200's pool, which then queued on the engine's lock for 5 us tasks:
+ * futex waits were 40% of vkscand's samples, session 25). */
+#define TINY_TASK (16u << 10)
+#define CLAIM_MAX 4u
+
+static bool tiny(const struct ctask *t)
+{
+    return t->hi - t->lo <= TINY_TASK;
+}
+
+/* How many tasks from the batch's next one a thread claims (mu held): the
+ * consecutive tiny ones, at most CLAIM_MAX; one task that is not tiny. */
+static uint32_t claim_count(const struct bstate *st)
+{
+    uint32_t n = 0;
+    while (n < CLAIM_MAX && st->next_task + n < st->n_tasks && tiny(&st->tasks[st->next_task + n]))
+        n++;
+    return n > 0 ? n : 1;
+}
+
+/* The claims a prepared batch's tasks make (tiny ones CLAIM_MAX at a time). */
+static uint32_t claims(const struct bstate *st)
+{
+    uint32_t c = 0;
+    for (uint32_t i = 0; i < st->n_tasks; c++) {
+        uint32_t k = 0;
+        while (k < CLAIM_MAX && i + k < st->n_tasks && tiny(&st->tasks[i + k]))
+            k++;
+        i += k > 0 ? k : 1;
+    }
+    return c;
+}
+
 /*
  * Finds work for a pool thread (mu held): a batch to prepare or a task, in
  * queue order, except that a small batch's tasks (or a new batch, which is
@@ -182,7 +219,8 @@ static bool small_batch(const struct bstate *st)
  * batches (its express lane) would wait for one (bench/attack_all). *large
  * says whether the task counts in cpu_large_running.
  */
-static bool cpu_take(struct engine *e, struct engine_batch **bp, struct ctask **tp, bool *large)
+static bool cpu_take(struct engine *e, struct engine_batch **bp, struct ctask **tp, uint32_t *np,
+                     bool *large)
 {
     uint32_t n = __atomic_load_n(&e->n_cpu, __ATOMIC_RELAXED);
     bool large_ok = n < 2 || e->cpu_large_running < n - 1;
@@ -211,11 +249,16 @@ static bool cpu_take(struct engine *e, struct engine_batch **bp, struct ctask **
     if (*large)
         e->cpu_large_running++;
     struct bstate *st = pick->priv;
-    struct ctask *t = &st->tasks[st->next_task++];
-    struct engine_job *j = st->jobs[t->job];
-    /* one past max_hits: a buffer scanned as one task still has the
-     * first hit past the limit, the merge's truncation marker */
-    t->limit = st->js[t->job].full ? 1 : (j->max_hits ? (uint64_t)j->max_hits + 1 : 0);
+    uint32_t first = st->next_task;
+    uint32_t n_claim = *large ? 1 : claim_count(st);
+    st->next_task += n_claim;
+    for (uint32_t k = first; k < first + n_claim; k++) {
+        struct ctask *t = &st->tasks[k];
+        struct engine_job *j = st->jobs[t->job];
+        /* one past max_hits: a buffer scanned as one task still has the
+         * first hit past the limit, the merge's truncation marker */
+        t->limit = st->js[t->job].full ? 1 : (j->max_hits ? (uint64_t)j->max_hits + 1 : 0);
+    }
     if (st->next_task == st->n_tasks) { /* all handed out: off the queue */
         if (pick_prev != NULL)
             pick_prev->next = pick->next;
@@ -225,7 +268,8 @@ static bool cpu_take(struct engine *e, struct engine_batch **bp, struct ctask **
             e->cpu_tail = pick_prev;
     }
     *bp = pick;
-    *tp = t;
+    *tp = &st->tasks[first];
+    *np = n_claim;
     return true;
 }
 
@@ -376,9 +420,10 @@ void engine_cpu_main(void *arg)
     for (;;) {
         struct engine_batch *b;
         struct ctask *t;
+        uint32_t nt = 1;
         bool large = false;
         struct engine_task *task = task_turn ? task_take(e) : NULL;
-        if (task == NULL && !cpu_take(e, &b, &t, &large) && (task = task_take(e)) == NULL) {
+        if (task == NULL && !cpu_take(e, &b, &t, &nt, &large) && (task = task_take(e)) == NULL) {
             if (e->pool_stop && e->cpu_head == NULL)
                 break;
             if (!spun && cpu_spin(e)) {
@@ -411,14 +456,19 @@ void engine_cpu_main(void *arg)
             bool empty = st->n_tasks == 0;
             if (empty)
                 cpu_unlink(e, b);
-            /* other threads for the tasks past the first: this one takes
+            /* other threads for the claims past the first: this one takes
              * work again right after (a 4 KiB scan woke every thread twice,
              * for nothing, session 17), an engine task first if one waits
-             * (task_turn), so then one more thread for the batch's task */
-            if (st->n_tasks > 1)
+             * (task_turn), so then one more thread for the batch's task; a
+             * spinning thread sees the generation move and takes a claim */
+            uint32_t wake = claims(st) - (e->task_head == NULL && st->n_tasks > 0);
+            if (wake > 0)
+                __atomic_add_fetch(&e->cpu_gen, 1, __ATOMIC_RELEASE);
+            if (wake >= __atomic_load_n(&e->n_cpu, __ATOMIC_RELAXED))
                 pthread_cond_broadcast(&e->cpu_cond);
-            else if (st->n_tasks == 1 && e->task_head != NULL)
-                pthread_cond_signal(&e->cpu_cond);
+            else
+                for (uint32_t k = 0; k < wake; k++)
+                    pthread_cond_signal(&e->cpu_cond);
             pthread_mutex_unlock(&e->mu);
             if (empty)
                 cpu_complete(e, b, engine_now_ns() - t0);
@@ -427,19 +477,25 @@ void engine_cpu_main(void *arg)
                 e->cpu_busy_ns += engine_now_ns() - t0;
             continue;
         }
-        struct engine_job *j = st->jobs[t->job];
-        const struct engine_buf *eb = &j->bufs[t->buf];
-        struct watch wt = {st, t};
-        t->rc = scr_rc != 0 ? scr_rc
-                            : cpuscan_segment(j->cat, eb->data, (size_t)eb->len, t->lo, t->hi,
-                                              j->mode, t->limit, enough, &wt, scr, &t->part);
+        for (uint32_t k = 0; k < nt; k++) {
+            struct ctask *tk = t + k;
+            struct engine_job *j = st->jobs[tk->job];
+            const struct engine_buf *eb = &j->bufs[tk->buf];
+            struct watch wt = {st, tk};
+            tk->rc = scr_rc != 0 ? scr_rc
+                                 : cpuscan_segment(j->cat, eb->data, (size_t)eb->len, tk->lo,
+                                                   tk->hi, j->mode, tk->limit, enough, &wt, scr,
+                                                   &tk->part);
+        }
         uint64_t busy = engine_now_ns() - t0;
         pthread_mutex_lock(&e->mu);
         if (large) {
             e->cpu_large_running--;
             pthread_cond_broadcast(&e->cpu_cond); /* a held-back large task may go */
         }
-        bool last = cpu_task_done(b, t);
+        bool last = false;
+        for (uint32_t k = 0; k < nt; k++)
+            last = cpu_task_done(b, t + k);
         if (!last)
             e->cpu_busy_ns += busy;
         pthread_mutex_unlock(&e->mu);

@@ -558,6 +558,66 @@ START_TEST(test_cpu_spin_takes_next_request)
 }
 END_TEST
 
+/* Tiny tasks are claimed several at a time by one CPU engine thread
+ * (engine_cpu.c claim_count): 30 buffers of 1 byte to 8 KB cut into 4 KiB
+ * segments, so claims span segments, buffers and the request's end, on 3
+ * threads. Every mode gives refscan's hits per buffer, and with max_hits 25
+ * the reply is the first 25 hits in buffer order (fails if a claimed task's
+ * hits are merged out of order or its limit is lost). */
+START_TEST(test_tiny_tasks_claimed)
+{
+    enum { NB = 30 };
+    struct daemon d;
+    const char *extra[] = {"--engine",          "cpu", "--cpu-threads", "3",
+                           "--cpu-segment-bytes", "4K", NULL};
+    daemon_start(&d, NULL, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    static uint8_t data[NB][8000];
+    struct vks_buffer vb[NB];
+    size_t len[NB];
+    for (int i = 0; i < NB; i++) {
+        len[i] = 1 + rnd(8000); /* under 256 KiB in all: a small batch */
+        make_haystack(data[i], len[i]);
+        vb[i] = (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = data[i], .len = len[i]};
+    }
+    for (int mode = 0; mode < 3; mode++) {
+        struct vks_scan_result res = {0};
+        enum scan_mode m = scan_in_mode(c, cat, vb, NB, mode, &res);
+        for (uint32_t b = 0; b < NB; b++)
+            check_hits(ref, &res, b, data[b], len[b], m);
+        vks_scan_result_finish(&res);
+    }
+    struct vks_scan_options so;
+    vks_scan_options_init(&so);
+    so.no_cache = true;
+    so.max_hits = 25;
+    struct vks_scan_result res = {0};
+    struct vks_error err = {0};
+    ck_assert_int_eq(vks_client_scan(c, vks_catalog_fingerprint(cat), vb, NB, &so, &res, &err), 0);
+    ck_assert_uint_eq(res.n_hits, 25);
+    size_t k = 0;
+    for (uint32_t b = 0; b < NB && k < 25; b++) {
+        struct scan_hits want = {0};
+        ck_assert_int_eq(refscan_buffer(ref, data[b], len[b], SCAN_ALL, &want), 0);
+        for (size_t i = 0; i < want.n && k < 25; i++, k++) {
+            ck_assert_uint_eq(res.hits[k].buffer, b);
+            ck_assert_uint_eq(res.hits[k].rule, want.v[i].rule);
+            ck_assert_uint_eq(res.hits[k].end, want.v[i].end);
+        }
+        scan_hits_finish(&want);
+    }
+    ck_assert_uint_eq(k, 25);
+    vks_scan_result_finish(&res);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
 /* A hit bomb against a catalog with an unbounded rule (matched whole, its
  * raw matches kept until the buffer is finalized): past 4 x max-hits raw
  * matches the scan fails with LIMIT, on the CPU engine and through the GPU
@@ -2857,6 +2917,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_load_scan_inline);
     tcase_add_test(tc, test_small_batches_on_cpu);
     tcase_add_test(tc, test_cpu_spin_takes_next_request);
+    tcase_add_test(tc, test_tiny_tasks_claimed);
     tcase_add_test(tc, test_hit_bomb_unbounded_rule);
     tcase_add_test(tc, test_drop_frees_device_copy);
     tcase_add_test(tc, test_scan_memfd);
