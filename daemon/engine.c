@@ -972,19 +972,19 @@ static uint32_t place(struct engine *e, uint64_t bytes, uint64_t work)
 {
     if (e->want == CONFIG_ENGINE_CPU || e->n_gpu == 0)
         return CPU_ENGINE;
-    uint64_t now = engine_now_ns();
-    pthread_mutex_lock(&e->mu);
-    uint64_t wait =
-        e->cpu_head != NULL && now > e->cpu_head->submit_ns ? now - e->cpu_head->submit_ns : 0;
+    /* without mu: the loop hands over every batch, and at 64 clients of
+     * 4 KiB scans its waits for mu here were most of its futex time (the
+     * CPU pool takes mu for every claim; docs/PERFORMANCE.md session 25) */
+    uint64_t now = engine_now_ns(), oldest = __atomic_load_n(&e->cpu_oldest_ns, __ATOMIC_RELAXED);
+    uint64_t wait = oldest != 0 && now > oldest ? now - oldest : 0;
     /* ties go round: two idle engines take turns */
     uint32_t best = CPU_ENGINE;
     for (uint32_t k = 0; k < e->n_gpu; k++) {
         uint32_t i = (e->rr + k) % e->n_gpu;
-        if (e->gw[i].alive &&
+        if (__atomic_load_n(&e->gw[i].alive, __ATOMIC_RELAXED) &&
             (best == CPU_ENGINE || e->gw[i].inflight_bytes < e->gw[best].inflight_bytes))
             best = i;
     }
-    pthread_mutex_unlock(&e->mu);
     if (best != CPU_ENGINE && e->want == CONFIG_ENGINE_AUTO && work <= e->cpu_max_work &&
         wait <= e->cpu_max_wait_ns)
         return CPU_ENGINE;

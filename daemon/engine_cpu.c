@@ -172,6 +172,13 @@ static bool small_batch(const struct bstate *st)
     return sum <= SMALL_BATCH;
 }
 
+/* cpu_head changed (mu held): place() reads its age without mu. */
+static void cpu_head_note(struct engine *e)
+{
+    __atomic_store_n(&e->cpu_oldest_ns, e->cpu_head != NULL ? e->cpu_head->submit_ns : 0,
+                     __ATOMIC_RELAXED);
+}
+
 /* Tasks of at most this many bytes are tiny: a thread claims several at a
  * time, up to CLAIM_MAX, so a batch of 4 KiB scans costs the pool one lock
  * round per claim instead of per scan, and wakes one thread per claim (with
@@ -266,6 +273,7 @@ static bool cpu_take(struct engine *e, struct engine_batch **bp, struct ctask **
             e->cpu_head = pick->next;
         if (e->cpu_tail == pick)
             e->cpu_tail = pick_prev;
+        cpu_head_note(e);
     }
     *bp = pick;
     *tp = &st->tasks[first];
@@ -285,6 +293,7 @@ static void cpu_unlink(struct engine *e, struct engine_batch *b)
             e->cpu_head = b->next;
         if (e->cpu_tail == b)
             e->cpu_tail = prev;
+        cpu_head_note(e);
         return;
     }
 }
@@ -521,6 +530,7 @@ void engine_cpu_push(struct engine *e, struct engine_batch *b)
     else
         e->cpu_head = b;
     e->cpu_tail = b;
+    cpu_head_note(e);
     __atomic_add_fetch(&e->cpu_gen, 1, __ATOMIC_RELEASE);
     if (e->cpu_spinning)
         e->cpu_spinning = false; /* the spinning thread prepares it; the next push signals */

@@ -45,7 +45,7 @@ static void gpu_reopen(struct gworker *w)
                 "go to the other engines from now on; restart vkscand to use it again",
                 w->index, err.msg);
         pthread_mutex_lock(&w->e->mu);
-        w->alive = false;
+        __atomic_store_n(&w->alive, false, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&w->e->mu);
     }
 }
@@ -628,7 +628,7 @@ static int open_gpu(struct engine *e, struct gworker *w, struct vks_error *err)
     pthread_mutex_lock(&e->mu);
     w->dev = *d;
     w->budget = budget;
-    w->alive = true;
+    __atomic_store_n(&w->alive, true, __ATOMIC_RELAXED);
     w->resident = gpu_engine_resident_catalogs(w->gpu);
     pthread_mutex_unlock(&e->mu);
     return 0;

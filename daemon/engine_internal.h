@@ -82,7 +82,7 @@ struct gworker {
     uint64_t busy_base; /* device busy time of the engines re-created since */
 
     /* Published, mu. */
-    bool alive;
+    bool alive; /* written under mu, read by place() without it (atomic) */
     struct gpu_device_info dev;
     uint64_t budget;
     uint32_t resident;
@@ -149,6 +149,8 @@ struct engine {
     uint64_t cpu_gen, cpu_spin_ns, cpu_spin_hits;
     bool cpu_spinning;
     struct engine_batch *cpu_head, *cpu_tail; /* mu: batches with work to hand out */
+    uint64_t cpu_oldest_ns; /* atomic, written under mu: cpu_head's submit_ns, 0 when
+                             * empty (the loop's place() reads it without mu) */
     /* mu: threads on a task of a large batch; with two threads or more, one
      * is kept for small batches (engine_cpu.c, cpu_take) */
     uint32_t cpu_large_running;
