@@ -93,8 +93,6 @@ static const struct opt opts[] = {
      "CPU engine scanning threads (0: every core without a GPU engine, else cores minus one)"},
     {"cpu-spin-us", NUM(OPT_U32, cpu_spin_us), 0, 1000000, false,
      "CPU engine: one thread that runs out of work waits this long for more before it sleeps"},
-    {"loop-spin-us", NUM(OPT_U32, loop_spin_us), 0, 1000000, false,
-     "the event loop polls this long after an event before it sleeps"},
     {"engine-replies", NUM(OPT_BOOL, engine_replies), 0, 0, false,
      "CPU engine: a thread that finished a batch writes its scan replies (no: the loop does)"},
     {"cpu-segment-bytes", NUM(OPT_SIZE, cpu_segment_bytes), 256, 1 * GIB, false,
@@ -178,7 +176,6 @@ void config_defaults(struct daemon_config *cfg)
     cfg->cpu_max_work = 256 * 1024;
     cfg->cpu_spin_us = 50;
     cfg->engine_replies = true;
-    cfg->loop_spin_us = 50;
     cfg->cpu_segment_bytes = 4 * MIB;
     cfg->cpu_max_wait_us = 2000;
     cfg->result_cache_bytes = 64 * MIB;

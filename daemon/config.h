@@ -71,8 +71,6 @@ struct daemon_config {
                                   * times DFA groups run on the CPU scanner; not reloadable */
     uint32_t cpu_threads;        /* CPU engine scanning threads; 0: cores minus one (at least 1) */
     uint32_t cpu_spin_us;        /* an idle CPU engine thread spins this long for work first */
-    uint32_t loop_spin_us;       /* the event loop polls this long after an event before it
-                                  * sleeps (0: never); not reloadable */
     bool engine_replies;         /* CPU engine threads write the scan replies of their
                                   * batches (else the loop); not reloadable */
     uint64_t cpu_segment_bytes;  /* CPU engine: a larger buffer splits into segments this size */

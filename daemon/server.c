@@ -59,8 +59,6 @@ struct server {
     bool draining, finished;
     bool handles_open;
     bool loop_replies; /* not engine-replies: no replies on engine threads */
-    uint64_t loop_events;  /* session I/O, accepts and batches handled (server_run's spin) */
-    uint64_t loop_spin_ns; /* time server_run polled without blocking and found nothing */
     int exit_code;
 };
 
@@ -69,16 +67,6 @@ struct server {
 uv_loop_t *server_loop(struct server *srv)
 {
     return &srv->loop;
-}
-
-void server_loop_event(struct server *srv)
-{
-    srv->loop_events++;
-}
-
-uint64_t server_loop_spin_ns(const struct server *srv)
-{
-    return srv->loop_spin_ns;
 }
 
 const struct daemon_config *server_config(const struct server *srv)
@@ -315,7 +303,6 @@ static void on_batch_done(struct engine *eng, struct engine_batch *b, void *ctx)
 {
     (void)eng;
     struct server *srv = ctx;
-    srv->loop_events++;
     if (b == srv->express)
         srv->express = NULL;
     const struct engine_telemetry *t = &b->tel;
@@ -397,7 +384,6 @@ static void on_accept(uv_poll_t *h, int status, int events)
 {
     struct server *srv = h->data;
     (void)events;
-    srv->loop_events++;
     if (status < 0) {
         log_err("listening socket failed: %s", uv_strerror(status));
         return;
@@ -879,41 +865,9 @@ int server_create(const struct daemon_config *cfg, int argc, char **argv, uint64
     return 0;
 }
 
-/*
- * Runs the loop until every handle is closed. With loop-spin-us, after an
- * event the loop polls without blocking for that long before it sleeps in
- * epoll again: at 64 clients of 4 KiB scans it went to sleep between
- * bursts and was woken for the next one, and the wake-ups (its own and the
- * ones its wakers paid) were about 40% of its samples on the H200 (docs/
- * PERFORMANCE.md session 25). The polls that found nothing are counted in
- * loop_spin_ns, not as busy time.
- */
 int server_run(struct server *srv)
 {
-    uint64_t spin = (uint64_t)srv->cfg.loop_spin_us * 1000;
-    if (spin == 0) {
-        uv_run(&srv->loop, UV_RUN_DEFAULT);
-        return srv->exit_code;
-    }
-    uint64_t seen = srv->loop_events, last = uv_hrtime();
-    for (;;) {
-        uint64_t t0 = uv_hrtime();
-        if (uv_run(&srv->loop, UV_RUN_NOWAIT) == 0)
-            break;
-        uint64_t now = uv_hrtime();
-        if (srv->loop_events != seen) {
-            seen = srv->loop_events;
-            last = now;
-            continue;
-        }
-        srv->loop_spin_ns += now - t0;
-        if (now - last < spin)
-            continue;
-        if (uv_run(&srv->loop, UV_RUN_ONCE) == 0)
-            break;
-        seen = srv->loop_events;
-        last = uv_hrtime();
-    }
+    uv_run(&srv->loop, UV_RUN_DEFAULT);
     return srv->exit_code;
 }
 

@@ -1261,7 +1261,6 @@ static void on_readable(struct session *s)
 static void on_poll(uv_poll_t *h, int status, int events)
 {
     struct session *s = h->data;
-    server_loop_event(s->srv);
     s->refs++; /* the handlers below may close the session */
     if (status < 0) {
         session_close(s);

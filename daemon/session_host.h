@@ -62,10 +62,6 @@ struct server_counters {
 };
 
 uv_loop_t *server_loop(struct server *srv);
-/* The loop handled an event (server_run's spin watches for them). */
-void server_loop_event(struct server *srv);
-/* Time server_run spent polling without blocking, finding nothing. */
-uint64_t server_loop_spin_ns(const struct server *srv);
 const struct daemon_config *server_config(const struct server *srv);
 struct sched *server_sched(struct server *srv);
 struct store *server_store(struct server *srv);

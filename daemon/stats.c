@@ -131,11 +131,9 @@ void stats_collect_as(struct server *srv, uid_t uid, bool admin, struct stats_li
     /* the loop thread (this one): every request's decode, dispatch and
      * reply runs on it, so near uptime it is what bounds the daemon */
     uint64_t up = uv_hrtime() - server_start_ns(srv), idle = uv_metrics_idle_time(server_loop(srv));
-    idle += server_loop_spin_ns(srv); /* polls that found nothing (loop-spin-us) */
     struct timespec cpu;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
     stats_add_u(l, "loop_busy_ns", up > idle ? up - idle : 0);
-    stats_add_u(l, "loop_spin_ns", server_loop_spin_ns(srv));
     stats_add_u(l, "loop_cpu_ns", (uint64_t)cpu.tv_sec * 1000000000u + (uint64_t)cpu.tv_nsec);
     engine_stats_add(server_engine(srv), l);
     stats_add_u(l, "connections", server_session_count(srv));
