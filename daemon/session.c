@@ -973,9 +973,16 @@ void session_scan_finished(struct engine_job *job, const struct engine_telemetry
         r->early_counted = true;
     }
     r->early_state = write_early(s, r);
-    if (r->early_state == EARLY_SENT || r->early_state == EARLY_QUEUED)
+    bool out = r->early_state == EARLY_SENT || r->early_state == EARLY_QUEUED;
+    if (out)
         __atomic_add_fetch(&s->n_early, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&s->out_mu);
+    /* freed by the thread that allocated them: freed on the loop, they
+     * took the allocator's lock of this thread's arena, one of the loop's
+     * waits at 64 clients (docs/PERFORMANCE.md session 25) */
+    engine_job_finish(job); /* the reply is encoded: the hits are not read again */
+    if (out)
+        proto_buf_finish(&r->early); /* gone, or its rest copied to the session's out */
 }
 
 /* The loop's part of a reply an engine thread made. */
