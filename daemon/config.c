@@ -101,6 +101,8 @@ static const struct opt opts[] = {
      "engine auto on a GPU: past this CPU queue wait, small batches go to the GPU"},
     {"result-cache-bytes", NUM(OPT_SIZE, result_cache_bytes), 0, 64 * GIB, false,
      "memory for the hits of unchanged files, kept so rescans skip them (0: off)"},
+    {"recent-save-ms", NUM(OPT_U32, recent_save_ms), 0, 3600u * 1000, false,
+     "the catalogs used last are written this often when they changed (0: at a clean stop)"},
     {"preload-catalogs", NUM(OPT_U32, preload_catalogs), 0, 64, false,
      "catalogs used last before the stop, read and made resident at start (0: none)"},
     {"warm-bytes", NUM(OPT_SIZE, warm_bytes), 0, 1 * GIB, false,
@@ -180,6 +182,7 @@ void config_defaults(struct daemon_config *cfg)
     cfg->cpu_max_wait_us = 2000;
     cfg->result_cache_bytes = 64 * MIB;
     cfg->preload_catalogs = 8;
+    cfg->recent_save_ms = 10 * 1000;
     cfg->warm_bytes = 0; /* off: on the H200 the set-up delayed the first scans (daemon.md) */
     cfg->device_budget = 0;
     cfg->host_catalog_budget = 1 * GIB;

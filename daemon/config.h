@@ -82,6 +82,8 @@ struct daemon_config {
                                   * 0: off; not reloadable */
     uint32_t preload_catalogs;   /* catalogs used last, read at start and made resident on
                                   * every GPU engine; 0: none; not reloadable */
+    uint32_t recent_save_ms;     /* the catalogs used last are written this often when they
+                                  * changed; 0: only at a clean stop; not reloadable */
     uint64_t warm_bytes;         /* bytes each GPU engine's batch buffers hold from the start
                                   * (on a GPU, not lavapipe); 0: none; not reloadable */
 

@@ -599,24 +599,63 @@ bool diskcache_busy(const struct store *st)
 
 /* ---- the catalogs used last ------------------------------------------- */
 
-void diskcache_save_recent(struct store *st)
+/* The recent list's text in `text` (DISKCACHE_RECENT_MAX lines at most);
+ * its length. */
+static size_t recent_text(const struct store *st, char *text)
 {
-    if (!st->disk)
-        return;
     struct store_entry *v[DISKCACHE_RECENT_MAX];
     uint32_t n = store_recent(st, v, DISKCACHE_RECENT_MAX);
-    char text[DISKCACHE_RECENT_MAX * (STORE_HEX_LEN + 1) + 1];
     size_t len = 0;
     for (uint32_t i = 0; i < n; i++) {
         catalog_fingerprint_hex(v[i]->fp, text + len);
         len += STORE_HEX_LEN;
         text[len++] = '\n';
     }
+    return len;
+}
+
+static uint64_t fnv1a(const char *p, size_t n)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)p[i]) * 1099511628211ull;
+    return h;
+}
+
+void diskcache_save_recent(struct store *st)
+{
+    if (!st->disk)
+        return;
+    char text[DISKCACHE_RECENT_MAX * (STORE_HEX_LEN + 1) + 1];
+    size_t len = recent_text(st, text);
     char path[PATH_MAX];
     struct vks_error err = {0};
     if (snprintf(path, sizeof(path), "%s/recent", st->dir_cat) < (int)sizeof(path) &&
         write_file(path, text, len, &err) != 0)
         log_warn("catalog cache: %s: the next start preloads no catalog", err.msg);
+    st->recent_hash = fnv1a(text, len);
+}
+
+void diskcache_save_recent_changed(struct store *st)
+{
+    if (!st->disk)
+        return;
+    char text[DISKCACHE_RECENT_MAX * (STORE_HEX_LEN + 1) + 1];
+    size_t len = recent_text(st, text);
+    uint64_t h = fnv1a(text, len);
+    if (h == st->recent_hash)
+        return;
+    struct disk_op *op = disk_op_new(st, DISK_WRITE, NULL, 1);
+    if (op == NULL || (op->data = malloc(len ? len : 1)) == NULL ||
+        snprintf(op->paths[0], PATH_MAX, "%s/recent", st->dir_cat) >= PATH_MAX) {
+        if (op != NULL)
+            disk_op_free(op);
+        return; /* the next sweep tries again */
+    }
+    memcpy(op->data, text, len);
+    op->len = len;
+    st->recent_hash = h;
+    disk_submit(st, op);
 }
 
 /* Reads <state-dir>/catalogs/recent (diskcache_save_recent): the entries

@@ -63,6 +63,11 @@ bool diskcache_busy(const struct store *st);
  */
 void diskcache_save_recent(struct store *st);
 
+/* The same list written by the disk thread, only when it changed since the
+ * last write (store_sweep, every recent-save-ms): a daemon killed without
+ * its clean stop still preloads what it used up to then. */
+void diskcache_save_recent_changed(struct store *st);
+
 #define DISKCACHE_RECENT_MAX 64u
 
 #endif

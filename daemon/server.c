@@ -130,7 +130,8 @@ static struct store_options store_options_of(const struct daemon_config *c, stru
                                   .host_budget = c->host_catalog_budget,
                                   .tenant_max_catalogs = c->tenant_max_catalogs,
                                   .pool = pool,
-                                  .compile_timeout_ms = c->compile_timeout_ms};
+                                  .compile_timeout_ms = c->compile_timeout_ms,
+                                  .recent_save_ms = c->recent_save_ms};
 }
 
 /* ---- sessions --------------------------------------------------------- */
@@ -427,8 +428,8 @@ static void on_sweep(uv_timer_t *t)
     }
 }
 
-/* Runs the timeout sweep at a quarter of the shortest timeout (10 ms to
- * 1 s), or not at all when all are off. */
+/* Runs the timeout sweep at a quarter of the shortest timeout or
+ * recent-save-ms (10 ms to 1 s), or not at all when all are off. */
 static void arm_sweep(struct server *srv)
 {
     uint64_t a = srv->cfg.frame_timeout_ms, b = srv->cfg.idle_timeout_ms;
@@ -437,6 +438,8 @@ static void arm_sweep(struct server *srv)
     m = m == 0 ? c : c == 0 ? m : m < c ? m : c;
     uint64_t st = srv->cfg.stream_idle_timeout_ms; /* daemon/stream.c */
     m = m == 0 ? st : st == 0 ? m : m < st ? m : st;
+    uint64_t rs = srv->cfg.recent_save_ms; /* store_sweep writes the recent list */
+    m = m == 0 ? rs : rs == 0 ? m : m < rs ? m : rs;
     uint64_t every = m / 4 < 10 ? 10 : m / 4 > 1000 ? 1000 : m / 4;
     if (m == 0) {
         uv_timer_stop(&srv->sweep_timer);

@@ -803,6 +803,13 @@ void store_shutdown(struct store *st)
 
 void store_sweep(struct store *st)
 {
+    if (st->opt.recent_save_ms != 0) {
+        uint64_t t = mono_ms();
+        if (t - st->recent_saved_ms >= st->opt.recent_save_ms) {
+            st->recent_saved_ms = t;
+            diskcache_save_recent_changed(st);
+        }
+    }
     uint32_t limit = st->opt.compile_timeout_ms;
     if (limit == 0 || st->compiles == NULL)
         return;

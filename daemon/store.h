@@ -40,6 +40,8 @@ struct store_options {
     uint32_t tenant_max_catalogs; /* catalogs one uid may hold */
     struct cpool *pool;           /* compiles run here (borrowed; the server's) */
     uint32_t compile_timeout_ms;  /* a compile running longer stops: TIMEOUT; 0 = none */
+    uint32_t recent_save_ms;      /* the catalogs used last are written this often when
+                                   * they changed (store_sweep); 0: only at a clean stop */
 };
 
 struct store_stats {

@@ -79,6 +79,8 @@ struct store {
     struct store_entry *lru_head, *lru_tail; /* head = least recently used */
     struct disk_op *disk_head, *disk_tail;
     bool disk_running;
+    uint64_t recent_saved_ms; /* when store_sweep last looked at the recent list */
+    uint64_t recent_hash;     /* FNV-1a of the recent list last written */
     unsigned compiling;
     struct compile_job *compiles; /* in flight, for cancelling */
     store_forget_fn forget;

@@ -1631,6 +1631,56 @@ START_TEST(test_restart_preloads)
 }
 END_TEST
 
+/* The catalogs used last are written while the daemon runs
+ * (recent-save-ms), not only at a clean stop: a daemon killed with SIGKILL
+ * still preloads the catalog it used; with recent-save-ms 0 it does not
+ * (the list is then written at a clean stop only). */
+START_TEST(test_recent_saved_before_a_kill)
+{
+    for (int save = 1; save >= 0; save--) {
+        struct daemon d;
+        const char *extra[] = {"--recent-save-ms", save ? "100" : "0", NULL};
+        daemon_start(&d, NULL, extra);
+        struct vks_client *c = connect_ok(&d);
+        struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+        uint8_t fp[32];
+        memcpy(fp, vks_catalog_fingerprint(cat), 32);
+        vks_catalog_destroy(cat);
+        struct catalog *ref = local_catalog(rules, N_RULES - 1);
+        static uint8_t data[3000];
+        make_haystack(data, sizeof(data));
+        scan_checked(c, fp, ref, data, sizeof(data), "catalog_bytes_uploaded");
+        vks_client_close(c);
+        char recent[200];
+        snprintf(recent, sizeof(recent), "%s/catalogs/recent", d.state);
+        struct stat sb;
+        for (int i = 0; i < 100 && stat(recent, &sb) != 0; i++)
+            usleep(20000);
+        if (save)
+            ck_assert_msg(stat(recent, &sb) == 0 && sb.st_size > 0, "%s was not written", recent);
+        else
+            usleep(300000); /* what a sweep would have taken */
+        kill(d.pid, SIGKILL);
+        waitpid(d.pid, NULL, 0);
+        d.pid = 0;
+        if (d.notify_fd > 0)
+            close(d.notify_fd);
+        d.notify_fd = 0;
+        char dir[64];
+        snprintf(dir, sizeof(dir), "%s", d.dir);
+        daemon_start(&d, dir, NULL);
+        c = connect_ok(&d);
+        ck_assert_uint_eq(wait_preloaded(c), save ? 1 : 0);
+        ck_assert_uint_eq(scan_checked(c, fp, ref, data, sizeof(data), "catalog_bytes_uploaded") == 0,
+                          save ? 1 : 0);
+        catalog_destroy(ref);
+        vks_client_close(c);
+        ck_assert_int_eq(daemon_stop(&d), 0);
+        daemon_clean(&d);
+    }
+}
+END_TEST
+
 /* ---- bad input -------------------------------------------------------- */
 
 START_TEST(test_bad_input)
@@ -2934,6 +2984,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_restart_uses_disk_cache);
     tcase_add_test(tc, test_corrupt_disk_cache_heals);
     tcase_add_test(tc, test_restart_preloads);
+    tcase_add_test(tc, test_recent_saved_before_a_kill);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_sighup_reloads);
     tcase_add_test(tc, test_socket_activation);
