@@ -14,7 +14,8 @@ d=$!
 for _ in $(seq 600); do grep -q "ready on" "$OUT/vkscand-share.log" && break; sleep 0.1; done
 snap() {
     "$B/client/vkscan" --socket /tmp/v/s.sock status --json | tr ',' '\n' |
-        grep -E '"(uptime_ns|loop_busy_ns|loop_cpu_ns|scans)"' | tr -d '"{}' | tr '\n' ' '
+        grep -E '"(uptime_ns|loop_busy_ns|loop_cpu_ns|scans)"' |
+        sed 's/.*"\([a-z_.]*\)":\([0-9]*\).*/\1:\2/' | tr '\n' ' '
 }
 timeout 30 "$B/bench/rpc_bench" --socket /tmp/v/s.sock --seconds 1 --clients "${C:-64}" \
     --workloads small --inputs inline --big-mib 1 >/dev/null
