@@ -15,6 +15,9 @@
 #                  64 KiB, literals-10000, stream.writes of 64)
 #          large  (h200_session21.sh large: one 16 GiB stream from a file,
 #                  256 MiB writes, window 8, against block mode)
+#          big    (64 MiB scans at 64 clients, inline through libvkscan's
+#                  default path and as sealed memfds, 3 runs of 3 s each;
+#                  vkscand at its defaults but max-frame 80M)
 # Every step's output goes to stdout; run it with a timeout and a file.
 set -u
 B=${1:?usage: h200_session25.sh BUILD [steps...]}
@@ -64,4 +67,18 @@ if has flows; then
 fi
 if has large; then
     CFGS=${CFGS:-2} WRITES=${WRITES:-256M} WINDOWS=${WINDOWS:-8} bash "$D/h200_session21.sh" "$B" large
+fi
+if has big; then
+    rm -rf /tmp/v && mkdir -p /tmp/v
+    "$B/daemon/vkscand" --config "" --socket /tmp/v/s.sock --state-dir /tmp/v/st \
+        --max-frame 80M --log-level notice ${VKSCAND_ARGS:-} >"$OUT/vkscand-big.log" 2>&1 &
+    d=$!
+    for _ in $(seq 600); do grep -q "ready on" "$OUT/vkscand-big.log" && break; sleep 0.1; done
+    for run in 1 2 3; do
+        timeout 90 "$B/bench/rpc_bench" --socket /tmp/v/s.sock --seconds 3 --clients 64 \
+            --workloads large --inputs inline,memfd --big-mib 64 | grep -vE '^load' |
+            sed "s/^/big run $run: /"
+    done
+    kill -TERM $d
+    wait $d
 fi
