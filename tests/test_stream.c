@@ -3017,8 +3017,15 @@ END_TEST
 
 /* ---- the CLI keeps flat memory on large inputs ---------------------------- */
 
-#define FLAT_BYTES (64u << 20)      /* input per run */
+#define FLAT_BYTES (64u << 20) /* input per run */
+#ifdef __SANITIZE_THREAD__
+/* ThreadSanitizer's runtime and shadow add about 3 MB to the CLI's 32 MB
+ * (34.7 MB measured): three quarters of the input, still under what
+ * holding the input whole would take */
+#define FLAT_BOUND (FLAT_BYTES / 4 * 3)
+#else
 #define FLAT_BOUND (FLAT_BYTES / 2) /* peak RSS allowed: half the input */
+#endif
 
 /* One MiB of input number `i`: text with "needle" across its start (the
  * first one's end straddles the previous MiB) and one inside. */
