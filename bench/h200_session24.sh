@@ -53,9 +53,15 @@ fi
 if has rpc; then
     for m in ${RPC_MODES:-engine loop}; do
         rm -rf /tmp/v && mkdir -p /tmp/v
+        # session 24's binaries read VKSCAND_ENGINE_REPLIES; since session 25
+        # the option is engine-replies (default yes)
         if [ $m = loop ]; then unset VKSCAND_ENGINE_REPLIES; else export VKSCAND_ENGINE_REPLIES=1; fi
+        er=""
+        "$B/daemon/vkscand" --help 2>&1 | grep -q engine-replies &&
+            er="--engine-replies $([ $m = loop ] && echo no || echo yes)"
+        # shellcheck disable=SC2086
         "$B/daemon/vkscand" --config "" --socket /tmp/v/s.sock --state-dir /tmp/v/st \
-            --max-frame 80M --log-level notice ${VKSCAND_ARGS:-} >"$OUT/vkscand-$m.log" 2>&1 &
+            --max-frame 80M --log-level notice $er ${VKSCAND_ARGS:-} >"$OUT/vkscand-$m.log" 2>&1 &
         d=$!
         for _ in $(seq 600); do grep -q "ready on" "$OUT/vkscand-$m.log" && break; sleep 0.1; done
         for i in inline memfd; do
