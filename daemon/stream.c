@@ -307,11 +307,27 @@ static void stream_release(struct stream *st)
 }
 
 /* Answers the requests still queued on `st` with `msg` (none when the
- * connection is gone) and hands them back to the session. */
+ * connection is gone) and hands them back to the session; when requests
+ * that ran before them wait to be answered, queues them behind those with
+ * the error instead, so replies keep their order. */
 static void many_item_done(struct many *m);
 
 static void drop_queue(struct stream *st, const char *msg)
 {
+    if (msg != NULL && st->a_head != NULL) {
+        /* Writes that began before these still run (their middles in a GPU
+         * batch): these are answered after them, in order, with the error
+         * of a stream a failed write closed (settle, finish). Answered here,
+         * they overtook the replies of the writes ahead of them. */
+        for (struct work *w = st->q_head; w != NULL; w = w->next) {
+            w->finished = true;
+            w->a_next = NULL;
+            st->a_tail->a_next = w;
+            st->a_tail = w;
+        }
+        st->q_head = st->q_tail = NULL;
+        return;
+    }
     for (struct work *w = st->q_head, *next; w != NULL; w = next) {
         next = w->next;
         if (w->many != NULL) {
