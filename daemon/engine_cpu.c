@@ -491,10 +491,10 @@ void engine_cpu_main(void *arg)
             struct engine_job *j = st->jobs[tk->job];
             const struct engine_buf *eb = &j->bufs[tk->buf];
             struct watch wt = {st, tk};
-            tk->rc = scr_rc != 0 ? scr_rc
-                                 : cpuscan_segment(j->cat, eb->data, (size_t)eb->len, tk->lo,
-                                                   tk->hi, j->mode, tk->limit, enough, &wt, scr,
-                                                   &tk->part);
+            tk->rc = scr_rc != 0
+                         ? scr_rc
+                         : cpuscan_segment(j->cat, eb->data, (size_t)eb->len, tk->lo, tk->hi,
+                                           j->mode, tk->limit, enough, &wt, scr, &tk->part);
         }
         uint64_t busy = engine_now_ns() - t0;
         pthread_mutex_lock(&e->mu);

@@ -48,7 +48,9 @@ uint32_t metrics_hist_stats(const struct metrics_hist *h, struct proto_stat *out
         cum += __atomic_load_n(&h->counts[i], __ATOMIC_RELAXED);
         out[i] = (struct proto_stat){.key = h->keys[i], .u = cum};
     }
-    out[h->n_bounds + 1] = (struct proto_stat){.key = h->keys[h->n_bounds + 1], .u = __atomic_load_n(&h->sum, __ATOMIC_RELAXED)};
-    out[h->n_bounds + 2] = (struct proto_stat){.key = h->keys[h->n_bounds + 2], .u = __atomic_load_n(&h->count, __ATOMIC_RELAXED)};
+    out[h->n_bounds + 1] = (struct proto_stat){.key = h->keys[h->n_bounds + 1],
+                                               .u = __atomic_load_n(&h->sum, __ATOMIC_RELAXED)};
+    out[h->n_bounds + 2] = (struct proto_stat){.key = h->keys[h->n_bounds + 2],
+                                               .u = __atomic_load_n(&h->count, __ATOMIC_RELAXED)};
     return n;
 }

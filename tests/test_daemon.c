@@ -568,8 +568,8 @@ START_TEST(test_tiny_tasks_claimed)
 {
     enum { NB = 30 };
     struct daemon d;
-    const char *extra[] = {"--engine",          "cpu", "--cpu-threads", "3",
-                           "--cpu-segment-bytes", "4K", NULL};
+    const char *extra[] = {"--engine", "cpu", "--cpu-threads", "3", "--cpu-segment-bytes",
+                           "4K",       NULL};
     daemon_start(&d, NULL, extra);
     struct vks_client *c = connect_ok(&d);
     struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
@@ -659,8 +659,9 @@ START_TEST(test_hit_bomb_unbounded_rule)
             if (gpu) { /* a walk past the GPU's cap is finished on the host (on lavapipe this
                         * one is; the H200's cap holds it): both keys sent, and agreeing */
                 uint64_t live = tel_of(&res, "confirm_host"), ns = tel_of(&res, "confirm_host_ns");
-                ck_assert_msg(live == 0 ? ns == 0 : ns > 0, "confirm_host %llu, confirm_host_ns %llu",
-                              (unsigned long long)live, (unsigned long long)ns);
+                ck_assert_msg(live == 0 ? ns == 0 : ns > 0,
+                              "confirm_host %llu, confirm_host_ns %llu", (unsigned long long)live,
+                              (unsigned long long)ns);
             }
             vks_scan_result_finish(&res);
         }
@@ -1677,7 +1678,8 @@ START_TEST(test_recent_saved_before_a_kill)
         daemon_start(&d, dir, NULL);
         c = connect_ok(&d);
         ck_assert_uint_eq(wait_preloaded(c), save ? 1 : 0);
-        ck_assert_uint_eq(scan_checked(c, fp, ref, data, sizeof(data), "catalog_bytes_uploaded") == 0,
+        ck_assert_uint_eq(scan_checked(c, fp, ref, data, sizeof(data), "catalog_bytes_uploaded") ==
+                              0,
                           save ? 1 : 0);
         catalog_destroy(ref);
         vks_client_close(c);
