@@ -193,26 +193,22 @@ static bool tiny(const struct ctask *t)
     return t->hi - t->lo <= TINY_TASK;
 }
 
-/* How many tasks from the batch's next one a thread claims (mu held): the
- * consecutive tiny ones, at most CLAIM_MAX; one task that is not tiny. */
-static uint32_t claim_count(const struct bstate *st)
+/* How many tasks from task `i` on one claim takes: the consecutive tiny
+ * ones, at most CLAIM_MAX; one task that is not tiny. */
+static uint32_t claim_at(const struct bstate *st, uint32_t i)
 {
     uint32_t n = 0;
-    while (n < CLAIM_MAX && st->next_task + n < st->n_tasks && tiny(&st->tasks[st->next_task + n]))
+    while (n < CLAIM_MAX && i + n < st->n_tasks && tiny(&st->tasks[i + n]))
         n++;
     return n > 0 ? n : 1;
 }
 
-/* The claims a prepared batch's tasks make (tiny ones CLAIM_MAX at a time). */
+/* The claims a prepared batch's tasks make. */
 static uint32_t claims(const struct bstate *st)
 {
     uint32_t c = 0;
-    for (uint32_t i = 0; i < st->n_tasks; c++) {
-        uint32_t k = 0;
-        while (k < CLAIM_MAX && i + k < st->n_tasks && tiny(&st->tasks[i + k]))
-            k++;
-        i += k > 0 ? k : 1;
-    }
+    for (uint32_t i = 0; i < st->n_tasks; i += claim_at(st, i))
+        c++;
     return c;
 }
 
@@ -257,7 +253,7 @@ static bool cpu_take(struct engine *e, struct engine_batch **bp, struct ctask **
         e->cpu_large_running++;
     struct bstate *st = pick->priv;
     uint32_t first = st->next_task;
-    uint32_t n_claim = *large ? 1 : claim_count(st);
+    uint32_t n_claim = *large ? 1 : claim_at(st, first);
     st->next_task += n_claim;
     for (uint32_t k = first; k < first + n_claim; k++) {
         struct ctask *t = &st->tasks[k];

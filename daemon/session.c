@@ -920,14 +920,12 @@ static int buf_append(struct proto_buf *b, const uint8_t *p, size_t n)
     return 0;
 }
 
-/* Writes the encoded reply `r->early` (out_mu held): only when nothing else
- * waits in `out`, which would have to go first. What the socket does not
- * take at once moves to `out` for the loop to write; when even that fails
- * after a part went out, the connection is broken. */
+/* Writes the encoded reply `r->early` (out_mu held; the session not shut
+ * and nothing waiting in `out`, which would have to go first). What the
+ * socket does not take at once moves to `out` for the loop to write; when
+ * even that fails after a part went out, the connection is broken. */
 static int write_early(struct session *s, struct request *r)
 {
-    if (s->shut || s->out_off != s->out.len)
-        return EARLY_ENCODED;
     ssize_t n = write_some(s->fd, r->early.data, r->early.len);
     if (n < 0)
         return EARLY_FAILED;
@@ -966,6 +964,7 @@ void session_scan_finished(struct engine_job *job, const struct engine_telemetry
         return;
     }
     pthread_mutex_lock(&s->out_mu);
+    r->early_state = EARLY_ENCODED; /* shut, or bytes wait in out: the loop queues it */
     if (!s->shut && s->out_off == s->out.len) {
         /* counted before the client can see the reply: a stats request it
          * sends next finds the scan (the loop counts the others in
@@ -973,8 +972,8 @@ void session_scan_finished(struct engine_job *job, const struct engine_telemetry
         count_reply(s, r->req->op, true);
         count_scan(r, r->early_hits, r->early_bytes, now);
         r->early_counted = true;
+        r->early_state = write_early(s, r);
     }
-    r->early_state = write_early(s, r);
     bool out = r->early_state == EARLY_SENT || r->early_state == EARLY_QUEUED;
     if (out)
         __atomic_add_fetch(&s->n_early, 1, __ATOMIC_RELAXED);

@@ -306,12 +306,12 @@ static void stream_release(struct stream *st)
     tenant_put(st->uid);
 }
 
+static void many_item_done(struct many *m);
+
 /* Answers the requests still queued on `st` with `msg` (none when the
  * connection is gone) and hands them back to the session; when requests
  * that ran before them wait to be answered, queues them behind those with
  * the error instead, so replies keep their order. */
-static void many_item_done(struct many *m);
-
 static void drop_queue(struct stream *st, const char *msg)
 {
     if (msg != NULL && st->a_head != NULL) {

@@ -456,6 +456,12 @@ uint64_t refscan_raw_limit(void)
     return raw_limit;
 }
 
+size_t refscan_raw_max(void)
+{
+    uint64_t max = raw_limit;
+    return max > SIZE_MAX ? SIZE_MAX : (size_t)max;
+}
+
 int scan_hits_push(struct scan_hits *h, uint32_t rule, uint64_t end, uint32_t count)
 {
     if (h->max != 0 && h->n >= h->max)
@@ -1113,8 +1119,7 @@ int refscan_buffer(const struct catalog *cat, const uint8_t *buf, size_t len, en
 int refscan_buffer_bounded(const struct catalog *cat, const uint8_t *buf, size_t len,
                            enum scan_mode mode, struct scan_hits *out)
 {
-    uint64_t max = refscan_raw_limit();
-    return buffer_walk(cat, buf, len, mode, max > SIZE_MAX ? SIZE_MAX : (size_t)max, out);
+    return buffer_walk(cat, buf, len, mode, refscan_raw_max(), out);
 }
 
 void scan_hits_finish(struct scan_hits *h)

@@ -48,6 +48,8 @@ struct scan_hits {
  */
 void refscan_set_raw_limit(uint64_t max);
 uint64_t refscan_raw_limit(void);
+/* The same as a scan_hits.max (at most SIZE_MAX). */
+size_t refscan_raw_max(void);
 
 /*
  * Scans `buf[0..len)` against every group of `cat` (DFA and bit-NFA) and appends the hits to

@@ -1058,14 +1058,6 @@ static int tail(struct streamscan *s, const struct layout *l, const uint8_t *w, 
 
 /* ---- writes --------------------------------------------------------------- */
 
-/* The raw matches one write (or the close) may collect: refscan_raw_limit,
- * past which it fails with -E2BIG (a hit bomb costs no more memory). */
-static size_t raw_max(void)
-{
-    uint64_t max = refscan_raw_limit();
-    return max > SIZE_MAX ? SIZE_MAX : (size_t)max;
-}
-
 static bool bit(const uint8_t *set, uint32_t r)
 {
     return (set[r / 8] >> (r % 8)) & 1u;
@@ -1159,7 +1151,7 @@ static int write_split(struct streamscan *s, const uint8_t *buf, size_t len, siz
     /* a final '\n' waits: whether it is the last byte of the data matters */
     size_t e = buf[len - 1] == '\n' ? m - 1 : m;
     uint32_t told_end = e == m ? KIND_ALL : KIND_NL_ANY;
-    struct scan_hits raw = {.max = raw_max()};
+    struct scan_hits raw = {.max = refscan_raw_max()}; /* a hit bomb: -E2BIG */
     plan_once(s);
     struct layout l = layout_of(s->cat);
     size_t h = head_of(s, e);
@@ -1280,7 +1272,7 @@ int streamscan_close(struct streamscan *s, struct scan_hits *out)
     if (s->closed)
         return -EPIPE;
     s->closed = true;
-    struct scan_hits raw = {.max = raw_max()};
+    struct scan_hits raw = {.max = refscan_raw_max()}; /* a hit bomb: -E2BIG */
     plan_once(s);
     struct layout l = layout_of(s->cat);
     bool lits = false;

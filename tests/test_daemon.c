@@ -559,7 +559,7 @@ START_TEST(test_cpu_spin_takes_next_request)
 END_TEST
 
 /* Tiny tasks are claimed several at a time by one CPU engine thread
- * (engine_cpu.c claim_count): 30 buffers of 1 byte to 8 KB cut into 4 KiB
+ * (engine_cpu.c claim_at): 30 buffers of 1 byte to 8 KB cut into 4 KiB
  * segments, so claims span segments, buffers and the request's end, on 3
  * threads. Every mode gives refscan's hits per buffer, and with max_hits 25
  * the reply is the first 25 hits in buffer order (fails if a claimed task's
