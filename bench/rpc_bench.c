@@ -13,7 +13,8 @@
  * (docs/daemon.md): receipt to reply, queue wait, descriptor reading, plan,
  * upload, device run, readback, the batch on the engine thread (scan_us),
  * how long that thread had waited for work before it (wait_us, GPU
- * engines), and how many requests shared a batch, so the
+ * engines), the batch buffers made for it (made_us, GPU engines), and how
+ * many requests shared a batch, so the
  * client's round trip can be split into transport and daemon time.
  * Every scan bypasses the daemon's result cache (`cache: false`), because
  * the clients send the same bytes again and again: a sealed memfd seen
@@ -51,9 +52,9 @@ struct opts {
 };
 
 /* Telemetry keys summed per run; their means are reported. */
-static const char *const tel_keys[] = {"total_ns",       "queue_ns",      "fd_read_ns",  "plan_ns",
-                                       "upload_ns",      "run_ns",        "readback_ns", "scan_ns",
-                                       "worker_wait_ns", "batch_requests"};
+static const char *const tel_keys[] = {
+    "total_ns",    "queue_ns", "fd_read_ns",     "plan_ns",         "upload_ns",     "run_ns",
+    "readback_ns", "scan_ns",  "worker_wait_ns", "buffers_made_ns", "batch_requests"};
 #define N_TEL (sizeof(tel_keys) / sizeof(tel_keys[0]))
 
 struct job {
@@ -337,10 +338,11 @@ int main(int argc, char **argv)
      * tenant-max-connections (256 by default) at 256 clients */
     vks_client_close(c);
     if (!o.json)
-        printf("%-6s %-7s %8s %10s %10s %10s %12s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %6s\n",
+        printf("%-6s %-7s %8s %10s %10s %10s %12s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s "
+               "%6s\n",
                "load", "input", "clients", "requests", "p50_us", "p99_us", "req/s", "GB/s",
                "daemon_us", "queue_us", "fd_us", "plan_us", "upload_us", "run_us", "rdback_us",
-               "scan_us", "wait_us", "batch");
+               "scan_us", "wait_us", "made_us", "batch");
     int failed = 0;
     for (int use_fd = 0; use_fd < 2; use_fd++) {
         if (!(o.inputs >> use_fd & 1))

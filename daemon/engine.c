@@ -1180,6 +1180,7 @@ void engine_telemetry_add(struct stats_list *l, const struct engine_job *job,
     stats_add_u(l, "bytes_not_scanned", job->bytes_not_scanned);
     stats_add_u(l, "fd_upload_bytes", t->fd_upload_bytes);
     stats_add_u(l, "worker_wait_ns", t->worker_wait_ns);
+    stats_add_u(l, "loaded_ahead", t->loaded_ahead);
 }
 
 /* ---- create and close ------------------------------------------------- */

@@ -139,6 +139,7 @@ struct engine_telemetry {
     uint64_t fd_read_ns;          /* reading fd buffers on the worker */
     uint64_t fd_upload_bytes;     /* fd bytes a GPU engine's upload threads read (deferred) */
     uint64_t worker_wait_ns;      /* GPU engine: its thread waited for work before taking it */
+    bool loaded_ahead;            /* GPU engine: loaded while the batch before it uploaded */
     uint64_t scan_ns;             /* the dispatch (GPU) or the CPU scan */
     struct gpu_telemetry gpu_tel; /* zero on the CPU path */
 };

@@ -781,6 +781,8 @@ static void telemetry(struct stats_list *l, const struct request *r,
     stats_add_u(l, "queue_ns", r->t_dispatched - r->t_queued);
     stats_add_u(l, "fd_read_ns", t->fd_read_ns);
     stats_add_u(l, "plan_ns", g->plan_ns);
+    stats_add_u(l, "buffers_made_ns", g->buffers_made_ns);
+    stats_add_u(l, "buffers_made_bytes", g->buffers_made_bytes);
     stats_add_u(l, "upload_ns", g->upload_ns);
     stats_add_u(l, "run_ns", t->gpu ? g->kernel_ns : t->scan_ns);
     stats_add_u(l, "readback_ns", g->readback_ns);

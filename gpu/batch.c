@@ -376,7 +376,23 @@ static void mark_uploaded(struct batch_ctx *bc)
     }
 }
 
+static int reserve_buffers_of(struct batch_ctx *bc, struct vks_error *err);
+
+/* Makes or grows the frame's buffers for batch bc; telemetry
+ * buffers_made_ns and buffers_made_bytes say what that cost (host-visible
+ * memory is made at about 0.6 GB/s on the H200, PERFORMANCE.md session 24). */
 static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
+{
+    uint64_t t0 = gpu_now_ns(), made = bc->eng->made_bytes;
+    int rc = reserve_buffers_of(bc, err);
+    if (bc->eng->made_bytes != made) {
+        bc->tel->buffers_made_ns += gpu_now_ns() - t0;
+        bc->tel->buffers_made_bytes += bc->eng->made_bytes - made;
+    }
+    return rc;
+}
+
+static int reserve_buffers_of(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     const VkBufferUsageFlags src = VK_BUFFER_USAGE_TRANSFER_SRC_BIT;
@@ -2015,6 +2031,8 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(factor_ns);
     ADD(factor_ends);
     ADD(plan_ns);
+    ADD(buffers_made_ns);
+    ADD(buffers_made_bytes);
     ADD(upload_ns);
     ADD(kernel_ns);
     ADD(device_ns);

@@ -448,6 +448,7 @@ int gbuf_create(struct gpu_engine *eng, struct gbuf *b, VkDeviceSize size, VkBuf
     b->coherent = (f & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) != 0;
     eng->n_allocs++;
     eng->alloc_bytes += req.size;
+    eng->made_bytes += req.size;
     if (b->device)
         eng->device_bytes += req.size;
     r = vkBindBufferMemory(eng->dev, b->buf, b->mem, 0);

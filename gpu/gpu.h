@@ -263,14 +263,16 @@ struct gpu_telemetry {
      * one batch's limits (daemon/engine_gpu.c run_gpu_slices); 0: one batch.
      * Set by the daemon, summed by gpu_telemetry_add. */
     uint32_t slices;
-    uint32_t cut_reruns;      /* batches re-planned smaller because the driver cut a loop */
-    uint64_t spec_items;      /* speculative segments of unbounded DFA groups */
-    uint64_t spec_fixes;      /* of which the guessed start state was wrong: re-walked */
-    uint64_t spec_fix_bytes;  /* bytes the host re-walked for them */
-    uint64_t confirm_host;    /* confirmation items alive at their cap: finished on the host */
-    uint64_t confirm_host_ns; /* wall time of those host walks (part of readback_ns) */
-    uint64_t plan_ns;         /* checks, launch policy, work items, pipelines */
-    uint64_t upload_ns;       /* host side: staging filled and every chunk submitted */
+    uint32_t cut_reruns;         /* batches re-planned smaller because the driver cut a loop */
+    uint64_t spec_items;         /* speculative segments of unbounded DFA groups */
+    uint64_t spec_fixes;         /* of which the guessed start state was wrong: re-walked */
+    uint64_t spec_fix_bytes;     /* bytes the host re-walked for them */
+    uint64_t confirm_host;       /* confirmation items alive at their cap: finished on the host */
+    uint64_t confirm_host_ns;    /* wall time of those host walks (part of readback_ns) */
+    uint64_t plan_ns;            /* checks, launch policy, work items, pipelines */
+    uint64_t buffers_made_ns;    /* batch buffers made (or grown) for this batch: wall time */
+    uint64_t buffers_made_bytes; /* and their bytes */
+    uint64_t upload_ns;          /* host side: staging filled and every chunk submitted */
     uint64_t kernel_ns;    /* GPU timestamps around the dispatches, after the copies, all passes */
     uint64_t device_ns;    /* host wall time from the last submit to its fence, all passes */
     uint64_t readback_ns;  /* queue state and the hit prefix read, host repairs */

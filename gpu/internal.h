@@ -317,8 +317,9 @@ struct gpu_engine {
     uint32_t cut_shift;
     uint32_t n_allocs;
     uint64_t alloc_bytes;
-    bool direct; /* device-local memory is host-visible on a CPU/integrated device */
-    bool broken; /* a batch timed out or the device was lost */
+    uint64_t made_bytes; /* every allocation's size, summed since the engine opened */
+    bool direct;         /* device-local memory is host-visible on a CPU/integrated device */
+    bool broken;         /* a batch timed out or the device was lost */
     uint64_t timeout_ns;
     enum gpu_hit_writer writer;
     struct gpu_options opt;

@@ -1274,6 +1274,134 @@ static int other_tenant(const struct daemon *d, uid_t uid, const uint8_t *fp_roo
     return fail;
 }
 
+/* The GPU engine loads the batch queued next (its sealed memfds mapped)
+ * while the upload threads fill the batch before it (docs/daemon.md
+ * "Descriptor buffers"): behind a large scan that holds the device,
+ * pipelined scans of one sealed memfd each queue up as batches of their
+ * own, and a later one is loaded ahead (telemetry loaded_ahead), with the
+ * reference scanner's hits in every reply. */
+START_TEST(test_next_batch_loaded_ahead)
+{
+    struct daemon d;
+    const char *extra[] = {"--batch-max-buffers", "1", NULL};
+    daemon_start(&d, NULL, extra);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    enum { N = 6, SIZE = (256 << 10) + 77 };
+    uint8_t *data = malloc(SIZE);
+    ck_assert_ptr_nonnull(data);
+    make_haystack(data, SIZE);
+    struct scan_hits want = {0};
+    ck_assert_int_eq(refscan_buffer(ref, data, SIZE, SCAN_ALL, &want), 0);
+    ck_assert_uint_gt(want.n, 0);
+    size_t big_len = 16u << 20;
+    uint8_t *big = malloc(big_len);
+    ck_assert_ptr_nonnull(big);
+    memset(big, 'q', big_len);
+    uint32_t ahead = 0;
+    for (int round = 0; round < 3 && ahead == 0; round++) {
+        int blocker = raw_connect(&d), fd = raw_connect(&d);
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        pack_scan(&pk, 99, fp, big, big_len);
+        raw_frame(blocker, &sb, NULL, 0);
+        int mfd[N];
+        for (int i = 0; i < N; i++) {
+            mfd[i] = make_memfd(data, SIZE, true);
+            msgpack_sbuffer_clear(&sb);
+            pack_head(&pk, (uint32_t)i + 1, "scan", 2);
+            pack_str(&pk, "catalog");
+            msgpack_pack_bin(&pk, 32);
+            msgpack_pack_bin_body(&pk, fp, 32);
+            pack_str(&pk, "buffers");
+            msgpack_pack_array(&pk, 1);
+            msgpack_pack_map(&pk, 1);
+            pack_str(&pk, "fd");
+            msgpack_pack_uint32(&pk, 0);
+            raw_frame(fd, &sb, &mfd[i], 1);
+        }
+        msgpack_sbuffer_destroy(&sb);
+        for (int i = 0; i < N; i++) {
+            struct proto_reply *rep = raw_reply(fd);
+            ck_assert_ptr_nonnull(rep);
+            ck_assert_msg(rep->error.code == 0, "scan %u: %s", rep->id, rep->error.msg);
+            const struct proto_scan_reply *r = &rep->u.scan;
+            ck_assert_uint_eq(r->n_hits, want.n);
+            for (uint32_t k = 0; k < r->n_hits; k++)
+                ck_assert_msg(r->hits[k].buffer == 0 && r->hits[k].rule == want.v[k].rule &&
+                                  r->hits[k].end == want.v[k].end,
+                              "scan %u hit %u: (%u,%llu), refscan (%u,%llu)", rep->id, k,
+                              r->hits[k].rule, (unsigned long long)r->hits[k].end, want.v[k].rule,
+                              (unsigned long long)want.v[k].end);
+            for (uint32_t k = 0; k < r->n_telemetry; k++)
+                if (strcmp(r->telemetry[k].key, "loaded_ahead") == 0)
+                    ahead += r->telemetry[k].u != 0;
+            proto_reply_destroy(rep);
+        }
+        struct proto_reply *rep = raw_reply(blocker);
+        ck_assert_ptr_nonnull(rep);
+        ck_assert_int_eq(rep->error.code, 0);
+        proto_reply_destroy(rep);
+        for (int i = 0; i < N; i++)
+            close(mfd[i]);
+        close(fd);
+        close(blocker);
+    }
+    ck_assert_msg(ahead > 0, "no batch was loaded while the one before it uploaded");
+    free(big);
+    free(data);
+    scan_hits_finish(&want);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/* Batch buffers are made once and kept (telemetry buffers_made_bytes):
+ * the first scan of a size makes its frame's buffers, and scans of that
+ * size after every frame has been used make none. */
+START_TEST(test_buffers_made_once)
+{
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    enum { SIZE = 3 << 20, N = 8 };
+    uint8_t *data = malloc(SIZE);
+    ck_assert_ptr_nonnull(data);
+    make_haystack(data, SIZE);
+    struct vks_buffer vb = {.kind = VKS_BUFFER_INLINE, .data = data, .len = SIZE};
+    uint64_t made[N];
+    for (int i = 0; i < N; i++) {
+        struct vks_scan_result res = {0};
+        enum scan_mode sm = scan_in_mode(c, cat, &vb, 1, 0, &res);
+        check_hits(ref, &res, 0, data, SIZE, sm);
+        made[i] = tel_of(&res, "buffers_made_bytes");
+        ck_assert_msg(made[i] == 0 || tel_of(&res, "buffers_made_ns") > 0,
+                      "scan %d: %llu bytes made in no time", i, (unsigned long long)made[i]);
+        vks_scan_result_finish(&res);
+    }
+    ck_assert_msg(made[0] >= SIZE, "the first scan made %llu bytes of buffers",
+                  (unsigned long long)made[0]);
+    for (int i = N - 3; i < N; i++)
+        ck_assert_msg(made[i] == 0, "scan %d of the same size made %llu bytes of buffers", i,
+                      (unsigned long long)made[i]);
+    free(data);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
 START_TEST(test_tenants_isolated)
 {
     if (geteuid() != 0) {
@@ -2986,6 +3114,8 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_second_client_shares_catalog);
     tcase_add_test(tc, test_pipelined_by_id);
     tcase_add_test(tc, test_clients_share_batches);
+    tcase_add_test(tc, test_next_batch_loaded_ahead);
+    tcase_add_test(tc, test_buffers_made_once);
     tcase_add_test(tc, test_tenants_isolated);
     tcase_add_test(tc, test_killed_client);
     tcase_add_test(tc, test_sigterm_drains);
