@@ -392,6 +392,28 @@ static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
     return rc;
 }
 
+/* Staging at least this large grows with room to spare (stage_size). */
+#define STAGE_ROOMY_MIN (16ull << 20)
+
+/*
+ * The size a frame's staging grows to when it must grow for `stage` bytes:
+ * the most any batch has needed so far and a quarter more. Host-visible
+ * memory is slow to make (pinned and mapped page by page), and each frame
+ * has its own: grown to the exact size, every frame stepped through every
+ * larger batch the scheduler formed (64 MiB scans at 64 clients make
+ * batches of 4 to 8 of them), and made buffers for seconds after a start
+ * (docs/gpu.md "Batch buffers"). Staging is host memory, outside the
+ * device budget.
+ */
+static uint64_t stage_size(struct gpu_engine *eng, uint64_t stage)
+{
+    if (stage > eng->stage_high)
+        eng->stage_high = stage;
+    if (stage < STAGE_ROOMY_MIN)
+        return stage;
+    return eng->stage_high + eng->stage_high / 4;
+}
+
 static int reserve_buffers_of(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
@@ -443,16 +465,19 @@ static int reserve_buffers_of(struct batch_ctx *bc, struct vks_error *err)
         /* after the factor pass: the host may still read buffers from the
          * haystack's copy here (buffer_bytes), so a grown staging keeps it */
         struct gbuf grown;
-        rc = gbuf_create(eng, &grown, gbuf_grow_size(eng->staging.size, stage), src, GBUF_STAGING,
-                         err);
+        rc = gbuf_create(eng, &grown, gbuf_grow_size(eng->staging.size, stage_size(eng, stage)),
+                         src, GBUF_STAGING, err);
         if (rc == 0) {
             memcpy(grown.map, eng->staging.map, bc->hay_bytes);
             gbuf_destroy(eng, &eng->staging);
             eng->staging = grown;
         }
     }
-    if (rc == 0 && !direct)
-        rc = gbuf_reserve(eng, &eng->staging, stage, src, GBUF_STAGING, err);
+    if (rc == 0 && !direct && (eng->staging.buf == VK_NULL_HANDLE || eng->staging.size < stage)) {
+        rc = gbuf_reserve(eng, &eng->staging, stage_size(eng, stage), src, GBUF_STAGING, err);
+        if (rc < 0 && stage_size(eng, stage) > stage) /* no room to spare: the exact size */
+            rc = gbuf_reserve(eng, &eng->staging, stage, src, GBUF_STAGING, err);
+    }
     return rc;
 }
 

@@ -865,6 +865,42 @@ START_TEST(test_staged_upload)
 }
 END_TEST
 
+/* Staging grows with room to spare (gpu/batch.c stage_size, docs/gpu.md
+ * "Batch buffers"): on one frame, a batch a little larger than the first
+ * grows the haystack but not staging, so it makes less than twice its
+ * haystack in buffers, and a smaller batch makes none. Every hit exact. */
+START_TEST(test_staging_room)
+{
+    struct gpu_options opt = {.staged_upload = true, .inflight = 1};
+    struct gpu_engine *eng = engine(&opt);
+    const struct trule t[] = {{"abc", RULE_LITERAL, "abc", 0}};
+    struct catalog *cat = compile_rules(t, 1);
+    const struct catalog *cats[1] = {cat};
+    const size_t sizes[3] = {17u << 20, 20u << 20, 16u << 20};
+    rng = 0x57a9e5eedull;
+    uint8_t *text = random_text(sizes[1]);
+    uint64_t made[3];
+    for (int k = 0; k < 3; k++) {
+        struct gpu_buffer gb = {.data = text, .len = sizes[k], .mode = SCAN_ALL};
+        struct gpu_batch b = {.catalogs = cats, .n_catalogs = 1, .buffers = &gb, .n_buffers = 1};
+        struct gpu_result res = {0};
+        ck_assert_uint_gt(check_batch(eng, &b, &res), 0);
+        made[k] = res.tel.buffers_made_bytes;
+        ck_assert_msg(made[k] == 0 || res.tel.buffers_made_ns > 0, "batch %d: made in no time", k);
+        gpu_result_finish(&res);
+    }
+    ck_assert_msg(made[0] >= 2 * (uint64_t)sizes[0], "first batch made %llu bytes",
+                  (unsigned long long)made[0]);
+    ck_assert_msg(made[1] > 0 && made[1] < sizes[1] + sizes[1] / 2,
+                  "a 20 MiB batch after a 17 MiB one made %llu bytes: staging grew again",
+                  (unsigned long long)made[1]);
+    ck_assert_msg(made[2] == 0, "a smaller batch made %llu bytes", (unsigned long long)made[2]);
+    free(text);
+    catalog_destroy(cat);
+    gpu_engine_destroy(eng);
+}
+END_TEST
+
 /* Discrete devices (forced): a pass copies back in its own command
  * buffer the hits the last pass's rate predicts. A few hits need no second
  * submit; a batch of many more than predicted takes one (and is exact);
@@ -2756,6 +2792,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_random_subgroup);
     tcase_add_test(tc, test_many_buffers);
     tcase_add_test(tc, test_staged_upload);
+    tcase_add_test(tc, test_staging_room);
     tcase_add_test(tc, test_hit_copy_ahead);
     tcase_add_test(tc, test_segment_boundaries);
     tcase_add_test(tc, test_bitnfa_random);
