@@ -10,6 +10,9 @@
 #          twice and inline once, 3 s each, then the scheduler's batch counts
 #   perf   the last flag set again, vkscand under perf record while 64
 #          clients send 64 MiB memfds for 4 s; threads and top symbols
+#   restart1  three starts with a cached 10,000-literal catalog: the
+#          telemetry of the first 64 MiB scan after each and of a warm one
+#          (carry build-shared and build-data)
 #   cli    bench/cli_bench.sh on one 1 GiB file (build-cli's rule sets)
 # Every step's output goes to stdout; run it with a timeout and a file.
 set -u
@@ -80,6 +83,30 @@ if has perf; then
     echo "== vks-gpu children"
     $P report -i /tmp/perf.data --comm vks-gpu --children --sort symbol -g none 2>/dev/null |
         grep '%' | head -n 40
+fi
+if has restart1; then
+    # one restart with the 10,000-literal catalog cached (h200_restart.sh's
+    # set-up), then the telemetry of the first and a warm 64 MiB scan
+    W=/tmp/rs3
+    rm -rf $W && mkdir -p $W
+    head -c 67108864 build-shared/rebar/haystacks/sherlock.txt >$W/f64 2>/dev/null
+    while [ "$(stat -c %s $W/f64)" -lt 67108864 ]; do cat $W/f64 $W/f64 | head -c 67108864 >$W/t; mv $W/t $W/f64; done
+    R=build-data/literals-10000.rules
+    for i in 0 1 2; do
+        "$B/daemon/vkscand" --config "" --socket $W/s.sock --state-dir $W/st --log-level notice \
+            >"$OUT/restart1.log" 2>&1 &
+        d=$!
+        for _ in $(seq 5000); do grep -q "ready on" "$OUT/restart1.log" && break; sleep 0.002; done
+        for s in first warm; do
+            VKSCAN_TELEMETRY=1 timeout 30 "$B/client/vkscan" --socket $W/s.sock scan -c --no-cache \
+                -r $R $W/f64 2>&1 >/dev/null | tr ' ,' '\n\n' |
+                grep -E '^"?(total_ns|queue_ns|fd_read_ns|plan_ns|buffers_made_ns|buffers_made_bytes|upload_ns|device_ns|readback_ns|finalize_ns|scan_ns|catalog_uploads|pipeline_compiles)' |
+                tr '\n' ' ' | sed "s/^/start $i $s: /"
+            echo
+        done
+        kill -TERM $d
+        wait $d
+    done
 fi
 if has cli; then
     OUT=$OUT/cli VKSCAN_ARGS=--no-cache timeout 400 bash "$D/cli_bench.sh" "$B" build-cli 1024 5

@@ -360,9 +360,10 @@ struct gpu_engine {
 
     struct gpu_frame frames[GPU_MAX_INFLIGHT];
     uint32_t n_frames;
-    /* The most raw hits per haystack byte a batch has had (16.16 fixed
-     * point): a frame sizes its ring from it before a batch runs, so that
-     * each frame does not re-run its first hit-dense batch to grow it. */
+    /* The most raw hits per haystack byte a batch with more hits than the
+     * initial ring has had (16.16 fixed point): a frame sizes its ring from
+     * it before a batch runs, so that each frame does not re-run its first
+     * hit-dense batch to grow it. */
     uint64_t hit_rate_seen;
     uint64_t hit_rate_last; /* the last collected pass's hits per 64 KiB: hits_copied's guess */
     uint32_t n_busy;        /* frames submitted and not collected */

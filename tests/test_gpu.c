@@ -1840,6 +1840,44 @@ START_TEST(test_hits_counted)
 }
 END_TEST
 
+/* A few hits in a few bytes do not size the ring of the batches after
+ * them: a 64-byte batch with 6 hits (as the daemon's start self-test has)
+ * then a 4 MiB batch without hits, which keeps the initial ring and makes
+ * no more than its haystack's buffers. */
+START_TEST(test_ring_not_learned_from_few_hits)
+{
+    struct trule t[] = {{"xx", RULE_LITERAL, "xyz", 0}};
+    struct catalog *cat = compile_rules(t, 1);
+    struct gpu_engine *eng = engine(&(struct gpu_options){.inflight = 1});
+    const struct catalog *cats[] = {cat};
+    uint8_t small[64];
+    memset(small, '.', sizeof(small));
+    for (int k = 0; k < 6; k++)
+        memcpy(small + 10 * k, "xyz", 3);
+    struct gpu_buffer sb = {.data = small, .len = sizeof(small), .mode = SCAN_ALL};
+    struct gpu_batch b = {cats, 1, &sb, 1};
+    struct gpu_result res = {0};
+    ck_assert_uint_eq(check_batch(eng, &b, &res), 6);
+    uint64_t ring = res.tel.hit_capacity;
+    gpu_result_finish(&res);
+    enum { LEN = 4 << 20 };
+    uint8_t *big = malloc(LEN);
+    ck_assert_ptr_nonnull(big);
+    memset(big, '.', LEN);
+    struct gpu_buffer bb = {.data = big, .len = LEN, .mode = SCAN_ALL};
+    b.buffers = &bb;
+    ck_assert_uint_eq(check_batch(eng, &b, &res), 0);
+    ck_assert_msg(res.tel.hit_capacity == ring, "the ring grew from %llu to %llu hits",
+                  (unsigned long long)ring, (unsigned long long)res.tel.hit_capacity);
+    ck_assert_msg(res.tel.buffers_made_bytes < 2 * (uint64_t)LEN, "%llu bytes of buffers made",
+                  (unsigned long long)res.tel.buffers_made_bytes);
+    gpu_result_finish(&res);
+    free(big);
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* A frame sizes its hit ring from the hit rate batches have had: after
  * one hit-dense batch grew frame 0's ring (one re-run), a batch on frame
  * 1, whose ring is new, runs once. */
@@ -2793,6 +2831,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_many_buffers);
     tcase_add_test(tc, test_staged_upload);
     tcase_add_test(tc, test_staging_room);
+    tcase_add_test(tc, test_ring_not_learned_from_few_hits);
     tcase_add_test(tc, test_hit_copy_ahead);
     tcase_add_test(tc, test_segment_boundaries);
     tcase_add_test(tc, test_bitnfa_random);
