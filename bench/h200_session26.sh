@@ -12,7 +12,7 @@
 #          clients send 64 MiB memfds for 4 s; threads and top symbols
 #   restart1  three starts with a cached 10,000-literal catalog: the
 #          telemetry of the first 64 MiB scan after each and of a warm one
-#          (carry build-shared and build-data)
+#          (carry build-shared and build-data; $VKSCAND_ARGS: more flags)
 #   cli    bench/cli_bench.sh on one 1 GiB file (build-cli's rule sets)
 # Every step's output goes to stdout; run it with a timeout and a file.
 set -u
@@ -93,8 +93,9 @@ if has restart1; then
     while [ "$(stat -c %s $W/f64)" -lt 67108864 ]; do cat $W/f64 $W/f64 | head -c 67108864 >$W/t; mv $W/t $W/f64; done
     R=build-data/literals-10000.rules
     for i in 0 1 2; do
+        # shellcheck disable=SC2086
         "$B/daemon/vkscand" --config "" --socket $W/s.sock --state-dir $W/st --log-level notice \
-            >"$OUT/restart1.log" 2>&1 &
+            ${VKSCAND_ARGS:-} >"$OUT/restart1.log" 2>&1 &
         d=$!
         for _ in $(seq 5000); do grep -q "ready on" "$OUT/restart1.log" && break; sleep 0.002; done
         for s in first warm; do
