@@ -392,59 +392,33 @@ static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
     return rc;
 }
 
-/* Staging and haystacks at least this large grow with room to spare
- * (roomy). */
-#define ROOMY_MIN (16ull << 20)
+/* Staging at least this large grows with room to spare (stage_size). */
+#define STAGE_ROOMY_MIN (16ull << 20)
 
 /*
- * The size a frame's staging or haystack grows to when it must grow for
- * `need` bytes: the most any batch has needed so far (*high) and a quarter
- * more. Each frame has its own; grown to the exact size, every frame
- * stepped through every larger batch the scheduler formed (64 MiB scans at
- * 64 clients make batches of 4 to 8 of them), and made buffers for seconds
- * after a start (docs/gpu.md "Batch buffers").
+ * The size a frame's staging grows to when it must grow for `stage` bytes:
+ * the most any batch has needed so far and a quarter more. Host-visible
+ * memory is slow to make (pinned and mapped page by page), and each frame
+ * has its own: grown to the exact size, every frame stepped through every
+ * larger batch the scheduler formed (64 MiB scans at 64 clients make
+ * batches of 4 to 8 of them), and made buffers for seconds after a start
+ * (docs/gpu.md "Batch buffers"). Staging is host memory, outside the
+ * device budget.
  */
-static uint64_t roomy(uint64_t *high, uint64_t need)
-{
-    if (need > *high)
-        *high = need;
-    return need < ROOMY_MIN ? need : *high + *high / 4;
-}
-
-/* Staging is host memory, outside the device budget. */
 static uint64_t stage_size(struct gpu_engine *eng, uint64_t stage)
 {
-    return roomy(&eng->stage_high, stage);
-}
-
-/* The haystack counts against the device budget: room to spare only where
- * the budget has it after everything else this batch grows (check_limits
- * made room for the exact sizes), and within the storage buffer range it
- * is bound with. */
-static uint64_t hay_size(struct batch_ctx *bc)
-{
-    struct gpu_engine *eng = bc->eng;
-    uint64_t need = bc->hay_bytes, want = roomy(&eng->hay_high, need);
-    if (want > eng->info.max_storage_range)
-        want = eng->info.max_storage_range;
-    if (want <= need)
-        return need;
-    uint64_t extra = gbuf_grow_size(eng->hay.size, want) - gbuf_grow_size(eng->hay.size, need);
-    uint64_t after = held_bytes(bc) + grow_needed(bc, bc->n_meta * 16) + bc->new_cat_bytes + extra;
-    return after <= eng->budget ? want : need;
+    if (stage > eng->stage_high)
+        eng->stage_high = stage;
+    if (stage < STAGE_ROOMY_MIN)
+        return stage;
+    return eng->stage_high + eng->stage_high / 4;
 }
 
 static int reserve_buffers_of(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     const VkBufferUsageFlags src = VK_BUFFER_USAGE_TRANSFER_SRC_BIT;
-    int rc = 0;
-    if (eng->hay.buf == VK_NULL_HANDLE || eng->hay.size < bc->hay_bytes) {
-        uint64_t want = hay_size(bc);
-        rc = gbuf_reserve(eng, &eng->hay, want, USE_STORAGE_DST, GBUF_DEVICE, err);
-        if (rc < 0 && want > bc->hay_bytes) /* no room to spare: the exact size */
-            rc = gbuf_reserve(eng, &eng->hay, bc->hay_bytes, USE_STORAGE_DST, GBUF_DEVICE, err);
-    }
+    int rc = gbuf_reserve(eng, &eng->hay, bc->hay_bytes, USE_STORAGE_DST, GBUF_DEVICE, err);
     if (rc == 0)
         rc = gbuf_reserve(eng, &eng->meta, bc->n_meta * 16, USE_STORAGE_DST, GBUF_DEVICE, err);
     if (rc == 0)

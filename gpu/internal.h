@@ -319,7 +319,6 @@ struct gpu_engine {
     uint64_t alloc_bytes;
     uint64_t made_bytes; /* every allocation's size, summed since the engine opened */
     uint64_t stage_high; /* the most staging a batch has needed (stage_size) */
-    uint64_t hay_high;   /* the largest haystack a batch has had (hay_size) */
     bool direct;         /* device-local memory is host-visible on a CPU/integrated device */
     bool broken;         /* a batch timed out or the device was lost */
     uint64_t timeout_ns;
