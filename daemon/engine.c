@@ -1,8 +1,8 @@
 /*
  * The engines (engine.h): what the loop thread does (placement, hand-back,
  * stats, create and close) and the batch helpers every engine uses. The GPU
- * workers are engine_gpu.c, the CPU pool engine_cpu.c; engine_internal.h
- * holds what they share.
+ * workers are engine_gpu.c (their start and warm-ups engine_gpu_open.c),
+ * the CPU pool engine_cpu.c; engine_internal.h holds what they share.
  */
 #include "engine_internal.h"
 

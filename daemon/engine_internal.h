@@ -1,6 +1,6 @@
 /*
  * The engine layer's inside (engine.h is its interface): the state the
- * loop thread, the GPU workers (engine_gpu.c) and the CPU pool
+ * loop thread, the GPU workers (engine_gpu.c, engine_gpu_open.c) and the CPU pool
  * (engine_cpu.c) share, and the batch helpers all of them use (engine.c).
  *
  * Locking: one mutex (engine.mu) guards every queue and every field a thread
@@ -270,11 +270,25 @@ uint64_t engine_job_budget(const struct engine_job *j);
 void engine_cpu_push(struct engine *e, struct engine_batch *b);
 void engine_cpu_main(void *arg);
 
-/* engine_gpu.c: the setup thread's main (opens the GPU engines, starts
- * their workers, reports readiness), and the `devices` parser: the count,
- * or -EINVAL with `err` set. */
+/* engine_gpu_open.c: the setup thread's main (opens the GPU engines,
+ * starts their workers, reports readiness), and the `devices` parser: the
+ * count, or -EINVAL with `err` set. */
 void engine_gpu_setup(void *arg);
 int engine_devices_parse(const char *s, uint32_t *idx, uint32_t cap, bool *all,
                          struct vks_error *err);
+
+/* engine_gpu_open.c: opens (or re-opens) worker w's gpu_engine, warm-up
+ * self-test included; and the warm-ups an idle worker runs: the oldest
+ * catalog warm-up still to do on engine i (NULL: none), a catalog made
+ * resident with its pipelines, a warm-up handed on once every engine did
+ * it, and the batch buffers of `warm-bytes`. */
+int engine_gpu_open(struct engine *e, struct gworker *w, struct vks_error *err);
+struct engine_warm *engine_gpu_warm_for(const struct engine *e, uint32_t i);
+void engine_gpu_warm_catalog(struct gworker *w, const struct catalog *cat);
+void engine_gpu_warm_through(struct engine *e, struct engine_warm *r);
+void engine_gpu_warm_frames(struct gworker *w);
+
+/* engine_gpu.c: a GPU worker thread's main (arg: its struct gworker). */
+void engine_gpu_main(void *arg);
 
 #endif
