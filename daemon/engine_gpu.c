@@ -476,12 +476,11 @@ static void gpu_start(struct gworker *w, struct engine_batch *b)
     }
     b->tel.gpu = true;
     b->tel.engine = w->index;
-    uint64_t t1 = engine_now_ns();
     if (!st->loaded)
         gpu_load(w, b);
     else /* loaded ahead (gpu_load_next): its wall leaves out the wait since */
-        st->start_ns = t1 - b->tel.fd_read_ns;
-    t1 = engine_now_ns();
+        st->start_ns = engine_now_ns() - b->tel.fd_read_ns;
+    uint64_t t1 = engine_now_ns();
     struct gpend *p = &w->pend[(w->pend_head + w->n_pend) % GPU_MAX_INFLIGHT];
     p->b = b;
     p->t1 = t1;

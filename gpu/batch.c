@@ -379,8 +379,9 @@ static void mark_uploaded(struct batch_ctx *bc)
 static int reserve_buffers_of(struct batch_ctx *bc, struct vks_error *err);
 
 /* Makes or grows the frame's buffers for batch bc; telemetry
- * buffers_made_ns and buffers_made_bytes say what that cost (host-visible
- * memory is made at about 0.6 GB/s on the H200, PERFORMANCE.md session 24). */
+ * buffers_made_ns and buffers_made_bytes say what that cost (on the H200
+ * the first 64 MiB batch after a start made 153 MB in 28 ms, PERFORMANCE.md
+ * session 26). */
 static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
 {
     uint64_t t0 = gpu_now_ns(), made = bc->eng->made_bytes;
