@@ -111,8 +111,16 @@ static int add_reject(struct ctx *c, uint32_t input, uint32_t pos, const char *m
 
 /* ---- canonical form and fingerprints ---- */
 
-/* Hex strings are normalised to lowercase pairs separated by one space;
- * literals and regexes are kept byte for byte. */
+static bool hex_space(char ch)
+{
+    return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r';
+}
+
+/* Hex strings are normalised to lowercase tokens separated by one space: a
+ * byte pair ("4d", "??", "4?", "~4d"), a jump with no space in it ("[2-4]"),
+ * '(', '|' or ')'. A string of pairs alone keeps the form (and so the
+ * fingerprint) it always had: "4d 5a ?? 00". Literals and regexes are kept
+ * byte for byte. */
 static char *canonical(const struct rule_src *r, size_t *len)
 {
     char *out = malloc(r->len * 2 + 1);
@@ -123,13 +131,34 @@ static char *canonical(const struct rule_src *r, size_t *len)
         memcpy(out, r->pattern, r->len);
         n = r->len;
     } else {
-        for (size_t i = 0; i < r->len; i++) {
-            char ch = r->pattern[i];
-            if (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r')
+        size_t i = 0;
+        while (i < r->len) {
+            if (hex_space(r->pattern[i])) {
+                i++;
                 continue;
-            if (n % 3 == 2)
+            }
+            if (n > 0)
                 out[n++] = ' ';
-            out[n++] = (char)(ch >= 'A' && ch <= 'F' ? ch + 32 : ch);
+            char ch = r->pattern[i];
+            size_t take = 2; /* bytes of the token, spaces inside a jump not counted */
+            if (ch == '(' || ch == '|' || ch == ')')
+                take = 1;
+            else if (ch == '~')
+                take = 3;
+            for (; i < r->len && take > 0; i++) {
+                ch = r->pattern[i];
+                if (ch == '[') { /* a jump runs to its ']' */
+                    for (; i < r->len && r->pattern[i] != ']'; i++)
+                        if (!hex_space(r->pattern[i]))
+                            out[n++] = r->pattern[i];
+                    if (i < r->len)
+                        out[n++] = ']';
+                    take = 0;
+                    continue;
+                }
+                out[n++] = (char)(ch >= 'A' && ch <= 'F' ? ch + 32 : ch);
+                take--;
+            }
         }
     }
     out[n] = '\0';

@@ -1366,39 +1366,217 @@ static struct node *parse_literal(struct parser *p, uint32_t flags)
     return list_node(p, N_CAT, 0, &v);
 }
 
-static struct node *parse_hex(struct parser *p, uint32_t flags)
+/* ---- hex strings ---- */
+
+static void hex_skip_space(struct parser *p)
 {
-    struct nodevec v = {0};
-    while (p->i < p->len) {
-        int c = p->s[p->i];
-        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
-            p->i++;
-            continue;
-        }
-        size_t at = p->i;
-        struct node *n;
-        if (c == '?' && peek(p, 1) == '?') {
-            struct byteset s = {{0}};
-            set_invert(&s);
-            n = set_node(p, at, s, false);
-        } else if (hexval(c) >= 0 && hexval(peek(p, 1)) >= 0) {
-            n = byte_node(p, at, (unsigned)(hexval(c) * 16 + hexval(peek(p, 1))),
-                          flags & RULE_F_CASELESS);
-        } else {
-            fail(p, at,
-                 "bad hex string: write bytes as pairs of hex digits (4d 5a) and any "
-                 "byte as ??");
-            return NULL;
-        }
-        p->i += 2;
-        if (n == NULL || !vec_push(p, &v, n))
-            return NULL;
-    }
-    if (v.n == 0) {
-        fail(p, 0, "empty hex string: a rule must match at least one byte");
+    while (p->i < p->len &&
+           (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r'))
+        p->i++;
+}
+
+/* One byte token at p->i: "4d" a byte, "??" any byte, "4?" or "?d" a nibble
+ * with the other one free, each optionally after '~' (any byte but those). */
+static struct node *hex_byte(struct parser *p, bool caseless)
+{
+    size_t at = p->i;
+    bool negate = peek(p, 0) == '~';
+    if (negate)
+        p->i++;
+    int hi = peek(p, 0), lo = peek(p, 1);
+    bool hi_any = hi == '?', lo_any = lo == '?';
+    if ((!hi_any && hexval(hi) < 0) || (!lo_any && hexval(lo) < 0)) {
+        fail(p, negate ? at + 1 : at,
+             "bad hex string: write bytes as pairs of hex digits (4d 5a), any byte as ??, "
+             "a half byte as 4? or ?d, a jump as [n-m] and alternatives as (4d | 5a)");
         return NULL;
     }
-    return list_node(p, N_CAT, 0, &v);
+    if (negate && hi_any && lo_any) {
+        fail(p, at, "~?? matches no byte: write ?? for any byte");
+        return NULL;
+    }
+    p->i += 2;
+    struct byteset s = {{0}};
+    for (unsigned c = 0; c < 256; c++)
+        if ((hi_any || (int)(c >> 4) == hexval(hi)) && (lo_any || (int)(c & 15) == hexval(lo)))
+            byteset_add(&s, c);
+    /* `i` folds the letters first, so ~41 with `i` refuses both 'A' and 'a',
+     * as [^A] does in a caseless regex */
+    if (caseless)
+        set_fold_case(&s);
+    if (negate)
+        set_invert(&s);
+    return set_node(p, at, s, false);
+}
+
+static bool hex_number(struct parser *p, uint32_t *v)
+{
+    if (peek(p, 0) < '0' || peek(p, 0) > '9')
+        return false;
+    uint64_t n = 0;
+    while (peek(p, 0) >= '0' && peek(p, 0) <= '9') {
+        n = n * 10 + (uint64_t)(p->s[p->i++] - '0');
+        if (n > PARSE_MAX_REPEAT + 1ull)
+            n = PARSE_MAX_REPEAT + 1ull;
+    }
+    *v = (uint32_t)n;
+    return true;
+}
+
+/* A jump at p->i ('['): [n] n bytes, [n-m] n to m, [n-] n or more, [-] any
+ * number, [-m] up to m, as YARA writes them. */
+static struct node *hex_jump(struct parser *p)
+{
+    size_t at = p->i++;
+    uint32_t mn = 0, mx = REPEAT_INF;
+    hex_skip_space(p);
+    bool has_min = hex_number(p, &mn);
+    hex_skip_space(p);
+    if (peek(p, 0) == '-') {
+        p->i++;
+        hex_skip_space(p);
+        if (!hex_number(p, &mx))
+            mx = REPEAT_INF;
+        hex_skip_space(p);
+    } else if (has_min) {
+        mx = mn;
+    } else {
+        mx = 0; /* "[]": reported below as a bad jump */
+        has_min = false;
+    }
+    if (peek(p, 0) != ']' || (!has_min && mx == 0)) {
+        fail(p, at,
+             "bad jump: write [n] for n bytes, [n-m] for n to m, [n-] for n or more, [-] "
+             "for any number");
+        return NULL;
+    }
+    p->i++;
+    if (mn > PARSE_MAX_REPEAT || (mx != REPEAT_INF && mx > PARSE_MAX_REPEAT)) {
+        fail(p, at, "jump over the limit of %u bytes: use a smaller bound or [n-]",
+             PARSE_MAX_REPEAT);
+        return NULL;
+    }
+    if (mx != REPEAT_INF && mn > mx) {
+        fail(p, at, "jump [%u-%u] has min > max: swap them", mn, mx);
+        return NULL;
+    }
+    if (mx == 0) {
+        fail(p, at, "jump [0] skips nothing: remove it");
+        return NULL;
+    }
+    struct byteset any = {{0}};
+    set_invert(&any);
+    struct node *kid = set_node(p, at, any, false);
+    struct node *r = kid ? new_node(p, N_REPEAT, at) : NULL;
+    if (r == NULL)
+        return NULL;
+    r->u.rep.kid = kid;
+    r->u.rep.min = mn;
+    r->u.rep.max = mx;
+    return r;
+}
+
+static struct node *hex_alt(struct parser *p, bool caseless);
+
+/* Items up to '|', ')' or the end. *first_jump and *last_jump get the
+ * offset of a jump that starts or ends the sequence (SIZE_MAX: none), so
+ * that the whole string can refuse to start or end with one. */
+static struct node *hex_cat(struct parser *p, bool caseless, size_t *first_jump, size_t *last_jump)
+{
+    struct nodevec v = {0};
+    size_t at = p->i, last = SIZE_MAX;
+    for (;;) {
+        hex_skip_space(p);
+        int c = peek(p, 0);
+        if (c < 0 || c == '|' || c == ')')
+            break;
+        struct node *n;
+        if (c == '(') {
+            size_t open = p->i++;
+            n = hex_alt(p, caseless);
+            if (n == NULL)
+                return NULL;
+            if (peek(p, 0) != ')') {
+                fail(p, open, "unterminated alternatives: add the closing ')'");
+                return NULL;
+            }
+            p->i++;
+        } else if (c == '[') {
+            n = hex_jump(p);
+        } else {
+            n = hex_byte(p, caseless);
+        }
+        if (n == NULL || !vec_push(p, &v, n))
+            return NULL;
+        last = c == '[' ? n->pos : SIZE_MAX;
+        if (v.n == 1)
+            *first_jump = last;
+    }
+    *last_jump = last;
+    if (v.n == 0) {
+        fail(p, at == 0 && peek(p, 0) < 0 ? 0 : p->i,
+             peek(p, 0) < 0 && at == 0
+                 ? "empty hex string: a rule must match at least one byte"
+                 : "empty alternative in a hex string: give each of (a | b) some bytes");
+        return NULL;
+    }
+    return list_node(p, N_CAT, at, &v);
+}
+
+static struct node *hex_alt(struct parser *p, bool caseless)
+{
+    if (++p->depth > MAX_DEPTH) {
+        fail(p, p->i, "alternatives nested deeper than %d: flatten the hex string", MAX_DEPTH);
+        return NULL;
+    }
+    struct nodevec v = {0};
+    size_t at = p->i;
+    for (;;) {
+        size_t fj, lj;
+        struct node *c = hex_cat(p, caseless, &fj, &lj);
+        if (c == NULL || !vec_push(p, &v, c))
+            return NULL;
+        if (peek(p, 0) != '|')
+            break;
+        p->i++;
+    }
+    p->depth--;
+    return list_node(p, N_ALT, at, &v);
+}
+
+/* A hex string: byte pairs, ?? and half-byte wildcards, ~ negations, jumps
+ * and (a | b) alternatives, as YARA's hex strings. Like YARA, a jump may
+ * not start or end the string (it would only move the match's start, or
+ * report an end where no byte of the rule is). */
+static struct node *parse_hex(struct parser *p, uint32_t flags)
+{
+    bool caseless = flags & RULE_F_CASELESS;
+    size_t first_jump = SIZE_MAX, last_jump = SIZE_MAX;
+    struct node *n = hex_cat(p, caseless, &first_jump, &last_jump);
+    if (n == NULL)
+        return NULL;
+    if (peek(p, 0) == '|') {
+        /* top-level alternatives without parentheses: YARA wants them */
+        fail(p, p->i, "alternatives in a hex string go in parentheses: write (4d | 5a)");
+        return NULL;
+    }
+    if (peek(p, 0) == ')') {
+        fail(p, p->i, "unmatched ')' in a hex string: remove it");
+        return NULL;
+    }
+    if (first_jump != SIZE_MAX) {
+        fail(p, first_jump,
+             "a hex string cannot start with a jump: remove it (as in YARA; it would only "
+             "move the match's start)");
+        return NULL;
+    }
+    if (last_jump != SIZE_MAX) {
+        fail(p, last_jump,
+             "a hex string cannot end with a jump: remove it, or put bytes after it (as in "
+             "YARA)");
+        return NULL;
+    }
+    return n;
 }
 
 int parse_rule(const struct rule_src *r, struct parse_result *out, uint32_t *pos, char *msg,

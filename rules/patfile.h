@@ -3,7 +3,7 @@
  *
  *     ID:/regex/flags        a regex (flags: i s m H L)
  *     ID:"literal"flags      a literal string with C escapes (flags: i H L)
- *     ID:{4d 5a ?? 00}flags  a hex string, ?? any byte (flags: H L)
+ *     ID:{4d 5a ?? 00}flags  a hex string in YARA's syntax (flags: i H L)
  *
  * Blank lines and lines starting with '#' are skipped. A line that cannot be
  * read as a rule becomes a reject with its line number; the others load.

@@ -21,7 +21,7 @@
 
 enum rule_kind {
     RULE_LITERAL = 0, /* bytes, with C-style escapes (\x41 \n \t \r \\ \" \0) */
-    RULE_HEX = 1,     /* "4d 5a ?? 00": hex byte pairs, ?? any byte */
+    RULE_HEX = 1,     /* "4d 5a [2-4] (50 | 4?)": YARA hex strings (docs/rules.md) */
     RULE_REGEX = 2,   /* the regex subset of docs/rules.md */
 };
 

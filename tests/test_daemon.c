@@ -204,8 +204,11 @@ static uint64_t tel_of(const struct vks_scan_result *r, const char *key)
 /* ---- rules and the reference ------------------------------------------ */
 
 static const struct vks_rule rules[] = {
-    {"lit", VKS_RULE_LITERAL, "needle", 0, NULL},  {"re", VKS_RULE_REGEX, "ab[0-9]+c", 0, NULL},
-    {"hex", VKS_RULE_HEX, "de ad ?? ef", 0, NULL}, {"ci", VKS_RULE_REGEX, "hello", 0, "i"},
+    {"lit", VKS_RULE_LITERAL, "needle", 0, NULL},
+    {"re", VKS_RULE_REGEX, "ab[0-9]+c", 0, NULL},
+    {"hex", VKS_RULE_HEX, "de ad ?? ef", 0, NULL},
+    {"ci", VKS_RULE_REGEX, "hello", 0, "i"},
+    {"yara", VKS_RULE_HEX, "4d 5a [1-3] (50 45 | 4? 45) ~00", 0, NULL},
     {"bad", VKS_RULE_REGEX, "fo+(", 0, NULL},
 };
 #define N_RULES (sizeof(rules) / sizeof(rules[0]))
@@ -251,11 +254,13 @@ static uint32_t rnd(uint32_t n)
 /* A small haystack with the rules' matches planted. */
 static size_t make_haystack(uint8_t *buf, size_t len)
 {
-    static const char *const plants[] = {"needle", "ab12c", "\xde\xad\x01\xef", "HeLLo", "ab9c"};
+    static const char *const plants[] = {
+        "needle", "ab12c",        "\xde\xad\x01\xef", "HeLLo",
+        "ab9c",   "MZ\x90PE\x01", "MZ\x01\x02LE\x07", "MZ\x01\x02\x03\x04PEx"};
     for (size_t i = 0; i < len; i++)
         buf[i] = (uint8_t)('a' + rnd(26));
     for (size_t p = 0; p + 16 < len; p += 40 + rnd(200)) {
-        const char *s = plants[rnd(5)];
+        const char *s = plants[rnd(8)];
         memcpy(buf + p, s, strlen(s));
     }
     return len;
@@ -432,7 +437,7 @@ START_TEST(test_load_scan_inline)
     ck_assert_uint_eq(vks_catalog_reject_count(cat), 1);
     struct vks_reject rj;
     ck_assert_int_eq(vks_catalog_reject(cat, 0, &rj), 0);
-    ck_assert_uint_eq(rj.index, 4);
+    ck_assert_uint_eq(rj.index, N_RULES - 1);
     ck_assert_str_eq(rj.id, "bad");
 
     static uint8_t bufs[3][3000];

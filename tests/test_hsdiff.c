@@ -1562,6 +1562,248 @@ START_TEST(test_random_multi_bitnfa)
 }
 END_TEST
 
+/* ---- random hex strings in YARA's syntax ---- */
+
+#define HEX_SAMPLES 6
+
+/* Bytes the hex rules and their haystacks are made of: binary and text,
+ * letters for the `i` flag, few enough that random filler matches too. */
+static const uint8_t hex_alpha[] = {0x00, 0x01, 0x0a, 0x41, 0x42, 0x4d,
+                                    0x5a, 0x61, 0x7f, 0x90, 0xa1, 0xff};
+
+struct hexgen {
+    struct rng *r;
+    struct str pat, hs;
+    struct str samp[HEX_SAMPLES]; /* strings the rule matches, built alongside */
+    int depth;
+};
+
+static uint8_t hex_pick(struct rng *r)
+{
+    return hex_alpha[rng_below(r, sizeof(hex_alpha))];
+}
+
+/* A byte whose bits under `mask` equal those of `want` (with `negate`: differ). */
+static uint8_t hex_fit(struct rng *r, uint8_t want, uint8_t mask, bool negate)
+{
+    for (int tries = 0; tries < 16; tries++) {
+        uint8_t c = rng_pct(r, 70) ? hex_pick(r) : (uint8_t)rng_below(r, 256);
+        if (((c & mask) == (want & mask)) != negate)
+            return c;
+    }
+    return negate ? (uint8_t)((want ^ mask) & mask) : want; /* differs where the mask is set */
+}
+
+static void hex_put(struct hexgen *h, uint32_t active, uint8_t want, uint8_t mask, bool negate)
+{
+    for (int k = 0; k < HEX_SAMPLES; k++)
+        if (active & (1u << k))
+            str_putc(&h->samp[k], (char)hex_fit(h->r, want, mask, negate));
+}
+
+/* One token: a byte, ??, a half byte, a ~ negation, a jump or (a | b). */
+static void hex_gen_item(struct hexgen *h, uint32_t active, bool edge)
+{
+    struct rng *r = h->r;
+    uint32_t k = rng_below(r, 100);
+    if (edge && k >= 72)
+        k = rng_below(r, 72); /* the ends are bytes: never a jump, never nullable */
+    if (h->pat.n)
+        str_putc(&h->pat, ' ');
+    uint8_t b = hex_pick(r);
+    if (k < 45) { /* a byte */
+        str_printf(&h->pat, rng_pct(r, 50) ? "%02x" : "%02X", b);
+        str_printf(&h->hs, "\\x%02x", b);
+        hex_put(h, active, b, 0xff, false);
+    } else if (k < 52) { /* any byte */
+        str_puts(&h->pat, "??");
+        str_puts(&h->hs, "[\\x00-\\xff]");
+        hex_put(h, active, 0, 0, false);
+    } else if (k < 72) { /* a half byte, or a negation of a byte or half byte */
+        bool negate = k >= 62;
+        uint8_t mask = rng_pct(r, 40) ? 0xff : rng_pct(r, 50) ? 0xf0 : 0x0f;
+        if (negate)
+            str_putc(&h->pat, '~');
+        if (mask == 0xff)
+            str_printf(&h->pat, "%02x", b);
+        else if (mask == 0xf0)
+            str_printf(&h->pat, "%x?", b >> 4);
+        else
+            str_printf(&h->pat, "?%x", b & 15);
+        str_puts(&h->hs, negate ? "[^" : "[");
+        for (unsigned c = 0; c < 256; c++)
+            if ((c & mask) == (b & mask))
+                str_printf(&h->hs, "\\x%02x", c);
+        str_putc(&h->hs, ']');
+        hex_put(h, active, b, mask, negate);
+    } else if (k < 86 || h->depth >= 3) { /* a jump */
+        uint32_t mn = rng_below(r, 5), mx = mn + rng_below(r, 5);
+        uint32_t form = rng_below(r, 8);
+        if (form == 0) {
+            str_puts(&h->pat, rng_pct(r, 50) ? "[-]" : "[ - ]");
+            str_puts(&h->hs, "[\\x00-\\xff]*");
+            mn = 0;
+            mx = UINT32_MAX;
+        } else if (form == 1) {
+            str_printf(&h->pat, "[%u-]", mn);
+            str_printf(&h->hs, "[\\x00-\\xff]{%u,}", mn);
+            mx = UINT32_MAX;
+        } else if (form < 4 && mn > 0) {
+            str_printf(&h->pat, "[%u]", mn);
+            str_printf(&h->hs, "[\\x00-\\xff]{%u}", mn);
+            mx = mn;
+        } else {
+            mx += mx == 0;
+            str_printf(&h->pat, "[%u-%u]", mn, mx);
+            str_printf(&h->hs, "[\\x00-\\xff]{%u,%u}", mn, mx);
+        }
+        for (int s = 0; s < HEX_SAMPLES; s++) {
+            if (!(active & (1u << s)))
+                continue;
+            uint32_t n = mn + rng_below(r, (mx == UINT32_MAX ? 6 : mx - mn + 1));
+            for (uint32_t i = 0; i < n; i++)
+                str_putc(&h->samp[s], (char)hex_pick(r));
+        }
+    } else { /* alternatives, each sample taking one of them */
+        uint32_t nb = 2 + rng_below(r, 2), pick[HEX_SAMPLES];
+        for (int s = 0; s < HEX_SAMPLES; s++)
+            pick[s] = rng_below(r, nb);
+        str_putc(&h->pat, '(');
+        str_puts(&h->hs, "(?:");
+        h->depth++;
+        for (uint32_t br = 0; br < nb; br++) {
+            if (br) {
+                str_puts(&h->pat, rng_pct(r, 50) ? " |" : "|");
+                str_putc(&h->hs, '|');
+            }
+            uint32_t sub = 0;
+            for (int s = 0; s < HEX_SAMPLES; s++)
+                if ((active & (1u << s)) && pick[s] == br)
+                    sub |= 1u << s;
+            uint32_t items = 1 + rng_below(r, 3);
+            for (uint32_t i = 0; i < items; i++)
+                hex_gen_item(h, sub, false);
+        }
+        h->depth--;
+        str_puts(&h->pat, rng_pct(r, 50) ? " )" : ")");
+        str_putc(&h->hs, ')');
+    }
+}
+
+static void gen_hex_rule(struct hexgen *h, struct trule *r, size_t index)
+{
+    struct rng *rng = h->r;
+    h->pat.n = h->hs.n = 0;
+    str_putn(&h->pat, "", 0);
+    str_putn(&h->hs, "", 0);
+    for (int k = 0; k < HEX_SAMPLES; k++) {
+        h->samp[k].n = 0;
+        str_putn(&h->samp[k], "", 0);
+    }
+    uint32_t items = 1 + rng_below(rng, 6), all = (1u << HEX_SAMPLES) - 1;
+    for (uint32_t i = 0; i < items; i++)
+        hex_gen_item(h, all, i == 0 || i + 1 == items);
+    memset(r, 0, sizeof(*r));
+    snprintf(r->id, sizeof(r->id), "x%zu", index);
+    r->kind = RULE_HEX;
+    r->pat = xstrndup(h->pat.p, h->pat.n);
+    r->len = h->pat.n;
+    r->hs = xstrndup(h->hs.p, h->hs.n);
+    r->flags = rng_pct(rng, 20) ? RULE_F_CASELESS : 0;
+    r->flags |= rng_pct(rng, 5) ? RULE_F_SINGLEMATCH : 0;
+}
+
+/* Whether a hex string uses more than byte pairs and ??: a jump, an
+ * alternative, a negation or a half byte. */
+static bool hex_new_syntax(const char *pat)
+{
+    for (const char *q = pat; *q; q++) {
+        if (*q == '[' || *q == '(' || *q == '~')
+            return true;
+        if (*q == '?' && !(q[1] == '?' || (q > pat && q[-1] == '?')))
+            return true;
+    }
+    return false;
+}
+
+/* Random YARA-style hex strings (byte pairs, ??, half bytes, ~ negations,
+ * bounded and unbounded jumps, nested alternatives; docs/rules.md) in sets
+ * of 1 to 12, with their Hyperscan translations, against haystacks of the
+ * same bytes with strings of the rules planted: every rule accepted by both
+ * engines, every (rule, end) equal, on the DFA groups, the bit-NFA (every
+ * third set) and the small state budgets that split groups. */
+START_TEST(test_random_hex)
+{
+    static const uint32_t budgets[] = {0, 4096, 600, 150};
+    uint64_t base = env_u64("VKS_HSDIFF_SEED", 1);
+    uint64_t cases = case_count(300);
+    struct stats st = {0};
+    struct hexgen h = {0};
+    struct str bufs[HAYS_PER_CASE] = {{0}};
+    struct hay hays[HAYS_PER_CASE];
+    size_t syntax = 0; /* rules that use more than pairs and ?? */
+    for (uint64_t c = 0; c < cases; c++) {
+        uint64_t seed = base * 9000011u + c;
+        struct rng rng = {seed};
+        h.r = &rng;
+        size_t n = 1 + rng_below(&rng, 12);
+        struct trule r[12];
+        struct str plant[12][HEX_SAMPLES] = {{{0}}};
+        for (size_t k = 0; k < n; k++) {
+            gen_hex_rule(&h, &r[k], k);
+            syntax += hex_new_syntax(r[k].pat);
+            for (int s = 0; s < HEX_SAMPLES; s++)
+                str_putn(&plant[k][s], h.samp[s].p, h.samp[s].n);
+        }
+        for (int b = 0; b < HAYS_PER_CASE; b++) {
+            bufs[b].n = 0;
+            str_putn(&bufs[b], "", 0);
+            size_t target = b == 0 ? 0 : 4 + rng_below(&rng, 200);
+            while (bufs[b].n < target) {
+                if (rng_pct(&rng, 45)) {
+                    size_t k = rng_below(&rng, (uint32_t)n);
+                    struct str *p = &plant[k][rng_below(&rng, HEX_SAMPLES)];
+                    str_putn(&bufs[b], p->p, p->n);
+                } else {
+                    for (uint32_t i = rng_below(&rng, 8); i > 0; i--)
+                        str_putc(&bufs[b], (char)hex_pick(&rng));
+                }
+            }
+            snprintf(hays[b].name, sizeof(hays[b].name), "#%d", b);
+            hays[b].p = (const uint8_t *)bufs[b].p;
+            hays[b].len = bufs[b].n;
+        }
+        force_bitnfa = c % 3 == 2;
+        char what[64];
+        snprintf(what, sizeof(what), "hex case %" PRIu64 " (%zu rules)", c, n);
+        compare_set(r, n, budgets[c % 4], seed, what, true, hays, HAYS_PER_CASE, &st);
+        for (size_t k = 0; k < n; k++) {
+            trule_free(&r[k]);
+            for (int s = 0; s < HEX_SAMPLES; s++)
+                str_free(&plant[k][s]);
+        }
+    }
+    force_bitnfa = false;
+    for (int b = 0; b < HAYS_PER_CASE; b++)
+        str_free(&bufs[b]);
+    str_free(&h.pat);
+    str_free(&h.hs);
+    for (int k = 0; k < HEX_SAMPLES; k++)
+        str_free(&h.samp[k]);
+    stats_print(&st, "random hex strings");
+    ck_assert_msg(st.mismatches == 0,
+                  "%u (catalog, haystack) pairs differ from Hyperscan; reproducers above",
+                  st.mismatches);
+    ck_assert_msg(st.bad_rejects == 0, "%u rules rejected or accepted against the contract",
+                  st.bad_rejects);
+    /* every generated rule is valid for both engines */
+    ck_assert_uint_eq(st.our_rejects + st.both_rejects, 0);
+    ck_assert_uint_gt(st.compared, st.rules * 9 / 10);
+    ck_assert_uint_gt(syntax, st.rules / 2);
+    ck_assert_uint_gt(st.hits, 20 * (uint64_t)cases);
+}
+END_TEST
+
 struct id_hit {
     uint32_t id;
     uint64_t end;
@@ -2822,6 +3064,10 @@ Suite *hsdiff_suite(void)
     tcase_add_test(tc, test_factors_required);
     tcase_add_test(tc, test_factor_gating);
     suite_add_tcase(s, tc);
+    TCase *hex = tcase_create("hex");
+    tcase_set_timeout(hex, 600);
+    tcase_add_test(hex, test_random_hex);
+    suite_add_tcase(s, hex);
     TCase *gating = tcase_create("gating");
     tcase_set_timeout(gating, 600);
     tcase_add_test(gating, test_confirm_gating);

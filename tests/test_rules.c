@@ -123,6 +123,20 @@ static const struct bad_case bad_cases[] = {
     {RULE_REGEX, "\\K", 0, "\\K is not supported: remove it"},
     {RULE_HEX, "4d 5a ?", 6, "bad hex string: write bytes as pairs of hex digits"},
     {RULE_HEX, "4g", 0, "bad hex string"},
+    {RULE_HEX, "41 ~?? 42", 3, "~?? matches no byte"},
+    {RULE_HEX, "[2] 41", 0, "a hex string cannot start with a jump"},
+    {RULE_HEX, "41 [2-]", 3, "a hex string cannot end with a jump"},
+    {RULE_HEX, "41 [3-2] 42", 3, "jump [3-2] has min > max: swap them"},
+    {RULE_HEX, "41 [0] 42", 3, "jump [0] skips nothing"},
+    {RULE_HEX, "41 [40000] 42", 3, "jump over the limit of 32767 bytes"},
+    {RULE_HEX, "41 [2-x] 42", 3, "bad jump: write [n] for n bytes"},
+    {RULE_HEX, "41 [] 42", 3, "bad jump"},
+    {RULE_HEX, "41 [2 42", 3, "bad jump"},
+    {RULE_HEX, "41 | 42", 3, "alternatives in a hex string go in parentheses"},
+    {RULE_HEX, "41 (42 | ) 43", 9, "empty alternative in a hex string"},
+    {RULE_HEX, "41 (42 | 43 44", 3, "unterminated alternatives: add the closing ')'"},
+    {RULE_HEX, "41 42) 43", 5, "unmatched ')' in a hex string"},
+    {RULE_HEX, "41 ~4", 4, "bad hex string"},
     {RULE_LITERAL, "ab\\q", 2, "unknown escape in literal"},
     {RULE_LITERAL, "ab\\x", 2, "bad \\x escape: write a byte as two hex digits, e.g. \\x41"},
     {RULE_LITERAL, "", 0, "empty pattern: a rule must match at least one byte"},
@@ -331,6 +345,55 @@ START_TEST(matching_semantics)
     ck_assert_str_eq(ENDS(RULE_REGEX, "a*", 0, "aaa"),
                      "rejected: pattern can match the empty string, which would match at every "
                      "offset: make some part of it consume at least one byte");
+}
+END_TEST
+
+/* YARA's hex syntax: half bytes, ~ negations, jumps, nested alternatives;
+ * spacing and case do not change a rule's fingerprint, and a string of
+ * byte pairs keeps the fingerprint it always had. */
+START_TEST(hex_strings)
+{
+    ck_assert_str_eq(ENDS(RULE_HEX, "4? 5a", 0, "MZ@Z\x50Z"), "2,4");
+    ck_assert_str_eq(ENDS(RULE_HEX, "?d 5a", 0, "MZ]Z\x0cZ"), "2,4");
+    ck_assert_str_eq(ENDS(RULE_HEX, "~4d 5a", 0, "MZ@Z"), "4");
+    ck_assert_str_eq(ENDS(RULE_HEX, "~4? 5a", 0, "MZ@ZpZ"), "6");
+    ck_assert_str_eq(ENDS(RULE_HEX, "41 [2] 42", 0, "AB AxxB AxxxB"), "7");
+    ck_assert_str_eq(ENDS(RULE_HEX, "41 [1-2] 42", 0, "AB AxB AxxB AxxxB"), "6,11");
+    ck_assert_str_eq(ENDS(RULE_HEX, "41 [2-] 42", 0, "AB AxB AxxB AxxxxxB"), "6,11,19");
+    ck_assert_str_eq(ENDS(RULE_HEX, "41 [-] 42", 0, "AB"), "2");
+    ck_assert_str_eq(ENDS(RULE_HEX, "41 [-3] 42", 0, "AB AxxxB AxxxxB"), "2,8");
+    ck_assert_str_eq(ENDS(RULE_HEX, "41 (42 | 43 44) 45", 0, "ABE ACDE ACE"), "3,8");
+    ck_assert_str_eq(ENDS(RULE_HEX, "41 (42 | (43 | 44 [1] 44)) 45", 0, "ACE ADxDE ADDE"), "3,9");
+    ck_assert_str_eq(ENDS(RULE_HEX, "41 ~42", RULE_F_CASELESS, "Ab AB Ax"), "8");
+    ck_assert_str_eq(ENDS(RULE_HEX, "4? 42", RULE_F_CASELESS, "Ab ab"), "2,5");
+    ck_assert_str_eq(ENDS(RULE_HEX, "(41 | [-])", 0, "A"),
+                     "rejected: pattern can match the empty string, which would match at every "
+                     "offset: make some part of it consume at least one byte");
+
+    static const struct {
+        const char *a, *b;
+        bool same;
+    } fps[] = {
+        {"4D5A [ 2 - 4 ] (41|42)", "4d 5a [2-4] ( 41 | 42 )", true},
+        {"4D5A??00", "4d 5a ?? 00", true},
+        {"~4D\t?A (3? |[-] 4f)", "~4d ?a ( 3? | [-] 4f )", true},
+        {"4d 5a [2-4] (41 | 42)", "4d 5a [2-5] (41 | 42)", false},
+        {"4d 5a [2-4] (41 | 42)", "4d 5a [2-4] 41 42", false},
+        {"~4d 5a", "4d 5a", false},
+        {"4? 5a", "?4 5a", false},
+    };
+    for (size_t i = 0; i < sizeof(fps) / sizeof(fps[0]); i++) {
+        uint8_t fa[CATALOG_FP_LEN], fb[CATALOG_FP_LEN];
+        struct rule_src ra = {
+            .id = "t", .kind = RULE_HEX, .pattern = fps[i].a, .len = strlen(fps[i].a)};
+        struct rule_src rb = {
+            .id = "t", .kind = RULE_HEX, .pattern = fps[i].b, .len = strlen(fps[i].b)};
+        rules_fingerprint(&ra, fa);
+        rules_fingerprint(&rb, fb);
+        ck_assert_msg((memcmp(fa, fb, sizeof(fa)) == 0) == fps[i].same,
+                      "{%s} and {%s}: the fingerprints should %s", fps[i].a, fps[i].b,
+                      fps[i].same ? "be equal" : "differ");
+    }
 }
 END_TEST
 
@@ -624,6 +687,7 @@ Suite *rules_suite(void)
     tcase_add_loop_test(tc, semantic_checks, 0, sizeof(check_cases) / sizeof(check_cases[0]));
     tcase_add_loop_test(tc, escape_sets, 0, sizeof(set_cases) / sizeof(set_cases[0]));
     tcase_add_test(tc, matching_semantics);
+    tcase_add_test(tc, hex_strings);
     tcase_add_test(tc, pattern_file);
     tcase_add_test(tc, bad_rules_do_not_stop_the_rest);
     tcase_add_test(tc, grouping_under_budget);

@@ -111,10 +111,11 @@ static unsigned hs_flags_of(uint32_t f)
 
 /* Our (end, start) pairs: ends from the reference scanner, starts from
  * som_fill. Returns false when vkscan rejects the rule. */
-static bool ours(const char *pat, uint32_t flags, const uint8_t *hay, size_t len, struct pairs *out)
+static bool ours_kind(enum rule_kind kind, const char *pat, uint32_t flags, const uint8_t *hay,
+                      size_t len, struct pairs *out)
 {
     struct rule_src src = {.id = "t",
-                           .kind = RULE_REGEX,
+                           .kind = kind,
                            .pattern = pat,
                            .len = strlen(pat),
                            .flags = flags | RULE_F_SOMLEFT};
@@ -143,6 +144,11 @@ static bool ours(const char *pat, uint32_t flags, const uint8_t *hay, size_t len
     rules_result_finish(&res);
     pairs_norm(out);
     return true;
+}
+
+static bool ours(const char *pat, uint32_t flags, const uint8_t *hay, size_t len, struct pairs *out)
+{
+    return ours_kind(RULE_REGEX, pat, flags, hay, len, out);
 }
 
 /* Hyperscan's pairs; false when it rejects the rule with SOM_LEFTMOST. */
@@ -441,6 +447,48 @@ START_TEST(known)
 END_TEST
 
 /* The pattern-file letter L, and the message that lists it. */
+/* Hex strings with jumps, alternatives, half bytes and negations: the
+ * starts are found by parsing the catalog's stored (canonical) form of the
+ * rule again, so they check that form too. Each against Hyperscan on the
+ * same rule written as a regex, over random bytes of the rules' alphabet. */
+START_TEST(hex_starts)
+{
+    static const struct {
+        const char *hex, *re;
+    } cases[] = {
+        {"41 [1-3] 42", "\\x41[\\x00-\\xff]{1,3}\\x42"},
+        {"41 [ 2 - ] 42", "\\x41[\\x00-\\xff]{2,}\\x42"},
+        {"( 41 | 42 43 ) [-] 44", "(?:\\x41|\\x42\\x43)[\\x00-\\xff]*\\x44"},
+        {"4? ~42 ?3", "[\\x40-\\x4f][^\\x42][\\x03\\x13\\x23\\x33\\x43\\x53\\x63\\x73\\x83"
+                      "\\x93\\xa3\\xb3\\xc3\\xd3\\xe3\\xf3]"},
+        {"41 ( 42 [1] | (43 | 44) ) 41", "\\x41(?:\\x42[\\x00-\\xff]|\\x43|\\x44)\\x41"},
+    };
+    static const uint8_t alpha[] = {0x41, 0x42, 0x43, 0x44, 0x00, 0x13};
+    struct rng r = {0x4e5u};
+    struct stats st = {0};
+    uint8_t hay[300];
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (int k = 0; k < 20; k++) {
+            size_t len = 1 + rng_below(&r, sizeof(hay));
+            for (size_t i = 0; i < len; i++)
+                hay[i] = alpha[rng_below(&r, sizeof(alpha))];
+            struct pairs a = {0}, b = {0};
+            char msg[256] = "";
+            ck_assert_msg(ours_kind(RULE_HEX, cases[c].hex, 0, hay, len, &a), "{%s} rejected",
+                          cases[c].hex);
+            ck_assert_msg(theirs(cases[c].re, 0, hay, len, &b, msg, sizeof(msg)), "%s: %s",
+                          cases[c].re, msg);
+            st.with_hits += b.n > 0;
+            ck_assert_msg(a.n == b.n && (a.n == 0 || memcmp(a.v, b.v, a.n * sizeof(*a.v)) == 0),
+                          "{%s}: %zu (end, start) pairs, Hyperscan %zu", cases[c].hex, a.n, b.n);
+            free(a.v);
+            free(b.v);
+        }
+    }
+    ck_assert_uint_gt(st.with_hits, 50);
+}
+END_TEST
+
 START_TEST(flag_letter)
 {
     uint32_t f = 0;
@@ -533,6 +581,7 @@ Suite *som_suite(void)
     TCase *tc = tcase_create("hyperscan");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, flag_letter);
+    tcase_add_test(tc, hex_starts);
     tcase_add_test(tc, known);
     tcase_add_test(tc, long_gaps);
     tcase_add_test(tc, random_rules);
