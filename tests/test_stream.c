@@ -112,12 +112,77 @@ static void gen_atom(struct str *s, int depth)
     }
 }
 
-/* Bounded or unbounded regexes with anchors and word boundaries, or
- * literals; flags i, s, m and H at random. */
+/* One token of a YARA hex string over the data's bytes (docs/rules.md):
+ * a byte, a half byte, a negation, a jump (not at an edge) or (a | b). */
+static void gen_hex_item(struct trule *r, bool edge, int depth)
+{
+    static const uint8_t bytes[] = {'a', 'b', 'c', 'A', '_', ' ', '\n', '0', 'x', '.'};
+    uint8_t b = bytes[rnd(sizeof(bytes))];
+    uint32_t k = edge ? rnd(3) : rnd(depth < 2 ? 6 : 5);
+    char t[600];
+    if (r->pat.n)
+        puts_(&r->pat, " ");
+    if (k == 0 || k == 1) { /* a byte */
+        snprintf(t, sizeof(t), "%02x", b);
+        puts_(&r->pat, t);
+        snprintf(t, sizeof(t), "\\x%02x", b);
+        puts_(&r->hs, t);
+    } else if (k == 2) { /* 6?, ~61 or ~6? */
+        bool negate = rnd(2), half = rnd(2);
+        if (half)
+            snprintf(t, sizeof(t), "%s%x?", negate ? "~" : "", b >> 4);
+        else
+            snprintf(t, sizeof(t), "%s%02x", negate ? "~" : "", b);
+        puts_(&r->pat, t);
+        puts_(&r->hs, negate ? "[^" : "[");
+        for (unsigned c = 0; c < 256; c++)
+            if (half ? (c >> 4) == (unsigned)(b >> 4) : c == b) {
+                snprintf(t, sizeof(t), "\\x%02x", c);
+                puts_(&r->hs, t);
+            }
+        puts_(&r->hs, "]");
+    } else if (k < 5) { /* a jump */
+        uint32_t mn = rnd(4), mx = mn + 1 + rnd(6), form = gen_bounded ? 0 : rnd(3);
+        if (form == 0)
+            snprintf(t, sizeof(t), "[%u-%u]", mn, mx);
+        else
+            snprintf(t, sizeof(t), form == 1 ? "[%u-]" : "[-]", mn);
+        puts_(&r->pat, t);
+        if (form == 0)
+            snprintf(t, sizeof(t), "[\\x00-\\xff]{%u,%u}", mn, mx);
+        else
+            snprintf(t, sizeof(t), "[\\x00-\\xff]{%u,}", form == 1 ? mn : 0);
+        puts_(&r->hs, t);
+    } else { /* two or three alternatives */
+        puts_(&r->pat, "(");
+        puts_(&r->hs, "(?:");
+        for (uint32_t a = 0, na = 2 + rnd(2); a < na; a++) {
+            if (a) {
+                puts_(&r->pat, " |");
+                puts_(&r->hs, "|");
+            }
+            for (uint32_t i = 0, ni = 1 + rnd(2); i < ni; i++)
+                gen_hex_item(r, false, depth + 1);
+        }
+        puts_(&r->pat, " )");
+        puts_(&r->hs, ")");
+    }
+}
+
+/* Bounded or unbounded regexes with anchors and word boundaries, YARA hex
+ * strings, or literals; flags i, s, m and H at random. */
 static void gen_rule(struct trule *r, size_t index)
 {
     memset(r, 0, sizeof(*r));
     snprintf(r->id, sizeof(r->id), "r%zu", index);
+    if (rnd(8) == 0) {
+        r->kind = RULE_HEX;
+        for (uint32_t k = 0, n = 2 + rnd(4); k < n; k++)
+            gen_hex_item(r, k == 0 || k + 1 == n, 0);
+        r->flags |= rnd(4) == 0 ? RULE_F_CASELESS : 0;
+        r->flags |= rnd(8) == 0 ? RULE_F_SINGLEMATCH : 0;
+        return;
+    }
     if (rnd(5) == 0) {
         static const char lit[] = "abcAx_ 0\n";
         r->kind = RULE_LITERAL;
