@@ -1292,16 +1292,20 @@ static struct node *parse_cat(struct parser *p, struct pflags *fl)
     return list_node(p, N_CAT, at, &v);
 }
 
-static struct node *parse_alt(struct parser *p, struct pflags fl)
+/* Sequences read by `seq` and separated by '|', up to a ')' or the end:
+ * an alternation, or the one sequence. Each level counts against
+ * MAX_DEPTH (`what` names the levels in the message). */
+static struct node *alternation(struct parser *p, struct node *(*seq)(struct parser *, void *),
+                                void *ctx, const char *what)
 {
     if (++p->depth > MAX_DEPTH) {
-        fail(p, p->i, "groups nested deeper than %d: flatten the pattern", MAX_DEPTH);
+        fail(p, p->i, "%s nested deeper than %d: flatten the pattern", what, MAX_DEPTH);
         return NULL;
     }
     struct nodevec v = {0};
     size_t at = p->i;
     for (;;) {
-        struct node *c = parse_cat(p, &fl);
+        struct node *c = seq(p, ctx);
         if (c == NULL || !vec_push(p, &v, c))
             return NULL;
         if (peek(p, 0) != '|')
@@ -1310,6 +1314,18 @@ static struct node *parse_alt(struct parser *p, struct pflags fl)
     }
     p->depth--;
     return list_node(p, N_ALT, at, &v);
+}
+
+static struct node *regex_seq(struct parser *p, void *fl)
+{
+    return parse_cat(p, fl);
+}
+
+/* Inline flags set in one alternative hold for the ones after it, up to
+ * the group's end: the alternatives share `fl`, a copy of the group's. */
+static struct node *parse_alt(struct parser *p, struct pflags fl)
+{
+    return alternation(p, regex_seq, &fl, "groups");
 }
 
 static struct node *parse_regex(struct parser *p, uint32_t flags)
@@ -1523,25 +1539,15 @@ static struct node *hex_cat(struct parser *p, bool caseless, size_t *first_jump,
     return list_node(p, N_CAT, at, &v);
 }
 
+static struct node *hex_seq(struct parser *p, void *caseless)
+{
+    size_t first_jump, last_jump; /* jumps may start or end an alternative */
+    return hex_cat(p, *(bool *)caseless, &first_jump, &last_jump);
+}
+
 static struct node *hex_alt(struct parser *p, bool caseless)
 {
-    if (++p->depth > MAX_DEPTH) {
-        fail(p, p->i, "alternatives nested deeper than %d: flatten the hex string", MAX_DEPTH);
-        return NULL;
-    }
-    struct nodevec v = {0};
-    size_t at = p->i;
-    for (;;) {
-        size_t fj, lj;
-        struct node *c = hex_cat(p, caseless, &fj, &lj);
-        if (c == NULL || !vec_push(p, &v, c))
-            return NULL;
-        if (peek(p, 0) != '|')
-            break;
-        p->i++;
-    }
-    p->depth--;
-    return list_node(p, N_ALT, at, &v);
+    return alternation(p, hex_seq, &caseless, "alternatives");
 }
 
 /* A hex string: byte pairs, ?? and half-byte wildcards, ~ negations, jumps
