@@ -351,6 +351,26 @@ START_TEST(fixed_cases)
 }
 END_TEST
 
+/* Subset states of more than 48 NFA positions (each `.*` keeps the
+ * positions before it alive), which dfa.c reads back from its stamps in
+ * state order instead of sorting: the DFA and the minimised one still scan
+ * as the NFA simulates, and the matches are long enough to need them. */
+START_TEST(long_closures)
+{
+    static const char *const cls[] = {"[ab1]", "[bc_]", "[ac ]", "[abc]", "[1_A]"};
+    char p1[400] = "(?s)", p2[400] = "(?s)";
+    for (int i = 0; i < 36; i++) {
+        strcat(p1, i ? ".*" : "");
+        strcat(p1, cls[i % 5]);
+        strcat(p2, i ? "[^\\n]*" : "");
+        strcat(p2, cls[(i * 3 + 1) % 5]);
+    }
+    const char *pats[] = {p1, p2};
+    rng_state = 4711;
+    check_group(pats, 2, 60);
+}
+END_TEST
+
 /* The literal shortcut: 2,000 literals sharing prefixes build a DFA no
  * larger than their trie, and scan like a direct simulation. */
 START_TEST(literal_trie_size)
@@ -578,6 +598,7 @@ Suite *dfa_suite(void)
     tcase_add_test(tc, random_single_patterns);
     tcase_add_test(tc, random_groups);
     tcase_add_test(tc, fixed_cases);
+    tcase_add_test(tc, long_closures);
     tcase_add_test(tc, literal_trie_size);
     tcase_add_test(tc, literal_groups_minimal);
     tcase_add_test(tc, minimise_cancelled);
