@@ -45,7 +45,12 @@ int dfa_build(const struct nfa *nfa, uint32_t max_states, struct dfa *out);
  * -ECANCELED every 256 states. NULL: never. */
 extern _Thread_local const volatile int *dfa_cancel;
 
-/* Minimises in place (Moore's partition refinement); keeps accepting-last
+/* Rounds of Moore's refinement before dfa_minimise turns to Hopcroft's
+ * algorithm for the rest (64; tests set 0 to run Hopcroft's alone). */
+extern uint32_t dfa_moore_rounds;
+
+/* Minimises in place (Moore's partition refinement, then Hopcroft's
+ * algorithm past dfa_moore_rounds rounds); keeps accepting-last
  * numbering. Does nothing to a DFA marked minimal. Returns 0, -ENOMEM, or
  * -ECANCELED when this thread's dfa_cancel flag is set (checked every
  * refinement round); on failure the DFA is unchanged. */

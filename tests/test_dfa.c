@@ -205,6 +205,21 @@ static void bit_nfa_scans(const struct catalog *cat, const uint8_t *hay, size_t 
     gated_scans(cat, hay, len, pats, np, want);
 }
 
+/* Two minimisations of one DFA (Moore's and Hopcroft's) must give the same
+ * automaton: one partition, blocks numbered by first member. */
+static void same_dfa(const struct dfa *a, const struct dfa *b)
+{
+    ck_assert_uint_eq(a->n_states, b->n_states);
+    ck_assert_uint_eq(a->n_classes, b->n_classes);
+    ck_assert_uint_eq(a->first_accept, b->first_accept);
+    ck_assert_mem_eq(a->start, b->start, sizeof(a->start));
+    ck_assert_mem_eq(a->trans, b->trans, (size_t)a->n_states * a->n_classes * sizeof(uint32_t));
+    ck_assert_mem_eq(a->acc_first, b->acc_first, ((size_t)a->n_states + 1) * sizeof(uint32_t));
+    ck_assert_uint_eq(a->n_acc, b->n_acc);
+    if (a->n_acc)
+        ck_assert_mem_eq(a->acc, b->acc, a->n_acc * sizeof(uint32_t));
+}
+
 static void check_group(const char **pats, size_t np, int rounds)
 {
     struct parse_result pr[8];
@@ -217,11 +232,18 @@ static void check_group(const char **pats, size_t np, int rounds)
     struct nfa nfa;
     ck_assert_int_eq(nfa_builder_finish(b, &nfa), 0);
     nfa_builder_destroy(b);
-    struct dfa raw, min;
+    struct dfa raw, min, hop;
     ck_assert_int_eq(dfa_build(&nfa, 1u << 20, &raw), 0);
     ck_assert_int_eq(dfa_build(&nfa, 1u << 20, &min), 0);
+    ck_assert_int_eq(dfa_build(&nfa, 1u << 20, &hop), 0);
+    uint32_t moore = dfa_moore_rounds;
+    dfa_moore_rounds = UINT32_MAX; /* Moore's rounds alone */
     ck_assert_int_eq(dfa_minimise(&min), 0);
+    dfa_moore_rounds = 0; /* Hopcroft's algorithm alone */
+    ck_assert_int_eq(dfa_minimise(&hop), 0);
+    dfa_moore_rounds = moore;
     ck_assert_uint_le(min.n_states, raw.n_states);
+    same_dfa(&min, &hop);
     if (min.minimal) { /* literals only: Moore's refinement finds nothing to merge */
         min.minimal = false;
         ck_assert_int_eq(dfa_minimise(&min), 0);
@@ -290,6 +312,7 @@ static void check_group(const char **pats, size_t np, int rounds)
     rules_result_finish(&res);
     dfa_finish(&raw);
     dfa_finish(&min);
+    dfa_finish(&hop);
     nfa_finish(&nfa);
     for (size_t i = 0; i < np; i++)
         parse_result_finish(&pr[i]);
