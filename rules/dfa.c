@@ -1244,7 +1244,7 @@ static int hopcroft(const struct dfa *d, struct part *pt, uint32_t *nb)
             rc = -ECANCELED;
             goto out;
         }
-        uint32_t a = stack[--top] / k, c = stack[top] % k;
+        uint32_t splitter = stack[--top], a = splitter / k, c = splitter % k;
         /* the splitter's members, copied: marking moves elements within blocks */
         uint32_t na = p.past[a] - p.first[a];
         memcpy(copy, p.elem + p.first[a], (size_t)na * sizeof(uint32_t));
