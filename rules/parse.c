@@ -592,21 +592,20 @@ static struct node *hex_jump(struct parser *p)
     size_t at = p->i++;
     uint32_t mn = 0, mx = REPEAT_INF;
     hex_skip_space(p);
-    bool has_min = hex_number(p, &mn);
+    bool has_min = hex_number(p, &mn), has_dash = false;
     hex_skip_space(p);
     if (peek(p, 0) == '-') {
+        has_dash = true;
         p->i++;
         hex_skip_space(p);
         if (!hex_number(p, &mx))
             mx = REPEAT_INF;
         hex_skip_space(p);
-    } else if (has_min) {
-        mx = mn;
     } else {
-        mx = 0; /* "[]": reported below as a bad jump */
-        has_min = false;
+        mx = mn;
     }
-    if (peek(p, 0) != ']' || (!has_min && mx == 0)) {
+    /* "[]", "[x]", "[-0]" and an unclosed jump are all malformed */
+    if (peek(p, 0) != ']' || (!has_min && !has_dash) || (!has_min && mx == 0)) {
         parse_fail(p, at,
                    "bad jump: write [n] for n bytes, [n-m] for n to m, [n-] for n or more, [-] "
                    "for any number");
