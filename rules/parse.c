@@ -30,7 +30,7 @@ struct arena {
     size_t next_cap; /* bytes of the next chunk; 0: 1 KiB */
 };
 
-void *parse_alloc(struct arena *a, size_t n)
+static void *arena_alloc(struct arena *a, size_t n)
 {
     n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
     struct arena_chunk *c = a->head;
@@ -50,6 +50,16 @@ void *parse_alloc(struct arena *a, size_t n)
     c->used += n;
     memset(p, 0, n);
     return p;
+}
+
+void *parse_alloc(struct parser *p, size_t n)
+{
+    void *m = arena_alloc(p->arena, n);
+    if (m == NULL && p->err == 0) {
+        p->err = -ENOMEM;
+        snprintf(p->msg, p->msgsz, "out of memory while parsing");
+    }
+    return m;
 }
 
 static void arena_free(struct arena *a)
@@ -87,14 +97,9 @@ VKS_PRINTF(3, 4) void parse_fail(struct parser *p, size_t pos, const char *fmt, 
 
 struct node *parse_node(struct parser *p, enum node_type t, size_t pos)
 {
-    struct node *n = parse_alloc(p->arena, sizeof(*n));
-    if (n == NULL) {
-        if (p->err == 0) {
-            p->err = -ENOMEM;
-            snprintf(p->msg, p->msgsz, "out of memory while parsing");
-        }
+    struct node *n = parse_alloc(p, sizeof(*n));
+    if (n == NULL)
         return NULL;
-    }
     n->type = t;
     n->pos = (uint32_t)pos;
     return n;
@@ -163,14 +168,9 @@ bool parse_vec_push(struct parser *p, struct nodevec *v, struct node *n)
 {
     if (v->n == v->cap) {
         uint32_t cap = v->cap ? v->cap * 2 : 8;
-        struct node **nv = parse_alloc(p->arena, cap * sizeof(*nv));
-        if (nv == NULL) {
-            if (p->err == 0) {
-                p->err = -ENOMEM;
-                snprintf(p->msg, p->msgsz, "out of memory while parsing");
-            }
+        struct node **nv = parse_alloc(p, cap * sizeof(*nv));
+        if (nv == NULL)
             return false;
-        }
         if (v->n)
             memcpy(nv, v->v, v->n * sizeof(*nv));
         v->v = nv;

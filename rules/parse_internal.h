@@ -44,8 +44,9 @@ struct nodevec {
     uint32_t n, cap;
 };
 
-/* Zeroed memory from the tree's arena (freed with it), or NULL. */
-void *parse_alloc(struct arena *a, size_t n);
+/* Zeroed memory from the tree's arena (freed with it), or NULL with
+ * -ENOMEM recorded as the parse's error. */
+void *parse_alloc(struct parser *p, size_t n);
 
 /* Records the first error: its offset and message (the later ones are
  * dropped, so the first cause is what the user reads). */

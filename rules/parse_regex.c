@@ -410,14 +410,9 @@ static bool parse_group_name(struct parser *p, size_t at)
     }
     if (p->nnames == p->capnames) {
         uint32_t cap = p->capnames ? p->capnames * 2 : 8;
-        uint32_t *nv = parse_alloc(p->arena, 2 * cap * sizeof(*nv));
-        if (nv == NULL) {
-            if (p->err == 0) {
-                p->err = -ENOMEM;
-                snprintf(p->msg, p->msgsz, "out of memory while parsing");
-            }
+        uint32_t *nv = parse_alloc(p, 2 * cap * sizeof(*nv));
+        if (nv == NULL)
             return false;
-        }
         if (p->nnames)
             memcpy(nv, p->names, 2 * p->nnames * sizeof(*nv));
         p->names = nv;
