@@ -133,31 +133,25 @@ static char *canonical(const struct rule_src *r, size_t *len)
     } else {
         size_t i = 0;
         while (i < r->len) {
-            if (hex_space(r->pattern[i])) {
+            char ch = r->pattern[i];
+            if (hex_space(ch)) {
                 i++;
                 continue;
             }
             if (n > 0)
                 out[n++] = ' ';
-            char ch = r->pattern[i];
-            size_t take = 2; /* bytes of the token, spaces inside a jump not counted */
-            if (ch == '(' || ch == '|' || ch == ')')
-                take = 1;
-            else if (ch == '~')
-                take = 3;
-            for (; i < r->len && take > 0; i++) {
+            if (ch == '[') { /* a jump, to its ']', without the spaces in it */
+                for (; i < r->len && r->pattern[i] != ']'; i++)
+                    if (!hex_space(r->pattern[i]))
+                        out[n++] = r->pattern[i];
+                if (i < r->len)
+                    out[n++] = r->pattern[i++];
+                continue;
+            }
+            size_t take = ch == '(' || ch == '|' || ch == ')' ? 1 : ch == '~' ? 3 : 2;
+            for (; i < r->len && take > 0; i++, take--) {
                 ch = r->pattern[i];
-                if (ch == '[') { /* a jump runs to its ']' */
-                    for (; i < r->len && r->pattern[i] != ']'; i++)
-                        if (!hex_space(r->pattern[i]))
-                            out[n++] = r->pattern[i];
-                    if (i < r->len)
-                        out[n++] = ']';
-                    take = 0;
-                    continue;
-                }
                 out[n++] = (char)(ch >= 'A' && ch <= 'F' ? ch + 32 : ch);
-                take--;
             }
         }
     }
