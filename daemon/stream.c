@@ -94,7 +94,8 @@ struct work {
     size_t batch_min;    /* stream-gpu-min-bytes while a GPU engine runs; 0: never */
     const uint8_t *wbuf; /* the write's bytes: the frame's, or `sparse` */
     size_t wlen;
-    void *sparse; /* a descriptor write's mapping (owned): only its head and tail read */
+    void *sparse; /* a descriptor write's buffer (owned, sparse_get): head and tail read */
+    size_t sparse_cap;
     struct streamscan_middle mid;
     bool mid_cpu;    /* the batch failed: the middle runs on a CPU engine thread */
     bool broken;     /* failed after its state moved (a hit bomb): the stream closes */
@@ -535,6 +536,98 @@ static struct stream *lookup(struct stream_set *set, uint32_t id, int *code, cha
 
 /* Reads `n` bytes at `at` of the write's range into `dst`; 0 or
  * -VKS_E_BAD_FD with w->msg set. */
+/* ---- buffers of descriptor writes whose middle runs in a batch ----
+ *
+ * Such a write needs a buffer of its length of which only the head and the
+ * tail are ever read (write_fd; the batch reads the middle from the
+ * descriptor). A fresh anonymous mapping per write costs an mmap, faults,
+ * and an munmap whose TLB shootdown interrupts every core that runs a
+ * daemon thread: for a flow reassembler's 64 KiB writes, two system calls
+ * and an interrupt round per write, the munmap on the loop thread
+ * (docs/PERFORMANCE.md "Session 28"). Mappings of up to SPARE_MAX bytes
+ * are kept for reuse instead, by size class (powers of two), SPARE_KEEP
+ * bytes of them at most: a kept mapping has at most its class size of
+ * resident pages, so that bounds what the reuse holds. A reused buffer's
+ * middle still holds an earlier write's bytes; nothing reads them
+ * (streamscan_split_plan names what streamscan_write_begin reads, and the
+ * CPU fallback reads the whole range into it first). */
+#define SPARE_MIN_SHIFT 14u /* 16 KiB */
+#define SPARE_MAX_SHIFT 22u /* 4 MiB */
+#define SPARE_KEEP      (64u << 20)
+
+static struct {
+    pthread_mutex_t mu;
+    void *head[SPARE_MAX_SHIFT - SPARE_MIN_SHIFT + 1]; /* linked through their first word */
+    uint64_t kept;                                     /* bytes in the lists */
+    uint64_t reused, mapped;                           /* stream.sparse_reused, _mapped */
+} spare = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* The class of a buffer of `len` bytes (its size: 1 << class), or 0 when
+ * buffers that long are not kept. */
+static unsigned spare_class(size_t len)
+{
+    if (len > ((size_t)1 << SPARE_MAX_SHIFT))
+        return 0;
+    unsigned c = SPARE_MIN_SHIFT;
+    while (((size_t)1 << c) < len)
+        c++;
+    return c;
+}
+
+/* A buffer of at least `len` bytes whose pages are only touched where
+ * written (its size in *cap), or NULL. */
+static void *sparse_get(size_t len, size_t *cap)
+{
+    unsigned c = spare_class(len);
+    void *p = NULL;
+    if (c != 0) {
+        len = (size_t)1 << c;
+        pthread_mutex_lock(&spare.mu);
+        if ((p = spare.head[c - SPARE_MIN_SHIFT]) != NULL) {
+            spare.head[c - SPARE_MIN_SHIFT] = *(void **)p;
+            spare.kept -= len;
+            spare.reused++;
+        } else {
+            spare.mapped++;
+        }
+        pthread_mutex_unlock(&spare.mu);
+    }
+    if (p == NULL) {
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+        if (p == MAP_FAILED)
+            return NULL;
+    }
+    *cap = len;
+    return p;
+}
+
+/* Gives back the write's buffer, kept for the next write where there is
+ * room (any thread). */
+static void sparse_put(struct work *w)
+{
+    void *p = w->sparse;
+    size_t cap = w->sparse_cap;
+    if (p == NULL)
+        return;
+    w->sparse = NULL;
+    w->wbuf = NULL;
+    unsigned c = spare_class(cap);
+    if (c != 0 && cap == (size_t)1 << c) {
+        pthread_mutex_lock(&spare.mu);
+        bool keep = spare.kept + cap <= SPARE_KEEP;
+        if (keep) {
+            *(void **)p = spare.head[c - SPARE_MIN_SHIFT];
+            spare.head[c - SPARE_MIN_SHIFT] = p;
+            spare.kept += cap;
+        }
+        pthread_mutex_unlock(&spare.mu);
+        if (keep)
+            return;
+    }
+    munmap(p, cap);
+}
+
 static int read_range(struct work *w, const struct proto_buffer *b, void *dst, uint64_t at,
                       uint64_t n)
 {
@@ -582,13 +675,13 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
     size_t hd, tl;
     if (w->batch_min != 0 && len > w->batch_min && read_range(w, b, &last, len - 1, 1) == 0 &&
         streamscan_split_plan(w->st->scan, (size_t)len, last, w->batch_min, &hd, &tl)) {
-        void *map = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (map == MAP_FAILED)
+        size_t cap;
+        uint8_t *map = sparse_get((size_t)len, &cap);
+        if (map == NULL)
             return -ENOMEM;
         int rc = read_range(w, b, map, 0, hd);
         if (rc == 0)
-            rc = read_range(w, b, (uint8_t *)map + len - tl, len - tl, tl);
+            rc = read_range(w, b, map + len - tl, len - tl, tl);
         if (rc == 0)
             rc = streamscan_write_begin(w->st->scan, map, (size_t)len, w->batch_min, &w->hits,
                                         &w->mid);
@@ -597,12 +690,13 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
             w->bytes = len; /* the state moved past unread bytes: the stream must close */
             rc = -VKS_E_INTERNAL;
         }
+        w->sparse = map;
+        w->sparse_cap = cap;
         if (rc != 0) {
-            munmap(map, (size_t)len);
+            sparse_put(w);
             return rc;
         }
         w->bytes = len;
-        w->sparse = map;
         w->wbuf = map;
         w->wlen = (size_t)len;
         return 0;
@@ -652,6 +746,7 @@ static void work_run(struct work *w)
         if (w->rc == 0)
             w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
         streamscan_middle_finish(&w->mid);
+        sparse_put(w);
     } else if (w->mid_cpu) { /* its batch failed: the middle here, then the write's end */
         w->rc = w->sparse != NULL ? read_range(w, b, w->sparse, 0, w->wlen) : 0;
         if (w->rc == 0)
@@ -659,6 +754,7 @@ static void work_run(struct work *w)
         if (w->rc == 0)
             w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
         streamscan_middle_finish(&w->mid);
+        sparse_put(w);
     } else if (b == NULL) {
         w->rc = streamscan_close(w->st->scan, &w->hits);
     } else if (!b->is_fd && b->len > w->max) {
@@ -818,8 +914,7 @@ static void finish(struct work *w)
     void *token = w->token;
     struct many *m = w->many;
     scan_hits_finish(&w->hits);
-    if (w->sparse != NULL)
-        munmap(w->sparse, w->wlen);
+    sparse_put(w);
     free(w);
     if (!keep && st->set != NULL)
         stream_remove(st->set, st);
@@ -1406,4 +1501,10 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "stream.batch_readback_ns", counters.batch_readback_ns);
     stats_add_u(l, "stream.batch_finalize_ns", counters.batch_finalize_ns);
     stats_add_u(l, "stream.batch_idle_ns", counters.batch_idle_ns);
+    pthread_mutex_lock(&spare.mu);
+    uint64_t reused = spare.reused, mapped = spare.mapped, kept = spare.kept;
+    pthread_mutex_unlock(&spare.mu);
+    stats_add_u(l, "stream.sparse_reused", reused);
+    stats_add_u(l, "stream.sparse_mapped", mapped);
+    stats_add_u(l, "stream.sparse_kept_bytes", kept);
 }

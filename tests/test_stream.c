@@ -1509,7 +1509,8 @@ END_TEST
  * with writes of 1 byte to 6 KiB, inline and by descriptor, matches
  * planted densely. Every write's hits equal a block scan of the
  * concatenation by the same daemon, and the stats show that middles ran in
- * batches on the GPU engine and none fell back to the CPU. Fails when a
+ * batches on the GPU engine and none fell back to the CPU, and that the
+ * descriptor writes reused one buffer for their heads and tails. Fails when a
  * middle's hits are dropped, doubled, or offset wrongly (the block scan's
  * ends are counted from the write's first byte). */
 static const struct vks_rule brules[] = {
@@ -1569,6 +1570,11 @@ START_TEST(test_daemon_stream_gpu_batches)
            stat_of(c, "stream.writes"), stat_of(c, "stream.batch_bytes"));
     ck_assert_uint_gt(batched, 20);
     ck_assert_uint_gt(stat_of(c, "stream.batch_fd_writes"), 5); /* read whole for the batch */
+    /* one write at a time: each descriptor write's head-and-tail buffer is
+     * the one before's, whose middle held other bytes (a read of them would
+     * show in the hits) */
+    ck_assert_uint_le(stat_of(c, "stream.sparse_mapped"), 2);
+    ck_assert_uint_ge(stat_of(c, "stream.sparse_reused") + 2, stat_of(c, "stream.batch_fd_writes"));
     ck_assert_uint_eq(stat_of(c, "stream.batch_gpu"), batched);
     ck_assert_uint_eq(stat_of(c, "stream.batch_fallbacks"), 0);
     ck_assert_uint_eq(stat_of(c, "limit.stream_gpu_min_bytes"), 1);
