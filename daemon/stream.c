@@ -593,8 +593,8 @@ static void *sparse_get(size_t len, size_t *cap)
         pthread_mutex_unlock(&spare.mu);
     }
     if (p == NULL) {
-        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                 0);
         if (p == MAP_FAILED)
             return NULL;
     }
