@@ -414,6 +414,14 @@ int gpu_gather_gates(struct batch_ctx *bc, const uint32_t *raw, uint64_t n);
 int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struct gpu_result *res,
                     struct vks_error *err);
 
+/* repair.c: the host's work on a collected pass before its hits are
+ * grouped (`qs` the queue state, `raw` its n raw hits): speculative
+ * segments walked again where their guessed start state was wrong, and
+ * confirmations the device left unfinished. Fills the scratch's fixes and
+ * fix hits, sorted. Returns 0 or a negative code with `err` set. */
+int gpu_host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t *raw, uint64_t n,
+                    struct vks_error *err);
+
 /* Grows `*p` (elements of `elem` bytes, capacity `*cap`) to hold `need`,
  * doubling; returns 0 or -ENOMEM, leaving `*p` intact on failure. */
 int gpu_grow_array(void **p, size_t *cap, size_t need, size_t elem);

@@ -1,0 +1,351 @@
+/*
+ * The host's part of a collected pass, before its hits are grouped
+ * (docs/gpu.md): speculative segments whose guessed start state was wrong
+ * are walked again from the state their predecessor ended in, and
+ * confirmation items that reached their cap with a live state are walked
+ * forward on the host (on the upload threads when there are several).
+ * Both leave "fixes" (device hits to drop) and "fix hits" (hits to add),
+ * which gpu_finish_hits (hits.c) merges.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Buffer i's bytes while its batch is collected: the caller's, or (read
+ * by a callback) the copy in the frame's upload memory. */
+static const uint8_t *buffer_bytes(const struct batch_ctx *bc, uint32_t i)
+{
+    const struct gpu_buffer *b = &bc->batch->buffers[i];
+    if (b->data != NULL || b->len == 0)
+        return b->data;
+    const struct gpu_engine *eng = bc->eng;
+    const uint8_t *base = eng->direct && eng->hay.map != NULL ? eng->hay.map : eng->staging.map;
+    return base + eng->scratch.offs[i];
+}
+
+struct fix_ctx {
+    struct batch_scratch *s;
+    size_t *n;
+    uint32_t buf;
+};
+
+static int fix_hit(void *ctx, uint32_t rule, uint64_t end)
+{
+    struct fix_ctx *f = ctx;
+    if (gpu_grow_array((void **)&f->s->fix_hits, &f->s->fix_hits_cap, *f->n + 1,
+                       sizeof(struct gpu_hit)) < 0)
+        return -ENOMEM;
+    f->s->fix_hits[(*f->n)++] = (struct gpu_hit){f->buf, rule, 1, end};
+    return 0;
+}
+
+/* Records that the host re-walked item `it` (buffer, lo, hi) of range sr
+ * up to `upto`: the device's hits there are dropped (spec_dropped). */
+static int record_fix(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *it,
+                      uint64_t upto)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    if (gpu_grow_array((void **)&s->fixes, &s->fixes_cap, bc->n_fixes + 1, sizeof(*s->fixes)) < 0)
+        return -ENOMEM;
+    s->fixes[bc->n_fixes++] = (struct spec_fix){it[0], sr->group, it[1], upto};
+    bc->tel->spec_fixes++;
+    bc->tel->spec_fix_bytes += (upto > it[2] ? it[2] : upto) - it[1];
+    return 0;
+}
+
+/* Re-walks segment j of speculative range sr, whose guess at lo was wrong,
+ * from the true state `*truth`; leaves the true state at hi there. */
+static int spec_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *it,
+                        const uint32_t *st, uint32_t *truth)
+{
+    const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
+    struct fix_ctx f = {&bc->eng->scratch, &bc->n_fix_hits, it[0]};
+    uint64_t upto;
+    uint32_t out;
+    int rc = refscan_group_resume(bc->batch->catalogs[sr->cat], sr->group, buffer_bytes(bc, it[0]),
+                                  b->len, it[1], it[2], *truth, st[0], fix_hit, &f, &upto, &out);
+    if (rc != 0 || record_fix(bc, sr, it, upto) < 0)
+        return -ENOMEM;
+    *truth = out != UINT32_MAX ? out : st[1];
+    return 0;
+}
+
+/* Re-walks item `it` of bit-NFA speculative range sr from the true state
+ * vector `truth` (the guess `st` was wrong); leaves the true state at hi in
+ * `truth`. */
+static int nfa_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *it,
+                       const uint32_t *st, uint32_t *truth, uint32_t nw)
+{
+    const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
+    const struct catalog *cat = bc->batch->catalogs[sr->cat];
+    struct fix_ctx f = {&bc->eng->scratch, &bc->n_fix_hits, it[0]};
+    uint64_t upto;
+    bool agreed;
+    int rc = refscan_nfa_resume(cat, sr->group - catalog_group_count(cat), buffer_bytes(bc, it[0]),
+                                b->len, it[1], it[2], truth, st, fix_hit, &f, &upto, &agreed);
+    if (rc != 0 || record_fix(bc, sr, it, upto) < 0)
+        return -ENOMEM;
+    if (agreed)
+        memcpy(truth, st + nw, nw * sizeof(uint32_t));
+    return 0;
+}
+
+/* spec_repair for a bit-NFA range: the states are vectors of n_words
+ * words, (at lo, at hi) per item from `st`. */
+static int nfa_spec_repair(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *st)
+{
+    const struct catalog *cat = bc->batch->catalogs[sr->cat];
+    struct catalog_nfa g;
+    catalog_nfa(cat, sr->group - catalog_group_count(cat), &g);
+    uint32_t nw = g.n_words;
+    uint32_t *truth = calloc(nw, sizeof(uint32_t));
+    if (truth == NULL)
+        return -ENOMEM;
+    int rc = 0;
+    for (uint32_t j = 0; j < sr->n_items && rc == 0; j++) {
+        const uint32_t *it = &bc->eng->scratch.meta[((size_t)sr->items + j) * 4];
+        const uint32_t *v = st + 2 * (size_t)j * nw;
+        if (it[1] == 0 || memcmp(v, truth, nw * sizeof(uint32_t)) == 0)
+            memcpy(truth, v + nw, nw * sizeof(uint32_t));
+        else
+            rc = nfa_fix_one(bc, sr, it, v, truth, nw);
+    }
+    free(truth);
+    return rc;
+}
+
+static int cmp_fix(const void *a, const void *b)
+{
+    const struct spec_fix *x = a, *y = b;
+    if (x->buf != y->buf)
+        return x->buf < y->buf ? -1 : 1;
+    if (x->layer != y->layer)
+        return x->layer < y->layer ? -1 : 1;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+static int cmp_fix_hit(const void *a, const void *b)
+{
+    const struct gpu_hit *x = a, *y = b;
+    return x->buffer < y->buffer ? -1 : x->buffer > y->buffer;
+}
+
+/*
+ * Speculative ranges (gpu/plan.c plan_spec): segment j of a buffer guessed
+ * its state at lo; the walk is exact from lo on when the guess equals the
+ * state segment j-1 ended in (the first segment of a buffer starts at 0
+ * and guesses nothing). Checks every guess in buffer order and re-walks
+ * the wrong ones on the host until the true and the guessed walk agree,
+ * recording which device hits to drop and the host's hits instead.
+ */
+static int spec_repair(struct batch_ctx *bc, const uint32_t *qs, struct vks_error *err)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    const uint32_t *spec = qs + QS_HEADS + bc->n_ranges;
+    for (size_t r = 0; r < bc->n_ranges; r++) {
+        const struct scan_range *sr = &s->ranges[r];
+        if (sr->spec_base == NO_CARRY)
+            continue;
+        if (sr->nfa) {
+            if (nfa_spec_repair(bc, sr, spec + sr->spec_base) < 0)
+                return vks_error_set(err, -ENOMEM,
+                                     "out of memory re-walking a speculative segment");
+            continue;
+        }
+        uint32_t truth = 0;
+        for (uint32_t j = 0; j < sr->n_items; j++) {
+            const uint32_t *it = &s->meta[((size_t)sr->items + j) * 4];
+            const uint32_t *st = spec + sr->spec_base + 2 * j;
+            if (it[1] == 0 || st[0] == truth) {
+                truth = st[1];
+                continue;
+            }
+            if (spec_fix_one(bc, sr, it, st, &truth) < 0)
+                return vks_error_set(err, -ENOMEM,
+                                     "out of memory re-walking a speculative segment");
+        }
+    }
+    return 0;
+}
+
+/* The confirmation range of engine group `layer` for buffer `buf`. */
+static const struct scan_range *confirm_range(const struct batch_ctx *bc, uint32_t buf,
+                                              uint32_t layer)
+{
+    const struct batch_scratch *s = &bc->eng->scratch;
+    for (size_t r = 0; r < bc->n_ranges; r++) {
+        const struct scan_range *sr = &s->ranges[r];
+        if (sr->nfa && sr->cap != NO_CARRY && sr->group == layer &&
+            sr->cat == bc->batch->buffers[buf].catalog)
+            return sr;
+    }
+    return NULL;
+}
+
+/* One (buffer, group) of confirm_finish: its live items v[0..n) and the
+ * hits of its walk, kept apart so that walks can run on several threads. */
+struct confirm_walk {
+    const struct spec_fix *v;
+    size_t n;
+    struct gpu_hit *hits;
+    size_t n_hits, cap;
+    int rc;
+};
+
+struct confirm_job {
+    const struct batch_ctx *bc;
+    struct confirm_walk *w;
+};
+
+static int confirm_hit(void *ctx, uint32_t rule, uint64_t end)
+{
+    struct confirm_walk *w = ctx;
+    uint64_t limit = refscan_raw_limit(); /* a walk that never dies may match at every byte */
+    if (limit != 0 && w->n_hits >= limit)
+        return -E2BIG;
+    if (gpu_grow_array((void **)&w->hits, &w->cap, w->n_hits + 1, sizeof(*w->hits)) < 0)
+        return -ENOMEM;
+    w->hits[w->n_hits++] = (struct gpu_hit){w->v[0].buf, rule, 1, end};
+    return 0;
+}
+
+/* Walks the live items of one (buffer, group) as one forward confirmation
+ * on the host, from the first start to where it dies. Reads only the
+ * batch's catalogs and bytes: a pool task. */
+static void confirm_walk_task(void *ctx, uint32_t t)
+{
+    const struct confirm_job *j = ctx;
+    struct confirm_walk *w = &j->w[t];
+    uint64_t *iv = malloc(2 * w->n * sizeof(*iv));
+    if (iv == NULL) {
+        w->rc = -ENOMEM;
+        return;
+    }
+    for (size_t k = 0; k < w->n; k++) {
+        iv[2 * k] = w->v[k].lo;
+        iv[2 * k + 1] = w->v[k].upto;
+    }
+    const struct gpu_buffer *b = &j->bc->batch->buffers[w->v[0].buf];
+    const struct catalog *cat = j->bc->batch->catalogs[b->catalog];
+    int rc =
+        refscan_confirm_range(cat, w->v[0].layer - catalog_group_count(cat),
+                              buffer_bytes(j->bc, w->v[0].buf), b->len, iv, w->n, confirm_hit, w);
+    w->rc = rc == 0 || rc == -E2BIG ? rc : -ENOMEM;
+    free(iv);
+}
+
+/* Runs the walks w[0..n) (on the upload threads when there are several)
+ * and appends their hits to the fix hits in walk order. */
+static int confirm_walk_all(struct batch_ctx *bc, struct confirm_walk *w, size_t n)
+{
+    struct confirm_job j = {bc, w};
+    struct upload_pool *pool = bc->eng->pool;
+    if (n > 1 && n <= UINT32_MAX && pool != NULL && upload_pool_threads(pool) > 1)
+        upload_pool_run(pool, confirm_walk_task, &j, (uint32_t)n);
+    else
+        for (size_t t = 0; t < n; t++)
+            confirm_walk_task(&j, (uint32_t)t);
+    struct batch_scratch *s = &bc->eng->scratch;
+    int rc = 0;
+    for (size_t t = 0; t < n && rc == 0; t++) {
+        rc = w[t].rc;
+        if (rc == 0 && gpu_grow_array((void **)&s->fix_hits, &s->fix_hits_cap,
+                                      bc->n_fix_hits + w[t].n_hits, sizeof(*s->fix_hits)) < 0)
+            rc = -ENOMEM;
+        if (rc == 0 && w[t].n_hits > 0)
+            memcpy(s->fix_hits + bc->n_fix_hits, w[t].hits, w[t].n_hits * sizeof(*w[t].hits));
+        bc->n_fix_hits += rc == 0 ? w[t].n_hits : 0;
+        if (rc == 0 && refscan_raw_limit() != 0 && bc->n_fix_hits > refscan_raw_limit())
+            rc = -E2BIG;
+    }
+    for (size_t t = 0; t < n; t++)
+        free(w[t].hits);
+    return rc;
+}
+
+/* Splits the live items v[0..nv), sorted by (buffer, group), into one walk
+ * per (buffer, group) and runs them. */
+static int confirm_walk_host(struct batch_ctx *bc, const struct spec_fix *v, size_t nv)
+{
+    size_t n = 0;
+    for (size_t a = 0; a < nv; a++)
+        n += a == 0 || v[a].buf != v[a - 1].buf || v[a].layer != v[a - 1].layer;
+    struct confirm_walk *w = calloc(n ? n : 1, sizeof(*w));
+    if (w == NULL)
+        return -ENOMEM;
+    n = 0;
+    for (size_t a = 0, z; a < nv; a = z) {
+        for (z = a + 1; z < nv && v[z].buf == v[a].buf && v[z].layer == v[a].layer; z++)
+            ;
+        w[n++] = (struct confirm_walk){.v = v + a, .n = z - a};
+    }
+    int rc = confirm_walk_all(bc, w, n);
+    free(w);
+    return rc;
+}
+
+/*
+ * Confirmation items that reached their cap with a live state left a hit
+ * with rule NONE and end = their index (shaders/scan_nfa.comp). The host
+ * walks their start intervals again, per (buffer, group) as one forward
+ * confirmation to where it dies: linear in what it walks, however long
+ * the walks live. The (buffer, group) walks are independent, so several
+ * run at once on the upload threads, each into its own hit list; the lists
+ * are appended in (buffer, group) order, the order one thread gives. Their
+ * hits join the device's; the copies of the device's hits up to the caps
+ * go when the hits are finalized.
+ */
+static int confirm_finish(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
+                          struct vks_error *err)
+{
+    uint64_t t0 = gpu_now_ns();
+    struct spec_fix *v = NULL;
+    size_t nv = 0, cap = 0;
+    int rc = 0;
+    for (uint64_t i = 0; i < n && rc == 0; i++) {
+        const uint32_t *h = &raw[i * 4];
+        if (h[1] != NO_CARRY)
+            continue;
+        const struct scan_range *sr = confirm_range(bc, h[0], h[2]);
+        if (sr == NULL || h[3] >= sr->n_items)
+            continue; /* cannot happen: the kernel writes these for such ranges only */
+        const uint32_t *it = &bc->eng->scratch.meta[((size_t)sr->items + h[3]) * 4];
+        if (gpu_grow_array((void **)&v, &cap, nv + 1, sizeof(*v)) < 0)
+            rc = -ENOMEM;
+        else
+            v[nv++] = (struct spec_fix){h[0], h[2], it[1], it[2]};
+    }
+    if (nv > 1)
+        qsort(v, nv, sizeof(*v), cmp_fix);
+    if (rc == 0 && nv > 0)
+        rc = confirm_walk_host(bc, v, nv);
+    bc->tel->confirm_host += nv;
+    if (nv > 0) /* the walks' time; looking for them in the raw hits is not */
+        bc->tel->confirm_host_ns += gpu_now_ns() - t0;
+    free(v);
+    if (rc == -E2BIG)
+        return vks_error_set(err, -E2BIG,
+                             "the host's confirmation walks found more than %llu matches (the "
+                             "raw-match bound, 4 x max-hits): split the batch",
+                             (unsigned long long)refscan_raw_limit());
+    return rc < 0 ? vks_error_set(err, -ENOMEM, "out of memory finishing confirmation walks") : 0;
+}
+
+/* Host work on a collected pass before its hits are grouped: repaired
+ * speculative segments and confirmations finished on the host. */
+int gpu_host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t *raw, uint64_t n,
+                    struct vks_error *err)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    bc->n_fixes = bc->n_fix_hits = 0;
+    int rc = bc->n_spec > 0 ? spec_repair(bc, qs, err) : 0;
+    if (rc == 0 && bc->has_confirm)
+        rc = confirm_finish(bc, raw, n, err);
+    if (bc->n_fixes > 1)
+        qsort(s->fixes, bc->n_fixes, sizeof(*s->fixes), cmp_fix);
+    if (bc->n_fix_hits > 1)
+        qsort(s->fix_hits, bc->n_fix_hits, sizeof(*s->fix_hits), cmp_fix_hit);
+    return rc;
+}
