@@ -176,9 +176,10 @@ static void disk_work(uv_work_t *w)
         uint8_t *buf = NULL;
         size_t len = 0;
         op->status = read_file(op->paths[0], &buf, &len, (size_t)1 << 32, &op->err);
-        if (op->status == 0)
-            op->status = catalog_from_bytes(buf, len, &op->cat, &op->err);
-        free(buf);
+        if (op->status == 0) /* malloc'd: aligned for the words, which it takes over */
+            op->status = catalog_from_words((uint32_t *)(void *)buf, len, &op->cat, &op->err);
+        else
+            free(buf);
         if (op->status == 0 &&
             memcmp(catalog_fingerprint(op->cat), op->entry->fp, CATALOG_FP_LEN) != 0) {
             catalog_destroy(op->cat);

@@ -918,8 +918,9 @@ static void refresh_info(struct engine *e)
         in->device_memory_budget += w->budget;
     }
     pthread_mutex_unlock(&e->mu);
+    /* the setup thread lists the devices; they are its until it reported */
     in->devices = e->devices_found;
-    in->n_devices = e->n_devices_found;
+    in->n_devices = e->open_reported ? e->n_devices_found : 0;
     in->cpu_threads = __atomic_load_n(&e->n_cpu, __ATOMIC_RELAXED);
 }
 
@@ -953,7 +954,7 @@ static void on_async(uv_async_t *h)
     while (done != NULL) {
         struct engine_batch *next = done->next;
         e->pending--;
-        if (done->target < e->n_gpu)
+        if (done->target != CPU_ENGINE)
             e->gw[done->target].inflight_bytes -= done->bytes_est;
         else
             e->cpu_inflight_bytes -= done->bytes_est;
@@ -975,11 +976,13 @@ void engine_job_finish(struct engine_job *job)
 }
 
 /* Where a batch goes: the CPU engine for --engine cpu, when no GPU engine
- * runs, or (auto) for a small batch while the CPU queue is short; else the
- * GPU engine with the fewest bytes in flight. */
+ * runs (or, under auto, none has started yet), or (auto) for a small batch
+ * while the CPU queue is short; else the GPU engine with the fewest bytes
+ * in flight. */
 static uint32_t place(struct engine *e, uint64_t bytes, uint64_t work)
 {
-    if (e->want == CONFIG_ENGINE_CPU || e->n_gpu == 0)
+    /* n_gpu only once the start is reported: the setup thread sets it */
+    if (e->want == CONFIG_ENGINE_CPU || !e->open_reported || e->n_gpu == 0)
         return CPU_ENGINE;
     /* without mu: the loop hands over every batch, and at 64 clients of
      * 4 KiB scans its waits for mu here were most of its futex time (the
@@ -1106,30 +1109,36 @@ bool engine_ready(const struct engine *e)
     return e->open_reported && e->open_status == 0;
 }
 
+bool engine_serving(const struct engine *e)
+{
+    return e->open_reported ? e->open_status == 0 : e->want != CONFIG_ENGINE_GPU;
+}
+
 const struct engine_info *engine_get_info(const struct engine *e)
 {
     return &e->info;
 }
 
-static const char *key(struct engine *e, uint32_t slot, int k, const char *name)
+/* The stats key `name` of engine `slot`: the CPU engine counts after the
+ * `n_gpu` GPU engines. */
+static const char *key(struct engine *e, uint32_t n_gpu, uint32_t slot, int k, const char *name)
 {
     char *s = e->keys[slot][k];
-    snprintf(s, sizeof(e->keys[slot][k]), "engine.%u.%s", slot == CPU_ENGINE ? e->n_gpu : slot,
-             name);
+    snprintf(s, sizeof(e->keys[slot][k]), "engine.%u.%s", slot == CPU_ENGINE ? n_gpu : slot, name);
     return s;
 }
 
-static void add_engine(struct engine *e, struct stats_list *l, uint32_t slot, uint64_t kind,
-                       uint64_t device, uint64_t batches, uint64_t bytes, uint64_t busy,
-                       uint64_t span, uint64_t retries)
+static void add_engine(struct engine *e, struct stats_list *l, uint32_t n_gpu, uint32_t slot,
+                       uint64_t kind, uint64_t device, uint64_t batches, uint64_t bytes,
+                       uint64_t busy, uint64_t span, uint64_t retries)
 {
-    stats_add_u(l, key(e, slot, 0, "kind"), kind);
-    stats_add_u(l, key(e, slot, 1, "device"), device);
-    stats_add_u(l, key(e, slot, 2, "batches"), batches);
-    stats_add_u(l, key(e, slot, 3, "bytes"), bytes);
-    stats_add_u(l, key(e, slot, 4, "busy_ns"), busy);
-    stats_add_f(l, key(e, slot, 5, "busy_share"), span ? (double)busy / (double)span : 0.0);
-    stats_add_u(l, key(e, slot, 6, "cpu_retries"), retries);
+    stats_add_u(l, key(e, n_gpu, slot, 0, "kind"), kind);
+    stats_add_u(l, key(e, n_gpu, slot, 1, "device"), device);
+    stats_add_u(l, key(e, n_gpu, slot, 2, "batches"), batches);
+    stats_add_u(l, key(e, n_gpu, slot, 3, "bytes"), bytes);
+    stats_add_u(l, key(e, n_gpu, slot, 4, "busy_ns"), busy);
+    stats_add_f(l, key(e, n_gpu, slot, 5, "busy_share"), span ? (double)busy / (double)span : 0.0);
+    stats_add_u(l, key(e, n_gpu, slot, 6, "cpu_retries"), retries);
 }
 
 void engine_stats_add(struct engine *e, struct stats_list *l)
@@ -1166,13 +1175,14 @@ void engine_stats_add(struct engine *e, struct stats_list *l)
     uint32_t n_cpu = __atomic_load_n(&e->n_cpu, __ATOMIC_RELAXED);
     stats_add_u(l, "cpu_threads", n_cpu);
     for (uint32_t i = 0; i < n; i++) {
-        add_engine(e, l, i, 0, g[i].device, g[i].batches, g[i].bytes, g[i].busy, span,
+        add_engine(e, l, n, i, 0, g[i].device, g[i].batches, g[i].bytes, g[i].busy, span,
                    g[i].retries);
         /* GPU engines: busy is device time with a batch on it; batches overlap */
-        stats_add_u(l, key(e, i, 7, "max_inflight"), g[i].max_inflight);
+        stats_add_u(l, key(e, n, i, 7, "max_inflight"), g[i].max_inflight);
     }
     /* the CPU engine's busy share is over all its threads */
-    add_engine(e, l, CPU_ENGINE, 1, n_cpu, cb, cy, cbusy, span * n_cpu, cr);
+    add_engine(e, l, n, CPU_ENGINE, 1, n_cpu, cb, cy, cbusy, span * n_cpu, cr);
+    stats_add_u(l, "engine_starting", !e->open_reported);
 }
 
 void engine_telemetry_add(struct stats_list *l, const struct engine_job *job,
@@ -1284,6 +1294,7 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
             return vks_error_set(err, rc, "cannot start a CPU engine thread: %s", uv_strerror(rc));
         }
     }
+    refresh_info(e); /* the CPU engine's threads: it serves before the setup reports (auto) */
     rc = uv_thread_create(&e->setup, engine_gpu_setup, e);
     if (rc != 0) {
         engine_close(e);

@@ -247,7 +247,13 @@ void engine_telemetry_add(struct stats_list *l, const struct engine_job *job,
 /* Whether the worker has a usable back end (after `ready` reported 0). */
 bool engine_ready(const struct engine *eng);
 
-/* Borrowed; valid until engine_close. Loop thread, after `ready`. */
+/* Whether batches may be submitted: after `ready` reported 0, and before
+ * it under --engine auto and cpu, where the CPU engine scans every batch
+ * until the GPU engines have started (docs/daemon.md "Warm restart"). */
+bool engine_serving(const struct engine *eng);
+
+/* Borrowed; valid until engine_close. Loop thread; before `ready` it
+ * holds the CPU engine alone (no devices, no GPU engine). */
 const struct engine_info *engine_get_info(const struct engine *eng);
 
 /* Stops the worker after the batches already submitted (their `done`

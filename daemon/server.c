@@ -269,7 +269,7 @@ static struct engine_batch *submit_jobs(struct server *srv, struct sched_job *fi
 
 void server_kick(struct server *srv)
 {
-    if (srv->engine == NULL || !engine_ready(srv->engine))
+    if (srv->engine == NULL || !engine_serving(srv->engine))
         return;
     /* inflight-batches on each engine, plus, per GPU engine, one queued
      * behind them that it uploads while they run */
@@ -770,6 +770,23 @@ static void on_engine_ready(struct engine *eng, int status, const struct vks_err
 
 /* ---- life cycle ------------------------------------------------------- */
 
+/* Under --engine auto (and cpu) connections are taken before the engine
+ * reports ready: until the GPU engines have opened their devices and warmed
+ * their pipelines (on the H200 most of the start: 140-170 ms of driver),
+ * the CPU engine scans every batch, with the same hits. READY=1 still waits
+ * for the GPU engines (on_engine_ready). docs/daemon.md "Warm restart". */
+static int accept_early(struct server *srv, struct vks_error *err)
+{
+    int rc = uv_poll_start(&srv->listen_poll, UV_READABLE, on_accept);
+    if (rc != 0)
+        return vks_error_set(err, rc, "cannot accept connections: %s", uv_strerror(rc));
+    arm_sweep(srv);
+    srv->counters.start_accept_ns = uv_hrtime() - srv->main_ns;
+    log_info("accepting on %s after %.1f ms; the CPU engine scans until the GPU engine is up",
+             srv->cfg.socket_path, ms(srv->counters.start_accept_ns));
+    return 0;
+}
+
 static void on_store_idle(void *ctx)
 {
     server_check_drained(ctx);
@@ -860,6 +877,8 @@ int server_create(const struct daemon_config *cfg, int argc, char **argv, uint64
         rc = open_listener(srv, err);
     }
     srv->t_socket = uv_hrtime() - t;
+    if (rc == 0 && engine_serving(srv->engine))
+        rc = accept_early(srv, err);
     if (rc != 0) {
         server_destroy(srv);
         return rc;

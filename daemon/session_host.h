@@ -52,6 +52,7 @@ struct server_counters {
     uint64_t tenant_refused;             /* connections over tenant-max-connections */
     uint64_t accept_fd_limit;            /* accept() hit EMFILE/ENFILE (then backed off) */
     uint64_t start_ready_ns;             /* main's start to ready (0 before) */
+    uint64_t start_accept_ns; /* main's start to the first accept (0: at ready, --engine gpu) */
     uint64_t preload_catalogs;           /* catalogs preloaded at start, on every GPU engine */
     uint64_t preload_ns;                 /* ready to the preload's end */
     uint64_t preload_done;               /* 1 once the preload ended */

@@ -173,6 +173,8 @@ void stats_collect_as(struct server *srv, uid_t uid, bool admin, struct stats_li
     stats_add_u(l, "device_memory_used", info->device_memory_used);
     stats_add_u(l, "device_memory_budget", info->device_memory_budget);
     stats_add_u(l, "startup_ns", c->start_ready_ns);
+    stats_add_u(l, "startup_accept_ns",
+                c->start_accept_ns != 0 ? c->start_accept_ns : c->start_ready_ns);
     stats_add_u(l, "startup_engine_open_ns", info->start_open_ns);
     stats_add_u(l, "startup_device_list_ns", info->start_list_ns);
     stats_add_u(l, "startup_selftest_ns", info->start_selftest_ns);

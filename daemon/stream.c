@@ -1185,7 +1185,7 @@ static void submit(struct server *srv, struct work *w)
 static uint32_t pool_threads(struct server *srv)
 {
     struct engine *e = server_engine(srv);
-    uint32_t n = e != NULL && engine_ready(e) ? engine_get_info(e)->cpu_threads : 1;
+    uint32_t n = e != NULL && engine_serving(e) ? engine_get_info(e)->cpu_threads : 1;
     return n ? n : 1;
 }
 

@@ -370,6 +370,17 @@ int catalog_from_bytes(const void *bytes, size_t len, struct catalog **out, stru
     return wrap(w, len / 4, false, out, err);
 }
 
+int catalog_from_words(uint32_t *words, size_t len, struct catalog **out, struct vks_error *err)
+{
+    *out = NULL;
+    if (len % 4 != 0) {
+        free(words);
+        return vks_error_set(err, -EINVAL,
+                             "catalog truncated: %zu bytes is not a whole number of words", len);
+    }
+    return wrap(words, len / 4, false, out, err);
+}
+
 void catalog_destroy(struct catalog *cat)
 {
     if (cat == NULL)

@@ -273,6 +273,10 @@ struct catalog;
  */
 int catalog_from_bytes(const void *bytes, size_t len, struct catalog **out, struct vks_error *err);
 
+/* catalog_from_bytes without the copy: takes ownership of `words`
+ * (malloc'd, `len` bytes, as read from a file), also on failure. */
+int catalog_from_words(uint32_t *words, size_t len, struct catalog **out, struct vks_error *err);
+
 /* Takes ownership of freshly packed `words` (malloc'd, `n` words), also on
  * failure: fills in the check word, validates and wraps them. Used by the
  * compiler. */

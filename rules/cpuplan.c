@@ -37,17 +37,18 @@ struct fset {
 static uint32_t set_chars(const struct byteset *s, uint8_t *b, uint8_t *m, uint32_t max)
 {
     uint32_t n = 0;
-    for (unsigned c = 0; c < 256; c++) {
-        if (!byteset_has(s, c))
-            continue;
-        if (c >= 'A' && c <= 'Z' && byteset_has(s, c | 0x20))
-            continue; /* counted with its lowercase */
-        if (n == max)
-            return max + 1;
-        bool fold = c >= 'a' && c <= 'z' && byteset_has(s, c & ~0x20u);
-        b[n] = (uint8_t)c;
-        m[n] = fold ? 0x20 : 0;
-        n++;
+    for (unsigned w = 0; w < 4; w++) { /* the members only: sets are mostly one or two bytes */
+        for (uint64_t bits = s->w[w]; bits != 0; bits &= bits - 1) {
+            unsigned c = w * 64 + (unsigned)__builtin_ctzll(bits);
+            if (c >= 'A' && c <= 'Z' && byteset_has(s, c | 0x20))
+                continue; /* counted with its lowercase */
+            if (n == max)
+                return max + 1;
+            bool fold = c >= 'a' && c <= 'z' && byteset_has(s, c & ~0x20u);
+            b[n] = (uint8_t)c;
+            m[n] = fold ? 0x20 : 0;
+            n++;
+        }
     }
     return n;
 }

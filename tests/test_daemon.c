@@ -81,9 +81,13 @@ static const char *vkfault_so;
  * (tests/fault/readfault.c). */
 static const char *readfault_so;
 
+/* With vkfault_so: the next daemon_start's GPU engine waits in
+ * vkCreateInstance until <dir>/vkfault.hold exists (tests/fault/vkfault.h). */
+static bool vkfault_hold;
+
 /* Starts vkscand in `dir` (a fresh temporary directory when NULL) with the
- * extra flags `extra` (NULL-terminated) and waits until it is ready. */
-static void daemon_start(struct daemon *d, const char *dir, const char *const *extra)
+ * extra flags `extra` (NULL-terminated), not waiting for it. */
+static void daemon_spawn(struct daemon *d, const char *dir, const char *const *extra)
 {
     memset(d, 0, sizeof(*d));
     if (dir != NULL) {
@@ -122,6 +126,10 @@ static void daemon_start(struct daemon *d, const char *dir, const char *const *e
             snprintf(ctl, sizeof(ctl), "%s/vkfault.ctl", d->dir);
             setenv("VKFAULT_CTL", ctl, 1);
             setenv("LD_PRELOAD", vkfault_so, 1);
+            if (vkfault_hold) {
+                snprintf(ctl, sizeof(ctl), "%s/vkfault.hold", d->dir);
+                setenv("VKFAULT_HOLD", ctl, 1);
+            }
         }
         if (readfault_so != NULL || vkfault_so != NULL) {
             char opts[512];
@@ -134,6 +142,12 @@ static void daemon_start(struct daemon *d, const char *dir, const char *const *e
         execv(bin, (char *const *)argv);
         _exit(127);
     }
+}
+
+/* daemon_spawn, then waits until vkscand is ready (READY=1). */
+static void daemon_start(struct daemon *d, const char *dir, const char *const *extra)
+{
+    daemon_spawn(d, dir, extra);
     ck_assert_msg(wait_ready(d, 120000), "vkscand did not become ready");
 }
 
@@ -2368,6 +2382,66 @@ START_TEST(test_device_faults)
 }
 END_TEST
 
+/*
+ * Under --engine auto vkscand takes connections before its GPU engine has
+ * started (docs/daemon.md "Warm restart"). With the engine held in
+ * vkCreateInstance (vkfault's hold): a catalog loads and a scan is answered
+ * by the CPU engine with exact hits, stats say engine_starting and when
+ * accepting began, and READY=1 has not been sent. Once the engine goes on,
+ * READY=1 comes and the next scan runs on the GPU engine (lavapipe named by
+ * --device 0; cpu-max-work 0 sends every batch there). Fails when accepting
+ * waits for the GPU engine again (the first request times out) or when a
+ * batch is placed on a GPU engine that has not started.
+ */
+START_TEST(test_serves_before_gpu_starts)
+{
+    vkfault_so = getenv("VKFAULT_SO");
+    ck_assert_msg(vkfault_so != NULL, "VKFAULT_SO is not set: run through meson test");
+    vkfault_hold = true;
+    struct daemon d;
+    daemon_spawn(&d, NULL,
+                 (const char *const[]){"--engine", "auto", "--device", "0", "--cpu-max-work", "0",
+                                       NULL});
+    vkfault_so = NULL;
+    vkfault_hold = false;
+    for (int i = 0; i < 12000 && access(d.sock, F_OK) != 0; i++)
+        usleep(10000);
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    static uint8_t buf[5000];
+    make_haystack(buf, sizeof(buf));
+    struct vks_scan_result res = {0};
+    struct vks_error err = {0};
+    int rc = scan_buf(c, fp, buf, sizeof(buf), &res, &err);
+    ck_assert_msg(rc == 0, "scan while the GPU engine starts: %d %s", rc, err.msg);
+    check_hits(ref, &res, 0, buf, sizeof(buf), SCAN_ALL);
+    ck_assert_uint_eq(tel_of(&res, "engine"), 1); /* the CPU engine */
+    vks_scan_result_finish(&res);
+    ck_assert_uint_eq(stat_of(c, "engine_starting"), 1);
+    ck_assert_uint_gt(stat_of(c, "startup_accept_ns"), 0);
+    ck_assert_uint_eq(stat_of(c, "startup_ns"), 0); /* not ready */
+    ck_assert_msg(!wait_ready(&d, 200), "READY=1 came while the GPU engine was held");
+
+    char hold[sizeof(d.dir) + 16];
+    snprintf(hold, sizeof(hold), "%s/vkfault.hold", d.dir);
+    int fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_msg(wait_ready(&d, 120000), "vkscand did not become ready once the engine went on");
+    ck_assert_uint_eq(stat_of(c, "engine_starting"), 0);
+    ck_assert_uint_ge(stat_of(c, "startup_ns"), stat_of(c, "startup_accept_ns"));
+    expect_gpu_scan_ok(c, fp, ref, buf, sizeof(buf));
+
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
 /* ---- PROTOCOL: a peer that breaks the protocol (client side) ------------ */
 
 /* Reads one request frame from `fd` and decodes it (the scripted peer). */
@@ -3141,6 +3215,7 @@ Suite *daemon_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_error_codes);
     tcase_add_test(tc, test_device_faults);
+    tcase_add_test(tc, test_serves_before_gpu_starts);
     tcase_add_test(tc, test_protocol_error);
     tcase_add_test(tc, test_connection_cap);
     tcase_add_test(tc, test_scan_timeout);

@@ -116,6 +116,19 @@ static void next_fn(const char *name, void *fnp, size_t size)
     memcpy(fnp, &f, size);
 }
 
+VKAPI_ATTR VkResult VKAPI_CALL vkCreateInstance(const VkInstanceCreateInfo *info,
+                                                const VkAllocationCallbacks *alloc,
+                                                VkInstance *out)
+{
+    static PFN_vkCreateInstance next;
+    if (next == NULL)
+        next_fn("vkCreateInstance", &next, sizeof(next));
+    const char *hold = getenv("VKFAULT_HOLD");
+    while (hold != NULL && access(hold, F_OK) != 0)
+        usleep(2000);
+    return next(info, alloc, out);
+}
+
 VKAPI_ATTR VkResult VKAPI_CALL vkAllocateMemory(VkDevice device, const VkMemoryAllocateInfo *info,
                                                 const VkAllocationCallbacks *alloc,
                                                 VkDeviceMemory *mem)

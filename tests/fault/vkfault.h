@@ -15,6 +15,10 @@
  * is armed through the file named by VKFAULT_CTL: write the same spec into
  * it (atomically: a temporary file renamed over); the next intercepted call
  * reads it, removes it and arms.
+ *
+ * Holding: with VKFAULT_HOLD naming a path, vkCreateInstance waits until
+ * that path exists, so a daemon test can talk to vkscand while its GPU
+ * engine is still starting (create the file to let it go on).
  */
 #ifndef VKS_TESTS_VKFAULT_H
 #define VKS_TESTS_VKFAULT_H
