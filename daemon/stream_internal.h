@@ -1,0 +1,155 @@
+/*
+ * What daemon/stream.c (the requests' protocol side: stream tables, opens,
+ * queues, stream.writes, sweeps, stats) and daemon/stream_run.c (running
+ * them: writes on the CPU engine's threads, middles in scan batches,
+ * answers in order) share. Loop thread unless a comment says otherwise.
+ * Nothing outside daemon/stream*.c includes this.
+ */
+#ifndef VKSCAND_STREAM_INTERNAL_H
+#define VKSCAND_STREAM_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "engine.h"
+#include "scheduler.h"
+#include "stream.h"
+#include "streamscan.h"
+
+struct work;
+
+struct stream {
+    struct stream *next, **pprev; /* in set->list: unlinked in O(1) */
+    struct stream_set *set;       /* NULL once its connection closed while a write ran */
+    struct server *srv;
+    uid_t uid;
+    uint32_t id;
+    struct streamscan *scan; /* NULL once expired */
+    struct store_entry *entry;
+    uint64_t t_active; /* uv_now of the last request */
+    size_t state_bytes;
+    enum scan_mode mode;          /* SCAN_ALL, or SCAN_COUNT: a hit per rule and write */
+    struct work *q_head, *q_tail; /* writes and the close waiting their turn */
+    struct work *a_head, *a_tail; /* requests that have run, not answered yet: in order */
+    uint32_t hold;                /* settle() runs: not freed under it */
+    bool running;                 /* one of them is ready or runs (on the CPU engine) */
+    bool closing;                 /* a close is queued: the id takes no more requests */
+    bool orphaned; /* removed while its connection is open: what is in a_head gets an error */
+};
+
+/* One stream.write or stream.close: queued on its stream, then ready in
+ * its tenant's queue, run on a CPU engine thread (only `st->scan`, the
+ * request's bytes and descriptor are touched there), answered on the loop.
+ * `req` is borrowed until session_stream_done (token). */
+struct work {
+    struct engine_task task; /* first: the task is the work */
+    uv_work_t uv;            /* when no engine runs (not expected): libuv's pool */
+    struct work *next;
+    struct work *a_next; /* in st->a_head */
+    struct stream *st;
+    struct session *s;
+    const struct proto_request *req;
+    const struct proto_buffer *buf; /* the write's bytes or range (NULL: a close) */
+    void *token;                    /* NULL for an item of a stream.writes */
+    struct many *many;              /* the stream.writes this write is item `index` of */
+    uint32_t index;
+    uint64_t max; /* max-scan-bytes */
+    struct scan_hits hits;
+    uint64_t bytes;
+    int rc;
+    char msg[256];
+    /* An inline write whose middle runs in a scan batch, as a block scan
+     * of the write (docs/engine.md "Streams"): streamscan leaves it in
+     * `mid`; the job is queued like a scan request of the tenant. */
+    uint64_t cost;       /* bytes it counts in pool.inflight_bytes while handed out */
+    size_t batch_min;    /* stream-gpu-min-bytes while a GPU engine runs; 0: never */
+    const uint8_t *wbuf; /* the write's bytes: the frame's, or `sparse` */
+    size_t wlen;
+    void *sparse; /* a descriptor write's buffer (owned, sparse_get): head and tail read */
+    size_t sparse_cap;
+    struct streamscan_middle mid;
+    bool mid_cpu;    /* the batch failed: the middle runs on a CPU engine thread */
+    bool broken;     /* failed after its state moved (a hit bomb): the stream closes */
+    bool mid_hits;   /* the batch is back: its hits go to the write on a CPU engine thread */
+    bool finished;   /* nothing runs for it any more: answered in its turn */
+    bool cancelled;  /* it never ran (the daemon is going away) */
+    uint64_t offset; /* the stream's offset after it (taken where it ran) */
+    /* where a batched write's time goes (loop clock, ns): queued on its
+     * stream, middle queued, batch back; and the engine's wall time */
+    uint64_t t_in, t_mid, t_back, engine_ns;
+    struct sched_job sj;
+    struct engine_job ej;
+    struct engine_buf ebuf;
+};
+
+#define CONTAINER(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
+/* One stream.writes: its items run as writes of their streams (in parallel
+ * across streams, in order within one) and are answered together, as a
+ * scan of as many buffers, once the last is done. */
+struct item {
+    struct scan_hits hits;
+    uint64_t bytes;
+    int rc;
+    char msg[240];
+};
+
+struct many {
+    struct session *s;
+    const struct proto_request *req;
+    void *token;
+    uint32_t n; /* items */
+    uint32_t max_hits;
+    uint32_t left; /* items not done yet */
+    struct item *items;
+};
+
+/* Open streams per uid, over all connections, and their ready requests.
+ * An entry lives while the uid has a stream open; a stream with a ready
+ * request is `running` and stays open until it is answered. */
+struct tenant_streams {
+    struct tenant_streams *next;
+    uid_t uid;
+    uint32_t n;
+    struct work *ready_head, *ready_tail;
+};
+extern struct tenant_streams *stream_tenants; /* stream.c */
+
+/* Service-wide stream counters (stream_stats_add). */
+struct stream_counters {
+    uint64_t open, opened, closed, expired, dropped, writes, bytes, hits, state_bytes, engine_runs;
+    uint64_t batch_writes, batch_fd_writes, batch_bytes, batch_gpu, batch_fallbacks;
+    uint64_t loop_closes, overlapped;
+    uint64_t batch_begin_ns, batch_queue_ns, batch_engine_ns, batch_end_ns, batch_jobs;
+    /* the engine's phases of those batches, summed per write like batch_engine_ns */
+    uint64_t batch_fd_read_ns, batch_plan_ns, batch_upload_ns, batch_device_ns, batch_readback_ns,
+        batch_finalize_ns, batch_idle_ns;
+};
+extern struct stream_counters stream_counters; /* stream.c */
+
+/* stream.c: the stream's entry in its tenant's list (created on demand). */
+struct tenant_streams *stream_tenant_of(uid_t uid, bool create);
+/* stream.c: unlinks and frees the stream, or only unlinks one that runs. */
+void stream_remove(struct stream_set *set, struct stream *st);
+/* stream.c: frees a stream no connection holds once nothing of it is left. */
+bool stream_maybe_free(struct stream *st);
+/* stream.c: item `index` of `m` is answered; the last answers the request. */
+void stream_many_item_done(struct many *m);
+
+/* stream_run.c: the stream's next request becomes ready, unless one is
+ * ready or runs; the caller pumps. */
+void stream_start_next(struct stream *st);
+/* stream_run.c: hands ready requests to the CPU engine while it has room. */
+void stream_pump(struct server *srv);
+/* stream_run.c: a request's own run is back (status: 0, or UV_ECANCELED
+ * when it never ran). */
+void stream_work_done(struct work *w, int status);
+/* stream_run.c: runs a close on the loop when nothing of its stream is
+ * queued or running (true), else leaves it to be queued (false). */
+bool stream_close_here(struct stream *st, struct work *w);
+/* stream_run.c: stream.run_ns and the head-and-tail buffers' counters. */
+void stream_run_stats_add(struct stats_list *l);
+
+#endif
