@@ -45,6 +45,7 @@ struct prepared {
     bool bitnfa;                /* goes to the bit-parallel NFA engine */
     bool wide;                  /* wide_counter: tried as a small DFA (SMALL_DFA) */
     bool candidate;             /* selective factors: gated if its DFA is over gate_states */
+    bool weak;                  /* candidate on weak factors: gated over WEAK_GATE_STATES */
     bool seq;                   /* is_sequence(root): a plain sequence of byte sets */
     uint32_t bits;              /* its positions there, once known */
     struct factor_set *factors; /* bit-NFA rules with a bounded maxlen: NULL if none */
@@ -256,6 +257,12 @@ static bool bad_id(const char *id)
 /* Default of rules_options.gate_states: a rule with selective factors whose
  * DFA alone has more states than this is gated (choose_gated). */
 #define GATE_STATES 64u
+
+/* The same for a rule whose only factors are weak (two rare bytes,
+ * factor_extract_weak): `\x2a\x94.{35}\xd1\x27` alone is 40,000+ states,
+ * `\x02\x0b.{10}\x47\x23` 555, while a plain two-byte pair and short
+ * classes between stay a few dozen and group well. */
+#define WEAK_GATE_STATES 256u
 
 /*
  * Every other rule is tried alone (prebuild) as a DFA of at most this many
@@ -699,6 +706,7 @@ static void *prebuild_thread(void *arg)
             continue; /* a gated bit-NFA group walks only around its factors */
         struct group_out g;
         uint32_t cap = p->wide        ? SMALL_DFA
+                       : p->weak      ? WEAK_GATE_STATES
                        : p->candidate ? gate_states(c->opt)
                                       : lone_states(c->opt);
         if (rc == 0)
@@ -1020,9 +1028,19 @@ split:
     return rc != 0 ? rc : place_nfa(c, idx + n / 2, n - n / 2);
 }
 
+/* A weak factor set (factor_extract_weak) gates a rule only when it is at
+ * least this rare in text (factor_set_text_bits, truncated): a byte outside
+ * letters, digits, space and newline with any other (13-16 bits), as a
+ * binary signature's anchors are, but not two letters ("th", 10 bits),
+ * which would open a window every few hundred bytes. A bit-NFA rule
+ * without a factor is walked over every byte, so even a common factor
+ * costs it little more (the windows are walked once where they overlap). */
+#define WEAK_TEXT_BITS 12u
+
 /* Sets p->factors to the rule's factor set, trimmed to its factors
- * (FACTOR_SET_SIZE), or NULL when it has none. */
-static int extract_factors(const struct ctx *c, struct prepared *p)
+ * (FACTOR_SET_SIZE), or NULL when it has none; `weak`: with factors of two
+ * bytes where there is no longer one, kept when rare in text. */
+static int extract_factors_as(const struct ctx *c, struct prepared *p, bool weak)
 {
     if (p->factors != NULL)
         return 0;
@@ -1031,9 +1049,11 @@ static int extract_factors(const struct ctx *c, struct prepared *p)
     struct factor_set *fs = malloc(sizeof(*fs));
     int rc = fs == NULL ? -ENOMEM : borrow_tree(c, p, &again, &root);
     if (rc == 0)
-        rc = factor_extract(root, fs);
+        rc = weak ? factor_extract_weak(root, fs) : factor_extract(root, fs);
     if (fs != NULL)
         parse_result_finish(&again);
+    if (rc == 0 && weak && factor_set_text_bits(fs) < WEAK_TEXT_BITS)
+        rc = -ENOENT;
     if (rc != 0) {
         free(fs);
         return rc == -ENOMEM || rc == -EIO ? rc : 0;
@@ -1041,6 +1061,11 @@ static int extract_factors(const struct ctx *c, struct prepared *p)
     struct factor_set *small = realloc(fs, FACTOR_SET_SIZE(fs->n));
     p->factors = small != NULL ? small : fs;
     return 0;
+}
+
+static int extract_factors(const struct ctx *c, struct prepared *p)
+{
+    return extract_factors_as(c, p, false);
 }
 
 /* How a bit-NFA rule is walked, which its group shares: 0 in full (no
@@ -1068,7 +1093,11 @@ static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
         return -ENOMEM;
     uint32_t k = 0;
     for (uint32_t i = 0; i < m; i++) {
+        /* a bit-NFA rule without a factor is walked over every byte: two
+         * rare bytes are worth gating it on */
         int rc = extract_factors(c, &c->prep[order[i]]);
+        if (rc == 0)
+            rc = extract_factors_as(c, &c->prep[order[i]], true);
         if (rc != 0) {
             free(tmp);
             return rc;
@@ -1155,6 +1184,13 @@ static int choose_gated(struct ctx *c)
             bool rarely = factor_set_text_bits(p->factors) >= rare;
             p->candidate = gate_states(c->opt) > 1 && !rarely;
             p->bitnfa = !p->candidate; /* gated without a try */
+        } else if (p->factors == NULL && gate_states(c->opt) > 1) {
+            /* two rare bytes: gated only when its DFA explodes (a gap after
+             * an anchor tracks every earlier occurrence of it) */
+            rc = extract_factors_as(c, p, true);
+            if (rc != 0)
+                return rc;
+            p->candidate = p->weak = p->factors != NULL;
         }
     }
     return 0;

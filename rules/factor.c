@@ -78,18 +78,29 @@ static double text_chance(unsigned c)
     return 1.0 / 256;
 }
 
+/* The chance of a byte of set `s` under that model. */
+static double set_text_chance(const struct byteset *s)
+{
+    double p = 0;
+    for (unsigned c = 0; c < 256; c++)
+        if (s->w[c >> 6] >> (c & 63) & 1)
+            p += text_chance(c);
+    return p < 1 ? p : 1;
+}
+
+static double set_text_bits(const struct byteset *s)
+{
+    double p = set_text_chance(s);
+    return p > 0 ? -log2(p) : 64;
+}
+
 uint32_t factor_set_text_bits(const struct factor_set *fs)
 {
     double p = 0;
     for (uint32_t i = 0; i < fs->n; i++) {
         double q = 1;
-        for (uint32_t k = 0; k < fs->f[i].len; k++) {
-            double s = 0;
-            for (unsigned c = 0; c < 256; c++)
-                if (fs->f[i].set[k].w[c >> 6] >> (c & 63) & 1)
-                    s += text_chance(c);
-            q *= s < 1 ? s : 1;
-        }
+        for (uint32_t k = 0; k < fs->f[i].len; k++)
+            q *= set_text_chance(&fs->f[i].set[k]);
         p += q;
     }
     if (fs->n == 0 || p >= 1)
@@ -107,11 +118,14 @@ uint32_t factor_set_pre(const struct factor_set *fs)
 
 /* Higher is better: a bounded lead (forward confirmation starts near the
  * factor, not at the buffer's start), then the weakest factor, then fewer
- * factors. */
+ * factors, then the set rarer in text (of `\x70\x5d.{75}\xff\xdc`'s two
+ * anchors, the one without a letter). */
 static uint64_t set_score(const struct factor_set *fs)
 {
     uint64_t bounded = factor_set_pre(fs) != FACTOR_PRE_UNBOUNDED;
-    return bounded << 40 | ((uint64_t)factor_set_bits(fs) * 64 + (64 - fs->n));
+    uint64_t text = factor_set_text_bits(fs);
+    return bounded << 48 | (uint64_t)factor_set_bits(fs) << 24 | (uint64_t)(64 - fs->n) << 16 |
+           (text < 0xffff ? text : 0xffff);
 }
 
 /* Offers `cand` as the node's set; keeps the better one. */
@@ -143,24 +157,32 @@ static void offer_shifted(struct info *in, const struct factor_set *fs, uint32_t
 }
 
 /* The best window of up to FACTOR_MAX_LEN narrow positions in seq[0..n),
- * a run that starts at most `base` bytes into the match. */
-static void offer_run(struct info *in, const struct byteset *const *seq, uint32_t n, uint32_t base)
+ * a run that starts at most `base` bytes into the match, of `shortest`
+ * positions or more; a window shorter than FACTOR_MIN_LEN only of single
+ * bytes (factor_extract_weak). */
+static void offer_run(struct info *in, const struct byteset *const *seq, uint32_t n, uint32_t base,
+                      uint32_t shortest)
 {
     /* On the stack, not malloc: a failed allocation here would silently
      * weaken the set and make the catalog depend on memory pressure. */
     struct factor_set cand_mem, *cand = &cand_mem;
     uint32_t best_w = 0, best_at = 0, best_len = 0;
+    double best_text = 0;
     for (uint32_t at = 0; at < n; at++) {
         uint32_t w = 0, len = 0;
+        double text = 0; /* -log2 of its chance in text: ties go to the rarer */
         while (at + len < n && len < FACTOR_MAX_LEN && width(seq[at + len]) <= FACTOR_MAX_WIDTH &&
                width(seq[at + len]) > 0) {
             w += pos_weight(seq[at + len]);
+            text += set_text_bits(seq[at + len]);
             len++;
         }
-        if (len >= FACTOR_MIN_LEN && w > best_w) {
+        bool ok = len >= FACTOR_MIN_LEN || (len >= shortest && w == 8 * len);
+        if (ok && (w > best_w || (w == best_w && text > best_text))) {
             best_w = w;
             best_at = at;
             best_len = len;
+            best_text = text;
         }
     }
     if (best_len > 0) {
@@ -173,7 +195,7 @@ static void offer_run(struct info *in, const struct byteset *const *seq, uint32_
     }
 }
 
-static int analyze(const struct node *n, uint32_t depth, struct info *out);
+static int analyze(const struct node *n, uint32_t depth, uint32_t shortest, struct info *out);
 
 static int seq_append(const struct byteset ***seq, uint32_t *len, const struct byteset *const *add,
                       uint32_t n)
@@ -188,7 +210,7 @@ static int seq_append(const struct byteset ***seq, uint32_t *len, const struct b
     return 0;
 }
 
-static int analyze_cat(const struct node *n, uint32_t depth, struct info *out)
+static int analyze_cat(const struct node *n, uint32_t depth, uint32_t shortest, struct info *out)
 {
     const struct byteset **run = NULL;
     uint32_t run_len = 0, run_base = 0, before = 0; /* most bytes before kid k */
@@ -196,7 +218,7 @@ static int analyze_cat(const struct node *n, uint32_t depth, struct info *out)
     int rc = 0;
     for (uint32_t k = 0; k < n->u.list.n && rc == 0; k++) {
         struct info kid;
-        rc = analyze(n->u.list.kids[k], depth + 1, &kid);
+        rc = analyze(n->u.list.kids[k], depth + 1, shortest, &kid);
         if (rc != 0)
             break;
         if (kid.exact && run_len + kid.len <= EXACT_MAX) {
@@ -204,7 +226,7 @@ static int analyze_cat(const struct node *n, uint32_t depth, struct info *out)
                 run_base = before;
             rc = seq_append(&run, &run_len, kid.seq, kid.len);
         } else {
-            offer_run(out, run, run_len, run_base);
+            offer_run(out, run, run_len, run_base, shortest);
             run_len = 0;
             run_base = before;
             if (kid.exact) { /* too long to join: starts the next run */
@@ -221,7 +243,7 @@ static int analyze_cat(const struct node *n, uint32_t depth, struct info *out)
         info_free(&kid);
     }
     if (rc == 0)
-        offer_run(out, run, run_len, run_base);
+        offer_run(out, run, run_len, run_base, shortest);
     if (rc == 0 && all_exact) {
         out->exact = true;
         out->seq = run;
@@ -237,7 +259,7 @@ static bool same_factor(const struct factor *a, const struct factor *b)
     return a->len == b->len && memcmp(a->set, b->set, a->len * sizeof(a->set[0])) == 0;
 }
 
-static int analyze_alt(const struct node *n, uint32_t depth, struct info *out)
+static int analyze_alt(const struct node *n, uint32_t depth, uint32_t shortest, struct info *out)
 {
     struct factor_set *u = calloc(1, sizeof(*u));
     if (u == NULL)
@@ -246,7 +268,7 @@ static int analyze_alt(const struct node *n, uint32_t depth, struct info *out)
     int rc = 0;
     for (uint32_t k = 0; k < n->u.list.n && rc == 0 && ok; k++) {
         struct info kid;
-        rc = analyze(n->u.list.kids[k], depth + 1, &kid);
+        rc = analyze(n->u.list.kids[k], depth + 1, shortest, &kid);
         if (rc != 0)
             break;
         if (n->u.list.n == 1 && kid.exact) { /* a group of one branch is its child */
@@ -278,10 +300,10 @@ static int analyze_alt(const struct node *n, uint32_t depth, struct info *out)
     return rc;
 }
 
-static int analyze_repeat(const struct node *n, uint32_t depth, struct info *out)
+static int analyze_repeat(const struct node *n, uint32_t depth, uint32_t shortest, struct info *out)
 {
     struct info kid;
-    int rc = analyze(n->u.rep.kid, depth + 1, &kid);
+    int rc = analyze(n->u.rep.kid, depth + 1, shortest, &kid);
     if (rc != 0)
         return rc;
     uint32_t min = n->u.rep.min, max = n->u.rep.max;
@@ -292,7 +314,7 @@ static int analyze_repeat(const struct node *n, uint32_t depth, struct info *out
         for (uint32_t i = 0; i < min && rc == 0; i++)
             rc = seq_append(&seq, &len, kid.seq, kid.len);
         if (rc == 0)
-            offer_run(out, seq, len, 0);
+            offer_run(out, seq, len, 0, shortest);
         if (rc == 0 && min == max) {
             out->exact = true;
             out->seq = seq;
@@ -307,7 +329,7 @@ static int analyze_repeat(const struct node *n, uint32_t depth, struct info *out
     return rc;
 }
 
-static int analyze(const struct node *n, uint32_t depth, struct info *out)
+static int analyze(const struct node *n, uint32_t depth, uint32_t shortest, struct info *out)
 {
     memset(out, 0, sizeof(*out));
     out->fs = malloc(sizeof(*out->fs));
@@ -326,13 +348,13 @@ static int analyze(const struct node *n, uint32_t depth, struct info *out)
         out->exact = true;
         break;
     case N_CAT:
-        rc = analyze_cat(n, depth, out);
+        rc = analyze_cat(n, depth, shortest, out);
         break;
     case N_ALT:
-        rc = analyze_alt(n, depth, out);
+        rc = analyze_alt(n, depth, shortest, out);
         break;
     case N_REPEAT:
-        rc = analyze_repeat(n, depth, out);
+        rc = analyze_repeat(n, depth, shortest, out);
         break;
     }
     if (rc != 0)
@@ -340,10 +362,10 @@ static int analyze(const struct node *n, uint32_t depth, struct info *out)
     return rc;
 }
 
-int factor_extract(const struct node *root, struct factor_set *out)
+static int extract(const struct node *root, uint32_t shortest, struct factor_set *out)
 {
     struct info in;
-    int rc = analyze(root, 0, &in);
+    int rc = analyze(root, 0, shortest, &in);
     if (rc != 0)
         return rc;
     rc = in.has ? 0 : -ENOENT;
@@ -351,6 +373,16 @@ int factor_extract(const struct node *root, struct factor_set *out)
         *out = *in.fs;
     info_free(&in);
     return rc;
+}
+
+int factor_extract(const struct node *root, struct factor_set *out)
+{
+    return extract(root, FACTOR_MIN_LEN, out);
+}
+
+int factor_extract_weak(const struct node *root, struct factor_set *out)
+{
+    return extract(root, FACTOR_WEAK_LEN, out);
 }
 
 static bool caseless_pair(const struct byteset *s, uint8_t *lower)

@@ -21,6 +21,7 @@
 #include "parse.h"
 
 #define FACTOR_MIN_LEN   3u  /* shorter factors would fire everywhere */
+#define FACTOR_WEAK_LEN  2u  /* factor_extract_weak: two exact bytes */
 #define FACTOR_MAX_LEN   16u /* a longer required string is cut to its best window */
 #define FACTOR_MAX_COUNT 16u /* alternatives per rule */
 #define FACTOR_MAX_WIDTH 4u  /* byte values per position */
@@ -29,7 +30,7 @@
 #define FACTOR_PRE_UNBOUNDED UINT32_MAX
 
 struct factor {
-    uint32_t len; /* FACTOR_MIN_LEN .. FACTOR_MAX_LEN */
+    uint32_t len; /* FACTOR_MIN_LEN .. FACTOR_MAX_LEN (weak: from FACTOR_WEAK_LEN) */
     /* The most bytes from a match's start to the end of this factor in it
      * (the factor included), or FACTOR_PRE_UNBOUNDED: a match holding the
      * factor that ends at e starts at or after e - pre. Forward
@@ -58,6 +59,13 @@ struct factor_set {
  * `root` is borrowed. Thread-safe.
  */
 int factor_extract(const struct node *root, struct factor_set *out);
+
+/* factor_extract, also taking factors of two exact bytes where a rule has
+ * no longer one (`\x2a\x94.{35}\xd1\x27`, a binary signature's anchors
+ * around a jump). They fire too often in most data to gate a rule that a
+ * DFA can hold; the compiler uses them for rules that would otherwise be
+ * walked over every byte (docs/engine.md "Which engine a rule gets"). */
+int factor_extract_weak(const struct node *root, struct factor_set *out);
 
 /*
  * Writes factor `f` as text into buf[0..cap) (always NUL-terminated):

@@ -792,17 +792,17 @@ END_TEST
 
 /* Descriptor buffers on the GPU engine are read by its upload threads
  * straight into upload memory (pread at the buffer's offset, in pieces split
- * at odd haystack offsets), not mapped or copied first; by default a range
- * of 1 MiB or more of a memfd sealed against shrinking is mapped instead
- * (a smaller range is read like a file), with VKSCAND_FD_UPLOAD=pread
- * (loop 1) every range is read. A regular file and memfds, whole and in odd
- * ranges, give exactly the hits of the same bytes sent inline, and the
- * telemetry says which bytes went the deferred way. */
+ * at odd haystack offsets), not mapped or copied first: files and memfds,
+ * sealed or not, by default (loop 0); with VKSCAND_FD_UPLOAD=map (loop 1) a
+ * memfd sealed against shrinking is mapped at load instead. A regular file
+ * and memfds, whole and in odd ranges, give exactly the hits of the same
+ * bytes sent inline, and the telemetry says which bytes went the deferred
+ * way. */
 START_TEST(test_fd_read_at_upload)
 {
     struct daemon d;
     if (_i == 1)
-        setenv("VKSCAND_FD_UPLOAD", "pread", 1);
+        setenv("VKSCAND_FD_UPLOAD", "map", 1);
     daemon_start(&d, NULL, NULL);
     unsetenv("VKSCAND_FD_UPLOAD");
     struct vks_client *c = connect_ok(&d);
@@ -831,7 +831,7 @@ START_TEST(test_fd_read_at_upload)
         {ro, 0, SIZE},
         {ro, 1000001, 1500007},
         {sealed, 4095, (2u << 20) + 17},
-        {sealed, 77, 300001}, /* under 1 MiB: read at upload by default too */
+        {sealed, 77, 300001},
         {plain, (1u << 20) - 1, SIZE - (1u << 20) + 1},
         {file, SIZE - 7, 7},
     };
@@ -841,7 +841,7 @@ START_TEST(test_fd_read_at_upload)
     for (size_t i = 0; i < N; i++) {
         vb[i] = (struct vks_buffer){
             .kind = VKS_BUFFER_FD, .fd = v[i].fd, .offset = v[i].off, .length = v[i].len};
-        fd_bytes += v[i].fd != sealed || v[i].len < (1u << 20) || _i == 1 ? v[i].len : 0;
+        fd_bytes += v[i].fd != sealed || _i == 0 ? v[i].len : 0;
     }
     vb[N] = (struct vks_buffer){.kind = VKS_BUFFER_INLINE, .data = data + 5, .len = 70001};
     for (int mode = 0; mode < 3; mode++) {
@@ -1295,7 +1295,7 @@ static int other_tenant(const struct daemon *d, uid_t uid, const uint8_t *fp_roo
     return fail;
 }
 
-/* The GPU engine loads the batch queued next (its sealed memfds mapped)
+/* The GPU engine loads the batch queued next (its descriptors checked)
  * while the upload threads fill the batch before it (docs/daemon.md
  * "Descriptor buffers"): behind a large scan that holds the device,
  * pipelined scans of one sealed memfd each queue up as batches of their

@@ -349,6 +349,73 @@ START_TEST(test_gated_nfa)
 }
 END_TEST
 
+/* Binary signatures gated on two-byte anchors (factor_extract_weak): a
+ * bounded gap, a ranged dot-all gap, an unbounded gap and a YARA jump, with
+ * no factor of three bytes. The three bounded ones land in a gated group
+ * (the unbounded one is a small DFA), and the GPU engine's hits equal
+ * refscan's with the anchors planted at the gaps'
+ * distances, repeated inside the gaps and at both buffer ends, in every
+ * mode. */
+START_TEST(test_weak_anchor_gates)
+{
+    static const struct trule rules[] = {
+        {"gap", RULE_REGEX, "\\x2a\\x94.{35}\\xd1\\x27", 0},
+        {"rng", RULE_REGEX, "\\xf6\\x83.{3,40}\\x82\\xf3", RULE_F_DOTALL},
+        {"any", RULE_REGEX, "\\xc1\\x9f.*\\x39\\xfe", 0},
+        {"hex", RULE_HEX, "e8 90 [10-20] 0f 05", 0},
+    };
+    static const char *const plants[] = {"\x2a\x94", "\xd1\x27", "\xf6\x83", "\x82\xf3",
+                                         "\xc1\x9f", "\x39\xfe", "\xe8\x90", "\x0f\x05"};
+    static const uint32_t gaps[] = {35, 17, 60, 14};
+    struct gpu_options opt = {.segment_bytes = 64, .chain_bytes = 128};
+    struct gpu_engine *eng = engine(&opt);
+    struct catalog *cat = compile_rules(rules, sizeof(rules) / sizeof(rules[0]));
+    uint32_t gated = 0;
+    for (uint32_t k = 0; k < catalog_nfa_count(cat); k++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, k, &g);
+        gated += (g.flags & CAT_GF_GATED) != 0 ? g.n_rules : 0;
+    }
+    /* the gaps' DFAs track every earlier anchor (hundreds to 40,000+
+     * states): gated; `.*` between anchors is a DFA of 5 states: kept */
+    ck_assert_uint_eq(gated, 3);
+    rng = 0x2a94d127ull;
+    enum { NB = 12 };
+    struct gpu_buffer bufs[NB];
+    for (uint32_t i = 0; i < NB; i++) {
+        size_t len = i == 0 ? 0 : 100 + rnd(4000);
+        uint8_t *d = malloc(len ? len : 1);
+        ck_assert_ptr_nonnull(d);
+        for (size_t p = 0; p < len; p++)
+            d[p] = rnd(20) == 0 ? '\n' : (uint8_t)rnd(256);
+        for (size_t p = 0; len > 80 && p + 70 < len; p += 1 + rnd(i % 3 == 1 ? 20 : 400)) {
+            uint32_t r = rnd(4);
+            memcpy(d + p, plants[2 * r], 2);
+            size_t end = p + 2 + gaps[r];
+            if (rnd(3) == 0) /* an anchor inside the gap */
+                memcpy(d + p + 2 + rnd(gaps[r] - 2), plants[2 * r], 2);
+            memcpy(d + end, plants[2 * r + 1], 2);
+        }
+        if (len > 80) {
+            memcpy(d, plants[6], 2);
+            memcpy(d + len - 2, plants[7], 2);
+        }
+        bufs[i] = (struct gpu_buffer){
+            .data = d, .len = len, .id = i, .mode = (enum scan_mode)(i % 3), .catalog = 0};
+    }
+    const struct catalog *cats[1] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, NB};
+    struct gpu_result res = {0};
+    size_t hits = check_batch(eng, &b, &res);
+    ck_assert_uint_ge(hits, 40);
+    gpu_result_finish(&res);
+    for (uint32_t i = 0; i < NB; i++)
+        free((void *)bufs[i].data);
+    catalog_destroy(cat);
+    gpu_engine_destroy(eng);
+}
+END_TEST
+
 static int confirm_push(void *ctx, uint32_t rule, uint64_t end)
 {
     return scan_hits_push(ctx, rule, end, 1);
@@ -2838,6 +2905,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_bitnfa_random);
     tcase_add_test(tc, test_bitnfa_segments);
     tcase_add_test(tc, test_gated_nfa);
+    tcase_add_test(tc, test_weak_anchor_gates);
     tcase_add_loop_test(tc, test_confirm_nfa, 0, 2);
     tcase_add_loop_test(tc, test_confirm_cap, 0, 2);
     tcase_add_test(tc, test_confirm_items_bounded);

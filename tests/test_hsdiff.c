@@ -2769,6 +2769,105 @@ START_TEST(test_factor_gating)
 }
 END_TEST
 
+/* Binary signatures: two-byte anchors around a gap (`\x2a\x94.{35}\xd1\x27`,
+ * and as YARA writes them, `{2a 94 [35] d1 27}`). Alone such a rule is a
+ * DFA of hundreds to tens of thousands of states (every earlier anchor in
+ * the gap is tracked), so the compiler gates it on its two-byte anchors
+ * (factor_extract_weak, docs/engine.md). Random sets of 1 to 6 rules: rare
+ * anchor bytes (now and then a letter), bounded, ranged, dot-all and
+ * unbounded gaps, an optional tail; haystacks of the anchors' bytes, `\n`
+ * and filler, with the anchors planted at gap distances and inside other
+ * gaps. Hyperscan's hits, the same as every group walked in full, and
+ * weakly gated rules in most sets. */
+START_TEST(test_weak_anchors)
+{
+    static const char *const gaps[] = {".{%u}",       ".{%u,%u}", "[\\x00-\\xff]{%u}",
+                                       "(?s:.{%u,%u})", "[^\\n]{0,%u}", ".*"};
+    static const char *const tails[] = {"", "", "[0-9]{2}", "\\b", "(?:ab|\\xfe)"};
+    static const uint32_t flagsets[] = {0, RULE_F_DOTALL, RULE_F_SINGLEMATCH, RULE_F_CASELESS};
+    struct rng rng = {0x2a94d127ull};
+    struct stats st = {0};
+    check_full_walk = true;
+    for (int set = 0; set < 60; set++) {
+        enum { MAXR = 6 };
+        struct trule r[MAXR];
+        uint8_t anc[MAXR][4];
+        uint32_t lo[MAXR], hi[MAXR];
+        size_t n = 1 + rng_below(&rng, MAXR);
+        for (size_t i = 0; i < n; i++) {
+            for (int k = 0; k < 4; k++) /* mostly bytes outside text, now and then a letter */
+                anc[i][k] = rng_pct(&rng, 10) ? (uint8_t)('a' + rng_below(&rng, 26))
+                                              : (uint8_t)(0x80 + rng_below(&rng, 0x80));
+            uint32_t g = rng_below(&rng, 6);
+            lo[i] = 1 + rng_below(&rng, 40);
+            hi[i] = lo[i] + rng_below(&rng, 30);
+            char gap[48], pat[160];
+            snprintf(gap, sizeof(gap), gaps[g], g == 4 ? hi[i] : lo[i], hi[i]);
+            if (g == 0 || g == 2)
+                hi[i] = lo[i];
+            if (g == 4)
+                lo[i] = 0;
+            if (g == 5)
+                lo[i] = 0, hi[i] = 60;
+            snprintf(pat, sizeof(pat), "\\x%02x\\x%02x%s\\x%02x\\x%02x%s", anc[i][0], anc[i][1],
+                     gap, anc[i][2], anc[i][3], tails[rng_below(&rng, 5)]);
+            memset(&r[i], 0, sizeof(r[i]));
+            snprintf(r[i].id, sizeof(r[i].id), "w%d_%zu", set, i);
+            r[i].kind = RULE_REGEX;
+            r[i].pat = xstrndup(pat, strlen(pat));
+            r[i].len = strlen(pat);
+            r[i].hs = xstrndup(pat, strlen(pat));
+            r[i].flags = flagsets[rng_below(&rng, 4)];
+        }
+        enum { NH = 3 };
+        struct str bufs[NH] = {{0}};
+        struct hay hays[NH];
+        for (int k = 0; k < NH; k++) {
+            for (int round = 0; round < 40; round++) {
+                size_t i = rng_below(&rng, (uint32_t)n);
+                uint32_t roll = rng_below(&rng, 5);
+                if (roll <= 1) { /* a match, maybe with an anchor inside its gap */
+                    str_putc(&bufs[k], (char)anc[i][0]);
+                    str_putc(&bufs[k], (char)anc[i][1]);
+                    uint32_t len = lo[i] + rng_below(&rng, hi[i] - lo[i] + 1);
+                    for (uint32_t b = 0; b < len; b++)
+                        str_putc(&bufs[k], rng_pct(&rng, 8)    ? (char)anc[i][b & 1]
+                                           : rng_pct(&rng, 3) ? '\n'
+                                                              : (char)rng_below(&rng, 256));
+                    str_putc(&bufs[k], (char)anc[i][2]);
+                    str_putc(&bufs[k], (char)anc[i][3]);
+                    if (rng_pct(&rng, 50))
+                        str_puts(&bufs[k], rng_pct(&rng, 50) ? "42" : "ab");
+                } else if (roll == 2) { /* anchors alone */
+                    str_putc(&bufs[k], (char)anc[i][rng_below(&rng, 2) * 2]);
+                    str_putc(&bufs[k], (char)anc[i][rng_below(&rng, 2) * 2 + 1]);
+                } else {
+                    for (uint32_t f = rng_below(&rng, roll == 3 ? 8 : 90); f > 0; f--)
+                        str_putc(&bufs[k], rng_pct(&rng, 5) ? '\n' : (char)rng_below(&rng, 256));
+                }
+            }
+            snprintf(hays[k].name, sizeof(hays[k].name), "set %d #%d", set, k);
+            hays[k].p = (const uint8_t *)bufs[k].p;
+            hays[k].len = bufs[k].n;
+        }
+        compare_set(r, n, 0, 0, "weak anchors", false, hays, NH, &st);
+        for (size_t i = 0; i < n; i++)
+            trule_free(&r[i]);
+        for (int k = 0; k < NH; k++)
+            str_free(&bufs[k]);
+    }
+    check_full_walk = false;
+    stats_print(&st, "weak anchors");
+    printf("hsdiff weak anchors: %u gated rules of %u, %u gated != full\n", st.gated_rules,
+           st.rules, st.gate_diffs);
+    ck_assert_msg(st.mismatches == 0, "%u haystacks give different hits", st.mismatches);
+    ck_assert_uint_eq(st.gate_diffs, 0);
+    ck_assert_uint_eq(st.our_rejects + st.both_rejects, 0);
+    ck_assert_uint_ge(st.gated_rules, st.rules / 2);
+    ck_assert_uint_gt(st.hits, 300);
+}
+END_TEST
+
 /* Unbounded rules gated by forward confirmation (CAT_GF_CONFIRM): random
  * rules made of a lead (none, bounded, unbounded, \b, ^), a factor
  * (plain, caseless, an alternation) and a tail (unbounded, bounded, $),
@@ -3074,6 +3173,7 @@ Suite *hsdiff_suite(void)
     tcase_add_test(gating, test_gitleaks_passes);
     tcase_add_test(gating, test_wide_small_dfa);
     tcase_add_test(gating, test_factor_walk_lanes);
+    tcase_add_test(gating, test_weak_anchors);
     suite_add_tcase(s, gating);
     TCase *cpu = tcase_create("cpu-engine");
     tcase_set_timeout(cpu, 600);
