@@ -155,14 +155,6 @@ static bool sealed(int fd)
  * daemon's threads (4 KiB memfd scans under load, issue 10). */
 #define MAP_MIN (64u << 10)
 
-/* Sealed memfd ranges below this are read at upload, like files, where
- * larger ones are mapped at load (a GPU engine's default, docs/daemon.md
- * "Descriptor buffers"): a range of a flow reassembler's memfd (64 KiB)
- * costs a pread into staging that way, against an mmap, its faults at
- * upload and an munmap with its TLB shootdown (docs/PERFORMANCE.md
- * "Session 28"). */
-#define DEFER_SEALED_BELOW (1u << 20)
-
 /* Reads (or maps) the range identify_fd checked; a mapping is populated
  * ahead with `populate`. */
 static int load_fd(struct engine_buf *b, struct loaded *ld, bool populate)
@@ -442,8 +434,7 @@ static void load_buf(struct engine *e, struct bstate *st, struct dedup *dd, uint
         j->bytes_not_scanned += eb->bytes;
         return;
     }
-    if (st->defer && eb->bytes > 0 && can_defer(j) &&
-        (st->defer_sealed || eb->bytes < DEFER_SEALED_BELOW || !sealed(eb->fd))) {
+    if (st->defer && eb->bytes > 0 && can_defer(j) && (st->defer_sealed || !sealed(eb->fd))) {
         eb->deferred = true;
         eb->data = NULL;
         eb->len = eb->bytes;

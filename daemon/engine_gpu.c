@@ -401,24 +401,24 @@ static void gpu_finish_oldest(struct gworker *w)
 }
 
 /* How the worker reads a batch's descriptor buffers (docs/daemon.md
- * "Descriptor buffers"): regular files go from the page cache straight
- * into staging, read by the upload threads; sealed memfds are mapped and
- * copied there, unless VKSCAND_FD_UPLOAD says otherwise. */
+ * "Descriptor buffers"): files and memfds go from the page cache straight
+ * into staging, read by the upload threads, unless VKSCAND_FD_UPLOAD says
+ * to map sealed memfds at load instead. */
 static void gpu_load(struct gworker *w, struct engine_batch *b)
 {
     struct bstate *st = b->priv;
     int how = w->e->fd_upload;
-    st->defer = w->gpu != NULL && (how == FD_AUTO || how == FD_PREAD);
-    st->defer_sealed = how == FD_PREAD;
+    st->defer = w->gpu != NULL;
+    st->defer_sealed = how == FD_AUTO || how == FD_PREAD;
     st->populate = how == FD_POPULATE;
     engine_batch_load(w->e, b);
 }
 
 /*
  * Loads the batch queued next while the upload threads fill the begun
- * one: its descriptors are inspected and its memfds mapped (5 ms for five
- * 64 MiB memfds on the H200, during which the upload threads idled when
- * it ran between two uploads). Only this worker takes from its queue, so
+ * one: its descriptors are inspected (and, with VKSCAND_FD_UPLOAD=map, its
+ * memfds mapped: 5 ms for five 64 MiB memfds on the H200, during which the
+ * upload threads idled when it ran between two uploads). Only this worker takes from its queue, so
  * the batch stays where it is; gpu_start then finds it loaded.
  */
 static void gpu_load_next(struct gworker *w)

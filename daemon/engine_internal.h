@@ -161,12 +161,11 @@ struct engine {
     uint64_t cache_bytes_saved;                                /* mu */
     struct rcache *rc; /* the result cache (NULL: off); its own lock */
     /* How GPU engines take descriptor buffers (read-only after create;
-     * $VKSCAND_FD_UPLOAD, docs/daemon.md): FD_AUTO (the default) maps
-     * memfds sealed against shrinking at load and copies them at upload,
-     * and has the upload threads pread every other file straight into
-     * upload memory; FD_PREAD preads them all; FD_MAP and FD_POPULATE are
-     * the way before (mapped, or read into memory, at load; populate maps
-     * with MAP_POPULATE), for comparison. */
+     * $VKSCAND_FD_UPLOAD, docs/daemon.md): FD_AUTO (the default) and
+     * FD_PREAD have the upload threads pread every descriptor straight
+     * into upload memory; FD_MAP maps memfds sealed against shrinking at
+     * load and copies them at upload (the default before session 28),
+     * FD_POPULATE the same with MAP_POPULATE, for comparison. */
     int fd_upload;
 
     /* Loop thread. */
