@@ -157,14 +157,21 @@ static void filter_add(struct cpulit *m, const uint8_t *p, uint32_t k, uint32_t 
 #define STRIDE2_MIN_L    6u
 
 /* The filter of one stride: lane k of bucket b is constrained while the
- * offsets it stands for are inside the bucket's shortest string and L. */
+ * offsets it stands for are inside the bucket's shortest string and L. An
+ * empty bucket (a set of fewer than BUCKETS strings) is rejected in every
+ * lane: left clear, it made every position a candidate, and a single
+ * string ran at 0.15 GB/s, all of it in verify (docs/PERFORMANCE.md
+ * "Session 28"). */
 static void fill_filter(struct cpulit *m, const uint32_t *mb)
 {
     uint32_t sd = m->stride;
     uint64_t init = 0;
-    for (uint32_t b = 0; b < BUCKETS; b++)
+    for (uint32_t b = 0; b < BUCKETS; b++) {
+        if (mb[b] == 0)
+            init |= 0x1111111111111111ull << b;
         for (uint32_t k = 2 / sd; sd * k + sd - 1 < m->L && sd * k + sd - 1 < mb[b]; k++)
             init |= (uint64_t)1 << (4 * k + b);
+    }
     for (size_t i = 0; i < ((size_t)1 << DOM_BITS); i++)
         m->filter[i] = init;
     for (uint32_t i = 0; i < m->n_lits; i++) {
