@@ -499,10 +499,79 @@ static int cmp_rule_end(const void *a, const void *b)
     return x->end < y->end ? -1 : x->end > y->end;
 }
 
-#define SORT_SHORT      48u    /* lists this short take an insertion sort */
-#define SORT_DIGIT_BITS 11u    /* 2,048 counters: in L1 */
-#define SORT_WIDE_BITS  13u    /* 8,192 counters: in L1 on current cores */
-#define SORT_WIDE_MIN   16384u /* lists this long may take wide digits */
+#define SORT_SHORT          48u    /* lists this short take an insertion sort */
+#define SORT_DIGIT_BITS     11u    /* 2,048 counters: in L1 */
+#define SORT_WIDE_BITS      13u    /* 8,192 counters: in L1 on current cores */
+#define SORT_WIDE_MIN       16384u /* lists this long may take wide digits */
+#define SORT_HITS_RADIX_MIN 256u   /* scan_hits_sort: shorter lists take qsort */
+
+/* One stable counting pass of scan_hits_sort: by the `bits`-bit digit at
+ * `shift` of each hit's end (or rule). */
+static void hits_pass(const struct scan_hit *src, struct scan_hit *dst, size_t n, bool rule,
+                      unsigned shift, unsigned bits)
+{
+    uint32_t count[1u << SORT_DIGIT_BITS];
+    const uint64_t digit = ((uint64_t)1 << bits) - 1;
+    memset(count, 0, sizeof(count[0]) << bits);
+    for (size_t i = 0; i < n; i++)
+        count[((rule ? src[i].rule : src[i].end) >> shift) & digit]++;
+    uint32_t sum = 0;
+    for (size_t d = 0; d <= digit; d++) {
+        uint32_t c = count[d];
+        count[d] = sum;
+        sum += c;
+    }
+    for (size_t i = 0; i < n; i++)
+        dst[count[((rule ? src[i].rule : src[i].end) >> shift) & digit]++] = src[i];
+}
+
+/* The passes over one key field whose bits vary in `vary`, least
+ * significant digit first; returns where the hits are now. */
+static struct scan_hit *hits_field(struct scan_hit *src, struct scan_hit *dst, size_t n, bool rule,
+                                   uint64_t vary)
+{
+    if (vary == 0)
+        return src;
+    unsigned lo = (unsigned)__builtin_ctzll(vary),
+             span = 64u - (unsigned)__builtin_clzll(vary) - lo;
+    unsigned passes = (span + SORT_DIGIT_BITS - 1) / SORT_DIGIT_BITS;
+    unsigned bits = (span + passes - 1) / passes;
+    for (unsigned p = 0; p < passes; p++) {
+        hits_pass(src, dst, n, rule, lo + p * bits, bits);
+        struct scan_hit *t = src;
+        src = dst;
+        dst = t;
+    }
+    return src;
+}
+
+void scan_hits_sort(struct scan_hit *v, size_t n, bool by_rule)
+{
+    struct scan_hit *tmp =
+        n >= SORT_HITS_RADIX_MIN && n < UINT32_MAX ? malloc(n * sizeof(*tmp)) : NULL;
+    if (tmp == NULL) {
+        qsort(v, n, sizeof(*v), by_rule ? cmp_rule_end : cmp_end_rule);
+        return;
+    }
+    uint64_t end_or = 0, end_and = ~0ull;
+    uint32_t rule_or = 0, rule_and = ~0u;
+    for (size_t i = 0; i < n; i++) {
+        end_or |= v[i].end;
+        end_and &= v[i].end;
+        rule_or |= v[i].rule;
+        rule_and &= v[i].rule;
+    }
+    /* the secondary key first: each pass is stable */
+    struct scan_hit *at = v, *other = tmp;
+    at = hits_field(at, at == v ? tmp : v, n, !by_rule,
+                    by_rule ? end_or ^ end_and : (uint64_t)(rule_or ^ rule_and));
+    other = at == v ? tmp : v;
+    at = hits_field(at, other, n, by_rule,
+                    by_rule ? (uint64_t)(rule_or ^ rule_and) : end_or ^ end_and);
+    if (at != v)
+        memcpy(v, at, n * sizeof(*v));
+    free(tmp);
+}
 
 /* LSD radix sort of k[0..n) over the bits in which keys differ, in digits
  * of equal width: a list of SORT_WIDE_MIN keys or more takes

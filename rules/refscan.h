@@ -225,6 +225,12 @@ void scan_hits_finalize_sorting(struct scan_hits *h, const struct catalog *cat,
 
 void scan_hits_finish(struct scan_hits *h);
 
+/* Sorts v[0..n) by (end, rule), or by (rule, end) when `by_rule`: an LSD
+ * radix sort of the hits themselves (digits in which every hit agrees are
+ * skipped) from SORT_HITS_RADIX_MIN hits, qsort below that or when its
+ * buffer cannot be had. Hits with equal keys keep no particular order. */
+void scan_hits_sort(struct scan_hit *v, size_t n, bool by_rule);
+
 /* Sorts k[0..n) ascending (LSD radix on 11-bit digits, skipping digits in
  * which every key agrees; insertion sort for short lists); tmp holds n
  * keys. No allocation. */
