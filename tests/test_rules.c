@@ -679,6 +679,73 @@ START_TEST(radix_sort_orders)
 }
 END_TEST
 
+static int cmp_hit_end_rule(const void *a, const void *b)
+{
+    const struct scan_hit *x = a, *y = b;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return x->rule < y->rule ? -1 : x->rule > y->rule;
+}
+
+static int cmp_hit_rule_end(const void *a, const void *b)
+{
+    const struct scan_hit *x = a, *y = b;
+    if (x->rule != y->rule)
+        return x->rule < y->rule ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* scan_hits_sort (the CPU engine's hit sorts) against qsort, in both key
+ * orders: lists on both sides of the radix threshold (256), duplicates,
+ * ends past 32 bits, rules over 16 bits, and keys equal in one field. Each
+ * hit's count travels with it (the (end, rule, count) multisets match). */
+START_TEST(hit_sort_orders)
+{
+    const size_t sizes[] = {0, 1, 255, 256, 257, 5000, 70000};
+    const struct {
+        uint64_t end_mask;
+        uint32_t rule_mask;
+    } spans[] = {{0xff, 0x3}, {0xffffff, 0xff}, {0xfffffffffull, 0xfffff}, {0, 0xffff}, {0xfff, 0}};
+    uint64_t seed = 0x2545f4914f6cdd1dull;
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        for (size_t pi = 0; pi < sizeof(spans) / sizeof(spans[0]); pi++) {
+            for (int by_rule = 0; by_rule < 2; by_rule++) {
+                size_t n = sizes[si];
+                struct scan_hit *v = malloc((n + 1) * sizeof(*v)),
+                                *ref = malloc((n + 1) * sizeof(*ref));
+                ck_assert_ptr_nonnull(v);
+                ck_assert_ptr_nonnull(ref);
+                for (size_t i = 0; i < n; i++) {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    v[i] = (struct scan_hit){.rule = (uint32_t)(seed >> 40) & spans[pi].rule_mask,
+                                             .count = (uint32_t)i,
+                                             .end = (seed & spans[pi].end_mask) | 1u << 30};
+                }
+                memcpy(ref, v, n * sizeof(*v));
+                int (*cmp)(const void *, const void *) =
+                    by_rule ? cmp_hit_rule_end : cmp_hit_end_rule;
+                qsort(ref, n, sizeof(*ref), cmp);
+                scan_hits_sort(v, n, by_rule);
+                for (size_t i = 0; i < n; i++)
+                    ck_assert_msg(cmp(&v[i], &ref[i]) == 0, "n %zu span %zu by_rule %d: hit %zu",
+                                  n, pi, by_rule, i);
+                /* the same hits, counts included: sort both by count too */
+                uint64_t sum_v = 0, sum_r = 0;
+                for (size_t i = 0; i < n; i++) {
+                    sum_v += (v[i].count + 1) * (v[i].end ^ v[i].rule);
+                    sum_r += (ref[i].count + 1) * (ref[i].end ^ ref[i].rule);
+                }
+                ck_assert_uint_eq(sum_v, sum_r);
+                free(v);
+                free(ref);
+            }
+        }
+    }
+}
+END_TEST
+
 Suite *rules_suite(void)
 {
     Suite *s = suite_create("rules");
@@ -694,6 +761,7 @@ Suite *rules_suite(void)
     tcase_add_loop_test(tc, released_trees_parsed_again, 0, 3);
     tcase_add_loop_test(tc, strings_kept_as_bytes, 0, 2);
     tcase_add_test(tc, radix_sort_orders);
+    tcase_add_test(tc, hit_sort_orders);
     suite_add_tcase(s, tc);
     return s;
 }
