@@ -715,10 +715,35 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
     return rc;
 }
 
+/* The idle bytes of DFA group `g` (struct cpuplan_skip). */
+static void plan_skip(const struct catalog *cat, uint32_t g, struct cpuplan_skip *k)
+{
+    struct catalog_group cg;
+    catalog_group(cat, g, &cg);
+    memset(k, 0, sizeof(*k));
+    for (int j = 0; j < 3; j++) {
+        k->st[j] = cg.start[j + 1];
+        if (k->st[j] >= cg.first_accept)
+            return; /* an accepting start state reports at every byte */
+    }
+    uint32_t idle = 0;
+    for (unsigned c = 0; c < 256; c++) {
+        uint32_t kind = catalog_byte_kind((uint8_t)c);
+        uint32_t next = kind == CAT_K_WORD ? k->st[0] : kind == CAT_K_NL ? k->st[1] : k->st[2];
+        bool all = true;
+        for (int j = 0; j < 3 && all; j++)
+            all = cg.trans[(size_t)k->st[j] * cg.n_classes + cg.classmap[c]] == next;
+        k->idle[c] = all;
+        idle += all;
+    }
+    k->on = idle > 0;
+}
+
 static void plan_free(struct cpuplan *p)
 {
     if (p == NULL)
         return;
+    free(p->skip);
     plan_free(p->shadow_plan);
     catalog_destroy(p->shadow);
     free(p->shadow_rule);
@@ -737,7 +762,10 @@ int cpuplan_build(const struct catalog *cat, bool fast, struct cpuplan **out)
     p->n_nfa = catalog_nfa_count(cat);
     p->refs = 1;
     p->mode = calloc(p->n_dfa + p->n_nfa + 1, 1);
-    int rc = p->mode != NULL ? 0 : -ENOMEM;
+    p->skip = calloc(p->n_dfa + 1, sizeof(*p->skip));
+    int rc = p->mode != NULL && p->skip != NULL ? 0 : -ENOMEM;
+    for (uint32_t g = 0; rc == 0 && g < p->n_dfa; g++)
+        plan_skip(cat, g, &p->skip[g]);
     if (rc == 0)
         rc = fast ? plan_fast(cat, p) : plan_literal_groups(cat, p);
     for (uint32_t j = 0; rc == 0 && !fast && j < p->n_nfa; j++) {

@@ -39,8 +39,22 @@ enum { CPUPLAN_FULL = 0, CPUPLAN_LIT = 1, CPUPLAN_WINDOW = 2, CPUPLAN_SHADOW = 3
  * group whose factor ended there (WINDOW groups). */
 #define CPUPLAN_FACTOR 0x80000000u
 
+/* Idle skipping in a DFA group's walk (rules/cpuscan.c dfa_range): while
+ * the walk is in one of the group's start states (start[1..3], chosen by
+ * the kind of the byte before), a byte with idle[c] set leads to the start
+ * state for c's kind again from each of them, so a run of such bytes is
+ * passed over without the transition table and the walk goes on from the
+ * start state of the run's last byte; as Hyperscan's accelerated states
+ * do. `on` is false when a start state accepts or no byte is idle. */
+struct cpuplan_skip {
+    bool on;
+    uint32_t st[3]; /* start[1], start[2], start[3] */
+    uint8_t idle[256];
+};
+
 struct cpuplan {
     uint8_t fp[CATALOG_FP_LEN]; /* the catalog's fingerprint */
+    struct cpuplan_skip *skip;  /* per DFA group (n_dfa) */
     uint32_t n_dfa, n_nfa;
     uint8_t *mode;      /* per engine group: CPUPLAN_* */
     struct cpulit *lit; /* NULL when no group uses it */

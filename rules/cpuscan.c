@@ -316,15 +316,29 @@ static int accepts_at(const struct catalog_group *g, uint32_t s, const uint8_t *
  * walk of refscan_group_range, with the accept check out of the byte loop
  * (accepting states are numbered from first_accept, and most bytes lead to
  * a state below it). */
-static int dfa_range(const struct catalog_group *g, const uint8_t *buf, size_t len, size_t begin,
-                     uint64_t lo, uint64_t hi, struct walk *w)
+/* dfa_range's skipping stops for the rest of a walk whose first SKIP_PROBE
+ * runs of idle bytes averaged under SKIP_MIN_RUN bytes: then the checks
+ * cost more than the steps they save. */
+#define SKIP_PROBE   64u
+#define SKIP_MIN_RUN 4u
+
+/* Walks group `g` over buf[begin..hi), reporting ends in (lo, hi]. With
+ * `k` on, a walk in a start state passes over the run of idle bytes that
+ * follows without the transition table (a table step waits for the one
+ * before: two dependent loads a byte; a skip step does not) and goes on
+ * from the start state of the run's last byte. */
+static int dfa_range(const struct catalog_group *g, const struct cpuplan_skip *k,
+                     const uint8_t *buf, size_t len, size_t begin, uint64_t lo, uint64_t hi,
+                     struct walk *w)
 {
     if (hi > len)
         hi = len;
     const uint32_t *trans = g->trans, *cm = g->classmap;
     const uint32_t nc = g->n_classes, fa = g->first_accept;
     uint32_t s = catalog_group_start(g, buf, begin);
-    size_t i = begin;
+    size_t i = begin, skipped = 0;
+    uint32_t runs = 0;
+    bool skip = k != NULL && k->on;
     for (;;) {
         if (s >= fa && i > lo) {
             int rc = accepts_at(g, s, buf, len, i, w);
@@ -333,7 +347,26 @@ static int dfa_range(const struct catalog_group *g, const uint8_t *buf, size_t l
         }
         if (i >= hi)
             return 0;
+        if (!skip) {
+            do {
+                s = trans[(size_t)s * nc + cm[buf[i++]]];
+            } while (s < fa && i < hi);
+            continue;
+        }
+        const uint32_t a = k->st[0], b = k->st[1], c = k->st[2];
         do {
+            if ((s == a || s == b || s == c) && k->idle[buf[i]]) {
+                size_t from = i;
+                do
+                    i++;
+                while (i < hi && k->idle[buf[i]]);
+                s = catalog_group_start(g, buf, i); /* i > begin: the run's last byte */
+                skipped += i - from;
+                if (++runs == SKIP_PROBE && skipped < SKIP_PROBE * SKIP_MIN_RUN)
+                    skip = false; /* runs too short to pay (`[A-Za-z0-9._%+-]+@` in text) */
+                if (i >= hi || !skip)
+                    break;
+            }
             s = trans[(size_t)s * nc + cm[buf[i++]]];
         } while (s < fa && i < hi);
     }
@@ -384,7 +417,7 @@ static int on_window(void *ctx, uint64_t lo, uint64_t hi)
                                  on_match, x->w);
     struct catalog_group cg;
     catalog_group(x->cat, x->g, &cg);
-    return dfa_range(&cg, x->buf, x->len, begin, lo, hi, x->w);
+    return dfa_range(&cg, &x->plan->skip[x->g], x->buf, x->len, begin, lo, hi, x->w);
 }
 
 static uint32_t group_maxlen(const struct catalog *cat, const struct cpuplan *plan, uint32_t g)
@@ -414,7 +447,7 @@ static int window_groups_full(const struct catalog *cat, const struct cpuplan *p
         }
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        rc = dfa_range(&cg, buf, len, begin, lo, hi, w);
+        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w);
     }
     return rc;
 }
@@ -483,7 +516,7 @@ static int walk_catalog(const struct catalog *cat, const struct cpuplan *plan, c
         if (cg.flags & CAT_GF_FACTOR) /* found the candidates above; reports nothing */
             continue;
         if (plan->mode[g] == CPUPLAN_FULL)
-            rc = dfa_range(&cg, buf, len, begin, lo, hi, w);
+            rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w);
         /* dedup state is per group walk: a rule lives in one group */
     }
     return rc;

@@ -201,6 +201,70 @@ START_TEST(test_segments_equal_refscan)
 }
 END_TEST
 
+/* Idle skipping in the CPU engine's DFA walks (cpuplan.h struct
+ * cpuplan_skip): rules whose start states wait for a digit or a rare
+ * letter, with \b, \B, multi-line ^ and $, so the start state after a run
+ * depends on the run's last byte; long idle runs, matches right after runs
+ * of every byte kind, at buffer and segment edges. The CPU engine equals
+ * refscan_buffer (which never skips) in every mode and segment size, and
+ * every DFA group has skipping on. Fails when the walk resumes from the
+ * wrong start state after a run (always start[3], the one after a byte
+ * that is neither a word byte nor a newline: 80 of 292 hits lost). */
+START_TEST(test_idle_skip_equals_refscan)
+{
+    static const struct rdef rules[] = {
+        {"ssn", "\\b\\d{3}-\\d{2}\\b", NULL, RULE_REGEX},
+        {"bol", "^q\\d", "m", RULE_REGEX},
+        {"eol", "z\\d$", "m", RULE_REGEX},
+        {"nb", "\\Bq\\d", NULL, RULE_REGEX},
+        {"yr", "19\\d\\d", NULL, RULE_REGEX},
+    };
+    enum { N = sizeof(rules) / sizeof(rules[0]) };
+    struct catalog *cat = compile(rules, N);
+    ck_assert_uint_eq(catalog_nfa_count(cat), 0);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_get(cat, &plan), 0);
+    for (uint32_t g = 0; g < catalog_group_count(cat); g++)
+        ck_assert_msg(plan->skip[g].on, "group %u has no idle bytes", g);
+    cpuplan_put(plan);
+    static const char *const plants[] = {"123-45", "q7",       "z9\n", "aq1", "1999",
+                                         " 1",     "x123-45 ", "\nq3", "z5",  "_q2"};
+    static uint8_t buf[40000];
+    uint64_t r = 0x1d1e5c1bull;
+    for (size_t i = 0; i < sizeof(buf);) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        if (r % 5 == 0) {
+            const char *p = plants[(r >> 8) % 10];
+            for (size_t k = 0; p[k] && i < sizeof(buf); k++)
+                buf[i++] = (uint8_t)p[k];
+        } else {
+            static const char filler[] = "the cat sat, on a mat.\t-_Zx\n";
+            for (uint64_t n = (r >> 20) % 40; n > 0 && i < sizeof(buf); n--, r >>= 1)
+                buf[i++] = (uint8_t)filler[(r >> 3) % (sizeof(filler) - 1)];
+        }
+    }
+    memcpy(buf, "q1 123-45", 9); /* at the very start */
+    static const size_t segs[] = {3, 17, 1000, 40000};
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+        struct scan_hits want = {0};
+        ck_assert_int_eq(refscan_buffer(cat, buf, sizeof(buf), (enum scan_mode)mode, &want), 0);
+        ck_assert_uint_ge(want.n, mode == SCAN_ALL ? 200 : 4);
+        for (size_t k = 0; k < sizeof(segs) / sizeof(segs[0]); k++) {
+            struct scan_hits got = {0};
+            uint64_t dropped = 0;
+            segmented(cat, buf, sizeof(buf), segs[k], 1 + (int)(k % 2), (enum scan_mode)mode, 0,
+                      UINT64_MAX, &got, &dropped);
+            char what[64];
+            snprintf(what, sizeof(what), "idle skip, mode %d segments of %zu", mode, segs[k]);
+            assert_same(&got, &want, what);
+            scan_hits_finish(&got);
+        }
+        scan_hits_finish(&want);
+    }
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* A limit keeps the first hits of every segment, and the merge the first
  * of the buffer: the result is refscan's prefix, the rest counted. */
 START_TEST(test_segment_limit)
@@ -2389,6 +2453,7 @@ Suite *engine_suite(void)
     tcase_add_loop_test(tc, test_segments_equal_refscan, 0, 2);
     tcase_add_test(tc, test_segment_limit);
     tcase_add_loop_test(tc, test_unbounded_one_piece, 0, 2);
+    tcase_add_test(tc, test_idle_skip_equals_refscan);
     tcase_add_test(tc, test_segment_enough);
     tcase_add_test(tc, test_finalize_radix_equals_sorting);
     tcase_add_loop_test(tc, test_gated_segments, 0, 2);
