@@ -45,17 +45,17 @@ struct server_counters {
     uint64_t cancelled;    /* scans dropped because their client left */
     uint64_t backpressure; /* times a session stopped being read */
     uint64_t reloads;
-    uint64_t output_limit_closes;        /* connections closed past max-unsent-bytes */
-    uint64_t frame_timeouts;             /* connections closed past frame-timeout-ms */
-    uint64_t idle_closes;                /* connections closed past idle-timeout-ms */
-    uint64_t frame_budget_waits;         /* frames that waited for frame-budget */
-    uint64_t tenant_refused;             /* connections over tenant-max-connections */
-    uint64_t accept_fd_limit;            /* accept() hit EMFILE/ENFILE (then backed off) */
-    uint64_t start_ready_ns;             /* main's start to ready (0 before) */
-    uint64_t start_accept_ns; /* main's start to the first accept (0: at ready, --engine gpu) */
-    uint64_t preload_catalogs;           /* catalogs preloaded at start, on every GPU engine */
-    uint64_t preload_ns;                 /* ready to the preload's end */
-    uint64_t preload_done;               /* 1 once the preload ended */
+    uint64_t output_limit_closes; /* connections closed past max-unsent-bytes */
+    uint64_t frame_timeouts;      /* connections closed past frame-timeout-ms */
+    uint64_t idle_closes;         /* connections closed past idle-timeout-ms */
+    uint64_t frame_budget_waits;  /* frames that waited for frame-budget */
+    uint64_t tenant_refused;      /* connections over tenant-max-connections */
+    uint64_t accept_fd_limit;     /* accept() hit EMFILE/ENFILE (then backed off) */
+    uint64_t start_ready_ns;      /* main's start to ready (0 before) */
+    uint64_t start_accept_ns;     /* main's start to the first accept (0: at ready, --engine gpu) */
+    uint64_t preload_catalogs;    /* catalogs preloaded at start, on every GPU engine */
+    uint64_t preload_ns;          /* ready to the preload's end */
+    uint64_t preload_done;        /* 1 once the preload ended */
     struct metrics_hist hist_queue_wait; /* per scan answered: enqueue -> dispatch */
     struct metrics_hist hist_gpu;        /* per batch: run_ns (kernel, or the CPU scan) */
     struct metrics_hist hist_scan_total; /* per scan answered: receipt -> reply */

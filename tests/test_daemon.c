@@ -2399,9 +2399,9 @@ START_TEST(test_serves_before_gpu_starts)
     ck_assert_msg(vkfault_so != NULL, "VKFAULT_SO is not set: run through meson test");
     vkfault_hold = true;
     struct daemon d;
-    daemon_spawn(&d, NULL,
-                 (const char *const[]){"--engine", "auto", "--device", "0", "--cpu-max-work", "0",
-                                       NULL});
+    daemon_spawn(
+        &d, NULL,
+        (const char *const[]){"--engine", "auto", "--device", "0", "--cpu-max-work", "0", NULL});
     vkfault_so = NULL;
     vkfault_hold = false;
     for (int i = 0; i < 12000 && access(d.sock, F_OK) != 0; i++)

@@ -2781,7 +2781,7 @@ END_TEST
  * weakly gated rules in most sets. */
 START_TEST(test_weak_anchors)
 {
-    static const char *const gaps[] = {".{%u}",       ".{%u,%u}", "[\\x00-\\xff]{%u}",
+    static const char *const gaps[] = {".{%u}",         ".{%u,%u}",     "[\\x00-\\xff]{%u}",
                                        "(?s:.{%u,%u})", "[^\\n]{0,%u}", ".*"};
     static const char *const tails[] = {"", "", "[0-9]{2}", "\\b", "(?:ab|\\xfe)"};
     static const uint32_t flagsets[] = {0, RULE_F_DOTALL, RULE_F_SINGLEMATCH, RULE_F_CASELESS};
@@ -2831,7 +2831,7 @@ START_TEST(test_weak_anchors)
                     str_putc(&bufs[k], (char)anc[i][1]);
                     uint32_t len = lo[i] + rng_below(&rng, hi[i] - lo[i] + 1);
                     for (uint32_t b = 0; b < len; b++)
-                        str_putc(&bufs[k], rng_pct(&rng, 8)    ? (char)anc[i][b & 1]
+                        str_putc(&bufs[k], rng_pct(&rng, 8)   ? (char)anc[i][b & 1]
                                            : rng_pct(&rng, 3) ? '\n'
                                                               : (char)rng_below(&rng, 256));
                     str_putc(&bufs[k], (char)anc[i][2]);

@@ -729,8 +729,8 @@ START_TEST(hit_sort_orders)
                 qsort(ref, n, sizeof(*ref), cmp);
                 scan_hits_sort(v, n, by_rule);
                 for (size_t i = 0; i < n; i++)
-                    ck_assert_msg(cmp(&v[i], &ref[i]) == 0, "n %zu span %zu by_rule %d: hit %zu",
-                                  n, pi, by_rule, i);
+                    ck_assert_msg(cmp(&v[i], &ref[i]) == 0, "n %zu span %zu by_rule %d: hit %zu", n,
+                                  pi, by_rule, i);
                 /* the same hits, counts included: sort both by count too */
                 uint64_t sum_v = 0, sum_r = 0;
                 for (size_t i = 0; i < n; i++) {

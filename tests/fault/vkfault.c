@@ -117,8 +117,7 @@ static void next_fn(const char *name, void *fnp, size_t size)
 }
 
 VKAPI_ATTR VkResult VKAPI_CALL vkCreateInstance(const VkInstanceCreateInfo *info,
-                                                const VkAllocationCallbacks *alloc,
-                                                VkInstance *out)
+                                                const VkAllocationCallbacks *alloc, VkInstance *out)
 {
     static PFN_vkCreateInstance next;
     if (next == NULL)
