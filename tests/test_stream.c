@@ -1033,6 +1033,92 @@ START_TEST(test_slow_gated)
 }
 END_TEST
 
+/* Binary signatures gated on two-byte anchors (factor_extract_weak): a
+ * stream cut at random points into writes of 1 to 4,000 bytes reports what
+ * block mode reports on the concatenation, with anchor pairs planted at
+ * their gaps' distances across write boundaries; the gated groups keep
+ * only their history between writes. */
+static int cmp_hits(const void *a, const void *b)
+{
+    const struct scan_hit *x = a, *y = b;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return (x->rule > y->rule) - (x->rule < y->rule);
+}
+
+START_TEST(test_weak_anchor_streams)
+{
+    static const char *const pats[] = {"\\x2a\\x94.{35}\\xd1\\x27", "\\xf6\\x83.{3,40}\\x82\\xf3",
+                                       "\\xe8\\x90[\\x00-\\xff]{10,20}\\x0f\\x05",
+                                       "\\x9e\\xb8.{47}\\xaa\\xc0"};
+    static const char *const plant[][2] = {{"\x2a\x94", "\xd1\x27"},
+                                           {"\xf6\x83", "\x82\xf3"},
+                                           {"\xe8\x90", "\x0f\x05"},
+                                           {"\x9e\xb8", "\xaa\xc0"}};
+    static const uint32_t gaps[] = {35, 17, 14, 47};
+    enum { N = 4 };
+    struct rule_src src[N];
+    static const char *const ids[N] = {"w0", "w1", "w2", "w3"};
+    for (int i = 0; i < N; i++)
+        src[i] = (struct rule_src){ids[i], RULE_REGEX, pats[i], strlen(pats[i]), 0, 0};
+    struct rules_result res = {0};
+    struct vks_error err = {0};
+    ck_assert_msg(rules_compile(src, N, NULL, &res, &err) == 0, "compile: %s", err.msg);
+    uint32_t gated = 0;
+    for (uint32_t j = 0; j < catalog_nfa_count(res.catalog); j++) {
+        struct catalog_nfa cn;
+        catalog_nfa(res.catalog, j, &cn);
+        gated += (cn.flags & CAT_GF_GATED) ? cn.n_rules : 0;
+    }
+    ck_assert_uint_eq(gated, N);
+    rng_state = 0x2a94d127u;
+    uint64_t total = 0;
+    for (int round = 0; round < 60; round++) {
+        size_t n = 2000 + rnd(20000);
+        uint8_t *d = malloc(n);
+        ck_assert_ptr_nonnull(d);
+        for (size_t i = 0; i < n; i++)
+            d[i] = rnd(20) == 0 ? '\n' : (uint8_t)rnd(256);
+        for (size_t p = 0; p + 100 < n; p += 1 + rnd(300)) {
+            uint32_t r = rnd(N);
+            memcpy(d + p, plant[r][0], 2);
+            for (size_t q = p + 2; q < p + 2 + gaps[r]; q++)
+                d[q] = d[q] == '\n' ? 'x' : d[q];
+            memcpy(d + p + 2 + gaps[r], plant[r][1], 2);
+        }
+        struct scan_hits want = {0}, got = {0};
+        ck_assert_int_eq(refscan_buffer(res.catalog, d, n, SCAN_ALL, &want), 0);
+        struct streamscan *ss;
+        ck_assert_int_eq(streamscan_create(res.catalog, &ss), 0);
+        for (size_t at = 0; at <= n;) {
+            struct scan_hits h = {0};
+            size_t w = 1 + rnd(rnd(3) ? 200 : 4000);
+            w = w > n - at ? n - at : w;
+            ck_assert_int_eq(
+                at < n ? streamscan_write(ss, d + at, w, &h) : streamscan_close(ss, &h), 0);
+            for (size_t i = 0; i < h.n; i++)
+                ck_assert_int_eq(scan_hits_push(&got, h.v[i].rule, h.v[i].end, 1), 0);
+            scan_hits_finish(&h);
+            at += at < n ? w : 1;
+        }
+        streamscan_destroy(ss);
+        if (got.n > 1)
+            qsort(got.v, got.n, sizeof(*got.v), cmp_hits);
+        ck_assert_msg(got.n == want.n, "round %d: stream %zu hits, block %zu", round, got.n,
+                      want.n);
+        for (size_t i = 0; i < got.n; i++)
+            ck_assert_msg(got.v[i].rule == want.v[i].rule && got.v[i].end == want.v[i].end,
+                          "round %d hit %zu differs", round, i);
+        total += want.n;
+        scan_hits_finish(&got);
+        scan_hits_finish(&want);
+        free(d);
+    }
+    ck_assert_uint_gt(total, 1000);
+    rules_result_finish(&res);
+}
+END_TEST
+
 /* One large write and a long stream of large writes: the middle runs on
  * several threads, and a match straddles every internal split point and
  * every write boundary (instances placed across them), block mode's
@@ -3281,6 +3367,7 @@ Suite *stream_suite(void)
     tcase_add_test(tc, test_history_groups);
     tcase_add_loop_test(tc, test_literal_groups, 0, 3);
     tcase_add_test(tc, test_fast_random);
+    tcase_add_test(tc, test_weak_anchor_streams);
     tcase_add_test(tc, test_split_random);
     tcase_add_test(tc, test_fast_kinds);
     tcase_add_test(tc, test_fast_large_writes);
