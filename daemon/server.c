@@ -782,7 +782,7 @@ static int accept_early(struct server *srv, struct vks_error *err)
         return vks_error_set(err, rc, "cannot accept connections: %s", uv_strerror(rc));
     arm_sweep(srv);
     srv->counters.start_accept_ns = uv_hrtime() - srv->main_ns;
-    log_info("accepting on %s after %.1f ms; the CPU engine scans until the GPU engine is up",
+    log_info("accepting on %s after %.1f ms (the CPU engine scans until any GPU engine is up)",
              srv->cfg.socket_path, ms(srv->counters.start_accept_ns));
     return 0;
 }
