@@ -312,21 +312,19 @@ static int accepts_at(const struct catalog_group *g, uint32_t s, const uint8_t *
     return 0;
 }
 
-/* A DFA group's walk over buf[begin..hi), reporting ends in (lo, hi]: the
- * walk of refscan_group_range, with the accept check out of the byte loop
- * (accepting states are numbered from first_accept, and most bytes lead to
- * a state below it). */
 /* dfa_range's skipping stops for the rest of a walk whose first SKIP_PROBE
  * runs of idle bytes averaged under SKIP_MIN_RUN bytes: then the checks
  * cost more than the steps they save. */
 #define SKIP_PROBE   64u
 #define SKIP_MIN_RUN 4u
 
-/* Walks group `g` over buf[begin..hi), reporting ends in (lo, hi]. With
- * `k` on, a walk in a start state passes over the run of idle bytes that
- * follows without the transition table (a table step waits for the one
- * before: two dependent loads a byte; a skip step does not) and goes on
- * from the start state of the run's last byte. */
+/* A DFA group's walk over buf[begin..hi), reporting ends in (lo, hi]: the
+ * walk of refscan_group_range, with the accept check out of the byte loop
+ * (accepting states are numbered from first_accept, and most bytes lead to
+ * a state below it). With `k` on, a walk in a start state passes over the
+ * run of idle bytes that follows without the transition table (a table
+ * step waits for the one before: two dependent loads a byte; a skip step
+ * does not) and goes on from the start state of the run's last byte. */
 static int dfa_range(const struct catalog_group *g, const struct cpuplan_skip *k,
                      const uint8_t *buf, size_t len, size_t begin, uint64_t lo, uint64_t hi,
                      struct walk *w)
