@@ -505,6 +505,18 @@ static int cmp_rule_end(const void *a, const void *b)
 #define SORT_WIDE_MIN       16384u /* lists this long may take wide digits */
 #define SORT_HITS_RADIX_MIN 256u   /* scan_hits_sort: shorter lists take qsort */
 
+/* How an LSD radix sort covers the `vary` bits in which its keys differ:
+ * from bit *lo, in passes of equal digits of at most `max_bits`; returns
+ * the passes, the digit width in *bits. */
+static unsigned digit_plan(uint64_t vary, unsigned max_bits, unsigned *lo, unsigned *bits)
+{
+    *lo = (unsigned)__builtin_ctzll(vary);
+    unsigned span = 64u - (unsigned)__builtin_clzll(vary) - *lo;
+    unsigned passes = (span + max_bits - 1) / max_bits;
+    *bits = (span + passes - 1) / passes;
+    return passes;
+}
+
 /* One stable counting pass of scan_hits_sort: by the `bits`-bit digit at
  * `shift` of each hit's end (or rule). */
 static void hits_pass(const struct scan_hit *src, struct scan_hit *dst, size_t n, bool rule,
@@ -532,10 +544,7 @@ static struct scan_hit *hits_field(struct scan_hit *src, struct scan_hit *dst, s
 {
     if (vary == 0)
         return src;
-    unsigned lo = (unsigned)__builtin_ctzll(vary),
-             span = 64u - (unsigned)__builtin_clzll(vary) - lo;
-    unsigned passes = (span + SORT_DIGIT_BITS - 1) / SORT_DIGIT_BITS;
-    unsigned bits = (span + passes - 1) / passes;
+    unsigned lo, bits, passes = digit_plan(vary, SORT_DIGIT_BITS, &lo, &bits);
     for (unsigned p = 0; p < passes; p++) {
         hits_pass(src, dst, n, rule, lo + p * bits, bits);
         struct scan_hit *t = src;
@@ -561,13 +570,10 @@ void scan_hits_sort(struct scan_hit *v, size_t n, bool by_rule)
         rule_or |= v[i].rule;
         rule_and &= v[i].rule;
     }
+    uint64_t vary_end = end_or ^ end_and, vary_rule = rule_or ^ rule_and;
     /* the secondary key first: each pass is stable */
-    struct scan_hit *at = v, *other = tmp;
-    at = hits_field(at, at == v ? tmp : v, n, !by_rule,
-                    by_rule ? end_or ^ end_and : (uint64_t)(rule_or ^ rule_and));
-    other = at == v ? tmp : v;
-    at = hits_field(at, other, n, by_rule,
-                    by_rule ? (uint64_t)(rule_or ^ rule_and) : end_or ^ end_and);
+    struct scan_hit *at = hits_field(v, tmp, n, !by_rule, by_rule ? vary_end : vary_rule);
+    at = hits_field(at, at == v ? tmp : v, n, by_rule, by_rule ? vary_rule : vary_end);
     if (at != v)
         memcpy(v, at, n * sizeof(*v));
     free(tmp);
@@ -598,13 +604,10 @@ void scan_sort_u64(uint64_t *k, uint64_t *tmp, size_t n)
     uint64_t vary = all_or ^ all_and;
     if (vary == 0)
         return;
-    unsigned lo = (unsigned)__builtin_ctzll(vary),
-             span = 64u - (unsigned)__builtin_clzll(vary) - lo;
-    unsigned passes = (span + SORT_DIGIT_BITS - 1) / SORT_DIGIT_BITS;
-    unsigned wide = (span + SORT_WIDE_BITS - 1) / SORT_WIDE_BITS;
+    unsigned lo, bits, passes = digit_plan(vary, SORT_DIGIT_BITS, &lo, &bits);
+    unsigned wlo, wbits, wide = digit_plan(vary, SORT_WIDE_BITS, &wlo, &wbits);
     if (n >= SORT_WIDE_MIN && wide < passes)
-        passes = wide;
-    unsigned bits = (span + passes - 1) / passes;
+        passes = wide, bits = wbits;
     uint32_t count[1u << SORT_WIDE_BITS];
     const uint64_t digit = ((uint64_t)1 << bits) - 1;
     uint64_t *src = k, *dst = tmp;
