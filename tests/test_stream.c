@@ -1670,6 +1670,55 @@ START_TEST(test_daemon_stream_gpu_batches)
 }
 END_TEST
 
+/* The head-and-tail buffers of descriptor writes are kept for reuse up to
+ * 64 MiB in all (daemon/stream_run.c SPARE_KEEP), however many writes a
+ * client has in flight: 40 streams each write 2.5 MiB of one memfd in one
+ * stream.writes (4 MiB buffers, over 16 of them at once), and what stays
+ * kept afterwards is within the bound, while every write got a buffer and
+ * its needle. Fails when the pool keeps whatever comes back. */
+START_TEST(test_daemon_sparse_buffers_bounded)
+{
+    struct daemon d;
+    daemon_start(&d, (const char *const[]){"--engine", "gpu", "--stream-gpu-min-bytes", "1",
+                                           "--stream-max-per-tenant", "64", NULL});
+    struct vks_client *c = connect_ok(&d);
+    static const struct vks_rule needle[] = {{"n", VKS_RULE_LITERAL, "needle", 0, NULL}};
+    struct vks_catalog *cat = load_rules(c, needle, 1);
+    enum { NS = 40, LEN = (5 << 20) / 2 };
+    int mfd = memfd_create("sparse-bound", MFD_CLOEXEC);
+    ck_assert_int_ge(mfd, 0);
+    ck_assert_int_eq(ftruncate(mfd, (off_t)NS * LEN), 0);
+    struct vks_stream *s[NS];
+    struct vks_buffer b[NS];
+    for (int k = 0; k < NS; k++) {
+        s[k] = open_ok(c, cat);
+        ck_assert_int_eq(pwrite(mfd, "needle", 6, (off_t)k * LEN + LEN / 2), 6);
+        b[k] = (struct vks_buffer){
+            .kind = VKS_BUFFER_FD, .fd = mfd, .offset = (uint64_t)k * LEN, .length = LEN};
+    }
+    struct vks_scan_result res;
+    struct vks_error err = {0};
+    ck_assert_msg(vks_stream_write_many(s, b, NS, &res, &err) == 0, "writes: %s", err.msg);
+    ck_assert_uint_eq(res.n_hits, NS);
+    for (int k = 0; k < NS; k++)
+        ck_assert_int_eq(res.buffers[k].code, 0);
+    vks_scan_result_finish(&res);
+    uint64_t mapped = stat_of(c, "stream.sparse_mapped"),
+             reused = stat_of(c, "stream.sparse_reused");
+    printf("sparse buffers: %" PRIu64 " made, %" PRIu64 " reused, %" PRIu64 " bytes kept\n", mapped,
+           reused, stat_of(c, "stream.sparse_kept_bytes"));
+    ck_assert_uint_eq(mapped + reused, NS);
+    ck_assert_uint_gt(mapped, 16); /* more in flight at once than the bound keeps */
+    ck_assert_uint_le(stat_of(c, "stream.sparse_kept_bytes"), 64u << 20);
+    ck_assert_int_eq(vks_stream_close_many(s, NS, &res, &err), 0);
+    vks_scan_result_finish(&res);
+    close(mfd);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    daemon_stop(&d);
+}
+END_TEST
+
 /* Per-rule sums of count-mode hits: `res`'s hits of buffer `buf` (or of
  * every buffer when buf is UINT32_MAX), each rule at most once per buffer,
  * in end order. */
@@ -3379,6 +3428,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_stream_equals_block);
     tcase_add_test(td, test_daemon_straddle_and_close);
     tcase_add_test(td, test_daemon_stream_gpu_batches);
+    tcase_add_test(td, test_daemon_sparse_buffers_bounded);
     tcase_add_test(td, test_daemon_stream_count_mode);
     tcase_add_test(td, test_daemon_stream_hit_bomb);
     tcase_add_test(td, test_daemon_bad_ids);
