@@ -477,40 +477,43 @@ void catalog_rule(const struct catalog *cat, uint32_t i, struct catalog_rule *ou
     out->fingerprint = (const uint8_t *)(e + CAT_R_FP);
 }
 
-struct rid {
-    const char *id;
-    uint32_t len, rule;
-};
-
-static int cmp_rid(const void *x, const void *y)
+static uint32_t id_hash(const char *id, uint32_t len)
 {
-    const struct rid *a = x, *b = y;
-    if (a->len != b->len)
-        return a->len < b->len ? -1 : 1;
-    int d = memcmp(a->id, b->id, a->len);
-    if (d != 0)
-        return d;
-    return a->rule < b->rule ? -1 : a->rule > b->rule;
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (uint32_t i = 0; i < len; i++)
+        h = (h ^ (uint8_t)id[i]) * 16777619u;
+    return h;
 }
 
 int catalog_report_indexes(const struct catalog *cat, uint32_t *report)
 {
-    uint32_t n = catalog_rule_count(cat);
-    struct rid *v = malloc((n ? n : 1) * sizeof(*v));
-    if (v == NULL)
+    uint32_t n = catalog_rule_count(cat), cap = 16;
+    while (cap < 2 * (uint64_t)n)
+        cap *= 2;
+    uint32_t *slot = malloc(cap * sizeof(*slot)); /* rule + 1; 0: empty */
+    if (slot == NULL)
         return -ENOMEM;
+    memset(slot, 0, cap * sizeof(*slot));
+    /* rules in order: the first rule with an id takes its slot */
     for (uint32_t r = 0; r < n; r++) {
         struct catalog_rule cr;
         catalog_rule(cat, r, &cr);
-        v[r] = (struct rid){cr.id, cr.id_len, r};
+        uint32_t h = id_hash(cr.id, cr.id_len) & (cap - 1);
+        for (;; h = (h + 1) & (cap - 1)) {
+            if (slot[h] == 0) {
+                slot[h] = r + 1;
+                report[r] = r;
+                break;
+            }
+            struct catalog_rule first;
+            catalog_rule(cat, slot[h] - 1, &first);
+            if (first.id_len == cr.id_len && memcmp(first.id, cr.id, cr.id_len) == 0) {
+                report[r] = slot[h] - 1;
+                break;
+            }
+        }
     }
-    qsort(v, n, sizeof(*v), cmp_rid);
-    for (uint32_t i = 0, first = 0; i < n; i++) {
-        if (v[i].len != v[first].len || memcmp(v[i].id, v[first].id, v[i].len) != 0)
-            first = i;
-        report[v[i].rule] = v[first].rule;
-    }
-    free(v);
+    free(slot);
     return 0;
 }
 

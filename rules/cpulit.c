@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "refscan.h" /* scan_sort_u64 */
+
 #define BUCKETS 4u
 #define LANES   16u /* of 4 bits */
 #define MAX_L   12u /* prefix the filter looks at */
@@ -111,12 +113,33 @@ struct order {
     uint32_t index;
 };
 
-static int cmp_order(const void *a, const void *b)
+/* Sorts v[0..n) by key, stably (an LSD radix on bytes, skipping bytes in
+ * which every key agrees); entries made in index order thus come out in
+ * (key, index) order. tmp holds n entries. */
+static void sort_order(struct order *v, struct order *tmp, size_t n)
 {
-    const struct order *x = a, *y = b;
-    if (x->key != y->key)
-        return x->key < y->key ? -1 : 1;
-    return x->index < y->index ? -1 : x->index > y->index;
+    uint64_t all_or = 0, all_and = ~0ull;
+    for (size_t i = 0; i < n; i++) {
+        all_or |= v[i].key;
+        all_and &= v[i].key;
+    }
+    struct order *src = v, *dst = tmp;
+    for (unsigned shift = 0; shift < 64; shift += 8) {
+        if (((all_or ^ all_and) >> shift & 0xff) == 0)
+            continue; /* every key has this byte */
+        size_t count[257] = {0};
+        for (size_t i = 0; i < n; i++)
+            count[(src[i].key >> shift & 0xff) + 1]++;
+        for (unsigned d = 1; d < 257; d++)
+            count[d] += count[d - 1];
+        for (size_t i = 0; i < n; i++)
+            dst[count[src[i].key >> shift & 0xff]++] = src[i];
+        struct order *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != v)
+        memcpy(v, src, n * sizeof(*v));
 }
 
 static int check_entries(const struct cpulit_entry *v, size_t n, uint64_t *total)
@@ -229,13 +252,6 @@ static int build_slots(struct cpulit *m)
     return 0;
 }
 
-/* Copies the strings in key order, lowercasing caseless letters. */
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Keeps `once` only on CPULIT_ONCE strings whose id another such string
  * has: the others need no check. */
 static int mark_once(struct cpulit *m)
@@ -245,14 +261,14 @@ static int mark_once(struct cpulit *m)
         n += m->lits[i].once;
     if (n == 0)
         return 0;
-    uint64_t *v = malloc(n * sizeof(*v));
+    uint64_t *v = malloc(2 * (size_t)n * sizeof(*v));
     if (v == NULL)
         return -ENOMEM;
     n = 0;
     for (uint32_t i = 0; i < m->n_lits; i++)
         if (m->lits[i].once)
             v[n++] = (uint64_t)m->lits[i].id << 32 | i;
-    qsort(v, n, sizeof(*v), cmp_u64);
+    scan_sort_u64(v, v + n, n);
     for (uint32_t i = 0; i < n; i++) {
         bool shared =
             (i > 0 && v[i - 1] >> 32 == v[i] >> 32) || (i + 1 < n && v[i + 1] >> 32 == v[i] >> 32);
@@ -262,9 +278,10 @@ static int mark_once(struct cpulit *m)
     return 0;
 }
 
+/* Copies the strings in key order, lowercasing caseless letters. */
 static int copy_entries(struct cpulit *m, const struct cpulit_entry *v, size_t n, uint64_t total)
 {
-    struct order *ord = malloc(n * sizeof(*ord));
+    struct order *ord = malloc(2 * n * sizeof(*ord));
     m->lits = malloc(n * sizeof(*m->lits));
     m->bytes = malloc(total);
     m->mask = malloc(total);
@@ -277,7 +294,7 @@ static int copy_entries(struct cpulit *m, const struct cpulit_entry *v, size_t n
      * buckets are constrained up to their shortest string only) */
     for (size_t i = 0; i < n; i++)
         ord[i] = (struct order){v[i].len, (uint32_t)i};
-    qsort(ord, n, sizeof(*ord), cmp_order);
+    sort_order(ord, ord + n, n);
     m->min_len = (uint32_t)ord[0].key;
     m->K = m->min_len < 8 ? m->min_len : 8;
     m->L = ord[n / 2].key < MAX_L ? (uint32_t)ord[n / 2].key : MAX_L;
@@ -290,7 +307,7 @@ static int copy_entries(struct cpulit *m, const struct cpulit_entry *v, size_t n
         bucket[ord[i].index] = (uint32_t)(i * BUCKETS / n);
     for (size_t i = 0; i < n; i++)
         ord[i] = (struct order){key_of(v[i].bytes, m->K), (uint32_t)i};
-    qsort(ord, n, sizeof(*ord), cmp_order);
+    sort_order(ord, ord + n, n);
     uint32_t off = 0;
     for (size_t i = 0; i < n; i++) {
         const struct cpulit_entry *e = &v[ord[i].index];

@@ -303,11 +303,12 @@ struct entries {
     struct sbuf pool;
 };
 
-static int entries_add(struct entries *e, const uint8_t *b, const uint8_t *m, uint32_t len,
-                       uint32_t id, uint32_t group)
+/* Room for `more` entries and `bytes` more pool bytes. */
+static int entries_reserve(struct entries *e, size_t more, uint64_t bytes)
 {
-    if (e->n == e->cap) {
+    if (e->n + more > e->cap) {
         size_t cap = e->cap ? 2 * e->cap : 256;
+        cap = cap < e->n + more ? e->n + more : cap;
         struct cpulit_entry *v = realloc(e->v, cap * sizeof(*v));
         if (v != NULL)
             e->v = v;
@@ -318,6 +319,32 @@ static int entries_add(struct entries *e, const uint8_t *b, const uint8_t *m, ui
             return -ENOMEM;
         e->cap = cap;
     }
+    struct sbuf *p = &e->pool;
+    if (bytes > UINT32_MAX - 1 - (uint64_t)p->n)
+        return -ENOMEM;
+    if (p->n + bytes > p->cap) {
+        uint64_t cap = p->cap ? 2 * (uint64_t)p->cap : 4096;
+        cap = cap < p->n + bytes ? p->n + bytes : cap;
+        cap = cap > UINT32_MAX - 1 ? UINT32_MAX - 1 : cap;
+        uint8_t *nb = realloc(p->b, cap);
+        if (nb != NULL)
+            p->b = nb;
+        uint8_t *nm = realloc(p->m, cap);
+        if (nm != NULL)
+            p->m = nm;
+        if (nb == NULL || nm == NULL)
+            return -ENOMEM;
+        p->cap = (uint32_t)cap;
+    }
+    return 0;
+}
+
+static int entries_add(struct entries *e, const uint8_t *b, const uint8_t *m, uint32_t len,
+                       uint32_t id, uint32_t group)
+{
+    int rc = entries_reserve(e, 1, len);
+    if (rc != 0)
+        return rc;
     /* a rule's string reports under its rule's report index, once per end
      * among the rules sharing its id; factor ends need not be unique */
     e->v[e->n] = (struct cpulit_entry){.bytes = (const uint8_t *)(uintptr_t)e->pool.n,
@@ -326,9 +353,9 @@ static int entries_add(struct entries *e, const uint8_t *b, const uint8_t *m, ui
                                        .id = id,
                                        .flags = id & CPUPLAN_FACTOR ? 0 : CPULIT_ONCE};
     e->group[e->n++] = group;
-    for (uint32_t i = 0; i < len; i++)
-        if (!sbuf_push(&e->pool, b[i], m[i], UINT32_MAX - 1))
-            return -ENOMEM;
+    memcpy(e->pool.b + e->pool.n, b, len);
+    memcpy(e->pool.m + e->pool.n, m, len);
+    e->pool.n += len;
     return 0;
 }
 
@@ -390,6 +417,34 @@ static int parse_src(const struct catalog *cat, uint32_t r, struct parse_result 
     return parse_rule(&src, pr, &pos, msg, sizeof(msg));
 }
 
+/* Rule r as one plain string without the parser, when it is written as
+ * one: a literal without escapes, a regex without metacharacters. Its
+ * letters are caseless (lowercase, mask 0x20) under RULE_F_CASELESS, as
+ * lit_of gives them from the parsed rule. dict-sized catalogs (40,000
+ * words) are planned in a fraction of the parser's time, which counts at a
+ * restart's first scan. */
+static bool plain_of(const struct catalog_rule *cr, struct sbuf *s)
+{
+    if (cr->kind != RULE_LITERAL && cr->kind != RULE_REGEX)
+        return false;
+    /* 1: a regex metacharacter; 2: also a literal's (its escapes) */
+    static const uint8_t meta[256] = {
+        ['\\'] = 2, ['^'] = 1, ['$'] = 1, ['.'] = 1, ['|'] = 1, ['?'] = 1, ['*'] = 1,
+        ['+'] = 1,  ['('] = 1, [')'] = 1, ['['] = 1, [']'] = 1, ['{'] = 1, ['}'] = 1};
+    uint8_t stop = cr->kind == RULE_LITERAL ? 2 : 1;
+    for (uint32_t i = 0; i < cr->src_len; i++)
+        if (meta[(uint8_t)cr->src[i]] >= stop)
+            return false;
+    bool fold = (cr->flags & RULE_F_CASELESS) != 0;
+    for (uint32_t i = 0; i < cr->src_len; i++) {
+        uint8_t c = (uint8_t)cr->src[i];
+        bool letter = fold && ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+        if (!sbuf_push(s, letter ? c | 0x20 : c, letter ? 0x20 : 0, CPULIT_MAX_LEN))
+            return false;
+    }
+    return true;
+}
+
 /* Pass over the rules of groups still marked in `ok`: each adds its
  * strings (its literal under its report index, or its factor set) or
  * unmarks its group. */
@@ -398,21 +453,32 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
 {
     struct fset *f = malloc(sizeof(*f));
     int rc = f != NULL ? 0 : -ENOMEM;
+    if (!factors) { /* one string a rule, mostly as long as its source */
+        size_t n = 0;
+        uint64_t bytes = 0;
+        for (uint32_t r = 0; r < catalog_rule_count(cat); r++) {
+            struct catalog_rule cr;
+            catalog_rule(cat, r, &cr);
+            n += cr.group < ng && ok[cr.group];
+            bytes += cr.group < ng && ok[cr.group] ? cr.src_len : 0;
+        }
+        rc = rc == 0 ? entries_reserve(e, n, bytes) : rc;
+    }
+    struct sbuf s = {0}; /* one rule's string */
     for (uint32_t r = 0; r < catalog_rule_count(cat) && rc == 0; r++) {
         struct catalog_rule cr;
         catalog_rule(cat, r, &cr);
         if (cr.group >= ng || !ok[cr.group])
             continue;
         struct parse_result pr = {0};
-        uint32_t g;
-        bool good = parse_src(cat, r, &pr, &g) == 0 && pr.root != NULL;
+        uint32_t g = cr.group;
+        s.n = 0;
+        bool plain = !factors && plain_of(&cr, &s);
+        bool good = plain || (parse_src(cat, r, &pr, &g) == 0 && pr.root != NULL);
         if (good && !factors) {
-            struct sbuf s = {0};
-            good = lit_of(pr.root, 0, &s) && s.n >= MIN_LIT;
+            good = (plain || lit_of(pr.root, 0, &s)) && s.n >= MIN_LIT;
             if (good)
                 rc = entries_add(e, s.b, s.m, s.n, report[r], g);
-            free(s.b);
-            free(s.m);
         } else if (good) {
             good = factor_of(pr.root, 0, f) && fs_score(f) >= (int)(MIN_LIT * 5) - 4;
             for (uint32_t i = 0; good && i < f->n && rc == 0; i++)
@@ -424,30 +490,28 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
         if (!good && !literal_group(cat, g))
             ok[g] = 0; /* a literal group's rule that is no string: skipped */
     }
+    free(s.b);
+    free(s.m);
     free(f);
     return rc;
 }
 
-/* The matcher over the kept entries. */
-static int make_matcher(const struct entries *e, const uint8_t *mode, struct cpulit **out)
+/* The matcher over the kept entries (e->v is reused for its input). */
+static int make_matcher(struct entries *e, const uint8_t *mode, struct cpulit **out)
 {
-    struct cpulit_entry *v = malloc((e->n ? e->n : 1) * sizeof(*v));
-    if (v == NULL)
-        return -ENOMEM;
     size_t k = 0;
     for (size_t i = 0; i < e->n; i++) {
         uint32_t want = e->v[i].id & CPUPLAN_FACTOR ? CPUPLAN_WINDOW : CPUPLAN_LIT;
         if (mode[e->group[i]] != want)
             continue;
         size_t off = (size_t)(uintptr_t)e->v[i].bytes;
-        v[k] = e->v[i];
-        v[k].bytes = e->pool.b + off;
-        v[k].fold = e->pool.m + off;
+        e->v[k] = e->v[i];
+        e->v[k].bytes = e->pool.b + off;
+        e->v[k].fold = e->pool.m + off;
         k++;
     }
-    int rc = k > 0 ? cpulit_create(v, k, out) : 0;
-    free(v);
-    return rc;
+    e->n = 0; /* the offsets are gone */
+    return k > 0 ? cpulit_create(e->v, k, out) : 0;
 }
 
 /* A gated group is compiled again only when each of its rules expands to

@@ -265,6 +265,95 @@ START_TEST(test_idle_skip_equals_refscan)
 }
 END_TEST
 
+/* The plan reads rules written as plain strings without the parser
+ * (rules/cpuplan.c plain_of). Plain regexes and literals (caseless or not,
+ * with punctuation and bytes over 0x7f), beside strings written with an
+ * escape that the parser must read, are planned as literal-matcher rules
+ * and report what the DFA walk of refscan reports. */
+START_TEST(test_plain_strings_equal_refscan)
+{
+    static const char pool[] = "abcqXYZ09-_/#,:;'\"<>=@!%&~ \x80\xa5\xff";
+    enum { N = 48 };
+    static char pat[N][20], str[N][20]; /* as written; the string it is */
+    struct rule_src src[N];
+    static char ids[N][8];
+    for (int i = 0; i < N; i++) {
+        size_t len = 5 + rnd(8);
+        for (size_t k = 0; k < len; k++)
+            str[i][k] = pool[rnd(sizeof(pool) - 1)];
+        str[i][len] = '\0';
+        enum rule_kind kind = i % 3 == 0 ? RULE_LITERAL : RULE_REGEX;
+        if (i % 8 == 5 && kind == RULE_LITERAL) { /* "xA..." written "x\x41..." */
+            str[i][1] = 'A';
+            snprintf(pat[i], sizeof(pat[i]), "%c\\x41%s", str[i][0], str[i] + 2);
+        } else if (i % 8 == 5) { /* "xb.c..." written "xb\.c..." */
+            memcpy(str[i] + 1, "b.c", 3);
+            snprintf(pat[i], sizeof(pat[i]), "%cb\\.c%s", str[i][0], str[i] + 4);
+        } else {
+            memcpy(pat[i], str[i], len + 1);
+        }
+        snprintf(ids[i], sizeof(ids[i]), "p%d", i);
+        src[i] =
+            (struct rule_src){ids[i], kind, pat[i], strlen(pat[i]), i % 2 ? RULE_F_CASELESS : 0, 0};
+    }
+    struct rules_result res = {0};
+    struct rules_options ro = {.literal_group = -1, .gate_bits = UINT32_MAX}; /* DFA groups */
+    ck_assert_int_eq(rules_compile(src, N, &ro, &res, NULL), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    struct catalog *cat = res.catalog;
+    res.catalog = NULL;
+    rules_result_finish(&res);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_get(cat, &plan), 0);
+    ck_assert_uint_eq(plan->n_lit_groups, catalog_group_count(cat) + catalog_nfa_count(cat));
+    cpuplan_put(plan);
+    /* the pool's bytes, with every rule planted, caseless ones in mixed case */
+    static uint8_t buf[30000];
+    for (size_t i = 0; i < sizeof(buf);) {
+        if (rnd(4) == 0) {
+            int r = (int)rnd(N);
+            const char *p = str[r];
+            for (size_t k = 0; p[k] != '\0' && i < sizeof(buf); k++) {
+                uint8_t c = (uint8_t)p[k];
+                bool letter = (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
+                buf[i++] = r % 2 && letter && rnd(2) ? c ^ 0x20 : c;
+            }
+        } else {
+            buf[i++] = (uint8_t)pool[rnd(sizeof(pool) - 1)];
+        }
+    }
+    struct scan_hits want = {0}, got = {0};
+    ck_assert_int_eq(refscan_buffer(cat, buf, sizeof(buf), SCAN_ALL, &want), 0);
+    ck_assert_uint_ge(want.n, 1000);
+    uint64_t dropped = 0;
+    segmented(cat, buf, sizeof(buf), sizeof(buf), 1, SCAN_ALL, 0, UINT64_MAX, &got, &dropped);
+    assert_same(&got, &want, "plain strings");
+    scan_hits_finish(&got);
+    scan_hits_finish(&want);
+    catalog_destroy(cat);
+    /* one metacharacter each, each rule alone: none of them is a string */
+    static const char *const meta[] = {"qa.z",  "qb?z",  "qc*z",   "qd+z", "qe|zf",
+                                       "q(g)z", "q[h]z", "qi{2}z", "^qj",  "qk$"};
+    static const char text[] = "qaXz qz qbz qccz qddz qe zf qgz qhz qiiz qj qk qa.z qc*z qi{2}z ";
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (uint8_t)(rnd(3) ? text[i % (sizeof(text) - 1)] : '\n');
+    for (size_t i = 0; i < sizeof(meta) / sizeof(meta[0]); i++) {
+        src[0] = (struct rule_src){"m", RULE_REGEX, meta[i], strlen(meta[i]), RULE_F_MULTILINE, 0};
+        ck_assert_int_eq(rules_compile(src, 1, &ro, &res, NULL), 0);
+        cat = res.catalog;
+        res.catalog = NULL;
+        rules_result_finish(&res);
+        ck_assert_int_eq(refscan_buffer(cat, buf, sizeof(buf), SCAN_ALL, &want), 0);
+        ck_assert_uint_ge(want.n, 20);
+        segmented(cat, buf, sizeof(buf), sizeof(buf), 1, SCAN_ALL, 0, UINT64_MAX, &got, &dropped);
+        assert_same(&got, &want, meta[i]);
+        scan_hits_finish(&got);
+        scan_hits_finish(&want);
+        catalog_destroy(cat);
+    }
+}
+END_TEST
+
 /* A limit keeps the first hits of every segment, and the merge the first
  * of the buffer: the result is refscan's prefix, the rest counted. */
 START_TEST(test_segment_limit)
@@ -2454,6 +2543,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_segment_limit);
     tcase_add_loop_test(tc, test_unbounded_one_piece, 0, 2);
     tcase_add_test(tc, test_idle_skip_equals_refscan);
+    tcase_add_test(tc, test_plain_strings_equal_refscan);
     tcase_add_test(tc, test_segment_enough);
     tcase_add_test(tc, test_finalize_radix_equals_sorting);
     tcase_add_loop_test(tc, test_gated_segments, 0, 2);
