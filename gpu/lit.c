@@ -30,14 +30,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "parse.h"
+#include "cpuplan.h"
 #include "rules.h"
 
 #define MIX_A      0x85ebca77u
 #define MIX_B      0x9e3779b1u
 #define MIX_C      0x7feb352du
 #define FILTER_MUL 0x846ca68bu
-#define MAX_DEPTH  64
 
 /* The key's hash; scan_lit.comp's mix(). */
 static uint32_t mix(uint32_t lo, uint32_t hi)
@@ -56,89 +55,6 @@ static uint32_t filter_bits(uint32_t a)
            1u << ((b >> 12) & 31u);
 }
 
-/* ---- strings from rule sources (as rules/cpuplan.c's lit_of) ---------- */
-
-struct sbuf {
-    uint8_t *b, *m;
-    uint32_t n, cap;
-};
-
-static bool sbuf_push(struct sbuf *s, uint8_t b, uint8_t m)
-{
-    if (s->n >= GPU_LIT_MAX_LEN)
-        return false;
-    if (s->n == s->cap) {
-        uint32_t cap = s->cap ? 2 * s->cap : 64;
-        uint8_t *nb = realloc(s->b, cap);
-        if (nb != NULL)
-            s->b = nb;
-        uint8_t *nm = realloc(s->m, cap);
-        if (nm != NULL)
-            s->m = nm;
-        if (nb == NULL || nm == NULL)
-            return false;
-        s->cap = cap;
-    }
-    s->b[s->n] = b;
-    s->m[s->n++] = m;
-    return true;
-}
-
-/* The one byte a set matches, or a lowercase letter with mask 0x20 for a
- * letter in both cases; false for anything else. */
-static bool set_char(const struct byteset *s, uint8_t *b, uint8_t *m)
-{
-    unsigned n = 0, c0 = 0;
-    for (unsigned c = 0; c < 256; c++) {
-        if (byteset_has(s, c)) {
-            c0 = n == 0 ? c : c0;
-            n++;
-        }
-    }
-    if (n == 1) {
-        *b = (uint8_t)c0;
-        *m = 0;
-        return true;
-    }
-    /* {A, a}: c0 is the uppercase one */
-    if (n == 2 && c0 >= 'A' && c0 <= 'Z' && byteset_has(s, c0 | 0x20u)) {
-        *b = (uint8_t)(c0 | 0x20u);
-        *m = 0x20;
-        return true;
-    }
-    return false;
-}
-
-/* Appends the one string `n` matches, when it matches exactly one and has
- * no assertion. */
-static bool lit_of(const struct node *n, int depth, struct sbuf *s)
-{
-    if (depth > MAX_DEPTH)
-        return false;
-    switch (n->type) {
-    case N_SET: {
-        uint8_t b, m;
-        return set_char(&n->u.set, &b, &m) && sbuf_push(s, b, m);
-    }
-    case N_CAT:
-        for (uint32_t i = 0; i < n->u.list.n; i++)
-            if (!lit_of(n->u.list.kids[i], depth + 1, s))
-                return false;
-        return true;
-    case N_ALT:
-        return n->u.list.n == 1 && lit_of(n->u.list.kids[0], depth + 1, s);
-    case N_REPEAT:
-        if (n->u.rep.min != n->u.rep.max || n->u.rep.min > GPU_LIT_MAX_LEN)
-            return false;
-        for (uint32_t i = 0; i < n->u.rep.min; i++)
-            if (!lit_of(n->u.rep.kid, depth + 1, s))
-                return false;
-        return true;
-    default:
-        return false;
-    }
-}
-
 /* ---- building ---------------------------------------------------------- */
 
 struct entry {
@@ -149,11 +65,11 @@ struct entry {
 struct build {
     struct entry *v;
     size_t n, cap;
-    struct sbuf pool;
+    struct cpuplan_string pool;
 };
 
 /* Appends string s to the pool (whose offsets must stay u32). */
-static int pool_append(struct sbuf *pool, const struct sbuf *s)
+static int pool_append(struct cpuplan_string *pool, const struct cpuplan_string *s)
 {
     if (s->n == 0) /* an empty piece: the pool may not exist yet */
         return 0;
@@ -183,18 +99,8 @@ static int add_rule(const struct catalog *cat, uint32_t r, uint8_t *route, struc
 {
     struct catalog_rule cr;
     catalog_rule(cat, r, &cr);
-    struct rule_src src = {.id = "r",
-                           .kind = (enum rule_kind)cr.kind,
-                           .pattern = cr.src,
-                           .len = cr.src_len,
-                           .flags = cr.flags};
-    struct parse_result pr = {0};
-    struct sbuf s = {0};
-    uint32_t pos;
-    char msg[240];
-    bool good = parse_rule(&src, &pr, &pos, msg, sizeof(msg)) == 0 && pr.root != NULL &&
-                lit_of(pr.root, 0, &s) && s.n >= GPU_LIT_MIN_KEY;
-    parse_result_finish(&pr);
+    struct cpuplan_string s = {0};
+    bool good = cpuplan_rule_string(cat, r, GPU_LIT_MAX_LEN, &s) == 1 && s.n >= GPU_LIT_MIN_KEY;
     int rc = 0;
     if (good && b->n == b->cap) {
         size_t cap = b->cap ? 2 * b->cap : 256;
@@ -463,77 +369,9 @@ static int make_image(struct gpu_lit *t, struct build *b, uint32_t filter_words)
 
 /* ---- report indexes ---------------------------------------------------- */
 
-struct rid {
-    const char *id;
-    uint32_t len, rule;
-};
-
-static int cmp_rid(const void *x, const void *y)
-{
-    const struct rid *a = x, *b = y;
-    uint32_t n = a->len < b->len ? a->len : b->len;
-    int d = memcmp(a->id, b->id, n);
-    if (d != 0)
-        return d;
-    if (a->len != b->len)
-        return a->len < b->len ? -1 : 1;
-    return a->rule < b->rule ? -1 : a->rule > b->rule;
-}
-
-/*
- * Rules that share an id report as one, under the index the compiler gave
- * the first of them (docs/catalog.md), which is what their groups' accept
- * entries carry: the entries' string's `rule` becomes that index. Ids are
- * classed by sorting; a class's index is read off the accept entries of
- * the routed groups (every member of a class reports the same index).
- */
-static int map_reports(const struct catalog *cat, const uint8_t *route, uint32_t n_dfa,
-                       struct entry *v, size_t n)
-{
-    uint32_t nr = catalog_rule_count(cat);
-    struct rid *ids = malloc((nr ? nr : 1) * sizeof(*ids));
-    uint32_t *cls = malloc((nr ? nr : 1) * sizeof(*cls));
-    uint32_t *rep = malloc((nr ? nr : 1) * sizeof(*rep));
-    int rc = ids != NULL && cls != NULL && rep != NULL ? 0 : -ENOMEM;
-    bool shared = false;
-    for (uint32_t r = 0; rc == 0 && r < nr; r++) {
-        struct catalog_rule cr;
-        catalog_rule(cat, r, &cr);
-        ids[r] = (struct rid){cr.id, cr.id_len, r};
-    }
-    if (rc == 0)
-        qsort(ids, nr, sizeof(*ids), cmp_rid);
-    for (uint32_t i = 0, k = 0; rc == 0 && i < nr; i++) {
-        bool same = i > 0 && ids[i].len == ids[i - 1].len &&
-                    memcmp(ids[i].id, ids[i - 1].id, ids[i].len) == 0;
-        k += i > 0 && !same;
-        shared |= same;
-        cls[ids[i].rule] = k;
-        rep[k] = UINT32_MAX;
-    }
-    for (uint32_t g = 0; rc == 0 && shared && g < n_dfa; g++) {
-        struct catalog_group cg;
-        if (!route[g])
-            continue;
-        catalog_group(cat, g, &cg);
-        uint32_t first = cg.accept_index[0], end = cg.accept_index[cg.n_states - cg.first_accept];
-        for (uint32_t e = first; e < end; e++) {
-            uint32_t q = cg.accepts[e] >> 5;
-            if (q < nr)
-                rep[cls[q]] = q;
-        }
-    }
-    for (size_t i = 0; rc == 0 && shared && i < n; i++)
-        if (rep[cls[v[i].rule]] != UINT32_MAX)
-            v[i].rule = rep[cls[v[i].rule]];
-    free(ids);
-    free(cls);
-    free(rep);
-    return rc;
-}
-
-/* The same from the rule table (catalog_report_indexes): literal groups
- * have no accept entries to read it from. */
+/* Rules that share an id report as one, under the index of the first of
+ * them (docs/catalog.md, catalog_report_indexes), as their groups' accept
+ * entries say: each string's `rule` becomes that index. */
 static int map_report_indexes(const struct catalog *cat, struct entry *v, size_t n)
 {
     uint32_t nr = catalog_rule_count(cat);
@@ -606,8 +444,7 @@ static int lit_build(const struct catalog *cat, uint32_t filter_words, uint64_t 
     if (rc == 0)
         keep_routed(t, &b);
     if (rc == 0 && t->n_groups > 0)
-        rc = t->literal ? map_report_indexes(cat, b.v, b.n)
-                        : map_reports(cat, t->route, t->n_dfa, b.v, b.n);
+        rc = map_report_indexes(cat, b.v, b.n);
     if (rc == 0 && t->n_groups > 0)
         rc = make_image(t, &b, filter_words);
     if (rc == 0 && t->n_groups > 0 && (uint64_t)t->n_words * 4 > range) {

@@ -236,12 +236,7 @@ static bool factor_of(const struct node *n, int depth, struct fset *best)
 }
 
 /* A growable string with its fold mask. */
-struct sbuf {
-    uint8_t *b, *m;
-    uint32_t n, cap;
-};
-
-static bool sbuf_push(struct sbuf *s, uint8_t b, uint8_t m, uint32_t limit)
+static bool sbuf_push(struct cpuplan_string *s, uint8_t b, uint8_t m, uint32_t limit)
 {
     if (s->n >= limit)
         return false;
@@ -264,27 +259,27 @@ static bool sbuf_push(struct sbuf *s, uint8_t b, uint8_t m, uint32_t limit)
 
 /* Appends the one string `n` matches, when it matches exactly one and has
  * no assertion. */
-static bool lit_of(const struct node *n, int depth, struct sbuf *s)
+static bool lit_of(const struct node *n, int depth, uint32_t max, struct cpuplan_string *s)
 {
     if (depth > MAX_DEPTH)
         return false;
     switch (n->type) {
     case N_SET: {
         uint8_t b, m;
-        return set_chars(&n->u.set, &b, &m, 1) == 1 && sbuf_push(s, b, m, CPULIT_MAX_LEN);
+        return set_chars(&n->u.set, &b, &m, 1) == 1 && sbuf_push(s, b, m, max);
     }
     case N_CAT:
         for (uint32_t i = 0; i < n->u.list.n; i++)
-            if (!lit_of(n->u.list.kids[i], depth + 1, s))
+            if (!lit_of(n->u.list.kids[i], depth + 1, max, s))
                 return false;
         return true;
     case N_ALT:
-        return n->u.list.n == 1 && lit_of(n->u.list.kids[0], depth + 1, s);
+        return n->u.list.n == 1 && lit_of(n->u.list.kids[0], depth + 1, max, s);
     case N_REPEAT:
-        if (n->u.rep.min != n->u.rep.max || n->u.rep.min > CPULIT_MAX_LEN)
+        if (n->u.rep.min != n->u.rep.max || n->u.rep.min > max)
             return false;
         for (uint32_t i = 0; i < n->u.rep.min; i++)
-            if (!lit_of(n->u.rep.kid, depth + 1, s))
+            if (!lit_of(n->u.rep.kid, depth + 1, max, s))
                 return false;
         return true;
     default:
@@ -300,7 +295,7 @@ struct entries {
     struct cpulit_entry *v;
     uint32_t *group; /* per entry: its engine group */
     size_t n, cap;
-    struct sbuf pool;
+    struct cpuplan_string pool;
 };
 
 /* Room for `more` entries and `bytes` more pool bytes. */
@@ -319,7 +314,7 @@ static int entries_reserve(struct entries *e, size_t more, uint64_t bytes)
             return -ENOMEM;
         e->cap = cap;
     }
-    struct sbuf *p = &e->pool;
+    struct cpuplan_string *p = &e->pool;
     if (bytes > UINT32_MAX - 1 - (uint64_t)p->n)
         return -ENOMEM;
     if (p->n + bytes > p->cap) {
@@ -423,7 +418,7 @@ static int parse_src(const struct catalog *cat, uint32_t r, struct parse_result 
  * lit_of gives them from the parsed rule. dict-sized catalogs (40,000
  * words) are planned in a fraction of the parser's time, which counts at a
  * restart's first scan. */
-static bool plain_of(const struct catalog_rule *cr, struct sbuf *s)
+static bool plain_of(const struct catalog_rule *cr, uint32_t max, struct cpuplan_string *s)
 {
     if (cr->kind != RULE_LITERAL && cr->kind != RULE_REGEX)
         return false;
@@ -439,10 +434,26 @@ static bool plain_of(const struct catalog_rule *cr, struct sbuf *s)
     for (uint32_t i = 0; i < cr->src_len; i++) {
         uint8_t c = (uint8_t)cr->src[i];
         bool letter = fold && ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
-        if (!sbuf_push(s, letter ? c | 0x20 : c, letter ? 0x20 : 0, CPULIT_MAX_LEN))
+        if (!sbuf_push(s, letter ? c | 0x20 : c, letter ? 0x20 : 0, max))
             return false;
     }
     return true;
+}
+
+int cpuplan_rule_string(const struct catalog *cat, uint32_t r, uint32_t max,
+                        struct cpuplan_string *s)
+{
+    struct catalog_rule cr;
+    catalog_rule(cat, r, &cr);
+    s->n = 0;
+    if (plain_of(&cr, max, s))
+        return 1;
+    s->n = 0;
+    struct parse_result pr = {0};
+    uint32_t g;
+    bool good = parse_src(cat, r, &pr, &g) == 0 && pr.root != NULL && lit_of(pr.root, 0, max, s);
+    parse_result_finish(&pr);
+    return good;
 }
 
 /* Pass over the rules of groups still marked in `ok`: each adds its
@@ -464,7 +475,7 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
         }
         rc = rc == 0 ? entries_reserve(e, n, bytes) : rc;
     }
-    struct sbuf s = {0}; /* one rule's string */
+    struct cpuplan_string s = {0}; /* one rule's string */
     for (uint32_t r = 0; r < catalog_rule_count(cat) && rc == 0; r++) {
         struct catalog_rule cr;
         catalog_rule(cat, r, &cr);
@@ -472,14 +483,12 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
             continue;
         struct parse_result pr = {0};
         uint32_t g = cr.group;
-        s.n = 0;
-        bool plain = !factors && plain_of(&cr, &s);
-        bool good = plain || (parse_src(cat, r, &pr, &g) == 0 && pr.root != NULL);
-        if (good && !factors) {
-            good = (plain || lit_of(pr.root, 0, &s)) && s.n >= MIN_LIT;
+        bool good;
+        if (!factors) {
+            good = cpuplan_rule_string(cat, r, CPULIT_MAX_LEN, &s) == 1 && s.n >= MIN_LIT;
             if (good)
                 rc = entries_add(e, s.b, s.m, s.n, report[r], g);
-        } else if (good) {
+        } else if ((good = parse_src(cat, r, &pr, &g) == 0 && pr.root != NULL)) {
             good = factor_of(pr.root, 0, f) && fs_score(f) >= (int)(MIN_LIT * 5) - 4;
             for (uint32_t i = 0; good && i < f->n && rc == 0; i++)
                 rc = f->v[i].len >= MIN_LIT

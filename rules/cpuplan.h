@@ -85,6 +85,24 @@ void cpuplan_put(struct cpuplan *p);
  * alone, for comparison). */
 int cpuplan_build(const struct catalog *cat, bool fast, struct cpuplan **out);
 
+/* One rule's string (cpuplan_rule_string); reused from call to call, the
+ * caller frees b and m. m[i] is 0x20 where b[i] is a lowercase letter that
+ * also matches its uppercase, else 0. */
+struct cpuplan_string {
+    uint8_t *b, *m;
+    uint32_t n, cap;
+};
+
+/*
+ * Rule r of `cat` as the one string it matches, when its source matches
+ * exactly one string of at most `max` bytes and has no assertion (the rules
+ * the literal matchers serve: here and gpu/lit.c). A rule written plainly
+ * (a literal without escapes, a regex without metacharacters) is read
+ * without the parser. Returns 1 with the string in *s, else 0.
+ */
+int cpuplan_rule_string(const struct catalog *cat, uint32_t r, uint32_t max,
+                        struct cpuplan_string *s);
+
 /* Whether cpuplan_get plans fast paths (default true). Tests and
  * scan_bench turn it off to compare; not for use while scans run. */
 void cpuplan_set_fast(bool fast);
