@@ -1006,7 +1006,7 @@ void engine_submit(struct engine *e, struct engine_batch *batch)
             jb += b->status != 0 ? 0 : b->fd >= 0 ? b->length : b->len;
         }
         bytes += jb;
-        work += jb * catalog_group_count(j->cat);
+        work += jb * catalog_cpu_weight(j->cat);
     }
     memset(&batch->tel, 0, sizeof(batch->tel));
     batch->next = NULL;

@@ -19,6 +19,7 @@ struct catalog {
     uint32_t *x_index; /* per bit-NFA group: x_narrow, x_span */
     uint8_t fp[CATALOG_FP_LEN];
     uint32_t rule_flags; /* OR of every rule's RULE_F_* */
+    uint32_t cpu_weight; /* catalog_cpu_weight */
     /* Start-of-match finders (som.h), made on first use by any thread: the
      * one mutable part of a catalog, published by compare-and-swap. */
     _Atomic(struct som_set *) som;
@@ -347,6 +348,16 @@ static int wrap(uint32_t *words, size_t n, bool seal, struct catalog **out, stru
     memcpy(cat->fp, fp, sizeof(fp));
     for (uint32_t r = 0; r < words[CAT_H_NRULES]; r++)
         cat->rule_flags |= words[words[CAT_H_RULES] + (size_t)r * CAT_RULE_WORDS + CAT_R_FLAGS];
+    uint64_t weight = words[CAT_H_NGROUPS] + (uint64_t)CATALOG_NFA_WEIGHT * words[CAT_H_NNFAS];
+    for (uint32_t g = 0; g < words[CAT_H_NNFAS]; g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        if (cn.flags & CAT_GF_CONFIRM) {
+            weight *= CATALOG_CONFIRM_WEIGHT;
+            break;
+        }
+    }
+    cat->cpu_weight = weight > UINT32_MAX ? UINT32_MAX : weight < 1 ? 1 : (uint32_t)weight;
     atomic_init(&cat->som, NULL);
     *out = cat;
     return 0;
@@ -394,6 +405,11 @@ void catalog_destroy(struct catalog *cat)
 uint32_t catalog_rule_flags_any(const struct catalog *cat)
 {
     return cat->rule_flags;
+}
+
+uint32_t catalog_cpu_weight(const struct catalog *cat)
+{
+    return cat->cpu_weight;
 }
 
 struct som_set *catalog_som(const struct catalog *cat)

@@ -856,6 +856,61 @@ START_TEST(test_auto_prefers_cpu_engine)
 }
 END_TEST
 
+/* Under auto, `cpu-max-work` counts bytes times the catalog's CPU weight:
+ * 20 KB of a catalog of bounded DFA groups scans on the CPU engine, the same
+ * bytes of a forward-confirmed one (which the CPU engine walks whole) on
+ * the GPU engine (lavapipe, named as the device), both exact. */
+START_TEST(test_auto_weighs_catalogs)
+{
+    static const struct rdef confirm[] = {
+        {"lead", "[a-z]+token[a-z]*", NULL, RULE_REGEX},
+        {"lit", "needle", NULL, RULE_LITERAL},
+    };
+    struct catalog *refs[2] = {compile(bounded, N_BOUNDED), compile(confirm, 2)};
+    uint32_t w0 = catalog_cpu_weight(refs[0]);
+    ck_assert_uint_le(20000ull * w0, 256u << 10);
+    bool confirmed = false; /* what the daemon's own compile makes of it too */
+    struct rule_src src[2];
+    for (int i = 0; i < 2; i++)
+        src[i] = (struct rule_src){
+            confirm[i].id, confirm[i].kind, confirm[i].pattern, strlen(confirm[i].pattern), 0, 0};
+    struct rules_result res0 = {0};
+    struct rules_options ro = {0};
+    ck_assert_int_eq(rules_compile(src, 2, &ro, &res0, NULL), 0);
+    for (uint32_t g = 0; g < catalog_nfa_count(res0.catalog); g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(res0.catalog, g, &cn);
+        confirmed |= (cn.flags & CAT_GF_CONFIRM) != 0;
+    }
+    ck_assert(confirmed);
+    ck_assert_uint_gt(20000ull * catalog_cpu_weight(res0.catalog), 256u << 10);
+    rules_result_finish(&res0);
+
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "auto", "--device", "0", "--cpu-max-wait-us", "1000000"));
+    struct vks_client *c = connect_ok(&d);
+    static uint8_t a[20000];
+    make_data(a, sizeof(a));
+    for (size_t p = 100; p + 40 < sizeof(a); p += 997)
+        memcpy(a + p, " abtokenxy ", 11);
+    struct vks_buffer vb = inline_buf(a, sizeof(a));
+    for (int k = 0; k < 2; k++) {
+        struct vks_catalog *cat = k == 0 ? load(c, bounded, N_BOUNDED) : load(c, confirm, 2);
+        struct vks_scan_result res;
+        scan(c, cat, &vb, 1, VKS_REPORT_ALL, 0, &res);
+        check(refs[k], &res, 0, a, sizeof(a), SCAN_ALL);
+        ck_assert_msg(tel_of(&res, "engine") == (k == 0 ? 1u : 0u), "catalog %d ran on engine %llu",
+                      k, (unsigned long long)tel_of(&res, "engine"));
+        vks_scan_result_finish(&res);
+        vks_catalog_destroy(cat);
+    }
+    for (int k = 0; k < 2; k++)
+        catalog_destroy(refs[k]);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* ---- GPU failures re-run on the CPU ------------------------------------ */
 
 /* A 1 ms batch timeout on lavapipe: the batch times out on the device and
@@ -2572,6 +2627,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_large_file_parallel_read);
     tcase_add_test(tc, test_cpu_engine_every_core);
     tcase_add_test(tc, test_auto_prefers_cpu_engine);
+    tcase_add_test(tc, test_auto_weighs_catalogs);
     tcase_add_test(tc, test_gpu_timeout_retried_on_cpu);
     tcase_add_test(tc, test_gpu_too_big_retried_on_cpu);
     tcase_add_test(tc, test_gpu_scan_in_slices);
