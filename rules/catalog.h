@@ -325,11 +325,12 @@ uint32_t catalog_rule_flags_any(const struct catalog *cat);
  * its DFA groups, each bit-NFA group as CATALOG_NFA_WEIGHT of them, and
  * all of it CATALOG_CONFIRM_WEIGHT times over when a group is forward
  * confirmed (CAT_GF_CONFIRM: the CPU engine walks such catalogs whole,
- * tens of times slower; docs/PERFORMANCE.md session 28). At least 1.
- * vkscand's `cpu-max-work` is in bytes times this. */
+ * 1-7x slower a byte than one DFA group on text, docs/PERFORMANCE.md
+ * session 29). At least 1. vkscand's `cpu-max-work` is in bytes times
+ * this. */
 uint32_t catalog_cpu_weight(const struct catalog *cat);
 #define CATALOG_NFA_WEIGHT     4u
-#define CATALOG_CONFIRM_WEIGHT 32u
+#define CATALOG_CONFIRM_WEIGHT 4u
 
 /* The catalog's start-of-match finders (som.h), made on the first call and
  * freed by catalog_destroy; NULL when out of memory. Thread-safe. */
