@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "refscan.h" /* scan_sort_u64 */
+#include "refscan.h" /* scan_hits_sort, scan_sort_u64 */
 
 #define BUCKETS 4u
 #define LANES   16u /* of 4 bits */
@@ -106,40 +106,6 @@ uint32_t cpulit_min_len(const struct cpulit *m)
 uint32_t cpulit_stride(const struct cpulit *m)
 {
     return m->stride;
-}
-
-struct order {
-    uint64_t key;
-    uint32_t index;
-};
-
-/* Sorts v[0..n) by key, stably (an LSD radix on bytes, skipping bytes in
- * which every key agrees); entries made in index order thus come out in
- * (key, index) order. tmp holds n entries. */
-static void sort_order(struct order *v, struct order *tmp, size_t n)
-{
-    uint64_t all_or = 0, all_and = ~0ull;
-    for (size_t i = 0; i < n; i++) {
-        all_or |= v[i].key;
-        all_and &= v[i].key;
-    }
-    struct order *src = v, *dst = tmp;
-    for (unsigned shift = 0; shift < 64; shift += 8) {
-        if (((all_or ^ all_and) >> shift & 0xff) == 0)
-            continue; /* every key has this byte */
-        size_t count[257] = {0};
-        for (size_t i = 0; i < n; i++)
-            count[(src[i].key >> shift & 0xff) + 1]++;
-        for (unsigned d = 1; d < 257; d++)
-            count[d] += count[d - 1];
-        for (size_t i = 0; i < n; i++)
-            dst[count[src[i].key >> shift & 0xff]++] = src[i];
-        struct order *t = src;
-        src = dst;
-        dst = t;
-    }
-    if (src != v)
-        memcpy(v, src, n * sizeof(*v));
 }
 
 static int check_entries(const struct cpulit_entry *v, size_t n, uint64_t *total)
@@ -278,10 +244,12 @@ static int mark_once(struct cpulit *m)
     return 0;
 }
 
-/* Copies the strings in key order, lowercasing caseless letters. */
+/* Copies the strings in key order, lowercasing caseless letters. The
+ * orders are scan_hits_sort's radix sort of (key as `end`, string index as
+ * `rule`): (end, rule) order is key order, ties in input order. */
 static int copy_entries(struct cpulit *m, const struct cpulit_entry *v, size_t n, uint64_t total)
 {
-    struct order *ord = malloc(2 * n * sizeof(*ord));
+    struct scan_hit *ord = malloc(n * sizeof(*ord));
     m->lits = malloc(n * sizeof(*m->lits));
     m->bytes = malloc(total);
     m->mask = malloc(total);
@@ -293,28 +261,28 @@ static int copy_entries(struct cpulit *m, const struct cpulit_entry *v, size_t n
      * the prefix that the longer half of the strings all have (the shorter
      * buckets are constrained up to their shortest string only) */
     for (size_t i = 0; i < n; i++)
-        ord[i] = (struct order){v[i].len, (uint32_t)i};
-    sort_order(ord, ord + n, n);
-    m->min_len = (uint32_t)ord[0].key;
+        ord[i] = (struct scan_hit){.rule = (uint32_t)i, .end = v[i].len};
+    scan_hits_sort(ord, n, false);
+    m->min_len = (uint32_t)ord[0].end;
     m->K = m->min_len < 8 ? m->min_len : 8;
-    m->L = ord[n / 2].key < MAX_L ? (uint32_t)ord[n / 2].key : MAX_L;
+    m->L = ord[n / 2].end < MAX_L ? (uint32_t)ord[n / 2].end : MAX_L;
     uint32_t *bucket = malloc(n * sizeof(*bucket));
     if (bucket == NULL) {
         free(ord);
         return -ENOMEM;
     }
     for (size_t i = 0; i < n; i++)
-        bucket[ord[i].index] = (uint32_t)(i * BUCKETS / n);
+        bucket[ord[i].rule] = (uint32_t)(i * BUCKETS / n);
     for (size_t i = 0; i < n; i++)
-        ord[i] = (struct order){key_of(v[i].bytes, m->K), (uint32_t)i};
-    sort_order(ord, ord + n, n);
+        ord[i] = (struct scan_hit){.rule = (uint32_t)i, .end = key_of(v[i].bytes, m->K)};
+    scan_hits_sort(ord, n, false);
     uint32_t off = 0;
     for (size_t i = 0; i < n; i++) {
-        const struct cpulit_entry *e = &v[ord[i].index];
+        const struct cpulit_entry *e = &v[ord[i].rule];
         m->lits[i] = (struct lit){.off = off,
                                   .len = e->len,
                                   .id = e->id,
-                                  .bucket = (uint16_t)bucket[ord[i].index],
+                                  .bucket = (uint16_t)bucket[ord[i].rule],
                                   .once = (e->flags & CPULIT_ONCE) != 0};
         memcpy(m->bytes + off, e->bytes, e->len);
         for (uint32_t k = 0; e->fold != NULL && k < e->len; k++)

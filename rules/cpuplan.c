@@ -235,23 +235,32 @@ static bool factor_of(const struct node *n, int depth, struct fset *best)
     return have;
 }
 
-/* A growable string with its fold mask. */
+/* Room in `s` for `want` bytes and masks in all (below UINT32_MAX). */
+static bool sbuf_reserve(struct cpuplan_string *s, uint64_t want)
+{
+    if (want <= s->cap)
+        return true;
+    if (want >= UINT32_MAX)
+        return false;
+    uint64_t cap = s->cap ? 2 * (uint64_t)s->cap : 64;
+    cap = cap < want ? want : cap > UINT32_MAX - 1 ? UINT32_MAX - 1 : cap;
+    uint8_t *nb = realloc(s->b, cap);
+    if (nb != NULL)
+        s->b = nb;
+    uint8_t *nm = realloc(s->m, cap);
+    if (nm != NULL)
+        s->m = nm;
+    if (nb == NULL || nm == NULL)
+        return false;
+    s->cap = (uint32_t)cap;
+    return true;
+}
+
+/* Appends one byte and its fold mask, up to `limit` bytes. */
 static bool sbuf_push(struct cpuplan_string *s, uint8_t b, uint8_t m, uint32_t limit)
 {
-    if (s->n >= limit)
+    if (s->n >= limit || !sbuf_reserve(s, (uint64_t)s->n + 1))
         return false;
-    if (s->n == s->cap) {
-        uint32_t cap = s->cap ? 2 * s->cap : 64;
-        uint8_t *nb = realloc(s->b, cap);
-        if (nb != NULL)
-            s->b = nb;
-        uint8_t *nm = realloc(s->m, cap);
-        if (nm != NULL)
-            s->m = nm;
-        if (nb == NULL || nm == NULL)
-            return false;
-        s->cap = cap;
-    }
     s->b[s->n] = b;
     s->m[s->n++] = m;
     return true;
@@ -314,24 +323,7 @@ static int entries_reserve(struct entries *e, size_t more, uint64_t bytes)
             return -ENOMEM;
         e->cap = cap;
     }
-    struct cpuplan_string *p = &e->pool;
-    if (bytes > UINT32_MAX - 1 - (uint64_t)p->n)
-        return -ENOMEM;
-    if (p->n + bytes > p->cap) {
-        uint64_t cap = p->cap ? 2 * (uint64_t)p->cap : 4096;
-        cap = cap < p->n + bytes ? p->n + bytes : cap;
-        cap = cap > UINT32_MAX - 1 ? UINT32_MAX - 1 : cap;
-        uint8_t *nb = realloc(p->b, cap);
-        if (nb != NULL)
-            p->b = nb;
-        uint8_t *nm = realloc(p->m, cap);
-        if (nm != NULL)
-            p->m = nm;
-        if (nb == NULL || nm == NULL)
-            return -ENOMEM;
-        p->cap = (uint32_t)cap;
-    }
-    return 0;
+    return sbuf_reserve(&e->pool, (uint64_t)e->pool.n + bytes) ? 0 : -ENOMEM;
 }
 
 static int entries_add(struct entries *e, const uint8_t *b, const uint8_t *m, uint32_t len,
