@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpupair.h"
 #include "dfa.h"
 #include "nfa.h"
 #include "parse.h"
@@ -146,14 +147,39 @@ static bool exact_of(const struct node *n, int depth, struct fset *out)
 }
 
 /* How selective a set is: its shortest string counts most. */
+/* A string's length as a filter sees it: a pair of bytes common in text
+ * or binaries (cpupair_rare) counts as one byte, since its ends would be
+ * everywhere. */
+static uint32_t fs_len(const struct fstr *s)
+{
+    return s->len == 2 && !cpupair_rare(s->b[0], s->b[1]) ? 1 : s->len;
+}
+
+/* The shortest string's length (fs_len) of a set. */
+static uint32_t fs_min(const struct fset *s)
+{
+    uint32_t min = FS_LEN;
+    for (uint32_t i = 0; i < s->n; i++)
+        min = fs_len(&s->v[i]) < min ? fs_len(&s->v[i]) : min;
+    return min;
+}
+
 static int fs_score(const struct fset *s)
 {
-    uint32_t min = FS_LEN, lg = 0;
-    for (uint32_t i = 0; i < s->n; i++)
-        min = s->v[i].len < min ? s->v[i].len : min;
+    uint32_t lg = 0;
     while ((1u << lg) < s->n)
         lg++;
-    return (int)(min * 5) - (int)lg;
+    return (int)(fs_min(s) * 5) - (int)lg;
+}
+
+/* Whether a rule's factor set is worth a filter pass: strings of MIN_LIT
+ * bytes or more, at most 16 of them (the literal matcher), or at most
+ * four when some are rare pairs of bytes (the pair matcher, cpupair.h:
+ * binary signatures' two exact bytes around a gap). */
+static bool fs_worth(const struct fset *s)
+{
+    return fs_min(s) >= MIN_LIT ? fs_score(s) >= (int)(MIN_LIT * 5) - 4
+                                : fs_min(s) == 2 && s->n <= 4;
 }
 
 static bool fs_nonempty(const struct fset *s)
@@ -305,6 +331,7 @@ struct entries {
     uint32_t *group; /* per entry: its engine group */
     size_t n, cap;
     struct cpuplan_string pool;
+    bool weak; /* a factor of MIN_LIT bytes (common in text: `key`, `api`) */
 };
 
 /* Room for `more` entries and `bytes` more pool bytes. */
@@ -481,11 +508,11 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
             if (good)
                 rc = entries_add(e, s.b, s.m, s.n, report[r], g);
         } else if ((good = parse_src(cat, r, &pr, &g) == 0 && pr.root != NULL)) {
-            good = factor_of(pr.root, 0, f) && fs_score(f) >= (int)(MIN_LIT * 5) - 4;
-            for (uint32_t i = 0; good && i < f->n && rc == 0; i++)
-                rc = f->v[i].len >= MIN_LIT
-                         ? entries_add(e, f->v[i].b, f->v[i].m, f->v[i].len, CPUPLAN_FACTOR | g, g)
-                         : (good = false, 0);
+            good = factor_of(pr.root, 0, f) && fs_worth(f);
+            for (uint32_t i = 0; good && i < f->n && rc == 0; i++) {
+                rc = entries_add(e, f->v[i].b, f->v[i].m, f->v[i].len, CPUPLAN_FACTOR | g, g);
+                e->weak |= f->v[i].len <= MIN_LIT && f->v[i].len != 2;
+            }
         }
         parse_result_finish(&pr);
         if (!good && !literal_group(cat, g))
@@ -497,10 +524,13 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
     return rc;
 }
 
-/* The matcher over the kept entries (e->v is reused for its input). */
-static int make_matcher(struct entries *e, const uint8_t *mode, struct cpulit **out)
+/* The matchers over the kept entries (e->v is reused for their input):
+ * strings of two bytes (window groups' rare factors; a literal group's
+ * rules have MIN_LIT bytes or more) in the pair matcher, the rest in the
+ * literal matcher. */
+static int make_matcher(struct entries *e, const uint8_t *mode, struct cpuplan *p)
 {
-    size_t k = 0;
+    size_t k = 0, pairs = 0;
     for (size_t i = 0; i < e->n; i++) {
         uint32_t want = e->v[i].id & CPUPLAN_FACTOR ? CPUPLAN_WINDOW : CPUPLAN_LIT;
         if (mode[e->group[i]] != want)
@@ -509,10 +539,27 @@ static int make_matcher(struct entries *e, const uint8_t *mode, struct cpulit **
         e->v[k] = e->v[i];
         e->v[k].bytes = e->pool.b + off;
         e->v[k].fold = e->pool.m + off;
+        pairs += e->v[k].len == 2;
         k++;
     }
     e->n = 0; /* the offsets are gone */
-    return k > 0 ? cpulit_create(e->v, k, out) : 0;
+    /* pairs to the back, the order of the rest kept (the literal matcher
+     * reports equal starts in entry order) */
+    size_t a = 0;
+    struct cpulit_entry *two = pairs > 0 ? malloc(pairs * sizeof(*two)) : NULL;
+    if (pairs > 0 && two == NULL)
+        return -ENOMEM;
+    for (size_t i = 0, t = 0; i < k; i++) {
+        if (e->v[i].len == 2)
+            two[t++] = e->v[i];
+        else
+            e->v[a++] = e->v[i];
+    }
+    int rc = pairs > 0 ? cpupair_create(two, pairs, &p->pair) : 0;
+    free(two);
+    if (rc == 0 && a > 0)
+        rc = cpulit_create(e->v, a, &p->lit);
+    return rc;
 }
 
 /* A gated group is compiled again only when each of its rules expands to
@@ -720,11 +767,34 @@ static int plan_literal_groups(const struct catalog *cat, struct cpuplan *p)
         p->n_lit_groups += lit[g] != 0;
     }
     if (rc == 0 && n > 0)
-        rc = make_matcher(&e, p->mode, &p->lit);
+        rc = make_matcher(&e, p->mode, p);
     entries_finish(&e);
     free(report);
     free(lit);
     return rc;
+}
+
+/* The factor groups that name a gated bit-NFA group left FULL
+ * (cpuplan.factor_walk): the groups the other factor groups gate are
+ * windowed or shadowed by the plan, which finds their factors itself. */
+static int plan_factor_walks(const struct catalog *cat, struct cpuplan *p)
+{
+    p->factor_walk = calloc(p->n_dfa + 1, 1);
+    if (p->factor_walk == NULL)
+        return -ENOMEM;
+    for (uint32_t k = 0; k < p->n_dfa; k++) {
+        struct catalog_group cg;
+        catalog_group(cat, k, &cg);
+        if (!(cg.flags & CAT_GF_FACTOR) || cg.first_accept >= cg.n_states)
+            continue;
+        const uint32_t *a = cg.accepts + cg.accept_index[0];
+        const uint32_t *end = cg.accepts + cg.accept_index[cg.n_states - cg.first_accept];
+        for (; a < end && !p->factor_walk[k]; a++) {
+            uint32_t j = CAT_ACCEPT_RULE(*a);
+            p->factor_walk[k] = j >= p->n_nfa || p->mode[p->n_dfa + j] == CPUPLAN_FULL;
+        }
+    }
+    return 0;
 }
 
 static int plan_fast(const struct catalog *cat, struct cpuplan *p)
@@ -744,7 +814,10 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
     for (uint32_t j = 0; rc == 0 && j < p->n_nfa; j++) {
         struct catalog_nfa cn;
         catalog_nfa(cat, j, &cn);
-        shadow[p->n_dfa + j] = (cn.flags & CAT_GF_GATED) && !lit[p->n_dfa + j];
+        /* forward-confirmed groups are unbounded: a shadow DFA would be
+         * walked over every byte, where their factors gate them */
+        shadow[p->n_dfa + j] =
+            (cn.flags & CAT_GF_GATED) && !(cn.flags & CAT_GF_CONFIRM) && !lit[p->n_dfa + j];
     }
     if (rc == 0)
         small_rules_only(cat, ng, shadow);
@@ -770,8 +843,11 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
         catalog_nfa(cat, j, &cn);
         p->gated_full |= (cn.flags & CAT_GF_GATED) && p->mode[p->n_dfa + j] == CPUPLAN_FULL;
     }
+    p->weak_factors = e.weak;
+    if (rc == 0 && p->gated_full)
+        rc = plan_factor_walks(cat, p);
     if (rc == 0)
-        rc = make_matcher(&e, p->mode, &p->lit);
+        rc = make_matcher(&e, p->mode, p);
     entries_finish(&e);
     free(report);
     free(lit);
@@ -813,6 +889,8 @@ static void plan_free(struct cpuplan *p)
     catalog_destroy(p->shadow);
     free(p->shadow_rule);
     cpulit_destroy(p->lit);
+    cpupair_destroy(p->pair);
+    free(p->factor_walk);
     free(p->mode);
     free(p);
 }

@@ -22,7 +22,8 @@
  *   A bit-NFA step costs far more than a DFA step on a CPU, and the
  *   compiler gates rules whose DFA would fit for the GPU's sake.
  * One literal matcher holds the strings of every LIT and WINDOW group, so
- * each byte is looked at once for all of them.
+ * each byte is looked at once for all of them; factors of two bytes (rare
+ * pairs: binary signatures) are in a pair matcher instead (cpupair.h).
  */
 #ifndef VKS_RULES_CPUPLAN_H
 #define VKS_RULES_CPUPLAN_H
@@ -32,6 +33,7 @@
 
 #include "catalog.h"
 #include "cpulit.h"
+#include "cpupair.h"
 
 enum { CPUPLAN_FULL = 0, CPUPLAN_LIT = 1, CPUPLAN_WINDOW = 2, CPUPLAN_SHADOW = 3 };
 
@@ -58,10 +60,19 @@ struct cpuplan {
     uint32_t n_dfa, n_nfa;
     uint8_t *mode;      /* per engine group: CPUPLAN_* */
     struct cpulit *lit; /* NULL when no group uses it */
+    /* window groups' factors of two bytes (cpupair.h); NULL when none */
+    struct cpupair *pair;
     uint32_t n_lit_groups, n_window_groups, n_shadow_groups;
     /* rules compiled again for the shadow (0: none were), used or not */
     uint32_t n_shadow_compiled;
     bool gated_full; /* a gated bit-NFA group left to the catalog's factor groups */
+    /* with gated_full: per DFA group, 1 for a factor group that names such
+     * a group (refscan_factor_ends_of walks only those); else NULL */
+    uint8_t *factor_walk;
+    /* some window group's factor has only 3 bytes: common in text, so the
+     * literal matcher's candidates are many (rules/cpuscan.c keeps
+     * forward-confirmed catalogs off the plan then) */
+    bool weak_factors;
     /* CPUPLAN_SHADOW groups: their rules compiled again (owned), its plan
      * (owned), and its rule indexes in this catalog */
     struct catalog *shadow;

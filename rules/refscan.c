@@ -910,8 +910,17 @@ static int factor_walk(const struct catalog_group *g, const uint8_t *buf, size_t
     return 0;
 }
 
+static int factor_scan(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                       uint64_t hi, const uint8_t *walk, struct refscan_gate *out);
+
 int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                         uint64_t hi, struct refscan_gate *out)
+{
+    return refscan_factor_ends_of(cat, buf, len, lo, hi, NULL, out);
+}
+
+int refscan_factor_ends_of(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                           uint64_t hi, const uint8_t *walk, struct refscan_gate *out)
 {
     uint64_t lb = 0; /* CATALOG_UNBOUNDED for confirmed groups: every end up to hi */
     for (uint32_t j = 0; j < catalog_nfa_count(cat); j++) {
@@ -923,7 +932,7 @@ int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t le
     if (hi > len)
         hi = len;
     uint64_t flo = lo > lb && lb != CATALOG_UNBOUNDED ? lo - lb : 0;
-    int rc = refscan_factor_scan(cat, buf, len, flo, hi, out);
+    int rc = factor_scan(cat, buf, len, flo, hi, walk, out);
     if (rc == 0)
         refscan_gate_sort(out);
     return rc;
@@ -932,12 +941,18 @@ int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t le
 int refscan_factor_scan(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                         uint64_t hi, struct refscan_gate *out)
 {
+    return factor_scan(cat, buf, len, lo, hi, NULL, out);
+}
+
+static int factor_scan(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                       uint64_t hi, const uint8_t *walk, struct refscan_gate *out)
+{
     if (hi > len)
         hi = len;
     for (uint32_t k = 0; k < catalog_group_count(cat) && lo < hi; k++) {
         struct catalog_group g;
         catalog_group(cat, k, &g);
-        if (!(g.flags & CAT_GF_FACTOR))
+        if (!(g.flags & CAT_GF_FACTOR) || (walk != NULL && !walk[k]))
             continue;
         /* factors have no assertions: any start state is the same one */
         size_t begin = lo + 1 > g.maxlen ? (size_t)(lo + 1 - g.maxlen) : 0;

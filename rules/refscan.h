@@ -131,6 +131,12 @@ struct refscan_gate {
 int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                         uint64_t hi, struct refscan_gate *out);
 
+/* As refscan_factor_ends, walking only the factor groups k with walk[k]
+ * set (walk: one flag per DFA group; NULL: all). The CPU plan skips the
+ * factor groups whose gated groups it finds otherwise. */
+int refscan_factor_ends_of(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                           uint64_t hi, const uint8_t *walk, struct refscan_gate *out);
+
 /* Appends the candidates whose factor ends lie in (lo, hi] exactly,
  * unsorted: pieces of one buffer can be walked on several threads and their
  * candidates joined, then sorted (gpu/plan.c). Returns 0 or -ENOMEM.

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "cpulit.h"
+#include "cpupair.h"
 #include "cpuplan.h"
 #include "cpuscan.h"
 #include "refscan.h"
@@ -2568,6 +2569,238 @@ START_TEST(test_literal_group_kind)
 END_TEST
 
 /* One plan per catalog, shared: the cache hands out the same one. */
+/* ---- two-byte factors (rules/cpupair.c) and dense factors ----------------- */
+
+/* The pair matcher against a byte-by-byte search: random pairs over a
+ * small alphabet (caseless letters among them, shared ids, repeats), random
+ * windows and buffer edges; reports in increasing start order. */
+START_TEST(test_cpupair_equals_naive)
+{
+    static const uint8_t alpha[] = {'a', 'B', 'q', 0x00, 0xff, 0x82, '\n', 0x7f};
+    for (int round = 0; round < 20; round++) {
+        uint8_t b[40][2], m[40][2];
+        struct cpulit_entry v[40];
+        size_t n = 1 + rnd(40);
+        for (size_t i = 0; i < n; i++) {
+            for (int k = 0; k < 2; k++) {
+                uint8_t c = alpha[rnd(sizeof(alpha))];
+                bool fold = (c | 0x20) >= 'a' && (c | 0x20) <= 'z' && rnd(2) == 0;
+                b[i][k] = fold ? (uint8_t)(c | 0x20) : c;
+                m[i][k] = fold ? 0x20 : 0;
+            }
+            v[i] = (struct cpulit_entry){b[i], m[i], 2, (uint32_t)rnd(8), 0};
+        }
+        struct cpupair *pm;
+        ck_assert_int_eq(cpupair_create(v, n, &pm), 0);
+        uint8_t buf[600];
+        size_t len = 2 + rnd(sizeof(buf) - 2);
+        for (size_t i = 0; i < len; i++)
+            buf[i] = alpha[rnd(sizeof(alpha))] ^ (rnd(4) == 0 ? 0x20 : 0);
+        size_t begin = rnd((uint32_t)len);
+        uint64_t lo = begin + rnd(4), hi = lo + rnd((uint32_t)(len - begin) + 1);
+        hi = hi > len ? len : hi;
+        static struct lit_hits got;
+        got.n = 0;
+        ck_assert_int_eq(cpupair_scan(pm, buf, len, begin, lo, hi, lit_push, &got), 0);
+        size_t k = 0;
+        for (size_t s = begin; s + 2 <= hi; s++) {
+            if (s + 2 <= lo)
+                continue;
+            bool seen[8] = {false}; /* one report per (id, end) */
+            for (size_t i = 0; i < n; i++) {
+                if (!lit_at(&v[i], buf, len, s) || seen[v[i].id])
+                    continue;
+                seen[v[i].id] = true;
+                bool found = false;
+                for (size_t j = 0; j < got.n; j++)
+                    found |= got.v[j].id == v[i].id && got.v[j].end == s + 2;
+                ck_assert_msg(found, "round %d: pair %zu at %zu not reported", round, i, s);
+                k++;
+            }
+        }
+        ck_assert_uint_eq(got.n, k);
+        for (size_t j = 1; j < got.n; j++)
+            ck_assert_uint_le(got.v[j - 1].end, got.v[j].end);
+        cpupair_destroy(pm);
+    }
+    /* what the plan takes as a factor */
+    ck_assert(cpupair_rare(0x82, 0xb7) && cpupair_rare('M', 0x00) && cpupair_rare(0x01, 'a'));
+    ck_assert(!cpupair_rare('a', 'b') && !cpupair_rare(0x00, 0x00) && !cpupair_rare('\n', ' '));
+}
+END_TEST
+
+/* Binary signatures whose only factors are two exact bytes (regexes and
+ * hex strings with jumps, one caseless, one whose pairs are common text
+ * and stays on the catalog's own gate): the pair matcher finds their
+ * factors, their groups are walked in windows, and segmented scans equal
+ * refscan. _i 1: bit-NFA groups (gated; the plan may compile them again
+ * as DFAs, whose plan then holds the pairs). */
+START_TEST(test_pair_factors_equal_refscan)
+{
+    static char *const pats[] = {
+        "\\x82\\xb7.{5,30}\\x0e\\xee", "\\x7f\\x1a[a-z]{2,9}\\x39\\xbe",
+        "c7 51 [3-13] 47 e3",          "\\x01a.{0,4}zz\\x02",
+        "ab.{3}cd",                    "\\xde\\xad(\\x01|\\x02)\\xbe\\xef",
+    };
+    static const char *flags[] = {"s", "", "", "is", "", ""};
+    enum rule_kind kind[6] = {RULE_REGEX, RULE_REGEX, RULE_HEX, RULE_REGEX, RULE_REGEX, RULE_REGEX};
+    struct catalog *cat = compile_src((char **)pats, flags, kind, 6, _i == 1);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
+    const struct cpuplan *holder = plan->pair != NULL ? plan : plan->shadow_plan;
+    ck_assert_msg(holder != NULL && holder->pair != NULL, "no pair matcher");
+    ck_assert_uint_ge(holder->n_window_groups, 1);
+    cpuplan_put(plan);
+    static const char *const plants[] = {
+        "\x82\xb7" "abcde\n\x0e\xee", "\x7f\x1a" "abc\x39\xbe", "\xc7\x51" "0123456\x47\xe3",
+        "\x01" "Ax" "zz\x02",          "abxyzcd",              "\xde\xad\x02\xbe\xef",
+        "\x82\xb7\x0e\xee",            "\x01" "azz\x02"};
+    static const uint8_t alpha[] = {'a', 'b', 'z', 'c', 'd', ' ', '\n', 0x00, 0x82, 0xee, 0x01};
+    size_t len = 40000;
+    uint8_t *buf = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        buf[i] = alpha[rnd(sizeof(alpha))];
+    for (size_t p = 0; p + 24 < len; p += 1 + rnd(80)) {
+        const char *x = plants[rnd(8)];
+        memcpy(buf + p, x, strlen(x));
+    }
+    memcpy(buf, "\xde\xad\x01\xbe\xef", 5);
+    memcpy(buf + len - 9, "\x7f\x1a" "abc\x39\xbe", 7);
+    fast_equals_refscan(cat, buf, len, "pairs");
+    free(buf);
+    catalog_destroy(cat);
+}
+END_TEST
+
+/* One window group's factor on nearly every line of a large buffer (more
+ * candidates than the scan keeps): that group is walked in full, the other
+ * group keeps its windows, and the hits equal refscan's. */
+START_TEST(test_dense_factor_walked_in_full)
+{
+    static char *const pats[] = {"abcd[0-9]{1,3}x", "qrst[0-9]{1,3}y", "mnop.{0,5}z"};
+    static const char *flags[] = {"", "", ""};
+    enum rule_kind kind[3] = {RULE_REGEX, RULE_REGEX, RULE_REGEX};
+    struct catalog *cat = compile_src((char **)pats, flags, kind, 3, false);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
+    ck_assert_uint_eq(plan->n_window_groups, plan->n_dfa + plan->n_nfa);
+    cpuplan_put(plan);
+    size_t len = 1u << 20; /* 16,384 candidates kept at most in one piece */
+    uint8_t *buf = malloc(len);
+    static const char alpha[] = "abcdqrst0123456789xyz \n";
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+    size_t dense = 0;
+    for (size_t p = 0; p + 16 < len; p += 8 + rnd(40), dense++)
+        memcpy(buf + p, rnd(2) ? "abcd12x" : "abcd", rnd(2) ? 7 : 4);
+    ck_assert_uint_gt(dense, 16384);
+    for (size_t p = 5; p + 16 < len; p += 1000 + rnd(5000))
+        memcpy(buf + p, rnd(2) ? "qrst7y" : "mnop..z", rnd(2) ? 6 : 7);
+    fast_equals_refscan(cat, buf, len, "dense factor");
+    free(buf);
+    catalog_destroy(cat);
+}
+END_TEST
+
+/* Forward-confirmed (unbounded, gated) rules with factors of four bytes
+ * or more: the CPU engine walks the catalog with its plan (window groups,
+ * pairs) and the confirmed groups around the catalog's factor ends, equal
+ * to refscan_buffer and to every group walked in full, in every mode. */
+START_TEST(test_confirm_with_plan)
+{
+    static const struct rdef rules[] = {
+        {"fwd", "\\bkeyz[a-z ]*=[0-9]+", NULL, RULE_REGEX},
+        {"lead", "[a-z]+tokenq[a-z]*", NULL, RULE_REGEX},
+        {"mid", "xx[0-9]{1,5}wxyz[^\\n]*Q", "m", RULE_REGEX},
+        {"win", "beef[0-9a-f]{4}cafe", "i", RULE_REGEX},
+        {"pair", "\\x82\\xb7.{3}\\x0e", "s", RULE_REGEX},
+        {"one", "abcde[^#]*zzq", "H", RULE_REGEX},
+    };
+    enum { N = sizeof(rules) / sizeof(rules[0]) };
+    struct rule_src src[N];
+    for (size_t i = 0; i < N; i++) {
+        uint32_t f = 0;
+        if (rules[i].flags != NULL)
+            ck_assert_int_eq(rules_parse_flags(rules[i].flags, strlen(rules[i].flags), &f, NULL),
+                             0);
+        src[i] = (struct rule_src){
+            rules[i].id, rules[i].kind, rules[i].pattern, strlen(rules[i].pattern), f, 0};
+    }
+    struct rules_result res = {0};
+    struct rules_options ro = {.force_bitnfa = _i == 1, .gate_states = 1};
+    ck_assert_int_eq(rules_compile(src, N, &ro, &res, NULL), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    uint32_t confirm = 0;
+    for (uint32_t g = 0; g < catalog_nfa_count(res.catalog); g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(res.catalog, g, &cn);
+        confirm += (cn.flags & CAT_GF_CONFIRM) != 0;
+    }
+    ck_assert_uint_ge(confirm, 1);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_build(res.catalog, true, &plan), 0);
+    ck_assert(!plan->weak_factors); /* so the plan walks it (cpuscan.c walkable) */
+    ck_assert(plan->gated_full);
+    cpuplan_put(plan);
+    static const char *const plants[] = {
+        " keyz a b=12", "xtokenqyy", "xx123wxyz..Q", "BEEF12aFcafe", "\x82\xb7" "abc\x0e",
+        "abcde zz zzq", "keyz=",      "tokenq",       "\nxx1wxyzQ",    "abcde#zzq"};
+    static const char alpha[] = "aZ09_ x-\n7Qbz=q";
+    size_t len = 30000;
+    uint8_t *buf = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+    for (size_t p = 0; p + 16 < len; p += 1 + rnd(70)) {
+        const char *x = plants[rnd(10)];
+        memcpy(buf + p, x, strlen(x));
+    }
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+        struct scan_hits want = {0}, full = {0}, got = {0};
+        ck_assert_int_eq(refscan_buffer(res.catalog, buf, len, (enum scan_mode)mode, &want), 0);
+        full_walk(res.catalog, buf, len, (enum scan_mode)mode, &full);
+        ck_assert_uint_ge(want.n, mode == SCAN_ALL ? 50 : 5);
+        assert_same(&want, &full, "confirmed refscan_buffer vs full walks");
+        uint64_t dropped = 0;
+        segmented(res.catalog, buf, len, len, 1, (enum scan_mode)mode, 0, UINT64_MAX, &got,
+                  &dropped);
+        assert_same(&got, &want, "confirmed with the plan, CPU engine");
+        scan_hits_finish(&got);
+        scan_hits_finish(&want);
+        scan_hits_finish(&full);
+    }
+    free(buf);
+    rules_result_finish(&res);
+}
+END_TEST
+
+/* DFA groups walked over the whole range (no factor, idle bytes too
+ * rare to skip): long ranges are walked as four interleaved lanes (cpuscan.c
+ * dfa_lanes), whose matches straddle the lanes' borders here (`[^\n]{5}`
+ * ends at most bytes); equal to
+ * refscan in every mode, with single-match, caseless and \b rules. */
+START_TEST(test_dfa_lanes_equal_refscan)
+{
+    static char *const pats[] = {"[a-c][0-9]{1,3}x", "\\bq.{2,6}r", "[xz][0-9a]{2}", "b[ac]{1,5}3", "[^\\n]{5}"};
+    static const char *flags[] = {"", "H", "i", "", ""};
+    enum rule_kind kind[5] = {RULE_REGEX, RULE_REGEX, RULE_REGEX, RULE_REGEX, RULE_REGEX};
+    struct catalog *cat = compile_src((char **)pats, flags, kind, 5, false);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
+    ck_assert_uint_eq(plan->n_window_groups + plan->n_lit_groups, 0);
+    cpuplan_put(plan);
+    /* lanes from 16 KiB; idle bytes (' ', '\n') come in runs too short to
+     * skip, so the walk turns to the table, and lanes, after 64 of them */
+    size_t len = 300000;
+    uint8_t *buf = malloc(len);
+    static const char alpha[] = "abcABC0123xXzZq r\n";
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+    fast_equals_refscan(cat, buf, len, "lanes");
+    free(buf);
+    catalog_destroy(cat);
+}
+END_TEST
+
 START_TEST(test_plan_cached)
 {
     static const struct rdef lits[] = {{"a", "needle", NULL, RULE_LITERAL},
@@ -2616,6 +2849,11 @@ Suite *engine_suite(void)
     tcase_add_loop_test(tc, test_window_groups_equal_refscan, 0, 2);
     tcase_add_loop_test(tc, test_shadow_only_when_usable, 0, 2);
     tcase_add_test(tc, test_plan_cached);
+    tcase_add_test(tc, test_cpupair_equals_naive);
+    tcase_add_loop_test(tc, test_pair_factors_equal_refscan, 0, 2);
+    tcase_add_test(tc, test_dense_factor_walked_in_full);
+    tcase_add_test(tc, test_dfa_lanes_equal_refscan);
+    tcase_add_loop_test(tc, test_confirm_with_plan, 0, 2);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
         return s;
