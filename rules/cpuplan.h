@@ -69,10 +69,6 @@ struct cpuplan {
     /* with gated_full: per DFA group, 1 for a factor group that names such
      * a group (refscan_factor_ends_of walks only those); else NULL */
     uint8_t *factor_walk;
-    /* some window group's factor has only 3 bytes: common in text, so the
-     * literal matcher's candidates are many (rules/cpuscan.c keeps
-     * forward-confirmed catalogs off the plan then) */
-    bool weak_factors;
     /* CPUPLAN_SHADOW groups: their rules compiled again (owned), its plan
      * (owned), and its rule indexes in this catalog */
     struct catalog *shadow;

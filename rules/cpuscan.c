@@ -43,10 +43,8 @@ struct cpuscan_scratch {
  * buffers, so group kinds added there keep working. Forward-confirmed
  * groups (unbounded: whole buffers either way) are walked here around the
  * catalog's factor ends as refscan_buffer walks them, so that the other
- * groups get the plan's fast paths; but not when `plan` is NULL (not yet
- * known) or its factors are weak: then refscan's own gate over the
- * catalog's factor groups is faster than the literal matcher's many
- * candidates (gitleaks-regex: 0.10 against 0.02 GB/s on one thread). */
+ * groups get the plan's fast paths, once the plan is known (`plan` not
+ * NULL: cpuscan_lookback asks before). */
 static bool walkable(const struct catalog *cat, const struct cpuplan *plan)
 {
     for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
@@ -60,7 +58,7 @@ static bool walkable(const struct catalog *cat, const struct cpuplan *plan)
         catalog_nfa(cat, g, &cn);
         if ((cn.flags & ~(CAT_GF_ASSERTS | CAT_GF_GATED | CAT_GF_CONFIRM)) != 0)
             return false;
-        if ((cn.flags & CAT_GF_CONFIRM) && (plan == NULL || plan->weak_factors))
+        if ((cn.flags & CAT_GF_CONFIRM) && plan == NULL)
             return false;
     }
     return true;

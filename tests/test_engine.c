@@ -2702,10 +2702,11 @@ START_TEST(test_dense_factor_walked_in_full)
 }
 END_TEST
 
-/* Forward-confirmed (unbounded, gated) rules with factors of four bytes
- * or more: the CPU engine walks the catalog with its plan (window groups,
- * pairs) and the confirmed groups around the catalog's factor ends, equal
- * to refscan_buffer and to every group walked in full, in every mode. */
+/* Forward-confirmed (unbounded, gated) rules: the CPU engine walks the
+ * catalog with its plan (window groups, pairs; a group whose factor has 3
+ * bytes in full) and the confirmed groups around the catalog's factor
+ * ends, equal to refscan_buffer and to every group walked in full, in
+ * every mode. */
 START_TEST(test_confirm_with_plan)
 {
     static const struct rdef rules[] = {
@@ -2715,6 +2716,7 @@ START_TEST(test_confirm_with_plan)
         {"win", "beef[0-9a-f]{4}cafe", "i", RULE_REGEX},
         {"pair", "\\x82\\xb7.{3}\\x0e", "s", RULE_REGEX},
         {"one", "abcde[^#]*zzq", "H", RULE_REGEX},
+        {"weak", "key[a-z]{2}9", NULL, RULE_REGEX},
     };
     enum { N = sizeof(rules) / sizeof(rules[0]) };
     struct rule_src src[N];
@@ -2739,19 +2741,21 @@ START_TEST(test_confirm_with_plan)
     ck_assert_uint_ge(confirm, 1);
     struct cpuplan *plan;
     ck_assert_int_eq(cpuplan_build(res.catalog, true, &plan), 0);
-    ck_assert(!plan->weak_factors); /* so the plan walks it (cpuscan.c walkable) */
-    ck_assert(plan->gated_full);
+    ck_assert(plan->gated_full); /* the confirmed groups, around the factor ends */
+    /* `key[a-z]{2}9`'s only factor has 3 bytes: walked in full here */
+    ck_assert_uint_lt(plan->n_window_groups + plan->n_shadow_groups + plan->n_lit_groups,
+                      plan->n_dfa + plan->n_nfa);
     cpuplan_put(plan);
     static const char *const plants[] = {
         " keyz a b=12", "xtokenqyy", "xx123wxyz..Q", "BEEF12aFcafe", "\x82\xb7" "abc\x0e",
-        "abcde zz zzq", "keyz=",      "tokenq",       "\nxx1wxyzQ",    "abcde#zzq"};
+        "abcde zz zzq", "keyz=",      "tokenq",       "\nxx1wxyzQ",    "abcde#zzq", "keyab9"};
     static const char alpha[] = "aZ09_ x-\n7Qbz=q";
     size_t len = 30000;
     uint8_t *buf = malloc(len);
     for (size_t i = 0; i < len; i++)
         buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
     for (size_t p = 0; p + 16 < len; p += 1 + rnd(70)) {
-        const char *x = plants[rnd(10)];
+        const char *x = plants[rnd(11)];
         memcpy(buf + p, x, strlen(x));
     }
     for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
