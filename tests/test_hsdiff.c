@@ -278,6 +278,7 @@ struct stats {
     unsigned gated_rules;   /* of those: in a gated group (walked around factors) */
     unsigned confirm_rules; /* of those: unbounded, confirmed forward (CAT_GF_CONFIRM) */
     unsigned gate_diffs;    /* haystacks where gated and full walks differ (check_full_walk) */
+    unsigned cpu_diffs;     /* haystacks where the CPU engine and refscan differ */
     unsigned reports;       /* reproducers printed */
     struct reasons hs_why;  /* Hyperscan's reject messages */
     struct reasons our_why; /* our reject messages, digits stripped */
@@ -321,8 +322,9 @@ static void stats_print(const struct stats *st, const char *what)
            " agreeing hits, %u mismatches, %u bad rejects\n",
            what, st->cases, st->rules, st->compared, st->hs_rejects, st->our_rejects,
            st->both_rejects, st->scans, st->hits, st->mismatches, st->bad_rejects);
-    printf("hsdiff %s: %u rules on the bit-NFA engine, %u rejected for size\n", what, st->nfa_rules,
-           st->size_rejects);
+    printf("hsdiff %s: %u rules on the bit-NFA engine, %u rejected for size, %u haystacks where "
+           "the CPU engine differs from refscan\n",
+           what, st->nfa_rules, st->size_rejects, st->cpu_diffs);
     reasons_print(&st->hs_why, "Hyperscan");
     reasons_print(&st->our_why, "vkscan");
     fflush(stdout);
@@ -728,6 +730,35 @@ static bool gated_equals_full(const struct catalog *cat, const struct hay *h)
     return same;
 }
 
+/* The CPU engine (its plan's fast paths: literal, window, pair and shadow
+ * groups, lanes) over `h` in three segments where the catalog allows, else
+ * whole, merged, equals refscan's `want`. */
+static bool cpu_engine_equal(const struct catalog *cat, const struct hay *h,
+                             const struct scan_hits *want)
+{
+    size_t np = cpuscan_lookback(cat) == CPUSCAN_UNSEGMENTABLE || h->len < 3 ? 1 : 3;
+    struct cpuscan_scratch *sc;
+    ck_assert_int_eq(cpuscan_scratch_create(&sc), 0);
+    struct cpuscan_part parts[3] = {0};
+    for (size_t k = 0; k < np; k++)
+        ck_assert_int_eq(cpuscan_segment(cat, h->p, h->len, h->len * k / np,
+                                         h->len * (k + 1) / np, SCAN_ALL, 0, NULL, NULL, sc,
+                                         &parts[k]),
+                         0);
+    struct scan_hits got = {0};
+    uint64_t dropped = 0;
+    ck_assert_int_eq(cpuscan_merge(cat, SCAN_ALL, parts, np, UINT64_MAX, false, &got, &dropped),
+                     0);
+    bool same = got.n == want->n;
+    for (size_t i = 0; same && i < got.n; i++)
+        same = got.v[i].rule == want->v[i].rule && got.v[i].end == want->v[i].end;
+    for (size_t k = 0; k < np; k++)
+        cpuscan_part_finish(&parts[k]);
+    cpuscan_scratch_destroy(sc);
+    scan_hits_finish(&got);
+    return same;
+}
+
 static void run_scan(struct run *ru, struct stats *st, const struct hay *h)
 {
     if (check_full_walk && ru->res.catalog != NULL && !gated_equals_full(ru->res.catalog, h))
@@ -736,6 +767,17 @@ static void run_scan(struct run *ru, struct stats *st, const struct hay *h)
     if (ru->res.catalog != NULL) {
         struct scan_hits hits = {0};
         ck_assert_int_eq(refscan_buffer(ru->res.catalog, h->p, h->len, SCAN_ALL, &hits), 0);
+        if (!cpu_engine_equal(ru->res.catalog, h, &hits)) {
+            st->cpu_diffs++;
+            st->mismatches++; /* every test asserts none */
+            if (st->reports < max_reports()) {
+                st->reports++;
+                fprintf(stderr, "CPU engine != refscan: %s seed %" PRIu64 ", %zu rules\n",
+                        ru->what, ru->seed, ru->n);
+                for (size_t i = 0; i < ru->n; i++)
+                    fprintf(stderr, "  %s\n", ru->rules[i].pat);
+            }
+        }
         for (size_t i = 0; i < hits.n; i++) {
             uint32_t k = ru->key[ru->cat2in[hits.v[i].rule]];
             ck_assert_uint_le(hits.v[i].end, h->len);
