@@ -2691,11 +2691,15 @@ START_TEST(test_dense_factor_walked_in_full)
     for (size_t i = 0; i < len; i++)
         buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
     size_t dense = 0;
-    for (size_t p = 0; p + 16 < len; p += 8 + rnd(40), dense++)
-        memcpy(buf + p, rnd(2) ? "abcd12x" : "abcd", rnd(2) ? 7 : 4);
+    for (size_t p = 0; p + 16 < len; p += 8 + rnd(40), dense++) {
+        const char *x = rnd(2) ? "abcd12x" : "abcd";
+        memcpy(buf + p, x, strlen(x));
+    }
     ck_assert_uint_gt(dense, 16384);
-    for (size_t p = 5; p + 16 < len; p += 1000 + rnd(5000))
-        memcpy(buf + p, rnd(2) ? "qrst7y" : "mnop..z", rnd(2) ? 6 : 7);
+    for (size_t p = 5; p + 16 < len; p += 1000 + rnd(5000)) {
+        const char *x = rnd(2) ? "qrst7y" : "mnop..z";
+        memcpy(buf + p, x, strlen(x));
+    }
     fast_equals_refscan(cat, buf, len, "dense factor");
     free(buf);
     catalog_destroy(cat);
