@@ -20,6 +20,7 @@ struct cpupair {
     uint64_t bits[65536 / 64];
     uint64_t *keys; /* pair << 32 | id, ascending, unique */
     size_t n;
+    uint32_t from[257]; /* keys of pairs whose first byte is b: [from[b], from[b + 1]) */
 };
 
 void cpupair_destroy(struct cpupair *m)
@@ -89,14 +90,23 @@ int cpupair_create(const struct cpulit_entry *v, size_t n, struct cpupair **out)
         uint32_t p = (uint32_t)(m->keys[i] >> 32);
         m->bits[p >> 6] |= 1ull << (p & 63);
     }
+    /* keys ascend by pair, whose low byte is the first: by first byte
+     * they are not contiguous, so index by the pair's high byte (the
+     * second) instead */
+    for (uint32_t b = 0, i = 0; b <= 256; b++) {
+        while (i < u && (uint32_t)(m->keys[i] >> 40) < b)
+            i++;
+        m->from[b] = i;
+    }
     *out = m;
     return 0;
 }
 
-/* Reports the ids of pair p, which ends at `end`. */
+/* Reports the ids of pair p, which ends at `end`: a binary search in the
+ * keys of p's second byte (a few, mostly). */
 static int report(const struct cpupair *m, uint32_t p, uint64_t end, cpulit_fn fn, void *ctx)
 {
-    size_t a = 0, z = m->n;
+    size_t a = m->from[p >> 8], z = m->from[(p >> 8) + 1];
     uint64_t want = (uint64_t)p << 32;
     while (a < z) { /* the first key >= want */
         size_t mid = a + (z - a) / 2;

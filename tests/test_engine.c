@@ -2809,6 +2809,56 @@ START_TEST(test_dfa_lanes_equal_refscan)
 }
 END_TEST
 
+/* More than 64 factor strings with one of 3 bytes: the plan takes no
+ * 3-byte factor (its group is walked in full, docs/engine.md "3-byte
+ * factors among many"); with fewer, the same rule is windowed. Both equal
+ * refscan. */
+START_TEST(test_many_factors_no_three_byte)
+{
+    enum { N = 71 };
+    static char pat[N][32];
+    char *pats[N];
+    const char *flags[N];
+    enum rule_kind kind[N];
+    size_t n = _i == 0 ? N : 3;
+    for (size_t i = 0; i + 1 < n; i++) { /* four distinct letters each */
+        snprintf(pat[i], sizeof(pat[i]), "%c%c%c%c[0-9]{1,3}x", 'a' + (int)(i % 26),
+                 'a' + (int)(i / 26 % 26), 'q', 'z' - (int)(i % 7));
+        pats[i] = pat[i];
+        flags[i] = "";
+        kind[i] = RULE_REGEX;
+    }
+    snprintf(pat[n - 1], sizeof(pat[n - 1]), "kvw[0-9]{1,3}y");
+    pats[n - 1] = pat[n - 1];
+    flags[n - 1] = "";
+    kind[n - 1] = RULE_REGEX;
+    struct catalog *cat = compile_src(pats, flags, kind, n, false);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
+    struct catalog_rule cr;
+    catalog_rule(cat, (uint32_t)(n - 1), &cr);
+    ck_assert_int_eq(plan->mode[cr.group], _i == 0 ? CPUPLAN_FULL : CPUPLAN_WINDOW);
+    cpuplan_put(plan);
+    size_t len = 60000;
+    uint8_t *buf = malloc(len);
+    static const char alpha[] = "abcqz0123xyk \n";
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+    for (size_t p = 0; p + 16 < len; p += 1 + rnd(60)) {
+        char x[16];
+        size_t r = rnd((uint32_t)n);
+        if (r + 1 == n)
+            snprintf(x, sizeof(x), "kvw%uy", rnd(1000));
+        else
+            snprintf(x, sizeof(x), "%.4s%ux", pat[r], rnd(1000));
+        memcpy(buf + p, x, strlen(x));
+    }
+    fast_equals_refscan(cat, buf, len, "many factors");
+    free(buf);
+    catalog_destroy(cat);
+}
+END_TEST
+
 START_TEST(test_plan_cached)
 {
     static const struct rdef lits[] = {{"a", "needle", NULL, RULE_LITERAL},
@@ -2861,6 +2911,7 @@ Suite *engine_suite(void)
     tcase_add_loop_test(tc, test_pair_factors_equal_refscan, 0, 2);
     tcase_add_test(tc, test_dense_factor_walked_in_full);
     tcase_add_test(tc, test_dfa_lanes_equal_refscan);
+    tcase_add_loop_test(tc, test_many_factors_no_three_byte, 0, 2);
     tcase_add_loop_test(tc, test_confirm_with_plan, 0, 2);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
