@@ -57,8 +57,8 @@ int cpupair_create(const struct cpulit_entry *v, size_t n, struct cpupair **out)
         if (v[i].len != 2)
             return -EINVAL;
         for (uint32_t k = 0; v[i].fold != NULL && k < 2; k++)
-            if (v[i].fold[k] != 0 && (v[i].fold[k] != 0x20 || v[i].bytes[k] < 'a' ||
-                                      v[i].bytes[k] > 'z'))
+            if (v[i].fold[k] != 0 &&
+                (v[i].fold[k] != 0x20 || v[i].bytes[k] < 'a' || v[i].bytes[k] > 'z'))
                 return -EINVAL;
     }
     struct cpupair *m = calloc(1, sizeof(*m));
@@ -128,8 +128,8 @@ static inline bool marked(const struct cpupair *m, uint32_t p)
     return (m->bits[p >> 6] >> (p & 63)) & 1;
 }
 
-int cpupair_scan(const struct cpupair *m, const uint8_t *buf, size_t len, size_t begin,
-                 uint64_t lo, uint64_t hi, cpulit_fn fn, void *ctx)
+int cpupair_scan(const struct cpupair *m, const uint8_t *buf, size_t len, size_t begin, uint64_t lo,
+                 uint64_t hi, cpulit_fn fn, void *ctx)
 {
     if (hi > len)
         hi = len;

@@ -40,7 +40,7 @@ bool cpupair_rare(uint8_t b0, uint8_t b1);
 /* As cpulit_scan: fn(ctx, id, end) for every occurrence of an entry that
  * starts at or after `begin` and ends at `end` with lo < end <= hi (hi <=
  * len), in increasing start order. Reads nothing outside buf[begin..hi). */
-int cpupair_scan(const struct cpupair *m, const uint8_t *buf, size_t len, size_t begin,
-                 uint64_t lo, uint64_t hi, cpulit_fn fn, void *ctx);
+int cpupair_scan(const struct cpupair *m, const uint8_t *buf, size_t len, size_t begin, uint64_t lo,
+                 uint64_t hi, cpulit_fn fn, void *ctx);
 
 #endif

@@ -324,13 +324,6 @@ static int accepts_at(const struct catalog_group *g, uint32_t s, const uint8_t *
 #define SKIP_PROBE   64u
 #define SKIP_MIN_RUN 4u
 
-/* A DFA group's walk over buf[begin..hi), reporting ends in (lo, hi]: the
- * walk of refscan_group_range, with the accept check out of the byte loop
- * (accepting states are numbered from first_accept, and most bytes lead to
- * a state below it). With `k` on, a walk in a start state passes over the
- * run of idle bytes that follows without the transition table (a table
- * step waits for the one before: two dependent loads a byte; a skip step
- * does not) and goes on from the start state of the run's last byte. */
 /* Ranges shorter than this are walked as one lane. */
 #define DFA_LANES_MIN 16384u
 
@@ -365,7 +358,8 @@ static int dfa_lanes(const struct catalog_group *g, const uint8_t *buf, size_t l
     const size_t nc = g->n_classes;
     const uint32_t fa = g->first_accept;
     uint64_t from = lo > i ? lo : i; /* the first end looked at, less one */
-    if (g->maxlen != CATALOG_UNBOUNDED && hi - from >= DFA_LANES_MIN && g->maxlen < (hi - from) / 8) {
+    if (g->maxlen != CATALOG_UNBOUNDED && hi - from >= DFA_LANES_MIN &&
+        g->maxlen < (hi - from) / 8) {
         uint64_t q = (hi - from) / 4, llo[4], lhi[4];
         size_t at[4];
         uint32_t st[4];
@@ -416,6 +410,14 @@ static int dfa_lanes(const struct catalog_group *g, const uint8_t *buf, size_t l
     }
 }
 
+/* A DFA group's walk over buf[begin..hi), reporting ends in (lo, hi]: the
+ * walk of refscan_group_range, with the accept check out of the byte loop
+ * (accepting states are numbered from first_accept, and most bytes lead to
+ * a state below it). With `k` on, a walk in a start state passes over the
+ * run of idle bytes that follows without the transition table (a table
+ * step waits for the one before: two dependent loads a byte; a skip step
+ * does not) and goes on from the start state of the run's last byte.
+ * Without skipping (or once it stops paying) the rest goes by dfa_lanes. */
 static int dfa_range(const struct catalog_group *g, const struct cpuplan_skip *k,
                      const uint8_t *buf, size_t len, size_t begin, uint64_t lo, uint64_t hi,
                      struct walk *w)

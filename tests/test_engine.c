@@ -2638,9 +2638,12 @@ END_TEST
 START_TEST(test_pair_factors_equal_refscan)
 {
     static char *const pats[] = {
-        "\\x82\\xb7.{5,30}\\x0e\\xee", "\\x7f\\x1a[a-z]{2,9}\\x39\\xbe",
-        "c7 51 [3-13] 47 e3",          "\\x01a.{0,4}zz\\x02",
-        "ab.{3}cd",                    "\\xde\\xad(\\x01|\\x02)\\xbe\\xef",
+        "\\x82\\xb7.{5,30}\\x0e\\xee",
+        "\\x7f\\x1a[a-z]{2,9}\\x39\\xbe",
+        "c7 51 [3-13] 47 e3",
+        "\\x01a.{0,4}zz\\x02",
+        "ab.{3}cd",
+        "\\xde\\xad(\\x01|\\x02)\\xbe\\xef",
     };
     static const char *flags[] = {"s", "", "", "is", "", ""};
     enum rule_kind kind[6] = {RULE_REGEX, RULE_REGEX, RULE_HEX, RULE_REGEX, RULE_REGEX, RULE_REGEX};
@@ -2651,10 +2654,20 @@ START_TEST(test_pair_factors_equal_refscan)
     ck_assert_msg(holder != NULL && holder->pair != NULL, "no pair matcher");
     ck_assert_uint_ge(holder->n_window_groups, 1);
     cpuplan_put(plan);
-    static const char *const plants[] = {
-        "\x82\xb7" "abcde\n\x0e\xee", "\x7f\x1a" "abc\x39\xbe", "\xc7\x51" "0123456\x47\xe3",
-        "\x01" "Ax" "zz\x02",          "abxyzcd",              "\xde\xad\x02\xbe\xef",
-        "\x82\xb7\x0e\xee",            "\x01" "azz\x02"};
+    static const char *const plants[] = {"\x82\xb7"
+                                         "abcde\n\x0e\xee",
+                                         "\x7f\x1a"
+                                         "abc\x39\xbe",
+                                         "\xc7\x51"
+                                         "0123456\x47\xe3",
+                                         "\x01"
+                                         "Ax"
+                                         "zz\x02",
+                                         "abxyzcd",
+                                         "\xde\xad\x02\xbe\xef",
+                                         "\x82\xb7\x0e\xee",
+                                         "\x01"
+                                         "azz\x02"};
     static const uint8_t alpha[] = {'a', 'b', 'z', 'c', 'd', ' ', '\n', 0x00, 0x82, 0xee, 0x01};
     size_t len = 40000;
     uint8_t *buf = malloc(len);
@@ -2665,7 +2678,10 @@ START_TEST(test_pair_factors_equal_refscan)
         memcpy(buf + p, x, strlen(x));
     }
     memcpy(buf, "\xde\xad\x01\xbe\xef", 5);
-    memcpy(buf + len - 9, "\x7f\x1a" "abc\x39\xbe", 7);
+    memcpy(buf + len - 9,
+           "\x7f\x1a"
+           "abc\x39\xbe",
+           7);
     fast_equals_refscan(cat, buf, len, "pairs");
     free(buf);
     catalog_destroy(cat);
@@ -2750,9 +2766,18 @@ START_TEST(test_confirm_with_plan)
     ck_assert_uint_lt(plan->n_window_groups + plan->n_shadow_groups + plan->n_lit_groups,
                       plan->n_dfa + plan->n_nfa);
     cpuplan_put(plan);
-    static const char *const plants[] = {
-        " keyz a b=12", "xtokenqyy", "xx123wxyz..Q", "BEEF12aFcafe", "\x82\xb7" "abc\x0e",
-        "abcde zz zzq", "keyz=",      "tokenq",       "\nxx1wxyzQ",    "abcde#zzq", "keyab9"};
+    static const char *const plants[] = {" keyz a b=12",
+                                         "xtokenqyy",
+                                         "xx123wxyz..Q",
+                                         "BEEF12aFcafe",
+                                         "\x82\xb7"
+                                         "abc\x0e",
+                                         "abcde zz zzq",
+                                         "keyz=",
+                                         "tokenq",
+                                         "\nxx1wxyzQ",
+                                         "abcde#zzq",
+                                         "keyab9"};
     static const char alpha[] = "aZ09_ x-\n7Qbz=q";
     size_t len = 30000;
     uint8_t *buf = malloc(len);
@@ -2788,7 +2813,8 @@ END_TEST
  * refscan in every mode, with single-match, caseless and \b rules. */
 START_TEST(test_dfa_lanes_equal_refscan)
 {
-    static char *const pats[] = {"[a-c][0-9]{1,3}x", "\\bq.{2,6}r", "[xz][0-9a]{2}", "b[ac]{1,5}3", "[^\\n]{5}"};
+    static char *const pats[] = {"[a-c][0-9]{1,3}x", "\\bq.{2,6}r", "[xz][0-9a]{2}", "b[ac]{1,5}3",
+                                 "[^\\n]{5}"};
     static const char *flags[] = {"", "H", "i", "", ""};
     enum rule_kind kind[5] = {RULE_REGEX, RULE_REGEX, RULE_REGEX, RULE_REGEX, RULE_REGEX};
     struct catalog *cat = compile_src((char **)pats, flags, kind, 5, false);

@@ -741,14 +741,12 @@ static bool cpu_engine_equal(const struct catalog *cat, const struct hay *h,
     ck_assert_int_eq(cpuscan_scratch_create(&sc), 0);
     struct cpuscan_part parts[3] = {0};
     for (size_t k = 0; k < np; k++)
-        ck_assert_int_eq(cpuscan_segment(cat, h->p, h->len, h->len * k / np,
-                                         h->len * (k + 1) / np, SCAN_ALL, 0, NULL, NULL, sc,
-                                         &parts[k]),
+        ck_assert_int_eq(cpuscan_segment(cat, h->p, h->len, h->len * k / np, h->len * (k + 1) / np,
+                                         SCAN_ALL, 0, NULL, NULL, sc, &parts[k]),
                          0);
     struct scan_hits got = {0};
     uint64_t dropped = 0;
-    ck_assert_int_eq(cpuscan_merge(cat, SCAN_ALL, parts, np, UINT64_MAX, false, &got, &dropped),
-                     0);
+    ck_assert_int_eq(cpuscan_merge(cat, SCAN_ALL, parts, np, UINT64_MAX, false, &got, &dropped), 0);
     bool same = got.n == want->n;
     for (size_t i = 0; same && i < got.n; i++)
         same = got.v[i].rule == want->v[i].rule && got.v[i].end == want->v[i].end;
@@ -772,8 +770,8 @@ static void run_scan(struct run *ru, struct stats *st, const struct hay *h)
             st->mismatches++; /* every test asserts none */
             if (st->reports < max_reports()) {
                 st->reports++;
-                fprintf(stderr, "CPU engine != refscan: %s seed %" PRIu64 ", %zu rules\n",
-                        ru->what, ru->seed, ru->n);
+                fprintf(stderr, "CPU engine != refscan: %s seed %" PRIu64 ", %zu rules\n", ru->what,
+                        ru->seed, ru->n);
                 for (size_t i = 0; i < ru->n; i++)
                     fprintf(stderr, "  %s\n", ru->rules[i].pat);
             }
