@@ -1824,6 +1824,35 @@ START_TEST(test_gated_segments)
 }
 END_TEST
 
+/* `rules` compiled with every rule of selective factors gated
+ * (gate_states 1), all on the bit-NFA when `bitnfa`; some group must be
+ * forward-confirmed. */
+static struct rules_result compile_confirmed(const struct rdef *rules, size_t n, bool bitnfa)
+{
+    struct rule_src src[16];
+    ck_assert_uint_le(n, 16);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t f = 0;
+        if (rules[i].flags != NULL)
+            ck_assert_int_eq(rules_parse_flags(rules[i].flags, strlen(rules[i].flags), &f, NULL),
+                             0);
+        src[i] = (struct rule_src){
+            rules[i].id, rules[i].kind, rules[i].pattern, strlen(rules[i].pattern), f, 0};
+    }
+    struct rules_result res = {0};
+    struct rules_options ro = {.force_bitnfa = bitnfa, .gate_states = 1};
+    ck_assert_int_eq(rules_compile(src, n, &ro, &res, NULL), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    uint32_t confirm = 0;
+    for (uint32_t g = 0; g < catalog_nfa_count(res.catalog); g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(res.catalog, g, &cn);
+        confirm += (cn.flags & CAT_GF_CONFIRM) != 0;
+    }
+    ck_assert_uint_ge(confirm, 1);
+    return res;
+}
+
 /* Unbounded rules gated by forward confirmation (CAT_GF_CONFIRM), every
  * rule with selective factors gated (gate_states 1: their DFAs are small,
  * so the default would keep them DFAs): the CPU engine's scan ==
@@ -1839,27 +1868,7 @@ START_TEST(test_confirm_segments)
         {"one", "abc[^#]*zzq", "H", RULE_REGEX},
         {"lit", "12345", NULL, RULE_LITERAL},
     };
-    enum { N = sizeof(rules) / sizeof(rules[0]) };
-    struct rule_src src[N];
-    for (size_t i = 0; i < N; i++) {
-        uint32_t f = 0;
-        if (rules[i].flags != NULL)
-            ck_assert_int_eq(rules_parse_flags(rules[i].flags, strlen(rules[i].flags), &f, NULL),
-                             0);
-        src[i] = (struct rule_src){
-            rules[i].id, rules[i].kind, rules[i].pattern, strlen(rules[i].pattern), f, 0};
-    }
-    struct rules_result res = {0};
-    struct rules_options ro = {.force_bitnfa = _i == 1, .gate_states = 1};
-    ck_assert_int_eq(rules_compile(src, N, &ro, &res, NULL), 0);
-    ck_assert_uint_eq(res.n_rejects, 0);
-    uint32_t confirm = 0;
-    for (uint32_t g = 0; g < catalog_nfa_count(res.catalog); g++) {
-        struct catalog_nfa cn;
-        catalog_nfa(res.catalog, g, &cn);
-        confirm += (cn.flags & CAT_GF_CONFIRM) != 0;
-    }
-    ck_assert_uint_ge(confirm, 1);
+    struct rules_result res = compile_confirmed(rules, sizeof(rules) / sizeof(rules[0]), _i == 1);
     /* unbounded groups: the daemon scans such a catalog as one segment */
     ck_assert_uint_eq(cpuscan_lookback(res.catalog), CPUSCAN_UNSEGMENTABLE);
     static uint8_t buf[6000];
@@ -2738,27 +2747,7 @@ START_TEST(test_confirm_with_plan)
         {"one", "abcde[^#]*zzq", "H", RULE_REGEX},
         {"weak", "key[a-z]{2}9", NULL, RULE_REGEX},
     };
-    enum { N = sizeof(rules) / sizeof(rules[0]) };
-    struct rule_src src[N];
-    for (size_t i = 0; i < N; i++) {
-        uint32_t f = 0;
-        if (rules[i].flags != NULL)
-            ck_assert_int_eq(rules_parse_flags(rules[i].flags, strlen(rules[i].flags), &f, NULL),
-                             0);
-        src[i] = (struct rule_src){
-            rules[i].id, rules[i].kind, rules[i].pattern, strlen(rules[i].pattern), f, 0};
-    }
-    struct rules_result res = {0};
-    struct rules_options ro = {.force_bitnfa = _i == 1, .gate_states = 1};
-    ck_assert_int_eq(rules_compile(src, N, &ro, &res, NULL), 0);
-    ck_assert_uint_eq(res.n_rejects, 0);
-    uint32_t confirm = 0;
-    for (uint32_t g = 0; g < catalog_nfa_count(res.catalog); g++) {
-        struct catalog_nfa cn;
-        catalog_nfa(res.catalog, g, &cn);
-        confirm += (cn.flags & CAT_GF_CONFIRM) != 0;
-    }
-    ck_assert_uint_ge(confirm, 1);
+    struct rules_result res = compile_confirmed(rules, sizeof(rules) / sizeof(rules[0]), _i == 1);
     struct cpuplan *plan;
     ck_assert_int_eq(cpuplan_build(res.catalog, true, &plan), 0);
     ck_assert(plan->gated_full); /* the confirmed groups, around the factor ends */
