@@ -181,21 +181,41 @@ static int fs_score(const struct fset *s)
     return (int)(fs_min(s) * 5) - (int)lg;
 }
 
+/* A lowercase letter, or a caseless one (sets keep those lowercase). */
+static bool is_lower(uint8_t c)
+{
+    return c >= 'a' && c <= 'z';
+}
+
+/* Whether some string of `s` is a pair of lowercase (or caseless)
+ * letters: as common as text itself. */
+static bool fs_lower_pair(const struct fset *s)
+{
+    for (uint32_t i = 0; i < s->n; i++)
+        if (s->v[i].len == 2 && is_lower(s->v[i].b[0]) && is_lower(s->v[i].b[1]))
+            return true;
+    return false;
+}
+
 /* Whether a rule's factor set is worth a filter pass: strings of MIN_LIT
  * bytes or more, at most 16 of them (the literal matcher), or at most
  * four when some are pairs of bytes (the pair matcher, cpupair.h: binary
  * signatures' two exact bytes around a gap). A pair common in text is
- * taken too, when the rule has nothing better: its windows cost no more
- * than the walks of every byte it replaces, and past the candidate cap
- * its group is walked in full (cpuscan.c shed_dense). `strict` (a
+ * taken too when the rule has nothing better, unless both its bytes are
+ * lowercase (or caseless) letters, as most of any text is (`ey`, one of
+ * gitleaks' keywords: its windows took that set from 0.6 to 0.04 GB/s);
+ * `=g`, `3b` and `pK` are taken: their windows cost no
+ * more than the walks of every byte they replace, and past the candidate
+ * cap their group is walked in full (cpuscan.c shed_dense). `strict` (a
  * forward-confirmed catalog, below): no 3-byte strings, which would make
  * the literal matcher's confirmation key 3 bytes for all its strings. */
 static bool fs_worth(const struct fset *s, bool strict)
 {
     if (strict && fs_min(s) == MIN_LIT)
         return false;
-    return fs_min(s) >= MIN_LIT ? fs_score(s) >= (int)(MIN_LIT * 5) - 4
-                                : fs_raw_min(s) == 2 && s->n <= 4;
+    if (fs_min(s) >= MIN_LIT)
+        return fs_score(s) >= (int)(MIN_LIT * 5) - 4;
+    return !fs_lower_pair(s) && fs_raw_min(s) == 2 && s->n <= 4;
 }
 
 static bool fs_nonempty(const struct fset *s)
@@ -213,9 +233,12 @@ static void consider(const struct fset *s, struct fset *best, bool *have)
 {
     if (!fs_nonempty(s))
         return;
-    /* equal scores: the longer strings (a common pair over one byte) */
-    if (!*have || fs_score(s) > fs_score(best) ||
-        (fs_score(s) == fs_score(best) && fs_raw_min(s) > fs_raw_min(best))) {
+    /* equal scores: the longer strings (a common pair over one byte), then
+     * the set without a pair of lowercase letters (fs_worth takes none) */
+    int ds = fs_score(s) - (*have ? fs_score(best) : 0);
+    int dr = *have ? (int)fs_raw_min(s) - (int)fs_raw_min(best) : 0;
+    if (!*have || ds > 0 || (ds == 0 && dr > 0) ||
+        (ds == 0 && dr == 0 && !fs_lower_pair(s) && fs_lower_pair(best))) {
         *best = *s;
         *have = true;
     }
@@ -815,30 +838,14 @@ static int plan_factor_walks(const struct catalog *cat, struct cpuplan *p)
     return 0;
 }
 
-/* More factor strings than this, some of 3 bytes: `strict` (plan_fast). */
-#define STRICT_FACTORS 64u
-
-/* Whether the factor entries from n0 on are over STRICT_FACTORS with one
- * of MIN_LIT bytes. */
-static bool weak_many(const struct entries *e, size_t n0)
-{
-    bool three = false;
-    for (size_t i = n0; i < e->n && !three; i++)
-        three = e->v[i].len == MIN_LIT;
-    return three && e->n - n0 > STRICT_FACTORS;
-}
-
 static int plan_fast(const struct catalog *cat, struct cpuplan *p)
 {
     uint32_t ng = p->n_dfa + p->n_nfa;
     uint8_t *lit = malloc(ng), *win = malloc(ng), *shadow = calloc(ng, 1);
-    uint8_t *shadow_win = malloc(ng + 1);
     uint32_t nr = catalog_rule_count(cat);
     uint32_t *report = malloc((nr ? nr : 1) * sizeof(*report));
     struct entries e = {0};
-    int rc = lit != NULL && win != NULL && shadow != NULL && report != NULL && shadow_win != NULL
-                 ? 0
-                 : -ENOMEM;
+    int rc = lit != NULL && win != NULL && shadow != NULL && report != NULL ? 0 : -ENOMEM;
     if (rc == 0)
         rc = catalog_report_indexes(cat, report);
     if (rc == 0) {
@@ -861,31 +868,19 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
         rc = plan_shadow(cat, report, p, shadow);
     for (uint32_t g = 0; rc == 0 && g < ng; g++)
         win[g] = win[g] && !lit[g] && !shadow[g]; /* these need no factors */
-    /* A literal matcher with 3-byte strings among many passes much of any
-     * text to its confirmation, with a 3-byte key for all of them
-     * (gitleaks-regex: `key`, `sec`; gitleaks-keywords: `a3-`): walking
-     * those groups in full, as lanes, is cheaper (gitleaks-regex 0.05 ->
-     * 0.14-0.17 GB/s, gitleaks-keywords 0.04 -> 0.6-0.8, one thread). So a
-     * forward-confirmed catalog, and one whose factors are more than
-     * STRICT_FACTORS strings with some of 3 bytes, takes no 3-byte factor
-     * (`strict`); smaller sets keep them (`abc[0-9]{2}xyz`). */
+    /* A forward-confirmed catalog is scanned whole, and a literal matcher
+     * with 3-byte strings passes much of any text to its confirmation, with
+     * a 3-byte key for all its strings (gitleaks-regex: `key`, `sec`):
+     * walking those groups in full, as lanes, is cheaper there (0.05 ->
+     * 0.13-0.18 GB/s, one thread). Other catalogs keep such windows
+     * (regex-200: 0.41-0.43 with them, 0.20-0.27 without). */
     for (uint32_t j = 0; j < p->n_nfa; j++) {
         struct catalog_nfa cn;
         catalog_nfa(cat, j, &cn);
         e.strict |= (cn.flags & CAT_GF_CONFIRM) != 0;
     }
-    size_t n0 = e.n;
-    uint32_t pool0 = e.pool.n;
-    memcpy(shadow_win, win, ng); /* shadow_win: the window candidates, kept */
     if (rc == 0)
         rc = collect(cat, report, ng, win, true, &e);
-    if (rc == 0 && !e.strict && weak_many(&e, n0)) {
-        e.n = n0; /* again, strict: the entries and candidates as before */
-        e.pool.n = pool0;
-        memcpy(win, shadow_win, ng);
-        e.strict = true;
-        rc = collect(cat, report, ng, win, true, &e);
-    }
     for (uint32_t g = 0; rc == 0 && g < ng; g++) {
         p->mode[g] = lit[g]      ? CPUPLAN_LIT
                      : shadow[g] ? CPUPLAN_SHADOW
@@ -909,7 +904,6 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
     free(lit);
     free(win);
     free(shadow);
-    free(shadow_win);
     return rc;
 }
 

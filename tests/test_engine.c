@@ -2050,16 +2050,16 @@ static struct catalog *compile_src(char **pat, const char **flags, enum rule_kin
     return compile_ids(pat, flags, kind, NULL, n, bitnfa);
 }
 
-/* Segmented scans on 1-3 threads, every mode, equal refscan_buffer. */
-static void fast_equals_refscan(const struct catalog *cat, const uint8_t *buf, size_t len,
-                                const char *what)
+/* Segmented scans (segments of segs[0..nsegs) bytes) on 1-3 threads, every
+ * mode, equal refscan_buffer. */
+static void segs_equal_refscan(const struct catalog *cat, const uint8_t *buf, size_t len,
+                               const char *what, const size_t *segs, size_t nsegs)
 {
-    static const size_t segs[] = {1, 3, 17, 500, 4096, 1u << 20};
     for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
         struct scan_hits want = {0};
         ck_assert_int_eq(refscan_buffer(cat, buf, len, (enum scan_mode)mode, &want), 0);
         ck_assert_uint_ge(want.n, mode == SCAN_ALL ? 5 : 2);
-        for (size_t s = 0; s < sizeof(segs) / sizeof(segs[0]); s++) {
+        for (size_t s = 0; s < nsegs; s++) {
             struct scan_hits got = {0};
             uint64_t dropped = 0;
             segmented(cat, buf, len, segs[s], 1 + (int)(s % 3), (enum scan_mode)mode, 0, UINT64_MAX,
@@ -2080,6 +2080,14 @@ static void fast_equals_refscan(const struct catalog *cat, const uint8_t *buf, s
         }
         scan_hits_finish(&want);
     }
+}
+
+/* segs_equal_refscan with segments of 1 byte to the whole buffer (1 MiB). */
+static void fast_equals_refscan(const struct catalog *cat, const uint8_t *buf, size_t len,
+                                const char *what)
+{
+    static const size_t segs[] = {1, 3, 17, 500, 4096, 1u << 20};
+    segs_equal_refscan(cat, buf, len, what, segs, sizeof(segs) / sizeof(segs[0]));
 }
 
 /* Random literal rules (binary bytes as \xHH, caseless, single-match,
@@ -2725,7 +2733,8 @@ START_TEST(test_dense_factor_walked_in_full)
         const char *x = rnd(2) ? "qrst7y" : "mnop..z";
         memcpy(buf + p, x, strlen(x));
     }
-    fast_equals_refscan(cat, buf, len, "dense factor");
+    static const size_t segs[] = {4096, 1u << 20}; /* 1 MiB: no 1-byte segments */
+    segs_equal_refscan(cat, buf, len, "dense factor", segs, 2);
     free(buf);
     catalog_destroy(cat);
 }
@@ -2818,57 +2827,44 @@ START_TEST(test_dfa_lanes_equal_refscan)
     static const char alpha[] = "abcABC0123xXzZq r\n";
     for (size_t i = 0; i < len; i++)
         buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
-    fast_equals_refscan(cat, buf, len, "lanes");
+    static const size_t segs[] = {4096, 100000, 1u << 20};
+    segs_equal_refscan(cat, buf, len, "lanes", segs, 3);
     free(buf);
     catalog_destroy(cat);
 }
 END_TEST
 
-/* More than 64 factor strings with one of 3 bytes: the plan takes no
- * 3-byte factor (its group is walked in full, docs/engine.md "3-byte
- * factors among many"); with fewer, the same rule is windowed. Both equal
- * refscan. */
-START_TEST(test_many_factors_no_three_byte)
+/* A pair of lowercase (or caseless) letters is no factor: text is full of
+ * them (`ey`); a pair with a digit, a capital or punctuation is
+ * (`pK`, `3b`), as docs/engine.md "Pairs of bytes" says. _i picks the
+ * rule; both equal refscan. */
+START_TEST(test_lowercase_pairs_not_factors)
 {
-    enum { N = 71 };
-    static char pat[N][32];
-    char *pats[N];
-    const char *flags[N];
-    enum rule_kind kind[N];
-    size_t n = _i == 0 ? N : 3;
-    for (size_t i = 0; i + 1 < n; i++) { /* four distinct letters each */
-        snprintf(pat[i], sizeof(pat[i]), "%c%c%c%c[0-9]{1,3}x", 'a' + (int)(i % 26),
-                 'a' + (int)(i / 26 % 26), 'q', 'z' - (int)(i % 7));
-        pats[i] = pat[i];
-        flags[i] = "";
-        kind[i] = RULE_REGEX;
-    }
-    snprintf(pat[n - 1], sizeof(pat[n - 1]), "kvw[0-9]{1,3}y");
-    pats[n - 1] = pat[n - 1];
-    flags[n - 1] = "";
-    kind[n - 1] = RULE_REGEX;
-    struct catalog *cat = compile_src(pats, flags, kind, n, false);
+    static char *const pats[4][2] = {{"ey[0-9]{2}", "0123"},
+                                     {"(?i)ey[0-9]{2}", "0123"},
+                                     {"pK[0-9]{2}", "0123"},
+                                     {"3b[0-9]{2}", "0123"}};
+    static const char *flags[] = {"", ""};
+    enum rule_kind kind[2] = {RULE_REGEX, RULE_LITERAL};
+    struct catalog *cat = compile_src((char **)pats[_i], flags, kind, 2, false);
     struct cpuplan *plan;
     ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
     struct catalog_rule cr;
-    catalog_rule(cat, (uint32_t)(n - 1), &cr);
-    ck_assert_int_eq(plan->mode[cr.group], _i == 0 ? CPUPLAN_FULL : CPUPLAN_WINDOW);
+    catalog_rule(cat, 0, &cr);
+    ck_assert_int_eq(plan->mode[cr.group], _i < 2 ? CPUPLAN_FULL : CPUPLAN_WINDOW);
+    ck_assert(_i < 2 ? plan->pair == NULL : plan->pair != NULL);
     cpuplan_put(plan);
-    size_t len = 60000;
+    size_t len = 30000;
     uint8_t *buf = malloc(len);
-    static const char alpha[] = "abcqz0123xyk \n";
+    static const char alpha[] = "eyEYpK3b0123 \n";
     for (size_t i = 0; i < len; i++)
         buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
-    for (size_t p = 0; p + 16 < len; p += 1 + rnd(60)) {
-        char x[16];
-        size_t r = rnd((uint32_t)n);
-        if (r + 1 == n)
-            snprintf(x, sizeof(x), "kvw%uy", rnd(1000));
-        else
-            snprintf(x, sizeof(x), "%.4s%ux", pat[r], rnd(1000));
+    for (size_t p = 0; p + 8 < len; p += 1 + rnd(200)) {
+        static const char *const plants[] = {"ey12", "EY34", "pK56", "3b78", "0123"};
+        const char *x = plants[rnd(5)];
         memcpy(buf + p, x, strlen(x));
     }
-    fast_equals_refscan(cat, buf, len, "many factors");
+    fast_equals_refscan(cat, buf, len, "pairs of letters");
     free(buf);
     catalog_destroy(cat);
 }
@@ -2922,11 +2918,14 @@ Suite *engine_suite(void)
     tcase_add_loop_test(tc, test_window_groups_equal_refscan, 0, 2);
     tcase_add_loop_test(tc, test_shadow_only_when_usable, 0, 2);
     tcase_add_test(tc, test_plan_cached);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("pairs"); /* session 30: pairs, dense factors, confirmed catalogs, lanes */
+    tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cpupair_equals_naive);
     tcase_add_loop_test(tc, test_pair_factors_equal_refscan, 0, 2);
     tcase_add_test(tc, test_dense_factor_walked_in_full);
     tcase_add_test(tc, test_dfa_lanes_equal_refscan);
-    tcase_add_loop_test(tc, test_many_factors_no_three_byte, 0, 2);
+    tcase_add_loop_test(tc, test_lowercase_pairs_not_factors, 0, 4);
     tcase_add_loop_test(tc, test_confirm_with_plan, 0, 2);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
