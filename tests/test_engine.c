@@ -2705,7 +2705,7 @@ START_TEST(test_pair_factors_equal_refscan)
 }
 END_TEST
 
-/* One window group's factor on nearly every line of a large buffer (more
+/* One window group's factor on nearly every line of a 512 KiB buffer (more
  * candidates than the scan keeps): that group is walked in full, the other
  * group keeps its windows, and the hits equal refscan's. */
 START_TEST(test_dense_factor_walked_in_full)
@@ -2718,7 +2718,7 @@ START_TEST(test_dense_factor_walked_in_full)
     ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
     ck_assert_uint_eq(plan->n_window_groups, plan->n_dfa + plan->n_nfa);
     cpuplan_put(plan);
-    size_t len = 1u << 20; /* 16,384 candidates kept at most in one piece */
+    size_t len = 1u << 19; /* 8,192 candidates kept at most in one piece */
     uint8_t *buf = malloc(len);
     static const char alpha[] = "abcdqrst0123456789xyz \n";
     for (size_t i = 0; i < len; i++)
@@ -2728,12 +2728,12 @@ START_TEST(test_dense_factor_walked_in_full)
         const char *x = rnd(2) ? "abcd12x" : "abcd";
         memcpy(buf + p, x, strlen(x));
     }
-    ck_assert_uint_gt(dense, 16384);
+    ck_assert_uint_gt(dense, 8192);
     for (size_t p = 5; p + 16 < len; p += 1000 + rnd(5000)) {
         const char *x = rnd(2) ? "qrst7y" : "mnop..z";
         memcpy(buf + p, x, strlen(x));
     }
-    static const size_t segs[] = {4096, 1u << 20}; /* 1 MiB: no 1-byte segments */
+    static const size_t segs[] = {4096, 1u << 20}; /* no 1-byte segments: too many */
     segs_equal_refscan(cat, buf, len, "dense factor", segs, 2);
     free(buf);
     catalog_destroy(cat);
@@ -2822,7 +2822,7 @@ START_TEST(test_dfa_lanes_equal_refscan)
     cpuplan_put(plan);
     /* lanes from 16 KiB; idle bytes (' ', '\n') come in runs too short to
      * skip, so the walk turns to the table, and lanes, after 64 of them */
-    size_t len = 300000;
+    size_t len = 120000;
     uint8_t *buf = malloc(len);
     static const char alpha[] = "abcABC0123xXzZq r\n";
     for (size_t i = 0; i < len; i++)
