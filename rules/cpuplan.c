@@ -146,7 +146,6 @@ static bool exact_of(const struct node *n, int depth, struct fset *out)
     return false;
 }
 
-/* How selective a set is: its shortest string counts most. */
 /* A string's length as a filter sees it: a pair of bytes common in text
  * or binaries (cpupair_rare) counts as one byte, since its ends would be
  * everywhere. */
@@ -173,6 +172,7 @@ static uint32_t fs_raw_min(const struct fset *s)
     return min;
 }
 
+/* How selective a set is: its shortest string counts most. */
 static int fs_score(const struct fset *s)
 {
     uint32_t lg = 0;
@@ -201,14 +201,14 @@ static bool fs_lower_pair(const struct fset *s)
  * bytes or more, at most 16 of them (the literal matcher), or at most
  * four when some are pairs of bytes (the pair matcher, cpupair.h: binary
  * signatures' two exact bytes around a gap). A pair common in text is
- * taken too when the rule has nothing better, unless both its bytes are
- * lowercase (or caseless) letters, as most of any text is (`ey`, one of
- * gitleaks' keywords: its windows took that set from 0.6 to 0.04 GB/s);
- * `=g`, `3b` and `pK` are taken: their windows cost no
- * more than the walks of every byte they replace, and past the candidate
- * cap their group is walked in full (cpuscan.c shed_dense). `strict` (a
- * forward-confirmed catalog, below): no 3-byte strings, which would make
- * the literal matcher's confirmation key 3 bytes for all its strings. */
+ * taken too when the rule has nothing better (`=g`, `3b`, `pK`): its
+ * windows cost no more than the walks of every byte they replace, and
+ * past the candidate cap its group is walked in full (cpuscan.c
+ * shed_dense). Not a pair of lowercase (or caseless) letters, as most of
+ * any text is (`ey`, one of gitleaks' keywords: its windows took that set
+ * from 0.6 to 0.04 GB/s). `strict` (a forward-confirmed catalog, below):
+ * no 3-byte strings, which would make the literal matcher's confirmation
+ * key 3 bytes for all its strings. */
 static bool fs_worth(const struct fset *s, bool strict)
 {
     if (strict && fs_min(s) == MIN_LIT)
@@ -566,7 +566,7 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
 }
 
 /* The matchers over the kept entries (e->v is reused for their input):
- * strings of two bytes (window groups' rare factors; a literal group's
+ * strings of two bytes (window groups' pair factors; a literal group's
  * rules have MIN_LIT bytes or more) in the pair matcher, the rest in the
  * literal matcher. */
 static int make_matcher(struct entries *e, const uint8_t *mode, struct cpuplan *p)
