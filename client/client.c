@@ -30,6 +30,7 @@
 #define DEFAULT_IO_MS      30000u
 #define DEFAULT_RETRIES    3u
 #define DEFAULT_BACKOFF_MS 50u
+#define READ_AHEAD         (16u << 10) /* reply bytes one recvmsg may take past a frame */
 #define MAX_BACKOFF_MS     2000u
 
 /* Memfds a client keeps for its large inline buffers (memfd_take): at
@@ -248,7 +249,10 @@ static int open_socket(struct vks_client *c, struct vks_error *err)
                              c->path, strerror(e));
     }
     c->fd = fd;
-    return proto_reader_create(&c->lim, &c->reader) < 0
+    /* Read-ahead takes a reply's length prefix and body in one recvmsg;
+     * read_some parses what it holds before anyone polls the socket. */
+    return proto_reader_create(&c->lim, &c->reader) < 0 ||
+                   proto_reader_read_ahead(c->reader, READ_AHEAD) < 0
                ? vks_error_set(err, -ENOMEM, "out of memory for a frame reader")
                : 0;
 }
@@ -522,6 +526,7 @@ static int do_hello(struct vks_client *c, struct vks_error *err)
     req.u.hello.version = PROTO_VERSION;
     req.u.hello.min_version = PROTO_VERSION_MIN;
     req.u.hello.client = c->name;
+    req.u.hello.read_ahead = true; /* send_frames: one frame per sendmsg with descriptors */
     int rc = exchange(c, &req, NULL, 0, 0, &rep, err);
     if (rc < 0)
         return rc;
@@ -603,6 +608,7 @@ int vks_client_hello(struct vks_client *c, struct vks_server_info *info, struct 
     req.u.hello.version = PROTO_VERSION;
     req.u.hello.min_version = PROTO_VERSION_MIN;
     req.u.hello.client = c->name;
+    req.u.hello.read_ahead = true;
     int rc = call(c, &req, NULL, 0, true, 0, &rep, err);
     if (rc < 0)
         return rc;

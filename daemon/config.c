@@ -119,6 +119,8 @@ static const struct opt opts[] = {
      "unsent reply bytes of one connection before it is closed"},
     {"frame-budget", NUM(OPT_SIZE, frame_budget), 64 * KIB, 1024 * GIB, true,
      "bytes of partly received frames over all connections"},
+    {"read-ahead", NUM(OPT_SIZE, read_ahead), 0, 1 * MIB, true,
+     "bytes a read may take past a frame, for clients whose hello allows it (0: never)"},
     {"frame-timeout-ms", NUM(OPT_U32, frame_timeout_ms), 0, 3600u * 1000, true,
      "a started frame must arrive whole within this (0: none)"},
     {"idle-timeout-ms", NUM(OPT_U32, idle_timeout_ms), 0, 7 * 24 * 3600u * 1000, true,
@@ -189,6 +191,7 @@ void config_defaults(struct daemon_config *cfg)
     cfg->max_unsent_bytes = 64 * MIB;
     cfg->frame_budget = 256 * MIB;
     cfg->frame_timeout_ms = 30 * 1000;
+    cfg->read_ahead = 16 * KIB;
     cfg->idle_timeout_ms = 600 * 1000;
     cfg->tenant_max_connections = 256;
     cfg->stream_max_per_tenant = 1024;

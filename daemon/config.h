@@ -103,6 +103,8 @@ struct daemon_config {
     uint64_t max_unsent_bytes;       /* unsent reply bytes of one connection: past it, closed */
     uint64_t frame_budget;           /* bytes of partly received frames over all connections */
     uint32_t frame_timeout_ms;       /* a started frame must be complete within this; 0 = none */
+    uint64_t read_ahead;             /* bytes one read may take past a frame, for clients
+                                      * whose hello allows it (session.c); 0 = never */
     uint32_t idle_timeout_ms;        /* a connection with nothing in flight is closed; 0 = none */
     uint32_t tenant_max_connections; /* open connections of one uid */
     uint32_t stream_max_per_tenant;  /* open streams of one uid, all connections */

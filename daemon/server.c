@@ -37,6 +37,8 @@ struct server {
     uv_timer_t deadline_timer, drain_timer;
     uv_timer_t accept_timer; /* EMFILE backoff */
     uv_timer_t sweep_timer;  /* frame and idle timeouts */
+    uv_idle_t later_idle;    /* runs the sessions in `later` */
+    struct session *later;   /* sessions whose read-ahead frames wait (session.c links them) */
     uint64_t sweep_ms;
     uint64_t frame_reserved; /* frame-budget bytes held by sessions */
     uint64_t accept_log_ms;  /* when the EMFILE condition was last logged */
@@ -568,13 +570,43 @@ static void close_listener(struct server *srv)
         unlink(srv->cfg.socket_path);
 }
 
+/* ---- sessions with frames read ahead ---------------------------------- */
+
+static void on_later(uv_idle_t *h);
+
+struct session **server_later(struct server *srv)
+{
+    if (srv->handles_open && !uv_is_active((uv_handle_t *)&srv->later_idle))
+        uv_idle_start(&srv->later_idle, on_later);
+    return &srv->later;
+}
+
+static void run_later(struct server *srv)
+{
+    struct session *s = srv->later;
+    srv->later = NULL;
+    while (s != NULL)
+        s = session_run_later(s);
+}
+
+/* Runs before the loop polls: frames that wait in a session's read-ahead
+ * are not announced by the socket, so they are handled from here. */
+static void on_later(uv_idle_t *h)
+{
+    struct server *srv = h->data;
+    uv_idle_stop(h);
+    run_later(srv);
+}
+
 /* ---- draining and signals --------------------------------------------- */
 
 static void close_handles(struct server *srv)
 {
     if (!srv->handles_open)
         return;
+    run_later(srv); /* their references */
     srv->handles_open = false;
+    uv_close((uv_handle_t *)&srv->later_idle, NULL);
     uv_close((uv_handle_t *)&srv->sig_term, NULL);
     uv_close((uv_handle_t *)&srv->sig_int, NULL);
     uv_close((uv_handle_t *)&srv->sig_hup, NULL);
@@ -801,12 +833,14 @@ static int init_handles(struct server *srv, struct vks_error *err)
     rc = rc ? rc : uv_timer_init(&srv->loop, &srv->drain_timer);
     rc = rc ? rc : uv_timer_init(&srv->loop, &srv->accept_timer);
     rc = rc ? rc : uv_timer_init(&srv->loop, &srv->sweep_timer);
+    rc = rc ? rc : uv_idle_init(&srv->loop, &srv->later_idle);
     if (rc != 0)
         return vks_error_set(err, rc, "cannot set up signal handling: %s", uv_strerror(rc));
     srv->handles_open = true;
     srv->sig_term.data = srv->sig_int.data = srv->sig_hup.data = srv;
     srv->deadline_timer.data = srv->drain_timer.data = srv;
     srv->accept_timer.data = srv->sweep_timer.data = srv;
+    srv->later_idle.data = srv;
     rc = uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
     rc = rc ? rc : uv_signal_start(&srv->sig_int, on_signal, SIGINT);
     rc = rc ? rc : uv_signal_start(&srv->sig_hup, on_signal, SIGHUP);

@@ -89,6 +89,7 @@ struct session {
     bool denied;       /* not in allow-uids / allow-gids: the first request gets DENIED */
     bool admin;        /* root or in admin-gids: stats shows every tenant */
     bool budget_wait;  /* a frame's body waits for the frame budget */
+    bool read_ahead;   /* the reader reads past frames (hello's read_ahead) */
     uint64_t reserved; /* frame-budget bytes this session holds */
     uint64_t t_frame;  /* uv_now when the current frame started (or reading resumed); 0: none */
     uint64_t t_active; /* uv_now of the last sign of life (frame in, reply out) */
@@ -110,6 +111,11 @@ struct session {
     struct request *reqs;
     uint32_t n_reqs;
     struct stream_set *streams; /* stream.* (daemon/stream.c) */
+    /* Frames in the reader's read-ahead wake no poll: while some wait and
+     * the session may read, it is on the server's `later` list (holding a
+     * reference), run before the loop next polls. */
+    struct session *later_next;
+    bool later_queued;
 };
 
 #define CONTAINER(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
@@ -226,11 +232,12 @@ static bool readable_now(int fd)
 }
 
 /* A session closing when done (SIGTERM drain) is done when idle, and, unless
- * the peer shut down its side, when no pipelined request is left unread:
+ * the peer shut down its side, when no pipelined request is left unread (in
+ * the socket or in the reader's read-ahead):
  * those get SHUTDOWN replies rather than a connection reset. */
 static bool finished(struct session *s)
 {
-    if (!session_idle(s))
+    if (!session_idle(s) || proto_reader_buffered(s->reader))
         return false;
     return s->eof || s->fatal || s->rdhup_seen || !readable_now(s->fd);
 }
@@ -394,13 +401,28 @@ static bool may_read(struct session *s)
 
 static void on_poll(uv_poll_t *h, int status, int events);
 
+/* Puts the session on the server's `later` list (see struct session). */
+static void read_later(struct session *s)
+{
+    if (s->later_queued)
+        return;
+    struct session **head = server_later(s->srv);
+    s->later_queued = true;
+    s->refs++;
+    s->later_next = *head;
+    *head = s;
+}
+
 static void update_poll(struct session *s)
 {
     if (s->closed)
         return;
     int ev = 0;
-    if (may_read(s))
+    if (may_read(s)) {
         ev |= UV_READABLE;
+        if (proto_reader_buffered(s->reader))
+            read_later(s);
+    }
     if (unsent(s) > 0)
         ev |= UV_WRITABLE;
     if (!s->rdhup_seen)
@@ -413,6 +435,19 @@ static void update_poll(struct session *s)
         log_err("uid %u: cannot watch the connection: %s", (unsigned)s->uid, uv_strerror(rc));
         session_close(s);
     }
+}
+
+static void on_readable(struct session *s);
+
+struct session *session_run_later(struct session *s)
+{
+    struct session *next = s->later_next;
+    s->later_next = NULL;
+    s->later_queued = false;
+    if (!s->closed)
+        on_readable(s);
+    session_unref(s);
+    return next;
 }
 
 void session_resume(struct session *s)
@@ -486,6 +521,15 @@ static void op_hello(struct session *s, const struct proto_request *req)
                  lo, h->version, PROTO_VERSION_MIN, PROTO_VERSION);
         send_error(s, req->id, req->op, -VKS_E_VERSION, msg);
         return;
+    }
+    /* The client sends descriptors with one frame's bytes per sendmsg, so
+     * the reader may take a request's length prefix and body, or several
+     * requests, in one recvmsg (proto.h: proto_reader_read_ahead). */
+    uint64_t ahead = server_config(s->srv)->read_ahead;
+    if (h->read_ahead && ahead > 0 && !s->read_ahead &&
+        proto_reader_read_ahead(s->reader, (size_t)ahead) == 0) {
+        s->read_ahead = true;
+        server_counters(s->srv)->read_ahead++;
     }
     const struct engine_info *info = engine_get_info(server_engine(s->srv));
     struct proto_device devs[16];
@@ -1205,12 +1249,15 @@ static void handle_frame(struct session *s, struct proto_frame *f)
  * after it instead of asking the socket once more for the -EAGAIN (a third
  * recvmsg a request, for nothing); the poll is level-triggered, so bytes
  * the client did send after it wake the loop again. A client with requests
- * in flight pipelines: it is read on to -EAGAIN. */
+ * in flight pipelines: it is read on to -EAGAIN. Bytes the reader read
+ * ahead are parsed either way (no recvmsg); what the frame limit or
+ * backpressure leaves of them is run later (update_poll). */
 static void on_readable(struct session *s)
 {
     unsigned frames = 0;
     bool more = true;
-    while (more && frames < FRAMES_PER_WAKEUP && may_read(s)) {
+    while ((more || proto_reader_buffered(s->reader)) && frames < FRAMES_PER_WAKEUP &&
+           may_read(s)) {
         struct vks_error err = {0};
         int rc = proto_reader_recv(s->reader, s->fd, &err);
         if (rc == -EAGAIN)

@@ -48,6 +48,11 @@ uid_t session_uid(const struct session *s);
 /* Reading was stopped for backpressure: read again if the quota allows. */
 void session_resume(struct session *s);
 
+/* Handles the frames waiting in the session's read-ahead (the server's
+ * idle run, server_later), drops the list's reference, and returns the
+ * next session of the list. */
+struct session *session_run_later(struct session *s);
+
 /* Applies frame-timeout-ms and idle-timeout-ms at `now_ms` (uv_now):
  * a session past one gets a TIMEOUT error and is closed. */
 void session_sweep(struct session *s, uint64_t now_ms);

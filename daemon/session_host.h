@@ -49,6 +49,7 @@ struct server_counters {
     uint64_t frame_timeouts;      /* connections closed past frame-timeout-ms */
     uint64_t idle_closes;         /* connections closed past idle-timeout-ms */
     uint64_t frame_budget_waits;  /* frames that waited for frame-budget */
+    uint64_t read_ahead;          /* connections whose hello turned read-ahead on */
     uint64_t tenant_refused;      /* connections over tenant-max-connections */
     uint64_t accept_fd_limit;     /* accept() hit EMFILE/ENFILE (then backed off) */
     uint64_t start_ready_ns;      /* main's start to ready (0 before) */
@@ -86,6 +87,11 @@ void server_resume_tenant(struct server *srv, uid_t uid);
  * them; a session unregisters in its close callback. */
 void server_session_add(struct server *srv, struct session *s);
 void server_session_remove(struct server *srv, struct session *s);
+
+/* The list of sessions to run before the loop next polls (session.c links
+ * them through session_run_later); asking for it schedules that run. */
+struct session **server_later(struct server *srv);
+
 uint32_t server_session_count(const struct server *srv);
 
 /* Counts the open sessions of `uid`. */

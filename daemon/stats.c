@@ -103,6 +103,7 @@ static void stats_guards(struct server *srv, struct stats_list *l)
     stats_add_u(l, "frame_timeouts", c->frame_timeouts);
     stats_add_u(l, "idle_closes", c->idle_closes);
     stats_add_u(l, "frame_budget_waits", c->frame_budget_waits);
+    stats_add_u(l, "read_ahead", c->read_ahead);
     stats_add_u(l, "frame_budget_used", server_frame_reserved(srv));
     stats_add_u(l, "connections_refused_tenant", c->tenant_refused);
     stats_add_u(l, "accept_fd_limit", c->accept_fd_limit);

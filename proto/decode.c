@@ -566,6 +566,7 @@ static const struct field hello_fields[] = {
     {"version", FT_U32, RQ(u.hello.version), NULL},
     {"min_version", FT_U32, RQ(u.hello.min_version), NULL},
     {"client", FT_CSTR, RQ(u.hello.client), NULL},
+    {"read_ahead", FT_BOOL, RQ(u.hello.read_ahead), NULL},
 };
 static const struct field load_fields[] = {
     {"rules", FT_CUSTOM, 0, read_load_rules},

@@ -233,7 +233,7 @@ static uint32_t request_fields(const struct proto_request *req)
 {
     switch (req->op) {
     case PROTO_OP_HELLO:
-        return 2 + (req->u.hello.client != NULL ? 1 : 0);
+        return 2 + (req->u.hello.client != NULL ? 1 : 0) + (req->u.hello.read_ahead ? 1 : 0);
     case PROTO_OP_CATALOG_LOAD:
         return 1 + (req->u.load.max_states != 0 ? 1 : 0) + (req->u.load.ids_only ? 1 : 0);
     case PROTO_OP_CATALOG_HAS:
@@ -265,6 +265,8 @@ static int enc_request_body(struct enc *e, const struct proto_request *req, stru
             key(e, "client");
             cstr(e, h->client);
         }
+        if (h->read_ahead)
+            kv_bool(e, "read_ahead", true);
         return 0;
     case PROTO_OP_CATALOG_LOAD:
         return enc_load(e, &req->u.load, err);

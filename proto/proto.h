@@ -167,18 +167,32 @@ enum {
 
 /*
  * One recvmsg() on the non-blocking or blocking stream socket `sock`, asking
- * for at most the bytes that complete the current frame, so descriptors
- * (SCM_RIGHTS, received close-on-exec) are always attached to the frame whose
- * bytes they came with. Returns PROTO_RECV_*, or -ECONNRESET (peer closed
- * mid-frame), -EAGAIN (a non-blocking socket had nothing to read), another
- * -errno from recvmsg, or a fatal error of proto_reader_feed (also returned
- * here as soon as a bad length prefix arrives). PROTO_RECV_MORE never means
- * that the socket is drained, only -EAGAIN does: a non-blocking reader calls
- * it again after PROTO_RECV_MORE and stops at -EAGAIN, or (the daemon, whose
- * poll is level-triggered) after a whole frame, to be called again when the
- * socket is readable; a blocking client polls for input after -EAGAIN.
+ * for at most the bytes that complete the current frame (with read-ahead:
+ * also the bytes after it; none while read-ahead bytes wait, which are
+ * parsed instead), so descriptors (SCM_RIGHTS, received close-on-exec) are
+ * always attached to the frame whose bytes they came with. Returns PROTO_RECV_*, or -ECONNRESET
+ * (peer closed mid-frame), -EAGAIN (a non-blocking socket had nothing to read), another -errno from
+ * recvmsg, or a fatal error of proto_reader_feed (also returned here as soon as a bad length prefix
+ * arrives). PROTO_RECV_MORE never means that the socket is drained, only -EAGAIN does: a
+ * non-blocking reader calls it again after PROTO_RECV_MORE and stops at -EAGAIN, or (the daemon,
+ * whose poll is level-triggered) after a whole frame, to be called again when the socket is
+ * readable; a blocking client polls for input after -EAGAIN.
  */
 int proto_reader_recv(struct proto_reader *r, int sock, struct vks_error *err);
+
+/*
+ * Lets proto_reader_recv read up to `bytes` past the current frame (0 or a
+ * second call: no change). Those bytes are parsed before the socket is read
+ * again, so a caller that waits for the socket to be readable must first
+ * call proto_reader_recv while proto_reader_buffered says bytes wait; and
+ * the reader must live as long as the connection. Descriptors go to the
+ * last frame whose first byte a read brought (the protocol sends them with
+ * it). Returns 0 or -ENOMEM.
+ */
+int proto_reader_read_ahead(struct proto_reader *r, size_t bytes);
+
+/* True while read-ahead bytes wait to be parsed. */
+bool proto_reader_buffered(const struct proto_reader *r);
 
 /* Moves the complete frame into `out` (which the caller then owns) and makes
  * the reader ready for the next one. Returns -EAGAIN when no frame is
@@ -241,6 +255,8 @@ struct proto_hello {
     uint32_t version;     /* highest version the client speaks */
     uint32_t min_version; /* lowest; 0 on encode means `version` */
     const char *client;   /* optional free-form name for logs, NULL if absent */
+    bool read_ahead;      /* each sendmsg with descriptors carries one frame's bytes only:
+                           * the daemon may read past a frame (docs/protocol.md) */
 };
 
 struct proto_rule {

@@ -5,6 +5,15 @@
  * length, BODY collects exactly that many bytes, then the frame waits in
  * `cur` until proto_reader_take. A bad length is fatal because nothing after
  * it can be trusted to be a frame boundary; the reader then stays failed.
+ *
+ * With read-ahead (proto_reader_read_ahead) a recvmsg may take more than
+ * the current frame: the bytes past it wait in `ra` and are parsed before
+ * the socket is asked again, so a small request costs one recvmsg, not two
+ * (its length prefix, then its body). Descriptors then need an owner: the
+ * protocol sends them with the first byte of their frame, and the kernel
+ * ends a read with the message that carried them, so they belong to the
+ * last frame that starts within the read; they wait in `pend` until the
+ * parse reaches that frame's first byte.
  */
 #include <errno.h>
 #include <poll.h>
@@ -18,6 +27,7 @@
 #include "proto.h"
 
 #define BODY_MIN_ALLOC (64u << 10)
+#define NO_PEND        SIZE_MAX
 
 struct proto_reader {
     struct proto_limits lim;
@@ -30,6 +40,14 @@ struct proto_reader {
     size_t cap;
     struct proto_frame cur;
     int failed; /* 0, or the fatal code it reports forever */
+    /* read-ahead: ra[ra_off..ra_len) was received and is not parsed yet */
+    uint8_t *ra;
+    size_t ra_cap, ra_off, ra_len;
+    /* descriptors received with bytes in ra: they go to the frame whose
+     * first byte is ra[pend_at] (NO_PEND: none wait) */
+    int *pend;
+    size_t n_pend, pend_at;
+    int pend_error;
 };
 
 int proto_reader_create(const struct proto_limits *lim, struct proto_reader **out)
@@ -40,8 +58,35 @@ int proto_reader_create(const struct proto_limits *lim, struct proto_reader **ou
     if (lim != NULL)
         r->lim = *lim;
     proto_limits_normalize(&r->lim);
+    r->pend_at = NO_PEND;
     *out = r;
     return 0;
+}
+
+int proto_reader_read_ahead(struct proto_reader *r, size_t bytes)
+{
+    if (r->ra_cap != 0 || bytes == 0)
+        return 0;
+    r->ra = malloc(bytes);
+    r->pend = malloc(PROTO_MAX_FDS_CEILING * sizeof(int));
+    if (r->ra == NULL || r->pend == NULL) {
+        free(r->ra);
+        free(r->pend);
+        r->ra = NULL;
+        r->pend = NULL;
+        return -ENOMEM;
+    }
+    r->ra_cap = bytes;
+    return 0;
+}
+
+static void drop_pending(struct proto_reader *r)
+{
+    for (size_t i = 0; i < r->n_pend; i++)
+        close(r->pend[i]);
+    r->n_pend = 0;
+    r->pend_error = 0;
+    r->pend_at = NO_PEND;
 }
 
 void proto_reader_destroy(struct proto_reader *r)
@@ -49,12 +94,20 @@ void proto_reader_destroy(struct proto_reader *r)
     if (r == NULL)
         return;
     proto_frame_finish(&r->cur);
+    drop_pending(r);
+    free(r->pend);
+    free(r->ra);
     free(r);
 }
 
 bool proto_reader_idle(const struct proto_reader *r)
 {
-    return r->hdr_len == 0 && !r->in_body && !r->complete;
+    return r->hdr_len == 0 && !r->in_body && !r->complete && r->ra_off == r->ra_len;
+}
+
+bool proto_reader_buffered(const struct proto_reader *r)
+{
+    return r->ra_off < r->ra_len;
 }
 
 uint32_t proto_reader_frame_len(const struct proto_reader *r)
@@ -164,38 +217,136 @@ int proto_reader_feed(struct proto_reader *r, const void *data, size_t n, size_t
     return 0;
 }
 
-/* Appends the descriptors of every SCM_RIGHTS message to the current frame,
- * closing (and flagging) those over the limit. A truncated control message
- * with room to spare in our buffer means the kernel could not install the
- * descriptors in this process (EMFILE/ENFILE): that is flagged BUSY, not
- * blamed on the sender. */
-static void take_fds(struct proto_reader *r, struct msghdr *msg)
+/* Gives descriptors to the current frame, closing (and flagging) those
+ * over the limit; `error` is a flag take_fds found (0: none). */
+static void give_fds(struct proto_reader *r, const int *fds, size_t n, int error)
 {
+    if (error != 0)
+        r->cur.fd_error = error;
+    for (size_t i = 0; i < n; i++) {
+        if (r->cur.fds == NULL)
+            r->cur.fds = malloc(r->lim.max_fds * sizeof(int));
+        if (r->cur.fds == NULL || r->cur.n_fds >= r->lim.max_fds) {
+            close(fds[i]);
+            r->cur.fd_error = -VKS_E_TOO_MANY_FDS;
+            continue;
+        }
+        r->cur.fds[r->cur.n_fds++] = fds[i];
+    }
+}
+
+/* Collects the descriptors of every SCM_RIGHTS message into fds[0..*n)
+ * (room for PROTO_MAX_FDS_CEILING, the most one message can carry here).
+ * A truncated control message with room to spare in our buffer means the
+ * kernel could not install the descriptors in this process (EMFILE/ENFILE):
+ * that is flagged BUSY, not blamed on the sender. Returns the flag, or 0. */
+static int take_fds(struct msghdr *msg, int *fds, size_t *n)
+{
+    int error = 0;
+    *n = 0;
     if (msg->msg_flags & MSG_CTRUNC) {
         size_t got = 0;
         for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c))
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
                 got += (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        r->cur.fd_error = got < PROTO_MAX_FDS_CEILING ? -VKS_E_BUSY : -VKS_E_TOO_MANY_FDS;
+        error = got < PROTO_MAX_FDS_CEILING ? -VKS_E_BUSY : -VKS_E_TOO_MANY_FDS;
     }
     for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c != NULL; c = CMSG_NXTHDR(msg, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
             continue;
-        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         const unsigned char *src = CMSG_DATA(c);
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = 0; i < k; i++) {
             int fd;
             memcpy(&fd, src + i * sizeof(int), sizeof(int));
-            if (r->cur.fds == NULL)
-                r->cur.fds = malloc(r->lim.max_fds * sizeof(int));
-            if (r->cur.fds == NULL || r->cur.n_fds >= r->lim.max_fds) {
+            if (*n < PROTO_MAX_FDS_CEILING) {
+                fds[(*n)++] = fd;
+            } else {
                 close(fd);
-                r->cur.fd_error = -VKS_E_TOO_MANY_FDS;
-                continue;
+                error = -VKS_E_TOO_MANY_FDS;
             }
-            r->cur.fds[r->cur.n_fds++] = fd;
         }
     }
+    return error;
+}
+
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* Where the last frame that starts within a read's ra bytes ra[0..n)
+ * begins, or NO_PEND when none does (the read only continued the current
+ * frame). `direct_done`: the read went into the current frame's body first
+ * and completed it, so ra[0] starts the next frame. */
+static size_t last_start(const struct proto_reader *r, size_t n, bool direct_done)
+{
+    uint64_t pos = 0;
+    size_t last = NO_PEND;
+    if (!direct_done && r->in_body)
+        return NO_PEND;
+    if (!direct_done && r->hdr_len > 0) { /* this frame began in an earlier read */
+        size_t k = PROTO_HEADER_LEN - r->hdr_len;
+        if (n < k)
+            return NO_PEND;
+        uint8_t h[PROTO_HEADER_LEN];
+        memcpy(h, r->hdr, r->hdr_len);
+        memcpy(h + r->hdr_len, r->ra, k);
+        pos = k + (uint64_t)be32(h);
+    }
+    while (pos < n) {
+        last = (size_t)pos;
+        if (n - pos < PROTO_HEADER_LEN)
+            break;
+        pos += PROTO_HEADER_LEN + (uint64_t)be32(r->ra + pos);
+    }
+    return last;
+}
+
+/* Parses read-ahead bytes: returns PROTO_RECV_FRAME when they complete the
+ * frame, PROTO_RECV_MORE when they ran out, or a fatal error. Waiting
+ * descriptors join their frame at its first byte. */
+static int parse_ahead(struct proto_reader *r, struct vks_error *err)
+{
+    while (r->ra_off < r->ra_len) {
+        size_t avail = r->ra_len - r->ra_off;
+        if (!r->in_body) {
+            if (r->hdr_len == 0 && r->pend_at == r->ra_off) {
+                give_fds(r, r->pend, r->n_pend, r->pend_error);
+                r->n_pend = 0;
+                r->pend_error = 0;
+                r->pend_at = NO_PEND;
+            }
+            size_t k = PROTO_HEADER_LEN - r->hdr_len;
+            k = k < avail ? k : avail;
+            memcpy(r->hdr + r->hdr_len, r->ra + r->ra_off, k);
+            r->hdr_len += k;
+            r->ra_off += k;
+            if (r->hdr_len < PROTO_HEADER_LEN)
+                break;
+            int rc = header_done(r, err);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
+        size_t room = 0;
+        int rc = body_room(r, &room, err);
+        if (rc < 0)
+            return rc;
+        size_t k = room < avail ? room : avail;
+        memcpy(r->cur.data + r->got, r->ra + r->ra_off, k);
+        r->ra_off += k;
+        if (body_add(r, k) == 1)
+            return PROTO_RECV_FRAME;
+    }
+    r->ra_off = r->ra_len = 0;
+    if (r->pend_at != NO_PEND) { /* not reached (cannot happen): the old owner */
+        give_fds(r, r->pend, r->n_pend, r->pend_error);
+        r->n_pend = 0;
+        r->pend_error = 0;
+        r->pend_at = NO_PEND;
+    }
+    return PROTO_RECV_MORE;
 }
 
 int proto_reader_recv(struct proto_reader *r, int sock, struct vks_error *err)
@@ -204,23 +355,36 @@ int proto_reader_recv(struct proto_reader *r, int sock, struct vks_error *err)
         struct cmsghdr align;
         char buf[CMSG_SPACE(sizeof(int) * PROTO_MAX_FDS_CEILING)];
     } ctl;
-    struct iovec iov;
+    struct iovec iov[2];
+    int niov = 1;
+    size_t direct = 0; /* bytes iov[0] takes straight into the frame */
     if (r->failed != 0)
         return vks_error_set(err, r->failed, "the stream already failed; close the connection");
     if (r->complete)
         return PROTO_RECV_FRAME;
+    if (r->ra_off < r->ra_len)
+        return parse_ahead(r, err);
     if (!r->in_body) {
-        iov.iov_base = r->hdr + r->hdr_len;
-        iov.iov_len = PROTO_HEADER_LEN - r->hdr_len;
+        if (r->ra_cap != 0) {
+            iov[0] = (struct iovec){.iov_base = r->ra, .iov_len = r->ra_cap};
+        } else {
+            iov[0].iov_base = r->hdr + r->hdr_len;
+            iov[0].iov_len = PROTO_HEADER_LEN - r->hdr_len;
+        }
     } else {
         size_t room = 0;
         int rc = body_room(r, &room, err);
         if (rc < 0)
             return rc;
-        iov.iov_base = r->cur.data + r->got;
-        iov.iov_len = room;
+        iov[0].iov_base = r->cur.data + r->got;
+        iov[0].iov_len = room;
+        direct = room;
+        if (r->ra_cap != 0 && room == r->body_len - r->got) { /* the read may finish it */
+            iov[1] = (struct iovec){.iov_base = r->ra, .iov_len = r->ra_cap};
+            niov = 2;
+        }
     }
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
     msg.msg_control = ctl.buf;
     msg.msg_controllen = sizeof(ctl.buf);
     ssize_t n;
@@ -233,12 +397,35 @@ int proto_reader_recv(struct proto_reader *r, int sock, struct vks_error *err)
             return -EAGAIN;
         return vks_error_set(err, -e, "reading from the socket failed: %s", strerror(e));
     }
-    take_fds(r, &msg);
+    int fds[PROTO_MAX_FDS_CEILING];
+    size_t n_fds = 0;
+    int fd_error = take_fds(&msg, fds, &n_fds);
+    bool into_ra = r->ra_cap != 0 && (!r->in_body || (size_t)n > direct);
+    size_t n_ra = !into_ra ? 0 : r->in_body ? (size_t)n - direct : (size_t)n;
+    if (n_fds != 0 || fd_error != 0) {
+        size_t at = into_ra ? last_start(r, n_ra, r->in_body) : NO_PEND;
+        if (at == NO_PEND) {
+            give_fds(r, fds, n_fds, fd_error);
+        } else {
+            memcpy(r->pend, fds, n_fds * sizeof(int));
+            r->n_pend = n_fds;
+            r->pend_error = fd_error;
+            r->pend_at = at;
+        }
+    }
     if (n == 0) {
         if (proto_reader_idle(r))
             return PROTO_RECV_EOF;
         return vks_error_set(err, -ECONNRESET,
                              "the peer closed the connection in the middle of a frame");
+    }
+    if (into_ra) {
+        r->ra_off = 0;
+        r->ra_len = n_ra;
+        if (!r->in_body)
+            return parse_ahead(r, err);
+        body_add(r, direct); /* the body is whole: the rest waits in ra */
+        return PROTO_RECV_FRAME;
     }
     if (!r->in_body) {
         r->hdr_len += (size_t)n;

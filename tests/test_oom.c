@@ -427,7 +427,7 @@ static int proto_work(void *ctx, struct vks_error *err)
 {
     (void)ctx;
     struct proto_request req = {.id = 7, .op = PROTO_OP_HELLO};
-    req.u.hello = (struct proto_hello){2, 1, "oom-test"};
+    req.u.hello = (struct proto_hello){2, 1, "oom-test", true};
     int rc = request_roundtrip(&req, 0, err);
     if (rc == 0) {
         req = (struct proto_request){.id = 8, .op = PROTO_OP_CATALOG_LOAD};

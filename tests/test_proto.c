@@ -4,6 +4,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <msgpack.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,6 +142,11 @@ START_TEST(rt_hello_ping_stats)
     ck_assert_uint_eq(out->u.hello.version, 1);
     ck_assert_uint_eq(out->u.hello.min_version, 1);
     ck_assert_str_eq(out->u.hello.client, "tests");
+    ck_assert(!out->u.hello.read_ahead);
+    proto_request_destroy(out);
+    in.u.hello.read_ahead = true;
+    out = roundtrip_request(&in);
+    ck_assert(out->u.hello.read_ahead);
     proto_request_destroy(out);
 
     struct proto_request ping = {.id = UINT32_MAX, .op = PROTO_OP_PING};
@@ -897,6 +903,210 @@ START_TEST(recv_eof_mid_frame)
 }
 END_TEST
 
+/* ---- read-ahead ------------------------------------------------------------------- */
+
+/* Open descriptors of this process. */
+static int open_fds(void)
+{
+    int n = 0;
+    for (int fd = 0; fd < 1024; fd++)
+        n += fcntl(fd, F_GETFD) != -1;
+    return n;
+}
+
+/* A frame of the read-ahead tests: a scan of `n_fd` descriptor buffers
+ * (indexes 0..n_fd-1) and `inline_len` inline bytes, or a ping (both 0). */
+static void encode_case(struct proto_buf *b, uint32_t id, uint32_t n_fd, size_t inline_len)
+{
+    static uint8_t bytes[100000];
+    struct proto_buffer bufs[4];
+    struct vks_error err;
+    if (n_fd == 0 && inline_len == 0) {
+        struct proto_request ping = {.id = id, .op = PROTO_OP_PING};
+        ck_assert_int_eq(proto_request_encode(b, &ping, &err), 0);
+        return;
+    }
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < n_fd; i++)
+        bufs[n++] = (struct proto_buffer){.is_fd = true, .fd_index = i};
+    if (inline_len > 0) {
+        ck_assert_uint_le(inline_len, sizeof(bytes));
+        memset(bytes, 'a' + (int)(id % 26), inline_len);
+        bufs[n++] = (struct proto_buffer){.data = bytes, .len = inline_len};
+    }
+    struct proto_request req = {.id = id, .op = PROTO_OP_SCAN};
+    memcpy(req.u.scan.catalog, fp_a, PROTO_FP_LEN);
+    req.u.scan.buffers = bufs;
+    req.u.scan.n_buffers = n;
+    ck_assert_int_eq(proto_request_encode(b, &req, &err), 0);
+}
+
+/*
+ * Frames queued in the socket before the reader looks, each sent with its
+ * own sendmsg as libvkscan does, some with descriptors, one larger than the
+ * read-ahead: every frame comes out whole and in order, and every
+ * descriptor with the frame it was sent with (its file's text says which),
+ * for read-ahead sizes that split length prefixes and bodies everywhere.
+ * Fails when read-ahead gives descriptors to a neighbour, loses bytes past
+ * a frame, or leaks the descriptors of a frame never reached.
+ */
+START_TEST(read_ahead_frames_and_their_fds)
+{
+    static const struct {
+        uint32_t n_fd;
+        size_t inline_len;
+    } cases[] = {{0, 0}, {1, 0}, {0, 0}, {2, 10}, {0, 70000}, {1, 5}, {0, 0}, {3, 0}, {0, 300}};
+    const size_t n_cases = sizeof(cases) / sizeof(cases[0]);
+    const size_t sizes[] = {1, 3, 7, 64, 1000, 16384, 200000};
+    int before = open_fds();
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        int sv[2];
+        struct vks_error err;
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+        int sndbuf = 1 << 20;
+        setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+        for (size_t c = 0; c < n_cases; c++) {
+            struct proto_buf b;
+            proto_buf_init(&b);
+            encode_case(&b, (uint32_t)c + 1, cases[c].n_fd, cases[c].inline_len);
+            int fds[3];
+            for (uint32_t i = 0; i < cases[c].n_fd; i++) {
+                char text[32];
+                snprintf(text, sizeof(text), "frame %zu fd %u", c + 1, i);
+                fds[i] = memfd_with(text);
+            }
+            ck_assert_int_eq(proto_send(sv[0], b.data, b.len, fds, cases[c].n_fd, 1000, &err), 0);
+            for (uint32_t i = 0; i < cases[c].n_fd; i++)
+                close(fds[i]);
+            proto_buf_finish(&b);
+        }
+        close(sv[0]);
+        struct proto_reader *r;
+        ck_assert_int_eq(proto_reader_create(NULL, &r), 0);
+        ck_assert_int_eq(proto_reader_read_ahead(r, sizes[si]), 0);
+        for (size_t c = 0; c < n_cases; c++) {
+            int rc;
+            while ((rc = proto_reader_recv(r, sv[1], &err)) == PROTO_RECV_MORE)
+                ;
+            ck_assert_msg(rc == PROTO_RECV_FRAME, "read-ahead %zu, frame %zu: %d", sizes[si], c + 1,
+                          rc);
+            struct proto_frame f;
+            struct proto_request *req = NULL;
+            ck_assert_int_eq(proto_reader_take(r, &f), 0);
+            ck_assert_msg(f.n_fds == cases[c].n_fd, "read-ahead %zu, frame %zu: %zu fds", sizes[si],
+                          c + 1, f.n_fds);
+            ck_assert_int_eq(proto_request_decode(&f, NULL, &req, NULL, &err), 0);
+            ck_assert_uint_eq(req->id, c + 1);
+            for (uint32_t i = 0; i < cases[c].n_fd; i++) {
+                char want[32], got[32] = {0};
+                snprintf(want, sizeof(want), "frame %zu fd %u", c + 1, i);
+                const struct proto_buffer *pb = &req->u.scan.buffers[i];
+                ck_assert(pb->is_fd);
+                ck_assert_int_eq(pread(pb->fd, got, sizeof(got) - 1, 0), (ssize_t)strlen(want));
+                ck_assert_str_eq(got, want);
+            }
+            if (cases[c].inline_len > 0) {
+                const struct proto_buffer *pb = &req->u.scan.buffers[cases[c].n_fd];
+                ck_assert_uint_eq(pb->len, cases[c].inline_len);
+                ck_assert_uint_eq(pb->data[pb->len - 1], 'a' + (int)((c + 1) % 26));
+            }
+            proto_request_destroy(req);
+        }
+        ck_assert_int_eq(proto_reader_recv(r, sv[1], &err), PROTO_RECV_EOF);
+        proto_reader_destroy(r);
+        close(sv[1]);
+    }
+    ck_assert_int_eq(open_fds(), before);
+}
+END_TEST
+
+/* A frame sent while the reader waits comes whole from one recv call with
+ * read-ahead (its length prefix and body in one recvmsg); without, the
+ * first call has only the length prefix. Frames sent together wait in the
+ * reader (proto_reader_buffered) while the socket is empty. */
+START_TEST(read_ahead_one_call_a_frame)
+{
+    int sv[2];
+    struct vks_error err;
+    struct proto_buf b;
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    for (int ahead = 0; ahead < 2; ahead++) {
+        struct proto_reader *r;
+        ck_assert_int_eq(proto_reader_create(NULL, &r), 0);
+        if (ahead)
+            ck_assert_int_eq(proto_reader_read_ahead(r, 16384), 0);
+        proto_buf_init(&b);
+        encode_case(&b, 1, 0, 4096);
+        ck_assert_int_eq(write(sv[0], b.data, b.len), (ssize_t)b.len);
+        ck_assert_int_eq(proto_reader_recv(r, sv[1], &err),
+                         ahead ? PROTO_RECV_FRAME : PROTO_RECV_MORE);
+        if (!ahead)
+            ck_assert_int_eq(proto_reader_recv(r, sv[1], &err), PROTO_RECV_FRAME);
+        struct proto_frame f;
+        ck_assert_int_eq(proto_reader_take(r, &f), 0);
+        proto_frame_finish(&f);
+        ck_assert(!proto_reader_buffered(r));
+        ck_assert_int_eq(proto_reader_recv(r, sv[1], &err), -EAGAIN);
+
+        b.len = 0;
+        for (uint32_t i = 0; i < 3; i++)
+            encode_case(&b, 10 + i, 0, 0);
+        ck_assert_int_eq(write(sv[0], b.data, b.len), (ssize_t)b.len);
+        for (uint32_t i = 0; i < 3; i++) {
+            int rc;
+            while ((rc = proto_reader_recv(r, sv[1], &err)) == PROTO_RECV_MORE)
+                ;
+            ck_assert_int_eq(rc, PROTO_RECV_FRAME);
+            ck_assert_int_eq(proto_reader_take(r, &f), 0);
+            proto_frame_finish(&f);
+            char c;
+            bool socket_empty = recv(sv[1], &c, 1, MSG_PEEK | MSG_DONTWAIT) < 0;
+            ck_assert(socket_empty || !ahead);
+            ck_assert(proto_reader_buffered(r) == (ahead && i < 2));
+        }
+        ck_assert(proto_reader_idle(r));
+        proto_buf_finish(&b);
+        proto_reader_destroy(r);
+    }
+    close(sv[0]);
+    close(sv[1]);
+}
+END_TEST
+
+/* A bad length prefix read ahead behind a good frame: the good frame comes
+ * out, then the fatal error; descriptors read with the bad frame are
+ * closed with the reader. */
+START_TEST(read_ahead_bad_length_after_a_frame)
+{
+    int sv[2];
+    struct vks_error err;
+    struct proto_buf b;
+    int before = open_fds();
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    proto_buf_init(&b);
+    encode_case(&b, 1, 0, 0);
+    ck_assert_int_eq(proto_send(sv[0], b.data, b.len, NULL, 0, 1000, &err), 0);
+    const uint8_t zero[5] = {0, 0, 0, 0, 0x80};
+    int fd = memfd_with("orphan");
+    ck_assert_int_eq(proto_send(sv[0], zero, sizeof(zero), &fd, 1, 1000, &err), 0);
+    close(fd);
+    struct proto_reader *r;
+    ck_assert_int_eq(proto_reader_create(NULL, &r), 0);
+    ck_assert_int_eq(proto_reader_read_ahead(r, 4096), 0);
+    ck_assert_int_eq(proto_reader_recv(r, sv[1], &err), PROTO_RECV_FRAME);
+    struct proto_frame f;
+    ck_assert_int_eq(proto_reader_take(r, &f), 0);
+    ck_assert_uint_eq(f.n_fds, 0);
+    proto_frame_finish(&f);
+    ck_assert_int_eq(proto_reader_recv(r, sv[1], &err), -VKS_E_BAD_FRAME);
+    proto_reader_destroy(r);
+    proto_buf_finish(&b);
+    close(sv[0]);
+    close(sv[1]);
+    ck_assert_int_eq(open_fds(), before);
+}
+END_TEST
+
 /* ---- source fingerprint ------------------------------------------------------------ */
 
 struct collect {
@@ -1102,6 +1312,13 @@ Suite *proto_suite(void)
     tcase_add_test(t, fd_errors);
     tcase_add_test(t, fd_over_limit);
     suite_add_tcase(s, t);
+
+    t = tcase_create("read_ahead");
+    tcase_add_test(t, read_ahead_frames_and_their_fds);
+    tcase_add_test(t, read_ahead_one_call_a_frame);
+    tcase_add_test(t, read_ahead_bad_length_after_a_frame);
+    suite_add_tcase(s, t);
+
     t = tcase_create("misc");
     tcase_add_test(t, source_canon_is_exact);
     tcase_add_test(t, limits_normalize);
