@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <msgpack.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1020,6 +1021,106 @@ START_TEST(read_ahead_frames_and_their_fds)
 }
 END_TEST
 
+struct shape {
+    uint32_t n_fd;
+    size_t inline_len;
+};
+
+struct sender {
+    int fd;
+    const struct shape *shapes;
+    size_t n;
+    int rc; /* 0, or the first proto_send failure */
+};
+
+/* Sends the frames of `shapes` (ids 1..n), each with its own sendmsg and
+ * memfds that name their frame, as a client thread would. */
+static void *send_shapes(void *arg)
+{
+    struct sender *s = arg;
+    for (size_t c = 0; c < s->n && s->rc == 0; c++) {
+        struct proto_buf b;
+        proto_buf_init(&b);
+        encode_case(&b, (uint32_t)c + 1, s->shapes[c].n_fd, s->shapes[c].inline_len);
+        int fds[3];
+        for (uint32_t i = 0; i < s->shapes[c].n_fd; i++) {
+            char text[32];
+            snprintf(text, sizeof(text), "frame %zu fd %u", c + 1, i);
+            fds[i] = memfd_with(text);
+        }
+        s->rc = proto_send(s->fd, b.data, b.len, fds, s->shapes[c].n_fd, 10000, NULL);
+        for (uint32_t i = 0; i < s->shapes[c].n_fd; i++)
+            close(fds[i]);
+        proto_buf_finish(&b);
+    }
+    shutdown(s->fd, SHUT_WR);
+    return NULL;
+}
+
+/*
+ * Random frames (0-3 descriptors, 0-40,000 inline bytes) sent by a thread
+ * while the reader reads with a random read-ahead size (1 byte to 64 KiB),
+ * 40 rounds: the reads meet frames whole, split, and in groups, as they
+ * arrive. Each frame comes out in order with exactly its descriptors.
+ */
+START_TEST(read_ahead_random)
+{
+    uint32_t x = 0x9e3779b9u;
+    int before = open_fds();
+    for (int round = 0; round < 40; round++) {
+        struct shape shapes[24];
+        size_t n = 0;
+        for (; n < sizeof(shapes) / sizeof(shapes[0]); n++) {
+            x = x * 1664525u + 1013904223u;
+            shapes[n].n_fd = (x >> 8) % 4 == 3 ? (x >> 12) % 3 + 1 : 0;
+            x = x * 1664525u + 1013904223u;
+            shapes[n].inline_len = (x >> 8) % 8 == 0 ? (x >> 11) % 40000 : (x >> 11) % 300;
+        }
+        x = x * 1664525u + 1013904223u;
+        size_t ahead = 1 + (x >> 8) % 65536;
+        int sv[2];
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+        struct sender snd = {.fd = sv[0], .shapes = shapes, .n = n};
+        pthread_t t;
+        ck_assert_int_eq(pthread_create(&t, NULL, send_shapes, &snd), 0);
+        struct proto_reader *r;
+        struct vks_error err;
+        ck_assert_int_eq(proto_reader_create(NULL, &r), 0);
+        ck_assert_int_eq(proto_reader_read_ahead(r, ahead), 0);
+        for (size_t c = 0; c < n; c++) {
+            int rc;
+            while ((rc = proto_reader_recv(r, sv[1], &err)) == PROTO_RECV_MORE)
+                ;
+            ck_assert_msg(rc == PROTO_RECV_FRAME, "round %d (read-ahead %zu), frame %zu: %d", round,
+                          ahead, c + 1, rc);
+            struct proto_frame f;
+            struct proto_request *req = NULL;
+            ck_assert_int_eq(proto_reader_take(r, &f), 0);
+            ck_assert_msg(f.n_fds == shapes[c].n_fd,
+                          "round %d (read-ahead %zu), frame %zu: %zu fds", round, ahead, c + 1,
+                          f.n_fds);
+            ck_assert_int_eq(proto_request_decode(&f, NULL, &req, NULL, &err), 0);
+            ck_assert_uint_eq(req->id, c + 1);
+            for (uint32_t i = 0; i < shapes[c].n_fd; i++) {
+                char want[32], got[32] = {0};
+                snprintf(want, sizeof(want), "frame %zu fd %u", c + 1, i);
+                ck_assert_int_eq(pread(req->u.scan.buffers[i].fd, got, sizeof(got) - 1, 0),
+                                 (ssize_t)strlen(want));
+                ck_assert_str_eq(got, want);
+            }
+            proto_request_destroy(req);
+        }
+        ck_assert_int_eq(proto_reader_recv(r, sv[1], &err), PROTO_RECV_EOF);
+        pthread_join(t, NULL);
+        ck_assert_int_eq(snd.rc, 0);
+        proto_reader_destroy(r);
+        close(sv[0]);
+        close(sv[1]);
+    }
+    ck_assert_int_eq(open_fds(), before);
+}
+END_TEST
+
 /* A frame sent while the reader waits comes whole from one recv call with
  * read-ahead (its length prefix and body in one recvmsg); without, the
  * first call has only the length prefix. Frames sent together wait in the
@@ -1315,6 +1416,7 @@ Suite *proto_suite(void)
 
     t = tcase_create("read_ahead");
     tcase_add_test(t, read_ahead_frames_and_their_fds);
+    tcase_add_test(t, read_ahead_random);
     tcase_add_test(t, read_ahead_one_call_a_frame);
     tcase_add_test(t, read_ahead_bad_length_after_a_frame);
     suite_add_tcase(s, t);
