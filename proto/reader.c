@@ -303,49 +303,31 @@ static size_t last_start(const struct proto_reader *r, size_t n, bool direct_don
     return last;
 }
 
-/* Parses read-ahead bytes: returns PROTO_RECV_FRAME when they complete the
- * frame, PROTO_RECV_MORE when they ran out, or a fatal error. Waiting
- * descriptors join their frame at its first byte. */
+/* Gives the waiting descriptors to the current frame. */
+static void give_pending(struct proto_reader *r)
+{
+    give_fds(r, r->pend, r->n_pend, r->pend_error);
+    r->n_pend = 0;
+    r->pend_error = 0;
+    r->pend_at = NO_PEND;
+}
+
+/* Parses read-ahead bytes up to the end of the current frame (feed stops
+ * there): returns PROTO_RECV_FRAME when they complete it, PROTO_RECV_MORE
+ * when they ran out, or a fatal error. Waiting descriptors join their frame
+ * at its first byte, which is where a call starts when it starts a frame. */
 static int parse_ahead(struct proto_reader *r, struct vks_error *err)
 {
-    while (r->ra_off < r->ra_len) {
-        size_t avail = r->ra_len - r->ra_off;
-        if (!r->in_body) {
-            if (r->hdr_len == 0 && r->pend_at == r->ra_off) {
-                give_fds(r, r->pend, r->n_pend, r->pend_error);
-                r->n_pend = 0;
-                r->pend_error = 0;
-                r->pend_at = NO_PEND;
-            }
-            size_t k = PROTO_HEADER_LEN - r->hdr_len;
-            k = k < avail ? k : avail;
-            memcpy(r->hdr + r->hdr_len, r->ra + r->ra_off, k);
-            r->hdr_len += k;
-            r->ra_off += k;
-            if (r->hdr_len < PROTO_HEADER_LEN)
-                break;
-            int rc = header_done(r, err);
-            if (rc < 0)
-                return rc;
-            continue;
-        }
-        size_t room = 0;
-        int rc = body_room(r, &room, err);
-        if (rc < 0)
-            return rc;
-        size_t k = room < avail ? room : avail;
-        memcpy(r->cur.data + r->got, r->ra + r->ra_off, k);
-        r->ra_off += k;
-        if (body_add(r, k) == 1)
-            return PROTO_RECV_FRAME;
-    }
-    r->ra_off = r->ra_len = 0;
-    if (r->pend_at != NO_PEND) { /* not reached (cannot happen): the old owner */
-        give_fds(r, r->pend, r->n_pend, r->pend_error);
-        r->n_pend = 0;
-        r->pend_error = 0;
-        r->pend_at = NO_PEND;
-    }
+    if (r->pend_at == r->ra_off && r->hdr_len == 0 && !r->in_body)
+        give_pending(r);
+    size_t used = 0;
+    int rc = proto_reader_feed(r, r->ra + r->ra_off, r->ra_len - r->ra_off, &used, err);
+    r->ra_off += used;
+    if (rc != 0)
+        return rc < 0 ? rc : PROTO_RECV_FRAME;
+    r->ra_off = r->ra_len = 0; /* feed took them all */
+    if (r->pend_at != NO_PEND) /* not reached (cannot happen): the old owner */
+        give_pending(r);
     return PROTO_RECV_MORE;
 }
 
