@@ -2207,6 +2207,14 @@ static const char *data_dir(void)
     return d != NULL && *d != '\0' ? d : VKS_SOURCE_ROOT "/tests/data";
 }
 
+/* data_dir()/rel, in a buffer the next call reuses. */
+static const char *data_file(const char *rel)
+{
+    static char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", data_dir(), rel);
+    return path;
+}
+
 /* Reads a whole file; returns NULL (and fails the test) when it cannot. */
 static uint8_t *slurp(const char *path, size_t *len, size_t limit)
 {
@@ -2741,8 +2749,7 @@ START_TEST(test_factors_required)
     }
     ck_assert_uint_gt(factored, 100);
     size_t n;
-    struct trule *rules =
-        load_patfile(VKS_SOURCE_ROOT "/tests/data/gitleaks/gitleaks-regex.rules", &n);
+    struct trule *rules = load_patfile(data_file("gitleaks/gitleaks-regex.rules"), &n);
     unsigned gl = 0;
     for (size_t i = 0; i < n; i++)
         gl += check_factors_required(&rules[i], &rng);
@@ -3016,8 +3023,7 @@ END_TEST
 START_TEST(test_gitleaks_passes)
 {
     size_t n;
-    struct trule *rules =
-        load_patfile(VKS_SOURCE_ROOT "/tests/data/gitleaks/gitleaks-regex.rules", &n);
+    struct trule *rules = load_patfile(data_file("gitleaks/gitleaks-regex.rules"), &n);
     struct rule_src *src = xrealloc(NULL, n * sizeof(*src));
     for (size_t i = 0; i < n; i++)
         src[i] = (struct rule_src){rules[i].id,  rules[i].kind,  rules[i].pat,
@@ -3067,8 +3073,7 @@ END_TEST
 START_TEST(test_wide_small_dfa)
 {
     size_t n, m = 0;
-    struct trule *rules =
-        load_patfile(VKS_SOURCE_ROOT "/tests/data/gitleaks/gitleaks-regex.rules", &n);
+    struct trule *rules = load_patfile(data_file("gitleaks/gitleaks-regex.rules"), &n);
     for (size_t i = 0; i < n; i++) {
         if (strcmp(rules[i].id, "sourcegraph-access-token") == 0 ||
             strcmp(rules[i].id, "vault-service-token") == 0)
@@ -3114,8 +3119,7 @@ END_TEST
 START_TEST(test_factor_walk_lanes)
 {
     size_t n, len;
-    struct trule *rules =
-        load_patfile(VKS_SOURCE_ROOT "/tests/data/gitleaks/gitleaks-regex.rules", &n);
+    struct trule *rules = load_patfile(data_file("gitleaks/gitleaks-regex.rules"), &n);
     struct rule_src *src = xrealloc(NULL, n * sizeof(*src));
     for (size_t i = 0; i < n; i++)
         src[i] = (struct rule_src){rules[i].id,  rules[i].kind,  rules[i].pat,
@@ -3123,7 +3127,7 @@ START_TEST(test_factor_walk_lanes)
     struct rules_result res;
     struct vks_error err = {0};
     ck_assert_int_eq(rules_compile(src, n, NULL, &res, &err), 0);
-    uint8_t *hay = hay_secrets(VKS_SOURCE_ROOT "/tests/data", &len);
+    uint8_t *hay = hay_secrets(data_dir(), &len);
     ck_assert_uint_gt(len, 20000);
     struct rng rng = {0xfac70full};
     size_t total = 0;
@@ -3164,11 +3168,10 @@ END_TEST
  * drawn from the rules themselves. */
 START_TEST(test_gitleaks_tree)
 {
-    const char *dir = VKS_SOURCE_ROOT "/tests/data";
+    const char *dir = data_dir();
     size_t n;
     force_bitnfa = false;
-    struct trule *rules =
-        load_patfile(VKS_SOURCE_ROOT "/tests/data/gitleaks/gitleaks-regex.rules", &n);
+    struct trule *rules = load_patfile(data_file("gitleaks/gitleaks-regex.rules"), &n);
     ck_assert_uint_eq(n, 221);
     struct hay hays[3];
     uint8_t *secrets = hay_secrets(dir, &hays[0].len);

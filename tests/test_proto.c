@@ -972,7 +972,7 @@ START_TEST(read_ahead_frames_and_their_fds)
             encode_case(&b, (uint32_t)c + 1, cases[c].n_fd, cases[c].inline_len);
             int fds[3];
             for (uint32_t i = 0; i < cases[c].n_fd; i++) {
-                char text[32];
+                char text[64];
                 snprintf(text, sizeof(text), "frame %zu fd %u", c + 1, i);
                 fds[i] = memfd_with(text);
             }
@@ -999,7 +999,7 @@ START_TEST(read_ahead_frames_and_their_fds)
             ck_assert_int_eq(proto_request_decode(&f, NULL, &req, NULL, &err), 0);
             ck_assert_uint_eq(req->id, c + 1);
             for (uint32_t i = 0; i < cases[c].n_fd; i++) {
-                char want[32], got[32] = {0};
+                char want[64], got[64] = {0};
                 snprintf(want, sizeof(want), "frame %zu fd %u", c + 1, i);
                 const struct proto_buffer *pb = &req->u.scan.buffers[i];
                 ck_assert(pb->is_fd);
@@ -1044,7 +1044,7 @@ static void *send_shapes(void *arg)
         encode_case(&b, (uint32_t)c + 1, s->shapes[c].n_fd, s->shapes[c].inline_len);
         int fds[3];
         for (uint32_t i = 0; i < s->shapes[c].n_fd; i++) {
-            char text[32];
+            char text[64];
             snprintf(text, sizeof(text), "frame %zu fd %u", c + 1, i);
             fds[i] = memfd_with(text);
         }
@@ -1102,7 +1102,7 @@ START_TEST(read_ahead_random)
             ck_assert_int_eq(proto_request_decode(&f, NULL, &req, NULL, &err), 0);
             ck_assert_uint_eq(req->id, c + 1);
             for (uint32_t i = 0; i < shapes[c].n_fd; i++) {
-                char want[32], got[32] = {0};
+                char want[64], got[64] = {0};
                 snprintf(want, sizeof(want), "frame %zu fd %u", c + 1, i);
                 ck_assert_int_eq(pread(req->u.scan.buffers[i].fd, got, sizeof(got) - 1, 0),
                                  (ssize_t)strlen(want));
