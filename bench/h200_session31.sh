@@ -82,11 +82,11 @@ if has cpu; then
     THREADS=16 SIZE=1G ITERS=5 ROUNDS=${ROUNDS:-1} timeout 400 bash "$D/cpu_shapes.sh" "$OLD" "$B"
 fi
 if has hsdiff; then
-    timeout 300 "$B/tests/test_hsdiff" 2>&1 | tail -n 25
+    VKS_SHARED_DATA=$PWD/tests/data timeout 300 "$B/tests/test_hsdiff" 2>&1 | tail -n 25
 fi
 if has buf1g; then
     for w in literals-1000 regex-200; do
-        timeout 90 "$B/bench/scan_bench" --size 1G --buffer 1G --iters 5 --threads 16 \
-            --data build-shared --only $w 2>&1 | tail -n 2
+        timeout 150 "$B/bench/scan_bench" --size 1G --buffer 1G --iters 5 --threads 16 \
+            --data build-shared --only $w 2>&1 | grep -E "^$w|^workload"
     done
 fi
