@@ -30,8 +30,8 @@
 #define DEFAULT_IO_MS      30000u
 #define DEFAULT_RETRIES    3u
 #define DEFAULT_BACKOFF_MS 50u
-#define READ_AHEAD         (16u << 10) /* reply bytes one recvmsg may take past a frame */
 #define MAX_BACKOFF_MS     2000u
+#define READ_AHEAD         (16u << 10) /* reply bytes one recvmsg may take past a frame */
 
 /* Memfds a client keeps for its large inline buffers (memfd_take): at
  * most this many, and this many bytes in all. */

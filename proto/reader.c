@@ -122,10 +122,15 @@ static int fail(struct proto_reader *r, int code, struct vks_error *err, const c
                          what);
 }
 
+/* A frame's length prefix (big-endian). */
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
 static int header_done(struct proto_reader *r, struct vks_error *err)
 {
-    uint32_t len = (uint32_t)r->hdr[0] << 24 | (uint32_t)r->hdr[1] << 16 |
-                   (uint32_t)r->hdr[2] << 8 | r->hdr[3];
+    uint32_t len = be32(r->hdr);
     if (len == 0) {
         r->failed = -VKS_E_BAD_FRAME;
         return vks_error_set(err, -VKS_E_BAD_FRAME,
@@ -268,11 +273,6 @@ static int take_fds(struct msghdr *msg, int *fds, size_t *n)
         }
     }
     return error;
-}
-
-static uint32_t be32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
 /* Where the last frame that starts within a read's ra bytes ra[0..n)

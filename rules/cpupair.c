@@ -20,7 +20,7 @@ struct cpupair {
     uint64_t bits[65536 / 64];
     uint64_t *keys; /* pair << 32 | id, ascending, unique */
     size_t n;
-    uint32_t from[257]; /* keys of pairs whose first byte is b: [from[b], from[b + 1]) */
+    uint32_t from[257]; /* keys of pairs whose second byte is b: [from[b], from[b + 1]) */
 };
 
 void cpupair_destroy(struct cpupair *m)
