@@ -370,12 +370,18 @@ void engine_cpu_tasks(struct engine *e, struct engine_task *first, uint32_t n)
         e->task_head = first;
     e->task_tail = last;
     __atomic_add_fetch(&e->cpu_gen, 1, __ATOMIC_RELEASE);
-    if (n > 1)
+    /* as many threads as tasks: a broadcast for a few tasks woke all 15
+     * threads of the H100 host for each handful of stream writes, and they
+     * met on this mutex (docs/PERFORMANCE.md "Session 32") */
+    if (e->cpu_spinning) {
+        e->cpu_spinning = false; /* the spinning thread takes one; the next push signals */
+        n--;
+    }
+    if (n >= __atomic_load_n(&e->n_cpu, __ATOMIC_RELAXED))
         pthread_cond_broadcast(&e->cpu_cond);
-    else if (e->cpu_spinning)
-        e->cpu_spinning = false; /* the spinning thread takes it; the next push signals */
     else
-        pthread_cond_signal(&e->cpu_cond);
+        for (uint32_t k = 0; k < n; k++)
+            pthread_cond_signal(&e->cpu_cond);
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -604,6 +604,7 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "limit.stream_gpu_min_bytes", cfg->stream_gpu_min_bytes);
     stats_add_u(l, "stream.engine_runs", stream_counters.engine_runs);
     stats_add_u(l, "stream.loop_closes", stream_counters.loop_closes);
+    stats_add_u(l, "stream.loop_ends", stream_counters.loop_ends);
     stats_add_u(l, "stream.batch_writes", stream_counters.batch_writes);
     stats_add_u(l, "stream.batch_fd_writes", stream_counters.batch_fd_writes);
     stats_add_u(l, "stream.batch_bytes", stream_counters.batch_bytes);

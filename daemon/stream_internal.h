@@ -121,7 +121,7 @@ extern struct tenant_streams *stream_tenants; /* stream.c */
 struct stream_counters {
     uint64_t open, opened, closed, expired, dropped, writes, bytes, hits, state_bytes, engine_runs;
     uint64_t batch_writes, batch_fd_writes, batch_bytes, batch_gpu, batch_fallbacks;
-    uint64_t loop_closes, overlapped;
+    uint64_t loop_closes, loop_ends, overlapped;
     uint64_t batch_begin_ns, batch_queue_ns, batch_engine_ns, batch_end_ns, batch_jobs;
     /* the engine's phases of those batches, summed per write like batch_engine_ns */
     uint64_t batch_fd_read_ns, batch_plan_ns, batch_upload_ns, batch_device_ns, batch_readback_ns,

@@ -241,21 +241,47 @@ static void count_hits(struct work *w)
         scan_hits_finalize(&w->hits, streamscan_catalog(w->st->scan), SCAN_COUNT);
 }
 
+/* A write's end once its batch is back: the middle's hits join the
+ * head's and the tail's. Reads only the catalog and the write's own
+ * buffers (streamscan_write_end), so it runs on a pool thread or, when the
+ * hits are few, on the loop while the stream's next write begins. */
+static void middle_end(struct work *w)
+{
+    if (w->ej.hits_dropped > 0)
+        w->rc = -E2BIG; /* more than middle_queue's bound */
+    for (size_t i = 0; i < w->ej.n_hits && w->rc == 0; i++)
+        w->rc = streamscan_middle_add(&w->mid, w->ej.hits[i].rule, w->ej.hits[i].end);
+    engine_job_finish(&w->ej);
+    if (w->rc == 0)
+        w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
+    streamscan_middle_finish(&w->mid);
+    sparse_put(w);
+}
+
+/* What every run of a request ends with: a hit bomb's error, and a count
+ * mode's hits once the write is whole (`second`: its middle is back). */
+static void work_settle(struct work *w, bool second)
+{
+    if (w->rc == -E2BIG) { /* refscan_raw_limit: the state moved, the matches are not all kept */
+        snprintf(w->msg, sizeof(w->msg),
+                 "the write completes more than %llu matches (4 x max-hits), which vkscand does "
+                 "not hold: the stream is closed; write less at a time or raise max-hits",
+                 (unsigned long long)refscan_raw_limit());
+        w->rc = -VKS_E_LIMIT;
+        w->broken = true;
+        scan_hits_finish(&w->hits);
+    }
+    if (second || !w->mid.pending)
+        count_hits(w);
+}
+
 /* The write or close itself, on a pool thread. */
 static void work_run(struct work *w)
 {
     const struct proto_buffer *b = w->buf;
     bool second = w->mid_hits || w->mid_cpu; /* the write's last step: its middle is back */
     if (w->mid_hits) { /* the batch's hits (maybe millions: sorted off the loop) */
-        if (w->ej.hits_dropped > 0)
-            w->rc = -E2BIG; /* more than middle_queue's bound */
-        for (size_t i = 0; i < w->ej.n_hits && w->rc == 0; i++)
-            w->rc = streamscan_middle_add(&w->mid, w->ej.hits[i].rule, w->ej.hits[i].end);
-        engine_job_finish(&w->ej);
-        if (w->rc == 0)
-            w->rc = streamscan_write_end(w->st->scan, &w->mid, &w->hits);
-        streamscan_middle_finish(&w->mid);
-        sparse_put(w);
+        middle_end(w);
     } else if (w->mid_cpu) { /* its batch failed: the middle here, then the write's end */
         w->rc = w->sparse != NULL ? read_range(w, b, w->sparse, 0, w->wlen) : 0;
         if (w->rc == 0)
@@ -286,17 +312,7 @@ static void work_run(struct work *w)
     /* the answer may go out after the stream's next write has begun */
     if (!second)
         w->offset = streamscan_offset(w->st->scan);
-    if (w->rc == -E2BIG) { /* refscan_raw_limit: the state moved, the matches are not all kept */
-        snprintf(w->msg, sizeof(w->msg),
-                 "the write completes more than %llu matches (4 x max-hits), which vkscand does "
-                 "not hold: the stream is closed; write less at a time or raise max-hits",
-                 (unsigned long long)refscan_raw_limit());
-        w->rc = -VKS_E_LIMIT;
-        w->broken = true;
-        scan_hits_finish(&w->hits);
-    }
-    if (second || !w->mid.pending)
-        count_hits(w);
+    work_settle(w, second);
 }
 
 /* Answers a write or close with its hits (at most max-hits: truncated). */
@@ -541,9 +557,17 @@ static struct engine_job *middle_job(struct sched_job *j)
     return &CONTAINER(j, struct work, sj)->ej;
 }
 
-/* Back on the loop when the batch is: the write goes to a CPU engine
- * thread again, which adds the hits of the middle and answers it, or, when
- * the batch failed, scans the middle itself. */
+/* A write whose middle's batch found at most this many of its hits ends
+ * on the loop (middle_end: adding them and sorting the write's few hits,
+ * microseconds) instead of going to a CPU engine thread and back, two
+ * hand-offs that cost a flow reassembler's 64 KiB writes about 1 ms each
+ * under load (H100 host, docs/PERFORMANCE.md "Session 32"). */
+#define END_HERE_HITS 1024u
+
+/* Back on the loop when the batch is: the write ends here when its middle
+ * had few hits; else it goes to a CPU engine thread again, which adds the
+ * hits of the middle and answers it, or, when the batch failed, scans the
+ * middle itself. */
 static void middle_done(struct engine_job *j, const struct engine_telemetry *tel)
 {
     struct work *w = CONTAINER(j, struct work, ej);
@@ -573,6 +597,14 @@ static void middle_done(struct engine_job *j, const struct engine_telemetry *tel
         w->t_back = uv_hrtime();
         w->engine_ns = tel->wall_ns;
         w->mid_hits = true;
+        if (w->ej.n_hits <= END_HERE_HITS && w->ej.hits_dropped == 0) {
+            middle_end(w);
+            work_settle(w, true);
+            stream_counters.loop_ends++;
+            stream_work_done(w, 0);
+            stream_pump(srv);
+            return;
+        }
     }
     submit(srv, w);
 }
@@ -697,15 +729,23 @@ static uint32_t pool_threads(struct server *srv)
 }
 
 /* The bytes a request counts while handed out (a descriptor range with no
- * length: as much as a thread's share). */
+ * length: as much as a thread's share). A write whose middle will likely
+ * go to a scan batch counts only the head and tail its thread walks: it
+ * counted its whole length before, so 120 such 64 KiB writes filled the
+ * H100 host's 15 threads' share while the threads sat 2% busy, and a flow
+ * reassembler's writes waited about 1 ms for their turn to begin
+ * (docs/PERFORMANCE.md "Session 32"). */
 static uint64_t work_cost(const struct work *w)
 {
     const struct proto_buffer *b = w->buf;
     if (b == NULL)
         return 0;
-    if (!b->is_fd)
-        return b->len;
-    return b->has_length ? b->length : POOL_BYTES;
+    if (b->is_fd && !b->has_length)
+        return POOL_BYTES;
+    uint64_t len = b->is_fd ? b->length : b->len;
+    if (w->batch_min == 0 || len <= w->batch_min || len > w->max || w->st->scan == NULL)
+        return len;
+    return streamscan_split_cost(w->st->scan, (size_t)len, w->batch_min);
 }
 
 /* Hands ready requests to the engine while it has room, taking tenants in

@@ -1236,6 +1236,18 @@ bool streamscan_split_plan(const struct streamscan *s, size_t len, uint8_t last,
     return true;
 }
 
+size_t streamscan_split_cost(const struct streamscan *s, size_t len, size_t min_middle)
+{
+    if (s->closed || any_single(s->cat) || len <= min_middle)
+        return len;
+    uint64_t lb = cpuscan_lookback(s->cat);
+    if (lb == CPUSCAN_UNSEGMENTABLE)
+        return len;
+    struct layout l = layout_of(s->cat);
+    uint64_t c = 3 * lb + l.hist + 133; /* streamscan_split_plan's head and tail */
+    return c < len ? (size_t)c : len;
+}
+
 int streamscan_write_begin(struct streamscan *s, const uint8_t *buf, size_t len, size_t min_middle,
                            struct scan_hits *out, struct streamscan_middle *mid)
 {

@@ -129,6 +129,13 @@ int streamscan_write_begin(struct streamscan *s, const uint8_t *buf, size_t len,
  */
 bool streamscan_split_plan(const struct streamscan *s, size_t len, uint8_t last, size_t min_middle,
                            size_t *head, size_t *tail);
+/*
+ * About the bytes streamscan_write_begin(..., min_middle, ...) will walk
+ * for a write of `len` bytes: the head and the tail when its middle is
+ * likely left to the caller, else `len`. An estimate from the catalog
+ * alone (the state decides the split itself), for weighing queued writes.
+ */
+size_t streamscan_split_cost(const struct streamscan *s, size_t len, size_t min_middle);
 int streamscan_middle_add(struct streamscan_middle *mid, uint32_t rule, uint64_t end);
 int streamscan_middle_run(struct streamscan *s, const uint8_t *buf, size_t len,
                           struct streamscan_middle *mid);
