@@ -10,6 +10,13 @@
 #           writes, closes) and the daemon's batch counters
 #   buf1g   scan_bench with one 1 GiB buffer: literals-1000 and regex-200
 #   cli     bench/cli_bench.sh over build-data, 1 GiB, 5 runs, --no-cache
+#   ab      the flows' GPU route (16K, inline, b64) through OLD and BUILD
+#           alternated (OLD=dir), each run's per-write phases (begin, queue,
+#           engine, end) from the daemon's counters
+#   engine  scan_bench literals-10000 as batches of 64 KiB buffers (the
+#           flows' middles) against 1 MiB buffers of the same bytes:
+#           where a batch of many small buffers spends its time
+#   perf    the GPU route under perf (carry build-perf)
 set -u
 B=${1:?usage: h200_session32.sh BUILD [steps...]}
 shift
@@ -47,6 +54,52 @@ if has flows; then
     for f in "$OUT"/flows_*.txt; do
         echo "== ${f##*/}"
         grep -E '^flows |per thread and run' "$f"
+    done
+fi
+# flows_phases BUILD MIN LABEL: one flows run through BUILD's vkscand
+# (stream-gpu-min-bytes MIN, inline, b64), its result and per-write phases
+flows_phases() {
+    local b=$1 min=$2 label=$3 W=/tmp/sb-ab
+    rm -rf $W && mkdir -p $W
+    "$b/daemon/vkscand" --config "" --socket $W/s.sock --state-dir $W/state --engine gpu \
+        --log-level notice --stream-max-per-tenant 20000 --max-scan-bytes 8G \
+        --tenant-max-bytes 16G --stream-gpu-min-bytes $min >"$OUT/vkscand_ab.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 200); do grep -q "ready on" "$OUT/vkscand_ab.log" && break; sleep 0.1; done
+    timeout 200 "$b/bench/stream_bench" --socket $W/s.sock --threads 16 --iters 3 --only flows \
+        --streams 10000 --write 64K --rounds 2 --literals 10000 --batch 64 ${FLOWS_ARGS:-} \
+        --data build-shared >"$OUT/ab_$label.txt" 2>&1
+    "$b/client/vkscan" --socket $W/s.sock status --json >"$OUT/ab_$label.json" 2>&1
+    kill $pid
+    wait $pid 2>/dev/null
+    echo "$label: $(grep -E '^flows ' "$OUT/ab_$label.txt" | awk '{print $2 " GB/s, hs " $3}')"
+    tr ',' '\n' <"$OUT/ab_$label.json" | tr -d '"{}' | awk -F: '
+        { v[$(NF-1)] = $NF }
+        END { n = v["stream.batch_writes"]; if (n == 0) n = 1
+              printf "  %d batched writes in %d batches, %d ended on the loop; loop busy %.0f%%;",
+                  v["stream.batch_writes"], v["batches"], v["stream.loop_ends"],
+                  100 * v["loop_busy_ns"] / v["uptime_ns"]
+              split("begin queue engine end device finalize idle", k, " ")
+              for (i = 1; i <= 7; i++)
+                  printf " %s %.2f", k[i], v["stream.batch_" k[i] "_ns"] / n / 1e6
+              printf " ms a write\n" }'
+}
+if has ab; then
+    OLDB=${OLD:?OLD=build dir}
+    for round in 1 2; do
+        flows_phases "$OLDB" 16K "old_$round"
+        flows_phases "$B" 16K "new_$round"
+    done
+    flows_phases "$B" 0 "new_cpu"
+fi
+if has engine; then
+    for size in 12M 64M; do
+        for buf in 64K 1M; do
+            echo "== literals-10000, $size as buffers of $buf"
+            timeout 120 "$B/bench/scan_bench" --size $size --buffer $buf --iters 5 --threads 16 \
+                --only literals-10000 --profile 1 --data build-shared 2>&1 |
+                sed -n '/^median of iters/,$p' | grep -E "^literals|^median|^telemetry|^profile"
+        done
     done
 fi
 if has buf1g; then
