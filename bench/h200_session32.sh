@@ -91,6 +91,9 @@ if has ab; then
         flows_phases "$B" 16K "new_$round"
     done
     flows_phases "$B" 0 "new_cpu"
+    FLOWS_ARGS="--clients 32" flows_phases "$B" 16K "new_c32"
+    FLOWS_ARGS="--clients 64" flows_phases "$B" 16K "new_c64"
+    FLOWS_ARGS="--clients 64" flows_phases "$B" 0 "new_cpu_c64"
 fi
 if has engine; then
     for size in 12M 64M; do
@@ -131,4 +134,9 @@ if has perf; then
     $P report -i $W/perf.data --no-children --sort comm,dso,symbol -g none 2>/dev/null |
         grep '%' | head -n 60 >"$OUT/perf_sym.txt"
     head -n 45 "$OUT/perf_sym.txt"
+    echo "== the GPU worker thread (vks-gpu), self and with children"
+    $P report -i $W/perf.data --comms vks-gpu --no-children --sort dso,symbol -g none 2>/dev/null |
+        grep '%' | head -n 25
+    $P report -i $W/perf.data --comms vks-gpu --children --sort symbol -g none 2>/dev/null |
+        grep '%' | head -n 40
 fi

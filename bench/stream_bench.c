@@ -8,6 +8,7 @@
  *                [--regexes N] [--data DIR] [--socket PATH] [--no-hs]
  *                [--flows-set literals|regex] [--stream-threads T] [--piece BYTES]
  *                [--fast-min BYTES] [--window N] [--flows-fd] [--batch N]
+ *                [--clients N]
  *
  * state:  for every workload of bench/workloads.c (literals-1000,
  *         literals-10000, regex-N) and the real rule sets under --data,
@@ -34,10 +35,12 @@
  *         (default 1024; 1T: never, the walk of every group).
  *
  * --socket PATH runs flows and large through a running vkscand instead of
- * in-process (libvkscan; one connection per thread; the daemon needs
- * stream-max-per-tenant >= --streams). Through vkscand, --window N keeps
- * up to N pipelined writes in flight per connection (vks_stream_write_send;
- * default 1: each write waits for its reply; the large stream's too),
+ * in-process (libvkscan; one connection per thread, --clients of them for
+ * the flows, default --threads: Hyperscan keeps --threads, the cores it
+ * uses, while a GPU needs more writes in flight than 16 synchronous
+ * connections hold; the daemon needs stream-max-per-tenant >= --streams). Through vkscand, --window
+ * N keeps up to N pipelined writes in flight per connection (vks_stream_write_send; default 1: each
+ * write waits for its reply; the large stream's too),
  * --batch N sends N writes
  * (of N streams) per request instead, and opens and closes N streams per
  * request (vks_stream_write_many, _open_many, _close_many; not with
@@ -71,6 +74,7 @@
 
 struct opts {
     uint32_t threads, iters, streams, rounds, literals, regexes;
+    uint32_t clients; /* --clients: connections of the flows through vkscand (0: --threads) */
     uint32_t stream_threads; /* --stream-threads: a large write's pieces run on these */
     uint64_t write, large, large_write, piece;
     uint64_t fast_min; /* --fast-min: streamscan_tune (UINT64_MAX: default) */
@@ -375,6 +379,7 @@ struct flows {
     const uint8_t *fp; /* --socket: the catalog */
     int corpus_fd;     /* --flows-fd: a sealed memfd of the corpus */
     atomic_uint_fast64_t hits;
+    uint32_t nt; /* the threads of this run: --threads, or --clients through vkscand */
     /* through vkscand: the threads' seconds (ns) in opens, writes, closes */
     atomic_uint_fast64_t open_ns, write_ns, close_ns;
 };
@@ -407,7 +412,7 @@ static int count_hs(unsigned id, unsigned long long from, unsigned long long to,
 static uint64_t flows_ours(const struct flows *f, uint32_t t)
 {
     const struct opts *o = f->o;
-    uint32_t n = (o->streams - t + o->threads - 1) / o->threads;
+    uint32_t n = (o->streams - t + f->nt - 1) / f->nt;
     struct streamscan **v = xmalloc(n * sizeof(*v));
     for (uint32_t i = 0; i < n; i++)
         if (streamscan_create(f->b->cat, &v[i]) != 0)
@@ -416,7 +421,7 @@ static uint64_t flows_ours(const struct flows *f, uint32_t t)
     uint64_t hits = 0;
     for (uint32_t r = 0; r < o->rounds; r++) {
         for (uint32_t i = 0; i < n; i++) {
-            if (streamscan_write(v[i], slice(f, t + i * o->threads, r), o->write, &h) != 0)
+            if (streamscan_write(v[i], slice(f, t + i * f->nt, r), o->write, &h) != 0)
                 die("streamscan_write", "out of memory");
             hits += h.n;
             h.n = 0;
@@ -436,7 +441,7 @@ static uint64_t flows_ours(const struct flows *f, uint32_t t)
 static uint64_t flows_hs(const struct flows *f, uint32_t t)
 {
     const struct opts *o = f->o;
-    uint32_t n = (o->streams - t + o->threads - 1) / o->threads;
+    uint32_t n = (o->streams - t + f->nt - 1) / f->nt;
     hs_scratch_t *scr = NULL;
     if (hs_clone_scratch(f->proto, &scr) != HS_SUCCESS)
         die("hs_clone_scratch", "failed");
@@ -447,8 +452,8 @@ static uint64_t flows_hs(const struct flows *f, uint32_t t)
     uint64_t hits = 0;
     for (uint32_t r = 0; r < o->rounds; r++)
         for (uint32_t i = 0; i < n; i++)
-            hs_scan_stream(v[i], (const char *)slice(f, t + i * o->threads, r), (unsigned)o->write,
-                           0, scr, count_hs, &hits);
+            hs_scan_stream(v[i], (const char *)slice(f, t + i * f->nt, r), (unsigned)o->write, 0,
+                           scr, count_hs, &hits);
     for (uint32_t i = 0; i < n; i++)
         hs_close_stream(v[i], scr, count_hs, &hits);
     free(v);
@@ -462,7 +467,7 @@ static uint64_t flows_hs(const struct flows *f, uint32_t t)
 static uint64_t flows_block(const struct flows *f, uint32_t t)
 {
     const struct opts *o = f->o;
-    uint32_t n = (o->streams - t + o->threads - 1) / o->threads;
+    uint32_t n = (o->streams - t + f->nt - 1) / f->nt;
     struct cpuscan_scratch *scr;
     if (cpuscan_scratch_create(&scr) != 0)
         die("cpuscan_scratch_create", "out of memory");
@@ -470,7 +475,7 @@ static uint64_t flows_block(const struct flows *f, uint32_t t)
     for (uint32_t r = 0; r < o->rounds; r++) {
         for (uint32_t i = 0; i < n; i++) {
             struct cpuscan_part part = {0};
-            if (cpuscan_segment(f->b->cat, slice(f, t + i * o->threads, r), o->write, 0, o->write,
+            if (cpuscan_segment(f->b->cat, slice(f, t + i * f->nt, r), o->write, 0, o->write,
                                 SCAN_ALL, 0, NULL, NULL, scr, &part) != 0)
                 die("cpuscan_segment", "out of memory");
             hits += part.hits.n;
@@ -493,7 +498,7 @@ static void daemon_send(const struct flows *f, struct vks_stream *s, uint32_t t,
                         uint32_t r)
 {
     const struct opts *o = f->o;
-    const uint8_t *p = slice(f, t + i * o->threads, r);
+    const uint8_t *p = slice(f, t + i * f->nt, r);
     struct vks_error err;
     int rc = f->corpus_fd >= 0 ? vks_stream_write_fd_send(s, f->corpus_fd,
                                                           (uint64_t)(p - f->corpus), o->write, &err)
@@ -522,7 +527,7 @@ static uint64_t daemon_round_many(const struct flows *f, struct vks_stream **v, 
     for (uint32_t i = 0; i < n; i += o->batch) {
         uint32_t k = n - i < o->batch ? n - i : o->batch;
         for (uint32_t j = 0; j < k; j++) {
-            const uint8_t *p = slice(f, t + (i + j) * o->threads, r);
+            const uint8_t *p = slice(f, t + (i + j) * f->nt, r);
             b[j] = f->corpus_fd >= 0
                        ? (struct vks_buffer){.kind = VKS_BUFFER_FD,
                                              .fd = f->corpus_fd,
@@ -549,7 +554,7 @@ static uint64_t daemon_round_many(const struct flows *f, struct vks_stream **v, 
 static uint64_t flows_daemon(const struct flows *f, uint32_t t)
 {
     const struct opts *o = f->o;
-    uint32_t n = (o->streams - t + o->threads - 1) / o->threads;
+    uint32_t n = (o->streams - t + f->nt - 1) / f->nt;
     struct vks_client *c;
     struct vks_error err;
     if (vks_client_connect(o->socket, NULL, &c, &err) != 0)
@@ -616,10 +621,12 @@ static void *flow_main(void *arg)
     return NULL;
 }
 
-/* Runs every stream once on --threads threads; returns seconds. */
+/* Runs every stream once on --threads threads (through vkscand: --clients
+ * connections, each its own thread); returns seconds. */
 static double flows_once(struct flows *f, int run, uint64_t *hits)
 {
-    uint32_t n = f->o->threads;
+    uint32_t n = run == RUN_OURS && f->fp != NULL ? f->o->clients : f->o->threads;
+    f->nt = n;
     pthread_t *th = xmalloc(n * sizeof(*th));
     struct flow_thread *ft = xmalloc(n * sizeof(*ft));
     atomic_store(&f->hits, 0);
@@ -716,8 +723,10 @@ static void run_flows(const struct opts *o)
            o->streams, o->rounds, o->write, name, b.rules, o->threads,
            o->socket ? "through vkscand" : "in process", o->iters);
     if (o->socket != NULL) {
-        printf("through vkscand: %u writes %s per connection, %s\n",
-               o->batch > 1 ? o->batch : o->window, o->batch > 1 ? "per request" : "in flight",
+        printf("through vkscand: %u connections (one thread each), %u writes %s per "
+               "connection, %s\n",
+               o->clients, o->batch > 1 ? o->batch : o->window,
+               o->batch > 1 ? "per request" : "in flight",
                o->flows_fd ? "as ranges of a memfd" : "inline");
     }
     printf("%-8s %9s %9s %7s %9s %9s %12s %12s %s\n", "", "vkscanGB/s", "hsGB/s", "ratio",
@@ -731,7 +740,7 @@ static void run_flows(const struct opts *o)
            "%" PRIu64 " hits: none across writes), in process\n",
            h_blk);
     if (o->socket != NULL) {
-        double k = 1e-9 / ((double)o->iters * o->threads); /* mean seconds per thread and run */
+        double k = 1e-9 / ((double)o->iters * o->clients); /* mean seconds per thread and run */
         printf("through vkscand, per thread and run: opens %.3f s, writes %.3f s (%.2f GB/s "
                "over the writes alone), closes %.3f s\n",
                (double)atomic_load(&f.open_ns) * k, (double)atomic_load(&f.write_ns) * k,
@@ -1051,7 +1060,7 @@ static void usage(void)
             "                    [--regexes N] [--data DIR] [--socket PATH] [--no-hs]\n"
             "                    [--flows-set literals|regex] [--stream-threads T]\n"
             "                    [--piece BYTES] [--fast-min BYTES] [--window N]\n"
-            "                    [--flows-fd] [--batch N]\n");
+            "                    [--flows-fd] [--batch N] [--clients N]\n");
     exit(2);
 }
 
@@ -1083,6 +1092,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
         i++;
         if (strcmp(a, "--threads") == 0)
             o->threads = (uint32_t)strtoul(v, NULL, 10);
+        else if (strcmp(a, "--clients") == 0)
+            o->clients = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--iters") == 0)
             o->iters = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--streams") == 0)
@@ -1124,10 +1135,12 @@ static void parse_opts(int argc, char **argv, struct opts *o)
         else
             usage();
     }
-    if (o->threads == 0 || o->threads > o->streams || o->iters == 0 || o->rounds == 0 ||
-        o->write < 4096 || o->write > UINT32_MAX || o->large < 4096 || o->large_write == 0 ||
-        o->large_write > UINT32_MAX || o->literals == 0 || o->regexes == 0 || o->window == 0 ||
-        (o->batch > 1 && o->window > 1))
+    if (o->clients == 0)
+        o->clients = o->threads;
+    if (o->threads == 0 || o->threads > o->streams || o->clients > o->streams || o->iters == 0 ||
+        o->rounds == 0 || o->write < 4096 || o->write > UINT32_MAX || o->large < 4096 ||
+        o->large_write == 0 || o->large_write > UINT32_MAX || o->literals == 0 || o->regexes == 0 ||
+        o->window == 0 || (o->batch > 1 && o->window > 1))
         usage();
 }
 
