@@ -109,15 +109,33 @@ static int read_parallel(int fd, uint8_t *dst, uint64_t off, uint64_t len)
     return err;
 }
 
+/* The last descriptor a batch's load inspected, with what was learnt of
+ * it: the buffers of one request are ranges of one descriptor (libvkscan
+ * packs a request's inline buffers into one memfd), and a batch of a flow
+ * reassembler's writes made three system calls for each of 177 of them on
+ * the GPU worker (docs/PERFORMANCE.md "Session 32"). A descriptor number
+ * names one open file for the whole load: its request holds it open. */
+struct fd_seen {
+    int fd; /* -1: none yet */
+    struct stat sb;
+    int fl;    /* F_GETFL, or -1 */
+    int seals; /* F_GET_SEALS, or -2: not asked yet */
+};
+
 /* Inspects a descriptor buffer without reading it: a regular file whose
  * range fits. Fills `b->bytes` and the identity the batch's duplicates and
  * the result cache are found by. */
-static int identify_fd(struct engine_buf *b)
+static int identify_fd(struct engine_buf *b, struct fd_seen *seen)
 {
     struct stat sb;
-    if (fstat(b->fd, &sb) != 0)
+    if (seen != NULL && seen->fd == b->fd) {
+        sb = seen->sb;
+    } else if (fstat(b->fd, &sb) != 0) {
         return bad_fd(b, "the descriptor cannot be inspected (%s): pass an open file",
                       strerror(errno));
+    } else if (seen != NULL) {
+        *seen = (struct fd_seen){.fd = b->fd, .sb = sb, .fl = fcntl(b->fd, F_GETFL), .seals = -2};
+    }
     if (!S_ISREG(sb.st_mode))
         return bad_fd(b, "the descriptor is %s, not a regular file or memfd: pass a file",
                       S_ISFIFO(sb.st_mode)   ? "a pipe"
@@ -262,6 +280,7 @@ struct dedup {
     struct bstate *st;
     uint32_t (*slot)[2]; /* job + 1 (0: empty), buffer */
     size_t mask;
+    struct fd_seen seen; /* the load's last descriptor (identify_fd) */
 };
 
 static void dedup_init(struct dedup *d, struct bstate *st, size_t n_fd)
@@ -272,6 +291,7 @@ static void dedup_init(struct dedup *d, struct bstate *st, size_t n_fd)
     d->st = st;
     d->slot = n_fd > 1 ? calloc(n, sizeof(*d->slot)) : NULL; /* NULL: no duplicates sought */
     d->mask = n - 1;
+    d->seen = (struct fd_seen){.fd = -1, .fl = -1, .seals = -2};
 }
 
 static size_t fid_hash(const struct engine_fid *f)
@@ -384,9 +404,8 @@ static bool cacheable(const struct engine_buf *eb, int64_t start_real_ns)
  * descriptor names a file without the right to its bytes, so it must not
  * get hits from the cache or from another buffer of the batch (its read
  * fails with BAD_FD, as it would without them). */
-static bool readable(int fd)
+static bool readable(int fl)
 {
-    int fl = fcntl(fd, F_GETFL);
     return fl >= 0 && !(fl & O_PATH) && (fl & O_ACCMODE) != O_WRONLY;
 }
 
@@ -416,9 +435,9 @@ static void load_buf(struct engine *e, struct bstate *st, struct dedup *dd, uint
         eb->bytes = eb->len;
         return;
     }
-    if (identify_fd(eb) != 0)
+    if (identify_fd(eb, &dd->seen) != 0)
         return;
-    if (!readable(eb->fd)) {
+    if (!readable(dd->seen.fl)) {
         eb->has_id = false; /* nor stored in the cache */
         load_fd(eb, &st->ld[st->n_loaded++], false);
         return;
@@ -434,7 +453,10 @@ static void load_buf(struct engine *e, struct bstate *st, struct dedup *dd, uint
         j->bytes_not_scanned += eb->bytes;
         return;
     }
-    if (st->defer && eb->bytes > 0 && can_defer(j) && (st->defer_sealed || !sealed(eb->fd))) {
+    if (st->defer && eb->bytes > 0 && can_defer(j) && !st->defer_sealed && dd->seen.seals == -2)
+        dd->seen.seals = fcntl(eb->fd, F_GET_SEALS);
+    bool is_sealed = dd->seen.seals > 0 && (dd->seen.seals & F_SEAL_SHRINK);
+    if (st->defer && eb->bytes > 0 && can_defer(j) && (st->defer_sealed || !is_sealed)) {
         eb->deferred = true;
         eb->data = NULL;
         eb->len = eb->bytes;

@@ -119,6 +119,7 @@ struct plan_key {
 struct launch_plan {
     uint32_t wg;
     uint32_t seg_bytes;
+    uint32_t lit_seg_bytes; /* the literal kernel's segments (plan_lit) */
     uint32_t chain_bytes;
     uint32_t max_workgroups;
     uint32_t step_budget;

@@ -34,6 +34,8 @@ static uint64_t catalogs_hash(const struct gpu_batch *b)
     return h;
 }
 
+#define LIT_SEG_MIN 256u /* the literal kernel's smallest automatic segment */
+
 /* The launch policy: workgroup size, segment size, worker cap and loop
  * budget from the device's limits and the batch's size. */
 static void make_plan(const struct gpu_engine *eng, uint64_t total, struct launch_plan *p)
@@ -59,6 +61,16 @@ static void make_plan(const struct gpu_engine *eng, uint64_t total, struct launc
     while (seg > 2048 && seg * resident > total)
         seg /= 2;
     p->seg_bytes = eng->opt.segment_bytes ? eng->opt.segment_bytes : (uint32_t)seg;
+    /* The literal kernel walks a segment's bytes plus its longest string's
+     * (no DFA lookback), so on a GPU its segments shrink further for small
+     * batches, to LIT_SEG_MIN, until every multiprocessor has a workgroup:
+     * a 12 MB batch of flow writes ran as 6 workgroups of 2 KiB segments,
+     * 0.53 ms of kernel whatever its size (H100 host, docs/PERFORMANCE.md
+     * "Session 32"). plan_lit keeps a segment at least 8 strings long. */
+    uint64_t lseg = seg;
+    while (!cpu && lseg > LIT_SEG_MIN && lseg * resident > total)
+        lseg /= 2;
+    p->lit_seg_bytes = eng->opt.segment_bytes ? eng->opt.segment_bytes : (uint32_t)lseg;
     p->step_budget = d->loop_budget == 0xffffffffu ? NO_BUDGET : d->loop_budget - 4096;
     if (eng->opt.chain_bytes)
         p->chain_bytes = eng->opt.chain_bytes;
@@ -1333,7 +1345,9 @@ static int plan_lit(struct batch_ctx *bc, uint32_t c, uint32_t *seg)
     if (!must &&
         (t->n_groups == 0 || (eng->opt.lit_kernel == 0 && t->n_groups < 2 && !lit_spills(cat, t))))
         return 0;
-    uint64_t s = p->seg_bytes;
+    uint64_t s = p->lit_seg_bytes;
+    if (!eng->opt.segment_bytes && s < 8ull * t->maxlen)
+        s = 8ull * t->maxlen < p->seg_bytes ? 8ull * t->maxlen : p->seg_bytes;
     if (p->step_budget != NO_BUDGET) {
         uint64_t fill = t->filter_words / p->wg + 8 + 64;
         uint64_t usable = p->step_budget > fill ? (p->step_budget - fill) >> eng->cut_shift : 0;

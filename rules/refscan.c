@@ -740,8 +740,51 @@ static bool finalize_radix(struct scan_hits *h, const struct catalog *cat, enum 
     return true;
 }
 
+/* Keys of the short way's lists kept on the stack (finalize_plain). */
+#define PLAIN_STACK 256u
+
+/* The common case of scan_hits_finalize, with the same result: mode `all`
+ * and a catalog without single-match rules report every distinct (end,
+ * rule) once, in (end, rule) order, so one sort of packed keys and a pass
+ * that drops repeats is all of it: no comparator calls and no rule
+ * lookups. The GPU finish ran the general way once per buffer, 250 ns a
+ * hit, most of a batch of flow writes' finish (docs/PERFORMANCE.md
+ * "Session 32"). Returns false when it does not apply. */
+static bool finalize_plain(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode)
+{
+    size_t n = h->n;
+    if (mode != SCAN_ALL || (catalog_rule_flags_any(cat) & RULE_F_SINGLEMATCH) != 0)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (h->v[i].end >= KEY_END_LIMIT || h->v[i].rule >= ((uint32_t)1 << KEY_RULE_BITS))
+            return false;
+    uint64_t stack[2 * PLAIN_STACK];
+    uint64_t *key = n <= PLAIN_STACK ? stack : malloc(2 * n * sizeof(*key));
+    if (key == NULL)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        key[i] = h->v[i].end << KEY_RULE_BITS | h->v[i].rule;
+    scan_sort_u64(key, key + n, n);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && key[i] == key[i - 1])
+            continue; /* one report per (rule, end) */
+        h->v[k++] = (struct scan_hit){.rule = (uint32_t)(key[i] & ((1u << KEY_RULE_BITS) - 1)),
+                                      .count = 1,
+                                      .end = key[i] >> KEY_RULE_BITS};
+    }
+    h->n = k;
+    if (key != stack)
+        free(key);
+    return true;
+}
+
 void scan_hits_finalize(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode)
 {
+    if (h->n == 0)
+        return;
+    if (h->n < FINALIZE_RADIX_MIN && finalize_plain(h, cat, mode))
+        return;
     if (h->n >= FINALIZE_RADIX_MIN && h->n < UINT32_MAX && finalize_radix(h, cat, mode))
         return;
     scan_hits_finalize_sorting(h, cat, mode);

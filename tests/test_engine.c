@@ -1740,6 +1740,53 @@ START_TEST(test_finalize_radix_equals_sorting)
 }
 END_TEST
 
+/* Short lists of mode `all` against a catalog without single-match rules
+ * take scan_hits_finalize's packed-key path (finalize_plain); in every
+ * mode, at the lengths where its sort changes way (1, 2, the insertion
+ * sort's 47 and 48, the stack's 256 and 257, up to the radix path's 4095),
+ * with repeats, it must give what the two-sort reference gives, and an end
+ * too large to pack must fall back to the reference (and give the same).
+ * Fails when the packed path drops a distinct hit, keeps a repeat, or
+ * orders by rule first. */
+START_TEST(test_finalize_plain_equals_sorting)
+{
+    struct catalog *cat = compile(unbounded, sizeof(unbounded) / sizeof(unbounded[0]));
+    static const uint32_t lens[] = {1, 2, 47, 48, 200, 256, 257, 1000, 4095};
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+        for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+            for (int huge = 0; huge < 2; huge++) {
+                struct scan_hits a = {0}, b = {0};
+                uint32_t span = lens[li] < 64 ? 16 : lens[li];
+                while (a.n < lens[li]) {
+                    uint64_t end = 1 + rnd(span);
+                    if (huge && a.n == 0)
+                        end = (uint64_t)1 << 41; /* over the packed keys' end bits */
+                    ck_assert_int_eq(scan_hits_push(&a, rnd(2), end, 1), 0);
+                    if (rnd(3) == 0 && a.n < lens[li]) /* an exact repeat */
+                        ck_assert_int_eq(scan_hits_push(&a, a.v[a.n - 1].rule, end, 1), 0);
+                }
+                for (size_t i = 0; i < a.n; i++)
+                    ck_assert_int_eq(scan_hits_push(&b, a.v[i].rule, a.v[i].end, 1), 0);
+                scan_hits_finalize(&a, cat, (enum scan_mode)mode);
+                scan_hits_finalize_sorting(&b, cat, (enum scan_mode)mode);
+                ck_assert_uint_eq(a.n, b.n);
+                for (size_t i = 0; i < a.n; i++)
+                    ck_assert_msg(a.v[i].rule == b.v[i].rule && a.v[i].end == b.v[i].end &&
+                                      a.v[i].count == b.v[i].count,
+                                  "mode %d length %u entry %zu: (%u, %llu, %u) against "
+                                  "(%u, %llu, %u)",
+                                  mode, lens[li], i, a.v[i].rule, (unsigned long long)a.v[i].end,
+                                  a.v[i].count, b.v[i].rule, (unsigned long long)b.v[i].end,
+                                  b.v[i].count);
+                scan_hits_finish(&a);
+                scan_hits_finish(&b);
+            }
+        }
+    }
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* ---- gated bit-NFA groups (rules/factor.h) ---------------------------- */
 
 static const struct rdef gated[] = {
@@ -2903,6 +2950,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_plain_strings_equal_refscan);
     tcase_add_test(tc, test_segment_enough);
     tcase_add_test(tc, test_finalize_radix_equals_sorting);
+    tcase_add_test(tc, test_finalize_plain_equals_sorting);
     tcase_add_loop_test(tc, test_gated_segments, 0, 2);
     tcase_add_loop_test(tc, test_confirm_segments, 0, 2);
     suite_add_tcase(s, tc);
