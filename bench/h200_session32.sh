@@ -63,17 +63,17 @@ flows_phases() {
     rm -rf $W && mkdir -p $W
     "$b/daemon/vkscand" --config "" --socket $W/s.sock --state-dir $W/state --engine gpu \
         --log-level notice --stream-max-per-tenant 20000 --max-scan-bytes 8G \
-        --tenant-max-bytes 16G --stream-gpu-min-bytes $min >"$OUT/vkscand_ab.log" 2>&1 &
+        --tenant-max-bytes 16G --stream-gpu-min-bytes $min >"$AB/vkscand_ab.log" 2>&1 &
     local pid=$!
-    for _ in $(seq 200); do grep -q "ready on" "$OUT/vkscand_ab.log" && break; sleep 0.1; done
+    for _ in $(seq 200); do grep -q "ready on" "$AB/vkscand_ab.log" && break; sleep 0.1; done
     timeout 200 "$b/bench/stream_bench" --socket $W/s.sock --threads 16 --iters 3 --only flows \
         --streams 10000 --write 64K --rounds 2 --literals 10000 --batch 64 ${FLOWS_ARGS:-} \
-        --data build-shared >"$OUT/ab_$label.txt" 2>&1
-    "$b/client/vkscan" --socket $W/s.sock status --json >"$OUT/ab_$label.json" 2>&1
+        --data build-shared >"$AB/ab_$label.txt" 2>&1
+    "$b/client/vkscan" --socket $W/s.sock status --json >"$AB/ab_$label.json" 2>&1
     kill $pid
     wait $pid 2>/dev/null
-    echo "$label: $(grep -E '^flows ' "$OUT/ab_$label.txt" | awk '{print $2 " GB/s, hs " $3}')"
-    tr ',' '\n' <"$OUT/ab_$label.json" | tr -d '"{}' | awk -F: '
+    echo "$label: $(grep -E '^flows ' "$AB/ab_$label.txt" | awk '{print $2 " GB/s, hs " $3 ", hits " $7 " " $8 " " $9}')"
+    tr ',' '\n' <"$AB/ab_$label.json" | tr -d '"{}' | awk -F: '
         { v[$(NF-1)] = $NF }
         END { n = v["stream.batch_writes"]; if (n == 0) n = 1
               printf "  %d batched writes in %d batches, %d ended on the loop; loop busy %.0f%%;",
@@ -84,16 +84,21 @@ flows_phases() {
                   printf " %s %.2f", k[i], v["stream.batch_" k[i] "_ns"] / n / 1e6
               printf " ms a write\n" }'
 }
+AB=${AB:-/tmp/sb-ab-out} # the runs' files (only the summaries are printed)
+mkdir -p "$AB"
 if has ab; then
     OLDB=${OLD:?OLD=build dir}
-    for round in 1 2; do
+    for round in $(seq ${ROUNDS:-2}); do
         flows_phases "$OLDB" 16K "old_$round"
         flows_phases "$B" 16K "new_$round"
     done
-    flows_phases "$B" 0 "new_cpu"
-    FLOWS_ARGS="--clients 32" flows_phases "$B" 16K "new_c32"
-    FLOWS_ARGS="--clients 64" flows_phases "$B" 16K "new_c64"
-    FLOWS_ARGS="--clients 64" flows_phases "$B" 0 "new_cpu_c64"
+    for extra in ${AB_EXTRA:-cpu c32 c64 cpu_c64}; do
+        case $extra in
+        cpu) flows_phases "$B" 0 "new_cpu" ;;
+        c*) FLOWS_ARGS="--clients ${extra#c}" flows_phases "$B" 16K "new_$extra" ;;
+        cpu_c*) FLOWS_ARGS="--clients ${extra#cpu_c}" flows_phases "$B" 0 "new_$extra" ;;
+        esac
+    done
 fi
 if has engine; then
     for size in 12M 64M; do
@@ -112,7 +117,7 @@ if has buf1g; then
     done
 fi
 if has cli; then
-    VKSCAN_ARGS=--no-cache OUT=$OUT/cli timeout 400 bash "$D/cli_bench.sh" "$B" build-data 1024 5
+    VKSCAN_ARGS=--no-cache OUT=/tmp/cli-out timeout 400 bash "$D/cli_bench.sh" "$B" build-data 1024 5
 fi
 if has perf; then
     # the GPU route (16K) under perf: which threads and symbols take the time
