@@ -95,8 +95,8 @@ if has ab; then
     for extra in ${AB_EXTRA:-cpu c32 c64 cpu_c64}; do
         case $extra in
         cpu) flows_phases "$B" 0 "new_cpu" ;;
-        c*) FLOWS_ARGS="--clients ${extra#c}" flows_phases "$B" 16K "new_$extra" ;;
         cpu_c*) FLOWS_ARGS="--clients ${extra#cpu_c}" flows_phases "$B" 0 "new_$extra" ;;
+        c*) FLOWS_ARGS="--clients ${extra#c}" flows_phases "$B" 16K "new_$extra" ;;
         esac
     done
 fi
