@@ -1699,6 +1699,26 @@ START_TEST(test_unreadable_descriptor_gets_nothing)
 }
 END_TEST
 
+/* Finalizes `a` with scan_hits_finalize and its copy `b` with the two-sort
+ * reference, asserts they are equal (`tag`: the case, in the message), and
+ * frees both. */
+static void finalize_equals_sorting(struct scan_hits *a, struct scan_hits *b,
+                                    const struct catalog *cat, int mode, uint32_t tag)
+{
+    scan_hits_finalize(a, cat, (enum scan_mode)mode);
+    scan_hits_finalize_sorting(b, cat, (enum scan_mode)mode);
+    ck_assert_uint_eq(a->n, b->n);
+    for (size_t i = 0; i < a->n; i++)
+        ck_assert_msg(a->v[i].rule == b->v[i].rule && a->v[i].end == b->v[i].end &&
+                          a->v[i].count == b->v[i].count,
+                      "mode %d case %u entry %zu: (%u, %llu, %u) against the reference's "
+                      "(%u, %llu, %u)",
+                      mode, tag, i, a->v[i].rule, (unsigned long long)a->v[i].end, a->v[i].count,
+                      b->v[i].rule, (unsigned long long)b->v[i].end, b->v[i].count);
+    scan_hits_finish(a);
+    scan_hits_finish(b);
+}
+
 /* Long hit lists take scan_hits_finalize's radix path; it must give exactly
  * what the two-sort reference gives, in every mode, with duplicate
  * (rule, end) pairs and a single-match rule ("once"). */
@@ -1721,19 +1741,7 @@ START_TEST(test_finalize_radix_equals_sorting)
             for (size_t i = 0; i < a.n; i++)
                 ck_assert_int_eq(scan_hits_push(&b, a.v[i].rule, a.v[i].end, 1), 0);
             ck_assert_uint_ge(a.n, 4096); /* the radix path's threshold */
-            scan_hits_finalize(&a, cat, (enum scan_mode)mode);
-            scan_hits_finalize_sorting(&b, cat, (enum scan_mode)mode);
-            ck_assert_uint_eq(a.n, b.n);
-            for (size_t i = 0; i < a.n; i++)
-                ck_assert_msg(a.v[i].rule == b.v[i].rule && a.v[i].end == b.v[i].end &&
-                                  a.v[i].count == b.v[i].count,
-                              "mode %d round %u entry %zu: radix (%u, %llu, %u), sorting "
-                              "(%u, %llu, %u)",
-                              mode, round, i, a.v[i].rule, (unsigned long long)a.v[i].end,
-                              a.v[i].count, b.v[i].rule, (unsigned long long)b.v[i].end,
-                              b.v[i].count);
-            scan_hits_finish(&a);
-            scan_hits_finish(&b);
+            finalize_equals_sorting(&a, &b, cat, mode, round);
         }
     }
     catalog_destroy(cat);
@@ -1767,19 +1775,7 @@ START_TEST(test_finalize_plain_equals_sorting)
                 }
                 for (size_t i = 0; i < a.n; i++)
                     ck_assert_int_eq(scan_hits_push(&b, a.v[i].rule, a.v[i].end, 1), 0);
-                scan_hits_finalize(&a, cat, (enum scan_mode)mode);
-                scan_hits_finalize_sorting(&b, cat, (enum scan_mode)mode);
-                ck_assert_uint_eq(a.n, b.n);
-                for (size_t i = 0; i < a.n; i++)
-                    ck_assert_msg(a.v[i].rule == b.v[i].rule && a.v[i].end == b.v[i].end &&
-                                      a.v[i].count == b.v[i].count,
-                                  "mode %d length %u entry %zu: (%u, %llu, %u) against "
-                                  "(%u, %llu, %u)",
-                                  mode, lens[li], i, a.v[i].rule, (unsigned long long)a.v[i].end,
-                                  a.v[i].count, b.v[i].rule, (unsigned long long)b.v[i].end,
-                                  b.v[i].count);
-                scan_hits_finish(&a);
-                scan_hits_finish(&b);
+                finalize_equals_sorting(&a, &b, cat, mode, lens[li]);
             }
         }
     }
