@@ -19,6 +19,7 @@
 #include "notify.h"
 #include "refscan.h"
 #include "session.h"
+#include "stream.h"
 
 #define ACCEPTS_PER_WAKEUP 64
 #define ACCEPT_BACKOFF_MS  100u  /* EMFILE/ENFILE: pause accepting this long */
@@ -428,6 +429,7 @@ static void on_sweep(uv_timer_t *t)
         if (i <= srv->n_sessions)
             session_sweep(srv->sessions[i - 1], now);
     }
+    stream_spare_trim(now);
 }
 
 /* Runs the timeout sweep at a quarter of the shortest timeout or

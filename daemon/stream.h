@@ -58,6 +58,11 @@ void stream_op(struct stream_set *set, struct session *s, const struct proto_req
 /* Frees the state of streams idle past stream-idle-timeout-ms at `now_ms`. */
 void stream_set_sweep(struct stream_set *set, uint64_t now_ms);
 
+/* Gives back the descriptor writes' kept head-and-tail buffers that are
+ * over the pool's bound once the peak of their use has passed
+ * (daemon/stream_run.c; the sweep timer, any thread). */
+void stream_spare_trim(uint64_t now_ms);
+
 /* Appends the stream limits (limit.stream_*) and the service-wide stream
  * counters (stream.*) to `l`. */
 void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l);

@@ -52,22 +52,45 @@ static struct {
  * daemon thread: for a flow reassembler's 64 KiB writes, two system calls
  * and an interrupt round per write, the munmap on the loop thread
  * (docs/PERFORMANCE.md "Session 28"). Mappings of up to SPARE_MAX bytes
- * are kept for reuse instead, by size class (powers of two), SPARE_KEEP
- * bytes of them at most: a kept mapping has at most its class size of
- * resident pages, so that bounds what the reuse holds. A reused buffer's
- * middle still holds an earlier write's bytes; nothing reads them
- * (streamscan_split_plan names what streamscan_write_begin reads, and the
- * CPU fallback reads the whole range into it first). */
+ * are kept for reuse instead, by size class (powers of two). A kept
+ * mapping has at most its class size of resident pages, so the bytes kept
+ * bound what the reuse holds: SPARE_KEEP, or more while the writes in
+ * flight need more. Kept up to SPARE_KEEP only, 64 clients of 64 writes
+ * of 64 KiB (256 MiB in flight) mapped a new buffer for two writes in
+ * three, and the mmap and munmap doubled a begin's time on the CPU
+ * engine's threads (docs/PERFORMANCE.md "Session 32"). So the bound is
+ * the most bytes of these buffers in use at once over the last two
+ * windows of SPARE_HOLD_MS (the peak), when that is above SPARE_KEEP:
+ * the pool then holds no more than the writes themselves held at their
+ * peak, and
+ * stream_spare_trim (the sweep timer) gives back what is over the bound
+ * once the peak has passed. A reused buffer's middle still holds an
+ * earlier write's bytes; nothing reads them (streamscan_split_plan names
+ * what streamscan_write_begin reads, and the CPU fallback reads the whole
+ * range into it first). */
 #define SPARE_MIN_SHIFT 14u /* 16 KiB */
 #define SPARE_MAX_SHIFT 22u /* 4 MiB */
 #define SPARE_KEEP      (64u << 20)
+#define SPARE_HOLD_MS   2000u
 
 static struct {
     pthread_mutex_t mu;
     void *head[SPARE_MAX_SHIFT - SPARE_MIN_SHIFT + 1]; /* linked through their first word */
     uint64_t kept;                                     /* bytes in the lists */
     uint64_t reused, mapped;                           /* stream.sparse_reused, _mapped */
+    uint64_t in_use;    /* bytes of kept-class buffers handed out now */
+    uint64_t peak;      /* the most in_use since peak_ms */
+    uint64_t peak_prev; /* the most in the window before (a lull between bursts trims nothing) */
+    uint64_t peak_ms;
+    uint64_t trimmed; /* stream.sparse_trimmed: buffers given back by stream_spare_trim */
 } spare = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* The bytes the lists may keep (mu held). */
+static uint64_t spare_bound(void)
+{
+    uint64_t p = spare.peak > spare.peak_prev ? spare.peak : spare.peak_prev;
+    return p > SPARE_KEEP ? p : SPARE_KEEP;
+}
 
 /* The class of a buffer of `len` bytes (its size: 1 << class), or 0 when
  * buffers that long are not kept. */
@@ -97,13 +120,22 @@ static void *sparse_get(size_t len, size_t *cap)
         } else {
             spare.mapped++;
         }
+        spare.in_use += len;
+        if (spare.in_use > spare.peak)
+            spare.peak = spare.in_use;
         pthread_mutex_unlock(&spare.mu);
     }
     if (p == NULL) {
         p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
                  0);
-        if (p == MAP_FAILED)
+        if (p == MAP_FAILED) {
+            if (c != 0) {
+                pthread_mutex_lock(&spare.mu);
+                spare.in_use -= len;
+                pthread_mutex_unlock(&spare.mu);
+            }
             return NULL;
+        }
     }
     *cap = len;
     return p;
@@ -122,7 +154,8 @@ static void sparse_put(struct work *w)
     unsigned c = spare_class(cap);
     if (c != 0 && cap == (size_t)1 << c) {
         pthread_mutex_lock(&spare.mu);
-        bool keep = spare.kept + cap <= SPARE_KEEP;
+        spare.in_use -= cap;
+        bool keep = spare.kept + cap <= spare_bound();
         if (keep) {
             *(void **)p = spare.head[c - SPARE_MIN_SHIFT];
             spare.head[c - SPARE_MIN_SHIFT] = p;
@@ -133,6 +166,38 @@ static void sparse_put(struct work *w)
             return;
     }
     munmap(p, cap);
+}
+
+void stream_spare_trim(uint64_t now_ms)
+{
+    size_t drop_size[SPARE_MAX_SHIFT - SPARE_MIN_SHIFT + 1] = {0};
+    void *drop_head[SPARE_MAX_SHIFT - SPARE_MIN_SHIFT + 1] = {NULL}; /* linked as in the lists */
+    pthread_mutex_lock(&spare.mu);
+    if (now_ms - spare.peak_ms >= SPARE_HOLD_MS) { /* a new window: the peak from now */
+        spare.peak_prev = spare.peak;
+        spare.peak = spare.in_use;
+        spare.peak_ms = now_ms;
+    }
+    uint64_t bound = spare_bound();
+    /* the largest buffers first: fewest unmaps for the bytes */
+    for (unsigned k = SPARE_MAX_SHIFT - SPARE_MIN_SHIFT + 1; k > 0 && spare.kept > bound; k--) {
+        size_t len = (size_t)1 << (k - 1 + SPARE_MIN_SHIFT);
+        void *p;
+        while (spare.kept > bound && (p = spare.head[k - 1]) != NULL) {
+            spare.head[k - 1] = *(void **)p;
+            spare.kept -= len;
+            spare.trimmed++;
+            *(void **)p = drop_head[k - 1];
+            drop_head[k - 1] = p;
+            drop_size[k - 1] = len;
+        }
+    }
+    pthread_mutex_unlock(&spare.mu);
+    for (unsigned k = 0; k < SPARE_MAX_SHIFT - SPARE_MIN_SHIFT + 1; k++)
+        for (void *p = drop_head[k], *next; p != NULL; p = next) {
+            next = *(void **)p;
+            munmap(p, drop_size[k]);
+        }
 }
 
 /* Reads `n` bytes at `at` of the write's range into `dst`; 0 or
@@ -837,8 +902,11 @@ void stream_run_stats_add(struct stats_list *l)
     stats_add_u(l, "stream.run_ns", atomic_load_explicit(&run_ns, memory_order_relaxed));
     pthread_mutex_lock(&spare.mu);
     uint64_t reused = spare.reused, mapped = spare.mapped, kept = spare.kept;
+    uint64_t peak = spare.peak, trimmed = spare.trimmed;
     pthread_mutex_unlock(&spare.mu);
     stats_add_u(l, "stream.sparse_reused", reused);
     stats_add_u(l, "stream.sparse_mapped", mapped);
     stats_add_u(l, "stream.sparse_kept_bytes", kept);
+    stats_add_u(l, "stream.sparse_peak_bytes", peak);
+    stats_add_u(l, "stream.sparse_trimmed", trimmed);
 }
