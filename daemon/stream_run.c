@@ -62,12 +62,11 @@ static struct {
  * the most bytes of these buffers in use at once over the last two
  * windows of SPARE_HOLD_MS (the peak), when that is above SPARE_KEEP:
  * the pool then holds no more than the writes themselves held at their
- * peak, and
- * stream_spare_trim (the sweep timer) gives back what is over the bound
- * once the peak has passed. A reused buffer's middle still holds an
- * earlier write's bytes; nothing reads them (streamscan_split_plan names
- * what streamscan_write_begin reads, and the CPU fallback reads the whole
- * range into it first). */
+ * peak, and stream_spare_trim (the sweep timer) gives back what is over
+ * the bound once the peak has passed. A reused buffer's middle still
+ * holds an earlier write's bytes; nothing reads them
+ * (streamscan_split_plan names what streamscan_write_begin reads, and the
+ * CPU fallback reads the whole range into it first). */
 #define SPARE_MIN_SHIFT 14u /* 16 KiB */
 #define SPARE_MAX_SHIFT 22u /* 4 MiB */
 #define SPARE_KEEP      (64u << 20)
@@ -797,9 +796,9 @@ static uint32_t pool_threads(struct server *srv)
  * length: as much as a thread's share). A write whose middle will likely
  * go to a scan batch counts only the head and tail its thread walks: it
  * counted its whole length before, so 120 such 64 KiB writes filled the
- * H100 host's 15 threads' share while the threads sat 2% busy, and a flow
- * reassembler's writes waited about 1 ms for their turn to begin
- * (docs/PERFORMANCE.md "Session 32"). */
+ * H100 host's 15 threads' share while the threads sat 2% busy. (That was
+ * not what a flow reassembler's writes waited 1 ms for before their
+ * begin: the wait stayed; docs/PERFORMANCE.md "Session 32".) */
 static uint64_t work_cost(const struct work *w)
 {
     const struct proto_buffer *b = w->buf;
