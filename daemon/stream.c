@@ -612,6 +612,8 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "stream.batch_fallbacks", stream_counters.batch_fallbacks);
     stats_add_u(l, "stream.overlapped_writes", stream_counters.overlapped);
     stats_add_u(l, "stream.batch_begin_ns", stream_counters.batch_begin_ns);
+    stats_add_u(l, "stream.batch_begin_wait_ns", stream_counters.batch_begin_wait_ns);
+    stats_add_u(l, "stream.batch_begin_back_ns", stream_counters.batch_begin_back_ns);
     stats_add_u(l, "stream.batch_queue_ns", stream_counters.batch_queue_ns);
     stats_add_u(l, "stream.batch_engine_ns", stream_counters.batch_engine_ns);
     stats_add_u(l, "stream.batch_end_ns", stream_counters.batch_end_ns);

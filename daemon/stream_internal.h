@@ -77,8 +77,10 @@ struct work {
     bool cancelled;  /* it never ran (the daemon is going away) */
     uint64_t offset; /* the stream's offset after it (taken where it ran) */
     /* where a batched write's time goes (loop clock, ns): queued on its
-     * stream, middle queued, batch back; and the engine's wall time */
+     * stream, middle queued, batch back; and the engine's wall time; and
+     * (the same clock, set on the thread) when its begin started and ended */
     uint64_t t_in, t_mid, t_back, engine_ns;
+    uint64_t t_ran, t_ran_end;
     struct sched_job sj;
     struct engine_job ej;
     struct engine_buf ebuf;
@@ -123,6 +125,7 @@ struct stream_counters {
     uint64_t batch_writes, batch_fd_writes, batch_bytes, batch_gpu, batch_fallbacks;
     uint64_t loop_closes, loop_ends, overlapped;
     uint64_t batch_begin_ns, batch_queue_ns, batch_engine_ns, batch_end_ns, batch_jobs;
+    uint64_t batch_begin_wait_ns, batch_begin_back_ns; /* of begin: before and after its run */
     /* the engine's phases of those batches, summed per write like batch_engine_ns */
     uint64_t batch_fd_read_ns, batch_plan_ns, batch_upload_ns, batch_device_ns, batch_readback_ns,
         batch_finalize_ns, batch_idle_ns;

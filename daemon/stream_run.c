@@ -479,6 +479,10 @@ static void finish(struct work *w)
         if (w->t_back != 0) { /* its middle ran in a batch */
             uint64_t now = uv_hrtime();
             stream_counters.batch_begin_ns += w->t_mid - w->t_in;
+            if (w->t_ran >= w->t_in && w->t_ran_end >= w->t_ran && w->t_mid >= w->t_ran_end) {
+                stream_counters.batch_begin_wait_ns += w->t_ran - w->t_in;
+                stream_counters.batch_begin_back_ns += w->t_mid - w->t_ran_end;
+            }
             stream_counters.batch_queue_ns +=
                 w->t_back - w->t_mid -
                 (w->engine_ns < w->t_back - w->t_mid ? w->engine_ns : w->t_back - w->t_mid);
@@ -571,9 +575,15 @@ static uint64_t mono_ns(void)
 static void task_run(struct engine_task *t)
 {
     struct work *w = (struct work *)t;
+    bool first = !w->mid_hits && !w->mid_cpu;
     uint64_t t0 = mono_ns();
     work_run(w);
-    atomic_fetch_add_explicit(&run_ns, mono_ns() - t0, memory_order_relaxed);
+    uint64_t t1 = mono_ns();
+    if (first) { /* CLOCK_MONOTONIC, as uv_hrtime's t_in and t_mid */
+        w->t_ran = t0;
+        w->t_ran_end = t1;
+    }
+    atomic_fetch_add_explicit(&run_ns, t1 - t0, memory_order_relaxed);
     pthread_mutex_lock(&pool.mu);
     w->next = NULL;
     if (pool.done_tail != NULL)

@@ -1666,6 +1666,16 @@ START_TEST(test_daemon_stream_gpu_batches)
     ck_assert_uint_eq(stat_of(c, "limit.stream_gpu_min_bytes"), 1);
     /* writes of at most 6 KiB have few matches: they end on the loop */
     ck_assert_uint_gt(stat_of(c, "stream.loop_ends"), batched / 2);
+    /* the begin's parts: before its run on a thread, and after it */
+    uint64_t begin = stat_of(c, "stream.batch_begin_ns"),
+             wait = stat_of(c, "stream.batch_begin_wait_ns"),
+             back = stat_of(c, "stream.batch_begin_back_ns");
+    printf("stream gpu batches: begin %" PRIu64 " ns, of it %" PRIu64
+           " waiting for a thread, %" PRIu64 " back to the loop\n",
+           begin, wait, back);
+    ck_assert_uint_gt(wait, 0);
+    ck_assert_uint_gt(back, 0);
+    ck_assert_uint_lt(wait + back, begin);
     vks_catalog_destroy(cat);
     vks_client_close(c);
     daemon_stop(&d);
