@@ -79,8 +79,8 @@ flows_phases() {
               printf "  %d batched writes in %d batches, %d ended on the loop; loop busy %.0f%%;",
                   v["stream.batch_writes"], v["batches"], v["stream.loop_ends"],
                   100 * v["loop_busy_ns"] / v["uptime_ns"]
-              split("begin queue engine end device finalize idle", k, " ")
-              for (i = 1; i <= 7; i++)
+              split("begin begin_wait begin_back queue engine end device finalize plan idle", k, " ")
+              for (i = 1; i <= 10; i++)
                   printf " %s %.2f", k[i], v["stream.batch_" k[i] "_ns"] / n / 1e6
               printf " ms a write\n" }'
 }
