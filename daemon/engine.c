@@ -127,15 +127,14 @@ struct fd_seen {
  * the result cache are found by. */
 static int identify_fd(struct engine_buf *b, struct fd_seen *seen)
 {
-    struct stat sb;
-    if (seen != NULL && seen->fd == b->fd) {
-        sb = seen->sb;
-    } else if (fstat(b->fd, &sb) != 0) {
-        return bad_fd(b, "the descriptor cannot be inspected (%s): pass an open file",
-                      strerror(errno));
-    } else if (seen != NULL) {
-        *seen = (struct fd_seen){.fd = b->fd, .sb = sb, .fl = fcntl(b->fd, F_GETFL), .seals = -2};
+    if (seen->fd != b->fd) {
+        struct stat st;
+        if (fstat(b->fd, &st) != 0)
+            return bad_fd(b, "the descriptor cannot be inspected (%s): pass an open file",
+                          strerror(errno));
+        *seen = (struct fd_seen){.fd = b->fd, .sb = st, .fl = fcntl(b->fd, F_GETFL), .seals = -2};
     }
+    const struct stat sb = seen->sb;
     if (!S_ISREG(sb.st_mode))
         return bad_fd(b, "the descriptor is %s, not a regular file or memfd: pass a file",
                       S_ISFIFO(sb.st_mode)   ? "a pipe"
@@ -160,11 +159,10 @@ static int identify_fd(struct engine_buf *b, struct fd_seen *seen)
     return 0;
 }
 
-/* A memfd sealed against shrinking: load_fd maps it (a truncation that
- * could fault a mapping is impossible). */
-static bool sealed(int fd)
+/* Seals (F_GET_SEALS) of a memfd sealed against shrinking: load_fd maps
+ * it (a truncation that could fault a mapping is impossible). */
+static bool sealed(int seals)
 {
-    int seals = fcntl(fd, F_GET_SEALS);
     return seals > 0 && (seals & F_SEAL_SHRINK);
 }
 
@@ -183,7 +181,7 @@ static int load_fd(struct engine_buf *b, struct loaded *ld, bool populate)
         b->len = 0;
         return 0;
     }
-    if (len >= MAP_MIN && sealed(b->fd)) {
+    if (len >= MAP_MIN && sealed(fcntl(b->fd, F_GET_SEALS))) {
         long page = sysconf(_SC_PAGESIZE);
         uint64_t base = b->offset - b->offset % (uint64_t)page;
         size_t map_len = (size_t)(len + (b->offset - base));
@@ -453,10 +451,13 @@ static void load_buf(struct engine *e, struct bstate *st, struct dedup *dd, uint
         j->bytes_not_scanned += eb->bytes;
         return;
     }
-    if (st->defer && eb->bytes > 0 && can_defer(j) && !st->defer_sealed && dd->seen.seals == -2)
-        dd->seen.seals = fcntl(eb->fd, F_GET_SEALS);
-    bool is_sealed = dd->seen.seals > 0 && (dd->seen.seals & F_SEAL_SHRINK);
-    if (st->defer && eb->bytes > 0 && can_defer(j) && (st->defer_sealed || !is_sealed)) {
+    bool defer = st->defer && eb->bytes > 0 && can_defer(j);
+    if (defer && !st->defer_sealed) {
+        if (dd->seen.seals == -2)
+            dd->seen.seals = fcntl(eb->fd, F_GET_SEALS);
+        defer = !sealed(dd->seen.seals);
+    }
+    if (defer) {
         eb->deferred = true;
         eb->data = NULL;
         eb->len = eb->bytes;

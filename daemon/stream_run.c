@@ -169,8 +169,8 @@ static void sparse_put(struct work *w)
 
 void stream_spare_trim(uint64_t now_ms)
 {
-    size_t drop_size[SPARE_MAX_SHIFT - SPARE_MIN_SHIFT + 1] = {0};
-    void *drop_head[SPARE_MAX_SHIFT - SPARE_MIN_SHIFT + 1] = {NULL}; /* linked as in the lists */
+    enum { CLASSES = SPARE_MAX_SHIFT - SPARE_MIN_SHIFT + 1 };
+    void *drop[CLASSES] = {NULL}; /* per class, linked as in the lists */
     pthread_mutex_lock(&spare.mu);
     if (now_ms - spare.peak_ms >= SPARE_HOLD_MS) { /* a new window: the peak from now */
         spare.peak_prev = spare.peak;
@@ -179,23 +179,19 @@ void stream_spare_trim(uint64_t now_ms)
     }
     uint64_t bound = spare_bound();
     /* the largest buffers first: fewest unmaps for the bytes */
-    for (unsigned k = SPARE_MAX_SHIFT - SPARE_MIN_SHIFT + 1; k > 0 && spare.kept > bound; k--) {
-        size_t len = (size_t)1 << (k - 1 + SPARE_MIN_SHIFT);
-        void *p;
-        while (spare.kept > bound && (p = spare.head[k - 1]) != NULL) {
-            spare.head[k - 1] = *(void **)p;
-            spare.kept -= len;
-            spare.trimmed++;
-            *(void **)p = drop_head[k - 1];
-            drop_head[k - 1] = p;
-            drop_size[k - 1] = len;
+    for (unsigned k = CLASSES; k-- > 0 && spare.kept > bound;) {
+        for (void *p; spare.kept > bound && (p = spare.head[k]) != NULL; spare.trimmed++) {
+            spare.head[k] = *(void **)p;
+            spare.kept -= (size_t)1 << (k + SPARE_MIN_SHIFT);
+            *(void **)p = drop[k];
+            drop[k] = p;
         }
     }
     pthread_mutex_unlock(&spare.mu);
-    for (unsigned k = 0; k < SPARE_MAX_SHIFT - SPARE_MIN_SHIFT + 1; k++)
-        for (void *p = drop_head[k], *next; p != NULL; p = next) {
+    for (unsigned k = 0; k < CLASSES; k++)
+        for (void *p = drop[k], *next; p != NULL; p = next) {
             next = *(void **)p;
-            munmap(p, drop_size[k]);
+            munmap(p, (size_t)1 << (k + SPARE_MIN_SHIFT));
         }
 }
 

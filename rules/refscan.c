@@ -692,29 +692,44 @@ void scan_reporter_finish(struct scan_reporter *r)
     r->single = NULL;
 }
 
-/* The radix path of scan_hits_finalize, with the same result: keys
- * (end, rule) in one sort, duplicates adjacent, then the report modes.
- * Returns false when it cannot run (keys do not fit, no memory). */
-static bool finalize_radix(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode)
+/* Keys of short lists kept on the stack (finalize_keys). */
+#define KEYS_STACK 256u
+
+/*
+ * The packed-key path of scan_hits_finalize, with the same result: keys
+ * (end, rule) in one sort (scan_sort_u64: insertion sort when short, radix
+ * otherwise), duplicates adjacent, then the report modes. Mode `all` with
+ * no single-match rule in the catalog reports every distinct (end, rule)
+ * once, so the pass only drops repeats: no comparator calls and no rule
+ * lookups, at any length (the GPU finish ran the sorting path once per
+ * buffer, 250 ns a hit, most of a batch of flow writes' finish,
+ * docs/PERFORMANCE.md "Session 32"). Other modes take a scan_reporter,
+ * whose per-rule tables pay off from FINALIZE_RADIX_MIN hits. Returns
+ * false when it does not apply (keys do not fit, no memory).
+ */
+static bool finalize_keys(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode)
 {
-    uint32_t n_rules = catalog_rule_count(cat);
-    if (n_rules >= ((uint32_t)1 << KEY_RULE_BITS))
-        return false;
     size_t n = h->n;
-    uint64_t *key = malloc(2 * n * sizeof(*key));
-    struct scan_reporter rep;
-    bool ok = key != NULL;
-    for (size_t i = 0; ok && i < n; i++) {
+    bool plain = mode == SCAN_ALL && (catalog_rule_flags_any(cat) & RULE_F_SINGLEMATCH) == 0;
+    uint32_t n_rules = catalog_rule_count(cat);
+    if ((!plain && n < FINALIZE_RADIX_MIN) || n >= UINT32_MAX ||
+        n_rules >= ((uint32_t)1 << KEY_RULE_BITS))
+        return false;
+    for (size_t i = 0; i < n; i++)
         if (h->v[i].end >= KEY_END_LIMIT || h->v[i].rule >= n_rules)
-            ok = false;
-        else
-            key[i] = h->v[i].end << KEY_RULE_BITS | h->v[i].rule;
-    }
-    if (!ok || scan_reporter_init(&rep, cat) < 0) {
-        free(key);
+            return false;
+    uint64_t stack[2 * KEYS_STACK];
+    uint64_t *key = n <= KEYS_STACK ? stack : malloc(2 * n * sizeof(*key));
+    struct scan_reporter rep;
+    if (key == NULL || (!plain && scan_reporter_init(&rep, cat) < 0)) {
+        if (key != stack)
+            free(key);
         return false;
     }
-    scan_reporter_buffer(&rep);
+    if (!plain)
+        scan_reporter_buffer(&rep);
+    for (size_t i = 0; i < n; i++)
+        key[i] = h->v[i].end << KEY_RULE_BITS | h->v[i].rule;
     scan_sort_u64(key, key + n, n);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
@@ -722,7 +737,7 @@ static bool finalize_radix(struct scan_hits *h, const struct catalog *cat, enum 
             continue; /* one report per (rule, end) */
         uint32_t rule = (uint32_t)(key[i] & ((1u << KEY_RULE_BITS) - 1));
         uint64_t first;
-        switch (scan_reporter_take(&rep, mode, rule, k, &first)) {
+        switch (plain ? SCAN_TAKE_NEW : scan_reporter_take(&rep, mode, rule, k, &first)) {
         case SCAN_TAKE_NEW:
             /* k <= i: entries are written behind the keys being read */
             h->v[k++] = (struct scan_hit){.rule = rule, .count = 1, .end = key[i] >> KEY_RULE_BITS};
@@ -735,59 +750,17 @@ static bool finalize_radix(struct scan_hits *h, const struct catalog *cat, enum 
         }
     }
     h->n = k;
-    free(key);
-    scan_reporter_finish(&rep);
-    return true;
-}
-
-/* Keys of the short way's lists kept on the stack (finalize_plain). */
-#define PLAIN_STACK 256u
-
-/* The common case of scan_hits_finalize, with the same result: mode `all`
- * and a catalog without single-match rules report every distinct (end,
- * rule) once, in (end, rule) order, so one sort of packed keys and a pass
- * that drops repeats is all of it: no comparator calls and no rule
- * lookups. The GPU finish ran the general way once per buffer, 250 ns a
- * hit, most of a batch of flow writes' finish (docs/PERFORMANCE.md
- * "Session 32"). Returns false when it does not apply. */
-static bool finalize_plain(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode)
-{
-    size_t n = h->n;
-    if (mode != SCAN_ALL || (catalog_rule_flags_any(cat) & RULE_F_SINGLEMATCH) != 0)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (h->v[i].end >= KEY_END_LIMIT || h->v[i].rule >= ((uint32_t)1 << KEY_RULE_BITS))
-            return false;
-    uint64_t stack[2 * PLAIN_STACK];
-    uint64_t *key = n <= PLAIN_STACK ? stack : malloc(2 * n * sizeof(*key));
-    if (key == NULL)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        key[i] = h->v[i].end << KEY_RULE_BITS | h->v[i].rule;
-    scan_sort_u64(key, key + n, n);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (i > 0 && key[i] == key[i - 1])
-            continue; /* one report per (rule, end) */
-        h->v[k++] = (struct scan_hit){.rule = (uint32_t)(key[i] & ((1u << KEY_RULE_BITS) - 1)),
-                                      .count = 1,
-                                      .end = key[i] >> KEY_RULE_BITS};
-    }
-    h->n = k;
     if (key != stack)
         free(key);
+    if (!plain)
+        scan_reporter_finish(&rep);
     return true;
 }
 
 void scan_hits_finalize(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode)
 {
-    if (h->n == 0)
-        return;
-    if (h->n < FINALIZE_RADIX_MIN && finalize_plain(h, cat, mode))
-        return;
-    if (h->n >= FINALIZE_RADIX_MIN && h->n < UINT32_MAX && finalize_radix(h, cat, mode))
-        return;
-    scan_hits_finalize_sorting(h, cat, mode);
+    if (h->n != 0 && !finalize_keys(h, cat, mode))
+        scan_hits_finalize_sorting(h, cat, mode);
 }
 
 void scan_hits_finalize_sorting(struct scan_hits *h, const struct catalog *cat, enum scan_mode mode)

@@ -1211,6 +1211,14 @@ int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struc
     return write_split(s, buf, len, 0, out, NULL);
 }
 
+/* The bytes a split write's tail walk reads: the rebuilt states' last
+ * maxlen + 1 bytes, the factor ends before the last byte (two lookbacks: a
+ * gated group's and its factors'), the history, the final '\n'. */
+static uint64_t split_tail(const struct streamscan *s)
+{
+    return 2 * cpuscan_lookback(s->cat) + layout_of(s->cat).hist + 130;
+}
+
 bool streamscan_split_plan(const struct streamscan *s, size_t len, uint8_t last, size_t min_middle,
                            size_t *head, size_t *tail)
 {
@@ -1224,13 +1232,8 @@ bool streamscan_split_plan(const struct streamscan *s, size_t len, uint8_t last,
     size_t held = s->held, lo = h - held - 1, hi = e - held - 1;
     if (hi - lo <= min_middle)
         return false;
-    /* the head: v[0..h] (gated_head's lookahead byte); the tail: the
-     * rebuilt states' last maxlen + 1 bytes, the factor ends before the
-     * last byte (two lookbacks: a gated group's and its factors'), the
-     * history, the final '\n' */
-    uint64_t lb = cpuscan_lookback(s->cat);
-    struct layout l = layout_of(s->cat);
-    uint64_t t = 2 * lb + l.hist + 130;
+    /* the head: v[0..h] (gated_head's lookahead byte) */
+    uint64_t t = split_tail(s);
     *head = h + 2 < len ? h + 2 : len;
     *tail = t < len ? (size_t)t : len;
     return true;
@@ -1243,8 +1246,8 @@ size_t streamscan_split_cost(const struct streamscan *s, size_t len, size_t min_
     uint64_t lb = cpuscan_lookback(s->cat);
     if (lb == CPUSCAN_UNSEGMENTABLE)
         return len;
-    struct layout l = layout_of(s->cat);
-    uint64_t c = 3 * lb + l.hist + 133; /* streamscan_split_plan's head and tail */
+    uint64_t c =
+        lb + 5 + split_tail(s); /* streamscan_split_plan's head (held: 1 at most) and tail */
     return c < len ? (size_t)c : len;
 }
 

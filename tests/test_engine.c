@@ -1748,18 +1748,20 @@ START_TEST(test_finalize_radix_equals_sorting)
 }
 END_TEST
 
-/* Short lists of mode `all` against a catalog without single-match rules
- * take scan_hits_finalize's packed-key path (finalize_plain); in every
- * mode, at the lengths where its sort changes way (1, 2, the insertion
- * sort's 47 and 48, the stack's 256 and 257, up to the radix path's 4095),
- * with repeats, it must give what the two-sort reference gives, and an end
- * too large to pack must fall back to the reference (and give the same).
+/* Lists of mode `all` against a catalog without single-match rules take
+ * scan_hits_finalize's packed-key path without a reporter (finalize_keys),
+ * other modes the sorting path below 4,096 hits and the reporter above; in
+ * every mode, at the lengths where the way changes (1, 2, the insertion
+ * sort's 47 and 48, the stack's 256 and 257, the reporter's 4,095 and
+ * 4,096), with repeats, it must give what the two-sort reference gives, and
+ * an end too large to pack must fall back to the reference (and give the
+ * same).
  * Fails when the packed path drops a distinct hit, keeps a repeat, or
  * orders by rule first. */
 START_TEST(test_finalize_plain_equals_sorting)
 {
     struct catalog *cat = compile(unbounded, sizeof(unbounded) / sizeof(unbounded[0]));
-    static const uint32_t lens[] = {1, 2, 47, 48, 200, 256, 257, 1000, 4095};
+    static const uint32_t lens[] = {1, 2, 47, 48, 200, 256, 257, 1000, 4095, 4096, 6000};
     for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
         for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
             for (int huge = 0; huge < 2; huge++) {
