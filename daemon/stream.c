@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "engine.h"
 #include "log.h"
@@ -513,6 +514,30 @@ void stream_many_item_done(struct many *m)
         many_finish(m);
 }
 
+/* The size of a regular file (a memfd) a stream.writes passes, asked once
+ * per descriptor: libvkscan packs a request's writes into one memfd, whose
+ * size each of up to max-buffers writes would otherwise fstat on its
+ * thread. Writes that find it unknown fstat themselves and say what is
+ * wrong with the descriptor. */
+struct fd_size {
+    int fd;
+    bool ok;
+    uint64_t size;
+};
+
+static bool fd_size_of(struct fd_size *c, int fd, uint64_t *size)
+{
+    if (fd != c->fd) {
+        struct stat sb;
+        c->fd = fd;
+        atomic_fetch_add_explicit(&stream_fd_stats, 1, memory_order_relaxed);
+        c->ok = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
+        c->size = c->ok ? (uint64_t)sb.st_size : 0;
+    }
+    *size = c->size;
+    return c->ok;
+}
+
 /* stream.writes (`writes`) or stream.close with `streams`: one item per
  * stream id, answered together. */
 static void stream_many(struct stream_set *set, struct session *s, const struct proto_request *req,
@@ -537,6 +562,7 @@ static void stream_many(struct stream_set *set, struct session *s, const struct 
                        .items = items,
                        .max_hits = set != NULL ? server_config(set->srv)->max_hits : 0};
     m->left = n + 1; /* + 1 until every item is queued */
+    struct fd_size sz = {.fd = -1};
     for (uint32_t i = 0; i < n; i++) {
         struct item *it = &items[i];
         struct stream *st = lookup(set, ids[i], &it->rc, it->msg, sizeof(it->msg));
@@ -554,6 +580,8 @@ static void stream_many(struct stream_set *set, struct session *s, const struct 
                            .buf = writes ? &req->u.writes.buffers[i] : NULL,
                            .many = m,
                            .index = i};
+        if (w->buf != NULL && w->buf->is_fd)
+            w->fd_known = fd_size_of(&sz, w->buf->fd, &w->fd_size);
         if (!writes) {
             st->closing = true;
             if (stream_close_here(st, w))

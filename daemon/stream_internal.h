@@ -8,6 +8,7 @@
 #ifndef VKSCAND_STREAM_INTERNAL_H
 #define VKSCAND_STREAM_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,7 +56,9 @@ struct work {
     void *token;                    /* NULL for an item of a stream.writes */
     struct many *many;              /* the stream.writes this write is item `index` of */
     uint32_t index;
-    uint64_t max; /* max-scan-bytes */
+    uint64_t max;     /* max-scan-bytes */
+    uint64_t fd_size; /* a descriptor write's file size, when fd_known */
+    bool fd_known;    /* fstat on the loop, once per descriptor of a stream.writes */
     struct scan_hits hits;
     uint64_t bytes;
     int rc;
@@ -131,6 +134,8 @@ struct stream_counters {
         batch_finalize_ns, batch_idle_ns;
 };
 extern struct stream_counters stream_counters; /* stream.c */
+/* stream.fd_stats: fstat calls for descriptor writes (loop and threads) */
+extern _Atomic uint64_t stream_fd_stats; /* stream_run.c */
 
 /* stream.c: the stream's entry in its tenant's list (created on demand). */
 struct tenant_streams *stream_tenant_of(uid_t uid, bool create);

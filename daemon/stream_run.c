@@ -213,16 +213,68 @@ static int read_range(struct work *w, const struct proto_buffer *b, void *dst, u
     return 0;
 }
 
+/* A descriptor write whose middle runs in a batch: only the bytes its head
+ * and tail walk are read here, into a buffer of the write's size whose
+ * other pages are never touched (sparse_get); the GPU engine's upload
+ * threads read the middle from the descriptor themselves. The tail is
+ * read first: it holds the last byte, which the split's plan needs, so a
+ * write costs two reads. 1 when the write was begun (or failed: rc in
+ * *rc), 0 when it is not split and the caller reads it whole. */
+static int write_fd_split(struct work *w, const struct proto_buffer *b, uint64_t len, int *rc)
+{
+    size_t tl = streamscan_split_tail(w->st->scan, (size_t)len), hd, tl2;
+    if (tl == 0)
+        return 0;
+    size_t cap;
+    uint8_t *map = sparse_get((size_t)len, &cap);
+    if (map == NULL) {
+        *rc = -ENOMEM;
+        return 1;
+    }
+    w->sparse = map;
+    w->sparse_cap = cap;
+    if (read_range(w, b, map + len - tl, len - tl, tl) != 0 ||
+        !streamscan_split_plan(w->st->scan, (size_t)len, map[len - 1], w->batch_min, &hd, &tl2)) {
+        sparse_put(w); /* a failed read is met again by the whole read */
+        w->msg[0] = '\0';
+        return 0;
+    }
+    /* the head, less what the tail already holds */
+    *rc = read_range(w, b, map, 0, hd < len - tl ? hd : len - tl);
+    if (*rc == 0 && tl2 > tl) /* not expected: both come from split_tail */
+        *rc = read_range(w, b, map + len - tl2, len - tl2, tl2 - tl);
+    if (*rc == 0)
+        *rc =
+            streamscan_write_begin(w->st->scan, map, (size_t)len, w->batch_min, &w->hits, &w->mid);
+    if (*rc == 0 && !w->mid.pending) { /* streamscan_split_plan said it would be */
+        snprintf(w->msg, sizeof(w->msg), "internal error: the write's middle was not split");
+        w->bytes = len; /* the state moved past unread bytes: the stream must close */
+        *rc = -VKS_E_INTERNAL;
+    }
+    if (*rc != 0) {
+        sparse_put(w);
+        return 1;
+    }
+    w->bytes = len;
+    w->wbuf = map;
+    w->wlen = (size_t)len;
+    return 1;
+}
+
 /* Reads the fd range of a write and scans it in pieces (pool thread). */
 static int write_fd(struct work *w, const struct proto_buffer *b)
 {
-    struct stat sb;
-    if (fstat(b->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        snprintf(w->msg, sizeof(w->msg),
-                 "the descriptor is not a regular file or memfd: pass an open file");
-        return -VKS_E_BAD_FD;
+    uint64_t size = w->fd_size; /* the loop's fstat for every write of a stream.writes */
+    if (!w->fd_known) {
+        struct stat sb;
+        atomic_fetch_add_explicit(&stream_fd_stats, 1, memory_order_relaxed);
+        if (fstat(b->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            snprintf(w->msg, sizeof(w->msg),
+                     "the descriptor is not a regular file or memfd: pass an open file");
+            return -VKS_E_BAD_FD;
+        }
+        size = (uint64_t)sb.st_size;
     }
-    uint64_t size = (uint64_t)sb.st_size;
     uint64_t len = b->has_length ? b->length : size - (b->offset < size ? b->offset : size);
     if (b->offset > size || len > size - b->offset) {
         snprintf(w->msg, sizeof(w->msg), "range %llu+%llu is outside the file of %llu bytes",
@@ -236,45 +288,12 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
                  (unsigned long long)len, (unsigned long long)w->max);
         return -VKS_E_LIMIT;
     }
-    /* A write that runs its middle in a batch: only the bytes its head and
-     * tail walk are read here, into an anonymous mapping of the write's
-     * size whose other pages are never touched; the GPU engine's upload
-     * threads read the middle from the descriptor themselves. */
-    uint8_t last;
-    size_t hd, tl;
-    if (w->batch_min != 0 && len > w->batch_min && read_range(w, b, &last, len - 1, 1) == 0 &&
-        streamscan_split_plan(w->st->scan, (size_t)len, last, w->batch_min, &hd, &tl)) {
-        size_t cap;
-        uint8_t *map = sparse_get((size_t)len, &cap);
-        if (map == NULL)
-            return -ENOMEM;
-        int rc = read_range(w, b, map, 0, hd);
-        if (rc == 0)
-            rc = read_range(w, b, map + len - tl, len - tl, tl);
-        if (rc == 0)
-            rc = streamscan_write_begin(w->st->scan, map, (size_t)len, w->batch_min, &w->hits,
-                                        &w->mid);
-        if (rc == 0 && !w->mid.pending) { /* streamscan_split_plan said it would be */
-            snprintf(w->msg, sizeof(w->msg), "internal error: the write's middle was not split");
-            w->bytes = len; /* the state moved past unread bytes: the stream must close */
-            rc = -VKS_E_INTERNAL;
-        }
-        w->sparse = map;
-        w->sparse_cap = cap;
-        if (rc != 0) {
-            sparse_put(w);
-            return rc;
-        }
-        w->bytes = len;
-        w->wbuf = map;
-        w->wlen = (size_t)len;
-        return 0;
-    }
-    w->msg[0] = '\0'; /* a failed read of the last byte is met again below */
+    int rc = 0;
+    if (w->batch_min != 0 && len > w->batch_min && write_fd_split(w, b, len, &rc))
+        return rc;
     uint8_t *buf = malloc(len < READ_CHUNK ? (len ? len : 1) : READ_CHUNK);
     if (buf == NULL)
         return -ENOMEM;
-    int rc = 0;
     for (uint64_t done = 0; done < len && rc == 0;) {
         size_t want = len - done < READ_CHUNK ? (size_t)(len - done) : READ_CHUNK;
         ssize_t n = pread(b->fd, buf, want, (off_t)(b->offset + done));
@@ -558,7 +577,8 @@ void stream_work_done(struct work *w, int status)
     settle(st);
 }
 
-static _Atomic uint64_t run_ns; /* stream.run_ns: time in work_run on the threads */
+static _Atomic uint64_t run_ns;   /* stream.run_ns: time in work_run on the threads */
+_Atomic uint64_t stream_fd_stats; /* stream.fd_stats */
 
 static uint64_t mono_ns(void)
 {
@@ -905,6 +925,7 @@ bool stream_close_here(struct stream *st, struct work *w)
 void stream_run_stats_add(struct stats_list *l)
 {
     stats_add_u(l, "stream.run_ns", atomic_load_explicit(&run_ns, memory_order_relaxed));
+    stats_add_u(l, "stream.fd_stats", atomic_load_explicit(&stream_fd_stats, memory_order_relaxed));
     pthread_mutex_lock(&spare.mu);
     uint64_t reused = spare.reused, mapped = spare.mapped, kept = spare.kept;
     uint64_t peak = spare.peak, trimmed = spare.trimmed;

@@ -1239,6 +1239,15 @@ bool streamscan_split_plan(const struct streamscan *s, size_t len, uint8_t last,
     return true;
 }
 
+size_t streamscan_split_tail(const struct streamscan *s, size_t len)
+{
+    if (s->closed || len == 0 || any_single(s->cat) ||
+        cpuscan_lookback(s->cat) == CPUSCAN_UNSEGMENTABLE)
+        return 0;
+    uint64_t t = split_tail(s);
+    return t < len ? (size_t)t : len;
+}
+
 size_t streamscan_split_cost(const struct streamscan *s, size_t len, size_t min_middle)
 {
     if (s->closed || any_single(s->cat) || len <= min_middle)

@@ -130,6 +130,13 @@ int streamscan_write_begin(struct streamscan *s, const uint8_t *buf, size_t len,
 bool streamscan_split_plan(const struct streamscan *s, size_t len, uint8_t last, size_t min_middle,
                            size_t *head, size_t *tail);
 /*
+ * The tail streamscan_split_plan would name for a write of `len` bytes,
+ * known before the write's last byte is: 0 where no write of this stream
+ * can be split now. A caller that reads the tail first learns the last
+ * byte with it (vkscand: one read of a descriptor fewer per write).
+ */
+size_t streamscan_split_tail(const struct streamscan *s, size_t len);
+/*
  * About the bytes streamscan_write_begin(..., min_middle, ...) will walk
  * for a write of `len` bytes: the head and the tail when its middle is
  * likely left to the caller, else `len`. An estimate from the catalog

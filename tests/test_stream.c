@@ -2654,7 +2654,10 @@ START_TEST(test_daemon_stream_write_many)
         gb[i] = (struct vks_buffer){
             .kind = VKS_BUFFER_FD, .fd = fileno(one), .offset = (uint64_t)i, .length = 1};
     }
+    uint64_t fd_stats = stat_of(c, "stream.fd_stats");
     ck_assert_int_eq(vks_stream_write_many(gs, gb, NR, &res, &err), 0);
+    /* its size is asked once on the loop, not by each of the 300 writes */
+    ck_assert_uint_eq(stat_of(c, "stream.fd_stats"), fd_stats + 1);
     ck_assert_uint_eq(res.n_buffers, NR);
     ck_assert_uint_eq(res.n_hits, 1);
     ck_assert_uint_eq(res.hits[0].buffer, 105);
