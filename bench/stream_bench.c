@@ -2,7 +2,7 @@
  * stream_bench: vkscan streams against Hyperscan's stream mode, same data,
  * same run (issue 13, docs/PERFORMANCE.md "Streams").
  *
- *   stream_bench [--threads T] [--iters N] [--only state,flows,large]
+ *   stream_bench [--threads T] [--iters N] [--only state,flows,large,begin]
  *                [--streams N] [--write BYTES] [--rounds R] [--literals N]
  *                [--large BYTES] [--large-write BYTES] [--file PATH]
  *                [--regexes N] [--data DIR] [--socket PATH] [--no-hs]
@@ -779,6 +779,65 @@ static void write_large(const char *path, const uint8_t *piece, uint64_t plen, u
     close(fd);
 }
 
+/* --only begin: what a batched write's begin costs a CPU engine thread in
+ * user space, in process: streamscan_write_begin on --write bytes with a
+ * middle of at least 16 KiB left to the caller, then streamscan_write_end
+ * with no hits from the middle (vkscand's begin and loop end, no system
+ * calls), against streamscan_write of the same bytes (the CPU route). One
+ * thread, --streams streams of literals-N, --rounds writes each. */
+static void run_begin(const struct opts *o)
+{
+    struct ruleset rs = {0};
+    literal_rules(o->literals, &rs);
+    struct built b;
+    build_both(&rs, HS_MODE_STREAM, &b);
+    uint64_t bytes = (uint64_t)o->streams * o->write;
+    uint8_t *corpus = literal_corpus(&rs, bytes, o->threads);
+    struct streamscan **v = xmalloc(o->streams * sizeof(*v));
+    double t[2] = {0, 0};
+    uint64_t hits[2] = {0, 0}, split = 0;
+    for (int way = 0; way < 2; way++) {
+        for (uint32_t i = 0; i < o->streams; i++)
+            if (streamscan_create(b.cat, &v[i]) != 0)
+                die("streamscan_create", "out of memory");
+        double t0 = now_s();
+        for (uint32_t r = 0; r < o->rounds; r++)
+            for (uint32_t i = 0; i < o->streams; i++) {
+                const uint8_t *p = corpus + (uint64_t)i * o->write;
+                struct scan_hits h = {0};
+                int rc;
+                if (way == 0) {
+                    struct streamscan_middle mid;
+                    rc = streamscan_write_begin(v[i], p, o->write, 16384, &h, &mid);
+                    split += mid.pending;
+                    if (rc == 0)
+                        rc = streamscan_write_end(v[i], &mid, &h);
+                    streamscan_middle_finish(&mid);
+                } else {
+                    rc = streamscan_write(v[i], p, o->write, &h);
+                }
+                if (rc != 0)
+                    die("streamscan", "a write failed");
+                hits[way] += h.n;
+                scan_hits_finish(&h);
+            }
+        t[way] = now_s() - t0;
+        for (uint32_t i = 0; i < o->streams; i++)
+            streamscan_destroy(v[i]);
+    }
+    uint64_t n = (uint64_t)o->streams * o->rounds;
+    printf("begin: %u streams x %u writes of %zu bytes, %s, one thread\n", o->streams, o->rounds,
+           (size_t)o->write, o->flows_regex ? "regex" : "literals");
+    printf("  begin+end %.2f us a write (%llu of %llu split, %llu hits: head and tail only); "
+           "whole write %.2f us (%llu hits)\n",
+           t[0] * 1e6 / (double)n, (unsigned long long)split, (unsigned long long)n,
+           (unsigned long long)hits[0], t[1] * 1e6 / (double)n, (unsigned long long)hits[1]);
+    free(v);
+    free(corpus);
+    built_finish(&b);
+    rs_free(&rs);
+}
+
 /* One stream over the file in writes of --large-write (in process or
  * through vkscand), or Hyperscan's stream mode over the same writes. */
 static uint64_t large_stream(const struct opts *o, const struct built *b, int fd,
@@ -1054,7 +1113,7 @@ static bool wanted(const struct opts *o, const char *name)
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: stream_bench [--threads T] [--iters N] [--only state,flows,large]\n"
+            "usage: stream_bench [--threads T] [--iters N] [--only state,flows,large,begin]\n"
             "                    [--streams N] [--write BYTES] [--rounds R] [--literals N]\n"
             "                    [--large BYTES] [--large-write BYTES] [--file PATH]\n"
             "                    [--regexes N] [--data DIR] [--socket PATH] [--no-hs]\n"
@@ -1156,5 +1215,7 @@ int main(int argc, char **argv)
         run_flows(&o);
     if (wanted(&o, "large"))
         run_large(&o);
+    if (o.only != NULL && strstr(o.only, "begin") != NULL) /* not with the default set */
+        run_begin(&o);
     return 0;
 }
