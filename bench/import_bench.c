@@ -8,7 +8,11 @@
  *           vkscand does today: gpu/batch.c upload_haystack);
  *   import  the file's mapping imported with VK_EXT_external_memory_host
  *           (the driver pins its pages) and copied by the device's DMA; in
- *           chunks, so pinning chunk k+1 overlaps the copy of chunk k.
+ *           chunks, so pinning chunk k+1 overlaps the copy of chunk k. The
+ *           file and a sealed memfd of it mapped shared read-only, the memfd
+ *           mapped privately with write permission, and the bytes in
+ *           anonymous memory (as a buffer already in a process is),
+ *           imported and pinned anew each iteration.
  *
  *   import_bench [--file PATH] [--size BYTES] [--chunk BYTES] [--iters N]
  *                [--threads N] [--populate] [--device N]
@@ -392,9 +396,18 @@ struct import_times {
 
 /* Maps the file, imports it chunk by chunk (each chunk's copy submitted as
  * soon as it is imported), waits, releases. */
+/* How the bytes are mapped for the import: the file's or memfd's pages
+ * shared read-only (a sealed memfd allows no more), privately with write
+ * permission (pages stay the page cache's until written), or anonymous
+ * memory that already holds them (a client's buffer in process, or a
+ * frame the daemon received): mapped once, imported and pinned anew every
+ * time, as a batch would. */
+enum map_kind { MK_SHARED_RO, MK_PRIVATE_RW, MK_ANON };
+
 static struct import_times run_import(struct gpu *g, int fd, uint64_t size, uint64_t chunk,
                                       bool populate, VkExternalMemoryHandleTypeFlagBits type,
-                                      struct gbuf *hay, VkFence fence)
+                                      struct gbuf *hay, VkFence fence, enum map_kind kind,
+                                      uint8_t *anon)
 {
     struct import_times t = {0};
     uint32_t n = (uint32_t)((size + chunk - 1) / chunk);
@@ -402,7 +415,12 @@ static struct import_times run_import(struct gpu *g, int fd, uint64_t size, uint
     VkCommandBuffer *cmd = calloc(n, sizeof(*cmd));
     double t0 = now_s();
     uint64_t mapped = (size + g->align - 1) / g->align * g->align;
-    void *p = mmap(NULL, mapped, PROT_READ, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
+    void *p = anon;
+    if (kind != MK_ANON)
+        p = mmap(NULL, mapped, kind == MK_PRIVATE_RW ? PROT_READ | PROT_WRITE : PROT_READ,
+                 (kind == MK_PRIVATE_RW ? MAP_PRIVATE : MAP_SHARED) |
+                     (populate ? MAP_POPULATE : 0),
+                 fd, 0);
     if (p == MAP_FAILED) {
         perror("mmap");
         exit(2);
@@ -435,7 +453,8 @@ static struct import_times run_import(struct gpu *g, int fd, uint64_t size, uint
         vkFreeCommandBuffers(g->dev, g->pool, 1, &cmd[k]);
         gbuf_free(g, &src[k]);
     }
-    munmap(p, mapped);
+    if (kind != MK_ANON)
+        munmap(p, mapped);
     t.release = now_s() - t3;
     free(src);
     free(cmd);
@@ -554,11 +573,29 @@ int main(int argc, char **argv)
         {"host_alloc", VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT},
         {"host_mapped", VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_MAPPED_FOREIGN_MEMORY_BIT_EXT},
     };
-    int sources[2] = {fd, mfd};
-    const char *source_names[2] = {"file", "memfd"};
+    /* the bytes in anonymous memory (2 MiB aligned: transparent huge pages
+     * where the kernel gives them), filled once */
+    uint64_t amapped = (size + 2 * MIB - 1) / (2 * MIB) * (2 * MIB);
+    uint8_t *anon = mmap(NULL, amapped + 2 * MIB, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (anon == MAP_FAILED) {
+        perror("mmap anonymous");
+        return 2;
+    }
+    anon = (uint8_t *)(((uintptr_t)anon + 2 * MIB - 1) & ~(uintptr_t)(2 * MIB - 1));
+    madvise(anon, amapped, MADV_HUGEPAGE);
+    for (uint64_t at = 0; at < size;) {
+        ssize_t got = pread(fd, anon + at, size - at, (off_t)at);
+        if (got <= 0)
+            break;
+        at += (uint64_t)got;
+    }
+    int sources[4] = {fd, mfd, mfd, -1};
+    const enum map_kind kinds[4] = {MK_SHARED_RO, MK_SHARED_RO, MK_PRIVATE_RW, MK_ANON};
+    const char *source_names[4] = {"file", "memfd", "memfd-private-rw", "anonymous"};
     uint64_t chunks[3] = {chunk, 16 * MIB, size};
-    for (int s = 0; s < 2; s++) {
-        if (sources[s] < 0)
+    for (int s = 0; s < 4; s++) {
+        if (sources[s] < 0 && kinds[s] != MK_ANON)
             continue;
         for (size_t ty = 0; ty < 2; ty++) {
             for (int c = 0; c < 3; c++) {
@@ -571,7 +608,8 @@ int main(int argc, char **argv)
                 bool refused = false;
                 for (int i = 0; i < iters && !refused; i++) {
                     struct import_times t =
-                        run_import(&g, sources[s], size, ch, populate, types[ty].type, &hay, fence);
+                        run_import(&g, sources[s], size, ch, populate, types[ty].type, &hay, fence,
+                                   kinds[s], anon);
                     refused = t.refused;
                     tot[i] = t.total;
                     imp[i] = t.import;
@@ -580,12 +618,12 @@ int main(int argc, char **argv)
                     mp[i] = t.map;
                 }
                 if (refused) {
-                    printf("import %-5s %-11s chunk %5llu MiB: refused (%s)\n", source_names[s],
+                    printf("import %-16s %-11s chunk %5llu MiB: refused (%s)\n", source_names[s],
                            types[ty].name, (unsigned long long)(ch / MIB), g_refusal);
                     continue;
                 }
                 double mt = median(tot, iters);
-                printf("import %-5s %-11s chunk %5llu MiB: total %8.2f ms  %6.2f GB/s  (map %.2f, "
+                printf("import %-16s %-11s chunk %5llu MiB: total %8.2f ms  %6.2f GB/s  (map %.2f, "
                        "import+submit %.2f, wait %.2f, release %.2f ms)\n",
                        source_names[s], types[ty].name, (unsigned long long)(ch / MIB), mt * 1e3,
                        (double)size / mt / 1e9, median(mp, iters) * 1e3, median(imp, iters) * 1e3,
