@@ -12,6 +12,7 @@
 #          stream mode in the same run, per-write phases, the threads' time a
 #          write (stream.run_ns), the fstat calls, new head-and-tail buffers
 #          (NEW_FIRST=1: BUILD first in each round; CPU=0: no CPU route run)
+#   knobs  BUILD's GPU route at inflight-batches 1, 2 (the default), 4 and 8
 #   buf1g  scan_bench, one 1 GiB buffer, literals-1000 (issue 10's engine alone)
 #   cli    bench/cli_bench.sh over build-data, 1 GiB, 3 runs, --no-cache
 #   perf   BUILD's GPU route of the flows under perf (carry build-perf): the
@@ -38,7 +39,8 @@ flows() {
     rm -rf $W && mkdir -p $W
     "$b/daemon/vkscand" --config "" --socket $W/s.sock --state-dir $W/state --engine gpu \
         --log-level notice --stream-max-per-tenant 20000 --max-scan-bytes 8G \
-        --tenant-max-bytes 16G --stream-gpu-min-bytes $min >"$AB/vkscand_$label.log" 2>&1 &
+        --tenant-max-bytes 16G --stream-gpu-min-bytes $min ${DAEMON_ARGS:-} \
+        >"$AB/vkscand_$label.log" 2>&1 &
     local pid=$!
     for _ in $(seq 200); do grep -q "ready on" "$AB/vkscand_$label.log" && break; sleep 0.1; done
     timeout 200 "$b/bench/stream_bench" --socket $W/s.sock --threads 16 --iters 3 --only flows \
@@ -55,8 +57,8 @@ flows() {
               printf "  %d writes, %d batched in %d batches; thread %.1f us a write; fstat %d; new buffers %d;",
                   w, v["stream.batch_writes"], v["batches"], v["stream.run_ns"] / (w ? w : 1) / 1e3,
                   v["stream.fd_stats"], v["stream.sparse_mapped"]
-              split("begin begin_wait begin_back queue engine device finalize plan", k, " ")
-              for (i = 1; i <= 8; i++)
+              split("begin begin_wait begin_back queue engine device finalize plan upload fd_read idle", k, " ")
+              for (i = 1; i <= 11; i++)
                   printf " %s %.2f", k[i], v["stream.batch_" k[i] "_ns"] / n / 1e6
               printf " ms a batched write\n" }'
 }
@@ -72,6 +74,9 @@ if has ab; then
         fi
     done
     [ "${CPU:-1}" = 1 ] && flows "$B" 0 new_cpu
+fi
+if has knobs; then
+    for n in 1 2 4 8; do DAEMON_ARGS="--inflight-batches $n" flows "$B" 16K "inflight_$n"; done
 fi
 if has buf1g; then
     timeout 150 "$B/bench/scan_bench" --size 1G --buffer 1G --iters 5 --threads 16 \

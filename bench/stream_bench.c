@@ -5,7 +5,7 @@
  *   stream_bench [--threads T] [--iters N] [--only state,flows,large,begin]
  *                [--streams N] [--write BYTES] [--rounds R] [--literals N]
  *                [--large BYTES] [--large-write BYTES] [--file PATH]
- *                [--regexes N] [--data DIR] [--socket PATH] [--no-hs]
+ *                [--regexes N] [--data DIR] [--socket PATH] [--no-hs] [--no-block]
  *                [--flows-set literals|regex] [--stream-threads T] [--piece BYTES]
  *                [--fast-min BYTES] [--window N] [--flows-fd] [--batch N]
  *                [--clients N]
@@ -80,6 +80,7 @@ struct opts {
     uint64_t fast_min; /* --fast-min: streamscan_tune (UINT64_MAX: default) */
     const char *file, *data, *socket, *only;
     bool no_hs;
+    bool no_block;    /* --no-block: large runs the stream alone (its counters apart) */
     bool flows_regex; /* --flows-set regex: flows against regex-N, not literals-N */
     uint32_t window;  /* --window: pipelined writes in flight per connection */
     uint32_t batch;   /* --batch: writes per vks_stream_write_many */
@@ -1056,8 +1057,9 @@ static void run_large(const struct opts *o)
         double t0 = now_s();
         hs_s = large_stream(o, &b, fd, map, o->large, o->socket ? 2 : 0, fp, NULL);
         ts[it] = now_s() - t0;
-        tb[it] = o->socket ? large_block_daemon(o, fp, fd, o->large, &hb)
-                           : large_block(o, b.cat, map, o->large, &hb);
+        tb[it] = o->no_block ? 1e-9
+                 : o->socket ? large_block_daemon(o, fp, fd, o->large, &hb)
+                             : large_block(o, b.cat, map, o->large, &hb);
         t0 = now_s();
         hh = o->no_hs ? 0 : large_stream(o, &b, fd, map, o->large, 1, NULL, scr);
         th[it] = o->no_hs ? 0 : now_s() - t0;
@@ -1112,14 +1114,15 @@ static bool wanted(const struct opts *o, const char *name)
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: stream_bench [--threads T] [--iters N] [--only state,flows,large,begin]\n"
-            "                    [--streams N] [--write BYTES] [--rounds R] [--literals N]\n"
-            "                    [--large BYTES] [--large-write BYTES] [--file PATH]\n"
-            "                    [--regexes N] [--data DIR] [--socket PATH] [--no-hs]\n"
-            "                    [--flows-set literals|regex] [--stream-threads T]\n"
-            "                    [--piece BYTES] [--fast-min BYTES] [--window N]\n"
-            "                    [--flows-fd] [--batch N] [--clients N]\n");
+    fprintf(
+        stderr,
+        "usage: stream_bench [--threads T] [--iters N] [--only state,flows,large,begin]\n"
+        "                    [--streams N] [--write BYTES] [--rounds R] [--literals N]\n"
+        "                    [--large BYTES] [--large-write BYTES] [--file PATH]\n"
+        "                    [--regexes N] [--data DIR] [--socket PATH] [--no-hs] [--no-block]\n"
+        "                    [--flows-set literals|regex] [--stream-threads T]\n"
+        "                    [--piece BYTES] [--fast-min BYTES] [--window N]\n"
+        "                    [--flows-fd] [--batch N] [--clients N]\n");
     exit(2);
 }
 
@@ -1139,9 +1142,12 @@ static void parse_opts(int argc, char **argv, struct opts *o)
                        .window = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--no-hs") == 0 || strcmp(a, "--flows-fd") == 0) {
-            if (a[2] == 'n')
+        if (strcmp(a, "--no-hs") == 0 || strcmp(a, "--flows-fd") == 0 ||
+            strcmp(a, "--no-block") == 0) {
+            if (strcmp(a, "--no-hs") == 0)
                 o->no_hs = true;
+            else if (strcmp(a, "--no-block") == 0)
+                o->no_block = true;
             else
                 o->flows_fd = true;
             continue;

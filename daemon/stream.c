@@ -653,5 +653,8 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "stream.batch_readback_ns", stream_counters.batch_readback_ns);
     stats_add_u(l, "stream.batch_finalize_ns", stream_counters.batch_finalize_ns);
     stats_add_u(l, "stream.batch_idle_ns", stream_counters.batch_idle_ns);
+    stats_add_u(l, "stream.batch_kernel_ns", stream_counters.batch_kernel_ns);
+    stats_add_u(l, "stream.batch_buffers_ns", stream_counters.batch_buffers_ns);
+    stats_add_u(l, "stream.batch_reruns", stream_counters.batch_reruns);
     stream_run_stats_add(l);
 }
