@@ -655,6 +655,7 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "stream.batch_idle_ns", stream_counters.batch_idle_ns);
     stats_add_u(l, "stream.batch_kernel_ns", stream_counters.batch_kernel_ns);
     stats_add_u(l, "stream.batch_buffers_ns", stream_counters.batch_buffers_ns);
+    stats_add_u(l, "stream.batch_buffers_bytes", stream_counters.batch_buffers_bytes);
     stats_add_u(l, "stream.batch_reruns", stream_counters.batch_reruns);
     stream_run_stats_add(l);
 }

@@ -131,7 +131,7 @@ struct stream_counters {
     uint64_t batch_begin_wait_ns, batch_begin_back_ns; /* of begin: before and after its run */
     /* the engine's phases of those batches, summed per write like batch_engine_ns */
     uint64_t batch_fd_read_ns, batch_plan_ns, batch_upload_ns, batch_device_ns, batch_readback_ns,
-        batch_finalize_ns, batch_idle_ns, batch_kernel_ns, batch_buffers_ns;
+        batch_finalize_ns, batch_idle_ns, batch_kernel_ns, batch_buffers_ns, batch_buffers_bytes;
     uint64_t batch_reruns; /* passes of those batches re-run for a full hit ring, per write */
 };
 extern struct stream_counters stream_counters; /* stream.c */

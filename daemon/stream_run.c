@@ -686,6 +686,7 @@ static void middle_done(struct engine_job *j, const struct engine_telemetry *tel
         stream_counters.batch_idle_ns += g->device_idle_ns;
         stream_counters.batch_kernel_ns += g->kernel_ns;
         stream_counters.batch_buffers_ns += g->buffers_made_ns;
+        stream_counters.batch_buffers_bytes += g->buffers_made_bytes;
         stream_counters.batch_reruns += g->hit_reruns;
         w->t_back = uv_hrtime();
         w->engine_ns = tel->wall_ns;
