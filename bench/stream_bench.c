@@ -6,6 +6,7 @@
  *                [--streams N] [--write BYTES] [--rounds R] [--literals N]
  *                [--large BYTES] [--large-write BYTES] [--file PATH]
  *                [--regexes N] [--data DIR] [--socket PATH] [--no-hs] [--no-block]
+ *                [--stream-count]
  *                [--flows-set literals|regex] [--stream-threads T] [--piece BYTES]
  *                [--fast-min BYTES] [--window N] [--flows-fd] [--batch N]
  *                [--clients N]
@@ -80,7 +81,10 @@ struct opts {
     uint64_t fast_min; /* --fast-min: streamscan_tune (UINT64_MAX: default) */
     const char *file, *data, *socket, *only;
     bool no_hs;
-    bool no_block;    /* --no-block: large runs the stream alone (its counters apart) */
+    bool no_block; /* --no-block: large runs the stream alone (its counters apart) */
+    /* --stream-count: large's stream through vkscand in count mode, as its
+     * block scan is (one hit per rule and write, with its count) */
+    bool stream_count;
     bool flows_regex; /* --flows-set regex: flows against regex-N, not literals-N */
     uint32_t window;  /* --window: pipelined writes in flight per connection */
     uint32_t batch;   /* --batch: writes per vks_stream_write_many */
@@ -487,9 +491,13 @@ static uint64_t flows_block(const struct flows *f, uint32_t t)
     return hits;
 }
 
+/* The matches a reply carries: its hits, each counting `count` (1 but in a
+ * stream opened in count mode). */
 static uint64_t result_hits(struct vks_scan_result *res)
 {
-    uint64_t n = res->n_hits;
+    uint64_t n = 0;
+    for (size_t i = 0; i < res->n_hits; i++)
+        n += res->hits[i].count ? res->hits[i].count : 1;
     vks_scan_result_finish(res);
     return n;
 }
@@ -852,12 +860,15 @@ static uint64_t large_stream(const struct opts *o, const struct built *b, int fd
     struct vks_stream *vs = NULL;
     struct vks_error err;
     struct vks_scan_result res;
+    struct vks_stream_options so;
+    vks_stream_options_init(&so);
+    so.mode = o->stream_count ? VKS_REPORT_COUNT : VKS_REPORT_ALL; /* --stream-count */
     if (engine == 0 && streamscan_create(b->cat, &s) != 0)
         die("streamscan_create", "out of memory");
     if (engine == 1 && hs_open_stream(b->db, 0, &hst) != HS_SUCCESS)
         die("hs_open_stream", "failed");
     if (engine == 2 && (vks_client_connect(o->socket, NULL, &c, &err) != 0 ||
-                        vks_stream_open(c, fp, NULL, &vs, &err) != 0))
+                        vks_stream_open(c, fp, &so, &vs, &err) != 0))
         die("vkscand", err.msg);
     struct scan_hits h = {0};
     uint64_t hits = 0;
@@ -1120,6 +1131,7 @@ static void usage(void)
         "                    [--streams N] [--write BYTES] [--rounds R] [--literals N]\n"
         "                    [--large BYTES] [--large-write BYTES] [--file PATH]\n"
         "                    [--regexes N] [--data DIR] [--socket PATH] [--no-hs] [--no-block]\n"
+        "                    [--stream-count]\n"
         "                    [--flows-set literals|regex] [--stream-threads T]\n"
         "                    [--piece BYTES] [--fast-min BYTES] [--window N]\n"
         "                    [--flows-fd] [--batch N] [--clients N]\n");
@@ -1143,11 +1155,13 @@ static void parse_opts(int argc, char **argv, struct opts *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--no-hs") == 0 || strcmp(a, "--flows-fd") == 0 ||
-            strcmp(a, "--no-block") == 0) {
+            strcmp(a, "--no-block") == 0 || strcmp(a, "--stream-count") == 0) {
             if (strcmp(a, "--no-hs") == 0)
                 o->no_hs = true;
             else if (strcmp(a, "--no-block") == 0)
                 o->no_block = true;
+            else if (strcmp(a, "--stream-count") == 0)
+                o->stream_count = true;
             else
                 o->flows_fd = true;
             continue;

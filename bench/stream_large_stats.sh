@@ -14,14 +14,14 @@ rm -rf $W && mkdir -p $W
 pid=$!
 for _ in $(seq 200); do grep -q "ready on" $W/d.log && break; sleep 0.1; done
 snap() { "$B/client/vkscan" --socket $W/s.sock status --json | tr ',' '\n' | tr -d '"{}[]' |
-    awk -F: 'NF >= 2 && $NF ~ /^[0-9.]+$/ { print $(NF-1), $NF }' | sort; }
+    awk -F: 'NF >= 2 && $NF ~ /^[0-9.]+$/ { print $(NF-1), $NF }' | LC_ALL=C sort; }
 snap >$W/s0
 timeout 250 "$B/bench/stream_bench" --socket $W/s.sock --threads 16 --iters ${ITERS:-2} --no-hs \
-    --only large ${NO_BLOCK:+--no-block} --literals 10000 --large "${LARGE:-16G}" --large-write ${WRITE:-256M} \
+    --only large ${NO_BLOCK:+--no-block} ${COUNT:+--stream-count} --literals 10000 --large "${LARGE:-16G}" --large-write ${WRITE:-256M} \
     --file /tmp/sb16g --window ${WINDOW:-8} >$W/large.txt 2>&1
 grep -E -A2 '^large:' $W/large.txt | tail -n 2
 snap >$W/s1
-join $W/s0 $W/s1 | awk '$3 != $2 { printf "%s %.0f\n", $1, $3 - $2 }' | tr '\n' ';'
+LC_ALL=C join $W/s0 $W/s1 | awk '$3 != $2 { printf "%s %.0f\n", $1, $3 - $2 }' | tr '\n' ';'
 echo
 kill $pid
 wait $pid 2>/dev/null
