@@ -1074,6 +1074,8 @@ static void run_large(const struct opts *o)
         t0 = now_s();
         hh = o->no_hs ? 0 : large_stream(o, &b, fd, map, o->large, 1, NULL, scr);
         th[it] = o->no_hs ? 0 : now_s() - t0;
+        printf("large iteration %u: stream %.3f s, block %.3f s, hyperscan %.3f s\n", it + 1,
+               ts[it], o->no_block ? 0.0 : tb[it], th[it]);
     }
     double gb = (double)o->large / 1e9;
     double s = gb / median(ts, o->iters), bk = gb / median(tb, o->iters);

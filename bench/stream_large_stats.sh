@@ -19,7 +19,7 @@ snap >$W/s0
 timeout 250 "$B/bench/stream_bench" --socket $W/s.sock --threads 16 --iters ${ITERS:-2} --no-hs \
     --only large ${NO_BLOCK:+--no-block} ${COUNT:+--stream-count} --literals 10000 --large "${LARGE:-16G}" --large-write ${WRITE:-256M} \
     --file /tmp/sb16g --window ${WINDOW:-8} >$W/large.txt 2>&1
-grep -E -A2 '^large:' $W/large.txt | tail -n 2
+grep -E '^large iteration' $W/large.txt; grep -E -A2 '^large:' $W/large.txt | tail -n 2
 snap >$W/s1
 LC_ALL=C join $W/s0 $W/s1 | awk '$3 != $2 { printf "%s %.0f\n", $1, $3 - $2 }' | tr '\n' ';'
 echo
