@@ -1243,6 +1243,7 @@ int engine_create(uv_loop_t *loop, const struct daemon_config *cfg, engine_ready
     e->timeout_ms = cfg->gpu_timeout_ms;
     e->inflight = cfg->inflight_batches;
     e->warm_bytes = cfg->warm_bytes;
+    e->batch_bytes = cfg->batch_max_bytes;
     e->budget = cfg->device_budget;
     e->n_cpu = cfg->cpu_threads ? cfg->cpu_threads : default_threads(cfg->engine);
     e->cpu_spin_ns = (uint64_t)cfg->cpu_spin_us * 1000;

@@ -99,7 +99,8 @@ static int create_gpu(struct engine *e, struct gworker *w, uint32_t timeout_ms,
                              .memory_budget = e->budget,
                              .pipeline_cache_path = w->cache_path[0] ? w->cache_path : NULL,
                              .timeout_ms = timeout_ms,
-                             .inflight = e->inflight};
+                             .inflight = e->inflight,
+                             .batch_bytes_hint = e->batch_bytes};
     /* for measurements (bench/h200_dataplane.sh): the upload threads, else
      * gpu/'s default (one per core, at most GPU_UPLOAD_THREADS_MAX) */
     const char *ut = getenv("VKSCAND_UPLOAD_THREADS");

@@ -112,8 +112,9 @@ struct engine {
     uint64_t cpu_max_wait_ns;
     uint64_t seg_bytes;
     uint32_t timeout_ms;
-    uint32_t inflight;   /* inflight-batches: batches on each GPU device at once */
-    uint64_t warm_bytes; /* warm-bytes: each GPU engine's batch buffers set up at its start */
+    uint32_t inflight;    /* inflight-batches: batches on each GPU device at once */
+    uint64_t warm_bytes;  /* warm-bytes: each GPU engine's batch buffers set up at its start */
+    uint64_t batch_bytes; /* batch-max-bytes: the GPU engines' batch_bytes_hint */
     uint64_t budget;
     char device[sizeof(((struct daemon_config *)0)->device)];
     char devices[sizeof(((struct daemon_config *)0)->devices)];

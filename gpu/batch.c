@@ -393,6 +393,23 @@ static int reserve_buffers(struct batch_ctx *bc, struct vks_error *err)
     return rc;
 }
 
+/*
+ * The haystack size a frame's buffers grow to for a batch of `bytes`: the
+ * caller's largest batch (gpu_options.batch_bytes_hint) once a batch is a
+ * quarter of it, else 0. A stream of 256 MiB writes forms batches of one
+ * to four of them in no order, and each frame grew its buffers at each
+ * new largest batch: 0.2-0.7 s each (the NVIDIA driver pins host-visible
+ * memory page by page), a second-long stall in a 16 GiB stream's later
+ * runs (docs/PERFORMANCE.md "Session 33").
+ */
+static uint64_t big_batch(const struct gpu_engine *eng, uint64_t bytes)
+{
+    uint64_t hint = eng->opt.batch_bytes_hint;
+    if (hint > eng->info.max_storage_range) /* a haystack is bound whole */
+        hint = eng->info.max_storage_range;
+    return hint != 0 && bytes >= hint / 4 && bytes < hint ? hint : 0;
+}
+
 /* Staging at least this large grows with room to spare (stage_size). */
 #define STAGE_ROOMY_MIN (16ull << 20)
 
@@ -410,16 +427,25 @@ static uint64_t stage_size(struct gpu_engine *eng, uint64_t stage)
 {
     if (stage > eng->stage_high)
         eng->stage_high = stage;
-    if (stage < STAGE_ROOMY_MIN)
-        return stage;
-    return eng->stage_high + eng->stage_high / 4;
+    uint64_t big = big_batch(eng, stage), want = eng->stage_high + eng->stage_high / 4;
+    if (big != 0) /* an eighth more for the work items and catalogs */
+        return big + big / 8 > want ? big + big / 8 : want;
+    return stage < STAGE_ROOMY_MIN ? stage : want;
 }
 
 static int reserve_buffers_of(struct batch_ctx *bc, struct vks_error *err)
 {
     struct gpu_engine *eng = bc->eng;
     const VkBufferUsageFlags src = VK_BUFFER_USAGE_TRANSFER_SRC_BIT;
-    int rc = gbuf_reserve(eng, &eng->hay, bc->hay_bytes, USE_STORAGE_DST, GBUF_DEVICE, err);
+    /* a large batch's haystack grows to the largest batch at once, where
+     * the budget has room for it (check_limits counted the exact size) */
+    uint64_t hay = bc->hay_bytes, big = big_batch(eng, hay);
+    if (eng->hay.size < hay && big != 0 &&
+        eng->device_bytes + big - eng->hay.alloc + grow_needed(bc, bc->n_meta * 16) <= eng->budget)
+        hay = big;
+    int rc = gbuf_reserve(eng, &eng->hay, hay, USE_STORAGE_DST, GBUF_DEVICE, err);
+    if (rc < 0 && hay != bc->hay_bytes)
+        rc = gbuf_reserve(eng, &eng->hay, bc->hay_bytes, USE_STORAGE_DST, GBUF_DEVICE, err);
     if (rc == 0)
         rc = gbuf_reserve(eng, &eng->meta, bc->n_meta * 16, USE_STORAGE_DST, GBUF_DEVICE, err);
     if (rc == 0)

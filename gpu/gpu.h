@@ -137,6 +137,11 @@ struct gpu_options {
      * always the sort. */
     int32_t count_direct;
     uint32_t upload_chunk; /* staging bytes per copy submit; 0: max(16 MiB, size / 64) */
+    /* The largest haystack the caller forms batches of (vkscand:
+     * batch-max-bytes); 0: none. A frame's haystack and staging that must
+     * grow for a batch of a quarter of it or more grow to it at once
+     * (docs/gpu.md "Batch buffers"), instead of once per larger batch. */
+    uint64_t batch_bytes_hint;
     /* Where the factor ends of gated bit-NFA groups are found (docs/gpu.md,
      * "The factor pass"): 0 on the device for a catalog whose buffers in
      * the batch hold GPU_FACTOR_PASS_MIN bytes or more (or whose bytes

@@ -968,6 +968,50 @@ START_TEST(test_staging_room)
 }
 END_TEST
 
+/* The caller's largest batch (gpu_options.batch_bytes_hint, vkscand's
+ * batch-max-bytes): the first batch of a quarter of it or more grows the
+ * frame's haystack and staging to it, so larger batches after it make no
+ * haystack or staging again; without the hint the second batch grows
+ * them. Every hit exact. */
+START_TEST(test_batch_bytes_hint)
+{
+    const struct trule t[] = {{"abc", RULE_LITERAL, "abc", 0}};
+    struct catalog *cat = compile_rules(t, 1);
+    const struct catalog *cats[1] = {cat};
+    const size_t sizes[3] = {5u << 20, 10u << 20, 15u << 20};
+    rng = 0xb16ba7c4ull;
+    uint8_t *text = random_text(sizes[2]);
+    for (int hinted = 1; hinted >= 0; hinted--) {
+        struct gpu_options opt = {
+            .staged_upload = true, .inflight = 1, .batch_bytes_hint = hinted ? 16u << 20 : 0};
+        struct gpu_engine *eng = engine(&opt);
+        uint64_t made[3];
+        for (int k = 0; k < (hinted ? 3 : 2); k++) {
+            struct gpu_buffer gb = {.data = text, .len = sizes[k], .mode = SCAN_ALL};
+            struct gpu_batch b = {
+                .catalogs = cats, .n_catalogs = 1, .buffers = &gb, .n_buffers = 1};
+            struct gpu_result res = {0};
+            ck_assert_uint_gt(check_batch(eng, &b, &res), 0);
+            made[k] = res.tel.buffers_made_bytes;
+            gpu_result_finish(&res);
+        }
+        if (hinted) {
+            ck_assert_msg(made[0] >= 2 * (16ull << 20), "the first batch made %llu bytes",
+                          (unsigned long long)made[0]);
+            for (int k = 1; k < 3; k++) /* work items and the hit ring may grow, no more */
+                ck_assert_msg(made[k] < sizes[k] / 4, "batch %d of %zu MiB made %llu bytes", k,
+                              sizes[k] >> 20, (unsigned long long)made[k]);
+        } else {
+            ck_assert_msg(made[1] >= sizes[1], "no hint: the second batch made %llu bytes",
+                          (unsigned long long)made[1]);
+        }
+        gpu_engine_destroy(eng);
+    }
+    free(text);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* Discrete devices (forced): a pass copies back in its own command
  * buffer the hits the last pass's rate predicts. A few hits need no second
  * submit; a batch of many more than predicted takes one (and is exact);
@@ -2899,6 +2943,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_many_buffers);
     tcase_add_test(tc, test_staged_upload);
     tcase_add_test(tc, test_staging_room);
+    tcase_add_test(tc, test_batch_bytes_hint);
     tcase_add_test(tc, test_ring_not_learned_from_few_hits);
     tcase_add_test(tc, test_hit_copy_ahead);
     tcase_add_test(tc, test_segment_boundaries);
