@@ -140,7 +140,8 @@ struct gpu_options {
     /* The largest haystack the caller forms batches of (vkscand:
      * batch-max-bytes); 0: none. A frame's haystack and staging that must
      * grow for a batch of a quarter of it or more grow to it at once
-     * (docs/gpu.md "Batch buffers"), instead of once per larger batch. */
+     * (docs/gpu.md "Batch buffers"), instead of once per larger batch;
+     * not on a CPU device, unless staged_upload. */
     uint64_t batch_bytes_hint;
     /* Where the factor ends of gated bit-NFA groups are found (docs/gpu.md,
      * "The factor pass"): 0 on the device for a catalog whose buffers in
