@@ -467,6 +467,7 @@ void stream_op(struct stream_set *set, struct session *s, const struct proto_req
  * max-hits in all (the items past it truncated). */
 static void many_finish(struct many *m)
 {
+    uint64_t t0 = uv_hrtime();
     uint32_t n = m->n, max = m->max_hits;
     size_t total = 0;
     for (uint32_t i = 0; i < n; i++)
@@ -506,6 +507,7 @@ static void many_finish(struct many *m)
     free(m->items);
     free(m);
     session_stream_done(token);
+    stream_counters.reply_ns += uv_hrtime() - t0;
 }
 
 void stream_many_item_done(struct many *m)
@@ -642,6 +644,9 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "stream.batch_begin_ns", stream_counters.batch_begin_ns);
     stats_add_u(l, "stream.batch_begin_wait_ns", stream_counters.batch_begin_wait_ns);
     stats_add_u(l, "stream.batch_begin_back_ns", stream_counters.batch_begin_back_ns);
+    stats_add_u(l, "stream.batch_end_wait_ns", stream_counters.batch_end_wait_ns);
+    stats_add_u(l, "stream.batch_end_run_ns", stream_counters.batch_end_run_ns);
+    stats_add_u(l, "stream.reply_ns", stream_counters.reply_ns);
     stats_add_u(l, "stream.batch_queue_ns", stream_counters.batch_queue_ns);
     stats_add_u(l, "stream.batch_engine_ns", stream_counters.batch_engine_ns);
     stats_add_u(l, "stream.batch_end_ns", stream_counters.batch_end_ns);

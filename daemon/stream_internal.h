@@ -84,6 +84,7 @@ struct work {
      * (the same clock, set on the thread) when its begin started and ended */
     uint64_t t_in, t_mid, t_back, engine_ns;
     uint64_t t_ran, t_ran_end;
+    uint64_t t_end_ran, t_end_ran_end; /* the end's run (thread or loop), the same clock */
     struct sched_job sj;
     struct engine_job ej;
     struct engine_buf ebuf;
@@ -129,6 +130,8 @@ struct stream_counters {
     uint64_t loop_closes, loop_ends, overlapped;
     uint64_t batch_begin_ns, batch_queue_ns, batch_engine_ns, batch_end_ns, batch_jobs;
     uint64_t batch_begin_wait_ns, batch_begin_back_ns; /* of begin: before and after its run */
+    uint64_t batch_end_wait_ns, batch_end_run_ns;      /* of end: for a thread, its run */
+    uint64_t reply_ns; /* loop time answering writes and closes (hits encoded and sent) */
     /* the engine's phases of those batches, summed per write like batch_engine_ns */
     uint64_t batch_fd_read_ns, batch_plan_ns, batch_upload_ns, batch_device_ns, batch_readback_ns,
         batch_finalize_ns, batch_idle_ns, batch_kernel_ns, batch_buffers_ns, batch_buffers_bytes;

@@ -397,6 +397,7 @@ static void work_run(struct work *w)
 /* Answers a write or close with its hits (at most max-hits: truncated). */
 static void reply_hits(struct work *w)
 {
+    uint64_t t0 = uv_hrtime();
     struct stream *st = w->st;
     uint32_t max = server_config(st->srv)->max_hits;
     uint32_t n = w->hits.n < max ? (uint32_t)w->hits.n : max;
@@ -423,6 +424,7 @@ static void reply_hits(struct work *w)
     stream_counters.hits += n;
     session_send_reply(w->s, &rep);
     free(v);
+    stream_counters.reply_ns += uv_hrtime() - t0;
 }
 
 /* Answers a finished write, or keeps its result for its stream.writes;
@@ -503,6 +505,10 @@ static void finish(struct work *w)
                 (w->engine_ns < w->t_back - w->t_mid ? w->engine_ns : w->t_back - w->t_mid);
             stream_counters.batch_engine_ns += w->engine_ns;
             stream_counters.batch_end_ns += now - w->t_back;
+            if (w->t_end_ran >= w->t_back && w->t_end_ran_end >= w->t_end_ran) {
+                stream_counters.batch_end_wait_ns += w->t_end_ran - w->t_back;
+                stream_counters.batch_end_run_ns += w->t_end_ran_end - w->t_end_ran;
+            }
         }
         keep = answer_write(w);
     } else if (w->many != NULL) { /* not answered: its stream or connection is gone */
@@ -598,6 +604,9 @@ static void task_run(struct engine_task *t)
     if (first) { /* CLOCK_MONOTONIC, as uv_hrtime's t_in and t_mid */
         w->t_ran = t0;
         w->t_ran_end = t1;
+    } else {
+        w->t_end_ran = t0;
+        w->t_end_ran_end = t1;
     }
     atomic_fetch_add_explicit(&run_ns, t1 - t0, memory_order_relaxed);
     pthread_mutex_lock(&pool.mu);
@@ -692,7 +701,9 @@ static void middle_done(struct engine_job *j, const struct engine_telemetry *tel
         w->engine_ns = tel->wall_ns;
         w->mid_hits = true;
         if (w->ej.n_hits <= END_HERE_HITS && w->ej.hits_dropped == 0) {
+            w->t_end_ran = w->t_back;
             middle_end(w);
+            w->t_end_ran_end = uv_hrtime();
             work_settle(w, true);
             stream_counters.loop_ends++;
             stream_work_done(w, 0);

@@ -1676,6 +1676,13 @@ START_TEST(test_daemon_stream_gpu_batches)
     ck_assert_uint_gt(wait, 0);
     ck_assert_uint_gt(back, 0);
     ck_assert_uint_lt(wait + back, begin);
+    /* the end's parts: its run (on the loop here, mostly) within the end */
+    uint64_t end = stat_of(c, "stream.batch_end_ns"),
+             end_run = stat_of(c, "stream.batch_end_run_ns"),
+             end_wait = stat_of(c, "stream.batch_end_wait_ns");
+    ck_assert_uint_gt(end_run, 0);
+    ck_assert_uint_le(end_wait + end_run, end);
+    ck_assert_uint_gt(stat_of(c, "stream.reply_ns"), 0);
     vks_catalog_destroy(cat);
     vks_client_close(c);
     daemon_stop(&d);
