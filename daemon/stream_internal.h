@@ -38,6 +38,9 @@ struct stream {
     bool running;                 /* one of them is ready or runs (on the CPU engine) */
     bool closing;                 /* a close is queued: the id takes no more requests */
     bool orphaned; /* removed while its connection is open: what is in a_head gets an error */
+    /* orphaned while a request of it ran: the queued ones are answered
+     * (with the error) behind it once it is back (stream_work_done) */
+    bool drop_pending;
 };
 
 /* One stream.write or stream.close: queued on its stream, then ready in
@@ -145,6 +148,10 @@ extern _Atomic uint64_t stream_fd_stats; /* stream_run.c */
 struct tenant_streams *stream_tenant_of(uid_t uid, bool create);
 /* stream.c: unlinks and frees the stream, or only unlinks one that runs. */
 void stream_remove(struct stream_set *set, struct stream *st);
+/* stream.c: the stream's queued requests join its answer order behind
+ * what is in it, done, to be answered with the error of an orphaned
+ * stream (settle, finish). */
+void stream_queue_behind(struct stream *st);
 /* stream.c: frees a stream no connection holds once nothing of it is left. */
 bool stream_maybe_free(struct stream *st);
 /* stream.c: item `index` of `m` is answered; the last answers the request. */

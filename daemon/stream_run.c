@@ -569,6 +569,8 @@ void stream_work_done(struct work *w, int status)
         else
             st->a_head = w;
         st->a_tail = w;
+        if (st->drop_pending) /* its stream failed while it ran: those behind it follow */
+            stream_queue_behind(st);
         if (w->mid.pending && status == 0 && w->rc == 0 && st->set != NULL) {
             if (middle_queue(w) != 0) {
                 w->mid_cpu = true;

@@ -2268,13 +2268,13 @@ END_TEST
  * and closes its stream, while writes behind it on the same stream were
  * already sent (libreadfault: a read of more than 4 KiB of a memfd named
  * "readfault-big" fails, so the GPU engine's read of the middle and the
- * CPU fallback's both fail). Every request still gets its reply, in
- * order: the first write's hits, the failed write's error naming the bytes
- * and the close, and for each write behind it an error (it began on a
- * stream that then failed, or it waited and was dropped), never a
- * success and never silence; the daemon serves on. Fails if a write that
- * began behind a failed one goes unanswered (the client would wait
- * forever) or is answered as if its stream still stood. */
+ * CPU fallback's both fail; the write right behind it reads a
+ * "readfault-slow" memfd, so its begin still runs on a thread when the
+ * stream closes). Every request still gets its reply, in order: the first write's hits, the failed
+ * write's error naming the bytes and the close, and for each write behind it an error (it began on
+ * a stream that then failed, or it waited and was dropped), never a success and never silence; the
+ * daemon serves on. Fails if a write that began behind a failed one goes unanswered (the client
+ * would wait forever) or is answered as if its stream still stood. */
 START_TEST(test_daemon_gpu_middle_fails_behind)
 {
     readfault_so = getenv("READFAULT_SO");
@@ -2296,11 +2296,19 @@ START_TEST(test_daemon_gpu_middle_fails_behind)
     char *big = calloc(1, BIG);
     ck_assert_int_eq(write(mfd, big, BIG), BIG);
     free(big);
+    /* the write behind the failing one reads its head and tail slowly, so
+     * that it still runs on a thread when the failure closes the stream:
+     * the writes queued behind it must not overtake its reply */
+    int slow = memfd_create("readfault-slow", MFD_CLOEXEC);
+    ck_assert_int_ge(slow, 0);
+    ck_assert_int_eq(write(slow, w, W), W);
     raw_send(a, 200, PROTO_OP_STREAM_WRITE, (uint32_t)id, w, W);
     raw_send_fd(a, 201, (uint32_t)id, mfd, 0, BIG);
-    for (uint32_t i = 0; i < BEHIND; i++)
+    raw_send_fd(a, 202, (uint32_t)id, slow, 0, W);
+    for (uint32_t i = 1; i < BEHIND; i++)
         raw_send(a, 202 + i, PROTO_OP_STREAM_WRITE, (uint32_t)id, w, W);
     close(mfd);
+    close(slow);
     for (uint32_t i = 0; i < 2 + BEHIND; i++) {
         struct proto_reply *rep = raw_recv(a);
         ck_assert_uint_eq(rep->id, 200 + i);

@@ -6,7 +6,9 @@
  * returns 0, as a read past the end of a file truncated under the scan
  * does; one containing "readfault-big" fails with EIO when it asks for more
  * than 4 KiB (a stream write's head and tail are read, its middle is not:
- * tests/test_stream.c). Every other read goes through.
+ * tests/test_stream.c); one containing "readfault-slow" goes through after
+ * a second (a stream write's begin that is still running on a thread when
+ * the write before it fails). Every other read goes through.
  */
 #undef _FILE_OFFSET_BITS /* pread and pread64 are two symbols to take over */
 #include <dlfcn.h>
@@ -29,6 +31,8 @@ static int fault_of(int fd, size_t len)
         return 1;
     if (strstr(name, "readfault-big") != NULL)
         return len > 4096 ? 1 : 0;
+    if (strstr(name, "readfault-slow") != NULL)
+        sleep(1);
     return strstr(name, "readfault-short") != NULL ? 2 : 0;
 }
 
