@@ -184,10 +184,6 @@ static void stream_release(struct stream *st)
     tenant_put(st->uid);
 }
 
-/* Answers the requests still queued on `st` with `msg` (none when the
- * connection is gone) and hands them back to the session; when requests
- * that ran before them wait to be answered, queues them behind those with
- * the error instead, so replies keep their order. */
 void stream_queue_behind(struct stream *st)
 {
     for (struct work *w = st->q_head; w != NULL; w = w->next) {
@@ -203,6 +199,10 @@ void stream_queue_behind(struct stream *st)
     st->drop_pending = false;
 }
 
+/* Answers the requests still queued on `st` with `msg` (none when the
+ * connection is gone) and hands them back to the session; when requests
+ * that ran before them wait to be answered, queues them behind those with
+ * the error instead, so replies keep their order. */
 static void drop_queue(struct stream *st, const char *msg)
 {
     if (msg != NULL && st->running && st->q_head != NULL) {
