@@ -418,8 +418,7 @@ static struct import_times run_import(struct gpu *g, int fd, uint64_t size, uint
     void *p = anon;
     if (kind != MK_ANON)
         p = mmap(NULL, mapped, kind == MK_PRIVATE_RW ? PROT_READ | PROT_WRITE : PROT_READ,
-                 (kind == MK_PRIVATE_RW ? MAP_PRIVATE : MAP_SHARED) |
-                     (populate ? MAP_POPULATE : 0),
+                 (kind == MK_PRIVATE_RW ? MAP_PRIVATE : MAP_SHARED) | (populate ? MAP_POPULATE : 0),
                  fd, 0);
     if (p == MAP_FAILED) {
         perror("mmap");
@@ -576,8 +575,8 @@ int main(int argc, char **argv)
     /* the bytes in anonymous memory (2 MiB aligned: transparent huge pages
      * where the kernel gives them), filled once */
     uint64_t amapped = (size + 2 * MIB - 1) / (2 * MIB) * (2 * MIB);
-    uint8_t *anon = mmap(NULL, amapped + 2 * MIB, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint8_t *anon =
+        mmap(NULL, amapped + 2 * MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (anon == MAP_FAILED) {
         perror("mmap anonymous");
         return 2;
@@ -607,9 +606,8 @@ int main(int argc, char **argv)
                 double tot[MAX_ITERS], imp[MAX_ITERS], wt[MAX_ITERS], rel[MAX_ITERS], mp[MAX_ITERS];
                 bool refused = false;
                 for (int i = 0; i < iters && !refused; i++) {
-                    struct import_times t =
-                        run_import(&g, sources[s], size, ch, populate, types[ty].type, &hay, fence,
-                                   kinds[s], anon);
+                    struct import_times t = run_import(&g, sources[s], size, ch, populate,
+                                                       types[ty].type, &hay, fence, kinds[s], anon);
                     refused = t.refused;
                     tot[i] = t.total;
                     imp[i] = t.import;

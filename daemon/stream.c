@@ -184,16 +184,21 @@ static void stream_release(struct stream *st)
     tenant_put(st->uid);
 }
 
+void stream_answer_push(struct stream *st, struct work *w)
+{
+    w->a_next = NULL;
+    if (st->a_tail != NULL)
+        st->a_tail->a_next = w;
+    else
+        st->a_head = w;
+    st->a_tail = w;
+}
+
 void stream_queue_behind(struct stream *st)
 {
     for (struct work *w = st->q_head; w != NULL; w = w->next) {
         w->finished = true;
-        w->a_next = NULL;
-        if (st->a_tail != NULL)
-            st->a_tail->a_next = w;
-        else
-            st->a_head = w;
-        st->a_tail = w;
+        stream_answer_push(st, w);
     }
     st->q_head = st->q_tail = NULL;
     st->drop_pending = false;

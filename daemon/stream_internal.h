@@ -148,6 +148,8 @@ extern _Atomic uint64_t stream_fd_stats; /* stream_run.c */
 struct tenant_streams *stream_tenant_of(uid_t uid, bool create);
 /* stream.c: unlinks and frees the stream, or only unlinks one that runs. */
 void stream_remove(struct stream_set *set, struct stream *st);
+/* stream.c: `w` takes the last place in the stream's answer order. */
+void stream_answer_push(struct stream *st, struct work *w);
 /* stream.c: the stream's queued requests join its answer order behind
  * what is in it, done, to be answered with the error of an orphaned
  * stream (settle, finish). */

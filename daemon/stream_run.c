@@ -222,7 +222,7 @@ static int read_range(struct work *w, const struct proto_buffer *b, void *dst, u
  * *rc), 0 when it is not split and the caller reads it whole. */
 static int write_fd_split(struct work *w, const struct proto_buffer *b, uint64_t len, int *rc)
 {
-    size_t tl = streamscan_split_tail(w->st->scan, (size_t)len), hd, tl2;
+    size_t tl = streamscan_split_tail(w->st->scan, (size_t)len), hd, plan_tl;
     if (tl == 0)
         return 0;
     size_t cap;
@@ -234,15 +234,14 @@ static int write_fd_split(struct work *w, const struct proto_buffer *b, uint64_t
     w->sparse = map;
     w->sparse_cap = cap;
     if (read_range(w, b, map + len - tl, len - tl, tl) != 0 ||
-        !streamscan_split_plan(w->st->scan, (size_t)len, map[len - 1], w->batch_min, &hd, &tl2)) {
-        sparse_put(w); /* a failed read is met again by the whole read */
+        !streamscan_split_plan(w->st->scan, (size_t)len, map[len - 1], w->batch_min, &hd,
+                               &plan_tl)) { /* plan_tl == tl: both are split_tail's */
+        sparse_put(w);                      /* a failed read is met again by the whole read */
         w->msg[0] = '\0';
         return 0;
     }
     /* the head, less what the tail already holds */
     *rc = read_range(w, b, map, 0, hd < len - tl ? hd : len - tl);
-    if (*rc == 0 && tl2 > tl) /* not expected: both come from split_tail */
-        *rc = read_range(w, b, map + len - tl2, len - tl2, tl2 - tl);
     if (*rc == 0)
         *rc =
             streamscan_write_begin(w->st->scan, map, (size_t)len, w->batch_min, &w->hits, &w->mid);
@@ -563,12 +562,7 @@ void stream_work_done(struct work *w, int status)
     if (!w->mid_hits && !w->mid_cpu) {
         st->running = false;
         st->t_active = uv_now(server_loop(srv));
-        w->a_next = NULL;
-        if (st->a_tail != NULL)
-            st->a_tail->a_next = w;
-        else
-            st->a_head = w;
-        st->a_tail = w;
+        stream_answer_push(st, w);
         if (st->drop_pending) /* its stream failed while it ran: those behind it follow */
             stream_queue_behind(st);
         if (w->mid.pending && status == 0 && w->rc == 0 && st->set != NULL) {
