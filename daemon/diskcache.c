@@ -703,5 +703,11 @@ int diskcache_open(struct store *st, const char *state_dir, struct vks_error *er
     index_catalogs(st);
     index_sources(st);
     index_recent(st);
+    /* The list as read is the list on disk: the first sweep writes only a
+     * change. Before, it wrote an empty list at once, over the last run's
+     * list when no catalog of it was left, and a reader could see the empty
+     * file before the first scan's list replaced it. */
+    char text[DISKCACHE_RECENT_MAX * (STORE_HEX_LEN + 1) + 1];
+    st->recent_hash = fnv1a(text, recent_text(st, text));
     return 0;
 }
