@@ -1108,6 +1108,38 @@ void session_send_reply(struct session *s, const struct proto_reply *rep)
     send_reply(s, rep);
 }
 
+void session_send_encoded(struct session *s, uint32_t id, enum proto_op op, struct proto_buf *b)
+{
+    if (s->closed)
+        return;
+    count_reply(s, op, true);
+    pthread_mutex_lock(&s->out_mu);
+    size_t sent = 0;
+    if (s->out_off == s->out.len) { /* nothing before it: straight from `b` */
+        proto_buf_reset(&s->out);
+        s->out_off = 0;
+        ssize_t n = write_some(s->fd, b->data, b->len);
+        if (n < 0) {
+            pthread_mutex_unlock(&s->out_mu);
+            session_close(s); /* the peer is gone */
+            return;
+        }
+        sent = (size_t)n;
+    }
+    int rc = sent < b->len ? buf_append(&s->out, b->data + sent, b->len - sent) : 0;
+    out_changed(s);
+    pthread_mutex_unlock(&s->out_mu);
+    if (rc != 0 && sent > 0) {
+        session_close(s); /* half a frame went out */
+        return;
+    }
+    if (rc != 0) {
+        send_error(s, id, op, -ENOMEM, "out of memory queueing the reply");
+        return;
+    }
+    flush(s); /* what waits, the poll, and max-unsent-bytes */
+}
+
 void session_send_error(struct session *s, uint32_t id, enum proto_op op, int code, const char *msg)
 {
     send_error(s, id, op, code, msg);

@@ -80,6 +80,8 @@ void session_scan_expired(struct sched_job *job);
 /* Replies for daemon/stream.c: encode and write (an error code is -VKS_E_*
  * or -errno, sent as INTERNAL); nothing happens on a closed session. */
 void session_send_reply(struct session *s, const struct proto_reply *rep);
+/* Sends the reply to request `id` (`op`) that a thread encoded in `b`. */
+void session_send_encoded(struct session *s, uint32_t id, enum proto_op op, struct proto_buf *b);
 void session_send_error(struct session *s, uint32_t id, enum proto_op op, int code,
                         const char *msg);
 

@@ -444,6 +444,7 @@ static void enqueue(struct stream *st, struct work *w)
     w->st = st;
     w->t_in = uv_hrtime();
     w->max = cfg->max_scan_bytes;
+    w->max_hits = cfg->max_hits;
     w->batch_min = gpu ? (size_t)cfg->stream_gpu_min_bytes : 0;
     if (st->q_tail != NULL)
         st->q_tail->next = w;
@@ -669,6 +670,7 @@ void stream_stats_add(const struct daemon_config *cfg, struct stats_list *l)
     stats_add_u(l, "stream.batch_end_wait_ns", stream_counters.batch_end_wait_ns);
     stats_add_u(l, "stream.batch_end_run_ns", stream_counters.batch_end_run_ns);
     stats_add_u(l, "stream.reply_ns", stream_counters.reply_ns);
+    stats_add_u(l, "stream.thread_replies", stream_counters.thread_replies);
     stats_add_u(l, "stream.batch_queue_ns", stream_counters.batch_queue_ns);
     stats_add_u(l, "stream.batch_engine_ns", stream_counters.batch_engine_ns);
     stats_add_u(l, "stream.batch_end_ns", stream_counters.batch_end_ns);

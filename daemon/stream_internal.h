@@ -59,9 +59,10 @@ struct work {
     void *token;                    /* NULL for an item of a stream.writes */
     struct many *many;              /* the stream.writes this write is item `index` of */
     uint32_t index;
-    uint64_t max;     /* max-scan-bytes */
-    uint64_t fd_size; /* a descriptor write's file size, when fd_known */
-    bool fd_known;    /* fstat on the loop, once per descriptor of a stream.writes */
+    uint64_t max;      /* max-scan-bytes */
+    uint32_t max_hits; /* max-hits */
+    uint64_t fd_size;  /* a descriptor write's file size, when fd_known */
+    bool fd_known;     /* fstat on the loop, once per descriptor of a stream.writes */
     struct scan_hits hits;
     uint64_t bytes;
     int rc;
@@ -82,6 +83,10 @@ struct work {
     bool finished;   /* nothing runs for it any more: answered in its turn */
     bool cancelled;  /* it never ran (the daemon is going away) */
     uint64_t offset; /* the stream's offset after it (taken where it ran) */
+    /* the reply of a write or close with STREAM_ENCODE_HITS hits or more,
+     * encoded where it ran; the loop sends it in the stream's turn */
+    struct proto_buf enc;
+    uint32_t enc_hits; /* the hits in it (w->hits is then freed) */
     /* where a batched write's time goes (loop clock, ns): queued on its
      * stream, middle queued, batch back; and the engine's wall time; and
      * (the same clock, set on the thread) when its begin started and ended */
@@ -134,7 +139,8 @@ struct stream_counters {
     uint64_t batch_begin_ns, batch_queue_ns, batch_engine_ns, batch_end_ns, batch_jobs;
     uint64_t batch_begin_wait_ns, batch_begin_back_ns; /* of begin: before and after its run */
     uint64_t batch_end_wait_ns, batch_end_run_ns;      /* of end: for a thread, its run */
-    uint64_t reply_ns; /* loop time answering writes and closes (hits encoded and sent) */
+    uint64_t reply_ns;       /* loop time answering writes and closes (hits encoded and sent) */
+    uint64_t thread_replies; /* of those, replies encoded on the thread that ran them */
     /* the engine's phases of those batches, summed per write like batch_engine_ns */
     uint64_t batch_fd_read_ns, batch_plan_ns, batch_upload_ns, batch_device_ns, batch_readback_ns,
         batch_finalize_ns, batch_idle_ns, batch_kernel_ns, batch_buffers_ns, batch_buffers_bytes;

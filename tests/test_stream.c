@@ -1525,13 +1525,19 @@ START_TEST(test_daemon_stream_equals_block)
     struct str data = {0};
     for (int i = 0; i < 400; i++)
         puts_(&data, plants[rnd(10)]);
-    for (int round = 0; round < 4; round++) {
+    /* round 4: writes of hundreds of hits, whose replies the threads that
+     * ran them encode (stream.thread_replies) */
+    struct str big = {0};
+    for (int i = 0; i < 4000; i++)
+        puts_(&big, plants[rnd(10)]);
+    for (int round = 0; round < 5; round++) {
+        const struct str *src = round == 4 ? &big : &data;
         struct vks_stream *s = open_ok(c, cat);
         struct scan_hits got = {0};
         size_t at = 0;
-        while (at < data.n) {
-            size_t n = 1 + rnd(round == 3 ? 400 : 9);
-            n = n > data.n - at ? data.n - at : n;
+        while (at < src->n) {
+            size_t n = 1 + rnd(round == 4 ? 4000 : round == 3 ? 400 : 9);
+            n = n > src->n - at ? src->n - at : n;
             struct vks_scan_result res;
             struct vks_error err = {0};
             int rc;
@@ -1539,12 +1545,12 @@ START_TEST(test_daemon_stream_equals_block)
                 FILE *f = tmpfile();
                 ck_assert_ptr_nonnull(f);
                 fwrite("junk", 1, 4, f);
-                fwrite(data.p + at, 1, n, f);
+                fwrite(src->p + at, 1, n, f);
                 fflush(f);
                 rc = vks_stream_write_fd(s, fileno(f), 4, n, &res, &err);
                 fclose(f);
             } else {
-                rc = vks_stream_write(s, data.p + at, n, &res, &err);
+                rc = vks_stream_write(s, src->p + at, n, &res, &err);
             }
             ck_assert_msg(rc == 0, "stream.write: %d %s", rc, err.msg);
             at += n;
@@ -1555,10 +1561,10 @@ START_TEST(test_daemon_stream_equals_block)
         struct vks_scan_result res;
         struct vks_error err = {0};
         ck_assert_int_eq(vks_stream_close(s, &res, &err), 0);
-        collect(&res, &got, data.n);
+        collect(&res, &got, src->n);
         vks_scan_result_finish(&res);
 
-        struct vks_buffer b = {.kind = VKS_BUFFER_INLINE, .data = data.p, .len = data.n};
+        struct vks_buffer b = {.kind = VKS_BUFFER_INLINE, .data = src->p, .len = src->n};
         struct vks_scan_result block;
         ck_assert_int_eq(
             vks_client_scan(c, vks_catalog_fingerprint(cat), &b, 1, NULL, &block, &err), 0);
@@ -1572,16 +1578,21 @@ START_TEST(test_daemon_stream_equals_block)
         scan_hits_finish(&got);
     }
     ck_assert_uint_eq(stat_of(c, "stream.open"), 0);
-    ck_assert_uint_eq(stat_of(c, "stream.opened"), 4);
-    ck_assert_uint_gt(stat_of(c, "stream.bytes"), 4 * data.n - 1);
+    ck_assert_uint_eq(stat_of(c, "stream.opened"), 5);
+    ck_assert_uint_gt(stat_of(c, "stream.bytes"), 4 * data.n + big.n - 1);
+    /* round 4's large replies were encoded on threads, the small ones not */
+    uint64_t on_threads = stat_of(c, "stream.thread_replies");
+    ck_assert_uint_gt(on_threads, 0);
+    ck_assert_uint_lt(on_threads, stat_of(c, "stream.writes") / 10);
     /* every write ran on the CPU engine's threads; the closes, with
      * nothing queued before them, on the loop */
     uint64_t runs = stat_of(c, "stream.engine_runs");
     ck_assert_uint_eq(runs, stat_of(c, "stream.writes"));
     ck_assert_uint_eq(stat_of(c, "stream.loop_closes"), stat_of(c, "stream.closed"));
-    ck_assert_uint_eq(stat_of(c, "stream.closed"), 4);
+    ck_assert_uint_eq(stat_of(c, "stream.closed"), 5);
     ck_assert_uint_gt(runs, 4 * 40);
     free(data.p);
+    free(big.p);
     vks_catalog_destroy(cat);
     vks_client_close(c);
     daemon_stop(&d);
