@@ -537,6 +537,73 @@ START_TEST(grouping_under_budget)
 }
 END_TEST
 
+/* A broad counter kept a DFA (`[^\n]{1000}`: 1,001 states) multiplies the
+ * states of every rule grouped with it. Once a group holding one is over
+ * the budget it is split off whole, and the other rules stay together;
+ * halving kept it in halves that failed again at the full budget, and
+ * split the rest into four groups (compile.c `place`). Every rule still
+ * reports, the counter at the end of each long line. */
+START_TEST(dense_counter_kept_apart)
+{
+    static const char *const pats[] = {
+        "((a|b)c){3,5}d",
+        "[a-f]{2,}[0-9]{3}\\B",
+        "\\Bthe\\b",
+        "^foo$",
+        "bar\\z",
+        "baz\\Z",
+        "\\Aqux",
+        "(?i:HeLLo) world",
+        "\\xe4\\xb8[\\x80-\\xbf]",
+        "[^\\n]{1000}",
+    };
+    enum { N = sizeof(pats) / sizeof(pats[0]) };
+    struct rule_src r[N];
+    for (uint32_t i = 0; i < N; i++)
+        r[i] = (struct rule_src){.id = pats[i],
+                                 .kind = RULE_REGEX,
+                                 .pattern = pats[i],
+                                 .len = strlen(pats[i]),
+                                 .flags = i == 3 ? RULE_F_MULTILINE : 0};
+    struct rules_result res;
+    struct vks_error err;
+    ck_assert_int_eq(rules_compile(r, N, NULL, &res, &err), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    struct catalog_rule counter;
+    catalog_rule(res.catalog, res.rule_index[N - 1], &counter);
+    uint32_t ng = catalog_group_count(res.catalog);
+    ck_assert_uint_lt(counter.group, ng); /* a DFA group, of its own */
+    struct catalog_group grp;
+    catalog_group(res.catalog, counter.group, &grp);
+    ck_assert_uint_eq(grp.n_rules, 1);
+    ck_assert_uint_eq(grp.n_states, 1001);
+    /* the rest in at most two DFA groups (halving: four) */
+    uint32_t others = 0;
+    for (uint32_t g = 0; g < ng; g++) {
+        catalog_group(res.catalog, g, &grp);
+        others += g != counter.group && !(grp.flags & CAT_GF_FACTOR);
+    }
+    ck_assert_uint_le(others, 2);
+    static char hay[2600];
+    size_t n = (size_t)snprintf(hay, sizeof(hay), "foo\nHello world acacacd xyz123 ");
+    memset(hay + n, 'w', 1200);
+    n += 1200;
+    n += (size_t)snprintf(hay + n, sizeof(hay) - n, "\nbar");
+    struct scan_hits h = {0};
+    ck_assert_int_eq(refscan_buffer(res.catalog, (const uint8_t *)hay, n, SCAN_ALL, &h), 0);
+    uint32_t seen[N] = {0};
+    for (size_t i = 0; i < h.n; i++)
+        seen[h.v[i].rule]++;
+    ck_assert_uint_eq(seen[res.rule_index[3]], 1);                   /* ^foo$ */
+    ck_assert_uint_eq(seen[res.rule_index[7]], 1);                   /* Hello world */
+    ck_assert_uint_eq(seen[res.rule_index[0]], 1);                   /* acacacd */
+    ck_assert_uint_eq(seen[res.rule_index[4]], 1);                   /* bar at the end */
+    ck_assert_uint_eq(seen[res.rule_index[N - 1]], 1227 - 1000 + 1); /* line 2: 1,227 bytes */
+    scan_hits_finish(&h);
+    rules_result_finish(&res);
+}
+END_TEST
+
 /* rules_compile frees the tree of each plain string while the set may still
  * become a literal group, and parses them again when a later rule (here a
  * regex at position `_i` of 3) rules that out: every string must still be
@@ -761,6 +828,7 @@ Suite *rules_suite(void)
     tcase_add_test(tc, pattern_file);
     tcase_add_test(tc, bad_rules_do_not_stop_the_rest);
     tcase_add_test(tc, grouping_under_budget);
+    tcase_add_test(tc, dense_counter_kept_apart);
     tcase_add_loop_test(tc, released_trees_parsed_again, 0, 3);
     tcase_add_loop_test(tc, strings_kept_as_bytes, 0, 2);
     tcase_add_test(tc, radix_sort_orders);
