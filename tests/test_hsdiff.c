@@ -2482,6 +2482,21 @@ START_TEST(test_shared_rebar)
 }
 END_TEST
 
+/* The project's own shapes (tests/data/shapes): IDS-like regexes, syntax
+ * edges, small rules beside broad counters. */
+START_TEST(test_shapes)
+{
+    char pat[4096];
+    struct corpus c;
+    size_t files = 0;
+    corpus_load(&c, data_dir());
+    snprintf(pat, sizeof(pat), "%s/shapes/*.rules", VKS_SOURCE_ROOT "/tests/data");
+    check_glob(pat, &c, &files);
+    corpus_free(&c);
+    ck_assert_uint_ge(files, 3);
+}
+END_TEST
+
 /* ------------------------------------------------------------------------ */
 /* Bounded repeats and gaps: the rules a DFA cannot hold (the bit-NFA's).   */
 
@@ -3242,6 +3257,7 @@ Suite *hsdiff_suite(void)
     TCase *files = tcase_create("shared-data");
     tcase_set_timeout(files, 600);
     tcase_add_test(files, test_shared_gitleaks);
+    tcase_add_test(files, test_shapes);
     tcase_add_test(files, test_shared_rebar);
     suite_add_tcase(s, files);
     return s;
