@@ -937,15 +937,16 @@ static int literal_group(struct ctx *c, bool *done)
 
 /*
  * A broad counter kept a DFA (prebuild, SMALL_DFA) of DENSE_STATES or more
- * (`[^\n]{1000}`, `.{500}`, `[A-Za-z0-9+/]{300}`) is a group of its own.
- * It tracks a count wherever it can start, so every state of another rule
- * of its group pairs with every count, in state sets of up to that many
- * positions. `[^\n]{1000}` with eight small rules made one group of 20,972
- * states (1.7 MB) in 2.1 s, against 1,001 and 47 states apart in 18 ms;
- * with sixteen, the halving after failed builds took 4.8 s. Two such
- * counters rarely share a group anyway (their product is over the
- * budget), so this costs at most a pass per kind of group (bounded,
- * unbounded): the one the rules that had joined a counter now make.
+ * (`[^\n]{1000}`, `.{500}`, `[A-Za-z0-9+/]{300}`) is grouped only with
+ * other such counters. It tracks a count wherever it can start, so every
+ * state of another rule of its group pairs with every count, in state sets
+ * of up to that many positions. `[^\n]{1000}` with eight small rules made
+ * one group of 20,972 states (1.7 MB) in 2.1 s, against 1,001 and 47
+ * states apart in 18 ms; with sixteen, the halving after failed builds
+ * took 4.8 s. Counters of one class share their count (`[^\n]{300}` to
+ * `[^\n]{499}`: 200 rules, two groups of 970 states in all), so they are
+ * still grouped together by the estimate. This costs at most a pass per
+ * kind of group (bounded, unbounded): the rules that had joined counters.
  */
 #define DENSE_STATES 256u
 
@@ -969,6 +970,35 @@ static uint32_t counters_last(const struct ctx *c, uint32_t *idx, uint32_t n)
     return n - others;
 }
 
+/* Groups rules idx[0..n) (cmp_prep order) into DFAs by their estimated
+ * size (fill), bounded and unbounded rules apart, and places each group. */
+static int group_run(struct ctx *c, uint32_t *idx, uint32_t n)
+{
+    uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
+    uint64_t heavy = c->opt->heavy_states ? c->opt->heavy_states : RULES_HEAVY_STATES;
+    int rc = 0;
+    uint32_t begin = 0;
+    struct fill f = {0, 0};
+    for (uint32_t i = 0; i <= n && rc == 0; i++) {
+        bool end = i == n;
+        bool kind_change = !end && i > begin &&
+                           (c->prep[idx[i]].maxlen == CATALOG_UNBOUNDED) !=
+                               (c->prep[idx[i - 1]].maxlen == CATALOG_UNBOUNDED);
+        struct fill g = end ? f : fill_add(f, c->prep[idx[i]].positions, heavy);
+        if (i > begin && (end || kind_change || fill_states(g) > budget)) {
+            uint64_t cap = fill_states(f) * FIRST_FACTOR;
+            cap = cap > FIRST_FLOOR ? cap : FIRST_FLOOR;
+            rc = place(c, idx + begin, i - begin, cap < budget ? (uint32_t)cap : 0);
+            begin = i;
+            g = fill_add((struct fill){0, 0}, end ? 0 : c->prep[idx[i]].positions, heavy);
+        }
+        f = g;
+    }
+    return rc;
+}
+
+/* The DFA rules' groups: the dense counters among themselves, after the
+ * rest. */
 static int group_rules(struct ctx *c)
 {
     uint32_t n, m = 0;
@@ -979,29 +1009,10 @@ static int group_rules(struct ctx *c)
         if (!c->prep[order[i]].bitnfa)
             order[m++] = order[i];
     n = m;
-    uint32_t budget = c->opt->max_states ? c->opt->max_states : RULES_DEFAULT_STATES;
-    uint64_t heavy = c->opt->heavy_states ? c->opt->heavy_states : RULES_HEAVY_STATES;
-    int rc = 0;
-    uint32_t begin = 0;
-    struct fill f = {0, 0};
     uint32_t n_dense = counters_last(c, order, n);
-    for (uint32_t i = 0; i <= n - n_dense && rc == 0; i++) {
-        bool end = i == n - n_dense;
-        bool kind_change = !end && i > begin &&
-                           (c->prep[order[i]].maxlen == CATALOG_UNBOUNDED) !=
-                               (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED);
-        struct fill g = end ? f : fill_add(f, c->prep[order[i]].positions, heavy);
-        if (i > begin && (end || kind_change || fill_states(g) > budget)) {
-            uint64_t cap = fill_states(f) * FIRST_FACTOR;
-            cap = cap > FIRST_FLOOR ? cap : FIRST_FLOOR;
-            rc = place(c, order + begin, i - begin, cap < budget ? (uint32_t)cap : 0);
-            begin = i;
-            g = fill_add((struct fill){0, 0}, end ? 0 : c->prep[order[i]].positions, heavy);
-        }
-        f = g;
-    }
-    for (uint32_t i = n - n_dense; i < n && rc == 0; i++)
-        rc = place(c, order + i, 1, 0);
+    int rc = group_run(c, order, n - n_dense);
+    if (rc == 0)
+        rc = group_run(c, order + n - n_dense, n_dense);
     free(order);
     return rc;
 }

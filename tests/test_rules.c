@@ -604,6 +604,40 @@ START_TEST(dense_counter_kept_apart)
 }
 END_TEST
 
+/* Counters of one class share their count: 200 rules `[^\n]{300}` to
+ * `[^\n]{499}` are dense counters (301 to 500 states each) and still fit
+ * few groups together (two, 970 states in all); each alone would be 200
+ * DFA passes. */
+START_TEST(dense_counters_share)
+{
+    enum { N = 200 };
+    static char pats[N][24];
+    struct rule_src r[N];
+    for (uint32_t i = 0; i < N; i++) {
+        snprintf(pats[i], sizeof(pats[i]), "[^\\n]{%u}", 300 + i);
+        r[i] = (struct rule_src){
+            .id = pats[i], .kind = RULE_REGEX, .pattern = pats[i], .len = strlen(pats[i])};
+    }
+    struct rules_result res;
+    struct vks_error err;
+    ck_assert_int_eq(rules_compile(r, N, NULL, &res, &err), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    ck_assert_uint_le(catalog_group_count(res.catalog), 3);
+    static char hay[700];
+    memset(hay, 'x', sizeof(hay));
+    struct scan_hits h = {0};
+    ck_assert_int_eq(refscan_buffer(res.catalog, (const uint8_t *)hay, sizeof(hay), SCAN_ALL, &h),
+                     0);
+    /* rule i ends at every offset from 300 + i to 700 */
+    uint64_t want = 0;
+    for (uint32_t i = 0; i < N; i++)
+        want += 700 - (300 + i) + 1;
+    ck_assert_uint_eq(h.n, want);
+    scan_hits_finish(&h);
+    rules_result_finish(&res);
+}
+END_TEST
+
 /* rules_compile frees the tree of each plain string while the set may still
  * become a literal group, and parses them again when a later rule (here a
  * regex at position `_i` of 3) rules that out: every string must still be
@@ -829,6 +863,7 @@ Suite *rules_suite(void)
     tcase_add_test(tc, bad_rules_do_not_stop_the_rest);
     tcase_add_test(tc, grouping_under_budget);
     tcase_add_test(tc, dense_counter_kept_apart);
+    tcase_add_test(tc, dense_counters_share);
     tcase_add_loop_test(tc, released_trees_parsed_again, 0, 3);
     tcase_add_loop_test(tc, strings_kept_as_bytes, 0, 2);
     tcase_add_test(tc, radix_sort_orders);
