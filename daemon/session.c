@@ -966,21 +966,21 @@ static int buf_append(struct proto_buf *b, const uint8_t *p, size_t n)
     return 0;
 }
 
-/* Writes the encoded reply `r->early` (out_mu held; the session not shut
- * and nothing waiting in `out`, which would have to go first). What the
- * socket does not take at once moves to `out` for the loop to write; when
- * even that fails after a part went out, the connection is broken. */
-static int write_early(struct session *s, struct request *r)
+/* Writes an encoded reply of `len` bytes (out_mu held; the session not
+ * shut and nothing waiting in `out`, which would have to go first). What
+ * the socket does not take at once moves to `out` for the loop to write;
+ * when even that fails after a part went out, the connection is broken.
+ * Returns an enum early. */
+static int write_frame(struct session *s, const uint8_t *p, size_t len)
 {
-    ssize_t n = write_some(s->fd, r->early.data, r->early.len);
+    ssize_t n = write_some(s->fd, p, len);
     if (n < 0)
         return EARLY_FAILED;
-    if ((size_t)n == r->early.len)
+    if ((size_t)n == len)
         return EARLY_SENT;
-    size_t left = r->early.len - (size_t)n;
     proto_buf_reset(&s->out);
     s->out_off = 0;
-    int rc = buf_append(&s->out, r->early.data + n, left);
+    int rc = buf_append(&s->out, p + n, len - (size_t)n);
     out_changed(s);
     if (rc != 0)
         return n > 0 ? EARLY_FAILED : EARLY_ENCODED;
@@ -1018,7 +1018,7 @@ void session_scan_finished(struct engine_job *job, const struct engine_telemetry
         count_reply(s, r->req->op, true);
         count_scan(r, r->early_hits, r->early_bytes, now);
         r->early_counted = true;
-        r->early_state = write_early(s, r);
+        r->early_state = write_frame(s, r->early.data, r->early.len);
     }
     bool out = r->early_state == EARLY_SENT || r->early_state == EARLY_QUEUED;
     if (out)
@@ -1114,23 +1114,12 @@ void session_send_encoded(struct session *s, uint32_t id, enum proto_op op, stru
         return;
     count_reply(s, op, true);
     pthread_mutex_lock(&s->out_mu);
-    size_t sent = 0;
-    if (s->out_off == s->out.len) { /* nothing before it: straight from `b` */
-        proto_buf_reset(&s->out);
-        s->out_off = 0;
-        ssize_t n = write_some(s->fd, b->data, b->len);
-        if (n < 0) {
-            pthread_mutex_unlock(&s->out_mu);
-            session_close(s); /* the peer is gone */
-            return;
-        }
-        sent = (size_t)n;
-    }
-    int rc = sent < b->len ? buf_append(&s->out, b->data + sent, b->len - sent) : 0;
+    int state = s->out_off == s->out.len ? write_frame(s, b->data, b->len) : EARLY_ENCODED;
+    int rc = state == EARLY_ENCODED ? buf_append(&s->out, b->data, b->len) : 0;
     out_changed(s);
     pthread_mutex_unlock(&s->out_mu);
-    if (rc != 0 && sent > 0) {
-        session_close(s); /* half a frame went out */
+    if (state == EARLY_FAILED) {
+        session_close(s); /* the peer is gone, or half a frame went out */
         return;
     }
     if (rc != 0) {

@@ -955,19 +955,12 @@ static bool dense_counter(const struct prepared *p)
     return p->wide && p->positions >= DENSE_STATES;
 }
 
-/* Moves the dense counters of idx[0..n) behind the other rules, each part
- * in its order; returns how many it moved. */
-static uint32_t counters_last(const struct ctx *c, uint32_t *idx, uint32_t n)
+/* cmp_prep's order, the dense counters after the other rules. */
+static int cmp_dense_last(const void *a, const void *b, void *arg)
 {
-    uint32_t others = 0;
-    for (uint32_t k = 0; k < n; k++) {
-        if (dense_counter(&c->prep[idx[k]]))
-            continue;
-        uint32_t x = idx[k];
-        memmove(idx + others + 1, idx + others, (k - others) * sizeof(*idx));
-        idx[others++] = x;
-    }
-    return n - others;
+    const struct prepared *p = arg;
+    bool x = dense_counter(&p[*(const uint32_t *)a]), y = dense_counter(&p[*(const uint32_t *)b]);
+    return x != y ? (x ? 1 : -1) : cmp_prep(a, b, arg);
 }
 
 /* Groups rules idx[0..n) (cmp_prep order) into DFAs by their estimated
@@ -1002,14 +995,17 @@ static int group_run(struct ctx *c, uint32_t *idx, uint32_t n)
 static int group_rules(struct ctx *c)
 {
     uint32_t n, m = 0;
-    uint32_t *order = live_rules(c, cmp_prep, c->prep, &n);
+    uint32_t *order = live_rules(c, cmp_dense_last, c->prep, &n);
     if (order == NULL)
         return -ENOMEM;
-    for (uint32_t i = 0; i < n; i++)
-        if (!c->prep[order[i]].bitnfa)
+    uint32_t n_dense = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!c->prep[order[i]].bitnfa) {
             order[m++] = order[i];
+            n_dense += dense_counter(&c->prep[order[i]]);
+        }
+    }
     n = m;
-    uint32_t n_dense = counters_last(c, order, n);
     int rc = group_run(c, order, n - n_dense);
     if (rc == 0)
         rc = group_run(c, order + n - n_dense, n_dense);
