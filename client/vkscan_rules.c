@@ -50,12 +50,20 @@ static void print_groups(const struct catalog *cat)
         printf("nfa group %u: %u rules, %u bits, %u classes, %u exceptions, %s", ng + k, n.n_rules,
                n.n_bits, n.n_classes, n.n_exc, n.flags & CAT_GF_GATED ? "gated, " : "");
         if (n.flags & CAT_GF_CONFIRM) { /* unbounded: confirmed forward from a lead */
-            if (n.lookback == CATALOG_UNBOUNDED)
+            if (n.lookback == CATALOG_UNBOUNDED && n.span == NULL)
                 printf("confirmed from the buffer's start, ");
+            else if (n.lookback == CATALOG_UNBOUNDED)
+                printf("confirmed from the run of its span bytes before a factor's end, ");
             else
                 printf("confirmed from %u bytes before a factor's end, ", n.lookback);
         } else if ((n.flags & CAT_GF_GATED) && n.lookback != 0) {
             printf("starts from %u bytes before a factor's end, ", n.lookback);
+        }
+        if (n.span != NULL) {
+            uint32_t k = 0;
+            for (int w = 0; w < 8; w++)
+                k += (uint32_t)__builtin_popcount(n.span[w]);
+            printf("span %u byte values, ", k);
         }
         print_maxlen(n.maxlen);
     }

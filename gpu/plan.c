@@ -735,7 +735,13 @@ static int confirm_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
         size_t most = b->buffers[i].len / CONFIRM_SPAN;
         if (!grow)
             most = SIZE_MAX; /* pieces stay within the loop budget */
-        rc = refscan_confirm_items(g->lookback, &gate->v[a].end, z - a,
+        /* a buffer read at upload has no bytes here yet: lookback alone */
+        struct refscan_starts st = {
+            .lookback = g->lookback,
+            .span = g->span,
+            .buf = b->buffers[i].read == NULL ? b->buffers[i].data : NULL,
+        };
+        rc = refscan_confirm_items(&st, &gate->v[a].end, z - a,
                                    sizeof(struct refscan_cand) / sizeof(uint64_t), gap, piece,
                                    most > CONFIRM_MIN ? most : CONFIRM_MIN, confirm_piece, &j);
     }

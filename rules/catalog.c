@@ -149,8 +149,11 @@ static int validate_nfa(const uint32_t *w, size_t n, uint32_t g, uint32_t n_rule
         !in_range(e[CAT_N_SHIFT], nw, body, n) ||
         !in_range(e[CAT_N_EXC], nx * CAT_X_WORDS, body, n) ||
         !in_range(e[CAT_N_ACC], na * CAT_X_WORDS, body, n) ||
-        !in_range(e[CAT_N_RANGES], nr * 2, body, n))
+        !in_range(e[CAT_N_RANGES], nr * 2, body, n) ||
+        (e[CAT_N_SPAN] != 0 && !in_range(e[CAT_N_SPAN], 8, body, n)))
         return bad(err, "bit-NFA group table points outside the catalog", g);
+    if (e[CAT_N_SPAN] != 0 && !(e[CAT_N_FLAGS] & CAT_GF_GATED))
+        return bad(err, "bit-NFA group has a span set but is not gated", g);
     const uint32_t *cm = w + e[CAT_N_CLASSMAP];
     for (int c = 0; c < 256; c++)
         if (cm[c] >= nc)
@@ -552,6 +555,7 @@ void catalog_nfa(const struct catalog *cat, uint32_t i, struct catalog_nfa *out)
     out->n_acc = e[CAT_N_NACC];
     out->n_ranges = e[CAT_N_NRANGES];
     out->lookback = e[CAT_N_LOOKBACK];
+    out->span = e[CAT_N_SPAN] != 0 ? w + e[CAT_N_SPAN] : NULL;
     out->x_narrow = cat->x_index[2 * i];
     out->x_span = cat->x_index[2 * i + 1];
     out->classmap = w + e[CAT_N_CLASSMAP];

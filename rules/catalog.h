@@ -19,7 +19,7 @@
 #include "error.h"
 
 #define CATALOG_MAGIC   0x43534b56u /* "VKSC" read as a little-endian u32 */
-#define CATALOG_VERSION 3u
+#define CATALOG_VERSION 4u
 #define CATALOG_FP_LEN  32u /* BLAKE2b-256 */
 
 /* Header words. */
@@ -88,6 +88,11 @@ enum {
     CAT_N_NRANGES,
     CAT_N_RANGES,   /* word offset: n_ranges * 2 words, inclusive [lo, hi] positions */
     CAT_N_LOOKBACK, /* CAT_GF_CONFIRM: most bytes from a match's start to its factor's end */
+    /* Gated groups (version 4): word offset of 8 words, a 256-bit set (bit
+     * c & 31 of word c >> 5) of every byte value from a match's start to
+     * its factor's end, or 0 when any may occur: a match holding a factor
+     * that ends at e starts inside the run of these bytes that ends at e. */
+    CAT_N_SPAN,
     CAT_NFA_WORDS
 };
 
@@ -220,7 +225,8 @@ static inline uint32_t catalog_group_start(const struct catalog_group *g, const 
 struct catalog_nfa {
     uint32_t n_bits, n_words, n_classes, maxlen, n_rules, flags;
     uint32_t n_exc, n_acc, n_ranges;
-    uint32_t lookback; /* CAT_GF_CONFIRM groups */
+    uint32_t lookback;    /* CAT_GF_CONFIRM groups */
+    const uint32_t *span; /* CAT_N_SPAN's 8 words, or NULL */
     /* Exceptions exc[x_narrow..n_exc) have sources spanning at most x_span
      * + 1 state words and are sorted by their first source word: a step
      * tests only those that can meet its live words (catalog_nfa finds

@@ -66,8 +66,9 @@ struct nfa_group_out {
     uint32_t *rules; /* indexes into the prepared array, group-local order */
     uint32_t n_rules;
     uint32_t maxlen;
-    uint32_t lookback; /* unbounded gated groups: most bytes from a start to a factor's end */
-    bool gated;        /* CAT_GF_GATED (and CAT_GF_CONFIRM when maxlen is unbounded) */
+    uint32_t lookback;   /* unbounded gated groups: most bytes from a start to a factor's end */
+    struct byteset span; /* gated groups: byte values from a match's start to its factor's end */
+    bool gated;          /* CAT_GF_GATED (and CAT_GF_CONFIRM when maxlen is unbounded) */
 };
 
 struct ctx {
@@ -1125,10 +1126,22 @@ static uint32_t gate_class(const struct prepared *p)
     return factor_set_pre(p->factors) == FACTOR_PRE_UNBOUNDED ? 3 : 2;
 }
 
+/* The chance that a text byte ends the run of bytes a class 3 rule's
+ * match may hold up to its factor (factor_span_break_chance): its starts
+ * are confirmed from that run's start, and a group's run is that of the
+ * union of its rules' spans (compiler version 14). */
+static double span_break(const struct prepared *p)
+{
+    struct byteset span = {{0}};
+    factor_set_span_bytes(p->factors, &span);
+    return factor_span_break_chance(&span);
+}
+
 /*
  * Finds the factors of the bit-NFA rules order[0..m) and orders them by
  * gate_class, so that whole groups hold rules of one class and can be
- * gated; each class stays in maxlen order, class 2 by lead.
+ * gated; each class stays in maxlen order, class 2 by lead, class 3 by
+ * span_break, most breaks first.
  */
 static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
 {
@@ -1155,6 +1168,13 @@ static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
         for (uint32_t i = from + 1; cls == 2 && i < k; i++) { /* stable, by lead */
             uint32_t x = tmp[i], j = i, pre = factor_set_pre(c->prep[x].factors);
             for (; j > from && factor_set_pre(c->prep[tmp[j - 1]].factors) > pre; j--)
+                tmp[j] = tmp[j - 1];
+            tmp[j] = x;
+        }
+        for (uint32_t i = from + 1; cls == 3 && i < k; i++) { /* stable, by span_break */
+            uint32_t x = tmp[i], j = i;
+            double br = span_break(&c->prep[x]);
+            for (; j > from && span_break(&c->prep[tmp[j - 1]]) < br; j--)
                 tmp[j] = tmp[j - 1];
             tmp[j] = x;
         }
@@ -1317,11 +1337,14 @@ static int add_factor_group(struct ctx *c)
         struct nfa_group_out *ng = &c->nfas[j];
         ng->gated = true;
         ng->lookback = 0;
+        memset(&ng->span, 0, sizeof(ng->span));
         for (uint32_t k = 0; k < ng->n_rules; k++) {
             const struct factor_set *fs = c->prep[ng->rules[k]].factors;
             ng->gated &= fs != NULL;
             uint32_t pre = fs != NULL ? factor_set_pre(fs) : 0;
             ng->lookback = pre > ng->lookback ? pre : ng->lookback;
+            if (fs != NULL)
+                factor_set_span_bytes(fs, &ng->span);
         }
         any |= ng->gated;
     }
@@ -1380,12 +1403,21 @@ static int group_nfa_rules(struct ctx *c)
     uint32_t gated_bits = c->opt->gated_group_bits ? c->opt->gated_group_bits : BITNFA_GATED_BITS;
     gated_bits = gated_bits < BITNFA_GROUP_BITS ? gated_bits : BITNFA_GROUP_BITS;
     uint32_t begin = 0, fill = 0;
+    struct byteset span = {{0}}; /* class 3: the union of the group's spans */
     for (uint32_t i = 0; i <= m && rc == 0; i++) {
         bool end = i == m;
         bool kind_change = !end && i > begin &&
                            ((c->prep[order[i]].maxlen == CATALOG_UNBOUNDED) !=
                                 (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED) ||
                             gate_class(&c->prep[order[i]]) != gate_class(&c->prep[order[i - 1]]));
+        bool span_rule = !end && gate_class(&c->prep[order[i]]) == 3;
+        if (span_rule && i > begin && !kind_change) {
+            /* a rule that would halve the chance of a break in the group's
+             * runs (double their length) starts a group of its own */
+            struct byteset both = span;
+            factor_set_span_bytes(c->prep[order[i]].factors, &both);
+            kind_change = factor_span_break_chance(&both) < factor_span_break_chance(&span) / 2;
+        }
         uint32_t bits = end ? 0 : c->prep[order[i]].bits;
         uint32_t cap =
             begin < m && gate_class(&c->prep[order[begin]]) != 0 ? gated_bits : BITNFA_GROUP_BITS;
@@ -1394,6 +1426,10 @@ static int group_nfa_rules(struct ctx *c)
             begin = i;
             fill = 0;
         }
+        if (span_rule && begin == i)
+            memset(&span, 0, sizeof(span));
+        if (span_rule)
+            factor_set_span_bytes(c->prep[order[i]].factors, &span);
         fill += bits;
     }
     free(order);
@@ -1479,6 +1515,15 @@ static int put_exceptions(const struct bitnfa_group *g, uint32_t *w, uint32_t at
     return 0;
 }
 
+/* Whether a group's entry points at its span set (CAT_N_SPAN): gated,
+ * and some byte value cannot occur between a match's start and its
+ * factor's end. */
+static bool nfa_has_span(const struct nfa_group_out *go)
+{
+    const struct byteset *s = &go->span;
+    return go->gated && (s->w[0] & s->w[1] & s->w[2] & s->w[3]) != UINT64_MAX;
+}
+
 /* Writes one bit-NFA group's tables at w[at..] and its table entry `e`;
  * accept entries name report indexes, sorted. Returns the new end. */
 static uint32_t pack_nfa(const struct nfa_group_out *go, const uint32_t *report, uint32_t *w,
@@ -1496,6 +1541,14 @@ static uint32_t pack_nfa(const struct nfa_group_out *go, const uint32_t *report,
      * factor (bounded groups too, since compiler version 7: their walks
      * then start only there, docs/engine.md) */
     e[CAT_N_LOOKBACK] = go->gated ? go->lookback : 0;
+    e[CAT_N_SPAN] = 0;
+    if (nfa_has_span(go)) { /* compiler version 14 */
+        e[CAT_N_SPAN] = at;
+        for (int k = 0; k < 4; k++) {
+            w[at++] = (uint32_t)go->span.w[k];
+            w[at++] = (uint32_t)(go->span.w[k] >> 32);
+        }
+    }
     e[CAT_N_NEXC] = g->n_exc;
     e[CAT_N_NACC] = g->n_acc;
     e[CAT_N_NRANGES] = g->n_ranges;
@@ -1556,7 +1609,7 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
                      (uint64_t)c->n_nfas * CAT_NFA_WORDS + (uint64_t)nr * CAT_RULE_WORDS +
                      (strbytes + 3) / 4;
     for (uint32_t g = 0; g < c->n_nfas; g++)
-        words += nfa_words(&c->nfas[g].g);
+        words += nfa_words(&c->nfas[g].g) + (nfa_has_span(&c->nfas[g]) ? 8 : 0);
     for (uint32_t g = 0; g < c->n_groups; g++) {
         const struct dfa *d = &c->groups[g].dfa;
         words += 256 + (uint64_t)d->n_states * d->n_classes + (d->n_states - d->first_accept + 1) +

@@ -16,6 +16,7 @@
 #define EXACT_MAX 256u
 
 struct info {
+    struct byteset alpha; /* every byte value the node may match */
     bool exact;
     uint32_t len;               /* exact: positions in seq */
     const struct byteset **seq; /* exact: malloc'd, len entries */
@@ -44,6 +45,21 @@ static uint32_t pos_weight(const struct byteset *s)
 {
     uint32_t n = width(s);
     return n <= 1 ? 8 : n == 2 ? 7 : 6;
+}
+
+static void set_union(struct byteset *a, const struct byteset *b)
+{
+    for (int w = 0; w < 4; w++)
+        a->w[w] |= b->w[w];
+}
+
+void factor_set_span_bytes(const struct factor_set *fs, struct byteset *out)
+{
+    for (uint32_t i = 0; i < fs->n; i++) {
+        set_union(out, &fs->f[i].lead);
+        for (uint32_t k = 0; k < fs->f[i].len; k++)
+            set_union(out, &fs->f[i].set[k]);
+    }
 }
 
 static uint32_t factor_weight(const struct factor *f)
@@ -84,6 +100,15 @@ static double set_text_chance(const struct byteset *s)
     double p = 0;
     for (unsigned c = 0; c < 256; c++)
         if (s->w[c >> 6] >> (c & 63) & 1)
+            p += text_chance(c);
+    return p < 1 ? p : 1;
+}
+
+double factor_span_break_chance(const struct byteset *span)
+{
+    double p = 0;
+    for (unsigned c = 0; c < 256; c++)
+        if (!(span->w[c >> 6] >> (c & 63) & 1))
             p += text_chance(c);
     return p < 1 ? p : 1;
 }
@@ -146,22 +171,25 @@ static uint32_t add_sat(uint32_t a, uint32_t b)
 }
 
 /* Offers a child's set, its factors' leads moved by the `base` bytes at
- * most that come before the child. */
-static void offer_shifted(struct info *in, const struct factor_set *fs, uint32_t base)
+ * most that come before the child, whose byte values are `before`. */
+static void offer_shifted(struct info *in, const struct factor_set *fs, uint32_t base,
+                          const struct byteset *before)
 {
     struct factor_set cand_mem, *cand = &cand_mem; /* not malloc: see offer_run */
     *cand = *fs;
-    for (uint32_t i = 0; i < cand->n; i++)
+    for (uint32_t i = 0; i < cand->n; i++) {
         cand->f[i].pre = add_sat(cand->f[i].pre, base);
+        set_union(&cand->f[i].lead, before);
+    }
     offer(in, cand);
 }
 
 /* The best window of up to FACTOR_MAX_LEN narrow positions in seq[0..n),
- * a run that starts at most `base` bytes into the match, of `shortest`
- * positions or more; a window shorter than FACTOR_MIN_LEN only of single
- * bytes (factor_extract_weak). */
+ * a run that starts at most `base` bytes into the match after bytes of
+ * `before`, of `shortest` positions or more; a window shorter than
+ * FACTOR_MIN_LEN only of single bytes (factor_extract_weak). */
 static void offer_run(struct info *in, const struct byteset *const *seq, uint32_t n, uint32_t base,
-                      uint32_t shortest)
+                      const struct byteset *before, uint32_t shortest)
 {
     /* On the stack, not malloc: a failed allocation here would silently
      * weaken the set and make the catalog depend on memory pressure. */
@@ -189,6 +217,9 @@ static void offer_run(struct info *in, const struct byteset *const *seq, uint32_
         cand->n = 1;
         cand->f[0].len = best_len;
         cand->f[0].pre = add_sat(base, best_at + best_len);
+        cand->f[0].lead = *before;
+        for (uint32_t i = 0; i < best_at; i++)
+            set_union(&cand->f[0].lead, seq[i]);
         for (uint32_t i = 0; i < best_len; i++)
             cand->f[0].set[i] = *seq[best_at + i];
         offer(in, cand);
@@ -214,6 +245,7 @@ static int analyze_cat(const struct node *n, uint32_t depth, uint32_t shortest, 
 {
     const struct byteset **run = NULL;
     uint32_t run_len = 0, run_base = 0, before = 0; /* most bytes before kid k */
+    struct byteset seen = {0}, run_seen = {0};      /* byte values before kid k, the run */
     bool all_exact = true;
     int rc = 0;
     for (uint32_t k = 0; k < n->u.list.n && rc == 0; k++) {
@@ -222,28 +254,33 @@ static int analyze_cat(const struct node *n, uint32_t depth, uint32_t shortest, 
         if (rc != 0)
             break;
         if (kid.exact && run_len + kid.len <= EXACT_MAX) {
-            if (run_len == 0)
+            if (run_len == 0) {
                 run_base = before;
+                run_seen = seen;
+            }
             rc = seq_append(&run, &run_len, kid.seq, kid.len);
         } else {
-            offer_run(out, run, run_len, run_base, shortest);
+            offer_run(out, run, run_len, run_base, &run_seen, shortest);
             run_len = 0;
             run_base = before;
+            run_seen = seen;
             if (kid.exact) { /* too long to join: starts the next run */
                 all_exact = false;
                 rc = seq_append(&run, &run_len, kid.seq, kid.len);
             } else {
                 all_exact = false;
                 if (kid.has)
-                    offer_shifted(out, kid.fs, before);
+                    offer_shifted(out, kid.fs, before, &seen);
             }
         }
+        set_union(&seen, &kid.alpha);
         /* an exact child is one byte per set; assertions consume nothing */
         before = add_sat(before, kid.exact ? kid.len : parse_maxlen(n->u.list.kids[k]));
         info_free(&kid);
     }
     if (rc == 0)
-        offer_run(out, run, run_len, run_base, shortest);
+        offer_run(out, run, run_len, run_base, &run_seen, shortest);
+    out->alpha = seen;
     if (rc == 0 && all_exact) {
         out->exact = true;
         out->seq = run;
@@ -266,7 +303,8 @@ static int analyze_alt(const struct node *n, uint32_t depth, uint32_t shortest, 
         return -ENOMEM;
     bool ok = true;
     int rc = 0;
-    for (uint32_t k = 0; k < n->u.list.n && rc == 0 && ok; k++) {
+    /* every branch is analyzed for its byte values, also once the set is lost */
+    for (uint32_t k = 0; k < n->u.list.n && rc == 0; k++) {
         struct info kid;
         rc = analyze(n->u.list.kids[k], depth + 1, shortest, &kid);
         if (rc != 0)
@@ -277,13 +315,16 @@ static int analyze_alt(const struct node *n, uint32_t depth, uint32_t shortest, 
             out->len = kid.len;
             kid.seq = NULL;
         }
-        ok = kid.has;
+        set_union(&out->alpha, &kid.alpha);
+        ok = ok && kid.has;
         for (uint32_t i = 0; ok && i < kid.fs->n; i++) {
             bool dup = false;
             for (uint32_t j = 0; j < u->n && !dup; j++) {
                 dup = same_factor(&u->f[j], &kid.fs->f[i]);
                 if (dup && kid.fs->f[i].pre > u->f[j].pre)
                     u->f[j].pre = kid.fs->f[i].pre;
+                if (dup)
+                    set_union(&u->f[j].lead, &kid.fs->f[i].lead);
             }
             if (dup)
                 continue;
@@ -307,6 +348,7 @@ static int analyze_repeat(const struct node *n, uint32_t depth, uint32_t shortes
     if (rc != 0)
         return rc;
     uint32_t min = n->u.rep.min, max = n->u.rep.max;
+    out->alpha = kid.alpha;
     if (min >= 1 && kid.exact && (uint64_t)kid.len * min <= EXACT_MAX) {
         /* min copies in a row are required; exactly that when min == max */
         const struct byteset **seq = NULL;
@@ -314,7 +356,7 @@ static int analyze_repeat(const struct node *n, uint32_t depth, uint32_t shortes
         for (uint32_t i = 0; i < min && rc == 0; i++)
             rc = seq_append(&seq, &len, kid.seq, kid.len);
         if (rc == 0)
-            offer_run(out, seq, len, 0, shortest);
+            offer_run(out, seq, len, 0, &(struct byteset){{0}}, shortest);
         if (rc == 0 && min == max) {
             out->exact = true;
             out->seq = seq;
@@ -337,10 +379,13 @@ static int analyze(const struct node *n, uint32_t depth, uint32_t shortest, stru
         return -ENOMEM;
     out->fs->n = 0;
     int rc = 0;
-    if (depth > 1000) /* parse limits nesting long before this */
+    if (depth > 1000) { /* parse limits nesting long before this */
+        memset(&out->alpha, 0xff, sizeof(out->alpha));
         return 0;
+    }
     switch (n->type) {
     case N_SET:
+        out->alpha = n->u.set;
         out->exact = true;
         rc = seq_append(&out->seq, &out->len, (const struct byteset *const[]){&n->u.set}, 1);
         break;

@@ -36,6 +36,12 @@ struct factor {
      * factor that ends at e starts at or after e - pre. Forward
      * confirmation of unbounded rules starts there (docs/engine.md). */
     uint32_t pre;
+    /* Every byte value a match may hold before this factor (from its start
+     * to the factor's first byte): a match holding the factor that ends at
+     * e starts inside the run of bytes of lead and of the factor's own sets
+     * that ends at e. That bounds forward confirmation where pre does not
+     * (`^\s*#\s*include`: the run of blanks and `#` before the factor). */
+    struct byteset lead;
     struct byteset set[FACTOR_MAX_LEN];
 };
 
@@ -74,6 +80,16 @@ int factor_extract_weak(const struct node *root, struct factor_set *out);
  * sets as [\xNN...]. Returns the length it wanted (snprintf style).
  */
 size_t factor_format(const struct factor *f, char *buf, size_t cap);
+
+/* Adds to `out` every byte value a match of a rule with factor set `fs`
+ * may hold from its start to the end of the factor it holds: each
+ * factor's lead and its positions' sets. */
+void factor_set_span_bytes(const struct factor_set *fs, struct byteset *out);
+
+/* The chance that a byte of text is not in `span`, under
+ * factor_set_text_bits' model: 1 / that is about the mean length of a run
+ * of span bytes in text (0: every byte is in it). */
+double factor_span_break_chance(const struct byteset *span);
 
 /* The selectivity of a set: the weight in bits of its weakest factor (8 per
  * single byte, 7 per caseless letter or 2-value set, 6 per wider set). */

@@ -212,24 +212,60 @@ int refscan_nfa_resume(const struct catalog *cat, uint32_t nfa, const uint8_t *b
     return rc;
 }
 
-/* The first start a factor end e allows: e - lookback, 0 when unbounded. */
-static uint64_t confirm_from(uint32_t lookback, uint64_t e)
+/* Whether byte c is in a group's span set (CAT_N_SPAN). */
+static inline bool span_has(const uint32_t *span, uint8_t c)
 {
-    return lookback == CATALOG_UNBOUNDED || e < lookback ? 0 : e - lookback;
+    return span[c >> 5] >> (c & 31) & 1;
+}
+
+/* The first start a factor end e allows: e - lookback (0 when unbounded),
+ * and with a span set no earlier than the run of span bytes that ends at
+ * e. Ends come ascending: the run's start is carried from one to the next
+ * (`checked`: the bytes [rs, checked) are span bytes), so every byte is
+ * tested at most once however many ends share a long run. */
+uint64_t refscan_start_from(struct refscan_starts *b, uint64_t e)
+{
+    uint64_t from = b->lookback == CATALOG_UNBOUNDED || e < b->lookback ? 0 : e - b->lookback;
+    if (b->span == NULL || b->buf == NULL)
+        return from;
+    uint64_t p = e;
+    if (e < b->checked) { /* out of order: nothing carried applies */
+        while (p > from && span_has(b->span, b->buf[p - 1]))
+            p--;
+        return p;
+    }
+    /* Below from nothing matters: every later end allows no start before
+     * its own from, which is at least this one. */
+    uint64_t floor = b->checked > from ? b->checked : from;
+    while (p > floor && span_has(b->span, b->buf[p - 1]))
+        p--;
+    if (p > floor)
+        b->rs = p; /* buf[p - 1] is no span byte */
+    /* else the run goes on to e, from rs or from below from */
+    b->checked = e;
+    return b->rs > from ? b->rs : from;
 }
 
 /* The start intervals of a forward confirmation, ascending by start:
- * [e - lookback, e) of factor ends e = v[k * stride] (ends), or [v[2k],
- * v[2k + 1]) (pairs, stride 0). */
+ * [refscan_start_from(e), e) of factor ends e = v[k * stride] (ends), or
+ * [v[2k], v[2k + 1]) (pairs, stride 0). */
 struct start_ivs {
     const uint64_t *v;
     size_t n, stride;
-    uint32_t lookback;
+    struct refscan_starts b;
+    size_t memo_k; /* iv_from's last answer, for k = memo_k - 1 */
+    uint64_t memo;
 };
 
-static uint64_t iv_from(const struct start_ivs *q, size_t k)
+static uint64_t iv_from(struct start_ivs *q, size_t k)
 {
-    return q->stride == 0 ? q->v[2 * k] : confirm_from(q->lookback, q->v[k * q->stride]);
+    if (q->stride == 0)
+        return q->v[2 * k];
+    if (q->memo_k != k + 1) {
+        q->memo = refscan_start_from(&q->b, q->v[k * q->stride]);
+        q->memo_k = k + 1;
+    }
+    return q->memo;
 }
 
 static uint64_t iv_until(const struct start_ivs *q, size_t k)
@@ -357,8 +393,8 @@ static uint64_t run_skip(const struct catalog_nfa *g, struct run_cache *rc, cons
  * whose lookahead differs, nor past hi or the next interval).
  */
 static int confirm_walk(const struct catalog_nfa *g, const uint8_t *buf, size_t len,
-                        const struct start_ivs *q, uint64_t lo, uint64_t hi, uint32_t *sv,
-                        uint32_t *tv, refscan_fn fn, void *ctx)
+                        struct start_ivs *q, uint64_t lo, uint64_t hi, uint32_t *sv, uint32_t *tv,
+                        refscan_fn fn, void *ctx)
 {
     struct nvec a = {sv, 1, 0}, b = {tv, 1, 0};
     struct nvec *s = &a, *t = &b;
@@ -423,8 +459,11 @@ static int nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf
         s = heap;
         t = heap + g.n_words;
     }
-    if (q != NULL)
-        q->lookback = g.lookback;
+    if (q != NULL) {
+        q->b.lookback = g.lookback;
+        q->b.span = g.span;
+        q->b.buf = buf;
+    }
     int rc = q != NULL ? confirm_walk(&g, buf, len, q, lo, hi, s, t, fn, ctx)
                        : nfa_walk(&g, buf, len, begin, lo, hi, s, t, fn, ctx);
     free(heap);
@@ -434,7 +473,7 @@ static int nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf
 int refscan_confirm_range(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
                           const uint64_t *iv, size_t n, refscan_fn fn, void *ctx)
 {
-    struct start_ivs q = {iv, n, 0, 0};
+    struct start_ivs q = {.v = iv, .n = n, .stride = 0};
     return nfa_range(cat, nfa, buf, len, 0, 0, len, &q, fn, ctx);
 }
 
@@ -1047,8 +1086,9 @@ int refscan_gated_range(const struct catalog *cat, uint32_t nfa, const uint8_t *
     /* forward confirmation: unbounded groups, and bounded ones that know
      * their lead (compiler version 7): starts only in [e - lead, e) */
     if ((n.flags & CAT_GF_CONFIRM) || n.lookback != 0) {
-        struct start_ivs q = {&cands->v[a].end, z - a,
-                              sizeof(struct refscan_cand) / sizeof(uint64_t), 0};
+        struct start_ivs q = {.v = &cands->v[a].end,
+                              .n = z - a,
+                              .stride = sizeof(struct refscan_cand) / sizeof(uint64_t)};
         return nfa_range(cat, nfa, buf, len, 0, lo, hi, &q, fn, ctx);
     }
     struct gated_walk w = {cat, nfa, n.maxlen, buf, len, fn, ctx};
@@ -1057,12 +1097,14 @@ int refscan_gated_range(const struct catalog *cat, uint32_t nfa, const uint8_t *
                                 gated_window, &w);
 }
 
-int refscan_confirm_starts(uint32_t lookback, const uint64_t *ends, size_t n, size_t stride,
-                           refscan_window_fn fn, void *ctx)
+int refscan_confirm_starts(const struct refscan_starts *st, const uint64_t *ends, size_t n,
+                           size_t stride, refscan_window_fn fn, void *ctx)
 {
+    struct refscan_starts run = *st;
+    run.checked = run.rs = 0;
     uint64_t a = 0, b = 0;
     for (size_t i = 0; i < n; i++) {
-        uint64_t e = ends[i * stride], from = confirm_from(lookback, e);
+        uint64_t e = ends[i * stride], from = refscan_start_from(&run, e);
         if (i > 0 && from <= b) {
             b = e > b ? e : b;
             continue;
@@ -1117,23 +1159,23 @@ static int confirm_cut_add(void *ctx, uint64_t a, uint64_t b)
     return rc;
 }
 
-static int confirm_cut_run(struct confirm_cut *c, uint32_t lookback, const uint64_t *ends, size_t n,
-                           size_t stride)
+static int confirm_cut_run(struct confirm_cut *c, const struct refscan_starts *st,
+                           const uint64_t *ends, size_t n, size_t stride)
 {
     c->count = 0;
     c->open = false;
-    int rc = refscan_confirm_starts(lookback, ends, n, stride, confirm_cut_add, c);
+    int rc = refscan_confirm_starts(st, ends, n, stride, confirm_cut_add, c);
     return rc != 0 ? rc : confirm_cut_flush(c);
 }
 
-int refscan_confirm_items(uint32_t lookback, const uint64_t *ends, size_t n, size_t stride,
-                          uint64_t gap, uint64_t piece, size_t max_items, refscan_window_fn fn,
-                          void *ctx)
+int refscan_confirm_items(const struct refscan_starts *st, const uint64_t *ends, size_t n,
+                          size_t stride, uint64_t gap, uint64_t piece, size_t max_items,
+                          refscan_window_fn fn, void *ctx)
 {
     struct confirm_cut c = {.gap = gap, .piece = piece > 0 ? piece : 1};
     max_items = max_items > 0 ? max_items : 1;
     for (;;) { /* each round doubles both: at most ~64 rounds, ends are u64 */
-        confirm_cut_run(&c, lookback, ends, n, stride);
+        confirm_cut_run(&c, st, ends, n, stride);
         if (c.count <= max_items)
             break;
         c.gap = c.gap * 2 + 1;
@@ -1141,7 +1183,7 @@ int refscan_confirm_items(uint32_t lookback, const uint64_t *ends, size_t n, siz
     }
     c.fn = fn;
     c.ctx = ctx;
-    return confirm_cut_run(&c, lookback, ends, n, stride);
+    return confirm_cut_run(&c, st, ends, n, stride);
 }
 
 void refscan_gate_finish(struct refscan_gate *g)

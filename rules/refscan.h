@@ -172,17 +172,31 @@ int refscan_gate_windows(uint32_t maxlen, const uint64_t *ends, size_t n, size_t
                          uint64_t lo, uint64_t hi, refscan_window_fn fn, void *ctx);
 
 /*
- * Forward confirmation (CAT_GF_CONFIRM groups, docs/engine.md): a factor
- * ending at e allows match starts in [e - lookback, e) (from 0 when
- * lookback is CATALOG_UNBOUNDED). Calls `fn(ctx, a, b)` for every merged
- * interval [a, b) of allowed starts, given the ascending factor ends
- * ends[0..n) (every `stride` u64). A walker starts at a with an empty
- * state, fires start edges only below b and goes on until its state is
- * empty. The GPU host builds its confirmation items with it. `fn`
- * returning non-zero stops the calls.
+ * Where a forward confirmation's starts may begin for a factor end e: at
+ * e - lookback (0 when lookback is CATALOG_UNBOUNDED) and, with a group's
+ * span set (catalog_nfa.span) and its buffer, no earlier than the run of
+ * span bytes that ends at e (docs/engine.md, "Forward confirmation").
+ * checked and rs carry that run from one end to the next: set both to 0
+ * before the first end, and give the ends ascending.
  */
-int refscan_confirm_starts(uint32_t lookback, const uint64_t *ends, size_t n, size_t stride,
-                           refscan_window_fn fn, void *ctx);
+struct refscan_starts {
+    uint32_t lookback;
+    const uint32_t *span; /* NULL: lookback alone */
+    const uint8_t *buf;   /* NULL: lookback alone */
+    uint64_t checked, rs;
+};
+uint64_t refscan_start_from(struct refscan_starts *b, uint64_t e);
+
+/*
+ * Forward confirmation (CAT_GF_CONFIRM groups, docs/engine.md): a factor
+ * ending at e allows match starts in [refscan_start_from(e), e). Calls `fn(ctx, a, b)` for every
+ * merged interval [a, b) of allowed starts, given the ascending factor ends ends[0..n) (every
+ * `stride` u64). A walker starts at a with an empty state, fires start edges only below b and goes
+ * on until its state is empty. The GPU host builds its confirmation items with it. `fn` returning
+ * non-zero stops the calls.
+ */
+int refscan_confirm_starts(const struct refscan_starts *st, const uint64_t *ends, size_t n,
+                           size_t stride, refscan_window_fn fn, void *ctx);
 
 /*
  * The confirmation items of one CAT_GF_CONFIRM group (gpu/plan.c): the
@@ -198,9 +212,9 @@ int refscan_confirm_starts(uint32_t lookback, const uint64_t *ends, size_t n, si
  * ascending order; `fn` returning non-zero stops the calls and is
  * returned.
  */
-int refscan_confirm_items(uint32_t lookback, const uint64_t *ends, size_t n, size_t stride,
-                          uint64_t gap, uint64_t piece, size_t max_items, refscan_window_fn fn,
-                          void *ctx);
+int refscan_confirm_items(const struct refscan_starts *st, const uint64_t *ends, size_t n,
+                          size_t stride, uint64_t gap, uint64_t piece, size_t max_items,
+                          refscan_window_fn fn, void *ctx);
 
 /*
  * One forward-confirmation walk of CAT_GF_CONFIRM group `nfa` over the

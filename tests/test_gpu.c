@@ -462,7 +462,7 @@ START_TEST(test_confirm_nfa)
     struct gpu_engine *eng = engine(&opt);
     struct rules_options ro = {.force_bitnfa = true};
     struct catalog *cat = compile_rules_opt(rules, sizeof(rules) / sizeof(rules[0]), &ro);
-    uint32_t confirm = 0, from_start = 0;
+    uint32_t confirm = 0, from_start = 0, runs = 0;
     for (uint32_t k = 0; k < catalog_nfa_count(cat); k++) {
         struct catalog_nfa g;
         catalog_nfa(cat, k, &g);
@@ -470,9 +470,12 @@ START_TEST(test_confirm_nfa)
         ck_assert(g.flags & CAT_GF_CONFIRM);
         confirm++;
         from_start += g.lookback == CATALOG_UNBOUNDED;
+        /* "lead": its starts from the run of [a-z@corp] before its factor */
+        runs += g.lookback == CATALOG_UNBOUNDED && g.span != NULL;
     }
     ck_assert_uint_ge(confirm, 2);
     ck_assert_uint_ge(from_start, 1); /* "lead" */
+    ck_assert_uint_ge(runs, 1);
     rng = 0xc0f1a5eedull;
     enum { NB = 12 };
     struct gpu_buffer bufs[NB];
@@ -653,20 +656,21 @@ START_TEST(test_confirm_items_bounded)
     static uint64_t ends[N];
     static uint64_t iv[N + 1][2];
     rng = 0x5eed0c0full;
+    const struct refscan_starts look = {.lookback = LOOK};
     uint64_t e = 0;
     for (size_t i = 0; i < N; i++) {
         e += 1 + rnd(i % 50 == 0 ? 8 : 430); /* clusters and gaps: 300 ends in about 64 KiB */
         ends[i] = e < LEN ? e : LEN;
     }
     iv[0][0] = 0;
-    ck_assert_int_eq(refscan_confirm_starts(LOOK, ends, N, 1, confirm_iv, iv), 0);
+    ck_assert_int_eq(refscan_confirm_starts(&look, ends, N, 1, confirm_iv, iv), 0);
     size_t n_iv = (size_t)iv[0][0];
     ck_assert_uint_gt(n_iv, 16); /* the old plan fell back to one walk */
     uint64_t old_bytes = iv[n_iv][1] - iv[1][0];
     ck_assert_uint_gt(old_bytes, LEN * 9 / 10);
     struct confirm_spans s = {.ordered = true};
-    ck_assert_int_eq(refscan_confirm_items(LOOK, ends, N, 1, 64, 2048, LEN / 256, confirm_span, &s),
-                     0);
+    ck_assert_int_eq(
+        refscan_confirm_items(&look, ends, N, 1, 64, 2048, LEN / 256, confirm_span, &s), 0);
     ck_assert(s.ordered);
     ck_assert_uint_gt(s.n, 100);
     ck_assert_uint_le(s.n, LEN / 256);
@@ -675,7 +679,7 @@ START_TEST(test_confirm_items_bounded)
     /* every start interval lies inside the pieces' union: walk both */
     struct confirm_spans cover = {.ordered = true};
     uint64_t(*pc)[2] = calloc(N + 1, sizeof(*pc));
-    ck_assert_int_eq(refscan_confirm_items(LOOK, ends, N, 1, 64, 2048, LEN / 256, confirm_iv, pc),
+    ck_assert_int_eq(refscan_confirm_items(&look, ends, N, 1, 64, 2048, LEN / 256, confirm_iv, pc),
                      0);
     size_t n_pc = (size_t)pc[0][0], q = 1;
     for (size_t x = 1; x <= n_iv; x++) {
@@ -686,7 +690,8 @@ START_TEST(test_confirm_items_bounded)
         }
     }
     /* a cap of 8 items: gap and piece grow until it holds */
-    ck_assert_int_eq(refscan_confirm_items(LOOK, ends, N, 1, 64, 2048, 8, confirm_span, &cover), 0);
+    ck_assert_int_eq(refscan_confirm_items(&look, ends, N, 1, 64, 2048, 8, confirm_span, &cover),
+                     0);
     ck_assert_uint_ge(cover.n, 1);
     ck_assert_uint_le(cover.n, 8);
     ck_assert(cover.ordered);

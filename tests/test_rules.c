@@ -5,10 +5,14 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "catalog.h"
+#include "factor.h"
 #include "parse.h"
 #include "patfile.h"
 #include "refscan.h"
@@ -847,6 +851,124 @@ START_TEST(hit_sort_orders)
 }
 END_TEST
 
+/* refscan_start_from (forward confirmation's first start, docs/engine.md)
+ * against the definition: the greater of e - lookback and the start of
+ * the run of span bytes that ends at e, over random buffers of span and
+ * other bytes, for ascending ends with repeats, unbounded and bounded
+ * lookbacks, no span, and an end out of order (nothing carried). */
+START_TEST(confirm_start_runs)
+{
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
+    uint32_t span[8] = {0};
+    for (unsigned c = 'a'; c <= 'z'; c++)
+        span[c >> 5] |= 1u << (c & 31);
+    span[' ' >> 5] |= 1u << (' ' & 31);
+    const uint32_t looks[] = {CATALOG_UNBOUNDED, 1, 7, 40};
+    for (int round = 0; round < 200; round++) {
+        size_t len = 1 + round * 13 % 3000;
+        uint8_t *buf = malloc(len);
+        ck_assert_ptr_nonnull(buf);
+        uint32_t breaks = 1 + round % 60; /* one byte in `breaks` ends a run */
+        for (size_t i = 0; i < len; i++) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            buf[i] = seed % breaks == 0 ? (uint8_t)(seed >> 8 & 1 ? '\n' : '9')
+                                        : (uint8_t)('a' + (seed >> 16) % 27);
+            if (buf[i] == 'a' + 26)
+                buf[i] = ' ';
+        }
+        struct refscan_starts b = {
+            .lookback = looks[round % 4], .span = round % 10 == 9 ? NULL : span, .buf = buf};
+        uint64_t e = 0;
+        while (e <= len) {
+            uint64_t want = b.lookback == CATALOG_UNBOUNDED || e < b.lookback ? 0 : e - b.lookback;
+            uint64_t rs = b.span != NULL ? e : 0;
+            while (b.span != NULL && rs > 0 && span[buf[rs - 1] >> 5] >> (buf[rs - 1] & 31) & 1)
+                rs--;
+            want = rs > want ? rs : want;
+            ck_assert_msg(refscan_start_from(&b, e) == want,
+                          "round %d: end %" PRIu64 " of %zu gives %" PRIu64 ", not %" PRIu64, round,
+                          e, len, refscan_start_from(&b, e), want);
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            e += seed % 4 == 0 ? 0 : 1 + seed % (round % 3 == 0 ? 400 : 9);
+        }
+        if (len > 10) { /* an end before the last one: answered without the carried run */
+            uint64_t x = len / 2, want = b.span != NULL ? x : 0;
+            while (b.span != NULL && want > 0 &&
+                   span[buf[want - 1] >> 5] >> (buf[want - 1] & 31) & 1)
+                want--;
+            uint64_t lb = b.lookback == CATALOG_UNBOUNDED || x < b.lookback ? 0 : x - b.lookback;
+            ck_assert_uint_eq(refscan_start_from(&b, x), want > lb ? want : lb);
+        }
+        free(buf);
+    }
+}
+END_TEST
+
+/* Whether every byte of string s is in set `b`. */
+static bool bytes_in(const struct byteset *b, const char *s)
+{
+    for (; *s; s++)
+        if (!byteset_has(b, (uint8_t)*s))
+            return false;
+    return true;
+}
+
+/* factor_extract's leads (compiler version 14): the bytes a match may hold
+ * before its factor, from the part of the rule before it, through
+ * concatenations, alternations (a shared factor's leads joined), repeats
+ * and groups; factor_set_span_bytes adds the factors' own bytes. The
+ * checks name bytes that must be there (a missing one loses matches) and
+ * bytes that must not (an extra one only costs walking). */
+START_TEST(factor_leads)
+{
+    static const struct {
+        const char *pat;
+        const char *lead_has, *lead_lacks; /* of every factor */
+    } cases[] = {
+        {"(?m)^\\s*#\\s*include\\s*<[a-z]+\\.h>$", " \t\n#", "abz<.h>"},
+        {"[a-z]+@[a-z]+\\.com", "abz@", ".0 \n"},
+        {"[^\\n]*(password|passwd)=", "abz=.0 ", "\n"},
+        {"(\\w+\\s)+baker street", "az09_ \n", "-."},
+        {"\\d+(px|em) (solid|dotted)", "0129pxem ", "abz"},
+        {"x*(ab|cd)*xyzzy", "xabcd", "yz ."},
+        {"q{2,}rst{0,3}uvw", "qrst", "uvw ."},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct rule_src src = {"t", RULE_REGEX, cases[i].pat, strlen(cases[i].pat), 0, 0};
+        struct parse_result pr = {0};
+        uint32_t pos;
+        char msg[240];
+        ck_assert_int_eq(parse_rule(&src, &pr, &pos, msg, sizeof(msg)), 0);
+        struct factor_set *fs = malloc(sizeof(*fs));
+        ck_assert_ptr_nonnull(fs);
+        ck_assert_msg(factor_extract(pr.root, fs) == 0, "%s: no factor", cases[i].pat);
+        for (uint32_t k = 0; k < fs->n; k++) {
+            const struct byteset *l = &fs->f[k].lead;
+            for (const char *c = cases[i].lead_has; *c; c++)
+                ck_assert_msg(byteset_has(l, (uint8_t)*c), "%s: factor %u's lead lacks '%c'",
+                              cases[i].pat, k, *c);
+            for (const char *c = cases[i].lead_lacks; *c; c++)
+                ck_assert_msg(!byteset_has(l, (uint8_t)*c), "%s: factor %u's lead has '%c'",
+                              cases[i].pat, k, *c);
+        }
+        struct byteset all = {{0}};
+        factor_set_span_bytes(fs, &all);
+        ck_assert(bytes_in(&all, cases[i].lead_has));
+        for (uint32_t k = 0; k < fs->n; k++)
+            for (uint32_t j = 0; j < fs->f[k].len; j++)
+                for (unsigned c = 0; c < 256; c++)
+                    ck_assert(!byteset_has(&fs->f[k].set[j], c) || byteset_has(&all, c));
+        ck_assert(factor_span_break_chance(&all) > 0);
+        free(fs);
+        parse_result_finish(&pr);
+    }
+}
+END_TEST
+
 Suite *rules_suite(void)
 {
     Suite *s = suite_create("rules");
@@ -868,6 +990,8 @@ Suite *rules_suite(void)
     tcase_add_loop_test(tc, strings_kept_as_bytes, 0, 2);
     tcase_add_test(tc, radix_sort_orders);
     tcase_add_test(tc, hit_sort_orders);
+    tcase_add_test(tc, confirm_start_runs);
+    tcase_add_test(tc, factor_leads);
     suite_add_tcase(s, tc);
     return s;
 }
