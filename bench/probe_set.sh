@@ -26,7 +26,7 @@ for r in "$@"; do
     snap >$W/s0
     : >$W/t
     for _ in 1 2 3; do
-        /usr/bin/time -f %e -a -o $W/t "$B/client/vkscan" --socket $W/s.sock scan -c --no-cache \
+        /usr/bin/time -q -f %e -a -o $W/t "$B/client/vkscan" --socket $W/s.sock scan -c --no-cache \
             -r "$r" $W/f >$W/c 2>&1
     done
     snap >$W/s1

@@ -63,7 +63,7 @@ static void print_groups(const struct catalog *cat)
             uint32_t k = 0;
             for (int w = 0; w < 8; w++)
                 k += (uint32_t)__builtin_popcount(n.span[w]);
-            printf("span %u byte values, ", k);
+            printf("span %u byte values to %u bytes before a factor's end, ", k, n.span[8]);
         }
         print_maxlen(n.maxlen);
     }

@@ -150,7 +150,7 @@ static int validate_nfa(const uint32_t *w, size_t n, uint32_t g, uint32_t n_rule
         !in_range(e[CAT_N_EXC], nx * CAT_X_WORDS, body, n) ||
         !in_range(e[CAT_N_ACC], na * CAT_X_WORDS, body, n) ||
         !in_range(e[CAT_N_RANGES], nr * 2, body, n) ||
-        (e[CAT_N_SPAN] != 0 && !in_range(e[CAT_N_SPAN], 8, body, n)))
+        (e[CAT_N_SPAN] != 0 && !in_range(e[CAT_N_SPAN], 9, body, n)))
         return bad(err, "bit-NFA group table points outside the catalog", g);
     if (e[CAT_N_SPAN] != 0 && !(e[CAT_N_FLAGS] & CAT_GF_GATED))
         return bad(err, "bit-NFA group has a span set but is not gated", g);

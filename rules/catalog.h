@@ -88,10 +88,11 @@ enum {
     CAT_N_NRANGES,
     CAT_N_RANGES,   /* word offset: n_ranges * 2 words, inclusive [lo, hi] positions */
     CAT_N_LOOKBACK, /* CAT_GF_CONFIRM: most bytes from a match's start to its factor's end */
-    /* Gated groups (version 4): word offset of 8 words, a 256-bit set (bit
-     * c & 31 of word c >> 5) of every byte value from a match's start to
-     * its factor's end, or 0 when any may occur: a match holding a factor
-     * that ends at e starts inside the run of these bytes that ends at e. */
+    /* Gated groups (version 4): word offset of 9 words, or 0. Words 0-7: a
+     * 256-bit set (bit c & 31 of word c >> 5) of every byte value from a
+     * match's start to SKIP bytes before its factor's end; word 8: SKIP, at
+     * most the group's shortest factor. A match holding a factor that ends
+     * at e starts inside the run of these bytes that ends at e - SKIP. */
     CAT_N_SPAN,
     CAT_NFA_WORDS
 };
@@ -226,7 +227,7 @@ struct catalog_nfa {
     uint32_t n_bits, n_words, n_classes, maxlen, n_rules, flags;
     uint32_t n_exc, n_acc, n_ranges;
     uint32_t lookback;    /* CAT_GF_CONFIRM groups */
-    const uint32_t *span; /* CAT_N_SPAN's 8 words, or NULL */
+    const uint32_t *span; /* CAT_N_SPAN's set (8 words, then SKIP), or NULL */
     /* Exceptions exc[x_narrow..n_exc) have sources spanning at most x_span
      * + 1 state words and are sorted by their first source word: a step
      * tests only those that can meet its live words (catalog_nfa finds

@@ -66,9 +66,12 @@ struct nfa_group_out {
     uint32_t *rules; /* indexes into the prepared array, group-local order */
     uint32_t n_rules;
     uint32_t maxlen;
-    uint32_t lookback;   /* unbounded gated groups: most bytes from a start to a factor's end */
-    struct byteset span; /* gated groups: byte values from a match's start to its factor's end */
-    bool gated;          /* CAT_GF_GATED (and CAT_GF_CONFIRM when maxlen is unbounded) */
+    uint32_t lookback; /* unbounded gated groups: most bytes from a start to a factor's end */
+    /* gated groups: byte values from a match's start to span_skip bytes
+     * before its factor's end (the last bytes of every factor are skipped) */
+    struct byteset span;
+    uint32_t span_skip;
+    bool gated; /* CAT_GF_GATED (and CAT_GF_CONFIRM when maxlen is unbounded) */
 };
 
 struct ctx {
@@ -1133,7 +1136,7 @@ static uint32_t gate_class(const struct prepared *p)
 static double span_break(const struct prepared *p)
 {
     struct byteset span = {{0}};
-    factor_set_span_bytes(p->factors, &span);
+    factor_set_span_bytes(p->factors, factor_set_min_len(p->factors), &span);
     return factor_span_break_chance(&span);
 }
 
@@ -1206,6 +1209,11 @@ static int find_factors(struct ctx *c, uint32_t *order, uint32_t m)
  */
 #define GATE_BITS_UNBOUNDED 21u
 
+/* A rule of gate class 3 whose span bytes break a run of text less often
+ * than this (factor_span_break_chance: runs of 256 bytes and more) is not
+ * gated for its rare factors alone. */
+#define SPAN_BREAK_MIN (1.0 / 256)
+
 /* Default of rules_options.gate_rare_bits: a candidate whose factors are at
  * least this rare in text (factor_set_text_bits) is gated without trying
  * its DFA. */
@@ -1246,6 +1254,12 @@ static int choose_gated(struct ctx *c)
         uint32_t need = gate_class(p) == 2 ? ubits : bits;
         if (p->factors != NULL && factor_set_bits(p->factors) >= need) {
             bool rarely = factor_set_text_bits(p->factors) >= rare;
+            /* an unbounded lead whose span runs on through text
+             * (`"[^"]*secret`, `(?s).*key`) would be confirmed by the
+             * bit-NFA over about every byte before its factors: its DFA
+             * is tried first (compiler version 14) */
+            if (rarely && gate_class(p) == 3 && span_break(p) < SPAN_BREAK_MIN)
+                rarely = false;
             p->candidate = gate_states(c->opt) > 1 && !rarely;
             p->bitnfa = !p->candidate; /* gated without a try */
         } else if (p->factors == NULL && gate_states(c->opt) > 1) {
@@ -1338,14 +1352,17 @@ static int add_factor_group(struct ctx *c)
         ng->gated = true;
         ng->lookback = 0;
         memset(&ng->span, 0, sizeof(ng->span));
+        ng->span_skip = UINT32_MAX;
         for (uint32_t k = 0; k < ng->n_rules; k++) {
             const struct factor_set *fs = c->prep[ng->rules[k]].factors;
             ng->gated &= fs != NULL;
             uint32_t pre = fs != NULL ? factor_set_pre(fs) : 0;
             ng->lookback = pre > ng->lookback ? pre : ng->lookback;
-            if (fs != NULL)
-                factor_set_span_bytes(fs, &ng->span);
+            uint32_t len = fs != NULL ? factor_set_min_len(fs) : 0;
+            ng->span_skip = len < ng->span_skip ? len : ng->span_skip;
         }
+        for (uint32_t k = 0; k < ng->n_rules && ng->gated; k++)
+            factor_set_span_bytes(c->prep[ng->rules[k]].factors, ng->span_skip, &ng->span);
         any |= ng->gated;
     }
     if (!any)
@@ -1403,7 +1420,8 @@ static int group_nfa_rules(struct ctx *c)
     uint32_t gated_bits = c->opt->gated_group_bits ? c->opt->gated_group_bits : BITNFA_GATED_BITS;
     gated_bits = gated_bits < BITNFA_GROUP_BITS ? gated_bits : BITNFA_GROUP_BITS;
     uint32_t begin = 0, fill = 0;
-    struct byteset span = {{0}}; /* class 3: the union of the group's spans */
+    struct byteset span = {{0}}, both; /* class 3: the union of the group's spans */
+    uint32_t skip = 0;                 /* and the shortest of their factors */
     for (uint32_t i = 0; i <= m && rc == 0; i++) {
         bool end = i == m;
         bool kind_change = !end && i > begin &&
@@ -1411,12 +1429,17 @@ static int group_nfa_rules(struct ctx *c)
                                 (c->prep[order[i - 1]].maxlen == CATALOG_UNBOUNDED) ||
                             gate_class(&c->prep[order[i]]) != gate_class(&c->prep[order[i - 1]]));
         bool span_rule = !end && gate_class(&c->prep[order[i]]) == 3;
+        uint32_t both_skip = 0;
         if (span_rule && i > begin && !kind_change) {
             /* a rule that would halve the chance of a break in the group's
-             * runs (double their length) starts a group of its own */
-            struct byteset both = span;
-            factor_set_span_bytes(c->prep[order[i]].factors, &both);
-            kind_change = factor_span_break_chance(&both) < factor_span_break_chance(&span) / 2;
+             * runs (double their length) starts a group of its own; the
+             * group skips its shortest factor's bytes (add_factor_group) */
+            both_skip = factor_set_min_len(c->prep[order[i]].factors);
+            both_skip = both_skip < skip ? both_skip : skip;
+            memset(&both, 0, sizeof(both));
+            for (uint32_t k = begin; k <= i; k++)
+                factor_set_span_bytes(c->prep[order[k]].factors, both_skip, &both);
+            kind_change = factor_span_break_chance(&both) < factor_span_break_chance(&span) * 0.8;
         }
         uint32_t bits = end ? 0 : c->prep[order[i]].bits;
         uint32_t cap =
@@ -1426,10 +1449,14 @@ static int group_nfa_rules(struct ctx *c)
             begin = i;
             fill = 0;
         }
-        if (span_rule && begin == i)
+        if (span_rule && begin == i) {
+            skip = factor_set_min_len(c->prep[order[i]].factors);
             memset(&span, 0, sizeof(span));
-        if (span_rule)
-            factor_set_span_bytes(c->prep[order[i]].factors, &span);
+            factor_set_span_bytes(c->prep[order[i]].factors, skip, &span);
+        } else if (span_rule) {
+            skip = both_skip;
+            span = both;
+        }
         fill += bits;
     }
     free(order);
@@ -1548,6 +1575,7 @@ static uint32_t pack_nfa(const struct nfa_group_out *go, const uint32_t *report,
             w[at++] = (uint32_t)go->span.w[k];
             w[at++] = (uint32_t)(go->span.w[k] >> 32);
         }
+        w[at++] = go->span_skip;
     }
     e[CAT_N_NEXC] = g->n_exc;
     e[CAT_N_NACC] = g->n_acc;
@@ -1609,7 +1637,7 @@ static int pack(struct ctx *c, uint32_t *cat_index, struct catalog **out, struct
                      (uint64_t)c->n_nfas * CAT_NFA_WORDS + (uint64_t)nr * CAT_RULE_WORDS +
                      (strbytes + 3) / 4;
     for (uint32_t g = 0; g < c->n_nfas; g++)
-        words += nfa_words(&c->nfas[g].g) + (nfa_has_span(&c->nfas[g]) ? 8 : 0);
+        words += nfa_words(&c->nfas[g].g) + (nfa_has_span(&c->nfas[g]) ? 9 : 0);
     for (uint32_t g = 0; g < c->n_groups; g++) {
         const struct dfa *d = &c->groups[g].dfa;
         words += 256 + (uint64_t)d->n_states * d->n_classes + (d->n_states - d->first_accept + 1) +

@@ -53,13 +53,21 @@ static void set_union(struct byteset *a, const struct byteset *b)
         a->w[w] |= b->w[w];
 }
 
-void factor_set_span_bytes(const struct factor_set *fs, struct byteset *out)
+void factor_set_span_bytes(const struct factor_set *fs, uint32_t skip, struct byteset *out)
 {
     for (uint32_t i = 0; i < fs->n; i++) {
         set_union(out, &fs->f[i].lead);
-        for (uint32_t k = 0; k < fs->f[i].len; k++)
+        for (uint32_t k = 0; k + skip < fs->f[i].len; k++)
             set_union(out, &fs->f[i].set[k]);
     }
+}
+
+uint32_t factor_set_min_len(const struct factor_set *fs)
+{
+    uint32_t m = fs->n ? UINT32_MAX : 0;
+    for (uint32_t i = 0; i < fs->n; i++)
+        m = fs->f[i].len < m ? fs->f[i].len : m;
+    return m;
 }
 
 static uint32_t factor_weight(const struct factor *f)

@@ -82,9 +82,13 @@ int factor_extract_weak(const struct node *root, struct factor_set *out);
 size_t factor_format(const struct factor *f, char *buf, size_t cap);
 
 /* Adds to `out` every byte value a match of a rule with factor set `fs`
- * may hold from its start to the end of the factor it holds: each
- * factor's lead and its positions' sets. */
-void factor_set_span_bytes(const struct factor_set *fs, struct byteset *out);
+ * may hold from its start to `skip` bytes before the end of the factor it
+ * holds: each factor's lead and its positions' sets but the last `skip`
+ * (at most factor_set_min_len). */
+void factor_set_span_bytes(const struct factor_set *fs, uint32_t skip, struct byteset *out);
+
+/* The length of the set's shortest factor (0 for an empty set). */
+uint32_t factor_set_min_len(const struct factor_set *fs);
 
 /* The chance that a byte of text is not in `span`, under
  * factor_set_text_bits' model: 1 / that is about the mean length of a run

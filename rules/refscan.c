@@ -220,29 +220,29 @@ static inline bool span_has(const uint32_t *span, uint8_t c)
 
 /* The first start a factor end e allows: e - lookback (0 when unbounded),
  * and with a span set no earlier than the run of span bytes that ends at
- * e. Ends come ascending: the run's start is carried from one to the next
- * (`checked`: the bytes [rs, checked) are span bytes), so every byte is
- * tested at most once however many ends share a long run. */
+ * e - SKIP (span[8]). Ends come ascending: the run's start is carried from
+ * one to the next (`checked`: the bytes [rs, checked) are span bytes), so
+ * every byte is tested at most once however many ends share a long run. */
 uint64_t refscan_start_from(struct refscan_starts *b, uint64_t e)
 {
     uint64_t from = b->lookback == CATALOG_UNBOUNDED || e < b->lookback ? 0 : e - b->lookback;
     if (b->span == NULL || b->buf == NULL)
         return from;
-    uint64_t p = e;
-    if (e < b->checked) { /* out of order: nothing carried applies */
+    uint64_t p = e > b->span[8] ? e - b->span[8] : 0;
+    if (p < b->checked) { /* out of order: nothing carried applies */
         while (p > from && span_has(b->span, b->buf[p - 1]))
             p--;
-        return p;
+        return p > from ? p : from;
     }
     /* Below from nothing matters: every later end allows no start before
      * its own from, which is at least this one. */
-    uint64_t floor = b->checked > from ? b->checked : from;
+    uint64_t floor = b->checked > from ? b->checked : from, at = p;
     while (p > floor && span_has(b->span, b->buf[p - 1]))
         p--;
     if (p > floor)
         b->rs = p; /* buf[p - 1] is no span byte */
-    /* else the run goes on to e, from rs or from below from */
-    b->checked = e;
+    /* else the run goes on to `at`, from rs or from below from */
+    b->checked = at;
     return b->rs > from ? b->rs : from;
 }
 

@@ -853,13 +853,14 @@ END_TEST
 
 /* refscan_start_from (forward confirmation's first start, docs/engine.md)
  * against the definition: the greater of e - lookback and the start of
- * the run of span bytes that ends at e, over random buffers of span and
- * other bytes, for ascending ends with repeats, unbounded and bounded
- * lookbacks, no span, and an end out of order (nothing carried). */
+ * the run of span bytes that ends at e - SKIP, over random buffers of span
+ * and other bytes, for ascending ends with repeats, unbounded and bounded
+ * lookbacks, skips of 0 to 3 bytes, no span, and an end out of order
+ * (nothing carried). */
 START_TEST(confirm_start_runs)
 {
     uint64_t seed = 0x9e3779b97f4a7c15ull;
-    uint32_t span[8] = {0};
+    uint32_t span[9] = {0};
     for (unsigned c = 'a'; c <= 'z'; c++)
         span[c >> 5] |= 1u << (c & 31);
     span[' ' >> 5] |= 1u << (' ' & 31);
@@ -878,12 +879,13 @@ START_TEST(confirm_start_runs)
             if (buf[i] == 'a' + 26)
                 buf[i] = ' ';
         }
+        span[8] = (uint32_t)(round / 4 % 4); /* SKIP */
         struct refscan_starts b = {
             .lookback = looks[round % 4], .span = round % 10 == 9 ? NULL : span, .buf = buf};
         uint64_t e = 0;
         while (e <= len) {
             uint64_t want = b.lookback == CATALOG_UNBOUNDED || e < b.lookback ? 0 : e - b.lookback;
-            uint64_t rs = b.span != NULL ? e : 0;
+            uint64_t rs = b.span == NULL ? 0 : e > span[8] ? e - span[8] : 0;
             while (b.span != NULL && rs > 0 && span[buf[rs - 1] >> 5] >> (buf[rs - 1] & 31) & 1)
                 rs--;
             want = rs > want ? rs : want;
@@ -896,7 +898,7 @@ START_TEST(confirm_start_runs)
             e += seed % 4 == 0 ? 0 : 1 + seed % (round % 3 == 0 ? 400 : 9);
         }
         if (len > 10) { /* an end before the last one: answered without the carried run */
-            uint64_t x = len / 2, want = b.span != NULL ? x : 0;
+            uint64_t x = len / 2, want = b.span != NULL ? x - span[8] : 0;
             while (b.span != NULL && want > 0 &&
                    span[buf[want - 1] >> 5] >> (buf[want - 1] & 31) & 1)
                 want--;
@@ -956,7 +958,7 @@ START_TEST(factor_leads)
                               cases[i].pat, k, *c);
         }
         struct byteset all = {{0}};
-        factor_set_span_bytes(fs, &all);
+        factor_set_span_bytes(fs, 0, &all);
         ck_assert(bytes_in(&all, cases[i].lead_has));
         for (uint32_t k = 0; k < fs->n; k++)
             for (uint32_t j = 0; j < fs->f[k].len; j++)
