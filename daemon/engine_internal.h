@@ -192,8 +192,9 @@ struct loaded {
 struct ctask {
     uint32_t job, buf;
     uint64_t lo, hi;
-    uint64_t limit;     /* set when handed out */
-    uint64_t published; /* atomic: plain hits it will keep at least (cpuscan_enough_fn) */
+    enum cpuscan_groups groups; /* CPUSCAN_UNBOUNDED: a split buffer's whole-buffer task */
+    uint64_t limit;             /* set when handed out */
+    uint64_t published;         /* atomic: plain hits it will keep at least (cpuscan_enough_fn) */
     bool done;
     int rc;
     struct cpuscan_part part;

@@ -86,6 +86,72 @@ uint64_t cpuscan_lookback(const struct catalog *cat)
     return lb;
 }
 
+/* The groups of a catalog cpuscan_split_lookback splits: its unbounded
+ * ones (CPUSCAN_UNBOUNDED), the rest (CPUSCAN_BOUNDED); engine group
+ * numbering, DFA groups first. */
+static bool group_unbounded(const struct catalog *cat, uint32_t g)
+{
+    uint32_t nd = catalog_group_count(cat);
+    if (g < nd) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        return cg.maxlen == CATALOG_UNBOUNDED;
+    }
+    struct catalog_nfa cn;
+    catalog_nfa(cat, g - nd, &cn);
+    return cn.maxlen == CATALOG_UNBOUNDED;
+}
+
+static bool group_in(const struct catalog *cat, enum cpuscan_groups groups, uint32_t g)
+{
+    return groups == CPUSCAN_ALL || group_unbounded(cat, g) == (groups == CPUSCAN_UNBOUNDED);
+}
+
+uint64_t cpuscan_split_lookback(const struct catalog *cat)
+{
+    uint32_t nd = catalog_group_count(cat), nn = catalog_nfa_count(cat),
+             nr = catalog_rule_count(cat);
+    uint64_t lb = 0;
+    bool bounded = false;
+    for (uint32_t g = 0; g < nd; g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        if ((cg.flags & ~(CAT_GF_ASSERTS | CAT_GF_FACTOR | CAT_GF_LITERAL)) != 0)
+            return CPUSCAN_UNSEGMENTABLE;
+        if (cg.maxlen != CATALOG_UNBOUNDED) {
+            lb = cg.maxlen > lb ? cg.maxlen : lb;
+            bounded |= !(cg.flags & CAT_GF_FACTOR);
+        }
+    }
+    for (uint32_t g = 0; g < nn; g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        if ((cn.flags & ~(CAT_GF_ASSERTS | CAT_GF_GATED | CAT_GF_CONFIRM)) != 0)
+            return CPUSCAN_UNSEGMENTABLE;
+        if (cn.maxlen != CATALOG_UNBOUNDED) {
+            lb = cn.maxlen > lb ? cn.maxlen : lb;
+            bounded = true;
+        }
+    }
+    if (!bounded || nr == 0)
+        return CPUSCAN_UNSEGMENTABLE;
+    /* every report index in one part: a shared id's ends are counted once
+     * only within a part (count_shared) */
+    uint32_t *report = malloc((size_t)nr * sizeof(*report));
+    uint8_t *part = calloc(nr, 1); /* per report index: 1 bounded, 2 unbounded */
+    bool ok = report != NULL && part != NULL && catalog_report_indexes(cat, report) == 0;
+    for (uint32_t r = 0; ok && r < nr; r++) {
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        uint8_t p = group_unbounded(cat, cr.group) ? 2 : 1;
+        ok = part[report[r]] == 0 || part[report[r]] == p;
+        part[report[r]] = p;
+    }
+    free(report);
+    free(part);
+    return ok ? lb : CPUSCAN_UNSEGMENTABLE;
+}
+
 int cpuscan_scratch_create(struct cpuscan_scratch **out)
 {
     *out = calloc(1, sizeof(**out));
@@ -210,6 +276,7 @@ struct walk {
     uint64_t thr_end;
     uint32_t thr_rule;
     const uint32_t *map; /* walking a plan's shadow: its rule -> the catalog's */
+    enum cpuscan_groups groups;
 };
 
 /* SCAN_ALL with a limit: keeps the `limit` smallest hits of rules without
@@ -565,7 +632,8 @@ static int window_groups_full(const struct catalog *cat, const struct cpuplan *p
 {
     int rc = 0;
     for (uint32_t g = 0; g < plan->n_dfa + plan->n_nfa && rc == 0; g++) {
-        if (plan->mode[g] != CPUPLAN_WINDOW || (only != NULL && !only[g]))
+        if (plan->mode[g] != CPUPLAN_WINDOW || (only != NULL && !only[g]) ||
+            !group_in(cat, w->groups, g))
             continue;
         if (g >= plan->n_dfa) {
             rc = refscan_nfa_range(cat, g - plan->n_dfa, buf, len, begin, lo, hi, on_match, w);
@@ -611,6 +679,10 @@ static int fast_groups(const struct catalog *cat, const struct cpuplan *plan, co
         while (z < cands.n && cands.v[z].nfa == cands.v[a].nfa)
             z++;
         uint32_t g = cands.v[a].nfa;
+        if (!group_in(cat, w->groups, g)) {
+            a = z;
+            continue;
+        }
         struct winwalk x = {cat, plan, g, group_maxlen(cat, plan, g), buf, len, w};
         rc = refscan_gate_windows(x.maxlen, &cands.v[a].end, z - a,
                                   sizeof(struct refscan_cand) / sizeof(uint64_t), len, lo, hi,
@@ -629,21 +701,32 @@ static int walk_catalog(const struct catalog *cat, const struct cpuplan *plan, c
      * factor groups' ends */
     struct refscan_gate gate = {0};
     int rc = 0;
-    if (plan->gated_full)
-        rc = refscan_factor_ends_of(cat, buf, len, lo, hi, plan->factor_walk, &gate);
-    for (uint32_t g = 0; g < catalog_nfa_count(cat) && plan->gated_full && rc == 0; g++) {
+    bool gated_full = false; /* such a group among the groups walked here */
+    for (uint32_t g = 0; g < catalog_nfa_count(cat) && plan->gated_full && !gated_full; g++) {
         struct catalog_nfa cn;
         catalog_nfa(cat, g, &cn);
-        if ((cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL)
+        gated_full = (cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL &&
+                     group_in(cat, w->groups, plan->n_dfa + g);
+    }
+    if (gated_full)
+        rc = refscan_factor_ends_of(cat, buf, len, lo, hi, plan->factor_walk, &gate);
+    for (uint32_t g = 0; g < catalog_nfa_count(cat) && gated_full && rc == 0; g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, g, &cn);
+        if ((cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL &&
+            group_in(cat, w->groups, plan->n_dfa + g))
             rc = refscan_gated_range(cat, g, buf, len, lo, hi, &gate, on_match, w);
     }
     refscan_gate_finish(&gate);
-    if (rc == 0)
+    /* the literal matchers serve literal groups and window groups, all
+     * bounded: not run for the unbounded groups alone */
+    if (rc == 0 && w->groups != CPUSCAN_UNBOUNDED)
         rc = fast_groups(cat, plan, buf, len, begin, lo, hi, w);
     for (uint32_t g = 0; g < catalog_nfa_count(cat) && rc == 0; g++) {
         struct catalog_nfa cn;
         catalog_nfa(cat, g, &cn);
-        if (!(cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL)
+        if (!(cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL &&
+            group_in(cat, w->groups, plan->n_dfa + g))
             rc = refscan_nfa_range(cat, g, buf, len, begin, lo, hi, on_match, w);
     }
     for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++) {
@@ -651,7 +734,7 @@ static int walk_catalog(const struct catalog *cat, const struct cpuplan *plan, c
         catalog_group(cat, g, &cg);
         if (cg.flags & CAT_GF_FACTOR) /* found the candidates above; reports nothing */
             continue;
-        if (plan->mode[g] == CPUPLAN_FULL)
+        if (plan->mode[g] == CPUPLAN_FULL && group_in(cat, w->groups, g))
             rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w);
         /* dedup state is per group walk: a rule lives in one group */
     }
@@ -695,13 +778,28 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
                     uint64_t hi, enum scan_mode mode, uint64_t limit, cpuscan_enough_fn enough,
                     void *ctx, struct cpuscan_scratch *s, struct cpuscan_part *part)
 {
-    uint64_t lb = cpuscan_lookback(cat);
+    return cpuscan_segment_groups(cat, CPUSCAN_ALL, buf, len, lo, hi, mode, limit, enough, ctx, s,
+                                  part);
+}
+
+int cpuscan_segment_groups(const struct catalog *cat, enum cpuscan_groups groups,
+                           const uint8_t *buf, size_t len, uint64_t lo, uint64_t hi,
+                           enum scan_mode mode, uint64_t limit, cpuscan_enough_fn enough, void *ctx,
+                           struct cpuscan_scratch *s, struct cpuscan_part *part)
+{
+    uint64_t lb = groups == CPUSCAN_ALL ? cpuscan_lookback(cat) : cpuscan_split_lookback(cat);
+    if (groups == CPUSCAN_UNBOUNDED && lb != CPUSCAN_UNSEGMENTABLE)
+        lb = CPUSCAN_UNSEGMENTABLE; /* its walks are whole buffers */
+    else if (groups != CPUSCAN_ALL && lb == CPUSCAN_UNSEGMENTABLE)
+        return -EINVAL; /* not a catalog cpuscan_split_lookback splits */
     if (lb == CPUSCAN_UNSEGMENTABLE && (lo != 0 || hi < len))
         return -EINVAL; /* an unbounded match may start anywhere before lo */
     int rc = scratch_prepare(s, cat);
     if (rc != 0)
         return rc;
     if (!walkable(cat, s->plan)) {
+        if (groups != CPUSCAN_ALL)
+            return -EINVAL;
         /* refscan_buffer is the only walker for such catalogs: no limit
          * applies while it scans */
         part->final = true;
@@ -713,10 +811,12 @@ int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, u
                      .mode = mode,
                      .limit = mode == SCAN_ALL ? limit : 0,
                      .enough = enough,
-                     .ctx = ctx};
-    size_t begin = lo > lb ? (size_t)(lo - lb) : 0;
+                     .ctx = ctx,
+                     .groups = groups};
+    size_t begin = lb != CPUSCAN_UNSEGMENTABLE && lo > lb ? (size_t)(lo - lb) : 0;
     rc = walk_catalog(cat, s->plan, buf, len, begin, lo, hi, &w);
-    if (rc == 0 && s->plan->shadow != NULL) { /* the gated groups' rules, as DFAs */
+    /* the gated groups' rules, as DFAs: bounded ones */
+    if (rc == 0 && s->plan->shadow != NULL && groups != CPUSCAN_UNBOUNDED) {
         w.map = s->plan->shadow_rule;
         rc = walk_catalog(s->plan->shadow, s->plan->shadow_plan, buf, len, begin, lo, hi, &w);
         w.map = NULL;

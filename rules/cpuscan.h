@@ -41,6 +41,27 @@
  */
 uint64_t cpuscan_lookback(const struct catalog *cat);
 
+/*
+ * Which of a catalog's groups a segment walks: all of them, or for a
+ * catalog cpuscan_split_lookback splits, its bounded groups (in segments,
+ * that function's lookback) or its unbounded ones (whole buffers). The two
+ * parts of one buffer report disjoint rules, so their hits merge as any
+ * two segments' do (cpuscan_merge). docs/engine.md "Unbounded catalogs on
+ * the CPU engine".
+ */
+enum cpuscan_groups { CPUSCAN_ALL = 0, CPUSCAN_BOUNDED, CPUSCAN_UNBOUNDED };
+
+/*
+ * For a catalog cpuscan_lookback cannot segment: the lookback of its
+ * bounded groups when a buffer may be scanned as CPUSCAN_UNBOUNDED over
+ * the whole buffer plus CPUSCAN_BOUNDED segments, else
+ * CPUSCAN_UNSEGMENTABLE (no bounded group that reports, a group only
+ * refscan_buffer scans, or a rule id shared by a bounded and an unbounded
+ * group, whose ends the two parts would count apart). Costs a pass over
+ * the catalog's rules: ask for buffers worth splitting.
+ */
+uint64_t cpuscan_split_lookback(const struct catalog *cat);
+
 /* Per-thread state: the last catalog's single-match flags and plan (a
  * reference), and a hash of the rules a segment touches. */
 struct cpuscan_scratch;
@@ -78,6 +99,14 @@ typedef bool (*cpuscan_enough_fn)(void *ctx, uint64_t kept);
  * -ENOMEM (-EINVAL: a segment of an unsegmentable catalog). A segment (lo > 0 or hi < len) needs
  * cpuscan_lookback != UNSEGMENTABLE.
  */
+/* cpuscan_segment over the groups `groups` selects: CPUSCAN_ALL is
+ * cpuscan_segment; CPUSCAN_BOUNDED takes segments under
+ * cpuscan_split_lookback, CPUSCAN_UNBOUNDED only whole buffers. */
+int cpuscan_segment_groups(const struct catalog *cat, enum cpuscan_groups groups,
+                           const uint8_t *buf, size_t len, uint64_t lo, uint64_t hi,
+                           enum scan_mode mode, uint64_t limit, cpuscan_enough_fn enough, void *ctx,
+                           struct cpuscan_scratch *s, struct cpuscan_part *part);
+
 int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                     uint64_t hi, enum scan_mode mode, uint64_t limit, cpuscan_enough_fn enough,
                     void *ctx, struct cpuscan_scratch *s, struct cpuscan_part *part);

@@ -692,6 +692,63 @@ START_TEST(test_cpu_engine_segments)
 }
 END_TEST
 
+/* A catalog with unbounded and bounded groups, one 1 MiB buffer on four
+ * threads: its unbounded groups walk the whole buffer as one task, its
+ * bounded ones in segments beside it (cpuscan_split_lookback). Every mode
+ * gives refscan's hits, and a limit keeps the first hits by (end, rule)
+ * though the unbounded task's lie anywhere in the buffer. */
+START_TEST(test_cpu_engine_split)
+{
+    static const struct rdef mixed[] = {
+        {"gap", "a[^z]*q", NULL, RULE_REGEX},
+        {"lead", "[a-f ]+ nee?dle", NULL, RULE_REGEX},
+        {"rep", "ab[0-9]{1,4}c", NULL, RULE_REGEX},
+        {"word", "\\bfo[a-z]?o\\b", NULL, RULE_REGEX},
+        {"lit", "needle", NULL, RULE_LITERAL},
+        {"once", "x[^\\n]*zq", "H", RULE_REGEX},
+        {"eol", "zq$", "m", RULE_REGEX},
+    };
+    enum { N = sizeof(mixed) / sizeof(mixed[0]) };
+    struct catalog *ref = compile(mixed, N);
+    ck_assert_uint_eq(cpuscan_lookback(ref), CPUSCAN_UNSEGMENTABLE);
+    ck_assert_uint_ne(cpuscan_split_lookback(ref), CPUSCAN_UNSEGMENTABLE);
+    struct daemon d;
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "4", "--cpu-segment-bytes", "64K"));
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load(c, mixed, N);
+    static uint8_t a[1 << 20];
+    make_data(a, sizeof(a));
+    struct vks_buffer vb = inline_buf(a, sizeof(a));
+    const enum vks_report modes[3] = {VKS_REPORT_ALL, VKS_REPORT_FIRST, VKS_REPORT_COUNT};
+    for (int m = 0; m < 3; m++) {
+        struct vks_scan_result res;
+        scan(c, cat, &vb, 1, modes[m], 0, &res);
+        check(ref, &res, 0, a, sizeof(a), (enum scan_mode)m);
+        /* the unbounded groups' task and at least four segments */
+        ck_assert_uint_ge(tel_of(&res, "cpu_segments"), 5);
+        vks_scan_result_finish(&res);
+    }
+    struct scan_hits want = {0};
+    ck_assert_int_eq(refscan_buffer(ref, a, sizeof(a), SCAN_ALL, &want), 0);
+    ck_assert_uint_gt(want.n, 20000);
+    struct vks_scan_result res;
+    scan(c, cat, &vb, 1, VKS_REPORT_ALL, 9000, &res); /* past CPUSCAN_CHECK_EVERY */
+    ck_assert_uint_eq(res.n_hits, 9000);
+    for (uint32_t i = 0; i < 9000; i++)
+        ck_assert_msg(res.hits[i].rule == want.v[i].rule && res.hits[i].end == want.v[i].end,
+                      "hit %u: (%u, %llu), refscan (%u, %llu)", i, res.hits[i].rule,
+                      (unsigned long long)res.hits[i].end, want.v[i].rule,
+                      (unsigned long long)want.v[i].end);
+    ck_assert(res.buffers[0].truncated);
+    vks_scan_result_finish(&res);
+    scan_hits_finish(&want);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 /* A regular file (not a sealed memfd) is read by several threads in parts
  * of 32 MiB at least: matches across every part boundary and at the file's
  * last byte are found, exactly, and a range inside the file as well. */
@@ -2979,6 +3036,7 @@ Suite *engine_suite(void)
     tc = tcase_create("daemon");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_cpu_engine_segments);
+    tcase_add_test(tc, test_cpu_engine_split);
     tcase_add_test(tc, test_max_hits_at_source_cpu);
     tcase_add_test(tc, test_max_hits_one_task_cpu);
     tcase_add_test(tc, test_large_file_parallel_read);
