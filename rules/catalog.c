@@ -16,7 +16,8 @@
 struct catalog {
     uint32_t *words;
     size_t n_words;
-    uint32_t *x_index; /* per bit-NFA group: x_narrow, x_span */
+    uint32_t *x_index;                /* per bit-NFA group: x_narrow, x_span */
+    struct catalog_nfa_small **small; /* per bit-NFA group: its masks, or NULL */
     uint8_t fp[CATALOG_FP_LEN];
     uint32_t rule_flags; /* OR of every rule's RULE_F_* */
     uint32_t cpu_weight; /* catalog_cpu_weight */
@@ -288,6 +289,79 @@ static uint32_t check_word(const uint8_t fp[CATALOG_FP_LEN])
  * span at most CAT_X_NARROW_SPAN words past their first and whose first
  * words ascend. Any valid catalog has one, maybe empty (x_narrow = n_exc):
  * its steps then test every exception, as before the compiler sorted them. */
+/* The mask of positions in the n ranges rg (inclusive [lo, hi] pairs),
+ * all below 128. */
+static catalog_mask ranges_mask(const uint32_t *rg, uint32_t n)
+{
+    catalog_mask m = 0;
+    for (uint32_t r = 0; r < n; r++)
+        for (uint32_t p = rg[2 * r]; p <= rg[2 * r + 1]; p++)
+            m |= (catalog_mask)1 << p;
+    return m;
+}
+
+/* Words w[0..n) as one mask. */
+static catalog_mask words_mask(const uint32_t *w, uint32_t n)
+{
+    catalog_mask m = 0;
+    for (uint32_t k = 0; k < n; k++)
+        m |= (catalog_mask)w[k] << (32 * k);
+    return m;
+}
+
+/* Builds the masks of each bit-NFA group of at most 128 positions
+ * (struct catalog_nfa_small), in one allocation each. */
+static int build_small(struct catalog *cat)
+{
+    const uint32_t *w = cat->words;
+    uint32_t nn = w[CAT_H_NNFAS];
+    cat->small = calloc(nn ? nn : 1, sizeof(*cat->small));
+    if (cat->small == NULL)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < nn; i++) {
+        const uint32_t *e = w + w[CAT_H_NFAS] + (size_t)i * CAT_NFA_WORDS;
+        if (e[CAT_N_NWORDS] > CATALOG_SMALL_WORDS)
+            continue;
+        uint32_t nc = e[CAT_N_NCLASSES], nx = e[CAT_N_NEXC], na = e[CAT_N_NACC];
+        size_t bytes = sizeof(struct catalog_nfa_small) + (size_t)nc * sizeof(catalog_mask) +
+                       (size_t)nx * sizeof(struct catalog_nfa_exc64) +
+                       (size_t)na * sizeof(struct catalog_nfa_acc64);
+        struct catalog_nfa_small *sm = calloc(1, bytes);
+        if (sm == NULL)
+            return -ENOMEM;
+        catalog_mask *reach = (catalog_mask *)(sm + 1);
+        struct catalog_nfa_exc64 *x = (struct catalog_nfa_exc64 *)(reach + nc);
+        struct catalog_nfa_acc64 *a = (struct catalog_nfa_acc64 *)(x + nx);
+        uint32_t nw = e[CAT_N_NWORDS];
+        const uint32_t *rw = w + e[CAT_N_REACH], *sh = w + e[CAT_N_SHIFT],
+                       *rg = w + e[CAT_N_RANGES];
+        for (uint32_t c = 0; c < nc; c++)
+            reach[c] = words_mask(rw + (size_t)c * nw, nw);
+        sm->shift = words_mask(sh, nw);
+        const uint32_t *xe = w + e[CAT_N_EXC];
+        for (uint32_t k = 0; k < nx; k++, xe += CAT_X_WORDS) {
+            const uint32_t *r = rg + 2 * (size_t)xe[CAT_X_FIRST];
+            x[k].src = ranges_mask(r, xe[CAT_X_NSRC]);
+            x[k].tgt = ranges_mask(r + 2 * (size_t)xe[CAT_X_NSRC], xe[CAT_X_NTGT]);
+            x[k].cond = xe[CAT_X_COND];
+        }
+        const uint32_t *ae = w + e[CAT_N_ACC];
+        for (uint32_t k = 0; k < na; k++, ae += CAT_X_WORDS) {
+            a[k].src = ranges_mask(rg + 2 * (size_t)ae[CAT_A_FIRST], ae[CAT_A_NSRC]);
+            a[k].cond = ae[CAT_A_COND];
+            a[k].rule = ae[CAT_A_RULE];
+            sm->acc_any |= a[k].src;
+        }
+        sm->reach = reach;
+        sm->exc = x;
+        sm->acc = a;
+        sm->n_exc = nx;
+        sm->n_acc = na;
+        cat->small[i] = sm;
+    }
+    return 0;
+}
+
 static int index_exceptions(struct catalog *cat)
 {
     const uint32_t *w = cat->words;
@@ -343,7 +417,11 @@ static int wrap(uint32_t *words, size_t n, bool seal, struct catalog **out, stru
     }
     cat->words = words;
     cat->n_words = n;
-    if (index_exceptions(cat) < 0) {
+    if (index_exceptions(cat) < 0 || build_small(cat) < 0) {
+        for (uint32_t i = 0; cat->small != NULL && i < words[CAT_H_NNFAS]; i++)
+            free(cat->small[i]);
+        free(cat->small);
+        free(cat->x_index);
         free(words);
         free(cat);
         return vks_error_set(err, -ENOMEM, "out of memory for a catalog of %zu bytes", n * 4);
@@ -400,6 +478,9 @@ void catalog_destroy(struct catalog *cat)
     if (cat == NULL)
         return;
     som_set_destroy(atomic_load(&cat->som));
+    for (uint32_t i = 0; cat->small != NULL && i < cat->words[CAT_H_NNFAS]; i++)
+        free(cat->small[i]);
+    free(cat->small);
     free(cat->x_index);
     free(cat->words);
     free(cat);
@@ -556,6 +637,7 @@ void catalog_nfa(const struct catalog *cat, uint32_t i, struct catalog_nfa *out)
     out->n_ranges = e[CAT_N_NRANGES];
     out->lookback = e[CAT_N_LOOKBACK];
     out->span = e[CAT_N_SPAN] != 0 ? w + e[CAT_N_SPAN] : NULL;
+    out->small = cat->small[i];
     out->x_narrow = cat->x_index[2 * i];
     out->x_span = cat->x_index[2 * i + 1];
     out->classmap = w + e[CAT_N_CLASSMAP];

@@ -222,12 +222,40 @@ static inline uint32_t catalog_group_start(const struct catalog_group *g, const 
     }
 }
 
+/*
+ * A bit-NFA group of at most 128 positions (4 state words, which most
+ * gated groups are: BITNFA_GATED_BITS) as 128-bit masks, built when the
+ * catalog is opened (catalog.c): a step is a shift, one test per exception
+ * and a reach mask, not range walks (rules/nfastep.h). Bit p is position
+ * p. Exceptions and accept entries in the catalog's order.
+ */
+#define CATALOG_SMALL_WORDS 4u
+__extension__ typedef unsigned __int128 catalog_mask;
+struct catalog_nfa_exc64 {
+    catalog_mask src; /* 0: a start edge (no sources) */
+    catalog_mask tgt;
+    uint32_t cond;
+};
+struct catalog_nfa_acc64 {
+    catalog_mask src;
+    uint32_t cond, rule;
+};
+struct catalog_nfa_small {
+    catalog_mask shift;
+    catalog_mask acc_any;      /* the union of the accept entries' sources */
+    const catalog_mask *reach; /* per class */
+    uint32_t n_exc, n_acc;
+    const struct catalog_nfa_exc64 *exc;
+    const struct catalog_nfa_acc64 *acc;
+};
+
 /* A read-only view of one bit-NFA group. */
 struct catalog_nfa {
     uint32_t n_bits, n_words, n_classes, maxlen, n_rules, flags;
     uint32_t n_exc, n_acc, n_ranges;
-    uint32_t lookback;    /* CAT_GF_CONFIRM groups */
-    const uint32_t *span; /* CAT_N_SPAN's set (8 words, then SKIP), or NULL */
+    uint32_t lookback;                     /* CAT_GF_CONFIRM groups */
+    const uint32_t *span;                  /* CAT_N_SPAN's set (8 words, then SKIP), or NULL */
+    const struct catalog_nfa_small *small; /* n_words <= CATALOG_SMALL_WORDS: masks, else NULL */
     /* Exceptions exc[x_narrow..n_exc) have sources spanning at most x_span
      * + 1 state words and are sorted by their first source word: a step
      * tests only those that can meet its live words (catalog_nfa finds

@@ -98,9 +98,50 @@ static inline uint32_t nfa_narrow_from(const struct catalog_nfa *g, uint32_t fro
  * ones, then narrow ones sorted by their first source word (catalog.h):
  * of those, only the ones whose sources can reach the live words
  * [s->lo, s->hi] are tested. */
+/* The state of a group with masks (catalog_nfa.small) as one mask: its
+ * live words only. */
+static inline catalog_mask nvec_small(const struct catalog_nfa *g, const struct nvec *s)
+{
+    catalog_mask v = 0;
+    (void)g;
+    for (uint32_t w = s->lo; w <= s->hi; w++)
+        v |= (catalog_mask)s->v[w] << (32 * w);
+    return v;
+}
+
+/* nfa_step_starts of a group with masks (catalog_nfa.small):
+ * the same next state from masks. */
+static inline void nfa_step_small(const struct catalog_nfa *g, const struct nvec *s, struct nvec *t,
+                                  uint32_t pk, uint8_t c, bool starts)
+{
+    const struct catalog_nfa_small *m = g->small;
+    catalog_mask v = nvec_small(g, s);
+    catalog_mask n = (v << 1) & m->shift;
+    for (uint32_t x = 0; x < m->n_exc; x++) {
+        const struct catalog_nfa_exc64 *e = &m->exc[x];
+        if ((e->cond & pk) && (e->src != 0 ? (v & e->src) != 0 : starts))
+            n |= e->tgt;
+    }
+    n &= m->reach[g->classmap[c]];
+    t->lo = 1;
+    t->hi = 0; /* empty until a live word */
+    for (uint32_t w = 0; w < g->n_words; w++) {
+        t->v[w] = (uint32_t)(n >> (32 * w));
+        if (t->v[w] == 0)
+            continue;
+        if (t->lo > t->hi)
+            t->lo = w;
+        t->hi = w;
+    }
+}
+
 static inline void nfa_step_starts(const struct catalog_nfa *g, const struct nvec *s,
                                    struct nvec *t, uint32_t pk, uint8_t c, bool starts)
 {
+    if (g->small != NULL) {
+        nfa_step_small(g, s, t, pk, c, starts);
+        return;
+    }
     for (uint32_t w = t->lo; w <= t->hi; w++)
         t->v[w] = 0;
     bool any = s->lo <= s->hi;

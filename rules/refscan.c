@@ -107,6 +107,21 @@ static int nfa_report(const struct catalog_nfa *g, const struct nvec *s, uint32_
                       refscan_fn fn, void *ctx)
 {
     uint32_t last = UINT32_MAX;
+    if (g->small != NULL) { /* masks: one test per entry */
+        catalog_mask v = nvec_small(g, s);
+        if ((v & g->small->acc_any) == 0)
+            return 0;
+        for (uint32_t k = 0; k < g->small->n_acc; k++) {
+            const struct catalog_nfa_acc64 *a = &g->small->acc[k];
+            if (a->rule == last || !(a->cond & pk) || !(v & a->src))
+                continue;
+            last = a->rule;
+            int rc = fn(ctx, last, i);
+            if (rc != 0)
+                return rc;
+        }
+        return 0;
+    }
     for (uint32_t k = 0; s->lo <= s->hi && k < g->n_acc; k++) {
         const uint32_t *e = g->acc + (size_t)k * CAT_X_WORDS;
         const uint32_t *rg = g->ranges + 2 * (size_t)e[CAT_A_FIRST];
@@ -276,6 +291,13 @@ static uint64_t iv_until(const struct start_ivs *q, size_t k)
 /* Would state s report a rule at an end whose context is pk? */
 static bool nfa_accepts(const struct catalog_nfa *g, const struct nvec *s, uint32_t pk)
 {
+    if (g->small != NULL) {
+        catalog_mask v = nvec_small(g, s);
+        for (uint32_t k = 0; (v & g->small->acc_any) && k < g->small->n_acc; k++)
+            if ((g->small->acc[k].cond & pk) && (v & g->small->acc[k].src))
+                return true;
+        return false;
+    }
     for (uint32_t k = 0; s->lo <= s->hi && k < g->n_acc; k++) {
         const uint32_t *e = g->acc + (size_t)k * CAT_X_WORDS;
         const uint32_t *rg = g->ranges + 2 * (size_t)e[CAT_A_FIRST];

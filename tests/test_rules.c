@@ -13,6 +13,7 @@
 
 #include "catalog.h"
 #include "factor.h"
+#include "nfastep.h"
 #include "parse.h"
 #include "patfile.h"
 #include "refscan.h"
@@ -971,6 +972,66 @@ START_TEST(factor_leads)
 }
 END_TEST
 
+/* The mask step of small bit-NFA groups (catalog_nfa.small, rules/nfastep.h)
+ * against the range step it replaces, state for state: groups of 1 to 4
+ * state words with assertions, start edges on and off, caseless, classes
+ * and counted repeats, over random bytes from an alphabet that feeds them. */
+START_TEST(small_step_equals_ranges)
+{
+    static const char *const pats[] = {
+        "\\bab[0-9]{2,5}c\\b", "(?m)^x[a-c ]{0,9}y$",       "(ab|cd){2,4}e",
+        "[^\\n]{3,20}q\\b",    "(?i)hello\\s+w[a-z]{1,30}", "\\Bz{2}[0-9a-f]{8,40}",
+        "a.{5,60}b",           "\\d{3}-\\d{2}-\\d{4}",
+    };
+    enum { N = sizeof(pats) / sizeof(pats[0]) };
+    static const char alpha[] = "abcdexyqz0123456789 \n-hHeElLoOwW\t.";
+    uint64_t seed = 0x853c49e6748fea9bull;
+    uint32_t small = 0;
+    for (uint32_t r = 0; r < N; r++) {
+        struct rule_src src = {"r", RULE_REGEX, pats[r], strlen(pats[r]), 0, 0};
+        struct rules_options opt = {.force_bitnfa = true};
+        struct rules_result res;
+        struct vks_error err;
+        ck_assert_int_eq(rules_compile(&src, 1, &opt, &res, &err), 0);
+        ck_assert_uint_eq(catalog_nfa_count(res.catalog), 1);
+        struct catalog_nfa g, plain;
+        uint32_t k = r;
+        catalog_nfa(res.catalog, 0, &g);
+        if (g.small == NULL) {
+            rules_result_finish(&res);
+            continue;
+        }
+        small++;
+        plain = g;
+        plain.small = NULL;
+        uint32_t a[8] = {0}, b[8] = {0}, c[8] = {0}, d[8] = {0};
+        struct nvec s1 = {a, 1, 0}, t1 = {b, 1, 0}, s2 = {c, 1, 0}, t2 = {d, 1, 0};
+        for (int i = 0; i < 20000; i++) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            uint8_t ch = (uint8_t)alpha[seed % (sizeof(alpha) - 1)];
+            uint32_t pk = CAT_PK((uint32_t)(seed >> 20) % 4, (uint32_t)(seed >> 24) % 5);
+            bool starts = (seed >> 30) % 4 != 0;
+            nfa_step_starts(&g, &s1, &t1, pk, ch, starts);
+            nfa_step_starts(&plain, &s2, &t2, pk, ch, starts);
+            ck_assert_msg(t1.lo == t2.lo && t1.hi == t2.hi, "group %u byte %d: live words differ",
+                          k, i);
+            for (uint32_t w = t1.lo; w <= t1.hi && t1.lo <= t1.hi; w++)
+                ck_assert_msg(t1.v[w] == t2.v[w], "group %u byte %d word %u differ", k, i, w);
+            struct nvec x = s1;
+            s1 = t1;
+            t1 = x;
+            x = s2;
+            s2 = t2;
+            t2 = x;
+        }
+        rules_result_finish(&res);
+    }
+    ck_assert_uint_ge(small, 6);
+}
+END_TEST
+
 Suite *rules_suite(void)
 {
     Suite *s = suite_create("rules");
@@ -994,6 +1055,7 @@ Suite *rules_suite(void)
     tcase_add_test(tc, hit_sort_orders);
     tcase_add_test(tc, confirm_start_runs);
     tcase_add_test(tc, factor_leads);
+    tcase_add_test(tc, small_step_equals_ranges);
     suite_add_tcase(s, tc);
     return s;
 }
