@@ -39,9 +39,12 @@ static uint64_t seg_size(const struct engine *e, uint64_t lb, uint64_t len)
 /* The lookback of a split scan of a buffer of `len` bytes (a catalog with
  * an unbounded group: its unbounded groups walk the whole buffer as one
  * task, its bounded ones in segments beside it, docs/engine.md "Unbounded
- * catalogs on the CPU engine"), or CPUSCAN_UNSEGMENTABLE: one task. */
+ * catalogs on the CPU engine"), or CPUSCAN_UNSEGMENTABLE: one task.
+ * *known caches cpuscan_split_lookback's answer for the job (a pass over
+ * its catalog's rules; SPLIT_UNKNOWN before the first). */
+#define SPLIT_UNKNOWN (CPUSCAN_UNSEGMENTABLE - 1)
 static uint64_t split_lb(const struct engine *e, const struct catalog *cat, uint64_t lb,
-                         uint64_t len)
+                         uint64_t len, uint64_t *known)
 {
     /* On fewer threads the split's second factor walk (the unbounded
      * groups' gates, the bounded ones' literal matchers) costs more than
@@ -49,7 +52,9 @@ static uint64_t split_lb(const struct engine *e, const struct catalog *cat, uint
     if (lb != CPUSCAN_UNSEGMENTABLE || len < 2 * MIN_SPLIT ||
         __atomic_load_n(&e->n_cpu, __ATOMIC_RELAXED) < SPLIT_MIN_THREADS)
         return CPUSCAN_UNSEGMENTABLE;
-    uint64_t s = cpuscan_split_lookback(cat);
+    if (*known == SPLIT_UNKNOWN)
+        *known = cpuscan_split_lookback(cat);
+    uint64_t s = *known;
     return s != CPUSCAN_UNSEGMENTABLE && len > seg_size(e, s, len) ? s : CPUSCAN_UNSEGMENTABLE;
 }
 
@@ -72,12 +77,12 @@ static void cpu_prepare(struct engine *e, struct engine_batch *b)
         js->run = j->status == 0 && (b->target == CPU_ENGINE || j->cpu_retry != 0);
         if (!js->run)
             continue;
-        uint64_t lb = cpuscan_lookback(j->cat);
+        uint64_t lb = cpuscan_lookback(j->cat), known = SPLIT_UNKNOWN;
         for (uint32_t k = 0; k < j->n_bufs; k++) {
             const struct engine_buf *eb = &j->bufs[k];
             if (eb->status != 0 || eb->skip)
                 continue;
-            uint64_t blb = split_lb(e, j->cat, lb, eb->len);
+            uint64_t blb = split_lb(e, j->cat, lb, eb->len, &known);
             uint64_t seg = seg_size(e, blb != CPUSCAN_UNSEGMENTABLE ? blb : lb, eb->len);
             n_tasks +=
                 (eb->len <= seg ? 1 : (eb->len + seg - 1) / seg) + (blb != CPUSCAN_UNSEGMENTABLE);
@@ -100,12 +105,12 @@ static void cpu_prepare(struct engine *e, struct engine_batch *b)
         js->t0 = t;
         if (!js->run)
             continue;
-        uint64_t lb = cpuscan_lookback(j->cat);
+        uint64_t lb = cpuscan_lookback(j->cat), known = SPLIT_UNKNOWN;
         for (uint32_t k = 0; k < j->n_bufs; k++) {
             const struct engine_buf *eb = &j->bufs[k];
             if (eb->status != 0 || eb->skip)
                 continue;
-            uint64_t blb = split_lb(e, j->cat, lb, eb->len);
+            uint64_t blb = split_lb(e, j->cat, lb, eb->len, &known);
             uint64_t seg = seg_size(e, blb != CPUSCAN_UNSEGMENTABLE ? blb : lb, eb->len);
             enum cpuscan_groups part = CPUSCAN_ALL;
             if (blb != CPUSCAN_UNSEGMENTABLE) { /* the unbounded groups first: the longest task */

@@ -107,12 +107,14 @@ static bool group_in(const struct catalog *cat, enum cpuscan_groups groups, uint
     return groups == CPUSCAN_ALL || group_unbounded(cat, g) == (groups == CPUSCAN_UNBOUNDED);
 }
 
-uint64_t cpuscan_split_lookback(const struct catalog *cat)
+/* The lookback of the bounded groups of a catalog whose groups the range
+ * walks know, and whether one of them reports (*bounded); else
+ * CPUSCAN_UNSEGMENTABLE. A pass over the groups only. */
+static uint64_t bounded_lookback(const struct catalog *cat, bool *bounded)
 {
-    uint32_t nd = catalog_group_count(cat), nn = catalog_nfa_count(cat),
-             nr = catalog_rule_count(cat);
+    uint32_t nd = catalog_group_count(cat), nn = catalog_nfa_count(cat);
     uint64_t lb = 0;
-    bool bounded = false;
+    *bounded = false;
     for (uint32_t g = 0; g < nd; g++) {
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
@@ -120,7 +122,7 @@ uint64_t cpuscan_split_lookback(const struct catalog *cat)
             return CPUSCAN_UNSEGMENTABLE;
         if (cg.maxlen != CATALOG_UNBOUNDED) {
             lb = cg.maxlen > lb ? cg.maxlen : lb;
-            bounded |= !(cg.flags & CAT_GF_FACTOR);
+            *bounded |= !(cg.flags & CAT_GF_FACTOR);
         }
     }
     for (uint32_t g = 0; g < nn; g++) {
@@ -130,10 +132,18 @@ uint64_t cpuscan_split_lookback(const struct catalog *cat)
             return CPUSCAN_UNSEGMENTABLE;
         if (cn.maxlen != CATALOG_UNBOUNDED) {
             lb = cn.maxlen > lb ? cn.maxlen : lb;
-            bounded = true;
+            *bounded = true;
         }
     }
-    if (!bounded || nr == 0)
+    return lb;
+}
+
+uint64_t cpuscan_split_lookback(const struct catalog *cat)
+{
+    uint32_t nr = catalog_rule_count(cat);
+    bool bounded;
+    uint64_t lb = bounded_lookback(cat, &bounded);
+    if (lb == CPUSCAN_UNSEGMENTABLE || !bounded || nr == 0)
         return CPUSCAN_UNSEGMENTABLE;
     /* every report index in one part: a shared id's ends are counted once
      * only within a part (count_shared) */
@@ -787,11 +797,15 @@ int cpuscan_segment_groups(const struct catalog *cat, enum cpuscan_groups groups
                            enum scan_mode mode, uint64_t limit, cpuscan_enough_fn enough, void *ctx,
                            struct cpuscan_scratch *s, struct cpuscan_part *part)
 {
-    uint64_t lb = groups == CPUSCAN_ALL ? cpuscan_lookback(cat) : cpuscan_split_lookback(cat);
-    if (groups == CPUSCAN_UNBOUNDED && lb != CPUSCAN_UNSEGMENTABLE)
-        lb = CPUSCAN_UNSEGMENTABLE; /* its walks are whole buffers */
-    else if (groups != CPUSCAN_ALL && lb == CPUSCAN_UNSEGMENTABLE)
-        return -EINVAL; /* not a catalog cpuscan_split_lookback splits */
+    /* the parts of a split (the caller asked cpuscan_split_lookback, which
+     * also checks the rules): the bounded groups' lookback, or whole
+     * buffers for the unbounded ones */
+    bool any;
+    uint64_t lb = groups == CPUSCAN_ALL       ? cpuscan_lookback(cat)
+                  : groups == CPUSCAN_BOUNDED ? bounded_lookback(cat, &any)
+                                              : CPUSCAN_UNSEGMENTABLE;
+    if (groups == CPUSCAN_BOUNDED && lb == CPUSCAN_UNSEGMENTABLE)
+        return -EINVAL; /* a group kind only refscan_buffer scans */
     if (lb == CPUSCAN_UNSEGMENTABLE && (lo != 0 || hi < len))
         return -EINVAL; /* an unbounded match may start anywhere before lo */
     int rc = scratch_prepare(s, cat);
