@@ -362,6 +362,14 @@ static int build_small(struct catalog *cat)
     return 0;
 }
 
+static void free_small(struct catalog *cat)
+{
+    for (uint32_t i = 0; cat->small != NULL && i < cat->words[CAT_H_NNFAS]; i++)
+        free(cat->small[i]);
+    free(cat->small);
+    cat->small = NULL;
+}
+
 static int index_exceptions(struct catalog *cat)
 {
     const uint32_t *w = cat->words;
@@ -418,9 +426,7 @@ static int wrap(uint32_t *words, size_t n, bool seal, struct catalog **out, stru
     cat->words = words;
     cat->n_words = n;
     if (index_exceptions(cat) < 0 || build_small(cat) < 0) {
-        for (uint32_t i = 0; cat->small != NULL && i < words[CAT_H_NNFAS]; i++)
-            free(cat->small[i]);
-        free(cat->small);
+        free_small(cat);
         free(cat->x_index);
         free(words);
         free(cat);
@@ -478,9 +484,7 @@ void catalog_destroy(struct catalog *cat)
     if (cat == NULL)
         return;
     som_set_destroy(atomic_load(&cat->som));
-    for (uint32_t i = 0; cat->small != NULL && i < cat->words[CAT_H_NNFAS]; i++)
-        free(cat->small[i]);
-    free(cat->small);
+    free_small(cat);
     free(cat->x_index);
     free(cat->words);
     free(cat);

@@ -86,25 +86,27 @@ uint64_t cpuscan_lookback(const struct catalog *cat)
     return lb;
 }
 
-/* The groups of a catalog cpuscan_split_lookback splits: its unbounded
- * ones (CPUSCAN_UNBOUNDED), the rest (CPUSCAN_BOUNDED); engine group
- * numbering, DFA groups first. */
-static bool group_unbounded(const struct catalog *cat, uint32_t g)
+/* The maxlen of engine group g (DFA groups first, as the plan numbers
+ * them). */
+static uint32_t group_maxlen(const struct catalog *cat, uint32_t g)
 {
     uint32_t nd = catalog_group_count(cat);
     if (g < nd) {
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        return cg.maxlen == CATALOG_UNBOUNDED;
+        return cg.maxlen;
     }
     struct catalog_nfa cn;
     catalog_nfa(cat, g - nd, &cn);
-    return cn.maxlen == CATALOG_UNBOUNDED;
+    return cn.maxlen;
 }
 
+/* Whether group g is among the groups a split part walks: the unbounded
+ * ones (CPUSCAN_UNBOUNDED) or the rest (CPUSCAN_BOUNDED). */
 static bool group_in(const struct catalog *cat, enum cpuscan_groups groups, uint32_t g)
 {
-    return groups == CPUSCAN_ALL || group_unbounded(cat, g) == (groups == CPUSCAN_UNBOUNDED);
+    return groups == CPUSCAN_ALL ||
+           (group_maxlen(cat, g) == CATALOG_UNBOUNDED) == (groups == CPUSCAN_UNBOUNDED);
 }
 
 /* The lookback of the bounded groups of a catalog whose groups the range
@@ -153,7 +155,7 @@ uint64_t cpuscan_split_lookback(const struct catalog *cat)
     for (uint32_t r = 0; ok && r < nr; r++) {
         struct catalog_rule cr;
         catalog_rule(cat, r, &cr);
-        uint8_t p = group_unbounded(cat, cr.group) ? 2 : 1;
+        uint8_t p = group_maxlen(cat, cr.group) == CATALOG_UNBOUNDED ? 2 : 1;
         ok = part[report[r]] == 0 || part[report[r]] == p;
         part[report[r]] = p;
     }
@@ -622,18 +624,6 @@ static int on_window(void *ctx, uint64_t lo, uint64_t hi)
     return dfa_range(&cg, &x->plan->skip[x->g], x->buf, x->len, begin, lo, hi, x->w);
 }
 
-static uint32_t group_maxlen(const struct catalog *cat, const struct cpuplan *plan, uint32_t g)
-{
-    if (g < plan->n_dfa) {
-        struct catalog_group cg;
-        catalog_group(cat, g, &cg);
-        return cg.maxlen;
-    }
-    struct catalog_nfa cn;
-    catalog_nfa(cat, g - plan->n_dfa, &cn);
-    return cn.maxlen;
-}
-
 /* The window groups walked over the whole range: all of them, or those
  * marked in `only`. */
 static int window_groups_full(const struct catalog *cat, const struct cpuplan *plan,
@@ -693,7 +683,7 @@ static int fast_groups(const struct catalog *cat, const struct cpuplan *plan, co
             a = z;
             continue;
         }
-        struct winwalk x = {cat, plan, g, group_maxlen(cat, plan, g), buf, len, w};
+        struct winwalk x = {cat, plan, g, group_maxlen(cat, g), buf, len, w};
         rc = refscan_gate_windows(x.maxlen, &cands.v[a].end, z - a,
                                   sizeof(struct refscan_cand) / sizeof(uint64_t), len, lo, hi,
                                   on_window, &x);

@@ -92,18 +92,11 @@ static inline uint32_t nfa_narrow_from(const struct catalog_nfa *g, uint32_t fro
     return a;
 }
 
-/* One step of the bit-NFA on byte c: shift, exceptions, reach. Without
- * `starts` the start edges do not fire: no match starts at this byte
- * (forward confirmation, refscan.c). Exceptions come as start edges, wide
- * ones, then narrow ones sorted by their first source word (catalog.h):
- * of those, only the ones whose sources can reach the live words
- * [s->lo, s->hi] are tested. */
 /* The state of a group with masks (catalog_nfa.small) as one mask: its
  * live words only. */
-static inline catalog_mask nvec_small(const struct catalog_nfa *g, const struct nvec *s)
+static inline catalog_mask nvec_small(const struct nvec *s)
 {
     catalog_mask v = 0;
-    (void)g;
     for (uint32_t w = s->lo; w <= s->hi; w++)
         v |= (catalog_mask)s->v[w] << (32 * w);
     return v;
@@ -115,7 +108,7 @@ static inline void nfa_step_small(const struct catalog_nfa *g, const struct nvec
                                   uint32_t pk, uint8_t c, bool starts)
 {
     const struct catalog_nfa_small *m = g->small;
-    catalog_mask v = nvec_small(g, s);
+    catalog_mask v = nvec_small(s);
     catalog_mask n = (v << 1) & m->shift;
     for (uint32_t x = 0; x < m->n_exc; x++) {
         const struct catalog_nfa_exc64 *e = &m->exc[x];
@@ -135,6 +128,13 @@ static inline void nfa_step_small(const struct catalog_nfa *g, const struct nvec
     }
 }
 
+/* One step of the bit-NFA on byte c: shift, exceptions, reach. Without
+ * `starts` the start edges do not fire: no match starts at this byte
+ * (forward confirmation, refscan.c). Exceptions come as start edges, wide
+ * ones, then narrow ones sorted by their first source word (catalog.h):
+ * of those, only the ones whose sources can reach the live words
+ * [s->lo, s->hi] are tested. A group with masks (catalog_nfa.small) steps
+ * by nfa_step_small instead. */
 static inline void nfa_step_starts(const struct catalog_nfa *g, const struct nvec *s,
                                    struct nvec *t, uint32_t pk, uint8_t c, bool starts)
 {

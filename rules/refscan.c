@@ -108,7 +108,7 @@ static int nfa_report(const struct catalog_nfa *g, const struct nvec *s, uint32_
 {
     uint32_t last = UINT32_MAX;
     if (g->small != NULL) { /* masks: one test per entry */
-        catalog_mask v = nvec_small(g, s);
+        catalog_mask v = nvec_small(s);
         if ((v & g->small->acc_any) == 0)
             return 0;
         for (uint32_t k = 0; k < g->small->n_acc; k++) {
@@ -292,7 +292,7 @@ static uint64_t iv_until(const struct start_ivs *q, size_t k)
 static bool nfa_accepts(const struct catalog_nfa *g, const struct nvec *s, uint32_t pk)
 {
     if (g->small != NULL) {
-        catalog_mask v = nvec_small(g, s);
+        catalog_mask v = nvec_small(s);
         for (uint32_t k = 0; (v & g->small->acc_any) && k < g->small->n_acc; k++)
             if ((g->small->acc[k].cond & pk) && (v & g->small->acc[k].src))
                 return true;
