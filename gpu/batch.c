@@ -133,11 +133,12 @@ static bool evict_one(struct batch_ctx *bc)
 }
 
 /* Device bytes a device-local buffer grows by to hold `size`. */
-/* Queue-state words: the fixed ones, a claim head per range, then the
- * speculative ranges' (state at lo, state at hi) per item. */
+/* Queue-state words: the fixed ones, a claim head per range, the
+ * speculative ranges' (state at lo, state at hi) per item, then the
+ * buffers' count tables (gpu/plan.c plan_counts). */
 static uint64_t qs_words(const struct batch_ctx *bc)
 {
-    return QS_HEADS + bc->n_ranges + bc->n_spec;
+    return QS_HEADS + bc->n_ranges + bc->n_spec + bc->n_count;
 }
 
 static uint64_t need_size(const struct gbuf *b, uint64_t size)
@@ -853,6 +854,7 @@ static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
             .hit_cap = (uint32_t)(eng->hits.size / 16),
             .maxlen = sr->look,
             .gtab = sr->gtab,
+            .count = sr->counted,
         };
         dispatch(bc, cb, sr, &fp, sizeof(fp));
         return;
@@ -887,6 +889,7 @@ static void push_range(struct batch_ctx *bc, VkCommandBuffer cb, uint32_t r)
         .spec = sr->spec_base == NO_CARRY ? NO_CARRY
                                           : QS_HEADS + (uint32_t)bc->n_ranges + sr->spec_base,
         .mask_or = sr->factor ? CAT_ACCEPT_ALWAYS : 0,
+        .count = sr->counted,
     };
     dispatch(bc, cb, sr, &pc, sizeof(pc));
 }
@@ -907,6 +910,9 @@ static int record(struct batch_ctx *bc, bool copies, struct vks_error *err)
     if (copies)
         record_copies(bc, cb);
     vkCmdFillBuffer(cb, eng->qs.buf, 0, (QS_HEADS + bc->n_ranges) * 4, 0);
+    if (bc->n_count > 0)
+        vkCmdFillBuffer(cb, eng->qs.buf, (QS_HEADS + bc->n_ranges + bc->n_spec) * 4,
+                        (VkDeviceSize)bc->n_count * 4, 0);
     barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
             VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_HOST_WRITE_BIT,
             VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
@@ -1763,6 +1769,7 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(readback_ns);
     ADD(finalize_ns);
     ADD(hits_counted);
+    ADD(hits_device_counted);
     ADD(total_ns);
     ADD(wall_ns);
     ADD(device_idle_ns);

@@ -136,6 +136,13 @@ struct gpu_options {
      * rule) on those threads, without the sort (gpu/hits.c); 0 so, -1:
      * always the sort. */
     int32_t count_direct;
+    /* Buffers in modes count and first whose hits come from DFA ranges
+     * that cannot repeat a (rule, end) (bounded, chained, fused; not
+     * speculative) are counted per (buffer, rule) on the device, those
+     * hits never written to the ring (docs/gpu.md "Counting on the
+     * device"): 0 when the batch's such buffers hold GPU_COUNT_DEVICE_MIN
+     * bytes or more, 1 always, -1 never. */
+    int32_t count_device;
     uint32_t upload_chunk; /* staging bytes per copy submit; 0: max(16 MiB, size / 64) */
     /* The largest haystack the caller forms batches of (vkscand:
      * batch-max-bytes); 0: none. A frame's haystack and staging that must
@@ -218,6 +225,7 @@ struct gpu_hit {
 };
 
 #define GPU_FACTOR_PASS_MIN (4u << 20)
+#define GPU_COUNT_DEVICE_MIN (1u << 20)
 
 /* Kinds of dispatch gpu_options.profile times: DFA groups (plain and
  * speculative), the factor pass, gated bit-NFA windows and forward
@@ -284,6 +292,7 @@ struct gpu_telemetry {
     uint64_t readback_ns;  /* queue state and the hit prefix read, host repairs */
     uint64_t finalize_ns;  /* hits sorted by buffer, copies dropped, report modes applied */
     uint64_t hits_counted; /* raw hits finished by counting per rule (no sort), else 0 */
+    uint64_t hits_device_counted; /* hits counted on the device, never in the ring */
     /* The factor pass (gated catalogs' factor ends found on the device, before
      * the pass that runs their gated groups): its wall time from plan to
      * sorted ends, and the ends it found. Its kernel and device time are in

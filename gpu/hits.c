@@ -637,6 +637,78 @@ static int finish_counts(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     return 0;
 }
 
+/*
+ * Counting on the device (docs/gpu.md): each counted buffer's table (from
+ * the buffer table's third word: per rule its count and its least end's
+ * complement, in the queue state read back) added to the hits the ring
+ * gave that buffer, one hit per rule with a match, in (end, rule) order.
+ * Other buffers' hits are kept as they are.
+ */
+static int merge_counts(struct batch_ctx *bc, struct gpu_result *res, struct vks_error *err)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    const struct gpu_batch *b = bc->batch;
+    const uint32_t *qs = bc->eng->qs_host.map;
+    uint32_t n_rules[GPU_MAX_BATCH_CATALOGS] = {0}, most = 0;
+    for (uint32_t c = 0; c < b->n_catalogs; c++) {
+        n_rules[c] = catalog_rule_count(b->catalogs[c]);
+        most = n_rules[c] > most ? n_rules[c] : most;
+    }
+    struct hit_job hj = {.bc = bc, .n_rules = n_rules, .most = most};
+    size_t cap = res->n_hits + bc->n_count / 2;
+    struct gpu_hit *out = malloc((cap ? cap : 1) * sizeof(*out));
+    if (out == NULL || find_single(&hj, s) < 0 ||
+        gpu_grow_array((void **)&s->ctab, &s->ctab_cap, 2 * (size_t)most + 1, 4) < 0 ||
+        gpu_grow_array((void **)&s->keys, &s->keys_cap, 2 * (size_t)most + 1, 8) < 0) {
+        free(out);
+        return vks_error_set(err, -ENOMEM, "out of memory adding the device's counts");
+    }
+    unsigned rule_bits = bits_for(most ? most - 1 : 0);
+    uint64_t device = 0;
+    size_t n = 0, at = 0;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        size_t a = at;
+        while (at < res->n_hits && res->hits[at].buffer == i)
+            at++;
+        uint32_t tab = s->meta[(size_t)i * 4 + 2];
+        if (tab == NO_CARRY) {
+            memcpy(out + n, res->hits + a, (at - a) * sizeof(*out));
+            n += at - a;
+            continue;
+        }
+        const struct gpu_buffer *gb = &b->buffers[i];
+        uint32_t nr = n_rules[gb->catalog], *cnt = s->ctab, *first = cnt + nr;
+        for (uint32_t r = 0; r < nr; r++) {
+            cnt[r] = qs[tab + 2 * r];
+            first[r] = ~qs[tab + 2 * r + 1];
+            device += cnt[r];
+        }
+        for (size_t x = a; x < at; x++) {
+            const struct gpu_hit *h = &res->hits[x];
+            if (h->end < first[h->rule])
+                first[h->rule] = (uint32_t)h->end;
+            cnt[h->rule] += h->count;
+        }
+        uint32_t m = 0;
+        for (uint32_t r = 0; r < nr; r++)
+            if (cnt[r] != 0)
+                s->keys[m++] = (uint64_t)first[r] << rule_bits | r;
+        scan_sort_u64(s->keys, s->keys + m, m);
+        const uint8_t *single = hj.single[gb->catalog];
+        for (uint32_t x = 0; x < m; x++) {
+            uint32_t r = (uint32_t)(s->keys[x] & (((uint64_t)1 << rule_bits) - 1));
+            bool once = gb->mode == SCAN_FIRST || (single != NULL && single[r]);
+            out[n++] = (struct gpu_hit){i, r, once ? 1 : cnt[r], s->keys[x] >> rule_bits};
+        }
+    }
+    free(res->hits);
+    res->hits = out;
+    res->cap = cap;
+    res->n_hits = n;
+    bc->tel->hits_device_counted = device;
+    return 0;
+}
+
 int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struct gpu_result *res,
                     struct vks_error *err)
 {
@@ -648,6 +720,9 @@ int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struc
     int rc = many ? finish_counts(bc, raw, n, res, err) : finish_serial(bc, raw, n, res, err);
     if (rc == 1) /* not a batch to count */
         rc = finish_pool(bc, raw, n, res, err);
+    bc->tel->hits_device_counted = 0;
+    if (rc == 0 && bc->n_count > 0)
+        rc = merge_counts(bc, res, err);
     bc->tel->finalize_ns = gpu_now_ns() - t;
     return rc;
 }

@@ -27,6 +27,7 @@ struct scan_push {
     uint32_t n_classes, acc_row, first_accept, maxlen, classmap, trans, accidx, accepts;
     uint32_t trans_words, start_bos, start_word, start_nl, start_other, packed, spec;
     uint32_t mask_or; /* CAT_ACCEPT_ALWAYS for the factor pass's ranges */
+    uint32_t count;   /* 1: counted on the device where the buffer's table word allows */
 };
 
 /* Push constants of shaders/scan_nfa.comp (bit-NFA ranges); no larger
@@ -42,7 +43,7 @@ _Static_assert(sizeof(struct nfa_push) <= sizeof(struct scan_push), "push consta
  * groups of one catalog over the same items, their parameters in a table
  * of GPU_FUSE_WORDS uvec4 per group at meta index gtab (gpu/plan.c). */
 struct fuse_push {
-    uint32_t items, n_items, head, bufs, max_cost, hit_cap, maxlen, gtab;
+    uint32_t items, n_items, head, bufs, max_cost, hit_cap, maxlen, gtab, count;
 };
 _Static_assert(sizeof(struct fuse_push) <= sizeof(struct scan_push), "push constant range");
 #define GPU_FUSE_WORDS 4u
@@ -150,6 +151,7 @@ struct scan_range {
     bool lit;       /* the literal kernel: every routed group of catalog cat */
     bool confirm;   /* a bounded group's forward confirmation (the kernel's confirm mode) */
     bool factor;    /* the factor pass: a factor group's every entry reported */
+    bool counted;   /* hits of counted buffers go to their counters, not the ring */
     /* fused DFA ranges: groups stepped together (group is the first, the
      * others are in the table at gtab); 0 for every other range */
     uint32_t fuse;
@@ -241,6 +243,11 @@ struct batch_ctx {
     uint32_t rounds;
     uint32_t n_carry; /* words */
     uint32_t n_spec;  /* qs words after the heads for speculative ranges' states */
+    /* Counting on the device (docs/gpu.md): qs words after the spec words,
+     * a (count, ~first end) pair per (counted buffer, rule); the buffer
+     * table's third word is each buffer's first, NO_CARRY where its hits
+     * go to the ring. 0: nothing counted on the device. */
+    uint32_t n_count;
     size_t n_fixes, n_fix_hits;
     bool has_confirm; /* a range has capped confirmation items (markers to look for) */
     /* The pass's ranges cannot report a (rule, end) of a buffer twice:

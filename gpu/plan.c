@@ -1558,6 +1558,86 @@ static bool hits_unique(const struct batch_ctx *bc)
     return true;
 }
 
+/* Whether no two DFA groups of `cat` can report the same (rule, end): its
+ * rules report under their own indexes, or rules sharing one are in one
+ * DFA group, whose states hold one accept entry per index (as gpu/lit.c
+ * own_reports). -ENOMEM when that cannot be found out. */
+static int reports_once(const struct catalog *cat)
+{
+    uint32_t nr = catalog_rule_count(cat), n_dfa = catalog_group_count(cat);
+    uint32_t *rep = malloc((nr ? nr : 1) * sizeof(*rep));
+    if (rep == NULL || catalog_report_indexes(cat, rep) < 0) {
+        free(rep);
+        return -ENOMEM;
+    }
+    int once = 1;
+    for (uint32_t r = 0; r < nr && once; r++) {
+        if (rep[r] == r)
+            continue;
+        struct catalog_rule a, b;
+        catalog_rule(cat, r, &a);
+        catalog_rule(cat, rep[r], &b);
+        once = a.group == b.group && a.group < n_dfa;
+    }
+    free(rep);
+    return once;
+}
+
+/* Counting tables of all buffers together, in qs words: at most 16 MiB. */
+#define COUNT_WORDS_MAX (4u << 20)
+
+/*
+ * Counting on the device (docs/gpu.md): gives each buffer in mode count or
+ * first a table of (count, ~first end) per rule of its catalog in qs, after
+ * the speculative words, and marks the ranges whose hits go there: DFA
+ * ranges (bounded, chained, fused) of catalogs that report a (rule, end)
+ * once, whose items own disjoint ends. Speculative ranges (the host may
+ * re-walk them), the literal kernel and bit-NFA ranges keep the ring; the
+ * finish adds both (gpu_merge_counts).
+ */
+static int plan_counts(struct batch_ctx *bc)
+{
+    const struct gpu_batch *b = bc->batch;
+    int32_t opt = bc->eng->opt.count_device;
+    if (bc->factor_phase || opt < 0)
+        return 0;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < b->n_buffers; i++)
+        if (b->buffers[i].mode != SCAN_ALL)
+            bytes += b->buffers[i].len;
+    if (bytes == 0 || (opt == 0 && bytes < GPU_COUNT_DEVICE_MIN))
+        return 0;
+    int8_t once[GPU_MAX_BATCH_CATALOGS];
+    for (uint32_t c = 0; c < b->n_catalogs; c++)
+        once[c] = -1; /* not asked yet */
+    uint32_t at = QS_HEADS + (uint32_t)bc->n_ranges + bc->n_spec;
+    uint64_t words = 0;
+    bool cats[GPU_MAX_BATCH_CATALOGS] = {false};
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        const struct gpu_buffer *gb = &b->buffers[i];
+        if (gb->mode == SCAN_ALL || gb->len == 0)
+            continue;
+        if (once[gb->catalog] < 0) {
+            int rc = reports_once(b->catalogs[gb->catalog]);
+            if (rc < 0)
+                return rc;
+            once[gb->catalog] = (int8_t)rc;
+        }
+        uint64_t need = 2 * (uint64_t)catalog_rule_count(b->catalogs[gb->catalog]);
+        if (!once[gb->catalog] || words + need > COUNT_WORDS_MAX)
+            continue;
+        bc->eng->scratch.meta[i * 4 + 2] = at + (uint32_t)words;
+        words += need;
+        cats[gb->catalog] = true;
+    }
+    bc->n_count = (uint32_t)words;
+    struct scan_range *r = bc->eng->scratch.ranges;
+    for (size_t k = 0; k < bc->n_ranges; k++)
+        r[k].counted = cats[r[k].cat] && !r[k].nfa && !r[k].lit && !r[k].confirm && !r[k].factor &&
+                       r[k].spec_base == NO_CARRY;
+    return 0;
+}
+
 /* Lays the buffers out in the haystack (16-byte aligned), writes the buffer
  * table and the work items, and picks each range's pipeline shape. */
 int gpu_plan_batch(struct batch_ctx *bc, struct vks_error *err)
@@ -1576,7 +1656,7 @@ int gpu_plan_batch(struct batch_ctx *bc, struct vks_error *err)
         uint32_t *w = &s->meta[i * 4];
         w[0] = (uint32_t)off;
         w[1] = (uint32_t)len;
-        w[2] = 0;
+        w[2] = NO_CARRY; /* its count table (plan_counts) */
         w[3] = 0;
         if (len > max_len)
             max_len = len;
@@ -1595,6 +1675,7 @@ int gpu_plan_batch(struct batch_ctx *bc, struct vks_error *err)
     bc->rounds = 0;
     bc->n_carry = 0;
     bc->n_spec = 0;
+    bc->n_count = 0;
     bc->items_total = 0;
     bc->workers = 0;
     bc->has_confirm = false;
@@ -1604,7 +1685,7 @@ int gpu_plan_batch(struct batch_ctx *bc, struct vks_error *err)
             return vks_error_set(err, -ENOMEM, "out of memory planning work items");
     }
     bc->hits_unique = hits_unique(bc);
-    return 0;
+    return plan_counts(bc) < 0 ? vks_error_set(err, -ENOMEM, "out of memory planning a batch") : 0;
 }
 
 /* Shared-memory words for a group's hot transition rows: u16 entries

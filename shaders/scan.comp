@@ -13,7 +13,9 @@
  * bytes before lo + 1 from a start state, as bounded ones do, and record
  * the state they had at lo and at hi in qs[spec + 2 * item]: the host
  * checks that each guess at lo equals where the segment before ended and
- * re-walks the rare segments whose guess was wrong (gpu/batch.c).
+ * re-walks the rare segments whose guess was wrong (gpu/batch.c). Ranges
+ * the host marks counted (pc.count) count the matches of buffers in modes
+ * count and first per rule instead of appending them (count_report).
  *
  * Built twice by glslc: HIT_SUBGROUP=0 (one atomic per hit) and
  * HIT_SUBGROUP=1 (one atomic per subgroup and accepting step); and each of
@@ -78,6 +80,7 @@ layout(push_constant) uniform Push {
     uint hit_cap;
     uint maxlen;   /* the longest maxlen of the groups: every walk's lookback */
     uint gtab;     /* meta index of the group table: 4 uvec4 per group */
+    uint count;    /* 1: buffers with a count table word count here (below) */
 } pc;
 
 /* Group g's table entries (gpu/plan.c fuse_table mirrors them). */
@@ -127,6 +130,7 @@ layout(push_constant) uniform Push {
     uint packed;      /* 1: s_tr holds two u16 transitions per word */
     uint spec;        /* qs word of item 0's (state at lo, state at hi); NONE */
     uint mask_or;     /* 31: every accept entry counts (the factor pass), else 0 */
+    uint count;       /* 1: buffers with a count table word count here (below) */
 } pc;
 
 shared uint s_cls[256];
@@ -168,6 +172,58 @@ accept_span accepts_of(uint row)
     return accept_span(cat[pc.accidx + a], cat[pc.accidx + a + 1u], pc.accepts, pc.mask_or,
                        pc.layer);
 #endif
+}
+
+/*
+ * Counting on the device (docs/gpu.md): where the range counts
+ * (pc.count) and the item's buffer has a count table (the buffer table's
+ * third word, the qs word of its first pair; NONE: the ring), each
+ * accepted (rule, end) adds one to qs[base + 2 rule] and keeps the least
+ * end as its complement in qs[base + 2 rule + 1] (zero-filled, so
+ * atomicMax keeps the least end). The host counts only ranges that
+ * cannot repeat a (rule, end). Hits of one rule in a row wait in
+ * registers: a rule that matches at every byte costs one atomic pair per
+ * item, not one per byte.
+ */
+uint g_cbase; /* the item's count table; NONE: hits go to the ring */
+uint g_crule; /* the rule whose hits wait in g_cn */
+uint g_cn;
+uint g_cfirst;
+
+void count_out()
+{
+    if (g_cn != 0u) {
+        uint w = g_cbase + 2u * g_crule;
+        atomicAdd(qs[w], g_cn);
+        atomicMax(qs[w + 1u], ~g_cfirst);
+        g_cn = 0u;
+    }
+}
+
+void count_begin(uint tab)
+{
+    g_cbase = pc.count != 0u ? tab : NONE;
+    g_cn = 0u;
+}
+
+/* The accept entries of state row/n_classes that admit kind k, counted. */
+void count_report(uint row, uint end, uint k)
+{
+    accept_span sp = accepts_of(row);
+    uint bit = 1u << k;
+    for (uint e = sp.e0; e < sp.e1; e++) {
+        uint ent = cat[sp.acc + e] | sp.mask_or;
+        if ((ent & bit) == 0u)
+            continue;
+        uint rule = ent >> 5u;
+        if (g_cn == 0u || rule != g_crule) {
+            count_out();
+            g_crule = rule;
+            g_cfirst = end;
+        }
+        g_cn++;
+        g_cfirst = min(g_cfirst, end);
+    }
 }
 
 #if HIT_SUBGROUP
@@ -241,6 +297,10 @@ void flush(uint buf)
  * admits kind k, as matches of buffer `buf` ending at `end`. */
 void report(uint row, uint buf, uint end, uint k)
 {
+    if (g_cbase != NONE) {
+        count_report(row, end, k);
+        return;
+    }
     g_prow[g_np] = row;
     g_pend[g_np] = end;
     g_pkind[g_np >> 3u] |= k << (3u * (g_np & 7u));
@@ -264,6 +324,10 @@ void pend_check(uint buf)
  * admits kind k, as matches of buffer `buf` ending at `end`. */
 void report(uint row, uint buf, uint end, uint k)
 {
+    if (g_cbase != NONE) {
+        count_report(row, end, k);
+        return;
+    }
     accept_span sp = accepts_of(row);
     uint bit = 1u << k;
     for (uint e = sp.e0; e < sp.e1; e++) {
@@ -354,6 +418,7 @@ void scan_item(uvec4 it, uint idx)
     uvec4 b = meta[pc.bufs + buf];
     uint off = b.x;
     uint len = b.y;
+    count_begin(b.z);
     bool chained = pc.carry_base != NONE;
     uint begin = chained ? lo : (lo + 1u > pc.maxlen ? lo + 1u - pc.maxlen : 0u);
 
@@ -383,6 +448,7 @@ void scan_item(uvec4 it, uint idx)
         }
         report(row, buf, hi, k);
     }
+    count_out();
     flush(buf);
     if (chained && hi < len)
         carry[pc.carry_base + it.w] = row / pc.n_classes;
@@ -555,6 +621,7 @@ void f_item(uvec4 it)
     uvec4 b = meta[pc.bufs + buf];
     uint off = b.x;
     uint len = b.y;
+    count_begin(b.z);
     uint begin = lo + 1u > pc.maxlen ? lo + 1u - pc.maxlen : 0u;
     uint sk = 0u;
     if (begin != 0u) {
@@ -588,6 +655,7 @@ void f_item(uvec4 it)
         f_end(3u, buf, hi, k);
 #endif
     }
+    count_out();
     flush(buf);
 }
 

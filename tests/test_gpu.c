@@ -1838,7 +1838,9 @@ START_TEST(test_hits_pool)
     /* 3 threads: a task per bin; 1 thread: 4 tasks for 5 bins, so a task
      * squeezes once hits across bins and buffers */
     unsigned threads = _i == 0 ? 3 : 1;
-    struct gpu_options opt = {.hits_parallel_min = 1, .upload_threads = threads};
+    /* every hit through the ring (test_hits_device_counted: the counts) */
+    struct gpu_options opt = {
+        .hits_parallel_min = 1, .upload_threads = threads, .count_device = -1};
     struct gpu_engine *eng = engine(&opt);
     for (uint32_t seed = 0; seed < 8; seed++)
         random_round(eng, 9100 + seed + 8 * _i, 30, 3000);
@@ -1953,6 +1955,87 @@ START_TEST(test_hits_counted)
     catalog_destroy(cs);
     catalog_destroy(cg);
     catalog_destroy(cu);
+}
+END_TEST
+
+/* Counting on the device (gpu/plan.c plan_counts, docs/gpu.md): count and
+ * first buffers of catalogs whose DFA groups cannot repeat a (rule, end)
+ * are counted per rule by the kernel, their DFA hits never in the ring.
+ * A rule matching every byte, single-match and shared-id rules, a bit-NFA
+ * rule and an unbounded rule (the ring's, added to the counts), a buffer
+ * of mode all with the same catalog (the ring alone), an empty buffer:
+ * every buffer's hits equal refscan's, with the counting forced on and
+ * off. hits_device_counted says the counts came from the device, and is 0
+ * where ids shared across groups could repeat a (rule, end). */
+START_TEST(test_hits_device_counted)
+{
+    struct trule dense[] = {{"every", RULE_REGEX, "[abc ]", 0},
+                            {"pair", RULE_REGEX, "a[bc]{1,3}", 0},
+                            {"once", RULE_LITERAL, "ca", RULE_F_SINGLEMATCH},
+                            {"wb", RULE_REGEX, "\\bb[a ]", 0},
+                            {"gap", RULE_REGEX, "ab[^ ]{20,90}ca", 0},
+                            {"unb", RULE_REGEX, "c[^ ]*bab", 0},
+                            {"tail", RULE_REGEX, "cb\\z", 0}};
+    struct trule shared_dfa[] = {
+        {"s", RULE_LITERAL, "ab", 0}, {"s", RULE_REGEX, "[ab]b", 0}, {"t", RULE_LITERAL, "ca", 0}};
+    struct trule shared_apart[] = {{"s", RULE_LITERAL, "bc", 0},
+                                   {"s", RULE_REGEX, "a[^c]*b", 0},
+                                   {"t", RULE_REGEX, "[ab]c", 0}};
+    struct catalog *cats[] = {compile_rules(dense, 7), compile_rules(shared_dfa, 3),
+                              compile_rules(shared_apart, 3)};
+    /* whether shared_apart's "s" rules landed in two groups (then its
+     * counts stay in the ring) */
+    struct catalog_rule r0, r1;
+    catalog_rule(cats[2], 0, &r0);
+    catalog_rule(cats[2], 1, &r1);
+    bool apart = r0.group != r1.group;
+    enum { LEN = 200000 };
+    uint8_t *p = malloc(LEN);
+    uint32_t r = 5;
+    for (size_t i = 0; i < LEN; i++) {
+        r = r * 1103515245u + 12345u;
+        p[i] = "abc ab"[(r >> 16) % 6];
+    }
+    memcpy(p + LEN - 2, "cb", 2);
+    for (int run = 0; run < 2; run++) {
+        struct gpu_engine *eng =
+            engine(&(struct gpu_options){.upload_threads = 2, .count_device = run == 0 ? 1 : -1});
+        for (uint32_t k = 0; k < 3; k++) {
+            for (int mode = SCAN_FIRST; mode <= SCAN_COUNT; mode++) {
+                enum scan_mode m = (enum scan_mode)mode;
+                const struct catalog *bc[] = {cats[k], cats[0]};
+                struct gpu_buffer bufs[] = {
+                    {.data = p, .len = LEN, .mode = m, .catalog = 0},
+                    {.data = p + 9, .len = 70000, .mode = SCAN_ALL, .catalog = 0},
+                    {.data = p + 31, .len = LEN - 31, .mode = m, .catalog = 1},
+                    {.data = p, .len = 0, .mode = m, .catalog = 0},
+                    {.data = p + 3, .len = 4000, .mode = m, .catalog = 0},
+                };
+                struct gpu_batch b = {bc, 2, bufs, 5};
+                struct gpu_result res = {0};
+                ck_assert_uint_gt(check_batch(eng, &b, &res), 0);
+                bool counted = run == 0 && !(k == 2 && apart);
+                /* buffer 2 (catalog dense) counts whatever k is */
+                ck_assert_msg(run == 0 ? res.tel.hits_device_counted > 0
+                                       : res.tel.hits_device_counted == 0,
+                              "set %u mode %d run %d: %" PRIu64 " hits counted on the device", k,
+                              mode, run, res.tel.hits_device_counted);
+                gpu_result_finish(&res);
+                /* catalog k alone: counted unless its ids could repeat */
+                struct gpu_buffer one = {.data = p, .len = LEN, .mode = m, .catalog = 0};
+                struct gpu_batch b1 = {bc, 1, &one, 1};
+                ck_assert_uint_gt(check_batch(eng, &b1, &res), 0);
+                ck_assert_msg(counted == (res.tel.hits_device_counted > 0),
+                              "set %u alone, mode %d run %d: %" PRIu64 " counted on the device", k,
+                              mode, run, res.tel.hits_device_counted);
+                gpu_result_finish(&res);
+            }
+        }
+        gpu_engine_destroy(eng);
+    }
+    free(p);
+    for (int k = 0; k < 3; k++)
+        catalog_destroy(cats[k]);
 }
 END_TEST
 
@@ -2971,6 +3054,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_hit_dense);
     tcase_add_loop_test(tc, test_hits_pool, 0, 2);
     tcase_add_test(tc, test_hits_counted);
+    tcase_add_test(tc, test_hits_device_counted);
     tcase_add_test(tc, test_ring_learned);
     tcase_add_test(tc, test_profile);
     tcase_add_test(tc, test_serialize);
