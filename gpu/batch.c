@@ -1377,13 +1377,19 @@ static int factor_pass(struct batch_ctx *bc, struct vks_error *err)
         rc = reserve_buffers(bc, err);
     if (rc < 0)
         return rc;
+    uint64_t t1 = gpu_now_ns();
+    tel->factor_plan_ns = t1 - t0;
     rc = upload_submit(bc, err);
     if (rc < 0)
         return rc;
+    uint64_t t2 = gpu_now_ns();
+    tel->factor_upload_ns = t2 - t1;
     bc->hay_resident = true;
     rc = wait_pass(bc, err);
     bc->chunks_out = false; /* the fence came after them in queue order */
     rc = read_queue(bc, rc, err);
+    uint64_t t3 = gpu_now_ns();
+    tel->factor_wait_ns = t3 - t2;
     const uint32_t *raw = NULL;
     uint64_t n = tel->hits_raw;
     if (rc == 0)
@@ -1398,6 +1404,7 @@ static int factor_pass(struct batch_ctx *bc, struct vks_error *err)
     tel->items_processed = tel->items_remaining = 0;
     tel->occupancy = 0;
     tel->factor_ns = gpu_now_ns() - t0;
+    tel->factor_sort_ns = gpu_now_ns() - t3;
     return rc;
 }
 
@@ -1770,6 +1777,10 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(finalize_ns);
     ADD(hits_counted);
     ADD(hits_device_counted);
+    ADD(factor_plan_ns);
+    ADD(factor_upload_ns);
+    ADD(factor_wait_ns);
+    ADD(factor_sort_ns);
     ADD(total_ns);
     ADD(wall_ns);
     ADD(device_idle_ns);
