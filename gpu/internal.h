@@ -35,7 +35,7 @@ struct scan_push {
 struct nfa_push {
     uint32_t items, n_items, head, bufs, carry_base, max_cost, hit_cap, layer;
     uint32_t n_words, maxlen, classmap, reach, shift, n_exc, exc, n_acc, acc, ranges, cap, spec;
-    uint32_t x_narrow, x_span;
+    uint32_t x_narrow, x_span, count;
 };
 _Static_assert(sizeof(struct nfa_push) <= sizeof(struct scan_push), "push constant range");
 
@@ -51,7 +51,7 @@ _Static_assert(sizeof(struct fuse_push) <= sizeof(struct scan_push), "push const
 /* Push constants of shaders/scan_lit.comp (gpu/lit.h). */
 struct lit_push {
     uint32_t items, n_items, head, bufs, max_cost, hit_cap, slots, slot_mask;
-    uint32_t lits, bytes, masks, klen, fold, maxlen, hi_mask, wshift;
+    uint32_t lits, bytes, masks, klen, fold, maxlen, hi_mask, wshift, count;
 };
 _Static_assert(sizeof(struct lit_push) <= sizeof(struct scan_push), "push constant range");
 

@@ -621,4 +621,5 @@ void gpu_lit_push(const struct batch_ctx *bc, const struct scan_range *sr, uint3
     pc->bufs = 0;
     pc->max_cost = sr->max_cost;
     pc->hit_cap = (uint32_t)(bc->eng->hits.size / 16);
+    pc->count = sr->counted;
 }

@@ -1266,6 +1266,7 @@ void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint3
         .cap = sr->cap,
         .x_narrow = g.x_narrow,
         .x_span = g.x_span,
+        .count = sr->counted,
         .spec = sr->spec_base == NO_CARRY ? NO_CARRY
                                           : QS_HEADS + (uint32_t)bc->n_ranges + sr->spec_base,
     };
@@ -1558,10 +1559,11 @@ static bool hits_unique(const struct batch_ctx *bc)
     return true;
 }
 
-/* Whether no two DFA groups of `cat` can report the same (rule, end): its
- * rules report under their own indexes, or rules sharing one are in one
- * DFA group, whose states hold one accept entry per index (as gpu/lit.c
- * own_reports). -ENOMEM when that cannot be found out. */
+/* Whether no two groups of `cat` can report the same (rule, end): 2 when
+ * every rule reports under its own index (the literal kernel, which
+ * matches strings apart, needs that too), 1 when rules sharing one are in
+ * one DFA group, whose states hold one accept entry per index (as
+ * gpu/lit.c own_reports), else 0; -ENOMEM when that cannot be found out. */
 static int reports_once(const struct catalog *cat)
 {
     uint32_t nr = catalog_rule_count(cat), n_dfa = catalog_group_count(cat);
@@ -1570,14 +1572,14 @@ static int reports_once(const struct catalog *cat)
         free(rep);
         return -ENOMEM;
     }
-    int once = 1;
-    for (uint32_t r = 0; r < nr && once; r++) {
+    int once = 2;
+    for (uint32_t r = 0; r < nr && once > 0; r++) {
         if (rep[r] == r)
             continue;
         struct catalog_rule a, b;
         catalog_rule(cat, r, &a);
         catalog_rule(cat, rep[r], &b);
-        once = a.group == b.group && a.group < n_dfa;
+        once = a.group == b.group && a.group < n_dfa ? 1 : 0;
     }
     free(rep);
     return once;
@@ -1589,11 +1591,13 @@ static int reports_once(const struct catalog *cat)
 /*
  * Counting on the device (docs/gpu.md): gives each buffer in mode count or
  * first a table of (count, ~first end) per rule of its catalog in qs, after
- * the speculative words, and marks the ranges whose hits go there: DFA
- * ranges (bounded, chained, fused) of catalogs that report a (rule, end)
- * once, whose items own disjoint ends. Speculative ranges (the host may
- * re-walk them), the literal kernel and bit-NFA ranges keep the ring; the
- * finish adds both (gpu_merge_counts).
+ * the speculative words, and marks the ranges whose hits go there: DFA and
+ * bit-NFA ranges (bounded, chained, fused, gated windows) of catalogs that
+ * report a (rule, end) once, whose items own disjoint ends, and the
+ * literal kernel's where no two rules share an id. Speculative ranges (the
+ * host may re-walk them) and forward confirmations (items may overlap; the
+ * host finishes capped ones) keep the ring; the finish adds both (hits.c
+ * merge_counts).
  */
 static int plan_counts(struct batch_ctx *bc)
 {
@@ -1607,9 +1611,9 @@ static int plan_counts(struct batch_ctx *bc)
             bytes += b->buffers[i].len;
     if (bytes == 0 || (opt == 0 && bytes < GPU_COUNT_DEVICE_MIN))
         return 0;
-    int8_t once[GPU_MAX_BATCH_CATALOGS];
+    int8_t once[GPU_MAX_BATCH_CATALOGS]; /* reports_once; -1: not asked yet */
     for (uint32_t c = 0; c < b->n_catalogs; c++)
-        once[c] = -1; /* not asked yet */
+        once[c] = -1;
     uint32_t at = QS_HEADS + (uint32_t)bc->n_ranges + bc->n_spec;
     uint64_t words = 0;
     bool cats[GPU_MAX_BATCH_CATALOGS] = {false};
@@ -1624,7 +1628,7 @@ static int plan_counts(struct batch_ctx *bc)
             once[gb->catalog] = (int8_t)rc;
         }
         uint64_t need = 2 * (uint64_t)catalog_rule_count(b->catalogs[gb->catalog]);
-        if (!once[gb->catalog] || words + need > COUNT_WORDS_MAX)
+        if (once[gb->catalog] == 0 || words + need > COUNT_WORDS_MAX)
             continue;
         bc->eng->scratch.meta[i * 4 + 2] = at + (uint32_t)words;
         words += need;
@@ -1633,8 +1637,8 @@ static int plan_counts(struct batch_ctx *bc)
     bc->n_count = (uint32_t)words;
     struct scan_range *r = bc->eng->scratch.ranges;
     for (size_t k = 0; k < bc->n_ranges; k++)
-        r[k].counted = cats[r[k].cat] && !r[k].nfa && !r[k].lit && !r[k].confirm && !r[k].factor &&
-                       r[k].spec_base == NO_CARRY;
+        r[k].counted = cats[r[k].cat] && (!r[k].lit || once[r[k].cat] == 2) && !r[k].confirm &&
+                       !r[k].factor && r[k].spec_base == NO_CARRY;
     return 0;
 }
 

@@ -25,6 +25,7 @@
  * a table in meta[] (gpu/plan.c fuse_table), not push constants.
  */
 #version 450
+#extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #if HIT_SUBGROUP
 #extension GL_KHR_shader_subgroup_basic : require
@@ -174,37 +175,7 @@ accept_span accepts_of(uint row)
 #endif
 }
 
-/*
- * Counting on the device (docs/gpu.md): where the range counts
- * (pc.count) and the item's buffer has a count table (the buffer table's
- * third word, the qs word of its first pair; NONE: the ring), each
- * accepted (rule, end) adds one to qs[base + 2 rule] and keeps the least
- * end as its complement in qs[base + 2 rule + 1] (zero-filled, so
- * atomicMax keeps the least end). The host counts only ranges that
- * cannot repeat a (rule, end). Hits of one rule in a row wait in
- * registers: a rule that matches at every byte costs one atomic pair per
- * item, not one per byte.
- */
-uint g_cbase; /* the item's count table; NONE: hits go to the ring */
-uint g_crule; /* the rule whose hits wait in g_cn */
-uint g_cn;
-uint g_cfirst;
-
-void count_out()
-{
-    if (g_cn != 0u) {
-        uint w = g_cbase + 2u * g_crule;
-        atomicAdd(qs[w], g_cn);
-        atomicMax(qs[w + 1u], ~g_cfirst);
-        g_cn = 0u;
-    }
-}
-
-void count_begin(uint tab)
-{
-    g_cbase = pc.count != 0u ? tab : NONE;
-    g_cn = 0u;
-}
+#include "count.glsl"
 
 /* The accept entries of state row/n_classes that admit kind k, counted. */
 void count_report(uint row, uint end, uint k)
@@ -213,16 +184,8 @@ void count_report(uint row, uint end, uint k)
     uint bit = 1u << k;
     for (uint e = sp.e0; e < sp.e1; e++) {
         uint ent = cat[sp.acc + e] | sp.mask_or;
-        if ((ent & bit) == 0u)
-            continue;
-        uint rule = ent >> 5u;
-        if (g_cn == 0u || rule != g_crule) {
-            count_out();
-            g_crule = rule;
-            g_cfirst = end;
-        }
-        g_cn++;
-        g_cfirst = min(g_cfirst, end);
+        if ((ent & bit) != 0u)
+            count_hit(ent >> 5u, end);
     }
 }
 

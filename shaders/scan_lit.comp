@@ -11,6 +11,7 @@
  * byte. A hit is uvec4(buffer, rule, group, end), as the DFA kernel's.
  */
 #version 450
+#extension GL_GOOGLE_include_directive : require
 
 layout(local_size_x_id = 0) in;
 /* Filter words (a power of two), all in shared memory. */
@@ -19,6 +20,7 @@ layout(constant_id = 1) const uint FILTER_WORDS = 4096u;
 layout(constant_id = 2) const uint STEP_BUDGET = 0xffffffffu;
 
 const uint QS_HIT_HEAD = 0u;
+const uint NONE = 0xffffffffu;
 const uint QS_DONE = 1u;
 const uint QS_ACTIVE = 2u;
 const uint QS_ERROR = 3u;
@@ -52,6 +54,7 @@ layout(push_constant) uniform Push {
     uint maxlen;    /* longest string */
     uint hi_mask;   /* the key bytes of the word before the last 4 */
     uint wshift;    /* 32 - log2(FILTER_WORDS) */
+    uint count;     /* 1: buffers with a count table count here (count.glsl) */
 } pc;
 
 shared uint s_f[FILTER_WORDS];
@@ -96,8 +99,14 @@ bool roll(uint c)
     return filter_pass(mix(g_lo, g_hi & pc.hi_mask));
 }
 
+#include "count.glsl"
+
 void emit(uint buf, uint rule, uint group, uint end)
 {
+    if (g_cbase != NONE) {
+        count_hit(rule, end);
+        return;
+    }
     uint slot = atomicAdd(qs[QS_HIT_HEAD], 1u);
     if (slot < pc.hit_cap)
         hits[slot] = uvec4(buf, rule, group, end);
@@ -162,6 +171,7 @@ void scan_item(uvec4 it)
     uint hi = it.z;
     uvec4 b = meta[pc.bufs + buf];
     uint off = b.x;
+    count_begin(b.z);
     uint begin = lo + 1u > pc.maxlen ? lo + 1u - pc.maxlen : 0u;
     /* the first position whose key holds klen bytes of this walk */
     uint valid = begin + pc.klen - 1u;
@@ -194,6 +204,7 @@ void scan_item(uvec4 it)
     }
     if (i != hi)
         atomicOr(qs[QS_ERROR], QS_ERR_CUT);
+    count_out();
 }
 
 void main()

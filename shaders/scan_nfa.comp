@@ -9,6 +9,7 @@
  * next round in carry[carry_base + buffer * n_words ...].
  */
 #version 450
+#extension GL_GOOGLE_include_directive : require
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 2) const uint STEP_BUDGET = 0xffffffffu;
@@ -64,6 +65,7 @@ layout(push_constant) uniform Push {
      * their first source word (rules/catalog.h) */
     uint x_narrow;
     uint x_span;
+    uint count; /* 1: buffers with a count table count here (count.glsl) */
 } pc;
 
 shared uint s_cls[256];
@@ -146,8 +148,10 @@ bool span_meets(uint first, uint n)
     return a <= g_shi && b >= g_slo;
 }
 
+#include "count.glsl"
+
 /* Reports each rule with an accept entry that holds at end offset `end`
- * once (entries are sorted by rule). */
+ * once (entries are sorted by rule), or counts it (count.glsl). */
 void report(uint buf, uint end, uint pk)
 {
     uint last = NONE;
@@ -158,6 +162,10 @@ void report(uint buf, uint end, uint pk)
             !any_in(cat[e + 3u], cat[e + 2u]))
             continue;
         last = rule;
+        if (g_cbase != NONE) {
+            count_hit(rule, end);
+            continue;
+        }
         uint slot = atomicAdd(qs[QS_HIT_HEAD], 1u);
         if (slot < pc.hit_cap)
             hits[slot] = uvec4(buf, rule, pc.layer, end);
@@ -249,6 +257,7 @@ void scan_item(uvec4 it, uint idx)
     uvec4 b = meta[pc.bufs + buf];
     uint off = b.x;
     uint len = b.y;
+    count_begin(b.z);
     bool chained = pc.carry_base != NONE;
     /* An unbounded group's item that is not chained is a forward
      * confirmation (CAT_GF_CONFIRM, gpu/plan.c): starts only in [lo, hi),
@@ -295,6 +304,7 @@ void scan_item(uvec4 it, uint idx)
         atomicOr(qs[QS_ERROR], QS_ERR_CUT);
     if (g_slo <= g_shi && stop > lo)
         report(buf, stop, pk_at(off, stop, len));
+    count_out();
     if (confirm && g_slo <= g_shi && stop < len) {
         uint slot = atomicAdd(qs[QS_HIT_HEAD], 1u);
         if (slot < pc.hit_cap)

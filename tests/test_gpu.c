@@ -1959,36 +1959,54 @@ START_TEST(test_hits_counted)
 END_TEST
 
 /* Counting on the device (gpu/plan.c plan_counts, docs/gpu.md): count and
- * first buffers of catalogs whose DFA groups cannot repeat a (rule, end)
- * are counted per rule by the kernel, their DFA hits never in the ring.
- * A rule matching every byte, single-match and shared-id rules, a bit-NFA
- * rule and an unbounded rule (the ring's, added to the counts), a buffer
- * of mode all with the same catalog (the ring alone), an empty buffer:
- * every buffer's hits equal refscan's, with the counting forced on and
- * off. hits_device_counted says the counts came from the device, and is 0
- * where ids shared across groups could repeat a (rule, end). */
+ * first buffers of catalogs whose groups cannot repeat a (rule, end) are
+ * counted per rule by the kernels, their DFA, bit-NFA and literal-kernel
+ * hits never in the ring. A rule matching every byte, single-match and
+ * shared-id rules, ungated and gated bit-NFA rules, and an unbounded rule
+ * (speculative segments write to the ring; those hits are added to the
+ * counts), strings on the literal kernel, a buffer of mode all with the
+ * same catalog (the ring alone), an empty buffer: every buffer's hits
+ * equal refscan's, with the counting forced on and off.
+ * hits_device_counted says the counts came from the device, and is 0
+ * where ids shared across groups, or strings of one id on the literal
+ * kernel, could repeat a (rule, end); the ring holds no more than the
+ * matches of the ranges that cannot count. */
 START_TEST(test_hits_device_counted)
 {
     struct trule dense[] = {{"every", RULE_REGEX, "[abc ]", 0},
                             {"pair", RULE_REGEX, "a[bc]{1,3}", 0},
                             {"once", RULE_LITERAL, "ca", RULE_F_SINGLEMATCH},
                             {"wb", RULE_REGEX, "\\bb[a ]", 0},
-                            {"gap", RULE_REGEX, "ab[^ ]{20,90}ca", 0},
                             {"unb", RULE_REGEX, "c[^ ]*bab", 0},
-                            {"tail", RULE_REGEX, "cb\\z", 0}};
+                            {"tail", RULE_REGEX, "cb\\z", 0},
+                            {"wide", RULE_REGEX, "a[^ ]{0,300}b", 0},
+                            {"gated", RULE_REGEX, "cabba[^ ]{10,200}cab", 0}};
     struct trule shared_dfa[] = {
         {"s", RULE_LITERAL, "ab", 0}, {"s", RULE_REGEX, "[ab]b", 0}, {"t", RULE_LITERAL, "ca", 0}};
     struct trule shared_apart[] = {{"s", RULE_LITERAL, "bc", 0},
                                    {"s", RULE_REGEX, "a[^c]*b", 0},
                                    {"t", RULE_REGEX, "[ab]c", 0}};
-    struct catalog *cats[] = {compile_rules(dense, 7), compile_rules(shared_dfa, 3),
-                              compile_rules(shared_apart, 3)};
+    /* on the literal kernel: strings with their own ids (counted), and
+     * two of one id that end together in "cabca" (the ring's) */
+    struct trule words[] = {{"w0", RULE_LITERAL, "ab", 0},
+                            {"w1", RULE_LITERAL, "bca", 0},
+                            {"w2", RULE_LITERAL, "c a", 0},
+                            {"w3", RULE_LITERAL, "cab", 0},
+                            {"w4", RULE_LITERAL, "b", RULE_F_SINGLEMATCH}};
+    struct trule shared_lit[] = {{"s", RULE_LITERAL, "cabca", 0},
+                                 {"s", RULE_LITERAL, "abca", 0},
+                                 {"t", RULE_LITERAL, "bcab", 0}};
+    struct rules_options lo = {.literal_group = 1};
+    struct catalog *cats[] = {compile_rules(dense, 8), compile_rules(shared_dfa, 3),
+                              compile_rules(shared_apart, 3), compile_rules_opt(words, 5, &lo),
+                              compile_rules_opt(shared_lit, 3, &lo)};
     /* whether shared_apart's "s" rules landed in two groups (then its
      * counts stay in the ring) */
     struct catalog_rule r0, r1;
     catalog_rule(cats[2], 0, &r0);
     catalog_rule(cats[2], 1, &r1);
     bool apart = r0.group != r1.group;
+    const bool counts[] = {true, true, !apart, true, false}; /* alone, on the device */
     enum { LEN = 200000 };
     uint8_t *p = malloc(LEN);
     uint32_t r = 5;
@@ -1997,10 +2015,15 @@ START_TEST(test_hits_device_counted)
         p[i] = "abc ab"[(r >> 16) % 6];
     }
     memcpy(p + LEN - 2, "cb", 2);
-    for (int run = 0; run < 2; run++) {
-        struct gpu_engine *eng =
-            engine(&(struct gpu_options){.upload_threads = 2, .count_device = run == 0 ? 1 : -1});
-        for (uint32_t k = 0; k < 3; k++) {
+    /* runs: counting on the device, with the gated rule confirmed forward
+     * (items may overlap: the ring's) and walked in windows (counted);
+     * then no counting on the device */
+    for (int run = 0; run < 3; run++) {
+        struct gpu_engine *eng = engine(&(struct gpu_options){.upload_threads = 2,
+                                                              .lit_kernel = 1,
+                                                              .count_device = run < 2 ? 1 : -1,
+                                                              .gate_windows = run == 1});
+        for (uint32_t k = 0; k < 5; k++) {
             for (int mode = SCAN_FIRST; mode <= SCAN_COUNT; mode++) {
                 enum scan_mode m = (enum scan_mode)mode;
                 const struct catalog *bc[] = {cats[k], cats[0]};
@@ -2014,10 +2037,10 @@ START_TEST(test_hits_device_counted)
                 struct gpu_batch b = {bc, 2, bufs, 5};
                 struct gpu_result res = {0};
                 ck_assert_uint_gt(check_batch(eng, &b, &res), 0);
-                bool counted = run == 0 && !(k == 2 && apart);
+                bool counted = run < 2 && counts[k];
                 /* buffer 2 (catalog dense) counts whatever k is */
-                ck_assert_msg(run == 0 ? res.tel.hits_device_counted > 0
-                                       : res.tel.hits_device_counted == 0,
+                ck_assert_msg(run < 2 ? res.tel.hits_device_counted > 0
+                                      : res.tel.hits_device_counted == 0,
                               "set %u mode %d run %d: %" PRIu64 " hits counted on the device", k,
                               mode, run, res.tel.hits_device_counted);
                 gpu_result_finish(&res);
@@ -2028,13 +2051,27 @@ START_TEST(test_hits_device_counted)
                 ck_assert_msg(counted == (res.tel.hits_device_counted > 0),
                               "set %u alone, mode %d run %d: %" PRIu64 " counted on the device", k,
                               mode, run, res.tel.hits_device_counted);
+                if (k == 3 && counted) /* the literal kernel's hits: all counted */
+                    ck_assert_uint_eq(res.tel.hits_raw, 0);
+                if (k == 0 && counted && m == SCAN_COUNT) {
+                    /* the ring's: the unbounded rule (4), and the gated
+                     * one (7) where it is confirmed forward */
+                    uint32_t ring = 0;
+                    for (size_t h = 0; h < res.n_hits; h++) {
+                        uint32_t rule = res.hits[h].rule;
+                        ring += rule == 4 || (rule == 7 && run == 0) ? res.hits[h].count : 0;
+                    }
+                    ck_assert_msg(res.tel.hits_raw <= ring,
+                                  "run %d: %" PRIu64 " hits in the ring, %u expected at most", run,
+                                  res.tel.hits_raw, ring);
+                }
                 gpu_result_finish(&res);
             }
         }
         gpu_engine_destroy(eng);
     }
     free(p);
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 5; k++)
         catalog_destroy(cats[k]);
 }
 END_TEST
