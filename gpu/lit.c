@@ -383,28 +383,35 @@ static int map_report_indexes(const struct catalog *cat, struct entry *v, size_t
     return rc;
 }
 
-/* Whether every rule of `cat` reports under its own index (no two share
- * an id), and whether rules that share one are all in one DFA group, whose
- * states hold one merged accept entry per report index: either way no
- * DFA walk reports a (rule, end) twice, which the counting finish relies
- * on; strings of the literal kernel need the first. */
-static int own_reports(const struct catalog *cat, struct gpu_lit *t)
+int gpu_reports_once(const struct catalog *cat)
 {
-    uint32_t nr = catalog_rule_count(cat);
+    uint32_t nr = catalog_rule_count(cat), n_dfa = catalog_group_count(cat);
     uint32_t *rep = malloc((nr ? nr : 1) * sizeof(*rep));
-    int rc = rep != NULL ? catalog_report_indexes(cat, rep) : -ENOMEM;
-    t->own_reports = t->one_group_reports = rc == 0;
-    for (uint32_t r = 0; rc == 0 && r < nr && t->one_group_reports; r++) {
+    if (rep == NULL || catalog_report_indexes(cat, rep) < 0) {
+        free(rep);
+        return -ENOMEM;
+    }
+    int once = 2;
+    for (uint32_t r = 0; r < nr && once > 0; r++) {
         if (rep[r] == r)
             continue;
-        t->own_reports = false;
         struct catalog_rule a, b;
         catalog_rule(cat, r, &a);
         catalog_rule(cat, rep[r], &b);
-        t->one_group_reports = a.group == b.group && a.group < t->n_dfa;
+        once = a.group == b.group && a.group < n_dfa ? 1 : 0;
     }
     free(rep);
-    return rc;
+    return once;
+}
+
+/* The literal kernel's strings need every rule under its own index; the
+ * counting finish needs no DFA walk to report a (rule, end) twice. */
+static int own_reports(const struct catalog *cat, struct gpu_lit *t)
+{
+    int once = gpu_reports_once(cat);
+    t->own_reports = once == 2;
+    t->one_group_reports = once >= 1;
+    return once < 0 ? once : 0;
 }
 
 static void lit_free(struct gpu_lit *t)

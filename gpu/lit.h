@@ -67,6 +67,14 @@ void gpu_lit_cache_finish(struct gpu_engine *eng);
 int gpu_lit_upload(struct gpu_engine *eng, struct resident_catalog *rc, const struct gpu_lit *lit,
                    struct vks_error *err);
 
+/* Whether no two groups of `cat` can report the same (rule, end): 2 when
+ * every rule reports under its own index (the literal kernel, which
+ * matches strings apart, needs that), 1 when rules sharing an id are all
+ * in one DFA group, whose states hold one accept entry per report index,
+ * else 0; -ENOMEM when that cannot be found out. The counting finish and
+ * counting on the device (plan.c plan_counts) rely on it. */
+int gpu_reports_once(const struct catalog *cat);
+
 /* The table part of catalog c's push constants, kept in bc->lit_pc
  * (plan.c, when the batch routes c's literal groups). */
 void gpu_lit_push_tables(struct batch_ctx *bc, uint32_t c);

@@ -1559,32 +1559,6 @@ static bool hits_unique(const struct batch_ctx *bc)
     return true;
 }
 
-/* Whether no two groups of `cat` can report the same (rule, end): 2 when
- * every rule reports under its own index (the literal kernel, which
- * matches strings apart, needs that too), 1 when rules sharing one are in
- * one DFA group, whose states hold one accept entry per index (as
- * gpu/lit.c own_reports), else 0; -ENOMEM when that cannot be found out. */
-static int reports_once(const struct catalog *cat)
-{
-    uint32_t nr = catalog_rule_count(cat), n_dfa = catalog_group_count(cat);
-    uint32_t *rep = malloc((nr ? nr : 1) * sizeof(*rep));
-    if (rep == NULL || catalog_report_indexes(cat, rep) < 0) {
-        free(rep);
-        return -ENOMEM;
-    }
-    int once = 2;
-    for (uint32_t r = 0; r < nr && once > 0; r++) {
-        if (rep[r] == r)
-            continue;
-        struct catalog_rule a, b;
-        catalog_rule(cat, r, &a);
-        catalog_rule(cat, rep[r], &b);
-        once = a.group == b.group && a.group < n_dfa ? 1 : 0;
-    }
-    free(rep);
-    return once;
-}
-
 /* Counting tables of all buffers together, in qs words: at most 16 MiB. */
 #define COUNT_WORDS_MAX (4u << 20)
 
@@ -1611,7 +1585,7 @@ static int plan_counts(struct batch_ctx *bc)
             bytes += b->buffers[i].len;
     if (bytes == 0 || (opt == 0 && bytes < GPU_COUNT_DEVICE_MIN))
         return 0;
-    int8_t once[GPU_MAX_BATCH_CATALOGS]; /* reports_once; -1: not asked yet */
+    int8_t once[GPU_MAX_BATCH_CATALOGS]; /* gpu_reports_once; -1: not asked yet */
     for (uint32_t c = 0; c < b->n_catalogs; c++)
         once[c] = -1;
     uint32_t at = QS_HEADS + (uint32_t)bc->n_ranges + bc->n_spec;
@@ -1621,8 +1595,11 @@ static int plan_counts(struct batch_ctx *bc)
         const struct gpu_buffer *gb = &b->buffers[i];
         if (gb->mode == SCAN_ALL || gb->len == 0)
             continue;
+        const struct gpu_lit *t = bc->lit[gb->catalog];
+        if (once[gb->catalog] < 0 && t != NULL) /* cached with its literal tables */
+            once[gb->catalog] = t->own_reports ? 2 : t->one_group_reports;
         if (once[gb->catalog] < 0) {
-            int rc = reports_once(b->catalogs[gb->catalog]);
+            int rc = gpu_reports_once(b->catalogs[gb->catalog]);
             if (rc < 0)
                 return rc;
             once[gb->catalog] = (int8_t)rc;
