@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Session 36's second GPU-host call: counting on the device in all three
-# kernels, OLD against NEW on 1 GiB files (cli_bench over build-data), and
+# kernels, OLD against NEW on 1 GiB files (cli_bench over build-data), NEW
+# on the project's shapes (build-wordy, 256 MiB), and
 # where the GPU's host time goes on gated sets (scan_bench over the
 # build-probe-* folders, 256 MiB: the factor pass's parts, then --profile 1).
-# Carry .gl, OLD, NEW, build-data, build-probe-wordy-300, build-probe-leads.
+# Carry .gl, OLD, NEW, build-data, build-wordy, build-probe-wordy-300 and
+# build-probe-leads.
 #   bench/h200_session36b.sh OLD NEW
 set -u
 OLD=${1:?usage: h200_session36b.sh OLD NEW}
@@ -18,6 +20,9 @@ for b in "$OLD" "$NEW"; do
     OUT=$OUT/cli-$(basename "$b") VKSCAN_ARGS=--no-cache timeout 150 \
         bash "$D/cli_bench.sh" "$b" build-data 1024 3 2>&1 | tee -a "$S"
 done
+step "$NEW: build-wordy, auto engine, 256 MiB"
+OUT=$OUT/shapes VKSCAN_ARGS=--no-cache timeout 200 bash "$D/cli_bench.sh" "$NEW" build-wordy 256 3 \
+    2>&1 | tee -a "$S"
 for s in wordy-300 leads; do
     for p in 0 1; do
         step "$NEW: scan_bench $s, 256 MiB, profile $p"

@@ -837,6 +837,7 @@ static void telemetry(struct stats_list *l, const struct request *r,
     stats_add_u(l, "hits_raw", g->hits_raw);
     stats_add_u(l, "hits_counted", g->hits_counted);
     stats_add_u(l, "hits_device_counted", g->hits_device_counted);
+    stats_add_u(l, "spec_count_reruns", g->spec_count_reruns);
     stats_add_u(l, "confirm_host", g->confirm_host);
     stats_add_u(l, "confirm_host_ns", g->confirm_host_ns);
     stats_add_u(l, "scan_ns", t->scan_ns);

@@ -1222,10 +1222,33 @@ static int read_queue(struct batch_ctx *bc, int rc, struct vks_error *err)
     return rc;
 }
 
+/* A speculative range counted on the device and guessed a segment's state
+ * wrong (gpu_spec_counted_wrong): the host would drop the guessed walk's
+ * matches and add its own, but cannot take them out of the counts. The
+ * pass runs again with the speculative ranges on the ring, as a full ring
+ * re-runs it (the counts are filled again with the heads); the host then
+ * repairs it as usual. */
+static int uncount_spec(struct batch_ctx *bc, struct vks_error *err)
+{
+    struct scan_range *r = bc->eng->scratch.ranges;
+    for (size_t k = 0; k < bc->n_ranges; k++)
+        if (r[k].spec_base != NO_CARRY)
+            r[k].counted = false;
+    bc->tel->spec_count_reruns++;
+    bc->hits_copied = 0; /* the re-run's hits: copy_hits, once it knows how many */
+    update_sets(bc);
+    int rc = record(bc, false, err);
+    if (rc == 0)
+        rc = run_pass(bc, err);
+    return read_queue(bc, rc, err);
+}
+
 /* Reads the pass that was waited for (status `rc`) and its hits. */
 static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, struct vks_error *err)
 {
     rc = read_queue(bc, rc, err);
+    if (rc == 0 && bc->n_count > 0 && gpu_spec_counted_wrong(bc, bc->eng->qs_host.map))
+        rc = uncount_spec(bc, err);
     if (rc < 0)
         return rc;
     struct gpu_telemetry *tel = bc->tel;
@@ -1777,6 +1800,7 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(finalize_ns);
     ADD(hits_counted);
     ADD(hits_device_counted);
+    ADD(spec_count_reruns);
     ADD(factor_plan_ns);
     ADD(factor_upload_ns);
     ADD(factor_wait_ns);

@@ -224,7 +224,7 @@ struct gpu_hit {
     uint64_t end;
 };
 
-#define GPU_FACTOR_PASS_MIN (4u << 20)
+#define GPU_FACTOR_PASS_MIN  (4u << 20)
 #define GPU_COUNT_DEVICE_MIN (1u << 20)
 
 /* Kinds of dispatch gpu_options.profile times: DFA groups (plain and
@@ -293,6 +293,9 @@ struct gpu_telemetry {
     uint64_t finalize_ns;  /* hits sorted by buffer, copies dropped, report modes applied */
     uint64_t hits_counted; /* raw hits finished by counting per rule (no sort), else 0 */
     uint64_t hits_device_counted; /* hits counted on the device, never in the ring */
+    /* passes run again because a speculative range that counted on the
+     * device guessed a segment's state wrong (docs/gpu.md) */
+    uint32_t spec_count_reruns;
     /* The factor pass (gated catalogs' factor ends found on the device, before
      * the pass that runs their gated groups): its wall time from plan to
      * sorted ends, and the ends it found. Its kernel and device time are in

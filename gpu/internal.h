@@ -430,6 +430,12 @@ int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struc
 int gpu_host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t *raw, uint64_t n,
                     struct vks_error *err);
 
+/* Whether a speculative range that counted on the device (gpu/plan.c
+ * plan_counts) guessed some segment's state wrong: its counts then hold
+ * matches the host cannot take out, and the pass runs again with those
+ * ranges writing to the ring (batch.c read_passes). */
+bool gpu_spec_counted_wrong(const struct batch_ctx *bc, const uint32_t *qs);
+
 /* Grows `*p` (elements of `elem` bytes, capacity `*cap`) to hold `need`,
  * doubling; returns 0 or -ENOMEM, leaving `*p` intact on failure. */
 int gpu_grow_array(void **p, size_t *cap, size_t need, size_t elem);

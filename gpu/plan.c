@@ -1566,12 +1566,13 @@ static bool hits_unique(const struct batch_ctx *bc)
  * Counting on the device (docs/gpu.md): gives each buffer in mode count or
  * first a table of (count, ~first end) per rule of its catalog in qs, after
  * the speculative words, and marks the ranges whose hits go there: DFA and
- * bit-NFA ranges (bounded, chained, fused, gated windows) of catalogs that
- * report a (rule, end) once, whose items own disjoint ends, and the
- * literal kernel's where no two rules share an id. Speculative ranges (the
- * host may re-walk them) and forward confirmations (items may overlap; the
- * host finishes capped ones) keep the ring; the finish adds both (hits.c
- * merge_counts).
+ * bit-NFA ranges (bounded, chained, fused, gated windows, speculative) of
+ * catalogs that report a (rule, end) once, whose items own disjoint ends,
+ * and the literal kernel's where no two rules share an id. Forward
+ * confirmations (items may overlap; the host finishes capped ones) keep
+ * the ring; the finish adds both (hits.c merge_counts). A speculative
+ * range counts on the bet that no segment guessed its state wrong, which
+ * read_passes checks (batch.c).
  */
 static int plan_counts(struct batch_ctx *bc)
 {
@@ -1614,8 +1615,8 @@ static int plan_counts(struct batch_ctx *bc)
     bc->n_count = (uint32_t)words;
     struct scan_range *r = bc->eng->scratch.ranges;
     for (size_t k = 0; k < bc->n_ranges; k++)
-        r[k].counted = cats[r[k].cat] && (!r[k].lit || once[r[k].cat] == 2) && !r[k].confirm &&
-                       !r[k].factor && r[k].spec_base == NO_CARRY;
+        r[k].counted =
+            cats[r[k].cat] && (!r[k].lit || once[r[k].cat] == 2) && !r[k].confirm && !r[k].factor;
     return 0;
 }
 

@@ -333,6 +333,33 @@ static int confirm_finish(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     return rc < 0 ? vks_error_set(err, -ENOMEM, "out of memory finishing confirmation walks") : 0;
 }
 
+bool gpu_spec_counted_wrong(const struct batch_ctx *bc, const uint32_t *qs)
+{
+    const struct batch_scratch *s = &bc->eng->scratch;
+    const uint32_t *spec = qs + QS_HEADS + bc->n_ranges;
+    for (size_t r = 0; r < bc->n_ranges; r++) {
+        const struct scan_range *sr = &s->ranges[r];
+        if (!sr->counted || sr->spec_base == NO_CARRY)
+            continue;
+        uint32_t nw = 1; /* words of a state: one DFA state, or a bit-NFA vector */
+        if (sr->nfa) {
+            const struct catalog *cat = bc->batch->catalogs[sr->cat];
+            struct catalog_nfa g;
+            catalog_nfa(cat, sr->group - catalog_group_count(cat), &g);
+            nw = g.n_words;
+        }
+        /* item j's (state at lo, state at hi); item j - 1 is the segment
+         * before it unless j starts its buffer */
+        for (uint32_t j = 1; j < sr->n_items; j++) {
+            const uint32_t *it = &s->meta[((size_t)sr->items + j) * 4];
+            const uint32_t *st = spec + sr->spec_base + 2 * (size_t)j * nw;
+            if (it[1] != 0 && memcmp(st, st - nw, nw * sizeof(uint32_t)) != 0)
+                return true;
+        }
+    }
+    return false;
+}
+
 /* Host work on a collected pass before its hits are grouped: repaired
  * speculative segments and confirmations finished on the host. */
 int gpu_host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t *raw, uint64_t n,
