@@ -3,7 +3,7 @@
 # kernels, OLD against NEW on 1 GiB files (cli_bench over build-data), NEW
 # on the project's shapes (build-wordy, 256 MiB), and
 # where the GPU's host time goes on gated sets (scan_bench over the
-# build-probe-* folders, 256 MiB: the factor pass's parts, then --profile 1).
+# build-probe-* folders, 256 MiB: the factor pass's parts).
 # Carry .gl, OLD, NEW, build-data, build-wordy, build-probe-wordy-300 and
 # build-probe-leads.
 #   bench/h200_session36b.sh OLD NEW
@@ -24,7 +24,7 @@ step "$NEW: build-wordy, auto engine, 256 MiB"
 OUT=$OUT/shapes VKSCAN_ARGS=--no-cache timeout 200 bash "$D/cli_bench.sh" "$NEW" build-wordy 256 3 \
     2>&1 | tee -a "$S"
 for s in wordy-300 leads; do
-    for p in 0 1; do
+    for p in 0; do
         step "$NEW: scan_bench $s, 256 MiB, profile $p"
         timeout 100 "$NEW/bench/scan_bench" --data build-probe-$s --only gitleaks-regex \
             --size 256M --iters 5 --threads 16 --profile $p 2>&1 |
