@@ -1562,6 +1562,12 @@ static bool hits_unique(const struct batch_ctx *bc)
 /* Counting tables of all buffers together, in qs words: at most 16 MiB. */
 #define COUNT_WORDS_MAX (4u << 20)
 
+/* Bytes of a buffer per word of its counting table, at least (by default):
+ * a table is filled, read back and walked at every batch, so one for a
+ * 10k-rule catalog (80 KiB) is kept for buffers of 320 KiB or more, which
+ * a many-client batch of small scans in mode count is not. */
+#define COUNT_BYTES_PER_WORD 16u
+
 /*
  * Counting on the device (docs/gpu.md): gives each buffer in mode count or
  * first a table of (count, ~first end) per rule of its catalog in qs, after
@@ -1594,7 +1600,9 @@ static int plan_counts(struct batch_ctx *bc)
     bool cats[GPU_MAX_BATCH_CATALOGS] = {false};
     for (uint32_t i = 0; i < b->n_buffers; i++) {
         const struct gpu_buffer *gb = &b->buffers[i];
-        if (gb->mode == SCAN_ALL || gb->len == 0)
+        uint64_t need = 2 * (uint64_t)catalog_rule_count(b->catalogs[gb->catalog]);
+        if (gb->mode == SCAN_ALL || gb->len == 0 || words + need > COUNT_WORDS_MAX ||
+            (opt == 0 && gb->len < need * COUNT_BYTES_PER_WORD))
             continue;
         const struct gpu_lit *t = bc->lit[gb->catalog];
         if (once[gb->catalog] < 0 && t != NULL) /* cached with its literal tables */
@@ -1605,8 +1613,7 @@ static int plan_counts(struct batch_ctx *bc)
                 return rc;
             once[gb->catalog] = (int8_t)rc;
         }
-        uint64_t need = 2 * (uint64_t)catalog_rule_count(b->catalogs[gb->catalog]);
-        if (once[gb->catalog] == 0 || words + need > COUNT_WORDS_MAX)
+        if (once[gb->catalog] == 0)
             continue;
         bc->eng->scratch.meta[i * 4 + 2] = at + (uint32_t)words;
         words += need;
