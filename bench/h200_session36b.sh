@@ -6,24 +6,30 @@
 # build-probe-* folders, 256 MiB: the factor pass's parts).
 # Carry .gl, OLD, NEW, build-data, build-wordy, build-probe-wordy-300 and
 # build-probe-leads.
-#   bench/h200_session36b.sh OLD NEW
+#   bench/h200_session36b.sh OLD NEW [steps...]
+# Steps (default all, in this order): cli shapes profile.
 set -u
-OLD=${1:?usage: h200_session36b.sh OLD NEW}
-NEW=${2:?usage: h200_session36b.sh OLD NEW}
+OLD=${1:?usage: h200_session36b.sh OLD NEW [steps...]}
+NEW=${2:?usage: h200_session36b.sh OLD NEW [steps...]}
+shift 2
+WHAT=${*:-cli shapes profile}
+has() { case " $WHAT " in *" $1 "*) return 0 ;; esac; return 1; }
 D=$(dirname "$0")
 . "$D/h200_env.sh"
 S=$OUT/summary.txt
 step() { echo "== $1 ($(date +%T))" | tee -a "$S"; }
 nvidia-smi -L | tee -a "$S"
-for b in "$OLD" "$NEW"; do
+has cli && for b in "$OLD" "$NEW"; do
     step "$b: build-data, 1 GiB"
     OUT=$OUT/cli-$(basename "$b") VKSCAN_ARGS=--no-cache timeout 150 \
         bash "$D/cli_bench.sh" "$b" build-data 1024 3 2>&1 | tee -a "$S"
 done
-step "$NEW: build-wordy, auto engine, 256 MiB"
-OUT=$OUT/shapes VKSCAN_ARGS=--no-cache timeout 200 bash "$D/cli_bench.sh" "$NEW" build-wordy 256 3 \
-    2>&1 | tee -a "$S"
-for s in wordy-300 leads; do
+if has shapes; then
+    step "$NEW: build-wordy, auto engine, 256 MiB"
+    OUT=$OUT/shapes VKSCAN_ARGS=--no-cache timeout 200 bash "$D/cli_bench.sh" "$NEW" build-wordy \
+        256 3 2>&1 | tee -a "$S"
+fi
+has profile && for s in wordy-300 leads; do
     for p in 0; do
         step "$NEW: scan_bench $s, 256 MiB, profile $p"
         timeout 100 "$NEW/bench/scan_bench" --data build-probe-$s --only gitleaks-regex \
