@@ -1878,6 +1878,11 @@ START_TEST(test_hits_pool)
         gpu_result_finish(&res);
     }
     gpu_engine_destroy(eng);
+    if (_i != 0) {
+        free(p);
+        catalog_destroy(cat);
+        return;
+    }
     /* counting on the device: the speculative range counts, guesses a
      * segment wrong, and the pass runs again with it on the ring
      * (spec_count_reruns); the counts still equal refscan's. With c[^y]*z
@@ -1888,16 +1893,15 @@ START_TEST(test_hits_pool)
     struct catalog *cat2 = compile_rules(two, 2);
     opt.count_device = 1;
     eng = engine(&opt);
-    for (int mode = SCAN_FIRST; mode <= SCAN_COUNT + 1; mode++) {
-        enum scan_mode m = (enum scan_mode)(mode > SCAN_COUNT ? SCAN_COUNT : mode);
-        struct gpu_buffer one = {.data = p, .len = len, .mode = m};
-        const struct catalog *cats[] = {mode > SCAN_COUNT ? cat2 : cat};
+    for (int k = 0; k < 2; k++) {
+        struct gpu_buffer one = {.data = p, .len = len, .mode = k == 0 ? SCAN_FIRST : SCAN_COUNT};
+        const struct catalog *cats[] = {k == 0 ? cat : cat2};
         struct gpu_batch b = {cats, 1, &one, 1};
         struct gpu_result res = {0};
         check_batch(eng, &b, &res);
         ck_assert_uint_gt(res.tel.spec_fixes, 0);
         ck_assert_uint_eq(res.tel.spec_count_reruns, 1);
-        if (mode > SCAN_COUNT) /* its one group is speculative: all on the ring again */
+        if (k == 1) /* its one group is speculative: all on the ring again */
             ck_assert_uint_eq(res.tel.hits_device_counted, 0);
         else /* the bounded rules' stay counted */
             ck_assert_uint_gt(res.tel.hits_device_counted, 1u << 20);
@@ -2007,8 +2011,8 @@ START_TEST(test_hits_device_counted)
                             {"wb", RULE_REGEX, "\\bb[a ]", 0},
                             {"unb", RULE_REGEX, "c[^ ]*bab", 0},
                             {"tail", RULE_REGEX, "cb\\z", 0},
-                            {"wide", RULE_REGEX, "a[^ ]{0,300}b", 0},
-                            {"gated", RULE_REGEX, "cabba[^ ]{10,200}cab", 0}};
+                            {"wide", RULE_REGEX, "a[^ ]{0,60}b", 0},
+                            {"gated", RULE_REGEX, "cabb[^ ]{10,200}cab", 0}};
     struct trule shared_dfa[] = {
         {"s", RULE_LITERAL, "ab", 0}, {"s", RULE_REGEX, "[ab]b", 0}, {"t", RULE_LITERAL, "ca", 0}};
     struct trule shared_apart[] = {{"s", RULE_LITERAL, "bc", 0},
@@ -2035,7 +2039,7 @@ START_TEST(test_hits_device_counted)
     catalog_rule(cats[2], 1, &r1);
     bool apart = r0.group != r1.group;
     const bool counts[] = {true, true, !apart, true, false}; /* alone, on the device */
-    enum { LEN = 200000 };
+    enum { LEN = 60000 };
     uint8_t *p = malloc(LEN);
     uint32_t r = 5;
     for (size_t i = 0; i < LEN; i++) {
@@ -2057,7 +2061,7 @@ START_TEST(test_hits_device_counted)
                 const struct catalog *bc[] = {cats[k], cats[0]};
                 struct gpu_buffer bufs[] = {
                     {.data = p, .len = LEN, .mode = m, .catalog = 0},
-                    {.data = p + 9, .len = 70000, .mode = SCAN_ALL, .catalog = 0},
+                    {.data = p + 9, .len = 20000, .mode = SCAN_ALL, .catalog = 0},
                     {.data = p + 31, .len = LEN - 31, .mode = m, .catalog = 1},
                     {.data = p, .len = 0, .mode = m, .catalog = 0},
                     {.data = p + 3, .len = 4000, .mode = m, .catalog = 0},
