@@ -7,28 +7,28 @@
 # Carry .gl, OLD, NEW, build-data, build-wordy, build-probe-wordy-300 and
 # build-probe-leads.
 #   bench/h200_session36b.sh OLD NEW [steps...]
-# Steps (default all, in this order): cli shapes profile.
+# Steps (default all, in this order): shapes cli profile.
 set -u
 OLD=${1:?usage: h200_session36b.sh OLD NEW [steps...]}
 NEW=${2:?usage: h200_session36b.sh OLD NEW [steps...]}
 shift 2
-WHAT=${*:-cli shapes profile}
+WHAT=${*:-shapes cli profile}
 has() { case " $WHAT " in *" $1 "*) return 0 ;; esac; return 1; }
 D=$(dirname "$0")
 . "$D/h200_env.sh"
 S=$OUT/summary.txt
 step() { echo "== $1 ($(date +%T))" | tee -a "$S"; }
 nvidia-smi -L | tee -a "$S"
-has cli && for b in "$OLD" "$NEW"; do
-    step "$b: build-data, 1 GiB"
-    OUT=$OUT/cli-$(basename "$b") VKSCAN_ARGS=--no-cache timeout 150 \
-        bash "$D/cli_bench.sh" "$b" build-data 1024 3 2>&1 | tee -a "$S"
-done
 if has shapes; then
     step "$NEW: build-wordy, auto engine, 256 MiB"
     OUT=$OUT/shapes VKSCAN_ARGS=--no-cache timeout 200 bash "$D/cli_bench.sh" "$NEW" build-wordy \
         256 3 2>&1 | tee -a "$S"
 fi
+has cli && for b in "$OLD" "$NEW"; do
+    step "$b: build-data, 1 GiB"
+    OUT=$OUT/cli-$(basename "$b") VKSCAN_ARGS=--no-cache timeout 150 \
+        bash "$D/cli_bench.sh" "$b" build-data 1024 3 2>&1 | tee -a "$S"
+done
 has profile && for s in wordy-300 leads; do
     for p in 0; do
         step "$NEW: scan_bench $s, 256 MiB, profile $p"
