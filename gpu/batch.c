@@ -1247,8 +1247,11 @@ static int uncount_spec(struct batch_ctx *bc, struct vks_error *err)
 static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, struct vks_error *err)
 {
     rc = read_queue(bc, rc, err);
-    if (rc == 0 && bc->n_count > 0 && gpu_spec_counted_wrong(bc, bc->eng->qs_host.map))
+    int lost = rc == 0 && bc->n_count > 0 ? gpu_spec_counted_wrong(bc, bc->eng->qs_host.map) : -1;
+    if (lost >= 0) {
+        gpu_spec_lost(bc->eng, bc->batch->catalogs[lost]);
         rc = uncount_spec(bc, err);
+    }
     if (rc < 0)
         return rc;
     struct gpu_telemetry *tel = bc->tel;

@@ -368,6 +368,14 @@ struct gpu_engine {
 
     struct gpu_frame frames[GPU_MAX_INFLIGHT];
     uint32_t n_frames;
+    /* Catalogs whose speculative ranges lost the counting bet lately
+     * (gpu_spec_counted_wrong): their next SPEC_LOST_SKIP (plan.c) batches
+     * keep those ranges on the ring instead of paying a re-run each time. */
+    struct spec_lost {
+        uint8_t fp[CATALOG_FP_LEN];
+        uint32_t skip; /* batches left; 0: a free entry */
+    } spec_lost[8];
+    uint32_t spec_lost_next; /* the entry a new loss takes when none is free */
     /* The most raw hits per haystack byte a batch with more hits than the
      * initial ring has had (16.16 fixed point): a frame sizes its ring from
      * it before a batch runs, so that each frame does not re-run its first
@@ -430,11 +438,15 @@ int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struc
 int gpu_host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t *raw, uint64_t n,
                     struct vks_error *err);
 
-/* Whether a speculative range that counted on the device (gpu/plan.c
- * plan_counts) guessed some segment's state wrong: its counts then hold
- * matches the host cannot take out, and the pass runs again with those
- * ranges writing to the ring (batch.c read_passes). */
-bool gpu_spec_counted_wrong(const struct batch_ctx *bc, const uint32_t *qs);
+/* The batch catalog of a speculative range that counted on the device
+ * (gpu/plan.c plan_counts) and guessed some segment's state wrong, else -1:
+ * its counts then hold matches the host cannot take out, and the pass runs
+ * again with those ranges writing to the ring (batch.c read_passes). */
+int gpu_spec_counted_wrong(const struct batch_ctx *bc, const uint32_t *qs);
+
+/* plan.c: catalog `cat`'s speculative ranges lost the counting bet; its
+ * next batches keep them on the ring (gpu_engine.spec_lost). */
+void gpu_spec_lost(struct gpu_engine *eng, const struct catalog *cat);
 
 /* Grows `*p` (elements of `elem` bytes, capacity `*cap`) to hold `need`,
  * doubling; returns 0 or -ENOMEM, leaving `*p` intact on failure. */

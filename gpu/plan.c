@@ -1568,6 +1568,37 @@ static bool hits_unique(const struct batch_ctx *bc)
  * a many-client batch of small scans in mode count is not. */
 #define COUNT_BYTES_PER_WORD 16u
 
+/* Batches a catalog's speculative ranges stay on the ring after they lost
+ * the counting bet (gpu_engine.spec_lost). */
+#define SPEC_LOST_SKIP 16u
+
+void gpu_spec_lost(struct gpu_engine *eng, const struct catalog *cat)
+{
+    struct spec_lost *e = NULL;
+    for (uint32_t k = 0; k < 8 && e == NULL; k++)
+        if (eng->spec_lost[k].skip == 0 ||
+            memcmp(eng->spec_lost[k].fp, catalog_fingerprint(cat), CATALOG_FP_LEN) == 0)
+            e = &eng->spec_lost[k];
+    if (e == NULL)
+        e = &eng->spec_lost[eng->spec_lost_next++ % 8];
+    memcpy(e->fp, catalog_fingerprint(cat), CATALOG_FP_LEN);
+    e->skip = SPEC_LOST_SKIP;
+}
+
+/* Whether catalog `cat` lost the bet lately: then this batch counts down
+ * one of its skips and keeps its speculative ranges on the ring. */
+static bool spec_skip(struct gpu_engine *eng, const struct catalog *cat)
+{
+    for (uint32_t k = 0; k < 8; k++) {
+        struct spec_lost *e = &eng->spec_lost[k];
+        if (e->skip > 0 && memcmp(e->fp, catalog_fingerprint(cat), CATALOG_FP_LEN) == 0) {
+            e->skip--;
+            return true;
+        }
+    }
+    return false;
+}
+
 /*
  * Counting on the device (docs/gpu.md): gives each buffer in mode count or
  * first a table of (count, ~first end) per rule of its catalog in qs, after
@@ -1578,7 +1609,8 @@ static bool hits_unique(const struct batch_ctx *bc)
  * confirmations (items may overlap; the host finishes capped ones) keep
  * the ring; the finish adds both (hits.c merge_counts). A speculative
  * range counts on the bet that no segment guessed its state wrong, which
- * read_passes checks (batch.c).
+ * read_passes checks (batch.c); a catalog that lost it keeps them on the
+ * ring for its next SPEC_LOST_SKIP batches.
  */
 static int plan_counts(struct batch_ctx *bc)
 {
@@ -1620,10 +1652,13 @@ static int plan_counts(struct batch_ctx *bc)
         cats[gb->catalog] = true;
     }
     bc->n_count = (uint32_t)words;
+    bool spec[GPU_MAX_BATCH_CATALOGS] = {false}; /* its speculative ranges count */
+    for (uint32_t c = 0; c < b->n_catalogs; c++)
+        spec[c] = cats[c] && !spec_skip(bc->eng, b->catalogs[c]);
     struct scan_range *r = bc->eng->scratch.ranges;
     for (size_t k = 0; k < bc->n_ranges; k++)
-        r[k].counted =
-            cats[r[k].cat] && (!r[k].lit || once[r[k].cat] == 2) && !r[k].confirm && !r[k].factor;
+        r[k].counted = cats[r[k].cat] && (!r[k].lit || once[r[k].cat] == 2) && !r[k].confirm &&
+                       !r[k].factor && (r[k].spec_base == NO_CARRY || spec[r[k].cat]);
     return 0;
 }
 

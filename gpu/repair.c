@@ -333,7 +333,7 @@ static int confirm_finish(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     return rc < 0 ? vks_error_set(err, -ENOMEM, "out of memory finishing confirmation walks") : 0;
 }
 
-bool gpu_spec_counted_wrong(const struct batch_ctx *bc, const uint32_t *qs)
+int gpu_spec_counted_wrong(const struct batch_ctx *bc, const uint32_t *qs)
 {
     const struct batch_scratch *s = &bc->eng->scratch;
     const uint32_t *spec = qs + QS_HEADS + bc->n_ranges;
@@ -354,10 +354,10 @@ bool gpu_spec_counted_wrong(const struct batch_ctx *bc, const uint32_t *qs)
             const uint32_t *it = &s->meta[((size_t)sr->items + j) * 4];
             const uint32_t *st = spec + sr->spec_base + 2 * (size_t)j * nw;
             if (it[1] != 0 && memcmp(st, st - nw, nw * sizeof(uint32_t)) != 0)
-                return true;
+                return (int)sr->cat;
         }
     }
-    return false;
+    return -1;
 }
 
 /* Host work on a collected pass before its hits are grouped: repaired
