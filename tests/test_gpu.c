@@ -2049,13 +2049,15 @@ START_TEST(test_hits_device_counted)
     }
     memcpy(p + LEN - 2, "cb", 2);
     /* runs: counting on the device, with the gated rule confirmed forward
-     * (items may overlap: the ring's) and walked in windows (counted);
-     * then no counting on the device */
+     * (items may overlap: the ring's) and walked in windows (counted)
+     * around factor ends the device found (the factor pass); then no
+     * counting on the device */
     for (int run = 0; run < 3; run++) {
         struct gpu_engine *eng = engine(&(struct gpu_options){.upload_threads = 2,
                                                               .lit_kernel = 1,
                                                               .count_device = run < 2 ? 1 : -1,
-                                                              .gate_windows = run == 1});
+                                                              .gate_windows = run == 1,
+                                                              .factor_pass = run == 1 ? 1 : 0});
         for (uint32_t k = 0; k < 5; k++) {
             for (int mode = SCAN_FIRST; mode <= SCAN_COUNT; mode++) {
                 enum scan_mode m = (enum scan_mode)mode;
@@ -2084,6 +2086,8 @@ START_TEST(test_hits_device_counted)
                 ck_assert_msg(counted == (res.tel.hits_device_counted > 0),
                               "set %u alone, mode %d run %d: %" PRIu64 " counted on the device", k,
                               mode, run, res.tel.hits_device_counted);
+                if (k == 0 && run == 1) /* the gated rule's factors, found on the device */
+                    ck_assert_uint_gt(res.tel.factor_ends, 0);
                 if (k == 3 && counted) /* the literal kernel's hits: all counted */
                     ck_assert_uint_eq(res.tel.hits_raw, 0);
                 if (k == 0 && counted && m == SCAN_COUNT) {
