@@ -136,12 +136,12 @@ struct gpu_options {
      * rule) on those threads, without the sort (gpu/hits.c); 0 so, -1:
      * always the sort. */
     int32_t count_direct;
-    /* Buffers in modes count and first whose hits come from DFA ranges
-     * that cannot repeat a (rule, end) (bounded, chained, fused; not
-     * speculative) are counted per (buffer, rule) on the device, those
+    /* Buffers in modes count and first are counted per (buffer, rule) on
+     * the device by the ranges that cannot repeat a (rule, end), those
      * hits never written to the ring (docs/gpu.md "Counting on the
      * device"): 0 when the batch's such buffers hold GPU_COUNT_DEVICE_MIN
-     * bytes or more, 1 always, -1 never. */
+     * bytes or more (and only buffers of 16 bytes a table word), 1
+     * always, -1 never. */
     int32_t count_device;
     uint32_t upload_chunk; /* staging bytes per copy submit; 0: max(16 MiB, size / 64) */
     /* The largest haystack the caller forms batches of (vkscand:

@@ -564,6 +564,26 @@ static void count_merge(void *ctx, uint32_t t)
     }
 }
 
+/* Buffer i's rules with a count (cnt[r] and first[r], r < nr) as hits at
+ * dst, in (end, rule) order: count 1 in mode first and for single-match
+ * rules (single[r]; NULL: none). keys: scratch for 2 nr. Returns how many. */
+static uint32_t put_counts(struct gpu_hit *dst, uint32_t i, const struct gpu_buffer *gb,
+                           const uint32_t *cnt, const uint32_t *first, uint32_t nr,
+                           const uint8_t *single, unsigned rule_bits, uint64_t *keys)
+{
+    uint32_t m = 0;
+    for (uint32_t r = 0; r < nr; r++)
+        if (cnt[r] != 0)
+            keys[m++] = (uint64_t)first[r] << rule_bits | r;
+    scan_sort_u64(keys, keys + m, m);
+    for (uint32_t x = 0; x < m; x++) {
+        uint32_t r = (uint32_t)(keys[x] & (((uint64_t)1 << rule_bits) - 1));
+        bool once = gb->mode == SCAN_FIRST || (single != NULL && single[r]);
+        dst[x] = (struct gpu_hit){i, r, once ? 1 : cnt[r], keys[x] >> rule_bits};
+    }
+    return m;
+}
+
 /*
  * The finish of a batch whose buffers all report per rule (count, first)
  * and whose hits cannot repeat (bc->hits_unique): a rule's hits in a
@@ -617,21 +637,13 @@ static int finish_counts(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     const uint32_t *cnt = count_tab(&j, 0), *first = cnt + entries;
     for (uint32_t i = 0; i < b->n_buffers; i++) {
         const struct gpu_buffer *gb = &b->buffers[i];
-        const uint8_t *single = hj.single[gb->catalog];
+        uint32_t nr = n_rules[gb->catalog];
         uint64_t e0 = s->cbase[i];
-        uint32_t m = 0;
-        for (uint32_t r = 0; r < n_rules[gb->catalog]; r++)
-            if (cnt[e0 + r] != 0)
-                s->keys[m++] = (uint64_t)first[e0 + r] << rule_bits | r;
-        scan_sort_u64(s->keys, s->keys + m, m);
-        if (gpu_grow_array((void **)&res->hits, &res->cap, res->n_hits + m, sizeof(*res->hits)) < 0)
-            return vks_error_set(err, -ENOMEM, "out of memory returning %u hits", m);
-        for (uint32_t x = 0; x < m; x++) {
-            uint32_t r = (uint32_t)(s->keys[x] & (((uint64_t)1 << rule_bits) - 1));
-            bool once = gb->mode == SCAN_FIRST || (single != NULL && single[r]);
-            res->hits[res->n_hits++] =
-                (struct gpu_hit){i, r, once ? 1 : cnt[e0 + r], s->keys[x] >> rule_bits};
-        }
+        if (gpu_grow_array((void **)&res->hits, &res->cap, res->n_hits + nr, sizeof(*res->hits)) <
+            0)
+            return vks_error_set(err, -ENOMEM, "out of memory returning %u hits", nr);
+        res->n_hits += put_counts(res->hits + res->n_hits, i, gb, cnt + e0, first + e0, nr,
+                                  hj.single[gb->catalog], rule_bits, s->keys);
     }
     bc->tel->hits_counted = n;
     return 0;
@@ -689,17 +701,7 @@ static int merge_counts(struct batch_ctx *bc, struct gpu_result *res, struct vks
                 first[h->rule] = (uint32_t)h->end;
             cnt[h->rule] += h->count;
         }
-        uint32_t m = 0;
-        for (uint32_t r = 0; r < nr; r++)
-            if (cnt[r] != 0)
-                s->keys[m++] = (uint64_t)first[r] << rule_bits | r;
-        scan_sort_u64(s->keys, s->keys + m, m);
-        const uint8_t *single = hj.single[gb->catalog];
-        for (uint32_t x = 0; x < m; x++) {
-            uint32_t r = (uint32_t)(s->keys[x] & (((uint64_t)1 << rule_bits) - 1));
-            bool once = gb->mode == SCAN_FIRST || (single != NULL && single[r]);
-            out[n++] = (struct gpu_hit){i, r, once ? 1 : cnt[r], s->keys[x] >> rule_bits};
-        }
+        n += put_counts(out + n, i, gb, cnt, first, nr, hj.single[gb->catalog], rule_bits, s->keys);
     }
     free(res->hits);
     res->hits = out;

@@ -1,6 +1,6 @@
 /*
- * Counting on the device (docs/gpu.md), shared by scan.comp and
- * scan_nfa.comp: where the range counts (pc.count) and the item's buffer
+ * Counting on the device (docs/gpu.md), shared by scan.comp, scan_nfa.comp
+ * and scan_lit.comp: where the range counts (pc.count) and the item's buffer
  * has a count table (the buffer table's third word, the qs word of its
  * first pair; NONE: the ring), each match of a rule adds one to
  * qs[base + 2 rule] and keeps the least end as its complement in
