@@ -733,17 +733,35 @@ int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struc
 
 #define GATES_PAR_MIN  65536u
 #define GATES_BINS_MAX (1u << 20) /* (slice, bin) counters of the pool's way */
+#define GATES_RANGES   6u         /* at most 2^6 end ranges per (buffer, group) */
 
+/*
+ * The pool's way: a bin is (buffer, group, range of ends), the ranges
+ * 2^rbits equal parts of the buffer, so that one group whose factor is
+ * common in the data (most of the ends) is still sorted by many tasks.
+ * Bins in order are a buffer's ends by group, then by end.
+ */
 struct gate_job {
     const uint32_t *raw;
     uint64_t n;
-    uint32_t slices, n_groups, n_buffers, n_bins; /* a bin: (buffer, group) */
-    uint32_t *cnt;                                /* (slice, bin) */
-    uint64_t *start;                              /* per bin; [n_bins]: all */
-    uint32_t *kept;
+    uint32_t slices, n_groups, n_buffers, n_bins;
+    uint32_t rbits;         /* log2 of the ranges per (buffer, group) */
+    const uint32_t *shift;  /* per buffer: an end's range is end >> shift */
+    uint32_t *cnt;          /* (slice, bin) */
+    uint64_t *start;        /* per bin; [n_bins]: all */
+    uint32_t *kept;         /* per bin, after the sort */
+    uint64_t *out;          /* per bin: where its ends go in its buffer's list */
     uint64_t *keys, *tmp;
     const uint32_t *task_bin;
+    struct refscan_gate *gates;
 };
+
+static uint32_t gate_bin(const struct gate_job *j, const uint32_t *h)
+{
+    uint64_t r = (uint64_t)h[3] >> j->shift[h[0]];
+    uint64_t last = ((uint64_t)1 << j->rbits) - 1;
+    return ((h[0] * j->n_groups + h[1]) << j->rbits) + (uint32_t)(r < last ? r : last);
+}
 
 static void gate_slice(struct gate_job *j, uint32_t t, bool scatter)
 {
@@ -753,7 +771,7 @@ static void gate_slice(struct gate_job *j, uint32_t t, bool scatter)
         const uint32_t *h = &j->raw[i * 4];
         if (h[0] >= j->n_buffers || h[1] >= j->n_groups)
             continue;
-        uint32_t bin = h[0] * j->n_groups + h[1];
+        uint32_t bin = gate_bin(j, h);
         if (scatter)
             j->keys[cnt[bin]++] = h[3];
         else
@@ -780,28 +798,40 @@ static void gate_sort_task(void *ctx, uint32_t t)
     }
 }
 
-/* Every buffer's ends of the sorted bins into its gate list. */
-static int gates_from_bins(struct batch_ctx *bc, const struct gate_job *j)
+static void gate_write_task(void *ctx, uint32_t t)
 {
+    struct gate_job *j = ctx;
+    uint32_t per_buf = j->n_groups << j->rbits;
+    for (uint32_t b = j->task_bin[t]; b < j->task_bin[t + 1]; b++) {
+        struct refscan_cand *v = j->gates[b / per_buf].v + j->out[b];
+        uint32_t g = (b % per_buf) >> j->rbits;
+        const uint64_t *k = j->keys + j->start[b];
+        for (uint32_t x = 0; x < j->kept[b]; x++)
+            v[x] = (struct refscan_cand){.nfa = g, .end = k[x]};
+    }
+}
+
+/* Each buffer's gate list made from its sorted bins: where each bin's ends
+ * go, then the copies on the threads. */
+static int gates_from_bins(struct batch_ctx *bc, struct gate_job *j, uint32_t n_tasks)
+{
+    uint32_t per_buf = j->n_groups << j->rbits;
     for (uint32_t i = 0; i < j->n_buffers; i++) {
-        size_t m = 0;
-        for (uint32_t g = 0; g < j->n_groups; g++)
-            m += j->kept[i * j->n_groups + g];
+        uint64_t m = 0;
+        for (uint32_t b = i * per_buf; b < (i + 1) * per_buf; b++) {
+            j->out[b] = m;
+            m += j->kept[b];
+        }
         if (m == 0)
             continue;
-        struct refscan_gate *gate = &bc->gates[i];
+        struct refscan_gate *gate = &j->gates[i];
         gate->v = malloc(m * sizeof(*gate->v));
         if (gate->v == NULL)
             return -ENOMEM;
-        gate->cap = m;
-        for (uint32_t g = 0; g < j->n_groups; g++) {
-            uint32_t b = i * j->n_groups + g;
-            const uint64_t *k = j->keys + j->start[b];
-            for (uint32_t x = 0; x < j->kept[b]; x++)
-                gate->v[gate->n++] = (struct refscan_cand){.nfa = g, .end = k[x]};
-        }
-        bc->tel->factor_ends += gate->n;
+        gate->cap = gate->n = m;
+        bc->tel->factor_ends += m;
     }
+    upload_pool_run(bc->eng->pool, gate_write_task, j, n_tasks);
     return 0;
 }
 
@@ -866,27 +896,41 @@ int gpu_gather_gates(struct batch_ctx *bc, const uint32_t *raw, uint64_t n)
     bc->gates = calloc(b->n_buffers ? b->n_buffers : 1, sizeof(*bc->gates));
     if (bc->gates == NULL)
         return -ENOMEM;
-    uint64_t bins = (uint64_t)j.n_buffers * j.n_groups;
-    if (bins == 0 || n == 0)
+    uint64_t pairs = (uint64_t)j.n_buffers * j.n_groups;
+    if (pairs == 0 || n == 0)
         return 0;
     uint32_t least =
         bc->eng->opt.hits_parallel_min ? bc->eng->opt.hits_parallel_min : GATES_PAR_MIN;
-    if (n < least || bins * upload_pool_threads(pool) > GATES_BINS_MAX || n >= UINT32_MAX)
-        return gather_serial(bc, raw, n);
     j.slices = upload_pool_threads(pool);
+    if (n < least || pairs * j.slices > GATES_BINS_MAX || n >= UINT32_MAX)
+        return gather_serial(bc, raw, n);
+    /* as many ranges as the counters allow, and no more than n / 64 bins */
+    while (j.rbits < GATES_RANGES && (pairs << (j.rbits + 1)) * j.slices <= GATES_BINS_MAX &&
+           (pairs << (j.rbits + 1)) <= n / 64)
+        j.rbits++;
+    uint64_t bins = pairs << j.rbits;
     j.n_bins = (uint32_t)bins;
     size_t n_tasks_most = (size_t)j.slices * TASKS_PER_THR;
     if (gpu_grow_array((void **)&s->bin_cnt, &s->bin_cnt_cap, (size_t)j.slices * bins, 4) < 0 ||
         gpu_grow_array((void **)&s->bin_start, &s->bin_start_cap, bins + 1, 8) < 0 ||
         gpu_grow_array((void **)&s->bin_kept, &s->bin_kept_cap, bins, 4) < 0 ||
+        gpu_grow_array((void **)&s->bin_out, &s->bin_out_cap, bins, 8) < 0 ||
+        gpu_grow_array((void **)&s->counts, &s->counts_cap, j.n_buffers, 4) < 0 ||
         gpu_grow_array((void **)&s->task_bin, &s->task_bin_cap, n_tasks_most + 1, 4) < 0 ||
         gpu_grow_array((void **)&s->keys, &s->keys_cap, 2 * n + 1, 8) < 0)
         return -ENOMEM;
+    for (uint32_t i = 0; i < j.n_buffers; i++) { /* (len >> shift) < 2^rbits: ends <= len */
+        unsigned w = bits_for(b->buffers[i].len);
+        s->counts[i] = w > j.rbits ? w - j.rbits : 0;
+    }
+    j.shift = s->counts;
     j.cnt = s->bin_cnt;
     j.start = s->bin_start;
     j.kept = s->bin_kept;
+    j.out = s->bin_out;
     j.keys = s->keys;
     j.tmp = s->keys + n;
+    j.gates = bc->gates;
     memset(j.cnt, 0, (size_t)j.slices * bins * 4);
     upload_pool_run(pool, gate_count_task, &j, j.slices);
     bins_prefix(j.cnt, j.start, j.n_bins, j.slices);
@@ -894,5 +938,5 @@ int gpu_gather_gates(struct batch_ctx *bc, const uint32_t *raw, uint64_t n)
     j.task_bin = s->task_bin;
     upload_pool_run(pool, gate_scatter_task, &j, j.slices);
     upload_pool_run(pool, gate_sort_task, &j, n_tasks);
-    return gates_from_bins(bc, &j);
+    return gates_from_bins(bc, &j, n_tasks);
 }

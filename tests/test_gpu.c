@@ -1550,6 +1550,53 @@ START_TEST(test_factor_ends_groups)
 }
 END_TEST
 
+/* Factor ends that are common in the data (a factor in every sentence),
+ * gathered on the upload threads in bins of (buffer, group, range of
+ * ends): instances planted at every range's edge, on one thread and on the
+ * threads, give refscan's hits, so no end was lost or misplaced between
+ * ranges. */
+START_TEST(test_factor_ends_ranges)
+{
+    static const struct trule rules[] = {
+        {"a", RULE_REGEX, "wyqzk[0-9]{2,8}x", 0},
+        {"b", RULE_REGEX, "omega[a-f]{3,9}y", 0},
+    };
+    struct rules_options ro = {.gated_group_bits = 1};
+    struct catalog *cat = compile_rules_opt(rules, 2, &ro);
+    ck_assert_uint_ge(catalog_nfa_count(cat), 1);
+    struct gpu_engine *eng = engine(&(struct gpu_options){
+        .factor_pass = 1, .hits_parallel_min = _i == 1 ? 1 : 0, .upload_threads = 3});
+    enum { LEN = 200000 };
+    static const char prose[] = "wyqzk cat and wyqzk dog ran ";
+    uint8_t *d = malloc(LEN);
+    for (size_t i = 0; i < LEN; i++)
+        d[i] = (uint8_t)prose[i % (sizeof(prose) - 1)];
+    /* a 200000-byte buffer has 64 ranges of 4096 ends: "wyqzk" ending 8
+     * bytes before, at and 8 bytes after an edge, then its digits and x */
+    uint32_t planted = 0;
+    for (size_t edge = 4096; edge + 16 < LEN; edge += 4096 * 3) {
+        for (int o = -1; o <= 1; o++, planted++)
+            memcpy(d + (size_t)((long)edge + o * 8 - 5), "wyqzk77x", 8);
+        memcpy(d + edge + 40, "omegaabcy", 9);
+    }
+    struct gpu_buffer bufs[] = {{.data = d, .len = LEN, .mode = SCAN_ALL},
+                                {.data = d + 777, .len = 70000, .mode = SCAN_COUNT}};
+    const struct catalog *cats[] = {cat};
+    struct gpu_batch b = {cats, 1, bufs, 2};
+    struct gpu_result res = {0};
+    check_batch(eng, &b, &res);
+    ck_assert_uint_ge(res.tel.factor_ends, 2 * LEN / (sizeof(prose) - 1));
+    uint32_t in0 = 0;
+    for (size_t k = 0; k < res.n_hits; k++)
+        in0 += res.hits[k].buffer == 0 && res.hits[k].rule == 0;
+    ck_assert_uint_eq(in0, planted);
+    gpu_result_finish(&res);
+    free(d);
+    gpu_engine_destroy(eng);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* A set of many rules with rare factors (secret-scanner prefixes): each is
  * gated without trying its DFA and the groups stay small, so the catalog
  * has hundreds of gated groups and a batch a dispatch for each group with
@@ -3136,6 +3183,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_spec_segments);
     tcase_add_loop_test(tc, test_factor_pass, 0, 4);
     tcase_add_loop_test(tc, test_factor_ends_groups, 0, 2);
+    tcase_add_loop_test(tc, test_factor_ends_ranges, 0, 2);
     tcase_add_loop_test(tc, test_many_gated_groups, 0, 2);
     tcase_add_test(tc, test_hit_dense);
     tcase_add_loop_test(tc, test_hits_pool, 0, 2);
