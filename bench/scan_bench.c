@@ -972,12 +972,13 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
                t->segment_bytes, t->workgroup_size, t->workgroups, t->occupancy, t->kernel_launches,
                r[i].compile_s);
     }
-    printf("\n%-22s %8s %8s %8s %8s %10s %12s\n", "factor pass ms", "plan", "upload", "wait",
-           "sort", "ends", "dev counted");
+    printf("\n%-22s %8s %8s %8s %8s %8s %10s %12s\n", "factor pass ms", "plan", "upload", "wait",
+           "read", "sort", "ends", "dev counted");
     for (size_t i = 0; i < n; i++) {
         const struct gpu_telemetry *t = &r[i].tel;
-        printf("%-22s %8.2f %8.2f %8.2f %8.2f %10llu %12llu\n", r[i].name, t->factor_plan_ns / 1e6,
-               t->factor_upload_ns / 1e6, t->factor_wait_ns / 1e6, t->factor_sort_ns / 1e6,
+        printf("%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %10llu %12llu\n", r[i].name,
+               t->factor_plan_ns / 1e6, t->factor_upload_ns / 1e6, t->factor_wait_ns / 1e6,
+               t->factor_read_ns / 1e6, t->factor_sort_ns / 1e6,
                (unsigned long long)t->factor_ends, (unsigned long long)t->hits_device_counted);
     }
     if (!profile)

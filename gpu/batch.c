@@ -1420,6 +1420,8 @@ static int factor_pass(struct batch_ctx *bc, struct vks_error *err)
     uint64_t n = tel->hits_raw;
     if (rc == 0)
         rc = copy_hits(bc, n, &raw, err);
+    uint64_t t4 = gpu_now_ns();
+    tel->factor_read_ns = t4 - t3;
     if (rc == 0 && gpu_gather_gates(bc, raw, n) < 0)
         rc = vks_error_set(err, -ENOMEM, "out of memory sorting %llu factor ends",
                            (unsigned long long)n);
@@ -1430,7 +1432,7 @@ static int factor_pass(struct batch_ctx *bc, struct vks_error *err)
     tel->items_processed = tel->items_remaining = 0;
     tel->occupancy = 0;
     tel->factor_ns = gpu_now_ns() - t0;
-    tel->factor_sort_ns = gpu_now_ns() - t3;
+    tel->factor_sort_ns = gpu_now_ns() - t4;
     return rc;
 }
 
@@ -1807,6 +1809,7 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(factor_plan_ns);
     ADD(factor_upload_ns);
     ADD(factor_wait_ns);
+    ADD(factor_read_ns);
     ADD(factor_sort_ns);
     ADD(total_ns);
     ADD(wall_ns);

@@ -303,9 +303,11 @@ struct gpu_telemetry {
     uint64_t factor_ns;
     uint64_t factor_ends;
     /* its parts: the plan, limits and residency to the upload's start; the
-     * haystack's upload and the submit; the wait for the pass; the ends'
-     * readback and sort (a re-run after a full ring counts in the wait) */
-    uint64_t factor_plan_ns, factor_upload_ns, factor_wait_ns, factor_sort_ns;
+     * haystack's upload and the submit; the wait for the pass (a re-run
+     * after a full ring counts in it); the ends' readback (copied to host
+     * memory where the pass's own copy did not hold them all); their sort
+     * into the gate lists */
+    uint64_t factor_plan_ns, factor_upload_ns, factor_wait_ns, factor_read_ns, factor_sort_ns;
     uint64_t total_ns; /* host time in the submit and collect calls */
     uint64_t wall_ns;  /* from the submit call's start to the collect call's end */
     /* How long the device had none of this engine's work before this
