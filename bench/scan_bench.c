@@ -978,8 +978,8 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
         const struct gpu_telemetry *t = &r[i].tel;
         printf("%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %10llu %12llu\n", r[i].name,
                t->factor_plan_ns / 1e6, t->factor_upload_ns / 1e6, t->factor_wait_ns / 1e6,
-               t->factor_read_ns / 1e6, t->factor_sort_ns / 1e6,
-               (unsigned long long)t->factor_ends, (unsigned long long)t->hits_device_counted);
+               t->factor_read_ns / 1e6, t->factor_sort_ns / 1e6, (unsigned long long)t->factor_ends,
+               (unsigned long long)t->hits_device_counted);
     }
     if (!profile)
         return;

@@ -1222,12 +1222,11 @@ static int read_queue(struct batch_ctx *bc, int rc, struct vks_error *err)
     return rc;
 }
 
-/* A speculative range counted on the device and guessed a segment's state
- * wrong (gpu_spec_counted_wrong): the host would drop the guessed walk's
- * matches and add its own, but cannot take them out of the counts. The
- * pass runs again with the speculative ranges on the ring, as a full ring
- * re-runs it (the counts are filled again with the heads); the host then
- * repairs it as usual. */
+/* A speculative range counted on the device, and the host's repair of a
+ * wrong guess found a match of the guessed walk it cannot take out of the
+ * counts (gpu_unhits_unsure). The pass runs again with the speculative
+ * ranges on the ring, as a full ring re-runs it (the counts are filled
+ * again with the heads); the host then repairs it as usual. */
 static int uncount_spec(struct batch_ctx *bc, struct vks_error *err)
 {
     struct scan_range *r = bc->eng->scratch.ranges;
@@ -1243,26 +1242,31 @@ static int uncount_spec(struct batch_ctx *bc, struct vks_error *err)
     return read_queue(bc, rc, err);
 }
 
-/* Reads the pass that was waited for (status `rc`) and its hits. */
+/* Reads the pass that was waited for (status `rc`) and its hits. A wrong
+ * guess of a speculative range that counted on the device is repaired
+ * like any other: the host adds its walk's matches and takes the guessed
+ * walk's out of the counts (merge_counts). */
 static int read_passes(struct batch_ctx *bc, int rc, struct gpu_result *res, struct vks_error *err)
 {
     rc = read_queue(bc, rc, err);
-    int lost = rc == 0 && bc->n_count > 0 ? gpu_spec_counted_wrong(bc, bc->eng->qs_host.map) : -1;
-    if (lost >= 0) {
-        gpu_spec_lost(bc->eng, bc->batch->catalogs[lost]);
+    struct gpu_telemetry *tel = bc->tel;
+    const uint32_t *raw = NULL;
+    if (rc == 0)
+        rc = copy_hits(bc, tel->hits_raw, &raw, err);
+    if (rc == 0)
+        rc = gpu_host_finish(bc, bc->eng->qs_host.map, raw, tel->hits_raw, err);
+    int unsure = rc == 0 && bc->n_unhits > 0 ? gpu_unhits_unsure(bc, bc->eng->qs_host.map) : -1;
+    if (unsure >= 0) {
+        gpu_spec_lost(bc->eng, bc->batch->catalogs[unsure]);
         rc = uncount_spec(bc, err);
+        if (rc == 0)
+            rc = copy_hits(bc, tel->hits_raw, &raw, err);
+        if (rc == 0)
+            rc = gpu_host_finish(bc, bc->eng->qs_host.map, raw, tel->hits_raw, err);
     }
     if (rc < 0)
         return rc;
-    struct gpu_telemetry *tel = bc->tel;
-    uint64_t n = tel->hits_raw;
-    const uint32_t *raw = NULL;
-    rc = copy_hits(bc, n, &raw, err);
-    if (rc == 0)
-        rc = gpu_host_finish(bc, bc->eng->qs_host.map, raw, n, err);
-    if (rc < 0)
-        return rc;
-    return gpu_finish_hits(bc, raw, n, res, err);
+    return gpu_finish_hits(bc, raw, tel->hits_raw, res, err);
 }
 
 /* Writes the items and new catalogs and starts the haystack's upload
@@ -1836,6 +1840,7 @@ void gpu_batch_scratch_finish(struct batch_scratch *s)
     free(s->pairs);
     free(s->fixes);
     free(s->fix_hits);
+    free(s->unhits);
     free(s->ctab);
     free(s->cbase);
     free(s->bin_base);

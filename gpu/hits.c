@@ -677,12 +677,14 @@ static int merge_counts(struct batch_ctx *bc, struct gpu_result *res, struct vks
     }
     unsigned rule_bits = bits_for(most ? most - 1 : 0);
     uint64_t device = 0;
-    size_t n = 0, at = 0;
+    size_t n = 0, at = 0, un = 0;
     for (uint32_t i = 0; i < b->n_buffers; i++) {
         size_t a = at;
         while (at < res->n_hits && res->hits[at].buffer == i)
             at++;
         uint32_t tab = s->meta[(size_t)i * 4 + 2];
+        while (un < bc->n_unhits && s->unhits[un].buffer < i)
+            un++;
         if (tab == NO_CARRY) {
             memcpy(out + n, res->hits + a, (at - a) * sizeof(*out));
             n += at - a;
@@ -694,6 +696,14 @@ static int merge_counts(struct batch_ctx *bc, struct gpu_result *res, struct vks
             cnt[r] = qs[tab + 2 * r];
             first[r] = ~qs[tab + 2 * r + 1];
             device += cnt[r];
+        }
+        /* the guessed walks of repaired segments: counted by the device,
+         * replaced by the host's walks (in the ring's hits); their least
+         * ends are the true walks' too (gpu_unhits_unsure) */
+        for (; un < bc->n_unhits && s->unhits[un].buffer == i; un++) {
+            uint32_t r = s->unhits[un].rule;
+            cnt[r] -= cnt[r] > 0;
+            device -= device > 0;
         }
         for (size_t x = a; x < at; x++) {
             const struct gpu_hit *h = &res->hits[x];
@@ -745,12 +755,12 @@ struct gate_job {
     const uint32_t *raw;
     uint64_t n;
     uint32_t slices, n_groups, n_buffers, n_bins;
-    uint32_t rbits;         /* log2 of the ranges per (buffer, group) */
-    const uint32_t *shift;  /* per buffer: an end's range is end >> shift */
-    uint32_t *cnt;          /* (slice, bin) */
-    uint64_t *start;        /* per bin; [n_bins]: all */
-    uint32_t *kept;         /* per bin, after the sort */
-    uint64_t *out;          /* per bin: where its ends go in its buffer's list */
+    uint32_t rbits;        /* log2 of the ranges per (buffer, group) */
+    const uint32_t *shift; /* per buffer: an end's range is end >> shift */
+    uint32_t *cnt;         /* (slice, bin) */
+    uint64_t *start;       /* per bin; [n_bins]: all */
+    uint32_t *kept;        /* per bin, after the sort */
+    uint64_t *out;         /* per bin: where its ends go in its buffer's list */
     uint64_t *keys, *tmp;
     const uint32_t *task_bin;
     struct refscan_gate *gates;

@@ -196,6 +196,12 @@ struct batch_scratch {
     size_t fixes_cap;
     struct gpu_hit *fix_hits; /* sorted by buffer */
     size_t fix_hits_cap;
+    /* Of repaired segments of ranges that counted on the device: the
+     * guessed walk's matches in (lo, upto), which the device counted and
+     * the host takes out of the counts again (hits.c merge_counts); sorted
+     * by buffer */
+    struct gpu_hit *unhits;
+    size_t unhits_cap;
     /* hits.c's pool path: bins of (buffer, end range), their keys */
     uint32_t *bin_base, *bin_cnt, *bin_kept, *task_bin;
     size_t bin_base_cap, bin_cnt_cap, bin_kept_cap, task_bin_cap;
@@ -248,7 +254,7 @@ struct batch_ctx {
      * table's third word is each buffer's first, NO_CARRY where its hits
      * go to the ring. 0: nothing counted on the device. */
     uint32_t n_count;
-    size_t n_fixes, n_fix_hits;
+    size_t n_fixes, n_fix_hits, n_unhits;
     bool has_confirm; /* a range has capped confirmation items (markers to look for) */
     /* The pass's ranges cannot report a (rule, end) of a buffer twice:
      * literal and bounded DFA ranges only (items own disjoint ends), of
@@ -438,11 +444,14 @@ int gpu_finish_hits(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, struc
 int gpu_host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t *raw, uint64_t n,
                     struct vks_error *err);
 
-/* The batch catalog of a speculative range that counted on the device
- * (gpu/plan.c plan_counts) and guessed some segment's state wrong, else -1:
- * its counts then hold matches the host cannot take out, and the pass runs
- * again with those ranges writing to the ring (batch.c read_passes). */
-int gpu_spec_counted_wrong(const struct batch_ctx *bc, const uint32_t *qs);
+/* After gpu_host_finish: the batch catalog of a repaired segment that
+ * counted on the device whose guessed walk matched where the true walk did
+ * not, at the least end the device's table holds for that rule, else -1.
+ * Taking that match out of the count leaves the rule's first end unknown,
+ * so the pass runs again with the speculative ranges on the ring (batch.c
+ * read_passes). The guessed walk starts later than the true one, so its
+ * matches are the true walk's too, and this is not expected. */
+int gpu_unhits_unsure(const struct batch_ctx *bc, const uint32_t *qs);
 
 /* plan.c: catalog `cat`'s speculative ranges lost the counting bet; its
  * next batches keep them on the ring (gpu_engine.spec_lost). */

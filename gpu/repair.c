@@ -41,6 +41,17 @@ static int fix_hit(void *ctx, uint32_t rule, uint64_t end)
     return 0;
 }
 
+/* A match of the guessed walk of a counted range: the device counted it. */
+static int unhit(void *ctx, uint32_t rule, uint64_t end)
+{
+    struct fix_ctx *f = ctx;
+    if (gpu_grow_array((void **)&f->s->unhits, &f->s->unhits_cap, *f->n + 1,
+                       sizeof(struct gpu_hit)) < 0)
+        return -ENOMEM;
+    f->s->unhits[(*f->n)++] = (struct gpu_hit){f->buf, rule, 1, end};
+    return 0;
+}
+
 /* Records that the host re-walked item `it` (buffer, lo, hi) of range sr
  * up to `upto`: the device's hits there are dropped (spec_dropped). */
 static int record_fix(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *it,
@@ -62,10 +73,12 @@ static int spec_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const
 {
     const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
     struct fix_ctx f = {&bc->eng->scratch, &bc->n_fix_hits, it[0]};
+    struct fix_ctx g = {&bc->eng->scratch, &bc->n_unhits, it[0]};
     uint64_t upto;
     uint32_t out;
     int rc = refscan_group_resume(bc->batch->catalogs[sr->cat], sr->group, buffer_bytes(bc, it[0]),
-                                  b->len, it[1], it[2], *truth, st[0], fix_hit, &f, &upto, &out);
+                                  b->len, it[1], it[2], *truth, st[0], fix_hit, &f,
+                                  sr->counted ? unhit : NULL, &g, &upto, &out);
     if (rc != 0 || record_fix(bc, sr, it, upto) < 0)
         return -ENOMEM;
     *truth = out != UINT32_MAX ? out : st[1];
@@ -81,10 +94,12 @@ static int nfa_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const 
     const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
     const struct catalog *cat = bc->batch->catalogs[sr->cat];
     struct fix_ctx f = {&bc->eng->scratch, &bc->n_fix_hits, it[0]};
+    struct fix_ctx u = {&bc->eng->scratch, &bc->n_unhits, it[0]};
     uint64_t upto;
     bool agreed;
     int rc = refscan_nfa_resume(cat, sr->group - catalog_group_count(cat), buffer_bytes(bc, it[0]),
-                                b->len, it[1], it[2], truth, st, fix_hit, &f, &upto, &agreed);
+                                b->len, it[1], it[2], truth, st, fix_hit, &f,
+                                sr->counted ? unhit : NULL, &u, &upto, &agreed);
     if (rc != 0 || record_fix(bc, sr, it, upto) < 0)
         return -ENOMEM;
     if (agreed)
@@ -333,29 +348,22 @@ static int confirm_finish(struct batch_ctx *bc, const uint32_t *raw, uint64_t n,
     return rc < 0 ? vks_error_set(err, -ENOMEM, "out of memory finishing confirmation walks") : 0;
 }
 
-int gpu_spec_counted_wrong(const struct batch_ctx *bc, const uint32_t *qs)
+int gpu_unhits_unsure(const struct batch_ctx *bc, const uint32_t *qs)
 {
     const struct batch_scratch *s = &bc->eng->scratch;
-    const uint32_t *spec = qs + QS_HEADS + bc->n_ranges;
-    for (size_t r = 0; r < bc->n_ranges; r++) {
-        const struct scan_range *sr = &s->ranges[r];
-        if (!sr->counted || sr->spec_base == NO_CARRY)
+    size_t f = 0; /* the fix hits of the unhit's buffer start here */
+    for (size_t k = 0; k < bc->n_unhits; k++) {
+        const struct gpu_hit *u = &s->unhits[k];
+        uint32_t tab = s->meta[(size_t)u->buffer * 4 + 2];
+        if (tab == NO_CARRY || u->end != ~qs[tab + 2 * u->rule + 1])
             continue;
-        uint32_t nw = 1; /* words of a state: one DFA state, or a bit-NFA vector */
-        if (sr->nfa) {
-            const struct catalog *cat = bc->batch->catalogs[sr->cat];
-            struct catalog_nfa g;
-            catalog_nfa(cat, sr->group - catalog_group_count(cat), &g);
-            nw = g.n_words;
-        }
-        /* item j's (state at lo, state at hi); item j - 1 is the segment
-         * before it unless j starts its buffer */
-        for (uint32_t j = 1; j < sr->n_items; j++) {
-            const uint32_t *it = &s->meta[((size_t)sr->items + j) * 4];
-            const uint32_t *st = spec + sr->spec_base + 2 * (size_t)j * nw;
-            if (it[1] != 0 && memcmp(st, st - nw, nw * sizeof(uint32_t)) != 0)
-                return (int)sr->cat;
-        }
+        while (f < bc->n_fix_hits && s->fix_hits[f].buffer < u->buffer)
+            f++;
+        bool also_true = false;
+        for (size_t x = f; x < bc->n_fix_hits && s->fix_hits[x].buffer == u->buffer; x++)
+            also_true |= s->fix_hits[x].rule == u->rule && s->fix_hits[x].end == u->end;
+        if (!also_true)
+            return (int)bc->batch->buffers[u->buffer].catalog;
     }
     return -1;
 }
@@ -366,7 +374,7 @@ int gpu_host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t *ra
                     struct vks_error *err)
 {
     struct batch_scratch *s = &bc->eng->scratch;
-    bc->n_fixes = bc->n_fix_hits = 0;
+    bc->n_fixes = bc->n_fix_hits = bc->n_unhits = 0;
     int rc = bc->n_spec > 0 ? spec_repair(bc, qs, err) : 0;
     if (rc == 0 && bc->has_confirm)
         rc = confirm_finish(bc, raw, n, err);
@@ -374,5 +382,7 @@ int gpu_host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t *ra
         qsort(s->fixes, bc->n_fixes, sizeof(*s->fixes), cmp_fix);
     if (bc->n_fix_hits > 1)
         qsort(s->fix_hits, bc->n_fix_hits, sizeof(*s->fix_hits), cmp_fix_hit);
+    if (bc->n_unhits > 1)
+        qsort(s->unhits, bc->n_unhits, sizeof(*s->unhits), cmp_fix_hit);
     return rc;
 }

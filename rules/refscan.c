@@ -59,7 +59,7 @@ int refscan_group_range(const struct catalog *cat, uint32_t group, const uint8_t
 
 int refscan_group_resume(const struct catalog *cat, uint32_t group, const uint8_t *buf, size_t len,
                          uint64_t lo, uint64_t hi, uint32_t state, uint32_t guess, refscan_fn fn,
-                         void *ctx, uint64_t *upto, uint32_t *out)
+                         void *ctx, refscan_fn gfn, void *gctx, uint64_t *upto, uint32_t *out)
 {
     struct catalog_group g;
     catalog_group(cat, group, &g);
@@ -73,6 +73,11 @@ int refscan_group_resume(const struct catalog *cat, uint32_t group, const uint8_
         }
         if (state >= g.first_accept && i > lo) {
             int rc = dfa_report(&g, state, buf, len, i, fn, ctx);
+            if (rc != 0)
+                return rc;
+        }
+        if (gfn != NULL && guess >= g.first_accept && i > lo) {
+            int rc = dfa_report(&g, guess, buf, len, i, gfn, gctx);
             if (rc != 0)
                 return rc;
         }
@@ -182,7 +187,8 @@ static bool nvec_equal(const struct nvec *a, const struct nvec *b)
 
 int refscan_nfa_resume(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
                        uint64_t lo, uint64_t hi, uint32_t *state, const uint32_t *guess,
-                       refscan_fn fn, void *ctx, uint64_t *upto, bool *agreed)
+                       refscan_fn fn, void *ctx, refscan_fn gfn, void *gctx, uint64_t *upto,
+                       bool *agreed)
 {
     struct catalog_nfa g;
     catalog_nfa(cat, nfa, &g);
@@ -206,6 +212,8 @@ int refscan_nfa_resume(const struct catalog *cat, uint32_t nfa, const uint8_t *b
         }
         uint32_t pk = CAT_PK(prev_kind(buf, i), lookahead(buf, len, i));
         rc = i > lo ? nfa_report(&g, s, pk, i, fn, ctx) : 0;
+        if (rc == 0 && gfn != NULL && i > lo)
+            rc = nfa_report(&g, u, pk, i, gfn, gctx);
         if (rc != 0)
             break;
         if (i >= hi) {

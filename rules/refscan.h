@@ -85,11 +85,13 @@ int refscan_group_range(const struct catalog *cat, uint32_t group, const uint8_t
  * *upto is the first offset at which the two agree, or hi + 1 when they
  * never do; then *out is the true state at hi (else UINT32_MAX: the
  * guessed walk's state at hi stands). The guessed walk's matches in (lo,
- * *upto) are the ones to drop. `fn` returning non-zero stops the walk.
+ * *upto) are the ones to drop: `gfn` (NULL: not wanted) gets them, as
+ * `fn` gets the true walk's. `fn` or `gfn` returning non-zero stops the
+ * walk.
  */
 int refscan_group_resume(const struct catalog *cat, uint32_t group, const uint8_t *buf, size_t len,
                          uint64_t lo, uint64_t hi, uint32_t state, uint32_t guess, refscan_fn fn,
-                         void *ctx, uint64_t *upto, uint32_t *out);
+                         void *ctx, refscan_fn gfn, void *gctx, uint64_t *upto, uint32_t *out);
 
 /*
  * The same for bit-NFA group `nfa` (< catalog_nfa_count): the scan starts
@@ -108,7 +110,8 @@ int refscan_nfa_range(const struct catalog *cat, uint32_t nfa, const uint8_t *bu
  */
 int refscan_nfa_resume(const struct catalog *cat, uint32_t nfa, const uint8_t *buf, size_t len,
                        uint64_t lo, uint64_t hi, uint32_t *state, const uint32_t *guess,
-                       refscan_fn fn, void *ctx, uint64_t *upto, bool *agreed);
+                       refscan_fn fn, void *ctx, refscan_fn gfn, void *gctx, uint64_t *upto,
+                       bool *agreed);
 
 /*
  * Gated bit-NFA groups (CAT_GF_GATED, docs/engine.md): a match of such a
