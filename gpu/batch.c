@@ -1841,6 +1841,7 @@ void gpu_batch_scratch_finish(struct batch_scratch *s)
     free(s->fixes);
     free(s->fix_hits);
     free(s->unhits);
+    free(s->fix_layers);
     free(s->ctab);
     free(s->cbase);
     free(s->bin_base);

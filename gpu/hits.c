@@ -60,7 +60,13 @@ static bool spec_dropped(const struct batch_ctx *bc, const uint32_t *h)
  * marker, not in a re-walked part of a speculative segment. */
 static bool kept(const struct batch_ctx *bc, const uint32_t *h)
 {
-    return h[1] != NO_CARRY && (bc->n_fixes == 0 || !spec_dropped(bc, h));
+    if (h[1] == NO_CARRY)
+        return false;
+    if (bc->n_fixes == 0)
+        return true;
+    const struct batch_scratch *s = &bc->eng->scratch;
+    size_t w = h[2] / 64;
+    return w >= s->fix_words || !(s->fix_layers[w] >> (h[2] % 64) & 1) || !spec_dropped(bc, h);
 }
 
 static int append_hit(struct gpu_result *res, uint32_t buf, const struct scan_hit *h)

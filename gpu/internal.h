@@ -202,6 +202,10 @@ struct batch_scratch {
      * by buffer */
     struct gpu_hit *unhits;
     size_t unhits_cap;
+    /* a bit per engine group (layer) with a fix, fix_words words: the
+     * finish looks a raw hit up in the fixes only where its layer has one */
+    uint64_t *fix_layers;
+    size_t fix_layers_cap, fix_words;
     /* hits.c's pool path: bins of (buffer, end range), their keys */
     uint32_t *bin_base, *bin_cnt, *bin_kept, *task_bin;
     size_t bin_base_cap, bin_cnt_cap, bin_kept_cap, task_bin_cap;

@@ -380,6 +380,19 @@ int gpu_host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t *ra
         rc = confirm_finish(bc, raw, n, err);
     if (bc->n_fixes > 1)
         qsort(s->fixes, bc->n_fixes, sizeof(*s->fixes), cmp_fix);
+    s->fix_words = 0;
+    for (size_t k = 0; rc == 0 && k < bc->n_fixes; k++) {
+        size_t w = s->fixes[k].layer / 64;
+        if (w >= s->fix_words) {
+            if (gpu_grow_array((void **)&s->fix_layers, &s->fix_layers_cap, w + 1, 8) < 0) {
+                rc = vks_error_set(err, -ENOMEM, "out of memory listing repaired segments");
+                break;
+            }
+            memset(s->fix_layers + s->fix_words, 0, (w + 1 - s->fix_words) * 8);
+            s->fix_words = w + 1;
+        }
+        s->fix_layers[w] |= (uint64_t)1 << (s->fixes[k].layer % 64);
+    }
     if (bc->n_fix_hits > 1)
         qsort(s->fix_hits, bc->n_fix_hits, sizeof(*s->fix_hits), cmp_fix_hit);
     if (bc->n_unhits > 1)
