@@ -25,6 +25,7 @@
  * through it, each with what the tasks' squeeze left.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -851,46 +852,77 @@ static int gates_from_bins(struct batch_ctx *bc, struct gate_job *j, uint32_t n_
     return 0;
 }
 
-/* The short way, for few ends or many (buffer, group) pairs: a counting
- * sort by buffer, then each buffer's (group, end) keys radix-sorted. */
-static int gather_serial(struct batch_ctx *bc, const uint32_t *raw, uint64_t n)
+/* The way by buffer, for few ends or many buffers: a counting sort by
+ * buffer, then each buffer's (group, end) keys radix-sorted into its gate
+ * list, whole buffers a task (on the upload threads when `par`). */
+struct buf_gate_job {
+    struct batch_ctx *bc;
+    uint64_t *key, *tmp;
+    const uint64_t *start; /* per buffer; [n_buffers]: all */
+    const uint32_t *task_buf;
+    atomic_int rc;
+};
+
+static void buf_gate_task(void *ctx, uint32_t t)
+{
+    struct buf_gate_job *j = ctx;
+    for (uint32_t i = j->task_buf[t]; i < j->task_buf[t + 1]; i++) {
+        uint64_t lo = j->start[i], m = j->start[i + 1] - lo;
+        if (m == 0)
+            continue;
+        uint64_t *key = j->key + lo;
+        scan_sort_u64(key, j->tmp + lo, m);
+        struct refscan_gate *g = &j->bc->gates[i];
+        g->v = malloc(m * sizeof(*g->v));
+        if (g->v == NULL) {
+            atomic_store(&j->rc, -ENOMEM);
+            return;
+        }
+        g->cap = m;
+        for (uint64_t k = 0; k < m; k++)
+            if (k == 0 || key[k] != key[k - 1])
+                g->v[g->n++] =
+                    (struct refscan_cand){.nfa = (uint32_t)(key[k] >> 32), .end = (uint32_t)key[k]};
+    }
+}
+
+static int gather_by_buffer(struct batch_ctx *bc, const uint32_t *raw, uint64_t n, bool par)
 {
     uint32_t nb = bc->batch->n_buffers;
     struct batch_scratch *s = &bc->eng->scratch;
-    if (gpu_grow_array((void **)&s->counts, &s->counts_cap, (size_t)nb + 1, 4) < 0 ||
+    struct upload_pool *pool = bc->eng->pool;
+    size_t most = par ? (size_t)upload_pool_threads(pool) * TASKS_PER_THR : 1;
+    if (gpu_grow_array((void **)&s->bin_start, &s->bin_start_cap, (size_t)nb + 1, 8) < 0 ||
+        gpu_grow_array((void **)&s->task_bin, &s->task_bin_cap, most + 1, 4) < 0 ||
         gpu_grow_array((void **)&s->keys, &s->keys_cap, 2 * n + 1, 8) < 0)
         return -ENOMEM;
-    memset(s->counts, 0, ((size_t)nb + 1) * 4);
+    uint64_t *start = s->bin_start;
+    memset(start, 0, ((size_t)nb + 1) * 8);
     for (uint64_t i = 0; i < n; i++)
         if (raw[i * 4] < nb)
-            s->counts[raw[i * 4] + 1]++;
+            start[raw[i * 4] + 1]++;
     for (uint32_t i = 0; i < nb; i++)
-        s->counts[i + 1] += s->counts[i];
-    uint64_t *key = s->keys, *tmp = s->keys + n;
-    for (uint64_t i = 0; i < n; i++) {
+        start[i + 1] += start[i];
+    uint64_t *key = s->keys;
+    for (uint64_t i = 0; i < n; i++) { /* start[b] moves to buffer b's end */
         const uint32_t *h = &raw[i * 4];
         if (h[0] < nb)
-            key[s->counts[h[0]]++] = (uint64_t)h[1] << 32 | h[3];
+            key[start[h[0]]++] = (uint64_t)h[1] << 32 | h[3];
     }
-    size_t start = 0;
-    for (uint32_t i = 0; i < nb; i++) {
-        size_t end = s->counts[i], m = end - start;
-        if (m == 0)
-            continue;
-        scan_sort_u64(key + start, tmp, m);
-        struct refscan_gate *g = &bc->gates[i];
-        g->v = malloc(m * sizeof(*g->v));
-        if (g->v == NULL)
-            return -ENOMEM;
-        g->cap = m;
-        for (size_t k = start; k < end; k++)
-            if (k == start || key[k] != key[k - 1])
-                g->v[g->n++] =
-                    (struct refscan_cand){.nfa = (uint32_t)(key[k] >> 32), .end = (uint32_t)key[k]};
-        bc->tel->factor_ends += g->n;
-        start = end;
-    }
-    return 0;
+    memmove(start + 1, start, (size_t)nb * 8); /* back to each buffer's start */
+    start[0] = 0;
+    struct buf_gate_job j = {.bc = bc, .key = key, .tmp = key + n, .start = start};
+    atomic_init(&j.rc, 0);
+    uint32_t n_tasks = split_tasks(start, nb, most, s->task_bin);
+    j.task_buf = s->task_bin;
+    if (par)
+        upload_pool_run(pool, buf_gate_task, &j, n_tasks);
+    else
+        for (uint32_t t = 0; t < n_tasks; t++)
+            buf_gate_task(&j, t);
+    for (uint32_t i = 0; i < nb; i++)
+        bc->tel->factor_ends += bc->gates[i].n;
+    return atomic_load(&j.rc);
 }
 
 static uint32_t gate_groups(const struct gpu_batch *b)
@@ -918,8 +950,11 @@ int gpu_gather_gates(struct batch_ctx *bc, const uint32_t *raw, uint64_t n)
     uint32_t least =
         bc->eng->opt.hits_parallel_min ? bc->eng->opt.hits_parallel_min : GATES_PAR_MIN;
     j.slices = upload_pool_threads(pool);
-    if (n < least || pairs * j.slices > GATES_BINS_MAX || n >= UINT32_MAX)
-        return gather_serial(bc, raw, n);
+    if (n < least || j.slices < 2 || n >= UINT32_MAX)
+        return gather_by_buffer(bc, raw, n, false);
+    /* many buffers: whole buffers a task; a few: bins by range of ends */
+    if (pairs * j.slices > GATES_BINS_MAX || j.n_buffers >= j.slices * TASKS_PER_THR)
+        return gather_by_buffer(bc, raw, n, true);
     /* as many ranges as the counters allow, and no more than n / 64 bins */
     while (j.rbits < GATES_RANGES && (pairs << (j.rbits + 1)) * j.slices <= GATES_BINS_MAX &&
            (pairs << (j.rbits + 1)) <= n / 64)

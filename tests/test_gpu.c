@@ -1551,10 +1551,11 @@ START_TEST(test_factor_ends_groups)
 END_TEST
 
 /* Factor ends that are common in the data (a factor in every sentence),
- * gathered on the upload threads in bins of (buffer, group, range of
- * ends): instances planted at every range's edge, on one thread and on the
- * threads, give refscan's hits, so no end was lost or misplaced between
- * ranges. */
+ * gathered on one thread, on the upload threads in bins of (buffer, group,
+ * range of ends), and (16 buffers: as many as the threads' tasks) on the
+ * threads by whole buffers: instances planted at every range's edge give
+ * refscan's hits, so no end was lost or misplaced between ranges or
+ * buffers. */
 START_TEST(test_factor_ends_ranges)
 {
     static const struct trule rules[] = {
@@ -1565,7 +1566,7 @@ START_TEST(test_factor_ends_ranges)
     struct catalog *cat = compile_rules_opt(rules, 2, &ro);
     ck_assert_uint_ge(catalog_nfa_count(cat), 1);
     struct gpu_engine *eng = engine(&(struct gpu_options){
-        .factor_pass = 1, .hits_parallel_min = _i == 1 ? 1 : 0, .upload_threads = 3});
+        .factor_pass = 1, .hits_parallel_min = _i >= 1 ? 1 : 0, .upload_threads = 3});
     enum { LEN = 200000 };
     static const char prose[] = "wyqzk cat and wyqzk dog ran ";
     uint8_t *d = malloc(LEN);
@@ -1579,10 +1580,15 @@ START_TEST(test_factor_ends_ranges)
             memcpy(d + (size_t)((long)edge + o * 8 - 5), "wyqzk77x", 8);
         memcpy(d + edge + 40, "omegaabcy", 9);
     }
-    struct gpu_buffer bufs[] = {{.data = d, .len = LEN, .mode = SCAN_ALL},
-                                {.data = d + 777, .len = 70000, .mode = SCAN_COUNT}};
+    struct gpu_buffer bufs[16] = {{.data = d, .len = LEN, .mode = SCAN_ALL},
+                                  {.data = d + 777, .len = 70000, .mode = SCAN_COUNT}};
+    uint32_t nb = _i == 2 ? 16 : 2;
+    for (uint32_t k = 2; k < nb; k++)
+        bufs[k] = (struct gpu_buffer){.data = d + k * 9001,
+                                      .len = 5000 + k * 333,
+                                      .mode = k % 3 == 0 ? SCAN_FIRST : SCAN_ALL};
     const struct catalog *cats[] = {cat};
-    struct gpu_batch b = {cats, 1, bufs, 2};
+    struct gpu_batch b = {cats, 1, bufs, nb};
     struct gpu_result res = {0};
     check_batch(eng, &b, &res);
     ck_assert_uint_ge(res.tel.factor_ends, 2 * LEN / (sizeof(prose) - 1));
@@ -3183,7 +3189,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_spec_segments);
     tcase_add_loop_test(tc, test_factor_pass, 0, 4);
     tcase_add_loop_test(tc, test_factor_ends_groups, 0, 2);
-    tcase_add_loop_test(tc, test_factor_ends_ranges, 0, 2);
+    tcase_add_loop_test(tc, test_factor_ends_ranges, 0, 3);
     tcase_add_loop_test(tc, test_many_gated_groups, 0, 2);
     tcase_add_test(tc, test_hit_dense);
     tcase_add_loop_test(tc, test_hits_pool, 0, 2);
