@@ -25,31 +25,34 @@ static const uint8_t *buffer_bytes(const struct batch_ctx *bc, uint32_t i)
     return base + eng->scratch.offs[i];
 }
 
+/* A list of hits of one buffer that a walk appends to: the fix hits (the
+ * host's matches) or the unhits (the guessed walk's, which a counted range
+ * counted on the device and the finish takes out again). */
 struct fix_ctx {
-    struct batch_scratch *s;
-    size_t *n;
+    struct gpu_hit **v;
+    size_t *cap, *n;
     uint32_t buf;
 };
 
 static int fix_hit(void *ctx, uint32_t rule, uint64_t end)
 {
     struct fix_ctx *f = ctx;
-    if (gpu_grow_array((void **)&f->s->fix_hits, &f->s->fix_hits_cap, *f->n + 1,
-                       sizeof(struct gpu_hit)) < 0)
+    if (gpu_grow_array((void **)f->v, f->cap, *f->n + 1, sizeof(struct gpu_hit)) < 0)
         return -ENOMEM;
-    f->s->fix_hits[(*f->n)++] = (struct gpu_hit){f->buf, rule, 1, end};
+    (*f->v)[(*f->n)++] = (struct gpu_hit){f->buf, rule, 1, end};
     return 0;
 }
 
-/* A match of the guessed walk of a counted range: the device counted it. */
-static int unhit(void *ctx, uint32_t rule, uint64_t end)
+static struct fix_ctx fix_hits_of(struct batch_ctx *bc, uint32_t buf)
 {
-    struct fix_ctx *f = ctx;
-    if (gpu_grow_array((void **)&f->s->unhits, &f->s->unhits_cap, *f->n + 1,
-                       sizeof(struct gpu_hit)) < 0)
-        return -ENOMEM;
-    f->s->unhits[(*f->n)++] = (struct gpu_hit){f->buf, rule, 1, end};
-    return 0;
+    struct batch_scratch *s = &bc->eng->scratch;
+    return (struct fix_ctx){&s->fix_hits, &s->fix_hits_cap, &bc->n_fix_hits, buf};
+}
+
+static struct fix_ctx unhits_of(struct batch_ctx *bc, uint32_t buf)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    return (struct fix_ctx){&s->unhits, &s->unhits_cap, &bc->n_unhits, buf};
 }
 
 /* Records that the host re-walked item `it` (buffer, lo, hi) of range sr
@@ -72,13 +75,12 @@ static int spec_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const
                         const uint32_t *st, uint32_t *truth)
 {
     const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
-    struct fix_ctx f = {&bc->eng->scratch, &bc->n_fix_hits, it[0]};
-    struct fix_ctx g = {&bc->eng->scratch, &bc->n_unhits, it[0]};
+    struct fix_ctx f = fix_hits_of(bc, it[0]), g = unhits_of(bc, it[0]);
     uint64_t upto;
     uint32_t out;
     int rc = refscan_group_resume(bc->batch->catalogs[sr->cat], sr->group, buffer_bytes(bc, it[0]),
                                   b->len, it[1], it[2], *truth, st[0], fix_hit, &f,
-                                  sr->counted ? unhit : NULL, &g, &upto, &out);
+                                  sr->counted ? fix_hit : NULL, &g, &upto, &out);
     if (rc != 0 || record_fix(bc, sr, it, upto) < 0)
         return -ENOMEM;
     *truth = out != UINT32_MAX ? out : st[1];
@@ -93,13 +95,12 @@ static int nfa_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const 
 {
     const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
     const struct catalog *cat = bc->batch->catalogs[sr->cat];
-    struct fix_ctx f = {&bc->eng->scratch, &bc->n_fix_hits, it[0]};
-    struct fix_ctx u = {&bc->eng->scratch, &bc->n_unhits, it[0]};
+    struct fix_ctx f = fix_hits_of(bc, it[0]), u = unhits_of(bc, it[0]);
     uint64_t upto;
     bool agreed;
     int rc = refscan_nfa_resume(cat, sr->group - catalog_group_count(cat), buffer_bytes(bc, it[0]),
                                 b->len, it[1], it[2], truth, st, fix_hit, &f,
-                                sr->counted ? unhit : NULL, &u, &upto, &agreed);
+                                sr->counted ? fix_hit : NULL, &u, &upto, &agreed);
     if (rc != 0 || record_fix(bc, sr, it, upto) < 0)
         return -ENOMEM;
     if (agreed)
