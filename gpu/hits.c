@@ -870,19 +870,18 @@ static void buf_gate_task(void *ctx, uint32_t t)
         uint64_t lo = j->start[i], m = j->start[i + 1] - lo;
         if (m == 0)
             continue;
-        uint64_t *key = j->key + lo;
-        scan_sort_u64(key, j->tmp + lo, m);
+        const uint64_t *key = j->key + lo;
+        uint32_t w = sort_unique(j->key + lo, j->tmp + lo, m);
         struct refscan_gate *g = &j->bc->gates[i];
-        g->v = malloc(m * sizeof(*g->v));
+        g->v = malloc(w * sizeof(*g->v));
         if (g->v == NULL) {
             atomic_store(&j->rc, -ENOMEM);
             return;
         }
-        g->cap = m;
-        for (uint64_t k = 0; k < m; k++)
-            if (k == 0 || key[k] != key[k - 1])
-                g->v[g->n++] =
-                    (struct refscan_cand){.nfa = (uint32_t)(key[k] >> 32), .end = (uint32_t)key[k]};
+        g->cap = g->n = w;
+        for (uint32_t k = 0; k < w; k++)
+            g->v[k] =
+                (struct refscan_cand){.nfa = (uint32_t)(key[k] >> 32), .end = (uint32_t)key[k]};
     }
 }
 
