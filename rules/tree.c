@@ -212,16 +212,55 @@ int parse_check(const struct node *root, uint32_t max_positions, uint32_t *pos, 
     return 0;
 }
 
+/*
+ * What node n may be cut to where it starts the pattern of an unanchored
+ * search, one that reports ends only: anything may stand before it, so
+ * for any X and any rest R, text ending in X R ends in X' R too and back.
+ * - A part that can match empty without an assertion is dropped:
+ *   `.*R` ends where R ends.
+ * - A repeat of at least m copies keeps m: a match of X{k} R (k > m)
+ *   ends with one of X{m} R. With m = 1 its one copy is cut in turn:
+ *   `(\w+\s)+baker` becomes `\w\sbaker`.
+ * - A concatenation cuts its first part, an alternation each branch.
+ * An assertion stops the cut: `\b\w+x` needs the run's first byte.
+ * Edits the tree in place and returns what stands for n; depth bounds
+ * the recursion on nested groups.
+ */
+static struct node *strip_lead(struct node *n, unsigned depth)
+{
+    if (depth > 64)
+        return n;
+    switch (n->type) {
+    case N_SET:
+    case N_ASSERT:
+        return n;
+    case N_REPEAT:
+        if (n->u.rep.min == 0)
+            return n; /* only where nothing may drop it (a branch that matches empty) */
+        if (n->u.rep.min == 1)
+            return strip_lead(n->u.rep.kid, depth + 1);
+        n->u.rep.max = n->u.rep.min;
+        return n;
+    case N_CAT: {
+        uint32_t k = 0;
+        while (k + 1 < n->u.list.n && nullable(n->u.list.kids[k], true))
+            k++;
+        n->u.list.kids += k;
+        n->u.list.n -= k;
+        n->u.list.kids[0] = strip_lead(n->u.list.kids[0], depth + 1);
+        return n->u.list.n == 1 ? n->u.list.kids[0] : n;
+    }
+    case N_ALT:
+        for (uint32_t k = 0; k < n->u.list.n; k++)
+            n->u.list.kids[k] = strip_lead(n->u.list.kids[k], depth + 1);
+        return n;
+    }
+    return n;
+}
+
 struct node *parse_strip_prefix(struct node *root)
 {
-    if (root->type != N_CAT)
-        return root;
-    uint32_t k = 0;
-    while (k + 1 < root->u.list.n && nullable(root->u.list.kids[k], true))
-        k++;
-    root->u.list.kids += k;
-    root->u.list.n -= k;
-    return root->u.list.n == 1 ? root->u.list.kids[0] : root;
+    return strip_lead(root, 0);
 }
 
 static uint32_t sat_add(uint32_t a, uint32_t b)

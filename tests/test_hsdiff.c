@@ -2706,6 +2706,83 @@ START_TEST(test_bounded_repeats)
 }
 END_TEST
 
+/* Rules that open with a repeat (`[a-z]+@`, `(\w+\s)+baker`, `x{3,7}y`),
+ * which the compiler cuts to their least count (parse_strip_prefix), with
+ * an assertion before some of them (which keeps them whole), nested in
+ * groups and alternations, counted and open: every hit is Hyperscan's, on
+ * planted text and on dense text of the rules' own letters. */
+static void gen_lead_rule(struct rng *rng, struct trule *r, size_t index)
+{
+    static const char *const first[] = {
+        "", "", "", "", "\\b", "\\B", "^", "(?m)^", "ab|", "(?i)",
+    };
+    static const char *const lead[] = {
+        "[ab]+",        "[ab]{2,}",     "[ab ]{1,5}", "(ab|b)+",       "(a+b)+",   "(a+ ?|b{2,3})",
+        "(?:x[ab]+,)+", "[^x\\n]+",     "\\w+\\s",    "(ab+|ba{2,})+", ".+",       "[a-z]{3}",
+        "(a|b+){2,4}",  "a*b+",         "(\\ba+)+",   "(b+a|c{2,})",   "[0-9]+,?", "(a{2,}|x)+",
+        "\\s+",         "(?:(?:b+)a)+",
+    };
+    static const char *const body[] = {
+        "xy", "x[ab]?y", "x", ",[0-9]+", "x\\b", "y$", "(x|yy)", "a", " b", "\\n",
+    };
+    char pat[256];
+    snprintf(pat, sizeof(pat), "%s%s%s", first[rng_below(rng, 10)], lead[rng_below(rng, 20)],
+             body[rng_below(rng, 10)]);
+    memset(r, 0, sizeof(*r));
+    snprintf(r->id, sizeof(r->id), "lead%zu", index);
+    r->kind = RULE_REGEX;
+    r->pat = xstrndup(pat, strlen(pat));
+    r->len = strlen(pat);
+    r->hs = xstrndup(pat, strlen(pat));
+    r->flags |= rng_pct(rng, 20) ? RULE_F_CASELESS : 0;
+    r->flags |= rng_pct(rng, 30) ? RULE_F_DOTALL : 0;
+    r->flags |= rng_pct(rng, 30) ? RULE_F_MULTILINE : 0;
+    r->flags |= rng_pct(rng, 8) ? RULE_F_SINGLEMATCH : 0;
+}
+
+START_TEST(test_lead_shapes)
+{
+    uint64_t base = env_u64("VKS_HSDIFF_SEED", 1);
+    uint64_t cases = case_count(200);
+    struct stats st = {0};
+    force_bitnfa = false;
+    struct str bufs[HAYS_PER_CASE + 1] = {{0}};
+    struct hay hays[HAYS_PER_CASE + 1];
+    static const char letters[] = "aabbbxy ,01\nAB\tc";
+    for (uint64_t c = 0; c < cases; c++) {
+        uint64_t seed = base * 7000003u + c;
+        struct rng rng = {seed};
+        size_t n = 1 + rng_below(&rng, BIG_MAX);
+        struct trule r[BIG_MAX];
+        for (size_t k = 0; k < n; k++)
+            gen_lead_rule(&rng, &r[k], k);
+        make_big_hays(r, n, &rng, bufs, hays);
+        /* dense: runs of the leads' letters, most bytes end a match */
+        struct str *d = &bufs[HAYS_PER_CASE];
+        d->n = 0;
+        for (size_t i = 0, len = 2000 + rng_below(&rng, 3000); i < len; i++)
+            str_putc(d, letters[rng_below(&rng, sizeof(letters) - 1)]);
+        snprintf(hays[HAYS_PER_CASE].name, sizeof(hays[0].name), "dense");
+        hays[HAYS_PER_CASE].p = (const uint8_t *)d->p;
+        hays[HAYS_PER_CASE].len = d->n;
+        char what[64];
+        snprintf(what, sizeof(what), "lead case %" PRIu64 " (%zu rules)", c, n);
+        compare_set(r, n, c % 3 == 2 ? 4096 : 0, seed, what, true, hays, HAYS_PER_CASE + 1, &st);
+        for (size_t k = 0; k < n; k++)
+            trule_free(&r[k]);
+    }
+    for (int k = 0; k <= HAYS_PER_CASE; k++)
+        str_free(&bufs[k]);
+    stats_print(&st, "leading repeats");
+    ck_assert_msg(st.mismatches == 0, "%u (catalog, haystack) pairs differ from Hyperscan",
+                  st.mismatches);
+    ck_assert_msg(st.bad_rejects == 0, "%u rules rejected or accepted against the contract",
+                  st.bad_rejects);
+    ck_assert_uint_gt(st.compared, st.rules / 2);
+    ck_assert_uint_gt(st.hits, 50 * (uint64_t)cases);
+}
+END_TEST
+
 /* Repeats past the 4096 positions a shared bit-NFA group holds: each such
  * rule gets a group of its own (up to 65536 positions), and still matches
  * exactly as Hyperscan does. */
@@ -3283,6 +3360,7 @@ Suite *hsdiff_suite(void)
     tcase_add_test(tc, test_random_single_bitnfa);
     tcase_add_test(tc, test_random_multi_bitnfa);
     tcase_add_test(tc, test_bounded_repeats);
+    tcase_add_test(tc, test_lead_shapes);
     tcase_add_test(tc, test_large_repeats);
     tcase_add_test(tc, test_gitleaks_tree);
     tcase_add_test(tc, test_factors_required);

@@ -972,6 +972,63 @@ START_TEST(factor_leads)
 }
 END_TEST
 
+/* A rule's leading repeat is cut to its least count where nothing is
+ * asserted before it: in an unanchored search that reports ends, text
+ * ending in X{k}R (k > m) ends in X{m}R. So `[a-z ]+ the end` is a
+ * bounded rule of 9 bytes, gated or run as a DFA, not an unbounded one
+ * confirmed from the run of letters before each factor. An assertion
+ * first (`\b\w+`, `^`) keeps the repeat whole. Matches are checked against
+ * Hyperscan in test_hsdiff (test_lead_shapes). */
+START_TEST(leading_repeats_cut)
+{
+    static const struct {
+        const char *pat;
+        uint32_t flags;
+        uint32_t maxlen; /* after parse_strip_prefix; REPEAT_INF: unbounded */
+    } cases[] = {
+        {"[a-z ]+ the end", 0, 9},
+        {"(\\w+\\s)+baker", 0, 7},
+        {"(\\d+,)+total", 0, 7},
+        {"x{3,7}yz", 0, 5},
+        {"(b+a|c{2,})d", 0, 3},
+        {"(a+b|c)+d", 0, 3},
+        {"(?s).*holmes", 0, 6},
+        {"a+", 0, 1},
+        {"[a-z]+@[a-z]+\\.com", 0, REPEAT_INF},
+        {"\\b\\w+foo", 0, REPEAT_INF},
+        {"^a+b", RULE_F_MULTILINE, REPEAT_INF},
+        {"(\\bq+)+r", 0, REPEAT_INF},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct rule_src src = {"t", RULE_REGEX, cases[i].pat, strlen(cases[i].pat), cases[i].flags,
+                               0};
+        struct parse_result pr = {0};
+        uint32_t pos;
+        char msg[240];
+        ck_assert_int_eq(parse_rule(&src, &pr, &pos, msg, sizeof(msg)), 0);
+        uint32_t got = parse_maxlen(parse_strip_prefix(pr.root));
+        ck_assert_msg(got == cases[i].maxlen, "%s: maxlen %u, want %u", cases[i].pat, got,
+                      cases[i].maxlen);
+        parse_result_finish(&pr);
+    }
+    /* the catalog holds the cut rule: one bounded group */
+    struct rule_src r = {"t", RULE_REGEX, "[a-z ]+ the end", 15, 0, 0};
+    struct rules_result res;
+    struct vks_error err;
+    ck_assert_int_eq(rules_compile(&r, 1, NULL, &res, &err), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    ck_assert_uint_eq(catalog_nfa_count(res.catalog), 0);
+    ck_assert_uint_eq(catalog_group_count(res.catalog), 1);
+    struct catalog_group grp;
+    catalog_group(res.catalog, 0, &grp);
+    ck_assert_uint_eq(grp.maxlen, 9);
+    ck_assert_str_eq(ENDS(RULE_REGEX, "[a-z ]+ the end", 0, "at the end. the end"), "10");
+    ck_assert_str_eq(ENDS(RULE_REGEX, "(\\w+\\s)+baker", 0, "a b c baker _\tbaker"), "11,19");
+    ck_assert_str_eq(ENDS(RULE_REGEX, "\\b\\w+foo", 0, "xfoo foo zzfoo"), "4,14");
+    rules_result_finish(&res);
+}
+END_TEST
+
 /* The mask step of small bit-NFA groups (catalog_nfa.small, rules/nfastep.h)
  * against the range step it replaces, state for state: groups of 1 to 4
  * state words with assertions, start edges on and off, caseless, classes
@@ -1055,6 +1112,7 @@ Suite *rules_suite(void)
     tcase_add_test(tc, hit_sort_orders);
     tcase_add_test(tc, confirm_start_runs);
     tcase_add_test(tc, factor_leads);
+    tcase_add_test(tc, leading_repeats_cut);
     tcase_add_test(tc, small_step_equals_ranges);
     suite_add_tcase(s, tc);
     return s;
