@@ -457,9 +457,13 @@ START_TEST(test_confirm_nfa)
                                          "TOKab1END", "tokEND",  "bob@corp",   "@corpx",
                                          "\nline x",  "abc",     "def",        "key"};
     /* _i 1: the pool's way of finishing hits (gpu/hits.c), which must drop
-     * the copies that overlapping confirmation items report */
-    struct gpu_options opt = {
-        .segment_bytes = 48, .chain_bytes = 80, .hits_parallel_min = (uint32_t)_i};
+     * the copies that overlapping confirmation items report; _i 2: counting
+     * on the device asked for, which must leave those items on the ring
+     * (their copies cannot be dropped from a count) */
+    struct gpu_options opt = {.segment_bytes = 48,
+                              .chain_bytes = 80,
+                              .hits_parallel_min = (uint32_t)(_i == 1),
+                              .count_device = _i == 2 ? 1 : 0};
     struct gpu_engine *eng = engine(&opt);
     struct rules_options ro = {.force_bitnfa = true};
     struct catalog *cat = compile_rules_opt(rules, sizeof(rules) / sizeof(rules[0]), &ro);
@@ -478,10 +482,12 @@ START_TEST(test_confirm_nfa)
     ck_assert_uint_ge(from_start, 1); /* "lead" */
     ck_assert_uint_ge(runs, 1);
     rng = 0xc0f1a5eedull;
-    enum { NB = 12 };
+    enum { NB = 15 }; /* the last in mode count */
     struct gpu_buffer bufs[NB];
     for (uint32_t i = 0; i < NB; i++) {
-        size_t len = i == 0 ? 0 : 100 + rnd(400); /* whole walks fit lavapipe's loop budget */
+        size_t len = i == 0        ? 0
+                     : i == NB - 1 ? 400
+                                   : 100 + rnd(400); /* whole walks fit lavapipe's loop budget */
         uint8_t *d = (uint8_t *)random_text(len);
         for (size_t p = 0; len > 20 && p + 12 < len; p += 1 + rnd(i % 4 == 1 ? 6 : 300)) {
             const char *x = plants[rnd(12)];
@@ -490,6 +496,15 @@ START_TEST(test_confirm_nfa)
         if (len > 20) { /* factors at both ends */
             memcpy(d, "corp=", 5);
             memcpy(d + len - 3, "key", 3);
+        }
+        if (i == NB - 1) { /* two items of "mid", far apart, whose walks meet one ';' */
+            memset(d, '#', len);
+            memcpy(d + 10, "q12zq9", 6);
+            memcpy(d + 90, "q34zq9", 6);
+            memcpy(d + 96, ";;;", 3);
+            /* and one run of "lead" longer than a piece of starts */
+            memset(d + 120, 'a', 200);
+            memcpy(d + 320, "@corpxyz", 8);
         }
         bufs[i] = (struct gpu_buffer){
             .data = d, .len = len, .id = i, .mode = (enum scan_mode)(i % 3), .catalog = 0};
@@ -589,13 +604,18 @@ START_TEST(test_confirm_cap)
          * finishes the live walks of a buffer read by callback from the
          * haystack's copy there, kept when the main pass grows it */
         struct gpu_options opt = {.confirm_cap = caps[c],
-                                  .hits_parallel_min = (uint32_t)_i,
+                                  .hits_parallel_min = (uint32_t)(_i == 1),
                                   .factor_pass = _i ? 1 : 0,
-                                  .staged_upload = _i == 1};
+                                  .staged_upload = _i == 1,
+                                  .count_device = _i == 2 ? 1 : 0};
         struct gpu_engine *eng = engine(&opt);
         struct gpu_result res = {0};
         ck_assert_uint_ge(check_batch(eng, &b, &res), 10);
         ck_assert_uint_ge(res.tel.confirm_host, NB);
+        /* every group is a forward confirmation, whose pieces may report
+         * an end twice: none counts on the device (an H100 over-counted a
+         * set by 17,360 when they did: docs/PERFORMANCE.md "Session 38") */
+        ck_assert_uint_eq(res.tel.hits_device_counted, 0);
         if (_i == 1) {
             ck_assert_uint_gt(res.tel.factor_ends, 0);
             struct gpu_buffer keep = bufs[0];
@@ -3180,8 +3200,8 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_bitnfa_segments);
     tcase_add_test(tc, test_gated_nfa);
     tcase_add_test(tc, test_weak_anchor_gates);
-    tcase_add_loop_test(tc, test_confirm_nfa, 0, 2);
-    tcase_add_loop_test(tc, test_confirm_cap, 0, 2);
+    tcase_add_loop_test(tc, test_confirm_nfa, 0, 3);
+    tcase_add_loop_test(tc, test_confirm_cap, 0, 3);
     tcase_add_test(tc, test_confirm_items_bounded);
     tcase_add_test(tc, test_confirm_many);
     tcase_add_test(tc, test_gated_pieces);
