@@ -645,10 +645,10 @@ static size_t gate_lower(const struct refscan_gate *gate, uint32_t k)
 /* Items of gated bit-NFA group k only around its factors' ends. */
 static int gated_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
                        const struct catalog_nfa *g, uint64_t seg, const struct plan_gates *pg,
-                       struct item_sink out)
+                       uint32_t lo, uint32_t hi, struct item_sink out)
 {
     const struct gpu_batch *b = bc->batch;
-    for (uint32_t i = 0; i < b->n_buffers; i++) {
+    for (uint32_t i = lo; i < hi; i++) {
         if (b->buffers[i].catalog != c)
             continue;
         const struct refscan_gate *gate = &pg->v[i];
@@ -720,11 +720,11 @@ static uint64_t confirm_cap(const struct gpu_engine *eng, uint64_t avail, uint64
  * the copy. */
 static int confirm_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
                          const struct catalog_nfa *g, const struct plan_gates *pg, uint64_t gap,
-                         uint64_t piece, bool grow, struct item_sink out)
+                         uint64_t piece, bool grow, uint32_t lo, uint32_t hi, struct item_sink out)
 {
     const struct gpu_batch *b = bc->batch;
     int rc = 0;
-    for (uint32_t i = 0; i < b->n_buffers && rc == 0; i++) {
+    for (uint32_t i = lo; i < hi && rc == 0; i++) {
         if (b->buffers[i].catalog != c)
             continue;
         const struct refscan_gate *gate = &pg->v[i];
@@ -1022,14 +1022,15 @@ static bool way_gated(enum nfa_way w)
     return w == WAY_CONFIRM || w == WAY_LEAD || w == WAY_WINDOWS;
 }
 
-/* The items of a group planned WAY_CONFIRM, WAY_LEAD or WAY_WINDOWS. */
+/* The items of a group planned WAY_CONFIRM, WAY_LEAD or WAY_WINDOWS, in
+ * buffers lo..hi-1: a buffer's items depend on that buffer alone. */
 static int nfa_way_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
-                         const struct nfa_plan *np, const struct plan_gates *pg,
-                         struct item_sink out)
+                         const struct nfa_plan *np, const struct plan_gates *pg, uint32_t lo,
+                         uint32_t hi, struct item_sink out)
 {
     if (np->way == WAY_WINDOWS)
-        return gated_items(bc, c, k, &np->g, np->seg, pg, out);
-    return confirm_items(bc, c, k, &np->g, pg, CONFIRM_GAP, np->piece, np->grow, out);
+        return gated_items(bc, c, k, &np->g, np->seg, pg, lo, hi, out);
+    return confirm_items(bc, c, k, &np->g, pg, CONFIRM_GAP, np->piece, np->grow, lo, hi, out);
 }
 
 /*
@@ -1118,7 +1119,7 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
                 bc->n_meta += pre->n;
             }
         } else {
-            rc = nfa_way_items(bc, c, k, &np, pg, main);
+            rc = nfa_way_items(bc, c, k, &np, pg, 0, bc->batch->n_buffers, main);
         }
         if (rc < 0)
             return -ENOMEM;
@@ -1181,34 +1182,78 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
 /* Gated groups of catalog c planned ahead: their item lists (windows or
  * confirmation pieces from every buffer's factor ends, most of a gated
  * catalog's plan: 176 groups and 0.9 M factor ends per GiB for
- * gitleaks-regex) made one group per task on the upload threads, each into
- * its own list; plan_nfa then appends them in group order, so the plan is
- * the one a single thread makes. */
+ * gitleaks-regex) made on the upload threads, a task per (group, part of
+ * the batch's buffers), each into its own list. A batch of few groups
+ * and many buffers (leads.rules: two gated groups, 4,096 buffers of 64
+ * KiB) is so cut into parts for every thread, one of many groups (or one
+ * buffer, the CLI's) a task per group. The parts of a group are joined in
+ * buffer order and plan_nfa appends the groups in group order, so the
+ * plan is the one a single thread makes. */
+struct pre_part {
+    struct batch_scratch s; /* only meta and meta_cap are used */
+    size_t n;
+    int rc;
+};
+
 struct pre_job {
     const struct batch_ctx *bc;
     uint32_t c;
     const struct plan_gates *pg;
-    const uint32_t *ks; /* the groups, one per task */
+    const uint32_t *ks; /* the gated groups */
+    uint32_t parts;     /* tasks per group */
     struct pre_items *out;
+    struct pre_part *part; /* parts per group, in task order */
 };
 
 static void pre_task(void *ctx, uint32_t t)
 {
     struct pre_job *j = ctx;
-    struct pre_items *pi = &j->out[j->ks[t]];
-    pi->rc =
-        nfa_way_items(j->bc, j->c, j->ks[t], &pi->np, j->pg, (struct item_sink){&pi->s, &pi->n});
+    uint32_t k = j->ks[t / j->parts], p = t % j->parts, nb = j->bc->batch->n_buffers;
+    uint32_t lo = (uint32_t)((uint64_t)nb * p / j->parts);
+    uint32_t hi = (uint32_t)((uint64_t)nb * (p + 1) / j->parts);
+    struct pre_part *pp = &j->part[t];
+    pp->rc = nfa_way_items(j->bc, j->c, k, &j->out[k].np, j->pg, lo, hi,
+                           (struct item_sink){&pp->s, &pp->n});
+}
+
+/* Joins group k's parts (task order) into its pre_items. */
+static void pre_join(struct pre_job *j, uint32_t g)
+{
+    struct pre_items *pi = &j->out[j->ks[g]];
+    struct pre_part *pp = &j->part[(size_t)g * j->parts];
+    size_t n = 0;
+    pi->rc = 0;
+    for (uint32_t p = 0; p < j->parts; p++) {
+        if (pp[p].rc < 0)
+            pi->rc = pp[p].rc;
+        n += pp[p].n;
+    }
+    if (j->parts == 1) { /* the list as it is */
+        pi->s = pp[0].s;
+        pi->n = pp[0].n;
+        pp[0].s.meta = NULL;
+        return;
+    }
+    if (pi->rc == 0 && gpu_grow_array((void **)&pi->s.meta, &pi->s.meta_cap, n, 16) < 0)
+        pi->rc = -ENOMEM;
+    for (uint32_t p = 0; pi->rc == 0 && p < j->parts; p++) {
+        if (pp[p].n > 0)
+            memcpy(&pi->s.meta[pi->n * 4], pp[p].s.meta, pp[p].n * 16);
+        pi->n += pp[p].n;
+    }
+    for (uint32_t p = 0; p < j->parts; p++)
+        free(pp[p].s.meta);
 }
 
 /* Per NFA group of catalog c, its items made ahead where pre[k].made, or
- * NULL when none are (fewer than two gated groups, one thread, no memory:
- * every group is planned in place then). */
+ * NULL when none are (a single task, one thread, no memory: every group
+ * is planned in place then). */
 static struct pre_items *plan_pre(struct batch_ctx *bc, uint32_t c, uint64_t longest,
                                   const struct plan_gates *pg)
 {
     uint32_t n_nfa = catalog_nfa_count(bc->batch->catalogs[c]);
-    if (pg->v == NULL || n_nfa < 2 || bc->eng->pool == NULL ||
-        upload_pool_threads(bc->eng->pool) < 2)
+    uint32_t threads = bc->eng->pool != NULL ? upload_pool_threads(bc->eng->pool) : 0;
+    if (pg->v == NULL || n_nfa == 0 || threads < 2)
         return NULL;
     uint32_t *ks = malloc(n_nfa * sizeof(*ks));
     struct pre_items *out = calloc(n_nfa, sizeof(*out));
@@ -1218,15 +1263,24 @@ static struct pre_items *plan_pre(struct batch_ctx *bc, uint32_t c, uint64_t lon
         if (way_gated(out[k].np.way))
             ks[n++] = k;
     }
-    if (n < 2) {
+    /* two tasks a thread, in parts of at least 16 buffers */
+    uint32_t nb = bc->batch->n_buffers, parts = n > 0 ? (2 * threads + n - 1) / n : 1;
+    if (parts > nb / 16)
+        parts = nb / 16 > 0 ? nb / 16 : 1;
+    struct pre_part *part = n > 0 ? calloc((size_t)n * parts, sizeof(*part)) : NULL;
+    if (n * parts < 2 || part == NULL) {
+        free(part);
         free(ks);
         free(out);
         return NULL;
     }
     for (uint32_t t = 0; t < n; t++)
         out[ks[t]].made = true;
-    struct pre_job j = {bc, c, pg, ks, out};
-    upload_pool_run(bc->eng->pool, pre_task, &j, n);
+    struct pre_job j = {bc, c, pg, ks, parts, out, part};
+    upload_pool_run(bc->eng->pool, pre_task, &j, n * parts);
+    for (uint32_t g = 0; g < n; g++)
+        pre_join(&j, g);
+    free(part);
     free(ks);
     return out;
 }

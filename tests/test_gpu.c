@@ -298,7 +298,10 @@ START_TEST(test_gated_nfa)
     static const char *const plants[] = {
         "key = 1 end", "TOKEN0123abcd9 ", "zzz", "xyz123Q", "zzzab c",
         "key",         "token",           "abc", "end"};
-    struct gpu_options opt = {.segment_bytes = 48, .chain_bytes = 80};
+    /* _i 1: 48 buffers on 3 upload threads, so the plan makes each gated
+     * group's items in parts of the buffers (gpu/plan.c plan_pre) */
+    struct gpu_options opt = {
+        .segment_bytes = 48, .chain_bytes = 80, .upload_threads = _i == 1 ? 3 : 0};
     struct gpu_engine *eng = engine(&opt);
     struct rules_options ro = {.force_bitnfa = true};
     struct catalog *cat = compile_rules_opt(rules, sizeof(rules) / sizeof(rules[0]), &ro);
@@ -310,8 +313,8 @@ START_TEST(test_gated_nfa)
     }
     ck_assert_uint_eq(gated, catalog_nfa_count(cat));
     rng = 0x6a7e5eedull;
-    enum { NB = 12 };
-    struct gpu_buffer bufs[NB];
+    const uint32_t NB = _i == 1 ? 48 : 12;
+    struct gpu_buffer bufs[48];
     uint64_t full_items = 0;
     for (uint32_t i = 0; i < NB; i++) {
         size_t len = i == 0 ? 0 : 200 + rnd(3000);
@@ -1602,11 +1605,13 @@ START_TEST(test_factor_ends_ranges)
             memcpy(d + (size_t)((long)edge + o * 8 - 5), "wyqzk77x", 8);
         memcpy(d + edge + 40, "omegaabcy", 9);
     }
-    struct gpu_buffer bufs[16] = {{.data = d, .len = LEN, .mode = SCAN_ALL},
+    /* _i 3: 64 buffers, so the main pass's plan makes each gated group's
+     * items in parts of the buffers on the threads (plan_pre) */
+    struct gpu_buffer bufs[64] = {{.data = d, .len = LEN, .mode = SCAN_ALL},
                                   {.data = d + 777, .len = 70000, .mode = SCAN_COUNT}};
-    uint32_t nb = _i == 2 ? 16 : 2;
+    uint32_t nb = _i == 3 ? 64 : _i == 2 ? 16 : 2;
     for (uint32_t k = 2; k < nb; k++)
-        bufs[k] = (struct gpu_buffer){.data = d + k * 9001,
+        bufs[k] = (struct gpu_buffer){.data = d + (k * 9001) % (LEN - 30000),
                                       .len = 5000 + k * 333,
                                       .mode = k % 3 == 0 ? SCAN_FIRST : SCAN_ALL};
     const struct catalog *cats[] = {cat};
@@ -3198,7 +3203,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_segment_boundaries);
     tcase_add_test(tc, test_bitnfa_random);
     tcase_add_test(tc, test_bitnfa_segments);
-    tcase_add_test(tc, test_gated_nfa);
+    tcase_add_loop_test(tc, test_gated_nfa, 0, 2);
     tcase_add_test(tc, test_weak_anchor_gates);
     tcase_add_loop_test(tc, test_confirm_nfa, 0, 3);
     tcase_add_loop_test(tc, test_confirm_cap, 0, 3);
@@ -3211,7 +3216,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_spec_segments);
     tcase_add_loop_test(tc, test_factor_pass, 0, 4);
     tcase_add_loop_test(tc, test_factor_ends_groups, 0, 2);
-    tcase_add_loop_test(tc, test_factor_ends_ranges, 0, 3);
+    tcase_add_loop_test(tc, test_factor_ends_ranges, 0, 4);
     tcase_add_loop_test(tc, test_many_gated_groups, 0, 2);
     tcase_add_test(tc, test_hit_dense);
     tcase_add_loop_test(tc, test_hits_pool, 0, 2);
