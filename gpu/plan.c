@@ -601,8 +601,8 @@ struct plan_gates {
     /* a bit per (buffer, bit-NFA group) with a factor end, has_words a
      * buffer (NULL: not built, every pair is searched): a batch of 16,384
      * buffers and 176 gated groups (gitleaks-regex as 64 KiB buffers) has
-     * 2.9 M pairs, nearly all without an end, which two binary searches
-     * each cost 36 ms of the threads' time */
+     * 2.9 M pairs, nearly all without an end, each tested by a bit
+     * instead of two binary searches */
     uint64_t *has;
     uint32_t has_words;
 };
@@ -1253,7 +1253,8 @@ static void pre_task(void *ctx, uint32_t t)
                            (struct item_sink){&pp->s, &pp->n});
 }
 
-/* Joins group k's parts (task order) into its pre_items. */
+/* Joins the parts of the g-th gated group (ks[g]), in buffer order, into
+ * its pre_items. */
 static void pre_join(struct pre_job *j, uint32_t g)
 {
     struct pre_items *pi = &j->out[j->ks[g]];
