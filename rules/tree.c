@@ -242,6 +242,8 @@ static struct node *strip_lead(struct node *n, unsigned depth)
         n->u.rep.max = n->u.rep.min;
         return n;
     case N_CAT: {
+        if (n->u.list.n == 0) /* `()`: an empty branch */
+            return n;
         uint32_t k = 0;
         while (k + 1 < n->u.list.n && nullable(n->u.list.kids[k], true))
             k++;
