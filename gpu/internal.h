@@ -150,7 +150,7 @@ struct scan_range {
     bool nfa;       /* bit-NFA group group - catalog_group_count */
     bool lit;       /* the literal kernel: every routed group of catalog cat */
     bool confirm;   /* a bounded group's forward confirmation (the kernel's confirm mode) */
-    bool overlap;   /* its items may report a (rule, end) twice: CAT_GF_CONFIRM items */
+    bool overlap;   /* its items may report a (rule, end) twice: forward confirmations */
     bool factor;    /* the factor pass: a factor group's every entry reported */
     bool counted;   /* hits of counted buffers go to their counters, not the ring */
     /* fused DFA ranges: groups stepped together (group is the first, the

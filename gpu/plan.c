@@ -1173,8 +1173,9 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
             return -ENOMEM;
         struct scan_range *sr = &bc->eng->scratch.ranges[bc->n_ranges - 1];
         sr->nfa = true;
+        /* a confirmation piece's walk runs on past its starts */
+        sr->overlap = np.way != WAY_WINDOWS;
         if (np.way == WAY_CONFIRM) {
-            sr->overlap = true; /* a piece's walk runs on past its starts */
             sr->cap = (uint32_t)np.cap;
             bc->has_confirm |= np.cap != NO_CARRY;
         } else if (np.way == WAY_LEAD) {
@@ -1702,10 +1703,10 @@ static bool spec_skip(struct gpu_engine *eng, const struct catalog *cat)
  * bit-NFA ranges (bounded, chained, fused, gated windows, speculative) of
  * catalogs that report a (rule, end) once, whose items own disjoint ends,
  * and the literal kernel's where no two rules share an id. Forward
- * confirmations (`confirm`, and CAT_GF_CONFIRM's `overlap`: an item's walk
- * runs on past its starts, so the piece before it may report its ends
- * again, and the host finishes capped ones) keep the ring, where the
- * finish drops the copies; it adds both (hits.c merge_counts). A speculative
+ * confirmations (`overlap`: an item's walk runs on past its starts, so
+ * the piece before it may report its ends again, and the host finishes
+ * capped ones) keep the ring, where the finish drops the copies; it adds
+ * both (hits.c merge_counts). A speculative
  * range counts on the bet that no segment guessed its state wrong, which
  * read_passes checks (batch.c); a catalog that lost it keeps them on the
  * ring for its next SPEC_LOST_SKIP batches.
@@ -1755,9 +1756,8 @@ static int plan_counts(struct batch_ctx *bc)
         spec[c] = cats[c] && !spec_skip(bc->eng, b->catalogs[c]);
     struct scan_range *r = bc->eng->scratch.ranges;
     for (size_t k = 0; k < bc->n_ranges; k++)
-        r[k].counted = cats[r[k].cat] && (!r[k].lit || once[r[k].cat] == 2) && !r[k].confirm &&
-                       !r[k].overlap && !r[k].factor &&
-                       (r[k].spec_base == NO_CARRY || spec[r[k].cat]);
+        r[k].counted = cats[r[k].cat] && (!r[k].lit || once[r[k].cat] == 2) && !r[k].overlap &&
+                       !r[k].factor && (r[k].spec_base == NO_CARRY || spec[r[k].cat]);
     return 0;
 }
 
