@@ -169,6 +169,7 @@ void stats_collect_as(struct server *srv, uid_t uid, bool admin, struct stats_li
     stats_add_u(l, "catalog_disk_writes", ss.disk_writes);
     stats_add_u(l, "catalog_cache_hits", ss.cache_hits);
     stats_add_u(l, "catalog_host_evictions", ss.host_evictions);
+    stats_add_u(l, "catalog_tenant_evictions", ss.tenant_evictions);
     stats_add_u(l, "catalog_disk_errors", ss.disk_errors);
     stats_add_u(l, "catalogs_resident", info->resident_catalogs);
     stats_add_u(l, "device_memory_used", info->device_memory_used);

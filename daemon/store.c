@@ -17,6 +17,7 @@
 
 #include "cpool.h"
 #include "diskcache.h"
+#include "log.h"
 #include "patfile.h"
 #include "store_internal.h"
 
@@ -420,17 +421,81 @@ uint32_t store_tenant_catalogs(const struct store *st, uid_t uid)
     return n;
 }
 
+/* Takes `uid` off the owners of `e`; the last owner gone, `e` goes too. */
+static void owner_remove(struct store *st, struct store_entry *e, uid_t uid)
+{
+    for (size_t i = 0; i < e->n_owners; i++) {
+        if (e->owners[i] == uid) {
+            e->owners[i] = e->owners[--e->n_owners];
+            break;
+        }
+    }
+    if (e->n_owners == 0)
+        entry_kill(st, e);
+    else
+        diskcache_save_owners(st, e);
+}
+
+/* The least recently used catalog of `uid` that nothing holds now (no scan,
+ * stream, load or disk read), or NULL when every one is in use; `n_idle`
+ * gets how many such catalogs it holds. */
+static struct store_entry *tenant_idle_lru(const struct store *st, uid_t uid, uint32_t *n_idle)
+{
+    struct store_entry *best = NULL;
+    *n_idle = 0;
+    for (unsigned b = 0; b < STORE_BUCKETS; b++) {
+        for (struct store_entry *e = st->table[b]; e != NULL; e = e->hnext) {
+            if (!entry_owned(e, uid) || e->refs > 0 || e->waiters != NULL || e->loading)
+                continue;
+            ++*n_idle;
+            if (best == NULL || e->last_use < best->last_use)
+                best = e;
+        }
+    }
+    return best;
+}
+
+/* Room for one more catalog of `uid`. A tenant at tenant-max-catalogs that
+ * loads another one gives up its least recently used idle catalogs (a later
+ * scan of one gets UNKNOWN_CATALOG: load it again, as the CLI does), so that
+ * a user running `vkscan scan` with many rule files is never stuck; BUSY
+ * only when too many are in use. With `evict` false, only says whether the
+ * room can be made. */
+static int tenant_room(struct store *st, uid_t uid, bool evict, struct vks_error *err)
+{
+    uint32_t held = store_tenant_catalogs(st, uid), n_idle;
+    if (held < st->opt.tenant_max_catalogs)
+        return 0;
+    uint32_t over = held - st->opt.tenant_max_catalogs + 1;
+    struct store_entry *victim = tenant_idle_lru(st, uid, &n_idle);
+    if (n_idle < over)
+        return vks_error_set(err, -VKS_E_BUSY,
+                             "uid %u holds %u catalogs, the limit (tenant-max-catalogs) is %u, "
+                             "and %u of them are in use by scans or streams: drop one with "
+                             "catalog.drop, or retry when a scan has finished",
+                             (unsigned)uid, held, st->opt.tenant_max_catalogs, held - n_idle);
+    for (; evict && over > 0; over--) {
+        char hex[STORE_HEX_LEN + 1];
+        sodium_bin2hex(hex, sizeof(hex), victim->fp, CATALOG_FP_LEN);
+        log_info("uid %u at tenant-max-catalogs (%u): catalog %.16s, its least recently used, "
+                 "released for a new one",
+                 (unsigned)uid, st->opt.tenant_max_catalogs, hex);
+        st->stats.tenant_evictions++;
+        owner_remove(st, victim, uid);
+        if (over > 1)
+            victim = tenant_idle_lru(st, uid, &n_idle);
+    }
+    return 0;
+}
+
 /* Makes `uid` an owner of `e`, within its quota. */
 static int take_ownership(struct store *st, struct store_entry *e, uid_t uid, struct vks_error *err)
 {
     if (entry_owned(e, uid))
         return 0;
-    uint32_t held = store_tenant_catalogs(st, uid);
-    if (held >= st->opt.tenant_max_catalogs)
-        return vks_error_set(err, -VKS_E_BUSY,
-                             "uid %u holds %u catalogs, the limit "
-                             "(tenant-max-catalogs) is %u: drop one with catalog.drop first",
-                             (unsigned)uid, held, st->opt.tenant_max_catalogs);
+    int rc = tenant_room(st, uid, true, err);
+    if (rc != 0)
+        return rc;
     if (store_entry_add_owner(e, uid) < 0)
         return vks_error_set(err, -ENOMEM, "out of memory adding a catalog owner");
     diskcache_save_owners(st, e);
@@ -749,12 +814,9 @@ void store_load(struct store *st, uid_t uid, const struct proto_catalog_load *lo
         answer_source(st, uid, s, load, cb, ctx);
         return;
     }
-    uint32_t held = store_tenant_catalogs(st, uid);
-    if (held >= st->opt.tenant_max_catalogs) {
-        fail(cb, ctx, -VKS_E_BUSY,
-             "uid %u holds %u catalogs, the limit (tenant-max-catalogs) "
-             "is %u: drop one with catalog.drop first",
-             (unsigned)uid, held, st->opt.tenant_max_catalogs);
+    struct vks_error room_err;
+    if (tenant_room(st, uid, false, &room_err) != 0) {
+        cb(ctx, room_err.code, &(struct store_result){0}, &room_err);
         return;
     }
     struct compile_job *j = calloc(1, sizeof(*j));
@@ -954,16 +1016,7 @@ int store_drop(struct store *st, uid_t uid, const uint8_t fp[CATALOG_FP_LEN])
     struct store_entry *e = store_table_find(st, fp);
     if (e == NULL || !entry_owned(e, uid))
         return 0;
-    for (size_t i = 0; i < e->n_owners; i++) {
-        if (e->owners[i] == uid) {
-            e->owners[i] = e->owners[--e->n_owners];
-            break;
-        }
-    }
-    if (e->n_owners == 0)
-        entry_kill(st, e);
-    else
-        diskcache_save_owners(st, e);
+    owner_remove(st, e, uid);
     return 1;
 }
 

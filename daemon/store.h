@@ -57,6 +57,7 @@ struct store_stats {
     uint64_t disk_writes;        /* catalogs written to the disk cache */
     uint64_t cache_hits;         /* catalog.load answered without compiling */
     uint64_t host_evictions;
+    uint64_t tenant_evictions; /* catalogs a tenant at tenant-max-catalogs gave up for a new one */
     uint64_t disk_errors; /* disk cache files that could not be read or written */
 };
 

@@ -1798,6 +1798,41 @@ END_TEST
 
 /* ---- the example configuration ------------------------------------------------ */
 
+/* A user runs `vkscan scan` with more rule files than tenant-max-catalogs:
+ * each load past the limit releases the tenant's least recently used idle
+ * catalog instead of failing with BUSY, and a file whose catalog was
+ * released loads and scans again. Every scan goes through the GPU engine. */
+START_TEST(scan_more_rule_files_than_catalog_limit)
+{
+    base_create();
+    make_tree();
+    daemon_start(ARGS("--engine", "gpu", "--tenant-max-catalogs", "2"));
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 5; i++) {
+            char rel[32], rule[64], want[128];
+            snprintf(rel, sizeof(rel), "r%d.txt", i);
+            int n = snprintf(rule, sizeof(rule), "k%d:/ne{1,2}dle/\nk%d:\"ab%d\"\n", i, i, i);
+            write_file(rel, rule, (size_t)n);
+            struct run r;
+            run_cli(&r, NULL, NULL, ARGS("--socket", sock, "scan", "-r", rel, "tree/a.txt"));
+            ck_assert_msg(r.status == 0, "round %d file %d: exit %d: %s", round, i, r.status,
+                          r.err);
+            snprintf(want, sizeof(want), "tree/a.txt:9:k%d\n%stree/a.txt:22:k%d\n", i,
+                     i == 1 ? "tree/a.txt:13:k1\n" : "", i);
+            ck_assert_str_eq(r.out, want);
+        }
+    }
+    struct run r;
+    run_cli(&r, NULL, NULL, ARGS("--socket", sock, "status", "--json"));
+    ck_assert_int_eq(r.status, 0);
+    /* 10 loads of 5 rule sets with room for 2: every load after the
+     * second released one. */
+    ck_assert_msg(strstr(r.out, "\"catalog_tenant_evictions\":8") != NULL, "%s", r.out);
+    daemon_stop();
+    base_remove();
+}
+END_TEST
+
 /* Every key vkscand --help lists appears (commented, with its default) in
  * systemd/vkscand.conf.example, and the file with every line uncommented
  * starts a daemon: each documented default is a value vkscand accepts. */
@@ -1906,6 +1941,7 @@ Suite *cli_suite(void)
 
     TCase *cfg = tcase_create("config");
     tcase_add_test(cfg, example_config_complete_and_loads);
+    tcase_add_test(cfg, scan_more_rule_files_than_catalog_limit);
     tcase_set_timeout(cfg, 300);
     suite_add_tcase(s, cfg);
     return s;

@@ -269,15 +269,26 @@ def test_load_rules_one_by_one(client):
         client.load([("only-id",)])
 
 
-def test_busy_over_catalog_quota():
+def test_catalog_quota_releases_idle_catalogs():
     d = Daemon("--tenant-max-catalogs", "2")
     try:
         with vkscan.Client(d.sock) as c:
-            c.load("q0:/quota0/\n")
-            c.load("q1:/quota1/\n")
-            with pytest.raises(vkscan.BusyError) as ei:
-                c.load("q2:/quota2/\n")
-            assert "tenant-max-catalogs" in ei.value.message
+            q0 = c.load("q0:/quota0/\n")
+            q1 = c.load("q1:/quota1/\n")
+            # both held by open streams: no room, and the error says why
+            with q0.stream() as s0, q1.stream():
+                with pytest.raises(vkscan.BusyError) as ei:
+                    c.load("q2:/quota2/\n")
+                assert "tenant-max-catalogs" in ei.value.message
+                assert "in use" in ei.value.message
+                s0.close()
+                # q0 is idle and the least recently used: it makes the room
+                q2 = c.load("q2:/quota2/\n")
+                assert [(m.rule, m.end) for m in q2.scan(b"xquota2")] == [("q2", 7)]
+                assert c.has(q1.fingerprint) and not c.has(q0.fingerprint)
+                with pytest.raises(vkscan.UnknownCatalogError):
+                    q0.scan(b"quota0")
+            assert c.stats()["catalog_tenant_evictions"] == 1
     finally:
         assert d.stop() == 0
 
