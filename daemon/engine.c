@@ -1193,6 +1193,8 @@ void engine_stats_add(struct engine *e, struct stats_list *l)
                    g[i].retries);
         /* GPU engines: busy is device time with a batch on it; batches overlap */
         stats_add_u(l, key(e, n, i, 7, "max_inflight"), g[i].max_inflight);
+        stats_add_u(l, key(e, n, i, 8, "reopens"),
+                    __atomic_load_n(&e->gw[i].reopens, __ATOMIC_RELAXED));
     }
     /* the CPU engine's busy share is over all its threads */
     add_engine(e, l, n, CPU_ENGINE, 1, n_cpu, cb, cy, cbusy, span * n_cpu, cr);

@@ -28,6 +28,7 @@ struct slot {
 static void gpu_reopen(struct gworker *w)
 {
     struct vks_error err = {0};
+    __atomic_add_fetch(&w->reopens, 1, __ATOMIC_RELAXED);
     if (w->gpu != NULL) {
         struct gpu_engine_stats gs;
         gpu_engine_stats(w->gpu, &gs);
@@ -172,6 +173,17 @@ static int gpu_settle(struct gworker *w, struct gpu_result *res, const struct sl
 {
     if (rc == -E2BIG && n > 1)
         return rc;
+    if (rc == -ENOTSUP) {
+        /* A kernel the driver cannot build (gpu_pipeline_get): the device
+         * is fine. Every batch of such a catalog comes here, so only the
+         * worker's first is a warning. */
+        log_msg(w->refusals++ == 0 ? LOG_LVL_WARNING : LOG_LVL_INFO,
+                "GPU engine %u: %s: the batch's %zu scans run on the CPU engine", w->index,
+                err->msg, n);
+        for (size_t i = 0; i < n; i++)
+            jobs[i]->cpu_retry = rc;
+        return 0;
+    }
     if (rc == -E2BIG || rc == -ETIMEDOUT || rc == -ENODEV || rc == -EIO) {
         log_warn("GPU engine %u: %s: the batch's %zu scans re-run on the CPU engine", w->index,
                  err->msg, n);

@@ -88,6 +88,8 @@ struct gworker {
     uint32_t resident;
     uint64_t device_used;
     uint64_t batches, bytes, busy_ns, retries;
+    uint64_t reopens;      /* re-created after a device failure (__atomic) */
+    uint64_t refusals;     /* batches whose kernel the driver refused (worker thread) */
     uint32_t max_inflight; /* most batches on the device at once */
 
     /* Loop thread. */
@@ -172,7 +174,7 @@ struct engine {
     /* Loop thread. */
     uint32_t rr; /* where the next tie-break starts */
     struct engine_info info;
-    char keys[MAX_GPU_ENGINES + 1][8][40]; /* engine.N.* stats keys */
+    char keys[MAX_GPU_ENGINES + 1][9][40]; /* engine.N.* stats keys */
 
     engine_ready_cb ready_cb;
     engine_done_cb done_cb;

@@ -93,6 +93,8 @@ struct resident_catalog {
     struct gbuf lit; /* the literal kernel's tables (gpu/lit.h), when it has some */
 };
 
+#define GPU_REFUSED_MAX 16u /* pipelines the driver refused, remembered */
+
 struct pipe_key {
     uint32_t writer; /* GPU_HITS_SCALAR or GPU_HITS_SUBGROUP */
     uint32_t wg;
@@ -356,6 +358,12 @@ struct gpu_engine {
     struct gpu_lit *lits[GPU_LIT_CACHE];
     struct pipe_entry pipes[GPU_PIPELINE_LRU];
     uint32_t n_pipes;
+    /* Pipelines the driver refused to build (not for want of memory), with
+     * its VkResult: asked for again, they fail at once (-ENOTSUP) instead
+     * of compiling again; the oldest is forgotten past GPU_REFUSED_MAX. */
+    struct pipe_key refused[GPU_REFUSED_MAX];
+    VkResult refused_r[GPU_REFUSED_MAX];
+    uint32_t n_refused;
     VkDescriptorPool dpool;
     VkDescriptorSet sets[GPU_MAX_BATCH_CATALOGS];
 
@@ -488,7 +496,11 @@ int gbuf_reserve(struct gpu_engine *eng, struct gbuf *b, VkDeviceSize size,
 VkDeviceSize gbuf_grow_size(VkDeviceSize have, VkDeviceSize size);
 
 /* Finds or compiles the pipeline of `key` (LRU of GPU_PIPELINE_LRU);
- * `*hit` says whether it was cached. */
+ * `*hit` says whether it was cached. A pipeline the driver cannot build
+ * (VK_ERROR_UNKNOWN for a bit-NFA kernel of MAX_WORDS 2048 on an H100; out
+ * of memory) is -ENOTSUP: the batch's scans go to the CPU engine and the
+ * device stays usable. Refusals other than for memory are remembered, so
+ * the same pipeline is not compiled again until the engine is re-created. */
 int gpu_pipeline_get(struct gpu_engine *eng, const struct pipe_key *key, VkPipeline *out, bool *hit,
                      struct vks_error *err);
 int gpu_pipeline_init(struct gpu_engine *eng, struct vks_error *err);

@@ -265,6 +265,19 @@ void gpu_pipeline_finish(struct gpu_engine *eng)
         vkDestroyDescriptorSetLayout(eng->dev, eng->dsl, NULL);
 }
 
+/* Names the kernel of `key` for messages. */
+static void describe(const struct pipe_key *key, char *out, size_t cap)
+{
+    char words[32] = "";
+    if (key->nfa_words)
+        snprintf(words, sizeof(words), ", MAX_WORDS %u", key->nfa_words);
+    snprintf(out, cap, "%s scan kernel (%u threads%s)",
+             key->lit         ? "literal"
+             : key->nfa_words ? "bit-NFA"
+                              : "DFA",
+             key->wg, words);
+}
+
 static int compile(struct gpu_engine *eng, const struct pipe_key *key, VkPipeline *out,
                    struct vks_error *err)
 {
@@ -297,11 +310,20 @@ static int compile(struct gpu_engine *eng, const struct pipe_key *key, VkPipelin
         .layout = eng->layout,
     };
     VkResult r = vkCreateComputePipelines(eng->dev, eng->pcache, 1, &ci, NULL, out);
-    if (r != VK_SUCCESS) {
-        *out = VK_NULL_HANDLE;
-        return gpu_vk_error(r, "vkCreateComputePipelines (scan kernel)", err);
+    if (r == VK_SUCCESS)
+        return 0;
+    *out = VK_NULL_HANDLE;
+    char what[96];
+    describe(key, what, sizeof(what));
+    if (r == VK_ERROR_DEVICE_LOST)
+        return gpu_vk_error(r, what, err);
+    if (r != VK_ERROR_OUT_OF_HOST_MEMORY && r != VK_ERROR_OUT_OF_DEVICE_MEMORY) {
+        uint32_t slot = eng->n_refused++ % GPU_REFUSED_MAX;
+        eng->refused[slot] = *key;
+        eng->refused_r[slot] = r;
     }
-    return 0;
+    return vks_error_set(err, -ENOTSUP, "the driver could not build the %s (VkResult %d)", what,
+                         (int)r);
 }
 
 int gpu_pipeline_get(struct gpu_engine *eng, const struct pipe_key *key, VkPipeline *out, bool *hit,
@@ -317,6 +339,16 @@ int gpu_pipeline_get(struct gpu_engine *eng, const struct pipe_key *key, VkPipel
         }
     }
     *hit = false;
+    uint32_t n_refused = eng->n_refused < GPU_REFUSED_MAX ? eng->n_refused : GPU_REFUSED_MAX;
+    for (uint32_t i = 0; i < n_refused; i++) {
+        if (memcmp(&eng->refused[i], key, sizeof(*key)) == 0) {
+            char what[96];
+            describe(key, what, sizeof(what));
+            return vks_error_set(err, -ENOTSUP,
+                                 "the driver could not build the %s before (VkResult %d)", what,
+                                 (int)eng->refused_r[i]);
+        }
+    }
     VkPipeline p;
     int rc = compile(eng, key, &p, err);
     if (rc < 0)

@@ -2451,6 +2451,67 @@ START_TEST(test_device_faults)
 END_TEST
 
 /*
+ * A kernel the driver cannot build (an H100 answers VK_ERROR_UNKNOWN for a
+ * bit-NFA kernel of MAX_WORDS 2048; vkfault's `pipeline` here) is not a
+ * device failure: the scan that needs it runs on the CPU engine with exact
+ * hits (cpu_retry ENOTSUP), the GPU engine is not re-created (before, each
+ * such batch re-created it, for every tenant), the refusal is remembered
+ * (the next scan of that catalog goes to the CPU engine without a compile
+ * that lavapipe would now pass), and other catalogs still scan on the GPU.
+ */
+START_TEST(test_pipeline_refused)
+{
+    vkfault_so = getenv("VKFAULT_SO");
+    ck_assert_msg(vkfault_so != NULL, "VKFAULT_SO is not set: run through meson test");
+    struct daemon d;
+    daemon_start(&d, NULL, NULL);
+    vkfault_so = NULL;
+    struct vks_client *c = connect_ok(&d);
+    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
+    const uint8_t *fp = vks_catalog_fingerprint(cat);
+    struct catalog *ref = local_catalog(rules, N_RULES - 1);
+    static uint8_t buf[3000];
+    make_haystack(buf, sizeof(buf));
+    expect_gpu_scan_ok(c, fp, ref, buf, sizeof(buf));
+
+    static const struct vks_rule wide_rules[] = {
+        {"wide", VKS_RULE_REGEX, "abc[0-9a-f]{1500}xyz", 0, NULL},
+        {"tail", VKS_RULE_LITERAL, "xyz", 0, NULL},
+    };
+    struct vks_catalog *wide = load_ok(c, wide_rules, 2, false);
+    struct catalog *wide_ref = local_catalog(wide_rules, 2);
+    static uint8_t hay[4000];
+    memset(hay, '7', sizeof(hay));
+    memcpy(hay + 100, "abc", 3);
+    memcpy(hay + 1603, "xyz", 3);
+    memcpy(hay + 3000, "xyz", 3);
+    vkfault_ctl(&d, "pipeline=1");
+    for (int k = 0; k < 2; k++) {
+        struct vks_scan_result res = {0};
+        struct vks_error err = {0};
+        int rc = scan_buf(c, vks_catalog_fingerprint(wide), hay, sizeof(hay), &res, &err);
+        ck_assert(vkfault_taken(&d));
+        ck_assert_msg(rc == 0, "scan %d: %d %s", k, rc, err.msg);
+        check_hits(wide_ref, &res, 0, hay, sizeof(hay), SCAN_ALL);
+        ck_assert_uint_eq(res.n_hits, 3);
+        ck_assert_uint_eq(tel_of(&res, "cpu_retry"), ENOTSUP);
+        vks_scan_result_finish(&res);
+    }
+    ck_assert_uint_eq(stat_of(c, "engine.0.reopens"), 0);
+    ck_assert_uint_ge(stat_of(c, "engine.0.cpu_retries"), 2);
+    expect_gpu_scan_ok(c, fp, ref, buf, sizeof(buf));
+
+    catalog_destroy(wide_ref);
+    vks_catalog_destroy(wide);
+    catalog_destroy(ref);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/*
  * Under --engine auto vkscand takes connections before its GPU engine has
  * started (docs/daemon.md "Warm restart"). With the engine held in
  * vkCreateInstance (vkfault's hold): a catalog loads and a scan is answered
@@ -3284,6 +3345,7 @@ Suite *daemon_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_error_codes);
     tcase_add_test(tc, test_device_faults);
+    tcase_add_test(tc, test_pipeline_refused);
     tcase_add_test(tc, test_serves_before_gpu_starts);
     tcase_add_test(tc, test_protocol_error);
     tcase_add_test(tc, test_connection_cap);

@@ -21,7 +21,7 @@ static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 /* Arms what a spec "alloc=N,submit=N,wait=N,lost=N" names. */
 static void parse_spec(const char *spec)
 {
-    static const char *const names[VKFAULT_N_OPS] = {"alloc", "submit", "wait", "lost"};
+    static const char *const names[VKFAULT_N_OPS] = {"alloc", "submit", "wait", "lost", "pipeline"};
     for (int op = 0; op < VKFAULT_N_OPS; op++) {
         size_t n = strlen(names[op]);
         for (const char *p = spec; (p = strstr(p, names[op])) != NULL; p += n) {
@@ -149,6 +149,23 @@ VKAPI_ATTR VkResult VKAPI_CALL vkQueueSubmit(VkQueue queue, uint32_t n, const Vk
     if (should_fail(VKFAULT_SUBMIT))
         return VK_ERROR_OUT_OF_DEVICE_MEMORY;
     return next(queue, n, submits, fence);
+}
+
+VKAPI_ATTR VkResult VKAPI_CALL vkCreateComputePipelines(VkDevice device, VkPipelineCache cache,
+                                                        uint32_t n,
+                                                        const VkComputePipelineCreateInfo *infos,
+                                                        const VkAllocationCallbacks *alloc,
+                                                        VkPipeline *out)
+{
+    static PFN_vkCreateComputePipelines next;
+    if (next == NULL)
+        next_fn("vkCreateComputePipelines", &next, sizeof(next));
+    if (should_fail(VKFAULT_PIPELINE)) {
+        for (uint32_t i = 0; i < n; i++)
+            out[i] = VK_NULL_HANDLE;
+        return VK_ERROR_UNKNOWN;
+    }
+    return next(device, cache, n, infos, alloc, out);
 }
 
 VKAPI_ATTR VkResult VKAPI_CALL vkWaitForFences(VkDevice device, uint32_t n, const VkFence *fences,

@@ -8,10 +8,11 @@
  * the next definition (the Vulkan loader).
  *
  * Arming: vkfault_arm() from the test, or the environment variable
- * VKFAULT="alloc=N,submit=N,wait=N,lost=N" read at the first intercepted
- * call: the Nth call of that kind from then on fails (once), with
- * VK_ERROR_OUT_OF_DEVICE_MEMORY (alloc, submit), VK_TIMEOUT (wait) or
- * VK_ERROR_DEVICE_LOST (lost, on a fence wait). A daemon already running
+ * VKFAULT="alloc=N,submit=N,wait=N,lost=N,pipeline=N" read at the first
+ * intercepted call: the Nth call of that kind from then on fails (once),
+ * with VK_ERROR_OUT_OF_DEVICE_MEMORY (alloc, submit), VK_TIMEOUT (wait),
+ * VK_ERROR_DEVICE_LOST (lost, on a fence wait) or VK_ERROR_UNKNOWN
+ * (pipeline: what an H100's driver answers for a kernel it cannot build). A daemon already running
  * is armed through the file named by VKFAULT_CTL: write the same spec into
  * it (atomically: a temporary file renamed over); the next intercepted call
  * reads it, removes it and arms.
@@ -28,6 +29,7 @@ enum vkfault_op {
     VKFAULT_SUBMIT,    /* vkQueueSubmit */
     VKFAULT_WAIT,      /* vkWaitForFences: VK_TIMEOUT */
     VKFAULT_LOST,      /* vkWaitForFences: VK_ERROR_DEVICE_LOST */
+    VKFAULT_PIPELINE,  /* vkCreateComputePipelines: VK_ERROR_UNKNOWN */
     VKFAULT_N_OPS
 };
 
