@@ -11,9 +11,10 @@ wildcards and jumps, caseless and dot-all flags, `^`/`$`/`\\b`/`\\B`, and
 single-match rules. Every set has its own small vocabulary of words and
 bytes, and its haystack is built from the same vocabulary, with random
 bytes and newlines between, so the rules match often (hit-dense) and on
-text cut anywhere. Sets with an odd SEED-derived number also hold rules
-with the start-of-match flag `L`; gpu_diff leaves their stream check out
-(streams refuse `L`).
+text cut anywhere. SPARSE=1 makes every set sparse (long words, rare in
+the haystack, and a word in every regex), for large files. Some sets also
+hold rules with the start-of-match flag `L`; gpu_diff leaves their stream
+check out (streams refuse `L`).
 """
 import os
 import random
@@ -31,11 +32,12 @@ def esc_byte(b):
 
 
 class Gen:
-    def __init__(self, r):
+    def __init__(self, r, sparse=False):
         self.r = r
         # dense sets: short words of few letters, a haystack mostly of them;
         # sparse sets: longer words, a haystack mostly of other bytes
-        self.dense = r.random() < 0.6
+        self.dense = not sparse and r.random() < 0.6
+        self.sparse = sparse
         letters, lo, hi = ('abcdefghijklmnop', 2, 7) if self.dense else (
             'abcdefghijklmnopqrstuvwxyz', 5, 12)
         self.words = [''.join(r.choice(letters) for _ in range(r.randint(lo, hi)))
@@ -89,7 +91,7 @@ class Gen:
         r = self.r
         body = self.seq(0, r.randint(1, 5))
         # most real rules hold a literal part; a few are broad on purpose
-        if r.random() < 0.9 and not any(w in body for w in self.words):
+        if (self.sparse or r.random() < 0.9) and not any(w in body for w in self.words):
             body = r.choice(self.words) + body if r.random() < 0.5 else body + r.choice(self.words)
         if r.random() < 0.15:
             body = '^' + body
@@ -167,10 +169,12 @@ def main():
         sys.exit('usage: gen_random_sets.py DIR COUNT [SEED]')
     d, count = sys.argv[1], int(sys.argv[2])
     seed = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    sparse = os.environ.get('SPARSE') == '1'
+
     os.makedirs(d, exist_ok=True)
     for i in range(count):
         r = random.Random(seed * 100003 + i)
-        g = Gen(r)
+        g = Gen(r, sparse)
         som = r.random() < 0.3
         n = r.choice([1, 3, 10, 40, 150, 600])
         with open(os.path.join(d, '%03d.rules' % i), 'w') as f:
