@@ -223,8 +223,10 @@ static void disk_after(uv_work_t *w, int status)
     st->disk_running = false;
     if (op->done != NULL)
         op->done(op);
-    if (op->entry != NULL)
+    if (op->entry != NULL) {
+        op->entry->disk_refs--;
         store_entry_unref(st, op->entry);
+    }
     disk_op_free(op);
     disk_start(st);
     if (!store_busy(st) && st->idle != NULL)
@@ -273,8 +275,10 @@ static struct disk_op *disk_op_new(struct store *st, enum disk_kind kind, struct
     op->st = st;
     op->kind = kind;
     op->entry = e;
-    if (e != NULL)
+    if (e != NULL) {
         store_entry_ref(e);
+        e->disk_refs++;
+    }
     return op;
 }
 
@@ -334,6 +338,7 @@ void diskcache_save_owners(struct store *st, struct store_entry *e)
         return;
     op->data = malloc(e->n_owners * 12 + 1);
     if (op->data == NULL) {
+        e->disk_refs--;
         store_entry_unref(st, e);
         disk_op_free(op);
         return;

@@ -445,7 +445,9 @@ static struct store_entry *tenant_idle_lru(const struct store *st, uid_t uid, ui
     *n_idle = 0;
     for (unsigned b = 0; b < STORE_BUCKETS; b++) {
         for (struct store_entry *e = st->table[b]; e != NULL; e = e->hnext) {
-            if (!entry_owned(e, uid) || e->refs > 0 || e->waiters != NULL || e->loading)
+            /* the disk cache's writes hold references too; they do not
+             * use the catalog, and a released one is freed after them */
+            if (!entry_owned(e, uid) || e->refs > e->disk_refs || e->waiters != NULL || e->loading)
                 continue;
             ++*n_idle;
             if (best == NULL || e->last_use < best->last_use)

@@ -55,6 +55,7 @@ struct store_entry {
     struct proto_buf
         rules_packed[2]; /* a catalog result's rules, [1]: ids only; made on first use */
     unsigned refs;
+    unsigned disk_refs; /* of refs, those the disk cache's queued writes hold */
     uid_t *owners;
     size_t n_owners, cap_owners;
     bool on_disk; /* the .cat file is written */
