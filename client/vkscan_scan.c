@@ -446,8 +446,9 @@ static void print_file(struct scan *s, const struct batch *b, size_t i, size_t *
                   br != NULL && br->message ? br->message : "no result");
     else if (br->truncated)
         warn_path(s, fe->path, "%s",
-                  "the daemon reported only the first max-hits matches: raise "
-                  "max-hits in vkscand.conf or use --count");
+                  "the daemon reported only the first matches (past max-hits, or "
+                  "past what one reply holds): use --count, or raise max-hits in "
+                  "vkscand.conf");
     bool print = !s->opt.quiet && s->opt.out != OUT_LIST;
     bool lines = s->opt.line_numbers && s->opt.out == OUT_MATCHES;
     struct line_cursor lc = {0};

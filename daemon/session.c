@@ -865,15 +865,62 @@ static void scan_reply_finish(const struct request *r, struct scan_reply *sr)
     free(sr->bs);
 }
 
+/* Bytes of `v` as a msgpack unsigned integer. */
+static size_t mp_uint_bytes(uint64_t v)
+{
+    return v < 128 ? 1 : v < 256 ? 2 : v < 65536 ? 3 : v <= UINT32_MAX ? 5 : 9;
+}
+
+/* Room for hits in one scan reply: a reply over max-unsent-bytes closes the
+ * connection, and one over 64 MiB (libvkscan's default max_frame) is
+ * refused by the client; what the statuses and telemetry take is kept
+ * aside. A scan whose hits do not fit is cut as at max_hits. */
+static uint64_t reply_hit_room(const struct request *r)
+{
+    uint64_t cap = server_config(r->s->srv)->max_unsent_bytes;
+    if (cap > PROTO_DEFAULT_MAX_FRAME)
+        cap = PROTO_DEFAULT_MAX_FRAME;
+    uint64_t aside = (64u << 10) + (uint64_t)r->req->u.scan.n_buffers * 512u;
+    return cap > 2 * aside ? cap - aside : cap / 2;
+}
+
+/* Bytes of hit `h` in the reply (enc_scan_reply's layout). */
+static size_t hit_wire_bytes(const struct request *r, const struct engine_hit *h)
+{
+    size_t n = 1 + mp_uint_bytes(h->buffer) + mp_uint_bytes(h->rule) + mp_uint_bytes(h->end) +
+               mp_uint_bytes(h->count);
+    if (r->req->u.scan.rule_ids) {
+        struct catalog_rule cr;
+        catalog_rule(r->ej.cat, h->rule, &cr);
+        n += 5 + cr.id_len;
+    } else if (h->has_start) {
+        n += 1;
+    }
+    return n + (h->has_start ? mp_uint_bytes(h->start) : 0);
+}
+
 /* Builds the scan reply: hits in (buffer, end, rule) order, cut at
- * max_hits, with each buffer's status and the batch telemetry. Reads only
- * the request and the finished job, so any thread may build it; -ENOMEM
- * (scan_reply_finish it all the same). */
+ * max_hits and at the reply's room (reply_hit_room), with each buffer's
+ * status and the batch telemetry. Reads only the request and the finished
+ * job, so any thread may build it; -ENOMEM (scan_reply_finish it all the
+ * same). */
 static int scan_reply_build(const struct request *r, const struct engine_telemetry *tel,
                             uint64_t now, struct scan_reply *sr)
 {
     const struct proto_scan *sc = &r->req->u.scan;
     size_t n = r->ej.n_hits < r->max_hits ? r->ej.n_hits : r->max_hits;
+    /* at 5 bytes or more a hit, only a reply of that many hits can pass */
+    uint64_t room = reply_hit_room(r);
+    if ((uint64_t)n * 5 > room) {
+        uint64_t used = 0;
+        for (size_t i = 0; i < n; i++) {
+            used += hit_wire_bytes(r, &r->ej.hits[i]);
+            if (used > room) {
+                n = i;
+                break;
+            }
+        }
+    }
     sr->hits = calloc(n ? n : 1, sizeof(*sr->hits));
     sr->bs = calloc(sc->n_buffers ? sc->n_buffers : 1, sizeof(*sr->bs));
     sr->ids = sc->rule_ids ? calloc(catalog_rule_count(r->ej.cat) + 1u, sizeof(char *)) : NULL;

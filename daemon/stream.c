@@ -444,7 +444,7 @@ static void enqueue(struct stream *st, struct work *w)
     w->st = st;
     w->t_in = uv_hrtime();
     w->max = cfg->max_scan_bytes;
-    w->max_hits = cfg->max_hits;
+    w->max_hits = stream_reply_max_hits(cfg);
     w->batch_min = gpu ? (size_t)cfg->stream_gpu_min_bytes : 0;
     if (st->q_tail != NULL)
         st->q_tail->next = w;
@@ -580,12 +580,13 @@ static void stream_many(struct stream_set *set, struct session *s, const struct 
         session_stream_done(token);
         return;
     }
-    *m = (struct many){.s = s,
-                       .req = req,
-                       .token = token,
-                       .n = n,
-                       .items = items,
-                       .max_hits = set != NULL ? server_config(set->srv)->max_hits : 0};
+    *m =
+        (struct many){.s = s,
+                      .req = req,
+                      .token = token,
+                      .n = n,
+                      .items = items,
+                      .max_hits = set != NULL ? stream_reply_max_hits(server_config(set->srv)) : 0};
     m->left = n + 1; /* + 1 until every item is queued */
     struct fd_size sz = {.fd = -1};
     for (uint32_t i = 0; i < n; i++) {

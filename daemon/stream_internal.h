@@ -179,4 +179,17 @@ bool stream_close_here(struct stream *st, struct work *w);
 /* stream_run.c: stream.run_ns and the head-and-tail buffers' counters. */
 void stream_run_stats_add(struct stats_list *l);
 
+/* Hits one stream reply may carry: max-hits, and no more than fit
+ * max-unsent-bytes and libvkscan's 64 MiB max_frame at 25 bytes a hit
+ * (the most one takes: [buffer, rule, end, count]), past which the
+ * connection would be closed or the reply refused; 1 MiB is kept for the
+ * statuses. Past it the reply is cut as at max-hits. */
+static inline uint32_t stream_reply_max_hits(const struct daemon_config *cfg)
+{
+    uint64_t room = cfg->max_unsent_bytes < PROTO_DEFAULT_MAX_FRAME ? cfg->max_unsent_bytes
+                                                                    : PROTO_DEFAULT_MAX_FRAME;
+    room = room > (2u << 20) ? room - (1u << 20) : room / 2;
+    return room / 25 < cfg->max_hits ? (uint32_t)(room / 25) : cfg->max_hits;
+}
+
 #endif

@@ -980,7 +980,7 @@ bool stream_close_here(struct stream *st, struct work *w)
     if (st->running || st->q_head != NULL || st->a_head != NULL)
         return false;
     w->st = st;
-    w->max_hits = server_config(st->srv)->max_hits;
+    w->max_hits = stream_reply_max_hits(server_config(st->srv));
     st->running = true;
     w->rc = streamscan_close(st->scan, &w->hits);
     w->offset = streamscan_offset(st->scan);

@@ -2393,6 +2393,60 @@ static void expect_gpu_scan_ok(struct vks_client *c, const uint8_t *fp, const st
 }
 
 /*
+ * A scan with more hits than one reply can carry (max-unsent-bytes 1 MiB
+ * here; 64 MiB, libvkscan's frame limit, at most) is cut as at max-hits:
+ * the reply is under the limit, its buffer says truncated, the hits it
+ * holds are the first ones, and the connection stays. So is a stream
+ * write's. Before, the daemon
+ * closed the connection over max-unsent-bytes and the client retried the
+ * scan until it gave up.
+ */
+START_TEST(test_reply_room)
+{
+    struct daemon d;
+    daemon_start(&d, NULL,
+                 (const char *const[]){"--engine", "cpu", "--max-hits", "8000000",
+                                       "--max-unsent-bytes", "1M", NULL});
+    struct vks_client *c = connect_ok(&d);
+    static const struct vks_rule one[] = {{"a", VKS_RULE_LITERAL, "a", 0, NULL}};
+    struct vks_catalog *cat = load_ok(c, one, 1, false);
+    const size_t len = 600000; /* 600,000 hits of 4 to 8 bytes */
+    uint8_t *buf = malloc(len);
+    ck_assert_ptr_nonnull(buf);
+    memset(buf, 'a', len);
+    struct vks_scan_result res = {0};
+    struct vks_error err = {0};
+    int rc = scan_buf(c, vks_catalog_fingerprint(cat), buf, len, &res, &err);
+    ck_assert_msg(rc == 0, "scan: %d %s", rc, err.msg);
+    ck_assert(res.buffers[0].truncated);
+    ck_assert_uint_gt(res.n_hits, 100000);
+    ck_assert_uint_lt(res.n_hits, len);
+    for (size_t i = 0; i < res.n_hits; i++)
+        ck_assert_uint_eq(res.hits[i].end, i + 1);
+    vks_scan_result_finish(&res);
+    ck_assert_int_eq(vks_client_ping(c, &err), 0);
+    /* a stream write's reply the same way (at 25 bytes a hit, 512 KiB) */
+    struct vks_stream *st = NULL;
+    ck_assert_int_eq(vks_stream_open(c, vks_catalog_fingerprint(cat), NULL, &st, &err), 0);
+    rc = vks_stream_write(st, buf, len, &res, &err);
+    ck_assert_msg(rc == 0, "stream write: %d %s", rc, err.msg);
+    ck_assert(res.buffers[0].truncated);
+    ck_assert_uint_eq(res.n_hits, (512u << 10) / 25);
+    for (size_t i = 0; i < res.n_hits; i++)
+        ck_assert_uint_eq(res.hits[i].end, i + 1);
+    vks_scan_result_finish(&res);
+    ck_assert_int_eq(vks_stream_close(st, &res, &err), 0);
+    vks_scan_result_finish(&res);
+    ck_assert_uint_eq(stat_of(c, "output_limit_closes"), 0);
+    free(buf);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_clean(&d);
+}
+END_TEST
+
+/*
  * The GPU engine of a running vkscand (lavapipe) fails on command:
  * - a lost device (VK_ERROR_DEVICE_LOST at the fence wait) and a fence
  *   timeout: the batch is re-run on the CPU engine with exact hits
@@ -3346,6 +3400,7 @@ Suite *daemon_suite(void)
     tcase_add_test(tc, test_error_codes);
     tcase_add_test(tc, test_device_faults);
     tcase_add_test(tc, test_pipeline_refused);
+    tcase_add_test(tc, test_reply_room);
     tcase_add_test(tc, test_serves_before_gpu_starts);
     tcase_add_test(tc, test_protocol_error);
     tcase_add_test(tc, test_connection_cap);
