@@ -2446,6 +2446,40 @@ START_TEST(test_reply_room)
 }
 END_TEST
 
+/* A daemon with the vkfault interposer preloaded, a client, the `rules`
+ * catalog (and its local copy) and a haystack the GPU engine has scanned
+ * exactly once. */
+#define FAULT_BUF 3000u
+struct fault_fixture {
+    struct daemon d;
+    struct vks_client *c;
+    struct vks_catalog *cat;
+    struct catalog *ref;
+    uint8_t buf[FAULT_BUF];
+};
+
+static void fault_fixture_start(struct fault_fixture *f)
+{
+    vkfault_so = getenv("VKFAULT_SO");
+    ck_assert_msg(vkfault_so != NULL, "VKFAULT_SO is not set: run through meson test");
+    daemon_start(&f->d, NULL, NULL);
+    vkfault_so = NULL;
+    f->c = connect_ok(&f->d);
+    f->cat = load_ok(f->c, rules, N_RULES, false);
+    f->ref = local_catalog(rules, N_RULES - 1);
+    make_haystack(f->buf, FAULT_BUF);
+    expect_gpu_scan_ok(f->c, vks_catalog_fingerprint(f->cat), f->ref, f->buf, FAULT_BUF);
+}
+
+static void fault_fixture_stop(struct fault_fixture *f)
+{
+    catalog_destroy(f->ref);
+    vks_catalog_destroy(f->cat);
+    vks_client_close(f->c);
+    ck_assert_int_eq(daemon_stop(&f->d), 0);
+    daemon_clean(&f->d);
+}
+
 /*
  * The GPU engine of a running vkscand (lavapipe) fails on command:
  * - a lost device (VK_ERROR_DEVICE_LOST at the fence wait) and a fence
@@ -2457,50 +2491,41 @@ END_TEST
  */
 START_TEST(test_device_faults)
 {
-    vkfault_so = getenv("VKFAULT_SO");
-    ck_assert_msg(vkfault_so != NULL, "VKFAULT_SO is not set: run through meson test");
-    struct daemon d;
-    daemon_start(&d, NULL, NULL);
-    vkfault_so = NULL;
-    struct vks_client *c = connect_ok(&d);
-    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
-    const uint8_t *fp = vks_catalog_fingerprint(cat);
-    struct catalog *ref = local_catalog(rules, N_RULES - 1);
-    static uint8_t buf[3000];
-    make_haystack(buf, sizeof(buf));
-    expect_gpu_scan_ok(c, fp, ref, buf, sizeof(buf));
+    struct fault_fixture f;
+    fault_fixture_start(&f);
+    struct daemon *d = &f.d;
+    struct vks_client *c = f.c;
+    const uint8_t *fp = vks_catalog_fingerprint(f.cat);
+    const struct catalog *ref = f.ref;
+    const uint8_t *buf = f.buf;
 
     static const char *const specs[2] = {"lost=1", "wait=1"};
     static const uint64_t why[2] = {ENODEV, ETIMEDOUT};
     for (int k = 0; k < 2; k++) {
-        vkfault_ctl(&d, specs[k]);
+        vkfault_ctl(d, specs[k]);
         struct vks_scan_result res = {0};
         struct vks_error err = {0};
-        int rc = scan_buf(c, fp, buf, sizeof(buf), &res, &err);
-        ck_assert_msg(vkfault_taken(&d), "%s: the preloaded interposer never read it", specs[k]);
+        int rc = scan_buf(c, fp, buf, FAULT_BUF, &res, &err);
+        ck_assert_msg(vkfault_taken(d), "%s: the preloaded interposer never read it", specs[k]);
         ck_assert_msg(rc == 0, "%s: %d %s", specs[k], rc, err.msg);
-        check_hits(ref, &res, 0, buf, sizeof(buf), SCAN_ALL);
+        check_hits(ref, &res, 0, buf, FAULT_BUF, SCAN_ALL);
         ck_assert_uint_eq(tel_of(&res, "cpu_retry"), why[k]);
         vks_scan_result_finish(&res);
-        expect_gpu_scan_ok(c, fp, ref, buf, sizeof(buf));
+        expect_gpu_scan_ok(c, fp, ref, buf, FAULT_BUF);
     }
     ck_assert_uint_ge(stat_of(c, "engine.0.cpu_retries"), 2);
 
-    vkfault_ctl(&d, "submit=1");
+    vkfault_ctl(d, "submit=1");
     struct vks_scan_result res = {0};
     struct vks_error err = {0};
-    int rc = scan_buf(c, fp, buf, sizeof(buf), &res, &err);
-    ck_assert(vkfault_taken(&d));
+    int rc = scan_buf(c, fp, buf, FAULT_BUF, &res, &err);
+    ck_assert(vkfault_taken(d));
     ck_assert_msg(rc == -VKS_E_DEVICE, "failed submit: %d %s, expected DEVICE", rc, err.msg);
     ck_assert(err.msg[0] != '\0');
     vks_scan_result_finish(&res);
-    expect_gpu_scan_ok(c, fp, ref, buf, sizeof(buf));
+    expect_gpu_scan_ok(c, fp, ref, buf, FAULT_BUF);
 
-    catalog_destroy(ref);
-    vks_catalog_destroy(cat);
-    vks_client_close(c);
-    ck_assert_int_eq(daemon_stop(&d), 0);
-    daemon_clean(&d);
+    fault_fixture_stop(&f);
 }
 END_TEST
 
@@ -2515,18 +2540,13 @@ END_TEST
  */
 START_TEST(test_pipeline_refused)
 {
-    vkfault_so = getenv("VKFAULT_SO");
-    ck_assert_msg(vkfault_so != NULL, "VKFAULT_SO is not set: run through meson test");
-    struct daemon d;
-    daemon_start(&d, NULL, NULL);
-    vkfault_so = NULL;
-    struct vks_client *c = connect_ok(&d);
-    struct vks_catalog *cat = load_ok(c, rules, N_RULES, false);
-    const uint8_t *fp = vks_catalog_fingerprint(cat);
-    struct catalog *ref = local_catalog(rules, N_RULES - 1);
-    static uint8_t buf[3000];
-    make_haystack(buf, sizeof(buf));
-    expect_gpu_scan_ok(c, fp, ref, buf, sizeof(buf));
+    struct fault_fixture f;
+    fault_fixture_start(&f);
+    struct daemon *d = &f.d;
+    struct vks_client *c = f.c;
+    const uint8_t *fp = vks_catalog_fingerprint(f.cat);
+    const struct catalog *ref = f.ref;
+    const uint8_t *buf = f.buf;
 
     static const struct vks_rule wide_rules[] = {
         {"wide", VKS_RULE_REGEX, "abc[0-9a-f]{1500}xyz", 0, NULL},
@@ -2539,12 +2559,12 @@ START_TEST(test_pipeline_refused)
     memcpy(hay + 100, "abc", 3);
     memcpy(hay + 1603, "xyz", 3);
     memcpy(hay + 3000, "xyz", 3);
-    vkfault_ctl(&d, "pipeline=1");
+    vkfault_ctl(d, "pipeline=1");
     for (int k = 0; k < 2; k++) {
         struct vks_scan_result res = {0};
         struct vks_error err = {0};
         int rc = scan_buf(c, vks_catalog_fingerprint(wide), hay, sizeof(hay), &res, &err);
-        ck_assert(vkfault_taken(&d));
+        ck_assert(vkfault_taken(d));
         ck_assert_msg(rc == 0, "scan %d: %d %s", k, rc, err.msg);
         check_hits(wide_ref, &res, 0, hay, sizeof(hay), SCAN_ALL);
         ck_assert_uint_eq(res.n_hits, 3);
@@ -2553,15 +2573,11 @@ START_TEST(test_pipeline_refused)
     }
     ck_assert_uint_eq(stat_of(c, "engine.0.reopens"), 0);
     ck_assert_uint_ge(stat_of(c, "engine.0.cpu_retries"), 2);
-    expect_gpu_scan_ok(c, fp, ref, buf, sizeof(buf));
+    expect_gpu_scan_ok(c, fp, ref, buf, FAULT_BUF);
 
     catalog_destroy(wide_ref);
     vks_catalog_destroy(wide);
-    catalog_destroy(ref);
-    vks_catalog_destroy(cat);
-    vks_client_close(c);
-    ck_assert_int_eq(daemon_stop(&d), 0);
-    daemon_clean(&d);
+    fault_fixture_stop(&f);
 }
 END_TEST
 
