@@ -42,9 +42,10 @@ struct request {
     struct store_entry *entry;
     uint64_t t_queued, t_dispatched;
     uint32_t max_hits;
-    uint64_t held;   /* frame bytes counted with sched_tenant_hold */
-    uint32_t weight; /* what it counts in n_reqs: its writes or closes for a
-                      * stream.writes or a stream.close of many, else 1 */
+    uint64_t reply_room; /* bytes of hits its reply may hold (reply_hit_room) */
+    uint64_t held;       /* frame bytes counted with sched_tenant_hold */
+    uint32_t weight;     /* what it counts in n_reqs: its writes or closes for a
+                          * stream.writes or a stream.close of many, else 1 */
     /* A scan reply made on the engine thread (session_scan_finished): the
      * frame, what became of it, and what the loop counts for it. */
     struct proto_buf early;
@@ -748,6 +749,19 @@ static void on_scan_catalog(void *ctx, int status, const struct store_result *re
     scan_queue(r, res->entry);
 }
 
+/* Room for hits in one scan reply: a reply over max-unsent-bytes closes the
+ * connection, and one over 64 MiB (libvkscan's default max_frame) is
+ * refused by the client; what the statuses and telemetry take is kept
+ * aside. A scan whose hits do not fit is cut as at max_hits. */
+static uint64_t reply_hit_room(const struct daemon_config *cfg, uint32_t n_buffers)
+{
+    uint64_t cap = cfg->max_unsent_bytes;
+    if (cap > PROTO_DEFAULT_MAX_FRAME)
+        cap = PROTO_DEFAULT_MAX_FRAME;
+    uint64_t aside = (64u << 10) + (uint64_t)n_buffers * 512u;
+    return cap > 2 * aside ? cap - aside : cap / 2;
+}
+
 static void op_scan(struct session *s, struct proto_request *req, uint64_t t)
 {
     const struct daemon_config *cfg = server_config(s->srv);
@@ -783,6 +797,7 @@ static void op_scan(struct session *s, struct proto_request *req, uint64_t t)
     }
     uint32_t mh = req->u.scan.max_hits;
     r->max_hits = mh != 0 && mh < cfg->max_hits ? mh : cfg->max_hits;
+    r->reply_room = reply_hit_room(cfg, req->u.scan.n_buffers);
     store_acquire(server_store(s->srv), s->uid, req->u.scan.catalog, on_scan_catalog, r);
 }
 
@@ -871,19 +886,6 @@ static size_t mp_uint_bytes(uint64_t v)
     return v < 128 ? 1 : v < 256 ? 2 : v < 65536 ? 3 : v <= UINT32_MAX ? 5 : 9;
 }
 
-/* Room for hits in one scan reply: a reply over max-unsent-bytes closes the
- * connection, and one over 64 MiB (libvkscan's default max_frame) is
- * refused by the client; what the statuses and telemetry take is kept
- * aside. A scan whose hits do not fit is cut as at max_hits. */
-static uint64_t reply_hit_room(const struct request *r)
-{
-    uint64_t cap = server_config(r->s->srv)->max_unsent_bytes;
-    if (cap > PROTO_DEFAULT_MAX_FRAME)
-        cap = PROTO_DEFAULT_MAX_FRAME;
-    uint64_t aside = (64u << 10) + (uint64_t)r->req->u.scan.n_buffers * 512u;
-    return cap > 2 * aside ? cap - aside : cap / 2;
-}
-
 /* Bytes of hit `h` in the reply (enc_scan_reply's layout). */
 static size_t hit_wire_bytes(const struct request *r, const struct engine_hit *h)
 {
@@ -910,7 +912,7 @@ static int scan_reply_build(const struct request *r, const struct engine_telemet
     const struct proto_scan *sc = &r->req->u.scan;
     size_t n = r->ej.n_hits < r->max_hits ? r->ej.n_hits : r->max_hits;
     /* at 5 bytes or more a hit, only a reply of that many hits can pass */
-    uint64_t room = reply_hit_room(r);
+    uint64_t room = r->reply_room;
     if ((uint64_t)n * 5 > room) {
         uint64_t used = 0;
         for (size_t i = 0; i < n; i++) {

@@ -58,7 +58,7 @@ struct store_stats {
     uint64_t cache_hits;         /* catalog.load answered without compiling */
     uint64_t host_evictions;
     uint64_t tenant_evictions; /* catalogs a tenant at tenant-max-catalogs gave up for a new one */
-    uint64_t disk_errors; /* disk cache files that could not be read or written */
+    uint64_t disk_errors;      /* disk cache files that could not be read or written */
 };
 
 /* What a catalog.load or catalog.has gets back; borrowed for the callback. */

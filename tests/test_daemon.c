@@ -2454,6 +2454,7 @@ struct fault_fixture {
     struct daemon d;
     struct vks_client *c;
     struct vks_catalog *cat;
+    const uint8_t *fp; /* cat's */
     struct catalog *ref;
     uint8_t buf[FAULT_BUF];
 };
@@ -2466,9 +2467,10 @@ static void fault_fixture_start(struct fault_fixture *f)
     vkfault_so = NULL;
     f->c = connect_ok(&f->d);
     f->cat = load_ok(f->c, rules, N_RULES, false);
+    f->fp = vks_catalog_fingerprint(f->cat);
     f->ref = local_catalog(rules, N_RULES - 1);
     make_haystack(f->buf, FAULT_BUF);
-    expect_gpu_scan_ok(f->c, vks_catalog_fingerprint(f->cat), f->ref, f->buf, FAULT_BUF);
+    expect_gpu_scan_ok(f->c, f->fp, f->ref, f->buf, FAULT_BUF);
 }
 
 static void fault_fixture_stop(struct fault_fixture *f)
@@ -2493,37 +2495,32 @@ START_TEST(test_device_faults)
 {
     struct fault_fixture f;
     fault_fixture_start(&f);
-    struct daemon *d = &f.d;
-    struct vks_client *c = f.c;
-    const uint8_t *fp = vks_catalog_fingerprint(f.cat);
-    const struct catalog *ref = f.ref;
-    const uint8_t *buf = f.buf;
 
     static const char *const specs[2] = {"lost=1", "wait=1"};
     static const uint64_t why[2] = {ENODEV, ETIMEDOUT};
     for (int k = 0; k < 2; k++) {
-        vkfault_ctl(d, specs[k]);
+        vkfault_ctl(&f.d, specs[k]);
         struct vks_scan_result res = {0};
         struct vks_error err = {0};
-        int rc = scan_buf(c, fp, buf, FAULT_BUF, &res, &err);
-        ck_assert_msg(vkfault_taken(d), "%s: the preloaded interposer never read it", specs[k]);
+        int rc = scan_buf(f.c, f.fp, f.buf, FAULT_BUF, &res, &err);
+        ck_assert_msg(vkfault_taken(&f.d), "%s: the preloaded interposer never read it", specs[k]);
         ck_assert_msg(rc == 0, "%s: %d %s", specs[k], rc, err.msg);
-        check_hits(ref, &res, 0, buf, FAULT_BUF, SCAN_ALL);
+        check_hits(f.ref, &res, 0, f.buf, FAULT_BUF, SCAN_ALL);
         ck_assert_uint_eq(tel_of(&res, "cpu_retry"), why[k]);
         vks_scan_result_finish(&res);
-        expect_gpu_scan_ok(c, fp, ref, buf, FAULT_BUF);
+        expect_gpu_scan_ok(f.c, f.fp, f.ref, f.buf, FAULT_BUF);
     }
-    ck_assert_uint_ge(stat_of(c, "engine.0.cpu_retries"), 2);
+    ck_assert_uint_ge(stat_of(f.c, "engine.0.cpu_retries"), 2);
 
-    vkfault_ctl(d, "submit=1");
+    vkfault_ctl(&f.d, "submit=1");
     struct vks_scan_result res = {0};
     struct vks_error err = {0};
-    int rc = scan_buf(c, fp, buf, FAULT_BUF, &res, &err);
-    ck_assert(vkfault_taken(d));
+    int rc = scan_buf(f.c, f.fp, f.buf, FAULT_BUF, &res, &err);
+    ck_assert(vkfault_taken(&f.d));
     ck_assert_msg(rc == -VKS_E_DEVICE, "failed submit: %d %s, expected DEVICE", rc, err.msg);
     ck_assert(err.msg[0] != '\0');
     vks_scan_result_finish(&res);
-    expect_gpu_scan_ok(c, fp, ref, buf, FAULT_BUF);
+    expect_gpu_scan_ok(f.c, f.fp, f.ref, f.buf, FAULT_BUF);
 
     fault_fixture_stop(&f);
 }
@@ -2542,38 +2539,33 @@ START_TEST(test_pipeline_refused)
 {
     struct fault_fixture f;
     fault_fixture_start(&f);
-    struct daemon *d = &f.d;
-    struct vks_client *c = f.c;
-    const uint8_t *fp = vks_catalog_fingerprint(f.cat);
-    const struct catalog *ref = f.ref;
-    const uint8_t *buf = f.buf;
 
     static const struct vks_rule wide_rules[] = {
         {"wide", VKS_RULE_REGEX, "abc[0-9a-f]{1500}xyz", 0, NULL},
         {"tail", VKS_RULE_LITERAL, "xyz", 0, NULL},
     };
-    struct vks_catalog *wide = load_ok(c, wide_rules, 2, false);
+    struct vks_catalog *wide = load_ok(f.c, wide_rules, 2, false);
     struct catalog *wide_ref = local_catalog(wide_rules, 2);
     static uint8_t hay[4000];
     memset(hay, '7', sizeof(hay));
     memcpy(hay + 100, "abc", 3);
     memcpy(hay + 1603, "xyz", 3);
     memcpy(hay + 3000, "xyz", 3);
-    vkfault_ctl(d, "pipeline=1");
+    vkfault_ctl(&f.d, "pipeline=1");
     for (int k = 0; k < 2; k++) {
         struct vks_scan_result res = {0};
         struct vks_error err = {0};
-        int rc = scan_buf(c, vks_catalog_fingerprint(wide), hay, sizeof(hay), &res, &err);
-        ck_assert(vkfault_taken(d));
+        int rc = scan_buf(f.c, vks_catalog_fingerprint(wide), hay, sizeof(hay), &res, &err);
+        ck_assert(vkfault_taken(&f.d));
         ck_assert_msg(rc == 0, "scan %d: %d %s", k, rc, err.msg);
         check_hits(wide_ref, &res, 0, hay, sizeof(hay), SCAN_ALL);
         ck_assert_uint_eq(res.n_hits, 3);
         ck_assert_uint_eq(tel_of(&res, "cpu_retry"), ENOTSUP);
         vks_scan_result_finish(&res);
     }
-    ck_assert_uint_eq(stat_of(c, "engine.0.reopens"), 0);
-    ck_assert_uint_ge(stat_of(c, "engine.0.cpu_retries"), 2);
-    expect_gpu_scan_ok(c, fp, ref, buf, FAULT_BUF);
+    ck_assert_uint_eq(stat_of(f.c, "engine.0.reopens"), 0);
+    ck_assert_uint_ge(stat_of(f.c, "engine.0.cpu_retries"), 2);
+    expect_gpu_scan_ok(f.c, f.fp, f.ref, f.buf, FAULT_BUF);
 
     catalog_destroy(wide_ref);
     vks_catalog_destroy(wide);
