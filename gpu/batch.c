@@ -1457,8 +1457,10 @@ static int dispatch_begin(struct batch_ctx *bc, bool bg, struct vks_error *err)
     free_gates(bc);
     if (rc == 0)
         rc = check_limits(bc, err);
+    uint64_t t1 = gpu_now_ns();
     if (rc == 0)
         rc = gpu_pick_pipelines(bc, err);
+    tel->plan_pick_ns = gpu_now_ns() - t1;
     tel->plan_ns = gpu_now_ns() - t0;
     tel->items_total = bc->items_total;
     tel->rounds = bc->rounds;
@@ -1800,6 +1802,8 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(factor_ns);
     ADD(factor_ends);
     ADD(plan_ns);
+    ADD(plan_pre_ns);
+    ADD(plan_pick_ns);
     ADD(buffers_made_ns);
     ADD(buffers_made_bytes);
     ADD(upload_ns);

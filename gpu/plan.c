@@ -679,23 +679,54 @@ static size_t gate_lower(const struct refscan_gate *gate, uint32_t k)
     return a;
 }
 
+/* The first of gate->v[a..z) (one group's ends, ascending) that ends at
+ * or after `end`. */
+static size_t gate_end_lower(const struct refscan_gate *gate, size_t a, size_t z, uint64_t end)
+{
+    while (a < z) {
+        size_t m = a + (z - a) / 2;
+        if (gate->v[m].end < end)
+            a = m + 1;
+        else
+            z = m;
+    }
+    return a;
+}
+
+/* Which bytes of the buffers an item generator plans: every buffer in
+ * [lo, hi) whole, or, with `cut`, buffer lo alone and in it the match
+ * ends in (blo, bhi] (windows) or the factor ends in [blo, bhi)
+ * (confirmation pieces): plan_pre's parts of one large buffer. */
+struct plan_part {
+    uint32_t lo, hi;
+    bool cut;
+    uint64_t blo, bhi;
+};
+
 /* Items of gated bit-NFA group k only around its factors' ends. */
 static int gated_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
                        const struct catalog_nfa *g, uint64_t seg, const struct plan_gates *pg,
-                       uint32_t lo, uint32_t hi, struct item_sink out)
+                       struct plan_part part, struct item_sink out)
 {
     const struct gpu_batch *b = bc->batch;
-    for (uint32_t i = lo; i < hi; i++) {
+    for (uint32_t i = part.lo; i < part.hi; i++) {
         if (b->buffers[i].catalog != c || !gates_has(pg, i, k))
             continue;
         const struct refscan_gate *gate = &pg->v[i];
         size_t a = gate_lower(gate, k), z = gate_lower(gate, k + 1);
+        uint64_t wlo = 0, whi = b->buffers[i].len;
+        if (part.cut) { /* the ends whose window [e - 1, e + maxlen] meets (blo, bhi] */
+            wlo = part.blo;
+            whi = part.bhi < whi ? part.bhi : whi;
+            a = gate_end_lower(gate, a, z, wlo > g->maxlen ? wlo - g->maxlen : 0);
+            z = gate_end_lower(gate, a, z, whi + 1);
+        }
         if (z == a)
             continue;
         struct window_job j = {out, i, seg};
         int rc = refscan_gate_windows(g->maxlen, &gate->v[a].end, z - a,
                                       sizeof(struct refscan_cand) / sizeof(uint64_t),
-                                      b->buffers[i].len, 0, b->buffers[i].len, window_items, &j);
+                                      b->buffers[i].len, wlo, whi, window_items, &j);
         if (rc < 0)
             return rc;
     }
@@ -757,19 +788,25 @@ static uint64_t confirm_cap(const struct gpu_engine *eng, uint64_t avail, uint64
  * the copy. */
 static int confirm_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
                          const struct catalog_nfa *g, const struct plan_gates *pg, uint64_t gap,
-                         uint64_t piece, bool grow, uint32_t lo, uint32_t hi, struct item_sink out)
+                         uint64_t piece, bool grow, struct plan_part part, struct item_sink out)
 {
     const struct gpu_batch *b = bc->batch;
     int rc = 0;
-    for (uint32_t i = lo; i < hi && rc == 0; i++) {
+    for (uint32_t i = part.lo; i < part.hi && rc == 0; i++) {
         if (b->buffers[i].catalog != c || !gates_has(pg, i, k))
             continue;
         const struct refscan_gate *gate = &pg->v[i];
         size_t a = gate_lower(gate, k), z = gate_lower(gate, k + 1);
+        uint64_t bytes = b->buffers[i].len;
+        if (part.cut) { /* this part's factor ends; a start may lie before blo */
+            z = gate_end_lower(gate, a, z, part.bhi);
+            a = gate_end_lower(gate, a, z, part.blo);
+            bytes = (part.bhi < bytes ? part.bhi : bytes) - part.blo;
+        }
         if (z == a) /* no factor of this group: nothing to confirm */
             continue;
         struct confirm_job j = {out, i};
-        size_t most = b->buffers[i].len / CONFIRM_SPAN;
+        size_t most = bytes / CONFIRM_SPAN;
         if (!grow)
             most = SIZE_MAX; /* pieces stay within the loop budget */
         /* a buffer read at upload has no bytes here yet: lookback alone */
@@ -1062,12 +1099,12 @@ static bool way_gated(enum nfa_way w)
 /* The items of a group planned WAY_CONFIRM, WAY_LEAD or WAY_WINDOWS, in
  * buffers lo..hi-1: a buffer's items depend on that buffer alone. */
 static int nfa_way_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
-                         const struct nfa_plan *np, const struct plan_gates *pg, uint32_t lo,
-                         uint32_t hi, struct item_sink out)
+                         const struct nfa_plan *np, const struct plan_gates *pg,
+                         struct plan_part part, struct item_sink out)
 {
     if (np->way == WAY_WINDOWS)
-        return gated_items(bc, c, k, &np->g, np->seg, pg, lo, hi, out);
-    return confirm_items(bc, c, k, &np->g, pg, CONFIRM_GAP, np->piece, np->grow, lo, hi, out);
+        return gated_items(bc, c, k, &np->g, np->seg, pg, part, out);
+    return confirm_items(bc, c, k, &np->g, pg, CONFIRM_GAP, np->piece, np->grow, part, out);
 }
 
 /*
@@ -1156,7 +1193,8 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
                 bc->n_meta += pre->n;
             }
         } else {
-            rc = nfa_way_items(bc, c, k, &np, pg, 0, bc->batch->n_buffers, main);
+            rc = nfa_way_items(bc, c, k, &np, pg, (struct plan_part){.hi = bc->batch->n_buffers},
+                               main);
         }
         if (rc < 0)
             return -ENOMEM;
@@ -1221,12 +1259,13 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
  * confirmation pieces from every buffer's factor ends, most of a gated
  * catalog's plan: 176 groups and 0.9 M factor ends per GiB for
  * gitleaks-regex) made on the upload threads, a task per (group, part of
- * the batch's buffers), each into its own list. A batch of few groups
- * and many buffers (leads.rules: two gated groups, 4,096 buffers of 64
- * KiB) is so cut into parts for every thread, one of many groups (or one
- * buffer, the CLI's) a task per group. The parts of a group are joined in
- * buffer order and plan_nfa appends the groups in group order, so the
- * plan is the one a single thread makes. */
+ * the batch), each into its own list. A batch of few groups and many
+ * buffers (leads.rules: two gated groups, 4,096 buffers of 64 KiB) is cut
+ * into parts of whole buffers, one of few buffers (the CLI's one file) into
+ * parts of the buffers' bytes, so that every thread gets about two tasks;
+ * one of many groups takes a task per group. The parts of a group are
+ * joined in buffer and offset order and plan_nfa appends the groups in
+ * group order. */
 struct pre_part {
     struct batch_scratch s; /* only meta and meta_cap are used */
     size_t n;
@@ -1238,36 +1277,39 @@ struct pre_job {
     uint32_t c;
     const struct plan_gates *pg;
     const uint32_t *ks; /* the gated groups */
-    uint32_t parts;     /* tasks per group */
+    const struct plan_part *parts;
+    uint32_t n_parts; /* tasks per group */
     struct pre_items *out;
     struct pre_part *part; /* parts per group, in task order */
 };
 
+/* Bytes a part of a cut buffer holds at least: its binary searches and a
+ * window or piece cut at its edges stay small against its ends. */
+#define PRE_PIECE (1u << 20)
+
 static void pre_task(void *ctx, uint32_t t)
 {
     struct pre_job *j = ctx;
-    uint32_t k = j->ks[t / j->parts], p = t % j->parts, nb = j->bc->batch->n_buffers;
-    uint32_t lo = (uint32_t)((uint64_t)nb * p / j->parts);
-    uint32_t hi = (uint32_t)((uint64_t)nb * (p + 1) / j->parts);
+    uint32_t k = j->ks[t / j->n_parts];
     struct pre_part *pp = &j->part[t];
-    pp->rc = nfa_way_items(j->bc, j->c, k, &j->out[k].np, j->pg, lo, hi,
+    pp->rc = nfa_way_items(j->bc, j->c, k, &j->out[k].np, j->pg, j->parts[t % j->n_parts],
                            (struct item_sink){&pp->s, &pp->n});
 }
 
-/* Joins the parts of the g-th gated group (ks[g]), in buffer order, into
- * its pre_items. */
+/* Joins the parts of the g-th gated group (ks[g]), in order, into its
+ * pre_items. */
 static void pre_join(struct pre_job *j, uint32_t g)
 {
     struct pre_items *pi = &j->out[j->ks[g]];
-    struct pre_part *pp = &j->part[(size_t)g * j->parts];
+    struct pre_part *pp = &j->part[(size_t)g * j->n_parts];
     size_t n = 0;
     pi->rc = 0;
-    for (uint32_t p = 0; p < j->parts; p++) {
+    for (uint32_t p = 0; p < j->n_parts; p++) {
         if (pp[p].rc < 0)
             pi->rc = pp[p].rc;
         n += pp[p].n;
     }
-    if (j->parts == 1) { /* the list as it is */
+    if (j->n_parts == 1) { /* the list as it is */
         pi->s = pp[0].s;
         pi->n = pp[0].n;
         pp[0].s.meta = NULL;
@@ -1275,13 +1317,64 @@ static void pre_join(struct pre_job *j, uint32_t g)
     }
     if (pi->rc == 0 && gpu_grow_array((void **)&pi->s.meta, &pi->s.meta_cap, n, 16) < 0)
         pi->rc = -ENOMEM;
-    for (uint32_t p = 0; pi->rc == 0 && p < j->parts; p++) {
+    for (uint32_t p = 0; pi->rc == 0 && p < j->n_parts; p++) {
         if (pp[p].n > 0)
             memcpy(&pi->s.meta[pi->n * 4], pp[p].s.meta, pp[p].n * 16);
         pi->n += pp[p].n;
     }
-    for (uint32_t p = 0; p < j->parts; p++)
+    for (uint32_t p = 0; p < j->n_parts; p++)
         free(pp[p].s.meta);
+}
+
+/* About `want` parts of catalog c's share of the batch, into *out (NULL
+ * when no memory); returns their number. Whole buffers, at least 16 a
+ * part, while there are enough of them; else runs of whole buffers of
+ * about `piece` bytes (at least PRE_PIECE), a buffer longer than that cut
+ * into pieces of `piece` bytes, its last piece open-ended. */
+static uint32_t pre_parts(const struct batch_ctx *bc, uint32_t c, uint32_t want,
+                          struct plan_part **out)
+{
+    const struct gpu_batch *b = bc->batch;
+    uint32_t nb = b->n_buffers, n = 0;
+    *out = NULL;
+    if (nb / 16 >= want) {
+        struct plan_part *v = calloc(want, sizeof(*v));
+        for (uint32_t p = 0; v != NULL && p < want; p++)
+            v[p] = (struct plan_part){.lo = (uint32_t)((uint64_t)nb * p / want),
+                                      .hi = (uint32_t)((uint64_t)nb * (p + 1) / want)};
+        *out = v;
+        return v != NULL ? want : 0;
+    }
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < nb; i++)
+        total += b->buffers[i].catalog == c ? b->buffers[i].len : 0;
+    uint64_t piece = total / want > PRE_PIECE ? total / want : PRE_PIECE;
+    /* at most: a part per run and one more per cut buffer, a piece each */
+    struct plan_part *v = calloc(2 * (total / piece + 1) + nb, sizeof(*v));
+    if (v == NULL)
+        return 0;
+    uint64_t run = UINT64_MAX; /* bytes of the open run v[n - 1]; UINT64_MAX: none */
+    for (uint32_t i = 0; i < nb; i++) {
+        uint64_t len = b->buffers[i].len;
+        if (b->buffers[i].catalog != c)
+            continue;
+        if (len > piece) {
+            for (uint64_t lo = 0; lo < len; lo += piece)
+                v[n++] = (struct plan_part){i, i + 1, true, lo,
+                                            lo + piece < len ? lo + piece : UINT64_MAX};
+            run = UINT64_MAX;
+            continue;
+        }
+        if (run != UINT64_MAX && run + len <= piece) {
+            v[n - 1].hi = i + 1;
+            run += len;
+            continue;
+        }
+        v[n++] = (struct plan_part){.lo = i, .hi = i + 1};
+        run = len;
+    }
+    *out = v;
+    return n;
 }
 
 /* Per NFA group of catalog c, its items made ahead where pre[k].made, or
@@ -1302,24 +1395,25 @@ static struct pre_items *plan_pre(struct batch_ctx *bc, uint32_t c, uint64_t lon
         if (way_gated(out[k].np.way))
             ks[n++] = k;
     }
-    /* two tasks a thread, in parts of at least 16 buffers */
-    uint32_t nb = bc->batch->n_buffers, parts = n > 0 ? (2 * threads + n - 1) / n : 1;
-    if (parts > nb / 16)
-        parts = nb / 16 > 0 ? nb / 16 : 1;
-    struct pre_part *part = n > 0 ? calloc((size_t)n * parts, sizeof(*part)) : NULL;
-    if (n * parts < 2 || part == NULL) {
+    /* two tasks a thread */
+    struct plan_part *parts = NULL;
+    uint32_t n_parts = n > 0 ? pre_parts(bc, c, (2 * threads + n - 1) / n, &parts) : 0;
+    struct pre_part *part = n_parts > 0 ? calloc((size_t)n * n_parts, sizeof(*part)) : NULL;
+    if (n * n_parts < 2 || part == NULL) {
         free(part);
+        free(parts);
         free(ks);
         free(out);
         return NULL;
     }
     for (uint32_t t = 0; t < n; t++)
         out[ks[t]].made = true;
-    struct pre_job j = {bc, c, pg, ks, parts, out, part};
-    upload_pool_run(bc->eng->pool, pre_task, &j, n * parts);
+    struct pre_job j = {bc, c, pg, ks, parts, n_parts, out, part};
+    upload_pool_run(bc->eng->pool, pre_task, &j, n * n_parts);
     for (uint32_t g = 0; g < n; g++)
         pre_join(&j, g);
     free(part);
+    free(parts);
     free(ks);
     return out;
 }
@@ -1618,7 +1712,9 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
         rc = plan_gates_find(bc, c, &pg);
     if (rc == 0)
         gates_index(&pg, b, c, catalog_nfa_count(b->catalogs[c]));
+    uint64_t t0 = gpu_now_ns();
     struct pre_items *pre = rc == 0 ? plan_pre(bc, c, longest, &pg) : NULL;
+    bc->tel->plan_pre_ns += gpu_now_ns() - t0;
     for (uint32_t k = 0; k < catalog_nfa_count(b->catalogs[c]) && rc == 0; k++)
         rc = plan_nfa(bc, c, k, longest, &pg, pre != NULL && pre[k].made ? &pre[k] : NULL);
     pre_free(pre, catalog_nfa_count(b->catalogs[c]));

@@ -780,14 +780,20 @@ END_TEST
 /* The host walks the factor group of a long buffer in pieces of 256 KiB
  * (gpu/plan.c, GATE_PIECE) on several threads: factors that end just
  * before, at and just after a piece's edge, or straddle it, still gate
- * their windows and forward confirmations. */
+ * their windows and forward confirmations. The main pass's items of one
+ * buffer are planned on those threads in parts of at least 1 MiB
+ * (PRE_PIECE), here cut at 1 and 2 MiB: a match starts in one part and
+ * its factor ends in the next (at 1 MiB), or its factor ends in one part
+ * and the match in the next (at 2 MiB), with the bounded rule walked in
+ * windows (_i & 1) or confirmed forward, for each rule (_i & 2). */
 START_TEST(test_gated_pieces)
 {
     static const struct trule rules[] = {
         {"win", RULE_REGEX, "qzkey[0-9]{2,8}x", 0},
         {"fwd", RULE_REGEX, "wvtok[a-z]*;", 0},
     };
-    struct gpu_engine *eng = engine(NULL);
+    struct gpu_engine *eng =
+        engine(&(struct gpu_options){.gate_windows = _i & 1, .upload_threads = 4});
     struct rules_options ro = {.force_bitnfa = true};
     struct catalog *cat = compile_rules_opt(rules, 2, &ro);
     for (uint32_t k = 0; k < catalog_nfa_count(cat); k++) {
@@ -795,15 +801,19 @@ START_TEST(test_gated_pieces)
         catalog_nfa(cat, k, &g);
         ck_assert(g.flags & CAT_GF_GATED);
     }
-    const size_t piece = 1u << 18, len = 6 * piece + 1000;
+    const size_t piece = 1u << 18, len = 10 * piece + 1000;
     uint8_t *d = malloc(len);
     memset(d, '.', len);
     size_t planted = 0;
-    for (size_t k = 1; k <= 6; k++) {
-        /* the factor (5 bytes) ends at edge - 1 .. edge + 4: before, at,
+    for (size_t k = 1; k <= 10; k++) {
+        /* the factor (5 bytes) ends at edge - 1 .. edge + 8: before, at,
          * and straddling the edge */
         size_t end = k * piece + k - 2;
         const char *x = k % 2 ? "qzkey123x" : "wvtokab;";
+        if (k == 4 || k == 8) /* across 1 and 2 MiB, one rule or the other */
+            x = _i & 2 ? "qzkey123x" : "wvtokab;";
+        if (k == 8) /* the match ends at 2 MiB + 1, its factor before 2 MiB */
+            end = k * piece + 1 - strlen(x) + 5;
         memcpy(d + end - 5, x, strlen(x));
         memcpy(d + k * piece - 5000, x, strlen(x)); /* and inside a piece */
         planted += 2;
@@ -3209,7 +3219,7 @@ Suite *gpu_suite(void)
     tcase_add_loop_test(tc, test_confirm_cap, 0, 3);
     tcase_add_test(tc, test_confirm_items_bounded);
     tcase_add_test(tc, test_confirm_many);
-    tcase_add_test(tc, test_gated_pieces);
+    tcase_add_loop_test(tc, test_gated_pieces, 0, 4);
     tcase_add_test(tc, test_long_buffers);
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
