@@ -4,7 +4,7 @@
 # set) and BUILD in turn; scan_bench's plan of leads as one 256 MiB buffer;
 # bench/gpu_diff.sh over sparse random sets at a large size. Carry .gl,
 # BUILD and OLD (release vkscand, vkscan, libvkscan, scan_bench), build-data,
-# build-gated, build-probe-leads and SETS (SPARSE=1
+# build-gated, build-probe-{leads,wordy-300,gitleaks-regex} and SETS (SPARSE=1
 # bench/gen_random_sets.py SETS COUNT SEED).
 #   [OLD=build] bench/h200_session40.sh BUILD SETS [SIZE_KIB] [steps...]
 #   steps: where plan sparse (all by default)
@@ -39,11 +39,14 @@ if has where; then
     rm -rf /tmp/w-data /tmp/w-gated
 fi
 if has plan; then
-    for b in ${OLD:-} "$BUILD"; do
-        echo "== scan_bench $b leads, one 256 MiB buffer ($(date +%T))"
-        timeout 90 "$b/bench/scan_bench" --data build-probe-leads --only gitleaks-regex --size 256M \
-            --buffer 256M --threads 16 --iters 5 2>&1 | grep -A1 -E "^(workload|telemetry|main plan|factor)" |
-            grep -v "^--"
+    for spec in leads:256M wordy-300:256M gitleaks-regex:1G; do
+        IFS=: read -r set size <<<"$spec"
+        for b in ${OLD:-} "$BUILD"; do
+            echo "== scan_bench $b $set, one $size buffer ($(date +%T))"
+            timeout 90 "$b/bench/scan_bench" --data "build-probe-$set" --only gitleaks-regex \
+                --size "$size" --buffer "$size" --threads 16 --iters 5 2>&1 |
+                grep -A1 -E "^(workload|telemetry|main plan|factor)" | grep -v "^--"
+        done
     done
 fi
 if has sparse; then
