@@ -44,14 +44,14 @@ if has plan; then
         for b in ${OLD:-} "$BUILD"; do
             echo "== scan_bench $b $set, one $size buffer ($(date +%T))"
             timeout 90 "$b/bench/scan_bench" --data "build-probe-$set" --only gitleaks-regex \
-                --size "$size" --buffer "$size" --threads 16 --iters 5 2>&1 |
+                --size "$size" --buffer "$size" --threads 16 --iters 5 --no-hs 2>&1 |
                 grep -A1 -E "^(workload|telemetry|main plan|factor)" | grep -v "^--"
         done
     done
 fi
 if has sparse; then
     echo "== sparse sets, engine gpu, $SIZE KiB ($(date +%T))"
-    OUT=$OUT/sparse VKSCAND_ARGS="--engine gpu" timeout 300 "$D/gpu_diff.sh" "$BUILD" "$SETS" "$SIZE" 12 \
+    OUT=$OUT/sparse VKSCAND_ARGS="--engine gpu" timeout 180 "$D/gpu_diff.sh" "$BUILD" "$SETS" "$SIZE" 12 \
         >"$OUT/sparse.txt" 2>&1
     grep DIFFERS -A3 "$OUT/sparse.txt" | head -n 30 | cut -c1-500
     tail -n 3 "$OUT/sparse.txt"
