@@ -51,7 +51,7 @@ if has plan; then
 fi
 if has sparse; then
     echo "== sparse sets, engine gpu, $SIZE KiB ($(date +%T))"
-    OUT=$OUT/sparse VKSCAND_ARGS="--engine gpu" timeout 180 "$D/gpu_diff.sh" "$BUILD" "$SETS" "$SIZE" 12 \
+    OUT=$OUT/sparse VKSCAND_ARGS="--engine gpu" timeout 120 "$D/gpu_diff.sh" "$BUILD" "$SETS" "$SIZE" 12 \
         >"$OUT/sparse.txt" 2>&1
     grep DIFFERS -A3 "$OUT/sparse.txt" | head -n 30 | cut -c1-500
     tail -n 3 "$OUT/sparse.txt"

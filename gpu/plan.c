@@ -1272,15 +1272,21 @@ struct pre_part {
     int rc;
 };
 
+struct pre_task {
+    uint32_t g;      /* the g-th gated group, ks[g] */
+    uint32_t lo, hi; /* its parts[lo..hi) */
+};
+
 struct pre_job {
     const struct batch_ctx *bc;
     uint32_t c;
     const struct plan_gates *pg;
     const uint32_t *ks; /* the gated groups */
     const struct plan_part *parts;
-    uint32_t n_parts; /* tasks per group */
+    const struct pre_task *tasks; /* a group's tasks together, in part order */
+    const uint32_t *first;        /* per gated group: its first task; one more at the end */
     struct pre_items *out;
-    struct pre_part *part; /* parts per group, in task order */
+    struct pre_part *part; /* per task */
 };
 
 /* Bytes a part of a cut buffer holds at least: its binary searches and a
@@ -1290,26 +1296,30 @@ struct pre_job {
 static void pre_task(void *ctx, uint32_t t)
 {
     struct pre_job *j = ctx;
-    uint32_t k = j->ks[t / j->n_parts];
+    const struct pre_task *pt = &j->tasks[t];
+    uint32_t k = j->ks[pt->g];
     struct pre_part *pp = &j->part[t];
-    pp->rc = nfa_way_items(j->bc, j->c, k, &j->out[k].np, j->pg, j->parts[t % j->n_parts],
-                           (struct item_sink){&pp->s, &pp->n});
+    pp->rc = 0;
+    for (uint32_t p = pt->lo; p < pt->hi && pp->rc == 0; p++)
+        pp->rc = nfa_way_items(j->bc, j->c, k, &j->out[k].np, j->pg, j->parts[p],
+                               (struct item_sink){&pp->s, &pp->n});
 }
 
-/* Joins the parts of the g-th gated group (ks[g]), in order, into its
+/* Joins the tasks of the g-th gated group (ks[g]), in order, into its
  * pre_items. */
 static void pre_join(struct pre_job *j, uint32_t g)
 {
     struct pre_items *pi = &j->out[j->ks[g]];
-    struct pre_part *pp = &j->part[(size_t)g * j->n_parts];
+    struct pre_part *pp = &j->part[j->first[g]];
+    uint32_t np = j->first[g + 1] - j->first[g];
     size_t n = 0;
     pi->rc = 0;
-    for (uint32_t p = 0; p < j->n_parts; p++) {
+    for (uint32_t p = 0; p < np; p++) {
         if (pp[p].rc < 0)
             pi->rc = pp[p].rc;
         n += pp[p].n;
     }
-    if (j->n_parts == 1) { /* the list as it is */
+    if (np == 1) { /* the list as it is */
         pi->s = pp[0].s;
         pi->n = pp[0].n;
         pp[0].s.meta = NULL;
@@ -1317,13 +1327,41 @@ static void pre_join(struct pre_job *j, uint32_t g)
     }
     if (pi->rc == 0 && gpu_grow_array((void **)&pi->s.meta, &pi->s.meta_cap, n, 16) < 0)
         pi->rc = -ENOMEM;
-    for (uint32_t p = 0; pi->rc == 0 && p < j->n_parts; p++) {
+    for (uint32_t p = 0; pi->rc == 0 && p < np; p++) {
         if (pp[p].n > 0)
             memcpy(&pi->s.meta[pi->n * 4], pp[p].s.meta, pp[p].n * 16);
         pi->n += pp[p].n;
     }
-    for (uint32_t p = 0; p < j->n_parts; p++)
+    for (uint32_t p = 0; p < np; p++)
         free(pp[p].s.meta);
+}
+
+/* The factor ends of each gated group in catalog c's buffers, into
+ * ends[g] for ks[g] (g_of[k]: that g, or UINT32_MAX; k < n_nfa): each buffer's ends
+ * are sorted by group, so a binary search per group present in it. */
+static void pre_weigh(const struct batch_ctx *bc, uint32_t c, const struct plan_gates *pg,
+                      const uint32_t *g_of, uint32_t n_nfa, uint64_t *ends)
+{
+    const struct gpu_batch *b = bc->batch;
+    for (uint32_t i = 0; i < b->n_buffers; i++) {
+        if (b->buffers[i].catalog != c)
+            continue;
+        const struct refscan_gate *gate = &pg->v[i];
+        for (size_t m = 0, z; m < gate->n; m = z) {
+            uint32_t k = gate->v[m].nfa;
+            size_t lo = m + 1, hi = gate->n; /* the first end of a later group */
+            while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (gate->v[mid].nfa <= k)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            z = lo;
+            if (k < n_nfa && g_of[k] != UINT32_MAX)
+                ends[g_of[k]] += z - m;
+        }
+    }
 }
 
 /* About `want` parts of catalog c's share of the batch, into *out (NULL
@@ -1395,12 +1433,44 @@ static struct pre_items *plan_pre(struct batch_ctx *bc, uint32_t c, uint64_t lon
         if (way_gated(out[k].np.way))
             ks[n++] = k;
     }
-    /* two tasks a thread */
+    /* About two tasks a thread: a group's share of them as its share of
+     * the factor ends (the items' cost), at least one task; the batch cut
+     * into as many parts as the heaviest group may take. */
+    uint32_t want = 2 * threads;
     struct plan_part *parts = NULL;
-    uint32_t n_parts = n > 0 ? pre_parts(bc, c, (2 * threads + n - 1) / n, &parts) : 0;
-    struct pre_part *part = n_parts > 0 ? calloc((size_t)n * n_parts, sizeof(*part)) : NULL;
-    if (n * n_parts < 2 || part == NULL) {
-        free(part);
+    uint32_t n_parts = n > 0 ? pre_parts(bc, c, want, &parts) : 0;
+    uint64_t *ends = n_parts > 0 ? calloc(n, sizeof(*ends)) : NULL;
+    uint32_t *first = ends != NULL ? calloc(n + 1, sizeof(*first)) : NULL;
+    struct pre_task *tasks =
+        first != NULL ? calloc((size_t)n + want + n_parts, sizeof(*tasks)) : NULL;
+    uint32_t n_tasks = 0;
+    uint32_t *g_of = tasks != NULL ? malloc(n_nfa * sizeof(*g_of)) : NULL;
+    if (g_of != NULL) {
+        for (uint32_t k = 0; k < n_nfa; k++)
+            g_of[k] = UINT32_MAX;
+        for (uint32_t g = 0; g < n; g++)
+            g_of[ks[g]] = g;
+        pre_weigh(bc, c, pg, g_of, n_nfa, ends);
+        uint64_t all = 0;
+        for (uint32_t g = 0; g < n; g++)
+            all += ends[g];
+        for (uint32_t g = 0; g < n; g++) {
+            uint64_t m = all > 0 ? ends[g] * want / all : 0;
+            uint32_t split = m < 1 ? 1 : m > n_parts ? n_parts : (uint32_t)m;
+            first[g] = n_tasks;
+            for (uint32_t q = 0; q < split; q++)
+                tasks[n_tasks++] =
+                    (struct pre_task){g, (uint32_t)((uint64_t)n_parts * q / split),
+                                      (uint32_t)((uint64_t)n_parts * (q + 1) / split)};
+        }
+        first[n] = n_tasks;
+    }
+    struct pre_part *part = n_tasks >= 2 ? calloc(n_tasks, sizeof(*part)) : NULL;
+    free(g_of);
+    free(ends);
+    if (part == NULL) {
+        free(tasks);
+        free(first);
         free(parts);
         free(ks);
         free(out);
@@ -1408,11 +1478,13 @@ static struct pre_items *plan_pre(struct batch_ctx *bc, uint32_t c, uint64_t lon
     }
     for (uint32_t t = 0; t < n; t++)
         out[ks[t]].made = true;
-    struct pre_job j = {bc, c, pg, ks, parts, n_parts, out, part};
-    upload_pool_run(bc->eng->pool, pre_task, &j, n * n_parts);
+    struct pre_job j = {bc, c, pg, ks, parts, tasks, first, out, part};
+    upload_pool_run(bc->eng->pool, pre_task, &j, n_tasks);
     for (uint32_t g = 0; g < n; g++)
         pre_join(&j, g);
     free(part);
+    free(tasks);
+    free(first);
     free(parts);
     free(ks);
     return out;
