@@ -797,10 +797,18 @@ static int confirm_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
             continue;
         const struct refscan_gate *gate = &pg->v[i];
         size_t a = gate_lower(gate, k), z = gate_lower(gate, k + 1);
-        uint64_t bytes = b->buffers[i].len;
-        if (part.cut) { /* this part's factor ends; a start may lie before blo */
+        uint64_t bytes = b->buffers[i].len, floor = 0;
+        if (part.cut) {
+            /* this part's factor ends; their starts may lie before blo,
+             * but not before the group's last end in an earlier part:
+             * start intervals [from(e), e) have from() ascending with e,
+             * so the earlier parts' intervals hold every start below
+             * that end (without the floor, a group of unbounded lookback
+             * walked every earlier part's bytes again in each part) */
+            size_t first = a;
             z = gate_end_lower(gate, a, z, part.bhi);
             a = gate_end_lower(gate, a, z, part.blo);
+            floor = a > first ? gate->v[a - 1].end : 0;
             bytes = (part.bhi < bytes ? part.bhi : bytes) - part.blo;
         }
         if (z == a) /* no factor of this group: nothing to confirm */
@@ -814,6 +822,7 @@ static int confirm_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
             .lookback = g->lookback,
             .span = g->span,
             .buf = b->buffers[i].read == NULL ? b->buffers[i].data : NULL,
+            .floor = floor,
         };
         rc = refscan_confirm_items(&st, &gate->v[a].end, z - a,
                                    sizeof(struct refscan_cand) / sizeof(uint64_t), gap, piece,

@@ -246,7 +246,15 @@ static inline bool span_has(const uint32_t *span, uint8_t c)
  * e - SKIP (span[8]). Ends come ascending: the run's start is carried from
  * one to the next (`checked`: the bytes [rs, checked) are span bytes), so
  * every byte is tested at most once however many ends share a long run. */
+static uint64_t start_from_run(struct refscan_starts *b, uint64_t e);
+
 uint64_t refscan_start_from(struct refscan_starts *b, uint64_t e)
+{
+    uint64_t from = start_from_run(b, e), floor = b->floor < e ? b->floor : e;
+    return from > floor ? from : floor;
+}
+
+static uint64_t start_from_run(struct refscan_starts *b, uint64_t e)
 {
     uint64_t from = b->lookback == CATALOG_UNBOUNDED || e < b->lookback ? 0 : e - b->lookback;
     if (b->span == NULL || b->buf == NULL)

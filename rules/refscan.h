@@ -186,6 +186,10 @@ struct refscan_starts {
     uint32_t lookback;
     const uint32_t *span; /* NULL: lookback alone */
     const uint8_t *buf;   /* NULL: lookback alone */
+    /* no start before this (at most e): the starts below it are another
+     * caller's, as when the GPU host plans a buffer in parts whose
+     * earlier parts cover every start below their last factor end */
+    uint64_t floor;
     uint64_t checked, rs;
 };
 uint64_t refscan_start_from(struct refscan_starts *b, uint64_t e);

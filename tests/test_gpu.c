@@ -831,6 +831,56 @@ START_TEST(test_gated_pieces)
 }
 END_TEST
 
+/* The parts of one long buffer (gpu/plan.c plan_pre) cost no more work
+ * than one part: `\b[a-z ]+ qzend` is confirmed forward from its factor
+ * with no bound on how far back a start lies, and a buffer read at upload
+ * has no bytes at plan time for the span test, so every factor end's
+ * start interval reaches back to the buffer's start. A part starts its
+ * intervals at the group's last end in the parts before it; without that
+ * each part walked every earlier part's bytes again (an H100 host: the
+ * CLI's leads.rules 7.6x slower, docs/PERFORMANCE.md "Session 40"). The
+ * items of four upload threads (parts at 1, 2 and 3 MiB) stay within a
+ * few of one thread's (no parts), and the hits equal refscan's. */
+START_TEST(test_gated_parts_items)
+{
+    static const struct trule rules[] = {{"end", RULE_REGEX, "\\b[a-z ]+ qzend", 0}};
+    struct rules_options ro = {.force_bitnfa = true};
+    struct catalog *cat = compile_rules_opt(rules, 1, &ro);
+    struct catalog_nfa g;
+    catalog_nfa(cat, 0, &g);
+    ck_assert(g.flags & CAT_GF_CONFIRM);
+    const size_t len = (4u << 20) + 777;
+    uint8_t *d = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        d[i] = "lorem ipsum dolor sit amet;\n"[i % 28];
+    for (size_t at = 5000; at + 16 < len; at += 99991)
+        memcpy(d + at, " qzend", 6);
+    const struct catalog *cats[] = {cat};
+    uint64_t items[2];
+    struct gpu_result res[2] = {{0}};
+    for (int t = 0; t < 2; t++) {
+        struct gpu_engine *eng = engine(&(struct gpu_options){.upload_threads = t ? 4 : 1});
+        struct gpu_buffer buf = {.len = len, .mode = SCAN_ALL, .read = read_from, .read_ctx = d};
+        struct gpu_batch b = {cats, 1, &buf, 1};
+        struct vks_error err = {0};
+        ck_assert_int_eq(gpu_batch_dispatch(eng, &b, &res[t], &err), 0);
+        items[t] = res[t].tel.items_total;
+        gpu_engine_destroy(eng);
+    }
+    ck_assert_uint_gt(res[0].n_hits, 30);
+    assert_same_hits(&res[1], &res[0]);
+    ck_assert_msg(items[1] <= items[0] + 8, "items: %llu with parts, %llu without",
+                  (unsigned long long)items[1], (unsigned long long)items[0]);
+    struct gpu_buffer mem = {.data = d, .len = len, .mode = SCAN_ALL};
+    struct gpu_batch bm = {cats, 1, &mem, 1};
+    ck_assert_uint_eq(check_result(&bm, &res[1]), res[1].n_hits);
+    gpu_result_finish(&res[0]);
+    gpu_result_finish(&res[1]);
+    free(d);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* A buffer longer than a segment with matches of bit-NFA rules straddling
  * segment boundaries: a bounded gap rule (segments start maxlen-1 early),
  * an unbounded one (chained rounds carry the state vector) and a 1000-wide
@@ -3220,6 +3270,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_confirm_items_bounded);
     tcase_add_test(tc, test_confirm_many);
     tcase_add_loop_test(tc, test_gated_pieces, 0, 4);
+    tcase_add_test(tc, test_gated_parts_items);
     tcase_add_test(tc, test_long_buffers);
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
