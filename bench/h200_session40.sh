@@ -39,7 +39,7 @@ if has where; then
     rm -rf /tmp/w-data /tmp/w-gated
 fi
 if has plan; then
-    for spec in leads:256M wordy-300:256M gitleaks-regex:1G; do
+    for spec in ${PLAN_SETS:-leads:256M wordy-300:256M gitleaks-regex:1G}; do
         IFS=: read -r set size <<<"$spec"
         for b in ${OLD:-} "$BUILD"; do
             echo "== scan_bench $b $set, one $size buffer ($(date +%T))"
