@@ -277,13 +277,13 @@ struct gpu_telemetry {
      * one batch's limits (daemon/engine_gpu.c run_gpu_slices); 0: one batch.
      * Set by the daemon, summed by gpu_telemetry_add. */
     uint32_t slices;
-    uint32_t cut_reruns;         /* batches re-planned smaller because the driver cut a loop */
-    uint64_t spec_items;         /* speculative segments of unbounded DFA groups */
-    uint64_t spec_fixes;         /* of which the guessed start state was wrong: re-walked */
-    uint64_t spec_fix_bytes;     /* bytes the host re-walked for them */
-    uint64_t confirm_host;       /* confirmation items alive at their cap: finished on the host */
-    uint64_t confirm_host_ns;    /* wall time of those host walks (part of readback_ns) */
-    uint64_t plan_ns;            /* checks, launch policy, work items, pipelines */
+    uint32_t cut_reruns;      /* batches re-planned smaller because the driver cut a loop */
+    uint64_t spec_items;      /* speculative segments of unbounded DFA groups */
+    uint64_t spec_fixes;      /* of which the guessed start state was wrong: re-walked */
+    uint64_t spec_fix_bytes;  /* bytes the host re-walked for them */
+    uint64_t confirm_host;    /* confirmation items alive at their cap: finished on the host */
+    uint64_t confirm_host_ns; /* wall time of those host walks (part of readback_ns) */
+    uint64_t plan_ns;         /* checks, launch policy, work items, pipelines */
     /* its parts: the gated groups' items made on the upload threads
      * (gpu/plan.c plan_pre), and the pipelines picked */
     uint64_t plan_pre_ns, plan_pick_ns;

@@ -664,11 +664,12 @@ static int window_items(void *ctx, uint64_t lo, uint64_t hi)
     return 0;
 }
 
-/* The first of a buffer's factor ends (sorted by group, then end) whose
- * group is k or later: a catalog may have hundreds of gated groups. */
-static size_t gate_lower(const struct refscan_gate *gate, uint32_t k)
+/* The first of a buffer's factor ends (sorted by group, then end) from
+ * index a on whose group is k or later: a catalog may have hundreds of
+ * gated groups. */
+static size_t gate_lower_from(const struct refscan_gate *gate, size_t a, uint32_t k)
 {
-    size_t a = 0, z = gate->n;
+    size_t z = gate->n;
     while (a < z) {
         size_t m = a + (z - a) / 2;
         if (gate->v[m].nfa < k)
@@ -677,6 +678,11 @@ static size_t gate_lower(const struct refscan_gate *gate, uint32_t k)
             z = m;
     }
     return a;
+}
+
+static size_t gate_lower(const struct refscan_gate *gate, uint32_t k)
+{
+    return gate_lower_from(gate, 0, k);
 }
 
 /* The first of gate->v[a..z) (one group's ends, ascending) that ends at
@@ -1358,15 +1364,7 @@ static void pre_weigh(const struct batch_ctx *bc, uint32_t c, const struct plan_
         const struct refscan_gate *gate = &pg->v[i];
         for (size_t m = 0, z; m < gate->n; m = z) {
             uint32_t k = gate->v[m].nfa;
-            size_t lo = m + 1, hi = gate->n; /* the first end of a later group */
-            while (lo < hi) {
-                size_t mid = lo + (hi - lo) / 2;
-                if (gate->v[mid].nfa <= k)
-                    lo = mid + 1;
-                else
-                    hi = mid;
-            }
-            z = lo;
+            z = gate_lower_from(gate, m + 1, k + 1); /* the first end of a later group */
             if (k < n_nfa && g_of[k] != UINT32_MAX)
                 ends[g_of[k]] += z - m;
         }
