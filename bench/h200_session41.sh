@@ -21,7 +21,7 @@ pick() {
         NF == 1 && !/=/ { if ($1 != "big") set = $1 }
         /^(total|plan|plan_pre|factor|device|run|upload|readback|finalize|fd_read)_ns=/ {
             sub(/_ns$/, "", $1); printf " %s=%.1f", $1, $2 / 1e6 }
-        /^items_total=/ { printf " %s", $0 }
+        /^(items_total|items_processed|plan_runs_ns)=/ { printf " %s", $0 }
         END { print "" }'
 }
 if has cli; then

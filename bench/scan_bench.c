@@ -972,11 +972,11 @@ static void print_text(const struct result *r, size_t n, const struct gpu_device
                t->segment_bytes, t->workgroup_size, t->workgroups, t->occupancy, t->kernel_launches,
                r[i].compile_s);
     }
-    printf("\n%-22s %8s %8s %8s\n", "main plan ms", "all", "pre", "pick");
+    printf("\n%-22s %8s %8s %8s %8s\n", "main plan ms", "all", "pre", "pick", "runs");
     for (size_t i = 0; i < n; i++) {
         const struct gpu_telemetry *t = &r[i].tel;
-        printf("%-22s %8.2f %8.2f %8.2f\n", r[i].name, t->plan_ns / 1e6, t->plan_pre_ns / 1e6,
-               t->plan_pick_ns / 1e6);
+        printf("%-22s %8.2f %8.2f %8.2f %8.2f\n", r[i].name, t->plan_ns / 1e6, t->plan_pre_ns / 1e6,
+               t->plan_pick_ns / 1e6, t->plan_runs_ns / 1e6);
     }
     printf("\n%-22s %8s %8s %8s %8s %8s %10s %12s\n", "factor pass ms", "plan", "upload", "wait",
            "read", "sort", "ends", "dev counted");

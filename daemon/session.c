@@ -840,6 +840,9 @@ static void telemetry(struct stats_list *l, const struct request *r,
     stats_add_u(l, "queue_ns", r->t_dispatched - r->t_queued);
     stats_add_u(l, "fd_read_ns", t->fd_read_ns);
     stats_add_u(l, "plan_ns", g->plan_ns);
+    stats_add_u(l, "plan_pre_ns", g->plan_pre_ns);
+    stats_add_u(l, "plan_runs_ns", g->plan_runs_ns);
+    stats_add_u(l, "items_total", g->items_total);
     stats_add_u(l, "buffers_made_ns", g->buffers_made_ns);
     stats_add_u(l, "buffers_made_bytes", g->buffers_made_bytes);
     stats_add_u(l, "upload_ns", g->upload_ns);

@@ -285,8 +285,9 @@ struct gpu_telemetry {
     uint64_t confirm_host_ns; /* wall time of those host walks (part of readback_ns) */
     uint64_t plan_ns;         /* checks, launch policy, work items, pipelines */
     /* its parts: the gated groups' items made on the upload threads
-     * (gpu/plan.c plan_pre), and the pipelines picked */
-    uint64_t plan_pre_ns, plan_pick_ns;
+     * (gpu/plan.c plan_pre), the pipelines picked, and the run starts of
+     * buffers read at upload read back from their files (plan_runs) */
+    uint64_t plan_pre_ns, plan_pick_ns, plan_runs_ns;
     uint64_t buffers_made_ns;    /* batch buffers made (or grown) for this batch: wall time */
     uint64_t buffers_made_bytes; /* and their bytes */
     uint64_t upload_ns;          /* host side: staging filled and every chunk submitted */

@@ -605,6 +605,9 @@ struct plan_gates {
      * instead of two binary searches */
     uint64_t *has;
     uint32_t has_words;
+    /* per buffer read at upload, per entry of v[i]: the run start of its
+     * end found ahead (plan_runs) for the groups runs_wanted; NULL: none */
+    uint64_t **runs;
 };
 
 /* Builds pg->has for the buffers of catalog c (n_nfa bit-NFA groups);
@@ -786,6 +789,15 @@ static uint64_t confirm_cap(const struct gpu_engine *eng, uint64_t avail, uint64
     return cap < avail - 16 - *piece ? cap : avail - 16 - *piece;
 }
 
+/* Groups whose lookback is longer than this (or unbounded) get their
+ * run starts found ahead in buffers read at upload (plan_runs). */
+#define RUN_LOOKBACK (4u << 10)
+
+static bool runs_wanted(const struct catalog_nfa *g)
+{
+    return g->span != NULL && (g->lookback == CATALOG_UNBOUNDED || g->lookback > RUN_LOOKBACK);
+}
+
 /* Items of forward-confirmed (CAT_GF_CONFIRM) group k around its factors'
  * ends: starts in [e - lookback, e), merged and cut as above; each item
  * (buffer, a, b) is walked from a until the state dies at or after b (the
@@ -823,11 +835,14 @@ static int confirm_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
         size_t most = bytes / CONFIRM_SPAN;
         if (!grow)
             most = SIZE_MAX; /* pieces stay within the loop budget */
-        /* a buffer read at upload has no bytes here yet: lookback alone */
+        /* a buffer read at upload has no bytes here: its run starts were
+         * found ahead (plan_runs), or it has the lookback alone */
         struct refscan_starts st = {
             .lookback = g->lookback,
             .span = g->span,
             .buf = b->buffers[i].read == NULL ? b->buffers[i].data : NULL,
+            .runs = pg->runs != NULL && pg->runs[i] != NULL && runs_wanted(g) ? pg->runs[i] + a
+                                                                               : NULL,
             .floor = floor,
         };
         rc = refscan_confirm_items(&st, &gate->v[a].end, z - a,
@@ -1497,6 +1512,152 @@ static struct pre_items *plan_pre(struct batch_ctx *bc, uint32_t c, uint64_t lon
     return out;
 }
 
+/*
+ * Run starts found ahead (pg->runs) for catalog c's buffers read at
+ * upload. Such a buffer's bytes are not in memory when its plan begins, so
+ * a confirmation group's span test (where the run of span bytes before a
+ * factor end begins, docs/engine.md "Forward confirmation") had the
+ * lookback alone: for a group of long or no lookback (`[a-z]+@...`) every
+ * start from its previous end on, which walked the whole file on the
+ * device (leads.rules in the CLI: 178 ms of kernel for 1 GiB, against
+ * 20-30 ms with the bytes in memory). Here the upload threads read the
+ * bytes around the ends back from the file (the page cache), each window
+ * once for all such groups, in tasks of about 1/(2 * threads) of a
+ * buffer; a group's run carries from one window to the next within a
+ * task. A run that reaches bytes not read (before a task's or a window's
+ * first RUN_PAD bytes) is taken to go on (refscan_starts lo): never a
+ * later start than the true one.
+ */
+#define RUN_PAD    (4u << 10)
+#define RUN_WINDOW (1u << 20)
+
+struct run_task {
+    uint32_t buf;
+    uint64_t lo, hi; /* factor ends in [lo, hi) */
+};
+
+struct run_job {
+    const struct batch_ctx *bc;
+    const struct plan_gates *pg;
+    const uint32_t *ks;           /* the groups runs_wanted */
+    const struct catalog_nfa *gs; /* theirs */
+    uint32_t n_ks;
+    const struct run_task *tasks;
+};
+
+static void run_task(void *ctx, uint32_t t)
+{
+    const struct run_job *j = ctx;
+    const struct run_task *rt = &j->tasks[t];
+    const struct gpu_buffer *gb = &j->bc->batch->buffers[rt->buf];
+    const struct refscan_gate *gate = &j->pg->v[rt->buf];
+    uint64_t *runs = j->pg->runs[rt->buf];
+    uint8_t *win = malloc(RUN_PAD + RUN_WINDOW);
+    struct refscan_starts *st = calloc(j->n_ks, sizeof(*st));
+    size_t *at = calloc(2 * (size_t)j->n_ks, sizeof(*at));
+    bool mem = win != NULL && st != NULL && at != NULL;
+    size_t *stop = mem ? at + j->n_ks : NULL;
+    for (uint32_t g = 0; g < j->n_ks; g++) {
+        size_t a = gate_lower(gate, j->ks[g]), z = gate_lower_from(gate, a, j->ks[g] + 1);
+        z = gate_end_lower(gate, a, z, rt->hi);
+        a = gate_end_lower(gate, a, z, rt->lo);
+        if (!mem) { /* the lookback alone */
+            struct refscan_starts look = {.lookback = j->gs[g].lookback};
+            for (size_t m = a; m < z; m++)
+                runs[m] = refscan_start_from(&look, gate->v[m].end);
+            continue;
+        }
+        at[g] = a;
+        stop[g] = z;
+        st[g] = (struct refscan_starts){.lookback = j->gs[g].lookback, .span = j->gs[g].span};
+    }
+    for (;;) {
+        uint64_t w = UINT64_MAX; /* the window starts at the first end left */
+        for (uint32_t g = 0; mem && g < j->n_ks; g++)
+            if (at[g] < stop[g] && gate->v[at[g]].end < w)
+                w = gate->v[at[g]].end;
+        if (w == UINT64_MAX)
+            break;
+        uint64_t blo = w > RUN_PAD ? w - RUN_PAD : 0, whi = w + RUN_WINDOW;
+        uint64_t bhi = whi < gb->len ? whi : gb->len;
+        /* a read that fails leaves the lookback alone; the caller's read
+         * function reports the failure for the buffer (the daemon fails
+         * it as unreadable) */
+        bool ok = bhi > blo && gb->read(gb->read_ctx, win, blo, (size_t)(bhi - blo)) == 0;
+        for (uint32_t g = 0; g < j->n_ks; g++) {
+            st[g].buf = ok ? win : NULL;
+            st[g].lo = blo;
+            st[g].hi = bhi;
+            for (; at[g] < stop[g] && gate->v[at[g]].end < whi; at[g]++)
+                runs[at[g]] = refscan_start_from(&st[g], gate->v[at[g]].end);
+        }
+    }
+    free(at);
+    free(st);
+    free(win);
+}
+
+static void runs_free(struct plan_gates *pg, uint32_t n)
+{
+    for (uint32_t i = 0; pg->runs != NULL && i < n; i++)
+        free(pg->runs[i]);
+    free(pg->runs);
+    pg->runs = NULL;
+}
+
+/* Fills pg->runs for catalog c's buffers read at upload, where a gated
+ * group runs_wanted has ends. Without memory it leaves them NULL (the
+ * lookback alone): a longer walk, never a lost match. */
+static void plan_runs(struct batch_ctx *bc, uint32_t c, uint64_t longest, struct plan_gates *pg)
+{
+    const struct gpu_batch *b = bc->batch;
+    uint32_t n_nfa = catalog_nfa_count(b->catalogs[c]), n_ks = 0;
+    bool deferred = false;
+    for (uint32_t i = 0; i < b->n_buffers && !deferred; i++)
+        deferred = b->buffers[i].catalog == c && b->buffers[i].data == NULL &&
+                   b->buffers[i].read != NULL && pg->v[i].n > 0;
+    uint32_t *ks = deferred ? malloc(n_nfa * sizeof(*ks)) : NULL;
+    struct catalog_nfa *gs = ks != NULL ? malloc(n_nfa * sizeof(*gs)) : NULL;
+    for (uint32_t k = 0; gs != NULL && k < n_nfa; k++) {
+        struct nfa_plan np;
+        nfa_plan(bc, c, k, longest, pg, &np);
+        if ((np.way == WAY_CONFIRM || np.way == WAY_LEAD) && runs_wanted(&np.g)) {
+            ks[n_ks] = k;
+            gs[n_ks++] = np.g;
+        }
+    }
+    uint32_t threads = bc->eng->pool != NULL ? upload_pool_threads(bc->eng->pool) : 1;
+    uint64_t total = 0;
+    for (uint32_t i = 0; n_ks > 0 && i < b->n_buffers; i++)
+        if (b->buffers[i].catalog == c && b->buffers[i].data == NULL && b->buffers[i].read != NULL)
+            total += b->buffers[i].len;
+    uint64_t piece = total / (2 * (uint64_t)threads);
+    piece = piece > 4 * RUN_WINDOW ? piece : 4 * RUN_WINDOW;
+    size_t n_tasks = 0, cap = n_ks > 0 ? total / piece + b->n_buffers + 1 : 0;
+    struct run_task *tasks = cap > 0 ? calloc(cap, sizeof(*tasks)) : NULL;
+    pg->runs = tasks != NULL ? calloc(b->n_buffers, sizeof(*pg->runs)) : NULL;
+    for (uint32_t i = 0; pg->runs != NULL && i < b->n_buffers; i++) {
+        const struct gpu_buffer *gb = &b->buffers[i];
+        if (gb->catalog != c || gb->data != NULL || gb->read == NULL || pg->v[i].n == 0)
+            continue;
+        pg->runs[i] = malloc(pg->v[i].n * sizeof(uint64_t));
+        for (uint64_t lo = 0; pg->runs[i] != NULL && lo <= gb->len; lo += piece)
+            tasks[n_tasks++] = (struct run_task){i, lo, lo + piece > gb->len ? UINT64_MAX
+                                                                               : lo + piece};
+    }
+    if (n_tasks > 0) {
+        struct run_job j = {bc, pg, ks, gs, n_ks, tasks};
+        if (bc->eng->pool != NULL)
+            upload_pool_run(bc->eng->pool, run_task, &j, (uint32_t)n_tasks);
+        else
+            for (uint32_t t = 0; t < n_tasks; t++)
+                run_task(&j, t);
+    }
+    free(tasks);
+    free(gs);
+    free(ks);
+}
+
 static void pre_free(struct pre_items *pre, uint32_t n_nfa)
 {
     for (uint32_t k = 0; pre != NULL && k < n_nfa; k++)
@@ -1792,11 +1953,16 @@ static int plan_catalog(struct batch_ctx *bc, uint32_t c)
     if (rc == 0)
         gates_index(&pg, b, c, catalog_nfa_count(b->catalogs[c]));
     uint64_t t0 = gpu_now_ns();
+    if (rc == 0 && pg.v != NULL)
+        plan_runs(bc, c, longest, &pg);
+    bc->tel->plan_runs_ns += gpu_now_ns() - t0;
+    t0 = gpu_now_ns();
     struct pre_items *pre = rc == 0 ? plan_pre(bc, c, longest, &pg) : NULL;
     bc->tel->plan_pre_ns += gpu_now_ns() - t0;
     for (uint32_t k = 0; k < catalog_nfa_count(b->catalogs[c]) && rc == 0; k++)
         rc = plan_nfa(bc, c, k, longest, &pg, pre != NULL && pre[k].made ? &pre[k] : NULL);
     pre_free(pre, catalog_nfa_count(b->catalogs[c]));
+    runs_free(&pg, b->n_buffers);
     free(pg.has);
     if (!bc->gates_of[c])
         plan_gates_finish(&pg, b->n_buffers);

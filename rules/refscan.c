@@ -257,22 +257,30 @@ uint64_t refscan_start_from(struct refscan_starts *b, uint64_t e)
 static uint64_t start_from_run(struct refscan_starts *b, uint64_t e)
 {
     uint64_t from = b->lookback == CATALOG_UNBOUNDED || e < b->lookback ? 0 : e - b->lookback;
-    if (b->span == NULL || b->buf == NULL)
+    if (b->span == NULL || b->buf == NULL || (b->hi > 0 && e > b->hi))
         return from;
-    uint64_t p = e > b->span[8] ? e - b->span[8] : 0;
+    /* buf[i] is byte lo + i; bytes below lo are unknown (lo is 0 for a
+     * whole buffer), as are those below from for this end's purpose */
+    const uint8_t *at_lo = b->buf;
+    uint64_t lo = b->hi > 0 ? b->lo : 0;
+    uint64_t p = e > b->span[8] ? e - b->span[8] : 0, low = lo > from ? lo : from;
     if (p < b->checked) { /* out of order: nothing carried applies */
-        while (p > from && span_has(b->span, b->buf[p - 1]))
+        while (p > low && span_has(b->span, at_lo[p - 1 - lo]))
             p--;
-        return p > from ? p : from;
+        return p > low ? p : from;
     }
     /* Below from nothing matters: every later end allows no start before
      * its own from, which is at least this one. */
     uint64_t floor = b->checked > from ? b->checked : from, at = p;
-    while (p > floor && span_has(b->span, b->buf[p - 1]))
+    floor = floor > lo ? floor : lo;
+    while (p > floor && span_has(b->span, at_lo[p - 1 - lo]))
         p--;
     if (p > floor)
-        b->rs = p; /* buf[p - 1] is no span byte */
-    /* else the run goes on to `at`, from rs or from below from */
+        b->rs = p; /* byte p - 1 is no span byte */
+    /* else the run goes on to `at`, from rs or from below from; or it
+     * reached unknown bytes (below lo, above checked), which may all be
+     * span bytes: then the run goes on to the carried one, from rs again
+     * (bytes [rs, checked) are span bytes, or rs is below from) */
     b->checked = at;
     return b->rs > from ? b->rs : from;
 }
@@ -1142,7 +1150,13 @@ int refscan_confirm_starts(const struct refscan_starts *st, const uint64_t *ends
     run.checked = run.rs = 0;
     uint64_t a = 0, b = 0;
     for (size_t i = 0; i < n; i++) {
-        uint64_t e = ends[i * stride], from = refscan_start_from(&run, e);
+        uint64_t e = ends[i * stride], from;
+        if (st->runs != NULL) {
+            uint64_t floor = st->floor < e ? st->floor : e;
+            from = st->runs[i] > floor ? st->runs[i] : floor;
+        } else {
+            from = refscan_start_from(&run, e);
+        }
         if (i > 0 && from <= b) {
             b = e > b ? e : b;
             continue;
@@ -1197,23 +1211,57 @@ static int confirm_cut_add(void *ctx, uint64_t a, uint64_t b)
     return rc;
 }
 
-static int confirm_cut_run(struct confirm_cut *c, const struct refscan_starts *st,
-                           const uint64_t *ends, size_t n, size_t stride)
+/* The merged start intervals, kept: the cut may run more than once, and
+ * a start's run may cost a read of the buffer's bytes (refscan_starts
+ * `more`), so the starts are found once. */
+struct start_list {
+    uint64_t *v; /* pairs [a, b) */
+    size_t n, cap;
+};
+
+static int start_list_add(void *ctx, uint64_t a, uint64_t b)
+{
+    struct start_list *l = ctx;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        uint64_t *v = realloc(l->v, cap * 2 * sizeof(*v));
+        if (v == NULL)
+            return -ENOMEM;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[2 * l->n] = a;
+    l->v[2 * l->n + 1] = b;
+    l->n++;
+    return 0;
+}
+
+static int confirm_cut_run(struct confirm_cut *c, const struct start_list *l)
 {
     c->count = 0;
     c->open = false;
-    int rc = refscan_confirm_starts(st, ends, n, stride, confirm_cut_add, c);
-    return rc != 0 ? rc : confirm_cut_flush(c);
+    for (size_t i = 0; i < l->n; i++) {
+        int rc = confirm_cut_add(c, l->v[2 * i], l->v[2 * i + 1]);
+        if (rc != 0)
+            return rc;
+    }
+    return confirm_cut_flush(c);
 }
 
 int refscan_confirm_items(const struct refscan_starts *st, const uint64_t *ends, size_t n,
                           size_t stride, uint64_t gap, uint64_t piece, size_t max_items,
                           refscan_window_fn fn, void *ctx)
 {
+    struct start_list l = {NULL, 0, 0};
+    int rc = refscan_confirm_starts(st, ends, n, stride, start_list_add, &l);
+    if (rc != 0) {
+        free(l.v);
+        return rc;
+    }
     struct confirm_cut c = {.gap = gap, .piece = piece > 0 ? piece : 1};
     max_items = max_items > 0 ? max_items : 1;
     for (;;) { /* each round doubles both: at most ~64 rounds, ends are u64 */
-        confirm_cut_run(&c, st, ends, n, stride);
+        confirm_cut_run(&c, &l);
         if (c.count <= max_items)
             break;
         c.gap = c.gap * 2 + 1;
@@ -1221,7 +1269,9 @@ int refscan_confirm_items(const struct refscan_starts *st, const uint64_t *ends,
     }
     c.fn = fn;
     c.ctx = ctx;
-    return confirm_cut_run(&c, st, ends, n, stride);
+    rc = confirm_cut_run(&c, &l);
+    free(l.v);
+    return rc;
 }
 
 void refscan_gate_finish(struct refscan_gate *g)

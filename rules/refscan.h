@@ -186,6 +186,17 @@ struct refscan_starts {
     uint32_t lookback;
     const uint32_t *span; /* NULL: lookback alone */
     const uint8_t *buf;   /* NULL: lookback alone */
+    /* hi 0: buf is the whole buffer. Else buf holds only the buffer's
+     * bytes [lo, hi) (buf[0] is byte lo), as when the GPU host reads a
+     * buffer read at upload a window at a time: an end past hi gets
+     * lookback alone, and a run of span bytes that reaches lo is taken to
+     * go on as far as the carried run allows (never a later start than
+     * the true one). */
+    uint64_t lo, hi;
+    /* refscan_confirm_starts and _items only: per end (ends[i], index i
+     * whatever the stride), its refscan_start_from found ahead with floor
+     * 0, here clamped to floor; NULL: found there */
+    const uint64_t *runs;
     /* no start before this (at most e): the starts below it are another
      * caller's, as when the GPU host plans a buffer in parts whose
      * earlier parts cover every start below their last factor end */
@@ -217,7 +228,8 @@ int refscan_confirm_starts(const struct refscan_starts *st, const uint64_t *ends
  * not: a rule whose walks never die (`key(?s).*x`) costs at most
  * max_items walks to the buffer's end. Calls `fn(ctx, a, b)` per piece in
  * ascending order; `fn` returning non-zero stops the calls and is
- * returned.
+ * returned. The starts are found once (each end's run read once, even
+ * when the pieces are cut again); -ENOMEM when they cannot be kept.
  */
 int refscan_confirm_items(const struct refscan_starts *st, const uint64_t *ends, size_t n,
                           size_t stride, uint64_t gap, uint64_t piece, size_t max_items,

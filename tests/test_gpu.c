@@ -874,6 +874,22 @@ START_TEST(test_gated_parts_items)
     struct gpu_buffer mem = {.data = d, .len = len, .mode = SCAN_ALL};
     struct gpu_batch bm = {cats, 1, &mem, 1};
     ck_assert_uint_eq(check_result(&bm, &res[1]), res[1].n_hits);
+    /* the same bytes in memory: the span test reads them where they are;
+     * read at upload, the plan read them back (plan_runs) for the same
+     * items, where the lookback alone walked from each end to the next */
+    struct gpu_engine *eng = engine(&(struct gpu_options){.upload_threads = 4});
+    struct gpu_result rm = {0};
+    struct vks_error err = {0};
+    ck_assert_int_eq(gpu_batch_dispatch(eng, &bm, &rm, &err), 0);
+    assert_same_hits(&rm, &res[0]);
+    for (int t = 0; t < 2; t++) {
+        ck_assert_msg(items[t] <= rm.tel.items_total + 8,
+                      "items: %llu read at upload (%d threads), %llu in memory",
+                      (unsigned long long)items[t], t ? 4 : 1,
+                      (unsigned long long)rm.tel.items_total);
+    }
+    gpu_result_finish(&rm);
+    gpu_engine_destroy(eng);
     gpu_result_finish(&res[0]);
     gpu_result_finish(&res[1]);
     free(d);

@@ -857,7 +857,10 @@ END_TEST
  * the run of span bytes that ends at e - SKIP, over random buffers of span
  * and other bytes, for ascending ends with repeats, unbounded and bounded
  * lookbacks, skips of 0 to 3 bytes, no span, and an end out of order
- * (nothing carried). */
+ * (nothing carried). Beside it the same ends with only a window of the
+ * buffer, [wlo, len) (gpu/plan.c plan_runs' reads of a file): the same
+ * start where the definition's lies after wlo, never a later one where
+ * it does not. */
 START_TEST(confirm_start_runs)
 {
     uint64_t seed = 0x9e3779b97f4a7c15ull;
@@ -883,6 +886,9 @@ START_TEST(confirm_start_runs)
         span[8] = (uint32_t)(round / 4 % 4); /* SKIP */
         struct refscan_starts b = {
             .lookback = looks[round % 4], .span = round % 10 == 9 ? NULL : span, .buf = buf};
+        uint64_t wlo = (uint64_t)(seed >> 11) % len;
+        struct refscan_starts bw = {
+            .lookback = b.lookback, .span = b.span, .buf = buf + wlo, .lo = wlo, .hi = len};
         uint64_t e = 0;
         while (e <= len) {
             uint64_t want = b.lookback == CATALOG_UNBOUNDED || e < b.lookback ? 0 : e - b.lookback;
@@ -893,6 +899,11 @@ START_TEST(confirm_start_runs)
             ck_assert_msg(refscan_start_from(&b, e) == want,
                           "round %d: end %" PRIu64 " of %zu gives %" PRIu64 ", not %" PRIu64, round,
                           e, len, refscan_start_from(&b, e), want);
+            uint64_t w = refscan_start_from(&bw, e);
+            ck_assert_msg(want > wlo ? w == want : w <= want,
+                          "round %d: end %" PRIu64 " of %zu, window from %" PRIu64 ": %" PRIu64
+                          ", not %" PRIu64,
+                          round, e, len, wlo, w, want);
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
