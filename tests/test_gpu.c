@@ -897,6 +897,55 @@ START_TEST(test_gated_parts_items)
 }
 END_TEST
 
+/* A buffer read at upload whose confirmation groups need their run starts
+ * read back from it (gpu/plan.c plan_runs): runs of letters of 3,000 to
+ * 20,000 bytes before "qzend", laid across the 1 MiB windows and the 4 MiB
+ * tasks the reads are cut in, for two rules of no lookback bound and
+ * different spans. Every hit equals refscan's on the same bytes in memory,
+ * with one upload thread and with four. */
+START_TEST(test_gated_runs)
+{
+    static const struct trule rules[] = {
+        {"unb", RULE_REGEX, "\\b[a-z ]+ qzend", 0},
+        {"digit", RULE_REGEX, "7[a-z]+qzend;", 0},
+    };
+    struct rules_options ro = {.force_bitnfa = true};
+    struct catalog *cat = compile_rules_opt(rules, 2, &ro);
+    const size_t len = (4u << 20) + 99999;
+    uint8_t *d = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        d[i] = "lorem ipsum dolor sit amet;\n"[i % 28];
+    uint64_t seed = 12345;
+    /* a run across each MiB edge (the 4 MiB one is a task's), one after */
+    for (uint64_t at = 300000; at + 10000 < len; at += at % (1u << 20) ? 748576 : 300000) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t run = 3000 + (seed >> 33) % 3000, lo = at % (1u << 20) ? at : at - run / 2;
+        bool unb = (seed >> 12) & 1;
+        d[lo] = unb ? ' ' : '7';
+        for (uint64_t k = 1; k < run; k++)
+            d[lo + k] = (uint8_t)('a' + (seed >> (k % 40)) % 26);
+        memcpy(d + lo + run, unb ? " qzend" : "qzend;", 6);
+    }
+    const struct catalog *cats[] = {cat};
+    struct gpu_buffer mem = {.data = d, .len = len, .mode = SCAN_ALL};
+    struct gpu_batch bm = {cats, 1, &mem, 1};
+    for (int t = 0; t < 2; t++) { /* each run ends a match */
+        struct gpu_engine *eng = engine(&(struct gpu_options){.upload_threads = t ? 4 : 1});
+        struct gpu_buffer buf = {.len = len, .mode = SCAN_ALL, .read = read_from, .read_ctx = d};
+        struct gpu_batch b = {cats, 1, &buf, 1};
+        struct gpu_result res = {0};
+        struct vks_error err = {0};
+        int rc = gpu_batch_dispatch(eng, &b, &res, &err);
+        ck_assert_msg(rc == 0, "gpu_batch_dispatch: %d %s", rc, err.msg);
+        ck_assert_uint_ge(check_result(&bm, &res), 8);
+        gpu_result_finish(&res);
+        gpu_engine_destroy(eng);
+    }
+    free(d);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* A buffer longer than a segment with matches of bit-NFA rules straddling
  * segment boundaries: a bounded gap rule (segments start maxlen-1 early),
  * an unbounded one (chained rounds carry the state vector) and a 1000-wide
@@ -3287,6 +3336,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_confirm_many);
     tcase_add_loop_test(tc, test_gated_pieces, 0, 3);
     tcase_add_test(tc, test_gated_parts_items);
+    tcase_add_test(tc, test_gated_runs);
     tcase_add_test(tc, test_long_buffers);
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
