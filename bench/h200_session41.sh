@@ -5,8 +5,8 @@
 # cli_bench.sh), linked into the tree by the command.
 #   [OLD="b1 b2"] bench/h200_session41.sh BUILD [steps...]
 #   steps: cli (cli_bench of BUILD against Hyperscan, 1 GiB files, both
-#   data folders), where (cli_where of leads and wordy-300 for OLD and
-#   BUILD). Default: cli where.
+#   data folders), where (cli_where of gitleaks-regex, leads and wordy-300
+#   for OLD and BUILD). Default: cli where.
 set -u
 BUILD=${1:?usage: h200_session41.sh BUILD [steps...]}
 shift
@@ -34,10 +34,13 @@ if has cli; then
 fi
 if has where; then
     for b in ${OLD:-} "$BUILD"; do
+        echo "== cli_where $b build-data ($(date +%T))"
+        WORK=/tmp/w-data timeout 100 "$D/cli_where.sh" "$b" build-data gitleaks-regex |
+            tee -a "$OUT/where-$b.txt" | pick
         echo "== cli_where $b build-gated ($(date +%T))"
         WORK=/tmp/w-gated timeout 150 "$D/cli_where.sh" "$b" build-gated leads wordy-300 |
             tee -a "$OUT/where-$b.txt" | pick
     done
-    rm -rf /tmp/w-gated
+    rm -rf /tmp/w-gated /tmp/w-data
 fi
 echo "== done ($(date +%T))"
