@@ -841,8 +841,8 @@ static int confirm_items(const struct batch_ctx *bc, uint32_t c, uint32_t k,
             .lookback = g->lookback,
             .span = g->span,
             .buf = b->buffers[i].read == NULL ? b->buffers[i].data : NULL,
-            .runs = pg->runs != NULL && pg->runs[i] != NULL && runs_wanted(g) ? pg->runs[i] + a
-                                                                               : NULL,
+            .runs =
+                pg->runs != NULL && pg->runs[i] != NULL && runs_wanted(g) ? pg->runs[i] + a : NULL,
             .floor = floor,
         };
         rc = refscan_confirm_items(&st, &gate->v[a].end, z - a,
@@ -1529,6 +1529,7 @@ static struct pre_items *plan_pre(struct batch_ctx *bc, uint32_t c, uint64_t lon
  * later start than the true one.
  */
 #define RUN_PAD    (4u << 10)
+#define RUN_BACK   (64u << 10) /* read before a window where a run reached RUN_PAD */
 #define RUN_WINDOW (1u << 20)
 
 struct run_task {
@@ -1545,17 +1546,45 @@ struct run_job {
     const struct run_task *tasks;
 };
 
+/* One window of a run task: the buffer's bytes [lo, hi) at win[lo - base]. */
+struct run_win {
+    const struct gpu_buffer *gb;
+    uint8_t *win; /* RUN_BACK + RUN_WINDOW bytes: [base, base + that) */
+    uint64_t base, lo, hi;
+    bool ok;
+};
+
+static void run_point(const struct run_win *w, struct refscan_starts *st)
+{
+    st->buf = w->ok ? w->win + (w->lo - w->base) : NULL;
+    st->lo = w->lo;
+    st->hi = w->hi;
+}
+
+/* Reads [base, lo) in front of the window once; false if it has them
+ * already or cannot. A read that fails leaves the lookback alone; the
+ * caller's read function reports the failure for the buffer (the daemon
+ * fails it as unreadable). */
+static bool run_back(struct run_win *w)
+{
+    if (!w->ok || w->lo == w->base)
+        return false;
+    w->ok = w->gb->read(w->gb->read_ctx, w->win, w->base, (size_t)(w->lo - w->base)) == 0;
+    w->lo = w->base;
+    return w->ok;
+}
+
 static void run_task(void *ctx, uint32_t t)
 {
     const struct run_job *j = ctx;
     const struct run_task *rt = &j->tasks[t];
-    const struct gpu_buffer *gb = &j->bc->batch->buffers[rt->buf];
     const struct refscan_gate *gate = &j->pg->v[rt->buf];
     uint64_t *runs = j->pg->runs[rt->buf];
-    uint8_t *win = malloc(RUN_PAD + RUN_WINDOW);
+    struct run_win w = {.gb = &j->bc->batch->buffers[rt->buf]};
+    w.win = malloc(RUN_BACK + RUN_WINDOW);
     struct refscan_starts *st = calloc(j->n_ks, sizeof(*st));
     size_t *at = calloc(2 * (size_t)j->n_ks, sizeof(*at));
-    bool mem = win != NULL && st != NULL && at != NULL;
+    bool mem = w.win != NULL && st != NULL && at != NULL;
     size_t *stop = mem ? at + j->n_ks : NULL;
     for (uint32_t g = 0; g < j->n_ks; g++) {
         size_t a = gate_lower(gate, j->ks[g]), z = gate_lower_from(gate, a, j->ks[g] + 1);
@@ -1572,29 +1601,36 @@ static void run_task(void *ctx, uint32_t t)
         st[g] = (struct refscan_starts){.lookback = j->gs[g].lookback, .span = j->gs[g].span};
     }
     for (;;) {
-        uint64_t w = UINT64_MAX; /* the window starts at the first end left */
+        uint64_t e0 = UINT64_MAX; /* the window starts at the first end left */
         for (uint32_t g = 0; mem && g < j->n_ks; g++)
-            if (at[g] < stop[g] && gate->v[at[g]].end < w)
-                w = gate->v[at[g]].end;
-        if (w == UINT64_MAX)
+            if (at[g] < stop[g] && gate->v[at[g]].end < e0)
+                e0 = gate->v[at[g]].end;
+        if (e0 == UINT64_MAX)
             break;
-        uint64_t blo = w > RUN_PAD ? w - RUN_PAD : 0, whi = w + RUN_WINDOW;
-        uint64_t bhi = whi < gb->len ? whi : gb->len;
-        /* a read that fails leaves the lookback alone; the caller's read
-         * function reports the failure for the buffer (the daemon fails
-         * it as unreadable) */
-        bool ok = bhi > blo && gb->read(gb->read_ctx, win, blo, (size_t)(bhi - blo)) == 0;
+        w.base = e0 > RUN_BACK ? e0 - RUN_BACK : 0;
+        w.lo = e0 > RUN_PAD ? e0 - RUN_PAD : 0;
+        w.hi = e0 + RUN_WINDOW < w.gb->len ? e0 + RUN_WINDOW : w.gb->len;
+        w.ok = w.hi > w.lo && w.gb->read(w.gb->read_ctx, w.win + (w.lo - w.base), w.lo,
+                                         (size_t)(w.hi - w.lo)) == 0;
+        uint64_t whi = e0 + RUN_WINDOW; /* ends in [e0, whi) */
         for (uint32_t g = 0; g < j->n_ks; g++) {
-            st[g].buf = ok ? win : NULL;
-            st[g].lo = blo;
-            st[g].hi = bhi;
-            for (; at[g] < stop[g] && gate->v[at[g]].end < whi; at[g]++)
-                runs[at[g]] = refscan_start_from(&st[g], gate->v[at[g]].end);
+            for (; at[g] < stop[g] && gate->v[at[g]].end < whi; at[g]++) {
+                uint64_t e = gate->v[at[g]].end;
+                struct refscan_starts was = st[g];
+                run_point(&w, &st[g]);
+                runs[at[g]] = refscan_start_from(&st[g], e);
+                /* a run longer than RUN_PAD: the bytes before, once */
+                if (st[g].cut && run_back(&w)) {
+                    st[g] = was;
+                    run_point(&w, &st[g]);
+                    runs[at[g]] = refscan_start_from(&st[g], e);
+                }
+            }
         }
     }
     free(at);
     free(st);
-    free(win);
+    free(w.win);
 }
 
 static void runs_free(struct plan_gates *pg, uint32_t n)
@@ -1642,8 +1678,8 @@ static void plan_runs(struct batch_ctx *bc, uint32_t c, uint64_t longest, struct
             continue;
         pg->runs[i] = malloc(pg->v[i].n * sizeof(uint64_t));
         for (uint64_t lo = 0; pg->runs[i] != NULL && lo <= gb->len; lo += piece)
-            tasks[n_tasks++] = (struct run_task){i, lo, lo + piece > gb->len ? UINT64_MAX
-                                                                               : lo + piece};
+            tasks[n_tasks++] =
+                (struct run_task){i, lo, lo + piece > gb->len ? UINT64_MAX : lo + piece};
     }
     if (n_tasks > 0) {
         struct run_job j = {bc, pg, ks, gs, n_ks, tasks};

@@ -257,6 +257,7 @@ uint64_t refscan_start_from(struct refscan_starts *b, uint64_t e)
 static uint64_t start_from_run(struct refscan_starts *b, uint64_t e)
 {
     uint64_t from = b->lookback == CATALOG_UNBOUNDED || e < b->lookback ? 0 : e - b->lookback;
+    b->cut = false;
     if (b->span == NULL || b->buf == NULL || (b->hi > 0 && e > b->hi))
         return from;
     /* buf[i] is byte lo + i; bytes below lo are unknown (lo is 0 for a
@@ -267,14 +268,17 @@ static uint64_t start_from_run(struct refscan_starts *b, uint64_t e)
     if (p < b->checked) { /* out of order: nothing carried applies */
         while (p > low && span_has(b->span, at_lo[p - 1 - lo]))
             p--;
+        b->cut = p <= low && lo > from;
         return p > low ? p : from;
     }
     /* Below from nothing matters: every later end allows no start before
      * its own from, which is at least this one. */
     uint64_t floor = b->checked > from ? b->checked : from, at = p;
+    b->cut = lo > floor;
     floor = floor > lo ? floor : lo;
     while (p > floor && span_has(b->span, at_lo[p - 1 - lo]))
         p--;
+    b->cut = b->cut && p <= floor;
     if (p > floor)
         b->rs = p; /* byte p - 1 is no span byte */
     /* else the run goes on to `at`, from rs or from below from; or it

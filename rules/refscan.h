@@ -193,6 +193,11 @@ struct refscan_starts {
      * go on as far as the carried run allows (never a later start than
      * the true one). */
     uint64_t lo, hi;
+    /* set by each refscan_start_from with a window: its run reached lo,
+     * so the start it gave is the carried run's (or lookback's), not
+     * known; a caller that reads more bytes before lo may ask again with
+     * the fields as they were before the call */
+    bool cut;
     /* refscan_confirm_starts and _items only: per end (ends[i], index i
      * whatever the stride), its refscan_start_from found ahead with floor
      * 0, here clamped to floor; NULL: found there */

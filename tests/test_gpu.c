@@ -899,8 +899,9 @@ END_TEST
 
 /* A buffer read at upload whose confirmation groups need their run starts
  * read back from it (gpu/plan.c plan_runs): runs of letters of 3,000 to
- * 20,000 bytes before "qzend", laid across the 1 MiB windows and the 4 MiB
- * tasks the reads are cut in, for two rules of no lookback bound and
+ * 6,000 bytes before "qzend" (longer than the 4 KiB read before a window),
+ * laid across the 1 MiB windows and the 4 MiB tasks the reads are cut in,
+ * and one of 70,000 (longer than the 64 KiB read then), for two rules of no lookback bound and
  * different spans. Every hit equals refscan's on the same bytes in memory,
  * with one upload thread and with four. */
 START_TEST(test_gated_runs)
@@ -926,6 +927,10 @@ START_TEST(test_gated_runs)
             d[lo + k] = (uint8_t)('a' + (seed >> (k % 40)) % 26);
         memcpy(d + lo + run, unb ? " qzend" : "qzend;", 6);
     }
+    /* and one longer than the 64 KiB read before a window (RUN_BACK) */
+    d[2700000] = '7';
+    memset(d + 2700001, 'q', 70000);
+    memcpy(d + 2770001, "qzend;", 6);
     const struct catalog *cats[] = {cat};
     struct gpu_buffer mem = {.data = d, .len = len, .mode = SCAN_ALL};
     struct gpu_batch bm = {cats, 1, &mem, 1};
@@ -937,7 +942,7 @@ START_TEST(test_gated_runs)
         struct vks_error err = {0};
         int rc = gpu_batch_dispatch(eng, &b, &res, &err);
         ck_assert_msg(rc == 0, "gpu_batch_dispatch: %d %s", rc, err.msg);
-        ck_assert_uint_ge(check_result(&bm, &res), 8);
+        ck_assert_uint_ge(check_result(&bm, &res), 9);
         gpu_result_finish(&res);
         gpu_engine_destroy(eng);
     }
@@ -3336,7 +3341,6 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_confirm_many);
     tcase_add_loop_test(tc, test_gated_pieces, 0, 3);
     tcase_add_test(tc, test_gated_parts_items);
-    tcase_add_test(tc, test_gated_runs);
     tcase_add_test(tc, test_long_buffers);
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
@@ -3377,6 +3381,10 @@ Suite *gpu_suite(void)
     tc = tcase_create("fused");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_fused_groups);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("read_runs");
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, test_gated_runs);
     suite_add_tcase(s, tc);
     tc = tcase_create("confirm_runs");
     tcase_set_timeout(tc, 240);
