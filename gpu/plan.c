@@ -1192,14 +1192,64 @@ static int plan_nfa_spec(struct batch_ctx *bc, uint32_t c, uint32_t group,
  * (lavapipe), walk each buffer in chained rounds that hand the state vector
  * over in carry[]. The loop budget sets the bytes one item may walk.
  */
-/* A group's items made ahead on the upload threads (plan_pre). */
-struct pre_items {
-    bool made;              /* else the group is planned in place */
-    struct nfa_plan np;     /* its decisions, taken before the threads start */
+/* One task's items (plan_pre). */
+struct pre_part {
     struct batch_scratch s; /* only meta and meta_cap are used */
     size_t n;
     int rc;
 };
+
+/* A group's items made ahead on the upload threads (plan_pre): its tasks'
+ * lists in order, copied once, into the batch's items (pre_copy). */
+struct pre_items {
+    bool made;          /* else the group is planned in place */
+    struct nfa_plan np; /* its decisions, taken before the threads start */
+    struct pre_part *parts;
+    uint32_t n_parts;
+    size_t n;
+    int rc;
+};
+
+/* Copies of the parts of one group's items into the batch's, each part on
+ * a pool thread where there are many: one pass over the items' 16 bytes
+ * each (7 M items, 112 MB, for wordy-300's 1 GiB file; two serial copies
+ * before). */
+struct pre_copy_job {
+    const struct pre_items *pi;
+    uint32_t *dst;    /* the first item's words */
+    const size_t *at; /* per part: its first item's index from dst */
+};
+
+static void pre_copy_part(void *ctx, uint32_t t)
+{
+    const struct pre_copy_job *j = ctx;
+    const struct pre_part *pp = &j->pi->parts[t];
+    if (pp->n > 0)
+        memcpy(&j->dst[j->at[t] * 4], pp->s.meta, pp->n * 16);
+}
+
+/* Items of at least this many bytes are copied on the pool's threads
+ * (test_gpu's gated batches of a few thousand items take that way too). */
+#define PRE_COPY_POOL (64u << 10)
+
+static void pre_copy(struct batch_ctx *bc, const struct pre_items *pi, uint32_t *dst)
+{
+    size_t *at = pi->n_parts > 1 ? malloc(pi->n_parts * sizeof(*at)) : NULL;
+    size_t n = 0;
+    for (uint32_t t = 0; at != NULL && t < pi->n_parts; t++) {
+        at[t] = n;
+        n += pi->parts[t].n;
+    }
+    struct pre_copy_job j = {pi, dst, at};
+    if (at != NULL && bc->eng->pool != NULL && pi->n * 16 >= PRE_COPY_POOL) {
+        upload_pool_run(bc->eng->pool, pre_copy_part, &j, pi->n_parts);
+    } else {
+        for (uint32_t t = 0, k = 0; t < pi->n_parts; k += pi->parts[t++].n)
+            if (pi->parts[t].n > 0)
+                memcpy(&dst[(size_t)k * 4], pi->parts[t].s.meta, pi->parts[t].n * 16);
+    }
+    free(at);
+}
 
 static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longest,
                     const struct plan_gates *pg, struct pre_items *pre)
@@ -1219,7 +1269,7 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
                                           &bc->eng->scratch.meta_cap, bc->n_meta + pre->n, 16) < 0)
                 rc = -ENOMEM;
             if (rc == 0 && pre->n > 0) {
-                memcpy(&bc->eng->scratch.meta[bc->n_meta * 4], pre->s.meta, pre->n * 16);
+                pre_copy(bc, pre, &bc->eng->scratch.meta[bc->n_meta * 4]);
                 bc->n_meta += pre->n;
             }
         } else {
@@ -1296,12 +1346,6 @@ static int plan_nfa(struct batch_ctx *bc, uint32_t c, uint32_t k, uint64_t longe
  * one of many groups takes a task per group. The parts of a group are
  * joined in buffer and offset order and plan_nfa appends the groups in
  * group order. */
-struct pre_part {
-    struct batch_scratch s; /* only meta and meta_cap are used */
-    size_t n;
-    int rc;
-};
-
 struct pre_task {
     uint32_t g;      /* the g-th gated group, ks[g] */
     uint32_t lo, hi; /* its parts[lo..hi) */
@@ -1335,35 +1379,30 @@ static void pre_task(void *ctx, uint32_t t)
                                (struct item_sink){&pp->s, &pp->n});
 }
 
-/* Joins the tasks of the g-th gated group (ks[g]), in order, into its
- * pre_items. */
+/* Hands the tasks of the g-th gated group (ks[g]), in order, to its
+ * pre_items (their lists are copied once, by plan_nfa's pre_copy). */
 static void pre_join(struct pre_job *j, uint32_t g)
 {
     struct pre_items *pi = &j->out[j->ks[g]];
     struct pre_part *pp = &j->part[j->first[g]];
     uint32_t np = j->first[g + 1] - j->first[g];
-    size_t n = 0;
     pi->rc = 0;
+    pi->n = 0;
+    pi->parts = malloc(np * sizeof(*pi->parts));
+    if (pi->parts == NULL) {
+        pi->rc = -ENOMEM;
+        for (uint32_t p = 0; p < np; p++)
+            free(pp[p].s.meta);
+        return;
+    }
+    pi->n_parts = np;
     for (uint32_t p = 0; p < np; p++) {
         if (pp[p].rc < 0)
             pi->rc = pp[p].rc;
-        n += pp[p].n;
-    }
-    if (np == 1) { /* the list as it is */
-        pi->s = pp[0].s;
-        pi->n = pp[0].n;
-        pp[0].s.meta = NULL;
-        return;
-    }
-    if (pi->rc == 0 && gpu_grow_array((void **)&pi->s.meta, &pi->s.meta_cap, n, 16) < 0)
-        pi->rc = -ENOMEM;
-    for (uint32_t p = 0; pi->rc == 0 && p < np; p++) {
-        if (pp[p].n > 0)
-            memcpy(&pi->s.meta[pi->n * 4], pp[p].s.meta, pp[p].n * 16);
         pi->n += pp[p].n;
+        pi->parts[p] = pp[p];
+        pp[p].s.meta = NULL;
     }
-    for (uint32_t p = 0; p < np; p++)
-        free(pp[p].s.meta);
 }
 
 /* The factor ends of each gated group in catalog c's buffers, into
@@ -1696,8 +1735,11 @@ static void plan_runs(struct batch_ctx *bc, uint32_t c, uint64_t longest, struct
 
 static void pre_free(struct pre_items *pre, uint32_t n_nfa)
 {
-    for (uint32_t k = 0; pre != NULL && k < n_nfa; k++)
-        free(pre[k].s.meta);
+    for (uint32_t k = 0; pre != NULL && k < n_nfa; k++) {
+        for (uint32_t p = 0; p < pre[k].n_parts; p++)
+            free(pre[k].parts[p].s.meta);
+        free(pre[k].parts);
+    }
     free(pre);
 }
 
