@@ -6,7 +6,8 @@
 #   [OLD="b1 b2"] bench/h200_session41.sh BUILD [steps...]
 #   steps: cli (cli_bench of BUILD against Hyperscan, 1 GiB files, both
 #   data folders), where (cli_where of gitleaks-regex, leads and wordy-300
-#   for OLD and BUILD). Default: cli where.
+#   for OLD and BUILD; WHERE_SETS: other build-gated sets). Default: cli
+#   where.
 set -u
 BUILD=${1:?usage: h200_session41.sh BUILD [steps...]}
 shift
@@ -38,7 +39,7 @@ if has where; then
         WORK=/tmp/w-data timeout 100 "$D/cli_where.sh" "$b" build-data gitleaks-regex |
             tee -a "$OUT/where-$b.txt" | pick
         echo "== cli_where $b build-gated ($(date +%T))"
-        WORK=/tmp/w-gated timeout 150 "$D/cli_where.sh" "$b" build-gated leads wordy-300 |
+        WORK=/tmp/w-gated timeout 150 "$D/cli_where.sh" "$b" build-gated ${WHERE_SETS:-leads wordy-300} |
             tee -a "$OUT/where-$b.txt" | pick
     done
     rm -rf /tmp/w-gated /tmp/w-data
