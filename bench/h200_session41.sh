@@ -6,8 +6,9 @@
 #   [OLD="b1 b2"] bench/h200_session41.sh BUILD [steps...]
 #   steps: cli (cli_bench of BUILD against Hyperscan, 1 GiB files, both
 #   data folders), where (cli_where of gitleaks-regex, leads and wordy-300
-#   for OLD and BUILD; WHERE_SETS: other build-gated sets). Default: cli
-#   where.
+#   for OLD and BUILD; WHERE_SETS: other build-gated sets), diff
+#   (gpu_diff.sh over sets-dense and sets-sparse when carried). Default:
+#   cli where.
 set -u
 BUILD=${1:?usage: h200_session41.sh BUILD [steps...]}
 shift
@@ -43,5 +44,19 @@ if has where; then
             tee -a "$OUT/where-$b.txt" | pick
     done
     rm -rf /tmp/w-gated /tmp/w-data
+fi
+if has diff; then
+    # gpu_diff (files: read at upload, so plan_runs) over random sets:
+    # sets-dense (gen_random_sets.py, 2 MiB files) and sets-sparse (SPARSE=1,
+    # 16 MiB files), engine gpu, against the reference scanner
+    for spec in sets-dense:2048 sets-sparse:16384; do
+        IFS=: read -r sets size <<<"$spec"
+        [ -d "$sets" ] || continue
+        echo "== gpu_diff $BUILD $sets $size KiB ($(date +%T))"
+        OUT=$OUT/diff-$sets VKSCAND_ARGS="--engine gpu" timeout 120 "$D/gpu_diff.sh" "$BUILD" \
+            "$sets" "$size" 12 >"$OUT/diff-$sets.txt" 2>&1
+        grep DIFFERS -A3 "$OUT/diff-$sets.txt" | head -n 20 | cut -c1-400
+        tail -n 2 "$OUT/diff-$sets.txt"
+    done
 fi
 echo "== done ($(date +%T))"
