@@ -6,7 +6,8 @@
 #   [OLD="b1 b2"] bench/h200_session41.sh BUILD [steps...]
 #   steps: cli (cli_bench of BUILD against Hyperscan, 1 GiB files, both
 #   data folders), where (cli_where of gitleaks-regex, leads and wordy-300
-#   for OLD and BUILD; WHERE_SETS: other build-gated sets), diff
+#   for OLD and BUILD; WHERE_DATA, WHERE_SETS: other build-data and
+#   build-gated sets), diff
 #   (gpu_diff.sh over sets-dense and sets-sparse when carried). Default:
 #   cli where.
 set -u
@@ -23,7 +24,7 @@ pick() {
         NF == 1 && !/=/ { if ($1 != "big") set = $1 }
         /^(total|plan|plan_pre|factor|device|run|upload|readback|finalize|fd_read)_ns=/ {
             sub(/_ns$/, "", $1); printf " %s=%.1f", $1, $2 / 1e6 }
-        /^(items_total|items_processed|plan_runs_ns)=/ { printf " %s", $0 }
+        /^(items_total|items_processed|plan_runs_ns|spec_fixes|spec_fix_bytes|spec_fix_ns)=/ { printf " %s", $0 }
         END { print "" }'
 }
 if has cli; then
@@ -37,7 +38,7 @@ fi
 if has where; then
     for b in ${OLD:-} "$BUILD"; do
         echo "== cli_where $b build-data ($(date +%T))"
-        WORK=/tmp/w-data timeout 100 "$D/cli_where.sh" "$b" build-data gitleaks-regex |
+        WORK=/tmp/w-data timeout 100 "$D/cli_where.sh" "$b" build-data ${WHERE_DATA:-gitleaks-regex} |
             tee -a "$OUT/where-$b.txt" | pick
         echo "== cli_where $b build-gated ($(date +%T))"
         WORK=/tmp/w-gated timeout 150 "$D/cli_where.sh" "$b" build-gated ${WHERE_SETS:-leads wordy-300} |

@@ -836,6 +836,8 @@ static void telemetry(struct stats_list *l, const struct request *r,
     stats_add_u(l, "collect_overlapped", g->collect_overlapped);
     stats_add_u(l, "gpu_slices", g->slices);
     stats_add_u(l, "spec_fixes", g->spec_fixes);
+    stats_add_u(l, "spec_fix_bytes", g->spec_fix_bytes);
+    stats_add_u(l, "spec_fix_ns", g->spec_fix_ns);
     stats_add_f(l, "occupancy", g->occupancy);
     stats_add_u(l, "queue_ns", r->t_dispatched - r->t_queued);
     stats_add_u(l, "fd_read_ns", t->fd_read_ns);

@@ -1804,6 +1804,7 @@ void gpu_telemetry_add(struct gpu_telemetry *sum, const struct gpu_telemetry *pa
     ADD(plan_ns);
     ADD(plan_pre_ns);
     ADD(plan_runs_ns);
+    ADD(spec_fix_ns);
     ADD(plan_pick_ns);
     ADD(buffers_made_ns);
     ADD(buffers_made_bytes);

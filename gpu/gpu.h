@@ -281,6 +281,7 @@ struct gpu_telemetry {
     uint64_t spec_items;      /* speculative segments of unbounded DFA groups */
     uint64_t spec_fixes;      /* of which the guessed start state was wrong: re-walked */
     uint64_t spec_fix_bytes;  /* bytes the host re-walked for them */
+    uint64_t spec_fix_ns;     /* wall time of those walks (part of readback_ns) */
     uint64_t confirm_host;    /* confirmation items alive at their cap: finished on the host */
     uint64_t confirm_host_ns; /* wall time of those host walks (part of readback_ns) */
     uint64_t plan_ns;         /* checks, launch policy, work items, pipelines */

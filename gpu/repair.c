@@ -376,7 +376,9 @@ int gpu_host_finish(struct batch_ctx *bc, const uint32_t *qs, const uint32_t *ra
 {
     struct batch_scratch *s = &bc->eng->scratch;
     bc->n_fixes = bc->n_fix_hits = bc->n_unhits = 0;
+    uint64_t t0 = gpu_now_ns();
     int rc = bc->n_spec > 0 ? spec_repair(bc, qs, err) : 0;
+    bc->tel->spec_fix_ns += gpu_now_ns() - t0;
     if (rc == 0 && bc->has_confirm)
         rc = confirm_finish(bc, raw, n, err);
     if (bc->n_fixes > 1)
