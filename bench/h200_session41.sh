@@ -54,7 +54,7 @@ if has diff; then
         IFS=: read -r sets size <<<"$spec"
         [ -d "$sets" ] || continue
         echo "== gpu_diff $BUILD $sets $size KiB ($(date +%T))"
-        OUT=$OUT/diff-$sets VKSCAND_ARGS="--engine gpu" timeout 120 "$D/gpu_diff.sh" "$BUILD" \
+        OUT=$OUT/diff-$sets VKSCAND_ARGS="--engine gpu" timeout ${DIFF_S:-120} "$D/gpu_diff.sh" "$BUILD" \
             "$sets" "$size" 12 >"$OUT/diff-$sets.txt" 2>&1
         grep DIFFERS -A3 "$OUT/diff-$sets.txt" | head -n 20 | cut -c1-400
         tail -n 2 "$OUT/diff-$sets.txt"
