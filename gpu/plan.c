@@ -1707,7 +1707,7 @@ static void plan_runs(struct batch_ctx *bc, uint32_t c, uint64_t longest, struct
         if (b->buffers[i].catalog == c && b->buffers[i].data == NULL && b->buffers[i].read != NULL)
             total += b->buffers[i].len;
     uint64_t piece = total / (2 * (uint64_t)threads);
-    piece = piece > 4 * RUN_WINDOW ? piece : 4 * RUN_WINDOW;
+    piece = piece > 2 * RUN_WINDOW ? piece : 2 * RUN_WINDOW;
     size_t n_tasks = 0, cap = n_ks > 0 ? total / piece + b->n_buffers + 1 : 0;
     struct run_task *tasks = cap > 0 ? calloc(cap, sizeof(*tasks)) : NULL;
     pg->runs = tasks != NULL ? calloc(b->n_buffers, sizeof(*pg->runs)) : NULL;
