@@ -1733,64 +1733,14 @@ static void plan_runs(struct batch_ctx *bc, uint32_t c, uint64_t longest, struct
     free(ks);
 }
 
-/* Lists of at least this many bytes in all are freed on a thread of
- * their own: giving back wordy-2000's 632 MB of item lists (its 1 GiB
- * file) costs about 25 ms of page freeing, which the engine thread,
- * about to upload, need not wait for. */
-#define PRE_REAP_MIN (16u << 20)
-
-struct pre_reap {
-    void **v;
-    size_t n;
-};
-
-static void *pre_reap_run(void *arg)
-{
-    struct pre_reap *r = arg;
-    for (size_t i = 0; i < r->n; i++)
-        free(r->v[i]);
-    free(r->v);
-    free(r);
-    return NULL;
-}
-
 static void pre_free(struct pre_items *pre, uint32_t n_nfa)
 {
-    size_t lists = 0, bytes = 0;
     for (uint32_t k = 0; pre != NULL && k < n_nfa; k++) {
-        lists += pre[k].n_parts;
         for (uint32_t p = 0; p < pre[k].n_parts; p++)
-            bytes += pre[k].parts[p].s.meta_cap * 16;
-    }
-    struct pre_reap *r = bytes >= PRE_REAP_MIN ? malloc(sizeof(*r)) : NULL;
-    if (r != NULL && (r->v = malloc(lists * sizeof(*r->v))) == NULL) {
-        free(r);
-        r = NULL;
-    }
-    size_t n = 0;
-    for (uint32_t k = 0; pre != NULL && k < n_nfa; k++) {
-        for (uint32_t p = 0; p < pre[k].n_parts; p++) {
-            if (r != NULL)
-                r->v[n++] = pre[k].parts[p].s.meta;
-            else
-                free(pre[k].parts[p].s.meta);
-        }
+            free(pre[k].parts[p].s.meta);
         free(pre[k].parts);
     }
     free(pre);
-    if (r == NULL)
-        return;
-    r->n = n;
-    pthread_attr_t at;
-    pthread_t th;
-    bool started = pthread_attr_init(&at) == 0;
-    if (started) {
-        started = pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED) == 0 &&
-                  pthread_create(&th, &at, pre_reap_run, r) == 0;
-        pthread_attr_destroy(&at);
-    }
-    if (!started) /* no thread: here */
-        pre_reap_run(r);
 }
 
 void gpu_nfa_push(const struct batch_ctx *bc, const struct scan_range *sr, uint32_t head,
