@@ -1216,8 +1216,8 @@ static int confirm_cut_add(void *ctx, uint64_t a, uint64_t b)
 }
 
 /* The merged start intervals, kept: the cut may run more than once, and
- * a start's run may cost a read of the buffer's bytes (refscan_starts
- * `more`), so the starts are found once. */
+ * each start's span test walks the buffer's bytes, so the starts are
+ * found once. */
 struct start_list {
     uint64_t *v; /* pairs [a, b) */
     size_t n, cap;
