@@ -1680,6 +1680,14 @@ static void runs_free(struct plan_gates *pg, uint32_t n)
     pg->runs = NULL;
 }
 
+/* Whether buffer i is one of catalog c's read at upload with factor ends. */
+static bool runs_buffer(const struct gpu_batch *b, const struct plan_gates *pg, uint32_t c,
+                        uint32_t i)
+{
+    const struct gpu_buffer *gb = &b->buffers[i];
+    return gb->catalog == c && gb->data == NULL && gb->read != NULL && pg->v[i].n > 0;
+}
+
 /* Fills pg->runs for catalog c's buffers read at upload, where a gated
  * group runs_wanted has ends. Without memory it leaves them NULL (the
  * lookback alone): a longer walk, never a lost match. */
@@ -1687,11 +1695,10 @@ static void plan_runs(struct batch_ctx *bc, uint32_t c, uint64_t longest, struct
 {
     const struct gpu_batch *b = bc->batch;
     uint32_t n_nfa = catalog_nfa_count(b->catalogs[c]), n_ks = 0;
-    bool deferred = false;
-    for (uint32_t i = 0; i < b->n_buffers && !deferred; i++)
-        deferred = b->buffers[i].catalog == c && b->buffers[i].data == NULL &&
-                   b->buffers[i].read != NULL && pg->v[i].n > 0;
-    uint32_t *ks = deferred ? malloc(n_nfa * sizeof(*ks)) : NULL;
+    uint64_t total = 0; /* bytes of the buffers read at upload that have factor ends */
+    for (uint32_t i = 0; i < b->n_buffers; i++)
+        total += runs_buffer(b, pg, c, i) ? b->buffers[i].len : 0;
+    uint32_t *ks = total > 0 ? malloc(n_nfa * sizeof(*ks)) : NULL;
     struct catalog_nfa *gs = ks != NULL ? malloc(n_nfa * sizeof(*gs)) : NULL;
     for (uint32_t k = 0; gs != NULL && k < n_nfa; k++) {
         struct nfa_plan np;
@@ -1702,10 +1709,6 @@ static void plan_runs(struct batch_ctx *bc, uint32_t c, uint64_t longest, struct
         }
     }
     uint32_t threads = bc->eng->pool != NULL ? upload_pool_threads(bc->eng->pool) : 1;
-    uint64_t total = 0;
-    for (uint32_t i = 0; n_ks > 0 && i < b->n_buffers; i++)
-        if (b->buffers[i].catalog == c && b->buffers[i].data == NULL && b->buffers[i].read != NULL)
-            total += b->buffers[i].len;
     uint64_t piece = total / (2 * (uint64_t)threads);
     piece = piece > 2 * RUN_WINDOW ? piece : 2 * RUN_WINDOW;
     size_t n_tasks = 0, cap = n_ks > 0 ? total / piece + b->n_buffers + 1 : 0;
@@ -1713,7 +1716,7 @@ static void plan_runs(struct batch_ctx *bc, uint32_t c, uint64_t longest, struct
     pg->runs = tasks != NULL ? calloc(b->n_buffers, sizeof(*pg->runs)) : NULL;
     for (uint32_t i = 0; pg->runs != NULL && i < b->n_buffers; i++) {
         const struct gpu_buffer *gb = &b->buffers[i];
-        if (gb->catalog != c || gb->data != NULL || gb->read == NULL || pg->v[i].n == 0)
+        if (!runs_buffer(b, pg, c, i))
             continue;
         pg->runs[i] = malloc(pg->v[i].n * sizeof(uint64_t));
         for (uint64_t lo = 0; pg->runs[i] != NULL && lo <= gb->len; lo += piece)
