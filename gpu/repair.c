@@ -108,30 +108,6 @@ static int nfa_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const 
     return 0;
 }
 
-/* spec_repair for a bit-NFA range: the states are vectors of n_words
- * words, (at lo, at hi) per item from `st`. */
-static int nfa_spec_repair(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *st)
-{
-    const struct catalog *cat = bc->batch->catalogs[sr->cat];
-    struct catalog_nfa g;
-    catalog_nfa(cat, sr->group - catalog_group_count(cat), &g);
-    uint32_t nw = g.n_words;
-    uint32_t *truth = calloc(nw, sizeof(uint32_t));
-    if (truth == NULL)
-        return -ENOMEM;
-    int rc = 0;
-    for (uint32_t j = 0; j < sr->n_items && rc == 0; j++) {
-        const uint32_t *it = &bc->eng->scratch.meta[((size_t)sr->items + j) * 4];
-        const uint32_t *v = st + 2 * (size_t)j * nw;
-        if (it[1] == 0 || memcmp(v, truth, nw * sizeof(uint32_t)) == 0)
-            memcpy(truth, v + nw, nw * sizeof(uint32_t));
-        else
-            rc = nfa_fix_one(bc, sr, it, v, truth, nw);
-    }
-    free(truth);
-    return rc;
-}
-
 static int cmp_fix(const void *a, const void *b)
 {
     const struct spec_fix *x = a, *y = b;
@@ -152,38 +128,193 @@ static int cmp_fix_hit(const void *a, const void *b)
  * Speculative ranges (gpu/plan.c plan_spec): segment j of a buffer guessed
  * its state at lo; the walk is exact from lo on when the guess equals the
  * state segment j-1 ended in (the first segment of a buffer starts at 0
- * and guesses nothing). Checks every guess in buffer order and re-walks
- * the wrong ones on the host until the true and the guessed walk agree,
- * recording which device hits to drop and the host's hits instead.
+ * and guesses nothing). Every guess is checked in buffer order, and the
+ * wrong ones are walked again on the host until the true and the guessed
+ * walk agree, recording which device hits to drop and the host's hits
+ * instead.
+ *
+ * A re-walk needs the true state at lo, which the segment before gives:
+ * its guessed end where its own guess was right or its re-walk met the
+ * guessed walk again, else its re-walk's end. The first holds nearly
+ * always (a re-walk meets the guessed walk within a few KiB), so every
+ * re-walk is first run from the guessed end of the segment before, as
+ * independent jobs on the upload threads; then, in buffer order, a job
+ * whose assumed start state was the true one is taken and the rare other
+ * is walked again from the true state.
  */
+struct spec_job {
+    const struct scan_range *sr;
+    uint32_t j;            /* item index in sr */
+    uint32_t in;           /* DFA: the assumed true state at lo */
+    const uint32_t *in_v;  /* bit-NFA: the assumed true state vector at lo */
+    uint32_t *vec;         /* bit-NFA: in, then the true state at hi */
+    uint32_t out;          /* DFA: the true state at hi (UINT32_MAX: the guess's stands) */
+    bool agreed;           /* bit-NFA: the guessed walk's state at hi stands */
+    uint64_t upto;
+    struct gpu_hit *hits, *unhits;
+    size_t n_hits, hits_cap, n_unhits, unhits_cap;
+    int rc;
+};
+
+struct spec_jobs {
+    const struct batch_ctx *bc;
+    const uint32_t *spec; /* qs words of the speculative ranges' states */
+    struct spec_job *v;
+    size_t n, cap;
+};
+
+static uint32_t range_words(const struct batch_ctx *bc, const struct scan_range *sr)
+{
+    if (!sr->nfa)
+        return 1;
+    const struct catalog *cat = bc->batch->catalogs[sr->cat];
+    struct catalog_nfa g;
+    catalog_nfa(cat, sr->group - catalog_group_count(cat), &g);
+    return g.n_words;
+}
+
+static void spec_job_run(void *ctx, uint32_t t)
+{
+    const struct spec_jobs *js = ctx;
+    struct spec_job *x = &js->v[t];
+    const struct batch_ctx *bc = js->bc;
+    const struct scan_range *sr = x->sr;
+    const uint32_t *it = &bc->eng->scratch.meta[((size_t)sr->items + x->j) * 4];
+    const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
+    const struct catalog *cat = bc->batch->catalogs[sr->cat];
+    struct fix_ctx f = {&x->hits, &x->hits_cap, &x->n_hits, it[0]};
+    struct fix_ctx g = {&x->unhits, &x->unhits_cap, &x->n_unhits, it[0]};
+    uint32_t nw = x->vec != NULL ? range_words(bc, sr) : 1;
+    const uint32_t *st = js->spec + sr->spec_base + 2 * (size_t)x->j * nw;
+    if (!sr->nfa) {
+        x->rc = refscan_group_resume(cat, sr->group, buffer_bytes(bc, it[0]), b->len, it[1], it[2],
+                                     x->in, st[0], fix_hit, &f, sr->counted ? fix_hit : NULL, &g,
+                                     &x->upto, &x->out);
+        return;
+    }
+    memcpy(x->vec, x->in_v, nw * sizeof(uint32_t));
+    x->rc = refscan_nfa_resume(cat, sr->group - catalog_group_count(cat), buffer_bytes(bc, it[0]),
+                               b->len, it[1], it[2], x->vec, st, fix_hit, &f,
+                               sr->counted ? fix_hit : NULL, &g, &x->upto, &x->agreed);
+}
+
+/* Lists the re-walks of range sr from the guessed end of each segment
+ * before (zeros before the first). */
+static int spec_jobs_add(struct spec_jobs *js, const struct scan_range *sr, const uint32_t *zero)
+{
+    const struct batch_ctx *bc = js->bc;
+    uint32_t nw = range_words(bc, sr);
+    const uint32_t *st = js->spec + sr->spec_base;
+    for (uint32_t j = 0; j < sr->n_items; j++) {
+        const uint32_t *it = &bc->eng->scratch.meta[((size_t)sr->items + j) * 4];
+        const uint32_t *v = st + 2 * (size_t)j * nw;
+        const uint32_t *in = j == 0 ? zero : v - nw; /* the guessed end of segment j-1 */
+        if (it[1] == 0 || memcmp(v, in, nw * sizeof(uint32_t)) == 0)
+            continue;
+        if (gpu_grow_array((void **)&js->v, &js->cap, js->n + 1, sizeof(*js->v)) < 0)
+            return -ENOMEM;
+        struct spec_job *x = &js->v[js->n++];
+        *x = (struct spec_job){.sr = sr, .j = j, .in = in[0], .in_v = in};
+        if (sr->nfa && (x->vec = malloc(nw * sizeof(uint32_t))) == NULL)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+static int append_hits(struct gpu_hit **v, size_t *cap, size_t *n, const struct gpu_hit *h,
+                       size_t k)
+{
+    if (k == 0)
+        return 0;
+    if (gpu_grow_array((void **)v, cap, *n + k, sizeof(**v)) < 0)
+        return -ENOMEM;
+    memcpy(*v + *n, h, k * sizeof(*h));
+    *n += k;
+    return 0;
+}
+
+/* Takes job x, run from the true state at lo: its hits, its fix and the
+ * true state at hi into truth. */
+static int spec_job_take(struct batch_ctx *bc, const struct spec_job *x, const uint32_t *st,
+                         uint32_t *truth, uint32_t nw)
+{
+    struct batch_scratch *s = &bc->eng->scratch;
+    const uint32_t *it = &s->meta[((size_t)x->sr->items + x->j) * 4];
+    if (x->rc != 0 ||
+        append_hits(&s->fix_hits, &s->fix_hits_cap, &bc->n_fix_hits, x->hits, x->n_hits) < 0 ||
+        append_hits(&s->unhits, &s->unhits_cap, &bc->n_unhits, x->unhits, x->n_unhits) < 0 ||
+        record_fix(bc, x->sr, it, x->upto) < 0)
+        return -ENOMEM;
+    if (!x->sr->nfa)
+        truth[0] = x->out != UINT32_MAX ? x->out : st[1];
+    else
+        memcpy(truth, x->agreed ? st + nw : x->vec, nw * sizeof(uint32_t));
+    return 0;
+}
+
+/* Checks range sr's guesses in order from the true states, taking the
+ * jobs js->v[*k..] of sr whose assumed start was true and re-walking the
+ * others. */
+static int spec_replay(struct batch_ctx *bc, const struct spec_jobs *js, size_t *k,
+                       const struct scan_range *sr, uint32_t *truth)
+{
+    uint32_t nw = range_words(bc, sr);
+    const uint32_t *st = js->spec + sr->spec_base;
+    memset(truth, 0, nw * sizeof(uint32_t));
+    int rc = 0;
+    for (uint32_t j = 0; j < sr->n_items && rc == 0; j++) {
+        const uint32_t *it = &bc->eng->scratch.meta[((size_t)sr->items + j) * 4];
+        const uint32_t *v = st + 2 * (size_t)j * nw;
+        const struct spec_job *x = NULL;
+        while (*k < js->n && js->v[*k].sr == sr && js->v[*k].j <= j)
+            if (js->v[(*k)++].j == j)
+                x = &js->v[*k - 1];
+        if (it[1] == 0 || memcmp(v, truth, nw * sizeof(uint32_t)) == 0) {
+            memcpy(truth, v + nw, nw * sizeof(uint32_t));
+            continue;
+        }
+        if (x != NULL && memcmp(x->in_v, truth, nw * sizeof(uint32_t)) == 0)
+            rc = spec_job_take(bc, x, v, truth, nw);
+        else if (!sr->nfa)
+            rc = spec_fix_one(bc, sr, it, v, truth);
+        else
+            rc = nfa_fix_one(bc, sr, it, v, truth, nw);
+    }
+    return rc;
+}
+
 static int spec_repair(struct batch_ctx *bc, const uint32_t *qs, struct vks_error *err)
 {
     struct batch_scratch *s = &bc->eng->scratch;
-    const uint32_t *spec = qs + QS_HEADS + bc->n_ranges;
-    for (size_t r = 0; r < bc->n_ranges; r++) {
-        const struct scan_range *sr = &s->ranges[r];
-        if (sr->spec_base == NO_CARRY)
-            continue;
-        if (sr->nfa) {
-            if (nfa_spec_repair(bc, sr, spec + sr->spec_base) < 0)
-                return vks_error_set(err, -ENOMEM,
-                                     "out of memory re-walking a speculative segment");
-            continue;
-        }
-        uint32_t truth = 0;
-        for (uint32_t j = 0; j < sr->n_items; j++) {
-            const uint32_t *it = &s->meta[((size_t)sr->items + j) * 4];
-            const uint32_t *st = spec + sr->spec_base + 2 * j;
-            if (it[1] == 0 || st[0] == truth) {
-                truth = st[1];
-                continue;
-            }
-            if (spec_fix_one(bc, sr, it, st, &truth) < 0)
-                return vks_error_set(err, -ENOMEM,
-                                     "out of memory re-walking a speculative segment");
-        }
+    struct spec_jobs js = {.bc = bc, .spec = qs + QS_HEADS + bc->n_ranges};
+    uint32_t nw_max = 1;
+    for (size_t r = 0; r < bc->n_ranges; r++)
+        if (s->ranges[r].spec_base != NO_CARRY && range_words(bc, &s->ranges[r]) > nw_max)
+            nw_max = range_words(bc, &s->ranges[r]);
+    uint32_t *zero = calloc(2 * (size_t)nw_max, sizeof(uint32_t)), *truth = zero + nw_max;
+    int rc = zero != NULL ? 0 : -ENOMEM;
+    for (size_t r = 0; r < bc->n_ranges && rc == 0; r++)
+        if (s->ranges[r].spec_base != NO_CARRY)
+            rc = spec_jobs_add(&js, &s->ranges[r], zero);
+    struct upload_pool *pool = bc->eng->pool;
+    if (rc == 0 && js.n > 1 && js.n <= UINT32_MAX && pool != NULL && upload_pool_threads(pool) > 1)
+        upload_pool_run(pool, spec_job_run, &js, (uint32_t)js.n);
+    else
+        for (size_t t = 0; t < js.n && rc == 0; t++)
+            spec_job_run(&js, (uint32_t)t);
+    size_t k = 0;
+    for (size_t r = 0; r < bc->n_ranges && rc == 0; r++)
+        if (s->ranges[r].spec_base != NO_CARRY)
+            rc = spec_replay(bc, &js, &k, &s->ranges[r], truth);
+    for (size_t t = 0; t < js.n; t++) {
+        free(js.v[t].vec);
+        free(js.v[t].hits);
+        free(js.v[t].unhits);
     }
-    return 0;
+    free(js.v);
+    free(zero);
+    return rc < 0 ? vks_error_set(err, -ENOMEM, "out of memory re-walking a speculative segment")
+                  : 0;
 }
 
 /* The confirmation range of engine group `layer` for buffer `buf`. */

@@ -1862,7 +1862,11 @@ START_TEST(test_spec_segments)
         want_xz += p[i] == 'z';
     uint32_t looks[] = {0, 16, 1024};
     for (uint32_t l = 0; l < 3; l++) {
-        struct gpu_options opt = {.segment_bytes = 16384, .spec_lookback = looks[l]};
+        /* _i 1: the re-walks run as jobs on 4 upload threads, each from the
+         * guessed end of the segment before, and the chains that never
+         * converge are walked again from the true state */
+        struct gpu_options opt = {.segment_bytes = 16384, .spec_lookback = looks[l],
+                                  .upload_threads = _i == 1 ? 4 : 1};
         if (looks[l] == 0)
             opt.spec_lookback = 1; /* 0 is the default; 1 byte of lookback */
         struct gpu_engine *eng = engine(&opt);
@@ -3346,7 +3350,7 @@ Suite *gpu_suite(void)
     tcase_add_test(tc, test_long_buffers);
     tcase_add_test(tc, test_cut_loops_rerun);
     tcase_add_test(tc, test_loop_budget);
-    tcase_add_test(tc, test_spec_segments);
+    tcase_add_loop_test(tc, test_spec_segments, 0, 2);
     tcase_add_loop_test(tc, test_factor_pass, 0, 4);
     tcase_add_loop_test(tc, test_factor_ends_groups, 0, 2);
     tcase_add_loop_test(tc, test_factor_ends_ranges, 0, 4);
