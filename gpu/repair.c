@@ -133,24 +133,35 @@ static int cmp_fix_hit(const void *a, const void *b)
  * walk agree, recording which device hits to drop and the host's hits
  * instead.
  *
- * A re-walk needs the true state at lo, which the segment before gives:
- * its guessed end where its own guess was right or its re-walk met the
- * guessed walk again, else its re-walk's end. The first holds nearly
- * always (a re-walk meets the guessed walk within a few KiB), so every
- * re-walk is first run from the guessed end of the segment before, as
- * independent jobs on the upload threads; then, in buffer order, a job
- * whose assumed start state was the true one is taken and the rare other
- * is walked again from the true state.
+ * A re-walk needs the true state at lo: the guessed end of the segment
+ * before, where that segment's guess was right or its re-walk met the
+ * guessed walk again; else that re-walk's end. So the re-walks run as
+ * jobs on the upload threads, one from each segment whose guess differs
+ * from the guessed end of the segment before, assumed true there: a job
+ * walks on into the next segments for as long as its walk does not meet
+ * the guessed one (a chain whose state the guesses never catch, such as
+ * an open quote, is one job). Then, in buffer order, each segment that
+ * needs a re-walk takes it from the job already walking there, or from the
+ * job starting there whose assumed state was the true one, or (a job that
+ * stopped at a failure) walks it again itself.
  */
+struct spec_seg {
+    uint32_t j;       /* item index in the range */
+    bool met;         /* the walks agreed by hi: the guessed end stands */
+    uint32_t out;     /* DFA, !met: the true state at hi */
+    uint64_t upto;    /* where the walks agreed (hi + 1: never) */
+    size_t hits_end, unhits_end;
+    size_t vec;       /* bit-NFA, !met: the true state at hi, at vecs[vec] */
+};
+
 struct spec_job {
     const struct scan_range *sr;
-    uint32_t j;            /* item index in sr */
-    uint32_t in;           /* DFA: the assumed true state at lo */
-    const uint32_t *in_v;  /* bit-NFA: the assumed true state vector at lo */
-    uint32_t *vec;         /* bit-NFA: in, then the true state at hi */
-    uint32_t out;          /* DFA: the true state at hi (UINT32_MAX: the guess's stands) */
-    bool agreed;           /* bit-NFA: the guessed walk's state at hi stands */
-    uint64_t upto;
+    uint32_t j;            /* the item it starts at */
+    const uint32_t *in;    /* the assumed true state (vector) at its lo */
+    struct spec_seg *segs; /* the items it walked, in order */
+    size_t n_segs, segs_cap;
+    uint32_t *vecs;
+    size_t n_vecs, vecs_cap;
     struct gpu_hit *hits, *unhits;
     size_t n_hits, hits_cap, n_unhits, unhits_cap;
     int rc;
@@ -173,33 +184,79 @@ static uint32_t range_words(const struct batch_ctx *bc, const struct scan_range 
     return g.n_words;
 }
 
-static void spec_job_run(void *ctx, uint32_t t)
+/* Job x's walk of item j from the true state `truth` (nw words): one more
+ * segment, with truth left at the true state at hi. */
+static int spec_job_step(const struct spec_jobs *js, struct spec_job *x, uint32_t j,
+                         uint32_t *truth, uint32_t nw)
 {
-    const struct spec_jobs *js = ctx;
-    struct spec_job *x = &js->v[t];
     const struct batch_ctx *bc = js->bc;
     const struct scan_range *sr = x->sr;
-    const uint32_t *it = &bc->eng->scratch.meta[((size_t)sr->items + x->j) * 4];
+    const uint32_t *it = &bc->eng->scratch.meta[((size_t)sr->items + j) * 4];
+    const uint32_t *st = js->spec + sr->spec_base + 2 * (size_t)j * nw;
     const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
     const struct catalog *cat = bc->batch->catalogs[sr->cat];
     struct fix_ctx f = {&x->hits, &x->hits_cap, &x->n_hits, it[0]};
     struct fix_ctx g = {&x->unhits, &x->unhits_cap, &x->n_unhits, it[0]};
-    uint32_t nw = x->vec != NULL ? range_words(bc, sr) : 1;
-    const uint32_t *st = js->spec + sr->spec_base + 2 * (size_t)x->j * nw;
+    if (gpu_grow_array((void **)&x->segs, &x->segs_cap, x->n_segs + 1, sizeof(*x->segs)) < 0)
+        return -ENOMEM;
+    struct spec_seg *sg = &x->segs[x->n_segs];
+    *sg = (struct spec_seg){.j = j};
+    int rc;
     if (!sr->nfa) {
-        x->rc = refscan_group_resume(cat, sr->group, buffer_bytes(bc, it[0]), b->len, it[1], it[2],
-                                     x->in, st[0], fix_hit, &f, sr->counted ? fix_hit : NULL, &g,
-                                     &x->upto, &x->out);
-        return;
+        rc = refscan_group_resume(cat, sr->group, buffer_bytes(bc, it[0]), b->len, it[1], it[2],
+                                  truth[0], st[0], fix_hit, &f, sr->counted ? fix_hit : NULL, &g,
+                                  &sg->upto, &sg->out);
+        sg->met = sg->out == UINT32_MAX;
+        truth[0] = sg->met ? st[1] : sg->out;
+    } else {
+        rc = refscan_nfa_resume(cat, sr->group - catalog_group_count(cat), buffer_bytes(bc, it[0]),
+                                b->len, it[1], it[2], truth, st, fix_hit, &f,
+                                sr->counted ? fix_hit : NULL, &g, &sg->upto, &sg->met);
+        if (rc == 0 && sg->met)
+            memcpy(truth, st + nw, nw * sizeof(uint32_t));
+        if (rc == 0 && !sg->met) {
+            if (gpu_grow_array((void **)&x->vecs, &x->vecs_cap, x->n_vecs + nw,
+                               sizeof(uint32_t)) < 0)
+                return -ENOMEM;
+            sg->vec = x->n_vecs;
+            memcpy(x->vecs + x->n_vecs, truth, nw * sizeof(uint32_t));
+            x->n_vecs += nw;
+        }
     }
-    memcpy(x->vec, x->in_v, nw * sizeof(uint32_t));
-    x->rc = refscan_nfa_resume(cat, sr->group - catalog_group_count(cat), buffer_bytes(bc, it[0]),
-                               b->len, it[1], it[2], x->vec, st, fix_hit, &f,
-                               sr->counted ? fix_hit : NULL, &g, &x->upto, &x->agreed);
+    if (rc != 0)
+        return -ENOMEM;
+    sg->hits_end = x->n_hits;
+    sg->unhits_end = x->n_unhits;
+    x->n_segs++;
+    return 0;
 }
 
-/* Lists the re-walks of range sr from the guessed end of each segment
- * before (zeros before the first). */
+static void spec_job_run(void *ctx, uint32_t t)
+{
+    const struct spec_jobs *js = ctx;
+    struct spec_job *x = &js->v[t];
+    const struct scan_range *sr = x->sr;
+    uint32_t nw = range_words(js->bc, sr);
+    uint32_t *truth = malloc(nw * sizeof(uint32_t));
+    if (truth == NULL) {
+        x->rc = -ENOMEM;
+        return;
+    }
+    memcpy(truth, x->in, nw * sizeof(uint32_t));
+    for (uint32_t j = x->j; j < sr->n_items && x->rc == 0; j++) {
+        const uint32_t *it = &js->bc->eng->scratch.meta[((size_t)sr->items + j) * 4];
+        const uint32_t *st = js->spec + sr->spec_base + 2 * (size_t)j * nw;
+        if (j > x->j && (it[1] == 0 || memcmp(st, truth, nw * sizeof(uint32_t)) == 0))
+            break; /* another buffer, or the guess right from here */
+        x->rc = spec_job_step(js, x, j, truth, nw);
+        if (x->rc == 0 && x->segs[x->n_segs - 1].met)
+            break;
+    }
+    free(truth);
+}
+
+/* Lists the jobs of range sr: one from each segment whose guess differs
+ * from the guessed end of the segment before (zeros before the first). */
 static int spec_jobs_add(struct spec_jobs *js, const struct scan_range *sr, const uint32_t *zero)
 {
     const struct batch_ctx *bc = js->bc;
@@ -213,10 +270,7 @@ static int spec_jobs_add(struct spec_jobs *js, const struct scan_range *sr, cons
             continue;
         if (gpu_grow_array((void **)&js->v, &js->cap, js->n + 1, sizeof(*js->v)) < 0)
             return -ENOMEM;
-        struct spec_job *x = &js->v[js->n++];
-        *x = (struct spec_job){.sr = sr, .j = j, .in = in[0], .in_v = in};
-        if (sr->nfa && (x->vec = malloc(nw * sizeof(uint32_t))) == NULL)
-            return -ENOMEM;
+        js->v[js->n++] = (struct spec_job){.sr = sr, .j = j, .in = in};
     }
     return 0;
 }
@@ -233,33 +287,40 @@ static int append_hits(struct gpu_hit **v, size_t *cap, size_t *n, const struct 
     return 0;
 }
 
-/* Takes job x, run from the true state at lo: its hits, its fix and the
+/* Takes segment k of job x as item j's re-walk: its hits, its fix and the
  * true state at hi into truth. */
-static int spec_job_take(struct batch_ctx *bc, const struct spec_job *x, const uint32_t *st,
-                         uint32_t *truth, uint32_t nw)
+static int spec_seg_take(struct batch_ctx *bc, const struct spec_job *x, size_t k,
+                         const uint32_t *st, uint32_t *truth, uint32_t nw)
 {
     struct batch_scratch *s = &bc->eng->scratch;
-    const uint32_t *it = &s->meta[((size_t)x->sr->items + x->j) * 4];
-    if (x->rc != 0 ||
-        append_hits(&s->fix_hits, &s->fix_hits_cap, &bc->n_fix_hits, x->hits, x->n_hits) < 0 ||
-        append_hits(&s->unhits, &s->unhits_cap, &bc->n_unhits, x->unhits, x->n_unhits) < 0 ||
-        record_fix(bc, x->sr, it, x->upto) < 0)
+    const struct spec_seg *sg = &x->segs[k];
+    const uint32_t *it = &s->meta[((size_t)x->sr->items + sg->j) * 4];
+    size_t h0 = k > 0 ? x->segs[k - 1].hits_end : 0, u0 = k > 0 ? x->segs[k - 1].unhits_end : 0;
+    if (append_hits(&s->fix_hits, &s->fix_hits_cap, &bc->n_fix_hits, x->hits + h0,
+                    sg->hits_end - h0) < 0 ||
+        append_hits(&s->unhits, &s->unhits_cap, &bc->n_unhits, x->unhits + u0,
+                    sg->unhits_end - u0) < 0 ||
+        record_fix(bc, x->sr, it, sg->upto) < 0)
         return -ENOMEM;
-    if (!x->sr->nfa)
-        truth[0] = x->out != UINT32_MAX ? x->out : st[1];
+    if (sg->met)
+        memcpy(truth, st + nw, nw * sizeof(uint32_t));
+    else if (!x->sr->nfa)
+        truth[0] = sg->out;
     else
-        memcpy(truth, x->agreed ? st + nw : x->vec, nw * sizeof(uint32_t));
+        memcpy(truth, x->vecs + sg->vec, nw * sizeof(uint32_t));
     return 0;
 }
 
 /* Checks range sr's guesses in order from the true states, taking the
- * jobs js->v[*k..] of sr whose assumed start was true and re-walking the
- * others. */
+ * segments of its jobs (js->v[*k..]) that walked from the true state and
+ * walking the others again. */
 static int spec_replay(struct batch_ctx *bc, const struct spec_jobs *js, size_t *k,
                        const struct scan_range *sr, uint32_t *truth)
 {
     uint32_t nw = range_words(bc, sr);
     const uint32_t *st = js->spec + sr->spec_base;
+    const struct spec_job *on = NULL; /* the job walking on from the item before */
+    size_t on_seg = 0;
     memset(truth, 0, nw * sizeof(uint32_t));
     int rc = 0;
     for (uint32_t j = 0; j < sr->n_items && rc == 0; j++) {
@@ -269,16 +330,27 @@ static int spec_replay(struct batch_ctx *bc, const struct spec_jobs *js, size_t 
         while (*k < js->n && js->v[*k].sr == sr && js->v[*k].j <= j)
             if (js->v[(*k)++].j == j)
                 x = &js->v[*k - 1];
+        const struct spec_job *cur = on;
+        size_t seg = on_seg;
+        on = NULL;
         if (it[1] == 0 || memcmp(v, truth, nw * sizeof(uint32_t)) == 0) {
             memcpy(truth, v + nw, nw * sizeof(uint32_t));
             continue;
         }
-        if (x != NULL && memcmp(x->in_v, truth, nw * sizeof(uint32_t)) == 0)
-            rc = spec_job_take(bc, x, v, truth, nw);
-        else if (!sr->nfa)
+        if (cur == NULL && x != NULL && x->rc == 0 &&
+            memcmp(x->in, truth, nw * sizeof(uint32_t)) == 0)
+            cur = x, seg = 0;
+        if (cur != NULL && (cur->rc != 0 || seg >= cur->n_segs || cur->segs[seg].j != j))
+            cur = NULL; /* a job stopped by a failure */
+        if (cur != NULL) {
+            rc = spec_seg_take(bc, cur, seg, v, truth, nw);
+            if (!cur->segs[seg].met)
+                on = cur, on_seg = seg + 1;
+        } else if (!sr->nfa) {
             rc = spec_fix_one(bc, sr, it, v, truth);
-        else
+        } else {
             rc = nfa_fix_one(bc, sr, it, v, truth, nw);
+        }
     }
     return rc;
 }
@@ -307,7 +379,8 @@ static int spec_repair(struct batch_ctx *bc, const uint32_t *qs, struct vks_erro
         if (s->ranges[r].spec_base != NO_CARRY)
             rc = spec_replay(bc, &js, &k, &s->ranges[r], truth);
     for (size_t t = 0; t < js.n; t++) {
-        free(js.v[t].vec);
+        free(js.v[t].segs);
+        free(js.v[t].vecs);
         free(js.v[t].hits);
         free(js.v[t].unhits);
     }
