@@ -6,7 +6,8 @@
 #   steps: where (bench/h200_session41.sh's where, for OLD and BUILD),
 #   buf1g (scan_bench, one 1 GiB buffer of literals-1000, Hyperscan on 16
 #   threads in the same run, for OLD and BUILD), diff (h200_session41.sh's
-#   diff of BUILD). Default: where buf1g.
+#   diff of BUILD), cli (h200_session41.sh's cli_bench of BUILD against
+#   Hyperscan on both data folders). Default: where buf1g.
 set -u
 BUILD=${1:?usage: h200_session42.sh BUILD [steps...]}
 shift
@@ -23,6 +24,9 @@ if has buf1g; then
         timeout 120 "$b/bench/scan_bench" --size 1G --buffer 1G --iters 5 --threads 16 \
             --data build-shared --only literals-1000 2>&1 | grep -E "^literals-1000|^workload"
     done
+fi
+if has cli; then
+    bash "$D/h200_session41.sh" "$BUILD" cli
 fi
 if has diff; then
     bash "$D/h200_session41.sh" "$BUILD" diff
