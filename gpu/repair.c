@@ -145,26 +145,39 @@ static int cmp_fix_hit(const void *a, const void *b)
  * job starting there whose assumed state was the true one, or (a job that
  * stopped at a failure) walks it again itself.
  */
+/* Jobs a pool task takes at the least: a job is often one segment of a
+ * few hundred bytes. */
+#define SPEC_JOBS_TASK 16
+
 struct spec_seg {
     uint32_t j;       /* item index in the range */
     bool met;         /* the walks agreed by hi: the guessed end stands */
     uint32_t out;     /* DFA, !met: the true state at hi */
     uint64_t upto;    /* where the walks agreed (hi + 1: never) */
-    size_t hits_end, unhits_end;
-    size_t vec;       /* bit-NFA, !met: the true state at hi, at vecs[vec] */
+    size_t hits, unhits; /* its hits and unhits end here in its task's lists */
+    size_t vec;       /* bit-NFA, !met: the true state at hi, at its task's vecs[vec] */
 };
 
 struct spec_job {
     const struct scan_range *sr;
-    uint32_t j;            /* the item it starts at */
-    const uint32_t *in;    /* the assumed true state (vector) at its lo */
-    struct spec_seg *segs; /* the items it walked, in order */
+    uint32_t j;         /* the item it starts at */
+    const uint32_t *in; /* the assumed true state (vector) at its lo */
+    uint32_t task;      /* the task that ran it, holding its segments */
+    size_t seg, n_segs; /* its segments: the task's segs[seg..seg + n_segs) */
+    size_t hits, unhits; /* its first segment's hits start here */
+    int rc;
+};
+
+/* A slice of the jobs run on one thread, their results in shared lists
+ * (a job is often one segment of a few hundred bytes: lists per job cost
+ * more than their walks). */
+struct spec_task {
+    struct spec_seg *segs;
     size_t n_segs, segs_cap;
     uint32_t *vecs;
     size_t n_vecs, vecs_cap;
     struct gpu_hit *hits, *unhits;
     size_t n_hits, hits_cap, n_unhits, unhits_cap;
-    int rc;
 };
 
 struct spec_jobs {
@@ -172,6 +185,9 @@ struct spec_jobs {
     const uint32_t *spec; /* qs words of the speculative ranges' states */
     struct spec_job *v;
     size_t n, cap;
+    struct spec_task *tasks;
+    uint32_t n_tasks;
+    uint32_t nw_max;
 };
 
 static uint32_t range_words(const struct batch_ctx *bc, const struct scan_range *sr)
@@ -184,10 +200,10 @@ static uint32_t range_words(const struct batch_ctx *bc, const struct scan_range 
     return g.n_words;
 }
 
-/* Job x's walk of item j from the true state `truth` (nw words): one more
- * segment, with truth left at the true state at hi. */
-static int spec_job_step(const struct spec_jobs *js, struct spec_job *x, uint32_t j,
-                         uint32_t *truth, uint32_t nw)
+/* Task tk's walk of item j of job x's range from the true state `truth`
+ * (nw words): one more segment, with truth left at the true state at hi. */
+static int spec_job_step(const struct spec_jobs *js, struct spec_task *tk,
+                         const struct spec_job *x, uint32_t j, uint32_t *truth, uint32_t nw)
 {
     const struct batch_ctx *bc = js->bc;
     const struct scan_range *sr = x->sr;
@@ -195,11 +211,11 @@ static int spec_job_step(const struct spec_jobs *js, struct spec_job *x, uint32_
     const uint32_t *st = js->spec + sr->spec_base + 2 * (size_t)j * nw;
     const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
     const struct catalog *cat = bc->batch->catalogs[sr->cat];
-    struct fix_ctx f = {&x->hits, &x->hits_cap, &x->n_hits, it[0]};
-    struct fix_ctx g = {&x->unhits, &x->unhits_cap, &x->n_unhits, it[0]};
-    if (gpu_grow_array((void **)&x->segs, &x->segs_cap, x->n_segs + 1, sizeof(*x->segs)) < 0)
+    struct fix_ctx f = {&tk->hits, &tk->hits_cap, &tk->n_hits, it[0]};
+    struct fix_ctx g = {&tk->unhits, &tk->unhits_cap, &tk->n_unhits, it[0]};
+    if (gpu_grow_array((void **)&tk->segs, &tk->segs_cap, tk->n_segs + 1, sizeof(*tk->segs)) < 0)
         return -ENOMEM;
-    struct spec_seg *sg = &x->segs[x->n_segs];
+    struct spec_seg *sg = &tk->segs[tk->n_segs];
     *sg = (struct spec_seg){.j = j};
     int rc;
     if (!sr->nfa) {
@@ -215,42 +231,58 @@ static int spec_job_step(const struct spec_jobs *js, struct spec_job *x, uint32_
         if (rc == 0 && sg->met)
             memcpy(truth, st + nw, nw * sizeof(uint32_t));
         if (rc == 0 && !sg->met) {
-            if (gpu_grow_array((void **)&x->vecs, &x->vecs_cap, x->n_vecs + nw,
+            if (gpu_grow_array((void **)&tk->vecs, &tk->vecs_cap, tk->n_vecs + nw,
                                sizeof(uint32_t)) < 0)
                 return -ENOMEM;
-            sg->vec = x->n_vecs;
-            memcpy(x->vecs + x->n_vecs, truth, nw * sizeof(uint32_t));
-            x->n_vecs += nw;
+            sg->vec = tk->n_vecs;
+            memcpy(tk->vecs + tk->n_vecs, truth, nw * sizeof(uint32_t));
+            tk->n_vecs += nw;
         }
     }
     if (rc != 0)
         return -ENOMEM;
-    sg->hits_end = x->n_hits;
-    sg->unhits_end = x->n_unhits;
-    x->n_segs++;
+    sg->hits = tk->n_hits;
+    sg->unhits = tk->n_unhits;
+    tk->n_segs++;
     return 0;
 }
 
-static void spec_job_run(void *ctx, uint32_t t)
+/* Job x on task tk: from its start on, segment by segment, while its walk
+ * does not meet the guessed one. */
+static void spec_job_run(const struct spec_jobs *js, struct spec_task *tk, struct spec_job *x,
+                         uint32_t *truth)
 {
-    const struct spec_jobs *js = ctx;
-    struct spec_job *x = &js->v[t];
     const struct scan_range *sr = x->sr;
     uint32_t nw = range_words(js->bc, sr);
-    uint32_t *truth = malloc(nw * sizeof(uint32_t));
-    if (truth == NULL) {
-        x->rc = -ENOMEM;
-        return;
-    }
+    x->seg = tk->n_segs;
+    x->hits = tk->n_hits;
+    x->unhits = tk->n_unhits;
     memcpy(truth, x->in, nw * sizeof(uint32_t));
     for (uint32_t j = x->j; j < sr->n_items && x->rc == 0; j++) {
         const uint32_t *it = &js->bc->eng->scratch.meta[((size_t)sr->items + j) * 4];
         const uint32_t *st = js->spec + sr->spec_base + 2 * (size_t)j * nw;
         if (j > x->j && (it[1] == 0 || memcmp(st, truth, nw * sizeof(uint32_t)) == 0))
             break; /* another buffer, or the guess right from here */
-        x->rc = spec_job_step(js, x, j, truth, nw);
-        if (x->rc == 0 && x->segs[x->n_segs - 1].met)
+        x->rc = spec_job_step(js, tk, x, j, truth, nw);
+        if (x->rc == 0 && tk->segs[tk->n_segs - 1].met)
             break;
+    }
+    x->n_segs = tk->n_segs - x->seg;
+}
+
+/* Task t: the jobs [n t / tasks, n (t+1) / tasks). */
+static void spec_task_run(void *ctx, uint32_t t)
+{
+    const struct spec_jobs *js = ctx;
+    struct spec_task *tk = &js->tasks[t];
+    size_t a = js->n * t / js->n_tasks, z = js->n * (t + 1) / js->n_tasks;
+    uint32_t *truth = malloc(js->nw_max * sizeof(uint32_t));
+    for (size_t k = a; k < z; k++) {
+        js->v[k].task = t;
+        if (truth == NULL)
+            js->v[k].rc = -ENOMEM;
+        else
+            spec_job_run(js, tk, &js->v[k], truth);
     }
     free(truth);
 }
@@ -287,19 +319,21 @@ static int append_hits(struct gpu_hit **v, size_t *cap, size_t *n, const struct 
     return 0;
 }
 
-/* Takes segment k of job x as item j's re-walk: its hits, its fix and the
- * true state at hi into truth. */
-static int spec_seg_take(struct batch_ctx *bc, const struct spec_job *x, size_t k,
-                         const uint32_t *st, uint32_t *truth, uint32_t nw)
+/* Takes segment k of job x (k < x->n_segs) as its item's re-walk: its
+ * hits, its fix and the true state at hi into truth. */
+static int spec_seg_take(struct batch_ctx *bc, const struct spec_jobs *js,
+                         const struct spec_job *x, size_t k, const uint32_t *st, uint32_t *truth,
+                         uint32_t nw)
 {
     struct batch_scratch *s = &bc->eng->scratch;
-    const struct spec_seg *sg = &x->segs[k];
+    const struct spec_task *tk = &js->tasks[x->task];
+    const struct spec_seg *sg = &tk->segs[x->seg + k];
     const uint32_t *it = &s->meta[((size_t)x->sr->items + sg->j) * 4];
-    size_t h0 = k > 0 ? x->segs[k - 1].hits_end : 0, u0 = k > 0 ? x->segs[k - 1].unhits_end : 0;
-    if (append_hits(&s->fix_hits, &s->fix_hits_cap, &bc->n_fix_hits, x->hits + h0,
-                    sg->hits_end - h0) < 0 ||
-        append_hits(&s->unhits, &s->unhits_cap, &bc->n_unhits, x->unhits + u0,
-                    sg->unhits_end - u0) < 0 ||
+    size_t h0 = k > 0 ? sg[-1].hits : x->hits, u0 = k > 0 ? sg[-1].unhits : x->unhits;
+    if (append_hits(&s->fix_hits, &s->fix_hits_cap, &bc->n_fix_hits, tk->hits + h0,
+                    sg->hits - h0) < 0 ||
+        append_hits(&s->unhits, &s->unhits_cap, &bc->n_unhits, tk->unhits + u0,
+                    sg->unhits - u0) < 0 ||
         record_fix(bc, x->sr, it, sg->upto) < 0)
         return -ENOMEM;
     if (sg->met)
@@ -307,7 +341,7 @@ static int spec_seg_take(struct batch_ctx *bc, const struct spec_job *x, size_t 
     else if (!x->sr->nfa)
         truth[0] = sg->out;
     else
-        memcpy(truth, x->vecs + sg->vec, nw * sizeof(uint32_t));
+        memcpy(truth, tk->vecs + sg->vec, nw * sizeof(uint32_t));
     return 0;
 }
 
@@ -337,14 +371,16 @@ static int spec_replay(struct batch_ctx *bc, const struct spec_jobs *js, size_t 
             memcpy(truth, v + nw, nw * sizeof(uint32_t));
             continue;
         }
-        if (cur == NULL && x != NULL && x->rc == 0 &&
-            memcmp(x->in, truth, nw * sizeof(uint32_t)) == 0)
+        /* a job starting here walked from the true state where it assumed
+         * the guessed end before; with no job walking on into here, the
+         * true state is that guessed end unless a job failed */
+        if (cur == NULL && x != NULL && memcmp(x->in, truth, nw * sizeof(uint32_t)) == 0)
             cur = x, seg = 0;
-        if (cur != NULL && (cur->rc != 0 || seg >= cur->n_segs || cur->segs[seg].j != j))
+        if (cur != NULL && (seg >= cur->n_segs || js->tasks[cur->task].segs[cur->seg + seg].j != j))
             cur = NULL; /* a job stopped by a failure */
         if (cur != NULL) {
-            rc = spec_seg_take(bc, cur, seg, v, truth, nw);
-            if (!cur->segs[seg].met)
+            rc = spec_seg_take(bc, js, cur, seg, v, truth, nw);
+            if (!js->tasks[cur->task].segs[cur->seg + seg].met)
                 on = cur, on_seg = seg + 1;
         } else if (!sr->nfa) {
             rc = spec_fix_one(bc, sr, it, v, truth);
@@ -369,21 +405,29 @@ static int spec_repair(struct batch_ctx *bc, const uint32_t *qs, struct vks_erro
         if (s->ranges[r].spec_base != NO_CARRY)
             rc = spec_jobs_add(&js, &s->ranges[r], zero);
     struct upload_pool *pool = bc->eng->pool;
-    if (rc == 0 && js.n > 1 && js.n <= UINT32_MAX && pool != NULL && upload_pool_threads(pool) > 1)
-        upload_pool_run(pool, spec_job_run, &js, (uint32_t)js.n);
-    else
-        for (size_t t = 0; t < js.n && rc == 0; t++)
-            spec_job_run(&js, (uint32_t)t);
+    uint32_t threads = pool != NULL ? upload_pool_threads(pool) : 1;
+    js.nw_max = nw_max;
+    js.n_tasks = js.n < SPEC_JOBS_TASK * 2 || threads < 2 ? 1
+                 : js.n / SPEC_JOBS_TASK < 4 * threads ? (uint32_t)(js.n / SPEC_JOBS_TASK)
+                                                        : 4 * threads;
+    js.tasks = rc == 0 && js.n > 0 ? calloc(js.n_tasks, sizeof(*js.tasks)) : NULL;
+    if (js.tasks == NULL && js.n > 0)
+        rc = -ENOMEM;
+    if (rc == 0 && js.n_tasks > 1)
+        upload_pool_run(pool, spec_task_run, &js, js.n_tasks);
+    else if (rc == 0 && js.n > 0)
+        spec_task_run(&js, 0);
     size_t k = 0;
     for (size_t r = 0; r < bc->n_ranges && rc == 0; r++)
         if (s->ranges[r].spec_base != NO_CARRY)
             rc = spec_replay(bc, &js, &k, &s->ranges[r], truth);
-    for (size_t t = 0; t < js.n; t++) {
-        free(js.v[t].segs);
-        free(js.v[t].vecs);
-        free(js.v[t].hits);
-        free(js.v[t].unhits);
+    for (uint32_t t = 0; js.tasks != NULL && t < js.n_tasks; t++) {
+        free(js.tasks[t].segs);
+        free(js.tasks[t].vecs);
+        free(js.tasks[t].hits);
+        free(js.tasks[t].unhits);
     }
+    free(js.tasks);
     free(js.v);
     free(zero);
     return rc < 0 ? vks_error_set(err, -ENOMEM, "out of memory re-walking a speculative segment")
