@@ -129,6 +129,9 @@ struct gpu_options {
      * (its ends) are sorted on those threads (gpu/hits.c) instead of the
      * collecting one; 0: 65536. */
     uint32_t hits_parallel_min;
+    /* Wrong speculative guesses re-walked by one task of those threads at
+     * the least (gpu/repair.c); 0: 16. */
+    uint32_t spec_slice_jobs;
     /* Batches whose buffers all report per rule (modes count and first)
      * and whose device hits cannot repeat a (rule, end) (only literal and
      * bounded DFA ranges, and no rule id shared where that could repeat

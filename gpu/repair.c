@@ -145,25 +145,25 @@ static int cmp_fix_hit(const void *a, const void *b)
  * job starting there whose assumed state was the true one, or (a job that
  * stopped at a failure) walks it again itself.
  */
-/* Jobs a pool task takes at the least: a job is often one segment of a
- * few hundred bytes. */
+/* Jobs a pool task takes at the least (gpu_options.spec_slice_jobs
+ * overrides it): a job is often one segment of a few hundred bytes. */
 #define SPEC_JOBS_TASK 16
 
 struct spec_seg {
-    uint32_t j;       /* item index in the range */
-    bool met;         /* the walks agreed by hi: the guessed end stands */
-    uint32_t out;     /* DFA, !met: the true state at hi */
-    uint64_t upto;    /* where the walks agreed (hi + 1: never) */
+    uint32_t j;          /* item index in the range */
+    bool met;            /* the walks agreed by hi: the guessed end stands */
+    uint32_t out;        /* DFA, !met: the true state at hi */
+    uint64_t upto;       /* where the walks agreed (hi + 1: never) */
     size_t hits, unhits; /* its hits and unhits end here in its task's lists */
-    size_t vec;       /* bit-NFA, !met: the true state at hi, at its task's vecs[vec] */
+    size_t vec;          /* bit-NFA, !met: the true state at hi, at its task's vecs[vec] */
 };
 
 struct spec_job {
     const struct scan_range *sr;
-    uint32_t j;         /* the item it starts at */
-    const uint32_t *in; /* the assumed true state (vector) at its lo */
-    uint32_t task;      /* the task that ran it, holding its segments */
-    size_t seg, n_segs; /* its segments: the task's segs[seg..seg + n_segs) */
+    uint32_t j;          /* the item it starts at */
+    const uint32_t *in;  /* the assumed true state (vector) at its lo */
+    uint32_t task;       /* the task that ran it, holding its segments */
+    size_t seg, n_segs;  /* its segments: the task's segs[seg..seg + n_segs) */
     size_t hits, unhits; /* its first segment's hits start here */
     int rc;
 };
@@ -202,8 +202,8 @@ static uint32_t range_words(const struct batch_ctx *bc, const struct scan_range 
 
 /* Task tk's walk of item j of job x's range from the true state `truth`
  * (nw words): one more segment, with truth left at the true state at hi. */
-static int spec_job_step(const struct spec_jobs *js, struct spec_task *tk,
-                         const struct spec_job *x, uint32_t j, uint32_t *truth, uint32_t nw)
+static int spec_job_step(const struct spec_jobs *js, struct spec_task *tk, const struct spec_job *x,
+                         uint32_t j, uint32_t *truth, uint32_t nw)
 {
     const struct batch_ctx *bc = js->bc;
     const struct scan_range *sr = x->sr;
@@ -321,20 +321,20 @@ static int append_hits(struct gpu_hit **v, size_t *cap, size_t *n, const struct 
 
 /* Takes segment k of job x (k < x->n_segs) as its item's re-walk: its
  * hits, its fix and the true state at hi into truth. */
-static int spec_seg_take(struct batch_ctx *bc, const struct spec_jobs *js,
-                         const struct spec_job *x, size_t k, const uint32_t *st, uint32_t *truth,
-                         uint32_t nw)
+static int spec_seg_take(struct batch_ctx *bc, const struct spec_jobs *js, const struct spec_job *x,
+                         size_t k, const uint32_t *st, uint32_t *truth, uint32_t nw)
 {
     struct batch_scratch *s = &bc->eng->scratch;
     const struct spec_task *tk = &js->tasks[x->task];
     const struct spec_seg *sg = &tk->segs[x->seg + k];
     const uint32_t *it = &s->meta[((size_t)x->sr->items + sg->j) * 4];
     size_t h0 = k > 0 ? sg[-1].hits : x->hits, u0 = k > 0 ? sg[-1].unhits : x->unhits;
-    if (append_hits(&s->fix_hits, &s->fix_hits_cap, &bc->n_fix_hits, tk->hits + h0,
-                    sg->hits - h0) < 0 ||
-        append_hits(&s->unhits, &s->unhits_cap, &bc->n_unhits, tk->unhits + u0,
-                    sg->unhits - u0) < 0 ||
-        record_fix(bc, x->sr, it, sg->upto) < 0)
+    int rc =
+        append_hits(&s->fix_hits, &s->fix_hits_cap, &bc->n_fix_hits, tk->hits + h0, sg->hits - h0);
+    if (rc == 0)
+        rc = append_hits(&s->unhits, &s->unhits_cap, &bc->n_unhits, tk->unhits + u0,
+                         sg->unhits - u0);
+    if (rc < 0 || record_fix(bc, x->sr, it, sg->upto) < 0)
         return -ENOMEM;
     if (sg->met)
         memcpy(truth, st + nw, nw * sizeof(uint32_t));
@@ -407,9 +407,10 @@ static int spec_repair(struct batch_ctx *bc, const uint32_t *qs, struct vks_erro
     struct upload_pool *pool = bc->eng->pool;
     uint32_t threads = pool != NULL ? upload_pool_threads(pool) : 1;
     js.nw_max = nw_max;
-    js.n_tasks = js.n < SPEC_JOBS_TASK * 2 || threads < 2 ? 1
-                 : js.n / SPEC_JOBS_TASK < 4 * threads ? (uint32_t)(js.n / SPEC_JOBS_TASK)
-                                                        : 4 * threads;
+    size_t least = bc->eng->opt.spec_slice_jobs ? bc->eng->opt.spec_slice_jobs : SPEC_JOBS_TASK;
+    js.n_tasks = js.n < least * 2 || threads < 2 ? 1
+                 : js.n / least < 4 * threads    ? (uint32_t)(js.n / least)
+                                                 : 4 * threads;
     js.tasks = rc == 0 && js.n > 0 ? calloc(js.n_tasks, sizeof(*js.tasks)) : NULL;
     if (js.tasks == NULL && js.n > 0)
         rc = -ENOMEM;

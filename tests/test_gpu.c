@@ -1862,11 +1862,12 @@ START_TEST(test_spec_segments)
         want_xz += p[i] == 'z';
     uint32_t looks[] = {0, 16, 1024};
     for (uint32_t l = 0; l < 3; l++) {
-        /* _i 1: the re-walks run as jobs on 4 upload threads, each from the
-         * guessed end of the segment before, and the chains that never
-         * converge are walked again from the true state */
+        /* _i 1: the re-walk jobs in slices of one on 4 upload threads, so
+         * a chain that does not converge is walked by one job while the
+         * jobs around it run on other threads */
         struct gpu_options opt = {.segment_bytes = 16384, .spec_lookback = looks[l],
-                                  .upload_threads = _i == 1 ? 4 : 1};
+                                  .upload_threads = _i == 1 ? 4 : 1,
+                                  .spec_slice_jobs = _i == 1 ? 1 : 0};
         if (looks[l] == 0)
             opt.spec_lookback = 1; /* 0 is the default; 1 byte of lookback */
         struct gpu_engine *eng = engine(&opt);
