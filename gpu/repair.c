@@ -43,18 +43,6 @@ static int fix_hit(void *ctx, uint32_t rule, uint64_t end)
     return 0;
 }
 
-static struct fix_ctx fix_hits_of(struct batch_ctx *bc, uint32_t buf)
-{
-    struct batch_scratch *s = &bc->eng->scratch;
-    return (struct fix_ctx){&s->fix_hits, &s->fix_hits_cap, &bc->n_fix_hits, buf};
-}
-
-static struct fix_ctx unhits_of(struct batch_ctx *bc, uint32_t buf)
-{
-    struct batch_scratch *s = &bc->eng->scratch;
-    return (struct fix_ctx){&s->unhits, &s->unhits_cap, &bc->n_unhits, buf};
-}
-
 /* Records that the host re-walked item `it` (buffer, lo, hi) of range sr
  * up to `upto`: the device's hits there are dropped (spec_dropped). */
 static int record_fix(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *it,
@@ -66,45 +54,6 @@ static int record_fix(struct batch_ctx *bc, const struct scan_range *sr, const u
     s->fixes[bc->n_fixes++] = (struct spec_fix){it[0], sr->group, it[1], upto};
     bc->tel->spec_fixes++;
     bc->tel->spec_fix_bytes += (upto > it[2] ? it[2] : upto) - it[1];
-    return 0;
-}
-
-/* Re-walks segment j of speculative range sr, whose guess at lo was wrong,
- * from the true state `*truth`; leaves the true state at hi there. */
-static int spec_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *it,
-                        const uint32_t *st, uint32_t *truth)
-{
-    const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
-    struct fix_ctx f = fix_hits_of(bc, it[0]), g = unhits_of(bc, it[0]);
-    uint64_t upto;
-    uint32_t out;
-    int rc = refscan_group_resume(bc->batch->catalogs[sr->cat], sr->group, buffer_bytes(bc, it[0]),
-                                  b->len, it[1], it[2], *truth, st[0], fix_hit, &f,
-                                  sr->counted ? fix_hit : NULL, &g, &upto, &out);
-    if (rc != 0 || record_fix(bc, sr, it, upto) < 0)
-        return -ENOMEM;
-    *truth = out != UINT32_MAX ? out : st[1];
-    return 0;
-}
-
-/* Re-walks item `it` of bit-NFA speculative range sr from the true state
- * vector `truth` (the guess `st` was wrong); leaves the true state at hi in
- * `truth`. */
-static int nfa_fix_one(struct batch_ctx *bc, const struct scan_range *sr, const uint32_t *it,
-                       const uint32_t *st, uint32_t *truth, uint32_t nw)
-{
-    const struct gpu_buffer *b = &bc->batch->buffers[it[0]];
-    const struct catalog *cat = bc->batch->catalogs[sr->cat];
-    struct fix_ctx f = fix_hits_of(bc, it[0]), u = unhits_of(bc, it[0]);
-    uint64_t upto;
-    bool agreed;
-    int rc = refscan_nfa_resume(cat, sr->group - catalog_group_count(cat), buffer_bytes(bc, it[0]),
-                                b->len, it[1], it[2], truth, st, fix_hit, &f,
-                                sr->counted ? fix_hit : NULL, &u, &upto, &agreed);
-    if (rc != 0 || record_fix(bc, sr, it, upto) < 0)
-        return -ENOMEM;
-    if (agreed)
-        memcpy(truth, st + nw, nw * sizeof(uint32_t));
     return 0;
 }
 
@@ -142,8 +91,9 @@ static int cmp_fix_hit(const void *a, const void *b)
  * the guessed one (a chain whose state the guesses never catch, such as
  * an open quote, is one job). Then, in buffer order, each segment that
  * needs a re-walk takes it from the job already walking there, or from the
- * job starting there whose assumed state was the true one, or (a job that
- * stopped at a failure) walks it again itself.
+ * job starting there (whose assumed state is then the true one). A
+ * segment no job walked is one whose job ran out of memory: the batch
+ * fails with that error.
  */
 /* Jobs a pool task takes at the least (gpu_options.spec_slice_jobs
  * overrides it): a job is often one segment of a few hundred bytes. */
@@ -345,9 +295,8 @@ static int spec_seg_take(struct batch_ctx *bc, const struct spec_jobs *js, const
     return 0;
 }
 
-/* Checks range sr's guesses in order from the true states, taking the
- * segments of its jobs (js->v[*k..]) that walked from the true state and
- * walking the others again. */
+/* Checks range sr's guesses in order from the true states, taking each
+ * wrong one's re-walk from the segments of its jobs (js->v[*k..]). */
 static int spec_replay(struct batch_ctx *bc, const struct spec_jobs *js, size_t *k,
                        const struct scan_range *sr, uint32_t *truth)
 {
@@ -371,22 +320,16 @@ static int spec_replay(struct batch_ctx *bc, const struct spec_jobs *js, size_t 
             memcpy(truth, v + nw, nw * sizeof(uint32_t));
             continue;
         }
-        /* a job starting here walked from the true state where it assumed
-         * the guessed end before; with no job walking on into here, the
-         * true state is that guessed end unless a job failed */
+        /* with no job walking on into here, the true state is the guessed
+         * end before, which the job starting here assumed; else, and where
+         * a job stopped short, a job ran out of memory */
         if (cur == NULL && x != NULL && memcmp(x->in, truth, nw * sizeof(uint32_t)) == 0)
             cur = x, seg = 0;
-        if (cur != NULL && (seg >= cur->n_segs || js->tasks[cur->task].segs[cur->seg + seg].j != j))
-            cur = NULL; /* a job stopped by a failure */
-        if (cur != NULL) {
-            rc = spec_seg_take(bc, js, cur, seg, v, truth, nw);
-            if (!js->tasks[cur->task].segs[cur->seg + seg].met)
-                on = cur, on_seg = seg + 1;
-        } else if (!sr->nfa) {
-            rc = spec_fix_one(bc, sr, it, v, truth);
-        } else {
-            rc = nfa_fix_one(bc, sr, it, v, truth, nw);
-        }
+        if (cur == NULL || seg >= cur->n_segs || js->tasks[cur->task].segs[cur->seg + seg].j != j)
+            return -ENOMEM;
+        rc = spec_seg_take(bc, js, cur, seg, v, truth, nw);
+        if (!js->tasks[cur->task].segs[cur->seg + seg].met)
+            on = cur, on_seg = seg + 1;
     }
     return rc;
 }

@@ -1865,7 +1865,8 @@ START_TEST(test_spec_segments)
         /* _i 1: the re-walk jobs in slices of one on 4 upload threads, so
          * a chain that does not converge is walked by one job while the
          * jobs around it run on other threads */
-        struct gpu_options opt = {.segment_bytes = 16384, .spec_lookback = looks[l],
+        struct gpu_options opt = {.segment_bytes = 16384,
+                                  .spec_lookback = looks[l],
                                   .upload_threads = _i == 1 ? 4 : 1,
                                   .spec_slice_jobs = _i == 1 ? 1 : 0};
         if (looks[l] == 0)
