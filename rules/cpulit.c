@@ -36,11 +36,19 @@ struct lit {
     uint16_t once;   /* CPULIT_ONCE, and another such string has its id */
 };
 
-/* Strings with one folded prefix key: lits[first .. first + n). */
+/* Strings with one folded prefix key: lits[first .. first + n). A slot of
+ * more than SPLIT_MIN strings whose shortest is longer than the key is
+ * split: `sub` > 0 is a longer prefix, and the strings are found in
+ * cpulit.subs under their `sub`-byte keys (split again the same way), so
+ * a candidate compares a few strings, not every one sharing its first
+ * bytes (phrases-3k's 206 strings under `the`). */
 struct slot {
     uint64_t key;
     uint32_t first, n; /* n == 0: empty */
+    uint32_t sub;      /* 0, or the prefix of the split (K < sub <= 8) */
 };
+
+#define SPLIT_MIN 8u
 
 struct cpulit {
     uint32_t L;       /* prefix the filter looks at (<= MAX_L) */
@@ -55,6 +63,8 @@ struct cpulit {
     uint8_t *bytes, *mask; /* strings; mask: 0x20 where a letter is caseless */
     struct slot *slots;
     uint32_t slot_mask;
+    struct slot *subs; /* split slots' parts (NULL: none) */
+    uint32_t sub_mask;
 };
 
 /* The key, and the filter when some string is caseless, see every byte
@@ -95,6 +105,7 @@ void cpulit_destroy(struct cpulit *m)
     free(m->bytes);
     free(m->mask);
     free(m->slots);
+    free(m->subs);
     free(m);
 }
 
@@ -106,6 +117,16 @@ uint32_t cpulit_min_len(const struct cpulit *m)
 uint32_t cpulit_stride(const struct cpulit *m)
 {
     return m->stride;
+}
+
+uint32_t cpulit_split_slots(const struct cpulit *m)
+{
+    uint32_t n = 0;
+    for (uint32_t h = 0; h <= m->slot_mask; h++)
+        n += m->slots[h].n != 0 && m->slots[h].sub != 0;
+    for (uint32_t h = 0; m->subs != NULL && h <= m->sub_mask; h++)
+        n += m->subs[h].n != 0 && m->subs[h].sub != 0;
+    return n;
 }
 
 static int check_entries(const struct cpulit_entry *v, size_t n, uint64_t *total)
@@ -144,6 +165,12 @@ static void filter_add(struct cpulit *m, const uint8_t *p, uint32_t k, uint32_t 
  */
 #define STRIDE2_MAX_LITS 4096u
 #define STRIDE2_MIN_L    6u
+/* Lane 1 looks at offsets 2 and 3, so a bucket whose shortest string has
+ * 3 bytes has no constrained lane at stride 2: every position was its
+ * candidate, and the confirmation ran at every byte (phrases-3k's `a i`,
+ * 0.05 -> 0.17 GB/s at stride 1; regex-500's 3-byte factors, 0.11 ->
+ * 0.4-0.6, both on 2 threads). */
+#define STRIDE2_MIN_LEN 4u
 
 /* The filter of one stride: lane k of bucket b is constrained while the
  * offsets it stands for are inside the bucket's shortest string and L. An
@@ -186,9 +213,66 @@ static int build_filter(struct cpulit *m)
     }
     for (uint32_t b = 0; b < BUCKETS; b++)
         m->flush |= mb[b] != 0 && mb[b] < m->L;
-    m->stride = m->n_lits <= STRIDE2_MAX_LITS && m->L >= STRIDE2_MIN_L ? 2 : 1;
+    bool sparse = m->n_lits <= STRIDE2_MAX_LITS && m->L >= STRIDE2_MIN_L;
+    m->stride = sparse && m->min_len >= STRIDE2_MIN_LEN ? 2 : 1;
     fill_filter(m, mb);
     return 0;
+}
+
+/* The slot of `key` in table t (an empty one when none has it). */
+static inline const struct slot *slot_find(const struct slot *t, uint32_t mask, uint64_t key)
+{
+    uint32_t h = slot_hash(key, mask);
+    while (t[h].n != 0 && t[h].key != key)
+        h = (h + 1) & mask;
+    return &t[h];
+}
+
+static struct slot *slot_insert(struct slot *t, uint32_t mask, struct slot v)
+{
+    uint32_t h = slot_hash(v.key, mask);
+    while (t[h].n != 0)
+        h = (h + 1) & mask;
+    t[h] = v;
+    return &t[h];
+}
+
+/* Splits slot `sl` (its strings share their first `klen` folded bytes)
+ * when it is large and its strings are all longer: its strings sorted by
+ * their `sub`-byte keys (ties in their order, so that strings matching at
+ * one start stay in entry order), each run a slot of m->subs, split
+ * again in turn. `tmp` has room for the slot's strings. Keys of different
+ * lengths differ (every folded byte is nonzero), so one table holds all
+ * the parts. */
+static void split_slot(struct cpulit *m, struct slot *sl, uint32_t klen, struct scan_hit *ord,
+                       struct lit *tmp)
+{
+    if (sl->n <= SPLIT_MIN || klen >= 8)
+        return;
+    uint32_t sub = 8;
+    for (uint32_t i = sl->first; i < sl->first + sl->n; i++)
+        sub = m->lits[i].len < sub ? m->lits[i].len : sub;
+    if (sub <= klen)
+        return;
+    for (uint32_t i = 0; i < sl->n; i++)
+        ord[i] =
+            (struct scan_hit){.rule = i, .end = key_of(m->bytes + m->lits[sl->first + i].off, sub)};
+    scan_hits_sort(ord, sl->n, false);
+    for (uint32_t i = 0; i < sl->n; i++)
+        tmp[i] = m->lits[sl->first + ord[i].rule];
+    memcpy(m->lits + sl->first, tmp, sl->n * sizeof(*tmp));
+    sl->sub = sub;
+    uint32_t first = sl->first, end = sl->first + sl->n;
+    for (uint32_t i = first; i < end;) {
+        uint64_t key = key_of(m->bytes + m->lits[i].off, sub);
+        uint32_t j = i + 1;
+        while (j < end && key_of(m->bytes + m->lits[j].off, sub) == key)
+            j++;
+        struct slot *part =
+            slot_insert(m->subs, m->sub_mask, (struct slot){.key = key, .first = i, .n = j - i});
+        split_slot(m, part, sub, ord, tmp);
+        i = j;
+    }
 }
 
 static int build_slots(struct cpulit *m)
@@ -209,12 +293,28 @@ static int build_slots(struct cpulit *m)
         uint32_t j = i + 1;
         while (j < m->n_lits && key_of(m->bytes + m->lits[j].off, m->K) == key)
             j++;
-        uint32_t h = slot_hash(key, m->slot_mask);
-        while (m->slots[h].n != 0)
-            h = (h + 1) & m->slot_mask;
-        m->slots[h] = (struct slot){.key = key, .first = i, .n = j - i};
+        slot_insert(m->slots, m->slot_mask, (struct slot){.key = key, .first = i, .n = j - i});
         i = j;
     }
+    if (m->K >= 8 || distinct == m->n_lits)
+        return 0; /* no slot to split */
+    cap = 16;
+    while (cap < 2 * m->n_lits)
+        cap *= 2;
+    m->subs = calloc(cap, sizeof(*m->subs));
+    struct scan_hit *ord = malloc(m->n_lits * sizeof(*ord));
+    struct lit *tmp = malloc(m->n_lits * sizeof(*tmp));
+    if (m->subs == NULL || ord == NULL || tmp == NULL) {
+        free(ord);
+        free(tmp);
+        return -ENOMEM;
+    }
+    m->sub_mask = cap - 1;
+    for (uint32_t h = 0; h <= m->slot_mask; h++)
+        if (m->slots[h].n != 0)
+            split_slot(m, &m->slots[h], m->K, ord, tmp);
+    free(ord);
+    free(tmp);
     return 0;
 }
 
@@ -339,11 +439,7 @@ static bool yields(const struct cpulit *m, const uint8_t *buf, size_t s, uint32_
     const struct lit *l = &m->lits[x];
     uint64_t end = (uint64_t)s + l->len;
     for (uint64_t t = s; t + m->min_len <= end; t++) {
-        uint64_t key = key_of(buf + t, m->K);
-        uint32_t h = slot_hash(key, m->slot_mask);
-        while (m->slots[h].n != 0 && m->slots[h].key != key)
-            h = (h + 1) & m->slot_mask;
-        const struct slot *sl = &m->slots[h];
+        const struct slot *sl = slot_find(m->slots, m->slot_mask, key_of(buf + t, m->K));
         for (uint32_t i = sl->first; i < sl->first + sl->n; i++) {
             const struct lit *o = &m->lits[i];
             if (!o->once || o->id != l->id || t + o->len != end || (t == s && i >= x))
@@ -361,11 +457,12 @@ static int verify(const struct cpulit *m, const uint8_t *buf, size_t s, uint64_t
 {
     if (s + m->K > hi)
         return 0; /* every string is longer */
-    uint64_t key = key_of(buf + s, m->K);
-    uint32_t h = slot_hash(key, m->slot_mask);
-    while (m->slots[h].n != 0 && m->slots[h].key != key)
-        h = (h + 1) & m->slot_mask;
-    const struct slot *sl = &m->slots[h];
+    const struct slot *sl = slot_find(m->slots, m->slot_mask, key_of(buf + s, m->K));
+    while (sl->sub != 0) {
+        if (s + sl->sub > hi)
+            return 0; /* every string of the slot is longer */
+        sl = slot_find(m->subs, m->sub_mask, key_of(buf + s, sl->sub));
+    }
     for (uint32_t i = sl->first; i < sl->first + sl->n; i++) {
         const struct lit *l = &m->lits[i];
         uint64_t end = (uint64_t)s + l->len;

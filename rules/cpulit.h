@@ -51,8 +51,14 @@ uint32_t cpulit_min_len(const struct cpulit *m);
 
 /* 1 or 2: how many bytes the filter advances per trigram it looks at (2
  * for sets of at most 4096 strings whose filter prefix is 6 bytes or
- * more). Tests use it to cover both. */
+ * more and whose shortest string has 4 bytes or more). Tests use it to
+ * cover both. */
 uint32_t cpulit_stride(const struct cpulit *m);
+
+/* How many slots of the confirmation table are split by a longer prefix
+ * (a key shared by more than 8 strings, all longer than it). Tests use
+ * it. */
+uint32_t cpulit_split_slots(const struct cpulit *m);
 
 /*
  * Calls fn(ctx, id, end) for every occurrence of every entry in buf that

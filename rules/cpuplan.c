@@ -228,10 +228,13 @@ static bool fs_nonempty(const struct fset *s)
     return true;
 }
 
-/* Keeps `s` in `best` when it is better. */
-static void consider(const struct fset *s, struct fset *best, bool *have)
+/* Keeps `s` in `best` when it is better. `strict` (fs_worth): no set with
+ * a 3-byte string, so that a rule whose best strings are 3 bytes
+ * (`\x20\x9c\x2b.{3,6}\x8c\x35`) keeps the next best (its pair) rather
+ * than no factor at all, which would walk its whole group in full. */
+static void consider(const struct fset *s, bool strict, struct fset *best, bool *have)
 {
-    if (!fs_nonempty(s))
+    if (!fs_nonempty(s) || (strict && fs_min(s) == MIN_LIT))
         return;
     /* equal scores: the longer strings (a common pair over one byte), then
      * the set without a pair of lowercase letters (fs_worth takes none) */
@@ -249,8 +252,8 @@ struct fwork {
 };
 
 /* Runs of adjacent exact children of a concatenation. */
-static void cat_runs(const struct node *n, int depth, struct fwork *w, struct fset *best,
-                     bool *have)
+static void cat_runs(const struct node *n, int depth, bool strict, struct fwork *w,
+                     struct fset *best, bool *have)
 {
     uint32_t k = n->u.list.n;
     for (uint32_t i = 0; i < k; i++) {
@@ -259,13 +262,13 @@ static void cat_runs(const struct node *n, int depth, struct fwork *w, struct fs
             if (!exact_of(n->u.list.kids[j], depth + 1, &w->e) ||
                 !fs_product(&w->acc, &w->e, &w->acc))
                 break;
-            consider(&w->acc, best, have);
+            consider(&w->acc, strict, best, have);
         }
     }
 }
 
 /* A set of strings one of which every match of `n` contains. */
-static bool factor_of(const struct node *n, int depth, struct fset *best)
+static bool factor_of(const struct node *n, int depth, bool strict, struct fset *best)
 {
     if (depth > MAX_DEPTH)
         return false;
@@ -274,26 +277,26 @@ static bool factor_of(const struct node *n, int depth, struct fset *best)
         return false;
     bool have = false;
     if (exact_of(n, depth, &w->e))
-        consider(&w->e, best, &have);
+        consider(&w->e, strict, best, &have);
     switch (n->type) {
     case N_CAT:
-        cat_runs(n, depth, w, best, &have);
+        cat_runs(n, depth, strict, w, best, &have);
         for (uint32_t i = 0; i < n->u.list.n; i++)
-            if (factor_of(n->u.list.kids[i], depth + 1, &w->f))
-                consider(&w->f, best, &have);
+            if (factor_of(n->u.list.kids[i], depth + 1, strict, &w->f))
+                consider(&w->f, strict, best, &have);
         break;
     case N_ALT: {
         bool ok = true;
         w->acc.n = 0;
         for (uint32_t i = 0; ok && i < n->u.list.n; i++)
-            ok = factor_of(n->u.list.kids[i], depth + 1, &w->f) && fs_union(&w->acc, &w->f);
+            ok = factor_of(n->u.list.kids[i], depth + 1, strict, &w->f) && fs_union(&w->acc, &w->f);
         if (ok)
-            consider(&w->acc, best, &have);
+            consider(&w->acc, strict, best, &have);
         break;
     }
     case N_REPEAT:
-        if (n->u.rep.min >= 1 && factor_of(n->u.rep.kid, depth + 1, &w->f))
-            consider(&w->f, best, &have);
+        if (n->u.rep.min >= 1 && factor_of(n->u.rep.kid, depth + 1, strict, &w->f))
+            consider(&w->f, strict, best, &have);
         break;
     default:
         break;
@@ -551,7 +554,7 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
             if (good)
                 rc = entries_add(e, s.b, s.m, s.n, report[r], g);
         } else if ((good = parse_src(cat, r, &pr, &g) == 0 && pr.root != NULL)) {
-            good = factor_of(pr.root, 0, f) && fs_worth(f, e->strict);
+            good = factor_of(pr.root, 0, e->strict, f) && fs_worth(f, e->strict);
             for (uint32_t i = 0; good && i < f->n && rc == 0; i++)
                 rc = entries_add(e, f->v[i].b, f->v[i].m, f->v[i].len, CPUPLAN_FACTOR | g, g);
         }

@@ -2118,6 +2118,83 @@ START_TEST(test_cpulit_equals_naive)
 }
 END_TEST
 
+/* Strings that share their first bytes in crowds, as phrases do (`the`
+ * heads hundreds of them): the confirmation table splits those slots by
+ * longer prefixes, again where the crowd goes on (rules/cpulit.c
+ * split_slot). Against the byte-by-byte search, hits in order (equal
+ * starts in entry order, which the split's sort must keep), with
+ * caseless letters; _i 1: CPULIT_ONCE strings sharing ids, where the
+ * shorter of two matching at one end reports. */
+START_TEST(test_cpulit_split_slots)
+{
+    static const char *const heads[] = {"the a", "the h", "the ho", "and", "of"};
+    static const char words[] = "abAhoz e";
+    static uint8_t b[600][20], m[600][20];
+    static struct cpulit_entry v[600];
+    static struct lit_hits got, want;
+    size_t n = 0;
+    while (n < 600) {
+        const char *h = heads[rnd(5)];
+        uint32_t len = (uint32_t)strlen(h), extra = 1 + rnd(9);
+        for (uint32_t k = 0; k < len; k++)
+            b[n][k] = (uint8_t)h[k];
+        for (uint32_t k = 0; k < extra; k++)
+            b[n][len + k] = (uint8_t)words[rnd(sizeof(words) - 1)];
+        len += extra;
+        for (uint32_t k = 0; k < len; k++) {
+            bool letter = b[n][k] >= 'a' && b[n][k] <= 'z';
+            m[n][k] = letter && rnd(3) == 0 ? 0x20 : 0;
+        }
+        bool dup = false; /* equal strings of one id: which reports is open */
+        for (size_t o = 0; o < n && !dup; o++)
+            dup = v[o].len == len && memcmp(b[o], b[n], len) == 0;
+        if (dup)
+            continue;
+        /* _i 1: ids shared by pairs of strings, one the other's suffix
+         * now and then (both match at one end) */
+        uint32_t id = _i == 1 ? (uint32_t)n / 2 : (uint32_t)n;
+        v[n] = (struct cpulit_entry){b[n], m[n], len, id, _i == 1 ? CPULIT_ONCE : 0};
+        n++;
+    }
+    struct cpulit *lit;
+    ck_assert_int_eq(cpulit_create(v, n, &lit), 0);
+    ck_assert_uint_eq(cpulit_min_len(lit), 3);
+    /* `the` (by 6 bytes), `the ho` (by 7), `and` (by 4) */
+    ck_assert_uint_ge(cpulit_split_slots(lit), 3);
+    size_t len = 20000;
+    uint8_t *buf = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)words[rnd(sizeof(words) - 1)];
+    for (size_t p = 0; p + 20 < len; p += 1 + rnd(12)) {
+        const struct cpulit_entry *e = &v[rnd((uint32_t)n)];
+        for (uint32_t k = 0; k < e->len; k++)
+            buf[p + k] = e->fold[k] && rnd(2) ? e->bytes[k] ^ 0x20 : e->bytes[k];
+    }
+    got.n = want.n = 0;
+    ck_assert_int_eq(cpulit_scan(lit, buf, len, 0, 0, len, lit_push, &got), 0);
+    for (size_t s = 0; s < len; s++)
+        for (size_t i = 0; i < n; i++) {
+            if (!lit_at(&v[i], buf, len, s))
+                continue;
+            bool yields = false; /* a shorter string of its id ends there too */
+            for (size_t o = 0; _i == 1 && o < n && !yields; o++)
+                yields = o != i && v[o].id == v[i].id && v[o].len < v[i].len &&
+                         lit_at(&v[o], buf, len, s + v[i].len - v[o].len);
+            if (!yields)
+                lit_push(&want, v[i].id, s + v[i].len);
+        }
+    ck_assert_uint_ge(want.n, 1000);
+    ck_assert_uint_eq(got.n, want.n);
+    for (size_t i = 0; i < want.n; i++)
+        ck_assert_msg(got.v[i].id == want.v[i].id && got.v[i].end == want.v[i].end,
+                      "hit %zu: (%u,%llu), naive (%u,%llu)", i, got.v[i].id,
+                      (unsigned long long)got.v[i].end, want.v[i].id,
+                      (unsigned long long)want.v[i].end);
+    free(buf);
+    cpulit_destroy(lit);
+}
+END_TEST
+
 /* rules_options.literal_group for compile_ids (0: automatic). */
 static int literal_mode;
 
@@ -2909,6 +2986,83 @@ START_TEST(test_confirm_with_plan)
 }
 END_TEST
 
+/* In a forward-confirmed catalog the plan takes no 3-byte factor; a rule
+ * whose best strings have 3 bytes falls back to its next best, here the
+ * rare pair after the gap, instead of walking its group in full
+ * (rules/cpuplan.c consider). Equal to refscan_buffer in every mode, with
+ * the pair's and the head's bytes planted apart too. */
+START_TEST(test_confirm_pair_fallback)
+{
+    static const struct rdef rules[] = {
+        {"fwd", "with\\s+hercules", NULL, RULE_REGEX},
+        {"bin", "\\x20\\x9c\\x2b.{3,6}\\x8c\\x35", "s", RULE_REGEX},
+    };
+    struct rule_src src[2];
+    for (size_t i = 0; i < 2; i++) {
+        uint32_t f = 0;
+        if (rules[i].flags != NULL)
+            ck_assert_int_eq(rules_parse_flags(rules[i].flags, strlen(rules[i].flags), &f, NULL),
+                             0);
+        src[i] = (struct rule_src){
+            rules[i].id, rules[i].kind, rules[i].pattern, strlen(rules[i].pattern), f, 0};
+    }
+    struct rules_result res = {0};
+    struct rules_options ro = {0}; /* the defaults: `bin` stays a DFA */
+    ck_assert_int_eq(rules_compile(src, 2, &ro, &res, NULL), 0);
+    bool confirm = false;
+    for (uint32_t g = 0; g < catalog_nfa_count(res.catalog); g++) {
+        struct catalog_nfa cn;
+        catalog_nfa(res.catalog, g, &cn);
+        confirm |= (cn.flags & CAT_GF_CONFIRM) != 0;
+    }
+    ck_assert(confirm);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_build(res.catalog, true, &plan), 0);
+    uint32_t bin = UINT32_MAX;
+    for (uint32_t r = 0; r < catalog_rule_count(res.catalog); r++) {
+        struct catalog_rule cr;
+        catalog_rule(res.catalog, r, &cr);
+        if (cr.id_len == 3 && memcmp(cr.id, "bin", 3) == 0)
+            bin = cr.group;
+    }
+    ck_assert_uint_lt(bin, plan->n_dfa);
+    ck_assert_int_eq(plan->mode[bin], CPUPLAN_WINDOW);
+    ck_assert_ptr_nonnull(plan->pair);
+    cpuplan_put(plan);
+    static const char *const plants[] = {"with  hercules",
+                                         "\x20\x9c\x2b"
+                                         "abc\x8c\x35",
+                                         "\x20\x9c\x2b"
+                                         "abcdef\x8c\x35",
+                                         "\x20\x9c\x2b"
+                                         "abcdefg\x8c\x35",
+                                         "\x8c\x35",
+                                         "\x20\x9c\x2b"};
+    static const char alpha[] = "aZ09_ x-\n7Qbz=q \x9c\x8c";
+    size_t len = 30000;
+    uint8_t *buf = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+    for (size_t p = 0; p + 16 < len; p += 1 + rnd(90)) {
+        const char *x = plants[rnd(6)];
+        memcpy(buf + p, x, strlen(x));
+    }
+    for (int mode = SCAN_ALL; mode <= SCAN_COUNT; mode++) {
+        struct scan_hits want = {0}, got = {0};
+        ck_assert_int_eq(refscan_buffer(res.catalog, buf, len, (enum scan_mode)mode, &want), 0);
+        ck_assert_uint_ge(want.n, mode == SCAN_ALL ? 50 : 2);
+        uint64_t dropped = 0;
+        segmented(res.catalog, buf, len, len, 1, (enum scan_mode)mode, 0, UINT64_MAX, &got,
+                  &dropped);
+        assert_same(&got, &want, "a 3-byte head's pair, CPU engine");
+        scan_hits_finish(&got);
+        scan_hits_finish(&want);
+    }
+    free(buf);
+    rules_result_finish(&res);
+}
+END_TEST
+
 /* DFA groups walked over the whole range (no factor, idle bytes too
  * rare to skip): long ranges are walked as four interleaved lanes (cpuscan.c
  * dfa_lanes), whose matches straddle the lanes' borders here (`[^\n]{5}`
@@ -3015,6 +3169,7 @@ Suite *engine_suite(void)
     tc = tcase_create("fast");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cpulit_equals_naive);
+    tcase_add_loop_test(tc, test_cpulit_split_slots, 0, 2);
     tcase_add_test(tc, test_cpulit_once);
     tcase_add_test(tc, test_shared_id_literals);
     tcase_add_loop_test(tc, test_shared_id_groups_equal_refscan, 0, 2);
@@ -3033,6 +3188,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_dfa_lanes_equal_refscan);
     tcase_add_loop_test(tc, test_lowercase_pairs_not_factors, 0, 4);
     tcase_add_loop_test(tc, test_confirm_with_plan, 0, 2);
+    tcase_add_test(tc, test_confirm_pair_fallback);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
         return s;
