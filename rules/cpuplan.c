@@ -305,6 +305,82 @@ static bool factor_of(const struct node *n, int depth, bool strict, struct fset 
     return have;
 }
 
+static bool fs_equal(const struct fset *a, const struct fset *b)
+{
+    if (a->n != b->n)
+        return false;
+    for (uint32_t i = 0; i < a->n; i++)
+        if (a->v[i].len != b->v[i].len || memcmp(a->v[i].b, b->v[i].b, a->v[i].len) != 0 ||
+            memcmp(a->v[i].m, b->v[i].m, a->v[i].len) != 0)
+            return false;
+    return true;
+}
+
+/* The pieces of a top-level concatenation that factor sets come from:
+ * runs kids[i..j] of exact children, and each child's own factor. Calls
+ * back with each piece's set and its children. */
+struct pieces {
+    const struct fset *first; /* find: its piece; pick: the best apart from it */
+    uint32_t fa, fb;          /* first's children, once found */
+    bool found, have;
+    struct fset best;
+};
+
+static void piece(struct pieces *pc, const struct fset *s, uint32_t i, uint32_t j)
+{
+    if (!pc->found) {
+        if (fs_equal(s, pc->first)) {
+            pc->fa = i, pc->fb = j;
+            pc->found = true;
+        }
+        return;
+    }
+    if (j < pc->fa || i > pc->fb)
+        consider(s, false, &pc->best, &pc->have);
+}
+
+static void pieces_walk(const struct node *n, struct fwork *w, struct pieces *pc)
+{
+    uint32_t k = n->u.list.n;
+    for (uint32_t i = 0; i < k; i++) {
+        fs_empty_string(&w->acc);
+        for (uint32_t j = i; j < k; j++) {
+            if (!exact_of(n->u.list.kids[j], 1, &w->e) || !fs_product(&w->acc, &w->e, &w->acc))
+                break;
+            piece(pc, &w->acc, i, j);
+        }
+        if (factor_of(n->u.list.kids[i], 1, false, &w->f))
+            piece(pc, &w->f, i, i);
+    }
+}
+
+/* A second factor of rule `root` whose factor is `first`: the best set
+ * among the children of its top-level concatenation that `first` does not
+ * come from, so that every match holds a string of each, apart. Strings
+ * of MIN_LIT bytes or more, as the literal matcher's (they are only
+ * searched for near a candidate). */
+static bool second_of(const struct node *root, const struct fset *first, struct fset *out)
+{
+    if (root->type != N_CAT)
+        return false;
+    struct fwork *w = malloc(sizeof(*w));
+    struct pieces *pc = malloc(sizeof(*pc));
+    bool ok = w != NULL && pc != NULL;
+    if (ok) {
+        pc->first = first;
+        pc->found = pc->have = false;
+        pieces_walk(root, w, pc); /* find first's children */
+        if (pc->found)
+            pieces_walk(root, w, pc); /* the best apart from them */
+        ok = pc->found && pc->have && fs_raw_min(&pc->best) >= MIN_LIT;
+        if (ok)
+            *out = pc->best;
+    }
+    free(w);
+    free(pc);
+    return ok;
+}
+
 /* Room in `s` for `want` bytes and masks in all (below UINT32_MAX). */
 static bool sbuf_reserve(struct cpuplan_string *s, uint64_t want)
 {
@@ -378,6 +454,12 @@ struct entries {
     /* take no factor of MIN_LIT bytes (common in text: `key`, `api`):
      * such a group is walked in full */
     bool strict;
+    /* second factors (struct cpuplan_second), their strings and bytes */
+    struct cpuplan_second *sec;
+    uint32_t n_sec, cap_sec;
+    struct cpuplan_sstr *sstr;
+    uint32_t n_sstr, cap_sstr;
+    struct cpuplan_string spool;
 };
 
 /* Room for `more` entries and `bytes` more pool bytes. */
@@ -425,6 +507,10 @@ static void entries_finish(struct entries *e)
     free(e->group);
     free(e->pool.b);
     free(e->pool.m);
+    free(e->sec);
+    free(e->sstr);
+    free(e->spool.b);
+    free(e->spool.m);
 }
 
 /* Whether engine group g is a literal group (CAT_GF_LITERAL): no DFA of
@@ -521,14 +607,48 @@ int cpuplan_rule_string(const struct catalog *cat, uint32_t r, uint32_t max,
     return good;
 }
 
+/* Records second factor `f2` of a rule of group g whose matches are at
+ * most `span` bytes long (e->sec[e->n_sec - 1]). */
+static int second_add(struct entries *e, const struct fset *f2, uint32_t g, uint32_t span)
+{
+    if (e->n_sec == e->cap_sec) {
+        uint32_t cap = e->cap_sec ? 2 * e->cap_sec : 64;
+        struct cpuplan_second *v = cap < CPUPLAN_SECOND ? realloc(e->sec, cap * sizeof(*v)) : NULL;
+        if (v == NULL)
+            return -ENOMEM;
+        e->sec = v;
+        e->cap_sec = cap;
+    }
+    if (e->n_sstr + f2->n > e->cap_sstr) {
+        uint32_t cap = e->cap_sstr ? 2 * e->cap_sstr : 256;
+        struct cpuplan_sstr *v = realloc(e->sstr, cap * sizeof(*v));
+        if (v == NULL)
+            return -ENOMEM;
+        e->sstr = v;
+        e->cap_sstr = cap;
+    }
+    e->sec[e->n_sec++] =
+        (struct cpuplan_second){.group = g, .span = span, .first = e->n_sstr, .n = f2->n};
+    for (uint32_t i = 0; i < f2->n; i++) {
+        const struct fstr *x = &f2->v[i];
+        if (!sbuf_reserve(&e->spool, (uint64_t)e->spool.n + x->len))
+            return -ENOMEM;
+        e->sstr[e->n_sstr++] = (struct cpuplan_sstr){.off = e->spool.n, .len = x->len};
+        memcpy(e->spool.b + e->spool.n, x->b, x->len);
+        memcpy(e->spool.m + e->spool.n, x->m, x->len);
+        e->spool.n += x->len;
+    }
+    return 0;
+}
+
 /* Pass over the rules of groups still marked in `ok`: each adds its
  * strings (its literal under its report index, or its factor set) or
  * unmarks its group. */
 static int collect(const struct catalog *cat, const uint32_t *report, uint32_t ng, uint8_t *ok,
                    bool factors, struct entries *e)
 {
-    struct fset *f = malloc(sizeof(*f));
-    int rc = f != NULL ? 0 : -ENOMEM;
+    struct fset *f = malloc(sizeof(*f)), *f2 = malloc(sizeof(*f2));
+    int rc = f != NULL && f2 != NULL ? 0 : -ENOMEM;
     if (!factors) { /* one string a rule, mostly as long as its source */
         size_t n = 0;
         uint64_t bytes = 0;
@@ -555,8 +675,13 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
                 rc = entries_add(e, s.b, s.m, s.n, report[r], g);
         } else if ((good = parse_src(cat, r, &pr, &g) == 0 && pr.root != NULL)) {
             good = factor_of(pr.root, 0, e->strict, f) && fs_worth(f, e->strict);
+            uint32_t id = CPUPLAN_FACTOR | g;
+            if (good && cr.maxlen != CATALOG_UNBOUNDED && second_of(pr.root, f, f2)) {
+                rc = second_add(e, f2, g, cr.maxlen);
+                id = CPUPLAN_FACTOR | CPUPLAN_SECOND | (e->n_sec - 1);
+            }
             for (uint32_t i = 0; good && i < f->n && rc == 0; i++)
-                rc = entries_add(e, f->v[i].b, f->v[i].m, f->v[i].len, CPUPLAN_FACTOR | g, g);
+                rc = entries_add(e, f->v[i].b, f->v[i].m, f->v[i].len, id, g);
         }
         parse_result_finish(&pr);
         if (!good && !literal_group(cat, g))
@@ -565,6 +690,7 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
     free(s.b);
     free(s.m);
     free(f);
+    free(f2);
     return rc;
 }
 
@@ -902,6 +1028,11 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
         rc = plan_factor_walks(cat, p);
     if (rc == 0)
         rc = make_matcher(&e, p->mode, p);
+    if (rc == 0 && e.n_sec > 0) { /* the plan takes them over */
+        p->second = e.sec, p->n_second = e.n_sec, p->sec_str = e.sstr;
+        p->sec_b = e.spool.b, p->sec_m = e.spool.m;
+        e.sec = NULL, e.sstr = NULL, e.spool.b = e.spool.m = NULL;
+    }
     entries_finish(&e);
     free(report);
     free(lit);
@@ -944,6 +1075,10 @@ static void plan_free(struct cpuplan *p)
     free(p->shadow_rule);
     cpulit_destroy(p->lit);
     cpupair_destroy(p->pair);
+    free(p->second);
+    free(p->sec_str);
+    free(p->sec_b);
+    free(p->sec_m);
     free(p->factor_walk);
     free(p->mode);
     free(p);

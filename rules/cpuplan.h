@@ -38,8 +38,27 @@
 enum { CPUPLAN_FULL = 0, CPUPLAN_LIT = 1, CPUPLAN_WINDOW = 2, CPUPLAN_SHADOW = 3 };
 
 /* Literal matcher ids: a rule (LIT groups), or with this bit an engine
- * group whose factor ended there (WINDOW groups). */
+ * group whose factor ended there (WINDOW groups). With CPUPLAN_SECOND as
+ * well, the low bits index cpuplan.second instead: the factor of a rule
+ * that has a second one, which the candidate must have near it. */
 #define CPUPLAN_FACTOR 0x80000000u
+#define CPUPLAN_SECOND 0x40000000u
+
+/* A window rule's second factor: strings one of which every match of the
+ * rule holds apart from its factor (`inflamed[^\n]{0,100}chinese`: the
+ * factor `inflamed`, the second `chinese`). A match holding the factor
+ * that ends at e lies within `span` bytes of e on either side, so a
+ * candidate with none of the strings there has no match of that rule and
+ * is dropped before its window is walked (rules/cpuscan.c on_literal). */
+struct cpuplan_second {
+    uint32_t group;    /* engine group */
+    uint32_t span;     /* the rule's longest match */
+    uint32_t first, n; /* its strings: sec_str[first .. first + n) */
+};
+
+struct cpuplan_sstr {
+    uint32_t off, len; /* into sec_b (bytes) and sec_m (0x20: caseless letter) */
+};
 
 /* Idle skipping in a DFA group's walk (rules/cpuscan.c dfa_range): while
  * the walk is in one of the group's start states (start[1..3], chosen by
@@ -62,6 +81,11 @@ struct cpuplan {
     struct cpulit *lit; /* NULL when no group uses it */
     /* window groups' factors of two bytes (cpupair.h); NULL when none */
     struct cpupair *pair;
+    /* second factors (CPUPLAN_SECOND ids); NULL when none */
+    struct cpuplan_second *second;
+    struct cpuplan_sstr *sec_str;
+    uint8_t *sec_b, *sec_m;
+    uint32_t n_second;
     uint32_t n_lit_groups, n_window_groups, n_shadow_groups;
     /* rules compiled again for the shadow (0: none were), used or not */
     uint32_t n_shadow_compiled;

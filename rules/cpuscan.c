@@ -544,6 +544,9 @@ static int dfa_range(const struct catalog_group *g, const struct cpuplan_skip *k
  * of a window group. */
 struct litwalk {
     struct walk *w;
+    const struct cpuplan *plan;
+    const uint8_t *buf;
+    size_t len;
     struct refscan_gate *cands;
     uint64_t lo;
     size_t cap;    /* candidates kept at most */
@@ -586,12 +589,47 @@ static void shed_dense(struct litwalk *lw)
     free(count);
 }
 
+/* Whether a string of second factor `sf` lies within its span of `end`
+ * (cpuplan.h struct cpuplan_second). */
+static bool second_near(const struct cpuplan *p, const struct cpuplan_second *sf,
+                        const uint8_t *buf, size_t len, uint64_t end)
+{
+    size_t a = end > sf->span ? (size_t)(end - sf->span) : 0;
+    size_t z = end + sf->span < len ? (size_t)(end + sf->span) : len;
+    for (uint32_t i = 0; i < sf->n; i++) {
+        const struct cpuplan_sstr *x = &p->sec_str[sf->first + i];
+        const uint8_t *b = p->sec_b + x->off, *m = p->sec_m + x->off;
+        for (size_t q = a; q + x->len <= z; q++) {
+            if (m[0] == 0) { /* to the next exact first byte */
+                const uint8_t *h = memchr(buf + q, b[0], z - x->len + 1 - q);
+                if (h == NULL)
+                    break;
+                q = (size_t)(h - buf);
+            } else if ((buf[q] | m[0]) != b[0]) {
+                continue;
+            }
+            uint32_t k = 1;
+            while (k < x->len && (buf[q + k] | m[k]) == b[k])
+                k++;
+            if (k == x->len)
+                return true;
+        }
+    }
+    return false;
+}
+
 static int on_literal(void *ctx, uint32_t id, uint64_t end)
 {
     struct litwalk *lw = ctx;
     if (!(id & CPUPLAN_FACTOR))
         return end > lw->lo ? on_match(lw->w, id, end) : 0;
     uint32_t g = id & ~CPUPLAN_FACTOR;
+    if (g & CPUPLAN_SECOND) { /* no second factor near: no match of its rule */
+        const struct cpuplan_second *sf = &lw->plan->second[g & ~CPUPLAN_SECOND];
+        if (!second_near(lw->plan, sf, lw->buf, lw->len, end))
+            return 0;
+        g = sf->group;
+    }
     if (lw->dense || (lw->full != NULL && lw->full[g]))
         return 0;
     if (lw->cands->n == lw->cap) {
@@ -655,6 +693,9 @@ static int fast_groups(const struct catalog *cat, const struct cpuplan *plan, co
     /* candidates cost 16 bytes: at most a quarter of the segment's size */
     size_t span = (hi < len ? (size_t)hi : len) - begin;
     struct litwalk lw = {.w = w,
+                         .plan = plan,
+                         .buf = buf,
+                         .len = len,
                          .cands = &cands,
                          .lo = lo,
                          .cap = span / 64 > 4096 ? span / 64 : 4096,

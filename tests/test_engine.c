@@ -3063,6 +3063,48 @@ START_TEST(test_confirm_pair_fallback)
 }
 END_TEST
 
+/* Window rules with a second factor (cpuplan.h struct cpuplan_second):
+ * a candidate with no string of it within the rule's longest match on
+ * either side is dropped before its window is walked. The second comes
+ * after the factor, before it, as a caseless set, and within, at and past
+ * the span; every segment size equals refscan in every mode. _i 1:
+ * bit-NFA groups. */
+START_TEST(test_second_factor_equal_refscan)
+{
+    static char *const pats[] = {"inflamed[^\\n]{0,100}chinese", "abcd[0-9]{2,40}(xyz|qrs)",
+                                 "key7[a-z ]{0,30}sunburnt", "\\bzeta_[0-9]{4}\\b"};
+    static const char *flags[] = {"", "i", "", ""};
+    enum rule_kind kind[4] = {RULE_REGEX, RULE_REGEX, RULE_REGEX, RULE_REGEX};
+    struct catalog *cat = compile_src((char **)pats, flags, kind, 4, _i == 1);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
+    /* not `zeta_` (one factor only); gated groups' rules in the shadow */
+    const struct cpuplan *sp = plan->shadow_plan;
+    ck_assert_uint_eq(plan->n_second + (sp != NULL ? sp->n_second : 0), 3);
+    for (uint32_t k = 0; k < plan->n_second; k++)
+        ck_assert_int_eq(plan->mode[plan->second[k].group], CPUPLAN_WINDOW);
+    for (uint32_t k = 0; sp != NULL && k < sp->n_second; k++)
+        ck_assert_int_eq(sp->mode[sp->second[k].group], CPUPLAN_WINDOW);
+    cpuplan_put(plan);
+    static const char *const plants[] = {
+        "inflamed", "chinese", "\n",       "ABCD12",           "abcd7",      "XyZ",
+        "qrs",      "key7",    "sunburnt", "key7 ab sunburnt", "zeta_1234 ", "      "};
+    static const char alpha[] = "abcdefghij klm\n0123";
+    size_t len = 60000;
+    uint8_t *buf = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+    /* plants 1-140 bytes apart: seconds inside and outside the spans */
+    for (size_t p = 0; p + 16 < len; p += 1 + rnd(rnd(4) == 0 ? 140 : 30)) {
+        const char *x = plants[rnd(12)];
+        memcpy(buf + p, x, strlen(x));
+    }
+    fast_equals_refscan(cat, buf, len, "second factors");
+    free(buf);
+    catalog_destroy(cat);
+}
+END_TEST
+
 /* DFA groups walked over the whole range (no factor, idle bytes too
  * rare to skip): long ranges are walked as four interleaved lanes (cpuscan.c
  * dfa_lanes), whose matches straddle the lanes' borders here (`[^\n]{5}`
@@ -3189,6 +3231,7 @@ Suite *engine_suite(void)
     tcase_add_loop_test(tc, test_lowercase_pairs_not_factors, 0, 4);
     tcase_add_loop_test(tc, test_confirm_with_plan, 0, 2);
     tcase_add_test(tc, test_confirm_pair_fallback);
+    tcase_add_loop_test(tc, test_second_factor_equal_refscan, 0, 2);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
         return s;
