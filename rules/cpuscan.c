@@ -547,6 +547,7 @@ struct litwalk {
     const struct cpuplan *plan;
     const uint8_t *buf;
     size_t len;
+    struct second_memo *memo; /* per second factor; NULL until the first */
     struct refscan_gate *cands;
     uint64_t lo;
     size_t cap;    /* candidates kept at most */
@@ -589,17 +590,33 @@ static void shed_dense(struct litwalk *lw)
     free(count);
 }
 
+/* What the searches of one second factor found so far in this scan: no
+ * string of it lies wholly inside [a, z) (when z > a), and one lies at
+ * [hit, hit_end) (when hit_end > 0). Candidates come in increasing order
+ * (per matcher), so each byte is searched about once per second factor,
+ * however close the candidates: without it, a factor every few bytes made
+ * each search cover twice the span again. */
+struct second_memo {
+    uint64_t a, z, hit, hit_end;
+};
+
 /* Whether a string of second factor `sf` lies within its span of `end`
  * (cpuplan.h struct cpuplan_second). */
 static bool second_near(const struct cpuplan *p, const struct cpuplan_second *sf,
-                        const uint8_t *buf, size_t len, uint64_t end)
+                        struct second_memo *mo, const uint8_t *buf, size_t len, uint64_t end)
 {
     size_t a = end > sf->span ? (size_t)(end - sf->span) : 0;
     size_t z = end + sf->span < len ? (size_t)(end + sf->span) : len;
+    if (mo->hit_end > 0 && mo->hit >= a && mo->hit_end <= z)
+        return true;
+    bool known = mo->z > mo->a && a >= mo->a && mo->z >= a; /* [a, mo->z) searched */
     for (uint32_t i = 0; i < sf->n; i++) {
         const struct cpuplan_sstr *x = &p->sec_str[sf->first + i];
         const uint8_t *b = p->sec_b + x->off, *m = p->sec_m + x->off;
-        for (size_t q = a; q + x->len <= z; q++) {
+        size_t from = a;
+        if (known && mo->z + 1 > a + x->len)
+            from = (size_t)mo->z + 1 - x->len; /* the first start not searched */
+        for (size_t q = from; q + x->len <= z; q++) {
             if (m[0] == 0) { /* to the next exact first byte */
                 const uint8_t *h = memchr(buf + q, b[0], z - x->len + 1 - q);
                 if (h == NULL)
@@ -611,10 +628,14 @@ static bool second_near(const struct cpuplan *p, const struct cpuplan_second *sf
             uint32_t k = 1;
             while (k < x->len && (buf[q + k] | m[k]) == b[k])
                 k++;
-            if (k == x->len)
+            if (k == x->len) {
+                mo->hit = q, mo->hit_end = q + x->len;
                 return true;
+            }
         }
     }
+    mo->a = known ? mo->a : a;
+    mo->z = z;
     return false;
 }
 
@@ -625,8 +646,11 @@ static int on_literal(void *ctx, uint32_t id, uint64_t end)
         return end > lw->lo ? on_match(lw->w, id, end) : 0;
     uint32_t g = id & ~CPUPLAN_FACTOR;
     if (g & CPUPLAN_SECOND) { /* no second factor near: no match of its rule */
-        const struct cpuplan_second *sf = &lw->plan->second[g & ~CPUPLAN_SECOND];
-        if (!second_near(lw->plan, sf, lw->buf, lw->len, end))
+        uint32_t k = g & ~CPUPLAN_SECOND;
+        const struct cpuplan_second *sf = &lw->plan->second[k];
+        if (lw->memo == NULL && (lw->memo = calloc(lw->plan->n_second, sizeof(*lw->memo))) == NULL)
+            return -ENOMEM;
+        if (!second_near(lw->plan, sf, &lw->memo[k], lw->buf, lw->len, end))
             return 0;
         g = sf->group;
     }
@@ -705,6 +729,7 @@ static int fast_groups(const struct catalog *cat, const struct cpuplan *plan, co
         rc = cpulit_scan(plan->lit, buf, len, begin, begin, hi, on_literal, &lw);
     if (rc == 0 && plan->pair != NULL && !lw.dense)
         rc = cpupair_scan(plan->pair, buf, len, begin, begin, hi, on_literal, &lw);
+    free(lw.memo);
     if (rc == 0 && lw.dense) {
         refscan_gate_finish(&cands);
         free(lw.full);
