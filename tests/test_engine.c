@@ -1777,6 +1777,56 @@ static void finalize_equals_sorting(struct scan_hits *a, struct scan_hits *b,
     scan_hits_finish(b);
 }
 
+static int cand_order(const void *a, const void *b)
+{
+    const struct refscan_cand *x = a, *y = b;
+    if (x->nfa != y->nfa)
+        return x->nfa < y->nfa ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* refscan_gate_sort: (nfa, end) order without repeats, as packed keys in
+ * radix passes (lists of 48 and more) or by comparison; against qsort and
+ * a dedup, for short and long lists, ends of up to 20 and 48 bits, group
+ * numbers of up to 4 and 16 bits, and ends so wide that the keys do not
+ * fit 64 bits (the comparison sort). */
+START_TEST(test_gate_sort)
+{
+    static const size_t ns[] = {2, 47, 48, 1000, 50000};
+    static const unsigned end_bits[] = {20, 48, 62}, nfa_bits[] = {4, 16, 16};
+    for (size_t a = 0; a < sizeof(ns) / sizeof(ns[0]); a++) {
+        for (size_t b = 0; b < 3; b++) {
+            struct refscan_gate g = {0};
+            size_t n = ns[a];
+            struct refscan_cand *want = malloc(n * sizeof(*want));
+            for (size_t i = 0; i < n; i++) {
+                uint64_t end = (((uint64_t)rnd(1u << 30) << 32) | rnd(1u << 30)) &
+                               (((uint64_t)1 << end_bits[b]) - 1);
+                uint32_t nfa = rnd(1u << nfa_bits[b]);
+                if (i > 0 && rnd(4) == 0) /* repeats */
+                    nfa = want[i - 1].nfa, end = want[i - 1].end;
+                want[i] = (struct refscan_cand){.nfa = nfa, .end = end};
+                ck_assert_int_eq(refscan_gate_push(&g, nfa, end), 0);
+            }
+            qsort(want, n, sizeof(*want), cand_order);
+            size_t k = 0;
+            for (size_t i = 0; i < n; i++)
+                if (k == 0 || cand_order(&want[k - 1], &want[i]) != 0)
+                    want[k++] = want[i];
+            refscan_gate_sort(&g);
+            ck_assert_uint_eq(g.n, k);
+            for (size_t i = 0; i < k; i++)
+                ck_assert_msg(g.v[i].nfa == want[i].nfa && g.v[i].end == want[i].end,
+                              "n %zu case %zu: %zu is (%u, %llu), want (%u, %llu)", n, b, i,
+                              g.v[i].nfa, (unsigned long long)g.v[i].end, want[i].nfa,
+                              (unsigned long long)want[i].end);
+            refscan_gate_finish(&g);
+            free(want);
+        }
+    }
+}
+END_TEST
+
 /* Long hit lists take scan_hits_finalize's radix path; it must give exactly
  * what the two-sort reference gives, in every mode, with duplicate
  * (rule, end) pairs and a single-match rule ("once"). */
@@ -3205,6 +3255,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_segment_enough);
     tcase_add_test(tc, test_finalize_radix_equals_sorting);
     tcase_add_test(tc, test_finalize_plain_equals_sorting);
+    tcase_add_test(tc, test_gate_sort);
     tcase_add_loop_test(tc, test_gated_segments, 0, 2);
     tcase_add_loop_test(tc, test_confirm_segments, 0, 2);
     suite_add_tcase(s, tc);
