@@ -288,22 +288,27 @@ static int build_slots(struct cpulit *m)
     if (m->slots == NULL)
         return -ENOMEM;
     m->slot_mask = cap - 1;
+    uint32_t crowd = 0; /* strings in slots of more than SPLIT_MIN */
     for (uint32_t i = 0; i < m->n_lits;) {
         uint64_t key = key_of(m->bytes + m->lits[i].off, m->K);
         uint32_t j = i + 1;
         while (j < m->n_lits && key_of(m->bytes + m->lits[j].off, m->K) == key)
             j++;
         slot_insert(m->slots, m->slot_mask, (struct slot){.key = key, .first = i, .n = j - i});
+        crowd += j - i > SPLIT_MIN ? j - i : 0;
         i = j;
     }
-    if (m->K >= 8 || distinct == m->n_lits)
+    if (m->K >= 8 || crowd == 0)
         return 0; /* no slot to split */
+    /* Parts of a split slot's c strings: at most c leaves, and at most c/9
+     * split parts at each of at most 5 depths (each holds 9 strings or
+     * more, and the parts at one depth are disjoint): under 2c in all. */
     cap = 16;
-    while (cap < 2 * m->n_lits)
+    while (cap < 2 * crowd)
         cap *= 2;
     m->subs = calloc(cap, sizeof(*m->subs));
-    struct scan_hit *ord = malloc(m->n_lits * sizeof(*ord));
-    struct lit *tmp = malloc(m->n_lits * sizeof(*tmp));
+    struct scan_hit *ord = malloc(crowd * sizeof(*ord));
+    struct lit *tmp = malloc(crowd * sizeof(*tmp));
     if (m->subs == NULL || ord == NULL || tmp == NULL) {
         free(ord);
         free(tmp);
