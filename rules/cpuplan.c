@@ -251,9 +251,11 @@ struct fwork {
     struct fset e, acc, f;
 };
 
-/* Runs of adjacent exact children of a concatenation. */
-static void cat_runs(const struct node *n, int depth, bool strict, struct fwork *w,
-                     struct fset *best, bool *have)
+/* Calls take(ctx, set, i, j) for each run kids[i..j] of adjacent exact
+ * children of a concatenation, with the set of strings it matches. */
+typedef void run_fn(void *ctx, const struct fset *s, uint32_t i, uint32_t j);
+
+static void cat_runs(const struct node *n, int depth, struct fwork *w, run_fn *take, void *ctx)
 {
     uint32_t k = n->u.list.n;
     for (uint32_t i = 0; i < k; i++) {
@@ -262,9 +264,22 @@ static void cat_runs(const struct node *n, int depth, bool strict, struct fwork 
             if (!exact_of(n->u.list.kids[j], depth + 1, &w->e) ||
                 !fs_product(&w->acc, &w->e, &w->acc))
                 break;
-            consider(&w->acc, strict, best, have);
+            take(ctx, &w->acc, i, j);
         }
     }
+}
+
+/* The best set so far (cat_runs' callback for factor_of). */
+struct pick {
+    bool strict, have;
+    struct fset *best;
+};
+
+static void pick_run(void *ctx, const struct fset *s, uint32_t i, uint32_t j)
+{
+    struct pick *pk = ctx;
+    (void)i, (void)j;
+    consider(s, pk->strict, pk->best, &pk->have);
 }
 
 /* A set of strings one of which every match of `n` contains. */
@@ -279,12 +294,15 @@ static bool factor_of(const struct node *n, int depth, bool strict, struct fset 
     if (exact_of(n, depth, &w->e))
         consider(&w->e, strict, best, &have);
     switch (n->type) {
-    case N_CAT:
-        cat_runs(n, depth, strict, w, best, &have);
+    case N_CAT: {
+        struct pick pk = {strict, have, best};
+        cat_runs(n, depth, w, pick_run, &pk);
+        have = pk.have;
         for (uint32_t i = 0; i < n->u.list.n; i++)
             if (factor_of(n->u.list.kids[i], depth + 1, strict, &w->f))
                 consider(&w->f, strict, best, &have);
         break;
+    }
     case N_ALT: {
         bool ok = true;
         w->acc.n = 0;
@@ -326,8 +344,9 @@ struct pieces {
     struct fset best;
 };
 
-static void piece(struct pieces *pc, const struct fset *s, uint32_t i, uint32_t j)
+static void piece(void *ctx, const struct fset *s, uint32_t i, uint32_t j)
 {
+    struct pieces *pc = ctx;
     if (!pc->found) {
         if (fs_equal(s, pc->first)) {
             pc->fa = i, pc->fb = j;
@@ -341,17 +360,10 @@ static void piece(struct pieces *pc, const struct fset *s, uint32_t i, uint32_t 
 
 static void pieces_walk(const struct node *n, struct fwork *w, struct pieces *pc)
 {
-    uint32_t k = n->u.list.n;
-    for (uint32_t i = 0; i < k; i++) {
-        fs_empty_string(&w->acc);
-        for (uint32_t j = i; j < k; j++) {
-            if (!exact_of(n->u.list.kids[j], 1, &w->e) || !fs_product(&w->acc, &w->e, &w->acc))
-                break;
-            piece(pc, &w->acc, i, j);
-        }
+    cat_runs(n, 0, w, piece, pc);
+    for (uint32_t i = 0; i < n->u.list.n; i++)
         if (factor_of(n->u.list.kids[i], 1, false, &w->f))
             piece(pc, &w->f, i, i);
-    }
 }
 
 /* A second factor of rule `root` whose factor is `first`: the best set
@@ -609,24 +621,28 @@ int cpuplan_rule_string(const struct catalog *cat, uint32_t r, uint32_t max,
 
 /* Records second factor `f2` of a rule of group g whose matches are at
  * most `span` bytes long (e->sec[e->n_sec - 1]). */
+/* Room for `need` elements of `elem` bytes in *p (capacity *cap), below
+ * CPUPLAN_SECOND of them. */
+static bool room(void **p, uint32_t *cap, uint32_t need, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    uint32_t c = *cap ? *cap : 64;
+    while (c < need && c < CPUPLAN_SECOND)
+        c *= 2;
+    void *v = c >= need ? realloc(*p, c * elem) : NULL;
+    if (v == NULL)
+        return false;
+    *p = v;
+    *cap = c;
+    return true;
+}
+
 static int second_add(struct entries *e, const struct fset *f2, uint32_t g, uint32_t span)
 {
-    if (e->n_sec == e->cap_sec) {
-        uint32_t cap = e->cap_sec ? 2 * e->cap_sec : 64;
-        struct cpuplan_second *v = cap < CPUPLAN_SECOND ? realloc(e->sec, cap * sizeof(*v)) : NULL;
-        if (v == NULL)
-            return -ENOMEM;
-        e->sec = v;
-        e->cap_sec = cap;
-    }
-    if (e->n_sstr + f2->n > e->cap_sstr) {
-        uint32_t cap = e->cap_sstr ? 2 * e->cap_sstr : 256;
-        struct cpuplan_sstr *v = realloc(e->sstr, cap * sizeof(*v));
-        if (v == NULL)
-            return -ENOMEM;
-        e->sstr = v;
-        e->cap_sstr = cap;
-    }
+    if (!room((void **)&e->sec, &e->cap_sec, e->n_sec + 1, sizeof(*e->sec)) ||
+        !room((void **)&e->sstr, &e->cap_sstr, e->n_sstr + f2->n, sizeof(*e->sstr)))
+        return -ENOMEM;
     e->sec[e->n_sec++] =
         (struct cpuplan_second){.group = g, .span = span, .first = e->n_sstr, .n = f2->n};
     for (uint32_t i = 0; i < f2->n; i++) {
