@@ -645,17 +645,19 @@ static int on_literal(void *ctx, uint32_t id, uint64_t end)
     if (!(id & CPUPLAN_FACTOR))
         return end > lw->lo ? on_match(lw->w, id, end) : 0;
     uint32_t g = id & ~CPUPLAN_FACTOR;
-    if (g & CPUPLAN_SECOND) { /* no second factor near: no match of its rule */
-        uint32_t k = g & ~CPUPLAN_SECOND;
-        const struct cpuplan_second *sf = &lw->plan->second[k];
-        if (lw->memo == NULL && (lw->memo = calloc(lw->plan->n_second, sizeof(*lw->memo))) == NULL)
-            return -ENOMEM;
-        if (!second_near(lw->plan, sf, &lw->memo[k], lw->buf, lw->len, end))
-            return 0;
+    const struct cpuplan_second *sf = NULL;
+    if (g & CPUPLAN_SECOND) {
+        sf = &lw->plan->second[g & ~CPUPLAN_SECOND];
         g = sf->group;
     }
     if (lw->dense || (lw->full != NULL && lw->full[g]))
-        return 0;
+        return 0;     /* walked in full: no search for a second factor either */
+    if (sf != NULL) { /* no second factor near: no match of its rule */
+        if (lw->memo == NULL && (lw->memo = calloc(lw->plan->n_second, sizeof(*lw->memo))) == NULL)
+            return -ENOMEM;
+        if (!second_near(lw->plan, sf, &lw->memo[sf - lw->plan->second], lw->buf, lw->len, end))
+            return 0;
+    }
     if (lw->cands->n == lw->cap) {
         shed_dense(lw);
         if (lw->dense || lw->full[g])
