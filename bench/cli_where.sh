@@ -3,7 +3,8 @@
 # its wall time. For each rule set: three scans of the 1 GiB file and three
 # of a 4 KiB file (the command's fixed cost), each with the wall time and the
 # reply's whole telemetry line (VKSCAN_TELEMETRY), against one vkscand with
-# the default config.
+# the default config and DAEMON_ARGS (e.g. --max-scan-bytes 128M, which
+# makes the CLI send the 1 GiB file as a stream of 128 MiB pieces).
 #   bench/cli_where.sh BUILD DATA [SETS...]
 # DATA: *.rules and default.hay, as for cli_bench.sh. SETS default: every
 # *.rules in DATA. Needs the runtime of h200_env.sh on a GPU host.
@@ -21,7 +22,7 @@ if [ ! -f "$W/big" ] || [ "$(stat -c %s "$W/big")" -ne $want ]; then
 fi
 head -c 4096 "$D/default.hay" >"$W/small"
 cat "$W/big" >/dev/null
-"$B/daemon/vkscand" --config "" --socket "$W/s.sock" --state-dir "$W/st" --log-level notice \
+"$B/daemon/vkscand" --config "" --socket "$W/s.sock" --state-dir "$W/st" --log-level notice ${DAEMON_ARGS:-} \
     >"$W/d.log" 2>&1 &
 daemon=$!
 for _ in $(seq 300); do grep -q "ready on" "$W/d.log" && break; sleep 0.1; done

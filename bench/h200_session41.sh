@@ -22,7 +22,7 @@ pick() {
     grep " big " | tr ' ' '\n' | awk -F= '
         /^wall_s=/ { printf "\n%s %s", set, $0 }
         NF == 1 && !/=/ { if ($1 != "big") set = $1 }
-        /^(total|plan|plan_pre|factor|device|run|upload|readback|finalize|fd_read)_ns=/ {
+        /^(total|plan|plan_pre|factor|factor_upload|factor_wait|factor_sort|device|run|upload|readback|finalize|fd_read)_ns=/ {
             sub(/_ns$/, "", $1); printf " %s=%.1f", $1, $2 / 1e6 }
         /^(items_total|items_processed|plan_runs_ns|spec_fixes|spec_fix_bytes|spec_fix_ns)=/ { printf " %s", $0 }
         END { print "" }'

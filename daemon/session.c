@@ -854,6 +854,9 @@ static void telemetry(struct stats_list *l, const struct request *r,
     stats_add_u(l, "finalize_ns", g->finalize_ns);
     stats_add_u(l, "factor_ns", g->factor_ns);
     stats_add_u(l, "factor_ends", g->factor_ends);
+    stats_add_u(l, "factor_upload_ns", g->factor_upload_ns);
+    stats_add_u(l, "factor_wait_ns", g->factor_wait_ns);
+    stats_add_u(l, "factor_sort_ns", g->factor_read_ns + g->factor_sort_ns);
     stats_add_u(l, "hits_raw", g->hits_raw);
     stats_add_u(l, "hits_counted", g->hits_counted);
     stats_add_u(l, "hits_device_counted", g->hits_device_counted);

@@ -1036,6 +1036,11 @@ START_TEST(test_fd_gated)
         ck_assert_uint_eq(tel_of(&res, "engine"), 0);
         ck_assert_uint_eq(tel_of(&res, "fd_upload_bytes"), SIZE);
         ck_assert_uint_gt(tel_of(&res, "factor_ends"), 500);
+        /* the factor pass's parts: each inside its wall time */
+        uint64_t fw = tel_of(&res, "factor_wait_ns"), fu = tel_of(&res, "factor_upload_ns");
+        uint64_t fs = tel_of(&res, "factor_sort_ns");
+        ck_assert_uint_gt(fw, 0);
+        ck_assert_uint_le(fu + fw + fs, tel_of(&res, "factor_ns"));
         vks_scan_result_finish(&res);
     }
     close(file);
