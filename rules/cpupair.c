@@ -6,21 +6,34 @@
  * position's pair against the bitmap (8 KiB: stays in the L1 cache) and,
  * for a marked pair, reports the ids of its keys, found by binary search;
  * marked pairs are rare by construction (cpupair_rare), so the search is
- * off the hot path.
+ * off the hot path. When at most COMMON_MAX pairs lack a byte that text
+ * seldom holds (odd_byte), the scan looks only at the starts next to such
+ * bytes and at those of the other pairs, found sixteen at a time (SSE2),
+ * and skips the rest: a text has few of either.
  */
 #include "cpupair.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "refscan.h" /* scan_sort_u64 */
+
+#define COMMON_MAX 8u
 
 struct cpupair {
     uint64_t bits[65536 / 64];
     uint64_t *keys; /* pair << 32 | id, ascending, unique */
     size_t n;
     uint32_t from[257]; /* keys of pairs whose second byte is b: [from[b], from[b + 1]) */
+    /* pairs with no odd_byte (all of them when fast), first | second << 8 */
+    uint16_t common[COMMON_MAX];
+    uint8_t splat[COMMON_MAX][2][16]; /* their bytes, each 16 times */
+    uint32_t n_common;
+    bool fast; /* at most COMMON_MAX pairs without an odd_byte */
 };
 
 void cpupair_destroy(struct cpupair *m)
@@ -31,12 +44,16 @@ void cpupair_destroy(struct cpupair *m)
     free(m);
 }
 
+/* A byte that text seldom holds: a control byte other than tab, newline
+ * and carriage return, or one of 0x7f..0xff. odd_mask16 tests the same. */
+static inline bool odd_byte(uint8_t b)
+{
+    return (b < 0x20 && b != '\t' && b != '\n' && b != '\r') || b >= 0x7f;
+}
+
 bool cpupair_rare(uint8_t b0, uint8_t b1)
 {
-    /* bytes that text seldom holds */
-    bool odd0 = (b0 < 0x20 && b0 != '\t' && b0 != '\n' && b0 != '\r') || b0 >= 0x7f;
-    bool odd1 = (b1 < 0x20 && b1 != '\t' && b1 != '\n' && b1 != '\r') || b1 >= 0x7f;
-    return (odd0 || odd1) && b0 != b1;
+    return (odd_byte(b0) || odd_byte(b1)) && b0 != b1;
 }
 
 /* The byte and, where it is a caseless letter, its other case. */
@@ -86,9 +103,21 @@ int cpupair_create(const struct cpulit_entry *v, size_t n, struct cpupair **out)
         if (u == 0 || m->keys[u - 1] != m->keys[i])
             m->keys[u++] = m->keys[i];
     m->n = u;
+    m->fast = true;
     for (size_t i = 0; i < u; i++) {
         uint32_t p = (uint32_t)(m->keys[i] >> 32);
         m->bits[p >> 6] |= 1ull << (p & 63);
+        if (odd_byte((uint8_t)p) || odd_byte((uint8_t)(p >> 8)) || !m->fast)
+            continue;
+        if (i > 0 && (uint32_t)(m->keys[i - 1] >> 32) == p)
+            continue; /* another id of the same pair */
+        if (m->n_common == COMMON_MAX)
+            m->fast = false;
+        else {
+            memset(m->splat[m->n_common][0], (int)(p & 0xff), 16);
+            memset(m->splat[m->n_common][1], (int)(p >> 8), 16);
+            m->common[m->n_common++] = (uint16_t)p;
+        }
     }
     /* keys ascend by pair, whose low byte is the first: by first byte
      * they are not contiguous, so index by the pair's high byte (the
@@ -128,19 +157,13 @@ static inline bool marked(const struct cpupair *m, uint32_t p)
     return (m->bits[p >> 6] >> (p & 63)) & 1;
 }
 
-int cpupair_scan(const struct cpupair *m, const uint8_t *buf, size_t len, size_t begin, uint64_t lo,
-                 uint64_t hi, cpulit_fn fn, void *ctx)
+/* Every start in [s, e) (e <= the last start + 1): eight a round, one
+ * test each, one branch for the eight. */
+static int scan_all(const struct cpupair *m, const uint8_t *buf, size_t s, size_t e, cpulit_fn fn,
+                    void *ctx)
 {
-    if (hi > len)
-        hi = len;
-    /* pairs at s end at s + 2: lo < s + 2 <= hi */
-    size_t s = lo >= 1 && lo - 1 > begin ? (size_t)(lo - 1) : begin;
-    if (hi < 2)
-        return 0;
-    size_t last = (size_t)hi - 2; /* the last start */
     int rc = 0;
-    /* eight starts a round: one test each, one branch for the eight */
-    while (s + 8 <= last + 1 && rc == 0) {
+    while (s + 8 <= e && rc == 0) {
         const uint8_t *p = buf + s;
         uint32_t any = 0;
         for (uint32_t t = 0; t < 8; t++)
@@ -150,10 +173,104 @@ int cpupair_scan(const struct cpupair *m, const uint8_t *buf, size_t len, size_t
                 rc = report(m, p[t] | (uint32_t)p[t + 1] << 8, s + t + 2, fn, ctx);
         s += 8;
     }
-    for (; s <= last && rc == 0; s++) {
+    for (; s < e && rc == 0; s++) {
         uint32_t x = buf[s] | (uint32_t)buf[s + 1] << 8;
         if (marked(m, x))
             rc = report(m, x, s + 2, fn, ctx);
     }
     return rc;
+}
+
+#if defined(__SSE2__)
+/* Bit t: whether p[t] is an odd_byte, for t < 16. */
+static inline uint32_t odd_mask16(const uint8_t *p)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    /* signed: 0x00..0x1f and 0x80..0xff are below 0x20 */
+    __m128i low = _mm_cmplt_epi8(v, _mm_set1_epi8(0x20));
+    __m128i ws = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('\t')),
+                                           _mm_cmpeq_epi8(v, _mm_set1_epi8('\n'))),
+                              _mm_cmpeq_epi8(v, _mm_set1_epi8('\r')));
+    __m128i odd = _mm_or_si128(_mm_andnot_si128(ws, low), _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7f)));
+    return (uint32_t)_mm_movemask_epi8(odd);
+}
+
+/* Bit t: whether a pair of m->common starts at p[t], for t < 16 (reads
+ * p[0..16]). */
+static inline uint32_t common_mask16(const struct cpupair *m, const uint8_t *p)
+{
+    __m128i v0 = _mm_loadu_si128((const __m128i *)p);
+    __m128i v1 = _mm_loadu_si128((const __m128i *)(p + 1));
+    __m128i any = _mm_setzero_si128();
+    for (uint32_t k = 0; k < m->n_common; k++) {
+        __m128i a = _mm_cmpeq_epi8(v0, _mm_loadu_si128((const __m128i *)m->splat[k][0]));
+        __m128i b = _mm_cmpeq_epi8(v1, _mm_loadu_si128((const __m128i *)m->splat[k][1]));
+        any = _mm_or_si128(any, _mm_and_si128(a, b));
+    }
+    return (uint32_t)_mm_movemask_epi8(any);
+}
+
+/* A block of 64 starts with more candidates than this is tested whole
+ * (binaries), as scan_all does. */
+#define CAND_DENSE 16
+
+/* Starts [s, e) (e <= the last start + 1) of a fast matcher: only those
+ * with an odd byte in them (either of the two) or holding a common pair
+ * can be marked. Blocks of 64 starts; byte s + 64 must exist for the last
+ * start of a block, so the tail goes to scan_all. */
+static int scan_odd(const struct cpupair *m, const uint8_t *buf, size_t s, size_t e, cpulit_fn fn,
+                    void *ctx)
+{
+    int rc = 0;
+    for (; s + 64 < e && rc == 0; s += 64) {
+        const uint8_t *p = buf + s;
+        uint64_t odd = (uint64_t)odd_mask16(p) | (uint64_t)odd_mask16(p + 16) << 16 |
+                       (uint64_t)odd_mask16(p + 32) << 32 | (uint64_t)odd_mask16(p + 48) << 48;
+        /* start t holds bytes t and t + 1 */
+        uint64_t cand = odd | odd >> 1 | (uint64_t)odd_byte(p[64]) << 63;
+        if (m->n_common > 0)
+            cand |= (uint64_t)common_mask16(m, p) | (uint64_t)common_mask16(m, p + 16) << 16 |
+                    (uint64_t)common_mask16(m, p + 32) << 32 |
+                    (uint64_t)common_mask16(m, p + 48) << 48;
+        if (cand == 0)
+            continue;
+        if (__builtin_popcountll(cand) > CAND_DENSE) {
+            rc = scan_all(m, buf, s, s + 64, fn, ctx);
+            continue;
+        }
+        for (; cand != 0 && rc == 0; cand &= cand - 1) {
+            uint32_t t = (uint32_t)__builtin_ctzll(cand);
+            uint32_t x = p[t] | (uint32_t)p[t + 1] << 8;
+            if (marked(m, x))
+                rc = report(m, x, s + t + 2, fn, ctx);
+        }
+    }
+    return rc == 0 ? scan_all(m, buf, s, e, fn, ctx) : rc;
+}
+#endif
+
+bool cpupair_fast(const struct cpupair *m)
+{
+#if defined(__SSE2__)
+    return m->fast;
+#else
+    return false;
+#endif
+}
+
+int cpupair_scan(const struct cpupair *m, const uint8_t *buf, size_t len, size_t begin, uint64_t lo,
+                 uint64_t hi, cpulit_fn fn, void *ctx)
+{
+    if (hi > len)
+        hi = len;
+    /* pairs at s end at s + 2: lo < s + 2 <= hi */
+    size_t s = lo >= 1 && lo - 1 > begin ? (size_t)(lo - 1) : begin;
+    if (hi < 2 || s > (size_t)hi - 2)
+        return 0;
+    size_t e = (size_t)hi - 1; /* past the last start */
+#if defined(__SSE2__)
+    if (m->fast)
+        return scan_odd(m, buf, s, e, fn, ctx);
+#endif
+    return scan_all(m, buf, s, e, fn, ctx);
 }

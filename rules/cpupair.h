@@ -37,6 +37,10 @@ void cpupair_destroy(struct cpupair *m);
  * two equal bytes (the padding runs of binaries: 00 00, ff ff, 90 90). */
 bool cpupair_rare(uint8_t b0, uint8_t b1);
 
+/* Whether scans skip the starts that hold no byte text seldom has and no
+ * pair of the at most 8 that lack one (tests). */
+bool cpupair_fast(const struct cpupair *m);
+
 /* As cpulit_scan: fn(ctx, id, end) for every occurrence of an entry that
  * starts at or after `begin` and ends at `end` with lo < end <= hi (hi <=
  * len), in increasing start order. Reads nothing outside buf[begin..hi). */

@@ -2819,7 +2819,40 @@ END_TEST
 /* One plan per catalog, shared: the cache hands out the same one. */
 /* ---- two-byte factors (rules/cpupair.c) and dense factors ----------------- */
 
-/* The pair matcher against a byte-by-byte search: random pairs over a
+/* Scans buf[begin..hi) with a matcher of pairs v[0..n) (ids below 8) and
+ * checks the reports against a naive search: each (id, end) with lo < end
+ * once, none else, in increasing end order. */
+static void check_pairs(const struct cpulit_entry *v, size_t n, const uint8_t *buf, size_t len,
+                        size_t begin, uint64_t lo, uint64_t hi, const char *what, int round)
+{
+    struct cpupair *pm;
+    ck_assert_int_eq(cpupair_create(v, n, &pm), 0);
+    static struct lit_hits got;
+    got.n = 0;
+    ck_assert_int_eq(cpupair_scan(pm, buf, len, begin, lo, hi, lit_push, &got), 0);
+    size_t k = 0;
+    for (size_t s = begin; s + 2 <= hi; s++) {
+        if (s + 2 <= lo)
+            continue;
+        bool seen[8] = {false}; /* one report per (id, end) */
+        for (size_t i = 0; i < n; i++) {
+            if (!lit_at(&v[i], buf, len, s) || seen[v[i].id])
+                continue;
+            seen[v[i].id] = true;
+            bool found = false;
+            for (size_t j = 0; j < got.n; j++)
+                found |= got.v[j].id == v[i].id && got.v[j].end == s + 2;
+            ck_assert_msg(found, "%s round %d: pair %zu at %zu not reported", what, round, i, s);
+            k++;
+        }
+    }
+    ck_assert_msg(got.n == k, "%s round %d: %zu reports, %zu expected", what, round, got.n, k);
+    for (size_t j = 1; j < got.n; j++)
+        ck_assert_uint_le(got.v[j - 1].end, got.v[j].end);
+    cpupair_destroy(pm);
+}
+
+/* The pair matcher against a naive search: random pairs over a
  * small alphabet (caseless letters among them, shared ids, repeats), random
  * windows and buffer edges; reports in increasing start order. */
 START_TEST(test_cpupair_equals_naive)
@@ -2838,8 +2871,6 @@ START_TEST(test_cpupair_equals_naive)
             }
             v[i] = (struct cpulit_entry){b[i], m[i], 2, (uint32_t)rnd(8), 0};
         }
-        struct cpupair *pm;
-        ck_assert_int_eq(cpupair_create(v, n, &pm), 0);
         uint8_t buf[600];
         size_t len = 2 + rnd(sizeof(buf) - 2);
         for (size_t i = 0; i < len; i++)
@@ -2847,33 +2878,71 @@ START_TEST(test_cpupair_equals_naive)
         size_t begin = rnd((uint32_t)len);
         uint64_t lo = begin + rnd(4), hi = lo + rnd((uint32_t)(len - begin) + 1);
         hi = hi > len ? len : hi;
-        static struct lit_hits got;
-        got.n = 0;
-        ck_assert_int_eq(cpupair_scan(pm, buf, len, begin, lo, hi, lit_push, &got), 0);
-        size_t k = 0;
-        for (size_t s = begin; s + 2 <= hi; s++) {
-            if (s + 2 <= lo)
-                continue;
-            bool seen[8] = {false}; /* one report per (id, end) */
-            for (size_t i = 0; i < n; i++) {
-                if (!lit_at(&v[i], buf, len, s) || seen[v[i].id])
-                    continue;
-                seen[v[i].id] = true;
-                bool found = false;
-                for (size_t j = 0; j < got.n; j++)
-                    found |= got.v[j].id == v[i].id && got.v[j].end == s + 2;
-                ck_assert_msg(found, "round %d: pair %zu at %zu not reported", round, i, s);
-                k++;
-            }
-        }
-        ck_assert_uint_eq(got.n, k);
-        for (size_t j = 1; j < got.n; j++)
-            ck_assert_uint_le(got.v[j - 1].end, got.v[j].end);
-        cpupair_destroy(pm);
+        check_pairs(v, n, buf, len, begin, lo, hi, "mixed", round);
     }
     /* what the plan takes as a factor */
     ck_assert(cpupair_rare(0x82, 0xb7) && cpupair_rare('M', 0x00) && cpupair_rare(0x01, 'a'));
     ck_assert(!cpupair_rare('a', 'b') && !cpupair_rare(0x00, 0x00) && !cpupair_rare('\n', ' '));
+}
+END_TEST
+
+/* The pair matcher's skipping scan (cpupair_fast: every pair but at most
+ * 8 holds a byte text seldom has): text with a few odd bytes, pairs
+ * planted at random and next to the scan's 64-byte blocks' edges, runs of
+ * binary that fill a block with candidates, up to 10 text-only pairs
+ * (caseless ones count twice or four times) and random windows, against
+ * the naive search. */
+START_TEST(test_cpupair_fast_equals_naive)
+{
+    static const uint8_t odd[] = {0x00, 0x01, 0x1f, 0x7f, 0x80, 0x82, 0xb7, 0xff};
+    static const uint8_t text[] = {'a', 'b', 'Q', 'z', ' ', '\n', '\t', '\r', '=', '3'};
+    static uint8_t buf[5000];
+    unsigned fast_rounds = 0;
+    for (int round = 0; round < 200; round++) {
+        uint8_t b[30][2], m[30][2];
+        struct cpulit_entry v[30];
+        size_t n_odd = rnd(20), n_text = rnd(round % 3 == 0 ? 11 : 5);
+        size_t n = n_odd + n_text > 0 ? n_odd + n_text : 1;
+        for (size_t i = 0; i < n; i++) {
+            bool odd_pair = i < n_odd;
+            int oddk = (int)rnd(2); /* which byte of an odd pair is odd */
+            for (int k = 0; k < 2; k++) {
+                uint8_t c = odd_pair && (k == oddk || rnd(3) == 0) ? odd[rnd(sizeof(odd))]
+                                                                    : text[rnd(sizeof(text))];
+                bool fold = (c | 0x20) >= 'a' && (c | 0x20) <= 'z' && rnd(3) == 0;
+                b[i][k] = fold ? (uint8_t)(c | 0x20) : c;
+                m[i][k] = fold ? 0x20 : 0;
+            }
+            v[i] = (struct cpulit_entry){b[i], m[i], 2, (uint32_t)rnd(8), 0};
+        }
+        size_t len = 2 + rnd(sizeof(buf) - 2);
+        for (size_t i = 0; i < len; i++)
+            buf[i] = text[rnd(sizeof(text))] ^ (rnd(8) == 0 ? 0x20 : 0);
+        for (size_t i = 0, o = rnd(30); i < o; i++) /* a few odd bytes */
+            buf[rnd((uint32_t)len)] = odd[rnd(sizeof(odd))];
+        if (round % 4 == 1) /* a run of binary: dense blocks */
+            for (size_t i = rnd((uint32_t)len), e = i + rnd(300); i < e && i < len; i++)
+                buf[i] = (uint8_t)rnd(256);
+        size_t begin = rnd((uint32_t)len);
+        uint64_t lo = begin + rnd(4), hi = lo + rnd((uint32_t)(len - begin) + 1);
+        hi = hi > len ? len : hi;
+        size_t s0 = lo >= 1 && lo - 1 > begin ? lo - 1 : begin; /* the first start */
+        for (size_t i = 0, pl = 2 + rnd(40); i < pl; i++) { /* planted, some at block edges */
+            const struct cpulit_entry *e = &v[rnd((uint32_t)n)];
+            size_t at = rnd(3) == 0 ? s0 + 64 * rnd(80) + 62 + rnd(4) : rnd((uint32_t)len);
+            if (at + 2 > len)
+                continue;
+            for (int k = 0; k < 2; k++)
+                buf[at + k] = e->bytes[k] ^ (e->fold[k] && rnd(2) ? 0x20 : 0);
+        }
+        struct cpupair *pm;
+        ck_assert_int_eq(cpupair_create(v, n, &pm), 0);
+        fast_rounds += cpupair_fast(pm);
+        cpupair_destroy(pm);
+        check_pairs(v, n, buf, len, begin, lo, hi, "fast", round);
+    }
+    ck_assert_uint_gt(fast_rounds, 100);
+    ck_assert_uint_lt(fast_rounds, 200);
 }
 END_TEST
 
@@ -3276,6 +3345,7 @@ Suite *engine_suite(void)
     tc = tcase_create("pairs"); /* session 30: pairs, dense factors, confirmed catalogs, lanes */
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cpupair_equals_naive);
+    tcase_add_test(tc, test_cpupair_fast_equals_naive);
     tcase_add_loop_test(tc, test_pair_factors_equal_refscan, 0, 2);
     tcase_add_test(tc, test_dense_factor_walked_in_full);
     tcase_add_test(tc, test_dfa_lanes_equal_refscan);
