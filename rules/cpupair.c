@@ -19,6 +19,10 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+#endif
 
 #include "refscan.h" /* scan_sort_u64 */
 
@@ -34,6 +38,7 @@ struct cpupair {
     uint8_t splat[COMMON_MAX][2][16]; /* their bytes, each 16 times */
     uint32_t n_common;
     bool fast; /* at most COMMON_MAX pairs without an odd_byte */
+    bool avx2; /* scan_odd_avx2 may run (the CPU has it; VKS_NO_AVX2 unset) */
 };
 
 void cpupair_destroy(struct cpupair *m)
@@ -104,6 +109,9 @@ int cpupair_create(const struct cpulit_entry *v, size_t n, struct cpupair **out)
             m->keys[u++] = m->keys[i];
     m->n = u;
     m->fast = true;
+#if HAVE_AVX2_PATH
+    m->avx2 = __builtin_cpu_supports("avx2") && getenv("VKS_NO_AVX2") == NULL;
+#endif
     for (size_t i = 0; i < u; i++) {
         uint32_t p = (uint32_t)(m->keys[i] >> 32);
         m->bits[p >> 6] |= 1ull << (p & 63);
@@ -214,6 +222,69 @@ static inline uint32_t common_mask16(const struct cpupair *m, const uint8_t *p)
  * (binaries), as scan_all does. */
 #define CAND_DENSE 16
 
+/* Tests the candidates of `cand` (bit t: start s + t) at p = buf + s. */
+static inline int test_cands(const struct cpupair *m, const uint8_t *p, size_t s, uint64_t cand,
+                             cpulit_fn fn, void *ctx)
+{
+    int rc = 0;
+    for (; cand != 0 && rc == 0; cand &= cand - 1) {
+        uint32_t t = (uint32_t)__builtin_ctzll(cand);
+        uint32_t x = p[t] | (uint32_t)p[t + 1] << 8;
+        if (marked(m, x))
+            rc = report(m, x, s + t + 2, fn, ctx);
+    }
+    return rc;
+}
+
+#if HAVE_AVX2_PATH
+/* odd_mask16 and common_mask16 for 32 bytes, where the CPU has AVX2. */
+__attribute__((target("avx2"))) static inline uint32_t odd_mask32(const uint8_t *p)
+{
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    __m256i low = _mm256_cmpgt_epi8(_mm256_set1_epi8(0x20), v);
+    __m256i ws = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('\t')),
+                                                 _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\n'))),
+                                 _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\r')));
+    __m256i odd = _mm256_or_si256(_mm256_andnot_si256(ws, low),
+                                  _mm256_cmpeq_epi8(v, _mm256_set1_epi8(0x7f)));
+    return (uint32_t)_mm256_movemask_epi8(odd);
+}
+
+__attribute__((target("avx2"))) static inline uint32_t common_mask32(const struct cpupair *m,
+                                                                     const uint8_t *p)
+{
+    __m256i v0 = _mm256_loadu_si256((const __m256i *)p);
+    __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 1));
+    __m256i any = _mm256_setzero_si256();
+    for (uint32_t k = 0; k < m->n_common; k++) {
+        __m256i a = _mm256_cmpeq_epi8(v0, _mm256_set1_epi8((char)(m->common[k] & 0xff)));
+        __m256i b = _mm256_cmpeq_epi8(v1, _mm256_set1_epi8((char)(m->common[k] >> 8)));
+        any = _mm256_or_si256(any, _mm256_and_si256(a, b));
+    }
+    return (uint32_t)_mm256_movemask_epi8(any);
+}
+
+/* scan_odd with 32 bytes a compare. */
+__attribute__((target("avx2"))) static int scan_odd_avx2(const struct cpupair *m,
+                                                         const uint8_t *buf, size_t s, size_t e,
+                                                         cpulit_fn fn, void *ctx)
+{
+    int rc = 0;
+    for (; s + 64 < e && rc == 0; s += 64) {
+        const uint8_t *p = buf + s;
+        uint64_t odd = (uint64_t)odd_mask32(p) | (uint64_t)odd_mask32(p + 32) << 32;
+        uint64_t cand = odd | odd >> 1 | (uint64_t)odd_byte(p[64]) << 63;
+        if (m->n_common > 0)
+            cand |= (uint64_t)common_mask32(m, p) | (uint64_t)common_mask32(m, p + 32) << 32;
+        if (cand == 0)
+            continue;
+        rc = __builtin_popcountll(cand) > CAND_DENSE ? scan_all(m, buf, s, s + 64, fn, ctx)
+                                                     : test_cands(m, p, s, cand, fn, ctx);
+    }
+    return rc == 0 ? scan_all(m, buf, s, e, fn, ctx) : rc;
+}
+#endif
+
 /* Starts [s, e) (e <= the last start + 1) of a fast matcher: only those
  * with an odd byte in them (either of the two) or holding a common pair
  * can be marked. Blocks of 64 starts; byte s + 64 must exist for the last
@@ -234,16 +305,8 @@ static int scan_odd(const struct cpupair *m, const uint8_t *buf, size_t s, size_
                     (uint64_t)common_mask16(m, p + 48) << 48;
         if (cand == 0)
             continue;
-        if (__builtin_popcountll(cand) > CAND_DENSE) {
-            rc = scan_all(m, buf, s, s + 64, fn, ctx);
-            continue;
-        }
-        for (; cand != 0 && rc == 0; cand &= cand - 1) {
-            uint32_t t = (uint32_t)__builtin_ctzll(cand);
-            uint32_t x = p[t] | (uint32_t)p[t + 1] << 8;
-            if (marked(m, x))
-                rc = report(m, x, s + t + 2, fn, ctx);
-        }
+        rc = __builtin_popcountll(cand) > CAND_DENSE ? scan_all(m, buf, s, s + 64, fn, ctx)
+                                                     : test_cands(m, p, s, cand, fn, ctx);
     }
     return rc == 0 ? scan_all(m, buf, s, e, fn, ctx) : rc;
 }
@@ -269,6 +332,10 @@ int cpupair_scan(const struct cpupair *m, const uint8_t *buf, size_t len, size_t
         return 0;
     size_t e = (size_t)hi - 1; /* past the last start */
 #if defined(__SSE2__)
+#if HAVE_AVX2_PATH
+    if (m->fast && m->avx2)
+        return scan_odd_avx2(m, buf, s, e, fn, ctx);
+#endif
     if (m->fast)
         return scan_odd(m, buf, s, e, fn, ctx);
 #endif

@@ -35,6 +35,10 @@ struct cpuscan_scratch {
     uint32_t *used; /* slots in use, n_used of them */
     uint32_t n_used;
     struct cpuplan *plan; /* the catalog's (cpuplan.h), referenced */
+    /* the catalog's, found once (scratch_prepare): cpuscan_lookback,
+     * bounded_lookback, walkable with the plan */
+    uint64_t lb_all, lb_bounded;
+    bool walk_ok;
 };
 
 /* Whether refscan's range walks (refscan_group_range, refscan_nfa_range)
@@ -212,6 +216,10 @@ static int scratch_prepare(struct cpuscan_scratch *s, const struct catalog *cat)
     free(report);
     if (rc != 0)
         return rc;
+    bool any;
+    s->lb_all = cpuscan_lookback(cat);
+    s->lb_bounded = bounded_lookback(cat, &any);
+    s->walk_ok = walkable(cat, s->plan);
     memcpy(s->fp, fp, CATALOG_FP_LEN);
     s->n_rules = n;
     s->ready = true;
@@ -858,18 +866,17 @@ int cpuscan_segment_groups(const struct catalog *cat, enum cpuscan_groups groups
     /* the parts of a split (the caller asked cpuscan_split_lookback, which
      * also checks the rules): the bounded groups' lookback, or whole
      * buffers for the unbounded ones */
-    bool any;
-    uint64_t lb = groups == CPUSCAN_ALL       ? cpuscan_lookback(cat)
-                  : groups == CPUSCAN_BOUNDED ? bounded_lookback(cat, &any)
+    int rc = scratch_prepare(s, cat);
+    if (rc != 0)
+        return rc;
+    uint64_t lb = groups == CPUSCAN_ALL       ? s->lb_all
+                  : groups == CPUSCAN_BOUNDED ? s->lb_bounded
                                               : CPUSCAN_UNSEGMENTABLE;
     if (groups == CPUSCAN_BOUNDED && lb == CPUSCAN_UNSEGMENTABLE)
         return -EINVAL; /* a group kind only refscan_buffer scans */
     if (lb == CPUSCAN_UNSEGMENTABLE && (lo != 0 || hi < len))
         return -EINVAL; /* an unbounded match may start anywhere before lo */
-    int rc = scratch_prepare(s, cat);
-    if (rc != 0)
-        return rc;
-    if (!walkable(cat, s->plan)) {
+    if (!s->walk_ok) {
         if (groups != CPUSCAN_ALL)
             return -EINVAL;
         /* refscan_buffer is the only walker for such catalogs: no limit
