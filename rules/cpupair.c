@@ -222,10 +222,20 @@ static inline uint32_t common_mask16(const struct cpupair *m, const uint8_t *p)
  * (binaries), as scan_all does. */
 #define CAND_DENSE 16
 
-/* Tests the candidates of `cand` (bit t: start s + t) at p = buf + s. */
-static inline int test_cands(const struct cpupair *m, const uint8_t *p, size_t s, uint64_t cand,
-                             cpulit_fn fn, void *ctx)
+/* The block of 64 starts at s: `odd` has bit t for an odd byte at s + t,
+ * `common` for a common pair starting there. Start t holds bytes t and
+ * t + 1, so the candidates are the starts with an odd byte in either and
+ * those of a common pair; they are tested, or the whole block is where
+ * they are dense. */
+static inline int test_block(const struct cpupair *m, const uint8_t *buf, size_t s, uint64_t odd,
+                             uint64_t common, cpulit_fn fn, void *ctx)
 {
+    const uint8_t *p = buf + s;
+    uint64_t cand = odd | odd >> 1 | (uint64_t)odd_byte(p[64]) << 63 | common;
+    if (cand == 0)
+        return 0;
+    if (__builtin_popcountll(cand) > CAND_DENSE)
+        return scan_all(m, buf, s, s + 64, fn, ctx);
     int rc = 0;
     for (; cand != 0 && rc == 0; cand &= cand - 1) {
         uint32_t t = (uint32_t)__builtin_ctzll(cand);
@@ -273,13 +283,10 @@ __attribute__((target("avx2"))) static int scan_odd_avx2(const struct cpupair *m
     for (; s + 64 < e && rc == 0; s += 64) {
         const uint8_t *p = buf + s;
         uint64_t odd = (uint64_t)odd_mask32(p) | (uint64_t)odd_mask32(p + 32) << 32;
-        uint64_t cand = odd | odd >> 1 | (uint64_t)odd_byte(p[64]) << 63;
-        if (m->n_common > 0)
-            cand |= (uint64_t)common_mask32(m, p) | (uint64_t)common_mask32(m, p + 32) << 32;
-        if (cand == 0)
-            continue;
-        rc = __builtin_popcountll(cand) > CAND_DENSE ? scan_all(m, buf, s, s + 64, fn, ctx)
-                                                     : test_cands(m, p, s, cand, fn, ctx);
+        uint64_t common = m->n_common == 0 ? 0
+                                           : (uint64_t)common_mask32(m, p) |
+                                                 (uint64_t)common_mask32(m, p + 32) << 32;
+        rc = test_block(m, buf, s, odd, common, fn, ctx);
     }
     return rc == 0 ? scan_all(m, buf, s, e, fn, ctx) : rc;
 }
@@ -287,8 +294,8 @@ __attribute__((target("avx2"))) static int scan_odd_avx2(const struct cpupair *m
 
 /* Starts [s, e) (e <= the last start + 1) of a fast matcher: only those
  * with an odd byte in them (either of the two) or holding a common pair
- * can be marked. Blocks of 64 starts; byte s + 64 must exist for the last
- * start of a block, so the tail goes to scan_all. */
+ * can be marked. Blocks of 64 starts (test_block); byte s + 64 must exist
+ * for the last start of a block, so the tail goes to scan_all. */
 static int scan_odd(const struct cpupair *m, const uint8_t *buf, size_t s, size_t e, cpulit_fn fn,
                     void *ctx)
 {
@@ -297,16 +304,12 @@ static int scan_odd(const struct cpupair *m, const uint8_t *buf, size_t s, size_
         const uint8_t *p = buf + s;
         uint64_t odd = (uint64_t)odd_mask16(p) | (uint64_t)odd_mask16(p + 16) << 16 |
                        (uint64_t)odd_mask16(p + 32) << 32 | (uint64_t)odd_mask16(p + 48) << 48;
-        /* start t holds bytes t and t + 1 */
-        uint64_t cand = odd | odd >> 1 | (uint64_t)odd_byte(p[64]) << 63;
+        uint64_t common = 0;
         if (m->n_common > 0)
-            cand |= (uint64_t)common_mask16(m, p) | (uint64_t)common_mask16(m, p + 16) << 16 |
-                    (uint64_t)common_mask16(m, p + 32) << 32 |
-                    (uint64_t)common_mask16(m, p + 48) << 48;
-        if (cand == 0)
-            continue;
-        rc = __builtin_popcountll(cand) > CAND_DENSE ? scan_all(m, buf, s, s + 64, fn, ctx)
-                                                     : test_cands(m, p, s, cand, fn, ctx);
+            common = (uint64_t)common_mask16(m, p) | (uint64_t)common_mask16(m, p + 16) << 16 |
+                     (uint64_t)common_mask16(m, p + 32) << 32 |
+                     (uint64_t)common_mask16(m, p + 48) << 48;
+        rc = test_block(m, buf, s, odd, common, fn, ctx);
     }
     return rc == 0 ? scan_all(m, buf, s, e, fn, ctx) : rc;
 }
