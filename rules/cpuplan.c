@@ -1081,10 +1081,42 @@ static void plan_skip(const struct catalog *cat, uint32_t g, struct cpuplan_skip
     k->on = idle > 0;
 }
 
+/* cpuplan.walks and gate_lb, once the modes are known. */
+static int plan_walks(const struct catalog *cat, struct cpuplan *p)
+{
+    p->walks = malloc(((size_t)p->n_dfa + p->n_nfa + 1) * sizeof(*p->walks));
+    if (p->walks == NULL)
+        return -ENOMEM;
+    uint32_t n = 0;
+    for (int gated = 1; gated >= 0; gated--) {
+        for (uint32_t j = 0; j < p->n_nfa; j++) {
+            struct catalog_nfa cn;
+            catalog_nfa(cat, j, &cn);
+            if (gated && (cn.flags & CAT_GF_GATED) && cn.maxlen > p->gate_lb)
+                p->gate_lb = cn.maxlen;
+            if (((cn.flags & CAT_GF_GATED) != 0) == gated &&
+                p->mode[p->n_dfa + j] == CPUPLAN_FULL)
+                p->walks[n++] = j;
+        }
+        if (gated)
+            p->n_walk_gated = n;
+    }
+    p->n_walk_nfa = n - p->n_walk_gated;
+    for (uint32_t g = 0; g < p->n_dfa; g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        if (!(cg.flags & CAT_GF_FACTOR) && p->mode[g] == CPUPLAN_FULL)
+            p->walks[n++] = g;
+    }
+    p->n_walk_dfa = n - p->n_walk_gated - p->n_walk_nfa;
+    return 0;
+}
+
 static void plan_free(struct cpuplan *p)
 {
     if (p == NULL)
         return;
+    free(p->walks);
     free(p->skip);
     plan_free(p->shadow_plan);
     catalog_destroy(p->shadow);
@@ -1121,6 +1153,8 @@ int cpuplan_build(const struct catalog *cat, bool fast, struct cpuplan **out)
         catalog_nfa(cat, j, &cn);
         p->gated_full |= (cn.flags & CAT_GF_GATED) != 0;
     }
+    if (rc == 0)
+        rc = plan_walks(cat, p);
     if (rc != 0) {
         plan_free(p);
         return rc;

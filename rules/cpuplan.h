@@ -93,6 +93,14 @@ struct cpuplan {
     /* with gated_full: per DFA group, 1 for a factor group that names such
      * a group (refscan_factor_ends_of walks only those); else NULL */
     uint8_t *factor_walk;
+    /* the groups a segment walks in full, found once (plan_walks): bit-NFA
+     * groups gated and left FULL, the other FULL bit-NFA groups, the FULL
+     * DFA groups but factor groups, each list in group order, one after
+     * the other in `walks`; gate_lb: the gated groups' longest match
+     * (CATALOG_UNBOUNDED with a confirmed one), for their factor ends */
+    uint32_t *walks;
+    uint32_t n_walk_gated, n_walk_nfa, n_walk_dfa;
+    uint64_t gate_lb;
     /* CPUPLAN_SHADOW groups: their rules compiled again (owned), its plan
      * (owned), and its rule indexes in this catalog */
     struct catalog *shadow;

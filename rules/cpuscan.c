@@ -777,41 +777,34 @@ static int walk_catalog(const struct catalog *cat, const struct cpuplan *plan, c
      * factor groups' ends */
     struct refscan_gate gate = {0};
     int rc = 0;
+    const uint32_t *gated = plan->walks, *nfas = gated + plan->n_walk_gated,
+                   *dfas = nfas + plan->n_walk_nfa;
     bool gated_full = false; /* such a group among the groups walked here */
-    for (uint32_t g = 0; g < catalog_nfa_count(cat) && plan->gated_full && !gated_full; g++) {
-        struct catalog_nfa cn;
-        catalog_nfa(cat, g, &cn);
-        gated_full = (cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL &&
-                     group_in(cat, w->groups, plan->n_dfa + g);
-    }
+    for (uint32_t i = 0; i < plan->n_walk_gated && !gated_full; i++)
+        gated_full = group_in(cat, w->groups, plan->n_dfa + gated[i]);
     if (gated_full)
-        rc = refscan_factor_ends_of(cat, buf, len, lo, hi, plan->factor_walk, &gate);
-    for (uint32_t g = 0; g < catalog_nfa_count(cat) && gated_full && rc == 0; g++) {
-        struct catalog_nfa cn;
-        catalog_nfa(cat, g, &cn);
-        if ((cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL &&
-            group_in(cat, w->groups, plan->n_dfa + g))
-            rc = refscan_gated_range(cat, g, buf, len, lo, hi, &gate, on_match, w);
-    }
+        rc = refscan_factor_ends_lb(cat, buf, len, lo, hi, plan->factor_walk, plan->gate_lb,
+                                    &gate);
+    for (uint32_t i = 0; i < plan->n_walk_gated && gated_full && rc == 0; i++)
+        if (group_in(cat, w->groups, plan->n_dfa + gated[i]))
+            rc = refscan_gated_range(cat, gated[i], buf, len, lo, hi, &gate, on_match, w);
     refscan_gate_finish(&gate);
     /* the literal matchers serve literal groups and window groups, all
      * bounded: not run for the unbounded groups alone */
     if (rc == 0 && w->groups != CPUSCAN_UNBOUNDED)
         rc = fast_groups(cat, plan, buf, len, begin, lo, hi, w);
-    for (uint32_t g = 0; g < catalog_nfa_count(cat) && rc == 0; g++) {
-        struct catalog_nfa cn;
-        catalog_nfa(cat, g, &cn);
-        if (!(cn.flags & CAT_GF_GATED) && plan->mode[plan->n_dfa + g] == CPUPLAN_FULL &&
-            group_in(cat, w->groups, plan->n_dfa + g))
-            rc = refscan_nfa_range(cat, g, buf, len, begin, lo, hi, on_match, w);
-    }
-    for (uint32_t g = 0; g < catalog_group_count(cat) && rc == 0; g++) {
+    for (uint32_t i = 0; i < plan->n_walk_nfa && rc == 0; i++)
+        if (group_in(cat, w->groups, plan->n_dfa + nfas[i]))
+            rc = refscan_nfa_range(cat, nfas[i], buf, len, begin, lo, hi, on_match, w);
+    /* factor groups are not in the list: they found the candidates above
+     * and report nothing */
+    for (uint32_t i = 0; i < plan->n_walk_dfa && rc == 0; i++) {
+        uint32_t g = dfas[i];
+        if (!group_in(cat, w->groups, g))
+            continue;
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        if (cg.flags & CAT_GF_FACTOR) /* found the candidates above; reports nothing */
-            continue;
-        if (plan->mode[g] == CPUPLAN_FULL && group_in(cat, w->groups, g))
-            rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w);
+        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w);
         /* dedup state is per group walk: a rule lives in one group */
     }
     return rc;

@@ -1062,6 +1062,12 @@ int refscan_factor_ends_of(const struct catalog *cat, const uint8_t *buf, size_t
         if ((n.flags & CAT_GF_GATED) && n.maxlen > lb)
             lb = n.maxlen;
     }
+    return refscan_factor_ends_lb(cat, buf, len, lo, hi, walk, lb, out);
+}
+
+int refscan_factor_ends_lb(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                           uint64_t hi, const uint8_t *walk, uint64_t lb, struct refscan_gate *out)
+{
     if (hi > len)
         hi = len;
     uint64_t flo = lo > lb && lb != CATALOG_UNBOUNDED ? lo - lb : 0;

@@ -140,6 +140,11 @@ int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t le
 int refscan_factor_ends_of(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                            uint64_t hi, const uint8_t *walk, struct refscan_gate *out);
 
+/* As refscan_factor_ends_of, given lb, the gated groups' longest match
+ * (CATALOG_UNBOUNDED with a confirmed one), which that call finds first. */
+int refscan_factor_ends_lb(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                           uint64_t hi, const uint8_t *walk, uint64_t lb, struct refscan_gate *out);
+
 /* Appends the candidates whose factor ends lie in (lo, hi] exactly,
  * unsorted: pieces of one buffer can be walked on several threads and their
  * candidates joined, then sorted (gpu/plan.c). Returns 0 or -ENOMEM.
