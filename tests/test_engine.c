@@ -2947,8 +2947,12 @@ START_TEST(test_cpupair_fast_equals_naive)
         check_pairs(v, n, buf, len, begin, lo, hi, "fast", round);
     }
     unsetenv("VKS_NO_AVX2");
+#if defined(__SSE2__) /* elsewhere every scan is the plain one */
     ck_assert_uint_gt(fast_rounds, 100);
     ck_assert_uint_lt(fast_rounds, 200);
+#else
+    ck_assert_uint_eq(fast_rounds, 0);
+#endif
 }
 END_TEST
 
