@@ -1960,16 +1960,24 @@ START_TEST(test_gated_segments)
         full_walk(cat, buf, sizeof(buf), (enum scan_mode)mode, &full);
         ck_assert_uint_ge(want.n, 4);
         assert_same(&want, &full, "gated refscan_buffer vs full walks");
-        for (size_t s = 0; s < sizeof(segs) / sizeof(segs[0]); s++) {
-            struct scan_hits got = {0};
-            uint64_t dropped = 0;
-            segmented(cat, buf, sizeof(buf), segs[s], 1 + (int)(s % 2), (enum scan_mode)mode, 0,
-                      UINT64_MAX, &got, &dropped);
-            char what[64];
-            snprintf(what, sizeof(what), "gated, mode %d segments of %zu", mode, segs[s]);
-            assert_same(&got, &want, what);
-            scan_hits_finish(&got);
+        /* with the plan's fast paths (gated groups windowed), and without
+         * (left FULL: walked around the catalog's factor ends, which must
+         * reach back by the gated groups' longest match) */
+        for (int fast = 1; fast >= 0; fast--) {
+            cpuplan_set_fast(fast);
+            for (size_t s = 0; s < sizeof(segs) / sizeof(segs[0]); s++) {
+                struct scan_hits got = {0};
+                uint64_t dropped = 0;
+                segmented(cat, buf, sizeof(buf), segs[s], 1 + (int)(s % 2), (enum scan_mode)mode,
+                          0, UINT64_MAX, &got, &dropped);
+                char what[80];
+                snprintf(what, sizeof(what), "gated, fast %d, mode %d segments of %zu", fast, mode,
+                         segs[s]);
+                assert_same(&got, &want, what);
+                scan_hits_finish(&got);
+            }
         }
+        cpuplan_set_fast(true);
         scan_hits_finish(&want);
         scan_hits_finish(&full);
     }
