@@ -718,7 +718,10 @@ static int make_matcher(struct entries *e, const uint8_t *mode, struct cpuplan *
 {
     size_t k = 0, pairs = 0;
     for (size_t i = 0; i < e->n; i++) {
-        uint32_t want = e->v[i].id & CPUPLAN_FACTOR ? CPUPLAN_WINDOW : CPUPLAN_LIT;
+        uint32_t id = e->v[i].id;
+        uint32_t want = !(id & CPUPLAN_FACTOR) ? CPUPLAN_LIT
+                        : id & CPUPLAN_GATE    ? CPUPLAN_FULL
+                                               : CPUPLAN_WINDOW;
         if (mode[e->group[i]] != want)
             continue;
         size_t off = (size_t)(uintptr_t)e->v[i].bytes;
@@ -983,6 +986,332 @@ static int plan_factor_walks(const struct catalog *cat, struct cpuplan *p)
     return 0;
 }
 
+/*
+ * The strings of a factor group (plan_gate_lit). A factor group is an
+ * unanchored DFA over literal factors, with no assertions: its state after
+ * any text is its state after the text's last `maxlen` bytes, and it
+ * accepts group j at an end exactly where a factor of j ends. Call a string
+ * w "alive" when the state after w differs from the state after w without
+ * its first byte (that byte still matters). Take the shortest suffix u of
+ * a text that leaves the group in the same state as the whole text: u is
+ * alive, and so is each prefix of u (a prefix that is not would make the
+ * state after u equal to the state after u's own tail). So a walk from the
+ * start state over byte classes, depth first, dropping strings that are
+ * not alive, reaches every such u, and the alive strings whose state
+ * accepts are the strings to look for: where one of them ends, the group's
+ * walk accepts the same groups (the state after it accepts j only if a
+ * factor of j is a suffix of it), and every accept of the walk is at the
+ * end of one of them. Alive strings are the factors' prefixes, so the walk
+ * is small; it gives up past GL_NODES of them.
+ */
+/* VKS_GATE_LIT=0 in the environment keeps the factor groups' walk
+ * (benchmarks and tests compare both). */
+static bool gate_lit_on(void)
+{
+    const char *v = getenv("VKS_GATE_LIT");
+    return v == NULL || strcmp(v, "0") != 0;
+}
+
+#define GL_NODES   200000u
+#define GL_STRINGS 20000u /* entries, after case and set expansion */
+#define GL_EXPAND  16u    /* byte strings a class string may expand to */
+
+struct gl_node {
+    uint32_t s, p; /* state after the string, and after it without its first byte */
+    uint32_t depth, next_class;
+};
+
+struct gl_build {
+    const struct catalog_group *g;
+    const uint8_t *want; /* per bit-NFA group: its factor ends are needed */
+    uint32_t n_nfa;
+    uint8_t cls_bytes[256][4]; /* a class's bytes: its first 4 */
+    uint32_t cls_n[256];       /* how many bytes it has */
+    uint32_t *path;            /* classes of the current string */
+    uint8_t *path_fold;        /* 1: that class's letter, caseless (its other case merged) */
+    struct cpulit_entry *v;
+    uint8_t *pool; /* bytes and fold masks of the entries */
+    size_t n, cap, pool_n, pool_cap;
+    uint32_t nodes;
+};
+
+static int gl_grow(struct gl_build *b, size_t bytes)
+{
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 256;
+        struct cpulit_entry *v = realloc(b->v, cap * sizeof(*v));
+        if (v == NULL)
+            return -ENOMEM;
+        b->v = v, b->cap = cap;
+    }
+    if (b->pool_n + bytes > b->pool_cap) {
+        size_t cap = b->pool_cap ? 2 * b->pool_cap : 4096;
+        while (cap < b->pool_n + bytes)
+            cap *= 2;
+        uint8_t *pool = realloc(b->pool, cap);
+        if (pool == NULL)
+            return -ENOMEM;
+        b->pool = pool, b->pool_cap = cap;
+    }
+    return 0;
+}
+
+static bool gl_letter(uint8_t x)
+{
+    return (x | 0x20) >= 'a' && (x | 0x20) <= 'z';
+}
+
+/* Class c is one letter in both cases. */
+static bool gl_caseless(const struct gl_build *b, uint32_t c)
+{
+    return b->cls_n[c] == 2 && (b->cls_bytes[c][0] ^ b->cls_bytes[c][1]) == 0x20 &&
+           gl_letter(b->cls_bytes[c][0]);
+}
+
+/* Entries for the class string path[0..len) ending in state s: each of
+ * its byte strings (a class of a letter in both cases is one caseless
+ * position; other classes of 2 to 4 bytes multiply), once per group that
+ * s accepts. Returns 0, 1 (too many: give up) or -ENOMEM. Entry bytes are
+ * stored as pool offsets until the end (the pool moves). */
+static int gl_emit(struct gl_build *b, uint32_t len, uint32_t s)
+{
+    const struct catalog_group *g = b->g;
+    uint32_t total = 1;
+    for (uint32_t i = 0; i < len; i++) {
+        uint32_t c = b->path[i], k = b->cls_n[c];
+        bool caseless = gl_caseless(b, c) || b->path_fold[i];
+        if (k > 4)
+            return 1;
+        total *= caseless ? 1 : k;
+        if (total > GL_EXPAND)
+            return 1;
+    }
+    const uint32_t *a = g->accepts + g->accept_index[s - g->first_accept];
+    const uint32_t *end = g->accepts + g->accept_index[s - g->first_accept + 1];
+    for (uint32_t x = 0; x < total; x++) {
+        for (const uint32_t *e = a; e < end; e++) {
+            uint32_t j = CAT_ACCEPT_RULE(*e);
+            if (j >= b->n_nfa || !b->want[j])
+                continue; /* a group the plan finds its own factors for */
+            if (b->n == GL_STRINGS)
+                return 1;
+            if (gl_grow(b, 2 * (size_t)len) != 0)
+                return -ENOMEM;
+            uint8_t *bytes = b->pool + b->pool_n, *fold = bytes + len;
+            uint32_t r = x;
+            for (uint32_t i = 0; i < len; i++) {
+                uint32_t c = b->path[i], k = b->cls_n[c];
+                if (gl_caseless(b, c) || b->path_fold[i]) {
+                    bytes[i] = b->cls_bytes[c][0] | 0x20;
+                    fold[i] = 0x20;
+                } else {
+                    bytes[i] = b->cls_bytes[c][r % k];
+                    fold[i] = 0;
+                    r /= k;
+                }
+            }
+            b->v[b->n++] = (struct cpulit_entry){(const uint8_t *)(uintptr_t)b->pool_n, NULL, len,
+                                                 j, 0};
+            b->pool_n += 2 * (size_t)len;
+        }
+    }
+    return 0;
+}
+
+/* The alive strings of factor group g, depth first (an explicit stack of
+ * depth g->maxlen). Returns 0, 1 (give up) or -ENOMEM. */
+static int gl_walk(struct gl_build *b)
+{
+    const struct catalog_group *g = b->g;
+    uint32_t nc = g->n_classes, depth = g->maxlen;
+    struct gl_node *st = malloc((depth + 1) * sizeof(*st));
+    b->path = malloc((depth + 1) * sizeof(*b->path));
+    b->path_fold = malloc(depth + 1);
+    if (st == NULL || b->path == NULL || b->path_fold == NULL) {
+        free(st);
+        return -ENOMEM;
+    }
+    int rc = 0;
+    uint32_t top = 0;
+    st[0] = (struct gl_node){g->start[0], g->start[0], 0, 0};
+    while (rc == 0) {
+        struct gl_node *n = &st[top];
+        if (n->next_class == nc || n->depth == depth) {
+            if (top == 0)
+                break;
+            top--;
+            continue;
+        }
+        uint32_t c = n->next_class++;
+        uint32_t s = g->trans[(size_t)n->s * nc + c];
+        uint32_t p = n->depth == 0 ? g->start[0] : g->trans[(size_t)n->p * nc + c];
+        if (s == p)
+            continue; /* not alive */
+        /* a letter class whose other case is a class of its own that goes
+         * to the same states here: one caseless position, taken at the
+         * lowercase one */
+        uint8_t x = b->cls_bytes[c][0];
+        bool fold = false;
+        if (b->cls_n[c] == 1 && gl_letter(x)) {
+            uint32_t o = g->classmap[x ^ 0x20];
+            fold = b->cls_n[o] == 1 && g->trans[(size_t)n->s * nc + o] == s &&
+                   (n->depth == 0 || g->trans[(size_t)n->p * nc + o] == p);
+            if (fold && !(x & 0x20))
+                continue;
+        }
+        if (++b->nodes > GL_NODES) {
+            rc = 1;
+            break;
+        }
+        b->path[n->depth] = c;
+        b->path_fold[n->depth] = fold;
+        if (s >= g->first_accept)
+            rc = gl_emit(b, n->depth + 1, s);
+        st[top + 1] = (struct gl_node){s, p, n->depth + 1, 0};
+        top++;
+    }
+    free(st);
+    return rc;
+}
+
+/* Order of gl_compress: id, length, bytes with letters folded, bytes. */
+static int gl_cmp(const void *x, const void *y)
+{
+    const struct cpulit_entry *a = x, *b = y;
+    if (a->id != b->id)
+        return a->id < b->id ? -1 : 1;
+    if (a->len != b->len)
+        return a->len < b->len ? -1 : 1;
+    for (uint32_t i = 0; i < a->len; i++) {
+        uint8_t fa = gl_letter(a->bytes[i]) ? a->bytes[i] | 0x20 : a->bytes[i];
+        uint8_t fb = gl_letter(b->bytes[i]) ? b->bytes[i] | 0x20 : b->bytes[i];
+        if (fa != fb)
+            return fa < fb ? -1 : 1;
+    }
+    int c = memcmp(a->bytes, b->bytes, a->len);
+    return c != 0 ? c : memcmp(a->fold, b->fold, a->len);
+}
+
+/* Entries of one id and length that differ only in the case of their
+ * letters, all 2^m cases of their m letters present (a caseless factor
+ * whose cases the DFA told apart, because other factors do), become one
+ * caseless entry. Leaves the rest as they are; keeps b->v[0..b->n). */
+static void gl_compress(struct gl_build *b)
+{
+    qsort(b->v, b->n, sizeof(*b->v), gl_cmp);
+    size_t out = 0;
+    for (size_t a = 0; a < b->n;) {
+        size_t z = a + 1;
+        while (z < b->n && b->v[z].id == b->v[a].id && b->v[z].len == b->v[a].len) {
+            const struct cpulit_entry *e = &b->v[z], *f = &b->v[a];
+            uint32_t i = 0;
+            for (; i < e->len; i++)
+                if ((gl_letter(e->bytes[i]) ? e->bytes[i] | 0x20 : e->bytes[i]) !=
+                        (gl_letter(f->bytes[i]) ? f->bytes[i] | 0x20 : f->bytes[i]) ||
+                    e->fold[i] != f->fold[i])
+                    break;
+            if (i < e->len)
+                break;
+            z++;
+        }
+        /* [a, z): one folded string, sorted; copies dropped */
+        size_t u = a;
+        for (size_t i = a + 1; i < z; i++)
+            if (memcmp(b->v[i].bytes, b->v[u].bytes, b->v[u].len) != 0)
+                b->v[++u] = b->v[i];
+        size_t distinct = u - a + 1;
+        struct cpulit_entry *f = &b->v[a];
+        uint32_t m = 0;
+        for (uint32_t i = 0; i < f->len; i++)
+            m += gl_letter(f->bytes[i]) && f->fold[i] == 0;
+        if (m > 0 && m < 32 && distinct == (size_t)1 << m) {
+            uint8_t *bytes = (uint8_t *)f->bytes, *fold = (uint8_t *)f->fold;
+            for (uint32_t i = 0; i < f->len; i++)
+                if (gl_letter(bytes[i])) {
+                    bytes[i] |= 0x20;
+                    fold[i] = 0x20;
+                }
+            b->v[out++] = *f;
+        } else {
+            for (size_t i = a; i <= u; i++)
+                b->v[out++] = b->v[i];
+        }
+        a = z;
+    }
+    b->n = out;
+}
+
+/*
+ * In a forward-confirmed catalog (scanned as whole buffers), the gated
+ * groups the plan leaves FULL are walked from the catalog's factor ends,
+ * which a walk of its factor groups over every byte finds. When those
+ * groups' factors read back as strings of 4 bytes or more (gl_walk), they
+ * join the plan's literal matcher instead, with ids CPUPLAN_GATE: the one
+ * literal pass finds the same (group, end) candidates, and the factor
+ * groups are not walked (cpuplan.gate_merged). Shorter strings would turn
+ * that matcher to stride 1 (or need the pair matcher), so then nothing
+ * changes.
+ */
+static int plan_gate_strings(const struct catalog *cat, struct cpuplan *p, struct entries *e)
+{
+    uint64_t lb = 0;
+    uint8_t *want = calloc(p->n_nfa + 1, 1);
+    if (want == NULL)
+        return -ENOMEM;
+    for (uint32_t j = 0; j < p->n_nfa; j++) {
+        struct catalog_nfa cn;
+        catalog_nfa(cat, j, &cn);
+        if (cn.flags & CAT_GF_GATED) {
+            lb = cn.maxlen > lb ? cn.maxlen : lb;
+            want[j] = p->mode[p->n_dfa + j] == CPUPLAN_FULL;
+        }
+    }
+    struct gl_build b = {.want = want, .n_nfa = p->n_nfa};
+    int rc = lb == CATALOG_UNBOUNDED ? 0 : 1;
+    for (uint32_t k = 0; k < p->n_dfa && rc == 0; k++) {
+        struct catalog_group cg;
+        catalog_group(cat, k, &cg);
+        if (!p->factor_walk[k])
+            continue;
+        if ((cg.flags & CAT_GF_ASSERTS) || cg.maxlen == 0 || cg.maxlen > 64 ||
+            cg.first_accept >= cg.n_states) {
+            rc = 1;
+            break;
+        }
+        b.g = &cg;
+        memset(b.cls_n, 0, sizeof(b.cls_n));
+        for (uint32_t x = 0; x < 256; x++) {
+            uint32_t c = cg.classmap[x];
+            if (b.cls_n[c] < 4)
+                b.cls_bytes[c][b.cls_n[c]] = (uint8_t)x;
+            b.cls_n[c]++;
+        }
+        rc = gl_walk(&b);
+        free(b.path);
+        free(b.path_fold);
+        b.path = NULL;
+        b.path_fold = NULL;
+    }
+    for (size_t i = 0; rc == 0 && i < b.n; i++) {
+        size_t off = (size_t)(uintptr_t)b.v[i].bytes; /* pool offsets to pointers */
+        b.v[i].bytes = b.pool + off;
+        b.v[i].fold = b.pool + off + b.v[i].len;
+        if (b.v[i].len < 4)
+            rc = 1;
+    }
+    if (rc == 0 && b.n > 0) {
+        gl_compress(&b);
+        for (size_t i = 0; rc == 0 && i < b.n; i++)
+            rc = entries_add(e, b.v[i].bytes, b.v[i].fold, b.v[i].len,
+                             CPUPLAN_FACTOR | CPUPLAN_GATE | b.v[i].id, p->n_dfa + b.v[i].id);
+        p->gate_merged = rc == 0;
+    }
+    free(b.v);
+    free(b.pool);
+    free(want);
+    return rc < 0 ? rc : 0;
+}
+
 static int plan_fast(const struct catalog *cat, struct cpuplan *p)
 {
     uint32_t ng = p->n_dfa + p->n_nfa;
@@ -1042,6 +1371,8 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
     }
     if (rc == 0 && p->gated_full)
         rc = plan_factor_walks(cat, p);
+    if (rc == 0 && p->gated_full && gate_lit_on())
+        rc = plan_gate_strings(cat, p, &e);
     if (rc == 0)
         rc = make_matcher(&e, p->mode, p);
     if (rc == 0 && e.n_sec > 0) { /* the plan takes them over */

@@ -43,6 +43,9 @@ enum { CPUPLAN_FULL = 0, CPUPLAN_LIT = 1, CPUPLAN_WINDOW = 2, CPUPLAN_SHADOW = 3
  * that has a second one, which the candidate must have near it. */
 #define CPUPLAN_FACTOR 0x80000000u
 #define CPUPLAN_SECOND 0x40000000u
+/* With CPUPLAN_FACTOR: the low bits are a bit-NFA group left FULL whose
+ * factor ends this string's ends are (cpuplan.gate_merged). */
+#define CPUPLAN_GATE 0x20000000u
 
 /* A window rule's second factor: strings one of which every match of the
  * rule holds apart from its factor (`inflamed[^\n]{0,100}chinese`: the
@@ -98,6 +101,10 @@ struct cpuplan {
      * DFA groups but factor groups, each list in group order, one after
      * the other in `walks`; gate_lb: the gated groups' longest match
      * (CATALOG_UNBOUNDED with a confirmed one), for their factor ends */
+    /* the gated groups' factor ends come from the literal matcher's
+     * CPUPLAN_GATE strings, not from walking the factor groups (whole
+     * buffers only: a forward-confirmed catalog) */
+    bool gate_merged;
     uint32_t *walks;
     uint32_t n_walk_gated, n_walk_nfa, n_walk_dfa;
     uint64_t gate_lb;

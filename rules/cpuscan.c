@@ -563,6 +563,7 @@ struct litwalk {
     uint8_t *full; /* per engine group: its factors came too often, it is
                       walked in full (NULL until the first such group) */
     bool dense;    /* out of memory for `full`: window groups are walked in full */
+    struct refscan_gate *gate; /* CPUPLAN_GATE ends (cpuplan.gate_merged), or NULL */
 };
 
 /* The candidates reached the cap: the groups with the most of them are
@@ -653,6 +654,10 @@ static int on_literal(void *ctx, uint32_t id, uint64_t end)
     if (!(id & CPUPLAN_FACTOR))
         return end > lw->lo ? on_match(lw->w, id, end) : 0;
     uint32_t g = id & ~CPUPLAN_FACTOR;
+    if (g & CPUPLAN_GATE) /* a gated group left FULL: its candidates */
+        return lw->gate == NULL || refscan_gate_push(lw->gate, g & ~CPUPLAN_GATE, end) == 0
+                   ? 0
+                   : -ENOMEM;
     const struct cpuplan_second *sf = NULL;
     if (g & CPUPLAN_SECOND) {
         sf = &lw->plan->second[g & ~CPUPLAN_SECOND];
@@ -721,7 +726,8 @@ static int window_groups_full(const struct catalog *cat, const struct cpuplan *p
 /* The literal and window groups: one pass of each literal matcher, then
  * each window group's walks around its factors' ends. */
 static int fast_groups(const struct catalog *cat, const struct cpuplan *plan, const uint8_t *buf,
-                       size_t len, size_t begin, uint64_t lo, uint64_t hi, struct walk *w)
+                       size_t len, size_t begin, uint64_t lo, uint64_t hi,
+                       struct refscan_gate *gate, struct walk *w)
 {
     struct refscan_gate cands = {0};
     /* candidates cost 16 bytes: at most a quarter of the segment's size */
@@ -733,7 +739,8 @@ static int fast_groups(const struct catalog *cat, const struct cpuplan *plan, co
                          .cands = &cands,
                          .lo = lo,
                          .cap = span / 64 > 4096 ? span / 64 : 4096,
-                         .ng = plan->n_dfa + plan->n_nfa};
+                         .ng = plan->n_dfa + plan->n_nfa,
+                         .gate = gate};
     int rc = 0;
     if (plan->lit != NULL)
         rc = cpulit_scan(plan->lit, buf, len, begin, begin, hi, on_literal, &lw);
@@ -782,7 +789,14 @@ static int walk_catalog(const struct catalog *cat, const struct cpuplan *plan, c
     bool gated_full = false; /* such a group among the groups walked here */
     for (uint32_t i = 0; i < plan->n_walk_gated && !gated_full; i++)
         gated_full = group_in(cat, w->groups, plan->n_dfa + gated[i]);
-    if (gated_full)
+    /* their candidates from the literal pass (whole buffers), which then
+     * runs first, or from walking the factor groups */
+    bool merged = gated_full && plan->gate_merged && w->groups == CPUSCAN_ALL;
+    if (merged) {
+        rc = fast_groups(cat, plan, buf, len, begin, lo, hi, &gate, w);
+        if (rc == 0)
+            refscan_gate_sort(&gate);
+    } else if (gated_full)
         rc = refscan_factor_ends_lb(cat, buf, len, lo, hi, plan->factor_walk, plan->gate_lb,
                                     &gate);
     for (uint32_t i = 0; i < plan->n_walk_gated && gated_full && rc == 0; i++)
@@ -791,8 +805,8 @@ static int walk_catalog(const struct catalog *cat, const struct cpuplan *plan, c
     refscan_gate_finish(&gate);
     /* the literal matchers serve literal groups and window groups, all
      * bounded: not run for the unbounded groups alone */
-    if (rc == 0 && w->groups != CPUSCAN_UNBOUNDED)
-        rc = fast_groups(cat, plan, buf, len, begin, lo, hi, w);
+    if (rc == 0 && w->groups != CPUSCAN_UNBOUNDED && !merged)
+        rc = fast_groups(cat, plan, buf, len, begin, lo, hi, NULL, w);
     for (uint32_t i = 0; i < plan->n_walk_nfa && rc == 0; i++)
         if (group_in(cat, w->groups, plan->n_dfa + nfas[i]))
             rc = refscan_nfa_range(cat, nfas[i], buf, len, begin, lo, hi, on_match, w);

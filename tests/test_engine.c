@@ -3165,6 +3165,9 @@ START_TEST(test_confirm_pair_fallback)
     ck_assert_uint_lt(bin, plan->n_dfa);
     ck_assert_int_eq(plan->mode[bin], CPUPLAN_WINDOW);
     ck_assert_ptr_nonnull(plan->pair);
+    /* `fwd` is left FULL (confirmed); its factor's strings are in the
+     * literal matcher, so the catalog's factor group is not walked */
+    ck_assert(plan->gate_merged);
     cpuplan_put(plan);
     static const char *const plants[] = {"with  hercules",
                                          "\x20\x9c\x2b"
