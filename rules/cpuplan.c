@@ -987,7 +987,7 @@ static int plan_factor_walks(const struct catalog *cat, struct cpuplan *p)
 }
 
 /*
- * The strings of a factor group (plan_gate_lit). A factor group is an
+ * The strings of a factor group (plan_gate_strings). A factor group is an
  * unanchored DFA over literal factors, with no assertions: its state after
  * any text is its state after the text's last `maxlen` bytes, and it
  * accepts group j at an end exactly where a factor of j ends. Call a string
