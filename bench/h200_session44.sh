@@ -7,8 +7,8 @@
 #   (cli_where of gitleaks-regex, leads, wordy-300 and wordy-2000 for OLD
 #   and NEW), pieces (the same for NEW against a vkscand with
 #   --max-scan-bytes ${PIECE:-128M}: the CLI sends the 1 GiB file as a
-#   stream of pieces), cli (cli_bench of NEW, build-data; CLI_DATA to
-#   change), cpu (h200_session43.sh's cpu: OLD then NEW).
+#   stream of pieces), cli (h200_session41.sh's cli_bench of NEW, both
+#   data folders), cpu (h200_session43.sh's cpu: OLD then NEW).
 #   Default: buf1g where pieces.
 set -u
 NEW=${1:?usage: h200_session44.sh NEW [steps...]}
@@ -34,12 +34,7 @@ if has pieces; then
         bash "$D/h200_session41.sh" "$NEW" where
 fi
 if has cli; then
-    for data in ${CLI_DATA:-build-data}; do
-        echo "== cli_bench $NEW $data ($(date +%T))"
-        OUT=$OUT/cli-$data WORK=/tmp/cb-$data VKSCAN_ARGS=--no-cache timeout 280 \
-            "$D/cli_bench.sh" "$NEW" "$data" 1024 3
-        rm -rf /tmp/cb-$data
-    done
+    bash "$D/h200_session41.sh" "$NEW" cli
 fi
 if has cpu; then
     OLD=${OLD:-} bash "$D/h200_session43.sh" "$NEW" cpu

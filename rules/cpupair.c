@@ -255,8 +255,8 @@ __attribute__((target("avx2"))) static inline uint32_t odd_mask32(const uint8_t 
     __m256i ws = _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('\t')),
                                                  _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\n'))),
                                  _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\r')));
-    __m256i odd = _mm256_or_si256(_mm256_andnot_si256(ws, low),
-                                  _mm256_cmpeq_epi8(v, _mm256_set1_epi8(0x7f)));
+    __m256i odd =
+        _mm256_or_si256(_mm256_andnot_si256(ws, low), _mm256_cmpeq_epi8(v, _mm256_set1_epi8(0x7f)));
     return (uint32_t)_mm256_movemask_epi8(odd);
 }
 

@@ -986,6 +986,37 @@ static int plan_factor_walks(const struct catalog *cat, struct cpuplan *p)
     return 0;
 }
 
+/* cpuplan.walks, gate_lb and gated_full, once the modes are known. */
+static int plan_walks(const struct catalog *cat, struct cpuplan *p)
+{
+    p->walks = malloc(((size_t)p->n_dfa + p->n_nfa + 1) * sizeof(*p->walks));
+    if (p->walks == NULL)
+        return -ENOMEM;
+    uint32_t n = 0;
+    for (int gated = 1; gated >= 0; gated--) {
+        for (uint32_t j = 0; j < p->n_nfa; j++) {
+            struct catalog_nfa cn;
+            catalog_nfa(cat, j, &cn);
+            if (gated && (cn.flags & CAT_GF_GATED) && cn.maxlen > p->gate_lb)
+                p->gate_lb = cn.maxlen;
+            if (((cn.flags & CAT_GF_GATED) != 0) == gated && p->mode[p->n_dfa + j] == CPUPLAN_FULL)
+                p->walks[n++] = j;
+        }
+        if (gated)
+            p->n_walk_gated = n;
+    }
+    p->n_walk_nfa = n - p->n_walk_gated;
+    for (uint32_t g = 0; g < p->n_dfa; g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        if (!(cg.flags & CAT_GF_FACTOR) && p->mode[g] == CPUPLAN_FULL)
+            p->walks[n++] = g;
+    }
+    p->n_walk_dfa = n - p->n_walk_gated - p->n_walk_nfa;
+    p->gated_full = p->n_walk_gated > 0;
+    return 0;
+}
+
 /*
  * The strings of a factor group (plan_gate_strings). A factor group is an
  * unanchored DFA over literal factors, with no assertions: its state after
@@ -1110,8 +1141,8 @@ static int gl_emit(struct gl_build *b, uint32_t len, uint32_t s)
                     r /= k;
                 }
             }
-            b->v[b->n++] = (struct cpulit_entry){(const uint8_t *)(uintptr_t)b->pool_n, NULL, len,
-                                                 j, 0};
+            b->v[b->n++] =
+                (struct cpulit_entry){(const uint8_t *)(uintptr_t)b->pool_n, NULL, len, j, 0};
             b->pool_n += 2 * (size_t)len;
         }
     }
@@ -1254,20 +1285,13 @@ static void gl_compress(struct gl_build *b)
  */
 static int plan_gate_strings(const struct catalog *cat, struct cpuplan *p, struct entries *e)
 {
-    uint64_t lb = 0;
     uint8_t *want = calloc(p->n_nfa + 1, 1);
     if (want == NULL)
         return -ENOMEM;
-    for (uint32_t j = 0; j < p->n_nfa; j++) {
-        struct catalog_nfa cn;
-        catalog_nfa(cat, j, &cn);
-        if (cn.flags & CAT_GF_GATED) {
-            lb = cn.maxlen > lb ? cn.maxlen : lb;
-            want[j] = p->mode[p->n_dfa + j] == CPUPLAN_FULL;
-        }
-    }
+    for (uint32_t i = 0; i < p->n_walk_gated; i++)
+        want[p->walks[i]] = 1;
     struct gl_build b = {.want = want, .n_nfa = p->n_nfa};
-    int rc = lb == CATALOG_UNBOUNDED ? 0 : 1;
+    int rc = p->gate_lb == CATALOG_UNBOUNDED ? 0 : 1;
     for (uint32_t k = 0; k < p->n_dfa && rc == 0; k++) {
         struct catalog_group cg;
         catalog_group(cat, k, &cg);
@@ -1364,11 +1388,8 @@ static int plan_fast(const struct catalog *cat, struct cpuplan *p)
         p->n_window_groups += p->mode[g] == CPUPLAN_WINDOW;
         p->n_shadow_groups += p->mode[g] == CPUPLAN_SHADOW;
     }
-    for (uint32_t j = 0; rc == 0 && j < p->n_nfa; j++) {
-        struct catalog_nfa cn;
-        catalog_nfa(cat, j, &cn);
-        p->gated_full |= (cn.flags & CAT_GF_GATED) && p->mode[p->n_dfa + j] == CPUPLAN_FULL;
-    }
+    if (rc == 0)
+        rc = plan_walks(cat, p);
     if (rc == 0 && p->gated_full)
         rc = plan_factor_walks(cat, p);
     if (rc == 0 && p->gated_full && gate_lit_on())
@@ -1412,37 +1433,6 @@ static void plan_skip(const struct catalog *cat, uint32_t g, struct cpuplan_skip
     k->on = idle > 0;
 }
 
-/* cpuplan.walks and gate_lb, once the modes are known. */
-static int plan_walks(const struct catalog *cat, struct cpuplan *p)
-{
-    p->walks = malloc(((size_t)p->n_dfa + p->n_nfa + 1) * sizeof(*p->walks));
-    if (p->walks == NULL)
-        return -ENOMEM;
-    uint32_t n = 0;
-    for (int gated = 1; gated >= 0; gated--) {
-        for (uint32_t j = 0; j < p->n_nfa; j++) {
-            struct catalog_nfa cn;
-            catalog_nfa(cat, j, &cn);
-            if (gated && (cn.flags & CAT_GF_GATED) && cn.maxlen > p->gate_lb)
-                p->gate_lb = cn.maxlen;
-            if (((cn.flags & CAT_GF_GATED) != 0) == gated &&
-                p->mode[p->n_dfa + j] == CPUPLAN_FULL)
-                p->walks[n++] = j;
-        }
-        if (gated)
-            p->n_walk_gated = n;
-    }
-    p->n_walk_nfa = n - p->n_walk_gated;
-    for (uint32_t g = 0; g < p->n_dfa; g++) {
-        struct catalog_group cg;
-        catalog_group(cat, g, &cg);
-        if (!(cg.flags & CAT_GF_FACTOR) && p->mode[g] == CPUPLAN_FULL)
-            p->walks[n++] = g;
-    }
-    p->n_walk_dfa = n - p->n_walk_gated - p->n_walk_nfa;
-    return 0;
-}
-
 static void plan_free(struct cpuplan *p)
 {
     if (p == NULL)
@@ -1477,15 +1467,13 @@ int cpuplan_build(const struct catalog *cat, bool fast, struct cpuplan **out)
     int rc = p->mode != NULL && p->skip != NULL ? 0 : -ENOMEM;
     for (uint32_t g = 0; rc == 0 && g < p->n_dfa; g++)
         plan_skip(cat, g, &p->skip[g]);
-    if (rc == 0)
-        rc = fast ? plan_fast(cat, p) : plan_literal_groups(cat, p);
-    for (uint32_t j = 0; rc == 0 && !fast && j < p->n_nfa; j++) {
-        struct catalog_nfa cn;
-        catalog_nfa(cat, j, &cn);
-        p->gated_full |= (cn.flags & CAT_GF_GATED) != 0;
+    if (rc == 0 && fast)
+        rc = plan_fast(cat, p); /* with plan_walks */
+    else if (rc == 0) {
+        rc = plan_literal_groups(cat, p);
+        if (rc == 0) /* every bit-NFA group FULL: gated ones on the factor groups */
+            rc = plan_walks(cat, p);
     }
-    if (rc == 0)
-        rc = plan_walks(cat, p);
     if (rc != 0) {
         plan_free(p);
         return rc;

@@ -558,11 +558,11 @@ struct litwalk {
     struct second_memo *memo; /* per second factor; NULL until the first */
     struct refscan_gate *cands;
     uint64_t lo;
-    size_t cap;    /* candidates kept at most */
-    uint32_t ng;   /* engine groups */
-    uint8_t *full; /* per engine group: its factors came too often, it is
-                      walked in full (NULL until the first such group) */
-    bool dense;    /* out of memory for `full`: window groups are walked in full */
+    size_t cap;                /* candidates kept at most */
+    uint32_t ng;               /* engine groups */
+    uint8_t *full;             /* per engine group: its factors came too often, it is
+                                  walked in full (NULL until the first such group) */
+    bool dense;                /* out of memory for `full`: window groups are walked in full */
     struct refscan_gate *gate; /* CPUPLAN_GATE ends (cpuplan.gate_merged), or NULL */
 };
 
@@ -797,8 +797,7 @@ static int walk_catalog(const struct catalog *cat, const struct cpuplan *plan, c
         if (rc == 0)
             refscan_gate_sort(&gate);
     } else if (gated_full)
-        rc = refscan_factor_ends_lb(cat, buf, len, lo, hi, plan->factor_walk, plan->gate_lb,
-                                    &gate);
+        rc = refscan_factor_ends_lb(cat, buf, len, lo, hi, plan->factor_walk, plan->gate_lb, &gate);
     for (uint32_t i = 0; i < plan->n_walk_gated && gated_full && rc == 0; i++)
         if (group_in(cat, w->groups, plan->n_dfa + gated[i]))
             rc = refscan_gated_range(cat, gated[i], buf, len, lo, hi, &gate, on_match, w);

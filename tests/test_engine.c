@@ -1968,8 +1968,8 @@ START_TEST(test_gated_segments)
             for (size_t s = 0; s < sizeof(segs) / sizeof(segs[0]); s++) {
                 struct scan_hits got = {0};
                 uint64_t dropped = 0;
-                segmented(cat, buf, sizeof(buf), segs[s], 1 + (int)(s % 2), (enum scan_mode)mode,
-                          0, UINT64_MAX, &got, &dropped);
+                segmented(cat, buf, sizeof(buf), segs[s], 1 + (int)(s % 2), (enum scan_mode)mode, 0,
+                          UINT64_MAX, &got, &dropped);
                 char what[80];
                 snprintf(what, sizeof(what), "gated, fast %d, mode %d segments of %zu", fast, mode,
                          segs[s]);
@@ -2916,7 +2916,7 @@ START_TEST(test_cpupair_fast_equals_naive)
             int oddk = (int)rnd(2); /* which byte of an odd pair is odd */
             for (int k = 0; k < 2; k++) {
                 uint8_t c = odd_pair && (k == oddk || rnd(3) == 0) ? odd[rnd(sizeof(odd))]
-                                                                    : text[rnd(sizeof(text))];
+                                                                   : text[rnd(sizeof(text))];
                 bool fold = (c | 0x20) >= 'a' && (c | 0x20) <= 'z' && rnd(3) == 0;
                 b[i][k] = fold ? (uint8_t)(c | 0x20) : c;
                 m[i][k] = fold ? 0x20 : 0;
@@ -2935,7 +2935,7 @@ START_TEST(test_cpupair_fast_equals_naive)
         uint64_t lo = begin + rnd(4), hi = lo + rnd((uint32_t)(len - begin) + 1);
         hi = hi > len ? len : hi;
         size_t s0 = lo >= 1 && lo - 1 > begin ? lo - 1 : begin; /* the first start */
-        for (size_t i = 0, pl = 2 + rnd(40); i < pl; i++) { /* planted, some at block edges */
+        for (size_t i = 0, pl = 2 + rnd(40); i < pl; i++) {     /* planted, some at block edges */
             const struct cpulit_entry *e = &v[rnd((uint32_t)n)];
             size_t at = rnd(3) == 0 ? s0 + 64 * rnd(80) + 62 + rnd(4) : rnd((uint32_t)len);
             if (at + 2 > len)
