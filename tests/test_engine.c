@@ -3336,6 +3336,7 @@ Suite *engine_suite(void)
 {
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("segments");
+    tcase_set_tags(tc, "cpu");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_segments_equal_refscan, 0, 2);
     tcase_add_test(tc, test_segment_limit);
@@ -3350,6 +3351,7 @@ Suite *engine_suite(void)
     tcase_add_loop_test(tc, test_confirm_segments, 0, 2);
     suite_add_tcase(s, tc);
     tc = tcase_create("fast");
+    tcase_set_tags(tc, "cpu");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cpulit_equals_naive);
     tcase_add_loop_test(tc, test_cpulit_split_slots, 0, 2);
@@ -3364,6 +3366,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, test_plan_cached);
     suite_add_tcase(s, tc);
     tc = tcase_create("pairs"); /* session 30: pairs, dense factors, confirmed catalogs, lanes */
+    tcase_set_tags(tc, "cpu");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cpupair_equals_naive);
     tcase_add_test(tc, test_cpupair_fast_equals_naive);

@@ -3470,6 +3470,7 @@ Suite *stream_suite(void)
 {
     Suite *s = suite_create("stream");
     TCase *tc = tcase_create("streamscan");
+    tcase_set_tags(tc, "cpu");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_random_differential);
     tcase_add_test(tc, test_straddle_reported_by_completing_write);
