@@ -759,7 +759,10 @@ int parse_rule(const struct rule_src *r, struct parse_result *out, uint32_t *pos
     else if (r->len == 0)
         parse_fail(&p, 0, "empty pattern: a rule must match at least one byte");
     else if (r->len > RULES_MAX_PATTERN)
-        parse_fail(&p, 0, "pattern is %zu bytes, over the limit of %u", r->len, RULES_MAX_PATTERN);
+        parse_fail(&p, 0,
+                   "pattern is %zu bytes, over the limit of %u (Hyperscan's is lower): split an "
+                   "alternation into rules that share one id",
+                   r->len, RULES_MAX_PATTERN);
     else if (r->kind == RULE_LITERAL)
         out->root = parse_literal(&p, r->flags);
     else if (r->kind == RULE_HEX)

@@ -164,6 +164,35 @@ START_TEST(parse_errors)
 }
 END_TEST
 
+/* The pattern length limit: at it a rule parses, one byte over it is
+ * rejected at column 0 with what to do. */
+START_TEST(pattern_length_limit)
+{
+    char *pat = malloc(RULES_MAX_PATTERN + 2);
+    ck_assert_ptr_nonnull(pat);
+    for (uint32_t n = RULES_MAX_PATTERN; n <= RULES_MAX_PATTERN + 1; n++) {
+        for (uint32_t i = 0; i < n; i++)
+            pat[i] = (char)('a' + i % 26);
+        struct rule_src r = {.id = "t", .kind = RULE_LITERAL, .pattern = pat, .len = n};
+        struct parse_result pr;
+        char msg[200];
+        uint32_t pos = 999;
+        int rc = parse_rule(&r, &pr, &pos, msg, sizeof(msg));
+        if (n == RULES_MAX_PATTERN) {
+            ck_assert_msg(rc == 0, "a pattern at the limit: %s", msg);
+        } else {
+            ck_assert_int_eq(rc, -EINVAL);
+            ck_assert_uint_eq(pos, 0);
+            ck_assert_msg(strstr(msg, "over the limit of 16384") != NULL &&
+                              strstr(msg, "split an alternation") != NULL,
+                          "got '%s'", msg);
+        }
+        parse_result_finish(&pr);
+    }
+    free(pat);
+}
+END_TEST
+
 struct check_case {
     const char *pattern;
     const char *msg; /* NULL: accepted */
@@ -1108,6 +1137,7 @@ Suite *rules_suite(void)
      * 4 s under ASan and UBSan */
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, parse_errors, 0, sizeof(bad_cases) / sizeof(bad_cases[0]));
+    tcase_add_test(tc, pattern_length_limit);
     tcase_add_loop_test(tc, semantic_checks, 0, sizeof(check_cases) / sizeof(check_cases[0]));
     tcase_add_loop_test(tc, escape_sets, 0, sizeof(set_cases) / sizeof(set_cases[0]));
     tcase_add_test(tc, matching_semantics);
