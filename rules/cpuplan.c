@@ -458,6 +458,226 @@ static bool lit_of(const struct node *n, int depth, uint32_t max, struct cpuplan
 
 /* The matcher entries under construction. `bytes` holds an offset into the
  * pool until every string is in (the pool moves while it grows). */
+/* ---- class runs (cpurun.h) ---- */
+
+/* A class every byte of a match of `x` is in (ok), and the fewest bytes
+ * a match of it has (capped: only comparisons with RUN_MIN_N matter). */
+struct pure {
+    bool ok;
+    uint32_t min;
+    struct byteset u;
+};
+
+#define RUN_CAP    (1u << 20)
+#define RUN_MIN_N  8u
+#define RUN_MAX_IN 64u /* bytes in the class, at most */
+/* the least a run must say in text (run_score), in bits */
+#define RUN_MIN_BITS 40u
+
+static void set_or(struct byteset *a, const struct byteset *b)
+{
+    for (unsigned w = 0; w < 4; w++)
+        a->w[w] |= b->w[w];
+}
+
+static uint32_t set_size(const struct byteset *s)
+{
+    uint32_t n = 0;
+    for (unsigned w = 0; w < 4; w++)
+        n += (uint32_t)__builtin_popcountll(s->w[w]);
+    return n;
+}
+
+static uint32_t cap_add(uint64_t a, uint64_t b)
+{
+    return a + b < RUN_CAP ? (uint32_t)(a + b) : RUN_CAP;
+}
+
+static void pure_of(const struct node *x, int depth, struct pure *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (depth > MAX_DEPTH)
+        return;
+    switch (x->type) {
+    case N_SET:
+        *out = (struct pure){.ok = true, .min = 1, .u = x->u.set};
+        return;
+    case N_ASSERT: /* no byte */
+        out->ok = true;
+        return;
+    case N_REPEAT: {
+        pure_of(x->u.rep.kid, depth + 1, out);
+        uint64_t m = (uint64_t)out->min * x->u.rep.min;
+        out->min = m < RUN_CAP ? (uint32_t)m : RUN_CAP;
+        return;
+    }
+    case N_CAT:
+    case N_ALT:
+        out->ok = true;
+        out->min = x->type == N_ALT ? RUN_CAP : 0;
+        for (uint32_t i = 0; i < x->u.list.n && out->ok; i++) {
+            struct pure k;
+            pure_of(x->u.list.kids[i], depth + 1, &k);
+            out->ok = k.ok;
+            set_or(&out->u, &k.u);
+            out->min =
+                x->type == N_ALT ? (k.min < out->min ? k.min : out->min) : cap_add(out->min, k.min);
+        }
+        if (x->u.list.n == 0)
+            out->min = 0;
+        return;
+    }
+}
+
+/* A class run: every match holds n bytes in a row of class c (n 0: none
+ * known). */
+struct run_req {
+    uint32_t n;
+    struct byteset c;
+};
+
+/* run_score, below */
+static uint32_t run_score(const struct run_req *r);
+
+static void run_better(struct run_req *best, const struct run_req *r)
+{
+    uint32_t a = run_score(r), b = run_score(best);
+    if (a > b || (a == b && a > 0 && r->n > best->n))
+        *best = *r;
+}
+
+static void run_of(const struct node *x, int depth, struct run_req *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (depth > MAX_DEPTH)
+        return;
+    switch (x->type) {
+    case N_SET:
+        *out = (struct run_req){.n = 1, .c = x->u.set};
+        return;
+    case N_ASSERT:
+        return;
+    case N_REPEAT: {
+        if (x->u.rep.min == 0)
+            return;
+        run_of(x->u.rep.kid, depth + 1, out); /* it is there at least once */
+        struct pure p;
+        pure_of(x->u.rep.kid, depth + 1, &p);
+        if (p.ok && p.min > 0) {
+            uint64_t m = (uint64_t)p.min * x->u.rep.min;
+            struct run_req r = {.n = m < RUN_CAP ? (uint32_t)m : RUN_CAP, .c = p.u};
+            run_better(out, &r);
+        }
+        return;
+    }
+    case N_ALT: /* every branch has one: the union, the shortest */
+        for (uint32_t i = 0; i < x->u.list.n; i++) {
+            struct run_req k;
+            run_of(x->u.list.kids[i], depth + 1, &k);
+            if (k.n == 0) {
+                memset(out, 0, sizeof(*out));
+                return;
+            }
+            out->n = i == 0 || k.n < out->n ? k.n : out->n;
+            set_or(&out->c, &k.c);
+        }
+        return;
+    case N_CAT: /* a part's, or the bytes of consecutive parts that are all
+                 * of one class (`[0-9a-f]{8}-[0-9a-f]{4}`: 8, or 13 of the
+                 * union) */
+        for (uint32_t i = 0; i < x->u.list.n; i++) {
+            struct run_req k;
+            run_of(x->u.list.kids[i], depth + 1, &k);
+            run_better(out, &k);
+            struct run_req r = {0};
+            for (uint32_t j = i; j < x->u.list.n; j++) {
+                struct pure p;
+                pure_of(x->u.list.kids[j], depth + 1, &p);
+                if (!p.ok)
+                    break;
+                set_or(&r.c, &p.u);
+                r.n = cap_add(r.n, p.min);
+                run_better(out, &r);
+            }
+        }
+        return;
+    }
+}
+
+/* Parts per thousand of English text a byte is, roughly: the letters by
+ * their frequency (lowercase 62% of the text, uppercase 3%), space 16%,
+ * newline 2%, digits 1%, the rest of the printable bytes 6% among them. */
+static uint32_t text_share(unsigned c)
+{
+    /* English letter frequencies, per ten thousand letters, a to z */
+    static const uint16_t f[26] = {817, 149, 278, 425, 1270, 223, 202, 609, 697, 15,  77, 403, 241,
+                                   675, 751, 193, 10,  599,  633, 906, 276, 98,  236, 15, 197, 7};
+    if (c >= 'a' && c <= 'z')
+        return f[c - 'a'] * 620 / 10000;
+    if (c >= 'A' && c <= 'Z')
+        return f[c - 'A'] * 30 / 10000 + 1;
+    if (c == ' ')
+        return 160;
+    if (c == '\n')
+        return 20;
+    if (c >= '0' && c <= '9')
+        return 1;
+    return c > ' ' && c < 0x7f ? 2 : 0;
+}
+
+/* log2(x) in 1/256ths, x >= 1 */
+static uint32_t log2_q8(uint32_t x)
+{
+    uint32_t i = 31u - (uint32_t)__builtin_clz(x), r = i << 8;
+    uint64_t y = ((uint64_t)x << 16) >> i; /* x / 2^i, in [1, 2) as Q16 */
+    for (int b = 7; b >= 0; b--) {
+        y = (y * y) >> 16;
+        if (y >= (2u << 16)) {
+            y >>= 1;
+            r |= 1u << b;
+        }
+    }
+    return r;
+}
+
+/* The class's share of English text, in parts per thousand. */
+static uint32_t run_share(const struct run_req *r)
+{
+    uint32_t share = 0;
+    for (unsigned c = 0; c < 256; c++)
+        share += byteset_has(&r->c, c) ? text_share(c) : 0;
+    return share;
+}
+
+/* What a run says in text, in 1/256 bits: n * log2(1000 / share). A
+ * longer run of a wider class can say less than a shorter one of a
+ * narrower class (`sgp_[a-f0-9]{40}` with (?i): 44 bytes of a class of
+ * 29% of text; `[a-f0-9]{40}` alone: 40 of 22%, which says more). */
+static uint32_t run_score(const struct run_req *r)
+{
+    uint32_t share = run_share(r);
+    share = share < 1 ? 1 : share;
+    if (r->n == 0 || share >= 1000)
+        return 0;
+    uint64_t v = (uint64_t)r->n * (log2_q8(1000) - log2_q8(share));
+    return v < UINT32_MAX ? (uint32_t)v : UINT32_MAX;
+}
+
+/* Whether a rule's class run is worth a run pass: RUN_MIN_N bytes or more
+ * of a class of at most RUN_MAX_IN bytes, at most RUN_TEXT_MAX parts per
+ * thousand of English text, saying RUN_MIN_BITS or more. The scan widens
+ * every sample in the class to its run, so a class text is full of costs
+ * more than the walk it saves: `[a-fA-F0-9]{40}` (22% of text), `\d{15}`
+ * and `[A-Z0-9]{20}` are taken, `[A-Za-z0-9]{32}` (68%) and `[a-z]{10}`
+ * are not. */
+#define RUN_TEXT_MAX 300u
+
+static bool run_worth(const struct run_req *r)
+{
+    return r->n >= RUN_MIN_N && set_size(&r->c) <= RUN_MAX_IN && run_share(r) <= RUN_TEXT_MAX &&
+           run_score(r) >= RUN_MIN_BITS * 256;
+}
+
 struct entries {
     struct cpulit_entry *v;
     uint32_t *group; /* per entry: its engine group */
@@ -472,6 +692,11 @@ struct entries {
     struct cpuplan_sstr *sstr;
     uint32_t n_sstr, cap_sstr;
     struct cpuplan_string spool;
+    /* class runs (window groups' rules with no factor string) and their
+     * groups */
+    struct cpurun_entry *runs;
+    uint32_t *run_group;
+    uint32_t n_runs, cap_runs;
 };
 
 /* Room for `more` entries and `bytes` more pool bytes. */
@@ -523,6 +748,8 @@ static void entries_finish(struct entries *e)
     free(e->sstr);
     free(e->spool.b);
     free(e->spool.m);
+    free(e->runs);
+    free(e->run_group);
 }
 
 /* Whether engine group g is a literal group (CAT_GF_LITERAL): no DFA of
@@ -657,6 +884,22 @@ static int second_add(struct entries *e, const struct fset *f2, uint32_t g, uint
     return 0;
 }
 
+static int run_add(struct entries *e, const struct run_req *r, uint32_t g)
+{
+    if (!room((void **)&e->runs, &e->cap_runs, e->n_runs + 1, sizeof(*e->runs)))
+        return -ENOMEM;
+    uint32_t *rg = realloc(e->run_group, (size_t)e->cap_runs * sizeof(*rg));
+    if (rg == NULL)
+        return -ENOMEM;
+    e->run_group = rg;
+    struct cpurun_entry *x = &e->runs[e->n_runs];
+    memcpy(x->set, r->c.w, sizeof(x->set));
+    x->n = r->n;
+    x->id = CPUPLAN_FACTOR | g;
+    e->run_group[e->n_runs++] = g;
+    return 0;
+}
+
 /* Pass over the rules of groups still marked in `ok`: each adds its
  * strings (its literal under its report index, or its factor set) or
  * unmarks its group. */
@@ -691,8 +934,16 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
                 rc = entries_add(e, s.b, s.m, s.n, report[r], g);
         } else if ((good = parse_src(cat, r, &pr, &g) == 0 && pr.root != NULL)) {
             good = factor_of(pr.root, 0, e->strict, f) && fs_worth(f, e->strict);
+            bool run = false;
+            if (!good) { /* no string: a class run, when it has one */
+                struct run_req rq;
+                run_of(pr.root, 0, &rq);
+                if ((good = run = run_worth(&rq)))
+                    rc = run_add(e, &rq, g);
+                f->n = 0;
+            }
             uint32_t id = CPUPLAN_FACTOR | g;
-            if (good && cr.maxlen != CATALOG_UNBOUNDED && second_of(pr.root, f, f2)) {
+            if (good && !run && cr.maxlen != CATALOG_UNBOUNDED && second_of(pr.root, f, f2)) {
                 rc = second_add(e, f2, g, cr.maxlen);
                 id = CPUPLAN_FACTOR | CPUPLAN_SECOND | (e->n_sec - 1);
             }
@@ -746,6 +997,13 @@ static int make_matcher(struct entries *e, const uint8_t *mode, struct cpuplan *
     }
     int rc = pairs > 0 ? cpupair_create(two, pairs, &p->pair) : 0;
     free(two);
+    /* the class runs of window groups */
+    uint32_t nr = 0;
+    for (uint32_t i = 0; i < e->n_runs; i++)
+        if (mode[e->run_group[i]] == CPUPLAN_WINDOW)
+            e->runs[nr++] = e->runs[i];
+    if (rc == 0 && nr > 0)
+        rc = cpurun_create(e->runs, nr, &p->run);
     if (rc == 0 && a > 0)
         rc = cpulit_create(e->v, a, &p->lit);
     return rc;
@@ -1444,6 +1702,7 @@ static void plan_free(struct cpuplan *p)
     free(p->shadow_rule);
     cpulit_destroy(p->lit);
     cpupair_destroy(p->pair);
+    cpurun_destroy(p->run);
     free(p->second);
     free(p->sec_str);
     free(p->sec_b);

@@ -34,6 +34,7 @@
 #include "catalog.h"
 #include "cpulit.h"
 #include "cpupair.h"
+#include "cpurun.h"
 
 enum { CPUPLAN_FULL = 0, CPUPLAN_LIT = 1, CPUPLAN_WINDOW = 2, CPUPLAN_SHADOW = 3 };
 
@@ -84,6 +85,9 @@ struct cpuplan {
     struct cpulit *lit; /* NULL when no group uses it */
     /* window groups' factors of two bytes (cpupair.h); NULL when none */
     struct cpupair *pair;
+    /* window groups' class runs (cpurun.h), for rules with no string to
+     * look for; NULL when none */
+    struct cpurun *run;
     /* second factors (CPUPLAN_SECOND ids); NULL when none */
     struct cpuplan_second *second;
     struct cpuplan_sstr *sec_str;

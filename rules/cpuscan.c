@@ -746,6 +746,8 @@ static int fast_groups(const struct catalog *cat, const struct cpuplan *plan, co
         rc = cpulit_scan(plan->lit, buf, len, begin, begin, hi, on_literal, &lw);
     if (rc == 0 && plan->pair != NULL && !lw.dense)
         rc = cpupair_scan(plan->pair, buf, len, begin, begin, hi, on_literal, &lw);
+    if (rc == 0 && plan->run != NULL && !lw.dense)
+        rc = cpurun_scan(plan->run, buf, len, begin, hi, on_literal, &lw);
     free(lw.memo);
     if (rc == 0 && lw.dense) {
         refscan_gate_finish(&cands);

@@ -26,6 +26,7 @@
 
 #include "cpulit.h"
 #include "cpupair.h"
+#include "cpurun.h"
 #include "cpuplan.h"
 #include "cpuscan.h"
 #include "refscan.h"
@@ -3311,6 +3312,151 @@ START_TEST(test_lowercase_pairs_not_factors)
 }
 END_TEST
 
+/* cpurun_scan's points, as cpurun.h defines them, found the slow way:
+ * every maximal run of the class in [begin, hi) of n bytes or more gives
+ * a + n, a + 2n, ... below b, then b. */
+struct run_pt {
+    uint32_t id;
+    uint64_t end;
+};
+
+struct run_pts {
+    struct run_pt v[4096];
+    size_t n;
+};
+
+static int run_collect(void *ctx, uint32_t id, uint64_t end)
+{
+    struct run_pts *p = ctx;
+    ck_assert_uint_lt(p->n, 4096);
+    p->v[p->n++] = (struct run_pt){id, end};
+    return 0;
+}
+
+static void runs_naive(const struct cpurun_entry *v, size_t nv, const uint8_t *buf, size_t begin,
+                       size_t end, struct run_pts *out)
+{
+    for (size_t k = 0; k < nv; k++) {
+        for (size_t a = begin; a < end;) {
+            if (!((v[k].set[buf[a] / 64] >> (buf[a] % 64)) & 1)) {
+                a++;
+                continue;
+            }
+            size_t b = a;
+            while (b < end && ((v[k].set[buf[b] / 64] >> (buf[b] % 64)) & 1))
+                b++;
+            if (b - a >= v[k].n) {
+                for (size_t e = a + v[k].n; e < b; e += v[k].n)
+                    out->v[out->n++] = (struct run_pt){v[k].id, e};
+                out->v[out->n++] = (struct run_pt){v[k].id, b};
+            }
+            a = b;
+        }
+    }
+}
+
+/* The run matcher's points equal the slow way's, for random classes,
+ * lengths 1 to 20 and ranges of a buffer of few byte values, where runs
+ * of every length meet the samples at every residue. */
+START_TEST(test_cpurun_equals_naive)
+{
+    static struct run_pts got, want;
+    uint8_t buf[3000];
+    for (int round = 0; round < 300; round++) {
+        struct cpurun_entry v[3];
+        size_t nv = 1 + rnd(3);
+        for (size_t k = 0; k < nv; k++) {
+            memset(&v[k], 0, sizeof(v[k]));
+            for (unsigned c = 'a'; c <= 'e'; c++)
+                if (rnd(2))
+                    v[k].set[c / 64] |= 1ull << (c % 64);
+            v[k].set['a' / 64] |= 1ull << ('a' % 64);
+            v[k].n = 1 + rnd(20);
+            v[k].id = (uint32_t)k + 7;
+        }
+        size_t len = 1 + rnd(sizeof(buf));
+        uint32_t odds = 2 + rnd(30); /* a byte out of every class: 1 in odds */
+        for (size_t i = 0; i < len; i++)
+            buf[i] = rnd(odds) == 0 ? 'z' : (uint8_t)('a' + rnd(5));
+        size_t begin = rnd((uint32_t)len), hi = begin + rnd((uint32_t)(len - begin + 1));
+        if (rnd(4) == 0)
+            hi = len + 10; /* past the buffer: its end */
+        struct cpurun *m;
+        ck_assert_int_eq(cpurun_create(v, nv, &m), 0);
+        got.n = want.n = 0;
+        ck_assert_int_eq(cpurun_scan(m, buf, len, begin, hi, run_collect, &got), 0);
+        runs_naive(v, nv, buf, begin, hi < len ? hi : len, &want);
+        ck_assert_uint_eq(got.n, want.n);
+        for (size_t i = 0; i < got.n; i++) {
+            ck_assert_uint_eq(got.v[i].id, want.v[i].id);
+            ck_assert_uint_eq(got.v[i].end, want.v[i].end);
+        }
+        cpurun_destroy(m);
+    }
+    struct cpurun_entry bad = {.set = {0}, .n = 4, .id = 1};
+    struct cpurun *m = NULL;
+    ck_assert_int_eq(cpurun_create(&bad, 1, &m), -EINVAL); /* an empty class */
+}
+END_TEST
+
+/* Rules with no string to look for, only a long counted class (a secret
+ * scanner's generic tokens): their groups are walked in windows around
+ * the class's runs (cpuplan.run), and equal refscan on every segment
+ * size, with runs one byte short of n, at n, and long, and at the
+ * buffer's ends. `[a-z]{12}` (most of any text) gets no run pass. */
+START_TEST(test_run_windows_equal_refscan)
+{
+    static char *const pats[] = {"\\b[a-fA-F0-9]{40}\\b", "\\d{15,16}[|%][0-9a-z_-]{27,40}",
+                                 "(?:sgp_[a-f0-9]{40}|[a-f0-9]{40})[\\s;]", "[a-z]{12}Q"};
+    static const char *flags[] = {"", "i", "", ""};
+    enum rule_kind kind[4] = {RULE_REGEX, RULE_REGEX, RULE_REGEX, RULE_REGEX};
+    struct catalog *one = compile_src((char **)pats + 3, flags + 3, kind, 1, _i == 1);
+    struct catalog *cat = compile_src((char **)pats, flags, kind, 3, _i == 1);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_build(one, true, &plan), 0);
+    ck_assert_ptr_null(plan->run);
+    ck_assert_uint_eq(plan->n_window_groups, 0);
+    cpuplan_put(plan);
+    catalog_destroy(one);
+    ck_assert_int_eq(cpuplan_build(cat, true, &plan), 0);
+    ck_assert_ptr_nonnull(plan->run);
+    for (uint32_t r = 0; r < 3; r++) {
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        ck_assert_msg(plan->mode[cr.group] == CPUPLAN_WINDOW, "rule %u: mode %d", r,
+                      plan->mode[cr.group]);
+    }
+    cpuplan_put(plan);
+    size_t len = 200000;
+    uint8_t *buf = malloc(len);
+    static const char alpha[] = "the quick brown fox 0123 abcdef ;\n";
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+    static const char hex[] = "0123456789abcdefABCDEF";
+    for (size_t p = 0; p + 200 < len; p += 1 + rnd(3000)) {
+        size_t n = 39 + rnd(4);
+        if (rnd(8) == 0)
+            n = 60 + rnd(100);
+        for (size_t i = 0; i < n; i++)
+            buf[p + i] = (uint8_t)hex[rnd(rnd(3) == 0 ? 22 : 16)];
+        if (rnd(3) == 0) { /* a card-like token */
+            size_t d = 14 + rnd(4);
+            for (size_t i = 0; i < d; i++)
+                buf[p + n + i] = (uint8_t)('0' + rnd(10));
+            buf[p + n + d] = rnd(2) ? '|' : '%';
+            for (size_t i = 0; i < 30; i++)
+                buf[p + n + d + 1 + i] = (uint8_t) "abcdef0123_-XYZ"[rnd(15)];
+        }
+        buf[p + n + 50] = ';';
+    }
+    for (size_t i = 0; i < 40; i++) /* at both ends */
+        buf[i] = buf[len - 1 - i] = (uint8_t)hex[rnd(16)];
+    fast_equals_refscan(cat, buf, len, "class runs");
+    free(buf);
+    catalog_destroy(cat);
+}
+END_TEST
+
 START_TEST(test_plan_cached)
 {
     static const struct rdef lits[] = {{"a", "needle", NULL, RULE_LITERAL},
@@ -3376,6 +3522,8 @@ Suite *engine_suite(void)
     tcase_add_loop_test(tc, test_lowercase_pairs_not_factors, 0, 4);
     tcase_add_loop_test(tc, test_confirm_with_plan, 0, 2);
     tcase_add_test(tc, test_confirm_pair_fallback);
+    tcase_add_test(tc, test_cpurun_equals_naive);
+    tcase_add_loop_test(tc, test_run_windows_equal_refscan, 0, 2);
     tcase_add_loop_test(tc, test_second_factor_equal_refscan, 0, 2);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
