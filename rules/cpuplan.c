@@ -935,7 +935,12 @@ static int collect(const struct catalog *cat, const uint32_t *report, uint32_t n
         } else if ((good = parse_src(cat, r, &pr, &g) == 0 && pr.root != NULL)) {
             good = factor_of(pr.root, 0, e->strict, f) && fs_worth(f, e->strict);
             bool run = false;
-            if (!good) { /* no string: a class run, when it has one */
+            /* no string of MIN_LIT bytes (not even one judged too weak, as
+             * 3-byte ones are in forward-confirmed catalogs: there the
+             * group's walk in full, with the others, costs less than a run
+             * pass; regex-500-secrets' `lji[a-f0-9]{40}`): a class run,
+             * when it has one */
+            if (!good && !(e->strict && factor_of(pr.root, 0, false, f) && fs_min(f) >= MIN_LIT)) {
                 struct run_req rq;
                 run_of(pr.root, 0, &rq);
                 if ((good = run = run_worth(&rq)))
