@@ -56,6 +56,7 @@ static int scan_one(const struct run *r, const uint8_t *buf, size_t begin, size_
                     void *ctx)
 {
     const size_t n = r->n;
+    size_t work = 0; /* bytes widened over */
     for (size_t q = begin + n - 1; q < end; q += n) {
         if (!r->in[buf[q]])
             continue;
@@ -64,6 +65,9 @@ static int scan_one(const struct run *r, const uint8_t *buf, size_t begin, size_
             a--;
         while (b < end && r->in[buf[b]])
             b++;
+        work += b - a;
+        if (q - begin >= CPURUN_DENSE_MIN && 2 * work > q - begin)
+            return fn(ctx, r->id, CPURUN_GAVE_UP);
         if (b - a < n)
             continue; /* b < q + n: the next sample is past the run */
         int rc = 0;
@@ -88,7 +92,7 @@ int cpurun_scan(const struct cpurun *m, const uint8_t *buf, size_t len, size_t b
         if (begin >= end || end - begin < m->v[i].n)
             continue;
         int rc = scan_one(&m->v[i], buf, begin, end, fn, ctx);
-        if (rc != 0)
+        if (rc != 0 && rc != CPURUN_SKIP)
             return rc;
     }
     return 0;

@@ -39,6 +39,18 @@ int cpurun_create(const struct cpurun_entry *v, size_t n, struct cpurun **out);
 
 void cpurun_destroy(struct cpurun *m);
 
+/* Returned by fn: no more points of this entry in this scan (the next
+ * entry goes on). */
+#define CPURUN_SKIP 1
+
+/* The end fn is given, once, when an entry's class is so common in the
+ * data that widening its samples costs more than half the bytes looked at
+ * (past the first CPURUN_DENSE_MIN): its scan ends there, with points
+ * missing, and the caller must scan its rules some other way (the plan's
+ * window group walked in full). */
+#define CPURUN_GAVE_UP   UINT64_MAX
+#define CPURUN_DENSE_MIN 4096u
+
 /*
  * For each entry and each maximal run [a, b) of its class inside
  * buf[begin, min(hi, len)) with b - a >= n: fn(ctx, id, e) for e = a + n,
@@ -46,8 +58,9 @@ void cpurun_destroy(struct cpurun *m);
  * (b - n <= e - n, a <= e - n), and every end of n such bytes in the run is
  * at most n - 1 after a point, so a rule whose matches hold the run and are
  * at most MAXLEN long ends within [e, e + MAXLEN] of a point e. Entries
- * are scanned one after the other, each in increasing e. A non-zero return
- * of fn stops the scan and is returned.
+ * are scanned one after the other, each in increasing e. fn returning
+ * CPURUN_SKIP ends its entry's scan; another non-zero return stops the
+ * scan and is returned.
  */
 int cpurun_scan(const struct cpurun *m, const uint8_t *buf, size_t len, size_t begin, uint64_t hi,
                 cpulit_fn fn, void *ctx);

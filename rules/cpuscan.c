@@ -564,6 +564,10 @@ struct litwalk {
                                   walked in full (NULL until the first such group) */
     bool dense;                /* out of memory for `full`: window groups are walked in full */
     struct refscan_gate *gate; /* CPUPLAN_GATE ends (cpuplan.gate_merged), or NULL */
+    const struct catalog *cat;
+    size_t begin;     /* of the matchers' scan */
+    uint32_t run_id;  /* the run entry being scanned (on_run) */
+    uint64_t run_pts; /* and its points so far */
 };
 
 /* The candidates reached the cap: the groups with the most of them are
@@ -679,6 +683,42 @@ static int on_literal(void *ctx, uint32_t id, uint64_t end)
     return refscan_gate_push(lw->cands, g, end);
 }
 
+/* Class runs common in the data (hashes in a git log, a lockfile's
+ * checksums): once a run entry's windows, 2 x MAXLEN about each point,
+ * would cover more than the bytes it has looked at (past the first
+ * CPURUN_DENSE_MIN), or the matcher gives up on its class
+ * (CPURUN_GAVE_UP), its group is walked in full and the entry scans no
+ * further: the run pass then costs a fraction of the data, not its
+ * every byte on top of a walk that covers them all anyway. */
+static int on_run(void *ctx, uint32_t id, uint64_t end)
+{
+    struct litwalk *lw = ctx;
+    uint32_t g = id & ~CPUPLAN_FACTOR;
+    if (lw->dense || (lw->full != NULL && lw->full[g]))
+        return CPURUN_SKIP;
+    if (id != lw->run_id) {
+        lw->run_id = id;
+        lw->run_pts = 0;
+    }
+    uint64_t seen = end == CPURUN_GAVE_UP ? UINT64_MAX : end - lw->begin;
+    if (end == CPURUN_GAVE_UP || (++lw->run_pts * 2 * (uint64_t)group_maxlen(lw->cat, g) > seen &&
+                                  seen >= CPURUN_DENSE_MIN)) {
+        if (lw->full == NULL && (lw->full = calloc(lw->ng, 1)) == NULL) {
+            lw->dense = true;
+            return CPURUN_SKIP;
+        }
+        lw->full[g] = 1;
+        struct refscan_gate *c = lw->cands;
+        size_t k = 0;
+        for (size_t i = 0; i < c->n; i++)
+            if (c->v[i].nfa != g)
+                c->v[k++] = c->v[i];
+        c->n = k;
+        return CPURUN_SKIP;
+    }
+    return on_literal(ctx, id, end);
+}
+
 /* One window group's walks. */
 struct winwalk {
     const struct catalog *cat;
@@ -740,14 +780,17 @@ static int fast_groups(const struct catalog *cat, const struct cpuplan *plan, co
                          .lo = lo,
                          .cap = span / 64 > 4096 ? span / 64 : 4096,
                          .ng = plan->n_dfa + plan->n_nfa,
-                         .gate = gate};
+                         .gate = gate,
+                         .cat = cat,
+                         .begin = begin,
+                         .run_id = UINT32_MAX};
     int rc = 0;
     if (plan->lit != NULL)
         rc = cpulit_scan(plan->lit, buf, len, begin, begin, hi, on_literal, &lw);
     if (rc == 0 && plan->pair != NULL && !lw.dense)
         rc = cpupair_scan(plan->pair, buf, len, begin, begin, hi, on_literal, &lw);
     if (rc == 0 && plan->run != NULL && !lw.dense)
-        rc = cpurun_scan(plan->run, buf, len, begin, hi, on_literal, &lw);
+        rc = cpurun_scan(plan->run, buf, len, begin, hi, on_run, &lw);
     free(lw.memo);
     if (rc == 0 && lw.dense) {
         refscan_gate_finish(&cands);

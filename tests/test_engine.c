@@ -3399,6 +3399,42 @@ START_TEST(test_cpurun_equals_naive)
 }
 END_TEST
 
+/* A class that is most of the data: past CPURUN_DENSE_MIN bytes the
+ * matcher gives up on it (CPURUN_GAVE_UP, once, last), and its points up
+ * to there are the naive ones; a sparse class beside it is scanned whole. */
+START_TEST(test_cpurun_gives_up_on_dense)
+{
+    static struct run_pts got, want;
+    static uint8_t buf[40000];
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = rnd(9) == 0 ? ' ' : (uint8_t) "0123456789abcdef"[rnd(16)];
+    for (size_t p = 100; p + 30 < sizeof(buf); p += 5000)
+        memset(buf + p, 'Z', 20);
+    struct cpurun_entry v[2] = {{.n = 16, .id = 1}, {.n = 20, .id = 2}};
+    for (unsigned c = 0; c < 256; c++)
+        if (strchr("0123456789abcdef", (int)c) != NULL && c != 0)
+            v[0].set[c / 64] |= 1ull << (c % 64);
+    v[1].set['Z' / 64] |= 1ull << ('Z' % 64);
+    struct cpurun *m;
+    ck_assert_int_eq(cpurun_create(v, 2, &m), 0);
+    got.n = want.n = 0;
+    ck_assert_int_eq(cpurun_scan(m, buf, sizeof(buf), 0, sizeof(buf), run_collect, &got), 0);
+    runs_naive(v + 1, 1, buf, 0, sizeof(buf), &want);
+    size_t k = 0;
+    while (k < got.n && got.v[k].id == 1 && got.v[k].end != CPURUN_GAVE_UP)
+        k++;
+    ck_assert_uint_lt(k, got.n);
+    ck_assert_uint_eq(got.v[k].id, 1);
+    ck_assert(got.v[k].end == CPURUN_GAVE_UP); /* given up, once */
+    for (size_t i = 0; i < k; i++)
+        ck_assert_uint_lt(got.v[i].end, CPURUN_DENSE_MIN + 200);
+    ck_assert_uint_eq(got.n - k - 1, want.n); /* the sparse class: every run */
+    for (size_t i = 0; i < want.n; i++)
+        ck_assert_uint_eq(got.v[k + 1 + i].end, want.v[i].end);
+    cpurun_destroy(m);
+}
+END_TEST
+
 /* Rules with no string to look for, only a long counted class (a secret
  * scanner's generic tokens): their groups are walked in windows around
  * the class's runs (cpuplan.run), and equal refscan on every segment
@@ -3410,8 +3446,9 @@ START_TEST(test_run_windows_equal_refscan)
                                  "(?:sgp_[a-f0-9]{40}|[a-f0-9]{40})[\\s;]", "[a-z]{12}Q"};
     static const char *flags[] = {"", "i", "", ""};
     enum rule_kind kind[4] = {RULE_REGEX, RULE_REGEX, RULE_REGEX, RULE_REGEX};
-    struct catalog *one = compile_src((char **)pats + 3, flags + 3, kind, 1, _i == 1);
-    struct catalog *cat = compile_src((char **)pats, flags, kind, 3, _i == 1);
+    bool bitnfa = _i % 2 == 1, dense = _i >= 2;
+    struct catalog *one = compile_src((char **)pats + 3, flags + 3, kind, 1, bitnfa);
+    struct catalog *cat = compile_src((char **)pats, flags, kind, 3, bitnfa);
     struct cpuplan *plan;
     ck_assert_int_eq(cpuplan_build(one, true, &plan), 0);
     ck_assert_ptr_null(plan->run);
@@ -3429,9 +3466,13 @@ START_TEST(test_run_windows_equal_refscan)
     cpuplan_put(plan);
     size_t len = 200000;
     uint8_t *buf = malloc(len);
+    /* dense: hex digits nearly everywhere (a list of hashes), so the run
+     * matcher gives up and the groups are walked in full */
     static const char alpha[] = "the quick brown fox 0123 abcdef ;\n";
+    static const char hexy[] = "0123456789abcdef0123456789abcdef \n;";
     for (size_t i = 0; i < len; i++)
-        buf[i] = (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
+        buf[i] =
+            dense ? (uint8_t)hexy[rnd(sizeof(hexy) - 1)] : (uint8_t)alpha[rnd(sizeof(alpha) - 1)];
     static const char hex[] = "0123456789abcdefABCDEF";
     for (size_t p = 0; p + 200 < len; p += 1 + rnd(3000)) {
         size_t n = 39 + rnd(4);
@@ -3523,7 +3564,8 @@ Suite *engine_suite(void)
     tcase_add_loop_test(tc, test_confirm_with_plan, 0, 2);
     tcase_add_test(tc, test_confirm_pair_fallback);
     tcase_add_test(tc, test_cpurun_equals_naive);
-    tcase_add_loop_test(tc, test_run_windows_equal_refscan, 0, 2);
+    tcase_add_test(tc, test_cpurun_gives_up_on_dense);
+    tcase_add_loop_test(tc, test_run_windows_equal_refscan, 0, 4);
     tcase_add_loop_test(tc, test_second_factor_equal_refscan, 0, 2);
     suite_add_tcase(s, tc);
     if (getenv("VKSCAND") == NULL || access(getenv("VKSCAND"), X_OK) != 0)
