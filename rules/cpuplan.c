@@ -461,7 +461,8 @@ static bool lit_of(const struct node *n, int depth, uint32_t max, struct cpuplan
 /* ---- class runs (cpurun.h) ---- */
 
 /* A class every byte of a match of `x` is in (ok), and the fewest bytes
- * a match of it has (capped: only comparisons with RUN_MIN_N matter). */
+ * a match of it has, at most RUN_CAP (a lower bound is still one: every
+ * match then holds a run at least that long). */
 struct pure {
     bool ok;
     uint32_t min;
