@@ -472,6 +472,7 @@ struct pure {
 #define RUN_CAP    (1u << 20)
 #define RUN_MIN_N  8u
 #define RUN_MAX_IN 64u /* bytes in the class, at most */
+#define RUN_SPAN   64u /* parts of a concatenation in one run, at most */
 /* the least a run must say in text (run_score), in bits */
 #define RUN_MIN_BITS 40u
 
@@ -583,25 +584,39 @@ static void run_of(const struct node *x, int depth, struct run_req *out)
             set_or(&out->c, &k.c);
         }
         return;
-    case N_CAT: /* a part's, or the bytes of consecutive parts that are all
-                 * of one class (`[0-9a-f]{8}-[0-9a-f]{4}`: 8, or 13 of the
-                 * union) */
-        for (uint32_t i = 0; i < x->u.list.n; i++) {
-            struct run_req k;
-            run_of(x->u.list.kids[i], depth + 1, &k);
-            run_better(out, &k);
+    case N_CAT: { /* a part's, or the bytes of consecutive parts that are
+                   * all of one class (`[0-9a-f]{8}-[0-9a-f]{4}`: 8, or 13 of
+                   * the union): those from each part, at most RUN_SPAN
+                   * parts and a class of RUN_MAX_IN bytes, each class
+                   * judged at its longest (a 16 KiB rule of `\d`s is
+                   * 16,384 parts) */
+        uint32_t k = x->u.list.n;
+        struct pure *p = malloc((k ? k : 1) * sizeof(*p));
+        for (uint32_t i = 0; i < k; i++) {
+            struct run_req r;
+            run_of(x->u.list.kids[i], depth + 1, &r);
+            run_better(out, &r);
+            if (p != NULL)
+                pure_of(x->u.list.kids[i], depth + 1, &p[i]);
+        }
+        for (uint32_t i = 0; p != NULL && i < k; i++) {
             struct run_req r = {0};
-            for (uint32_t j = i; j < x->u.list.n; j++) {
-                struct pure p;
-                pure_of(x->u.list.kids[j], depth + 1, &p);
-                if (!p.ok)
+            for (uint32_t j = i; j < k && j - i < RUN_SPAN && p[j].ok; j++) {
+                set_or(&r.c, &p[j].u);
+                if (set_size(&r.c) > RUN_MAX_IN)
                     break;
-                set_or(&r.c, &p.u);
-                r.n = cap_add(r.n, p.min);
-                run_better(out, &r);
+                r.n = cap_add(r.n, p[j].min);
+                bool last = j + 1 == k || j + 1 - i == RUN_SPAN || !p[j + 1].ok;
+                struct byteset next = r.c;
+                if (!last)
+                    set_or(&next, &p[j + 1].u);
+                if (last || memcmp(&next, &r.c, sizeof(next)) != 0)
+                    run_better(out, &r);
             }
         }
+        free(p);
         return;
+    }
     }
 }
 
@@ -645,8 +660,9 @@ static uint32_t log2_q8(uint32_t x)
 static uint32_t run_share(const struct run_req *r)
 {
     uint32_t share = 0;
-    for (unsigned c = 0; c < 256; c++)
-        share += byteset_has(&r->c, c) ? text_share(c) : 0;
+    for (unsigned w = 0; w < 4; w++)
+        for (uint64_t bits = r->c.w[w]; bits != 0; bits &= bits - 1)
+            share += text_share(w * 64 + (unsigned)__builtin_ctzll(bits));
     return share;
 }
 
