@@ -570,6 +570,16 @@ struct litwalk {
     uint64_t run_pts; /* and its points so far */
 };
 
+/* Drops the candidates of the groups marked in `full` (walked in full). */
+static void drop_full(struct refscan_gate *c, const uint8_t *full)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < c->n; i++)
+        if (!full[c->v[i].nfa])
+            c->v[k++] = c->v[i];
+    c->n = k;
+}
+
 /* The candidates reached the cap: the groups with the most of them are
  * walked in full instead, their candidates dropped, until at most half
  * the cap is left. A group whose factor is everywhere (`ab` in text, a
@@ -594,11 +604,7 @@ static void shed_dense(struct litwalk *lw)
             top = count[g] > count[top] ? g : top;
         lw->full[top] = 1;
         count[top] = 0;
-        size_t k = 0;
-        for (size_t i = 0; i < c->n; i++)
-            if (!lw->full[c->v[i].nfa])
-                c->v[k++] = c->v[i];
-        c->n = k;
+        drop_full(c, lw->full);
     }
     free(count);
 }
@@ -708,12 +714,7 @@ static int on_run(void *ctx, uint32_t id, uint64_t end)
             return CPURUN_SKIP;
         }
         lw->full[g] = 1;
-        struct refscan_gate *c = lw->cands;
-        size_t k = 0;
-        for (size_t i = 0; i < c->n; i++)
-            if (c->v[i].nfa != g)
-                c->v[k++] = c->v[i];
-        c->n = k;
+        drop_full(lw->cands, lw->full);
         return CPURUN_SKIP;
     }
     return on_literal(ctx, id, end);
