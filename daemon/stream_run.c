@@ -28,6 +28,9 @@
 #include "streamscan.h"
 
 #define READ_CHUNK (1u << 20) /* fd writes are read and scanned in pieces of this size */
+/* ... or of this size where the stream's catalog takes the fast path
+ * (docs/engine.md "Streams"): a piece's middle spreads over the threads */
+#define READ_CHUNK_FAST (16u << 20)
 
 /* Requests handed to the CPU engine and finished ones coming back. */
 static struct {
@@ -290,11 +293,13 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
     int rc = 0;
     if (w->batch_min != 0 && len > w->batch_min && write_fd_split(w, b, len, &rc))
         return rc;
-    uint8_t *buf = malloc(len < READ_CHUNK ? (len ? len : 1) : READ_CHUNK);
+    size_t chunk =
+        streamscan_split_tail(w->st->scan, (size_t)len) != 0 ? READ_CHUNK_FAST : READ_CHUNK;
+    uint8_t *buf = malloc(len < chunk ? (len ? len : 1) : chunk);
     if (buf == NULL)
         return -ENOMEM;
     for (uint64_t done = 0; done < len && rc == 0;) {
-        size_t want = len - done < READ_CHUNK ? (size_t)(len - done) : READ_CHUNK;
+        size_t want = len - done < chunk ? (size_t)(len - done) : chunk;
         ssize_t n = pread(b->fd, buf, want, (off_t)(b->offset + done));
         if (n <= 0) {
             snprintf(w->msg, sizeof(w->msg), "reading the descriptor failed at byte %llu: %s",

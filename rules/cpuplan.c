@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cpupair.h"
+#include "cpuscan.h"
 #include "dfa.h"
 #include "nfa.h"
 #include "parse.h"
@@ -1730,8 +1731,40 @@ static void plan_free(struct cpuplan *p)
     free(p->sec_b);
     free(p->sec_m);
     free(p->factor_walk);
+    free(p->unbounded);
     free(p->mode);
     free(p);
+}
+
+/* split_lb and unbounded (struct cpuplan). */
+static int plan_split(const struct catalog *cat, struct cpuplan *p)
+{
+    p->split_lb = CPUSCAN_UNSEGMENTABLE;
+    if (cpuscan_lookback(cat) != CPUSCAN_UNSEGMENTABLE)
+        return 0;
+    uint64_t lb = cpuscan_split_lookback(cat);
+    if (lb == CPUSCAN_UNSEGMENTABLE)
+        return 0;
+    uint32_t n = catalog_rule_count(cat), nd = catalog_group_count(cat);
+    if ((p->unbounded = calloc(n ? n : 1, 1)) == NULL)
+        return -ENOMEM;
+    for (uint32_t r = 0; r < n; r++) {
+        struct catalog_rule cr;
+        catalog_rule(cat, r, &cr);
+        uint32_t maxlen;
+        if (cr.group < nd) {
+            struct catalog_group cg;
+            catalog_group(cat, cr.group, &cg);
+            maxlen = cg.maxlen;
+        } else {
+            struct catalog_nfa cn;
+            catalog_nfa(cat, cr.group - nd, &cn);
+            maxlen = cn.maxlen;
+        }
+        p->unbounded[r] = maxlen == CATALOG_UNBOUNDED;
+    }
+    p->split_lb = lb;
+    return 0;
 }
 
 int cpuplan_build(const struct catalog *cat, bool fast, struct cpuplan **out)
@@ -1755,6 +1788,8 @@ int cpuplan_build(const struct catalog *cat, bool fast, struct cpuplan **out)
         if (rc == 0) /* every bit-NFA group FULL: gated ones on the factor groups */
             rc = plan_walks(cat, p);
     }
+    if (rc == 0)
+        rc = plan_split(cat, p);
     if (rc != 0) {
         plan_free(p);
         return rc;

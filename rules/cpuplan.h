@@ -117,6 +117,14 @@ struct cpuplan {
     struct catalog *shadow;
     struct cpuplan *shadow_plan;
     uint32_t *shadow_rule;
+    /* For a catalog cpuscan_lookback cannot segment (an unbounded group):
+     * cpuscan_split_lookback, the lookback of its bounded groups when those
+     * may be scanned apart from the unbounded ones (streams take their fast
+     * path for the bounded groups alone, rules/streamscan.c), else
+     * CPUSCAN_UNSEGMENTABLE; and with a finite one, per rule, 1 when its
+     * group is unbounded (else NULL) */
+    uint64_t split_lb;
+    uint8_t *unbounded;
     int refs; /* under the cache's lock */
 };
 

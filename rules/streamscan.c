@@ -371,6 +371,32 @@ struct nfa_at {
     uint32_t *home, *tmp;
 };
 
+/* A walk of at least this many bytes skips, while its state is empty, the
+ * bytes that fire no start edge (start_bytes). */
+#define SKIP_MIN   4096u
+#define SKIP_WORDS 64u
+
+/* Which bytes fire a start edge of group g from the empty state after some
+ * previous kind: starts[c] = 1. False when g is wider than SKIP_WORDS. */
+static bool start_bytes(const struct catalog_nfa *g, uint8_t starts[256])
+{
+    uint32_t a[SKIP_WORDS], b[SKIP_WORDS];
+    if (g->n_words > SKIP_WORDS)
+        return false;
+    for (uint32_t c = 0; c < 256; c++) {
+        uint32_t k = catalog_byte_kind((uint8_t)c);
+        starts[c] = 0;
+        for (uint32_t p = 0; p <= 3 && !starts[c]; p++) { /* P_BOS, P_WORD, P_NL, P_OTHER */
+            memset(a, 0, (size_t)g->n_words * sizeof(uint32_t));
+            memset(b, 0, (size_t)g->n_words * sizeof(uint32_t));
+            struct nvec sa = {a, 1, 0}, sb = {b, 1, 0};
+            nfa_step(g, &sa, &sb, CAT_PK(p, k), (uint8_t)c);
+            starts[c] = sb.lo <= sb.hi;
+        }
+    }
+    return true;
+}
+
 static int nfa_write(struct streamscan *s, struct nfa_at *n, const struct vbuf *v, size_t e,
                      uint32_t told_end, struct scan_hits *raw)
 {
@@ -379,8 +405,22 @@ static int nfa_write(struct streamscan *s, struct nfa_at *n, const struct vbuf *
     nfa_load(g, n->home, n->tmp, &a, &b);
     uint32_t p = s->prev;
     uint64_t pos = pos_of(s);
+    uint8_t starts[256];
+    bool skip = e >= SKIP_MIN && start_bytes(g, starts);
     int rc = 0;
     for (size_t i = 0; i < e && rc == 0; i++) {
+        if (skip && i > 0 && cur->lo > cur->hi && !starts[vbyte(v, i)]) {
+            /* nothing is live and this byte starts nothing: no match ends
+             * before the next byte that does (the check at i reports
+             * from an empty state) */
+            size_t j = i + 1;
+            while (j < e && !starts[vbyte(v, j)])
+                j++;
+            p = catalog_byte_kind(vbyte(v, j - 1)) + 1;
+            i = j;
+            if (i == e)
+                break;
+        }
         uint8_t c = vbyte(v, i);
         uint32_t k = catalog_byte_kind(c);
         rc = nfa_check(g, cur, p, 1u << k, i ? 0 : s->told, pos + i, raw);
@@ -464,8 +504,16 @@ static bool walked_apart(const struct catalog_nfa *g, uint32_t hist)
     return gated_hist(g, hist) || confirm_hist(g, hist);
 }
 
+/* Whether a group of longest match `maxlen` is among the groups `part`
+ * names: all, the bounded ones or the unbounded ones (a catalog with an
+ * unbounded group takes the fast path for its bounded groups alone). */
+static bool in_part(uint32_t maxlen, enum cpuscan_groups part)
+{
+    return part == CPUSCAN_ALL || (maxlen == CATALOG_UNBOUNDED) == (part == CPUSCAN_UNBOUNDED);
+}
+
 static int nfa_all(struct streamscan *s, const struct vbuf *v, size_t e, uint32_t told_end,
-                   bool gated_apart, struct scan_hits *raw)
+                   bool gated_apart, enum cpuscan_groups part, struct scan_hits *raw)
 {
     struct layout l = layout_of(s->cat);
     uint32_t n = catalog_nfa_count(s->cat), max = 0;
@@ -484,6 +532,10 @@ static int nfa_all(struct streamscan *s, const struct vbuf *v, size_t e, uint32_
     int rc = 0;
     for (uint32_t j = 0; j < n && rc == 0; j++) {
         catalog_nfa(s->cat, j, &at.g);
+        if (!in_part(at.g.maxlen, part)) {
+            home += by_hist(&at.g, l.hist) ? 0 : at.g.n_words;
+            continue;
+        }
         if (gated_apart && gated_hist(&at.g, l.hist))
             continue; /* kept by history: no vector to skip */
         if (gated_apart && confirm_hist(&at.g, l.hist)) {
@@ -606,7 +658,7 @@ static void plan_once(struct streamscan *s)
 #define PIECE_DEFAULT    (1u << 20)
 
 static atomic_size_t fast_min = FAST_MIN_DEFAULT;
-static atomic_uint_fast64_t n_fast, n_pieces, n_parallel, n_gated, n_split;
+static atomic_uint_fast64_t n_fast, n_pieces, n_parallel, n_gated, n_split, n_mixed;
 
 void streamscan_tune(size_t min_middle)
 {
@@ -620,6 +672,7 @@ void streamscan_counters(struct streamscan_counters *c)
     c->parallel_writes = atomic_load(&n_parallel);
     c->gated_writes = atomic_load(&n_gated);
     c->split_writes = atomic_load(&n_split);
+    c->mixed_writes = atomic_load(&n_mixed);
 }
 
 static atomic_uint par_threads = 1;
@@ -667,6 +720,9 @@ struct piece {
     const uint8_t *w;
     size_t n;
     uint64_t lo, hi;
+    enum cpuscan_groups groups; /* a catalog with an unbounded group: the bounded ones */
+    bool factors;               /* the factor ends in (lo, hi] into `gate`, not a scan */
+    struct refscan_gate gate;
     struct cpuscan_part part;
     int rc;
     struct piece *next; /* the pool's queue */
@@ -675,11 +731,15 @@ struct piece {
 
 static void piece_run(struct piece *p)
 {
+    if (p->factors) {
+        p->rc = refscan_factor_scan(p->cat, p->w, p->n, p->lo, p->hi, &p->gate);
+        return;
+    }
     struct cpuscan_scratch *scr = thread_scratch();
     uint64_t limit = refscan_raw_limit(); /* a hit-dense piece: -E2BIG, not all its hits */
     p->rc = scr == NULL ? -ENOMEM
-                        : cpuscan_segment(p->cat, p->w, p->n, p->lo, p->hi, SCAN_ALL, limit, NULL,
-                                          NULL, scr, &p->part);
+                        : cpuscan_segment_groups(p->cat, p->groups, p->w, p->n, p->lo, p->hi,
+                                                 SCAN_ALL, limit, NULL, NULL, scr, &p->part);
     if (p->rc == 0 && p->part.dropped > 0)
         p->rc = -E2BIG;
 }
@@ -776,7 +836,7 @@ static void pool_pieces(struct piece *p, uint32_t k)
  * streamscan_set_threads pieces of at least its piece bytes, the first on
  * this thread; the matches go to `raw` at stream offset base + end. */
 static int middle(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo, uint64_t hi,
-                  uint64_t base, struct scan_hits *raw)
+                  uint64_t base, enum cpuscan_groups groups, struct scan_hits *raw)
 {
     uint64_t span = hi - lo, piece = atomic_load(&par_piece);
     uint32_t threads = atomic_load(&par_threads);
@@ -786,8 +846,12 @@ static int middle(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo,
     if (p == NULL)
         return -ENOMEM;
     for (uint32_t i = 0; i < k; i++)
-        p[i] = (struct piece){
-            .cat = s->cat, .w = w, .n = n, .lo = lo + span * i / k, .hi = lo + span * (i + 1) / k};
+        p[i] = (struct piece){.cat = s->cat,
+                              .w = w,
+                              .n = n,
+                              .lo = lo + span * i / k,
+                              .hi = lo + span * (i + 1) / k,
+                              .groups = groups};
     if (k == 1)
         piece_run(&p[0]);
     else
@@ -804,6 +868,52 @@ static int middle(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo,
         atomic_fetch_add(&n_parallel, 1);
     if (p != &one)
         free(p);
+    return rc;
+}
+
+/* Ranges of factor ends shorter than this are found on one thread. */
+#define FACTOR_PAR_MIN (4u << 20)
+
+/* refscan_factor_ends over w[0..n) for ends in (lo, hi], on up to
+ * streamscan_set_threads threads when the range is long (a large write of
+ * a catalog whose unbounded groups walk all of it): contiguous ranges of
+ * factor ends, joined and sorted, are the same candidates. */
+static int factor_ends(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo, uint64_t hi,
+                       struct refscan_gate *gate)
+{
+    uint32_t threads = atomic_load(&par_threads);
+    if (hi - lo < FACTOR_PAR_MIN || threads < 2)
+        return refscan_factor_ends(s->cat, w, n, lo, hi, gate);
+    uint64_t lb = 0; /* as refscan_factor_ends_of: the gated groups' longest match */
+    for (uint32_t j = 0; j < catalog_nfa_count(s->cat); j++) {
+        struct catalog_nfa g;
+        catalog_nfa(s->cat, j, &g);
+        if ((g.flags & CAT_GF_GATED) && g.maxlen > lb)
+            lb = g.maxlen;
+    }
+    uint64_t from = lo > lb && lb != CATALOG_UNBOUNDED ? lo - lb : 0, span = hi - from;
+    uint32_t k = threads;
+    struct piece *p = calloc(k, sizeof(*p));
+    if (p == NULL)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < k; i++)
+        p[i] = (struct piece){.cat = s->cat,
+                              .w = w,
+                              .n = n,
+                              .lo = from + span * i / k,
+                              .hi = from + span * (i + 1) / k,
+                              .factors = true};
+    pool_pieces(p, k);
+    int rc = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        rc = rc ? rc : p[i].rc;
+        for (size_t j = 0; j < p[i].gate.n && rc == 0; j++)
+            rc = refscan_gate_push(gate, p[i].gate.v[j].nfa, p[i].gate.v[j].end);
+        refscan_gate_finish(&p[i].gate);
+    }
+    free(p);
+    if (rc == 0)
+        refscan_gate_sort(gate);
     return rc;
 }
 
@@ -834,8 +944,9 @@ static bool has_cand(const struct refscan_gate *g, uint32_t nfa, uint64_t a, uin
  * in one copy (stack, bounded). */
 #define GATED_COPY (2 * HIST_MAX + 8)
 
-/* Some gated group is kept by history, and each such fits the stack's scratch. */
-static bool gated_any(const struct streamscan *s, const struct layout *l)
+/* Some group of `part` is walked apart (gated_walk), and each gated group
+ * kept by history fits the stack's scratch. */
+static bool gated_any(const struct streamscan *s, const struct layout *l, enum cpuscan_groups part)
 {
     if (l->hist == 0)
         return false;
@@ -848,16 +959,17 @@ static bool gated_any(const struct streamscan *s, const struct layout *l)
     for (uint32_t j = 0; j < catalog_nfa_count(s->cat); j++) {
         struct catalog_nfa g;
         catalog_nfa(s->cat, j, &g);
-        if (walked_apart(&g, l->hist))
+        if (walked_apart(&g, l->hist) && in_part(g.maxlen, part))
             return true;
     }
     return false;
 }
 
 /* The fast path's head walks its gated groups apart when its copy fits the stack. */
-static bool gated_ok(const struct streamscan *s, const struct layout *l, size_t h)
+static bool gated_ok(const struct streamscan *s, const struct layout *l, size_t h,
+                     enum cpuscan_groups part)
 {
-    return (size_t)l->hist + 1 + h + 1 <= GATED_COPY && gated_any(s, l);
+    return (size_t)l->hist + 1 + h + 1 <= GATED_COPY && gated_any(s, l, part);
 }
 
 struct gated_ctx {
@@ -960,7 +1072,7 @@ static int confirm_walk(struct streamscan *s, const struct catalog_nfa *g, uint3
  * without one no match of it ends there; position pos + e likewise from the
  * copy's last bytes. */
 static int gated_walk(struct streamscan *s, const struct layout *l, const struct vbuf *v, size_t e,
-                      uint32_t told_end, struct scan_hits *raw)
+                      uint32_t told_end, enum cpuscan_groups part, struct scan_hits *raw)
 {
     uint8_t stack[GATED_COPY], *copy = stack;
     const uint8_t *hist = (const uint8_t *)s + l->hist_at;
@@ -971,7 +1083,7 @@ static int gated_walk(struct streamscan *s, const struct layout *l, const struct
     for (size_t j = 0; j < e + more; j++)
         copy[hl + j] = vbyte(v, j);
     struct refscan_gate gate = {0};
-    int rc = refscan_factor_ends(s->cat, copy, n, hl ? hl - 1 : 0, hl + e, &gate);
+    int rc = factor_ends(s, copy, n, hl ? hl - 1 : 0, hl + e, &gate);
     uint32_t tmp[2 * STACK_WORDS], *rb = tmp + STACK_WORDS;
     struct gated_ctx c = {raw, pos_of(s) - hl};
     uint32_t k0 = catalog_byte_kind(vbyte(v, 0)), p_end = catalog_byte_kind(copy[hl + e - 1]) + 1;
@@ -982,6 +1094,8 @@ static int gated_walk(struct streamscan *s, const struct layout *l, const struct
         catalog_nfa(s->cat, j, &g);
         uint32_t *vec = home;
         home += by_hist(&g, l->hist) ? 0 : g.n_words;
+        if (!in_part(g.maxlen, part))
+            continue;
         if (confirm_hist(&g, l->hist) && e > 0) {
             rc = confirm_walk(s, &g, j, vec, copy, hl, e, told_end, &gate, rb, tmp, raw);
             continue;
@@ -1012,12 +1126,15 @@ static int gated_walk(struct streamscan *s, const struct layout *l, const struct
 /* The tail: every group's state after w[0..n) rebuilt, position `end`
  * checked with `told_end`, and the carried states replaced. */
 static int tail(struct streamscan *s, const struct layout *l, const uint8_t *w, size_t n,
-                uint64_t end, uint32_t told_end, bool gated_apart, struct scan_hits *raw)
+                uint64_t end, uint32_t told_end, bool gated_apart, enum cpuscan_groups part,
+                struct scan_hits *raw)
 {
     int rc = 0;
     for (uint32_t gi = 0; gi < catalog_group_count(s->cat) && rc == 0; gi++) {
         struct catalog_group g;
         catalog_group(s->cat, gi, &g);
+        if (!in_part(g.maxlen, part))
+            continue;
         uint32_t st = dfa_rebuild(&g, w, n);
         rc = dfa_check(&g, st, told_end, 0, end, raw);
         dfa_set(s, gi, st);
@@ -1039,6 +1156,10 @@ static int tail(struct streamscan *s, const struct layout *l, const uint8_t *w, 
     for (uint32_t j = 0; j < nn && rc == 0; j++) {
         struct catalog_nfa g;
         catalog_nfa(s->cat, j, &g);
+        if (!in_part(g.maxlen, part)) {
+            home += by_hist(&g, l->hist) ? 0 : g.n_words;
+            continue;
+        }
         if (gated_apart && gated_hist(&g, l->hist) && !has_cand(&gate, j, n - g.maxlen, n))
             continue; /* no match of it can end at n, and it keeps no vector */
         /* its last maxlen bytes and the byte before them */
@@ -1106,11 +1227,16 @@ static bool factor_group(const struct catalog *cat, uint32_t gi)
 /* Walks every group over v[0..e) from the carried state: checks positions
  * pos .. pos + e (pos + e with `told_end`; 0: not checked). */
 static int walk_all(struct streamscan *s, const struct layout *l, const struct vbuf *v, size_t e,
-                    uint32_t told_end, bool gated_apart, struct scan_hits *raw)
+                    uint32_t told_end, bool gated_apart, enum cpuscan_groups part,
+                    struct scan_hits *raw)
 {
     bool lits = false;
     int rc = 0;
     for (uint32_t g = 0; g < catalog_group_count(s->cat) && rc == 0; g++) {
+        struct catalog_group cg;
+        catalog_group(s->cat, g, &cg);
+        if (!in_part(cg.maxlen, part))
+            continue;
         if (by_lit(s, g, l->hist))
             lits = true;
         else if (!factor_group(s->cat, g)) /* its entries are never reported */
@@ -1119,15 +1245,29 @@ static int walk_all(struct streamscan *s, const struct layout *l, const struct v
     if (rc == 0 && lits && e > 0)
         rc = lit_write(s, l, v, e, raw);
     if (rc == 0)
-        rc = nfa_all(s, v, e, told_end, gated_apart, raw);
+        rc = nfa_all(s, v, e, told_end, gated_apart, part, raw);
     return rc;
+}
+
+/* The groups the fast path takes: all of them in a catalog of bounded
+ * groups, the bounded ones in a catalog whose bounded groups may be
+ * scanned apart (cpuplan's split_lb; the unbounded ones walk the whole
+ * write), and *lb their lookback; CPUSCAN_UNSEGMENTABLE in *lb when none. */
+static enum cpuscan_groups fast_part(const struct streamscan *s, uint64_t *lb)
+{
+    *lb = cpuscan_lookback(s->cat);
+    if (*lb != CPUSCAN_UNSEGMENTABLE || s->plan == NULL)
+        return CPUSCAN_ALL;
+    *lb = s->plan->split_lb;
+    return CPUSCAN_BOUNDED;
 }
 
 /* The fast path's head, in bytes of v (L + 2, the held '\n' included),
  * when a write of e bytes to consume takes it; else 0. */
 static size_t head_of(const struct streamscan *s, size_t e)
 {
-    uint64_t lb = cpuscan_lookback(s->cat);
+    uint64_t lb;
+    fast_part(s, &lb);
     if (lb == CPUSCAN_UNSEGMENTABLE || lb > e)
         return 0;
     size_t h = (size_t)lb + 2 + s->held;
@@ -1160,31 +1300,48 @@ static int write_split(struct streamscan *s, const uint8_t *buf, size_t len, siz
     if (h == 0) {
         /* the gated groups kept by history around their factors, the others
          * byte by byte */
-        bool apart = e > 0 && gated_any(s, &l);
-        rc = walk_all(s, &l, &v, e, told_end, apart, &raw);
+        bool apart = e > 0 && gated_any(s, &l, CPUSCAN_ALL);
+        rc = walk_all(s, &l, &v, e, told_end, apart, CPUSCAN_ALL, &raw);
         if (rc == 0 && apart) {
             atomic_fetch_add(&n_gated, 1);
-            rc = gated_walk(s, &l, &v, e, told_end, &raw);
+            rc = gated_walk(s, &l, &v, e, told_end, CPUSCAN_ALL, &raw);
         }
     } else {
         /* the head from the carried state, the middle as block mode, the
-         * tail's state rebuilt (the fast path, above) */
+         * tail's state rebuilt (the fast path, above); in a catalog with
+         * unbounded groups, for its bounded groups, the unbounded ones
+         * walked over the whole write first as the slow path walks them */
         size_t held = s->held, ew = e - held;
-        uint64_t base = s->total, lo = h - held - 1, hi = ew - 1;
+        uint64_t base = s->total, lo = h - held - 1, hi = ew - 1, lb;
+        enum cpuscan_groups part = fast_part(s, &lb);
         atomic_fetch_add(&n_fast, 1);
-        bool apart = gated_ok(s, &l, h);
-        rc = walk_all(s, &l, &v, h, 0, apart, &raw);
+        rc = 0;
+        if (part == CPUSCAN_BOUNDED) {
+            atomic_fetch_add(&n_mixed, 1);
+            bool ua = gated_any(s, &l, CPUSCAN_UNBOUNDED);
+            rc = walk_all(s, &l, &v, e, told_end, ua, CPUSCAN_UNBOUNDED, &raw);
+            if (rc == 0 && ua)
+                rc = gated_walk(s, &l, &v, e, told_end, CPUSCAN_UNBOUNDED, &raw);
+        }
+        bool apart = gated_ok(s, &l, h, part);
+        if (rc == 0)
+            rc = walk_all(s, &l, &v, h, 0, apart, part, &raw);
         if (rc == 0 && apart) {
             atomic_fetch_add(&n_gated, 1);
-            rc = gated_walk(s, &l, &v, h, 0, &raw);
+            rc = gated_walk(s, &l, &v, h, 0, part, &raw);
         }
         apart_mid = mid != NULL && hi - lo > split && !any_single(s->cat);
         if (rc == 0 && apart_mid)
-            *mid = (struct streamscan_middle){.pending = true, .lo = lo, .hi = hi, .base = base};
+            *mid = (struct streamscan_middle){.pending = true,
+                                              .lo = lo,
+                                              .hi = hi,
+                                              .base = base,
+                                              .drop = part == CPUSCAN_BOUNDED ? s->plan->unbounded
+                                                                              : NULL};
         else if (rc == 0)
-            rc = middle(s, buf, len, lo, hi, base, &raw);
+            rc = middle(s, buf, len, lo, hi, base, part, &raw);
         if (rc == 0)
-            rc = tail(s, &l, buf, ew, pos_of(s) + e, told_end, apart, &raw);
+            rc = tail(s, &l, buf, ew, pos_of(s) + e, told_end, apart, part, &raw);
     }
     if (rc != 0) {
         scan_hits_finish(&raw);
@@ -1216,14 +1373,28 @@ int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struc
  * gated group's and its factors'), the history, the final '\n'. */
 static uint64_t split_tail(const struct streamscan *s)
 {
-    return 2 * cpuscan_lookback(s->cat) + layout_of(s->cat).hist + 130;
+    uint64_t lb;
+    fast_part(s, &lb);
+    return 2 * lb + layout_of(s->cat).hist + 130;
 }
 
-bool streamscan_split_plan(const struct streamscan *s, size_t len, uint8_t last, size_t min_middle,
+/* The bytes of a write of `len` that a split write reads at its end: all
+ * of them where the catalog's unbounded groups walk the whole write. */
+static size_t split_read(const struct streamscan *s, size_t len)
+{
+    uint64_t lb;
+    if (fast_part(s, &lb) == CPUSCAN_BOUNDED)
+        return len;
+    uint64_t t = split_tail(s);
+    return t < len ? (size_t)t : len;
+}
+
+bool streamscan_split_plan(struct streamscan *s, size_t len, uint8_t last, size_t min_middle,
                            size_t *head, size_t *tail)
 {
     if (s->closed || len == 0 || any_single(s->cat))
         return false;
+    plan_once(s);
     size_t m = len + (s->held ? 1 : 0);
     size_t e = last == '\n' ? m - 1 : m;
     size_t h = head_of(s, e);
@@ -1233,19 +1404,19 @@ bool streamscan_split_plan(const struct streamscan *s, size_t len, uint8_t last,
     if (hi - lo <= min_middle)
         return false;
     /* the head: v[0..h] (gated_head's lookahead byte) */
-    uint64_t t = split_tail(s);
     *head = h + 2 < len ? h + 2 : len;
-    *tail = t < len ? (size_t)t : len;
+    *tail = split_read(s, len);
     return true;
 }
 
-size_t streamscan_split_tail(const struct streamscan *s, size_t len)
+size_t streamscan_split_tail(struct streamscan *s, size_t len)
 {
-    if (s->closed || len == 0 || any_single(s->cat) ||
-        cpuscan_lookback(s->cat) == CPUSCAN_UNSEGMENTABLE)
+    if (s->closed || len == 0 || any_single(s->cat))
         return 0;
-    uint64_t t = split_tail(s);
-    return t < len ? (size_t)t : len;
+    plan_once(s);
+    uint64_t lb;
+    fast_part(s, &lb);
+    return lb == CPUSCAN_UNSEGMENTABLE ? 0 : split_read(s, len);
 }
 
 size_t streamscan_split_cost(const struct streamscan *s, size_t len, size_t min_middle)
@@ -1268,15 +1439,16 @@ int streamscan_write_begin(struct streamscan *s, const uint8_t *buf, size_t len,
 
 int streamscan_middle_add(struct streamscan_middle *mid, uint32_t rule, uint64_t end)
 {
-    if (end <= mid->lo || end > mid->hi)
-        return 0;
+    if (end <= mid->lo || end > mid->hi || (mid->drop != NULL && mid->drop[rule]))
+        return 0; /* outside the middle, or found by the walk of the unbounded groups */
     return scan_hits_push(&mid->raw, rule, mid->base + end, 1);
 }
 
 int streamscan_middle_run(struct streamscan *s, const uint8_t *buf, size_t len,
                           struct streamscan_middle *mid)
 {
-    return middle(s, buf, len, mid->lo, mid->hi, mid->base, &mid->raw);
+    return middle(s, buf, len, mid->lo, mid->hi, mid->base,
+                  mid->drop != NULL ? CPUSCAN_BOUNDED : CPUSCAN_ALL, &mid->raw);
 }
 
 int streamscan_write_end(struct streamscan *s, struct streamscan_middle *mid, struct scan_hits *out)
@@ -1312,7 +1484,7 @@ int streamscan_close(struct streamscan *s, struct scan_hits *out)
     if (rc == 0 && lits && s->held)
         rc = lit_write(s, &l, &nl, 1, &raw);
     if (rc == 0)
-        rc = nfa_all(s, NULL, 0, 0, false, &raw);
+        rc = nfa_all(s, NULL, 0, 0, false, CPUSCAN_ALL, &raw);
     if (rc != 0) {
         scan_hits_finish(&raw);
         return rc;

@@ -113,6 +113,9 @@ struct streamscan_middle {
     bool pending;
     uint64_t lo, hi; /* the ends (lo, hi] of buf */
     uint64_t base;   /* stream offset of buf[0] */
+    /* per rule, 1: its matches are not the middle's (an unbounded group's:
+     * the write's walk found them); NULL: every rule's are */
+    const uint8_t *drop;
     struct scan_hits raw;
 };
 
@@ -127,7 +130,7 @@ int streamscan_write_begin(struct streamscan *s, const uint8_t *buf, size_t len,
  * (vkscand reads only those two ranges of a descriptor write and lets the
  * GPU engine read the middle itself).
  */
-bool streamscan_split_plan(const struct streamscan *s, size_t len, uint8_t last, size_t min_middle,
+bool streamscan_split_plan(struct streamscan *s, size_t len, uint8_t last, size_t min_middle,
                            size_t *head, size_t *tail);
 /*
  * The tail streamscan_split_plan would name for a write of `len` bytes,
@@ -135,7 +138,7 @@ bool streamscan_split_plan(const struct streamscan *s, size_t len, uint8_t last,
  * can be split now. A caller that reads the tail first learns the last
  * byte with it (vkscand: one read of a descriptor fewer per write).
  */
-size_t streamscan_split_tail(const struct streamscan *s, size_t len);
+size_t streamscan_split_tail(struct streamscan *s, size_t len);
 /*
  * About the bytes streamscan_write_begin(..., min_middle, ...) will walk
  * for a write of `len` bytes: the head and the tail when its middle is
@@ -157,6 +160,7 @@ void streamscan_middle_finish(struct streamscan_middle *mid);
  * caller (streamscan_write_begin). */
 struct streamscan_counters {
     uint64_t fast_writes, pieces, parallel_writes, gated_writes, split_writes;
+    uint64_t mixed_writes; /* fast-path writes of a catalog with unbounded groups */
 };
 void streamscan_counters(struct streamscan_counters *c);
 

@@ -1033,6 +1033,132 @@ START_TEST(test_slow_gated)
 }
 END_TEST
 
+/* Catalogs with unbounded groups take the fast path for their bounded
+ * groups (docs/engine.md "Streams"): the unbounded ones walk the whole
+ * write from the carried state, the bounded ones the head, a middle of
+ * block-mode pieces and a rebuilt tail. Compiled twice, so the unbounded
+ * rule `\bey...\.ey...` is once an unbounded DFA group and once a
+ * forward-confirmed bit-NFA group with no bound on its lookback (walked
+ * byte by byte, skipping where nothing is live and no byte can start it).
+ * Its matches are planted with runs of up to 30,000 bytes before the
+ * factor, so most start writes before the one that completes them. Writes
+ * of 1 to 34,000 bytes, each middle scanned here (plain) or handed over as
+ * the daemon's GPU batch hands it, every rule's ends included (split);
+ * against block mode and Hyperscan's stream mode. Fails when a group is
+ * walked by both parts or by neither, when the middle's ends of an
+ * unbounded rule are not dropped, or when the skip jumps over a start. */
+static void mixed_case(bool split, uint32_t counters)
+{
+    static const char *const pats[][2] = {{"\\bey[a-z0-9]{5,}\\.ey[a-z0-9]{4}", "ey"},
+                                          {"zqkey[a-z0-9]{6,}", "zqkeyab12cd34ef "},
+                                          {"(?i)tokv[=:]\\s*[0-9a-f]+\\b", "TOKV= 00beef11 "},
+                                          {"begin[^\\n]*finish7", "begin and so on finish7"},
+                                          {"abcd[0-9]{2,4}wxyz", "abcd123wxyz"},
+                                          {"(?i)mnop[0-9a-f]{4}qrst", "MNOPbeefqrst"},
+                                          {"k9[a-z]{0,6}j8\\b", "k9abcj8 "},
+                                          {"plain-literal-one", "plain-literal-one"}};
+    enum { N = sizeof(pats) / sizeof(pats[0]) };
+    struct run ru = {.n = N};
+    struct rule_src src[N];
+    for (size_t i = 0; i < N; i++) {
+        struct trule *r = &ru.rules[i];
+        snprintf(r->id, sizeof(r->id), "m%zu", i);
+        r->kind = RULE_REGEX;
+        puts_(&r->pat, pats[i][0]);
+        puts_(&r->hs, pats[i][0]);
+        src[i] = (struct rule_src){r->id, RULE_REGEX, r->pat.p, r->pat.n, 0, 0};
+    }
+    struct rules_options opt = {.threads = 1, .bitnfa_counters = counters};
+    struct vks_error err = {0};
+    ck_assert_msg(rules_compile(src, N, &opt, &ru.res, &err) == 0, "compile: %s", err.msg);
+    hs_build(&ru);
+    ck_assert_ptr_nonnull(ru.db);
+    const struct catalog *cat = ru.res.catalog;
+    ck_assert_uint_eq(cpuscan_lookback(cat), CPUSCAN_UNSEGMENTABLE);
+    ck_assert_uint_ne(cpuscan_split_lookback(cat), CPUSCAN_UNSEGMENTABLE);
+    bool nfa_unbounded = false; /* rule 0 in a confirmed group with no bound on its lookback */
+    for (uint32_t j = 0; j < catalog_nfa_count(cat); j++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, j, &g);
+        nfa_unbounded |= (g.flags & CAT_GF_CONFIRM) && g.lookback == CATALOG_UNBOUNDED;
+    }
+    ck_assert(nfa_unbounded == (counters == 1));
+    rng_state = 0x3e7a11u + counters;
+    struct str d = {0};
+    static const char fill[] = "abcdefgh 0123\n.-_XYZ";
+    while (d.n < 600000) {
+        uint32_t r = rnd(12);
+        if (r == 0 || r >= N + 2) { /* rule 0: a run of up to 30,000 bytes before its factor */
+            puts_(&d, " ey");
+            uint32_t run = 5 + (rnd(6) ? rnd(60) : rnd(30000));
+            for (uint32_t k = 0; k < run; k++)
+                put(&d, &"abcxyz0189"[rnd(10)], 1);
+            puts_(&d, rnd(4) ? ".eyab12 " : ".ey-no ");
+        } else if (r < N) {
+            puts_(&d, pats[r][1]);
+        }
+        put(&d, &fill[rnd(sizeof(fill) - 1)], 1);
+    }
+    size_t *cuts = calloc(d.n + 2, sizeof(size_t));
+    ck_assert_ptr_nonnull(cuts);
+    size_t nc = 0;
+    for (size_t at = 0; at < d.n;) {
+        cuts[nc++] = at;
+        uint32_t k = rnd(4);
+        at += k == 0 ? 1 + rnd(40) : k == 1 ? 64 + rnd(4000) : 4096 + rnd(30000);
+    }
+    cuts[nc] = d.n;
+    streamscan_tune(0);
+    streamscan_set_threads(2, 256);
+    struct streamscan_counters c0, c1;
+    streamscan_counters(&c0);
+    struct scan_hits block = {0}, got = {0}, theirs = {0};
+    ck_assert_int_eq(refscan_buffer(cat, (const uint8_t *)d.p, d.n, SCAN_ALL, &block), 0);
+    split_mode = split;
+    stream_all(cat, &d, cuts, nc, &got);
+    split_mode = false;
+    hs_stream_all(&ru, &d, cuts, nc, &theirs);
+    streamscan_counters(&c1);
+    streamscan_tune(SIZE_MAX);
+    streamscan_set_threads(1, 0);
+    normalise(&block, cat, NULL);
+    normalise(&got, cat, NULL);
+    normalise(&theirs, cat, ru.hs_ok);
+    uint32_t r0 = ru.res.rule_index[0];
+    size_t long_ones = 0;
+    for (size_t i = 0; i < block.n; i++)
+        long_ones += block.v[i].rule == r0;
+    fprintf(stderr,
+            "mixed streams (%s, counters %u): %zu writes, %llu mixed, %llu split, %zu hits, %zu of "
+            "rule 0\n",
+            split ? "split" : "plain", counters, nc,
+            (unsigned long long)(c1.mixed_writes - c0.mixed_writes),
+            (unsigned long long)(c1.split_writes - c0.split_writes), block.n, long_ones);
+    ck_assert_uint_gt(long_ones, 100);
+    ck_assert_uint_gt(nc, 30);
+    ck_assert_uint_gt(block.n, 500);
+    ck_assert(same(&got, &block, "mixed fast path", "block mode"));
+    ck_assert(same(&got, &theirs, "mixed fast path", "Hyperscan stream mode"));
+    ck_assert_uint_gt(c1.mixed_writes - c0.mixed_writes, nc / 2);
+    if (split)
+        ck_assert_uint_gt(c1.split_writes - c0.split_writes, nc / 2);
+    scan_hits_finish(&block);
+    scan_hits_finish(&got);
+    scan_hits_finish(&theirs);
+    free(cuts);
+    free(d.p);
+    run_finish(&ru);
+}
+
+START_TEST(test_mixed_streams)
+{
+    mixed_case(false, 0);
+    mixed_case(false, 1);
+    mixed_case(true, 0);
+    mixed_case(true, 1);
+}
+END_TEST
+
 /* Binary signatures gated on two-byte anchors (factor_extract_weak): a
  * stream cut at random points into writes of 1 to 4,000 bytes reports what
  * block mode reports on the concatenation, with anchor pairs planted at
@@ -3486,6 +3612,7 @@ Suite *stream_suite(void)
     tcase_add_test(tc, test_fast_large_writes);
     tcase_add_test(tc, test_fast_gated);
     tcase_add_test(tc, test_slow_gated);
+    tcase_add_test(tc, test_mixed_streams);
     suite_add_tcase(s, tc);
     TCase *td = tcase_create("daemon");
     tcase_set_timeout(td, 300);
