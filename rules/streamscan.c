@@ -871,8 +871,9 @@ static int middle(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo,
     return rc;
 }
 
-/* Ranges of factor ends shorter than this are found on one thread. */
-#define FACTOR_PAR_MIN (4u << 20)
+/* Ranges of factor ends shorter than this many pieces' bytes are found on
+ * one thread. */
+#define FACTOR_PAR_PIECES 4u
 
 /* refscan_factor_ends over w[0..n) for ends in (lo, hi], on up to
  * streamscan_set_threads threads when the range is long (a large write of
@@ -882,7 +883,7 @@ static int factor_ends(struct streamscan *s, const uint8_t *w, size_t n, uint64_
                        struct refscan_gate *gate)
 {
     uint32_t threads = atomic_load(&par_threads);
-    if (hi - lo < FACTOR_PAR_MIN || threads < 2)
+    if (hi - lo < FACTOR_PAR_PIECES * (uint64_t)atomic_load(&par_piece) || threads < 2)
         return refscan_factor_ends(s->cat, w, n, lo, hi, gate);
     uint64_t lb = 0; /* as refscan_factor_ends_of: the gated groups' longest match */
     for (uint32_t j = 0; j < catalog_nfa_count(s->cat); j++) {
