@@ -407,6 +407,16 @@ static int nfa_write(struct streamscan *s, struct nfa_at *n, const struct vbuf *
     uint64_t pos = pos_of(s);
     uint8_t starts[256];
     bool skip = e >= SKIP_MIN && start_bytes(g, starts);
+    /* every position an accept names: a state with none of them reports
+     * nothing, so the check is skipped */
+    uint32_t acc[SKIP_WORDS];
+    if (skip) {
+        memset(acc, 0, (size_t)g->n_words * sizeof(uint32_t));
+        for (uint32_t k = 0; k < g->n_acc; k++) {
+            const uint32_t *x = g->acc + (size_t)k * CAT_X_WORDS;
+            set_in(acc, g->ranges + 2 * (size_t)x[CAT_A_FIRST], x[CAT_A_NSRC]);
+        }
+    }
     int rc = 0;
     for (size_t i = 0; i < e && rc == 0; i++) {
         if (skip && i > 0 && cur->lo > cur->hi && !starts[vbyte(v, i)]) {
@@ -423,7 +433,11 @@ static int nfa_write(struct streamscan *s, struct nfa_at *n, const struct vbuf *
         }
         uint8_t c = vbyte(v, i);
         uint32_t k = catalog_byte_kind(c);
-        rc = nfa_check(g, cur, p, 1u << k, i ? 0 : s->told, pos + i, raw);
+        bool may = !skip || i == 0;
+        for (uint32_t w = cur->lo; !may && w <= cur->hi; w++)
+            may = (cur->v[w] & acc[w]) != 0;
+        if (may)
+            rc = nfa_check(g, cur, p, 1u << k, i ? 0 : s->told, pos + i, raw);
         nfa_step(g, cur, nxt, CAT_PK(p, k), c);
         struct nvec *x = cur;
         cur = nxt;
