@@ -1745,21 +1745,40 @@ static const struct vks_rule brules[] = {
     {"bol", VKS_RULE_REGEX, "^st", 0, "m"},
 };
 
-START_TEST(test_daemon_stream_gpu_batches)
+/* With `mixed`, two unbounded rules more (`tok[^\\n]*end7`, whose matches
+ * span many writes, and `"[^"]*secret`): the bounded groups' middles go to
+ * the batches and the unbounded groups walk every write on the CPU
+ * (docs/engine.md "Streams", the fast path for the bounded groups); a
+ * descriptor write is then read whole. Fails also when a batch's ends of
+ * an unbounded rule are taken. */
+static const struct vks_rule mrules[] = {
+    {"lit", VKS_RULE_LITERAL, "needle", 0, NULL},
+    {"word", VKS_RULE_REGEX, "foo\\b", 0, NULL},
+    {"eol", VKS_RULE_REGEX, "zq$", 0, NULL},
+    {"gap", VKS_RULE_REGEX, "a[^z]{0,12}q", 0, NULL},
+    {"num", VKS_RULE_REGEX, "\\bk[0-9]{2,4}x", 0, NULL},
+    {"bol", VKS_RULE_REGEX, "^st", 0, "m"},
+    {"far", VKS_RULE_REGEX, "tok[^\\n]*end7", 0, NULL},
+    {"quote", VKS_RULE_REGEX, "\"[^\"]*secret", 0, NULL},
+};
+
+static void gpu_batches_case(bool mixed)
 {
     struct daemon d;
     const char *const extra[] = {"--engine", "gpu", "--stream-gpu-min-bytes", "1", NULL};
     daemon_start(&d, extra);
     struct vks_client *c = connect_ok(&d);
-    struct vks_catalog *cat = load_rules(c, brules, sizeof(brules) / sizeof(brules[0]));
-    rng_state = 0x6a7b5eedu;
-    static const char *const plants[] = {"needle", "foo ", "foo",   "zq",     "zq\n", "abq",
-                                         "a",      "q",    "k123x", "k9x",    "\nst", "st",
-                                         "x",      " ",    "\n",    "k12345x"};
+    struct vks_catalog *cat = mixed ? load_rules(c, mrules, sizeof(mrules) / sizeof(mrules[0]))
+                                    : load_rules(c, brules, sizeof(brules) / sizeof(brules[0]));
+    rng_state = mixed ? 0x6a7b5eeeu : 0x6a7b5eedu;
+    static const char *const plants[] = {"needle", "foo ",    "foo", "zq",   "zq\n", "abq",   "a",
+                                         "q",      "k123x",   "k9x", "\nst", "st",   "x",     " ",
+                                         "\n",     "k12345x", "tok", "end7", "\"",   "secret"};
+    uint32_t n_plants = mixed ? 20 : 16;
     struct str data[2] = {{0}, {0}};
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < 24000; i++)
-            puts_(&data[k], plants[rnd(16)]);
+            puts_(&data[k], plants[rnd(n_plants)]);
     struct vks_stream *s[2] = {open_ok(c, cat), open_ok(c, cat)};
     struct scan_hits got[2] = {{0}, {0}};
     size_t at[2] = {0, 0};
@@ -1823,6 +1842,12 @@ START_TEST(test_daemon_stream_gpu_batches)
     vks_catalog_destroy(cat);
     vks_client_close(c);
     daemon_stop(&d);
+}
+
+START_TEST(test_daemon_stream_gpu_batches)
+{
+    gpu_batches_case(false);
+    gpu_batches_case(true);
 }
 END_TEST
 
