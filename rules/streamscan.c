@@ -504,12 +504,15 @@ static bool gated_hist(const struct catalog_nfa *g, uint32_t hist)
     return (g->flags & CAT_GF_GATED) && !(g->flags & CAT_GF_CONFIRM) && by_hist(g, hist);
 }
 
-/* A forward-confirmed (unbounded) group whose starts the history covers:
- * a write from the carried state walks it only from its factors' allowed
- * starts and while its state lives (confirm_walk); it keeps its vector. */
+/* A forward-confirmed (unbounded) group whose starts the history covers,
+ * or whose lookback has no bound but whose matches start in a run of its
+ * span bytes (catalog_nfa.span): a write from the carried state walks it
+ * only from its factors' allowed starts and while its state lives
+ * (confirm_walk); it keeps its vector. */
 static bool confirm_hist(const struct catalog_nfa *g, uint32_t hist)
 {
-    return (g->flags & CAT_GF_CONFIRM) && g->lookback <= hist && g->n_words <= STACK_WORDS;
+    bool starts = g->lookback <= hist || (g->lookback == CATALOG_UNBOUNDED && g->span != NULL);
+    return (g->flags & CAT_GF_CONFIRM) && starts && g->n_words <= STACK_WORDS;
 }
 
 /* Walked apart from the byte-by-byte walk (gated_walk). */
@@ -1027,14 +1030,32 @@ static int confirm_walk(struct streamscan *s, const struct catalog_nfa *g, uint3
     struct nvec a = {va, 1, 0}, b = {vb, 1, 0}, *cur = &a, *nxt = &b;
     uint64_t lb = g->lookback, stop = hl + e, until = 0, pos = pos_of(s);
     size_t c = cand_after(gate, j, hl);
-#define START_OF(k) (gate->v[k].end > lb ? gate->v[k].end - lb : 0)
-#define LIVE(k)     ((k) < gate->n && gate->v[k].nfa == j && gate->v[k].end <= stop)
+    /* No bound on the lookback: a factor ending at E allows the starts in
+     * the run of span bytes that ends SKIP bytes before E (block mode's
+     * refscan_start_from), within the copy. A run that reaches the copy's
+     * start goes on in earlier writes, whose walks fired every start of
+     * their last run (`spec`): a run that reaches SKIP bytes before a
+     * write's end may hold the start of a match whose factor a later
+     * write completes. Starts fired without a factor find only real
+     * matches, so the walk's matches are the full walk's. */
+    bool runs = lb == CATALOG_UNBOUNDED;
+    struct refscan_starts rs = {.lookback = lb, .span = g->span, .buf = copy};
+    uint64_t spec = stop;
+    if (runs) {
+        struct refscan_starts sp = rs;
+        spec = refscan_start_from(&sp, g->span[8] > 0 ? stop + 1 : stop);
+    }
+#define START_OF(k) \
+    (runs ? refscan_start_from(&rs, gate->v[k].end) : gate->v[k].end > lb ? gate->v[k].end - lb : 0)
+#define LIVE(k) ((k) < gate->n && gate->v[k].nfa == j && gate->v[k].end <= stop)
     uint64_t i = LIVE(c) && START_OF(c) < hl ? START_OF(c) : hl;
     bool merged = false;
     int rc = 0;
     for (;;) {
         for (; LIVE(c) && START_OF(c) <= i; c++)
             until = gate->v[c].end > until ? gate->v[c].end : until;
+        if (i >= spec)
+            until = stop;         /* the last run's starts, for later writes */
         if (i == hl && !merged) { /* the carried state joins */
             merged = true;
             cur->lo = 1;
@@ -1057,6 +1078,7 @@ static int confirm_walk(struct streamscan *s, const struct catalog_nfa *g, uint3
             break;
         if (!alive && !starts) { /* nothing to walk until the next allowed start */
             uint64_t next = LIVE(c) ? START_OF(c) : stop;
+            next = next > spec ? spec : next;
             next = next > stop ? stop : next;
             i = !merged && next > hl ? hl : next;
             continue;
@@ -1095,8 +1117,11 @@ static int gated_walk(struct streamscan *s, const struct layout *l, const struct
     if (n > sizeof(stack) && (copy = malloc(n)) == NULL)
         return -ENOMEM;
     memcpy(copy, hist, hl);
-    for (size_t j = 0; j < e + more; j++)
-        copy[hl + j] = vbyte(v, j);
+    size_t held = v->held ? 1 : 0, m = e + more; /* v[j] is '\n' (held), then w[j - held] */
+    if (held && m > 0)
+        copy[hl] = '\n';
+    if (m > held)
+        memcpy(copy + hl + held, v->w, m - held);
     struct refscan_gate gate = {0};
     int rc = factor_ends(s, copy, n, hl ? hl - 1 : 0, hl + e, &gate);
     uint32_t tmp[2 * STACK_WORDS], *rb = tmp + STACK_WORDS;
