@@ -30,7 +30,7 @@
 #define READ_CHUNK (1u << 20) /* fd writes are read and scanned in pieces of this size */
 /* ... or of this size where the stream's catalog takes the fast path
  * (docs/engine.md "Streams"): a piece's middle spreads over the threads */
-#define READ_CHUNK_FAST (16u << 20)
+#define READ_CHUNK_FAST STREAMSCAN_WHOLE_READ_MAX
 
 /* Requests handed to the CPU engine and finished ones coming back. */
 static struct {
@@ -293,8 +293,7 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
     int rc = 0;
     if (w->batch_min != 0 && len > w->batch_min && write_fd_split(w, b, len, &rc))
         return rc;
-    size_t chunk =
-        streamscan_split_tail(w->st->scan, (size_t)len) != 0 ? READ_CHUNK_FAST : READ_CHUNK;
+    size_t chunk = streamscan_fast(w->st->scan) ? READ_CHUNK_FAST : READ_CHUNK;
     uint8_t *buf = malloc(len < chunk ? (len ? len : 1) : chunk);
     if (buf == NULL)
         return -ENOMEM;

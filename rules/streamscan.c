@@ -849,6 +849,17 @@ static void pool_pieces(struct piece *p, uint32_t k)
     pthread_mutex_unlock(&pool.mu);
 }
 
+/* Cuts the ends (lo, lo + span] into k pieces like `like`. */
+static void cut_pieces(struct piece *p, uint32_t k, const struct piece *like, uint64_t lo,
+                       uint64_t span)
+{
+    for (uint32_t i = 0; i < k; i++) {
+        p[i] = *like;
+        p[i].lo = lo + span * i / k;
+        p[i].hi = lo + span * (i + 1) / k;
+    }
+}
+
 /* Block scan of the ends (lo, hi] of w[0..n), lo > the lookback, in up to
  * streamscan_set_threads pieces of at least its piece bytes, the first on
  * this thread; the matches go to `raw` at stream offset base + end. */
@@ -862,13 +873,7 @@ static int middle(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo,
     struct piece one, *p = k == 1 ? &one : calloc(k, sizeof(*p));
     if (p == NULL)
         return -ENOMEM;
-    for (uint32_t i = 0; i < k; i++)
-        p[i] = (struct piece){.cat = s->cat,
-                              .w = w,
-                              .n = n,
-                              .lo = lo + span * i / k,
-                              .hi = lo + span * (i + 1) / k,
-                              .groups = groups};
+    cut_pieces(p, k, &(struct piece){.cat = s->cat, .w = w, .n = n, .groups = groups}, lo, span);
     if (k == 1)
         piece_run(&p[0]);
     else
@@ -914,13 +919,7 @@ static int factor_ends(struct streamscan *s, const uint8_t *w, size_t n, uint64_
     struct piece *p = calloc(k, sizeof(*p));
     if (p == NULL)
         return -ENOMEM;
-    for (uint32_t i = 0; i < k; i++)
-        p[i] = (struct piece){.cat = s->cat,
-                              .w = w,
-                              .n = n,
-                              .lo = from + span * i / k,
-                              .hi = from + span * (i + 1) / k,
-                              .factors = true};
+    cut_pieces(p, k, &(struct piece){.cat = s->cat, .w = w, .n = n, .factors = true}, from, span);
     pool_pieces(p, k);
     int rc = 0;
     for (uint32_t i = 0; i < k; i++) {
@@ -1435,6 +1434,9 @@ bool streamscan_split_plan(struct streamscan *s, size_t len, uint8_t last, size_
     if (s->closed || len == 0 || any_single(s->cat))
         return false;
     plan_once(s);
+    uint64_t lb;
+    if (fast_part(s, &lb) == CPUSCAN_BOUNDED && len > STREAMSCAN_WHOLE_READ_MAX)
+        return false; /* read whole: in chunks, each a write of its own */
     size_t m = len + (s->held ? 1 : 0);
     size_t e = last == '\n' ? m - 1 : m;
     size_t h = head_of(s, e);
@@ -1455,8 +1457,20 @@ size_t streamscan_split_tail(struct streamscan *s, size_t len)
         return 0;
     plan_once(s);
     uint64_t lb;
+    enum cpuscan_groups part = fast_part(s, &lb);
+    if (lb == CPUSCAN_UNSEGMENTABLE || (part == CPUSCAN_BOUNDED && len > STREAMSCAN_WHOLE_READ_MAX))
+        return 0;
+    return split_read(s, len);
+}
+
+bool streamscan_fast(struct streamscan *s)
+{
+    if (s->closed)
+        return false;
+    plan_once(s);
+    uint64_t lb;
     fast_part(s, &lb);
-    return lb == CPUSCAN_UNSEGMENTABLE ? 0 : split_read(s, len);
+    return lb != CPUSCAN_UNSEGMENTABLE;
 }
 
 size_t streamscan_split_cost(const struct streamscan *s, size_t len, size_t min_middle)

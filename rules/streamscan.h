@@ -140,6 +140,18 @@ bool streamscan_split_plan(struct streamscan *s, size_t len, uint8_t last, size_
  */
 size_t streamscan_split_tail(struct streamscan *s, size_t len);
 /*
+ * A catalog with unbounded groups walks every byte of a write on the CPU,
+ * so a split write of it is read whole (its tail is the write): only up to
+ * this many bytes, which bounds what a write in flight holds. Larger
+ * writes are not split (streamscan_split_tail 0); vkscand reads them in
+ * chunks, each a write of its own.
+ */
+#define STREAMSCAN_WHOLE_READ_MAX (16u << 20)
+/* Whether large writes of this stream take a fast path (a catalog of
+ * bounded groups, or one whose bounded groups may be scanned apart): its
+ * middles spread over threads, so a caller reads in larger chunks. */
+bool streamscan_fast(struct streamscan *s);
+/*
  * About the bytes streamscan_write_begin(..., min_middle, ...) will walk
  * for a write of `len` bytes: the head and the tail when its middle is
  * likely left to the caller, else `len`. An estimate from the catalog

@@ -1142,6 +1142,13 @@ static void mixed_case(bool split, uint32_t counters)
     ck_assert_uint_gt(c1.mixed_writes - c0.mixed_writes, nc / 2);
     if (split)
         ck_assert_uint_gt(c1.split_writes - c0.split_writes, nc / 2);
+    /* a split write of this catalog is read whole, so only a bounded one */
+    struct streamscan *ss;
+    ck_assert_int_eq(streamscan_create(cat, &ss), 0);
+    ck_assert(streamscan_fast(ss));
+    ck_assert_uint_eq(streamscan_split_tail(ss, 1u << 20), 1u << 20);
+    ck_assert_uint_eq(streamscan_split_tail(ss, STREAMSCAN_WHOLE_READ_MAX + 1), 0);
+    streamscan_destroy(ss);
     scan_hits_finish(&block);
     scan_hits_finish(&got);
     scan_hits_finish(&theirs);
