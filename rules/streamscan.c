@@ -1190,8 +1190,10 @@ static int tail(struct streamscan *s, const struct layout *l, const uint8_t *w, 
     uint32_t *tmp = heap ? heap : stack, *rb = tmp + (heap ? max : STACK_WORDS);
     uint32_t *home = nfa_words(s), p = catalog_byte_kind(w[n - 1]) + 1;
     struct refscan_gate gate = {0};
-    if (gated_apart && rc == 0) /* factor ends that can make a match end at n */
-        rc = refscan_factor_ends(s->cat, w, n, n - 1, n, &gate);
+    if (gated_apart && rc == 0)      /* factor ends that can make a match end at n */
+        rc = part == CPUSCAN_BOUNDED /* the bounded groups' ends only, not every one */
+                 ? refscan_factor_ends_lb(s->cat, w, n, n - 1, n, NULL, s->plan->split_lb, &gate)
+                 : refscan_factor_ends(s->cat, w, n, n - 1, n, &gate);
     for (uint32_t j = 0; j < nn && rc == 0; j++) {
         struct catalog_nfa g;
         catalog_nfa(s->cat, j, &g);
