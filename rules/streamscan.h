@@ -71,7 +71,10 @@ const struct catalog *streamscan_catalog(const struct streamscan *s);
 /*
  * Large writes (docs/engine.md, "Streams": the fast path). A write into a
  * catalog whose groups are all bounded scans most of its bytes as block
- * mode does (rules/cpuscan.h), in pieces of at least `piece` bytes (0: 256
+ * mode does (rules/cpuscan.h); in a catalog whose bounded groups
+ * cpuscan_split_lookback splits from its unbounded ones, the bounded
+ * groups do, and the unbounded ones walk the whole write. The middle runs
+ * in pieces of at least `piece` bytes (0: 256
  * KiB) on up to `threads` threads (0 or 1: the writing thread alone). The
  * other threads are a pool of the process, started at the first write
  * that needs them and kept idle afterwards; a writer runs queued pieces
@@ -128,7 +131,9 @@ int streamscan_write_begin(struct streamscan *s, const uint8_t *buf, size_t len,
  * caller, and then which bytes it reads: buf[0..*head) and
  * buf[len - *tail..len). The rest of buf may be left unread by the caller
  * (vkscand reads only those two ranges of a descriptor write and lets the
- * GPU engine read the middle itself).
+ * GPU engine read the middle itself). In a catalog with unbounded groups
+ * the tail is the whole write (their walk reads every byte), and only
+ * writes of at most STREAMSCAN_WHOLE_READ_MAX bytes are split.
  */
 bool streamscan_split_plan(struct streamscan *s, size_t len, uint8_t last, size_t min_middle,
                            size_t *head, size_t *tail);
