@@ -1745,23 +1745,13 @@ static int plan_split(const struct catalog *cat, struct cpuplan *p)
     uint64_t lb = cpuscan_split_lookback(cat);
     if (lb == CPUSCAN_UNSEGMENTABLE)
         return 0;
-    uint32_t n = catalog_rule_count(cat), nd = catalog_group_count(cat);
+    uint32_t n = catalog_rule_count(cat);
     if ((p->unbounded = calloc(n ? n : 1, 1)) == NULL)
         return -ENOMEM;
     for (uint32_t r = 0; r < n; r++) {
         struct catalog_rule cr;
         catalog_rule(cat, r, &cr);
-        uint32_t maxlen;
-        if (cr.group < nd) {
-            struct catalog_group cg;
-            catalog_group(cat, cr.group, &cg);
-            maxlen = cg.maxlen;
-        } else {
-            struct catalog_nfa cn;
-            catalog_nfa(cat, cr.group - nd, &cn);
-            maxlen = cn.maxlen;
-        }
-        p->unbounded[r] = maxlen == CATALOG_UNBOUNDED;
+        p->unbounded[r] = cpuscan_group_maxlen(cat, cr.group) == CATALOG_UNBOUNDED;
     }
     p->split_lb = lb;
     return 0;

@@ -90,9 +90,7 @@ uint64_t cpuscan_lookback(const struct catalog *cat)
     return lb;
 }
 
-/* The maxlen of engine group g (DFA groups first, as the plan numbers
- * them). */
-static uint32_t group_maxlen(const struct catalog *cat, uint32_t g)
+uint32_t cpuscan_group_maxlen(const struct catalog *cat, uint32_t g)
 {
     uint32_t nd = catalog_group_count(cat);
     if (g < nd) {
@@ -110,7 +108,7 @@ static uint32_t group_maxlen(const struct catalog *cat, uint32_t g)
 static bool group_in(const struct catalog *cat, enum cpuscan_groups groups, uint32_t g)
 {
     return groups == CPUSCAN_ALL ||
-           (group_maxlen(cat, g) == CATALOG_UNBOUNDED) == (groups == CPUSCAN_UNBOUNDED);
+           (cpuscan_group_maxlen(cat, g) == CATALOG_UNBOUNDED) == (groups == CPUSCAN_UNBOUNDED);
 }
 
 /* The lookback of the bounded groups of a catalog whose groups the range
@@ -159,7 +157,7 @@ uint64_t cpuscan_split_lookback(const struct catalog *cat)
     for (uint32_t r = 0; ok && r < nr; r++) {
         struct catalog_rule cr;
         catalog_rule(cat, r, &cr);
-        uint8_t p = group_maxlen(cat, cr.group) == CATALOG_UNBOUNDED ? 2 : 1;
+        uint8_t p = cpuscan_group_maxlen(cat, cr.group) == CATALOG_UNBOUNDED ? 2 : 1;
         ok = part[report[r]] == 0 || part[report[r]] == p;
         part[report[r]] = p;
     }
@@ -707,8 +705,9 @@ static int on_run(void *ctx, uint32_t id, uint64_t end)
         lw->run_pts = 0;
     }
     uint64_t seen = end == CPURUN_GAVE_UP ? UINT64_MAX : end - lw->begin;
-    if (end == CPURUN_GAVE_UP || (++lw->run_pts * 2 * (uint64_t)group_maxlen(lw->cat, g) > seen &&
-                                  seen >= CPURUN_DENSE_MIN)) {
+    if (end == CPURUN_GAVE_UP ||
+        (++lw->run_pts * 2 * (uint64_t)cpuscan_group_maxlen(lw->cat, g) > seen &&
+         seen >= CPURUN_DENSE_MIN)) {
         if (lw->full == NULL && (lw->full = calloc(lw->ng, 1)) == NULL) {
             lw->dense = true;
             return CPURUN_SKIP;
@@ -812,7 +811,7 @@ static int fast_groups(const struct catalog *cat, const struct cpuplan *plan, co
             a = z;
             continue;
         }
-        struct winwalk x = {cat, plan, g, group_maxlen(cat, g), buf, len, w};
+        struct winwalk x = {cat, plan, g, cpuscan_group_maxlen(cat, g), buf, len, w};
         rc = refscan_gate_windows(x.maxlen, &cands.v[a].end, z - a,
                                   sizeof(struct refscan_cand) / sizeof(uint64_t), len, lo, hi,
                                   on_window, &x);

@@ -41,6 +41,10 @@
  */
 uint64_t cpuscan_lookback(const struct catalog *cat);
 
+/* The longest match of engine group g (DFA groups first, then bit-NFA
+ * groups, as rules and the plan number them); CATALOG_UNBOUNDED. */
+uint32_t cpuscan_group_maxlen(const struct catalog *cat, uint32_t g);
+
 /*
  * Which of a catalog's groups a segment walks: all of them, or for a
  * catalog cpuscan_split_lookback splits, its bounded groups (in segments,

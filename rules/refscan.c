@@ -1052,8 +1052,7 @@ int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t le
     return refscan_factor_ends_of(cat, buf, len, lo, hi, NULL, out);
 }
 
-int refscan_factor_ends_of(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
-                           uint64_t hi, const uint8_t *walk, struct refscan_gate *out)
+uint64_t refscan_gated_lookback(const struct catalog *cat)
 {
     uint64_t lb = 0; /* CATALOG_UNBOUNDED for confirmed groups: every end up to hi */
     for (uint32_t j = 0; j < catalog_nfa_count(cat); j++) {
@@ -1062,7 +1061,13 @@ int refscan_factor_ends_of(const struct catalog *cat, const uint8_t *buf, size_t
         if ((n.flags & CAT_GF_GATED) && n.maxlen > lb)
             lb = n.maxlen;
     }
-    return refscan_factor_ends_lb(cat, buf, len, lo, hi, walk, lb, out);
+    return lb;
+}
+
+int refscan_factor_ends_of(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                           uint64_t hi, const uint8_t *walk, struct refscan_gate *out)
+{
+    return refscan_factor_ends_lb(cat, buf, len, lo, hi, walk, refscan_gated_lookback(cat), out);
 }
 
 int refscan_factor_ends_lb(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,

@@ -140,8 +140,12 @@ int refscan_factor_ends(const struct catalog *cat, const uint8_t *buf, size_t le
 int refscan_factor_ends_of(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                            uint64_t hi, const uint8_t *walk, struct refscan_gate *out);
 
-/* As refscan_factor_ends_of, given lb, the gated groups' longest match
- * (CATALOG_UNBOUNDED with a confirmed one), which that call finds first. */
+/* The gated groups' longest match (CATALOG_UNBOUNDED with a confirmed
+ * one): how far before lo the factor ends that matter may lie. */
+uint64_t refscan_gated_lookback(const struct catalog *cat);
+
+/* As refscan_factor_ends_of, given lb, refscan_gated_lookback (that call
+ * finds it first). */
 int refscan_factor_ends_lb(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                            uint64_t hi, const uint8_t *walk, uint64_t lb, struct refscan_gate *out);
 

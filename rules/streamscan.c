@@ -907,13 +907,7 @@ static int factor_ends(struct streamscan *s, const uint8_t *w, size_t n, uint64_
     uint32_t threads = atomic_load(&par_threads);
     if (hi - lo < FACTOR_PAR_PIECES * (uint64_t)atomic_load(&par_piece) || threads < 2)
         return refscan_factor_ends(s->cat, w, n, lo, hi, gate);
-    uint64_t lb = 0; /* as refscan_factor_ends_of: the gated groups' longest match */
-    for (uint32_t j = 0; j < catalog_nfa_count(s->cat); j++) {
-        struct catalog_nfa g;
-        catalog_nfa(s->cat, j, &g);
-        if ((g.flags & CAT_GF_GATED) && g.maxlen > lb)
-            lb = g.maxlen;
-    }
+    uint64_t lb = refscan_gated_lookback(s->cat);
     uint64_t from = lo > lb && lb != CATALOG_UNBOUNDED ? lo - lb : 0, span = hi - from;
     uint32_t k = threads;
     struct piece *p = calloc(k, sizeof(*p));

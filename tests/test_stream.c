@@ -790,25 +790,36 @@ END_TEST
  * instances planted densely, cut into writes of 1 byte to 20 KiB, middles
  * cut into 64-byte pieces on 3 threads. Block mode and Hyperscan's stream
  * mode agree with the stream exactly. */
-static void fast_set(const char *const *pats, size_t n, const char *const *inst, size_t ni,
-                     bool bitnfa, struct cpuplan **plan_out)
+/* Fills `ru` with the regexes pats[0..n) (ids `prefix`0, `prefix`1, ...),
+ * compiles them with `opt` and builds Hyperscan's stream database. */
+static const struct catalog *run_regexes(struct run *ru, const char *prefix,
+                                         const char *const *pats, size_t n,
+                                         const struct rules_options *opt)
 {
-    struct run ru = {.n = n};
-    struct rule_src src[24];
+    struct rule_src src[sizeof(ru->rules) / sizeof(ru->rules[0])];
+    ck_assert_uint_le(n, sizeof(src) / sizeof(src[0]));
+    ru->n = n;
     for (size_t i = 0; i < n; i++) {
-        struct trule *r = &ru.rules[i];
-        snprintf(r->id, sizeof(r->id), "f%zu", i);
+        struct trule *r = &ru->rules[i];
+        snprintf(r->id, sizeof(r->id), "%s%zu", prefix, i);
         r->kind = RULE_REGEX;
         puts_(&r->pat, pats[i]);
         puts_(&r->hs, pats[i]);
         src[i] = (struct rule_src){r->id, RULE_REGEX, r->pat.p, r->pat.n, 0, 0};
     }
-    struct rules_options opt = {.threads = 1, .force_bitnfa = bitnfa};
     struct vks_error err = {0};
-    ck_assert_msg(rules_compile(src, n, &opt, &ru.res, &err) == 0, "compile: %s", err.msg);
-    hs_build(&ru);
-    ck_assert_ptr_nonnull(ru.db);
-    const struct catalog *cat = ru.res.catalog;
+    ck_assert_msg(rules_compile(src, n, opt, &ru->res, &err) == 0, "compile: %s", err.msg);
+    hs_build(ru);
+    ck_assert_ptr_nonnull(ru->db);
+    return ru->res.catalog;
+}
+
+static void fast_set(const char *const *pats, size_t n, const char *const *inst, size_t ni,
+                     bool bitnfa, struct cpuplan **plan_out)
+{
+    struct run ru = {0};
+    struct rules_options opt = {.threads = 1, .force_bitnfa = bitnfa};
+    const struct catalog *cat = run_regexes(&ru, "f", pats, n, &opt);
     ck_assert_uint_eq(catalog_rule_count(cat), n);
     ck_assert_uint_ne(cpuscan_lookback(cat), CPUSCAN_UNSEGMENTABLE);
     if (bitnfa)
@@ -1039,41 +1050,36 @@ END_TEST
  * block-mode pieces and a rebuilt tail. Compiled twice, so the unbounded
  * rule `\bey...\.ey...` is once an unbounded DFA group and once a
  * forward-confirmed bit-NFA group with no bound on its lookback (walked
- * byte by byte, skipping where nothing is live and no byte can start it).
+ * from its factors' run starts and each write's last run).
  * Its matches are planted with runs of up to 30,000 bytes before the
  * factor, so most start writes before the one that completes them. Writes
  * of 1 to 34,000 bytes, each middle scanned here (plain) or handed over as
  * the daemon's GPU batch hands it, every rule's ends included (split);
  * against block mode and Hyperscan's stream mode. Fails when a group is
  * walked by both parts or by neither, when the middle's ends of an
- * unbounded rule are not dropped, or when the skip jumps over a start. */
+ * unbounded rule are not dropped, or when a start is missed. */
 static void mixed_case(bool split, uint32_t counters)
 {
-    static const char *const pats[][2] = {{"\\bey[a-z0-9]{5,}\\.ey[a-z0-9]{4}", "ey"},
-                                          {"zqkey[a-z0-9]{6,}", "zqkeyab12cd34ef "},
-                                          {"(?i)tokv[=:]\\s*[0-9a-f]+\\b", "TOKV= 00beef11 "},
-                                          {"begin[^\\n]*finish7", "begin and so on finish7"},
-                                          {"abcd[0-9]{2,4}wxyz", "abcd123wxyz"},
-                                          {"(?i)mnop[0-9a-f]{4}qrst", "MNOPbeefqrst"},
-                                          {"k9[a-z]{0,6}j8\\b", "k9abcj8 "},
-                                          {"plain-literal-one", "plain-literal-one"}};
+    static const char *const pats[] = {"\\bey[a-z0-9]{5,}\\.ey[a-z0-9]{4}",
+                                       "zqkey[a-z0-9]{6,}",
+                                       "(?i)tokv[=:]\\s*[0-9a-f]+\\b",
+                                       "begin[^\\n]*finish7",
+                                       "abcd[0-9]{2,4}wxyz",
+                                       "(?i)mnop[0-9a-f]{4}qrst",
+                                       "k9[a-z]{0,6}j8\\b",
+                                       "plain-literal-one"};
+    static const char *const plant[] = {"ey", /* rule 0's are built below */
+                                        "zqkeyab12cd34ef ",
+                                        "TOKV= 00beef11 ",
+                                        "begin and so on finish7",
+                                        "abcd123wxyz",
+                                        "MNOPbeefqrst",
+                                        "k9abcj8 ",
+                                        "plain-literal-one"};
     enum { N = sizeof(pats) / sizeof(pats[0]) };
-    struct run ru = {.n = N};
-    struct rule_src src[N];
-    for (size_t i = 0; i < N; i++) {
-        struct trule *r = &ru.rules[i];
-        snprintf(r->id, sizeof(r->id), "m%zu", i);
-        r->kind = RULE_REGEX;
-        puts_(&r->pat, pats[i][0]);
-        puts_(&r->hs, pats[i][0]);
-        src[i] = (struct rule_src){r->id, RULE_REGEX, r->pat.p, r->pat.n, 0, 0};
-    }
+    struct run ru = {0};
     struct rules_options opt = {.threads = 1, .bitnfa_counters = counters};
-    struct vks_error err = {0};
-    ck_assert_msg(rules_compile(src, N, &opt, &ru.res, &err) == 0, "compile: %s", err.msg);
-    hs_build(&ru);
-    ck_assert_ptr_nonnull(ru.db);
-    const struct catalog *cat = ru.res.catalog;
+    const struct catalog *cat = run_regexes(&ru, "m", pats, N, &opt);
     ck_assert_uint_eq(cpuscan_lookback(cat), CPUSCAN_UNSEGMENTABLE);
     ck_assert_uint_ne(cpuscan_split_lookback(cat), CPUSCAN_UNSEGMENTABLE);
     bool nfa_unbounded = false; /* rule 0 in a confirmed group with no bound on its lookback */
@@ -1095,7 +1101,7 @@ static void mixed_case(bool split, uint32_t counters)
                 put(&d, &"abcxyz0189"[rnd(10)], 1);
             puts_(&d, rnd(4) ? ".eyab12 " : ".ey-no ");
         } else if (r < N) {
-            puts_(&d, pats[r][1]);
+            puts_(&d, plant[r]);
         }
         put(&d, &fill[rnd(sizeof(fill) - 1)], 1);
     }
@@ -1743,22 +1749,13 @@ END_TEST
  * descriptor writes reused one buffer for their heads and tails. Fails when a
  * middle's hits are dropped, doubled, or offset wrongly (the block scan's
  * ends are counted from the write's first byte). */
+/* With `mixed`, the two unbounded rules after the first N_BRULES
+ * (`tok[^\\n]*end7`, whose matches span many writes, and `"[^"]*secret`):
+ * the bounded groups' middles go to the batches and the unbounded groups
+ * walk every write on the CPU (docs/engine.md "Streams", the fast path for
+ * the bounded groups); a descriptor write is then read whole. Fails also
+ * when a batch's ends of an unbounded rule are taken. */
 static const struct vks_rule brules[] = {
-    {"lit", VKS_RULE_LITERAL, "needle", 0, NULL},
-    {"word", VKS_RULE_REGEX, "foo\\b", 0, NULL},
-    {"eol", VKS_RULE_REGEX, "zq$", 0, NULL},
-    {"gap", VKS_RULE_REGEX, "a[^z]{0,12}q", 0, NULL},
-    {"num", VKS_RULE_REGEX, "\\bk[0-9]{2,4}x", 0, NULL},
-    {"bol", VKS_RULE_REGEX, "^st", 0, "m"},
-};
-
-/* With `mixed`, two unbounded rules more (`tok[^\\n]*end7`, whose matches
- * span many writes, and `"[^"]*secret`): the bounded groups' middles go to
- * the batches and the unbounded groups walk every write on the CPU
- * (docs/engine.md "Streams", the fast path for the bounded groups); a
- * descriptor write is then read whole. Fails also when a batch's ends of
- * an unbounded rule are taken. */
-static const struct vks_rule mrules[] = {
     {"lit", VKS_RULE_LITERAL, "needle", 0, NULL},
     {"word", VKS_RULE_REGEX, "foo\\b", 0, NULL},
     {"eol", VKS_RULE_REGEX, "zq$", 0, NULL},
@@ -1768,6 +1765,7 @@ static const struct vks_rule mrules[] = {
     {"far", VKS_RULE_REGEX, "tok[^\\n]*end7", 0, NULL},
     {"quote", VKS_RULE_REGEX, "\"[^\"]*secret", 0, NULL},
 };
+#define N_BRULES 6 /* the bounded ones */
 
 static void gpu_batches_case(bool mixed)
 {
@@ -1775,8 +1773,8 @@ static void gpu_batches_case(bool mixed)
     const char *const extra[] = {"--engine", "gpu", "--stream-gpu-min-bytes", "1", NULL};
     daemon_start(&d, extra);
     struct vks_client *c = connect_ok(&d);
-    struct vks_catalog *cat = mixed ? load_rules(c, mrules, sizeof(mrules) / sizeof(mrules[0]))
-                                    : load_rules(c, brules, sizeof(brules) / sizeof(brules[0]));
+    struct vks_catalog *cat =
+        load_rules(c, brules, mixed ? sizeof(brules) / sizeof(brules[0]) : N_BRULES);
     rng_state = mixed ? 0x6a7b5eeeu : 0x6a7b5eedu;
     static const char *const plants[] = {"needle", "foo ",    "foo", "zq",   "zq\n", "abq",   "a",
                                          "q",      "k123x",   "k9x", "\nst", "st",   "x",     " ",
@@ -1984,7 +1982,7 @@ START_TEST(test_daemon_stream_count_mode)
     static const char *const plants[] = {"needle", "foo ", "foo",   "zq",     "zq\n", "abq",
                                          "a",      "q",    "k123x", "k9x",    "\nst", "st",
                                          "x",      " ",    "\n",    "k12345x"};
-    const size_t n_rules = sizeof(brules) / sizeof(brules[0]);
+    const size_t n_rules = N_BRULES;
     for (int gpu = 0; gpu < 2; gpu++) {
         struct daemon d;
         const char *const cpu_extra[] = {"--max-hits", "64", NULL};
@@ -2535,7 +2533,7 @@ START_TEST(test_daemon_lib_pipelined_streams)
         "--engine", "gpu", "--stream-gpu-min-bytes", "1", "--tenant-max-requests", "16", NULL};
     daemon_start(&d, extra);
     struct vks_client *c = connect_ok(&d);
-    struct vks_catalog *cat = load_rules(c, brules, sizeof(brules) / sizeof(brules[0]));
+    struct vks_catalog *cat = load_rules(c, brules, N_BRULES);
     rng_state = 0x51be11edu;
     static const char *const plants[] = {"needle", "foo ", "foo",   "zq",     "zq\n", "abq",
                                          "a",      "q",    "k123x", "k9x",    "\nst", "st",
@@ -2709,7 +2707,7 @@ START_TEST(test_daemon_stream_write_many)
         "--engine", "gpu", "--stream-gpu-min-bytes", "1", "--max-scan-bytes", "256K", NULL};
     daemon_start(&d, extra);
     struct vks_client *c = connect_ok(&d);
-    struct vks_catalog *cat = load_rules(c, brules, sizeof(brules) / sizeof(brules[0]));
+    struct vks_catalog *cat = load_rules(c, brules, N_BRULES);
     rng_state = 0x3a11ba7cu;
     static const char *const plants[] = {"needle", "foo ", "foo",   "zq",     "zq\n", "abq",
                                          "a",      "q",    "k123x", "k9x",    "\nst", "st",
