@@ -4,7 +4,9 @@
 # of a 4 KiB file (the command's fixed cost), each with the wall time and the
 # reply's whole telemetry line (VKSCAN_TELEMETRY), against one vkscand with
 # the default config and DAEMON_ARGS (e.g. --max-scan-bytes 128M, which
-# makes the CLI send the 1 GiB file as a stream of 128 MiB pieces).
+# makes the CLI send the 1 GiB file as a stream of 128 MiB pieces). STATUS=1:
+# the daemon's stream counters at the end (stream.run_ns, .fd_read_ns,
+# .scan_*: where the stream writes spent their time).
 #   bench/cli_where.sh BUILD DATA [SETS...]
 # DATA: *.rules and default.hay, as for cli_bench.sh. SETS default: every
 # *.rules in DATA. Needs the runtime of h200_env.sh on a GPU host.
@@ -40,5 +42,8 @@ for r in $SETS; do
         done
     done
 done
+# the daemon's stream counters (time by phase of the stream writes)
+[ -n "${STATUS:-}" ] && "$B/client/vkscan" --socket "$W/s.sock" status --json | tr ',' '\n' |
+    grep -E '"stream\.(run_ns|fd_read_ns|scan_)' | tr -d '"' | tr '\n' ' ' && echo
 kill -TERM $daemon
 wait $daemon

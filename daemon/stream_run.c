@@ -263,6 +263,15 @@ static int write_fd_split(struct work *w, const struct proto_buffer *b, uint64_t
     return 1;
 }
 
+static _Atomic uint64_t fd_read_ns; /* stream.fd_read_ns: reading whole descriptor writes */
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* Reads the fd range of a write and scans it in pieces (pool thread). */
 static int write_fd(struct work *w, const struct proto_buffer *b)
 {
@@ -299,7 +308,9 @@ static int write_fd(struct work *w, const struct proto_buffer *b)
         return -ENOMEM;
     for (uint64_t done = 0; done < len && rc == 0;) {
         size_t want = len - done < chunk ? (size_t)(len - done) : chunk;
+        uint64_t t0 = mono_ns();
         ssize_t n = pread(b->fd, buf, want, (off_t)(b->offset + done));
+        atomic_fetch_add_explicit(&fd_read_ns, mono_ns() - t0, memory_order_relaxed);
         if (n <= 0) {
             snprintf(w->msg, sizeof(w->msg), "reading the descriptor failed at byte %llu: %s",
                      (unsigned long long)(b->offset + done), n < 0 ? strerror(errno) : "EOF");
@@ -641,13 +652,6 @@ void stream_work_done(struct work *w, int status)
 
 static _Atomic uint64_t run_ns;   /* stream.run_ns: time in work_run on the threads */
 _Atomic uint64_t stream_fd_stats; /* stream.fd_stats */
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* On a CPU engine thread: runs the request and hands it to the loop. */
 static void task_run(struct engine_task *t)
@@ -998,6 +1002,18 @@ void stream_run_stats_add(struct stats_list *l)
 {
     stats_add_u(l, "stream.run_ns", atomic_load_explicit(&run_ns, memory_order_relaxed));
     stats_add_u(l, "stream.fd_stats", atomic_load_explicit(&stream_fd_stats, memory_order_relaxed));
+    stats_add_u(l, "stream.fd_read_ns", atomic_load_explicit(&fd_read_ns, memory_order_relaxed));
+    struct streamscan_counters c;
+    streamscan_counters(&c);
+    stats_add_u(l, "stream.scan_whole_ns", c.whole_ns);
+    stats_add_u(l, "stream.scan_head_ns", c.head_ns);
+    stats_add_u(l, "stream.scan_middle_ns", c.middle_ns);
+    stats_add_u(l, "stream.scan_tail_ns", c.tail_ns);
+    stats_add_u(l, "stream.scan_deliver_ns", c.deliver_ns);
+    stats_add_u(l, "stream.scan_factor_ns", c.factor_ns);
+    stats_add_u(l, "stream.scan_mixed_writes", c.mixed_writes);
+    stats_add_u(l, "stream.scan_walk_pieces", c.walk_pieces);
+    stats_add_u(l, "stream.scan_spec_fixes", c.spec_fixes);
     pthread_mutex_lock(&spare.mu);
     uint64_t reused = spare.reused, mapped = spare.mapped, kept = spare.kept;
     uint64_t peak = spare.peak, trimmed = spare.trimmed;

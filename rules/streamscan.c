@@ -34,6 +34,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define KIND_ALL                                                                       \
     ((1u << CAT_K_WORD) | (1u << CAT_K_NL) | (1u << CAT_K_OTHER) | (1u << CAT_K_EOD) | \
@@ -266,26 +267,59 @@ static int dfa_check(const struct catalog_group *g, uint32_t st, uint32_t now, u
     return 0;
 }
 
-/* Walks DFA group `gi` over v[0..e) and checks position e with `told_end`
- * (0: position e is left to the caller, the fast path's tail). */
+/* Walks DFA group `g` from state *st over v[a..b), checking positions
+ * a .. b - 1 (position j at stream offset pos + j; position 0 with what
+ * the last write told), and leaves the state at b in *st. */
+static int dfa_span(const struct catalog_group *g, uint32_t *st, const struct vbuf *v, size_t a,
+                    size_t b, uint64_t pos, uint32_t told, struct scan_hits *raw)
+{
+    uint32_t q = *st;
+    int rc = 0;
+    size_t j = a;
+    if (j < b && j < (size_t)v->held) { /* the held '\n' */
+        if (q >= g->first_accept)
+            rc = dfa_check(g, q, 1u << CAT_K_NL, told, pos, raw);
+        q = g->trans[(size_t)q * g->n_classes + g->classmap['\n']];
+        j++;
+    }
+    /* the walk with the table in locals: a check's pushes may alias g */
+    const uint32_t *trans = g->trans;
+    const uint32_t *classmap = g->classmap;
+    const uint8_t *w = v->w + (j - v->held);
+    size_t nc = g->n_classes;
+    uint32_t first = g->first_accept;
+    for (; j < b && rc == 0; j++) {
+        uint8_t c = *w++;
+        if (q >= first)
+            rc = dfa_check(g, q, 1u << catalog_byte_kind(c), j ? 0 : told, pos + j, raw);
+        q = trans[(size_t)q * nc + classmap[c]];
+    }
+    *st = q;
+    return rc;
+}
+
+/* Position e of a DFA group's write, checked from its state there with
+ * `told_end` (0: left to the caller, the fast path's tail); the state is
+ * carried on. */
+static int dfa_end(struct streamscan *s, uint32_t gi, const struct catalog_group *g, uint32_t st,
+                   size_t e, uint32_t told_end, struct scan_hits *raw)
+{
+    int rc = 0;
+    if (told_end != 0)
+        rc = dfa_check(g, st, told_end, e ? 0 : s->told, pos_of(s) + e, raw);
+    dfa_set(s, gi, st);
+    return rc;
+}
+
+/* Walks DFA group `gi` over v[0..e) and checks position e with `told_end`. */
 static int dfa_write(struct streamscan *s, uint32_t gi, const struct vbuf *v, size_t e,
                      uint32_t told_end, struct scan_hits *raw)
 {
     struct catalog_group g;
     catalog_group(s->cat, gi, &g);
     uint32_t st = dfa_get(s, gi);
-    uint64_t pos = pos_of(s);
-    int rc = 0;
-    for (size_t j = 0; j < e && rc == 0; j++) {
-        uint8_t c = vbyte(v, j);
-        if (st >= g.first_accept)
-            rc = dfa_check(&g, st, 1u << catalog_byte_kind(c), j ? 0 : s->told, pos + j, raw);
-        st = g.trans[(size_t)st * g.n_classes + g.classmap[c]];
-    }
-    if (rc == 0 && told_end != 0)
-        rc = dfa_check(&g, st, told_end, e ? 0 : s->told, pos + e, raw);
-    dfa_set(s, gi, st);
-    return rc;
+    int rc = dfa_span(&g, &st, v, 0, e, pos_of(s), s->told, raw);
+    return rc ? rc : dfa_end(s, gi, &g, st, e, told_end, raw);
 }
 
 static int dfa_close(struct streamscan *s, uint32_t gi, struct scan_hits *raw)
@@ -676,6 +710,24 @@ static void plan_once(struct streamscan *s)
 
 static atomic_size_t fast_min = FAST_MIN_DEFAULT;
 static atomic_uint_fast64_t n_fast, n_pieces, n_parallel, n_gated, n_split, n_mixed;
+static atomic_uint_fast64_t n_walk_pieces, n_spec_fixes;
+/* where writes spend their time (streamscan_counters) */
+static atomic_uint_fast64_t ns_whole, ns_head, ns_middle, ns_tail, ns_deliver, ns_factor;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Adds the time since *t to `c` and restarts *t. */
+static void lap(atomic_uint_fast64_t *c, uint64_t *t)
+{
+    uint64_t n = now_ns();
+    atomic_fetch_add_explicit(c, n - *t, memory_order_relaxed);
+    *t = n;
+}
 
 void streamscan_tune(size_t min_middle)
 {
@@ -690,6 +742,14 @@ void streamscan_counters(struct streamscan_counters *c)
     c->gated_writes = atomic_load(&n_gated);
     c->split_writes = atomic_load(&n_split);
     c->mixed_writes = atomic_load(&n_mixed);
+    c->walk_pieces = atomic_load(&n_walk_pieces);
+    c->spec_fixes = atomic_load(&n_spec_fixes);
+    c->whole_ns = atomic_load(&ns_whole);
+    c->head_ns = atomic_load(&ns_head);
+    c->middle_ns = atomic_load(&ns_middle);
+    c->tail_ns = atomic_load(&ns_tail);
+    c->deliver_ns = atomic_load(&ns_deliver);
+    c->factor_ns = atomic_load(&ns_factor);
 }
 
 static atomic_uint par_threads = 1;
@@ -731,7 +791,9 @@ static struct cpuscan_scratch *thread_scratch(void)
     return scr;
 }
 
-/* One piece of a write's middle: ends (lo, hi] of w[0..n). */
+/* One piece of a write's middle: ends (lo, hi] of w[0..n). Or, with
+ * `run`, piece `idx` of a walk the function runs (`job`: what the pieces
+ * share), its matches into `hits`. */
 struct piece {
     const struct catalog *cat;
     const uint8_t *w;
@@ -741,6 +803,10 @@ struct piece {
     bool factors;               /* the factor ends in (lo, hi] into `gate`, not a scan */
     struct refscan_gate gate;
     struct cpuscan_part part;
+    void (*run)(struct piece *);
+    void *job;
+    uint32_t idx;
+    struct scan_hits hits;
     int rc;
     struct piece *next; /* the pool's queue */
     uint32_t *left;     /* the write's pieces not finished, under the pool's lock */
@@ -748,6 +814,10 @@ struct piece {
 
 static void piece_run(struct piece *p)
 {
+    if (p->run != NULL) {
+        p->run(p);
+        return;
+    }
     if (p->factors) {
         p->rc = refscan_factor_scan(p->cat, p->w, p->n, p->lo, p->hi, &p->gate);
         return;
@@ -893,9 +963,9 @@ static int middle(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo,
     return rc;
 }
 
-/* Ranges of factor ends shorter than this many pieces' bytes are found on
- * one thread. */
-#define FACTOR_PAR_PIECES 4u
+/* Ranges of factor ends, and walks of the groups that see a whole write,
+ * shorter than this many pieces' bytes run on one thread. */
+#define PAR_MIN_PIECES 4u
 
 /* refscan_factor_ends over w[0..n) for ends in (lo, hi], on up to
  * streamscan_set_threads threads when the range is long (a large write of
@@ -905,7 +975,7 @@ static int factor_ends(struct streamscan *s, const uint8_t *w, size_t n, uint64_
                        struct refscan_gate *gate)
 {
     uint32_t threads = atomic_load(&par_threads);
-    if (hi - lo < FACTOR_PAR_PIECES * (uint64_t)atomic_load(&par_piece) || threads < 2)
+    if (hi - lo < PAR_MIN_PIECES * (uint64_t)atomic_load(&par_piece) || threads < 2)
         return refscan_factor_ends(s->cat, w, n, lo, hi, gate);
     uint64_t lb = refscan_gated_lookback(s->cat);
     uint64_t from = lo > lb && lb != CATALOG_UNBOUNDED ? lo - lb : 0, span = hi - from;
@@ -925,6 +995,165 @@ static int factor_ends(struct streamscan *s, const uint8_t *w, size_t n, uint64_
     free(p);
     if (rc == 0)
         refscan_gate_sort(gate);
+    return rc;
+}
+
+/* ---- long walks in pieces: the groups that see a whole write ------------- */
+
+/* How many pieces a walk of e bytes takes: one (this thread) under
+ * PAR_MIN_PIECES pieces' bytes, else one a thread, each of at least the
+ * piece bytes. */
+static uint32_t walk_k(size_t e)
+{
+    uint32_t threads = atomic_load(&par_threads);
+    uint64_t piece = atomic_load(&par_piece);
+    if (threads < 2 || e < PAR_MIN_PIECES * piece)
+        return 1;
+    uint64_t fit = e / piece;
+    return fit < threads ? (uint32_t)fit : threads;
+}
+
+/* Runs `run` as pieces 0 .. k - 1 of `job` (the first on this thread):
+ * the pieces, their matches and errors in them, or NULL (-ENOMEM). */
+static struct piece *walk_run(void (*run)(struct piece *), void *job, uint32_t k)
+{
+    struct piece *p = calloc(k, sizeof(*p));
+    if (p == NULL)
+        return NULL;
+    for (uint32_t i = 0; i < k; i++)
+        p[i] = (struct piece){.run = run, .job = job, .idx = i, .hits = {.max = refscan_raw_max()}};
+    if (k == 1)
+        piece_run(p);
+    else
+        pool_pieces(p, k);
+    atomic_fetch_add(&n_walk_pieces, k);
+    return p;
+}
+
+static void walk_free(struct piece *p, uint32_t k)
+{
+    for (uint32_t i = 0; i < k; i++)
+        scan_hits_finish(&p[i].hits);
+    free(p);
+}
+
+/* The pieces' bounds in v: cut[i] .. cut[i + 1], k + 1 of them. */
+static void walk_cut(size_t *cut, uint32_t k, size_t a, size_t b)
+{
+    for (uint32_t i = 0; i <= k; i++)
+        cut[i] = a + (b - a) / k * i;
+    cut[k] = b;
+}
+
+/* Bytes before a piece that its guess of a DFA state walks. */
+#define SPEC_LOOKBACK 1024u
+
+/* DFA groups walked over a whole write in pieces, as the GPU walks an
+ * unbounded group in speculative segments (docs/gpu.md "Unbounded groups in
+ * parallel"): piece i > 0 walks from a guess, the state the
+ * SPEC_LOOKBACK bytes before it lead to from a start state. A DFA forgets
+ * the past within a few bytes of most data, so the guess is usually the
+ * true state; where it is not, the true walk steps beside the guessed one
+ * from the piece's start until the two agree (from there the guessed walk
+ * is exact) and replaces its matches before that point. A guess that never
+ * agrees costs a walk of the piece: linear, never wrong. */
+struct dfa_seg {
+    uint32_t guess, end; /* the state the piece began in, and where it ended */
+    size_t from, to;     /* its matches in the piece's hits, by position */
+};
+
+struct dfa_job {
+    struct streamscan *s;
+    const struct vbuf *v;
+    const uint32_t *groups;
+    uint32_t n;
+    const size_t *cut;
+    struct dfa_seg *seg; /* piece after piece, n each */
+};
+
+static uint32_t dfa_guess(const struct catalog_group *g, const struct vbuf *v, size_t a)
+{
+    size_t i = a > SPEC_LOOKBACK ? a - SPEC_LOOKBACK : 0;
+    uint32_t st = g->start[i ? catalog_byte_kind(vbyte(v, i - 1)) + 1 : 0];
+    for (; i < a; i++)
+        st = g->trans[(size_t)st * g->n_classes + g->classmap[vbyte(v, i)]];
+    return st;
+}
+
+static void dfa_piece(struct piece *p)
+{
+    struct dfa_job *J = p->job;
+    size_t a = J->cut[p->idx], b = J->cut[p->idx + 1];
+    for (uint32_t x = 0; x < J->n && p->rc == 0; x++) {
+        struct catalog_group g;
+        catalog_group(J->s->cat, J->groups[x], &g);
+        struct dfa_seg *o = &J->seg[(size_t)p->idx * J->n + x];
+        uint32_t st = p->idx == 0 ? dfa_get(J->s, J->groups[x]) : dfa_guess(&g, J->v, a);
+        o->guess = st;
+        o->from = p->hits.n;
+        p->rc = dfa_span(&g, &st, J->v, a, b, pos_of(J->s), J->s->told, &p->hits);
+        o->to = p->hits.n;
+        o->end = st;
+    }
+}
+
+/* Appends hits[from, to) whose ends are at least `min` to raw. */
+static int push_from(struct scan_hits *raw, const struct scan_hits *h, size_t from, size_t to,
+                     uint64_t min)
+{
+    int rc = 0;
+    for (size_t i = from; i < to && rc == 0; i++)
+        if (h->v[i].end >= min)
+            rc = scan_hits_push(raw, h->v[i].rule, h->v[i].end, 1);
+    return rc;
+}
+
+/* dfa_write of the DFA groups groups[0..n) over v[0..e) in k pieces. */
+static int dfa_par(struct streamscan *s, const uint32_t *groups, uint32_t n, const struct vbuf *v,
+                   size_t e, uint32_t k, uint32_t told_end, struct scan_hits *raw)
+{
+    size_t *cut = malloc((k + 1) * sizeof(*cut));
+    struct dfa_seg *seg = malloc((size_t)k * n * sizeof(*seg));
+    struct dfa_job job = {s, v, groups, n, cut, seg};
+    struct piece *p = NULL;
+    int rc = cut == NULL || seg == NULL ? -ENOMEM : 0;
+    if (rc == 0) {
+        walk_cut(cut, k, 0, e);
+        rc = (p = walk_run(dfa_piece, &job, k)) == NULL ? -ENOMEM : 0;
+    }
+    for (uint32_t i = 0; i < k && rc == 0; i++)
+        rc = p[i].rc;
+    uint64_t pos = pos_of(s);
+    for (uint32_t x = 0; x < n && rc == 0; x++) {
+        struct catalog_group g;
+        catalog_group(s->cat, groups[x], &g);
+        uint32_t st = 0;
+        for (uint32_t i = 0; i < k && rc == 0; i++) {
+            const struct dfa_seg *o = &seg[(size_t)i * n + x];
+            uint32_t gs = o->guess;
+            size_t j = cut[i];
+            if (i > 0) /* the true walk beside the guessed one, until they agree */
+                for (; j < cut[i + 1] && st != gs && rc == 0; j++) {
+                    uint8_t c = vbyte(v, j);
+                    if (st >= g.first_accept)
+                        rc = dfa_check(&g, st, 1u << catalog_byte_kind(c), 0, pos + j, raw);
+                    st = g.trans[(size_t)st * g.n_classes + g.classmap[c]];
+                    gs = g.trans[(size_t)gs * g.n_classes + g.classmap[c]];
+                }
+            if (rc == 0 && (i == 0 || st == gs)) {
+                rc = push_from(raw, &p[i].hits, o->from, o->to, pos + j);
+                st = o->end;
+            }
+            if (i > 0 && j > cut[i])
+                atomic_fetch_add(&n_spec_fixes, 1);
+        }
+        if (rc == 0)
+            rc = dfa_end(s, groups[x], &g, st, e, told_end, raw);
+    }
+    if (p != NULL)
+        walk_free(p, k);
+    free(cut);
+    free(seg);
     return rc;
 }
 
@@ -1003,26 +1232,33 @@ static size_t cand_after(const struct refscan_gate *g, uint32_t j, uint64_t afte
     return k;
 }
 
-/* Forward-confirmed group `g` (vector `home`) over copy[hl..hl + e): the
- * copy holds the history before pos, then the write. Its factor ends in
- * (hl, hl + e] allow starts up to lookback bytes earlier, some in the
- * history, which the carried state could not have fired: the walk begins
- * at the first of them from an empty state, takes in the carried state at
- * pos, fires starts only where allowed, jumps over the stretches where the
- * state is empty and no start is, and reports from pos on (a match ends
- * at or after its factor's end, past pos). Position hl + e is checked with
- * `told_end`; the state there is carried on. Exact: what the full walk
- * finds, as block mode's confirmation (refscan.c confirm_walk). */
-static int confirm_walk(struct streamscan *s, const struct catalog_nfa *g, uint32_t j,
-                        uint32_t *home, const uint8_t *copy, size_t hl, size_t e, uint32_t told_end,
-                        const struct refscan_gate *gate, uint32_t *va, uint32_t *vb,
-                        struct scan_hits *raw)
+/* Forward-confirmed group `g` over copy[..stop): the copy holds the
+ * history before pos (hl bytes), then the write. Its factor ends allow
+ * starts up to lookback bytes earlier, some in the history, which the
+ * carried state could not have fired. A walk fires starts only where
+ * allowed, jumps over the stretches where the state is empty and no start
+ * is, and reports from pos on (a match ends at or after its factor's end,
+ * past pos). Exact: what the full walk finds, as block mode's
+ * confirmation (refscan.c confirm_walk).
+ *
+ * This is one piece of that walk: it fires the starts allowed at
+ * positions [a, b). The first piece (a == hl) begins at the first start
+ * the history allows and takes in the carried state `home` at hl. From b
+ * on a piece fires nothing and walks what it holds until its state is
+ * empty or it reaches stop; the state at stop is left in *end (empty when
+ * the walk ended before). The step is a union over positions, so the
+ * pieces together walk the whole walk, and their matches are its matches
+ * (some found twice, which deliver drops). */
+static int confirm_span(const struct streamscan *s, const struct catalog_nfa *g, uint32_t j,
+                        const uint32_t *home, const uint8_t *copy, size_t hl, size_t a, size_t b,
+                        size_t stop, const struct refscan_gate *gate, uint32_t *va, uint32_t *vb,
+                        struct nvec *end, struct scan_hits *raw)
 {
     memset(va, 0, (size_t)g->n_words * sizeof(uint32_t));
     memset(vb, 0, (size_t)g->n_words * sizeof(uint32_t));
-    struct nvec a = {va, 1, 0}, b = {vb, 1, 0}, *cur = &a, *nxt = &b;
-    uint64_t lb = g->lookback, stop = hl + e, until = 0, pos = pos_of(s);
-    size_t c = cand_after(gate, j, hl);
+    struct nvec x = {va, 1, 0}, y = {vb, 1, 0}, *cur = &x, *nxt = &y;
+    uint64_t lb = g->lookback, until = 0, pos = pos_of(s);
+    size_t c = cand_after(gate, j, a);
     /* No bound on the lookback: a factor ending at E allows the starts in
      * the run of span bytes that ends SKIP bytes before E (block mode's
      * refscan_start_from), within the copy. A run that reaches the copy's
@@ -1041,13 +1277,14 @@ static int confirm_walk(struct streamscan *s, const struct catalog_nfa *g, uint3
 #define START_OF(k) \
     (runs ? refscan_start_from(&rs, gate->v[k].end) : gate->v[k].end > lb ? gate->v[k].end - lb : 0)
 #define LIVE(k) ((k) < gate->n && gate->v[k].nfa == j && gate->v[k].end <= stop)
-    uint64_t i = LIVE(c) && START_OF(c) < hl ? START_OF(c) : hl;
-    bool merged = false;
+    bool merged = a != hl; /* a later piece: the carried state is the first's */
+    uint64_t i = !merged && LIVE(c) && START_OF(c) < hl ? START_OF(c) : a;
     int rc = 0;
     for (;;) {
-        for (; LIVE(c) && START_OF(c) <= i; c++)
+        bool firing = i < b;
+        for (; firing && LIVE(c) && START_OF(c) <= i; c++)
             until = gate->v[c].end > until ? gate->v[c].end : until;
-        if (i >= spec)
+        if (firing && i >= spec)
             until = stop;         /* the last run's starts, for later writes */
         if (i == hl && !merged) { /* the carried state joins */
             merged = true;
@@ -1061,15 +1298,17 @@ static int confirm_walk(struct streamscan *s, const struct catalog_nfa *g, uint3
                 cur->hi = w;
             }
         }
-        bool alive = cur->lo <= cur->hi, starts = i < until;
-        uint32_t p = i ? catalog_byte_kind(copy[i - 1]) + 1 : 0 /* P_BOS */;
+        bool alive = cur->lo <= cur->hi, starts = firing && i < until;
         if (i == stop)
             break;
+        uint32_t p = i ? catalog_byte_kind(copy[i - 1]) + 1 : 0 /* P_BOS */;
         uint32_t k = catalog_byte_kind(copy[i]);
         if (alive && i >= hl &&
             (rc = nfa_check(g, cur, p, 1u << k, i == hl ? s->told : 0, pos + (i - hl), raw)) != 0)
             break;
         if (!alive && !starts) { /* nothing to walk until the next allowed start */
+            if (!firing)
+                break;
             uint64_t next = LIVE(c) ? START_OF(c) : stop;
             next = next > spec ? spec : next;
             next = next > stop ? stop : next;
@@ -1077,18 +1316,123 @@ static int confirm_walk(struct streamscan *s, const struct catalog_nfa *g, uint3
             continue;
         }
         nfa_step_starts(g, cur, nxt, CAT_PK(p, k), copy[i], starts);
-        struct nvec *x = cur;
+        struct nvec *t = cur;
         cur = nxt;
-        nxt = x;
+        nxt = t;
         i++;
     }
 #undef START_OF
 #undef LIVE
-    if (rc == 0 && told_end != 0) {
+    *end = i == stop ? *cur : (struct nvec){cur->v, 1, 0};
+    return rc;
+}
+
+/* The state of each confirmed group at stop, from its pieces' ends: the
+ * union, checked at stop with `told_end`, carried on in its vector. */
+static int confirm_end(const struct streamscan *s, const struct catalog_nfa *g, uint32_t *home,
+                       const uint8_t *copy, size_t stop, size_t e, uint32_t told_end, uint32_t *tmp,
+                       struct scan_hits *raw)
+{
+    struct nvec a, b;
+    nfa_load(g, home, tmp, &a, &b);
+    int rc = 0;
+    if (told_end != 0) {
         uint32_t p = stop ? catalog_byte_kind(copy[stop - 1]) + 1 : 0;
-        rc = nfa_check(g, cur, p, told_end, e ? 0 : s->told, pos + e, raw);
+        rc = nfa_check(g, &a, p, told_end, e ? 0 : s->told, pos_of(s) + e, raw);
     }
-    memcpy(home, cur->v, (size_t)g->n_words * sizeof(uint32_t));
+    return rc;
+}
+
+/* The confirmed groups of a write, walked in pieces (confirm_span). */
+struct confirm_job {
+    const struct streamscan *s;
+    const uint8_t *copy;
+    size_t hl, stop;
+    const struct refscan_gate *gate;
+    const uint32_t *groups; /* nfa indices, n of them */
+    uint32_t *const *homes; /* each group's carried vector */
+    const size_t *at;       /* each group's words in a piece's ends */
+    uint32_t n, words;
+    const size_t *cut;
+    uint32_t *ends; /* piece after piece, `words` each: the states at stop */
+};
+
+static void confirm_piece(struct piece *p)
+{
+    const struct confirm_job *J = p->job;
+    uint32_t va[STACK_WORDS], vb[STACK_WORDS];
+    uint32_t *ends = J->ends + (size_t)p->idx * J->words;
+    for (uint32_t x = 0; x < J->n && p->rc == 0; x++) {
+        struct catalog_nfa g;
+        catalog_nfa(J->s->cat, J->groups[x], &g);
+        struct nvec end;
+        p->rc = confirm_span(J->s, &g, J->groups[x], J->homes[x], J->copy, J->hl, J->cut[p->idx],
+                             J->cut[p->idx + 1], J->stop, J->gate, va, vb, &end, &p->hits);
+        for (uint32_t w = 0; w < g.n_words; w++)
+            ends[J->at[x] + w] = end.lo <= end.hi ? end.v[w] : 0;
+    }
+}
+
+/* Every confirmed group of `part` over copy[hl..hl + e), in pieces on the
+ * stream threads when the write is long; position hl + e is checked with
+ * `told_end` (0: left to the caller). */
+static int confirm_all(struct streamscan *s, const struct layout *l, const uint8_t *copy, size_t hl,
+                       size_t e, uint32_t told_end, enum cpuscan_groups part,
+                       const struct refscan_gate *gate, struct scan_hits *raw)
+{
+    uint32_t nn = catalog_nfa_count(s->cat), n = 0, words = 0, k = walk_k(e);
+    uint32_t *groups = malloc(nn * sizeof(*groups));
+    uint32_t **homes = malloc(nn * sizeof(*homes));
+    size_t *at = malloc(nn * sizeof(*at)), *cut = malloc((k + 1) * sizeof(*cut));
+    int rc = groups && homes && at && cut ? 0 : -ENOMEM;
+    uint32_t *home = nfa_words(s);
+    for (uint32_t j = 0; j < nn && rc == 0; j++) {
+        struct catalog_nfa g;
+        catalog_nfa(s->cat, j, &g);
+        uint32_t *vec = home;
+        home += by_hist(&g, l->hist) ? 0 : g.n_words;
+        if (!in_part(g.maxlen, part) || !confirm_hist(&g, l->hist))
+            continue;
+        groups[n] = j;
+        homes[n] = vec;
+        at[n++] = words;
+        words += g.n_words;
+    }
+    uint32_t *ends = rc == 0 && n > 0 ? calloc((size_t)k * words, sizeof(*ends)) : NULL;
+    if (rc == 0 && n > 0 && ends == NULL)
+        rc = -ENOMEM;
+    struct piece *p = NULL;
+    if (rc == 0 && n > 0) {
+        walk_cut(cut, k, hl, hl + e);
+        struct confirm_job job = {s,     copy, hl, hl + e, gate, groups,
+                                  homes, at,   n,  words,  cut,  ends};
+        if ((p = walk_run(confirm_piece, &job, k)) == NULL)
+            rc = -ENOMEM;
+        for (uint32_t i = 0; i < k && rc == 0; i++) {
+            rc = p[i].rc;
+            for (size_t h = 0; h < p[i].hits.n && rc == 0; h++)
+                rc = scan_hits_push(raw, p[i].hits.v[h].rule, p[i].hits.v[h].end, 1);
+        }
+    }
+    uint32_t tmp[STACK_WORDS];
+    for (uint32_t x = 0; x < n && rc == 0; x++) {
+        struct catalog_nfa g;
+        catalog_nfa(s->cat, groups[x], &g);
+        for (uint32_t w = 0; w < g.n_words; w++) {
+            uint32_t u = 0;
+            for (uint32_t i = 0; i < k; i++)
+                u |= ends[(size_t)i * words + at[x] + w];
+            homes[x][w] = u;
+        }
+        rc = confirm_end(s, &g, homes[x], copy, hl + e, e, told_end, tmp, raw);
+    }
+    if (p != NULL)
+        walk_free(p, k);
+    free(ends);
+    free(groups);
+    free(homes);
+    free(at);
+    free(cut);
     return rc;
 }
 
@@ -1116,23 +1460,20 @@ static int gated_walk(struct streamscan *s, const struct layout *l, const struct
     if (m > held)
         memcpy(copy + hl + held, v->w, m - held);
     struct refscan_gate gate = {0};
+    uint64_t t = now_ns();
     int rc = factor_ends(s, copy, n, hl ? hl - 1 : 0, hl + e, &gate);
+    lap(&ns_factor, &t);
     uint32_t tmp[2 * STACK_WORDS], *rb = tmp + STACK_WORDS;
     struct gated_ctx c = {raw, pos_of(s) - hl};
     uint32_t k0 = catalog_byte_kind(vbyte(v, 0)), p_end = catalog_byte_kind(copy[hl + e - 1]) + 1;
     size_t take_end = hl + e; /* the bytes before pos + e a rebuild may walk */
-    uint32_t *home = nfa_words(s);
+    if (rc == 0 && e > 0)
+        rc = confirm_all(s, l, copy, hl, e, told_end, part, &gate, raw);
     for (uint32_t j = 0; j < catalog_nfa_count(s->cat) && rc == 0; j++) {
         struct catalog_nfa g;
         catalog_nfa(s->cat, j, &g);
-        uint32_t *vec = home;
-        home += by_hist(&g, l->hist) ? 0 : g.n_words;
         if (!in_part(g.maxlen, part))
             continue;
-        if (confirm_hist(&g, l->hist) && e > 0) {
-            rc = confirm_walk(s, &g, j, vec, copy, hl, e, told_end, &gate, rb, tmp, raw);
-            continue;
-        }
         if (!gated_hist(&g, l->hist))
             continue;
         struct nvec a, b;
@@ -1267,16 +1608,25 @@ static int walk_all(struct streamscan *s, const struct layout *l, const struct v
 {
     bool lits = false;
     int rc = 0;
-    for (uint32_t g = 0; g < catalog_group_count(s->cat) && rc == 0; g++) {
+    uint32_t n = catalog_group_count(s->cat), k = walk_k(e), nw = 0;
+    uint32_t *walked = k > 1 ? malloc(n * sizeof(*walked)) : NULL;
+    for (uint32_t g = 0; g < n && rc == 0; g++) {
         struct catalog_group cg;
         catalog_group(s->cat, g, &cg);
         if (!in_part(cg.maxlen, part))
             continue;
         if (by_lit(s, g, l->hist))
             lits = true;
-        else if (!factor_group(s->cat, g)) /* its entries are never reported */
+        else if (factor_group(s->cat, g)) /* its entries are never reported */
+            continue;
+        else if (walked != NULL)
+            walked[nw++] = g;
+        else
             rc = dfa_write(s, g, v, e, told_end, raw);
     }
+    if (rc == 0 && nw > 0)
+        rc = dfa_par(s, walked, nw, v, e, k, told_end, raw);
+    free(walked);
     if (rc == 0 && lits && e > 0)
         rc = lit_write(s, l, v, e, raw);
     if (rc == 0)
@@ -1331,6 +1681,7 @@ static int write_split(struct streamscan *s, const uint8_t *buf, size_t len, siz
     struct layout l = layout_of(s->cat);
     size_t h = head_of(s, e);
     bool apart_mid = false;
+    uint64_t t = now_ns();
     int rc;
     if (h == 0) {
         /* the gated groups kept by history around their factors, the others
@@ -1341,6 +1692,7 @@ static int write_split(struct streamscan *s, const uint8_t *buf, size_t len, siz
             atomic_fetch_add(&n_gated, 1);
             rc = gated_walk(s, &l, &v, e, told_end, CPUSCAN_ALL, &raw);
         }
+        lap(&ns_whole, &t);
     } else {
         /* the head from the carried state, the middle as block mode, the
          * tail's state rebuilt (the fast path, above); in a catalog with
@@ -1357,6 +1709,7 @@ static int write_split(struct streamscan *s, const uint8_t *buf, size_t len, siz
             rc = walk_all(s, &l, &v, e, told_end, ua, CPUSCAN_UNBOUNDED, &raw);
             if (rc == 0 && ua)
                 rc = gated_walk(s, &l, &v, e, told_end, CPUSCAN_UNBOUNDED, &raw);
+            lap(&ns_whole, &t);
         }
         bool apart = gated_ok(s, &l, h, part);
         if (rc == 0)
@@ -1365,6 +1718,7 @@ static int write_split(struct streamscan *s, const uint8_t *buf, size_t len, siz
             atomic_fetch_add(&n_gated, 1);
             rc = gated_walk(s, &l, &v, h, 0, part, &raw);
         }
+        lap(&ns_head, &t);
         apart_mid = mid != NULL && hi - lo > split && !any_single(s->cat);
         if (rc == 0 && apart_mid)
             *mid = (struct streamscan_middle){.pending = true,
@@ -1375,8 +1729,10 @@ static int write_split(struct streamscan *s, const uint8_t *buf, size_t len, siz
                                                                               : NULL};
         else if (rc == 0)
             rc = middle(s, buf, len, lo, hi, base, part, &raw);
+        lap(&ns_middle, &t);
         if (rc == 0)
             rc = tail(s, &l, buf, ew, pos_of(s) + e, told_end, apart, part, &raw);
+        lap(&ns_tail, &t);
     }
     if (rc != 0) {
         scan_hits_finish(&raw);
@@ -1395,7 +1751,9 @@ static int write_split(struct streamscan *s, const uint8_t *buf, size_t len, siz
         mid->raw = raw;
         return 0;
     }
-    return deliver(s, &raw, out);
+    rc = deliver(s, &raw, out);
+    lap(&ns_deliver, &t);
+    return rc;
 }
 
 int streamscan_write(struct streamscan *s, const uint8_t *buf, size_t len, struct scan_hits *out)

@@ -178,6 +178,14 @@ void streamscan_middle_finish(struct streamscan_middle *mid);
 struct streamscan_counters {
     uint64_t fast_writes, pieces, parallel_writes, gated_writes, split_writes;
     uint64_t mixed_writes; /* fast-path writes of a catalog with unbounded groups */
+    uint64_t walk_pieces;  /* pieces of walks over a whole write (DFA and confirmed groups) */
+    uint64_t spec_fixes;   /* pieces of a DFA group's walk whose guessed state was wrong */
+    /* nanoseconds writes spent: walking every group over the whole write
+     * (the slow path) or a catalog's unbounded groups (the fast path's
+     * mixed writes); the fast path's head, middle (scanned here, not
+     * handed over) and tail; sorting and delivering the matches; of
+     * those, finding the factor ends of walks around factors */
+    uint64_t whole_ns, head_ns, middle_ns, tail_ns, deliver_ns, factor_ns;
 };
 void streamscan_counters(struct streamscan_counters *c);
 

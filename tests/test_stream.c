@@ -1172,6 +1172,143 @@ START_TEST(test_mixed_streams)
 }
 END_TEST
 
+/* Long writes walk the groups that see the whole write in pieces on the
+ * stream threads (docs/engine.md "Streams"): an unbounded DFA group
+ * (`x[^y]*z`, a quoted secret) from guessed states repaired where the guess
+ * was wrong, and forward-confirmed groups with and without a bound on
+ * their lookback, each piece firing only its own starts and carrying what
+ * it holds past its end. The data holds stretches of up to 24,000 bytes
+ * after an `x` with no `y` (every piece inside one guesses wrong), quotes,
+ * e-mail addresses and hex runs of up to 60,000 bytes, so matches start
+ * pieces and writes before their end. Writes of 1 to 158,000 bytes in
+ * pieces of 2 KiB and more on four threads, plain and split, against
+ * block mode and Hyperscan's stream mode. Fails when a wrong guess is not
+ * repaired, when a piece drops what it carries past its end, or when the
+ * pieces' states at the write's end are not joined. */
+static void long_walks_case(bool split)
+{
+    static const char *const pats[] = {"x[^y]*z",
+                                       "\"[^\"]*secret[^\"]*\"",
+                                       "[a-z]+@[a-z]+\\.com",
+                                       "[A-Z][a-z]+ [A-Z][a-z]+ said",
+                                       "tokv=[a-f0-9]*;",
+                                       "abc[0-9]{2,4}def",
+                                       "plain-literal"};
+    enum { N = sizeof(pats) / sizeof(pats[0]) };
+    struct run ru = {0};
+    struct rules_options opt = {.threads = 1};
+    const struct catalog *cat = run_regexes(&ru, "w", pats, N, &opt);
+    ck_assert_uint_ne(cpuscan_split_lookback(cat), CPUSCAN_UNSEGMENTABLE);
+    uint32_t dfa_unbounded = 0, confirmed = 0, confirmed_runs = 0;
+    for (uint32_t g = 0; g < catalog_group_count(cat); g++) {
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        dfa_unbounded += cg.maxlen == CATALOG_UNBOUNDED;
+    }
+    for (uint32_t j = 0; j < catalog_nfa_count(cat); j++) {
+        struct catalog_nfa g;
+        catalog_nfa(cat, j, &g);
+        confirmed += (g.flags & CAT_GF_CONFIRM) && g.lookback != CATALOG_UNBOUNDED;
+        confirmed_runs += (g.flags & CAT_GF_CONFIRM) && g.lookback == CATALOG_UNBOUNDED;
+    }
+    ck_assert_uint_gt(dfa_unbounded, 0);
+    ck_assert_uint_gt(confirmed, 0);
+    ck_assert_uint_gt(confirmed_runs, 0);
+    rng_state = 0x10a9u + split;
+    struct str d = {0};
+    static const char words[][8] = {"the", "a",      "of",     "and",  "to",
+                                    "in",  "Watson", "Holmes", "said", "quiet",
+                                    "z",   "x",      "door",   "zone", "abc12def"};
+    static const char nx[] = "abcdefghijklmnopqrstuvwxz 0123456789\n";
+    while (d.n < 2500000) {
+        uint32_t r = rnd(24);
+        if (r == 0) { /* x, then no y for a long stretch, z here and there */
+            uint32_t run = rnd(3) ? 2000 + rnd(22000) : rnd(300);
+            put(&d, "x", 1);
+            for (uint32_t k = 0; k < run; k++)
+                put(&d, &nx[rnd(sizeof(nx) - 1)], 1);
+            put(&d, "y", 1);
+        } else if (r == 1) { /* a quote, sometimes with a secret, up to 5,000 bytes */
+            put(&d, "\"", 1);
+            uint32_t run = rnd(5000);
+            for (uint32_t k = 0; k < run; k++)
+                put(&d, &"abc def"[rnd(7)], 1);
+            puts_(&d, rnd(2) ? " secret \"" : " none \"");
+        } else if (r == 2) { /* an address whose start is up to 6,000 letters back */
+            put(&d, " ", 1);
+            uint32_t run = 1 + (rnd(3) ? rnd(20) : rnd(6000));
+            for (uint32_t k = 0; k < run; k++)
+                put(&d, &"abcdefgh"[rnd(8)], 1);
+            puts_(&d, rnd(4) ? "@mail.com " : "@mail.org ");
+        } else if (r == 3) { /* a hex run of up to 60,000 bytes after its factor */
+            puts_(&d, "tokv=");
+            uint32_t run = rnd(2) ? rnd(40) : rnd(60000);
+            for (uint32_t k = 0; k < run; k++)
+                put(&d, &"0123456789abcdef"[rnd(16)], 1);
+            puts_(&d, rnd(3) ? "; " : " ");
+        } else if (r == 4) {
+            puts_(&d, rnd(2) ? "Sherlock Holmes said " : "plain-literal ");
+        } else {
+            puts_(&d, words[rnd(sizeof(words) / sizeof(words[0]))]);
+            put(&d, rnd(9) ? " " : "\n", 1);
+        }
+    }
+    size_t *cuts = calloc(d.n + 2, sizeof(size_t));
+    ck_assert_ptr_nonnull(cuts);
+    size_t nc = 0;
+    for (size_t at = 0; at < d.n;) {
+        cuts[nc++] = at;
+        uint32_t k = rnd(6);
+        at += k == 0 ? 1 + rnd(40) : k == 1 ? 64 + rnd(4000) : 8000 + rnd(150000);
+    }
+    cuts[nc] = d.n;
+    streamscan_tune(0);
+    streamscan_set_threads(4, 2048);
+    struct streamscan_counters c0, c1;
+    streamscan_counters(&c0);
+    struct scan_hits block = {0}, got = {0}, theirs = {0};
+    ck_assert_int_eq(refscan_buffer(cat, (const uint8_t *)d.p, d.n, SCAN_ALL, &block), 0);
+    split_mode = split;
+    stream_all(cat, &d, cuts, nc, &got);
+    split_mode = false;
+    hs_stream_all(&ru, &d, cuts, nc, &theirs);
+    streamscan_counters(&c1);
+    streamscan_tune(SIZE_MAX);
+    streamscan_set_threads(1, 0);
+    normalise(&block, cat, NULL);
+    normalise(&got, cat, NULL);
+    normalise(&theirs, cat, ru.hs_ok);
+    size_t per[N] = {0};
+    for (size_t i = 0; i < block.n; i++)
+        for (uint32_t r = 0; r < N; r++)
+            per[r] += block.v[i].rule == ru.res.rule_index[r];
+    fprintf(stderr,
+            "long walks (%s): %zu writes, %llu walk pieces, %llu wrong guesses, %zu hits "
+            "(x..z %zu, secret %zu, mail %zu, said %zu, tokv %zu)\n",
+            split ? "split" : "plain", nc, (unsigned long long)(c1.walk_pieces - c0.walk_pieces),
+            (unsigned long long)(c1.spec_fixes - c0.spec_fixes), block.n, per[0], per[1], per[2],
+            per[3], per[4]);
+    for (uint32_t r = 0; r < 5; r++)
+        ck_assert_uint_gt(per[r], 25);
+    ck_assert(same(&got, &block, "long walks in pieces", "block mode"));
+    ck_assert(same(&got, &theirs, "long walks in pieces", "Hyperscan stream mode"));
+    ck_assert_uint_gt(c1.walk_pieces - c0.walk_pieces, 4 * nc);
+    ck_assert_uint_gt(c1.spec_fixes - c0.spec_fixes, 20);
+    scan_hits_finish(&block);
+    scan_hits_finish(&got);
+    scan_hits_finish(&theirs);
+    free(cuts);
+    free(d.p);
+    run_finish(&ru);
+}
+
+START_TEST(test_long_walks_in_pieces)
+{
+    long_walks_case(false);
+    long_walks_case(true);
+}
+END_TEST
+
 /* Binary signatures gated on two-byte anchors (factor_extract_weak): a
  * stream cut at random points into writes of 1 to 4,000 bytes reports what
  * block mode reports on the concatenation, with anchor pairs planted at
@@ -3643,6 +3780,7 @@ Suite *stream_suite(void)
     tcase_add_test(tc, test_fast_gated);
     tcase_add_test(tc, test_slow_gated);
     tcase_add_test(tc, test_mixed_streams);
+    tcase_add_test(tc, test_long_walks_in_pieces);
     suite_add_tcase(s, tc);
     TCase *td = tcase_create("daemon");
     tcase_set_timeout(td, 300);
