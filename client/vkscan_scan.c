@@ -43,7 +43,7 @@
 #define SCAN_IO_MS      (10u * 60u * 1000u) /* wait for one scan reply */
 #define ARCHIVE_BYTES   (1ull << 30)        /* --max-archive-bytes by default */
 #define STREAM_PIECE    (16ull << 20)       /* bytes per stream write read here, at most */
-#define FILE_PIECE      (256ull << 20)      /* bytes per descriptor write of a large file */
+#define FILE_PIECE      (16ull << 20)       /* bytes per descriptor write of a large file */
 #define STREAM_WINDOW   4                   /* a large file's stream writes in flight */
 #define TAIL_POLL_US    200000u             /* --tail: sleep at the end of the file */
 
@@ -851,9 +851,11 @@ static void stream_file(struct scan *s, char *path, int fd, uint64_t offset, uin
     batch_drain(s);
     struct sink k;
     bool ok = sink_open(s, &k, path) == 0;
-    /* by descriptor no byte passes through here: pieces as large as the
-     * GPU batches them well (docs/PERFORMANCE.md "Session 22"); read here
-     * (-n), a piece is a buffer of ours */
+    /* by descriptor no byte passes through here. 16 MiB is the most of a
+     * catalog with unbounded groups whose middle vkscand sends to the GPU
+     * (STREAMSCAN_WHOLE_READ_MAX), and no slower than 256 MiB for bounded
+     * catalogs (docs/PERFORMANCE.md "Session 47"); read here (-n), a piece
+     * is a buffer of ours */
     uint64_t want = s->opt.line_numbers ? STREAM_PIECE : FILE_PIECE;
     uint64_t piece = s->max_bytes < want ? s->max_bytes : want;
     if (!s->opt.line_numbers) {

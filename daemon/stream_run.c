@@ -50,7 +50,9 @@ static struct {
  *
  * Such a write needs a buffer of its length of which only the head and the
  * tail are ever read (write_fd; the batch reads the middle from the
- * descriptor). A fresh anonymous mapping per write costs an mmap, faults,
+ * descriptor), or all of it, up to 16 MiB, for a catalog whose unbounded
+ * groups walk every byte (vkscan sends a large file in such pieces). A
+ * fresh anonymous mapping per write costs an mmap, faults,
  * and an munmap whose TLB shootdown interrupts every core that runs a
  * daemon thread: for a flow reassembler's 64 KiB writes, two system calls
  * and an interrupt round per write, the munmap on the loop thread
@@ -71,7 +73,7 @@ static struct {
  * (streamscan_split_plan names what streamscan_write_begin reads, and the
  * CPU fallback reads the whole range into it first). */
 #define SPARE_MIN_SHIFT 14u /* 16 KiB */
-#define SPARE_MAX_SHIFT 22u /* 4 MiB */
+#define SPARE_MAX_SHIFT 24u /* 16 MiB: vkscan's pieces of a large file */
 #define SPARE_KEEP      (64u << 20)
 #define SPARE_HOLD_MS   2000u
 
@@ -198,14 +200,25 @@ void stream_spare_trim(uint64_t now_ms)
         }
 }
 
+static _Atomic uint64_t fd_read_ns; /* stream.fd_read_ns: reading descriptor writes here */
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* Reads `n` bytes at `at` of the write's range into `dst`; 0 or
  * -VKS_E_BAD_FD with w->msg set. */
 static int read_range(struct work *w, const struct proto_buffer *b, void *dst, uint64_t at,
                       uint64_t n)
 {
     for (uint64_t done = 0; done < n;) {
+        uint64_t t0 = mono_ns();
         ssize_t k =
             pread(b->fd, (uint8_t *)dst + done, (size_t)(n - done), (off_t)(b->offset + at + done));
+        atomic_fetch_add_explicit(&fd_read_ns, mono_ns() - t0, memory_order_relaxed);
         if (k <= 0) {
             snprintf(w->msg, sizeof(w->msg), "reading the descriptor failed at byte %llu: %s",
                      (unsigned long long)(b->offset + at + done), k < 0 ? strerror(errno) : "EOF");
@@ -261,15 +274,6 @@ static int write_fd_split(struct work *w, const struct proto_buffer *b, uint64_t
     w->wbuf = map;
     w->wlen = (size_t)len;
     return 1;
-}
-
-static _Atomic uint64_t fd_read_ns; /* stream.fd_read_ns: reading whole descriptor writes */
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* Reads the fd range of a write and scans it in pieces (pool thread). */

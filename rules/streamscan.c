@@ -1026,7 +1026,6 @@ static struct piece *walk_run(void (*run)(struct piece *), void *job, uint32_t k
         piece_run(p);
     else
         pool_pieces(p, k);
-    atomic_fetch_add(&n_walk_pieces, k);
     return p;
 }
 
@@ -1043,6 +1042,32 @@ static void walk_cut(size_t *cut, uint32_t k, size_t a, size_t b)
     for (uint32_t i = 0; i <= k; i++)
         cut[i] = a + (b - a) / k * i;
     cut[k] = b;
+}
+
+/* A long copy in pieces (its pages, new to the process, are touched on
+ * every thread at once). */
+struct copy_job {
+    uint8_t *dst;
+    const uint8_t *src;
+    size_t n;
+    uint32_t k;
+};
+
+static void copy_piece(struct piece *p)
+{
+    const struct copy_job *J = p->job;
+    size_t a = J->n / J->k * p->idx, b = p->idx + 1 == J->k ? J->n : J->n / J->k * (p->idx + 1);
+    memcpy(J->dst + a, J->src + a, b - a);
+}
+
+static void copy_par(uint8_t *dst, const uint8_t *src, size_t n)
+{
+    struct copy_job job = {dst, src, n, walk_k(n)};
+    struct piece *p = job.k > 1 ? walk_run(copy_piece, &job, job.k) : NULL;
+    if (p == NULL)
+        memcpy(dst, src, n);
+    else
+        walk_free(p, job.k);
 }
 
 /* Bytes before a piece that its guess of a DFA state walks. */
@@ -1120,6 +1145,7 @@ static int dfa_par(struct streamscan *s, const uint32_t *groups, uint32_t n, con
     if (rc == 0) {
         walk_cut(cut, k, 0, e);
         rc = (p = walk_run(dfa_piece, &job, k)) == NULL ? -ENOMEM : 0;
+        atomic_fetch_add(&n_walk_pieces, k);
     }
     for (uint32_t i = 0; i < k && rc == 0; i++)
         rc = p[i].rc;
@@ -1408,6 +1434,7 @@ static int confirm_all(struct streamscan *s, const struct layout *l, const uint8
                                   homes, at,   n,  words,  cut,  ends};
         if ((p = walk_run(confirm_piece, &job, k)) == NULL)
             rc = -ENOMEM;
+        atomic_fetch_add(&n_walk_pieces, k);
         for (uint32_t i = 0; i < k && rc == 0; i++) {
             rc = p[i].rc;
             for (size_t h = 0; h < p[i].hits.n && rc == 0; h++)
@@ -1458,7 +1485,7 @@ static int gated_walk(struct streamscan *s, const struct layout *l, const struct
     if (held && m > 0)
         copy[hl] = '\n';
     if (m > held)
-        memcpy(copy + hl + held, v->w, m - held);
+        copy_par(copy + hl + held, v->w, m - held);
     struct refscan_gate gate = {0};
     uint64_t t = now_ns();
     int rc = factor_ends(s, copy, n, hl ? hl - 1 : 0, hl + e, &gate);

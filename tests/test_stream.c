@@ -1044,6 +1044,49 @@ START_TEST(test_slow_gated)
 }
 END_TEST
 
+/* Write boundaries over n bytes (*nc writes; cuts[*nc] is n): one in
+ * `ways` writes of 1 to 40 bytes, one of 64 to 4,063, the others of
+ * `big` to big + spread - 1. */
+static size_t *cut_writes(size_t n, uint32_t ways, uint32_t big, uint32_t spread, size_t *nc)
+{
+    size_t *cuts = calloc(n + 2, sizeof(size_t));
+    ck_assert_ptr_nonnull(cuts);
+    *nc = 0;
+    for (size_t at = 0; at < n;) {
+        cuts[(*nc)++] = at;
+        uint32_t k = rnd(ways);
+        at += k == 0 ? 1 + rnd(40) : k == 1 ? 64 + rnd(4000) : big + rnd(spread);
+    }
+    cuts[*nc] = n;
+    return cuts;
+}
+
+/* The stream's matches over the writes cuts[0..nc] cut (scanned in place
+ * or split as the daemon splits them) on `threads` threads of `piece`
+ * bytes, block mode's and Hyperscan's stream mode's, each normalised; the
+ * stream counters before (c0) and after (c1). */
+static void stream_three(const struct run *ru, const struct str *d, const size_t *cuts, size_t nc,
+                         bool split, uint32_t threads, size_t piece, struct streamscan_counters *c0,
+                         struct streamscan_counters *c1, struct scan_hits *block,
+                         struct scan_hits *got, struct scan_hits *theirs)
+{
+    const struct catalog *cat = ru->res.catalog;
+    streamscan_tune(0);
+    streamscan_set_threads(threads, piece);
+    streamscan_counters(c0);
+    ck_assert_int_eq(refscan_buffer(cat, (const uint8_t *)d->p, d->n, SCAN_ALL, block), 0);
+    split_mode = split;
+    stream_all(cat, d, cuts, nc, got);
+    split_mode = false;
+    hs_stream_all(ru, d, cuts, nc, theirs);
+    streamscan_counters(c1);
+    streamscan_tune(SIZE_MAX);
+    streamscan_set_threads(1, 0);
+    normalise(block, cat, NULL);
+    normalise(got, cat, NULL);
+    normalise(theirs, cat, ru->hs_ok);
+}
+
 /* Catalogs with unbounded groups take the fast path for their bounded
  * groups (docs/engine.md "Streams"): the unbounded ones walk the whole
  * write from the carried state, the bounded ones the head, a middle of
@@ -1105,31 +1148,10 @@ static void mixed_case(bool split, uint32_t counters)
         }
         put(&d, &fill[rnd(sizeof(fill) - 1)], 1);
     }
-    size_t *cuts = calloc(d.n + 2, sizeof(size_t));
-    ck_assert_ptr_nonnull(cuts);
-    size_t nc = 0;
-    for (size_t at = 0; at < d.n;) {
-        cuts[nc++] = at;
-        uint32_t k = rnd(4);
-        at += k == 0 ? 1 + rnd(40) : k == 1 ? 64 + rnd(4000) : 4096 + rnd(30000);
-    }
-    cuts[nc] = d.n;
-    streamscan_tune(0);
-    streamscan_set_threads(2, 256);
+    size_t nc, *cuts = cut_writes(d.n, 4, 4096, 30000, &nc);
     struct streamscan_counters c0, c1;
-    streamscan_counters(&c0);
     struct scan_hits block = {0}, got = {0}, theirs = {0};
-    ck_assert_int_eq(refscan_buffer(cat, (const uint8_t *)d.p, d.n, SCAN_ALL, &block), 0);
-    split_mode = split;
-    stream_all(cat, &d, cuts, nc, &got);
-    split_mode = false;
-    hs_stream_all(&ru, &d, cuts, nc, &theirs);
-    streamscan_counters(&c1);
-    streamscan_tune(SIZE_MAX);
-    streamscan_set_threads(1, 0);
-    normalise(&block, cat, NULL);
-    normalise(&got, cat, NULL);
-    normalise(&theirs, cat, ru.hs_ok);
+    stream_three(&ru, &d, cuts, nc, split, 2, 256, &c0, &c1, &block, &got, &theirs);
     uint32_t r0 = ru.res.rule_index[0];
     size_t long_ones = 0;
     for (size_t i = 0; i < block.n; i++)
@@ -1253,31 +1275,10 @@ static void long_walks_case(bool split)
             put(&d, rnd(9) ? " " : "\n", 1);
         }
     }
-    size_t *cuts = calloc(d.n + 2, sizeof(size_t));
-    ck_assert_ptr_nonnull(cuts);
-    size_t nc = 0;
-    for (size_t at = 0; at < d.n;) {
-        cuts[nc++] = at;
-        uint32_t k = rnd(6);
-        at += k == 0 ? 1 + rnd(40) : k == 1 ? 64 + rnd(4000) : 8000 + rnd(150000);
-    }
-    cuts[nc] = d.n;
-    streamscan_tune(0);
-    streamscan_set_threads(4, 2048);
+    size_t nc, *cuts = cut_writes(d.n, 6, 8000, 150000, &nc);
     struct streamscan_counters c0, c1;
-    streamscan_counters(&c0);
     struct scan_hits block = {0}, got = {0}, theirs = {0};
-    ck_assert_int_eq(refscan_buffer(cat, (const uint8_t *)d.p, d.n, SCAN_ALL, &block), 0);
-    split_mode = split;
-    stream_all(cat, &d, cuts, nc, &got);
-    split_mode = false;
-    hs_stream_all(&ru, &d, cuts, nc, &theirs);
-    streamscan_counters(&c1);
-    streamscan_tune(SIZE_MAX);
-    streamscan_set_threads(1, 0);
-    normalise(&block, cat, NULL);
-    normalise(&got, cat, NULL);
-    normalise(&theirs, cat, ru.hs_ok);
+    stream_three(&ru, &d, cuts, nc, split, 4, 2048, &c0, &c1, &block, &got, &theirs);
     size_t per[N] = {0};
     for (size_t i = 0; i < block.n; i++)
         for (uint32_t r = 0; r < N; r++)
@@ -3286,6 +3287,90 @@ START_TEST(test_cli_pipe)
 }
 END_TEST
 
+/* A file over max-scan-bytes whose catalog has unbounded groups (a DFA
+ * group and forward-confirmed ones beside a bounded rule), sent by vkscan
+ * as a stream of 6 MiB pieces: vkscand walks the unbounded groups of each
+ * piece in pieces on its stream threads (stream.scan_walk_pieces), and
+ * the counts are block mode's over the whole file. The status reply says
+ * where the writes' time went. */
+START_TEST(test_cli_long_walks_in_pieces)
+{
+    static const char *const pats[] = {"x[^y]*z", "\"[^\"]*secret[^\"]*\"", "[a-z]+@[a-z]+\\.com",
+                                       "tokv=[a-f0-9]*;", "abc[0-9]{2,4}def"};
+    static const char *const ids[] = {"xz", "secret", "mail", "tokv", "abc"};
+    enum { N = sizeof(pats) / sizeof(pats[0]) };
+    struct daemon d;
+    daemon_start(&d, (const char *const[]){"--engine", "cpu", "--cpu-threads", "4",
+                                           "--max-scan-bytes", "6M", NULL});
+    rng_state = 0x5eed47u;
+    struct str data = {0};
+    static const char fill[] = "abcdefgh xz 0123.\n";
+    while (data.n < (20u << 20)) {
+        uint32_t r = rnd(200);
+        if (r == 0) {
+            put(&data, "x", 1);
+            for (uint32_t k = rnd(3) ? rnd(200) : rnd(3000000); k > 0; k--)
+                put(&data, &fill[rnd(sizeof(fill) - 1)], 1);
+            put(&data, "y", 1);
+        } else if (r == 1) {
+            puts_(&data, rnd(2) ? "\"a secret here\" " : " tokv=0a9f;");
+        } else if (r == 2) {
+            puts_(&data, rnd(2) ? " watson@baker.com " : " abc123def ");
+        } else {
+            put(&data, &fill[rnd(sizeof(fill) - 1)], 1);
+        }
+    }
+    struct run ru = {0};
+    struct rules_options opt = {.threads = 1};
+    const struct catalog *cat = run_regexes(&ru, "c", pats, N, &opt);
+    struct scan_hits block = {0};
+    ck_assert_int_eq(refscan_buffer(cat, (const uint8_t *)data.p, data.n, SCAN_ALL, &block), 0);
+    uint64_t want[N] = {0};
+    for (size_t i = 0; i < block.n; i++)
+        for (uint32_t r = 0; r < N; r++)
+            want[r] += block.v[i].rule == ru.res.rule_index[r];
+    scan_hits_finish(&block);
+    char path[128];
+    snprintf(path, sizeof(path), "%s/big", d.dir);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(data.p, 1, data.n, f), data.n);
+    fclose(f);
+    char e[N][64];
+    const char *args[2 * N + 3] = {"-c"};
+    for (uint32_t r = 0; r < N; r++) {
+        snprintf(e[r], sizeof(e[r]), "%s:/%s/", ids[r], pats[r]);
+        args[1 + 2 * r] = "-e";
+        args[2 + 2 * r] = e[r];
+    }
+    args[1 + 2 * N] = path;
+    args[2 + 2 * N] = NULL;
+    int st;
+    char *out = run_cli(&d, args, NULL, &st);
+    ck_assert_int_eq(st, 0);
+    for (uint32_t r = 0; r < N; r++) {
+        char line[256];
+        snprintf(line, sizeof(line), "%s:%s:%" PRIu64 "\n", path, ids[r], want[r]);
+        ck_assert_uint_gt(want[r], 10);
+        ck_assert_msg(strstr(out, line) != NULL, "want %s in:\n%s", line, out);
+    }
+    free(out);
+    struct vks_client *c = connect_ok(&d);
+    printf("long walks through vkscan: %" PRIu64 " mixed writes, %" PRIu64
+           " walk pieces, whole-write walks %" PRIu64 " ms, reads %" PRIu64 " ms\n",
+           stat_of(c, "stream.scan_mixed_writes"), stat_of(c, "stream.scan_walk_pieces"),
+           stat_of(c, "stream.scan_whole_ns") / 1000000, stat_of(c, "stream.fd_read_ns") / 1000000);
+    ck_assert_uint_ge(stat_of(c, "stream.scan_mixed_writes"), 3);
+    ck_assert_uint_ge(stat_of(c, "stream.scan_walk_pieces"), 3 * 2 * 4);
+    ck_assert_uint_gt(stat_of(c, "stream.scan_whole_ns"), 0);
+    ck_assert_uint_gt(stat_of(c, "stream.fd_read_ns"), 0);
+    vks_client_close(c);
+    run_finish(&ru);
+    free(data.p);
+    daemon_stop(&d);
+}
+END_TEST
+
 /* A file bigger than max-scan-bytes is scanned in pieces, fully and
  * exactly: matches across every piece boundary, with their lines. */
 START_TEST(test_cli_large_file_in_pieces)
@@ -3803,6 +3888,7 @@ Suite *stream_suite(void)
     tcase_add_test(td, test_daemon_stream_writes_count_as_requests);
     tcase_add_test(td, test_cli_pipe);
     tcase_add_test(td, test_cli_large_file_in_pieces);
+    tcase_add_test(td, test_cli_long_walks_in_pieces);
     tcase_add_test(td, test_cli_count_hit_dense);
     tcase_add_test(td, test_cli_tail);
     tcase_add_test(td, test_cli_flat_memory);
