@@ -36,9 +36,9 @@ for r in $SETS; do
         for i in 1 2 3; do
             s=$(now)
             t=$(VKSCAN_TELEMETRY=1 "$B/client/vkscan" --socket "$W/s.sock" scan -c --no-cache \
-                -r "$D/$r.rules" "$W/$f" 2>&1 >/dev/null | grep -o "client_rpc_ns=.*")
+                -r "$D/$r.rules" "$W/$f" 2>&1 >"$W/out" | grep -o "client_rpc_ns=.*")
             e=$(now)
-            echo "$r $f wall_s=$(awk -v a="$s" -v b="$e" 'BEGIN{printf "%.4f", b-a}') $t"
+            echo "$r $f wall_s=$(awk -v a="$s" -v b="$e" 'BEGIN{printf "%.4f", b-a}') counts_md5=$(md5sum <"$W/out" | cut -c1-8) $t"
         done
     done
 done

@@ -22,6 +22,7 @@ nproc
 pick() {
     grep " big " | tr ' ' '\n' | awk -F= '
         /^wall_s=/ { printf "\n%s %s", set, $0 }
+        /^counts_md5=/ { printf " %s", $0 }
         NF == 1 && !/=/ { if ($1 != "big") set = $1 }
         /^(total|plan|factor|device|run|upload|readback)_ns=/ {
             sub(/_ns$/, "", $1); printf " %s=%.1f", $1, $2 / 1e6 }

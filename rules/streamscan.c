@@ -21,7 +21,9 @@
  * A large write into a catalog of bounded groups takes the fast path
  * (below, and docs/engine.md "Streams"): its middle is the CPU engine's
  * block scan (cpuscan_segment) in pieces on a thread pool, and only its
- * head and tail touch the carried state.
+ * head and tail touch the carried state. The groups that must see a whole
+ * write (a catalog's unbounded ones, or all on the slow path) walk a long
+ * one in pieces on the same pool ("long walks in pieces", below).
  */
 #include "streamscan.h"
 #include "cpuplan.h"
@@ -801,6 +803,7 @@ struct piece {
     uint64_t lo, hi;
     enum cpuscan_groups groups; /* a catalog with an unbounded group: the bounded ones */
     bool factors;               /* the factor ends in (lo, hi] into `gate`, not a scan */
+    const uint8_t *want;        /* factors: keep only these bit-NFA groups' (NULL: all) */
     struct refscan_gate gate;
     struct cpuscan_part part;
     void (*run)(struct piece *);
@@ -820,6 +823,13 @@ static void piece_run(struct piece *p)
     }
     if (p->factors) {
         p->rc = refscan_factor_scan(p->cat, p->w, p->n, p->lo, p->hi, &p->gate);
+        size_t kept = 0;
+        for (size_t i = 0; i < p->gate.n && p->want != NULL; i++)
+            if (p->want[p->gate.v[i].nfa])
+                p->gate.v[kept++] = p->gate.v[i];
+        if (p->want != NULL)
+            p->gate.n = kept;
+        refscan_gate_sort(&p->gate); /* here: the pieces sort at once */
         return;
     }
     struct cpuscan_scratch *scr = thread_scratch();
@@ -969,10 +979,13 @@ static int middle(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo,
 
 /* refscan_factor_ends over w[0..n) for ends in (lo, hi], on up to
  * streamscan_set_threads threads when the range is long (a large write of
- * a catalog whose unbounded groups walk all of it): contiguous ranges of
- * factor ends, joined and sorted, are the same candidates. */
+ * a catalog whose unbounded groups walk all of it), keeping there only the
+ * candidates of the bit-NFA groups `want` names (NULL: all). Each piece
+ * sorts its own candidates; the pieces' ranges of ends follow each other,
+ * so each group's candidates, piece after piece, are sorted: the join is
+ * a merge by group, not a sort. `gate` is empty on entry. */
 static int factor_ends(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo, uint64_t hi,
-                       struct refscan_gate *gate)
+                       const uint8_t *want, struct refscan_gate *gate)
 {
     uint32_t threads = atomic_load(&par_threads);
     if (hi - lo < PAR_MIN_PIECES * (uint64_t)atomic_load(&par_piece) || threads < 2)
@@ -983,30 +996,51 @@ static int factor_ends(struct streamscan *s, const uint8_t *w, size_t n, uint64_
     struct piece *p = calloc(k, sizeof(*p));
     if (p == NULL)
         return -ENOMEM;
-    cut_pieces(p, k, &(struct piece){.cat = s->cat, .w = w, .n = n, .factors = true}, from, span);
+    cut_pieces(p, k, &(struct piece){.cat = s->cat, .w = w, .n = n, .factors = true, .want = want},
+               from, span);
     pool_pieces(p, k);
     int rc = 0;
+    size_t total = 0, *at = calloc(k, sizeof(*at));
     for (uint32_t i = 0; i < k; i++) {
         rc = rc ? rc : p[i].rc;
-        for (size_t j = 0; j < p[i].gate.n && rc == 0; j++)
-            rc = refscan_gate_push(gate, p[i].gate.v[j].nfa, p[i].gate.v[j].end);
-        refscan_gate_finish(&p[i].gate);
+        total += p[i].gate.n;
     }
+    if (rc == 0 &&
+        (at == NULL || (total > 0 && (gate->v = malloc(total * sizeof(*gate->v))) == NULL)))
+        rc = -ENOMEM;
+    gate->cap = rc == 0 ? total : 0;
+    for (;;) { /* group by group, its candidates piece after piece */
+        uint32_t nfa = UINT32_MAX;
+        for (uint32_t i = 0; i < k && rc == 0; i++)
+            if (at[i] < p[i].gate.n && p[i].gate.v[at[i]].nfa < nfa)
+                nfa = p[i].gate.v[at[i]].nfa;
+        if (nfa == UINT32_MAX)
+            break;
+        for (uint32_t i = 0; i < k; i++)
+            for (; at[i] < p[i].gate.n && p[i].gate.v[at[i]].nfa == nfa; at[i]++)
+                gate->v[gate->n++] = p[i].gate.v[at[i]];
+    }
+    for (uint32_t i = 0; i < k; i++)
+        refscan_gate_finish(&p[i].gate);
+    free(at);
     free(p);
-    if (rc == 0)
-        refscan_gate_sort(gate);
     return rc;
 }
 
 /* ---- long walks in pieces: the groups that see a whole write ------------- */
 
+/* Bytes before a piece that its guess of a DFA state walks. */
+#define SPEC_LOOKBACK 1024u
+
 /* How many pieces a walk of e bytes takes: one (this thread) under
  * PAR_MIN_PIECES pieces' bytes, else one a thread, each of at least the
- * piece bytes. */
+ * piece bytes and of SPEC_LOOKBACK (a shorter piece's guess would walk
+ * more than the piece). */
 static uint32_t walk_k(size_t e)
 {
     uint32_t threads = atomic_load(&par_threads);
     uint64_t piece = atomic_load(&par_piece);
+    piece = piece < SPEC_LOOKBACK ? SPEC_LOOKBACK : piece;
     if (threads < 2 || e < PAR_MIN_PIECES * piece)
         return 1;
     uint64_t fit = e / piece;
@@ -1069,9 +1103,6 @@ static void copy_par(uint8_t *dst, const uint8_t *src, size_t n)
     else
         walk_free(p, job.k);
 }
-
-/* Bytes before a piece that its guess of a DFA state walks. */
-#define SPEC_LOOKBACK 1024u
 
 /* DFA groups walked over a whole write in pieces, as the GPU walks an
  * unbounded group in speculative segments (docs/gpu.md "Unbounded groups in
@@ -1194,16 +1225,31 @@ static uint32_t dfa_rebuild(const struct catalog_group *g, const uint8_t *w, siz
     return st;
 }
 
+/* The first candidate at or after (group j, end `at`) in the gate,
+ * sorted by (group, end): a binary search (a long write's gate holds
+ * candidates by the hundred thousand, and each group and piece asks). */
+static size_t cand_from(const struct refscan_gate *g, uint32_t j, uint64_t at)
+{
+    size_t lo = 0, hi = g->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const struct refscan_cand *c = &g->v[mid];
+        if (c->nfa < j || (c->nfa == j && c->end < at))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* Whether gated group `nfa` has a candidate whose factor ends in
  * [a, b] (`a` may be below 0 as an unsigned wrap: then from 0). */
 static bool has_cand(const struct refscan_gate *g, uint32_t nfa, uint64_t a, uint64_t b)
 {
     if (a > b)
         a = 0;
-    for (size_t i = 0; i < g->n; i++)
-        if (g->v[i].nfa == nfa && g->v[i].end >= a && g->v[i].end <= b)
-            return true;
-    return false;
+    size_t k = cand_from(g, nfa, a);
+    return k < g->n && g->v[k].nfa == nfa && g->v[k].end <= b;
 }
 
 /* The head's gated groups kept by history need the history and the head
@@ -1252,10 +1298,7 @@ static int on_gated(void *ctx, uint32_t rule, uint64_t end)
 /* The first candidate of group j ending after `after`, in the sorted gate. */
 static size_t cand_after(const struct refscan_gate *g, uint32_t j, uint64_t after)
 {
-    size_t k = 0;
-    while (k < g->n && (g->v[k].nfa < j || (g->v[k].nfa == j && g->v[k].end <= after)))
-        k++;
-    return k;
+    return cand_from(g, j, after + 1);
 }
 
 /* Forward-confirmed group `g` over copy[..stop): the copy holds the
@@ -1486,10 +1529,19 @@ static int gated_walk(struct streamscan *s, const struct layout *l, const struct
         copy[hl] = '\n';
     if (m > held)
         copy_par(copy + hl + held, v->w, m - held);
+    /* only the candidates of the groups walked here */
+    uint32_t nn = catalog_nfa_count(s->cat);
+    uint8_t *want = malloc(nn ? nn : 1);
+    for (uint32_t j = 0; j < nn && want != NULL; j++) {
+        struct catalog_nfa g;
+        catalog_nfa(s->cat, j, &g);
+        want[j] = in_part(g.maxlen, part) && walked_apart(&g, l->hist);
+    }
     struct refscan_gate gate = {0};
     uint64_t t = now_ns();
-    int rc = factor_ends(s, copy, n, hl ? hl - 1 : 0, hl + e, &gate);
+    int rc = factor_ends(s, copy, n, hl ? hl - 1 : 0, hl + e, want, &gate);
     lap(&ns_factor, &t);
+    free(want);
     uint32_t tmp[2 * STACK_WORDS], *rb = tmp + STACK_WORDS;
     struct gated_ctx c = {raw, pos_of(s) - hl};
     uint32_t k0 = catalog_byte_kind(vbyte(v, 0)), p_end = catalog_byte_kind(copy[hl + e - 1]) + 1;

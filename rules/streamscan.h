@@ -74,8 +74,10 @@ const struct catalog *streamscan_catalog(const struct streamscan *s);
  * mode does (rules/cpuscan.h); in a catalog whose bounded groups
  * cpuscan_split_lookback splits from its unbounded ones, the bounded
  * groups do, and the unbounded ones walk the whole write. The middle runs
- * in pieces of at least `piece` bytes (0: 256
- * KiB) on up to `threads` threads (0 or 1: the writing thread alone). The
+ * in pieces of at least `piece` bytes (0: 1 MiB) on up to `threads`
+ * threads (0 or 1: the writing thread alone); so do the walks over a whole
+ * write of at least four pieces' bytes (DFA groups from guessed states,
+ * forward-confirmed groups piece by piece) and their factor ends. The
  * other threads are a pool of the process, started at the first write
  * that needs them and kept idle afterwards; a writer runs queued pieces
  * itself while it waits, so a write finishes even when none could be
