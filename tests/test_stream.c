@@ -3290,7 +3290,7 @@ END_TEST
 
 /* A file over max-scan-bytes whose catalog has unbounded groups (a DFA
  * group and forward-confirmed ones beside a bounded rule), sent by vkscan
- * as a stream of 6 MiB pieces: vkscand walks the unbounded groups of each
+ * as a stream of 5 MiB pieces: vkscand walks the unbounded groups of each
  * piece in pieces on its stream threads (stream.scan_walk_pieces), and
  * the counts are block mode's over the whole file. The status reply says
  * where the writes' time went. */
@@ -3302,11 +3302,11 @@ START_TEST(test_cli_long_walks_in_pieces)
     enum { N = sizeof(pats) / sizeof(pats[0]) };
     struct daemon d;
     daemon_start(&d, (const char *const[]){"--engine", "cpu", "--cpu-threads", "4",
-                                           "--max-scan-bytes", "6M", NULL});
+                                           "--max-scan-bytes", "5M", NULL});
     rng_state = 0x5eed47u;
     struct str data = {0};
     static const char fill[] = "abcdefgh xz 0123.\n";
-    while (data.n < (20u << 20)) {
+    while (data.n < (16u << 20)) {
         uint32_t r = rnd(200);
         if (r == 0) {
             put(&data, "x", 1);
