@@ -287,7 +287,7 @@ static int dfa_span(const struct catalog_group *g, uint32_t *st, const struct vb
     /* the walk with the table in locals: a check's pushes may alias g */
     const uint32_t *trans = g->trans;
     const uint32_t *classmap = g->classmap;
-    const uint8_t *w = v->w + (j - v->held);
+    const uint8_t *w = j < b ? v->w + (j - v->held) : v->w; /* j >= held when j < b */
     size_t nc = g->n_classes;
     uint32_t first = g->first_accept;
     for (; j < b && rc == 0; j++) {
