@@ -929,7 +929,8 @@ static void pool_pieces(struct piece *p, uint32_t k)
     pthread_mutex_unlock(&pool.mu);
 }
 
-/* Cuts the ends (lo, lo + span] into k pieces like `like`. */
+/* Cuts the ends (lo, lo + span] (a walk's positions [lo, lo + span)) into
+ * k pieces like `like`. */
 static void cut_pieces(struct piece *p, uint32_t k, const struct piece *like, uint64_t lo,
                        uint64_t span)
 {
@@ -980,22 +981,31 @@ static int middle(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo,
 /* refscan_factor_ends over w[0..n) for ends in (lo, hi], on up to
  * streamscan_set_threads threads when the range is long (a large write of
  * a catalog whose unbounded groups walk all of it), keeping there only the
- * candidates of the bit-NFA groups `want` names (NULL: all). Each piece
+ * candidates of the groups of `part` that gated_walk walks. Each piece
  * sorts its own candidates; the pieces' ranges of ends follow each other,
  * so each group's candidates, piece after piece, are sorted: the join is
  * a merge by group, not a sort. `gate` is empty on entry. */
 static int factor_ends(struct streamscan *s, const uint8_t *w, size_t n, uint64_t lo, uint64_t hi,
-                       const uint8_t *want, struct refscan_gate *gate)
+                       const struct layout *l, enum cpuscan_groups part, struct refscan_gate *gate)
 {
     uint32_t threads = atomic_load(&par_threads);
     if (hi - lo < PAR_MIN_PIECES * (uint64_t)atomic_load(&par_piece) || threads < 2)
         return refscan_factor_ends(s->cat, w, n, lo, hi, gate);
+    uint32_t nn = catalog_nfa_count(s->cat);
+    uint8_t *want = malloc(nn ? nn : 1); /* NULL: the pieces keep every candidate */
+    for (uint32_t j = 0; j < nn && want != NULL; j++) {
+        struct catalog_nfa g;
+        catalog_nfa(s->cat, j, &g);
+        want[j] = in_part(g.maxlen, part) && walked_apart(&g, l->hist);
+    }
     uint64_t lb = refscan_gated_lookback(s->cat);
     uint64_t from = lo > lb && lb != CATALOG_UNBOUNDED ? lo - lb : 0, span = hi - from;
     uint32_t k = threads;
     struct piece *p = calloc(k, sizeof(*p));
-    if (p == NULL)
+    if (p == NULL) {
+        free(want);
         return -ENOMEM;
+    }
     cut_pieces(p, k, &(struct piece){.cat = s->cat, .w = w, .n = n, .factors = true, .want = want},
                from, span);
     pool_pieces(p, k);
@@ -1024,6 +1034,7 @@ static int factor_ends(struct streamscan *s, const uint8_t *w, size_t n, uint64_
         refscan_gate_finish(&p[i].gate);
     free(at);
     free(p);
+    free(want);
     return rc;
 }
 
@@ -1047,15 +1058,19 @@ static uint32_t walk_k(size_t e)
     return fit < threads ? (uint32_t)fit : threads;
 }
 
-/* Runs `run` as pieces 0 .. k - 1 of `job` (the first on this thread):
- * the pieces, their matches and errors in them, or NULL (-ENOMEM). */
-static struct piece *walk_run(void (*run)(struct piece *), void *job, uint32_t k)
+/* Runs `run` as pieces 0 .. k - 1 of `job` over positions [a, b) (piece
+ * i: [lo, hi), the first on this thread): the pieces, their matches and
+ * errors in them, or NULL (-ENOMEM). */
+static struct piece *walk_run(void (*run)(struct piece *), void *job, uint32_t k, size_t a,
+                              size_t b)
 {
     struct piece *p = calloc(k, sizeof(*p));
     if (p == NULL)
         return NULL;
+    cut_pieces(p, k, &(struct piece){.run = run, .job = job, .hits = {.max = refscan_raw_max()}}, a,
+               b - a);
     for (uint32_t i = 0; i < k; i++)
-        p[i] = (struct piece){.run = run, .job = job, .idx = i, .hits = {.max = refscan_raw_max()}};
+        p[i].idx = i;
     if (k == 1)
         piece_run(p);
     else
@@ -1070,38 +1085,28 @@ static void walk_free(struct piece *p, uint32_t k)
     free(p);
 }
 
-/* The pieces' bounds in v: cut[i] .. cut[i + 1], k + 1 of them. */
-static void walk_cut(size_t *cut, uint32_t k, size_t a, size_t b)
-{
-    for (uint32_t i = 0; i <= k; i++)
-        cut[i] = a + (b - a) / k * i;
-    cut[k] = b;
-}
-
 /* A long copy in pieces (its pages, new to the process, are touched on
  * every thread at once). */
 struct copy_job {
     uint8_t *dst;
     const uint8_t *src;
-    size_t n;
-    uint32_t k;
 };
 
 static void copy_piece(struct piece *p)
 {
     const struct copy_job *J = p->job;
-    size_t a = J->n / J->k * p->idx, b = p->idx + 1 == J->k ? J->n : J->n / J->k * (p->idx + 1);
-    memcpy(J->dst + a, J->src + a, b - a);
+    memcpy(J->dst + p->lo, J->src + p->lo, p->hi - p->lo);
 }
 
 static void copy_par(uint8_t *dst, const uint8_t *src, size_t n)
 {
-    struct copy_job job = {dst, src, n, walk_k(n)};
-    struct piece *p = job.k > 1 ? walk_run(copy_piece, &job, job.k) : NULL;
+    struct copy_job job = {dst, src};
+    uint32_t k = walk_k(n);
+    struct piece *p = k > 1 ? walk_run(copy_piece, &job, k, 0, n) : NULL;
     if (p == NULL)
         memcpy(dst, src, n);
     else
-        walk_free(p, job.k);
+        walk_free(p, k);
 }
 
 /* DFA groups walked over a whole write in pieces, as the GPU walks an
@@ -1123,7 +1128,6 @@ struct dfa_job {
     const struct vbuf *v;
     const uint32_t *groups;
     uint32_t n;
-    const size_t *cut;
     struct dfa_seg *seg; /* piece after piece, n each */
 };
 
@@ -1139,7 +1143,7 @@ static uint32_t dfa_guess(const struct catalog_group *g, const struct vbuf *v, s
 static void dfa_piece(struct piece *p)
 {
     struct dfa_job *J = p->job;
-    size_t a = J->cut[p->idx], b = J->cut[p->idx + 1];
+    size_t a = p->lo, b = p->hi;
     for (uint32_t x = 0; x < J->n && p->rc == 0; x++) {
         struct catalog_group g;
         catalog_group(J->s->cat, J->groups[x], &g);
@@ -1168,14 +1172,12 @@ static int push_from(struct scan_hits *raw, const struct scan_hits *h, size_t fr
 static int dfa_par(struct streamscan *s, const uint32_t *groups, uint32_t n, const struct vbuf *v,
                    size_t e, uint32_t k, uint32_t told_end, struct scan_hits *raw)
 {
-    size_t *cut = malloc((k + 1) * sizeof(*cut));
     struct dfa_seg *seg = malloc((size_t)k * n * sizeof(*seg));
-    struct dfa_job job = {s, v, groups, n, cut, seg};
+    struct dfa_job job = {s, v, groups, n, seg};
     struct piece *p = NULL;
-    int rc = cut == NULL || seg == NULL ? -ENOMEM : 0;
+    int rc = seg == NULL ? -ENOMEM : 0;
     if (rc == 0) {
-        walk_cut(cut, k, 0, e);
-        rc = (p = walk_run(dfa_piece, &job, k)) == NULL ? -ENOMEM : 0;
+        rc = (p = walk_run(dfa_piece, &job, k, 0, e)) == NULL ? -ENOMEM : 0;
         atomic_fetch_add(&n_walk_pieces, k);
     }
     for (uint32_t i = 0; i < k && rc == 0; i++)
@@ -1188,9 +1190,9 @@ static int dfa_par(struct streamscan *s, const uint32_t *groups, uint32_t n, con
         for (uint32_t i = 0; i < k && rc == 0; i++) {
             const struct dfa_seg *o = &seg[(size_t)i * n + x];
             uint32_t gs = o->guess;
-            size_t j = cut[i];
+            size_t j = p[i].lo;
             if (i > 0) /* the true walk beside the guessed one, until they agree */
-                for (; j < cut[i + 1] && st != gs && rc == 0; j++) {
+                for (; j < p[i].hi && st != gs && rc == 0; j++) {
                     uint8_t c = vbyte(v, j);
                     if (st >= g.first_accept)
                         rc = dfa_check(&g, st, 1u << catalog_byte_kind(c), 0, pos + j, raw);
@@ -1201,7 +1203,7 @@ static int dfa_par(struct streamscan *s, const uint32_t *groups, uint32_t n, con
                 rc = push_from(raw, &p[i].hits, o->from, o->to, pos + j);
                 st = o->end;
             }
-            if (i > 0 && j > cut[i])
+            if (i > 0 && j > p[i].lo)
                 atomic_fetch_add(&n_spec_fixes, 1);
         }
         if (rc == 0)
@@ -1209,7 +1211,6 @@ static int dfa_par(struct streamscan *s, const uint32_t *groups, uint32_t n, con
     }
     if (p != NULL)
         walk_free(p, k);
-    free(cut);
     free(seg);
     return rc;
 }
@@ -1422,7 +1423,6 @@ struct confirm_job {
     uint32_t *const *homes; /* each group's carried vector */
     const size_t *at;       /* each group's words in a piece's ends */
     uint32_t n, words;
-    const size_t *cut;
     uint32_t *ends; /* piece after piece, `words` each: the states at stop */
 };
 
@@ -1435,8 +1435,8 @@ static void confirm_piece(struct piece *p)
         struct catalog_nfa g;
         catalog_nfa(J->s->cat, J->groups[x], &g);
         struct nvec end;
-        p->rc = confirm_span(J->s, &g, J->groups[x], J->homes[x], J->copy, J->hl, J->cut[p->idx],
-                             J->cut[p->idx + 1], J->stop, J->gate, va, vb, &end, &p->hits);
+        p->rc = confirm_span(J->s, &g, J->groups[x], J->homes[x], J->copy, J->hl, p->lo, p->hi,
+                             J->stop, J->gate, va, vb, &end, &p->hits);
         for (uint32_t w = 0; w < g.n_words; w++)
             ends[J->at[x] + w] = end.lo <= end.hi ? end.v[w] : 0;
     }
@@ -1452,8 +1452,8 @@ static int confirm_all(struct streamscan *s, const struct layout *l, const uint8
     uint32_t nn = catalog_nfa_count(s->cat), n = 0, words = 0, k = walk_k(e);
     uint32_t *groups = malloc(nn * sizeof(*groups));
     uint32_t **homes = malloc(nn * sizeof(*homes));
-    size_t *at = malloc(nn * sizeof(*at)), *cut = malloc((k + 1) * sizeof(*cut));
-    int rc = groups && homes && at && cut ? 0 : -ENOMEM;
+    size_t *at = malloc(nn * sizeof(*at));
+    int rc = groups && homes && at ? 0 : -ENOMEM;
     uint32_t *home = nfa_words(s);
     for (uint32_t j = 0; j < nn && rc == 0; j++) {
         struct catalog_nfa g;
@@ -1472,10 +1472,8 @@ static int confirm_all(struct streamscan *s, const struct layout *l, const uint8
         rc = -ENOMEM;
     struct piece *p = NULL;
     if (rc == 0 && n > 0) {
-        walk_cut(cut, k, hl, hl + e);
-        struct confirm_job job = {s,     copy, hl, hl + e, gate, groups,
-                                  homes, at,   n,  words,  cut,  ends};
-        if ((p = walk_run(confirm_piece, &job, k)) == NULL)
+        struct confirm_job job = {s, copy, hl, hl + e, gate, groups, homes, at, n, words, ends};
+        if ((p = walk_run(confirm_piece, &job, k, hl, hl + e)) == NULL)
             rc = -ENOMEM;
         atomic_fetch_add(&n_walk_pieces, k);
         for (uint32_t i = 0; i < k && rc == 0; i++) {
@@ -1502,7 +1500,6 @@ static int confirm_all(struct streamscan *s, const struct layout *l, const uint8
     free(groups);
     free(homes);
     free(at);
-    free(cut);
     return rc;
 }
 
@@ -1529,19 +1526,10 @@ static int gated_walk(struct streamscan *s, const struct layout *l, const struct
         copy[hl] = '\n';
     if (m > held)
         copy_par(copy + hl + held, v->w, m - held);
-    /* only the candidates of the groups walked here */
-    uint32_t nn = catalog_nfa_count(s->cat);
-    uint8_t *want = malloc(nn ? nn : 1);
-    for (uint32_t j = 0; j < nn && want != NULL; j++) {
-        struct catalog_nfa g;
-        catalog_nfa(s->cat, j, &g);
-        want[j] = in_part(g.maxlen, part) && walked_apart(&g, l->hist);
-    }
     struct refscan_gate gate = {0};
     uint64_t t = now_ns();
-    int rc = factor_ends(s, copy, n, hl ? hl - 1 : 0, hl + e, want, &gate);
+    int rc = factor_ends(s, copy, n, hl ? hl - 1 : 0, hl + e, l, part, &gate);
     lap(&ns_factor, &t);
-    free(want);
     uint32_t tmp[2 * STACK_WORDS], *rb = tmp + STACK_WORDS;
     struct gated_ctx c = {raw, pos_of(s) - hl};
     uint32_t k0 = catalog_byte_kind(vbyte(v, 0)), p_end = catalog_byte_kind(copy[hl + e - 1]) + 1;
