@@ -13,7 +13,8 @@
 # (default auto). VKSCAND_ARGS: more vkscand options (--max-scan-bytes 256M
 # makes the CLI stream larger files in pieces). VKSCAN_ARGS: more `vkscan scan` options; --no-cache
 # measures scanning, since vkscand answers an unchanged file's rescan from
-# its result cache. Output: one line per rule set, and the raw times under
+# its result cache. STATUS=1 prints the daemon's cpu.* and stream.scan_*
+# counters at the end. Output: one line per rule set, and the raw times under
 # $OUT (default /tmp/cli-bench).
 set -u
 BUILD=${1:?usage: cli_bench.sh BUILD DATA [SIZE_MIB] [ITERS] [ENGINE]}
@@ -95,3 +96,9 @@ for rules in "$DATA"/*.rules; do
     printf '%-28s %8d %10.3f %10.2f %10.4f %10.3f %8.2f %10s %10s\n' "$name" "$SIZE_MIB" "$vk" \
         "$vk_gbps" "$hs_scan" "$hsw" "$speedup" "$matches" "$vk_matches"
 done
+# STATUS=1: the daemon's cpu.* and stream.scan_* counters at the end
+if [ "${STATUS:-0}" = 1 ]; then
+    "$BUILD/client/vkscan" --socket "$sock" status --json | tr ',{}' '\n\n\n' |
+        grep -E '"(cpu\.|stream\.scan_)' | tr '\n' ' '
+    echo
+fi

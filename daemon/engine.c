@@ -1172,6 +1172,11 @@ void engine_stats_add(struct engine *e, struct stats_list *l)
     uint64_t spin_hits = e->cpu_spin_hits;
     pthread_mutex_unlock(&e->mu);
     stats_add_u(l, "cpu.spin_hits", spin_hits);
+    struct cpuscan_counters cc;
+    cpuscan_counters(&cc);
+    stats_add_u(l, "cpu.unbounded_pieces", cc.pieces);
+    stats_add_u(l, "cpu.piece_fixes", cc.fixes);
+    stats_add_u(l, "cpu.piece_joins_whole", cc.whole);
     stats_add_u(l, "dedup.buffers", dups);
     stats_add_u(l, "dedup.bytes_not_scanned", dup_bytes);
     struct rcache_stats rs = {0};

@@ -58,6 +58,18 @@ static uint64_t split_lb(const struct engine *e, const struct catalog *cat, uint
     return s != CPUSCAN_UNSEGMENTABLE && len > seg_size(e, s, len) ? s : CPUSCAN_UNSEGMENTABLE;
 }
 
+/* A split buffer's unbounded groups run in pieces of at least this much. */
+#define MIN_PIECE (256u << 10)
+
+/* How many pieces the unbounded groups of a split buffer of `len` bytes
+ * run in: one a thread, each of at least MIN_PIECE (1: one task of the
+ * whole buffer, as before pieces). */
+static uint32_t unbounded_pieces(const struct engine *e, uint64_t len)
+{
+    uint64_t n = __atomic_load_n(&e->n_cpu, __ATOMIC_RELAXED), fit = len / MIN_PIECE;
+    return (uint32_t)(fit < 1 ? 1 : fit < n ? fit : n);
+}
+
 /* Splits the batch's CPU jobs into tasks: a buffer of a catalog whose
  * groups are all bounded is cut into segments (seg_size); a large buffer of
  * a catalog with unbounded groups into one task of those and segments of
@@ -84,8 +96,8 @@ static void cpu_prepare(struct engine *e, struct engine_batch *b)
                 continue;
             uint64_t blb = split_lb(e, j->cat, lb, eb->len, &known);
             uint64_t seg = seg_size(e, blb != CPUSCAN_UNSEGMENTABLE ? blb : lb, eb->len);
-            n_tasks +=
-                (eb->len <= seg ? 1 : (eb->len + seg - 1) / seg) + (blb != CPUSCAN_UNSEGMENTABLE);
+            n_tasks += (eb->len <= seg ? 1 : (eb->len + seg - 1) / seg) +
+                       (blb != CPUSCAN_UNSEGMENTABLE ? unbounded_pieces(e, eb->len) : 0);
         }
     }
     st->tasks = calloc(n_tasks ? n_tasks : 1, sizeof(*st->tasks));
@@ -113,12 +125,15 @@ static void cpu_prepare(struct engine *e, struct engine_batch *b)
             uint64_t blb = split_lb(e, j->cat, lb, eb->len, &known);
             uint64_t seg = seg_size(e, blb != CPUSCAN_UNSEGMENTABLE ? blb : lb, eb->len);
             enum cpuscan_groups part = CPUSCAN_ALL;
-            if (blb != CPUSCAN_UNSEGMENTABLE) { /* the unbounded groups first: the longest task */
-                st->tasks[t++] = (struct ctask){.job = (uint32_t)i,
-                                                .buf = k,
-                                                .lo = 0,
-                                                .hi = eb->len,
-                                                .groups = CPUSCAN_UNBOUNDED};
+            if (blb != CPUSCAN_UNSEGMENTABLE) { /* the unbounded groups first: the longest tasks */
+                uint32_t np = unbounded_pieces(e, eb->len);
+                for (uint32_t p = 0; p < np; p++)
+                    st->tasks[t++] = (struct ctask){.job = (uint32_t)i,
+                                                    .buf = k,
+                                                    .lo = eb->len * p / np,
+                                                    .hi = eb->len * (p + 1) / np,
+                                                    .groups = CPUSCAN_UNBOUNDED,
+                                                    .piece = np > 1};
                 part = CPUSCAN_BOUNDED;
             }
             if (eb->len <= seg) {
@@ -139,9 +154,44 @@ static void cpu_prepare(struct engine *e, struct engine_batch *b)
     b->tel.segments = t;
 }
 
+/* The pieces of a split buffer's unbounded groups, tasks[0..n), joined
+ * into one part (cpuscan_unbounded_join) in their first task's place. */
+static int join_pieces(const struct engine_job *j, struct ctask *tasks, uint32_t n,
+                       struct cpuscan_scratch *scr)
+{
+    uint64_t *lo = malloc(n * sizeof(*lo));
+    struct cpuscan_part *parts = malloc(n * sizeof(*parts));
+    int rc = lo != NULL && parts != NULL ? 0 : -ENOMEM, prc = 0;
+    for (uint32_t k = 0; rc == 0 && k < n; k++) {
+        lo[k] = tasks[k].lo;
+        parts[k] = tasks[k].part;
+        prc = prc != 0 ? prc : tasks[k].rc;
+    }
+    const struct engine_buf *eb = &j->bufs[tasks[0].buf];
+    struct cpuscan_part joined = {0};
+    if (rc == 0)
+        rc = scr == NULL
+                 ? -ENOMEM
+                 : cpuscan_unbounded_join(j->cat, eb->data, (size_t)eb->len, parts, lo, n, prc,
+                                          j->mode, j->max_hits ? j->max_hits + 1 : 0, scr, &joined);
+    for (uint32_t k = 0; rc == 0 && k < n; k++) {
+        cpuscan_part_finish(&tasks[k].part);
+        tasks[k].rc = 0;
+    }
+    if (rc == 0)
+        tasks[0].part = joined;
+    else
+        cpuscan_part_finish(&joined);
+    free(lo);
+    free(parts);
+    return rc;
+}
+
 /* Merges each CPU job's parts into its hits: per buffer in order, at most
- * max_hits over the job plus one marker per buffer with more. */
-static void cpu_finish(struct engine *e, struct engine_batch *b)
+ * max_hits over the job plus one marker per buffer with more; a split
+ * buffer's unbounded pieces are joined first (on `scr`, the finishing
+ * thread's scratch). */
+static void cpu_finish(struct engine *e, struct engine_batch *b, struct cpuscan_scratch *scr)
 {
     struct bstate *st = b->priv;
     for (size_t i = 0; st->js != NULL && st->tasks != NULL && i < st->n_jobs; i++) {
@@ -157,21 +207,28 @@ static void cpu_finish(struct engine *e, struct engine_batch *b)
         struct scan_hits out = {0};
         int rc = 0;
         for (uint32_t t = js->t0; t < js->t0 + js->nt && rc == 0;) {
-            uint32_t end = t;
-            while (end < js->t0 + js->nt && st->tasks[end].buf == st->tasks[t].buf) {
-                if (st->tasks[end].rc != 0)
-                    rc = st->tasks[end].rc;
+            uint32_t end = t, np = 0;
+            while (end < js->t0 + js->nt && st->tasks[end].buf == st->tasks[t].buf)
                 end++;
-            }
-            /* parts of one buffer are contiguous; merge wants an array of them */
+            while (t + np < end && st->tasks[t + np].piece)
+                np++;
+            if (np > 0) /* the pieces' errors are the join's to read */
+                rc = join_pieces(j, &st->tasks[t], np, scr);
+            for (uint32_t k = t + (np > 0); rc == 0 && k < end; k++)
+                rc = st->tasks[k].rc;
+            /* parts of one buffer are contiguous; merge wants an array of
+             * them (the joined pieces in the first one's place) */
+            uint32_t first = t + (np > 0 ? np - 1 : 0);
             struct cpuscan_part *parts = malloc((end - t) * sizeof(*parts));
             if (parts == NULL)
                 rc = -ENOMEM;
-            for (uint32_t k = t; rc == 0 && k < end; k++)
-                parts[k - t] = st->tasks[k].part;
+            if (rc == 0 && np > 0)
+                parts[0] = st->tasks[t].part;
+            for (uint32_t k = first + (np > 0); rc == 0 && k < end; k++)
+                parts[k - first] = st->tasks[k].part;
             out.n = 0;
             if (rc == 0)
-                rc = cpuscan_merge(j->cat, j->mode, parts, end - t, budget - kept, true, &out,
+                rc = cpuscan_merge(j->cat, j->mode, parts, end - first, budget - kept, true, &out,
                                    &j->hits_dropped);
             free(parts);
             for (size_t h = 0; rc == 0 && h < out.n; h++) {
@@ -351,9 +408,10 @@ static bool cpu_task_done(struct engine_batch *b, struct ctask *t)
     return ++st->done_tasks == st->n_tasks;
 }
 
-static void cpu_complete(struct engine *e, struct engine_batch *b, uint64_t busy)
+static void cpu_complete(struct engine *e, struct engine_batch *b, uint64_t busy,
+                         struct cpuscan_scratch *scr)
 {
-    cpu_finish(e, b);
+    cpu_finish(e, b, scr);
     pthread_mutex_lock(&e->mu);
     e->cpu_busy_ns += busy;
     e->cpu_batches++;
@@ -524,7 +582,7 @@ void engine_cpu_main(void *arg)
                     pthread_cond_signal(&e->cpu_cond);
             pthread_mutex_unlock(&e->mu);
             if (empty)
-                cpu_complete(e, b, engine_now_ns() - t0);
+                cpu_complete(e, b, engine_now_ns() - t0, scr);
             pthread_mutex_lock(&e->mu);
             if (!empty)
                 e->cpu_busy_ns += engine_now_ns() - t0;
@@ -535,10 +593,15 @@ void engine_cpu_main(void *arg)
             struct engine_job *j = st->jobs[tk->job];
             const struct engine_buf *eb = &j->bufs[tk->buf];
             struct watch wt = {st, tk};
-            tk->rc = scr_rc != 0 ? scr_rc
-                                 : cpuscan_segment_groups(j->cat, tk->groups, eb->data,
-                                                          (size_t)eb->len, tk->lo, tk->hi, j->mode,
-                                                          tk->limit, enough, &wt, scr, &tk->part);
+            if (scr_rc != 0)
+                tk->rc = scr_rc;
+            else if (tk->piece)
+                tk->rc = cpuscan_unbounded_piece(j->cat, eb->data, (size_t)eb->len, tk->lo, tk->hi,
+                                                 CPUSCAN_PIECE_LOOKBACK, scr, &tk->part);
+            else
+                tk->rc =
+                    cpuscan_segment_groups(j->cat, tk->groups, eb->data, (size_t)eb->len, tk->lo,
+                                           tk->hi, j->mode, tk->limit, enough, &wt, scr, &tk->part);
         }
         uint64_t busy = engine_now_ns() - t0;
         pthread_mutex_lock(&e->mu);
@@ -553,7 +616,7 @@ void engine_cpu_main(void *arg)
             e->cpu_busy_ns += busy;
         pthread_mutex_unlock(&e->mu);
         if (last)
-            cpu_complete(e, b, busy);
+            cpu_complete(e, b, busy, scr);
         pthread_mutex_lock(&e->mu);
     }
     pthread_mutex_unlock(&e->mu);

@@ -195,6 +195,7 @@ struct ctask {
     uint32_t job, buf;
     uint64_t lo, hi;
     enum cpuscan_groups groups; /* CPUSCAN_UNBOUNDED: a split buffer's whole-buffer task */
+    bool piece;                 /* ... or one of its pieces (cpuscan_unbounded_piece) */
     uint64_t limit;             /* set when handed out */
     uint64_t published;         /* atomic: plain hits it will keep at least (cpuscan_enough_fn) */
     bool done;

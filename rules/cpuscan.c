@@ -437,7 +437,7 @@ dfa_lane(const struct catalog_group *g, const uint32_t *trans, const uint32_t *c
  * part is sorted, counts and firsts do not depend on it).
  */
 static int dfa_lanes(const struct catalog_group *g, const uint8_t *buf, size_t len, uint32_t s,
-                     size_t i, uint64_t lo, uint64_t hi, struct walk *w)
+                     size_t i, uint64_t lo, uint64_t hi, struct walk *w, uint32_t *last)
 {
     const uint32_t *trans = g->trans, *cm = g->classmap;
     const size_t nc = g->n_classes;
@@ -487,8 +487,11 @@ static int dfa_lanes(const struct catalog_group *g, const uint8_t *buf, size_t l
             if (rc != 0)
                 return rc;
         }
-        if (i >= hi)
+        if (i >= hi) {
+            if (last != NULL)
+                *last = s;
             return 0;
+        }
         do {
             s = trans[(size_t)s * nc + cm[buf[i++]]];
         } while (s < fa && i < hi);
@@ -502,10 +505,12 @@ static int dfa_lanes(const struct catalog_group *g, const uint8_t *buf, size_t l
  * run of idle bytes that follows without the transition table (a table
  * step waits for the one before: two dependent loads a byte; a skip step
  * does not) and goes on from the start state of the run's last byte.
- * Without skipping (or once it stops paying) the rest goes by dfa_lanes. */
+ * Without skipping (or once it stops paying) the rest goes by dfa_lanes.
+ * `last` (NULL: not wanted) gets the state at hi of an unbounded group's
+ * walk (a bounded group's lanes leave it unset). */
 static int dfa_range(const struct catalog_group *g, const struct cpuplan_skip *k,
                      const uint8_t *buf, size_t len, size_t begin, uint64_t lo, uint64_t hi,
-                     struct walk *w)
+                     struct walk *w, uint32_t *last)
 {
     if (hi > len)
         hi = len;
@@ -517,14 +522,17 @@ static int dfa_range(const struct catalog_group *g, const struct cpuplan_skip *k
     bool skip = k != NULL && k->on;
     for (;;) {
         if (!skip) /* the rest by the table: as lanes where it is long */
-            return dfa_lanes(g, buf, len, s, i, lo, hi, w);
+            return dfa_lanes(g, buf, len, s, i, lo, hi, w, last);
         if (s >= fa && i > lo) {
             int rc = accepts_at(g, s, buf, len, i, w);
             if (rc != 0)
                 return rc;
         }
-        if (i >= hi)
+        if (i >= hi) {
+            if (last != NULL)
+                *last = s;
             return 0;
+        }
         const uint32_t a = k->st[0], b = k->st[1], c = k->st[2];
         do {
             if ((s == a || s == b || s == c) && k->idle[buf[i]]) {
@@ -738,7 +746,7 @@ static int on_window(void *ctx, uint64_t lo, uint64_t hi)
                                  on_match, x->w);
     struct catalog_group cg;
     catalog_group(x->cat, x->g, &cg);
-    return dfa_range(&cg, &x->plan->skip[x->g], x->buf, x->len, begin, lo, hi, x->w);
+    return dfa_range(&cg, &x->plan->skip[x->g], x->buf, x->len, begin, lo, hi, x->w, NULL);
 }
 
 /* The window groups walked over the whole range: all of them, or those
@@ -758,7 +766,7 @@ static int window_groups_full(const struct catalog *cat, const struct cpuplan *p
         }
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w);
+        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w, NULL);
     }
     return rc;
 }
@@ -862,7 +870,7 @@ static int walk_catalog(const struct catalog *cat, const struct cpuplan *plan, c
             continue;
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w);
+        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w, NULL);
         /* dedup state is per group walk: a rule lives in one group */
     }
     return rc;
@@ -899,6 +907,37 @@ static void sort_unique(struct cpuscan_part *part, size_t base)
         if (k == 0 || v[k - 1].rule != v[i].rule || v[k - 1].end != v[i].end)
             v[k++] = v[i];
     part->hits.n = base + k;
+}
+
+/* A walk's part in its mode, from what it saw since `base`: SCAN_FIRST
+ * and SCAN_COUNT entries from the rules' states, SCAN_ALL's hits sorted,
+ * unique and within the limit. The scratch is reset by the caller. */
+static int walk_done(struct walk *w, size_t base)
+{
+    struct cpuscan_scratch *s = w->s;
+    struct cpuscan_part *part = w->part;
+    int rc = 0;
+    if (w->mode == SCAN_COUNT)
+        rc = count_shared(s);
+    if (rc == 0 && w->mode != SCAN_ALL) {
+        for (uint32_t i = 0; i < s->n_used && rc == 0; i++) {
+            const struct rstate *r = &s->tab[s->used[i]];
+            rc = scan_hits_push(&part->hits, r->key - 1, r->first,
+                                w->mode == SCAN_COUNT ? r->count : 1);
+        }
+        if (rc == 0 && part->hits.n > base)
+            scan_hits_sort(part->hits.v + base, part->hits.n - base, false);
+    }
+    if (rc == 0 && w->mode == SCAN_ALL) {
+        if (w->limit > 0)
+            trim(w);
+        else if (part->hits.n > base)
+            sort_unique(part, base);
+        part->plain = 0;
+        for (size_t i = base; i < part->hits.n; i++)
+            part->plain += !s->single[part->hits.v[i].rule];
+    }
+    return rc;
 }
 
 int cpuscan_segment(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
@@ -951,26 +990,204 @@ int cpuscan_segment_groups(const struct catalog *cat, enum cpuscan_groups groups
         rc = walk_catalog(s->plan->shadow, s->plan->shadow_plan, buf, len, begin, lo, hi, &w);
         w.map = NULL;
     }
-    if (rc == 0 && mode == SCAN_COUNT)
-        rc = count_shared(s);
-    if (rc == 0 && mode != SCAN_ALL) {
-        for (uint32_t i = 0; i < s->n_used && rc == 0; i++) {
-            const struct rstate *r = &s->tab[s->used[i]];
-            rc = scan_hits_push(&part->hits, r->key - 1, r->first,
-                                mode == SCAN_COUNT ? r->count : 1);
+    if (rc == 0)
+        rc = walk_done(&w, base);
+    s->counted.n = 0;
+    scratch_reset(s);
+    return rc < 0 ? rc : 0;
+}
+
+/* ---- a split buffer's unbounded groups in pieces ---------------------- */
+
+static _Atomic uint64_t n_pieces, n_fixes, n_whole;
+
+void cpuscan_counters(struct cpuscan_counters *c)
+{
+    c->pieces = n_pieces;
+    c->fixes = n_fixes;
+    c->whole = n_whole;
+}
+
+/* The plan's FULL DFA groups that are unbounded: the groups whose states a
+ * piece keeps, two each, in this order. */
+static uint32_t piece_dfas(const struct catalog *cat, const struct cpuplan *plan,
+                           const uint32_t **dfas)
+{
+    *dfas = plan->walks + plan->n_walk_gated + plan->n_walk_nfa;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < plan->n_walk_dfa; i++)
+        n += group_in(cat, CPUSCAN_UNBOUNDED, (*dfas)[i]);
+    return n;
+}
+
+/* DFA group g's state at `a` walked from a start state `lookback` bytes
+ * before: its true state there when the walk reaches back to the buffer's
+ * start, else a guess that holds a subset of the true state's threads. */
+static uint32_t dfa_guess(const struct catalog_group *g, const uint8_t *buf, size_t a,
+                          uint64_t lookback)
+{
+    size_t i = a > lookback ? (size_t)(a - lookback) : 0;
+    uint32_t st = catalog_group_start(g, buf, i);
+    for (; i < a; i++)
+        st = g->trans[(size_t)st * g->n_classes + g->classmap[buf[i]]];
+    return st;
+}
+
+int cpuscan_unbounded_piece(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                            uint64_t hi, uint64_t lookback, struct cpuscan_scratch *s,
+                            struct cpuscan_part *part)
+{
+    int rc = scratch_prepare(s, cat);
+    if (rc != 0)
+        return rc;
+    if (!s->walk_ok || hi > len || lo > hi)
+        return -EINVAL;
+    const struct cpuplan *plan = s->plan;
+    const uint32_t *gated = plan->walks, *nfas = gated + plan->n_walk_gated, *dfas;
+    uint32_t nd = piece_dfas(cat, plan, &dfas);
+    free(part->states);
+    part->states = calloc(2 * (size_t)nd + 1, sizeof(*part->states));
+    part->n_states = nd;
+    if (part->states == NULL)
+        return -ENOMEM;
+    part->hits.max = refscan_raw_max(); /* a hit bomb's piece stops: the caller walks it whole */
+    size_t base = part->hits.n;
+    struct walk w = {.s = s, .part = part, .mode = SCAN_ALL, .groups = CPUSCAN_UNBOUNDED};
+    /* forward-confirmed groups: the starts their factor ends in (lo, hi]
+     * allow, each walk carried past hi until its state is empty (a match
+     * found from two pieces' starts is reported twice; the join keeps one) */
+    bool confirm = false;
+    for (uint32_t i = 0; i < plan->n_walk_gated && !confirm; i++)
+        confirm = group_in(cat, CPUSCAN_UNBOUNDED, plan->n_dfa + gated[i]);
+    if (confirm) {
+        struct refscan_gate gate = {0};
+        rc = refscan_factor_ends_lb(cat, buf, len, lo, hi, plan->factor_walk, 0, &gate);
+        for (uint32_t i = 0; i < plan->n_walk_gated && rc == 0; i++) {
+            if (!group_in(cat, CPUSCAN_UNBOUNDED, plan->n_dfa + gated[i]))
+                continue;
+            struct catalog_nfa cn;
+            catalog_nfa(cat, gated[i], &cn);
+            rc = (cn.flags & CAT_GF_CONFIRM)
+                     ? refscan_gated_range(cat, gated[i], buf, len, 0, len, &gate, on_match, &w)
+                     : -ENOTSUP; /* windows need every candidate */
         }
-        if (rc == 0 && part->hits.n > base)
-            scan_hits_sort(part->hits.v + base, part->hits.n - base, false);
+        refscan_gate_finish(&gate);
     }
-    if (rc == 0 && mode == SCAN_ALL) {
-        if (w.limit > 0)
-            trim(&w);
-        else if (part->hits.n > base)
-            sort_unique(part, base);
-        part->plain = 0;
-        for (size_t i = base; i < part->hits.n; i++)
-            part->plain += !s->single[part->hits.v[i].rule];
+    /* unbounded bit-NFA groups without factors: walked whole by the first piece */
+    for (uint32_t i = 0; i < plan->n_walk_nfa && rc == 0 && lo == 0; i++)
+        if (group_in(cat, CPUSCAN_UNBOUNDED, plan->n_dfa + nfas[i]))
+            rc = refscan_nfa_range(cat, nfas[i], buf, len, 0, 0, len, on_match, &w);
+    /* unbounded DFA groups: from a guess of their state at lo */
+    for (uint32_t i = 0, x = 0; i < plan->n_walk_dfa && rc == 0; i++) {
+        uint32_t g = dfas[i];
+        if (!group_in(cat, CPUSCAN_UNBOUNDED, g))
+            continue;
+        struct catalog_group cg;
+        catalog_group(cat, g, &cg);
+        size_t begin = lo > lookback ? (size_t)(lo - lookback) : 0;
+        part->states[2 * x] = dfa_guess(&cg, buf, (size_t)lo, lookback);
+        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, &w, &part->states[2 * x + 1]);
+        x++;
     }
+    if (rc == 0 && part->hits.n > base)
+        sort_unique(part, base);
+    n_pieces++;
+    scratch_reset(s);
+    return rc;
+}
+
+/* Where piece i's guessed state at its start was not the state the pieces
+ * before it left, the true walk steps beside the guessed one until the two
+ * agree, reporting the true state's ends on the way (a guess holds a subset
+ * of the true threads, so the piece's own ends stand and these add to
+ * them). Returns the true state at the piece's end. */
+static int piece_repair(const struct catalog_group *g, const uint8_t *buf, size_t len, uint64_t lo,
+                        uint64_t hi, uint32_t t, uint32_t guess, uint32_t end, struct walk *w,
+                        uint32_t *out)
+{
+    const uint32_t *trans = g->trans, *cm = g->classmap;
+    const size_t nc = g->n_classes;
+    size_t j = (size_t)lo;
+    int rc = 0;
+    if (t != guess)
+        n_fixes++;
+    while (t != guess) {
+        if (j > lo && t >= g->first_accept && (rc = accepts_at(g, t, buf, len, j, w)) != 0)
+            return rc;
+        if (j >= hi)
+            break;
+        uint32_t c = cm[buf[j++]];
+        t = trans[(size_t)t * nc + c];
+        guess = trans[(size_t)guess * nc + c];
+    }
+    *out = t == guess ? end : t;
+    return 0;
+}
+
+int cpuscan_unbounded_join(const struct catalog *cat, const uint8_t *buf, size_t len,
+                           struct cpuscan_part *pieces, const uint64_t *lo, uint32_t k,
+                           int piece_rc, enum scan_mode mode, uint64_t limit,
+                           struct cpuscan_scratch *s, struct cpuscan_part *out)
+{
+    int rc = piece_rc;
+    if (rc == 0)
+        rc = scratch_prepare(s, cat);
+    struct cpuscan_part raw = {0};
+    raw.hits.max = refscan_raw_max();
+    struct walk w = {.s = s, .part = &raw, .mode = SCAN_ALL, .groups = CPUSCAN_UNBOUNDED};
+    const uint32_t *dfas = NULL;
+    uint32_t nd = rc == 0 ? piece_dfas(cat, s->plan, &dfas) : 0;
+    for (uint32_t i = 0; i < k && rc == 0; i++)
+        rc = pieces[i].states != NULL && pieces[i].n_states == nd ? 0 : -EINVAL;
+    for (uint32_t i = 0, x = 0; rc == 0 && k > 0 && i < s->plan->n_walk_dfa; i++) {
+        if (!group_in(cat, CPUSCAN_UNBOUNDED, dfas[i]))
+            continue;
+        struct catalog_group cg;
+        catalog_group(cat, dfas[i], &cg);
+        uint32_t t = pieces[0].states[2 * x + 1];
+        for (uint32_t p = 1; p < k && rc == 0; p++)
+            rc = piece_repair(&cg, buf, len, lo[p], p + 1 < k ? lo[p + 1] : len, t,
+                              pieces[p].states[2 * x], pieces[p].states[2 * x + 1], &w, &t);
+        x++;
+    }
+    size_t total = raw.hits.n;
+    for (uint32_t i = 0; i < k && rc == 0; i++)
+        total += pieces[i].hits.n;
+    struct scan_hit *v = rc == 0 && total > 0 ? malloc(total * sizeof(*v)) : NULL;
+    if (rc == 0 && total > 0 && v == NULL)
+        rc = -ENOMEM;
+    if (rc == 0 && total > 0) {
+        size_t n = raw.hits.n;
+        if (n > 0)
+            memcpy(v, raw.hits.v, n * sizeof(*v));
+        for (uint32_t i = 0; i < k; i++) {
+            if (pieces[i].hits.n > 0)
+                memcpy(v + n, pieces[i].hits.v, pieces[i].hits.n * sizeof(*v));
+            n += pieces[i].hits.n;
+        }
+        scan_hits_sort(v, total, false);
+    }
+    scratch_reset(s);
+    cpuscan_part_finish(&raw);
+    if (rc == -E2BIG || rc == -ENOTSUP) { /* a hit bomb, or a walk pieces do not know */
+        free(v);
+        n_whole++;
+        return cpuscan_segment_groups(cat, CPUSCAN_UNBOUNDED, buf, len, 0, len, mode, limit, NULL,
+                                      NULL, s, out);
+    }
+    /* the ends in (end, rule) order through the mode's walk, which keeps a
+     * repeated (rule, end) once */
+    size_t base = out->hits.n;
+    struct walk m = {.s = s,
+                     .part = out,
+                     .mode = mode,
+                     .limit = mode == SCAN_ALL ? limit : 0,
+                     .groups = CPUSCAN_UNBOUNDED};
+    for (size_t i = 0; i < total && rc == 0; i++)
+        rc = on_match(&m, v[i].rule, v[i].end);
+    if (rc == 0)
+        rc = walk_done(&m, base);
+    free(v);
     s->counted.n = 0;
     scratch_reset(s);
     return rc < 0 ? rc : 0;
@@ -1042,6 +1259,9 @@ void cpuscan_part_finish(struct cpuscan_part *p)
     if (p == NULL)
         return;
     scan_hits_finish(&p->hits);
+    free(p->states);
+    p->states = NULL;
+    p->n_states = 0;
     p->plain = p->dropped = 0;
     p->final = false;
 }

@@ -80,6 +80,10 @@ struct cpuscan_part {
     uint64_t plain;   /* SCAN_ALL: kept hits of rules without RULE_F_SINGLEMATCH */
     uint64_t dropped; /* SCAN_ALL: matches found past `limit` and not kept */
     bool final;       /* entries are already final (refscan_buffer fallback) */
+    /* cpuscan_unbounded_piece: per unbounded DFA group, the state guessed
+     * at the piece's start and the one at its end */
+    uint32_t *states;
+    uint32_t n_states;
 };
 
 /*
@@ -127,5 +131,45 @@ int cpuscan_merge(const struct catalog *cat, enum scan_mode mode, struct cpuscan
                   size_t n, uint64_t budget, bool marker, struct scan_hits *out, uint64_t *dropped);
 
 void cpuscan_part_finish(struct cpuscan_part *p);
+
+/*
+ * A split buffer's unbounded groups in pieces (docs/engine.md "Unbounded
+ * catalogs on the CPU engine"), so that they too run on several threads:
+ * cpuscan_unbounded_piece walks them for the piece of end offsets (lo, hi]
+ * (pieces are contiguous from 0 to len), and cpuscan_unbounded_join makes
+ * of the pieces what cpuscan_segment_groups(CPUSCAN_UNBOUNDED) over the
+ * whole buffer gives, in `mode` with `limit`.
+ *
+ * - A DFA group's piece walks from a guess of its state at lo: the state
+ *   `lookback` bytes before lo lead to from a start state. The join walks
+ *   the true state (the previous piece's end) beside the guessed one until
+ *   they agree, which most data brings about within a few bytes.
+ * - A forward-confirmed group's piece starts only where its own factor
+ *   ends allow and walks on past hi until its state is empty; the join
+ *   keeps each (rule, end) once.
+ * - An unbounded bit-NFA group without factors is walked whole by the
+ *   first piece.
+ * A piece's part holds raw SCAN_ALL ends (at most refscan_raw_max: a hit
+ * bomb's piece returns -E2BIG); pass the pieces' first error as piece_rc:
+ * -E2BIG or -ENOTSUP (a walk pieces do not know) make the join walk the
+ * buffer whole, as before. The pieces' parts stay the caller's.
+ */
+int cpuscan_unbounded_piece(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
+                            uint64_t hi, uint64_t lookback, struct cpuscan_scratch *s,
+                            struct cpuscan_part *part);
+int cpuscan_unbounded_join(const struct catalog *cat, const uint8_t *buf, size_t len,
+                           struct cpuscan_part *pieces, const uint64_t *lo, uint32_t k,
+                           int piece_rc, enum scan_mode mode, uint64_t limit,
+                           struct cpuscan_scratch *s, struct cpuscan_part *out);
+
+/* Bytes before a piece that its guessed DFA states walk. */
+#define CPUSCAN_PIECE_LOOKBACK 1024u
+
+/* For the whole process: pieces walked, guesses repaired, joins that walked
+ * the buffer whole instead. */
+struct cpuscan_counters {
+    uint64_t pieces, fixes, whole;
+};
+void cpuscan_counters(struct cpuscan_counters *c);
 
 #endif

@@ -725,10 +725,11 @@ START_TEST(test_cpu_engine_split)
         struct vks_scan_result res;
         scan(c, cat, &vb, 1, modes[m], 0, &res);
         check(ref, &res, 0, a, sizeof(a), (enum scan_mode)m);
-        /* the unbounded groups' task and at least four segments */
-        ck_assert_uint_ge(tel_of(&res, "cpu_segments"), 5);
+        /* the unbounded groups' four pieces and at least four segments */
+        ck_assert_uint_ge(tel_of(&res, "cpu_segments"), 8);
         vks_scan_result_finish(&res);
     }
+    ck_assert_uint_eq(stat_of(c, "cpu.unbounded_pieces"), 3 * 4);
     struct scan_hits want = {0};
     ck_assert_int_eq(refscan_buffer(ref, a, sizeof(a), SCAN_ALL, &want), 0);
     ck_assert_uint_gt(want.n, 20000);
@@ -743,6 +744,24 @@ START_TEST(test_cpu_engine_split)
     ck_assert(res.buffers[0].truncated);
     vks_scan_result_finish(&res);
     scan_hits_finish(&want);
+    vks_catalog_destroy(cat);
+    vks_client_close(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    /* A hit bomb of the unbounded `gap` (an end at every other byte): its
+     * pieces pass the raw-match limit (65,536 at this max-hits), so the
+     * buffer's unbounded groups are walked whole instead, as before pieces,
+     * with the same answer. */
+    daemon_start(&d, ARGS("--engine", "cpu", "--cpu-threads", "4", "--max-hits", "16384"));
+    c = connect_ok(&d);
+    cat = load(c, mixed, N);
+    static uint8_t bomb[1 << 20];
+    for (size_t i = 0; i < sizeof(bomb); i++)
+        bomb[i] = i & 1 ? 'q' : 'a';
+    vb = inline_buf(bomb, sizeof(bomb));
+    scan(c, cat, &vb, 1, VKS_REPORT_COUNT, 0, &res);
+    check(ref, &res, 0, bomb, sizeof(bomb), SCAN_COUNT);
+    vks_scan_result_finish(&res);
+    ck_assert_uint_eq(stat_of(c, "cpu.piece_joins_whole"), 1);
     catalog_destroy(ref);
     vks_catalog_destroy(cat);
     vks_client_close(c);
