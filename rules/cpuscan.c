@@ -849,8 +849,14 @@ static int walk_catalog(const struct catalog *cat, const struct cpuplan *plan, c
         rc = fast_groups(cat, plan, buf, len, begin, lo, hi, &gate, w);
         if (rc == 0)
             refscan_gate_sort(&gate);
-    } else if (gated_full)
-        rc = refscan_factor_ends_lb(cat, buf, len, lo, hi, plan->factor_walk, plan->gate_lb, &gate);
+    } else if (gated_full) {
+        /* a bounded part's gated groups need the factor ends within the
+         * bounded groups' lookback of lo, not the catalog's (unbounded with
+         * a confirmed group: every segment walked from the buffer's start,
+         * quadratic in the buffer's size) */
+        uint64_t lb = w->groups == CPUSCAN_BOUNDED ? w->s->lb_bounded : plan->gate_lb;
+        rc = refscan_factor_ends_lb(cat, buf, len, lo, hi, plan->factor_walk, lb, &gate);
+    }
     for (uint32_t i = 0; i < plan->n_walk_gated && gated_full && rc == 0; i++)
         if (group_in(cat, w->groups, plan->n_dfa + gated[i]))
             rc = refscan_gated_range(cat, gated[i], buf, len, lo, hi, &gate, on_match, w);
@@ -1033,6 +1039,32 @@ static uint32_t dfa_guess(const struct catalog_group *g, const uint8_t *buf, siz
     return st;
 }
 
+/* cpulit_fn of gate_strings: a CPUPLAN_GATE string's end is a candidate of
+ * its gated group; the matcher's other strings serve other walks. */
+static int on_gate(void *ctx, uint32_t id, uint64_t end)
+{
+    uint32_t g = id & ~CPUPLAN_FACTOR;
+    if (!(id & CPUPLAN_FACTOR) || !(g & CPUPLAN_GATE))
+        return 0;
+    return refscan_gate_push(ctx, g & ~CPUPLAN_GATE, end) == 0 ? 0 : -ENOMEM;
+}
+
+/* The gated groups' candidates with ends in (lo, hi], as walk_catalog's
+ * merged path finds them (cpuplan.gate_merged: the factors are strings of
+ * at most 64 bytes in the literal matcher), or by walking the factor
+ * groups. Sorted. */
+static int piece_gate(const struct catalog *cat, const struct cpuplan *plan, const uint8_t *buf,
+                      size_t len, uint64_t lo, uint64_t hi, struct refscan_gate *gate)
+{
+    if (!plan->gate_merged || plan->lit == NULL)
+        return refscan_factor_ends_lb(cat, buf, len, lo, hi, plan->factor_walk, 0, gate);
+    size_t begin = lo > 64 ? (size_t)(lo - 64) : 0;
+    int rc = cpulit_scan(plan->lit, buf, len, begin, lo, hi, on_gate, gate);
+    if (rc == 0)
+        refscan_gate_sort(gate);
+    return rc;
+}
+
 int cpuscan_unbounded_piece(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
                             uint64_t hi, uint64_t lookback, struct cpuscan_scratch *s,
                             struct cpuscan_part *part)
@@ -1061,7 +1093,7 @@ int cpuscan_unbounded_piece(const struct catalog *cat, const uint8_t *buf, size_
         confirm = group_in(cat, CPUSCAN_UNBOUNDED, plan->n_dfa + gated[i]);
     if (confirm) {
         struct refscan_gate gate = {0};
-        rc = refscan_factor_ends_lb(cat, buf, len, lo, hi, plan->factor_walk, 0, &gate);
+        rc = piece_gate(cat, plan, buf, len, lo, hi, &gate);
         for (uint32_t i = 0; i < plan->n_walk_gated && rc == 0; i++) {
             if (!group_in(cat, CPUSCAN_UNBOUNDED, plan->n_dfa + gated[i]))
                 continue;

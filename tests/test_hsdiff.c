@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpuplan.h"
 #include "cpuscan.h"
 #include "factor.h"
 #include "parse.h"
@@ -2074,6 +2075,93 @@ END_TEST
  * that Hyperscan has (all matches); refscan gives the CPU engine's hits.
  * _i 0: DFA groups; 1: one literal group (CAT_GF_LITERAL: refscan and the
  * CPU engine match it with rules/cpulit.c). */
+/* A catalog split by cpuscan_split_lookback whose bounded part holds a
+ * gated group walked in full: each bounded segment finds the factor ends
+ * within the bounded groups' lookback of its start (matches straddle its
+ * start), not from the buffer's start, and the unbounded part in pieces
+ * joins to the whole walk; every mode against refscan, over many cuts. */
+START_TEST(test_split_gated_segments)
+{
+    struct rule_src src[] = {
+        {"conf", RULE_REGEX, "passphrase[^\"\\n]*\"", 0, 0, 0},
+        {"gap", RULE_REGEX, "key[^\\n]{0,90}tal", 0, 0, 0},
+        {"gap2", RULE_REGEX, "(?i)bea[ \\t]{1,9}[a-z0-9]{8,40}zz", 0, 0, 0},
+    };
+    for (size_t i = 0; i < 3; i++)
+        src[i].len = strlen(src[i].pattern);
+    /* gate what has factors, 3-byte ones too: in a forward-confirmed
+     * catalog such groups are walked in full (cpuplan "strict") */
+    struct rules_options ro = {.gate_states = 1, .gate_bits = 8};
+    struct rules_result res = {0};
+    ck_assert_int_eq(rules_compile(src, 3, &ro, &res, NULL), 0);
+    ck_assert_uint_eq(res.n_rejects, 0);
+    const struct catalog *cat = res.catalog;
+    uint64_t lb = cpuscan_split_lookback(cat);
+    ck_assert_uint_eq(cpuscan_lookback(cat), CPUSCAN_UNSEGMENTABLE);
+    ck_assert_uint_ne(lb, CPUSCAN_UNSEGMENTABLE);
+    struct cpuplan *plan;
+    ck_assert_int_eq(cpuplan_get(cat, &plan), 0);
+    bool bounded_gated = false; /* the walk this test is about */
+    for (uint32_t i = 0; i < plan->n_walk_gated; i++)
+        bounded_gated |=
+            cpuscan_group_maxlen(cat, plan->n_dfa + plan->walks[i]) != CATALOG_UNBOUNDED;
+    cpuplan_put(plan);
+    ck_assert(bounded_gated);
+    struct rng rng = {0x9a7ed5u};
+    struct str h = {0};
+    while (h.n < (64u << 10)) {
+        uint32_t k = rng_below(&rng, 6);
+        if (k == 0)
+            str_printf(&h, "key");
+        else if (k == 1)
+            str_printf(&h, "tal");
+        else if (k == 2)
+            str_printf(&h, "Bea \tabc%uzz", rng_below(&rng, 1u << 30));
+        else if (k == 3)
+            str_printf(&h, "passphrase \"");
+        else
+            for (uint32_t n = rng_below(&rng, 40); n > 0; n--)
+                str_putc(&h, " -x\"\n"[rng_below(&rng, 5)]);
+    }
+    struct hay hay = {.p = (const uint8_t *)h.p, .len = h.n};
+    for (int m = SCAN_ALL; m <= SCAN_COUNT; m++) {
+        struct scan_hits want = {0};
+        ck_assert_int_eq(refscan_buffer(cat, hay.p, hay.len, (enum scan_mode)m, &want), 0);
+        ck_assert_uint_ge(want.n, m == SCAN_ALL ? 500 : 3); /* every rule matches */
+        for (uint32_t nseg = 7; nseg <= 61; nseg += 27) {
+            struct cpuscan_scratch *sc;
+            ck_assert_int_eq(cpuscan_scratch_create(&sc), 0);
+            struct cpuscan_part *parts = calloc(nseg + 1, sizeof(*parts));
+            unbounded_pieces(cat, &hay, (enum scan_mode)m, 3, 5, sc, &parts[0]);
+            for (uint32_t k = 0; k < nseg; k++)
+                ck_assert_int_eq(cpuscan_segment_groups(cat, CPUSCAN_BOUNDED, hay.p, hay.len,
+                                                        hay.len * k / nseg,
+                                                        hay.len * (k + 1) / nseg, (enum scan_mode)m,
+                                                        0, NULL, NULL, sc, &parts[k + 1]),
+                                 0);
+            struct scan_hits got = {0};
+            uint64_t dropped = 0;
+            ck_assert_int_eq(cpuscan_merge(cat, (enum scan_mode)m, parts, nseg + 1, UINT64_MAX,
+                                           false, &got, &dropped),
+                             0);
+            ck_assert_uint_eq(got.n, want.n);
+            for (size_t i = 0; i < got.n; i++)
+                ck_assert_msg(got.v[i].rule == want.v[i].rule && got.v[i].end == want.v[i].end &&
+                                  got.v[i].count == want.v[i].count,
+                              "mode %d, %u segments, hit %zu", m, nseg, i);
+            for (uint32_t k = 0; k <= nseg; k++)
+                cpuscan_part_finish(&parts[k]);
+            free(parts);
+            scan_hits_finish(&got);
+            cpuscan_scratch_destroy(sc);
+        }
+        scan_hits_finish(&want);
+    }
+    free(h.p);
+    rules_result_finish(&res);
+}
+END_TEST
+
 START_TEST(test_cpu_engine_shared_literals)
 {
     struct rng rng = {0x5eed1d5u};
@@ -3421,6 +3509,7 @@ Suite *hsdiff_suite(void)
     tcase_set_timeout(cpu, 600);
     tcase_add_loop_test(cpu, test_cpu_engine_shared_literals, 0, 2);
     tcase_add_test(cpu, test_binary_literals_20k);
+    tcase_add_test(cpu, test_split_gated_segments);
     suite_add_tcase(s, cpu);
     TCase *files = tcase_create("shared-data");
     tcase_set_timeout(files, 600);
