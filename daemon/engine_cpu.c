@@ -70,6 +70,14 @@ static uint32_t unbounded_pieces(const struct engine *e, uint64_t len)
     return (uint32_t)(fit < 1 ? 1 : fit < n ? fit : n);
 }
 
+/* The raw ends one piece of a buffer of `len` bytes may hold: a share of
+ * the raw-match limit, which bounds what the buffer's whole walk holds. */
+static size_t piece_raw(const struct engine *e, uint64_t len)
+{
+    size_t share = refscan_raw_max() / unbounded_pieces(e, len);
+    return share > 0 ? share : 1;
+}
+
 /* Splits the batch's CPU jobs into tasks: a buffer of a catalog whose
  * groups are all bounded is cut into segments (seg_size); a large buffer of
  * a catalog with unbounded groups into one task of those and segments of
@@ -597,7 +605,8 @@ void engine_cpu_main(void *arg)
                 tk->rc = scr_rc;
             else if (tk->piece)
                 tk->rc = cpuscan_unbounded_piece(j->cat, eb->data, (size_t)eb->len, tk->lo, tk->hi,
-                                                 CPUSCAN_PIECE_LOOKBACK, scr, &tk->part);
+                                                 CPUSCAN_PIECE_LOOKBACK, piece_raw(e, eb->len), scr,
+                                                 &tk->part);
             else
                 tk->rc =
                     cpuscan_segment_groups(j->cat, tk->groups, eb->data, (size_t)eb->len, tk->lo,

@@ -1066,8 +1066,8 @@ static int piece_gate(const struct catalog *cat, const struct cpuplan *plan, con
 }
 
 int cpuscan_unbounded_piece(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
-                            uint64_t hi, uint64_t lookback, struct cpuscan_scratch *s,
-                            struct cpuscan_part *part)
+                            uint64_t hi, uint64_t lookback, size_t max_raw,
+                            struct cpuscan_scratch *s, struct cpuscan_part *part)
 {
     int rc = scratch_prepare(s, cat);
     if (rc != 0)
@@ -1082,7 +1082,8 @@ int cpuscan_unbounded_piece(const struct catalog *cat, const uint8_t *buf, size_
     part->n_states = nd;
     if (part->states == NULL)
         return -ENOMEM;
-    part->hits.max = refscan_raw_max(); /* a hit bomb's piece stops: the caller walks it whole */
+    /* a hit bomb's piece stops: the join walks the buffer whole */
+    part->hits.max = max_raw != 0 ? max_raw : refscan_raw_max();
     size_t base = part->hits.n;
     struct walk w = {.s = s, .part = part, .mode = SCAN_ALL, .groups = CPUSCAN_UNBOUNDED};
     /* forward-confirmed groups: the starts their factor ends in (lo, hi]

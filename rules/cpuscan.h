@@ -149,14 +149,16 @@ void cpuscan_part_finish(struct cpuscan_part *p);
  *   keeps each (rule, end) once.
  * - An unbounded bit-NFA group without factors is walked whole by the
  *   first piece.
- * A piece's part holds raw SCAN_ALL ends (at most refscan_raw_max: a hit
- * bomb's piece returns -E2BIG); pass the pieces' first error as piece_rc:
+ * A piece's part holds raw SCAN_ALL ends, at most `max_raw` (0:
+ * refscan_raw_max; vkscand gives each of k pieces a k-th of it, so that a
+ * buffer's pieces hold no more than its whole walk may): past it a piece
+ * returns -E2BIG. Pass the pieces' first error as piece_rc:
  * -E2BIG or -ENOTSUP (a walk pieces do not know) make the join walk the
  * buffer whole, as before. The pieces' parts stay the caller's.
  */
 int cpuscan_unbounded_piece(const struct catalog *cat, const uint8_t *buf, size_t len, uint64_t lo,
-                            uint64_t hi, uint64_t lookback, struct cpuscan_scratch *s,
-                            struct cpuscan_part *part);
+                            uint64_t hi, uint64_t lookback, size_t max_raw,
+                            struct cpuscan_scratch *s, struct cpuscan_part *part);
 int cpuscan_unbounded_join(const struct catalog *cat, const uint8_t *buf, size_t len,
                            struct cpuscan_part *pieces, const uint64_t *lo, uint32_t k,
                            int piece_rc, enum scan_mode mode, uint64_t limit,

@@ -749,7 +749,7 @@ static void unbounded_pieces(const struct catalog *cat, const struct hay *h, enu
     for (uint32_t i = 0; i < k; i++) {
         lo[i] = h->len * i / k;
         int rc = cpuscan_unbounded_piece(cat, h->p, h->len, lo[i], h->len * (i + 1) / k, lookback,
-                                         sc, &pieces[i]);
+                                         0, sc, &pieces[i]);
         prc = prc != 0 ? prc : rc;
     }
     ck_assert_int_eq(
