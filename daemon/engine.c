@@ -171,6 +171,37 @@ static bool sealed(int seals)
  * daemon's threads (4 KiB memfd scans under load, issue 10). */
 #define MAP_MIN (64u << 10)
 
+/* Reads of at least this much go to memory asked for in huge pages: a
+ * fresh 4 KiB page faulted in per 4 KiB read was a quarter of the CPU
+ * engine's time over a 64 MiB file (docs/PERFORMANCE.md "Session 48"). */
+#define HUGE_READ_MIN (4u << 20)
+#define HUGE_PAGE     (2u << 20)
+
+/* Anonymous memory for `len` bytes aligned to HUGE_PAGE with huge pages
+ * asked for (MADV_HUGEPAGE; the kernel may give small ones), kept in
+ * ld->map for unload; NULL without memory. */
+static uint8_t *huge_alloc(uint64_t len, struct loaded *ld)
+{
+    size_t want = ((size_t)len + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+    size_t map_len = want + HUGE_PAGE;
+    uint8_t *p = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    uintptr_t at = ((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+    /* the unaligned head and tail back to the kernel */
+    if (at > (uintptr_t)p)
+        munmap(p, at - (uintptr_t)p);
+    size_t tail = (size_t)((uintptr_t)p + map_len - (at + want));
+    if (tail > 0)
+        munmap((uint8_t *)at + want, tail);
+#ifdef MADV_HUGEPAGE
+    madvise((void *)at, want, MADV_HUGEPAGE);
+#endif
+    ld->map = (void *)at;
+    ld->map_len = want;
+    return (uint8_t *)at;
+}
+
 /* Reads (or maps) the range identify_fd checked; a mapping is populated
  * ahead with `populate`. */
 static int load_fd(struct engine_buf *b, struct loaded *ld, bool populate)
@@ -195,16 +226,21 @@ static int load_fd(struct engine_buf *b, struct loaded *ld, bool populate)
             return 0;
         }
     }
-    uint8_t *buf = malloc((size_t)len);
+    uint8_t *buf = len >= HUGE_READ_MIN ? huge_alloc(len, ld) : malloc((size_t)len);
     if (buf == NULL)
         return bad_fd(b, "no memory for the file's %s bytes: send a smaller range", "");
     int err = read_parallel(b->fd, buf, b->offset, len);
     if (err != 0) {
-        free(buf);
+        if (ld->map != NULL)
+            munmap(ld->map, ld->map_len);
+        else
+            free(buf);
+        ld->map = NULL;
         return bad_fd(b, "the descriptor cannot be read (%s): open it for reading",
                       err > 0 ? strerror(err) : "it shrank while being read");
     }
-    ld->heap = buf;
+    if (ld->map == NULL)
+        ld->heap = buf;
     b->data = buf;
     b->len = len;
     return 0;

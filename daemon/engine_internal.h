@@ -185,7 +185,7 @@ enum { FD_AUTO = 0, FD_PREAD, FD_MAP, FD_POPULATE };
 
 /* Memory a fd buffer was read into: a mapping or a heap copy. */
 struct loaded {
-    void *map;
+    void *map; /* a sealed memfd's mapping, or a large read's huge-page memory */
     size_t map_len;
     void *heap;
 };
