@@ -14,6 +14,9 @@
 
 #define NONE UINT64_MAX
 
+/* cpuscan_counters */
+static _Atomic uint64_t n_pieces, n_fixes, n_whole, n_lanes;
+
 /* What one segment saw of one rule: a slot of the scratch's hash table
  * (memory follows the rules a segment touches, not the catalog's size). */
 struct rstate {
@@ -498,6 +501,97 @@ static int dfa_lanes(const struct catalog_group *g, const uint8_t *buf, size_t l
     }
 }
 
+/* DFA group g's state at `a` walked from a start state `lookback` bytes
+ * before: its true state there when the walk reaches back to the buffer's
+ * start, else a guess that holds a subset of the true state's threads. */
+static uint32_t dfa_guess(const struct catalog_group *g, const uint8_t *buf, size_t a,
+                          uint64_t lookback)
+{
+    size_t i = a > lookback ? (size_t)(a - lookback) : 0;
+    uint32_t st = catalog_group_start(g, buf, i);
+    for (; i < a; i++)
+        st = g->trans[(size_t)st * g->n_classes + g->classmap[buf[i]]];
+    return st;
+}
+
+/* Where piece i's guessed state at its start was not the state the pieces
+ * before it left, the true walk steps beside the guessed one until the two
+ * agree, reporting the true state's ends on the way (a guess holds a subset
+ * of the true threads, so the piece's own ends stand and these add to
+ * them). Returns the true state at the piece's end. */
+static int piece_repair(const struct catalog_group *g, const uint8_t *buf, size_t len, uint64_t lo,
+                        uint64_t hi, uint32_t t, uint32_t guess, uint32_t end, struct walk *w,
+                        uint32_t *out)
+{
+    const uint32_t *trans = g->trans, *cm = g->classmap;
+    const size_t nc = g->n_classes;
+    size_t j = (size_t)lo;
+    int rc = 0;
+    if (t != guess)
+        n_fixes++;
+    while (t != guess) {
+        if (j > lo && t >= g->first_accept && (rc = accepts_at(g, t, buf, len, j, w)) != 0)
+            return rc;
+        if (j >= hi)
+            break;
+        uint32_t c = cm[buf[j++]];
+        t = trans[(size_t)t * nc + c];
+        guess = trans[(size_t)guess * nc + c];
+    }
+    *out = t == guess ? end : t;
+    return 0;
+}
+
+/* An unbounded DFA group's piece (ends in (lo, hi]) from `st`, its state
+ * at lo, as four lanes walked interleaved, so that their chains of
+ * dependent table loads overlap (dfa_lanes does so for bounded groups):
+ * lanes 1-3 start from guesses (dfa_guess), repaired after the walk as
+ * the join repairs pieces. *last gets the state at hi. Used when each
+ * lane is at least 4 lookbacks long (a guess walks one). */
+static int dfa_spec_lanes(const struct catalog_group *g, const uint8_t *buf, size_t len,
+                          uint32_t st, uint64_t lo, uint64_t hi, uint64_t lookback, struct walk *w,
+                          uint32_t *last)
+{
+    const uint32_t *trans = g->trans, *cm = g->classmap;
+    const size_t nc = g->n_classes;
+    const uint32_t fa = g->first_accept;
+    uint64_t q = (hi - lo) / 4, llo[4], lhi[4];
+    uint32_t guess[4], end[4] = {0};
+    for (int k = 0; k < 4; k++) {
+        llo[k] = lo + k * q;
+        lhi[k] = k == 3 ? hi : lo + (k + 1) * q;
+        guess[k] = k == 0 ? st : dfa_guess(g, buf, (size_t)llo[k], lookback);
+    }
+    uint32_t s0 = guess[0], s1 = guess[1], s2 = guess[2], s3 = guess[3];
+    size_t i0 = (size_t)llo[0], i1 = (size_t)llo[1], i2 = (size_t)llo[2], i3 = (size_t)llo[3];
+    int rc = 0;
+    for (uint64_t n = 0; n < q && rc == 0; n++) {
+        rc = dfa_lane(g, trans, cm, nc, fa, buf, len, &s0, &i0, llo[0], w);
+        rc = rc ? rc : dfa_lane(g, trans, cm, nc, fa, buf, len, &s1, &i1, llo[1], w);
+        rc = rc ? rc : dfa_lane(g, trans, cm, nc, fa, buf, len, &s2, &i2, llo[2], w);
+        rc = rc ? rc : dfa_lane(g, trans, cm, nc, fa, buf, len, &s3, &i3, llo[3], w);
+    }
+    uint32_t x[4] = {s0, s1, s2, s3};
+    size_t at[4] = {i0, i1, i2, i3};
+    for (int k = 0; k < 4 && rc == 0; k++) { /* each lane's rest, and its last end */
+        size_t j = at[k];
+        for (;;) {
+            if (x[k] >= fa && j > llo[k] && (rc = accepts_at(g, x[k], buf, len, j, w)) != 0)
+                break;
+            if (j >= lhi[k])
+                break;
+            x[k] = trans[(size_t)x[k] * nc + cm[buf[j++]]];
+        }
+        end[k] = x[k];
+    }
+    uint32_t t = end[0];
+    for (int k = 1; k < 4 && rc == 0; k++)
+        rc = piece_repair(g, buf, len, llo[k], lhi[k], t, guess[k], end[k], w, &t);
+    n_lanes++;
+    *last = t;
+    return rc;
+}
+
 /* A DFA group's walk over buf[begin..hi), reporting ends in (lo, hi]: the
  * walk of refscan_group_range, with the accept check out of the byte loop
  * (accepting states are numbered from first_accept, and most bytes lead to
@@ -507,10 +601,12 @@ static int dfa_lanes(const struct catalog_group *g, const uint8_t *buf, size_t l
  * does not) and goes on from the start state of the run's last byte.
  * Without skipping (or once it stops paying) the rest goes by dfa_lanes.
  * `last` (NULL: not wanted) gets the state at hi of an unbounded group's
- * walk (a bounded group's lanes leave it unset). */
+ * walk (a bounded group's lanes leave it unset). With `spec` (a lookback;
+ * 0: none) an unbounded group's rest is walked as speculative lanes
+ * (dfa_spec_lanes) where they are long enough. */
 static int dfa_range(const struct catalog_group *g, const struct cpuplan_skip *k,
                      const uint8_t *buf, size_t len, size_t begin, uint64_t lo, uint64_t hi,
-                     struct walk *w, uint32_t *last)
+                     struct walk *w, uint32_t *last, uint64_t spec)
 {
     if (hi > len)
         hi = len;
@@ -521,6 +617,17 @@ static int dfa_range(const struct catalog_group *g, const struct cpuplan_skip *k
     uint32_t runs = 0;
     bool skip = k != NULL && k->on;
     for (;;) {
+        if (!skip && spec != 0 && g->maxlen == CATALOG_UNBOUNDED &&
+            (hi - (i > lo ? i : lo)) / 4 >= 4 * spec) { /* to lo, then lanes */
+            while (i < lo)
+                s = trans[(size_t)s * nc + cm[buf[i++]]];
+            if (s >= fa && i > lo) {
+                int rc = accepts_at(g, s, buf, len, i, w);
+                if (rc != 0)
+                    return rc;
+            }
+            return dfa_spec_lanes(g, buf, len, s, i, hi, spec, w, last);
+        }
         if (!skip) /* the rest by the table: as lanes where it is long */
             return dfa_lanes(g, buf, len, s, i, lo, hi, w, last);
         if (s >= fa && i > lo) {
@@ -746,7 +853,7 @@ static int on_window(void *ctx, uint64_t lo, uint64_t hi)
                                  on_match, x->w);
     struct catalog_group cg;
     catalog_group(x->cat, x->g, &cg);
-    return dfa_range(&cg, &x->plan->skip[x->g], x->buf, x->len, begin, lo, hi, x->w, NULL);
+    return dfa_range(&cg, &x->plan->skip[x->g], x->buf, x->len, begin, lo, hi, x->w, NULL, 0);
 }
 
 /* The window groups walked over the whole range: all of them, or those
@@ -766,7 +873,7 @@ static int window_groups_full(const struct catalog *cat, const struct cpuplan *p
         }
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w, NULL);
+        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w, NULL, 0);
     }
     return rc;
 }
@@ -876,7 +983,7 @@ static int walk_catalog(const struct catalog *cat, const struct cpuplan *plan, c
             continue;
         struct catalog_group cg;
         catalog_group(cat, g, &cg);
-        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w, NULL);
+        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, w, NULL, 0);
         /* dedup state is per group walk: a rule lives in one group */
     }
     return rc;
@@ -1005,13 +1112,12 @@ int cpuscan_segment_groups(const struct catalog *cat, enum cpuscan_groups groups
 
 /* ---- a split buffer's unbounded groups in pieces ---------------------- */
 
-static _Atomic uint64_t n_pieces, n_fixes, n_whole;
-
 void cpuscan_counters(struct cpuscan_counters *c)
 {
     c->pieces = n_pieces;
     c->fixes = n_fixes;
     c->whole = n_whole;
+    c->lanes = n_lanes;
 }
 
 /* The plan's FULL DFA groups that are unbounded: the groups whose states a
@@ -1024,19 +1130,6 @@ static uint32_t piece_dfas(const struct catalog *cat, const struct cpuplan *plan
     for (uint32_t i = 0; i < plan->n_walk_dfa; i++)
         n += group_in(cat, CPUSCAN_UNBOUNDED, (*dfas)[i]);
     return n;
-}
-
-/* DFA group g's state at `a` walked from a start state `lookback` bytes
- * before: its true state there when the walk reaches back to the buffer's
- * start, else a guess that holds a subset of the true state's threads. */
-static uint32_t dfa_guess(const struct catalog_group *g, const uint8_t *buf, size_t a,
-                          uint64_t lookback)
-{
-    size_t i = a > lookback ? (size_t)(a - lookback) : 0;
-    uint32_t st = catalog_group_start(g, buf, i);
-    for (; i < a; i++)
-        st = g->trans[(size_t)st * g->n_classes + g->classmap[buf[i]]];
-    return st;
 }
 
 /* cpulit_fn of gate_strings: a CPUPLAN_GATE string's end is a candidate of
@@ -1119,7 +1212,8 @@ int cpuscan_unbounded_piece(const struct catalog *cat, const uint8_t *buf, size_
         catalog_group(cat, g, &cg);
         size_t begin = lo > lookback ? (size_t)(lo - lookback) : 0;
         part->states[2 * x] = dfa_guess(&cg, buf, (size_t)lo, lookback);
-        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, &w, &part->states[2 * x + 1]);
+        rc = dfa_range(&cg, &plan->skip[g], buf, len, begin, lo, hi, &w, &part->states[2 * x + 1],
+                       lookback);
         x++;
     }
     if (rc == 0 && part->hits.n > base)
@@ -1127,34 +1221,6 @@ int cpuscan_unbounded_piece(const struct catalog *cat, const uint8_t *buf, size_
     n_pieces++;
     scratch_reset(s);
     return rc;
-}
-
-/* Where piece i's guessed state at its start was not the state the pieces
- * before it left, the true walk steps beside the guessed one until the two
- * agree, reporting the true state's ends on the way (a guess holds a subset
- * of the true threads, so the piece's own ends stand and these add to
- * them). Returns the true state at the piece's end. */
-static int piece_repair(const struct catalog_group *g, const uint8_t *buf, size_t len, uint64_t lo,
-                        uint64_t hi, uint32_t t, uint32_t guess, uint32_t end, struct walk *w,
-                        uint32_t *out)
-{
-    const uint32_t *trans = g->trans, *cm = g->classmap;
-    const size_t nc = g->n_classes;
-    size_t j = (size_t)lo;
-    int rc = 0;
-    if (t != guess)
-        n_fixes++;
-    while (t != guess) {
-        if (j > lo && t >= g->first_accept && (rc = accepts_at(g, t, buf, len, j, w)) != 0)
-            return rc;
-        if (j >= hi)
-            break;
-        uint32_t c = cm[buf[j++]];
-        t = trans[(size_t)t * nc + c];
-        guess = trans[(size_t)guess * nc + c];
-    }
-    *out = t == guess ? end : t;
-    return 0;
 }
 
 int cpuscan_unbounded_join(const struct catalog *cat, const uint8_t *buf, size_t len,

@@ -167,10 +167,11 @@ int cpuscan_unbounded_join(const struct catalog *cat, const uint8_t *buf, size_t
 /* Bytes before a piece that its guessed DFA states walk. */
 #define CPUSCAN_PIECE_LOOKBACK 1024u
 
-/* For the whole process: pieces walked, guesses repaired, joins that walked
- * the buffer whole instead. */
+/* For the whole process: pieces walked, guesses repaired (of pieces and of
+ * the lanes a DFA group's piece is walked in), joins that walked the buffer
+ * whole instead, and DFA pieces walked as four interleaved lanes. */
 struct cpuscan_counters {
-    uint64_t pieces, fixes, whole;
+    uint64_t pieces, fixes, whole, lanes;
 };
 void cpuscan_counters(struct cpuscan_counters *c);
 

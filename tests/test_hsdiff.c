@@ -767,6 +767,14 @@ static uint64_t piece_fixes(void)
     return c.fixes;
 }
 
+/* DFA pieces walked as four lanes (test_shapes asserts some were). */
+static uint64_t piece_lanes(void)
+{
+    struct cpuscan_counters c;
+    cpuscan_counters(&c);
+    return c.lanes;
+}
+
 static bool cpu_split_equal(const struct catalog *cat, const struct hay *h, enum scan_mode mode,
                             uint32_t pieces)
 {
@@ -2659,7 +2667,7 @@ START_TEST(test_shapes)
     size_t files = 0;
     corpus_load(&c, data_dir());
     snprintf(pat, sizeof(pat), "%s/shapes/*.rules", VKS_SOURCE_ROOT "/tests/data");
-    uint64_t split0 = split_checked, fixes0 = piece_fixes();
+    uint64_t split0 = split_checked, fixes0 = piece_fixes(), lanes0 = piece_lanes();
     check_glob(pat, &c, &files);
     corpus_free(&c);
     ck_assert_uint_ge(files, 3);
@@ -2670,6 +2678,7 @@ START_TEST(test_shapes)
     if (every == NULL || strcmp(every, "1") == 0) {
         ck_assert_uint_gt(split_checked, split0);
         ck_assert_uint_gt(piece_fixes(), fixes0);
+        ck_assert_uint_gt(piece_lanes(), lanes0);
     }
 }
 END_TEST
