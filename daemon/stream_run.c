@@ -1018,6 +1018,7 @@ void stream_run_stats_add(struct stats_list *l)
     stats_add_u(l, "stream.scan_mixed_writes", c.mixed_writes);
     stats_add_u(l, "stream.scan_walk_pieces", c.walk_pieces);
     stats_add_u(l, "stream.scan_spec_fixes", c.spec_fixes);
+    stats_add_u(l, "stream.scan_walk_lanes", c.walk_lanes);
     pthread_mutex_lock(&spare.mu);
     uint64_t reused = spare.reused, mapped = spare.mapped, kept = spare.kept;
     uint64_t peak = spare.peak, trimmed = spare.trimmed;

@@ -712,7 +712,7 @@ static void plan_once(struct streamscan *s)
 
 static atomic_size_t fast_min = FAST_MIN_DEFAULT;
 static atomic_uint_fast64_t n_fast, n_pieces, n_parallel, n_gated, n_split, n_mixed;
-static atomic_uint_fast64_t n_walk_pieces, n_spec_fixes;
+static atomic_uint_fast64_t n_walk_pieces, n_spec_fixes, n_walk_lanes;
 /* where writes spend their time (streamscan_counters) */
 static atomic_uint_fast64_t ns_whole, ns_head, ns_middle, ns_tail, ns_deliver, ns_factor;
 
@@ -746,6 +746,7 @@ void streamscan_counters(struct streamscan_counters *c)
     c->mixed_writes = atomic_load(&n_mixed);
     c->walk_pieces = atomic_load(&n_walk_pieces);
     c->spec_fixes = atomic_load(&n_spec_fixes);
+    c->walk_lanes = atomic_load(&n_walk_lanes);
     c->whole_ns = atomic_load(&ns_whole);
     c->head_ns = atomic_load(&ns_head);
     c->middle_ns = atomic_load(&ns_middle);
@@ -1040,8 +1041,15 @@ static int factor_ends(struct streamscan *s, const uint8_t *w, size_t n, uint64_
 
 /* ---- long walks in pieces: the groups that see a whole write ------------- */
 
-/* Bytes before a piece that its guess of a DFA state walks. */
+/* Bytes before a piece (or a lane of one) that its guess of a DFA state
+ * walks (streamscan_tune_spec). */
 #define SPEC_LOOKBACK 1024u
+static atomic_size_t spec_lb = SPEC_LOOKBACK;
+
+void streamscan_tune_spec(size_t lookback)
+{
+    atomic_store(&spec_lb, lookback == 0 ? SPEC_LOOKBACK : lookback);
+}
 
 /* How many pieces a walk of e bytes takes: one (this thread) under
  * PAR_MIN_PIECES pieces' bytes, else one a thread, each of at least the
@@ -1051,7 +1059,8 @@ static uint32_t walk_k(size_t e)
 {
     uint32_t threads = atomic_load(&par_threads);
     uint64_t piece = atomic_load(&par_piece);
-    piece = piece < SPEC_LOOKBACK ? SPEC_LOOKBACK : piece;
+    size_t lb = atomic_load(&spec_lb);
+    piece = piece < lb ? lb : piece;
     if (threads < 2 || e < PAR_MIN_PIECES * piece)
         return 1;
     uint64_t fit = e / piece;
@@ -1133,11 +1142,66 @@ struct dfa_job {
 
 static uint32_t dfa_guess(const struct catalog_group *g, const struct vbuf *v, size_t a)
 {
-    size_t i = a > SPEC_LOOKBACK ? a - SPEC_LOOKBACK : 0;
+    size_t lb = atomic_load(&spec_lb);
+    size_t i = a > lb ? a - lb : 0;
     uint32_t st = g->start[i ? catalog_byte_kind(vbyte(v, i - 1)) + 1 : 0];
     for (; i < a; i++)
         st = g->trans[(size_t)st * g->n_classes + g->classmap[vbyte(v, i)]];
     return st;
+}
+
+/* dfa_span of a piece, v[a..b) with a past the held byte, as four lanes
+ * walked interleaved so that their chains of dependent table loads overlap:
+ * lanes 1-3 from guesses (dfa_guess), each repaired after the walk as
+ * dfa_par repairs pieces (the true walk beside the guessed one until they
+ * agree; the guess's matches are true ones, and the deliver keeps each
+ * (rule, end) once). Shorter spans, or lanes under 4 lookbacks: dfa_span. */
+static int dfa_lanes(const struct catalog_group *g, uint32_t *st, const struct vbuf *v, size_t a,
+                     size_t b, uint64_t pos, uint32_t told, struct scan_hits *raw)
+{
+    size_t q = (b - a) / 4;
+    if (a < (size_t)v->held || a == 0 || q < 4 * atomic_load(&spec_lb))
+        return dfa_span(g, st, v, a, b, pos, told, raw);
+    const uint32_t *trans = g->trans, *cm = g->classmap;
+    const size_t nc = g->n_classes;
+    const uint32_t fa = g->first_accept;
+    size_t lo[4], hi[4];
+    uint32_t x[4], guess[4];
+    const uint8_t *w[4];
+    for (int k = 0; k < 4; k++) {
+        lo[k] = a + (size_t)k * q;
+        hi[k] = k == 3 ? b : a + (size_t)(k + 1) * q;
+        x[k] = guess[k] = k == 0 ? *st : dfa_guess(g, v, lo[k]);
+        w[k] = v->w + (lo[k] - v->held);
+    }
+    int rc = 0;
+    for (size_t n = 0; n < q && rc == 0; n++)
+        for (int k = 0; k < 4 && rc == 0; k++) {
+            uint8_t c = w[k][n];
+            if (x[k] >= fa)
+                rc = dfa_check(g, x[k], 1u << catalog_byte_kind(c), 0, pos + lo[k] + n, raw);
+            x[k] = trans[(size_t)x[k] * nc + cm[c]];
+        }
+    if (rc == 0) /* the last lane's rest */
+        rc = dfa_span(g, &x[3], v, lo[3] + q, hi[3], pos, told, raw);
+    uint32_t t = x[0];
+    for (int k = 1; k < 4 && rc == 0; k++) {
+        uint32_t gs = guess[k];
+        size_t j = lo[k];
+        if (t != gs)
+            atomic_fetch_add(&n_spec_fixes, 1);
+        for (; j < hi[k] && t != gs && rc == 0; j++) {
+            uint8_t c = vbyte(v, j);
+            if (t >= fa)
+                rc = dfa_check(g, t, 1u << catalog_byte_kind(c), 0, pos + j, raw);
+            t = trans[(size_t)t * nc + cm[c]];
+            gs = trans[(size_t)gs * nc + cm[c]];
+        }
+        t = t == gs ? x[k] : t;
+    }
+    atomic_fetch_add(&n_walk_lanes, 1);
+    *st = t;
+    return rc;
 }
 
 static void dfa_piece(struct piece *p)
@@ -1151,7 +1215,7 @@ static void dfa_piece(struct piece *p)
         uint32_t st = p->idx == 0 ? dfa_get(J->s, J->groups[x]) : dfa_guess(&g, J->v, a);
         o->guess = st;
         o->from = p->hits.n;
-        p->rc = dfa_span(&g, &st, J->v, a, b, pos_of(J->s), J->s->told, &p->hits);
+        p->rc = dfa_lanes(&g, &st, J->v, a, b, pos_of(J->s), J->s->told, &p->hits);
         o->to = p->hits.n;
         o->end = st;
     }

@@ -92,6 +92,12 @@ void streamscan_set_threads(uint32_t threads, size_t piece);
  */
 void streamscan_tune(size_t min_middle);
 
+/* Tests: the bytes a guessed DFA state at a piece's or lane's start is
+ * walked from (0: the default, 1024); shorter ones guess wrong more often,
+ * and let small writes' pieces be walked as lanes (a lane is at least 4 of
+ * them). For the whole process. */
+void streamscan_tune_spec(size_t lookback);
+
 /*
  * A fast-path write whose middle runs elsewhere (vkscand: in a GPU batch,
  * docs/engine.md "Streams"). streamscan_write_begin is streamscan_write,
@@ -181,7 +187,8 @@ struct streamscan_counters {
     uint64_t fast_writes, pieces, parallel_writes, gated_writes, split_writes;
     uint64_t mixed_writes; /* fast-path writes of a catalog with unbounded groups */
     uint64_t walk_pieces;  /* pieces of walks over a whole write (DFA and confirmed groups) */
-    uint64_t spec_fixes;   /* pieces of a DFA group's walk whose guessed state was wrong */
+    uint64_t spec_fixes; /* pieces (or lanes) of a DFA group's walk whose guessed state was wrong */
+    uint64_t walk_lanes; /* DFA pieces walked as four interleaved lanes */
     /* nanoseconds writes spent: walking every group over the whole write
      * (the slow path) or a catalog's unbounded groups (the fast path's
      * mixed writes); the fast path's head, middle (scanned here, not

@@ -1279,15 +1279,20 @@ static void long_walks_case(bool split)
     size_t nc, *cuts = cut_writes(d.n, 6, 8000, 60000, &nc);
     struct streamscan_counters c0, c1;
     struct scan_hits block = {0}, got = {0}, theirs = {0};
+    /* split: guesses from 64 bytes, so that pieces of 2 KiB and more are
+     * walked as lanes, and more guesses go wrong */
+    streamscan_tune_spec(split ? 64 : 0);
     stream_three(&ru, &d, cuts, nc, split, 4, 2048, &c0, &c1, &block, &got, &theirs);
+    streamscan_tune_spec(0);
     size_t per[N] = {0};
     for (size_t i = 0; i < block.n; i++)
         for (uint32_t r = 0; r < N; r++)
             per[r] += block.v[i].rule == ru.res.rule_index[r];
     fprintf(stderr,
-            "long walks (%s): %zu writes, %llu walk pieces, %llu wrong guesses, %zu hits "
-            "(x..z %zu, secret %zu, mail %zu, said %zu, tokv %zu)\n",
+            "long walks (%s): %zu writes, %llu walk pieces, %llu as lanes, %llu wrong guesses, "
+            "%zu hits (x..z %zu, secret %zu, mail %zu, said %zu, tokv %zu)\n",
             split ? "split" : "plain", nc, (unsigned long long)(c1.walk_pieces - c0.walk_pieces),
+            (unsigned long long)(c1.walk_lanes - c0.walk_lanes),
             (unsigned long long)(c1.spec_fixes - c0.spec_fixes), block.n, per[0], per[1], per[2],
             per[3], per[4]);
     for (uint32_t r = 0; r < 5; r++)
@@ -1296,6 +1301,8 @@ static void long_walks_case(bool split)
     ck_assert(same(&got, &theirs, "long walks in pieces", "Hyperscan stream mode"));
     ck_assert_uint_gt(c1.walk_pieces - c0.walk_pieces, 4 * nc);
     ck_assert_uint_gt(c1.spec_fixes - c0.spec_fixes, 20);
+    if (split)
+        ck_assert_uint_gt(c1.walk_lanes - c0.walk_lanes, nc);
     scan_hits_finish(&block);
     scan_hits_finish(&got);
     scan_hits_finish(&theirs);
