@@ -1029,6 +1029,12 @@ static int make_matcher(struct entries *e, const uint8_t *mode, struct cpuplan *
         rc = cpurun_create(e->runs, nr, &p->run);
     if (rc == 0 && a > 0)
         rc = cpulit_create(e->v, a, &p->lit);
+    size_t ng = 0; /* the gate strings, to the front (the matcher is built) */
+    for (size_t i = 0; rc == 0 && p->gate_merged && i < a; i++)
+        if ((e->v[i].id & CPUPLAN_FACTOR) && (e->v[i].id & CPUPLAN_GATE))
+            e->v[ng++] = e->v[i];
+    if (rc == 0 && ng > 0)
+        rc = cpulit_create(e->v, ng, &p->gate_lit);
     return rc;
 }
 
@@ -1724,6 +1730,7 @@ static void plan_free(struct cpuplan *p)
     catalog_destroy(p->shadow);
     free(p->shadow_rule);
     cpulit_destroy(p->lit);
+    cpulit_destroy(p->gate_lit);
     cpupair_destroy(p->pair);
     cpurun_destroy(p->run);
     free(p->second);

@@ -83,6 +83,9 @@ struct cpuplan {
     uint32_t n_dfa, n_nfa;
     uint8_t *mode;      /* per engine group: CPUPLAN_* */
     struct cpulit *lit; /* NULL when no group uses it */
+    /* with gate_merged: the CPUPLAN_GATE strings alone, for a split
+     * buffer's unbounded pieces, which need only those (cpuscan.c) */
+    struct cpulit *gate_lit;
     /* window groups' factors of two bytes (cpupair.h); NULL when none */
     struct cpupair *pair;
     /* window groups' class runs (cpurun.h), for rules with no string to

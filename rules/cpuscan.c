@@ -1144,15 +1144,16 @@ static int on_gate(void *ctx, uint32_t id, uint64_t end)
 
 /* The gated groups' candidates with ends in (lo, hi], as walk_catalog's
  * merged path finds them (cpuplan.gate_merged: the factors are strings of
- * at most 64 bytes in the literal matcher), or by walking the factor
- * groups. Sorted. */
+ * at most 64 bytes in the literal matcher; here a matcher of those strings
+ * alone), or by walking the factor groups. Sorted. */
 static int piece_gate(const struct catalog *cat, const struct cpuplan *plan, const uint8_t *buf,
                       size_t len, uint64_t lo, uint64_t hi, struct refscan_gate *gate)
 {
-    if (!plan->gate_merged || plan->lit == NULL)
+    const struct cpulit *m = plan->gate_lit != NULL ? plan->gate_lit : plan->lit;
+    if (!plan->gate_merged || m == NULL)
         return refscan_factor_ends_lb(cat, buf, len, lo, hi, plan->factor_walk, 0, gate);
     size_t begin = lo > 64 ? (size_t)(lo - 64) : 0;
-    int rc = cpulit_scan(plan->lit, buf, len, begin, lo, hi, on_gate, gate);
+    int rc = cpulit_scan(m, buf, len, begin, lo, hi, on_gate, gate);
     if (rc == 0)
         refscan_gate_sort(gate);
     return rc;
