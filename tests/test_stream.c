@@ -2006,8 +2006,9 @@ END_TEST
  * the writes in flight need them, and given back down to 64 MiB once that
  * peak has passed (daemon/stream_run.c SPARE_KEEP, SPARE_HOLD_MS): 40
  * streams each write 2.5 MiB of one memfd in one stream.writes (4 MiB
- * buffers, 160 MiB at once), twice. The second burst makes no buffer (all
- * 40 kept from the first: with a fixed 64 MiB bound it made 24 again), and
+ * buffers, 160 MiB at once), twice. The second burst reuses more buffers
+ * than a fixed 64 MiB bound keeps (all 40 kept from the first, within the
+ * peak's window; with a fixed 64 MiB bound it made 24 again), and
  * within a few sweeps after, what stays kept is back within 64 MiB. Every
  * write got a buffer and its needle. Fails when the pool keeps whatever
  * comes back for ever, or keeps too little for the writes in flight. */
@@ -2047,8 +2048,12 @@ START_TEST(test_daemon_sparse_buffers_bounded)
                stat_of(c, "stream.sparse_peak_bytes"));
         ck_assert_uint_eq(mapped + reused, (uint64_t)NS * (burst + 1));
         ck_assert_uint_gt(mapped, 16); /* more in flight at once than 64 MiB keeps */
+        /* the first burst's buffers, more than a fixed 64 MiB bound keeps
+         * (16 of 4 MiB): all 40 when the second burst comes within the
+         * peak's window (SPARE_HOLD_MS), some fewer on a loaded machine
+         * whose first burst outlasted it (36 and 39 met) */
         if (burst == 1)
-            ck_assert_uint_eq(reused, NS); /* the first burst's buffers, all of them */
+            ck_assert_uint_gt(reused, (64u << 20) / (4u << 20));
     }
     uint64_t kept = 0;
     for (int i = 0; i < 150 && (kept = stat_of(c, "stream.sparse_kept_bytes")) > (64u << 20); i++)
