@@ -430,13 +430,51 @@ dfa_lane(const struct catalog_group *g, const uint32_t *trans, const uint32_t *c
     return rc;
 }
 
+/* Four lanes of a DFA group's walk interleaved in one loop, so that their
+ * chains of dependent table loads overlap: lane k from state st[k] at byte
+ * at[k], reporting ends in (llo[k], lhi[k]]; then each lane's rest alone.
+ * st[k] is left the state at lhi[k]. */
+static int walk_lanes(const struct catalog_group *g, const uint8_t *buf, size_t len, uint32_t st[4],
+                      const size_t at[4], const uint64_t llo[4], const uint64_t lhi[4],
+                      struct walk *w)
+{
+    const uint32_t *trans = g->trans, *cm = g->classmap;
+    const size_t nc = g->n_classes;
+    const uint32_t fa = g->first_accept;
+    uint64_t steps = UINT64_MAX;
+    for (int k = 0; k < 4; k++)
+        steps = lhi[k] - at[k] < steps ? lhi[k] - at[k] : steps;
+    uint32_t s0 = st[0], s1 = st[1], s2 = st[2], s3 = st[3];
+    size_t i0 = at[0], i1 = at[1], i2 = at[2], i3 = at[3];
+    int rc = 0;
+    for (uint64_t n = 0; n < steps && rc == 0; n++) {
+        rc = dfa_lane(g, trans, cm, nc, fa, buf, len, &s0, &i0, llo[0], w);
+        rc = rc ? rc : dfa_lane(g, trans, cm, nc, fa, buf, len, &s1, &i1, llo[1], w);
+        rc = rc ? rc : dfa_lane(g, trans, cm, nc, fa, buf, len, &s2, &i2, llo[2], w);
+        rc = rc ? rc : dfa_lane(g, trans, cm, nc, fa, buf, len, &s3, &i3, llo[3], w);
+    }
+    st[0] = s0, st[1] = s1, st[2] = s2, st[3] = s3;
+    size_t j4[4] = {i0, i1, i2, i3};
+    for (int k = 0; k < 4 && rc == 0; k++) { /* each lane's rest, and its last end */
+        uint32_t x = st[k];
+        size_t j = j4[k];
+        for (;;) {
+            if (x >= fa && j > llo[k] && (rc = accepts_at(g, x, buf, len, j, w)) != 0)
+                break;
+            if (j >= lhi[k])
+                break;
+            x = trans[(size_t)x * nc + cm[buf[j++]]];
+        }
+        st[k] = x;
+    }
+    return rc;
+}
+
 /*
  * The table walk of dfa_range from state s at byte i, ends in (lo, hi]. A
- * long range of a bounded group is walked as four lanes of a quarter each,
- * interleaved in one loop, so that the four chains of dependent table
- * loads overlap (one chain waits for each step's load); lane k > 0 starts
- * MAXLEN bytes before its quarter in its start state there, as a segment
- * does. Ends come out of order across lanes, which on_match allows (the
+ * long range of a bounded group is walked as four lanes of a quarter each
+ * (walk_lanes); lane k > 0 starts MAXLEN bytes before its quarter in its
+ * start state there, as a segment does. Ends come out of order across lanes, which on_match allows (the
  * part is sorted, counts and firsts do not depend on it).
  */
 static int dfa_lanes(const struct catalog_group *g, const uint8_t *buf, size_t len, uint32_t s,
@@ -457,32 +495,7 @@ static int dfa_lanes(const struct catalog_group *g, const uint8_t *buf, size_t l
             at[k] = k == 0 ? i : (size_t)(llo[k] + 1 - g->maxlen);
             st[k] = k == 0 ? s : catalog_group_start(g, buf, at[k]);
         }
-        uint64_t steps = UINT64_MAX;
-        for (int k = 0; k < 4; k++)
-            steps = lhi[k] - at[k] < steps ? lhi[k] - at[k] : steps;
-        uint32_t s0 = st[0], s1 = st[1], s2 = st[2], s3 = st[3];
-        size_t i0 = at[0], i1 = at[1], i2 = at[2], i3 = at[3];
-        int rc = 0;
-        for (uint64_t n = 0; n < steps && rc == 0; n++) {
-            rc = dfa_lane(g, trans, cm, nc, fa, buf, len, &s0, &i0, llo[0], w);
-            rc = rc ? rc : dfa_lane(g, trans, cm, nc, fa, buf, len, &s1, &i1, llo[1], w);
-            rc = rc ? rc : dfa_lane(g, trans, cm, nc, fa, buf, len, &s2, &i2, llo[2], w);
-            rc = rc ? rc : dfa_lane(g, trans, cm, nc, fa, buf, len, &s3, &i3, llo[3], w);
-        }
-        st[0] = s0, st[1] = s1, st[2] = s2, st[3] = s3;
-        at[0] = i0, at[1] = i1, at[2] = i2, at[3] = i3;
-        for (int k = 0; k < 4 && rc == 0; k++) { /* each lane's rest, and its last end */
-            uint32_t x = st[k];
-            size_t j = at[k];
-            for (;;) {
-                if (x >= fa && j > llo[k] && (rc = accepts_at(g, x, buf, len, j, w)) != 0)
-                    break;
-                if (j >= lhi[k])
-                    break;
-                x = trans[(size_t)x * nc + cm[buf[j++]]];
-            }
-        }
-        return rc;
+        return walk_lanes(g, buf, len, st, at, llo, lhi, w);
     }
     for (;;) {
         if (s >= fa && i > lo) {
@@ -552,38 +565,16 @@ static int dfa_spec_lanes(const struct catalog_group *g, const uint8_t *buf, siz
                           uint32_t st, uint64_t lo, uint64_t hi, uint64_t lookback, struct walk *w,
                           uint32_t *last)
 {
-    const uint32_t *trans = g->trans, *cm = g->classmap;
-    const size_t nc = g->n_classes;
-    const uint32_t fa = g->first_accept;
     uint64_t q = (hi - lo) / 4, llo[4], lhi[4];
-    uint32_t guess[4], end[4] = {0};
+    uint32_t guess[4];
     for (int k = 0; k < 4; k++) {
         llo[k] = lo + k * q;
         lhi[k] = k == 3 ? hi : lo + (k + 1) * q;
         guess[k] = k == 0 ? st : dfa_guess(g, buf, (size_t)llo[k], lookback);
     }
-    uint32_t s0 = guess[0], s1 = guess[1], s2 = guess[2], s3 = guess[3];
-    size_t i0 = (size_t)llo[0], i1 = (size_t)llo[1], i2 = (size_t)llo[2], i3 = (size_t)llo[3];
-    int rc = 0;
-    for (uint64_t n = 0; n < q && rc == 0; n++) {
-        rc = dfa_lane(g, trans, cm, nc, fa, buf, len, &s0, &i0, llo[0], w);
-        rc = rc ? rc : dfa_lane(g, trans, cm, nc, fa, buf, len, &s1, &i1, llo[1], w);
-        rc = rc ? rc : dfa_lane(g, trans, cm, nc, fa, buf, len, &s2, &i2, llo[2], w);
-        rc = rc ? rc : dfa_lane(g, trans, cm, nc, fa, buf, len, &s3, &i3, llo[3], w);
-    }
-    uint32_t x[4] = {s0, s1, s2, s3};
-    size_t at[4] = {i0, i1, i2, i3};
-    for (int k = 0; k < 4 && rc == 0; k++) { /* each lane's rest, and its last end */
-        size_t j = at[k];
-        for (;;) {
-            if (x[k] >= fa && j > llo[k] && (rc = accepts_at(g, x[k], buf, len, j, w)) != 0)
-                break;
-            if (j >= lhi[k])
-                break;
-            x[k] = trans[(size_t)x[k] * nc + cm[buf[j++]]];
-        }
-        end[k] = x[k];
-    }
+    uint32_t end[4] = {guess[0], guess[1], guess[2], guess[3]};
+    size_t at[4] = {(size_t)llo[0], (size_t)llo[1], (size_t)llo[2], (size_t)llo[3]};
+    int rc = walk_lanes(g, buf, len, end, at, llo, lhi, w);
     uint32_t t = end[0];
     for (int k = 1; k < 4 && rc == 0; k++)
         rc = piece_repair(g, buf, len, llo[k], lhi[k], t, guess[k], end[k], w, &t);
